@@ -1,0 +1,1 @@
+//! IOVA allocation.

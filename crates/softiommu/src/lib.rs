@@ -1,0 +1,18 @@
+//! # softiommu
+//!
+//! A software IOMMU stack for virtual machine monitors, device emulators and
+//! user-space drivers, after the Linux `drivers/iommu` design:
+//!
+//! - [`mem`]: a sparse physical-memory arena and its page-frame allocator:
+//!   the real bytes that page tables, queues and DMA buffers live in;
+//! - [`iova`]: IOVA allocation: an O(log n) size-aligned range allocator with
+//!   per-CPU magazine caches and a bounded depot, beside the historical Linux
+//!   policies as selectable baselines.
+//!
+//! See `docs/ARCHITECTURE.md` in the repository for the whole map.
+
+#![warn(missing_docs)]
+#![warn(missing_debug_implementations)]
+
+pub mod iova;
+pub mod mem;

@@ -1,0 +1,85 @@
+//! Physical memory: the bytes every other component reads and writes.
+//!
+//! [`PhysMemory`] is a large sparse arena standing for host (or guest)
+//! physical memory. It is reserved with `mmap` and committed page by page as
+//! it is touched, so a 64 GiB arena costs nothing up front. Physical
+//! addresses are offsets into it, starting at zero.
+//!
+//! The arena carries a page-frame allocator ([`PhysMemory::alloc_frames`])
+//! handing out naturally aligned blocks of 2^order 4 KiB frames: page-table
+//! pages, invalidation queues and DMA buffers all live here as real bytes.
+//!
+//! Byte access is bounds-checked and never panics on bad input: it returns
+//! [`MemError`]. Bulk copies are plain memory copies (like `vm-memory`'s
+//! volatile slices, they are not atomic); 64-bit words have atomic loads,
+//! stores and compare-exchange, which is what page-table entries and status
+//! words need when a walker and an updater run at once.
+
+mod arena;
+mod frames;
+mod reservation;
+
+pub use arena::PhysMemory;
+pub use frames::{FrameStats, MAX_FRAME_ORDER};
+pub use reservation::Reservation;
+
+/// A physical address: a byte offset into a [`PhysMemory`] arena.
+pub type PhysAddr = u64;
+
+/// The size of a page frame, 4 KiB, in bytes.
+pub const PAGE_SIZE: u64 = 4096;
+/// log2 of [`PAGE_SIZE`].
+pub const PAGE_SHIFT: u32 = 12;
+
+/// Errors of physical-memory access and frame allocation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemError {
+    /// The address range `[addr, addr + len)` is not inside the arena.
+    #[error("physical range {addr:#x}+{len:#x} lies outside the {size:#x}-byte arena")]
+    OutOfRange {
+        /// First byte asked for.
+        addr: PhysAddr,
+        /// Length asked for.
+        len: u64,
+        /// Size of the arena.
+        size: u64,
+    },
+    /// The address is not aligned as the access requires.
+    #[error("physical address {addr:#x} is not aligned to {align} bytes")]
+    Unaligned {
+        /// The address.
+        addr: PhysAddr,
+        /// The alignment it needed.
+        align: u64,
+    },
+    /// No free block of the requested order is left.
+    #[error("out of physical frames for a block of order {order}")]
+    OutOfFrames {
+        /// log2 of the number of 4 KiB frames asked for.
+        order: u32,
+    },
+    /// The order is larger than [`MAX_FRAME_ORDER`].
+    #[error("frame order {order} is larger than the maximum {max}")]
+    OrderTooLarge {
+        /// The order asked for.
+        order: u32,
+        /// The largest order the allocator serves.
+        max: u32,
+    },
+    /// A free named a block that is not currently allocated with that order.
+    #[error("block {addr:#x} of order {order} is not allocated")]
+    NotAllocated {
+        /// The address freed.
+        addr: PhysAddr,
+        /// The order given.
+        order: u32,
+    },
+    /// `mmap` refused to reserve the arena.
+    #[error("could not reserve {len:#x} bytes of address space (errno {errno})")]
+    Reserve {
+        /// Bytes asked for.
+        len: u64,
+        /// The OS error number.
+        errno: i32,
+    },
+}
