@@ -1,0 +1,232 @@
+//! The per-CPU (per-thread) front of the allocator: two magazines per size
+//! class, touched without locks or atomic read-modify-writes.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+
+use super::domain::IovaDomain;
+use super::live_map::{state, CACHED, LIVE};
+use super::magazine::Magazine;
+use super::policy::WhenFull;
+use super::IovaError;
+
+/// What a cache publishes for [`IovaDomain::stats`]: written only by its
+/// owner (plain stores), read by whoever takes statistics.
+#[derive(Debug, Default)]
+pub(super) struct CacheShared {
+    pub(super) cached: CachePadded<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct Class {
+    loaded: Magazine,
+    prev: Magazine,
+}
+
+/// A thread's cache over an [`IovaDomain`]. Create one per allocating
+/// thread with [`IovaDomain::cpu_cache`]; it is `Send` (it may move with its
+/// thread's work) but not shared. Dropping it gives its IOVAs back.
+///
+/// An IOVA allocated through one cache may be freed through another (a
+/// completion handled on another CPU), or through the domain.
+#[derive(Debug)]
+pub struct IovaCpuCache {
+    domain: Arc<IovaDomain>,
+    classes: Box<[Class]>,
+    epoch: u64,
+    cached: u64,
+    hits: u64,
+    misses: u64,
+    shared: Arc<CacheShared>,
+}
+
+impl IovaCpuCache {
+    pub(super) fn new(domain: Arc<IovaDomain>, shared: Arc<CacheShared>) -> Self {
+        let p = domain.params();
+        let classes = (0..=p.max_cached_order)
+            .map(|_| Class {
+                loaded: Magazine::new(p.magazine_size),
+                prev: Magazine::new(p.magazine_size),
+            })
+            .collect();
+        let epoch = domain.flush_epoch.load(Relaxed);
+        Self {
+            domain,
+            classes,
+            epoch,
+            cached: 0,
+            hits: 0,
+            misses: 0,
+            shared,
+        }
+    }
+
+    /// The domain this cache serves.
+    pub fn domain(&self) -> &Arc<IovaDomain> {
+        &self.domain
+    }
+
+    /// Allocations served from this cache, and those that went further.
+    pub fn hits_and_misses(&self) -> (u64, u64) {
+        (self.hits, self.misses)
+    }
+
+    #[inline]
+    fn check_epoch(&mut self) {
+        if self.domain.flush_epoch.load(Relaxed) != self.epoch {
+            self.flush();
+        }
+    }
+
+    #[inline]
+    fn publish(&self) {
+        self.shared.cached.store(self.cached, Relaxed);
+    }
+
+    /// Allocates a block of `pages` (rounded up to a power of two, aligned to
+    /// its size) at or below `limit_pfn`.
+    #[inline]
+    pub fn alloc(&mut self, pages: u64, limit_pfn: u64) -> Result<u64, IovaError> {
+        let (order, limit) = self.domain.check_request(pages, limit_pfn)?;
+        self.check_epoch();
+        if let Some(class) = self.classes.get_mut(order as usize) {
+            if let Some(pfn) = class.loaded.pop_below(limit) {
+                self.hits += 1;
+                self.cached -= 1;
+                self.publish();
+                self.domain.live.set(pfn, state(LIVE, order));
+                return Ok(pfn);
+            }
+            return self.alloc_slow(order, limit);
+        }
+        self.tree_alloc(order, limit)
+    }
+
+    #[cold]
+    fn alloc_slow(&mut self, order: u32, limit: u64) -> Result<u64, IovaError> {
+        let class = &mut self.classes[order as usize];
+        let mut pfn = None;
+        if !class.prev.is_empty() {
+            std::mem::swap(&mut class.loaded, &mut class.prev);
+            pfn = class.loaded.pop_below(limit);
+        }
+        if pfn.is_none() {
+            if let Some(full) = self.domain.depot_pop(order) {
+                // The empty loaded magazine is dropped, as Linux frees it.
+                self.cached += full.len() as u64;
+                let class = &mut self.classes[order as usize];
+                let old = std::mem::replace(&mut class.loaded, full);
+                if !old.is_empty() {
+                    // Held entries above the limit: keep them in `prev`'s place
+                    // only if it is empty, else return them to the tree.
+                    let mut old = old;
+                    if class.prev.is_empty() {
+                        class.prev = old;
+                    } else {
+                        self.cached -= old.len() as u64;
+                        self.domain.free_magazine(&mut old, order);
+                    }
+                }
+                pfn = self.classes[order as usize].loaded.pop_below(limit);
+            }
+        }
+        match pfn {
+            Some(pfn) => {
+                self.hits += 1;
+                self.cached -= 1;
+                self.publish();
+                self.domain.live.set(pfn, state(LIVE, order));
+                Ok(pfn)
+            }
+            None => {
+                self.misses += 1;
+                self.publish();
+                self.tree_alloc(order, limit)
+            }
+        }
+    }
+
+    /// The tree path; on exhaustion this cache is flushed first.
+    #[cold]
+    fn tree_alloc(&mut self, order: u32, limit: u64) -> Result<u64, IovaError> {
+        let domain = self.domain.clone();
+        domain.alloc_from_tree(order, limit, Some(self))
+    }
+
+    /// Frees a block: `pfn` and the `pages` it was allocated with.
+    #[inline]
+    pub fn free(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+        let order = super::order_of(pages)?;
+        self.domain.check_live(pfn, order)?;
+        self.check_epoch();
+        match self.classes.get_mut(order as usize) {
+            Some(class) if !class.loaded.is_full() => {
+                class.loaded.push(pfn);
+                self.domain.live.set(pfn, state(CACHED, order));
+                self.cached += 1;
+                self.publish();
+                Ok(())
+            }
+            Some(_) => {
+                self.free_slow(pfn, order);
+                Ok(())
+            }
+            None => {
+                self.domain.free_to_tree(pfn, order);
+                Ok(())
+            }
+        }
+    }
+
+    #[cold]
+    fn free_slow(&mut self, pfn: u64, order: u32) {
+        let size = self.domain.params().magazine_size;
+        let class = &mut self.classes[order as usize];
+        if !class.prev.is_full() {
+            std::mem::swap(&mut class.loaded, &mut class.prev);
+        } else {
+            let full = std::mem::replace(&mut class.loaded, Magazine::new(size));
+            let moved = full.len() as u64;
+            match self.domain.depot_push(order, full) {
+                Ok(()) => self.cached -= moved,
+                Err((mut full, WhenFull::FreeMagazine)) => {
+                    self.cached -= moved;
+                    self.domain.free_magazine(&mut full, order);
+                }
+                Err((full, WhenFull::FlushAllCaches)) => {
+                    // Put the magazine back, send this IOVA to the tree and
+                    // have every CPU cache flushed (seed 004's fix).
+                    self.classes[order as usize].loaded = full;
+                    self.domain.free_to_tree(pfn, order);
+                    self.domain.request_cpu_flush();
+                    self.flush();
+                    return;
+                }
+            }
+        }
+        self.classes[order as usize].loaded.push(pfn);
+        self.domain.live.set(pfn, state(CACHED, order));
+        self.cached += 1;
+        self.publish();
+    }
+
+    /// Gives every IOVA this cache holds back to the tree.
+    pub fn flush(&mut self) {
+        for (order, class) in self.classes.iter_mut().enumerate() {
+            self.cached -= (class.loaded.len() + class.prev.len()) as u64;
+            self.domain.free_magazine(&mut class.loaded, order as u32);
+            self.domain.free_magazine(&mut class.prev, order as u32);
+        }
+        self.epoch = self.domain.flush_epoch.load(Relaxed);
+        self.publish();
+    }
+}
+
+impl Drop for IovaCpuCache {
+    fn drop(&mut self) {
+        self.flush();
+        self.domain.cache_dropped();
+    }
+}

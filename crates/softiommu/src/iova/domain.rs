@@ -1,0 +1,573 @@
+//! The IOVA domain: the tree, the depots, the state map, the statistics.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+use crossbeam_utils::CachePadded;
+
+use super::cpu_cache::{CacheShared, IovaCpuCache};
+use super::gap_tree::GapTree;
+use super::linear_tree::LinearTree;
+use super::live_map::{state, LiveMap, CACHED, LIVE};
+use super::magazine::Magazine;
+use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull};
+use super::{order_of, IovaError};
+
+/// The range allocator behind the caches.
+#[derive(Debug)]
+enum Tree {
+    Gap(GapTree),
+    Linear(LinearTree),
+}
+
+#[derive(Debug)]
+struct TreeState {
+    tree: Tree,
+    reserved: Vec<(u64, u64)>,
+    allocated_blocks: u64,
+    peak_nodes: u64,
+    allocs: u64,
+    frees: u64,
+}
+
+impl TreeState {
+    fn nodes(&self) -> u64 {
+        match &self.tree {
+            Tree::Gap(t) => t.len() as u64,
+            Tree::Linear(t) => t.len() as u64,
+        }
+    }
+
+    fn alloc(&mut self, order: u32, limit: u64) -> Option<u64> {
+        let pfn = match &mut self.tree {
+            Tree::Gap(t) => t.alloc(order, limit),
+            Tree::Linear(t) => t.alloc(order, limit),
+        }?;
+        self.allocs += 1;
+        self.allocated_blocks += 1;
+        self.peak_nodes = self.peak_nodes.max(self.nodes());
+        Some(pfn)
+    }
+
+    fn free(&mut self, pfn: u64, order: u32) {
+        let hi = pfn + (1u64 << order) - 1;
+        let ok = match &mut self.tree {
+            Tree::Gap(t) => t.free(pfn, hi),
+            Tree::Linear(t) => t.free(pfn, hi),
+        };
+        // The state map vouched for this block, so the tree must agree.
+        debug_assert!(ok.is_ok(), "tree and state map disagree on {pfn:#x}");
+        self.frees += 1;
+        self.allocated_blocks -= 1;
+        self.peak_nodes = self.peak_nodes.max(self.nodes());
+    }
+
+    fn is_free(&self, pfn: u64) -> bool {
+        match &self.tree {
+            Tree::Gap(t) => t.is_free(pfn),
+            Tree::Linear(t) => t.is_free(pfn),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Depot {
+    mags: Vec<Magazine>,
+    last_touch: Instant,
+    next_trim: Instant,
+}
+
+/// What a block of IOVA space is being used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed to a user.
+    Live,
+    /// Freed by its user, held in a per-CPU cache or the depot.
+    Cached,
+    /// A reserved range.
+    Reserved,
+}
+
+/// A block found by [`IovaDomain::find`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IovaBlock {
+    /// First page frame.
+    pub pfn: u64,
+    /// Pages in the block.
+    pub pages: u64,
+    /// What it is used for.
+    pub state: BlockState,
+}
+
+/// A snapshot of a domain's counters. Cheap to take; exact when no thread is
+/// allocating, within a few operations otherwise.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IovaStats {
+    /// Nodes in the range allocator's tree now (free extents for ours,
+    /// allocated ranges for the Linux baselines).
+    pub tree_nodes: u64,
+    /// The most tree nodes ever.
+    pub peak_tree_nodes: u64,
+    /// Blocks allocated in the tree (live, cached or both).
+    pub tree_blocks: u64,
+    /// IOVAs held in per-CPU caches and depots.
+    pub cached_iovas: u64,
+    /// Full magazines in the depots.
+    pub depot_magazines: u64,
+    /// Allocations served by the tree.
+    pub tree_allocs: u64,
+    /// Frees into the tree.
+    pub tree_frees: u64,
+    /// Allocated ranges stepped over by linear searches (baselines only).
+    pub scan_steps: u64,
+    /// Magazines whose IOVAs went back to the tree.
+    pub magazines_freed: u64,
+    /// Requests to flush every per-CPU cache.
+    pub cache_flushes: u64,
+    /// Per-CPU caches alive.
+    pub cpu_caches: u64,
+}
+
+/// An IOVA space with its caches. Share it as `Arc<IovaDomain>`; give each
+/// allocating thread its own [`IovaCpuCache`] with [`cpu_cache`](Self::cpu_cache).
+#[derive(Debug)]
+pub struct IovaDomain {
+    start_pfn: u64,
+    end_pfn: u64,
+    policy: Option<IovaPolicy>,
+    params: CacheParams,
+    pub(super) live: LiveMap,
+    tree: Mutex<TreeState>,
+    depots: Box<[CachePadded<Mutex<Depot>>]>,
+    depot_iovas: AtomicU64,
+    pub(super) flush_epoch: CachePadded<AtomicU64>,
+    caches: Mutex<Vec<Weak<CacheShared>>>,
+    cpu_caches: AtomicUsize,
+    magazines_freed: AtomicU64,
+    cache_flushes: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Our critical sections leave the data consistent at every step that can
+    // panic (none should), so a poisoned lock is taken over.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl IovaDomain {
+    /// A domain over page frames `[start_pfn, end_pfn]` with a named policy.
+    /// `start_pfn` must be at least 1 (IOVA 0 is never handed out, as in Linux).
+    pub fn new(start_pfn: u64, end_pfn: u64, policy: IovaPolicy) -> Result<Arc<Self>, IovaError> {
+        Self::build(start_pfn, end_pfn, Some(policy), policy.params())
+    }
+
+    /// A domain with hand-set cache parameters.
+    pub fn with_params(
+        start_pfn: u64,
+        end_pfn: u64,
+        params: CacheParams,
+    ) -> Result<Arc<Self>, IovaError> {
+        Self::build(start_pfn, end_pfn, None, params)
+    }
+
+    fn build(
+        start_pfn: u64,
+        end_pfn: u64,
+        policy: Option<IovaPolicy>,
+        params: CacheParams,
+    ) -> Result<Arc<Self>, IovaError> {
+        if start_pfn == 0 || start_pfn > end_pfn || end_pfn >= 1 << 52 || params.magazine_size == 0
+        {
+            return Err(IovaError::InvalidRange {
+                lo: start_pfn,
+                hi: end_pfn,
+            });
+        }
+        let tree = if params.linear_tree {
+            Tree::Linear(LinearTree::new(start_pfn))
+        } else {
+            Tree::Gap(GapTree::new(start_pfn, end_pfn))
+        };
+        let now = Instant::now();
+        let depots = (0..=params.max_cached_order)
+            .map(|_| {
+                CachePadded::new(Mutex::new(Depot {
+                    mags: Vec::new(),
+                    last_touch: now,
+                    next_trim: now,
+                }))
+            })
+            .collect();
+        Ok(Arc::new(Self {
+            start_pfn,
+            end_pfn,
+            policy,
+            params,
+            live: LiveMap::new(end_pfn)?,
+            tree: Mutex::new(TreeState {
+                tree,
+                reserved: Vec::new(),
+                allocated_blocks: 0,
+                peak_nodes: 1,
+                allocs: 0,
+                frees: 0,
+            }),
+            depots,
+            depot_iovas: AtomicU64::new(0),
+            flush_epoch: CachePadded::new(AtomicU64::new(0)),
+            caches: Mutex::new(Vec::new()),
+            cpu_caches: AtomicUsize::new(0),
+            magazines_freed: AtomicU64::new(0),
+            cache_flushes: AtomicU64::new(0),
+        }))
+    }
+
+    /// The first page frame of the domain.
+    pub fn start_pfn(&self) -> u64 {
+        self.start_pfn
+    }
+
+    /// The last page frame of the domain.
+    pub fn end_pfn(&self) -> u64 {
+        self.end_pfn
+    }
+
+    /// The named policy, if the domain was built with one.
+    pub fn policy(&self) -> Option<IovaPolicy> {
+        self.policy
+    }
+
+    /// The cache parameters in force.
+    pub fn params(&self) -> CacheParams {
+        self.params
+    }
+
+    /// The highest pfn a device with DMA mask `mask` (e.g. `u32::MAX as u64`)
+    /// may be given, clamped to the domain.
+    pub fn limit_for_mask(&self, mask: u64) -> u64 {
+        (mask >> crate::mem::PAGE_SHIFT).min(self.end_pfn)
+    }
+
+    /// A per-CPU (per-thread) cache over this domain.
+    pub fn cpu_cache(self: &Arc<Self>) -> IovaCpuCache {
+        let shared = Arc::new(CacheShared::default());
+        let mut list = lock(&self.caches);
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&shared));
+        drop(list);
+        self.cpu_caches.fetch_add(1, Relaxed);
+        IovaCpuCache::new(self.clone(), shared)
+    }
+
+    pub(super) fn cache_dropped(&self) {
+        self.cpu_caches.fetch_sub(1, Relaxed);
+    }
+
+    /// Checks the size and limit of a request; returns the order and the
+    /// limit clamped to the domain.
+    #[inline]
+    pub(super) fn check_request(
+        &self,
+        pages: u64,
+        limit_pfn: u64,
+    ) -> Result<(u32, u64), IovaError> {
+        let order = order_of(pages)?;
+        let domain_pages = self.end_pfn - self.start_pfn + 1;
+        if order >= 64 || (1u64 << order) > domain_pages {
+            return Err(IovaError::TooLarge {
+                pages,
+                domain_pages,
+            });
+        }
+        if limit_pfn < self.start_pfn {
+            return Err(IovaError::LimitBelowStart {
+                limit: limit_pfn,
+                start: self.start_pfn,
+            });
+        }
+        Ok((order, limit_pfn.min(self.end_pfn)))
+    }
+
+    /// Allocates a block of `pages` (rounded up to a power of two) at or below
+    /// `limit_pfn` straight from the tree, bypassing the caches.
+    pub fn alloc(&self, pages: u64, limit_pfn: u64) -> Result<u64, IovaError> {
+        let (order, limit) = self.check_request(pages, limit_pfn)?;
+        self.alloc_from_tree(order, limit, None)
+    }
+
+    /// The tree path of an allocation. On exhaustion, gives the depots (and
+    /// the calling thread's cache) back to the tree and retries once.
+    pub(super) fn alloc_from_tree(
+        &self,
+        order: u32,
+        limit: u64,
+        own: Option<&mut IovaCpuCache>,
+    ) -> Result<u64, IovaError> {
+        let first = lock(&self.tree).alloc(order, limit);
+        let pfn = match first {
+            Some(p) => p,
+            None => {
+                if let Some(c) = own {
+                    c.flush();
+                }
+                self.flush_caches();
+                lock(&self.tree)
+                    .alloc(order, limit)
+                    .ok_or(IovaError::NoSpace {
+                        pages: 1 << order,
+                        limit,
+                    })?
+            }
+        };
+        self.live.set(pfn, state(LIVE, order));
+        Ok(pfn)
+    }
+
+    /// Frees a block allocated with [`alloc`](Self::alloc) (or through a
+    /// cache) straight to the tree.
+    pub fn free(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+        let order = order_of(pages)?;
+        self.check_live(pfn, order)?;
+        self.free_to_tree(pfn, order);
+        Ok(())
+    }
+
+    /// Verifies that a live block of `order` starts at `pfn`.
+    #[inline]
+    pub(super) fn check_live(&self, pfn: u64, order: u32) -> Result<(), IovaError> {
+        if order < 64 && self.live.get(pfn) == state(LIVE, order) {
+            Ok(())
+        } else {
+            Err(self.free_error(pfn, order))
+        }
+    }
+
+    #[cold]
+    fn free_error(&self, pfn: u64, order: u32) -> IovaError {
+        if pfn < self.start_pfn || pfn > self.end_pfn {
+            return IovaError::OutsideDomain { lo: pfn, hi: pfn };
+        }
+        let s = self.live.get(pfn);
+        if s & LIVE != 0 {
+            IovaError::WrongSize {
+                pfn,
+                pages: 1u64.checked_shl(order).unwrap_or(0),
+                allocated_pages: 1 << (s & 0x3f),
+            }
+        } else {
+            IovaError::NotAllocated { pfn }
+        }
+    }
+
+    /// Returns a validated block to the tree, clearing its state.
+    pub(super) fn free_to_tree(&self, pfn: u64, order: u32) {
+        self.live.set(pfn, 0);
+        lock(&self.tree).free(pfn, order);
+    }
+
+    /// Returns a magazine's IOVAs to the tree under one lock.
+    pub(super) fn free_magazine(&self, mag: &mut Magazine, order: u32) {
+        if mag.is_empty() {
+            return;
+        }
+        let mut tree = lock(&self.tree);
+        for pfn in mag.drain() {
+            self.live.set(pfn, 0);
+            tree.free(pfn, order);
+        }
+        drop(tree);
+        self.magazines_freed.fetch_add(1, Relaxed);
+    }
+
+    /// Takes a full magazine from the depot of `order`, if any.
+    pub(super) fn depot_pop(&self, order: u32) -> Option<Magazine> {
+        let mut d = lock(&self.depots[order as usize]);
+        let mag = d.mags.pop();
+        d.last_touch = Instant::now();
+        if let Some(m) = &mag {
+            self.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
+        }
+        drop(d);
+        self.maybe_trim(order);
+        mag
+    }
+
+    /// Offers a full magazine to the depot. Returns it back if the depot is
+    /// full, with what the policy says to do about it.
+    pub(super) fn depot_push(&self, order: u32, mag: Magazine) -> Result<(), (Magazine, WhenFull)> {
+        let mut d = lock(&self.depots[order as usize]);
+        d.last_touch = Instant::now();
+        let res = match self.params.depot {
+            DepotRule::Bounded {
+                capacity,
+                when_full,
+            } if d.mags.len() >= capacity => Err((mag, when_full)),
+            _ => {
+                self.depot_iovas.fetch_add(mag.len() as u64, Relaxed);
+                d.mags.push(mag);
+                Ok(())
+            }
+        };
+        drop(d);
+        self.maybe_trim(order);
+        res
+    }
+
+    /// Gives depot magazines back to the tree as the policy says: one every
+    /// period past the CPU count (`linux-2023`), or all of an idle depot.
+    fn maybe_trim(&self, order: u32) {
+        let now = Instant::now();
+        let mut d = lock(&self.depots[order as usize]);
+        let mut victim = None;
+        if let DepotRule::TrimToCpus { every } = self.params.depot {
+            if now >= d.next_trim && d.mags.len() > self.cpu_caches.load(Relaxed).max(1) {
+                victim = d.mags.pop().map(|m| vec![m]);
+                d.next_trim = now + every;
+            }
+        }
+        if let Some(idle) = self.params.idle_trim {
+            if victim.is_none() && !d.mags.is_empty() && now.duration_since(d.last_touch) >= idle {
+                victim = Some(std::mem::take(&mut d.mags));
+            }
+        }
+        drop(d);
+        for mut m in victim.into_iter().flatten() {
+            self.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
+            self.free_magazine(&mut m, order);
+        }
+    }
+
+    /// Runs the background work of the caches: the `linux-2023` depot trim
+    /// and the idle trim. Call it from a timer (every ~100 ms) where threads
+    /// may go quiet; the slow paths also run it.
+    pub fn maintain(&self) {
+        for order in 0..self.depots.len() as u32 {
+            self.maybe_trim(order);
+        }
+    }
+
+    /// Gives every depot magazine back to the tree and asks every per-CPU
+    /// cache to do the same at its owner's next call.
+    pub fn flush_caches(&self) {
+        self.cache_flushes.fetch_add(1, Relaxed);
+        self.flush_epoch.fetch_add(1, Relaxed);
+        for order in 0..self.depots.len() as u32 {
+            let mags = std::mem::take(&mut lock(&self.depots[order as usize]).mags);
+            for mut m in mags {
+                self.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
+                self.free_magazine(&mut m, order);
+            }
+        }
+    }
+
+    /// Asks every per-CPU cache to flush at its next call, leaving the depots
+    /// (what `linux-2020` does when a depot fills).
+    pub(super) fn request_cpu_flush(&self) {
+        self.cache_flushes.fetch_add(1, Relaxed);
+        self.flush_epoch.fetch_add(1, Relaxed);
+    }
+
+    /// Marks `[lo_pfn, hi_pfn]` as never to be handed out. The range must be
+    /// inside the domain and free.
+    pub fn reserve(&self, lo_pfn: u64, hi_pfn: u64) -> Result<(), IovaError> {
+        if lo_pfn > hi_pfn {
+            return Err(IovaError::InvalidRange {
+                lo: lo_pfn,
+                hi: hi_pfn,
+            });
+        }
+        if lo_pfn < self.start_pfn || hi_pfn > self.end_pfn {
+            return Err(IovaError::OutsideDomain {
+                lo: lo_pfn,
+                hi: hi_pfn,
+            });
+        }
+        let mut t = lock(&self.tree);
+        let ok = match &mut t.tree {
+            Tree::Gap(g) => g.carve(lo_pfn, hi_pfn),
+            Tree::Linear(l) => l.carve(lo_pfn, hi_pfn),
+        };
+        ok.map_err(|()| IovaError::ReservedOverlap {
+            lo: lo_pfn,
+            hi: hi_pfn,
+        })?;
+        t.reserved.push((lo_pfn, hi_pfn));
+        t.peak_nodes = t.peak_nodes.max(t.nodes());
+        Ok(())
+    }
+
+    /// The block containing `pfn`, if it is allocated or reserved.
+    pub fn find(&self, pfn: u64) -> Option<IovaBlock> {
+        if pfn < self.start_pfn || pfn > self.end_pfn {
+            return None;
+        }
+        let t = lock(&self.tree);
+        if let Some(&(lo, hi)) = t.reserved.iter().find(|&&(lo, hi)| lo <= pfn && pfn <= hi) {
+            return Some(IovaBlock {
+                pfn: lo,
+                pages: hi - lo + 1,
+                state: BlockState::Reserved,
+            });
+        }
+        if t.is_free(pfn) {
+            return None;
+        }
+        drop(t);
+        let (start, order, flag) = self.live.block_containing(pfn)?;
+        let state = if flag & CACHED != 0 {
+            BlockState::Cached
+        } else {
+            BlockState::Live
+        };
+        Some(IovaBlock {
+            pfn: start,
+            pages: 1 << order,
+            state,
+        })
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> IovaStats {
+        let t = lock(&self.tree);
+        let (tree_nodes, peak, blocks, allocs, frees) = (
+            t.nodes(),
+            t.peak_nodes,
+            t.allocated_blocks,
+            t.allocs,
+            t.frees,
+        );
+        let scan_steps = match &t.tree {
+            Tree::Linear(l) => l.scan_steps,
+            Tree::Gap(_) => 0,
+        };
+        drop(t);
+        let in_cpus: u64 = lock(&self.caches)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|c| c.cached.load(Relaxed))
+            .sum();
+        let depot_magazines = self.depots.iter().map(|d| lock(d).mags.len() as u64).sum();
+        IovaStats {
+            tree_nodes,
+            peak_tree_nodes: peak,
+            tree_blocks: blocks,
+            cached_iovas: in_cpus + self.depot_iovas.load(Relaxed),
+            depot_magazines,
+            tree_allocs: allocs,
+            tree_frees: frees,
+            scan_steps,
+            magazines_freed: self.magazines_freed.load(Relaxed),
+            cache_flushes: self.cache_flushes.load(Relaxed),
+            cpu_caches: self.cpu_caches.load(Relaxed) as u64,
+        }
+    }
+
+    /// The free extents of the tree in ascending order, for checkers (ours
+    /// only; `None` for the Linux baselines, whose tree holds allocations).
+    pub fn free_extents(&self) -> Option<Vec<(u64, u64)>> {
+        match &lock(&self.tree).tree {
+            Tree::Gap(g) => Some(g.extents()),
+            Tree::Linear(_) => None,
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Unit tests of the domain, the caches and each policy's depot behaviour.
+
+use std::time::Duration;
+
+use super::*;
+
+const END: u64 = (1 << 20) - 1; // a 4 GiB domain
+
+fn snapshot(d: &IovaDomain) -> (IovaStats, Option<Vec<(u64, u64)>>) {
+    (d.stats(), d.free_extents())
+}
+
+#[test]
+fn bad_input_is_a_typed_error_and_changes_nothing() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1, END, policy).unwrap();
+        let mut c = d.cpu_cache();
+        let a = c.alloc(4, END).unwrap();
+        let before = snapshot(&d);
+        assert_eq!(c.alloc(0, END), Err(IovaError::ZeroSize));
+        assert!(matches!(
+            c.alloc(1 << 21, END),
+            Err(IovaError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            d.alloc(1, 0),
+            Err(IovaError::LimitBelowStart { .. })
+        ));
+        assert_eq!(
+            c.free(a + 1, 1),
+            Err(IovaError::NotAllocated { pfn: a + 1 })
+        );
+        assert_eq!(
+            c.free(a, 2),
+            Err(IovaError::WrongSize {
+                pfn: a,
+                pages: 2,
+                allocated_pages: 4
+            })
+        );
+        assert_eq!(
+            d.free(a, 8),
+            Err(IovaError::WrongSize {
+                pfn: a,
+                pages: 8,
+                allocated_pages: 4
+            })
+        );
+        assert!(matches!(
+            c.free(END + 10, 1),
+            Err(IovaError::OutsideDomain { .. })
+        ));
+        assert_eq!(c.free(a, 0), Err(IovaError::ZeroSize));
+        assert_eq!(
+            snapshot(&d),
+            before,
+            "{policy}: a failed call changed the state"
+        );
+        c.free(a, 4).unwrap();
+        let before = snapshot(&d);
+        assert_eq!(
+            c.free(a, 4),
+            Err(IovaError::NotAllocated { pfn: a }),
+            "{policy}: double free"
+        );
+        assert_eq!(d.free(a, 4), Err(IovaError::NotAllocated { pfn: a }));
+        assert_eq!(snapshot(&d), before);
+    }
+}
+
+#[test]
+fn invalid_domains_and_reservations_are_refused() {
+    assert!(IovaDomain::new(0, 10, IovaPolicy::Softiommu).is_err());
+    assert!(IovaDomain::new(10, 5, IovaPolicy::Softiommu).is_err());
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1, END, policy).unwrap();
+        d.reserve(MSI_WINDOW_PFNS.0, MSI_WINDOW_PFNS.1).unwrap();
+        let before = snapshot(&d);
+        assert!(matches!(
+            d.reserve(0xFEE80, 0xFEF10),
+            Err(IovaError::ReservedOverlap { .. })
+        ));
+        assert!(matches!(
+            d.reserve(0xFED00, 0xFEE00),
+            Err(IovaError::ReservedOverlap { .. })
+        ));
+        assert!(matches!(
+            d.reserve(5, 4),
+            Err(IovaError::InvalidRange { .. })
+        ));
+        assert!(matches!(
+            d.reserve(END, END + 1),
+            Err(IovaError::OutsideDomain { .. })
+        ));
+        assert_eq!(snapshot(&d), before);
+        let got = d.find(0xFEE42).unwrap();
+        assert_eq!(
+            (got.pfn, got.pages, got.state),
+            (0xFEE00, 256, BlockState::Reserved)
+        );
+    }
+}
+
+#[test]
+fn masks_are_honoured_and_large_masks_go_top_down() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1, (1 << 36) - 1, policy).unwrap();
+        let mut c = d.cpu_cache();
+        let low = c.alloc(1, d.limit_for_mask(u32::MAX as u64)).unwrap();
+        assert!(low <= 0xFFFFF, "{policy}: 32-bit mask gave {low:#x}");
+        assert_eq!(low, 0xFFFFF, "{policy}: top-down from the 32-bit limit");
+        let high = c.alloc(8, d.limit_for_mask(u64::MAX)).unwrap();
+        assert_eq!(
+            high,
+            (1 << 36) - 8,
+            "{policy}: top-down from the domain's end"
+        );
+        assert_eq!(high % 8, 0);
+    }
+}
+
+#[test]
+fn the_msi_window_is_never_handed_out() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(0xFE000, 0xFFFFF, policy).unwrap();
+        d.reserve(MSI_WINDOW_PFNS.0, MSI_WINDOW_PFNS.1).unwrap();
+        let mut c = d.cpu_cache();
+        let mut got = Vec::new();
+        while let Ok(p) = c.alloc(1, 0xFFFFF) {
+            assert!(
+                !(MSI_WINDOW_PFNS.0..=MSI_WINDOW_PFNS.1).contains(&p),
+                "{policy}: {p:#x}"
+            );
+            got.push(p);
+        }
+        assert_eq!(
+            got.len(),
+            0x2000 - 0x100,
+            "{policy}: every other page was handed out"
+        );
+        assert!(matches!(
+            c.alloc(1, 0xFFFFF),
+            Err(IovaError::NoSpace { .. })
+        ));
+    }
+}
+
+#[test]
+fn find_tells_live_from_cached() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut c = d.cpu_cache();
+    let a = c.alloc(16, END).unwrap();
+    let b = d.find(a + 9).unwrap();
+    assert_eq!((b.pfn, b.pages, b.state), (a, 16, BlockState::Live));
+    c.free(a, 16).unwrap();
+    assert_eq!(d.find(a + 9).unwrap().state, BlockState::Cached);
+    drop(c);
+    assert_eq!(d.find(a + 9), None, "a dropped cache gives its IOVAs back");
+    assert_eq!(d.stats().tree_blocks, 0);
+}
+
+#[test]
+fn exhaustion_recovers_what_the_caches_hold() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(64, 127, policy).unwrap();
+        let mut c = d.cpu_cache();
+        let ones: Vec<u64> = (0..64).map(|_| c.alloc(1, 127).unwrap()).collect();
+        for p in ones {
+            c.free(p, 1).unwrap();
+        }
+        // Every page sits in the 1-page cache; a 64-page request must still work.
+        assert_eq!(c.alloc(64, 127), Ok(64), "{policy}");
+    }
+}
+
+/// Pushes `n` full magazines of one class through a cache into the depot.
+fn churn_frees(d: &std::sync::Arc<IovaDomain>, n_iovas: usize) {
+    let mut a = d.cpu_cache();
+    let mut b = d.cpu_cache();
+    let pfns: Vec<u64> = (0..n_iovas).map(|_| a.alloc(1, END).unwrap()).collect();
+    for p in pfns {
+        b.free(p, 1).unwrap();
+    }
+    std::mem::forget(a); // keep both caches' contents where they are
+    std::mem::forget(b);
+}
+
+#[test]
+fn linux_2016_frees_a_magazine_when_the_depot_is_full() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Linux2016).unwrap();
+    churn_frees(&d, 128 * 40);
+    let s = d.stats();
+    assert_eq!(s.depot_magazines, 32);
+    assert!(s.magazines_freed >= 5, "{s:?}");
+    assert_eq!(s.cache_flushes, 0);
+}
+
+#[test]
+fn linux_2020_flushes_every_cache_when_the_depot_is_full() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Linux2020).unwrap();
+    churn_frees(&d, 128 * 40);
+    let s = d.stats();
+    assert_eq!(s.depot_magazines, 32);
+    assert!(s.cache_flushes >= 1, "{s:?}");
+}
+
+#[test]
+fn linux_2023_grows_its_depot_then_trims_it_to_the_cpu_count() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Linux2023).unwrap();
+    churn_frees(&d, 127 * 50);
+    let grown = d.stats().depot_magazines;
+    assert!(grown > 40, "unbounded depot: {grown}");
+    std::thread::sleep(Duration::from_millis(120));
+    d.maintain();
+    assert_eq!(
+        d.stats().depot_magazines,
+        grown - 1,
+        "one magazine per period"
+    );
+}
+
+#[test]
+fn softiommu_bounds_its_depot_and_gives_idle_magazines_back() {
+    let mut p = IovaPolicy::Softiommu.params();
+    p.idle_trim = Some(Duration::from_millis(50));
+    let d = IovaDomain::with_params(1, END, p).unwrap();
+    churn_frees(&d, 64 * 30);
+    let s = d.stats();
+    assert_eq!(s.depot_magazines, 8);
+    assert!(s.magazines_freed > 0);
+    std::thread::sleep(Duration::from_millis(60));
+    d.maintain();
+    assert_eq!(d.stats().depot_magazines, 0);
+}
+
+#[test]
+fn flush_requests_reach_other_caches_at_their_next_call() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut a = d.cpu_cache();
+    let p = a.alloc(1, END).unwrap();
+    a.free(p, 1).unwrap();
+    assert_eq!(d.stats().cached_iovas, 1);
+    d.flush_caches();
+    let q = a.alloc(2, END).unwrap();
+    assert_eq!(d.stats().cached_iovas, 0);
+    a.free(q, 2).unwrap();
+}

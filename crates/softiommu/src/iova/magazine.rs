@@ -1,0 +1,91 @@
+//! A magazine: a fixed-capacity stack of cached IOVA page frames of one size
+//! class (the Bonwick & Adams design, USENIX 2001, that Linux's `iova.c`
+//! rcache follows).
+
+/// A stack of at most `capacity` page-frame numbers.
+#[derive(Debug)]
+pub(crate) struct Magazine {
+    pfns: Box<[u64]>,
+    len: usize,
+}
+
+impl Magazine {
+    /// An empty magazine.
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            pfns: vec![0; capacity].into_boxed_slice(),
+            len: 0,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline]
+    pub(crate) fn is_full(&self) -> bool {
+        self.len == self.pfns.len()
+    }
+
+    /// Pushes `pfn`; the caller checks `is_full` first.
+    #[inline]
+    pub(crate) fn push(&mut self, pfn: u64) {
+        self.pfns[self.len] = pfn;
+        self.len += 1;
+    }
+
+    /// Pops an entry at or below `limit`: the top one if it qualifies (the
+    /// common case), else the first that does, as Linux's magazine pop does.
+    #[inline]
+    pub(crate) fn pop_below(&mut self, limit: u64) -> Option<u64> {
+        let top = self.len.checked_sub(1)?;
+        let pfn = self.pfns[top];
+        if pfn <= limit {
+            self.len = top;
+            return Some(pfn);
+        }
+        self.pop_scan(limit)
+    }
+
+    #[cold]
+    fn pop_scan(&mut self, limit: u64) -> Option<u64> {
+        let i = self.pfns[..self.len].iter().position(|&p| p <= limit)?;
+        let pfn = self.pfns[i];
+        self.len -= 1;
+        self.pfns[i] = self.pfns[self.len];
+        Some(pfn)
+    }
+
+    /// Empties the magazine, yielding its entries.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = u64> + '_ {
+        let n = std::mem::take(&mut self.len);
+        self.pfns[..n].iter().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pops_respect_the_limit() {
+        let mut m = Magazine::new(4);
+        for p in [10, 50, 20, 90] {
+            m.push(p);
+        }
+        assert!(m.is_full());
+        assert_eq!(m.pop_below(100), Some(90));
+        assert_eq!(m.pop_below(30), Some(20), "the top qualifies");
+        assert_eq!(m.pop_below(15), Some(10), "found below the top");
+        assert_eq!(m.pop_below(5), None);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m.drain().collect::<Vec<_>>(), vec![50]);
+        assert!(m.is_empty());
+    }
+}

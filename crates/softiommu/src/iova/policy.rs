@@ -1,0 +1,140 @@
+//! The caching policies: ours and the historical Linux ones, as data.
+//!
+//! Linux constants cited from `drivers/iommu/iova.c` and `include/linux/iova.h`:
+//! `IOVA_MAG_SIZE` 128 (127 from v6.4, to fit a magazine in 1 KiB),
+//! `MAX_GLOBAL_MAGS` 32 (the fixed depot, until v6.4),
+//! `IOVA_RANGE_CACHE_MAX_SIZE` 6 (orders 0..=5 are cached: up to 32 pages),
+//! `IOVA_DEPOT_DELAY` 100 ms (v6.4's background depot trim).
+
+use std::time::Duration;
+
+/// Which allocator design an [`IovaDomain`](super::IovaDomain) runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IovaPolicy {
+    /// The default: an O(log n) free-extent tree that coalesces on free, a
+    /// bounded depot, idle depot magazines given back; flat over time.
+    Softiommu,
+    /// Linux v4.7 to v5.10: a fixed depot of 32 magazines of 128; when it is
+    /// full, the loaded magazine's IOVAs go back to a tree of allocated
+    /// ranges searched linearly from a cached node.
+    Linux2016,
+    /// Linux v5.11 (seed `004`): as `Linux2016`, but when the depot is full
+    /// every CPU's cache is flushed back to the tree instead.
+    Linux2020,
+    /// Linux v6.4: an unbounded depot list of magazines of 127, trimmed in
+    /// the background (one magazine every 100 ms) down to one per CPU.
+    Linux2023,
+}
+
+impl IovaPolicy {
+    /// Every policy, baselines first.
+    pub const ALL: [IovaPolicy; 4] = [
+        IovaPolicy::Linux2016,
+        IovaPolicy::Linux2020,
+        IovaPolicy::Linux2023,
+        IovaPolicy::Softiommu,
+    ];
+
+    /// The policy's name as the CLI and reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            IovaPolicy::Softiommu => "softiommu",
+            IovaPolicy::Linux2016 => "linux-2016",
+            IovaPolicy::Linux2020 => "linux-2020",
+            IovaPolicy::Linux2023 => "linux-2023",
+        }
+    }
+
+    /// Parses a name printed by [`name`](Self::name).
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// The tunables this policy runs with.
+    pub fn params(self) -> CacheParams {
+        match self {
+            IovaPolicy::Softiommu => CacheParams {
+                magazine_size: 64,
+                max_cached_order: 8,
+                depot: DepotRule::Bounded {
+                    capacity: 8,
+                    when_full: WhenFull::FreeMagazine,
+                },
+                idle_trim: Some(Duration::from_secs(1)),
+                linear_tree: false,
+            },
+            IovaPolicy::Linux2016 | IovaPolicy::Linux2020 => CacheParams {
+                magazine_size: 128,
+                max_cached_order: 5,
+                depot: DepotRule::Bounded {
+                    capacity: 32,
+                    when_full: if self == IovaPolicy::Linux2016 {
+                        WhenFull::FreeMagazine
+                    } else {
+                        WhenFull::FlushAllCaches
+                    },
+                },
+                idle_trim: None,
+                linear_tree: true,
+            },
+            IovaPolicy::Linux2023 => CacheParams {
+                magazine_size: 127,
+                max_cached_order: 5,
+                depot: DepotRule::TrimToCpus {
+                    every: Duration::from_millis(100),
+                },
+                idle_trim: None,
+                linear_tree: true,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for IovaPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The tunables of the caching layer and the tree behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheParams {
+    /// IOVAs per magazine.
+    pub magazine_size: usize,
+    /// Blocks of up to 2^this pages are cached; larger ones go to the tree.
+    /// Ours caches up to 256 pages (1 MiB), a common storage transfer size.
+    pub max_cached_order: u32,
+    /// What bounds the depot.
+    pub depot: DepotRule,
+    /// Depot magazines untouched for this long go back to the tree.
+    pub idle_trim: Option<Duration>,
+    /// The Linux tree of allocated ranges searched linearly, instead of ours.
+    pub linear_tree: bool,
+}
+
+/// How a size class's depot of full magazines is bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DepotRule {
+    /// At most `capacity` magazines; `when_full` says what a push then does.
+    Bounded {
+        /// Magazines the depot holds at most.
+        capacity: usize,
+        /// The action when a full magazine finds the depot full.
+        when_full: WhenFull,
+    },
+    /// Unbounded, but one magazine is given back to the tree every `every`
+    /// while the depot holds more magazines than there are CPUs.
+    TrimToCpus {
+        /// The trim period.
+        every: Duration,
+    },
+}
+
+/// What happens when a full magazine finds the depot full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// The loaded magazine's IOVAs are freed to the tree.
+    FreeMagazine,
+    /// The IOVA goes to the tree and every CPU cache is flushed.
+    FlushAllCaches,
+}
