@@ -50,6 +50,20 @@ impl TreeState {
         Some(pfn)
     }
 
+    /// Allocates one block of 2^`chunk` pages and counts it as 2^(chunk -
+    /// order) blocks of 2^`order`: only the free-extent tree can do this,
+    /// since it does not remember allocated blocks.
+    fn alloc_split(&mut self, order: u32, chunk: u32, limit: u64) -> Option<u64> {
+        let Tree::Gap(t) = &mut self.tree else {
+            return None;
+        };
+        let pfn = t.alloc(chunk, limit)?;
+        self.allocs += 1;
+        self.allocated_blocks += 1 << (chunk - order);
+        self.peak_nodes = self.peak_nodes.max(self.nodes());
+        Some(pfn)
+    }
+
     fn free(&mut self, pfn: u64, order: u32) {
         let hi = pfn + (1u64 << order) - 1;
         let ok = match &mut self.tree {
@@ -73,7 +87,8 @@ impl TreeState {
 
 #[derive(Debug)]
 struct Depot {
-    mags: Vec<Magazine>,
+    /// Full magazines with the id of the cache that filled them.
+    mags: Vec<(u32, Magazine)>,
     last_touch: Instant,
     next_trim: Instant,
 }
@@ -131,6 +146,11 @@ pub struct IovaStats {
 
 /// An IOVA space with its caches. Share it as `Arc<IovaDomain>`; give each
 /// allocating thread its own [`IovaCpuCache`] with [`cpu_cache`](Self::cpu_cache).
+///
+/// Layout: the fields every cache call reads (bounds, parameters, the state
+/// map) share cache lines only with each other; the tree, each depot, the
+/// flush epoch and the slow-path counters each sit on lines of their own, so
+/// a slow path on one CPU never evicts the fast path's data on another.
 #[derive(Debug)]
 pub struct IovaDomain {
     start_pfn: u64,
@@ -138,11 +158,18 @@ pub struct IovaDomain {
     policy: Option<IovaPolicy>,
     params: CacheParams,
     pub(super) live: LiveMap,
-    tree: Mutex<TreeState>,
-    depots: Box<[CachePadded<Mutex<Depot>>]>,
-    depot_iovas: AtomicU64,
-    pub(super) flush_epoch: CachePadded<AtomicU64>,
     caches: Mutex<Vec<Weak<CacheShared>>>,
+    pub(super) flush_epoch: CachePadded<AtomicU64>,
+    tree: CachePadded<Mutex<TreeState>>,
+    depots: Box<[CachePadded<Mutex<Depot>>]>,
+    counters: CachePadded<Counters>,
+}
+
+/// Slow-path counters, updated under or beside the depot and tree locks.
+#[derive(Debug, Default)]
+struct Counters {
+    next_cache_id: std::sync::atomic::AtomicU32,
+    depot_iovas: AtomicU64,
     cpu_caches: AtomicUsize,
     magazines_freed: AtomicU64,
     cache_flushes: AtomicU64,
@@ -204,21 +231,18 @@ impl IovaDomain {
             policy,
             params,
             live: LiveMap::new(end_pfn)?,
-            tree: Mutex::new(TreeState {
+            caches: Mutex::new(Vec::new()),
+            tree: CachePadded::new(Mutex::new(TreeState {
                 tree,
                 reserved: Vec::new(),
                 allocated_blocks: 0,
                 peak_nodes: 1,
                 allocs: 0,
                 frees: 0,
-            }),
+            })),
             depots,
-            depot_iovas: AtomicU64::new(0),
             flush_epoch: CachePadded::new(AtomicU64::new(0)),
-            caches: Mutex::new(Vec::new()),
-            cpu_caches: AtomicUsize::new(0),
-            magazines_freed: AtomicU64::new(0),
-            cache_flushes: AtomicU64::new(0),
+            counters: CachePadded::new(Counters::default()),
         }))
     }
 
@@ -250,17 +274,21 @@ impl IovaDomain {
 
     /// A per-CPU (per-thread) cache over this domain.
     pub fn cpu_cache(self: &Arc<Self>) -> IovaCpuCache {
-        let shared = Arc::new(CacheShared::default());
+        let id = self.counters.next_cache_id.fetch_add(1, Relaxed);
+        let shared = Arc::new(CacheShared {
+            id,
+            ..CacheShared::default()
+        });
         let mut list = lock(&self.caches);
         list.retain(|w| w.strong_count() > 0);
         list.push(Arc::downgrade(&shared));
         drop(list);
-        self.cpu_caches.fetch_add(1, Relaxed);
+        self.counters.cpu_caches.fetch_add(1, Relaxed);
         IovaCpuCache::new(self.clone(), shared)
     }
 
     pub(super) fn cache_dropped(&self) {
-        self.cpu_caches.fetch_sub(1, Relaxed);
+        self.counters.cpu_caches.fetch_sub(1, Relaxed);
     }
 
     /// Checks the size and limit of a request; returns the order and the
@@ -323,6 +351,21 @@ impl IovaDomain {
         Ok(pfn)
     }
 
+    /// Refill for a cache that missed on `order`: one chunk of 2^`chunk`
+    /// pages, split into blocks of 2^`order`, all marked cached. Returns the
+    /// chunk's start, or `None` where the tree cannot split (the Linux
+    /// baselines, which refill one block at a time) or has no such chunk.
+    pub(super) fn alloc_chunk(&self, order: u32, chunk: u32, limit: u64) -> Option<u64> {
+        if self.params.linear_tree || chunk <= order {
+            return None;
+        }
+        let pfn = lock(&self.tree).alloc_split(order, chunk, limit)?;
+        for i in 0..1u64 << (chunk - order) {
+            self.live.set(pfn + (i << order), state(CACHED, order));
+        }
+        Some(pfn)
+    }
+
     /// Frees a block allocated with [`alloc`](Self::alloc) (or through a
     /// cache) straight to the tree.
     pub fn free(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
@@ -376,16 +419,24 @@ impl IovaDomain {
             tree.free(pfn, order);
         }
         drop(tree);
-        self.magazines_freed.fetch_add(1, Relaxed);
+        self.counters.magazines_freed.fetch_add(1, Relaxed);
     }
 
     /// Takes a full magazine from the depot of `order`, if any.
-    pub(super) fn depot_pop(&self, order: u32) -> Option<Magazine> {
+    pub(super) fn depot_pop(&self, order: u32, owner: u32) -> Option<Magazine> {
         let mut d = lock(&self.depots[order as usize]);
-        let mag = d.mags.pop();
+        let mine = if self.params.affine_depot {
+            d.mags.iter().rposition(|(o, _)| *o == owner)
+        } else {
+            None
+        };
+        let mag = match mine {
+            Some(i) => Some(d.mags.remove(i).1),
+            None => d.mags.pop().map(|(_, m)| m),
+        };
         d.last_touch = Instant::now();
         if let Some(m) = &mag {
-            self.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
+            self.counters.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
         }
         drop(d);
         self.maybe_trim(order);
@@ -394,7 +445,12 @@ impl IovaDomain {
 
     /// Offers a full magazine to the depot. Returns it back if the depot is
     /// full, with what the policy says to do about it.
-    pub(super) fn depot_push(&self, order: u32, mag: Magazine) -> Result<(), (Magazine, WhenFull)> {
+    pub(super) fn depot_push(
+        &self,
+        order: u32,
+        owner: u32,
+        mag: Magazine,
+    ) -> Result<(), (Magazine, WhenFull)> {
         let mut d = lock(&self.depots[order as usize]);
         d.last_touch = Instant::now();
         let res = match self.params.depot {
@@ -403,8 +459,10 @@ impl IovaDomain {
                 when_full,
             } if d.mags.len() >= capacity => Err((mag, when_full)),
             _ => {
-                self.depot_iovas.fetch_add(mag.len() as u64, Relaxed);
-                d.mags.push(mag);
+                self.counters
+                    .depot_iovas
+                    .fetch_add(mag.len() as u64, Relaxed);
+                d.mags.push((owner, mag));
                 Ok(())
             }
         };
@@ -420,7 +478,7 @@ impl IovaDomain {
         let mut d = lock(&self.depots[order as usize]);
         let mut victim = None;
         if let DepotRule::TrimToCpus { every } = self.params.depot {
-            if now >= d.next_trim && d.mags.len() > self.cpu_caches.load(Relaxed).max(1) {
+            if now >= d.next_trim && d.mags.len() > self.counters.cpu_caches.load(Relaxed).max(1) {
                 victim = d.mags.pop().map(|m| vec![m]);
                 d.next_trim = now + every;
             }
@@ -431,8 +489,8 @@ impl IovaDomain {
             }
         }
         drop(d);
-        for mut m in victim.into_iter().flatten() {
-            self.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
+        for (_, mut m) in victim.into_iter().flatten() {
+            self.counters.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
             self.free_magazine(&mut m, order);
         }
     }
@@ -449,12 +507,12 @@ impl IovaDomain {
     /// Gives every depot magazine back to the tree and asks every per-CPU
     /// cache to do the same at its owner's next call.
     pub fn flush_caches(&self) {
-        self.cache_flushes.fetch_add(1, Relaxed);
+        self.counters.cache_flushes.fetch_add(1, Relaxed);
         self.flush_epoch.fetch_add(1, Relaxed);
         for order in 0..self.depots.len() as u32 {
             let mags = std::mem::take(&mut lock(&self.depots[order as usize]).mags);
-            for mut m in mags {
-                self.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
+            for (_, mut m) in mags {
+                self.counters.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
                 self.free_magazine(&mut m, order);
             }
         }
@@ -463,7 +521,7 @@ impl IovaDomain {
     /// Asks every per-CPU cache to flush at its next call, leaving the depots
     /// (what `linux-2020` does when a depot fills).
     pub(super) fn request_cpu_flush(&self) {
-        self.cache_flushes.fetch_add(1, Relaxed);
+        self.counters.cache_flushes.fetch_add(1, Relaxed);
         self.flush_epoch.fetch_add(1, Relaxed);
     }
 
@@ -551,14 +609,14 @@ impl IovaDomain {
             tree_nodes,
             peak_tree_nodes: peak,
             tree_blocks: blocks,
-            cached_iovas: in_cpus + self.depot_iovas.load(Relaxed),
+            cached_iovas: in_cpus + self.counters.depot_iovas.load(Relaxed),
             depot_magazines,
             tree_allocs: allocs,
             tree_frees: frees,
             scan_steps,
-            magazines_freed: self.magazines_freed.load(Relaxed),
-            cache_flushes: self.cache_flushes.load(Relaxed),
-            cpu_caches: self.cpu_caches.load(Relaxed) as u64,
+            magazines_freed: self.counters.magazines_freed.load(Relaxed),
+            cache_flushes: self.counters.cache_flushes.load(Relaxed),
+            cpu_caches: self.counters.cpu_caches.load(Relaxed) as u64,
         }
     }
 

@@ -237,11 +237,35 @@ fn softiommu_bounds_its_depot_and_gives_idle_magazines_back() {
 fn flush_requests_reach_other_caches_at_their_next_call() {
     let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
     let mut a = d.cpu_cache();
+    let q = d.alloc(4, END).unwrap();
     let p = a.alloc(1, END).unwrap();
     a.free(p, 1).unwrap();
-    assert_eq!(d.stats().cached_iovas, 1);
+    // A refill brought a whole 128-page chunk into the cache.
+    assert_eq!(d.stats().cached_iovas, 128);
     d.flush_caches();
-    let q = a.alloc(2, END).unwrap();
-    assert_eq!(d.stats().cached_iovas, 0);
-    a.free(q, 2).unwrap();
+    assert_eq!(
+        d.stats().cached_iovas,
+        128,
+        "not before the owner's next call"
+    );
+    a.free(q, 4).unwrap();
+    assert_eq!(d.stats().cached_iovas, 1, "flushed, then q cached");
+}
+
+#[test]
+fn a_cached_block_must_end_within_the_limit() {
+    // Regression: a cached block was checked by its start only, so a limit
+    // inside it let its tail pass the DMA mask.
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1, END, policy).unwrap();
+        let mut c = d.cpu_cache();
+        let p = c.alloc(4, END).unwrap();
+        c.free(p, 4).unwrap();
+        let q = c.alloc(4, p + 2).unwrap();
+        assert!(
+            q + 3 <= p + 2,
+            "{policy}: block {q:#x}+4 passes limit {:#x}",
+            p + 2
+        );
+    }
 }

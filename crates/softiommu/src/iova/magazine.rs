@@ -2,10 +2,16 @@
 //! class (the Bonwick & Adams design, USENIX 2001, that Linux's `iova.c`
 //! rcache follows).
 
+/// Unused slots before and after the entries: 128 bytes, so that no cache
+/// line holding entries is shared with another heap object (two CPUs'
+/// magazines allocated side by side would otherwise ping-pong a line).
+const PAD: usize = 16;
+
 /// A stack of at most `capacity` page-frame numbers.
 #[derive(Debug)]
 pub(crate) struct Magazine {
-    pfns: Box<[u64]>,
+    /// `PAD` unused words, the entries, `PAD` unused words.
+    slots: Box<[u64]>,
     len: usize,
 }
 
@@ -13,9 +19,14 @@ impl Magazine {
     /// An empty magazine.
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            pfns: vec![0; capacity].into_boxed_slice(),
+            slots: vec![0; capacity + 2 * PAD].into_boxed_slice(),
             len: 0,
         }
+    }
+
+    #[inline]
+    fn capacity(&self) -> usize {
+        self.slots.len() - 2 * PAD
     }
 
     #[inline]
@@ -30,22 +41,23 @@ impl Magazine {
 
     #[inline]
     pub(crate) fn is_full(&self) -> bool {
-        self.len == self.pfns.len()
+        self.len == self.capacity()
     }
 
     /// Pushes `pfn`; the caller checks `is_full` first.
     #[inline]
     pub(crate) fn push(&mut self, pfn: u64) {
-        self.pfns[self.len] = pfn;
+        self.slots[PAD + self.len] = pfn;
         self.len += 1;
     }
 
-    /// Pops an entry at or below `limit`: the top one if it qualifies (the
+    /// Pops an entry at or below `limit` (the highest start a block may have
+    /// to end within the caller's limit): the top one if it qualifies (the
     /// common case), else the first that does, as Linux's magazine pop does.
     #[inline]
     pub(crate) fn pop_below(&mut self, limit: u64) -> Option<u64> {
         let top = self.len.checked_sub(1)?;
-        let pfn = self.pfns[top];
+        let pfn = self.slots[PAD + top];
         if pfn <= limit {
             self.len = top;
             return Some(pfn);
@@ -55,17 +67,19 @@ impl Magazine {
 
     #[cold]
     fn pop_scan(&mut self, limit: u64) -> Option<u64> {
-        let i = self.pfns[..self.len].iter().position(|&p| p <= limit)?;
-        let pfn = self.pfns[i];
+        let i = self.slots[PAD..PAD + self.len]
+            .iter()
+            .position(|&p| p <= limit)?;
+        let pfn = self.slots[PAD + i];
         self.len -= 1;
-        self.pfns[i] = self.pfns[self.len];
+        self.slots[PAD + i] = self.slots[PAD + self.len];
         Some(pfn)
     }
 
     /// Empties the magazine, yielding its entries.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = u64> + '_ {
         let n = std::mem::take(&mut self.len);
-        self.pfns[..n].iter().copied()
+        self.slots[PAD..PAD + n].iter().copied()
     }
 }
 

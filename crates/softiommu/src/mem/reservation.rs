@@ -107,11 +107,11 @@ mod tests {
         // SAFETY: offsets inside the mapping.
         unsafe {
             assert_eq!(*r.base().add(12345), 0);
-            *r.base().add((63usize << 30)) = 7;
-            assert_eq!(*r.base().add((63usize << 30)), 7);
+            *r.base().add(63usize << 30) = 7;
+            assert_eq!(*r.base().add(63usize << 30), 7);
         }
         r.discard(63u64 << 30, 4096);
         // SAFETY: as above.
-        unsafe { assert_eq!(*r.base().add((63usize << 30)), 0) };
+        unsafe { assert_eq!(*r.base().add(63usize << 30), 0) };
     }
 }

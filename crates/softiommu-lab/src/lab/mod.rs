@@ -1,0 +1,3 @@
+//! Lab scenarios: workloads over the library, with seed-shaped output.
+
+pub mod iova_aging;
