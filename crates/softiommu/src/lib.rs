@@ -8,6 +8,8 @@
 //! - [`iova`]: IOVA allocation: an O(log n) size-aligned range allocator with
 //!   per-CPU magazine caches and a bounded depot, beside the historical Linux
 //!   policies as selectable baselines.
+//! - [`pgtable`]: IO page tables (VT-d second-level) as real bytes in `mem`,
+//!   an IOTLB gather, and cache flushes for walkers that are not coherent.
 //!
 //! See `docs/ARCHITECTURE.md` in the repository for the whole map.
 
@@ -16,3 +18,4 @@
 
 pub mod iova;
 pub mod mem;
+pub mod pgtable;
