@@ -114,7 +114,10 @@ fn run_suite(json: bool) -> Result<(), String> {
         windows: 16,
         jobs: 12,
         irq_cpus: 4,
+        threads: None,
         iodepth: 32,
+        slow_pct: 2.0,
+        slow_hold: 100_000,
         policies: Vec::new(),
         json,
     };

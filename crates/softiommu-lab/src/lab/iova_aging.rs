@@ -1,25 +1,26 @@
 //! `softiommu lab iova-aging`: seed `004`'s experiment.
 //!
-//! Twelve jobs (threads) do storage-like I/O in deferred mode: each I/O
-//! allocates an IOVA of a mixed size, keeps it while `--iodepth` later I/Os
-//! are issued, then completes. Completions are handled on the "interrupt
-//! CPUs" (`--irq-cpus`, as a controller with fewer vectors than CPUs does):
-//! the completing job puts the IOVA in its flush queue (an array of 256, as
-//! Linux's), and frees the whole batch into its own per-CPU cache when the
-//! queue is full or its oldest entry is 10 ms old. So IOVAs are allocated on
-//! every CPU but freed on a few: the caches and the depot fill, and the
-//! policies differ in what happens next.
+//! Twelve jobs do storage-like I/O in deferred mode: each I/O allocates an
+//! IOVA of a mixed size, keeps it while `--iodepth` later I/Os are issued,
+//! then completes. Completions are handled by interrupt CPUs (`--irq-cpus`,
+//! as a controller with fewer vectors than CPUs has): each puts the IOVA in
+//! its flush queue (an array of 256, as Linux's) and frees the whole batch
+//! into its own per-CPU cache when the queue is full or its oldest entry is
+//! 10 ms old. So IOVAs are allocated on some CPUs and freed on others: the
+//! caches and the depot fill, and the policies differ in what happens next.
 //!
-//! The output is a throughput time line per policy, in windows, like the
-//! seed's fio lines, and a summary. Every figure is measured; the jobs do no
-//! I/O beyond the allocator's work, so throughput is the allocator's.
+//! The jobs and interrupt CPUs are *logical* CPUs, each with its own
+//! per-CPU cache, run in slices of 32 I/Os on `--threads` OS threads (one per
+//! core by default), each thread hosting a share of the jobs and of the
+//! interrupt CPUs that serve them. Sixteen OS threads on two cores would
+//! spend their time in the scheduler; this way the time goes to the
+//! allocator, shared by the threads for real (tree, depots, state map).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use serde::Serialize;
 use softiommu::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
@@ -48,12 +49,23 @@ pub struct AgingArgs {
     /// Jobs (threads), as fio's `numjobs`.
     #[arg(long, default_value_t = 12)]
     pub jobs: usize,
-    /// Jobs that also handle completions (interrupt CPUs).
+    /// Interrupt CPUs: logical CPUs that free what the jobs complete (at
+    /// least one per OS thread).
     #[arg(long, default_value_t = 4)]
     pub irq_cpus: usize,
+    /// OS threads hosting the logical CPUs (default: the number of cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// I/Os in flight per job.
     #[arg(long, default_value_t = 32)]
     pub iodepth: usize,
+    /// Percent of I/Os that are slow (held `--slow-hold` I/Os of their job
+    /// instead of `--iodepth`): a storage device's latency tail.
+    #[arg(long, default_value_t = 2.0)]
+    pub slow_pct: f64,
+    /// How many of its job's I/Os a slow I/O stays in flight for.
+    #[arg(long, default_value_t = 100_000)]
+    pub slow_hold: u64,
     /// Policies to run (default: all, baselines first).
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
@@ -77,8 +89,8 @@ pub struct PolicyResult {
     pub peak_tree_nodes: u64,
     /// Most IOVAs ever sampled in caches and depots.
     pub peak_cached_iovas: u64,
-    /// Every window's throughput, in order.
-    pub windows_mops: Vec<f64>,
+    /// The time line, window by window.
+    pub windows: Vec<Window>,
     /// Linear-search steps over the run (Linux baselines).
     pub scan_steps: u64,
     /// Magazines given back to the tree.
@@ -109,12 +121,12 @@ struct Shared {
     stop: AtomicBool,
     ops: Vec<CachePadded<AtomicU64>>,
     failed: AtomicU64,
-    inbound: Vec<ArrayQueue<(u64, u64)>>,
-    irq_cpus: usize,
     iodepth: usize,
+    slow_ppm: u64,
+    slow_hold: u64,
 }
 
-/// A job's flush queue: a fixed array filled then freed as one batch.
+/// An interrupt CPU's flush queue: a fixed array filled then freed as one batch.
 struct FlushQueue {
     entries: Vec<(u64, u64)>,
     oldest: Option<Instant>,
@@ -141,57 +153,122 @@ impl FlushQueue {
     }
 }
 
-fn job(me: usize, sh: &Shared) {
-    let mut cache = sh.domain.cpu_cache();
+/// A logical job CPU.
+struct Job {
+    cache: IovaCpuCache,
+    sizes: Vec<u64>,
+    inflight: VecDeque<(u64, u64)>,
+    /// Slow I/Os: (the op count at which it completes, pfn, pages).
+    slow: VecDeque<(u64, u64, u64)>,
+    rng: crate::workload::Rng,
+    irq: usize,
+    ops: u64,
+}
+
+/// A logical interrupt CPU.
+struct Irq {
+    cache: IovaCpuCache,
+    inbound: VecDeque<(u64, u64)>,
+    fq: FlushQueue,
+}
+
+/// I/Os a logical CPU runs before the next one gets the thread.
+const SLICE: usize = 32;
+
+/// One OS thread hosting `jobs` (global ids) and the interrupt CPUs that
+/// serve them.
+fn worker(sh: &Shared, job_ids: Vec<usize>, n_irq: usize) {
     let limit = sh.domain.end_pfn();
-    let sizes = DMA_MIX.sequence(0xa9e + me as u64, 1 << 16);
-    let mut inflight: VecDeque<(u64, u64)> = VecDeque::with_capacity(sh.iodepth);
-    let mut fq = FlushQueue {
-        entries: Vec::with_capacity(FQ_SIZE),
-        oldest: None,
-    };
-    let completer = me < sh.irq_cpus;
-    let target = me % sh.irq_cpus;
-    let mut ops = 0u64;
+    let mut irqs: Vec<Irq> = (0..n_irq.max(1))
+        .map(|_| Irq {
+            cache: sh.domain.cpu_cache(),
+            inbound: VecDeque::new(),
+            fq: FlushQueue {
+                entries: Vec::with_capacity(FQ_SIZE),
+                oldest: None,
+            },
+        })
+        .collect();
+    let mut jobs: Vec<(usize, Job)> = job_ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            let job = Job {
+                cache: sh.domain.cpu_cache(),
+                sizes: DMA_MIX.sequence(0xa9e + id as u64, 1 << 16),
+                inflight: VecDeque::with_capacity(sh.iodepth),
+                slow: VecDeque::new(),
+                rng: crate::workload::Rng::new(0x51 + id as u64),
+                irq: i % irqs.len(),
+                ops: 0,
+            };
+            (id, job)
+        })
+        .collect();
+    let mut rounds = 0u64;
     while !sh.stop.load(Relaxed) {
-        for _ in 0..64 {
-            if inflight.len() >= sh.iodepth {
-                let done = inflight.pop_front().expect("non-empty");
-                if completer {
-                    fq.push(done, &mut cache);
-                } else {
-                    let mut item = done;
-                    while let Err(back) = sh.inbound[target].push(item) {
-                        item = back;
-                        std::thread::yield_now();
-                        if sh.stop.load(Relaxed) {
-                            break;
-                        }
+        for (id, job) in &mut jobs {
+            for _ in 0..SLICE {
+                if job.inflight.len() >= sh.iodepth {
+                    let done = job.inflight.pop_front().expect("non-empty");
+                    irqs[job.irq].inbound.push_back(done);
+                }
+                while job.slow.front().is_some_and(|s| s.0 <= job.ops) {
+                    let (_, pfn, pages) = job.slow.pop_front().expect("non-empty");
+                    irqs[job.irq].inbound.push_back((pfn, pages));
+                }
+                let pages = job.sizes[job.ops as usize & 0xffff];
+                match job.cache.alloc(pages, limit) {
+                    Ok(pfn) if job.rng.below(1_000_000) < sh.slow_ppm => {
+                        job.slow.push_back((job.ops + sh.slow_hold, pfn, pages));
+                    }
+                    Ok(pfn) => job.inflight.push_back((pfn, pages)),
+                    Err(_) => {
+                        sh.failed.fetch_add(1, Relaxed);
                     }
                 }
+                job.ops += 1;
             }
-            let pages = sizes[ops as usize & 0xffff];
-            match cache.alloc(pages, limit) {
-                Ok(pfn) => inflight.push_back((pfn, pages)),
-                Err(_) => {
-                    sh.failed.fetch_add(1, Relaxed);
-                }
-            }
-            ops += 1;
+            sh.ops[*id].store(job.ops, Relaxed);
         }
-        if completer {
-            while let Some(e) = sh.inbound[me].pop() {
-                fq.push(e, &mut cache);
+        rounds += 1;
+        let check_time = rounds % 16 == 0;
+        for irq in &mut irqs {
+            while let Some(e) = irq.inbound.pop_front() {
+                irq.fq.push(e, &mut irq.cache);
             }
-            if fq.oldest.is_some_and(|t| t.elapsed() >= FQ_TIMEOUT) {
-                fq.flush(&mut cache);
+            if check_time && irq.fq.oldest.is_some_and(|t| t.elapsed() >= FQ_TIMEOUT) {
+                irq.fq.flush(&mut irq.cache);
             }
         }
-        sh.ops[me].store(ops, Relaxed);
     }
-    for e in inflight.drain(..).chain(fq.entries.drain(..)) {
-        cache.free(e.0, e.1).expect("freeing at the end");
+    for (_, job) in &mut jobs {
+        for (_, pfn, pages) in std::mem::take(&mut job.slow) {
+            job.cache.free(pfn, pages).expect("freeing at the end");
+        }
+        for (pfn, pages) in job.inflight.drain(..) {
+            job.cache.free(pfn, pages).expect("freeing at the end");
+        }
     }
+    for irq in &mut irqs {
+        for e in std::mem::take(&mut irq.inbound) {
+            irq.fq.push(e, &mut irq.cache);
+        }
+        irq.fq.flush(&mut irq.cache);
+    }
+}
+
+/// One window of the time line.
+#[derive(Debug, Clone, Serialize)]
+pub struct Window {
+    /// Million I/Os per second in this window.
+    pub mops: f64,
+    /// Tree nodes at the end of the window.
+    pub tree_nodes: u64,
+    /// IOVAs in caches and depots at the end of the window.
+    pub cached_iovas: u64,
+    /// Linear-search steps per I/O in this window (Linux baselines).
+    pub scan_steps_per_op: f64,
 }
 
 fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> PolicyResult {
@@ -203,25 +280,34 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> PolicyResul
             .map(|_| CachePadded::new(AtomicU64::new(0)))
             .collect(),
         failed: AtomicU64::new(0),
-        inbound: (0..jobs).map(|_| ArrayQueue::new(8192)).collect(),
-        irq_cpus: args.irq_cpus.clamp(1, jobs),
         iodepth: args.iodepth.max(1),
+        slow_ppm: (args.slow_pct * 1e4) as u64,
+        slow_hold: args.slow_hold,
     });
-    let threads: Vec<_> = (0..jobs)
-        .map(|me| {
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let threads = threads.clamp(1, jobs);
+    let irq_cpus = args.irq_cpus.max(threads);
+    let workers: Vec<_> = (0..threads)
+        .map(|w| {
             let sh = sh.clone();
-            std::thread::spawn(move || job(me, &sh))
+            let ids: Vec<usize> = (w..jobs).step_by(threads).collect();
+            let n_irq = (w..irq_cpus).step_by(threads).count();
+            std::thread::spawn(move || worker(&sh, ids, n_irq))
         })
         .collect();
     let windows = args.windows.max(2);
     let window = Duration::from_secs_f64(seconds / windows as f64);
     let total = |sh: &Shared| sh.ops.iter().map(|c| c.load(Relaxed)).sum::<u64>();
-    let mut mops = Vec::with_capacity(windows);
+    let mut timeline = Vec::with_capacity(windows);
     let mut peak_cached = 0u64;
     let mut last = total(&sh);
+    let mut last_steps = 0u64;
     let mut t0 = Instant::now();
     for _ in 0..windows {
         let end = t0 + window;
+        let mut s = sh.domain.stats();
         while Instant::now() < end {
             // The background work of the caches (Linux runs it from a
             // workqueue every 100 ms), and a sample of what they hold.
@@ -229,28 +315,29 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> PolicyResul
                 Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())),
             );
             sh.domain.maintain();
-            peak_cached = peak_cached.max(sh.domain.stats().cached_iovas);
+            s = sh.domain.stats();
+            peak_cached = peak_cached.max(s.cached_iovas);
         }
         let now_ops = total(&sh);
         let now = Instant::now();
-        mops.push((now_ops - last) as f64 / now.duration_since(t0).as_secs_f64() / 1e6);
+        let done = now_ops - last;
+        timeline.push(Window {
+            mops: done as f64 / now.duration_since(t0).as_secs_f64() / 1e6,
+            tree_nodes: s.tree_nodes,
+            cached_iovas: s.cached_iovas,
+            scan_steps_per_op: (s.scan_steps - last_steps) as f64 / done.max(1) as f64,
+        });
         last = now_ops;
+        last_steps = s.scan_steps;
         t0 = now;
     }
     sh.stop.store(true, Relaxed);
-    for t in threads {
-        t.join().expect("job thread");
+    for t in workers {
+        t.join().expect("worker thread");
     }
-    let mut cache = sh.domain.cpu_cache();
-    for q in &sh.inbound {
-        while let Some((pfn, pages)) = q.pop() {
-            cache.free(pfn, pages).expect("freeing leftovers");
-        }
-    }
-    drop(cache);
     let s = sh.domain.stats();
-    let first = mops[0];
-    let lastw = *mops.last().expect("windows >= 2");
+    let first = timeline[0].mops;
+    let lastw = timeline.last().expect("windows >= 2").mops;
     PolicyResult {
         policy: policy.name().to_string(),
         first_window_mops: first,
@@ -258,7 +345,7 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> PolicyResul
         retained: if first > 0.0 { lastw / first } else { 0.0 },
         peak_tree_nodes: s.peak_tree_nodes,
         peak_cached_iovas: peak_cached,
-        windows_mops: mops,
+        windows: timeline,
         scan_steps: s.scan_steps,
         magazines_freed: s.magazines_freed,
         cache_flushes: s.cache_flushes,
@@ -305,12 +392,15 @@ pub fn run(
 /// The time line of one policy, fio style.
 pub fn render_timeline(r: &PolicyResult, jobs: usize) -> String {
     let mut s = String::new();
-    for (i, m) in r.windows_mops.iter().enumerate() {
+    for (i, w) in r.windows.iter().enumerate() {
         s.push_str(&format!(
-            "{:<10} Jobs: {jobs} window {:>2}: [{:>6.3} M IOVA ops/s]\n",
+            "{:<10} Jobs: {jobs} window {:>2}: [{:>6.3} M IOVA ops/s] [tree {:>6} nodes] [cached {:>6}] [{:>7.1} scan steps/op]\n",
             r.policy,
             i + 1,
-            m
+            w.mops,
+            w.tree_nodes,
+            w.cached_iovas,
+            w.scan_steps_per_op
         ));
     }
     s

@@ -77,6 +77,20 @@ impl TreeState {
         self.peak_nodes = self.peak_nodes.max(self.nodes());
     }
 
+    /// Frees `n` adjacent blocks of 2^`order` starting at `pfn` as one
+    /// extent (the free-extent tree only).
+    fn free_run(&mut self, pfn: u64, n: u64, order: u32) {
+        let hi = pfn + (n << order) - 1;
+        let ok = match &mut self.tree {
+            Tree::Gap(t) => t.free(pfn, hi),
+            Tree::Linear(_) => Err(()),
+        };
+        debug_assert!(ok.is_ok(), "tree and state map disagree on {pfn:#x}+{n}");
+        self.frees += 1;
+        self.allocated_blocks -= n;
+        self.peak_nodes = self.peak_nodes.max(self.nodes());
+    }
+
     fn is_free(&self, pfn: u64) -> bool {
         match &self.tree {
             Tree::Gap(t) => t.is_free(pfn),
@@ -413,10 +427,29 @@ impl IovaDomain {
         if mag.is_empty() {
             return;
         }
-        let mut tree = lock(&self.tree);
-        for pfn in mag.drain() {
+        let mut pfns: Vec<u64> = mag.drain().collect();
+        for &pfn in &pfns {
             self.live.set(pfn, 0);
-            tree.free(pfn, order);
+        }
+        let mut tree = lock(&self.tree);
+        if matches!(tree.tree, Tree::Gap(_)) {
+            // Blocks of one refill chunk come back together: sorted, adjacent
+            // blocks go to the tree as one extent, one operation for a run.
+            pfns.sort_unstable();
+            let size = 1u64 << order;
+            let mut i = 0;
+            while i < pfns.len() {
+                let mut j = i + 1;
+                while j < pfns.len() && pfns[j] == pfns[j - 1] + size {
+                    j += 1;
+                }
+                tree.free_run(pfns[i], (j - i) as u64, order);
+                i = j;
+            }
+        } else {
+            for pfn in pfns {
+                tree.free(pfn, order);
+            }
         }
         drop(tree);
         self.counters.magazines_freed.fetch_add(1, Relaxed);
@@ -456,8 +489,11 @@ impl IovaDomain {
         let res = match self.params.depot {
             DepotRule::Bounded {
                 capacity,
+                per_cpu,
                 when_full,
-            } if d.mags.len() >= capacity => Err((mag, when_full)),
+            } if d.mags.len() >= capacity.max(per_cpu * self.counters.cpu_caches.load(Relaxed)) => {
+                Err((mag, when_full))
+            }
             _ => {
                 self.counters
                     .depot_iovas

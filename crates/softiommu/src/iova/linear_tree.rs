@@ -127,11 +127,10 @@ impl LinearTree {
 
     /// Whether `pfn` is outside every allocated range.
     pub(crate) fn is_free(&self, pfn: u64) -> bool {
-        !self
-            .ranges
+        self.ranges
             .range(..=pfn)
             .next_back()
-            .is_some_and(|(_, &h)| h >= pfn)
+            .is_none_or(|(_, &h)| h < pfn)
     }
 }
 

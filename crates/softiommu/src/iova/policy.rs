@@ -58,6 +58,7 @@ impl IovaPolicy {
                 max_cached_order: 8,
                 depot: DepotRule::Bounded {
                     capacity: 8,
+                    per_cpu: 2,
                     when_full: WhenFull::FreeMagazine,
                 },
                 idle_trim: Some(Duration::from_secs(1)),
@@ -69,6 +70,7 @@ impl IovaPolicy {
                 max_cached_order: 5,
                 depot: DepotRule::Bounded {
                     capacity: 32,
+                    per_cpu: 0,
                     when_full: if self == IovaPolicy::Linux2016 {
                         WhenFull::FreeMagazine
                     } else {
@@ -123,10 +125,14 @@ pub struct CacheParams {
 /// How a size class's depot of full magazines is bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DepotRule {
-    /// At most `capacity` magazines; `when_full` says what a push then does.
+    /// At most `max(capacity, per_cpu × caches)` magazines; `when_full`
+    /// says what a push then does.
     Bounded {
-        /// Magazines the depot holds at most.
+        /// Magazines the depot holds at most, whatever the CPU count.
         capacity: usize,
+        /// Magazines allowed per live per-CPU cache, where that is more: a
+        /// depot must absorb the bursts of every CPU that frees.
+        per_cpu: usize,
         /// The action when a full magazine finds the depot full.
         when_full: WhenFull,
     },
