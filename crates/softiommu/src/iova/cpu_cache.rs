@@ -46,8 +46,12 @@ pub struct IovaCpuCache {
     classes: Box<[CachePadded<Class>]>,
     epoch: u64,
     cached: u64,
-    hits: u64,
     misses: u64,
+    /// The domain's bounds, kept here so that a hit reads no domain field
+    /// but the flush epoch.
+    start_pfn: u64,
+    end_pfn: u64,
+    max_order: u32,
     shared: Arc<CacheShared>,
 }
 
@@ -63,13 +67,17 @@ impl IovaCpuCache {
             })
             .collect();
         let epoch = domain.flush_epoch.load(Relaxed);
+        let (start_pfn, end_pfn) = (domain.start_pfn(), domain.end_pfn());
+        let max_order = (end_pfn - start_pfn + 1).ilog2();
         Self {
             domain,
             classes,
             epoch,
             cached: 0,
-            hits: 0,
             misses: 0,
+            start_pfn,
+            end_pfn,
+            max_order,
             shared,
         }
     }
@@ -79,9 +87,9 @@ impl IovaCpuCache {
         &self.domain
     }
 
-    /// Allocations served from this cache, and those that went further.
-    pub fn hits_and_misses(&self) -> (u64, u64) {
-        (self.hits, self.misses)
+    /// Allocations this cache could not serve from its magazines.
+    pub fn misses(&self) -> u64 {
+        self.misses
     }
 
     #[inline]
@@ -100,14 +108,18 @@ impl IovaCpuCache {
     /// its size) at or below `limit_pfn`.
     #[inline]
     pub fn alloc(&mut self, pages: u64, limit_pfn: u64) -> Result<u64, IovaError> {
-        let (order, limit) = self.domain.check_request(pages, limit_pfn)?;
+        let order = super::order_of(pages)?;
+        if order > self.max_order || limit_pfn < self.start_pfn {
+            // The domain builds the precise error.
+            self.domain.check_request(pages, limit_pfn)?;
+        }
+        let limit = limit_pfn.min(self.end_pfn);
         self.check_epoch();
         if let Some(class) = self.classes.get_mut(order as usize) {
             // The whole block must end at or below the limit, not only start
             // there: cached blocks are checked by their start against this.
             let last_start = (limit + 1).saturating_sub(1 << order);
             if let Some(pfn) = class.loaded.pop_below(last_start) {
-                self.hits += 1;
                 self.cached -= 1;
                 self.publish();
                 self.domain.live.set(pfn, state(LIVE, order));
@@ -149,7 +161,6 @@ impl IovaCpuCache {
         }
         match pfn {
             Some(pfn) => {
-                self.hits += 1;
                 self.cached -= 1;
                 self.publish();
                 self.domain.live.set(pfn, state(LIVE, order));
