@@ -37,6 +37,8 @@ enum Cmd {
 enum BenchCmd {
     /// IOVA alloc+free pairs: ours vs vm-allocator, range-alloc, offset-allocator, linux-2016.
     Iova(bench::iova::IovaBenchArgs),
+    /// VT-d page-table map+unmap, coherent and not (seed 003).
+    Pgtable(bench::pgtable::PgtableBenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -61,6 +63,13 @@ fn main() -> std::process::ExitCode {
             }
             Ok(())
         }
+        Cmd::Bench(BenchCmd::Pgtable(a)) => bench::pgtable::run(&a).map(|r| {
+            if a.json {
+                print_json(&r);
+            } else {
+                print!("{}", bench::pgtable::render(&r));
+            }
+        }),
         Cmd::Lab(LabCmd::IovaAging(a)) => lab_aging(&a),
         Cmd::Run { json } => run_suite(json),
     };
@@ -108,6 +117,14 @@ fn run_suite(json: bool) -> Result<(), String> {
     if !json {
         println!("{}", bench::iova::render(&b2));
     }
+    let pg = bench::pgtable::run(&bench::pgtable::PgtableBenchArgs {
+        seconds: 0.5,
+        rounds: 5,
+        json,
+    })?;
+    if !json {
+        println!("{}", bench::pgtable::render(&pg));
+    }
     let aging_args = lab::iova_aging::AgingArgs {
         quick: true,
         seconds: None,
@@ -129,7 +146,11 @@ fn run_suite(json: bool) -> Result<(), String> {
     if json {
         print_json(&serde_json::json!({
             "run": "headline",
-            "benches": [b1, b2],
+            "benches": [
+                serde_json::to_value(&b1).map_err(|e| e.to_string())?,
+                serde_json::to_value(&b2).map_err(|e| e.to_string())?,
+                serde_json::to_value(&pg).map_err(|e| e.to_string())?,
+            ],
             "labs": [aging],
         }));
     } else {

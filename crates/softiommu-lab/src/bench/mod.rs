@@ -2,3 +2,4 @@
 
 pub mod iova;
 pub mod iova_peers;
+pub mod pgtable;
