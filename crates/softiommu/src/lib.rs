@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
 
+pub mod dma;
 pub mod iova;
 pub mod mem;
 pub mod pgtable;
