@@ -29,14 +29,14 @@ pub struct FrameStats {
 
 /// The buddy allocator proper, over frame numbers `[0, total_frames)`.
 #[derive(Debug)]
-pub(super) struct Buddy {
+pub(crate) struct Buddy {
     free: Vec<BTreeSet<u64>>,
     allocated: HashMap<u64, u32>,
     stats: FrameStats,
 }
 
 impl Buddy {
-    pub(super) fn new(total_frames: u64) -> Self {
+    pub(crate) fn new(total_frames: u64) -> Self {
         let mut free = vec![BTreeSet::new(); MAX_FRAME_ORDER as usize + 1];
         // Carve [0, total) into the largest naturally aligned blocks.
         let mut pfn = 0u64;
@@ -58,7 +58,7 @@ impl Buddy {
         }
     }
 
-    pub(super) fn alloc(&mut self, order: u32) -> Result<u64, MemError> {
+    pub(crate) fn alloc(&mut self, order: u32) -> Result<u64, MemError> {
         if order > MAX_FRAME_ORDER {
             return Err(MemError::OrderTooLarge {
                 order,
@@ -81,7 +81,7 @@ impl Buddy {
         Ok(pfn)
     }
 
-    pub(super) fn free(&mut self, pfn: u64, order: u32) -> Result<(), MemError> {
+    pub(crate) fn free(&mut self, pfn: u64, order: u32) -> Result<(), MemError> {
         match self.allocated.get(&pfn) {
             Some(&o) if o == order => {}
             _ => {
@@ -107,7 +107,7 @@ impl Buddy {
         Ok(())
     }
 
-    pub(super) fn stats(&self) -> FrameStats {
+    pub(crate) fn stats(&self) -> FrameStats {
         self.stats
     }
 }

@@ -16,7 +16,7 @@
 //! words need when a walker and an updater run at once.
 
 mod arena;
-mod frames;
+pub(crate) mod frames;
 mod reservation;
 
 pub use arena::PhysMemory;
