@@ -2,6 +2,7 @@
 
 mod bench;
 mod lab;
+mod run;
 mod table;
 mod workload;
 
@@ -39,12 +40,18 @@ enum BenchCmd {
     Iova(bench::iova::IovaBenchArgs),
     /// VT-d page-table map+unmap, coherent and not (seed 003).
     Pgtable(bench::pgtable::PgtableBenchArgs),
+    /// DMA map+unmap per policy, as Linux's dma_map_benchmark (seed 000).
+    Dma(bench::dma::DmaBenchArgs),
+    /// Device-side translation: IOTLB hits vs vm-memory's Iotlb, and walks.
+    Translate(bench::translate::TranslateBenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum LabCmd {
     /// Seed 004: IOVA cache growth over a long storage run, per policy.
     IovaAging(lab::iova_aging::AgingArgs),
+    /// Seed 000: a UDP stream through a NIC ring, per DMA policy.
+    NetperfUdp(lab::netperf_udp::NetperfArgs),
 }
 
 fn print_json<T: serde::Serialize>(v: &T) {
@@ -70,8 +77,29 @@ fn main() -> std::process::ExitCode {
                 print!("{}", bench::pgtable::render(&r));
             }
         }),
+        Cmd::Bench(BenchCmd::Dma(a)) => bench::dma::run(&a).map(|r| {
+            if a.json {
+                print_json(&r);
+            } else {
+                print!("{}", bench::dma::render(&r));
+            }
+        }),
+        Cmd::Bench(BenchCmd::Translate(a)) => bench::translate::run(&a).map(|r| {
+            if a.json {
+                print_json(&r);
+            } else {
+                print!("{}", bench::translate::render(&r));
+            }
+        }),
         Cmd::Lab(LabCmd::IovaAging(a)) => lab_aging(&a),
-        Cmd::Run { json } => run_suite(json),
+        Cmd::Lab(LabCmd::NetperfUdp(a)) => lab::netperf_udp::run(&a).map(|r| {
+            if a.json {
+                print_json(&r);
+            } else {
+                print!("{}", lab::netperf_udp::render(&r));
+            }
+        }),
+        Cmd::Run { json } => run::run(json),
     };
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -93,68 +121,6 @@ fn lab_aging(a: &lab::iova_aging::AgingArgs) -> Result<(), String> {
         print_json(&r);
     } else {
         print!("{}", render_summary(&r));
-    }
-    Ok(())
-}
-
-fn run_suite(json: bool) -> Result<(), String> {
-    let bench_args = bench::iova::IovaBenchArgs {
-        threads: 1,
-        live: 4096,
-        seconds: 1.0,
-        rounds: 5,
-        impls: Vec::new(),
-        json,
-    };
-    let b1 = bench::iova::run(&bench_args);
-    if !json {
-        println!("{}", bench::iova::render(&b1));
-    }
-    let b2 = bench::iova::run(&bench::iova::IovaBenchArgs {
-        threads: 2,
-        ..bench_args
-    });
-    if !json {
-        println!("{}", bench::iova::render(&b2));
-    }
-    let pg = bench::pgtable::run(&bench::pgtable::PgtableBenchArgs {
-        seconds: 0.5,
-        rounds: 5,
-        json,
-    })?;
-    if !json {
-        println!("{}", bench::pgtable::render(&pg));
-    }
-    let aging_args = lab::iova_aging::AgingArgs {
-        quick: true,
-        seconds: None,
-        windows: 16,
-        jobs: 12,
-        irq_cpus: 4,
-        threads: None,
-        iodepth: 32,
-        slow_pct: 2.0,
-        slow_hold: 100_000,
-        policies: Vec::new(),
-        json,
-    };
-    let aging = lab::iova_aging::run(&aging_args, |p| {
-        if !json {
-            print!("{}", lab::iova_aging::render_timeline(p, 12));
-        }
-    })?;
-    if json {
-        print_json(&serde_json::json!({
-            "run": "headline",
-            "benches": [
-                serde_json::to_value(&b1).map_err(|e| e.to_string())?,
-                serde_json::to_value(&b2).map_err(|e| e.to_string())?,
-                serde_json::to_value(&pg).map_err(|e| e.to_string())?,
-            ],
-            "labs": [aging],
-        }));
-    } else {
-        print!("{}", lab::iova_aging::render_summary(&aging));
     }
     Ok(())
 }

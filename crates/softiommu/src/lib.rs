@@ -10,6 +10,9 @@
 //!   policies as selectable baselines.
 //! - [`pgtable`]: IO page tables (VT-d second-level) as real bytes in `mem`,
 //!   an IOTLB gather, and cache flushes for walkers that are not coherent.
+//! - [`hw`]: the emulated IOMMU unit: contexts, a page walker over those
+//!   bytes, a lock-free IOTLB, an invalidation queue of real VT-d
+//!   descriptors with drain semantics, a fault log and a latency model.
 //!
 //! See `docs/ARCHITECTURE.md` in the repository for the whole map.
 
@@ -17,6 +20,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod dma;
+pub mod hw;
 pub mod iova;
 pub mod mem;
 pub mod pgtable;

@@ -1,5 +1,7 @@
 //! Micro-benchmarks: each prints a table, or one JSON object with `--json`.
 
+pub mod dma;
 pub mod iova;
 pub mod iova_peers;
 pub mod pgtable;
+pub mod translate;

@@ -232,7 +232,7 @@ fn worker(sh: &Shared, job_ids: Vec<usize>, n_irq: usize) {
             sh.ops[*id].store(job.ops, Relaxed);
         }
         rounds += 1;
-        let check_time = rounds % 16 == 0;
+        let check_time = rounds.is_multiple_of(16);
         for irq in &mut irqs {
             while let Some(e) = irq.inbound.pop_front() {
                 irq.fq.push(e, &mut irq.cache);

@@ -1,18 +1,45 @@
-//! The driver-side DMA API: domains, map/unmap, and the invalidation
-//! policies (pass-through, strict, deferred, bounce).
+//! The driver-side DMA API: domains, map/unmap of buffers and scatter
+//! lists, coherent allocations, and the invalidation policies.
 //!
-//! Built so far: the deferred policy's per-CPU flush queue and its timer
-//! protocol ([`FlushQueue`], [`TimerArm`]), policies and tunables, per-CPU
-//! statistics, the stale-window record and the bounce pool.
+//! A [`DmaDomain`] owns an IOVA space ([`crate::iova`]) and a VT-d page
+//! table ([`crate::pgtable`]) and spans the IOMMU units ([`crate::hw`]) its
+//! devices sit behind. Devices are attached with a DMA mask; each thread
+//! maps and unmaps through its own [`DmaCpu`].
+//!
+//! Policies ([`DmaPolicy`]), switchable at run time:
+//! - `Passthrough`: DMA address = physical address; no protection.
+//! - `Strict`: an unmap clears the PTEs, invalidates, waits, then frees the
+//!   IOVA and the table pages.
+//! - `Deferred`: an unmap clears the PTEs and queues the IOVA on this CPU's
+//!   [`FlushQueue`] (an array); at the high-water mark or the timeout, one
+//!   invalidation per unit with work and one wait free the whole batch. The
+//!   time an unmapped buffer stays reachable is measured
+//!   ([`DmaDomain::stale_window`]).
+//! - `Bounce`: data is copied through a pool that stays mapped.
+//!
+//! Whatever the policy, an IOVA is freed (and so can be handed out again)
+//! only after the invalidation that covers it has completed.
 
 mod bounce;
+mod cpu;
+mod device;
+mod domain;
+mod error;
 mod flush_queue;
 mod policy;
 mod stale;
 mod stats;
 mod sync;
+mod timer;
+
+#[cfg(all(test, not(loom)))]
+mod tests;
 
 pub use bounce::{BouncePool, BounceSlot, BOUNCE_UNIT};
+pub use cpu::{DmaCpu, SgEntry, SgMapping};
+pub use device::DmaDevice;
+pub use domain::{DmaDomain, DmaDomainConfig};
+pub use error::DmaError;
 pub use flush_queue::{Batch, FlushQueue, FqEntry, Pushed, TimerArm};
 pub use policy::{
     DmaDirection, DmaPolicy, Tunables, DEFAULT_FQ_SIZE, DEFAULT_HIGH_WATER, DEFAULT_TIMEOUT,

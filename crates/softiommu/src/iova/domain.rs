@@ -389,6 +389,13 @@ impl IovaDomain {
         Ok(())
     }
 
+    /// Whether a block of `pages` (as allocated) starting at `pfn` is held
+    /// by a user: one state-byte load. The DMA layer checks this before it
+    /// unmaps anything, so a bad unmap changes nothing.
+    pub fn check_live_block(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+        self.check_live(pfn, order_of(pages)?)
+    }
+
     /// Verifies that a live block of `order` starts at `pfn`.
     #[inline]
     pub(super) fn check_live(&self, pfn: u64, order: u32) -> Result<(), IovaError> {

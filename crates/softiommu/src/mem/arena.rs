@@ -54,7 +54,7 @@ impl PhysMemory {
     }
 
     fn check_word(&self, addr: PhysAddr) -> Result<&AtomicU64, MemError> {
-        if addr % 8 != 0 {
+        if !addr.is_multiple_of(8) {
             return Err(MemError::Unaligned { addr, align: 8 });
         }
         let p = self.check(addr, 8)?;
@@ -154,7 +154,7 @@ impl PhysMemory {
     /// Frees a block returned by `alloc_frames` with the same order. Blocks of
     /// 2 MiB and more give their memory back to the kernel.
     pub fn free_frames(&self, addr: PhysAddr, order: u32) -> Result<(), MemError> {
-        if addr % PAGE_SIZE != 0 {
+        if !addr.is_multiple_of(PAGE_SIZE) {
             return Err(MemError::Unaligned {
                 addr,
                 align: PAGE_SIZE,

@@ -71,7 +71,7 @@ impl Reservation {
     /// Gives the backing memory of `[offset, offset + len)` back to the
     /// kernel; the range reads as zero afterwards. Both must be 4 KiB aligned.
     pub fn discard(&self, offset: u64, len: u64) {
-        debug_assert!(offset % 4096 == 0 && len % 4096 == 0);
+        debug_assert!(offset.is_multiple_of(4096) && len.is_multiple_of(4096));
         debug_assert!(offset + len <= self.len as u64);
         // SAFETY: the range lies inside our own mapping (checked by callers
         // and asserted above); MADV_DONTNEED on private anonymous memory only

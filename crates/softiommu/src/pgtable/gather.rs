@@ -100,6 +100,15 @@ impl IotlbGather {
         self.freed.push(page);
     }
 
+    /// Hands the gathered table pages to someone who will free them after a
+    /// later invalidation (a deferred flush queue), and empties the gather.
+    /// The caller takes over the duty [`complete`](Self::complete) had.
+    pub fn defer(&mut self) -> Vec<PhysAddr> {
+        self.range = None;
+        self.mem = None;
+        std::mem::take(&mut self.freed)
+    }
+
     /// Declares that the invalidation covering [`range`](Self::range) has
     /// completed: frees the gathered table pages and empties the gather for
     /// reuse. Returns the number of pages freed.

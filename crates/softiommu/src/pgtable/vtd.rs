@@ -517,7 +517,7 @@ impl VtdPageTable {
         if len == 0 {
             return Err(PgtableError::ZeroLength { iova });
         }
-        if iova % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 {
+        if !iova.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
             return Err(PgtableError::Unaligned {
                 iova,
                 len,
@@ -961,6 +961,101 @@ impl VtdPageTable {
         Ok(())
     }
 
+    // ----- the one-walk path -----
+
+    /// The last-level table holding `[iova, end)`, when the range lies in
+    /// one 2 MiB region whose tables all exist and no large leaf covers it:
+    /// the usual shape of a DMA map or unmap (a few 4 KiB pages). Such a call
+    /// allocates, splits and frees no table, so it needs one walk, not the
+    /// general path's planning and checking passes. `None` sends the call
+    /// to the general path, which also reports every error.
+    fn leaf_table(&self, iova: u64, end: u64) -> Option<PhysAddr> {
+        if iova >> level_shift(2) != (end - 1) >> level_shift(2)
+            || end - iova == 1 << level_shift(2)
+        {
+            return None;
+        }
+        let mut table = self.root;
+        for level in (2..=VTD_LEVELS).rev() {
+            // Acquire: pairs with the Release link of a new table.
+            let raw = self
+                .mem
+                .load_u64(slot(table, level, iova), Ordering::Acquire)
+                .ok()?;
+            match decode_entry(raw, level) {
+                SlEntry::Table { addr, .. } => table = addr,
+                _ => return None,
+            }
+        }
+        Some(table)
+    }
+
+    /// Maps `[iova, end)` into last-level `table` if every entry is empty;
+    /// `false` (nothing written) otherwise.
+    fn map_fast(
+        &self,
+        op: &mut Op,
+        table: PhysAddr,
+        iova: u64,
+        end: u64,
+        phys: PhysAddr,
+        perm: Perm,
+    ) -> bool {
+        let mut cur = iova;
+        while cur < end {
+            match self.mem.load_u64(slot(table, 1, cur), Ordering::Relaxed) {
+                Ok(0) => cur += PAGE_SIZE,
+                _ => return false,
+            }
+        }
+        let (mut cur, mut p) = (iova, phys);
+        while cur < end {
+            let at = slot(table, 1, cur);
+            // Release, as the general path's leaves: a walker that reads the
+            // leaf (Acquire) sees everything written before the map.
+            if self
+                .mem
+                .store_u64(at, leaf_entry(p, 1, perm), Ordering::Release)
+                .is_err()
+            {
+                return false;
+            }
+            op.fl.record(at);
+            op.st.entries_written += 1;
+            cur += PAGE_SIZE;
+            p += PAGE_SIZE;
+        }
+        true
+    }
+
+    /// Unmaps `[iova, end)` from last-level `table` if every entry is a
+    /// 4 KiB leaf; `false` (nothing written) otherwise.
+    fn unmap_fast(
+        &self,
+        op: &mut Op,
+        gather: &mut IotlbGather,
+        table: PhysAddr,
+        iova: u64,
+        end: u64,
+    ) -> bool {
+        let mut cur = iova;
+        while cur < end {
+            match self.mem.load_u64(slot(table, 1, cur), Ordering::Acquire) {
+                Ok(raw) if matches!(decode_entry(raw, 1), SlEntry::Leaf { .. }) => cur += PAGE_SIZE,
+                _ => return false,
+            }
+        }
+        let mut cur = iova;
+        while cur < end {
+            if self.clear_entry(op, slot(table, 1, cur)).is_err() {
+                return false;
+            }
+            cur += PAGE_SIZE;
+        }
+        gather.add_range(iova, end - iova);
+        true
+    }
+
     /// Frees `table` (at `level`) and every table below it.
     fn free_tables(&self, table: PhysAddr, level: u32) {
         if level > 1 {
@@ -1014,7 +1109,7 @@ impl IoPageTable for VtdPageTable {
         perm: Perm,
     ) -> Result<OpStats, PgtableError> {
         let end = Self::check_range(iova, len)?;
-        if phys % PAGE_SIZE != 0 {
+        if !phys.is_multiple_of(PAGE_SIZE) {
             return Err(PgtableError::UnalignedPhys {
                 phys,
                 align: PAGE_SIZE,
@@ -1031,6 +1126,11 @@ impl IoPageTable for VtdPageTable {
             return Err(PgtableError::NoPermission { iova, len });
         }
         let mut op = self.op();
+        if let Some(t) = self.leaf_table(iova, end) {
+            if self.map_fast(&mut op, t, iova, end, phys, perm) {
+                return Ok(self.finish(op));
+            }
+        }
         let result = self.map_inner(&mut op, iova, end, phys, perm);
         // Flush whatever was written, even on a (contract-breaking) error.
         let st = self.finish(op);
@@ -1045,6 +1145,13 @@ impl IoPageTable for VtdPageTable {
     ) -> Result<OpStats, PgtableError> {
         let end = Self::check_range(iova, len)?;
         let mut op = self.op();
+        if let Some(t) = self.leaf_table(iova, end) {
+            if gather.check_memory(&self.mem).is_ok()
+                && self.unmap_fast(&mut op, gather, t, iova, end)
+            {
+                return Ok(self.finish(op));
+            }
+        }
         let result = self.unmap_inner(&mut op, gather, iova, end);
         // A failed unmap may have split leaves (same translation): those
         // writes are flushed too.

@@ -1,0 +1,92 @@
+//! Errors of the DMA API.
+
+use crate::hw::{HwError, QiError};
+use crate::iova::IovaError;
+use crate::mem::MemError;
+use crate::pgtable::PgtableError;
+
+/// What went wrong with a DMA API call. A failed call changes nothing: no
+/// mapping is lost or left half made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DmaError {
+    /// A zero-length buffer, or a scatter list with a zero-length entry.
+    #[error("zero-length DMA buffer")]
+    ZeroLength,
+    /// The buffer lies (partly) above what the device's DMA mask reaches.
+    #[error("buffer {addr:#x}+{len:#x} is beyond the device's DMA mask {mask:#x}")]
+    BeyondMask {
+        /// The buffer.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// The device's mask.
+        mask: u64,
+    },
+    /// The device's mask leaves no IOVA space in the domain.
+    #[error("DMA mask {mask:#x} is too small for any IOVA of the domain")]
+    MaskTooSmall {
+        /// The mask.
+        mask: u64,
+    },
+    /// No IOVA space is left for the mapping, even after flushing.
+    #[error("out of IOVA space for {len:#x} bytes")]
+    NoSpace {
+        /// The length asked for.
+        len: u64,
+    },
+    /// The address is not a live mapping of this domain (never mapped, or
+    /// unmapped already).
+    #[error("DMA address {addr:#x} is not mapped")]
+    NotMapped {
+        /// The address.
+        addr: u64,
+    },
+    /// The address is mapped, but with another length.
+    #[error("DMA address {addr:#x} was mapped with another length than {len:#x}")]
+    WrongLength {
+        /// The address.
+        addr: u64,
+        /// The length given.
+        len: u64,
+    },
+    /// Switching to or from pass-through while mappings are live would
+    /// strand them.
+    #[error("cannot switch to or from pass-through with {live} mappings live")]
+    PolicySwitchBusy {
+        /// Mappings live at the time.
+        live: u64,
+    },
+    /// The bounce pool is full.
+    #[error("bounce pool exhausted for {len:#x} bytes")]
+    BounceFull {
+        /// The length asked for.
+        len: u64,
+    },
+    /// The domain spans more units than a flush can track (64).
+    #[error("a domain spans at most 64 IOMMU units")]
+    TooManyUnits,
+    /// The device is attached to another domain than this handle's.
+    #[error("device {sid} belongs to another DMA domain")]
+    WrongDomain {
+        /// The device's source id, as text.
+        sid: String,
+    },
+    /// The flush timer thread could not be started.
+    #[error("could not start the flush timer thread")]
+    TimerSpawn,
+    /// IOVA allocation failed for another reason.
+    #[error(transparent)]
+    Iova(#[from] IovaError),
+    /// The page table refused.
+    #[error(transparent)]
+    Pgtable(#[from] PgtableError),
+    /// The IOMMU unit refused.
+    #[error(transparent)]
+    Hw(#[from] HwError),
+    /// The invalidation queue failed.
+    #[error(transparent)]
+    Queue(#[from] QiError),
+    /// Physical memory refused.
+    #[error(transparent)]
+    Mem(#[from] MemError),
+}

@@ -1,0 +1,351 @@
+//! Tests of the DMA API through a real unit: what the device can reach
+//! after each policy's unmap, the switch rules, and bad input.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::hw::{Access, SourceId, System, Translator, UnitConfig};
+use crate::mem::PhysMemory;
+
+const SID: SourceId = SourceId(0x0100);
+
+struct Rig {
+    domain: Arc<DmaDomain>,
+    dev: DmaDevice,
+    cpu: DmaCpu,
+    tr: Translator,
+    mem: Arc<PhysMemory>,
+}
+
+fn rig(policy: DmaPolicy, untrusted: bool) -> Rig {
+    let mem = Arc::new(PhysMemory::new(256 << 20).unwrap());
+    let mut sys = System::new(mem.clone());
+    let u = sys.add_unit(UnitConfig::default()).unwrap();
+    sys.assign(SID, u).unwrap();
+    let sys = Arc::new(sys);
+    let domain = DmaDomain::new(
+        sys.clone(),
+        DmaDomainConfig {
+            policy,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dev = domain.attach(SID, u64::MAX, untrusted).unwrap();
+    let cpu = domain.cpu();
+    let tr = sys.unit(u).unwrap().translator().unwrap();
+    Rig {
+        domain,
+        dev,
+        cpu,
+        tr,
+        mem,
+    }
+}
+
+fn reachable(r: &mut Rig, addr: u64) -> bool {
+    r.tr.translate(SID, addr, 1, Access::Read).is_ok()
+}
+
+#[test]
+fn strict_unmap_revokes_before_returning() {
+    let mut r = rig(DmaPolicy::Strict, false);
+    let buf = r.mem.alloc_zeroed_frames(0).unwrap();
+    r.mem.write(buf + 10, b"hello").unwrap();
+    let a = r
+        .cpu
+        .map(&r.dev, buf + 10, 5, DmaDirection::ToDevice)
+        .unwrap();
+    assert_ne!(a, buf + 10, "translated");
+    let ranges = r.tr.translate(SID, a, 5, Access::Read).unwrap();
+    let mut got = [0u8; 5];
+    r.mem.read(ranges.as_slice()[0].phys, &mut got).unwrap();
+    assert_eq!(&got, b"hello");
+    assert!(
+        r.tr.translate(SID, a, 5, Access::Write).is_err(),
+        "read-only mapping"
+    );
+    r.cpu.unmap(&r.dev, a, 5, DmaDirection::ToDevice).unwrap();
+    assert!(
+        !reachable(&mut r, a),
+        "no access after a strict unmap returns"
+    );
+    assert_eq!(r.domain.stats().live(), 0);
+}
+
+#[test]
+fn deferred_unmap_stays_reachable_until_the_flush_and_the_window_is_measured() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    r.domain.set_timeout(Duration::from_secs(60));
+    let buf = r.mem.alloc_zeroed_frames(0).unwrap();
+    let a = r
+        .cpu
+        .map(&r.dev, buf, 4096, DmaDirection::Bidirectional)
+        .unwrap();
+    assert!(reachable(&mut r, a));
+    r.cpu
+        .unmap(&r.dev, a, 4096, DmaDirection::Bidirectional)
+        .unwrap();
+    // The PTE is gone but the IOTLB may still hold it: that is the window.
+    r.cpu.flush_own().unwrap();
+    assert!(
+        !reachable(&mut r, a),
+        "no access after the flush that covers it"
+    );
+    let s = r.domain.stats();
+    assert_eq!((s.flushes, s.flushed_entries), (1, 1));
+    assert!(r.domain.stale_window().max_entries == 1);
+}
+
+#[test]
+fn the_high_water_mark_and_the_timer_flush() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    r.domain.set_timeout(Duration::from_secs(60));
+    r.domain.set_high_water(4);
+    let buf = r.mem.alloc_zeroed_frames(2).unwrap();
+    let addrs: Vec<u64> = (0..4)
+        .map(|i| {
+            r.cpu
+                .map(&r.dev, buf + i * 4096, 4096, DmaDirection::ToDevice)
+                .unwrap()
+        })
+        .collect();
+    for &a in &addrs[..3] {
+        r.cpu
+            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+            .unwrap();
+    }
+    assert_eq!(r.domain.stats().flushes, 0);
+    r.cpu
+        .unmap(&r.dev, addrs[3], 4096, DmaDirection::ToDevice)
+        .unwrap();
+    assert_eq!(
+        r.domain.stats().flushes,
+        1,
+        "the fourth unmap reached the mark"
+    );
+    // The timer: a short timeout flushes a lone entry by itself.
+    r.domain.set_timeout(Duration::from_millis(5));
+    let a = r
+        .cpu
+        .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    r.cpu
+        .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while r.domain.stats().flushes < 2 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(r.domain.stats().flushes, 2, "the timer flushed");
+    assert!(!reachable(&mut r, a));
+    let w = r.domain.stale_window();
+    assert!(
+        w.max >= Duration::from_millis(5) && w.max < Duration::from_secs(5),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn passthrough_and_switching_rules() {
+    let mut r = rig(DmaPolicy::Passthrough, false);
+    let a = r
+        .cpu
+        .map(&r.dev, 0x5000, 64, DmaDirection::ToDevice)
+        .unwrap();
+    assert_eq!(a, 0x5000);
+    assert!(
+        reachable(&mut r, 0x12345),
+        "pass-through reaches everything"
+    );
+    assert_eq!(
+        r.domain.set_policy(DmaPolicy::Strict),
+        Err(DmaError::PolicySwitchBusy { live: 1 })
+    );
+    r.cpu.unmap(&r.dev, a, 64, DmaDirection::ToDevice).unwrap();
+    r.domain.set_policy(DmaPolicy::Strict).unwrap();
+    assert!(!reachable(&mut r, 0x12345), "translated now");
+    let b = r
+        .cpu
+        .map(&r.dev, 0x5000, 64, DmaDirection::ToDevice)
+        .unwrap();
+    // Strict, deferred and bounce switch freely with live mappings.
+    r.domain.set_policy(DmaPolicy::Deferred).unwrap();
+    assert!(reachable(&mut r, b), "a live mapping survives the switch");
+    r.domain.set_policy(DmaPolicy::Bounce).unwrap();
+    assert!(reachable(&mut r, b));
+    r.domain.set_policy(DmaPolicy::Strict).unwrap();
+    r.cpu.unmap(&r.dev, b, 64, DmaDirection::ToDevice).unwrap();
+    assert!(!reachable(&mut r, b));
+}
+
+#[test]
+fn bounce_shows_the_device_only_the_pool() {
+    let mut r = rig(DmaPolicy::Strict, true);
+    let buf = r.mem.alloc_zeroed_frames(0).unwrap();
+    r.mem.write(buf, b"secret-neighbour").unwrap();
+    r.mem.write(buf + 100, b"data").unwrap();
+    let a = r
+        .cpu
+        .map(&r.dev, buf + 100, 4, DmaDirection::Bidirectional)
+        .unwrap();
+    let ranges = r.tr.translate(SID, a, 4, Access::Write).unwrap();
+    let slot = ranges.as_slice()[0].phys;
+    let mut got = [0u8; 4];
+    r.mem.read(slot, &mut got).unwrap();
+    assert_eq!(&got, b"data", "copied in");
+    assert!(
+        slot < buf || slot >= buf + 4096,
+        "the device reaches a pool slot, not the buffer's page"
+    );
+    r.mem.write(slot, b"DATA").unwrap(); // the device writes
+    r.cpu
+        .unmap(&r.dev, a, 4, DmaDirection::Bidirectional)
+        .unwrap();
+    let mut back = [0u8; 20];
+    r.mem.read(buf, &mut back).unwrap();
+    assert_eq!(&back[..16], b"secret-neighbour");
+    let mut out = [0u8; 4];
+    r.mem.read(buf + 100, &mut out).unwrap();
+    assert_eq!(&out, b"DATA", "copied back");
+    assert_eq!(
+        r.cpu.unmap(&r.dev, a, 4, DmaDirection::Bidirectional),
+        Err(DmaError::NotMapped { addr: a })
+    );
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    for policy in [DmaPolicy::Strict, DmaPolicy::Deferred] {
+        let mut r = rig(policy, false);
+        let buf = r.mem.alloc_zeroed_frames(2).unwrap();
+        let a = r
+            .cpu
+            .map(&r.dev, buf, 3 * 4096, DmaDirection::ToDevice)
+            .unwrap();
+        assert_eq!(
+            r.cpu.map(&r.dev, buf, 0, DmaDirection::ToDevice),
+            Err(DmaError::ZeroLength)
+        );
+        assert_eq!(
+            r.cpu
+                .unmap(&r.dev, a + (1 << 30), 4096, DmaDirection::ToDevice),
+            Err(DmaError::NotMapped {
+                addr: a + (1 << 30)
+            })
+        );
+        assert_eq!(
+            r.cpu.unmap(&r.dev, a, 2 * 4096, DmaDirection::ToDevice),
+            Err(DmaError::WrongLength {
+                addr: a,
+                len: 2 * 4096
+            })
+        );
+        assert_eq!(
+            r.cpu.unmap(&r.dev, a, 4096, DmaDirection::ToDevice),
+            Err(DmaError::WrongLength { addr: a, len: 4096 })
+        );
+        assert!(
+            reachable(&mut r, a + 2 * 4096),
+            "{policy}: the mapping is intact"
+        );
+        r.cpu
+            .unmap(&r.dev, a, 3 * 4096, DmaDirection::ToDevice)
+            .unwrap();
+        assert_eq!(
+            r.cpu.unmap(&r.dev, a, 3 * 4096, DmaDirection::ToDevice),
+            Err(DmaError::NotMapped { addr: a }),
+            "{policy}: double unmap"
+        );
+        let sg = [
+            SgEntry { phys: buf, len: 10 },
+            SgEntry {
+                phys: buf + 4096,
+                len: 0,
+            },
+        ];
+        let mut out = [0u64; 2];
+        assert_eq!(
+            r.cpu
+                .map_sg(&r.dev, &sg, DmaDirection::ToDevice, &mut out)
+                .unwrap_err(),
+            DmaError::ZeroLength
+        );
+        assert_eq!(r.domain.stats().live(), 0, "{policy}");
+    }
+    let r = rig(DmaPolicy::Strict, false);
+    assert!(matches!(
+        r.domain.attach(SourceId(0x0101), 0xfff, false),
+        Err(DmaError::MaskTooSmall { .. })
+    ));
+}
+
+#[test]
+fn scatter_lists_merge_into_one_range() {
+    let mut r = rig(DmaPolicy::Strict, false);
+    let buf = r.mem.alloc_zeroed_frames(3).unwrap();
+    r.mem.write(buf + 4096 - 2, b"ab").unwrap();
+    r.mem.write(buf + 5 * 4096, b"cd").unwrap();
+    let sg = [
+        SgEntry {
+            phys: buf + 4096 - 2,
+            len: 2,
+        },
+        SgEntry {
+            phys: buf + 5 * 4096,
+            len: 2,
+        },
+    ];
+    let mut out = [0u64; 2];
+    let m = r
+        .cpu
+        .map_sg(&r.dev, &sg, DmaDirection::ToDevice, &mut out)
+        .unwrap();
+    assert!(m.contiguous);
+    assert_eq!(out[1], out[0] + 2, "the device sees one run of bytes");
+    let ranges = r.tr.translate(SID, out[0], 4, Access::Read).unwrap();
+    let mut got = Vec::new();
+    for p in ranges.iter() {
+        let mut b = vec![0u8; p.len as usize];
+        r.mem.read(p.phys, &mut b).unwrap();
+        got.extend(b);
+    }
+    assert_eq!(got, b"abcd");
+    r.cpu
+        .unmap_sg(&r.dev, &m, &sg, &out, DmaDirection::ToDevice)
+        .unwrap();
+    assert!(!reachable(&mut r, out[0]));
+}
+
+#[test]
+fn coherent_allocations_are_shared_and_freed() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    let (phys, dma) = r.cpu.alloc_coherent(&r.dev, 10_000).unwrap();
+    let ranges = r.tr.translate(SID, dma + 8192, 8, Access::Write).unwrap();
+    assert_eq!(ranges.as_slice()[0].phys, phys + 8192);
+    r.cpu.free_coherent(&r.dev, phys, dma, 10_000).unwrap();
+    assert!(
+        !reachable(&mut r, dma),
+        "flushed before the pages went back"
+    );
+}
+
+#[test]
+fn a_device_of_another_domain_is_refused() {
+    let mut a = rig(DmaPolicy::Strict, false);
+    let b = rig(DmaPolicy::Strict, false);
+    let buf = a.mem.alloc_zeroed_frames(0).unwrap();
+    assert!(matches!(
+        a.cpu.map(&b.dev, buf, 64, DmaDirection::ToDevice),
+        Err(DmaError::WrongDomain { .. })
+    ));
+    let addr = a.cpu.map(&a.dev, buf, 64, DmaDirection::ToDevice).unwrap();
+    assert!(matches!(
+        a.cpu.unmap(&b.dev, addr, 64, DmaDirection::ToDevice),
+        Err(DmaError::WrongDomain { .. })
+    ));
+    a.cpu
+        .unmap(&a.dev, addr, 64, DmaDirection::ToDevice)
+        .unwrap();
+}

@@ -1,0 +1,197 @@
+//! The errors of `hw`: of a translation (each also a recorded fault), of
+//! the driver's queue operations, and of configuring units and contexts.
+
+use super::context::SourceId;
+use super::fault::{Access, FaultReason};
+use super::inv_queue::QueueFault;
+use super::system::UnitId;
+use crate::mem::{MemError, PhysAddr};
+use crate::pgtable::Perm;
+
+/// Why a translation failed. Every variant but [`ZeroLength`] is a device
+/// fault and is also recorded in the unit's fault log.
+///
+/// [`ZeroLength`]: TranslateError::ZeroLength
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TranslateError {
+    /// An access of no bytes (a caller error, not a fault).
+    #[error("{sid}: zero-length access at {iova:#x}")]
+    ZeroLength {
+        /// The requester.
+        sid: SourceId,
+        /// The address.
+        iova: u64,
+    },
+    /// The device has no context in this unit.
+    #[error("{sid}: no context")]
+    NoContext {
+        /// The requester.
+        sid: SourceId,
+    },
+    /// The device's context blocks it.
+    #[error("{sid}: context blocks all requests")]
+    ContextBlocked {
+        /// The requester.
+        sid: SourceId,
+    },
+    /// The address is past the context's address width.
+    #[error("{sid}: address {iova:#x} is past the {width}-bit width")]
+    AddressTooWide {
+        /// The requester.
+        sid: SourceId,
+        /// The first address that cannot be translated.
+        iova: u64,
+        /// The width in bits.
+        width: u32,
+    },
+    /// Nothing maps the address.
+    #[error("{sid}: {access} of unmapped address {iova:#x}")]
+    NotPresent {
+        /// The requester.
+        sid: SourceId,
+        /// The first unmapped address of the access.
+        iova: u64,
+        /// Read or write.
+        access: Access,
+    },
+    /// The mapping does not allow the access.
+    #[error("{sid}: {access} of {iova:#x}, mapped {allowed}")]
+    PermissionDenied {
+        /// The requester.
+        sid: SourceId,
+        /// The address.
+        iova: u64,
+        /// Read or write.
+        access: Access,
+        /// What the mapping allows.
+        allowed: Perm,
+    },
+    /// A table entry on the walk has a reserved bit set.
+    #[error("{sid}: reserved bits in the level-{level} entry {raw:#x} for {iova:#x}")]
+    ReservedEntry {
+        /// The requester.
+        sid: SourceId,
+        /// The address.
+        iova: u64,
+        /// The entry's level.
+        level: u32,
+        /// The raw entry.
+        raw: u64,
+    },
+    /// A table address on the walk lies outside physical memory.
+    #[error("{sid}: level-{level} table {table:#x} for {iova:#x} is outside memory")]
+    BadTableAddress {
+        /// The requester.
+        sid: SourceId,
+        /// The address.
+        iova: u64,
+        /// The level of the table.
+        level: u32,
+        /// Its address.
+        table: PhysAddr,
+    },
+}
+
+impl TranslateError {
+    /// The fault reason recorded for it (`None` for a caller error).
+    pub fn reason(&self) -> Option<FaultReason> {
+        Some(match self {
+            TranslateError::ZeroLength { .. } => return None,
+            TranslateError::NoContext { .. } => FaultReason::NoContext,
+            TranslateError::ContextBlocked { .. } => FaultReason::ContextBlocked,
+            TranslateError::AddressTooWide { .. } => FaultReason::AddressTooWide,
+            TranslateError::NotPresent { .. } => FaultReason::NotPresent,
+            TranslateError::PermissionDenied { .. } => FaultReason::PermissionDenied,
+            TranslateError::ReservedEntry { .. } => FaultReason::ReservedEntry,
+            TranslateError::BadTableAddress { .. } => FaultReason::BadTableAddress,
+        })
+    }
+}
+
+/// Why a queue operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QiError {
+    /// The queue stopped on an invalidation-queue error before this
+    /// operation completed; see [`Unit::recover_queue`](super::Unit::recover_queue).
+    #[error("invalidation queue stopped: {0:?}")]
+    Stopped(QueueFault),
+    /// The calling thread holds a translation guard of this unit: waiting
+    /// for the unit to drain would wait for itself.
+    #[error("the calling thread holds a translation guard of this unit")]
+    GuardHeld,
+    /// The unit is shutting down.
+    #[error("the unit is shutting down")]
+    ShutDown,
+    /// Physical memory refused a descriptor write.
+    #[error(transparent)]
+    Mem(#[from] MemError),
+}
+
+/// Why configuring a unit, a context or a system failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HwError {
+    /// A configuration value is out of range.
+    #[error("unit configuration: {field} = {value} is out of range")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// `DrainBarrier::Membarrier` was asked for and the kernel lacks it.
+    #[error("membarrier(PRIVATE_EXPEDITED) is not available")]
+    MembarrierUnavailable,
+    /// A domain id beyond the unit's domain count.
+    #[error("domain id {did} is beyond the unit's {domains} domains")]
+    DomainOutOfRange {
+        /// The DID.
+        did: u16,
+        /// The number of domains.
+        domains: u32,
+    },
+    /// A table root that is not a 4 KiB-aligned page of physical memory.
+    #[error("page-table root {root:#x} is not an aligned page of physical memory")]
+    BadRoot {
+        /// The root.
+        root: PhysAddr,
+    },
+    /// A domain id already bound to another table root.
+    #[error("domain {did} uses root {bound:#x}, not {asked:#x}")]
+    DomainRootMismatch {
+        /// The DID.
+        did: u16,
+        /// The root its devices use.
+        bound: PhysAddr,
+        /// The root asked for.
+        asked: PhysAddr,
+    },
+    /// Every translator slot of the unit is taken.
+    #[error("all {max} translator slots are in use")]
+    TooManyTranslators {
+        /// The unit's limit.
+        max: usize,
+    },
+    /// No such unit in the system.
+    #[error("no unit {0:?}")]
+    UnknownUnit(UnitId),
+    /// The device belongs to another unit.
+    #[error("{sid} belongs to unit {unit:?}")]
+    DeviceInOtherUnit {
+        /// The device.
+        sid: SourceId,
+        /// Its unit.
+        unit: UnitId,
+    },
+    /// The device belongs to no unit.
+    #[error("{sid} belongs to no unit")]
+    DeviceNotAssigned {
+        /// The device.
+        sid: SourceId,
+    },
+    /// A queue operation failed.
+    #[error(transparent)]
+    Queue(#[from] QiError),
+    /// Physical memory refused.
+    #[error(transparent)]
+    Mem(#[from] MemError),
+}

@@ -1,0 +1,430 @@
+//! The invalidation queue: a ring of 128-bit descriptors in physical memory
+//! with a head the unit advances and a tail the driver writes (the
+//! doorbell), as VT-d's queued invalidation (§6.5.2; registers `IQA_REG`,
+//! `IQH_REG`, `IQT_REG`, §11.4.9).
+//!
+//! The ring is 2^QS pages of 256 descriptors. The driver writes descriptors
+//! at the tail and then moves the tail past them; the queue is full when the
+//! tail is one behind the head. The unit fetches the descriptor at the head,
+//! checks it, carries it out and only then moves the head past it. A
+//! descriptor that fails the check sets the invalidation-queue error
+//! (`FSTS.IQE`): processing stops *at* it (the head still points to it, and
+//! nothing after it is touched), and resumes only when the driver recovers
+//! ([`QueueRecovery`]).
+//!
+//! Ordering: descriptors are written with plain 64-bit stores, then the tail
+//! with a Release store; the processor loads the tail with Acquire, so it
+//! reads the descriptors as written. The head is stored with Release after
+//! each descriptor's work, so a driver that sees the head past a descriptor
+//! sees its effects.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::descriptor::{InvDescriptor, IqeReason, Limits, WaitDescriptor, DESCRIPTOR_BYTES};
+use crate::mem::{MemError, PhysAddr, PhysMemory, PAGE_SIZE};
+
+/// Descriptors per 4 KiB page.
+const PER_PAGE: u32 = (PAGE_SIZE / DESCRIPTOR_BYTES) as u32;
+/// The largest queue size exponent (`IQA_REG.QS` is 3 bits).
+pub const MAX_QUEUE_ORDER: u32 = 7;
+
+/// The queue's registers, as a driver would read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueRegisters {
+    /// Physical address of the ring (4 KiB aligned).
+    pub base: PhysAddr,
+    /// QS: the ring is 2^QS pages.
+    pub order: u32,
+    /// Descriptors in the ring (256 << QS).
+    pub len: u32,
+    /// Index of the next descriptor the unit will fetch.
+    pub head: u32,
+    /// Index of the next descriptor the driver will write.
+    pub tail: u32,
+}
+
+impl QueueRegisters {
+    /// `IQA_REG`: base | DW (0, 128-bit) | QS.
+    pub fn iqa(&self) -> u64 {
+        self.base | u64::from(self.order)
+    }
+
+    /// `IQH_REG`: the head as a byte offset (bits 18:4).
+    pub fn iqh(&self) -> u64 {
+        u64::from(self.head) << 4
+    }
+
+    /// `IQT_REG`: the tail as a byte offset (bits 18:4).
+    pub fn iqt(&self) -> u64 {
+        u64::from(self.tail) << 4
+    }
+}
+
+/// A recorded invalidation-queue error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFault {
+    /// The head when the queue stopped: the index of the bad descriptor.
+    pub head: u32,
+    /// The bad descriptor's bits as fetched (zero for a bad tail).
+    pub raw: [u64; 2],
+    /// Why.
+    pub reason: IqeReason,
+}
+
+/// How to restart a stopped queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueueRecovery {
+    /// Resume at the head, reading the descriptor there again (the driver
+    /// rewrote it).
+    Retry,
+    /// Replace the bad descriptor with a wait that writes nothing, then
+    /// resume (Linux's `qi_check_fault` does the like).
+    Skip,
+    /// Drop every pending descriptor: the head jumps to the tail.
+    Discard,
+}
+
+/// What one processing pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Pass {
+    /// Descriptors carried out.
+    pub(crate) done: u32,
+    /// Whether the queue is stopped on an error after the pass.
+    pub(crate) stopped: bool,
+    /// Whether this pass raised that error.
+    pub(crate) raised: bool,
+}
+
+/// The ring and its registers.
+#[derive(Debug)]
+pub(crate) struct InvQueue {
+    mem: Arc<PhysMemory>,
+    base: PhysAddr,
+    order: u32,
+    len: u32,
+    head: AtomicU32,
+    tail: AtomicU32,
+    /// `FSTS.IQE`, for a lock-free check; the details are in `fault`.
+    iqe: AtomicBool,
+    fault: Mutex<Option<QueueFault>>,
+}
+
+impl InvQueue {
+    /// A zeroed ring of 2^`order` pages in `mem`.
+    pub(crate) fn new(mem: Arc<PhysMemory>, order: u32) -> Result<Self, MemError> {
+        let base = mem.alloc_zeroed_frames(order)?;
+        Ok(Self {
+            mem,
+            base,
+            order,
+            len: PER_PAGE << order,
+            head: AtomicU32::new(0),
+            tail: AtomicU32::new(0),
+            iqe: AtomicBool::new(false),
+            fault: Mutex::new(None),
+        })
+    }
+
+    /// The registers now.
+    pub(crate) fn registers(&self) -> QueueRegisters {
+        QueueRegisters {
+            base: self.base,
+            order: self.order,
+            len: self.len,
+            head: self.head.load(Ordering::Acquire),
+            tail: self.tail.load(Ordering::Acquire),
+        }
+    }
+
+    /// Descriptors in the ring.
+    pub(crate) fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Slots the driver may fill at `cursor` (its next slot, at or past the
+    /// tail register) before the ring is full. Call with the submission
+    /// lock held.
+    pub(crate) fn free(&self, cursor: u32) -> u32 {
+        // Acquire: pairs with the processor's Release store of the head, so
+        // the slots it freed are no longer read.
+        let head = self.head.load(Ordering::Acquire);
+        self.len - 1 - (cursor + self.len - head) % self.len
+    }
+
+    /// The tail (the driver's next slot).
+    pub(crate) fn tail(&self) -> u32 {
+        self.tail.load(Ordering::Acquire)
+    }
+
+    /// The head (the unit's next descriptor).
+    pub(crate) fn head(&self) -> u32 {
+        self.head.load(Ordering::Acquire)
+    }
+
+    fn slot(&self, index: u32) -> PhysAddr {
+        self.base + u64::from(index % self.len) * DESCRIPTOR_BYTES
+    }
+
+    /// Writes `raw` at `index` (under the submission lock, before `ring`).
+    pub(crate) fn write(&self, index: u32, raw: [u64; 2]) -> Result<(), MemError> {
+        let at = self.slot(index);
+        // Relaxed: published by the Release store of the tail in `ring`.
+        self.mem.store_u64(at, raw[0], Ordering::Relaxed)?;
+        self.mem.store_u64(at + 8, raw[1], Ordering::Relaxed)
+    }
+
+    fn read(&self, index: u32) -> Result<[u64; 2], MemError> {
+        let at = self.slot(index);
+        // Relaxed: ordered after the tail's Acquire load in `process`.
+        Ok([
+            self.mem.load_u64(at, Ordering::Relaxed)?,
+            self.mem.load_u64(at + 8, Ordering::Relaxed)?,
+        ])
+    }
+
+    /// Writes the tail register (the doorbell). A tail past the ring is an
+    /// invalidation-queue error (IQEI 1) and is not taken.
+    pub(crate) fn ring(&self, tail: u32) -> Result<(), IqeReason> {
+        if tail >= self.len {
+            let reason = IqeReason::TailOutOfRange {
+                tail,
+                len: self.len,
+            };
+            self.stop(QueueFault {
+                head: self.head(),
+                raw: [0, 0],
+                reason,
+            });
+            return Err(reason);
+        }
+        // Release: publishes the descriptors written before it.
+        self.tail.store(tail, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the queue is stopped on an error.
+    pub(crate) fn stopped(&self) -> bool {
+        self.iqe.load(Ordering::Acquire)
+    }
+
+    /// The error that stopped the queue, if it is stopped.
+    pub(crate) fn fault(&self) -> Option<QueueFault> {
+        *self.fault.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn stop(&self, f: QueueFault) {
+        let mut slot = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(f);
+        }
+        self.iqe.store(true, Ordering::Release);
+    }
+
+    /// Carries out descriptors from the head to the tail with `exec`,
+    /// stopping at the first that fails to decode or that `exec` refuses.
+    /// Call with the processing lock held: the head is this caller's.
+    pub(crate) fn process(
+        &self,
+        limits: &Limits,
+        mut exec: impl FnMut(&InvDescriptor) -> Result<(), IqeReason>,
+    ) -> Pass {
+        let mut pass = Pass::default();
+        if self.stopped() {
+            pass.stopped = true;
+            return pass;
+        }
+        let mut head = self.head.load(Ordering::Relaxed);
+        // Acquire: pairs with `ring`'s Release store.
+        let tail = self.tail.load(Ordering::Acquire);
+        while head != tail {
+            let raw = match self.read(head) {
+                Ok(raw) => raw,
+                Err(_) => {
+                    self.stop(QueueFault {
+                        head,
+                        raw: [0, 0],
+                        reason: IqeReason::Fetch,
+                    });
+                    pass.stopped = true;
+                    pass.raised = true;
+                    return pass;
+                }
+            };
+            if let Err(reason) = InvDescriptor::decode(raw, limits).and_then(|d| exec(&d)) {
+                self.stop(QueueFault { head, raw, reason });
+                pass.stopped = true;
+                pass.raised = true;
+                return pass;
+            }
+            head = (head + 1) % self.len;
+            // Release: the descriptor's work happens before a driver sees
+            // the head past it.
+            self.head.store(head, Ordering::Release);
+            pass.done += 1;
+        }
+        pass
+    }
+
+    /// Restarts a stopped queue (with the processing lock held). Returns
+    /// whether it was stopped.
+    pub(crate) fn recover(&self, how: QueueRecovery) -> Result<bool, MemError> {
+        let mut slot = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(f) = *slot else {
+            return Ok(false);
+        };
+        match how {
+            QueueRecovery::Retry => {}
+            QueueRecovery::Skip => {
+                if !matches!(f.reason, IqeReason::TailOutOfRange { .. }) {
+                    let nop = InvDescriptor::Wait(WaitDescriptor::default()).encode();
+                    self.write(self.head(), nop)?;
+                }
+            }
+            QueueRecovery::Discard => {
+                let tail = self.tail.load(Ordering::Acquire);
+                self.head.store(tail, Ordering::Release);
+            }
+        }
+        *slot = None;
+        self.iqe.store(false, Ordering::Release);
+        Ok(true)
+    }
+}
+
+impl Drop for InvQueue {
+    fn drop(&mut self) {
+        // Cannot fail: the ring was allocated with this order.
+        let _ = self.mem.free_frames(self.base, self.order);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const L: Limits = Limits {
+        domains: 16,
+        mamv: 9,
+    };
+
+    fn queue() -> InvQueue {
+        InvQueue::new(Arc::new(PhysMemory::new(1 << 20).unwrap()), 0).unwrap()
+    }
+
+    #[test]
+    fn descriptors_flow_from_tail_to_head() {
+        let q = queue();
+        assert_eq!(q.len(), 256);
+        assert_eq!(q.free(0), 255);
+        q.write(0, InvDescriptor::iotlb_domain(3).encode()).unwrap();
+        q.write(1, InvDescriptor::iotlb_global().encode()).unwrap();
+        q.ring(2).unwrap();
+        assert_eq!(q.free(2), 253);
+        let mut seen = Vec::new();
+        let pass = q.process(&L, |d| {
+            seen.push(*d);
+            Ok(())
+        });
+        assert_eq!(
+            pass,
+            Pass {
+                done: 2,
+                ..Pass::default()
+            }
+        );
+        assert_eq!(
+            seen,
+            [
+                InvDescriptor::iotlb_domain(3),
+                InvDescriptor::iotlb_global()
+            ]
+        );
+        let r = q.registers();
+        assert_eq!((r.head, r.tail, r.iqh(), r.iqt()), (2, 2, 0x20, 0x20));
+        assert_eq!(r.iqa(), r.base);
+    }
+
+    #[test]
+    fn a_bad_descriptor_stops_the_queue_at_itself() {
+        let q = queue();
+        q.write(0, InvDescriptor::iotlb_global().encode()).unwrap();
+        q.write(1, [0x3, 0]).unwrap(); // device-TLB: unsupported
+        q.write(2, InvDescriptor::iotlb_global().encode()).unwrap();
+        q.ring(3).unwrap();
+        let mut n = 0;
+        let pass = q.process(&L, |_| {
+            n += 1;
+            Ok(())
+        });
+        assert_eq!(
+            pass,
+            Pass {
+                done: 1,
+                stopped: true,
+                raised: true
+            }
+        );
+        assert_eq!(n, 1, "nothing after the bad descriptor ran");
+        let f = q.fault().unwrap();
+        assert_eq!(
+            (f.head, f.raw, f.reason),
+            (1, [3, 0], IqeReason::InvalidType { ty: 3 })
+        );
+        assert_eq!(q.head(), 1);
+        // Stopped: nothing runs until recovery.
+        let again = q.process(&L, |_| Ok(()));
+        assert!(again.stopped && !again.raised);
+        // Retry without fixing: stops again at the same place.
+        assert!(q.recover(QueueRecovery::Retry).unwrap());
+        assert!(q.process(&L, |_| Ok(())).stopped);
+        assert_eq!(q.head(), 1);
+        // Skip: the rest runs.
+        assert!(q.recover(QueueRecovery::Skip).unwrap());
+        assert_eq!(q.process(&L, |_| Ok(())).done, 2);
+        assert!(
+            !q.recover(QueueRecovery::Skip).unwrap(),
+            "nothing to recover"
+        );
+    }
+
+    #[test]
+    fn a_bad_tail_is_refused_and_discard_empties_the_queue() {
+        let q = queue();
+        assert_eq!(
+            q.ring(256),
+            Err(IqeReason::TailOutOfRange {
+                tail: 256,
+                len: 256
+            })
+        );
+        assert!(q.stopped());
+        assert_eq!(q.tail(), 0, "not taken");
+        q.recover(QueueRecovery::Retry).unwrap();
+        q.write(0, [0x7f, 0]).unwrap();
+        q.ring(1).unwrap();
+        assert!(q.process(&L, |_| Ok(())).stopped);
+        q.recover(QueueRecovery::Discard).unwrap();
+        assert_eq!(q.head(), 1);
+        assert_eq!(q.process(&L, |_| Ok(())), Pass::default());
+    }
+
+    #[test]
+    fn the_queue_wraps() {
+        let q = queue();
+        for round in 0..3u32 {
+            let n = 200;
+            let t0 = q.tail();
+            for i in 0..n {
+                q.write(
+                    t0 + i,
+                    InvDescriptor::iotlb_domain((i % 16) as u16).encode(),
+                )
+                .unwrap();
+            }
+            q.ring((t0 + n) % q.len()).unwrap();
+            assert_eq!(q.process(&L, |_| Ok(())).done, n, "round {round}");
+        }
+        assert_eq!(q.head(), 600 % 256);
+    }
+}

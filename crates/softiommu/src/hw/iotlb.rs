@@ -1,0 +1,694 @@
+//! The IOTLB: a bounded, set-associative cache of leaf translations, tagged
+//! by domain, read without locks.
+//!
+//! # Layout
+//!
+//! `sets × ways` entries of 32 bytes (two to a cache line). An entry caches
+//! one leaf: its tag (domain id, IOVA of the leaf's start, leaf size), the
+//! physical address of the leaf and its rights, and the *generation* it was
+//! filled under. The set is chosen by a multiplicative hash of the tag. A
+//! lookup probes the 4 KiB set first and, only if the unit has ever cached a
+//! large leaf, the 2 MiB and 1 GiB sets: an entry for a large leaf covers
+//! its whole range. A fill replaces, in order of preference, an entry with
+//! the same tag, an invalid or stale one, or a pseudo-random one (the
+//! caller's own generator, so the hit path writes nothing shared to keep
+//! recency).
+//!
+//! # Reading without locks: a sequence lock per entry
+//!
+//! `seq` is a multiple of 4 when the entry is stable. A writer (a fill or
+//! an invalidation) takes it with one `fetch_or(1)` (slow path), so at most
+//! one writes an entry at a time, and releases it by storing the next
+//! multiple of 4. A reader loads `seq` (Acquire), the fields (Relaxed), an
+//! Acquire fence, and `seq` again; it uses the fields only if both loads saw
+//! the same multiple of 4. The writer issues a Release fence after taking
+//! the lock and before writing the fields. If a reader's field load saw any
+//! value of a later writer, its Acquire fence synchronizes with that
+//! writer's Release fence and its second `seq` load sees the locked value or
+//! later: a torn entry is never used (H.-J. Boehm, "Can seqlocks get along
+//! with programming language memory models?", MSPC 2012). The hit path has
+//! no read-modify-write and no `SeqCst` fence; on x86 every one of its
+//! orderings compiles to a plain load.
+//!
+//! # Invalidation
+//!
+//! - **Global and domain-selective: O(1).** Each domain has a generation
+//!   counter and the unit one more; an entry is valid only if its stored
+//!   generation equals `global + domain[did]` now. Invalidating bumps a
+//!   counter (Release); no entry is touched. Both counters only grow, so a
+//!   sum once left behind never returns. A fill records the sum it read
+//!   (Acquire) *before* its walk: if the walk could have seen a table from
+//!   before an invalidation F, the filler did not see F's bump (seeing it
+//!   would have ordered the walk after the table update, which precedes the
+//!   bump), so the sum it stored is smaller than any sum read once F is
+//!   visible. A fill that races a domain flush therefore inserts an entry
+//!   that is already dead.
+//! - **Page-selective: a scan of the sets the range maps to** (or of the
+//!   whole cache when the range spans more sets than there are). The domain's
+//!   `psi` counter is bumped (Release); then each candidate entry gets one
+//!   `fetch_or(3)`: on a free entry that takes the lock (the scan then clears
+//!   the entry if its tag falls in the range); on an entry a fill holds it
+//!   sets the *kill* bit, and the fill's unlock (a compare-exchange from
+//!   its own locked value) fails and withdraws the entry instead of
+//!   publishing it. A fill also re-reads `psi` before unlocking and
+//!   withdraws if it moved since before its walk. All of these are
+//!   read-modify-writes of the one `seq` word (Acquire; unlocks Release), so
+//!   of a fill and a scan on one entry the later sees the earlier's work:
+//!   the scan kills the fill in flight, or sees the finished fill's tag and
+//!   clears it, or finished first, and then the fill's lock synchronizes
+//!   with the scan's unlock, sees the `psi` bump and withdraws. So after the
+//!   scan no stale entry for the range exists *and none can appear later*,
+//!   which is what lets the drain that follows (see `epoch`) be the last
+//!   word; and the scan never waits for a fill. A fill that overlaps an
+//!   unrelated invalidation of the same domain is withdrawn too: a lost
+//!   fill, never a wrong one.
+//!
+//! Every concurrent piece above is model-checked with loom (`loom_tests`).
+
+use crossbeam_utils::CachePadded;
+
+use super::sync::{fence, AtomicU64, Ordering};
+use crate::mem::{PhysAddr, PAGE_SHIFT};
+use crate::pgtable::{PageSize, Perm, VTD_IOVA_BITS};
+
+/// Shape of an IOTLB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IotlbConfig {
+    /// Number of sets, a power of two.
+    pub sets: usize,
+    /// Entries per set, 1 to 16.
+    pub ways: usize,
+}
+
+impl Default for IotlbConfig {
+    /// 1,024 sets of 4 ways: 4,096 entries (128 KiB), the order of the
+    /// IOTLB sizes reported for server VT-d units, and small enough that a
+    /// working set of a few thousand 4 KiB buffers shows misses.
+    fn default() -> Self {
+        Self {
+            sets: 1024,
+            ways: 4,
+        }
+    }
+}
+
+impl IotlbConfig {
+    /// The number of entries.
+    pub fn capacity(&self) -> usize {
+        self.sets.saturating_mul(self.ways)
+    }
+
+    /// Whether the shape is one the IOTLB accepts.
+    pub fn is_valid(&self) -> bool {
+        self.sets.is_power_of_two() && self.sets <= 1 << 24 && (1..=16).contains(&self.ways)
+    }
+}
+
+/// The valid bit of a tag.
+const KEY_VALID: u64 = 1 << 63;
+/// Bits of the tag holding the leaf's IOVA page number.
+const KEY_VPN_BITS: u32 = VTD_IOVA_BITS - PAGE_SHIFT;
+/// Where the domain id starts in a tag.
+const KEY_DID_SHIFT: u32 = KEY_VPN_BITS;
+/// Where the leaf-size code starts in a tag.
+const KEY_SIZE_SHIFT: u32 = KEY_DID_SHIFT + 16;
+/// The address bits of an entry's value (bits 51:12); bits 1:0 hold R, W.
+const VAL_ADDR_MASK: u64 = ((1 << 52) - 1) & !((1 << PAGE_SHIFT) - 1);
+/// Fibonacci hashing's multiplier, 2^64 / φ.
+const HASH_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
+/// `seq` bit 0: a writer holds the entry.
+const SEQ_LOCKED: u64 = 1;
+/// `seq` bit 1: a page invalidation met the holder's fill: withdraw it.
+const SEQ_KILL: u64 = 2;
+/// `seq` advances by this per write; stable values are multiples of it.
+const SEQ_STEP: u64 = 4;
+
+fn size_code(size: PageSize) -> u64 {
+    match size {
+        PageSize::Size4K => 0,
+        PageSize::Size2M => 1,
+        PageSize::Size1G => 2,
+    }
+}
+
+fn size_of_code(code: u64) -> Option<PageSize> {
+    match code {
+        0 => Some(PageSize::Size4K),
+        1 => Some(PageSize::Size2M),
+        2 => Some(PageSize::Size1G),
+        _ => None,
+    }
+}
+
+/// The tag of the leaf of `size` that holds `iova` in domain `did`.
+#[inline(always)]
+fn make_key(did: u16, iova: u64, size: PageSize) -> u64 {
+    let vpn = (iova >> size.shift() << size.shift() >> PAGE_SHIFT) & ((1 << KEY_VPN_BITS) - 1);
+    KEY_VALID | size_code(size) << KEY_SIZE_SHIFT | u64::from(did) << KEY_DID_SHIFT | vpn
+}
+
+/// A decoded tag: domain, leaf start, leaf size.
+fn split_key(key: u64) -> Option<(u16, u64, PageSize)> {
+    if key & KEY_VALID == 0 {
+        return None;
+    }
+    let size = size_of_code((key >> KEY_SIZE_SHIFT) & 3)?;
+    let did = (key >> KEY_DID_SHIFT) as u16;
+    let base = (key & ((1 << KEY_VPN_BITS) - 1)) << PAGE_SHIFT;
+    Some((did, base, size))
+}
+
+fn perm_bits(perm: Perm) -> u64 {
+    u64::from(perm.read()) | u64::from(perm.write()) << 1
+}
+
+fn perm_of(bits: u64) -> Perm {
+    match bits & 3 {
+        1 => Perm::READ,
+        2 => Perm::WRITE,
+        3 => Perm::RW,
+        _ => Perm::NONE,
+    }
+}
+
+/// A cached leaf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Leaf {
+    /// Physical address of the leaf's start.
+    pub(crate) phys: PhysAddr,
+    /// The leaf's size.
+    pub(crate) size: PageSize,
+    /// Its effective rights.
+    pub(crate) perm: Perm,
+}
+
+/// What a translation read before its walk, to be checked by its fill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    /// `global + domain[did]` generation.
+    pub(crate) gen: u64,
+    /// The domain's page-selective invalidation count.
+    pub(crate) psi: u64,
+}
+
+/// What a fill did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FillOutcome {
+    /// The entry was cached.
+    Filled,
+    /// A page-selective invalidation ran during the walk: not cached.
+    Withdrawn,
+    /// The chosen entry was being written by another thread: not cached.
+    Busy,
+}
+
+/// One cached translation; see the module documentation for the protocol.
+#[derive(Debug, Default)]
+#[repr(C, align(32))]
+struct Entry {
+    seq: AtomicU64,
+    key: AtomicU64,
+    val: AtomicU64,
+    gen: AtomicU64,
+}
+
+/// A domain's invalidation counters.
+#[derive(Debug, Default)]
+#[repr(C, align(16))]
+struct DomainGen {
+    /// Bumped by each domain-selective invalidation.
+    gen: AtomicU64,
+    /// Bumped by each page-selective invalidation.
+    psi: AtomicU64,
+}
+
+fn new_domains(n: usize) -> Box<[DomainGen]> {
+    #[cfg(not(loom))]
+    {
+        // SAFETY: `DomainGen` is two `AtomicU64`s, for which all-zero bytes
+        // are a valid value (zero); a zeroed allocation is also left
+        // uncommitted by the OS until a domain is used.
+        unsafe { Box::<[DomainGen]>::new_zeroed_slice(n).assume_init() }
+    }
+    #[cfg(loom)]
+    {
+        (0..n).map(|_| DomainGen::default()).collect()
+    }
+}
+
+/// The IOTLB of one unit.
+#[derive(Debug)]
+pub(crate) struct Iotlb {
+    entries: Box<[Entry]>,
+    ways: usize,
+    set_mask: usize,
+    domains: Box<[DomainGen]>,
+    dom_mask: usize,
+    /// Bumped by each global invalidation. Read on every translation.
+    global: CachePadded<AtomicU64>,
+    /// Bit 0: a 2 MiB leaf was cached once; bit 1: a 1 GiB leaf.
+    large: CachePadded<AtomicU64>,
+}
+
+impl Iotlb {
+    /// An empty IOTLB of shape `cfg` (which must be valid) for
+    /// `domains` domain ids (a power of two).
+    pub(crate) fn new(cfg: IotlbConfig, domains: usize) -> Self {
+        debug_assert!(cfg.is_valid() && domains.is_power_of_two());
+        Self {
+            entries: (0..cfg.capacity()).map(|_| Entry::default()).collect(),
+            ways: cfg.ways,
+            set_mask: cfg.sets - 1,
+            domains: new_domains(domains),
+            dom_mask: domains - 1,
+            global: CachePadded::new(AtomicU64::new(0)),
+            large: CachePadded::new(AtomicU64::new(0)),
+        }
+    }
+
+    #[inline(always)]
+    fn domain(&self, did: u16) -> &DomainGen {
+        // The mask keeps the index in bounds; DIDs beyond the unit's range
+        // are refused before they get here.
+        &self.domains[usize::from(did) & self.dom_mask]
+    }
+
+    #[inline(always)]
+    fn set(&self, key: u64) -> &[Entry] {
+        let set = (key.wrapping_mul(HASH_MUL) >> 32) as usize & self.set_mask;
+        let start = set * self.ways;
+        self.entries.get(start..start + self.ways).unwrap_or(&[])
+    }
+
+    /// The generation an entry of `did` must carry to be valid now.
+    #[inline(always)]
+    pub(crate) fn gen(&self, did: u16) -> u64 {
+        // Acquire, both: pair with the Release bumps in `invalidate_*`, so
+        // a translation that sees a bump walks tables as they were after
+        // the change the bump invalidated.
+        self.global
+            .load(Ordering::Acquire)
+            .wrapping_add(self.domain(did).gen.load(Ordering::Acquire))
+    }
+
+    /// The ticket a fill needs: read before the walk.
+    #[inline]
+    pub(crate) fn ticket(&self, did: u16, gen: u64) -> Ticket {
+        Ticket {
+            gen,
+            // Acquire: as in `gen`, for page-selective invalidations.
+            psi: self.domain(did).psi.load(Ordering::Acquire),
+        }
+    }
+
+    /// The cached leaf holding `iova` in `did`, if there is a valid one.
+    #[inline(always)]
+    pub(crate) fn lookup(&self, did: u16, iova: u64, gen: u64) -> Option<Leaf> {
+        if let Some(l) = self.probe(did, iova, PageSize::Size4K, gen) {
+            return Some(l);
+        }
+        self.lookup_large(did, iova, gen)
+    }
+
+    #[inline(never)]
+    fn lookup_large(&self, did: u16, iova: u64, gen: u64) -> Option<Leaf> {
+        // Relaxed: a hint only; missing a large entry costs a walk.
+        let large = self.large.load(Ordering::Relaxed);
+        if large & 1 != 0 {
+            if let Some(l) = self.probe(did, iova, PageSize::Size2M, gen) {
+                return Some(l);
+            }
+        }
+        if large & 2 != 0 {
+            return self.probe(did, iova, PageSize::Size1G, gen);
+        }
+        None
+    }
+
+    #[inline(always)]
+    fn probe(&self, did: u16, iova: u64, size: PageSize, gen: u64) -> Option<Leaf> {
+        let key = make_key(did, iova, size);
+        for e in self.set(key) {
+            // Acquire: pairs with the Release store that published the
+            // entry, so the fields below are at least that writer's.
+            let s1 = e.seq.load(Ordering::Acquire);
+            if s1 & (SEQ_LOCKED | SEQ_KILL) != 0 || e.key.load(Ordering::Relaxed) != key {
+                continue;
+            }
+            let val = e.val.load(Ordering::Relaxed);
+            let g = e.gen.load(Ordering::Relaxed);
+            // Acquire fence: pairs with a later writer's Release fence, so
+            // if a field load above saw that writer, the re-load sees its
+            // locked `seq` (or later) and the entry is skipped.
+            fence(Ordering::Acquire);
+            if e.seq.load(Ordering::Relaxed) != s1 || g != gen {
+                continue;
+            }
+            return Some(Leaf {
+                phys: val & VAL_ADDR_MASK,
+                size,
+                perm: perm_of(val),
+            });
+        }
+        None
+    }
+
+    /// Caches `leaf`, which a walk of `did` found for `iova` after taking
+    /// `ticket`. `rnd` picks the victim when every way is live.
+    pub(crate) fn fill(
+        &self,
+        did: u16,
+        iova: u64,
+        leaf: Leaf,
+        ticket: Ticket,
+        rnd: u64,
+    ) -> FillOutcome {
+        let key = make_key(did, iova, leaf.size);
+        let ways = self.set(key);
+        let Some(e) = self.victim(ways, key, rnd) else {
+            return FillOutcome::Busy;
+        };
+        let Some(s) = Self::try_lock(e) else {
+            return FillOutcome::Busy;
+        };
+        e.key.store(key, Ordering::Relaxed);
+        e.val.store(
+            leaf.phys & VAL_ADDR_MASK | perm_bits(leaf.perm),
+            Ordering::Relaxed,
+        );
+        e.gen.store(ticket.gen, Ordering::Relaxed);
+        if leaf.size != PageSize::Size4K {
+            let bit = if leaf.size == PageSize::Size2M { 1 } else { 2 };
+            if self.large.load(Ordering::Relaxed) & bit == 0 {
+                self.large.fetch_or(bit, Ordering::Relaxed);
+            }
+        }
+        // Relaxed: if a page invalidation finished with this entry before
+        // our lock, our Acquire lock synchronized with its unlock, so its
+        // `psi` bump is visible here; if it comes later, it kills us below.
+        let moved = self.domain(did).psi.load(Ordering::Relaxed) != ticket.psi;
+        if moved {
+            e.key.store(0, Ordering::Relaxed);
+        }
+        let unlocked = s + SEQ_STEP;
+        // Release: publishes the entry (pairs with `probe`'s first load and
+        // with the next writer's Acquire lock). Fails only if a page
+        // invalidation set the kill bit meanwhile.
+        match e.seq.compare_exchange(
+            s | SEQ_LOCKED,
+            unlocked,
+            Ordering::Release,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) if !moved => FillOutcome::Filled,
+            Ok(_) => FillOutcome::Withdrawn,
+            Err(_) => {
+                e.key.store(0, Ordering::Relaxed);
+                e.seq.store(unlocked, Ordering::Release);
+                FillOutcome::Withdrawn
+            }
+        }
+    }
+
+    /// Takes `e`'s sequence lock with one read-modify-write; returns the
+    /// stable value it held, or `None` if another writer holds it (the RMW
+    /// then changed nothing).
+    ///
+    /// Acquire: if what we read is the last holder's unlock (Release), we
+    /// see everything it did; every later value of `seq` comes from a
+    /// writer that locked after it, so this holds through any chain of
+    /// writers.
+    #[inline]
+    fn try_lock(e: &Entry) -> Option<u64> {
+        let s = e.seq.fetch_or(SEQ_LOCKED, Ordering::Acquire);
+        if s & SEQ_LOCKED != 0 {
+            return None;
+        }
+        // Release fence: our locked value is ordered before the field
+        // stores that follow; pairs with the readers' Acquire fence.
+        fence(Ordering::Release);
+        Some(s)
+    }
+
+    /// The way to overwrite: same tag, else invalid or stale, else random.
+    fn victim<'a>(&self, ways: &'a [Entry], key: u64, rnd: u64) -> Option<&'a Entry> {
+        let mut free = None;
+        for e in ways {
+            // Relaxed: a heuristic; the fill's lock settles any race.
+            let k = e.key.load(Ordering::Relaxed);
+            if k == key {
+                return Some(e);
+            }
+            if free.is_none() {
+                let dead = match split_key(k) {
+                    None => true,
+                    Some((d, _, _)) => e.gen.load(Ordering::Relaxed) != self.gen(d),
+                };
+                if dead {
+                    free = Some(e);
+                }
+            }
+        }
+        free.or_else(|| ways.get((rnd % ways.len().max(1) as u64) as usize))
+    }
+
+    /// Global invalidation: every entry of every domain becomes stale.
+    pub(crate) fn invalidate_global(&self) {
+        // Release: pairs with the Acquire load in `gen`.
+        self.global.fetch_add(1, Ordering::Release);
+    }
+
+    /// Domain-selective invalidation.
+    pub(crate) fn invalidate_domain(&self, did: u16) {
+        // Release: pairs with the Acquire load in `gen`.
+        self.domain(did).gen.fetch_add(1, Ordering::Release);
+    }
+
+    /// Page-selective invalidation of the 2^`am` pages at `addr` (aligned
+    /// down to their size) in `did`; returns the entries cleared.
+    pub(crate) fn invalidate_pages(&self, did: u16, addr: u64, am: u32) -> u64 {
+        // Release: pairs with the Acquire load in `ticket`, and reaches a
+        // fill that locks an entry after we unlock it (see `clear_if`).
+        self.domain(did).psi.fetch_add(1, Ordering::Release);
+        let top = 1u64 << VTD_IOVA_BITS;
+        let span_shift = (PAGE_SHIFT + am).min(VTD_IOVA_BITS);
+        let start = (addr & (top - 1)) >> span_shift << span_shift;
+        let end = start + (1u64 << span_shift);
+        let mut probes = 0u64;
+        for size in PageSize::ALL {
+            let first = start >> size.shift();
+            let last = (end - 1) >> size.shift();
+            probes += last - first + 1;
+        }
+        let mut cleared = 0;
+        if probes > self.set_mask as u64 + 1 {
+            for e in self.entries.iter() {
+                let hit = |k: u64| {
+                    split_key(k).is_some_and(|(d, base, size)| {
+                        d == did && base < end && base + size.bytes() > start
+                    })
+                };
+                cleared += u64::from(Self::clear_if(e, hit));
+            }
+            return cleared;
+        }
+        for size in PageSize::ALL {
+            let mut base = start >> size.shift() << size.shift();
+            while base < end {
+                let key = make_key(did, base, size);
+                for e in self.set(key) {
+                    cleared += u64::from(Self::clear_if(e, |k| k == key));
+                }
+                base += size.bytes();
+            }
+        }
+        cleared
+    }
+
+    /// Clears `e` if its tag satisfies `hit`; kills a fill in progress
+    /// instead (it withdraws when it unlocks). Never waits.
+    fn clear_if(e: &Entry, hit: impl Fn(u64) -> bool) -> bool {
+        // One RMW: on a free entry it takes the lock (the kill bit it also
+        // sets is ours and goes with our unlock); on a held one it sets
+        // the holder's kill bit. Acquire: we see the tag of the last fill
+        // that unlocked it.
+        let s = e.seq.fetch_or(SEQ_LOCKED | SEQ_KILL, Ordering::Acquire);
+        if s & SEQ_LOCKED != 0 {
+            return false;
+        }
+        fence(Ordering::Release);
+        let cleared = hit(e.key.load(Ordering::Relaxed));
+        if cleared {
+            e.key.store(0, Ordering::Relaxed);
+        }
+        // Release: publishes the clear, and our `psi` bump to the next
+        // writer that locks this entry.
+        e.seq.store(s + SEQ_STEP, Ordering::Release);
+        cleared
+    }
+
+    /// Entries valid now (a quiescent count, for tests and statistics).
+    pub(crate) fn occupancy(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| {
+                let k = e.key.load(Ordering::Acquire);
+                split_key(k).is_some_and(|(d, _, _)| e.gen.load(Ordering::Acquire) == self.gen(d))
+            })
+            .count()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const K4: u64 = 1 << 12;
+    const M2: u64 = 1 << 21;
+
+    fn leaf(phys: u64, size: PageSize, perm: Perm) -> Leaf {
+        Leaf { phys, size, perm }
+    }
+
+    fn fill(t: &Iotlb, did: u16, iova: u64, l: Leaf) -> FillOutcome {
+        let gen = t.gen(did);
+        let ticket = t.ticket(did, gen);
+        t.fill(did, iova, l, ticket, iova >> 12)
+    }
+
+    #[test]
+    fn tags_round_trip() {
+        let k = make_key(7, 0x1234_5000, PageSize::Size4K);
+        assert_eq!(split_key(k), Some((7, 0x1234_5000, PageSize::Size4K)));
+        let k = make_key(0xffff, (1 << 48) - 1, PageSize::Size1G);
+        assert_eq!(
+            split_key(k),
+            Some((0xffff, (1 << 48) - (1 << 30), PageSize::Size1G))
+        );
+        assert_eq!(split_key(0), None);
+    }
+
+    #[test]
+    fn hits_are_tagged_by_domain_and_cover_large_leaves() {
+        let t = Iotlb::new(IotlbConfig { sets: 16, ways: 2 }, 4);
+        assert_eq!(
+            fill(&t, 1, 0x5000, leaf(0x9000, PageSize::Size4K, Perm::READ)),
+            FillOutcome::Filled
+        );
+        let g = t.gen(1);
+        assert_eq!(
+            t.lookup(1, 0x5abc, g),
+            Some(leaf(0x9000, PageSize::Size4K, Perm::READ))
+        );
+        assert_eq!(t.lookup(2, 0x5abc, t.gen(2)), None, "other domain");
+        assert_eq!(t.lookup(1, 0x6000, g), None);
+        fill(
+            &t,
+            1,
+            3 * M2 + 5 * K4,
+            leaf(8 * M2, PageSize::Size2M, Perm::RW),
+        );
+        assert_eq!(
+            t.lookup(1, 3 * M2 + 77 * K4, g).map(|l| l.phys),
+            Some(8 * M2),
+            "a 2 MiB entry covers its whole range"
+        );
+        assert_eq!(t.occupancy(), 2);
+    }
+
+    #[test]
+    fn domain_and_global_invalidations_are_generations() {
+        let t = Iotlb::new(IotlbConfig { sets: 16, ways: 2 }, 4);
+        fill(&t, 1, 0x5000, leaf(0x9000, PageSize::Size4K, Perm::RW));
+        fill(&t, 2, 0x5000, leaf(0xa000, PageSize::Size4K, Perm::RW));
+        t.invalidate_domain(1);
+        assert_eq!(t.lookup(1, 0x5000, t.gen(1)), None);
+        assert!(t.lookup(2, 0x5000, t.gen(2)).is_some());
+        t.invalidate_global();
+        assert_eq!(t.lookup(2, 0x5000, t.gen(2)), None);
+        assert_eq!(t.occupancy(), 0);
+    }
+
+    #[test]
+    fn a_fill_with_an_old_ticket_is_dead_or_withdrawn() {
+        let t = Iotlb::new(IotlbConfig { sets: 16, ways: 2 }, 4);
+        let ticket = t.ticket(1, t.gen(1));
+        t.invalidate_domain(1);
+        t.fill(
+            1,
+            0x5000,
+            leaf(0x9000, PageSize::Size4K, Perm::RW),
+            ticket,
+            0,
+        );
+        assert_eq!(t.lookup(1, 0x5000, t.gen(1)), None, "stale generation");
+        let ticket = t.ticket(1, t.gen(1));
+        t.invalidate_pages(1, 0x40000, 0);
+        assert_eq!(
+            t.fill(
+                1,
+                0x5000,
+                leaf(0x9000, PageSize::Size4K, Perm::RW),
+                ticket,
+                0
+            ),
+            FillOutcome::Withdrawn
+        );
+        assert_eq!(t.lookup(1, 0x5000, t.gen(1)), None);
+    }
+
+    #[test]
+    fn page_selective_invalidation_covers_the_mask_and_large_leaves() {
+        let t = Iotlb::new(IotlbConfig { sets: 64, ways: 4 }, 4);
+        for p in 0..16u64 {
+            fill(
+                &t,
+                1,
+                p * K4,
+                leaf(0x100_0000 + p * K4, PageSize::Size4K, Perm::RW),
+            );
+        }
+        fill(&t, 1, M2, leaf(4 * M2, PageSize::Size2M, Perm::RW));
+        fill(&t, 2, 4 * K4, leaf(0x9000, PageSize::Size4K, Perm::RW));
+        // am = 2: pages 4..8 (the address is aligned down to 16 KiB).
+        assert_eq!(t.invalidate_pages(1, 5 * K4, 2), 4);
+        let g = t.gen(1);
+        for p in 0..16u64 {
+            assert_eq!(
+                t.lookup(1, p * K4, g).is_some(),
+                !(4..8).contains(&p),
+                "page {p}"
+            );
+        }
+        assert!(
+            t.lookup(2, 4 * K4, t.gen(2)).is_some(),
+            "other domain untouched"
+        );
+        // One 4 KiB page inside the 2 MiB leaf removes the leaf.
+        assert_eq!(t.invalidate_pages(1, M2 + 9 * K4, 0), 1);
+        assert_eq!(t.lookup(1, M2, g), None);
+        // A huge mask scans everything.
+        assert_eq!(t.invalidate_pages(1, 0, 40), 12);
+        assert_eq!(t.occupancy(), 1);
+    }
+
+    #[test]
+    fn capacity_is_bounded_and_eviction_stays_in_the_set() {
+        let cfg = IotlbConfig { sets: 4, ways: 2 };
+        let t = Iotlb::new(cfg, 1);
+        for p in 0..1000u64 {
+            fill(&t, 0, p * K4, leaf(p * K4, PageSize::Size4K, Perm::RW));
+        }
+        assert!(t.occupancy() <= cfg.capacity());
+        assert!(t.occupancy() >= cfg.capacity() - 1);
+        // Whatever is cached is right.
+        let g = t.gen(0);
+        for p in 0..1000u64 {
+            if let Some(l) = t.lookup(0, p * K4, g) {
+                assert_eq!(l.phys, p * K4);
+            }
+        }
+        assert!(!IotlbConfig { sets: 3, ways: 2 }.is_valid());
+        assert!(!IotlbConfig { sets: 4, ways: 0 }.is_valid());
+    }
+}

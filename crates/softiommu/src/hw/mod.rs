@@ -1,0 +1,127 @@
+//! The emulated IOMMU unit: contexts, a page walker over real table bytes,
+//! a lock-free IOTLB, an invalidation queue of real VT-d descriptors, a
+//! fault log and a latency model.
+//!
+//! # The model
+//!
+//! A [`Unit`] stands for one VT-d DMA-remapping hardware unit; a
+//! [`System`] holds several and says which device ([`SourceId`]) belongs to
+//! which. Each device has a context ([`ContextEntry`]): translated through
+//! a domain's second-level page table (a domain id and the table's root, in
+//! [`PhysMemory`](crate::mem::PhysMemory)), pass-through, or blocked.
+//!
+//! - **Device side.** A device thread gets a [`Translator`] from its unit
+//!   and calls [`Translator::translate`]`(sid, iova, len, access)`: the
+//!   physical ranges, or a typed [`TranslateError`] that is also recorded in
+//!   the unit's [`FaultLog`]. A hit in the IOTLB costs a few loads and two
+//!   plain stores; a miss walks the table's bytes as the hardware does and
+//!   fills the IOTLB. A device that copies memory after translating holds a
+//!   [`TranslationGuard`] ([`Translator::begin`]) across the copy.
+//! - **Driver side.** After changing a table, the driver queues
+//!   invalidation descriptors ([`InvDescriptor`], the VT-d bit layouts) in
+//!   the unit's invalidation queue, a ring in physical memory, and rings
+//!   the doorbell (the tail); a wait descriptor writes a status word once
+//!   everything before it is done. [`Unit::batch`] and [`Unit::wait`] wrap
+//!   this. The queue is carried out by the submitter ([`QueueMode::Inline`])
+//!   or by the unit's own thread ([`QueueMode::Thread`]). A malformed
+//!   descriptor stops the queue at itself ([`Unit::queue_error`],
+//!   [`Unit::recover_queue`]).
+//! - **Modelled time.** What a CPU cannot make real (the time hardware takes
+//!   to complete an invalidation, to read a table level) is a
+//!   [`LatencyModel`], zero unless asked for.
+//!
+//! # What a completed wait promises, and why it holds
+//!
+//! *When a wait descriptor completes, no translation that began before the
+//! invalidations it follows can still return a stale result, and no guard
+//! opened before them is still held.* So once a driver's unmap has waited,
+//! it may free and reuse the pages: no device can reach them any more.
+//!
+//! Three pieces make this true, each cheap where it must be:
+//!
+//! 1. **No stale entry survives an invalidation** (`iotlb`). Domain and
+//!    global invalidations bump a generation (O(1)); an entry is valid only
+//!    under the generation it was filled with, and a fill takes its
+//!    generation *before* its walk, so a walk that raced the invalidation
+//!    fills a dead entry. Page-selective invalidations bump a per-domain
+//!    counter, then visit each entry the range maps to with one
+//!    read-modify-write of its lock word: a finished entry in the range is
+//!    cleared, a fill in progress is marked killed (it withdraws instead of
+//!    publishing), and a fill that starts later synchronizes with that
+//!    visit, sees the counter moved since before its walk, and withdraws.
+//!    So no fill can slip a stale entry in after the scan, and the scan
+//!    never waits for a fill.
+//! 2. **Readers never see a torn entry** (`iotlb`): each entry is a
+//!    sequence lock; readers load the sequence (Acquire), the fields, fence
+//!    (Acquire) and re-load the sequence. Readers write nothing.
+//! 3. **The wait drains translations in flight** (`epoch`, `barrier`). Each
+//!    translator owns a slot it marks odd on entering a section and even on
+//!    leaving (plain stores); between the mark and the first IOTLB load is
+//!    a light fence. At a wait that follows invalidations the unit issues a
+//!    heavy fence and waits for every slot found odd to change. By the
+//!    fence pair, a section the drain did not see as active began late
+//!    enough to see every invalidation (and so every table change before
+//!    it, through the Acquire loads of the generation counters). With
+//!    [`DrainBarrier::Membarrier`] (the default where Linux offers
+//!    `membarrier(2)`), the light fence is only a compiler fence and the
+//!    heavy one is the system call, so the hit path has no atomic
+//!    read-modify-write and no `SeqCst` fence; elsewhere both are `SeqCst`
+//!    fences. The trade: `membarrier` makes each translation a few
+//!    nanoseconds cheaper and each draining wait microseconds dearer when
+//!    other threads of the process are running (it interrupts their CPUs).
+//!    A drain also waits for a translator that the OS preempted inside a
+//!    section, so guards should be short and device threads not
+//!    oversubscribed.
+//!
+//! The IOTLB's hit path, its fills and invalidations, and the drain are
+//! model-checked with loom (run `RUSTFLAGS="--cfg loom" cargo test -p
+//! softiommu --release --lib hw::`); the membarrier half of the fence pair
+//! is argued in `barrier`, since loom cannot model a system call.
+//!
+//! # Not modelled yet
+//!
+//! A paging-structure cache (the walker reads every level each miss; the
+//! invalidation hint is accepted and recorded), device-TLB (ATS)
+//! invalidation, interrupt remapping, PASIDs, and the page-request queue (a
+//! translation that faults fails; a later issue lets a device wait for the
+//! fault to be served instead).
+
+mod barrier;
+mod context;
+mod descriptor;
+mod epoch;
+mod error;
+mod fault;
+mod inv_queue;
+mod iotlb;
+mod latency;
+#[cfg(all(test, loom))]
+mod loom_tests;
+mod processor;
+mod ranges;
+mod submit;
+mod sync;
+mod system;
+mod translator;
+mod unit;
+mod walker;
+
+pub use barrier::DrainBarrier;
+pub use context::{ContextEntry, SourceId};
+pub use descriptor::{
+    covering_mask, ContextScope, InvDescriptor, IotlbScope, IqeReason, StatusWrite, WaitDescriptor,
+    DESCRIPTOR_BYTES,
+};
+pub use error::{HwError, QiError, TranslateError};
+pub use fault::{Access, FaultBatch, FaultLog, FaultReason, FaultRecord};
+pub use inv_queue::{QueueFault, QueueRecovery, QueueRegisters, MAX_QUEUE_ORDER};
+pub use iotlb::IotlbConfig;
+pub use latency::{
+    cycles, LatencyModel, VTD_2015_INVALIDATION_CYCLES, VTD_2015_NOMINAL_GHZ,
+    VTD_2015_WALK_LEVEL_NS,
+};
+pub use ranges::{PhysRange, PhysRanges, PhysSpan};
+pub use submit::InvBatch;
+pub use system::{System, UnitId};
+pub use translator::{TranslationGuard, Translator, TranslatorStats};
+pub use unit::{QueueMode, Unit, UnitConfig, UnitStats};

@@ -1,0 +1,240 @@
+//! The unit's side of the invalidation queue: carrying out descriptors,
+//! draining at waits, writing status words, and the unit thread.
+//!
+//! Processing runs under the processing lock, on the submitting thread
+//! ([`QueueMode::Inline`](super::QueueMode::Inline)) or on the unit's own
+//! thread ([`QueueMode::Thread`](super::QueueMode::Thread)); either way one
+//! pass at a time, in queue order, as the hardware does.
+//!
+//! At a wait descriptor that follows any invalidation, the processor
+//! *drains* (see `epoch`): it waits until every translation that might not
+//! see those invalidations has finished, then charges the modelled
+//! completion time, then writes the status word (Release, paired with the
+//! driver's Acquire load). So when a driver sees the status, no translation
+//! that began before its invalidations can still return, or still be using,
+//! a stale result.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use super::descriptor::{InvDescriptor, IotlbScope, IqeReason};
+use super::error::QiError;
+use super::inv_queue::{Pass, QueueFault};
+use super::latency::spin_ns;
+use super::unit::{lock, thread_token, Counters, ProcState, QueueMode, Shared};
+use crate::mem::{PhysAddr, PhysMemory};
+
+/// Where a wait ticket stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TicketState {
+    /// Its status was written.
+    Done,
+    /// A queue error or a discard stopped it.
+    Failed(QueueFault),
+    /// Not yet.
+    Pending,
+}
+
+/// The 32-bit status word at `addr`, if it is aligned and inside `mem`.
+pub(crate) fn status_word(mem: &PhysMemory, addr: PhysAddr) -> Option<&AtomicU32> {
+    if addr & 3 != 0 {
+        return None;
+    }
+    let p = mem.as_ptr(addr, 4).ok()?;
+    // SAFETY: `as_ptr` checked that the 4 bytes are inside the arena; `p` is
+    // 4-byte aligned because the arena's base is page aligned and `addr` is
+    // a multiple of 4; the arena lives as long as `mem`, which the returned
+    // reference borrows. The unit touches status words only atomically.
+    Some(unsafe { AtomicU32::from_ptr(p.cast()) })
+}
+
+/// Whether `t` lies in the wrapping inclusive range `[lo, hi]`.
+fn in_range(t: u32, lo: u32, hi: u32) -> bool {
+    t.wrapping_sub(lo) <= hi.wrapping_sub(lo)
+}
+
+impl Shared {
+    /// Refuses a queue operation from a thread that holds a guard of this
+    /// unit: the drain would wait for that thread forever.
+    pub(crate) fn check_caller(&self) -> Result<(), QiError> {
+        if self.slots.active_owned_by(thread_token()) {
+            Err(QiError::GuardHeld)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The unit thread: sleeps until the doorbell, processes, repeats.
+    pub(crate) fn worker(&self) {
+        loop {
+            {
+                let mut g = lock(&self.signal);
+                loop {
+                    if self.shutdown.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if !self.queue.stopped() && self.queue.head() != self.queue.tail() {
+                        break;
+                    }
+                    g = self.doorbell.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            {
+                let mut p = lock(&self.proc);
+                self.run_queue(&mut p);
+            }
+            self.notify_done();
+        }
+    }
+
+    /// Wakes whoever waits for a pass to end.
+    pub(crate) fn notify_done(&self) {
+        let _g = lock(&self.signal);
+        self.done.notify_all();
+    }
+
+    /// Gets the queue processed: now, on this thread (inline mode), or by
+    /// waking the unit thread.
+    pub(crate) fn kick(&self) {
+        match self.config.queue_mode {
+            QueueMode::Inline => {
+                let mut p = lock(&self.proc);
+                self.run_queue(&mut p);
+            }
+            QueueMode::Thread => {
+                let _g = lock(&self.signal);
+                self.doorbell.notify_one();
+            }
+        }
+    }
+
+    /// One processing pass, up to the tail or the first error.
+    pub(crate) fn run_queue(&self, p: &mut ProcState) -> Pass {
+        let limits = self.limits;
+        let pass = self.queue.process(&limits, |d| self.exec(p, d));
+        Counters::add(&self.counters.descriptors, u64::from(pass.done));
+        if pass.raised {
+            self.note_stop();
+        }
+        pass
+    }
+
+    /// Records a new queue error: every ticket issued and not yet done
+    /// fails (their waits sit behind the bad descriptor).
+    pub(crate) fn note_stop(&self) {
+        Counters::add(&self.counters.queue_errors, 1);
+        if let Some(f) = self.queue.fault() {
+            self.fail_outstanding(f);
+        }
+    }
+
+    /// Marks the tickets issued and not done as failed with `f`.
+    pub(crate) fn fail_outstanding(&self, f: QueueFault) {
+        let done = self.status_now();
+        // Acquire: pairs with the submitter's Release store of the ticket,
+        // which precedes its doorbell.
+        let issued = self.next_ticket.load(Ordering::Acquire).wrapping_sub(1);
+        if issued != done {
+            let mut failed = lock(&self.failed);
+            let range = (done.wrapping_add(1), issued, f);
+            if failed.last() != Some(&range) {
+                failed.push(range);
+            }
+        }
+    }
+
+    /// The last ticket whose status was written.
+    fn status_now(&self) -> u32 {
+        // Acquire: pairs with the processor's Release store of the status.
+        status_word(&self.mem, self.status).map_or(0, |w| w.load(Ordering::Acquire))
+    }
+
+    /// Where ticket `t` stands.
+    pub(crate) fn ticket_state(&self, t: u32) -> TicketState {
+        if let Some(&(_, _, f)) = lock(&self.failed)
+            .iter()
+            .find(|(lo, hi, _)| in_range(t, *lo, *hi))
+        {
+            return TicketState::Failed(f);
+        }
+        if self.status_now().wrapping_sub(t) as i32 >= 0 {
+            TicketState::Done
+        } else {
+            TicketState::Pending
+        }
+    }
+
+    /// Carries out one descriptor.
+    fn exec(&self, p: &mut ProcState, d: &InvDescriptor) -> Result<(), IqeReason> {
+        let c = &self.counters;
+        match *d {
+            InvDescriptor::ContextCache(_) => {
+                // Contexts are read afresh by every translation; what must
+                // still happen is the drain at the next wait.
+                p.dirty = true;
+                Counters::add(&c.context_invalidations, 1);
+                Counters::add(
+                    &c.modelled_ns,
+                    spin_ns(self.latency.context_invalidation_ns()),
+                );
+            }
+            InvDescriptor::Iotlb { scope, .. } => {
+                match scope {
+                    IotlbScope::Global => {
+                        self.iotlb.invalidate_global();
+                        Counters::add(&c.iotlb_global, 1);
+                    }
+                    IotlbScope::Domain { did } => {
+                        self.iotlb.invalidate_domain(did);
+                        Counters::add(&c.iotlb_domain, 1);
+                    }
+                    IotlbScope::Pages { did, addr, am, .. } => {
+                        let n = self.iotlb.invalidate_pages(did, addr, u32::from(am));
+                        Counters::add(&c.iotlb_pages, 1);
+                        Counters::add(&c.entries_cleared, n);
+                    }
+                }
+                p.dirty = true;
+                Counters::add(
+                    &c.modelled_ns,
+                    spin_ns(self.latency.iotlb_invalidation_ns()),
+                );
+            }
+            InvDescriptor::Wait(w) => {
+                // Check the status address before doing anything, so that a
+                // bad one stops the queue with nothing half done.
+                let word = match w.status {
+                    Some(s) => Some((
+                        status_word(&self.mem, s.addr)
+                            .ok_or(IqeReason::StatusAddress { addr: s.addr })?,
+                        s.data,
+                    )),
+                    None => None,
+                };
+                if p.dirty {
+                    let t0 = Instant::now();
+                    let st = self.slots.drain(self.barrier);
+                    Counters::add(&c.drains, 1);
+                    Counters::add(&c.drain_waited, st.waited);
+                    Counters::add(&c.drain_ns, nanos(t0.elapsed()));
+                    Counters::add(&c.modelled_ns, spin_ns(self.latency.wait_completion_ns()));
+                    p.dirty = false;
+                }
+                if let Some((word, data)) = word {
+                    // Release: pairs with the driver's Acquire load; the
+                    // drain above happens before it sees the status.
+                    word.store(data, Ordering::Release);
+                }
+                Counters::add(&c.waits, 1);
+                if w.interrupt {
+                    Counters::add(&c.completion_events, 1);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,331 @@
+//! The driver's side of the invalidation queue: writing descriptors at the
+//! tail, ringing the doorbell, and waiting for completion.
+//!
+//! Two levels:
+//!
+//! - **Register level**, as a driver of the real hardware: write 128-bit
+//!   descriptors into the ring ([`Unit::queue_registers`] gives its base)
+//!   and move the tail ([`Unit::write_tail`]), or let [`Unit::submit_raw`]
+//!   do both; poll a status word of your own.
+//! - **Convenience**: [`Unit::invalidate_pages`] and friends queue one
+//!   descriptor; [`Unit::wait`] queues a wait descriptor that writes the
+//!   unit's own status word with a ticket and returns when it is written;
+//!   [`Unit::batch`] collects many descriptors and ends them with one wait
+//!   (deferred flushing: many unmaps, one completion).
+//!
+//! Tickets are handed out in queue order, so a status word holding ticket
+//! `t` means every wait up to `t` completed. A ticket whose wait sat behind
+//! a descriptor that raised a queue error fails (its waiter gets
+//! [`QiError::Stopped`]), even if the queue later resumes.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::descriptor::{covering_mask, InvDescriptor};
+use super::error::QiError;
+use super::inv_queue::{QueueFault, QueueRecovery, QueueRegisters};
+use super::processor::TicketState;
+use super::unit::{lock, QueueMode, Shared, Unit};
+use crate::hw::IqeReason;
+
+/// Descriptors collected to be queued together, usually ended by one wait.
+/// Made by [`Unit::batch`].
+#[derive(Debug)]
+pub struct InvBatch<'a> {
+    unit: &'a Unit,
+    descs: Vec<InvDescriptor>,
+}
+
+impl InvBatch<'_> {
+    /// Adds a descriptor.
+    pub fn push(&mut self, d: InvDescriptor) -> &mut Self {
+        self.descs.push(d);
+        self
+    }
+
+    /// Adds a global IOTLB invalidation.
+    pub fn global(&mut self) -> &mut Self {
+        self.push(InvDescriptor::iotlb_global())
+    }
+
+    /// Adds a domain-selective IOTLB invalidation.
+    pub fn domain(&mut self, did: u16) -> &mut Self {
+        self.push(InvDescriptor::iotlb_domain(did))
+    }
+
+    /// Adds a page-selective IOTLB invalidation of 2^`am` pages.
+    pub fn pages(&mut self, did: u16, iova: u64, am: u8, ih: bool) -> &mut Self {
+        self.push(InvDescriptor::iotlb_pages(did, iova, am, ih))
+    }
+
+    /// Adds what invalidates `[iova, iova + len)` of `did`: one
+    /// page-selective descriptor covering it, or a domain-selective one if
+    /// the covering mask would exceed the unit's maximum.
+    pub fn range(&mut self, did: u16, iova: u64, len: u64) -> &mut Self {
+        let d = match covering_mask(iova, len, self.unit.shared.limits.mamv) {
+            Some((addr, am)) => InvDescriptor::iotlb_pages(did, addr, am, false),
+            None => InvDescriptor::iotlb_domain(did),
+        };
+        self.push(d)
+    }
+
+    /// Descriptors collected.
+    pub fn len(&self) -> usize {
+        self.descs.len()
+    }
+
+    /// Whether none were collected.
+    pub fn is_empty(&self) -> bool {
+        self.descs.is_empty()
+    }
+
+    /// Queues the descriptors and rings the doorbell, without waiting.
+    pub fn submit(self) -> Result<(), QiError> {
+        let raw: Vec<[u64; 2]> = self.descs.iter().map(InvDescriptor::encode).collect();
+        self.unit.enqueue(&raw, false).map(|_| ())
+    }
+
+    /// Queues the descriptors and one wait, and returns when the wait has
+    /// completed: every descriptor is done and no translation that began
+    /// before them can still return, or still use, what they invalidated.
+    pub fn wait(self) -> Result<(), QiError> {
+        let raw: Vec<[u64; 2]> = self.descs.iter().map(InvDescriptor::encode).collect();
+        match self.unit.enqueue(&raw, true)? {
+            Some(t) => self.unit.wait_ticket(t),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Shared {
+    /// The error to report for a stopped queue.
+    fn stopped_error(&self) -> QiError {
+        QiError::Stopped(self.queue.fault().unwrap_or(QueueFault {
+            head: self.queue.head(),
+            raw: [0, 0],
+            reason: IqeReason::Fetch,
+        }))
+    }
+}
+
+impl Unit {
+    /// Queues `descs` and rings the doorbell (in inline mode, they are done
+    /// when this returns; in thread mode, soon). Completion is known only
+    /// through a wait.
+    pub fn submit(&self, descs: &[InvDescriptor]) -> Result<(), QiError> {
+        let raw: Vec<[u64; 2]> = descs.iter().map(InvDescriptor::encode).collect();
+        self.enqueue(&raw, false).map(|_| ())
+    }
+
+    /// Queues raw 128-bit descriptors as they are: the way to hand the unit
+    /// malformed ones. A bad one stops the queue when it is reached.
+    pub fn submit_raw(&self, raw: &[[u64; 2]]) -> Result<(), QiError> {
+        self.enqueue(raw, false).map(|_| ())
+    }
+
+    /// Queues a wait and returns when it completes (see [`InvBatch::wait`]).
+    pub fn wait(&self) -> Result<(), QiError> {
+        self.batch().wait()
+    }
+
+    /// Starts a batch.
+    pub fn batch(&self) -> InvBatch<'_> {
+        InvBatch {
+            unit: self,
+            descs: Vec::new(),
+        }
+    }
+
+    /// Queues a global IOTLB invalidation (no wait).
+    pub fn invalidate_all(&self) -> Result<(), QiError> {
+        self.submit(&[InvDescriptor::iotlb_global()])
+    }
+
+    /// Queues a domain-selective IOTLB invalidation (no wait).
+    pub fn invalidate_domain(&self, did: u16) -> Result<(), QiError> {
+        self.submit(&[InvDescriptor::iotlb_domain(did)])
+    }
+
+    /// Queues a page-selective IOTLB invalidation of the 2^`am` pages
+    /// holding `iova` (no wait).
+    pub fn invalidate_pages(&self, did: u16, iova: u64, am: u8, ih: bool) -> Result<(), QiError> {
+        self.submit(&[InvDescriptor::iotlb_pages(did, iova, am, ih)])
+    }
+
+    /// Queues what invalidates `[iova, iova + len)` (see
+    /// [`InvBatch::range`]; no wait).
+    pub fn invalidate_range(&self, did: u16, iova: u64, len: u64) -> Result<(), QiError> {
+        let mut b = self.batch();
+        b.range(did, iova, len);
+        b.submit()
+    }
+
+    /// The queue's registers.
+    pub fn queue_registers(&self) -> QueueRegisters {
+        self.shared.queue.registers()
+    }
+
+    /// Writes the tail register: the doorbell for descriptors a driver
+    /// wrote into the ring itself. A tail past the ring raises a queue
+    /// error and is not taken.
+    pub fn write_tail(&self, tail: u32) -> Result<(), QiError> {
+        let sh = &*self.shared;
+        sh.check_caller()?;
+        {
+            let _sub = lock(&sh.submit);
+            if sh.queue.ring(tail).is_err() {
+                sh.note_stop();
+                sh.notify_done();
+                return Err(sh.stopped_error());
+            }
+        }
+        sh.kick();
+        Ok(())
+    }
+
+    /// The error that stopped the queue, if it is stopped (`FSTS.IQE` and
+    /// `IQERCD_REG`).
+    pub fn queue_error(&self) -> Option<QueueFault> {
+        self.shared.queue.fault()
+    }
+
+    /// Restarts a stopped queue; returns whether it was stopped. With
+    /// [`QueueRecovery::Discard`], the waits dropped fail.
+    pub fn recover_queue(&self, how: QueueRecovery) -> Result<bool, QiError> {
+        let sh = &*self.shared;
+        let was = {
+            let _sub = lock(&sh.submit);
+            let _p = lock(&sh.proc);
+            let fault = sh.queue.fault();
+            let was = sh.queue.recover(how)?;
+            if let (true, QueueRecovery::Discard, Some(f)) = (was, how, fault) {
+                sh.fail_outstanding(f);
+            }
+            was
+        };
+        sh.kick();
+        sh.notify_done();
+        Ok(was)
+    }
+
+    /// Processes the queue now (inline mode) or wakes the unit thread.
+    pub fn process_queue(&self) -> Result<(), QiError> {
+        self.shared.check_caller()?;
+        self.shared.kick();
+        match self.shared.queue.stopped() {
+            true => Err(self.shared.stopped_error()),
+            false => Ok(()),
+        }
+    }
+
+    /// Writes `raw` (and, if `wait`, a ticketed wait) at the tail and rings
+    /// the doorbell; returns the ticket.
+    pub(crate) fn enqueue(&self, raw: &[[u64; 2]], wait: bool) -> Result<Option<u32>, QiError> {
+        let sh = &*self.shared;
+        sh.check_caller()?;
+        let ticket = {
+            let _sub = lock(&sh.submit);
+            if sh.queue.stopped() {
+                return Err(sh.stopped_error());
+            }
+            let len = sh.queue.len();
+            let mut tail = sh.queue.tail();
+            let ticket = wait.then(|| sh.next_ticket.load(Ordering::Relaxed));
+            let last = ticket.map(|t| InvDescriptor::wait_status(sh.status, t).encode());
+            for (i, d) in raw.iter().chain(last.iter()).enumerate() {
+                if i == raw.len() {
+                    if let Some(t) = ticket {
+                        // Release, before the doorbell that publishes the
+                        // wait: a queue error seen later counts this ticket
+                        // as issued (see `fail_outstanding`).
+                        sh.next_ticket.store(t.wrapping_add(1), Ordering::Release);
+                    }
+                }
+                while sh.queue.free(tail) == 0 {
+                    self.ring(tail)?;
+                    self.make_room(tail)?;
+                }
+                sh.queue.write(tail, *d)?;
+                tail = (tail + 1) % len;
+            }
+            self.ring(tail)?;
+            ticket
+        };
+        sh.kick();
+        Ok(ticket)
+    }
+
+    fn ring(&self, tail: u32) -> Result<(), QiError> {
+        let sh = &*self.shared;
+        sh.queue.ring(tail).map_err(|_| {
+            sh.note_stop();
+            sh.stopped_error()
+        })
+    }
+
+    /// Waits (holding the submission lock) until the ring has a free slot.
+    fn make_room(&self, cursor: u32) -> Result<(), QiError> {
+        let sh = &*self.shared;
+        match sh.config.queue_mode {
+            QueueMode::Inline => {
+                let mut p = lock(&sh.proc);
+                sh.run_queue(&mut p);
+            }
+            QueueMode::Thread => {
+                let mut g = lock(&sh.signal);
+                sh.doorbell.notify_one();
+                while sh.queue.free(cursor) == 0
+                    && !sh.queue.stopped()
+                    && !sh.shutdown.load(Ordering::Acquire)
+                {
+                    g = sh.done.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        }
+        if sh.queue.stopped() {
+            return Err(sh.stopped_error());
+        }
+        if sh.shutdown.load(Ordering::Acquire) {
+            return Err(QiError::ShutDown);
+        }
+        Ok(())
+    }
+
+    /// Returns when ticket `t`'s wait has completed, or fails.
+    pub(crate) fn wait_ticket(&self, t: u32) -> Result<(), QiError> {
+        let sh = &*self.shared;
+        let mut g = lock(&sh.signal);
+        loop {
+            match sh.ticket_state(t) {
+                TicketState::Done => return Ok(()),
+                TicketState::Failed(f) => return Err(QiError::Stopped(f)),
+                TicketState::Pending => {}
+            }
+            if sh.queue.stopped() {
+                return Err(sh.stopped_error());
+            }
+            if sh.shutdown.load(Ordering::Acquire) {
+                return Err(QiError::ShutDown);
+            }
+            g = match sh.config.queue_mode {
+                QueueMode::Thread => sh.done.wait(g).unwrap_or_else(|e| e.into_inner()),
+                QueueMode::Inline => {
+                    // Our own doorbell processed the queue up to our wait,
+                    // unless the queue was being recovered meanwhile; run
+                    // one more pass ourselves.
+                    drop(g);
+                    sh.kick();
+                    let g = lock(&sh.signal);
+                    if sh.ticket_state(t) != TicketState::Pending {
+                        g
+                    } else {
+                        sh.done
+                            .wait_timeout(g, Duration::from_millis(1))
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0
+                    }
+                }
+            };
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! The device side: a [`Translator`] per device thread, and the
+//! [`TranslationGuard`] a device holds while it uses what it translated.
+//!
+//! A translator owns one of the unit's slots (see `epoch`): every
+//! translation runs inside an *active* section of that slot, and a draining
+//! wait waits for sections that began before its invalidations. A plain
+//! [`Translator::translate`] is one section. [`Translator::begin`] opens a
+//! longer one: translations made through the guard stay usable — the
+//! physical pages they name cannot be unmapped, reused and handed to
+//! someone else under the device — until the guard is dropped, because a
+//! driver's wait (and so its unmap's completion) waits for the drop. Hold
+//! guards across a memory copy, not across anything that blocks.
+//!
+//! A translator is neither `Send` nor `Sync`: it is made on the thread that
+//! uses it (its slot records that thread, so that a thread holding a guard
+//! and then waiting on the same unit gets [`QiError::GuardHeld`] instead of
+//! a deadlock).
+//!
+//! [`QiError::GuardHeld`]: super::QiError::GuardHeld
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use super::barrier::Barrier;
+use super::context::{self, ContextEntry, SourceId};
+use super::error::TranslateError;
+use super::fault::{Access, FaultRecord};
+use super::iotlb::{FillOutcome, Leaf};
+use super::latency::spin_ns;
+use super::ranges::{PhysRanges, PhysSpan};
+use super::unit::Shared;
+use super::walker::{walk, WalkEnd};
+use crate::mem::PhysMemory;
+use crate::pgtable::{Perm, VTD_ADDR_BITS, VTD_IOVA_BITS};
+
+/// Counts of one translator, kept in the translator (no shared writes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TranslatorStats {
+    /// Pages looked up (a multi-page access counts each page).
+    pub lookups: u64,
+    /// Lookups served by the IOTLB.
+    pub hits: u64,
+    /// Lookups that walked the table.
+    pub walks: u64,
+    /// Walks whose leaf was cached.
+    pub fills: u64,
+    /// Walks whose leaf was not cached because a page-selective
+    /// invalidation ran meanwhile (or the entry was busy).
+    pub fills_dropped: u64,
+    /// Lookups that faulted.
+    pub faults: u64,
+    /// Modelled walk time charged, in nanoseconds.
+    pub modelled_ns: u64,
+}
+
+/// A device thread's handle on a unit's translation. Made by
+/// [`Unit::translator`](super::Unit::translator).
+pub struct Translator {
+    shared: Arc<Shared>,
+    slot: usize,
+    /// The slot's state as last stored (even outside a section).
+    state: u64,
+    barrier: Barrier,
+    rng: u64,
+    stats: TranslatorStats,
+    /// Lookups that took the slow path (`stats.lookups` is hits + these).
+    slow: u64,
+    /// Neither `Send` nor `Sync`: bound to the thread that made it.
+    _thread: PhantomData<*const ()>,
+}
+
+impl fmt::Debug for Translator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Translator")
+            .field("slot", &self.slot)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An open translation section; see the module documentation. Dropping it
+/// ends the section.
+pub struct TranslationGuard<'a> {
+    t: &'a mut Translator,
+}
+
+impl fmt::Debug for TranslationGuard<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TranslationGuard")
+            .field("slot", &self.t.slot)
+            .finish()
+    }
+}
+
+/// Where a page of a translated context starts and how far it runs.
+#[inline(always)]
+fn span_of(leaf: Leaf, iova: u64) -> PhysSpan {
+    let off = iova & (leaf.size.bytes() - 1);
+    PhysSpan {
+        phys: leaf.phys + off,
+        len: leaf.size.bytes() - off,
+        perm: leaf.perm,
+    }
+}
+
+/// xorshift64: a translator's own generator, so that choosing a victim
+/// writes nothing shared.
+fn xorshift(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    x
+}
+
+impl Translator {
+    pub(crate) fn new(shared: Arc<Shared>, slot: usize, state: u64) -> Self {
+        let barrier = shared.barrier;
+        Self {
+            shared,
+            slot,
+            state,
+            barrier,
+            rng: 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(slot as u64 + 1) | 1,
+            stats: TranslatorStats::default(),
+            slow: 0,
+            _thread: PhantomData,
+        }
+    }
+
+    /// Opens a translation section: what is translated through the guard
+    /// stays safe to use until it is dropped.
+    #[inline(always)]
+    pub fn begin(&mut self) -> TranslationGuard<'_> {
+        self.state += 1;
+        self.shared.slots.enter(self.slot, self.state, self.barrier);
+        TranslationGuard { t: self }
+    }
+
+    /// Translates `[iova, iova + len)` of device `sid` for `access`: the
+    /// physical pieces, or a typed error that is also recorded as a fault.
+    #[inline]
+    pub fn translate(
+        &mut self,
+        sid: SourceId,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<PhysRanges, TranslateError> {
+        self.begin().translate(sid, iova, len, access)
+    }
+
+    /// Translates the page holding `iova`: where `iova` lands and how many
+    /// bytes run on contiguously from there. The cheap call for an access
+    /// that stays in one page.
+    #[inline]
+    pub fn translate_page(
+        &mut self,
+        sid: SourceId,
+        iova: u64,
+        access: Access,
+    ) -> Result<PhysSpan, TranslateError> {
+        self.begin().translate_page(sid, iova, access)
+    }
+
+    /// This translator's counts.
+    pub fn stats(&self) -> TranslatorStats {
+        TranslatorStats {
+            lookups: self.stats.hits + self.slow,
+            ..self.stats
+        }
+    }
+
+    /// The physical memory translations point into.
+    pub fn memory(&self) -> &Arc<PhysMemory> {
+        &self.shared.mem
+    }
+
+    /// The hit path: the translation of `iova`'s page if the context is
+    /// pass-through, or translated and the IOTLB holds a valid entry that
+    /// allows `access`; `None` for everything else (a miss, a fault). Small
+    /// enough a result to stay in registers.
+    #[inline(always)]
+    fn hit(&mut self, sid: SourceId, iova: u64, access: Access) -> Option<PhysSpan> {
+        let sh = &*self.shared;
+        match context::decode(sh.contexts.load(sid)) {
+            Some(ContextEntry::Translated { did, .. }) if iova >> VTD_IOVA_BITS == 0 => {
+                let leaf = sh.iotlb.lookup(did, iova, sh.iotlb.gen(did))?;
+                if !leaf.perm.contains(access.perm()) {
+                    // Walk, in case the mapping was upgraded (hardware
+                    // re-walks on a permission miss before faulting).
+                    return None;
+                }
+                self.stats.hits += 1;
+                Some(span_of(leaf, iova))
+            }
+            Some(ContextEntry::PassThrough) if iova < 1 << VTD_ADDR_BITS => Some(PhysSpan {
+                phys: iova,
+                len: (1 << VTD_ADDR_BITS) - iova,
+                perm: Perm::RW,
+            }),
+            _ => None,
+        }
+    }
+
+    /// One page: the hit path, or else the slow path.
+    #[inline(always)]
+    fn lookup(
+        &mut self,
+        sid: SourceId,
+        iova: u64,
+        access: Access,
+    ) -> Result<PhysSpan, TranslateError> {
+        match self.hit(sid, iova, access) {
+            Some(s) => Ok(s),
+            None => self.slow(sid, iova, access),
+        }
+    }
+
+    /// Everything but a hit: faults of the context or the address, and the
+    /// walk of a miss.
+    #[inline(never)]
+    fn slow(
+        &mut self,
+        sid: SourceId,
+        iova: u64,
+        access: Access,
+    ) -> Result<PhysSpan, TranslateError> {
+        self.slow += 1;
+        let err = match context::decode(self.shared.contexts.load(sid)) {
+            Some(ContextEntry::Translated { did, root }) if iova >> VTD_IOVA_BITS == 0 => {
+                let gen = self.shared.iotlb.gen(did);
+                return self.walk(sid, did, root, iova, access, gen);
+            }
+            Some(ContextEntry::Translated { .. }) => TranslateError::AddressTooWide {
+                sid,
+                iova,
+                width: VTD_IOVA_BITS,
+            },
+            Some(ContextEntry::PassThrough) if iova < 1 << VTD_ADDR_BITS => {
+                // The context changed since the hit path looked.
+                return Ok(PhysSpan {
+                    phys: iova,
+                    len: (1 << VTD_ADDR_BITS) - iova,
+                    perm: Perm::RW,
+                });
+            }
+            Some(ContextEntry::PassThrough) => TranslateError::AddressTooWide {
+                sid,
+                iova,
+                width: VTD_ADDR_BITS,
+            },
+            Some(ContextEntry::Blocked) => TranslateError::ContextBlocked { sid },
+            None => TranslateError::NoContext { sid },
+        };
+        Err(self.fault(err, iova, access))
+    }
+
+    /// The miss path: a page walk over the table's bytes, and a fill.
+    #[inline(never)]
+    fn walk(
+        &mut self,
+        sid: SourceId,
+        did: u16,
+        root: u64,
+        iova: u64,
+        access: Access,
+        gen: u64,
+    ) -> Result<PhysSpan, TranslateError> {
+        let sh = &*self.shared;
+        // Read before the walk: see `iotlb` on why a fill needs it.
+        let ticket = sh.iotlb.ticket(did, gen);
+        let w = walk(&sh.mem, root, iova);
+        self.stats.walks += 1;
+        self.stats.modelled_ns += spin_ns(sh.latency.walk_level_ns() * u64::from(w.levels));
+        let err = match w.end {
+            WalkEnd::Leaf { phys, size, perm } => {
+                let leaf = Leaf { phys, size, perm };
+                let rnd = xorshift(&mut self.rng);
+                match sh.iotlb.fill(did, iova, leaf, ticket, rnd) {
+                    FillOutcome::Filled => self.stats.fills += 1,
+                    FillOutcome::Withdrawn | FillOutcome::Busy => self.stats.fills_dropped += 1,
+                }
+                if perm.contains(access.perm()) {
+                    return Ok(span_of(leaf, iova));
+                }
+                TranslateError::PermissionDenied {
+                    sid,
+                    iova,
+                    access,
+                    allowed: perm,
+                }
+            }
+            WalkEnd::NotPresent { .. } => TranslateError::NotPresent { sid, iova, access },
+            WalkEnd::Reserved { level, raw } => TranslateError::ReservedEntry {
+                sid,
+                iova,
+                level,
+                raw,
+            },
+            WalkEnd::BadTable { level, table } => TranslateError::BadTableAddress {
+                sid,
+                iova,
+                level,
+                table,
+            },
+        };
+        Err(self.fault(err, iova, access))
+    }
+
+    /// Records `err` as a fault and returns it.
+    #[cold]
+    #[inline(never)]
+    fn fault(&mut self, err: TranslateError, iova: u64, access: Access) -> TranslateError {
+        self.stats.faults += 1;
+        if let Some(reason) = err.reason() {
+            let sid = match err {
+                TranslateError::NoContext { sid }
+                | TranslateError::ContextBlocked { sid }
+                | TranslateError::ZeroLength { sid, .. }
+                | TranslateError::AddressTooWide { sid, .. }
+                | TranslateError::NotPresent { sid, .. }
+                | TranslateError::PermissionDenied { sid, .. }
+                | TranslateError::ReservedEntry { sid, .. }
+                | TranslateError::BadTableAddress { sid, .. } => sid,
+            };
+            self.shared.faults.record(FaultRecord {
+                sid,
+                iova,
+                access,
+                reason,
+            });
+        }
+        err
+    }
+}
+
+impl Drop for Translator {
+    fn drop(&mut self) {
+        self.shared.slots.release(self.slot);
+    }
+}
+
+impl TranslationGuard<'_> {
+    /// As [`Translator::translate`], inside this section.
+    #[inline]
+    pub fn translate(
+        &mut self,
+        sid: SourceId,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<PhysRanges, TranslateError> {
+        if len == 0 {
+            return Err(TranslateError::ZeroLength { sid, iova });
+        }
+        if let Some(first) = self.t.hit(sid, iova, access) {
+            if first.len >= len {
+                return Ok(PhysRanges::one(first.phys, len));
+            }
+        }
+        self.translate_slow(sid, iova, len, access)
+    }
+
+    /// An access that missed, faulted or crosses pages.
+    #[inline(never)]
+    fn translate_slow(
+        &mut self,
+        sid: SourceId,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<PhysRanges, TranslateError> {
+        let first = self.t.lookup(sid, iova, access)?;
+        if first.len >= len {
+            return Ok(PhysRanges::one(first.phys, len));
+        }
+        let mut out = PhysRanges::one(first.phys, first.len);
+        // Past the first page. An access running off the top of the address
+        // space meets an untranslatable address (2^48 or 2^52) long before
+        // the sum could wrap, and faults there.
+        let end = iova.saturating_add(len);
+        let mut cur = iova + first.len;
+        while cur < end {
+            let span = self.t.lookup(sid, cur, access)?;
+            let take = span.len.min(end - cur);
+            out.push(span.phys, take);
+            cur += take;
+        }
+        Ok(out)
+    }
+
+    /// As [`Translator::translate_page`], inside this section.
+    #[inline]
+    pub fn translate_page(
+        &mut self,
+        sid: SourceId,
+        iova: u64,
+        access: Access,
+    ) -> Result<PhysSpan, TranslateError> {
+        self.t.lookup(sid, iova, access)
+    }
+
+    /// The physical memory translations point into.
+    pub fn memory(&self) -> &Arc<PhysMemory> {
+        &self.t.shared.mem
+    }
+}
+
+impl Drop for TranslationGuard<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.t.state += 1;
+        self.t.shared.slots.exit(self.t.slot, self.t.state);
+    }
+}

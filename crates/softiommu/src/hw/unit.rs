@@ -1,0 +1,655 @@
+//! One emulated IOMMU unit (a VT-d DMA-remapping hardware unit): its
+//! configuration, its state, contexts, translators and statistics.
+//!
+//! The driver-side queue operations are in `submit`, the unit's processing
+//! of the queue in `processor`, translation in `translator`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use super::barrier::{Barrier, DrainBarrier};
+use super::context::{self, ContextEntry, ContextTable, SourceId};
+use super::descriptor::{ContextScope, InvDescriptor, Limits};
+use super::epoch::Slots;
+use super::error::HwError;
+use super::fault::FaultLog;
+use super::inv_queue::{InvQueue, QueueFault, MAX_QUEUE_ORDER};
+use super::iotlb::{Iotlb, IotlbConfig};
+use super::latency::{LatencyModel, LiveLatency};
+use super::translator::Translator;
+use crate::mem::{PhysAddr, PhysMemory, PAGE_SIZE};
+
+/// Who carries out the invalidation queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum QueueMode {
+    /// The submitting thread, under the unit's processing lock, right after
+    /// it rings the doorbell.
+    #[default]
+    Inline,
+    /// A thread of the unit's own, woken by the doorbell.
+    Thread,
+}
+
+/// How a unit is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UnitConfig {
+    /// The IOTLB's shape.
+    pub iotlb: IotlbConfig,
+    /// log2 of the number of domain ids (VT-d `CAP.ND` gives 4 + 2·ND); at
+    /// most 16.
+    pub domain_bits: u32,
+    /// The largest page-selective address mask (VT-d `CAP.MAMV`), at most
+    /// 63. The default, 18, lets one descriptor cover a 1 GiB leaf.
+    pub max_address_mask: u8,
+    /// The invalidation queue holds 256 << `queue_order` descriptors
+    /// (`IQA_REG.QS`, at most 7).
+    pub queue_order: u32,
+    /// Who processes the queue.
+    pub queue_mode: QueueMode,
+    /// Fault records held before the log overflows.
+    pub fault_log_capacity: usize,
+    /// Translators that may exist at once.
+    pub max_translators: usize,
+    /// Modelled hardware latencies.
+    pub latency: LatencyModel,
+    /// The fence pair of the drain protocol.
+    pub drain_barrier: DrainBarrier,
+}
+
+impl Default for UnitConfig {
+    fn default() -> Self {
+        Self {
+            iotlb: IotlbConfig::default(),
+            domain_bits: 16,
+            max_address_mask: 18,
+            queue_order: 0,
+            queue_mode: QueueMode::Inline,
+            fault_log_capacity: 256,
+            max_translators: 64,
+            latency: LatencyModel::zero(),
+            drain_barrier: DrainBarrier::Auto,
+        }
+    }
+}
+
+impl UnitConfig {
+    fn check(&self) -> Result<(), HwError> {
+        let bad = |field, value: u64| Err(HwError::InvalidConfig { field, value });
+        if !self.iotlb.is_valid() {
+            return if self.iotlb.sets.is_power_of_two() {
+                bad("iotlb.ways", self.iotlb.ways as u64)
+            } else {
+                bad("iotlb.sets", self.iotlb.sets as u64)
+            };
+        }
+        if self.domain_bits > 16 {
+            return bad("domain_bits", u64::from(self.domain_bits));
+        }
+        if self.max_address_mask > 63 {
+            return bad("max_address_mask", u64::from(self.max_address_mask));
+        }
+        if self.queue_order > MAX_QUEUE_ORDER {
+            return bad("queue_order", u64::from(self.queue_order));
+        }
+        if self.fault_log_capacity == 0 {
+            return bad("fault_log_capacity", 0);
+        }
+        if !(1..=4096).contains(&self.max_translators) {
+            return bad("max_translators", self.max_translators as u64);
+        }
+        Ok(())
+    }
+}
+
+/// Counters of the unit's slow paths (queue, drain), Relaxed atomics.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) descriptors: AtomicU64,
+    pub(crate) context_invalidations: AtomicU64,
+    pub(crate) iotlb_global: AtomicU64,
+    pub(crate) iotlb_domain: AtomicU64,
+    pub(crate) iotlb_pages: AtomicU64,
+    pub(crate) entries_cleared: AtomicU64,
+    pub(crate) waits: AtomicU64,
+    pub(crate) completion_events: AtomicU64,
+    pub(crate) drains: AtomicU64,
+    pub(crate) drain_waited: AtomicU64,
+    pub(crate) drain_ns: AtomicU64,
+    pub(crate) modelled_ns: AtomicU64,
+    pub(crate) queue_errors: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        if n != 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A snapshot of a unit's counters. Translation counts are per translator
+/// ([`Translator::stats`]): keeping them here would put a shared write on
+/// every translation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UnitStats {
+    /// Descriptors carried out.
+    pub descriptors: u64,
+    /// Context-cache invalidations carried out.
+    pub context_invalidations: u64,
+    /// Global IOTLB invalidations.
+    pub iotlb_global: u64,
+    /// Domain-selective IOTLB invalidations.
+    pub iotlb_domain: u64,
+    /// Page-selective IOTLB invalidations.
+    pub iotlb_pages: u64,
+    /// IOTLB entries cleared by page-selective invalidations.
+    pub entries_cleared: u64,
+    /// Wait descriptors completed.
+    pub waits: u64,
+    /// Waits with IF set (completion events).
+    pub completion_events: u64,
+    /// Drains run (waits that followed an invalidation).
+    pub drains: u64,
+    /// Translator sections a drain found active and waited for.
+    pub drain_waited: u64,
+    /// Real time spent draining, in nanoseconds.
+    pub drain_ns: u64,
+    /// Modelled time charged by the queue (not walks), in nanoseconds.
+    pub modelled_ns: u64,
+    /// Invalidation-queue errors raised.
+    pub queue_errors: u64,
+    /// Faults seen (recorded or dropped).
+    pub faults: u64,
+    /// Valid IOTLB entries now.
+    pub iotlb_entries: u64,
+}
+
+/// The processor's state, under the processing lock.
+#[derive(Debug, Default)]
+pub(crate) struct ProcState {
+    /// An invalidation ran since the last drain.
+    pub(crate) dirty: bool,
+}
+
+/// A domain id in use and the root its devices share.
+#[derive(Debug, Clone, Copy)]
+struct Binding {
+    root: PhysAddr,
+    devices: usize,
+}
+
+/// The state a unit shares with its translators and its thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) mem: Arc<PhysMemory>,
+    pub(crate) config: UnitConfig,
+    pub(crate) barrier: Barrier,
+    pub(crate) contexts: ContextTable,
+    pub(crate) iotlb: Iotlb,
+    pub(crate) slots: Slots,
+    pub(crate) faults: FaultLog,
+    pub(crate) latency: LiveLatency,
+    pub(crate) counters: Counters,
+    pub(crate) queue: InvQueue,
+    pub(crate) limits: Limits,
+    /// The submission lock: whoever holds it owns the tail.
+    pub(crate) submit: Mutex<()>,
+    /// The next wait ticket (written under `submit`).
+    pub(crate) next_ticket: AtomicU32,
+    /// The unit's own status word, for tickets.
+    pub(crate) status: PhysAddr,
+    /// Ticket ranges (inclusive) that a queue error or a discard failed.
+    pub(crate) failed: Mutex<Vec<(u32, u32, QueueFault)>>,
+    /// The processing lock: whoever holds it owns the head.
+    pub(crate) proc: Mutex<ProcState>,
+    /// Guards the two condition variables below.
+    pub(crate) signal: Mutex<()>,
+    /// Rung when the tail moves or the queue recovers (thread mode).
+    pub(crate) doorbell: Condvar,
+    /// Rung when a processing pass ends.
+    pub(crate) done: Condvar,
+    pub(crate) shutdown: AtomicBool,
+    bindings: Mutex<HashMap<u16, Binding>>,
+}
+
+/// Takes a lock, taking over a poisoned one: every critical section of the
+/// unit leaves its data consistent at each step.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A token for the calling thread, unique among live threads, non-zero.
+pub(crate) fn thread_token() -> usize {
+    thread_local!(static TOKEN: u8 = const { 0 });
+    TOKEN.with(|t| t as *const u8 as usize)
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Cannot fail: allocated in `Unit::new` with order 0.
+        let _ = self.mem.free_frames(self.status, 0);
+    }
+}
+
+/// An emulated IOMMU unit. See the [module documentation](super).
+pub struct Unit {
+    pub(crate) shared: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Unit")
+            .field("config", &self.shared.config)
+            .field("barrier", &self.shared.barrier)
+            .field("queue", &self.queue_registers())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Unit {
+    /// A unit translating into `mem` (where its queue and status word are
+    /// allocated, and where the page tables it walks must live).
+    pub fn new(mem: Arc<PhysMemory>, config: UnitConfig) -> Result<Self, HwError> {
+        config.check()?;
+        let barrier =
+            Barrier::resolve(config.drain_barrier).ok_or(HwError::MembarrierUnavailable)?;
+        let domains = 1usize << config.domain_bits;
+        let queue = InvQueue::new(mem.clone(), config.queue_order)?;
+        // On failure, `queue` frees its ring as it drops.
+        let status = mem.alloc_zeroed_frames(0)?;
+        let shared = Arc::new(Shared {
+            config,
+            barrier,
+            contexts: ContextTable::new(),
+            iotlb: Iotlb::new(config.iotlb, domains),
+            slots: Slots::new(config.max_translators),
+            faults: FaultLog::new(config.fault_log_capacity),
+            latency: LiveLatency::new(config.latency),
+            counters: Counters::default(),
+            queue,
+            limits: Limits {
+                domains: domains as u32,
+                mamv: config.max_address_mask,
+            },
+            submit: Mutex::new(()),
+            next_ticket: AtomicU32::new(1),
+            status,
+            failed: Mutex::new(Vec::new()),
+            proc: Mutex::new(ProcState::default()),
+            signal: Mutex::new(()),
+            doorbell: Condvar::new(),
+            done: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            bindings: Mutex::new(HashMap::new()),
+            mem,
+        });
+        let worker = match config.queue_mode {
+            QueueMode::Inline => None,
+            QueueMode::Thread => {
+                let s = Arc::clone(&shared);
+                Some(
+                    std::thread::Builder::new()
+                        .name("softiommu-unit".into())
+                        .spawn(move || s.worker())
+                        .map_err(|e| HwError::InvalidConfig {
+                            field: "queue_mode (thread spawn failed)",
+                            value: e.raw_os_error().unwrap_or(0) as u64,
+                        })?,
+                )
+            }
+        };
+        Ok(Self { shared, worker })
+    }
+
+    /// The configuration it was built with (the latency model may have
+    /// changed since: see [`latency`](Self::latency)).
+    pub fn config(&self) -> &UnitConfig {
+        &self.shared.config
+    }
+
+    /// The physical memory it translates into.
+    pub fn memory(&self) -> &Arc<PhysMemory> {
+        &self.shared.mem
+    }
+
+    /// The fence pair its drain uses: `"membarrier"` or `"fence"`.
+    pub fn drain_barrier(&self) -> &'static str {
+        self.shared.barrier.name()
+    }
+
+    /// The number of domain ids it supports.
+    pub fn domains(&self) -> u32 {
+        self.shared.limits.domains
+    }
+
+    // ----- contexts -----
+
+    /// Writes `sid`'s context entry (`None`: not present), as a driver
+    /// writing the context table; returns the old one. Translations already
+    /// in flight may still use the old entry: follow with a context-cache
+    /// invalidation and a wait ([`attach`](Self::attach) does).
+    ///
+    /// Every device of one domain id must use the same root; a domain id
+    /// that no device uses any more is released, and taking it again starts
+    /// it with a fresh generation (nothing cached under its earlier life can
+    /// hit).
+    pub fn set_context(
+        &self,
+        sid: SourceId,
+        ctx: Option<ContextEntry>,
+    ) -> Result<Option<ContextEntry>, HwError> {
+        let sh = &*self.shared;
+        let mut bindings = lock(&sh.bindings);
+        if let Some(ContextEntry::Translated { did, root }) = ctx {
+            if u32::from(did) >= sh.limits.domains {
+                return Err(HwError::DomainOutOfRange {
+                    did,
+                    domains: sh.limits.domains,
+                });
+            }
+            if root & (PAGE_SIZE - 1) != 0
+                || root
+                    .checked_add(PAGE_SIZE)
+                    .is_none_or(|e| e > sh.mem.size())
+            {
+                return Err(HwError::BadRoot { root });
+            }
+            match bindings.get(&did) {
+                Some(b) if b.root != root => {
+                    return Err(HwError::DomainRootMismatch {
+                        did,
+                        bound: b.root,
+                        asked: root,
+                    })
+                }
+                Some(_) => {}
+                None => sh.iotlb.invalidate_domain(did),
+            }
+        }
+        let old = context::decode(sh.contexts.store(sid, context::encode(ctx)));
+        if let Some(ContextEntry::Translated { did, root }) = ctx {
+            bindings
+                .entry(did)
+                .or_insert(Binding { root, devices: 0 })
+                .devices += 1;
+        }
+        if let Some(ContextEntry::Translated { did, .. }) = old {
+            if let Some(b) = bindings.get_mut(&did) {
+                b.devices -= 1;
+                if b.devices == 0 {
+                    bindings.remove(&did);
+                }
+            }
+        }
+        Ok(old)
+    }
+
+    /// Gives `sid` the context `ctx` and waits until no translation that
+    /// used its old context is still in flight (a device-selective
+    /// context-cache invalidation and a wait).
+    pub fn attach(&self, sid: SourceId, ctx: ContextEntry) -> Result<(), HwError> {
+        self.replace_context(sid, Some(ctx))
+    }
+
+    /// Removes `sid`'s context (its requests fault as having none), and
+    /// waits as [`attach`](Self::attach) does.
+    pub fn detach(&self, sid: SourceId) -> Result<(), HwError> {
+        self.replace_context(sid, None)
+    }
+
+    fn replace_context(&self, sid: SourceId, ctx: Option<ContextEntry>) -> Result<(), HwError> {
+        self.shared.check_caller()?;
+        let old = self.set_context(sid, ctx)?;
+        let did = match (old, ctx) {
+            (Some(ContextEntry::Translated { did, .. }), _) => did,
+            (_, Some(ContextEntry::Translated { did, .. })) => did,
+            _ => 0,
+        };
+        let cc = InvDescriptor::context(ContextScope::Device {
+            did,
+            source: sid,
+            function_mask: 0,
+        });
+        let mut batch = self.batch();
+        batch.push(cc);
+        batch.wait()?;
+        Ok(())
+    }
+
+    /// `sid`'s context entry now.
+    pub fn context(&self, sid: SourceId) -> Option<ContextEntry> {
+        context::decode(self.shared.contexts.load(sid))
+    }
+
+    // ----- device side -----
+
+    /// A translator for the calling thread (one per device thread).
+    pub fn translator(&self) -> Result<Translator, HwError> {
+        let sh = &self.shared;
+        let (slot, state) = sh
+            .slots
+            .claim(thread_token())
+            .ok_or(HwError::TooManyTranslators {
+                max: sh.slots.capacity(),
+            })?;
+        Ok(Translator::new(Arc::clone(sh), slot, state))
+    }
+
+    // ----- faults, latency, statistics -----
+
+    /// The fault log.
+    pub fn faults(&self) -> &FaultLog {
+        &self.shared.faults
+    }
+
+    /// The latency model in force.
+    pub fn latency(&self) -> LatencyModel {
+        self.shared.latency.get()
+    }
+
+    /// Changes the latency model; takes effect at the next charge.
+    pub fn set_latency(&self, model: LatencyModel) {
+        self.shared.latency.set(model);
+    }
+
+    /// The unit's counters now.
+    pub fn stats(&self) -> UnitStats {
+        let c = &self.shared.counters;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        UnitStats {
+            descriptors: r(&c.descriptors),
+            context_invalidations: r(&c.context_invalidations),
+            iotlb_global: r(&c.iotlb_global),
+            iotlb_domain: r(&c.iotlb_domain),
+            iotlb_pages: r(&c.iotlb_pages),
+            entries_cleared: r(&c.entries_cleared),
+            waits: r(&c.waits),
+            completion_events: r(&c.completion_events),
+            drains: r(&c.drains),
+            drain_waited: r(&c.drain_waited),
+            drain_ns: r(&c.drain_ns),
+            modelled_ns: r(&c.modelled_ns),
+            queue_errors: r(&c.queue_errors),
+            faults: self.shared.faults.total(),
+            iotlb_entries: self.shared.iotlb.occupancy() as u64,
+        }
+    }
+}
+
+impl Drop for Unit {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        {
+            let _g = lock(&self.shared.signal);
+            self.shared.doorbell.notify_all();
+            self.shared.done.notify_all();
+        }
+        if let Some(w) = self.worker.take() {
+            // A panic on the unit thread has already been reported; there
+            // is nothing more to do with it here.
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::hw::{Access, TranslateError};
+    use crate::pgtable::{IoPageTable, Perm, VtdConfig, VtdPageTable};
+
+    fn setup() -> (Arc<PhysMemory>, Unit, VtdPageTable) {
+        let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
+        let unit = Unit::new(mem.clone(), UnitConfig::default()).unwrap();
+        let table = VtdPageTable::new(mem.clone(), VtdConfig::default()).unwrap();
+        (mem, unit, table)
+    }
+
+    #[test]
+    fn configurations_are_checked() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let bad = |c: UnitConfig| Unit::new(mem.clone(), c).unwrap_err();
+        let d = UnitConfig::default();
+        assert!(matches!(
+            bad(UnitConfig {
+                iotlb: IotlbConfig { sets: 3, ways: 1 },
+                ..d
+            }),
+            HwError::InvalidConfig {
+                field: "iotlb.sets",
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad(UnitConfig {
+                domain_bits: 17,
+                ..d
+            }),
+            HwError::InvalidConfig { .. }
+        ));
+        assert!(matches!(
+            bad(UnitConfig {
+                queue_order: 8,
+                ..d
+            }),
+            HwError::InvalidConfig { .. }
+        ));
+        assert!(matches!(
+            bad(UnitConfig {
+                max_translators: 0,
+                ..d
+            }),
+            HwError::InvalidConfig { .. }
+        ));
+        let tiny = Arc::new(PhysMemory::new(4096).unwrap());
+        assert!(matches!(Unit::new(tiny, d).unwrap_err(), HwError::Mem(_)));
+    }
+
+    #[test]
+    fn contexts_bind_domains_to_one_root() {
+        let (mem, unit, table) = setup();
+        let other = VtdPageTable::new(mem.clone(), VtdConfig::default()).unwrap();
+        let (a, b) = (SourceId(1), SourceId(2));
+        let ctx = ContextEntry::Translated {
+            did: 5,
+            root: table.root(),
+        };
+        unit.attach(a, ctx).unwrap();
+        unit.attach(b, ctx).unwrap();
+        assert_eq!(unit.context(a), Some(ctx));
+        assert!(matches!(
+            unit.attach(
+                SourceId(3),
+                ContextEntry::Translated {
+                    did: 5,
+                    root: other.root()
+                }
+            ),
+            Err(HwError::DomainRootMismatch { did: 5, .. })
+        ));
+        assert!(matches!(
+            unit.attach(SourceId(3), ContextEntry::Translated { did: 5, root: 123 }),
+            Err(HwError::BadRoot { root: 123 })
+        ));
+        assert!(matches!(
+            unit.attach(
+                SourceId(3),
+                ContextEntry::Translated {
+                    did: 5,
+                    root: 1 << 40
+                }
+            ),
+            Err(HwError::BadRoot { .. })
+        ));
+        // Once no device uses DID 5, it may take another root.
+        unit.detach(a).unwrap();
+        unit.attach(b, ContextEntry::PassThrough).unwrap();
+        unit.attach(
+            SourceId(3),
+            ContextEntry::Translated {
+                did: 5,
+                root: other.root(),
+            },
+        )
+        .unwrap();
+        assert_eq!(unit.context(a), None);
+        assert!(unit.stats().context_invalidations >= 5);
+    }
+
+    #[test]
+    fn pass_through_and_blocked_contexts() {
+        let (_mem, unit, _table) = setup();
+        let mut t = unit.translator().unwrap();
+        let (p, b, n) = (SourceId(1), SourceId(2), SourceId(3));
+        unit.attach(p, ContextEntry::PassThrough).unwrap();
+        unit.attach(b, ContextEntry::Blocked).unwrap();
+        let r = t
+            .translate(p, 0x1234_5678, 0x10_0000, Access::Write)
+            .unwrap();
+        assert_eq!(r.as_slice().len(), 1);
+        assert_eq!(
+            (r.as_slice()[0].phys, r.total_len()),
+            (0x1234_5678, 0x10_0000)
+        );
+        assert!(matches!(
+            t.translate(p, 1 << 52, 1, Access::Read),
+            Err(TranslateError::AddressTooWide { width: 52, .. })
+        ));
+        assert_eq!(
+            t.translate(b, 0, 1, Access::Read),
+            Err(TranslateError::ContextBlocked { sid: b })
+        );
+        assert_eq!(
+            t.translate(n, 0, 1, Access::Read),
+            Err(TranslateError::NoContext { sid: n })
+        );
+        assert_eq!(unit.faults().len(), 3);
+        assert_eq!(t.stats().faults, 3);
+        let _ = Perm::RW;
+    }
+
+    #[test]
+    fn translators_are_bounded() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let unit = Unit::new(
+            mem,
+            UnitConfig {
+                max_translators: 2,
+                ..UnitConfig::default()
+            },
+        )
+        .unwrap();
+        let a = unit.translator().unwrap();
+        let _b = unit.translator().unwrap();
+        assert_eq!(
+            unit.translator().unwrap_err(),
+            HwError::TooManyTranslators { max: 2 }
+        );
+        drop(a);
+        unit.translator().unwrap();
+    }
+}
