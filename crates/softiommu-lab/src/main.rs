@@ -44,6 +44,8 @@ enum BenchCmd {
     Dma(bench::dma::DmaBenchArgs),
     /// Device-side translation: IOTLB hits vs vm-memory's Iotlb, and walks.
     Translate(bench::translate::TranslateBenchArgs),
+    /// Seed 001: a NIC ring per DMA access ordering (relaxed, ordered, full, vm-memory).
+    Access(bench::access::AccessBenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -52,6 +54,8 @@ enum LabCmd {
     IovaAging(lab::iova_aging::AgingArgs),
     /// Seed 000: a UDP stream through a NIC ring, per DMA policy.
     NetperfUdp(lab::netperf_udp::NetperfArgs),
+    /// Seed 001: message-passing and store-buffering litmus tests, device vs CPU.
+    Litmus(lab::litmus::LitmusArgs),
 }
 
 fn print_json<T: serde::Serialize>(v: &T) {
@@ -89,6 +93,20 @@ fn main() -> std::process::ExitCode {
                 print_json(&r);
             } else {
                 print!("{}", bench::translate::render(&r));
+            }
+        }),
+        Cmd::Bench(BenchCmd::Access(a)) => bench::access::run(&a).map(|r| {
+            if a.json {
+                print_json(&r);
+            } else {
+                print!("{}", bench::access::render(&r));
+            }
+        }),
+        Cmd::Lab(LabCmd::Litmus(a)) => lab::litmus::run(&a).map(|r| {
+            if a.json {
+                print_json(&r);
+            } else {
+                print!("{}", lab::litmus::render(&r));
             }
         }),
         Cmd::Lab(LabCmd::IovaAging(a)) => lab_aging(&a),

@@ -66,6 +66,20 @@ pub fn run(json: bool) -> Result<(), String> {
         json,
     })?;
     s.emit(bench::dma::render(&r), &r)?;
+    let r = bench::access::run(&bench::access::AccessBenchArgs {
+        ring: 256,
+        buf_bytes: 64,
+        seconds: 1.0,
+        rounds: 41,
+        json,
+    })?;
+    s.emit(bench::access::render(&r), &r)?;
+    let r = lab::litmus::run(&lab::litmus::LitmusArgs {
+        runs: 1_000_000,
+        quick: true,
+        json,
+    })?;
+    s.emit(lab::litmus::render(&r), &r)?;
     for msg_size in [32, 16384] {
         let r = lab::netperf_udp::run(&lab::netperf_udp::NetperfArgs {
             msg_size,

@@ -13,12 +13,16 @@
 //! - [`hw`]: the emulated IOMMU unit: contexts, a page walker over those
 //!   bytes, a lock-free IOTLB, an invalidation queue of real VT-d
 //!   descriptors with drain semantics, a fault log and a latency model.
+//! - [`access`]: the device side: DMA reads, writes and typed loads and
+//!   stores at IOVAs, ordered by `DmaAttrs` with the lightest correct fence,
+//!   zero-copy mappings, and vm-memory's `Iommu` trait for `IommuMemory`.
 //!
 //! See `docs/ARCHITECTURE.md` in the repository for the whole map.
 
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
 
+pub mod access;
 pub mod dma;
 pub mod hw;
 pub mod iova;

@@ -199,6 +199,7 @@ fn every_bad_request_is_a_typed_error_and_a_fault() {
             FaultReason::AddressTooWide,
             FaultReason::AddressTooWide,
             FaultReason::PermissionDenied,
+            FaultReason::ZeroLength,
         ]
     );
     assert_eq!(log.records[2].iova, 0x2000, "the first unmapped byte");

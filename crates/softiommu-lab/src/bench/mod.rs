@@ -1,5 +1,6 @@
 //! Micro-benchmarks: each prints a table, or one JSON object with `--json`.
 
+pub mod access;
 pub mod dma;
 pub mod iova;
 pub mod iova_peers;

@@ -2,5 +2,6 @@
 
 pub mod cpu_clock;
 pub mod iova_aging;
+pub mod litmus;
 pub mod netperf_udp;
 pub mod packet;

@@ -8,8 +8,8 @@ use super::system::UnitId;
 use crate::mem::{MemError, PhysAddr};
 use crate::pgtable::Perm;
 
-/// Why a translation failed. Every variant but [`ZeroLength`] is a device
-/// fault and is also recorded in the unit's fault log.
+/// Why a translation failed. Every variant is also recorded in the unit's
+/// fault log ([`ZeroLength`] as a malformed request).
 ///
 /// [`ZeroLength`]: TranslateError::ZeroLength
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -96,7 +96,7 @@ impl TranslateError {
     /// The fault reason recorded for it (`None` for a caller error).
     pub fn reason(&self) -> Option<FaultReason> {
         Some(match self {
-            TranslateError::ZeroLength { .. } => return None,
+            TranslateError::ZeroLength { .. } => FaultReason::ZeroLength,
             TranslateError::NoContext { .. } => FaultReason::NoContext,
             TranslateError::ContextBlocked { .. } => FaultReason::ContextBlocked,
             TranslateError::AddressTooWide { .. } => FaultReason::AddressTooWide,

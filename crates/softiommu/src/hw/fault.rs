@@ -56,6 +56,9 @@ pub enum FaultReason {
     ReservedEntry,
     /// A table address lies outside physical memory.
     BadTableAddress,
+    /// A request of no bytes: malformed, recorded so that the log shows
+    /// every bad request a device made.
+    ZeroLength,
 }
 
 impl FaultReason {
@@ -78,6 +81,8 @@ impl FaultReason {
             FaultReason::BadTableAddress => 0x7,
             // LSL.2: a reserved field is set in a second-level entry.
             FaultReason::ReservedEntry => 0xc,
+            // No VT-d code: a zero-length request cannot reach the hardware.
+            FaultReason::ZeroLength => 0x0,
         }
     }
 }

@@ -354,7 +354,9 @@ impl TranslationGuard<'_> {
         access: Access,
     ) -> Result<PhysRanges, TranslateError> {
         if len == 0 {
-            return Err(TranslateError::ZeroLength { sid, iova });
+            return Err(self
+                .t
+                .fault(TranslateError::ZeroLength { sid, iova }, iova, access));
         }
         if let Some(first) = self.t.hit(sid, iova, access) {
             if first.len >= len {

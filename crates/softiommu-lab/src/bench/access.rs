@@ -1,0 +1,347 @@
+//! `softiommu bench access`: what ordering costs a device (seed `001`'s
+//! "write a microbenchmark"). An emulated NIC serves a ring: per
+//! descriptor it reads the 16-byte descriptor, reads the buffer it names,
+//! writes the buffer back and writes the descriptor's status word — four
+//! DMA accesses through the unit's translation.
+//!
+//! Modes, side by side in one run (rounds interleaved, median round
+//! reported):
+//!
+//! - `relaxed`: no fence;
+//! - `ordered`: the default accessors (acquire/release, and a store-load
+//!   fence before the descriptor read that follows the last status store);
+//! - `full`: a full fence before every access (QEMU's `smp_mb()`);
+//! - `vm-memory`: the same four accesses through vm-memory's
+//!   `IommuMemory` over our unit (`read_slice`, `read_slice`,
+//!   `write_slice`, a release `store` of the status), as a rust-vmm device
+//!   would make them.
+//!
+//! The device runs alone on its thread (the guest posts the ring once), so
+//! the figures are the device's own cost per descriptor. Every figure is
+//! measured; nothing is modelled.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use softiommu::access::{DmaAccessor, OrderMode, PhysGuestMemory, UnitIommu};
+use softiommu::dma::{DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaPolicy};
+use softiommu::hw::{SourceId, System, UnitConfig};
+use softiommu::mem::{PhysMemory, PAGE_SIZE};
+use vm_memory::{Bytes, GuestAddress, IommuMemory};
+
+use crate::table::Table;
+
+/// Options of `bench access`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AccessBenchArgs {
+    /// Descriptors in the ring.
+    #[arg(long, default_value_t = 256)]
+    pub ring: u32,
+    /// Bytes per buffer (the device reads and writes back all of them).
+    /// The default, a minimum Ethernet frame, is where the fences' share
+    /// of the work is largest; 1500 is an MTU-sized one.
+    #[arg(long, default_value_t = 64)]
+    pub buf_bytes: u32,
+    /// Seconds of measurement per mode, split over the rounds.
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
+    /// Interleaved rounds (each runs every mode once, in rotating order);
+    /// the median round is reported. Many short rounds let every mode see
+    /// the same background load.
+    #[arg(long, default_value_t = 41)]
+    pub rounds: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One mode's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct AccessResult {
+    /// "relaxed", "ordered", "full" or "vm-memory".
+    pub mode: String,
+    /// Nanoseconds per descriptor served (median round).
+    pub ns_per_op: f64,
+    /// Fastest and slowest rounds, for the spread.
+    pub min_ns_per_op: f64,
+    /// Slowest round.
+    pub max_ns_per_op: f64,
+    /// The median, over rounds, of this mode's time over `relaxed`'s in
+    /// the same round (paired, so robust to load that changes between
+    /// rounds).
+    pub vs_relaxed: f64,
+    /// Full fences per descriptor (store-load fences in `ordered`); none
+    /// are counted for `vm-memory`, which issues none.
+    pub full_fences_per_op: f64,
+}
+
+/// The JSON object `bench access --json` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct AccessBenchReport {
+    /// Always "access".
+    pub bench: &'static str,
+    /// The CPU architecture the fences compiled for.
+    pub arch: &'static str,
+    /// The unit's drain barrier ("membarrier": translations pay no fence
+    /// of their own; "fence": every translation pays a full fence).
+    pub drain_barrier: &'static str,
+    /// Descriptors in the ring.
+    pub ring: u32,
+    /// Bytes per buffer.
+    pub buf_bytes: u32,
+    /// Rounds per mode.
+    pub rounds: usize,
+    /// Which figures are measured: all of them.
+    pub measured: &'static str,
+    /// One entry per mode.
+    pub results: Vec<AccessResult>,
+}
+
+const SID: SourceId = SourceId(0x0600);
+/// Descriptor layout: buffer IOVA (u64), length (u32), status (u32).
+const DESC_BYTES: u64 = 16;
+const STATUS_OFF: u64 = 12;
+const DONE: u32 = 1;
+
+/// The ring and its buffers, posted by the guest.
+struct Ring {
+    mem: Arc<PhysMemory>,
+    dev: DmaDevice,
+    ring_iova: u64,
+    n: u64,
+    buf_bytes: usize,
+    drain_barrier: &'static str,
+    _domain: Arc<DmaDomain>,
+}
+
+fn setup(args: &AccessBenchArgs) -> Result<Ring, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let n = u64::from(args.ring.max(1));
+    let buf_bytes = args.buf_bytes.clamp(1, PAGE_SIZE as u32) as usize;
+    let mem = Arc::new(PhysMemory::new(1 << 30).map_err(|x| e(&x))?);
+    let mut sys = System::new(mem.clone());
+    let u = sys.add_unit(UnitConfig::default()).map_err(|x| e(&x))?;
+    sys.assign(SID, u).map_err(|x| e(&x))?;
+    let drain_barrier = sys.unit(u).map_or("fence", |u| u.drain_barrier());
+    let domain = DmaDomain::new(
+        Arc::new(sys),
+        DmaDomainConfig {
+            policy: DmaPolicy::Strict,
+            bounce_bytes: 0,
+            ..DmaDomainConfig::default()
+        },
+    )
+    .map_err(|x| e(&x))?;
+    let dev = domain.attach(SID, u64::MAX, false).map_err(|x| e(&x))?;
+    let mut cpu = domain.cpu();
+    let (ring_phys, ring_iova) = cpu
+        .alloc_coherent(&dev, n * DESC_BYTES)
+        .map_err(|x| e(&x))?;
+    for i in 0..n {
+        // One page per buffer, each mapped on its own, as a driver maps
+        // packet buffers.
+        let phys = mem.alloc_zeroed_frames(0).map_err(|x| e(&x))?;
+        mem.fill(phys, buf_bytes as u64, i as u8)
+            .map_err(|x| e(&x))?;
+        let iova = cpu
+            .map(&dev, phys, buf_bytes as u64, DmaDirection::Bidirectional)
+            .map_err(|x| e(&x))?;
+        let mut d = [0u8; DESC_BYTES as usize];
+        d[..8].copy_from_slice(&iova.to_le_bytes());
+        d[8..12].copy_from_slice(&(buf_bytes as u32).to_le_bytes());
+        mem.write(ring_phys + i * DESC_BYTES, &d)
+            .map_err(|x| e(&x))?;
+    }
+    Ok(Ring {
+        mem,
+        dev,
+        ring_iova,
+        n,
+        buf_bytes,
+        drain_barrier,
+        _domain: domain,
+    })
+}
+
+fn parse_desc(d: &[u8; 16]) -> (u64, usize) {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&d[..8]);
+    let mut l = [0u8; 4];
+    l.copy_from_slice(&d[8..12]);
+    (u64::from_le_bytes(a), u32::from_le_bytes(l) as usize)
+}
+
+/// One device's state per mode.
+enum Device {
+    Accessor(DmaAccessor, OrderMode),
+    VmMemory(Box<IommuMemory<PhysGuestMemory, UnitIommu>>),
+}
+
+impl Device {
+    fn name(&self) -> &'static str {
+        match self {
+            Device::Accessor(_, m) => m.name(),
+            Device::VmMemory(_) => "vm-memory",
+        }
+    }
+
+    fn full_fences(&self) -> u64 {
+        match self {
+            Device::Accessor(a, _) => a.stats().full_fences,
+            Device::VmMemory(_) => 0,
+        }
+    }
+
+    /// Serves descriptor `i`.
+    #[inline(always)]
+    fn serve(&mut self, ring: &Ring, i: u64, buf: &mut [u8]) -> Result<(), String> {
+        let at = ring.ring_iova + i * DESC_BYTES;
+        let mut d = [0u8; DESC_BYTES as usize];
+        match self {
+            Device::Accessor(acc, mode) => {
+                let a = mode.attrs();
+                acc.read(at, &mut d, a).map_err(|e| e.to_string())?;
+                let (addr, len) = parse_desc(&d);
+                let b = buf.get_mut(..len).ok_or("descriptor too long")?;
+                acc.read(addr, b, a).map_err(|e| e.to_string())?;
+                acc.write(addr, b, a).map_err(|e| e.to_string())?;
+                acc.write_u32(at + STATUS_OFF, DONE, a)
+                    .map_err(|e| e.to_string())?;
+            }
+            Device::VmMemory(m) => {
+                m.read_slice(&mut d, GuestAddress(at))
+                    .map_err(|e| e.to_string())?;
+                let (addr, len) = parse_desc(&d);
+                let b = buf.get_mut(..len).ok_or("descriptor too long")?;
+                m.read_slice(b, GuestAddress(addr))
+                    .map_err(|e| e.to_string())?;
+                m.write_slice(b, GuestAddress(addr))
+                    .map_err(|e| e.to_string())?;
+                m.store(DONE, GuestAddress(at + STATUS_OFF), Ordering::Release)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One round of one mode: ns per descriptor and full fences issued.
+fn round(dev: &mut Device, ring: &Ring, budget: Duration) -> Result<(f64, u64, u64), String> {
+    let mut buf = vec![0u8; ring.buf_bytes];
+    let f0 = dev.full_fences();
+    let (mut ops, mut i) = (0u64, 0u64);
+    let start = Instant::now();
+    while start.elapsed() < budget {
+        for _ in 0..64 {
+            dev.serve(ring, i, &mut buf)?;
+            i += 1;
+            if i == ring.n {
+                i = 0;
+            }
+        }
+        ops += 64;
+    }
+    let ns = start.elapsed().as_nanos() as f64 / ops as f64;
+    Ok((ns, ops, dev.full_fences() - f0))
+}
+
+/// Runs the bench.
+pub fn run(args: &AccessBenchArgs) -> Result<AccessBenchReport, String> {
+    let ring = setup(args)?;
+    let mut devices: Vec<Device> = OrderMode::ALL
+        .into_iter()
+        .map(|m| {
+            DmaAccessor::for_device(&ring.dev)
+                .map(|a| Device::Accessor(a, m))
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let view = UnitIommu::for_device(&ring.dev).map_err(|e| e.to_string())?;
+    devices.push(Device::VmMemory(Box::new(IommuMemory::new(
+        PhysGuestMemory::new(ring.mem.clone()),
+        view,
+        true,
+        (),
+    ))));
+    let rounds = args.rounds.max(1);
+    let budget = Duration::from_secs_f64(args.seconds.max(0.01) / rounds as f64);
+    // Warm the IOTLBs, the caches and the clock.
+    for d in devices.iter_mut() {
+        round(d, &ring, Duration::from_millis(20))?;
+    }
+    let mut per: Vec<Vec<(f64, u64, u64)>> = devices.iter().map(|_| Vec::new()).collect();
+    for r in 0..rounds {
+        // Rotate the starting mode so none always runs first.
+        for k in 0..devices.len() {
+            let j = (k + r) % devices.len();
+            per[j].push(round(&mut devices[j], &ring, budget)?);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let results = devices
+        .iter()
+        .zip(per.iter())
+        .map(|(d, v)| {
+            let ops: u64 = v.iter().map(|x| x.1).sum();
+            let fences: u64 = v.iter().map(|x| x.2).sum();
+            let (lo, hi) = v
+                .iter()
+                .fold((f64::MAX, 0f64), |(lo, hi), x| (lo.min(x.0), hi.max(x.0)));
+            let ratios = v.iter().zip(&per[0]).map(|(x, r)| x.0 / r.0).collect();
+            AccessResult {
+                mode: d.name().to_string(),
+                ns_per_op: median(v.iter().map(|x| x.0).collect()),
+                min_ns_per_op: lo,
+                max_ns_per_op: hi,
+                vs_relaxed: median(ratios),
+                full_fences_per_op: fences as f64 / ops.max(1) as f64,
+            }
+        })
+        .collect();
+    Ok(AccessBenchReport {
+        bench: "access",
+        arch: std::env::consts::ARCH,
+        drain_barrier: ring.drain_barrier,
+        ring: args.ring,
+        buf_bytes: ring.buf_bytes as u32,
+        rounds,
+        measured: "all",
+        results,
+    })
+}
+
+/// Renders the report for the terminal.
+pub fn render(r: &AccessBenchReport) -> String {
+    let mut t = Table::new(&[
+        "mode",
+        "ns/descriptor",
+        "vs relaxed",
+        "min",
+        "max",
+        "full fences/op",
+    ]);
+    for x in &r.results {
+        t.row(vec![
+            x.mode.clone(),
+            format!("{:.1}", x.ns_per_op),
+            format!("{:.3}x", x.vs_relaxed),
+            format!("{:.1}", x.min_ns_per_op),
+            format!("{:.1}", x.max_ns_per_op),
+            format!("{:.2}", x.full_fences_per_op),
+        ]);
+    }
+    format!(
+        "bench access: NIC ring (read descriptor, read {} B buffer, write it back, write status), {} descriptors, {} ({} drain barrier), median of {} rounds; all figures measured\n{}",
+        r.buf_bytes,
+        r.ring,
+        r.arch,
+        r.drain_barrier,
+        r.rounds,
+        t.render()
+    )
+}

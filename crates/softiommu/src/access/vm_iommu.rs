@@ -1,0 +1,296 @@
+//! [`UnitIommu`]: vm-memory's [`Iommu`] trait for one device's view of a
+//! softiommu unit, so that `vm_memory::IommuMemory` — and every rust-vmm
+//! crate written against `GuestMemory`, such as `virtio-queue` — reaches
+//! guest memory through softiommu's translation, with its permissions, its
+//! faults and its invalidations.
+//!
+//! # How a translation is served
+//!
+//! vm-memory asks an `Iommu` to serve every translation from an [`Iotlb`]
+//! of its own. Each thread keeps one per device (see `vm_thread`), filled
+//! from the unit on a miss, page by page (a page's leaf, its rights, as far
+//! as it runs), and dropped whole when the device's invalidation epoch
+//! moves (see `epoch`): a revoked mapping is never served from it after
+//! the invalidation's wait has completed, and turns into
+//! [`iommu::Error::CannotResolve`] — with the fault in the unit's log —
+//! like any IOVA the device was not given.
+//!
+//! The guard returned with the translation holds the thread's translation
+//! section open, so a driver's wait also waits for vm-memory's copies that
+//! use it. vm-memory's own `Bytes` methods (`read`, `write`, `read_obj`,
+//! `load`, `store`, …) copy while the guard lives. A `VolatileSlice` that a
+//! caller keeps after the iterator that produced it is dropped (as
+//! `virtio-queue`'s `Reader` and `Writer` do) is outside any section: like
+//! a vhost-user back-end's slices, it stays usable after an invalidation,
+//! and keeping it short-lived is the caller's business.
+//!
+//! # Costs
+//!
+//! A hit costs a section entry (two plain stores), the epoch (a few
+//! acquire loads) and vm-memory's `Iotlb` lookup (a B-tree search); a miss
+//! adds one softiommu translation per page. Nothing is shared between
+//! threads but the unit itself.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
+use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
+
+use super::epoch::device_epoch;
+use super::vm_thread::{self, SectionError, SectionToken};
+use crate::dma::DmaDevice;
+use crate::hw::{
+    Access, HwError, PhysSpan, SourceId, System, TranslateError, TranslationGuard, Unit, UnitId,
+};
+use crate::pgtable::Perm;
+
+/// One device's view of its unit, as a vm-memory [`Iommu`]: hand it to
+/// `vm_memory::IommuMemory::new`. Cheap to clone; usable from any thread
+/// (each thread translates with a translator of its own).
+#[derive(Debug, Clone)]
+pub struct UnitIommu {
+    system: Arc<System>,
+    unit: UnitId,
+    sid: SourceId,
+}
+
+impl UnitIommu {
+    /// The view of device `sid`, which `system` must have assigned to a
+    /// unit.
+    pub fn new(system: Arc<System>, sid: SourceId) -> Result<Self, HwError> {
+        let (unit, _) = system
+            .unit_of(sid)
+            .ok_or(HwError::DeviceNotAssigned { sid })?;
+        Ok(Self { system, unit, sid })
+    }
+
+    /// The view of a device attached through the DMA API.
+    pub fn for_device(dev: &DmaDevice) -> Result<Self, HwError> {
+        Self::new(dev.domain().system().clone(), dev.source_id())
+    }
+
+    /// The device.
+    pub fn source_id(&self) -> SourceId {
+        self.sid
+    }
+
+    /// The unit it translates through.
+    pub fn unit_id(&self) -> UnitId {
+        self.unit
+    }
+
+    /// Gives back the calling thread's translator slot for this view's
+    /// unit (and its cached translations). Returns `false`, doing nothing,
+    /// while a guard of this thread is alive. A thread's state also goes
+    /// when the thread exits.
+    pub fn release_thread(&self) -> bool {
+        self.system.unit(self.unit).is_none_or(vm_thread::release)
+    }
+}
+
+/// The guard of a translation: the translations (a snapshot that never
+/// changes under it) and a share of the thread's translation section,
+/// which it holds open until dropped. Not `Send`: the section belongs to
+/// the thread.
+pub struct IotlbSection<'a> {
+    iotlb: Rc<Iotlb>,
+    _token: Option<SectionToken>,
+    _view: PhantomData<&'a UnitIommu>,
+}
+
+impl fmt::Debug for IotlbSection<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IotlbSection")
+            .field("open", &self._token.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Deref for IotlbSection<'_> {
+    type Target = Iotlb;
+    fn deref(&self) -> &Iotlb {
+        &self.iotlb
+    }
+}
+
+fn permissions(p: Perm) -> Permissions {
+    match (p.read(), p.write()) {
+        (true, true) => Permissions::ReadWrite,
+        (true, false) => Permissions::Read,
+        (false, true) => Permissions::Write,
+        (false, false) => Permissions::No,
+    }
+}
+
+fn cannot_resolve(base: u64, length: usize, reason: String) -> IommuError {
+    IommuError::CannotResolve {
+        iova_range: IovaRange {
+            base: GuestAddress(base),
+            length,
+        },
+        reason,
+    }
+}
+
+/// Translates the page holding `iova` for `access`, recording a fault if
+/// the unit refuses. `ReadWrite` needs both rights; `No` (a presence probe)
+/// is asked as a read, then as a write if the page is write-only.
+fn page(
+    sec: &mut TranslationGuard<'static>,
+    sid: SourceId,
+    iova: u64,
+    access: Permissions,
+) -> Result<PhysSpan, TranslateError> {
+    match access {
+        Permissions::Read => sec.translate_page(sid, iova, Access::Read),
+        Permissions::Write => sec.translate_page(sid, iova, Access::Write),
+        Permissions::ReadWrite => {
+            let span = sec.translate_page(sid, iova, Access::Write)?;
+            if span.perm.read() {
+                Ok(span)
+            } else {
+                // Faults (and is recorded) as the read it is.
+                sec.translate_page(sid, iova, Access::Read)
+            }
+        }
+        Permissions::No => match sec.translate_page(sid, iova, Access::Read) {
+            Err(TranslateError::PermissionDenied { .. }) => {
+                sec.translate_page(sid, iova, Access::Write)
+            }
+            r => r,
+        },
+    }
+}
+
+/// Fills `iotlb` with the unit's translations of `[start, start + len)`.
+fn fill(
+    iotlb: &mut Iotlb,
+    sec: &mut TranslationGuard<'static>,
+    sid: SourceId,
+    start: u64,
+    len: u64,
+    access: Permissions,
+) -> Result<(), IommuError> {
+    let end = start.saturating_add(len);
+    let mut cur = start;
+    while cur < end {
+        let span = page(sec, sid, cur, access)
+            .map_err(|e| cannot_resolve(cur, (end - cur) as usize, e.to_string()))?;
+        // The whole leaf from `cur` on: later requests in it hit. (A span
+        // ends below 2^52, so the sum cannot wrap.)
+        let n = span.len.max(1);
+        iotlb.set_mapping(
+            GuestAddress(cur),
+            GuestAddress(span.phys),
+            n as usize,
+            permissions(span.perm),
+        )?;
+        cur = cur.saturating_add(n);
+    }
+    Ok(())
+}
+
+impl UnitIommu {
+    fn unit(&self) -> Result<&Unit, IommuError> {
+        self.system
+            .unit(self.unit)
+            .ok_or_else(|| IommuError::IommuMisconfigured {
+                reason: format!("unit {:?} is not in the system", self.unit),
+            })
+    }
+}
+
+impl UnitIommu {
+    /// Joins this thread's section for the unit, checks the device's epoch
+    /// (inside the section: see `epoch`), fills the cached translations
+    /// with `[start, start + len)` for `access` if asked, and returns a
+    /// guard over them.
+    fn join(
+        &self,
+        unit: &Unit,
+        fill_range: Option<(u64, u64, Permissions)>,
+    ) -> Result<IotlbSection<'_>, IommuError> {
+        let sid = self.sid;
+        let served = vm_thread::with_section(unit, sid, |sec, dev| {
+            let epoch = device_epoch(unit, sid);
+            if dev.epoch != Some(epoch) {
+                dev.iotlb = Rc::new(Iotlb::new());
+                dev.epoch = Some(epoch);
+            }
+            if let Some((start, len, access)) = fill_range {
+                if Rc::get_mut(&mut dev.iotlb).is_none() {
+                    // A live guard of this thread shares the cache: leave
+                    // its snapshot alone and start a new one.
+                    dev.iotlb = Rc::new(Iotlb::new());
+                }
+                if let Some(t) = Rc::get_mut(&mut dev.iotlb) {
+                    fill(t, sec, sid, start, len, access)?;
+                }
+            }
+            Ok(dev.iotlb.clone())
+        });
+        match served {
+            Ok((iotlb, token)) => Ok(IotlbSection {
+                iotlb,
+                _token: Some(token),
+                _view: PhantomData,
+            }),
+            Err(SectionError::Inner(e)) => Err(e),
+            Err(SectionError::Setup(e)) => Err(IommuError::IommuMisconfigured {
+                reason: e.to_string(),
+            }),
+        }
+    }
+}
+
+impl Iommu for UnitIommu {
+    type IotlbGuard<'a> = IotlbSection<'a>;
+
+    fn translate(
+        &self,
+        iova: GuestAddress,
+        length: usize,
+        access: Permissions,
+    ) -> Result<IotlbIterator<IotlbSection<'_>>, IommuError> {
+        let start = iova.0;
+        let fail = |reason: String| cannot_resolve(start, length, reason);
+        if length == 0 {
+            // Nothing to translate (vm-memory hands out an empty iterator).
+            let empty = IotlbSection {
+                iotlb: Rc::new(Iotlb::new()),
+                _token: None,
+                _view: PhantomData,
+            };
+            return Iotlb::lookup(empty, iova, 0, access).map_err(|_| fail("empty range".into()));
+        }
+        let end = start
+            .checked_add(length as u64)
+            .ok_or_else(|| fail("the range wraps the address space".into()))?;
+        let unit = self.unit()?;
+        // The hit path: one lookup in the cached translations, under the
+        // section the guard keeps.
+        let guard = self.join(unit, None)?;
+        let fails = match Iotlb::lookup(guard, iova, length, access) {
+            Ok(hit) => return Ok(hit),
+            // (The failed lookup dropped its guard, leaving the section.)
+            Err(fails) => fails,
+        };
+        if fails.misses.is_empty() && fails.access_fails.is_empty() {
+            return Err(fail("not mapped".into()));
+        }
+        // A miss: ask the unit for the whole range, page by page, then
+        // look up again.
+        let guard = self.join(unit, Some((start, end - start, access)))?;
+        Iotlb::lookup(guard, iova, length, access).map_err(|f| {
+            let first = f.misses.first().or(f.access_fails.first());
+            match first {
+                Some(r) => cannot_resolve(r.base.0, r.length, "not mapped".into()),
+                None => fail("not mapped".into()),
+            }
+        })
+    }
+}
