@@ -1,6 +1,7 @@
 //! `softiommu`: the lab and benchmark front-end of the softiommu library.
 
 mod bench;
+mod dma_rig;
 mod lab;
 mod run;
 mod table;

@@ -14,10 +14,10 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use softiommu::dma::{DmaDirection, DmaDomain, DmaDomainConfig, DmaPolicy};
-use softiommu::hw::{LatencyModel, SourceId, System, UnitConfig};
-use softiommu::mem::PhysMemory;
+use softiommu::dma::{DmaDirection, DmaPolicy};
+use softiommu::hw::{LatencyModel, SourceId};
 
+use crate::dma_rig::DmaRig;
 use crate::table::Table;
 
 /// Options of `bench dma`.
@@ -94,15 +94,6 @@ fn direction(s: &str) -> Result<DmaDirection, String> {
     }
 }
 
-/// The latency model named on the command line.
-pub fn latency(s: &str) -> Result<LatencyModel, String> {
-    match s {
-        "vtd-2015" => Ok(LatencyModel::vtd_2015()),
-        "zero" => Ok(LatencyModel::zero()),
-        _ => Err(format!("unknown latency model {s:?} (vtd-2015, zero)")),
-    }
-}
-
 fn spin(ns: u64) {
     if ns == 0 {
         return;
@@ -121,29 +112,8 @@ fn run_policy(
 ) -> Result<DmaResult, String> {
     let threads = args.threads.max(1);
     let granule = args.granule.max(1);
-    let mem = Arc::new(PhysMemory::new(1 << 30).map_err(|e| e.to_string())?);
-    let mut sys = System::new(mem.clone());
-    let unit = sys
-        .add_unit(UnitConfig {
-            latency: model,
-            ..UnitConfig::default()
-        })
-        .map_err(|e| e.to_string())?;
-    let sid = SourceId(0x0300);
-    sys.assign(sid, unit).map_err(|e| e.to_string())?;
-    let sys = Arc::new(sys);
-    let domain = DmaDomain::new(
-        sys,
-        DmaDomainConfig {
-            policy,
-            bounce_bytes: 8 << 20,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    let dev = domain
-        .attach(sid, u64::MAX, false)
-        .map_err(|e| e.to_string())?;
+    let rig = DmaRig::new(policy, model, SourceId(0x0300), 1 << 30, 8 << 20)?;
+    let (mem, domain, dev) = (rig.mem.clone(), rig.domain.clone(), rig.dev.clone());
     let go = Arc::new(Barrier::new(threads));
     let budget = Duration::from_secs_f64(args.seconds.max(0.01));
     let handles: Vec<_> = (0..threads)
@@ -201,15 +171,8 @@ fn run_policy(
 /// Runs the bench.
 pub fn run(args: &DmaBenchArgs) -> Result<DmaBenchReport, String> {
     let dir = direction(&args.dir)?;
-    let model = latency(&args.latency)?;
-    let policies: Vec<DmaPolicy> = if args.policies.is_empty() {
-        DmaPolicy::ALL.to_vec()
-    } else {
-        args.policies
-            .iter()
-            .map(|p| DmaPolicy::from_name(p).ok_or_else(|| format!("unknown policy {p:?}")))
-            .collect::<Result<_, _>>()?
-    };
+    let model = crate::dma_rig::latency(&args.latency)?;
+    let policies = crate::dma_rig::policies(&args.policies)?;
     let results = policies
         .into_iter()
         .map(|p| run_policy(p, args, dir, model))
@@ -218,11 +181,7 @@ pub fn run(args: &DmaBenchArgs) -> Result<DmaBenchReport, String> {
         bench: "dma",
         threads: args.threads.max(1),
         granule: args.granule.max(1),
-        modelled: model
-            .figures()
-            .iter()
-            .map(|(n, d)| (n.to_string(), d.as_nanos() as u64))
-            .collect(),
+        modelled: crate::dma_rig::modelled(model),
         results,
     })
 }
@@ -247,21 +206,11 @@ pub fn render(r: &DmaBenchReport) -> String {
             format!("{:.2}", x.stale_window_ms_max),
         ]);
     }
-    let modelled: Vec<String> = r
-        .modelled
-        .iter()
-        .filter(|(_, v)| *v > 0)
-        .map(|(n, v)| format!("{n} = {v} ns"))
-        .collect();
     format!(
         "bench dma: {} thread(s), {} page(s) per buffer; modelled: {}; all else measured\n{}",
         r.threads,
         r.granule,
-        if modelled.is_empty() {
-            "nothing".to_string()
-        } else {
-            modelled.join(", ")
-        },
+        crate::dma_rig::modelled_text(&r.modelled),
         t.render()
     )
 }

@@ -25,12 +25,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use softiommu::dma::{DmaCpu, DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaPolicy};
-use softiommu::hw::{Access, LatencyModel, SourceId, System, Translator, UnitConfig};
+use softiommu::dma::{DmaCpu, DmaDevice, DmaDirection, DmaPolicy};
+use softiommu::hw::{Access, LatencyModel, SourceId, Translator};
 use softiommu::mem::{PhysAddr, PhysMemory};
 
 use super::cpu_clock;
 use super::packet::{self, Flow, HEADERS};
+use crate::dma_rig::DmaRig;
 use crate::table::Table;
 
 /// Options of `lab netperf-udp`.
@@ -297,29 +298,15 @@ fn run_policy(
     let streams = args.streams.max(1);
     let ring_size = args.ring.max(2) as u64;
     let msg = args.msg_size.min(60 << 10);
-    let mem = Arc::new(PhysMemory::new(2 << 30).map_err(|e| e.to_string())?);
-    let mut sys = System::new(mem.clone());
-    let unit = sys
-        .add_unit(UnitConfig {
-            latency: model,
-            ..UnitConfig::default()
-        })
-        .map_err(|e| e.to_string())?;
-    let sid = SourceId(0x0200);
-    sys.assign(sid, unit).map_err(|e| e.to_string())?;
-    let sys = Arc::new(sys);
-    let domain = DmaDomain::new(
-        sys.clone(),
-        DmaDomainConfig {
-            policy,
-            bounce_bytes: 16 << 20,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    let dev = domain
-        .attach(sid, u64::MAX, false)
-        .map_err(|e| e.to_string())?;
+    let rig = DmaRig::new(policy, model, SourceId(0x0200), 2 << 30, 16 << 20)?;
+    let (mem, sys, unit, sid, domain, dev) = (
+        rig.mem.clone(),
+        rig.sys.clone(),
+        rig.unit,
+        rig.sid,
+        rig.domain.clone(),
+        rig.dev.clone(),
+    );
     let busy = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let mut senders = Vec::new();
@@ -439,19 +426,12 @@ fn run_policy(
 
 /// Runs the lab.
 pub fn run(args: &NetperfArgs) -> Result<NetperfReport, String> {
-    let model = crate::bench::dma::latency(&args.latency)?;
+    let model = crate::dma_rig::latency(&args.latency)?;
     let seconds = args
         .seconds
         .unwrap_or(if args.quick { 2.0 } else { 10.0 })
         .max(0.1);
-    let policies: Vec<DmaPolicy> = if args.policies.is_empty() {
-        DmaPolicy::ALL.to_vec()
-    } else {
-        args.policies
-            .iter()
-            .map(|p| DmaPolicy::from_name(p).ok_or_else(|| format!("unknown policy {p:?}")))
-            .collect::<Result<_, _>>()?
-    };
+    let policies = crate::dma_rig::policies(&args.policies)?;
     let rows = policies
         .into_iter()
         .map(|p| run_policy(p, args, seconds, model))
@@ -460,11 +440,7 @@ pub fn run(args: &NetperfArgs) -> Result<NetperfReport, String> {
         lab: "netperf-udp",
         msg_size: args.msg_size,
         seconds,
-        modelled: model
-            .figures()
-            .iter()
-            .map(|(n, d)| (n.to_string(), d.as_nanos() as u64))
-            .collect(),
+        modelled: crate::dma_rig::modelled(model),
         rows,
     })
 }
@@ -497,17 +473,11 @@ pub fn render(r: &NetperfReport) -> String {
                 .map_or("-".into(), |m| format!("{m:.2}")),
         ]);
     }
-    let modelled: Vec<String> = r
-        .modelled
-        .iter()
-        .filter(|(_, v)| *v > 0)
-        .map(|(n, v)| format!("{n} = {v} ns"))
-        .collect();
     format!(
         "lab netperf-udp: UDP_STREAM, {} byte messages, {:.0} s per policy; modelled: {}; all else measured\n{}",
         r.msg_size,
         r.seconds,
-        if modelled.is_empty() { "nothing".to_string() } else { modelled.join(", ") },
+        crate::dma_rig::modelled_text(&r.modelled),
         t.render()
     )
 }
