@@ -328,7 +328,26 @@ impl Iotlb {
     #[inline(always)]
     fn probe(&self, did: u16, iova: u64, size: PageSize, gen: u64) -> Option<Leaf> {
         let key = make_key(did, iova, size);
-        for e in self.set(key) {
+        let ways = self.set(key);
+        // Which ways hold `key`: a relaxed read of every way's key, a hint
+        // only (the way is validated below, and missing a way only costs a
+        // walk). Reading them all first replaces a loop that exits at a
+        // random way, a mispredicted branch per hit, with a fixed-count one.
+        let mut candidates = 0u32;
+        for (i, e) in ways.iter().enumerate() {
+            candidates |= u32::from(e.key.load(Ordering::Relaxed) == key) << i;
+        }
+        // Under loom every way is a candidate: the hint can only skip ways
+        // (a miss, always safe), and without it the models explore the
+        // validation below exactly as a reader that found the way by
+        // scanning would run it.
+        #[cfg(loom)]
+        {
+            candidates = (1u32 << ways.len()) - 1;
+        }
+        while candidates != 0 {
+            let e = &ways[candidates.trailing_zeros() as usize];
+            candidates &= candidates - 1;
             // Acquire: pairs with the Release store that published the
             // entry, so the fields below are at least that writer's.
             let s1 = e.seq.load(Ordering::Acquire);
