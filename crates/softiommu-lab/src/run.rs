@@ -96,13 +96,13 @@ pub fn run(json: bool) -> Result<(), String> {
     let aging = lab::iova_aging::AgingArgs {
         quick: true,
         seconds: None,
-        windows: 16,
+        windows: None,
         jobs: 12,
         irq_cpus: 4,
         threads: None,
         iodepth: 32,
         slow_pct: 2.0,
-        slow_hold: 100_000,
+        slow_hold: 1_000_000,
         policies: Vec::new(),
         json,
     };

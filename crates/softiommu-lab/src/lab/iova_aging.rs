@@ -43,9 +43,10 @@ pub struct AgingArgs {
     /// Seconds per policy (default 8 with --quick, else 60).
     #[arg(long)]
     pub seconds: Option<f64>,
-    /// Windows in the time line.
-    #[arg(long, default_value_t = 16)]
-    pub windows: usize,
+    /// Windows in the time line (default 8 with --quick, one a second; else
+    /// 16). Longer windows average out the noise of a shared machine.
+    #[arg(long)]
+    pub windows: Option<usize>,
     /// Jobs (threads), as fio's `numjobs`.
     #[arg(long, default_value_t = 12)]
     pub jobs: usize,
@@ -64,7 +65,7 @@ pub struct AgingArgs {
     #[arg(long, default_value_t = 2.0)]
     pub slow_pct: f64,
     /// How many of its job's I/Os a slow I/O stays in flight for.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 1_000_000)]
     pub slow_hold: u64,
     /// Policies to run (default: all, baselines first).
     #[arg(long, value_delimiter = ',')]
@@ -297,7 +298,10 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> PolicyResul
             std::thread::spawn(move || worker(&sh, ids, n_irq))
         })
         .collect();
-    let windows = args.windows.max(2);
+    let windows = args
+        .windows
+        .unwrap_or(if args.quick { 8 } else { 16 })
+        .max(2);
     let window = Duration::from_secs_f64(seconds / windows as f64);
     let total = |sh: &Shared| sh.ops.iter().map(|c| c.load(Relaxed)).sum::<u64>();
     let mut timeline = Vec::with_capacity(windows);
