@@ -272,31 +272,23 @@ impl DmaAccessor {
         let size = W::SIZE as u64;
         if iova.is_multiple_of(size) {
             let mut g = self.tr.begin();
-            let span = match g.translate_page(sid, iova, Access::Read) {
-                Ok(s) => s,
+            match aligned_word(&mut g, &self.mem, sid, iova, size, Access::Read) {
                 Err(e) => {
                     drop(g);
-                    return self.fail(e.into());
+                    return self.fail(e);
                 }
-            };
-            let p = match self.mem.as_ptr(span.phys, size) {
-                Ok(p) => p,
-                Err(source) => {
+                Ok(Some(p)) => {
+                    // SAFETY: `p` is valid for `SIZE` bytes and aligned
+                    // (checked by `aligned_word`); the arena outlives the
+                    // call; guest-side users of shared words access them
+                    // atomically.
+                    let v = self.order.load(mode, |o| unsafe { W::load_le(p, o) });
                     drop(g);
-                    return self.fail(AccessError::Memory { sid, iova, source });
+                    self.stats.reads += 1;
+                    self.stats.bytes_read += size;
+                    return Ok(v);
                 }
-            };
-            // An aligned word never crosses a page, so it lies in the span;
-            // the arena is page aligned, so `p` is as aligned as `iova`.
-            if span.len >= size && (p as usize).is_multiple_of(W::SIZE) {
-                // SAFETY: `p` is valid for `SIZE` bytes (checked by `as_ptr`)
-                // and aligned (checked above); the arena outlives the call;
-                // guest-side users of shared words access them atomically.
-                let v = self.order.load(mode, |o| unsafe { W::load_le(p, o) });
-                drop(g);
-                self.stats.reads += 1;
-                self.stats.bytes_read += size;
-                return Ok(v);
+                Ok(None) => {}
             }
         }
         let mut b = [0u8; 8];
@@ -316,27 +308,20 @@ impl DmaAccessor {
         let size = W::SIZE as u64;
         if iova.is_multiple_of(size) {
             let mut g = self.tr.begin();
-            let span = match g.translate_page(sid, iova, Access::Write) {
-                Ok(s) => s,
+            match aligned_word(&mut g, &self.mem, sid, iova, size, Access::Write) {
                 Err(e) => {
                     drop(g);
-                    return self.fail(e.into());
+                    return self.fail(e);
                 }
-            };
-            let p = match self.mem.as_ptr(span.phys, size) {
-                Ok(p) => p,
-                Err(source) => {
+                Ok(Some(p)) => {
+                    // SAFETY: as in `read_word`, for a store.
+                    self.order.store(mode, |o| unsafe { W::store_le(p, v, o) });
                     drop(g);
-                    return self.fail(AccessError::Memory { sid, iova, source });
+                    self.stats.writes += 1;
+                    self.stats.bytes_written += size;
+                    return Ok(());
                 }
-            };
-            if span.len >= size && (p as usize).is_multiple_of(W::SIZE) {
-                // SAFETY: as in `read_word`, for a store.
-                self.order.store(mode, |o| unsafe { W::store_le(p, v, o) });
-                drop(g);
-                self.stats.writes += 1;
-                self.stats.bytes_written += size;
-                return Ok(());
+                Ok(None) => {}
             }
         }
         let b = v.to_le_array();
@@ -440,4 +425,24 @@ impl DmaAccessor {
             order: &mut self.order,
         })
     }
+}
+
+/// The aligned fast path of a typed access: where the word at `iova` lies in
+/// the arena, when the page is mapped for `access` and the word is aligned
+/// there too (`None`: take the byte path). An aligned word never crosses a
+/// page, and the arena is page aligned, so this holds whenever `iova` is.
+#[inline(always)]
+fn aligned_word(
+    g: &mut TranslationGuard<'_>,
+    mem: &PhysMemory,
+    sid: SourceId,
+    iova: u64,
+    size: u64,
+    access: Access,
+) -> Result<Option<*mut u8>, AccessError> {
+    let span = g.translate_page(sid, iova, access)?;
+    let p = mem
+        .as_ptr(span.phys, size)
+        .map_err(|source| AccessError::Memory { sid, iova, source })?;
+    Ok((span.len >= size && (p as usize).is_multiple_of(size as usize)).then_some(p))
 }
