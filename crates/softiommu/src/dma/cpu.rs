@@ -70,9 +70,17 @@ pub struct SgMapping {
 /// coherent allocations. Made by [`DmaDomain::cpu`]; one per thread.
 #[derive(Debug)]
 pub struct DmaCpu {
+    slot: Arc<CpuSlot>,
+    w: Work,
+}
+
+/// What a map or unmap changes, apart from the slot whose lock it holds:
+/// two fields, so a call borrows the slot (for the lock) and the work state
+/// (mutably) at once, with no `Arc` clone per call.
+#[derive(Debug)]
+struct Work {
     domain: Arc<DmaDomain>,
     cache: IovaCpuCache,
-    slot: Arc<CpuSlot>,
     gather: IotlbGather,
     pushes: u32,
 }
@@ -87,11 +95,13 @@ fn pages_of(addr: u64, len: u64) -> u64 {
 impl DmaCpu {
     pub(crate) fn new(domain: Arc<DmaDomain>, cache: IovaCpuCache, slot: Arc<CpuSlot>) -> Self {
         Self {
-            domain,
-            cache,
             slot,
-            gather: IotlbGather::new(),
-            pushes: 0,
+            w: Work {
+                domain,
+                cache,
+                gather: IotlbGather::new(),
+                pushes: 0,
+            },
         }
     }
 
@@ -99,7 +109,7 @@ impl DmaCpu {
     /// nothing about this domain's IOVAs.
     #[inline]
     fn check_device(&self, dev: &DmaDevice) -> Result<(), DmaError> {
-        if Arc::ptr_eq(&dev.domain, &self.domain) {
+        if Arc::ptr_eq(&dev.domain, &self.w.domain) {
             Ok(())
         } else {
             Err(DmaError::WrongDomain {
@@ -110,7 +120,7 @@ impl DmaCpu {
 
     /// The domain.
     pub fn domain(&self) -> &Arc<DmaDomain> {
-        &self.domain
+        &self.w.domain
     }
 
     /// This CPU's counters.
@@ -131,9 +141,9 @@ impl DmaCpu {
         if len == 0 {
             return Err(DmaError::ZeroLength);
         }
-        let slot = self.slot.clone();
+        let (slot, w) = (&*self.slot, &mut self.w);
         let _op = lock(&slot.op);
-        let addr = match self.domain.policy() {
+        let addr = match w.domain.policy() {
             DmaPolicy::Passthrough => {
                 let end = phys.checked_add(len - 1).ok_or(DmaError::BeyondMask {
                     addr: phys,
@@ -149,82 +159,12 @@ impl DmaCpu {
                 }
                 phys
             }
-            DmaPolicy::Bounce => self.bounce_map(dev, phys, len, dir)?,
-            _ if dev.untrusted => self.bounce_map(dev, phys, len, dir)?,
-            _ => self.map_pages(dev, phys, len, dir.perm())?,
+            DmaPolicy::Bounce => w.bounce_map(slot, phys, len, dir)?,
+            _ if dev.untrusted => w.bounce_map(slot, phys, len, dir)?,
+            _ => w.map_pages(slot, dev, phys, len, dir.perm())?,
         };
         slot.stats.map();
         Ok(addr)
-    }
-
-    /// Allocates an IOVA block for `pages` pages below the device's mask,
-    /// flushing this CPU's deferred queue once if the space is exhausted.
-    fn alloc_iova(&mut self, dev: &DmaDevice, pages: u64) -> Result<u64, DmaError> {
-        match self.cache.alloc(pages, dev.limit_pfn) {
-            Ok(pfn) => Ok(pfn),
-            Err(IovaError::NoSpace { .. }) => {
-                self.flush_own()?;
-                self.domain.flush_all()?;
-                self.cache.alloc(pages, dev.limit_pfn).map_err(|e| match e {
-                    IovaError::NoSpace { .. } => DmaError::NoSpace {
-                        len: pages << PAGE_SHIFT,
-                    },
-                    e => e.into(),
-                })
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    fn map_pages(
-        &mut self,
-        dev: &DmaDevice,
-        phys: PhysAddr,
-        len: u64,
-        perm: Perm,
-    ) -> Result<u64, DmaError> {
-        let pages = pages_of(phys, len);
-        let pfn = self.alloc_iova(dev, pages)?;
-        let iova = pfn << PAGE_SHIFT;
-        if let Err(e) =
-            self.domain
-                .table
-                .map(iova, phys & !(PAGE_SIZE - 1), pages << PAGE_SHIFT, perm)
-        {
-            self.cache.free(pfn, pages)?;
-            return Err(e.into());
-        }
-        Ok(iova | (phys & (PAGE_SIZE - 1)))
-    }
-
-    fn bounce_map(
-        &mut self,
-        _dev: &DmaDevice,
-        phys: PhysAddr,
-        len: u64,
-        dir: DmaDirection,
-    ) -> Result<u64, DmaError> {
-        let d = &self.domain;
-        let pool = d.bounce.as_ref().ok_or(DmaError::BounceFull { len })?;
-        let slot = pool.take(len).ok_or(DmaError::BounceFull { len })?;
-        if dir != DmaDirection::FromDevice {
-            if let Err(e) = BouncePool::copy_in(&d.mem, &slot, phys, len) {
-                let _ = pool.give_back(slot);
-                return Err(e.into());
-            }
-            self.slot.stats.bounced(len);
-        }
-        lock(&d.bounce_map).insert(
-            slot.iova,
-            BounceRecord {
-                slot,
-                buf: phys,
-                len,
-                dir,
-            },
-        );
-        d.bounce_live.fetch_add(1, Relaxed);
-        Ok(slot.iova)
     }
 
     /// Unmaps what [`map`](Self::map) returned: the same address and length.
@@ -239,110 +179,18 @@ impl DmaCpu {
         if len == 0 {
             return Err(DmaError::ZeroLength);
         }
-        let slot = self.slot.clone();
-        let _op = lock(&slot.op);
         let _ = dir;
-        if self.try_bounce_unmap(addr, len)? {
+        let (slot, w) = (&*self.slot, &mut self.w);
+        let _op = lock(&slot.op);
+        if w.try_bounce_unmap(slot, addr, len)? {
             slot.stats.unmap();
             return Ok(());
         }
-        match self.domain.policy() {
+        match w.domain.policy() {
             DmaPolicy::Passthrough => {}
-            policy => self.unmap_pages(addr, len, policy == DmaPolicy::Deferred)?,
+            policy => w.unmap_pages(slot, addr, len, policy == DmaPolicy::Deferred)?,
         }
         slot.stats.unmap();
-        Ok(())
-    }
-
-    /// Unmaps a bounce slot if `addr` is one: copies the device's data back.
-    fn try_bounce_unmap(&mut self, addr: u64, len: u64) -> Result<bool, DmaError> {
-        let d = &self.domain;
-        let Some(pool) = d.bounce.as_ref() else {
-            return Ok(false);
-        };
-        if !pool.contains(addr) {
-            return Ok(false);
-        }
-        let mut map = lock(&d.bounce_map);
-        let rec = match map.get(&addr) {
-            Some(r) if r.len == len => *r,
-            Some(_) => return Err(DmaError::WrongLength { addr, len }),
-            None => return Err(DmaError::NotMapped { addr }),
-        };
-        map.remove(&addr);
-        drop(map);
-        if rec.dir != DmaDirection::ToDevice {
-            BouncePool::copy_out(&d.mem, &rec.slot, rec.buf, rec.len)?;
-            self.slot.stats.bounced(rec.len);
-        }
-        pool.give_back(rec.slot)?;
-        d.bounce_live.fetch_sub(1, Relaxed);
-        Ok(true)
-    }
-
-    fn unmap_pages(&mut self, addr: u64, len: u64, deferred: bool) -> Result<(), DmaError> {
-        let d = self.domain.clone();
-        let pages = pages_of(addr, len);
-        let iova = addr & !(PAGE_SIZE - 1);
-        let pfn = iova >> PAGE_SHIFT;
-        d.iova.check_live_block(pfn, pages).map_err(|e| match e {
-            IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
-            _ => DmaError::NotMapped { addr },
-        })?;
-        // A shorter length than mapped in the same power-of-two block would
-        // leave pages mapped: the page after the claimed end must be unmapped.
-        if !pages.is_power_of_two()
-            && d.table
-                .iova_to_phys(iova + (pages << PAGE_SHIFT))?
-                .is_some()
-        {
-            return Err(DmaError::WrongLength { addr, len });
-        }
-        d.table
-            .unmap(iova, pages << PAGE_SHIFT, &mut self.gather)
-            .map_err(|e| match e {
-                crate::pgtable::PgtableError::NotMapped { .. } => DmaError::NotMapped { addr },
-                e => e.into(),
-            })?;
-        if deferred {
-            let tables = self.gather.defer();
-            let entry = FqEntry { pfn, pages };
-            let full =
-                match self
-                    .slot
-                    .fq
-                    .push(entry, &tables, d.unit_mask(), d.tunables.high_water())
-                {
-                    Pushed::Queued { .. } => {
-                        d.arm.on_push();
-                        // The owner enforces the timeout too, every few pushes,
-                        // so the stale window holds while the timer thread waits
-                        // for a core.
-                        self.pushes = self.pushes.wrapping_add(1);
-                        if self.pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
-                            self.slot
-                                .fq
-                                .take_expired(Instant::now(), d.tunables.timeout())
-                        } else {
-                            None
-                        }
-                    }
-                    Pushed::Full(batch) => Some(batch),
-                };
-            if let Some(batch) = full {
-                let _flushing = lock(&self.slot.flushing);
-                let n = batch.entries.len() as u64;
-                let (_, inv) = d.flush_batch(batch, &mut self.cache)?;
-                self.slot.stats.flush(n, inv);
-            }
-        } else {
-            // Every device of the domain can reach its mappings: every unit the
-            // domain spans is invalidated, not only this device's.
-            let inv = d.invalidate(d.unit_mask(), iova, pages << PAGE_SHIFT)?;
-            self.slot.stats.invalidations(inv);
-            self.gather.complete()?;
-            self.cache.free(pfn, pages)?;
-        }
         Ok(())
     }
 
@@ -350,13 +198,7 @@ impl DmaCpu {
     /// this CPU queued before the call has been invalidated, including a
     /// batch the timer took and was still flushing (this waits for it).
     pub fn flush_own(&mut self) -> Result<(), DmaError> {
-        let _flushing = lock(&self.slot.flushing);
-        if let Some(batch) = self.slot.fq.take_all() {
-            let n = batch.entries.len() as u64;
-            let (_, inv) = self.domain.flush_batch(batch, &mut self.cache)?;
-            self.slot.stats.flush(n, inv);
-        }
-        Ok(())
+        self.w.flush_own(&self.slot)
     }
 
     /// Maps a scatter list into one IOVA block. Entry `i`'s DMA address is
@@ -377,7 +219,7 @@ impl DmaCpu {
         if out.len() < sg.len() {
             return Err(DmaError::ZeroLength);
         }
-        let policy = self.domain.policy();
+        let policy = self.w.domain.policy();
         if !policy.is_translated() || policy == DmaPolicy::Bounce || dev.untrusted {
             // One mapping per entry; passed through or bounced.
             for (i, e) in sg.iter().enumerate() {
@@ -400,32 +242,32 @@ impl DmaCpu {
                 entries: sg.len(),
             });
         }
-        let slot = self.slot.clone();
+        let (slot, w) = (&*self.slot, &mut self.w);
         let _op = lock(&slot.op);
         let pages: u64 = sg.iter().map(|e| pages_of(e.phys, e.len)).sum();
-        let pfn = self.alloc_iova(dev, pages)?;
+        let pfn = w.alloc_iova(slot, dev, pages)?;
         let mut at = pfn << PAGE_SHIFT;
         for (i, e) in sg.iter().enumerate() {
             let n = pages_of(e.phys, e.len);
             if let Err(err) =
-                self.domain
+                w.domain
                     .table
                     .map(at, e.phys & !(PAGE_SIZE - 1), n << PAGE_SHIFT, dir.perm())
             {
                 if at > pfn << PAGE_SHIFT {
                     let mapped = at - (pfn << PAGE_SHIFT);
-                    let _ = self
+                    let _ = w
                         .domain
                         .table
-                        .unmap(pfn << PAGE_SHIFT, mapped, &mut self.gather);
+                        .unmap(pfn << PAGE_SHIFT, mapped, &mut w.gather);
                     // Nothing was visible to the device yet, but a walk may
                     // have cached it: invalidate before reuse.
-                    let _ =
-                        self.domain
-                            .invalidate(self.domain.unit_mask(), pfn << PAGE_SHIFT, mapped);
-                    self.gather.complete()?;
+                    let _ = w
+                        .domain
+                        .invalidate(w.domain.unit_mask(), pfn << PAGE_SHIFT, mapped);
+                    w.gather.complete()?;
                 }
-                self.cache.free(pfn, pages)?;
+                w.cache.free(pfn, pages)?;
                 return Err(err.into());
             }
             out[i] = at | (e.phys & (PAGE_SIZE - 1));
@@ -462,14 +304,11 @@ impl DmaCpu {
             }
             return Ok(());
         }
-        let slot = self.slot.clone();
+        let (slot, w) = (&*self.slot, &mut self.w);
         let _op = lock(&slot.op);
         let start = m.dma & !(PAGE_SIZE - 1);
-        self.unmap_pages(
-            start,
-            m.pages << PAGE_SHIFT,
-            self.domain.policy() == DmaPolicy::Deferred,
-        )?;
+        let deferred = w.domain.policy() == DmaPolicy::Deferred;
+        w.unmap_pages(slot, start, m.pages << PAGE_SHIFT, deferred)?;
         slot.stats.unmap();
         Ok(())
     }
@@ -485,15 +324,15 @@ impl DmaCpu {
         if len == 0 {
             return Err(DmaError::ZeroLength);
         }
+        let (slot, w) = (&*self.slot, &mut self.w);
         let order = len.div_ceil(PAGE_SIZE).next_power_of_two().ilog2();
-        let phys = self.domain.mem.alloc_zeroed_frames(order)?;
+        let phys = w.domain.mem.alloc_zeroed_frames(order)?;
         // Coherent memory is never bounced: it is the device's by design.
-        let slot = self.slot.clone();
         let r = {
             let _op = lock(&slot.op);
-            match self.domain.policy() {
+            match w.domain.policy() {
                 DmaPolicy::Passthrough => Ok(phys),
-                _ => self.map_pages(dev, phys, PAGE_SIZE << order, Perm::RW),
+                _ => w.map_pages(slot, dev, phys, PAGE_SIZE << order, Perm::RW),
             }
         };
         match r {
@@ -502,7 +341,7 @@ impl DmaCpu {
                 Ok((phys, dma))
             }
             Err(e) => {
-                self.domain.mem.free_frames(phys, order)?;
+                w.domain.mem.free_frames(phys, order)?;
                 Err(e)
             }
         }
@@ -518,19 +357,19 @@ impl DmaCpu {
     ) -> Result<(), DmaError> {
         self.check_device(dev)?;
         let order = len.max(1).div_ceil(PAGE_SIZE).next_power_of_two().ilog2();
-        let slot = self.slot.clone();
+        let (slot, w) = (&*self.slot, &mut self.w);
         {
             let _op = lock(&slot.op);
-            match self.domain.policy() {
+            match w.domain.policy() {
                 DmaPolicy::Passthrough => {}
-                p => self.unmap_pages(dma, PAGE_SIZE << order, p == DmaPolicy::Deferred)?,
+                p => w.unmap_pages(slot, dma, PAGE_SIZE << order, p == DmaPolicy::Deferred)?,
             }
         }
         slot.stats.unmap();
         // The pages may still be reachable until a deferred flush; coherent
         // frees are rare, so flush this CPU's queue before giving them back.
-        self.flush_own()?;
-        self.domain.mem.free_frames(phys, order)?;
+        w.flush_own(slot)?;
+        w.domain.mem.free_frames(phys, order)?;
         Ok(())
     }
 
@@ -538,16 +377,205 @@ impl DmaCpu {
     /// (bounce mappings: copied in again; others: nothing to do, memory is
     /// coherent).
     pub fn sync_for_device(&mut self, addr: u64, len: u64) -> Result<(), DmaError> {
-        self.sync(addr, len, true)
+        self.w.sync(&self.slot, addr, len, true)
     }
 
     /// Makes the device's writes visible to the CPU (bounce mappings: copied
     /// out; others: nothing to do).
     pub fn sync_for_cpu(&mut self, addr: u64, len: u64) -> Result<(), DmaError> {
-        self.sync(addr, len, false)
+        self.w.sync(&self.slot, addr, len, false)
+    }
+}
+
+impl Work {
+    /// Allocates an IOVA block for `pages` pages below the device's mask,
+    /// flushing this CPU's deferred queue once if the space is exhausted.
+    fn alloc_iova(&mut self, slot: &CpuSlot, dev: &DmaDevice, pages: u64) -> Result<u64, DmaError> {
+        match self.cache.alloc(pages, dev.limit_pfn) {
+            Ok(pfn) => Ok(pfn),
+            Err(IovaError::NoSpace { .. }) => {
+                self.flush_own(slot)?;
+                self.domain.flush_all()?;
+                self.cache.alloc(pages, dev.limit_pfn).map_err(|e| match e {
+                    IovaError::NoSpace { .. } => DmaError::NoSpace {
+                        len: pages << PAGE_SHIFT,
+                    },
+                    e => e.into(),
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
-    fn sync(&mut self, addr: u64, len: u64, to_device: bool) -> Result<(), DmaError> {
+    fn map_pages(
+        &mut self,
+        slot: &CpuSlot,
+        dev: &DmaDevice,
+        phys: PhysAddr,
+        len: u64,
+        perm: Perm,
+    ) -> Result<u64, DmaError> {
+        let pages = pages_of(phys, len);
+        let pfn = self.alloc_iova(slot, dev, pages)?;
+        let iova = pfn << PAGE_SHIFT;
+        if let Err(e) =
+            self.domain
+                .table
+                .map(iova, phys & !(PAGE_SIZE - 1), pages << PAGE_SHIFT, perm)
+        {
+            self.cache.free(pfn, pages)?;
+            return Err(e.into());
+        }
+        Ok(iova | (phys & (PAGE_SIZE - 1)))
+    }
+
+    fn bounce_map(
+        &mut self,
+        cpu: &CpuSlot,
+        phys: PhysAddr,
+        len: u64,
+        dir: DmaDirection,
+    ) -> Result<u64, DmaError> {
+        let d = &self.domain;
+        let pool = d.bounce.as_ref().ok_or(DmaError::BounceFull { len })?;
+        let slot = pool.take(len).ok_or(DmaError::BounceFull { len })?;
+        if dir != DmaDirection::FromDevice {
+            if let Err(e) = BouncePool::copy_in(&d.mem, &slot, phys, len) {
+                let _ = pool.give_back(slot);
+                return Err(e.into());
+            }
+            cpu.stats.bounced(len);
+        }
+        lock(&d.bounce_map).insert(
+            slot.iova,
+            BounceRecord {
+                slot,
+                buf: phys,
+                len,
+                dir,
+            },
+        );
+        d.bounce_live.fetch_add(1, Relaxed);
+        Ok(slot.iova)
+    }
+
+    /// Unmaps a bounce slot if `addr` is one: copies the device's data back.
+    fn try_bounce_unmap(&mut self, cpu: &CpuSlot, addr: u64, len: u64) -> Result<bool, DmaError> {
+        let d = &self.domain;
+        let Some(pool) = d.bounce.as_ref() else {
+            return Ok(false);
+        };
+        if !pool.contains(addr) {
+            return Ok(false);
+        }
+        let mut map = lock(&d.bounce_map);
+        let rec = match map.get(&addr) {
+            Some(r) if r.len == len => *r,
+            Some(_) => return Err(DmaError::WrongLength { addr, len }),
+            None => return Err(DmaError::NotMapped { addr }),
+        };
+        map.remove(&addr);
+        drop(map);
+        if rec.dir != DmaDirection::ToDevice {
+            BouncePool::copy_out(&d.mem, &rec.slot, rec.buf, rec.len)?;
+            cpu.stats.bounced(rec.len);
+        }
+        pool.give_back(rec.slot)?;
+        d.bounce_live.fetch_sub(1, Relaxed);
+        Ok(true)
+    }
+
+    fn unmap_pages(
+        &mut self,
+        slot: &CpuSlot,
+        addr: u64,
+        len: u64,
+        deferred: bool,
+    ) -> Result<(), DmaError> {
+        let Work {
+            domain: d,
+            cache,
+            gather,
+            pushes,
+        } = self;
+        let pages = pages_of(addr, len);
+        let iova = addr & !(PAGE_SIZE - 1);
+        let pfn = iova >> PAGE_SHIFT;
+        d.iova.check_live_block(pfn, pages).map_err(|e| match e {
+            IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
+            _ => DmaError::NotMapped { addr },
+        })?;
+        // A shorter length than mapped in the same power-of-two block would
+        // leave pages mapped: the page after the claimed end must be unmapped.
+        if !pages.is_power_of_two()
+            && d.table
+                .iova_to_phys(iova + (pages << PAGE_SHIFT))?
+                .is_some()
+        {
+            return Err(DmaError::WrongLength { addr, len });
+        }
+        d.table
+            .unmap(iova, pages << PAGE_SHIFT, gather)
+            .map_err(|e| match e {
+                crate::pgtable::PgtableError::NotMapped { .. } => DmaError::NotMapped { addr },
+                e => e.into(),
+            })?;
+        if deferred {
+            let tables = gather.defer();
+            let entry = FqEntry { pfn, pages };
+            let full = match slot
+                .fq
+                .push(entry, &tables, d.unit_mask(), d.tunables.high_water())
+            {
+                Pushed::Queued { .. } => {
+                    d.arm.on_push();
+                    // The owner enforces the timeout too, every few pushes,
+                    // so the stale window holds while the timer thread waits
+                    // for a core.
+                    *pushes = pushes.wrapping_add(1);
+                    if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
+                        slot.fq.take_expired(Instant::now(), d.tunables.timeout())
+                    } else {
+                        None
+                    }
+                }
+                Pushed::Full(batch) => Some(batch),
+            };
+            if let Some(batch) = full {
+                let _flushing = lock(&slot.flushing);
+                let n = batch.entries.len() as u64;
+                let (_, inv) = d.flush_batch(batch, cache)?;
+                slot.stats.flush(n, inv);
+            }
+        } else {
+            // Every device of the domain can reach its mappings: every unit the
+            // domain spans is invalidated, not only this device's.
+            let inv = d.invalidate(d.unit_mask(), iova, pages << PAGE_SHIFT)?;
+            slot.stats.invalidations(inv);
+            gather.complete()?;
+            cache.free(pfn, pages)?;
+        }
+        Ok(())
+    }
+
+    /// See [`DmaCpu::flush_own`].
+    fn flush_own(&mut self, slot: &CpuSlot) -> Result<(), DmaError> {
+        let _flushing = lock(&slot.flushing);
+        if let Some(batch) = slot.fq.take_all() {
+            let n = batch.entries.len() as u64;
+            let (_, inv) = self.domain.flush_batch(batch, &mut self.cache)?;
+            slot.stats.flush(n, inv);
+        }
+        Ok(())
+    }
+
+    fn sync(
+        &mut self,
+        slot: &CpuSlot,
+        addr: u64,
+        len: u64,
+        to_device: bool,
+    ) -> Result<(), DmaError> {
         let d = &self.domain;
         if d.bounce_live.load(Relaxed) == 0 {
             return Ok(());
@@ -563,7 +591,7 @@ impl DmaCpu {
         } else {
             BouncePool::copy_out(&d.mem, &rec.slot, rec.buf, len)?;
         }
-        self.slot.stats.bounced(len);
+        slot.stats.bounced(len);
         Ok(())
     }
 }
@@ -572,6 +600,6 @@ impl Drop for DmaCpu {
     fn drop(&mut self) {
         // Queued IOVAs must not outlive the handle unflushed.
         let _ = self.flush_own();
-        self.domain.retire(&self.slot);
+        self.w.domain.retire(&self.slot);
     }
 }
