@@ -68,24 +68,46 @@ impl DmaRig {
     }
 }
 
-/// The latency model named on the command line.
-pub fn latency(s: &str) -> Result<LatencyModel, String> {
-    match s {
-        "vtd-2015" => Ok(LatencyModel::vtd_2015()),
-        "zero" => Ok(LatencyModel::zero()),
-        _ => Err(format!("unknown latency model {s:?} (vtd-2015, zero)")),
+/// The options every DMA bench and lab takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DmaRunArgs {
+    /// Latency model: vtd-2015 or zero.
+    #[arg(long, default_value = "vtd-2015")]
+    pub latency: String,
+    /// Policies to run (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<String>,
+}
+
+impl Default for DmaRunArgs {
+    fn default() -> Self {
+        Self {
+            latency: "vtd-2015".into(),
+            policies: Vec::new(),
+        }
     }
 }
 
-/// The policies named on the command line; none named means all.
-pub fn policies(names: &[String]) -> Result<Vec<DmaPolicy>, String> {
-    if names.is_empty() {
-        return Ok(DmaPolicy::ALL.to_vec());
+impl DmaRunArgs {
+    /// The latency model named.
+    pub fn model(&self) -> Result<LatencyModel, String> {
+        match self.latency.as_str() {
+            "vtd-2015" => Ok(LatencyModel::vtd_2015()),
+            "zero" => Ok(LatencyModel::zero()),
+            s => Err(format!("unknown latency model {s:?} (vtd-2015, zero)")),
+        }
     }
-    names
-        .iter()
-        .map(|p| DmaPolicy::from_name(p).ok_or_else(|| format!("unknown policy {p:?}")))
-        .collect()
+
+    /// The policies named; none named means all.
+    pub fn policies(&self) -> Result<Vec<DmaPolicy>, String> {
+        if self.policies.is_empty() {
+            return Ok(DmaPolicy::ALL.to_vec());
+        }
+        self.policies
+            .iter()
+            .map(|p| DmaPolicy::from_name(p).ok_or_else(|| format!("unknown policy {p:?}")))
+            .collect()
+    }
 }
 
 /// The model's figures as data, nanoseconds (a report's `modelled` field).

@@ -61,8 +61,7 @@ pub fn run(json: bool) -> Result<(), String> {
         granule: 1,
         dir: "bidirectional".into(),
         dma_trans_ns: 0,
-        latency: "vtd-2015".into(),
-        policies: Vec::new(),
+        run: Default::default(),
         json,
     })?;
     s.emit(bench::dma::render(&r), &r)?;
@@ -87,8 +86,7 @@ pub fn run(json: bool) -> Result<(), String> {
             quick: true,
             streams: 1,
             ring: 256,
-            latency: "vtd-2015".into(),
-            policies: Vec::new(),
+            run: Default::default(),
             json,
         })?;
         s.emit(lab::netperf_udp::render(&r), &r)?;

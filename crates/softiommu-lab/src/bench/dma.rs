@@ -42,12 +42,9 @@ pub struct DmaBenchArgs {
     /// Simulated transfer time between map and unmap, nanoseconds (a spin).
     #[arg(long, default_value_t = 0)]
     pub dma_trans_ns: u64,
-    /// Latency model: vtd-2015 or zero.
-    #[arg(long, default_value = "vtd-2015")]
-    pub latency: String,
-    /// Policies to run (default: all).
-    #[arg(long, value_delimiter = ',')]
-    pub policies: Vec<String>,
+    /// Policies and latency model.
+    #[command(flatten)]
+    pub run: crate::dma_rig::DmaRunArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -171,8 +168,8 @@ fn run_policy(
 /// Runs the bench.
 pub fn run(args: &DmaBenchArgs) -> Result<DmaBenchReport, String> {
     let dir = direction(&args.dir)?;
-    let model = crate::dma_rig::latency(&args.latency)?;
-    let policies = crate::dma_rig::policies(&args.policies)?;
+    let model = args.run.model()?;
+    let policies = args.run.policies()?;
     let results = policies
         .into_iter()
         .map(|p| run_policy(p, args, dir, model))

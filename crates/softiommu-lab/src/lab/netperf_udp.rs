@@ -52,12 +52,9 @@ pub struct NetperfArgs {
     /// Descriptors per transmit ring.
     #[arg(long, default_value_t = 256)]
     pub ring: usize,
-    /// Latency model: vtd-2015 or zero.
-    #[arg(long, default_value = "vtd-2015")]
-    pub latency: String,
-    /// Policies to run (default: all).
-    #[arg(long, value_delimiter = ',')]
-    pub policies: Vec<String>,
+    /// Policies and latency model.
+    #[command(flatten)]
+    pub run: crate::dma_rig::DmaRunArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -426,12 +423,12 @@ fn run_policy(
 
 /// Runs the lab.
 pub fn run(args: &NetperfArgs) -> Result<NetperfReport, String> {
-    let model = crate::dma_rig::latency(&args.latency)?;
+    let model = args.run.model()?;
     let seconds = args
         .seconds
         .unwrap_or(if args.quick { 2.0 } else { 10.0 })
         .max(0.1);
-    let policies = crate::dma_rig::policies(&args.policies)?;
+    let policies = args.run.policies()?;
     let rows = policies
         .into_iter()
         .map(|p| run_policy(p, args, seconds, model))
