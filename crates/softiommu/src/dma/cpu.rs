@@ -1,7 +1,7 @@
 //! The per-CPU handle of a DMA domain: where maps and unmaps happen.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::bounce::BouncePool;
@@ -9,21 +9,19 @@ use super::device::DmaDevice;
 use super::domain::{lock, BounceRecord, DmaDomain};
 use super::error::DmaError;
 use super::flush_queue::{FlushQueue, FqEntry, Pushed};
+use super::gate::ActiveFlag;
 use super::policy::{DmaDirection, DmaPolicy};
 use super::stats::CpuStats;
 use crate::iova::{IovaCpuCache, IovaError};
 use crate::mem::{PhysAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::pgtable::{IoPageTable, IotlbGather, Perm};
 
-/// What a domain keeps of each CPU: the lock its map/unmap run under (only
-/// a policy switch takes it from elsewhere), its flush queue, its counters.
+/// What a domain keeps of each CPU: the flag its map/unmap raise while
+/// they run (a policy switch waits on it, see [`super::gate`]), its flush
+/// queue, its counters.
 #[derive(Debug)]
 pub(crate) struct CpuSlot {
-    pub(crate) op: Mutex<()>,
-    /// Held from taking a batch out of `fq` to the end of its flush, by
-    /// whoever flushes it, so that a flush of this queue is a barrier for
-    /// everything queued before it.
-    pub(crate) flushing: Mutex<()>,
+    pub(crate) active: ActiveFlag,
     pub(crate) fq: FlushQueue,
     pub(crate) stats: CpuStats,
     /// Flushes the timer did of this CPU's queue.
@@ -33,8 +31,7 @@ pub(crate) struct CpuSlot {
 impl CpuSlot {
     pub(crate) fn new(fq_size: usize) -> Self {
         Self {
-            op: Mutex::new(()),
-            flushing: Mutex::new(()),
+            active: ActiveFlag::default(),
             fq: FlushQueue::new(fq_size),
             stats: CpuStats::default(),
             timer_stats: CpuStats::default(),
@@ -142,7 +139,7 @@ impl DmaCpu {
             return Err(DmaError::ZeroLength);
         }
         let (slot, w) = (&*self.slot, &mut self.w);
-        let _op = lock(&slot.op);
+        let _op = w.domain.gate.enter(&slot.active);
         let addr = match w.domain.policy() {
             DmaPolicy::Passthrough => {
                 let end = phys.checked_add(len - 1).ok_or(DmaError::BeyondMask {
@@ -181,7 +178,7 @@ impl DmaCpu {
         }
         let _ = dir;
         let (slot, w) = (&*self.slot, &mut self.w);
-        let _op = lock(&slot.op);
+        let _op = w.domain.gate.enter(&slot.active);
         if w.try_bounce_unmap(slot, addr, len)? {
             slot.stats.unmap();
             return Ok(());
@@ -243,7 +240,7 @@ impl DmaCpu {
             });
         }
         let (slot, w) = (&*self.slot, &mut self.w);
-        let _op = lock(&slot.op);
+        let _op = w.domain.gate.enter(&slot.active);
         let pages: u64 = sg.iter().map(|e| pages_of(e.phys, e.len)).sum();
         let pfn = w.alloc_iova(slot, dev, pages)?;
         let mut at = pfn << PAGE_SHIFT;
@@ -305,7 +302,7 @@ impl DmaCpu {
             return Ok(());
         }
         let (slot, w) = (&*self.slot, &mut self.w);
-        let _op = lock(&slot.op);
+        let _op = w.domain.gate.enter(&slot.active);
         let start = m.dma & !(PAGE_SIZE - 1);
         let deferred = w.domain.policy() == DmaPolicy::Deferred;
         w.unmap_pages(slot, start, m.pages << PAGE_SHIFT, deferred)?;
@@ -329,7 +326,7 @@ impl DmaCpu {
         let phys = w.domain.mem.alloc_zeroed_frames(order)?;
         // Coherent memory is never bounced: it is the device's by design.
         let r = {
-            let _op = lock(&slot.op);
+            let _op = w.domain.gate.enter(&slot.active);
             match w.domain.policy() {
                 DmaPolicy::Passthrough => Ok(phys),
                 _ => w.map_pages(slot, dev, phys, PAGE_SIZE << order, Perm::RW),
@@ -359,7 +356,7 @@ impl DmaCpu {
         let order = len.max(1).div_ceil(PAGE_SIZE).next_power_of_two().ilog2();
         let (slot, w) = (&*self.slot, &mut self.w);
         {
-            let _op = lock(&slot.op);
+            let _op = w.domain.gate.enter(&slot.active);
             match w.domain.policy() {
                 DmaPolicy::Passthrough => {}
                 p => w.unmap_pages(slot, dma, PAGE_SIZE << order, p == DmaPolicy::Deferred)?,
@@ -523,29 +520,34 @@ impl Work {
         if deferred {
             let tables = gather.defer();
             let entry = FqEntry { pfn, pages };
-            let full = match slot
-                .fq
-                .push(entry, &tables, d.unit_mask(), d.tunables.high_water())
-            {
-                Pushed::Queued { .. } => {
-                    d.arm.on_push();
-                    // The owner enforces the timeout too, every few pushes,
-                    // so the stale window holds while the timer thread waits
-                    // for a core.
-                    *pushes = pushes.wrapping_add(1);
-                    if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
-                        slot.fq.take_expired(Instant::now(), d.tunables.timeout())
-                    } else {
-                        None
+            let (units, high_water) = (d.unit_mask(), d.tunables.high_water());
+            loop {
+                let queued = match slot.fq.push(entry, &tables, units, high_water) {
+                    Pushed::Queued { .. } => {
+                        d.arm.on_push();
+                        // The owner enforces the age limit too, every few
+                        // pushes, so the stale window holds while the timer
+                        // thread waits for a core.
+                        *pushes = pushes.wrapping_add(1);
+                        if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
+                            let after = d.tunables.flush_after();
+                            let mut taker = slot.fq.taker();
+                            if let Some(b) = taker.take_if_older(Instant::now(), after) {
+                                flush_taken(d, slot, cache, b)?;
+                            }
+                        }
+                        break;
                     }
+                    Pushed::Full => true,
+                    Pushed::NoRoom => false,
+                };
+                let mut taker = slot.fq.taker();
+                if let Some(b) = taker.take_all() {
+                    flush_taken(d, slot, cache, b)?;
                 }
-                Pushed::Full(batch) => Some(batch),
-            };
-            if let Some(batch) = full {
-                let _flushing = lock(&slot.flushing);
-                let n = batch.entries.len() as u64;
-                let (_, inv) = d.flush_batch(batch, cache)?;
-                slot.stats.flush(n, inv);
+                if queued {
+                    break;
+                }
             }
         } else {
             // Every device of the domain can reach its mappings: every unit the
@@ -560,11 +562,9 @@ impl Work {
 
     /// See [`DmaCpu::flush_own`].
     fn flush_own(&mut self, slot: &CpuSlot) -> Result<(), DmaError> {
-        let _flushing = lock(&slot.flushing);
-        if let Some(batch) = slot.fq.take_all() {
-            let n = batch.entries.len() as u64;
-            let (_, inv) = self.domain.flush_batch(batch, &mut self.cache)?;
-            slot.stats.flush(n, inv);
+        let mut taker = slot.fq.taker();
+        if let Some(b) = taker.take_all() {
+            flush_taken(&self.domain, slot, &mut self.cache, b)?;
         }
         Ok(())
     }
@@ -594,6 +594,20 @@ impl Work {
         slot.stats.bounced(len);
         Ok(())
     }
+}
+
+/// Flushes a batch the owner took out of its own queue (the caller still
+/// holds the queue's taker lock) and counts it.
+fn flush_taken(
+    d: &DmaDomain,
+    slot: &CpuSlot,
+    cache: &mut IovaCpuCache,
+    batch: super::flush_queue::Batch,
+) -> Result<(), DmaError> {
+    let n = batch.entries.len() as u64;
+    let (_, inv) = d.flush_batch(batch, cache)?;
+    slot.stats.flush(n, inv);
+    Ok(())
 }
 
 impl Drop for DmaCpu {

@@ -12,9 +12,11 @@ use super::cpu::{CpuSlot, DmaCpu};
 use super::device::DmaDevice;
 use super::error::DmaError;
 use super::flush_queue::{Batch, TimerArm};
+use super::gate::Gate;
 use super::policy::{DmaDirection, DmaPolicy, Tunables};
 use super::stale::{StaleReport, StaleWindow};
 use super::stats::DmaStats;
+use crate::hw::barrier::Barrier;
 use crate::hw::{ContextEntry, SourceId, System, UnitId};
 use crate::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
 use crate::mem::{PhysAddr, PhysMemory, PAGE_SHIFT, PAGE_SIZE};
@@ -74,6 +76,8 @@ pub struct DmaDomain {
     pub(crate) tunables: Tunables,
     pub(crate) cpus: Mutex<Vec<Arc<CpuSlot>>>,
     pub(crate) arm: Arc<TimerArm>,
+    /// What maps and unmaps pass and a policy switch closes.
+    pub(crate) gate: Gate,
     pub(crate) shutdown: AtomicBool,
     timer: Mutex<Option<JoinHandle<()>>>,
     timer_cache: Mutex<Option<IovaCpuCache>>,
@@ -122,6 +126,8 @@ impl DmaDomain {
         } else {
             None
         };
+        // One fence pair for the gate and the timer's arm (see `gate`).
+        let barrier = Barrier::default_for_process();
         let d = Arc::new(Self {
             did: config.did,
             system,
@@ -133,7 +139,8 @@ impl DmaDomain {
             devices: Mutex::new(Vec::new()),
             tunables: Tunables::new(config.policy),
             cpus: Mutex::new(Vec::new()),
-            arm: Arc::new(TimerArm::default()),
+            arm: Arc::new(TimerArm::new(barrier)),
+            gate: Gate::new(barrier),
             shutdown: AtomicBool::new(false),
             timer: Mutex::new(None),
             timer_cache: Mutex::new(None),
@@ -327,15 +334,15 @@ impl DmaDomain {
         Ok((batch.entries.len() as u64, n))
     }
 
-    /// The timer's round: flushes every queue whose oldest entry is due;
-    /// returns the oldest entry still queued, if any.
-    pub(crate) fn flush_expired(&self, now: Instant, timeout: Duration) -> Option<Instant> {
+    /// The timer's round: flushes every queue whose oldest entry has waited
+    /// `age` at `now`; returns the oldest entry still queued, if any.
+    pub(crate) fn flush_expired(&self, now: Instant, age: Duration) -> Option<Instant> {
         let cpus = lock(&self.cpus).clone();
         let mut cache_guard = lock(&self.timer_cache);
         let mut oldest: Option<Instant> = None;
         for slot in &cpus {
-            let _flushing = lock(&slot.flushing);
-            if let Some(batch) = slot.fq.take_expired(now, timeout) {
+            let mut taker = slot.fq.taker();
+            if let Some(batch) = taker.take_if_older(now, age) {
                 if let Some(cache) = cache_guard.as_mut() {
                     let entries = batch.entries.len() as u64;
                     // A failed flush leaves the IOVAs allocated: leaked, never
@@ -345,6 +352,7 @@ impl DmaDomain {
                     }
                 }
             }
+            drop(taker);
             if let Some(t) = slot.fq.oldest() {
                 oldest = Some(oldest.map_or(t, |o| o.min(t)));
             }
@@ -354,7 +362,7 @@ impl DmaDomain {
 
     /// Whether any queue holds an entry.
     pub(crate) fn any_queued(&self) -> bool {
-        lock(&self.cpus).iter().any(|s| s.fq.oldest().is_some())
+        lock(&self.cpus).iter().any(|s| !s.fq.is_empty())
     }
 
     /// Flushes every queue now (the timer's cache frees the IOVAs).
@@ -362,8 +370,8 @@ impl DmaDomain {
         let cpus = lock(&self.cpus).clone();
         let mut cache_guard = lock(&self.timer_cache);
         for slot in &cpus {
-            let _flushing = lock(&slot.flushing);
-            if let Some(batch) = slot.fq.take_all() {
+            let mut taker = slot.fq.taker();
+            if let Some(batch) = taker.take_all() {
                 if let Some(cache) = cache_guard.as_mut() {
                     let entries = batch.entries.len() as u64;
                     let (_, inv) = self.flush_batch(batch, cache)?;
@@ -381,9 +389,12 @@ impl DmaDomain {
     /// the domain's IOTLB entries are invalidated.
     pub fn set_policy(&self, policy: DmaPolicy) -> Result<(), DmaError> {
         let _switch = lock(&self.switch);
-        let cpus = lock(&self.cpus).clone();
-        // Stop the world: every CPU's map/unmap runs under its slot's lock.
-        let _held: Vec<_> = cpus.iter().map(|s| lock(&s.op)).collect();
+        // Stop the world: close the gate, then wait for every CPU's running
+        // map or unmap (the list is read after closing; see `gate`).
+        let closed = self.gate.close();
+        for slot in lock(&self.cpus).clone().iter() {
+            closed.wait_for(&slot.active);
+        }
         let old = self.policy();
         if old == policy {
             return Ok(());
@@ -406,6 +417,7 @@ impl DmaDomain {
             self.invalidate(all, 0, 0)?;
         }
         self.tunables.policy.store(policy.to_u8(), Relaxed);
+        drop(closed);
         Ok(())
     }
 

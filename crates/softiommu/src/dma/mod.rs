@@ -26,6 +26,7 @@ mod device;
 mod domain;
 mod error;
 mod flush_queue;
+mod gate;
 mod policy;
 mod stale;
 mod stats;
@@ -40,7 +41,7 @@ pub use cpu::{DmaCpu, SgEntry, SgMapping};
 pub use device::DmaDevice;
 pub use domain::{DmaDomain, DmaDomainConfig};
 pub use error::DmaError;
-pub use flush_queue::{Batch, FlushQueue, FqEntry, Pushed, TimerArm};
+pub use flush_queue::{Batch, FlushQueue, FqEntry, Pushed, Taker, TimerArm};
 pub use policy::{
     DmaDirection, DmaPolicy, Tunables, DEFAULT_FQ_SIZE, DEFAULT_HIGH_WATER, DEFAULT_TIMEOUT,
 };

@@ -132,9 +132,21 @@ impl Tunables {
         self.high_water.load(Relaxed)
     }
 
-    /// The age at which a queued entry is flushed by the timer.
+    /// The longest an unmapped buffer may stay reachable in deferred mode:
+    /// the bound the stale window is held to.
     pub fn timeout(&self) -> Duration {
         Duration::from_nanos(self.timeout_ns.load(Relaxed))
+    }
+
+    /// The age at which a queue is flushed: three quarters of the
+    /// [`timeout`](Self::timeout). The last quarter (2.5 ms by default)
+    /// absorbs the timer's wake-up, a busy core's scheduling delay and the
+    /// flush itself, so that the flush completes within the timeout. Linux
+    /// arms its timer for the full timeout and lets the window run over it
+    /// by the timer's latency.
+    pub fn flush_after(&self) -> Duration {
+        let t = self.timeout();
+        t - t / 4
     }
 
     /// The array size of queues made from now on.

@@ -22,17 +22,17 @@ pub(crate) fn run(domain: Weak<DmaDomain>) {
             arm.sleep();
             continue;
         }
-        let timeout = d.tunables.timeout();
+        let after = d.tunables.flush_after();
         let now = Instant::now();
-        let next = d.flush_expired(now, timeout);
+        let next = d.flush_expired(now, after);
         match next {
             Some(oldest) => {
                 drop(d);
-                let due = oldest + timeout;
+                let due = oldest + after;
                 let nap = due
                     .saturating_duration_since(Instant::now())
                     .max(Duration::from_micros(100));
-                arm.nap(nap.min(timeout));
+                arm.nap(nap.min(after));
             }
             None => {
                 // Nothing queued: disarm, then look once more (a push may

@@ -109,6 +109,11 @@ impl Barrier {
         }
     }
 
+    /// `Auto` resolved for this process: membarrier where the kernel has it.
+    pub(crate) fn default_for_process() -> Barrier {
+        Barrier::resolve(DrainBarrier::Auto).unwrap_or(Barrier::Fence)
+    }
+
     /// The translator's side, between "I am active" and the first IOTLB load.
     #[inline(always)]
     pub(crate) fn light(self) {

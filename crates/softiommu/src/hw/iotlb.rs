@@ -333,18 +333,16 @@ impl Iotlb {
         // only (the way is validated below, and missing a way only costs a
         // walk). Reading them all first replaces a loop that exits at a
         // random way, a mispredicted branch per hit, with a fixed-count one.
-        let mut candidates = 0u32;
-        for (i, e) in ways.iter().enumerate() {
-            candidates |= u32::from(e.key.load(Ordering::Relaxed) == key) << i;
-        }
         // Under loom every way is a candidate: the hint can only skip ways
         // (a miss, always safe), and without it the models explore the
         // validation below exactly as a reader that found the way by
         // scanning would run it.
         #[cfg(loom)]
-        {
-            candidates = (1u32 << ways.len()) - 1;
-        }
+        let mut candidates = (1u32 << ways.len()) - 1;
+        #[cfg(not(loom))]
+        let mut candidates = ways.iter().enumerate().fold(0u32, |c, (i, e)| {
+            c | u32::from(e.key.load(Ordering::Relaxed) == key) << i
+        });
         while candidates != 0 {
             let e = &ways[candidates.trailing_zeros() as usize];
             candidates &= candidates - 1;

@@ -86,7 +86,7 @@
 //! translation that faults fails; a later issue lets a device wait for the
 //! fault to be served instead).
 
-mod barrier;
+pub(crate) mod barrier;
 mod context;
 mod descriptor;
 mod epoch;
@@ -100,7 +100,7 @@ mod loom_tests;
 mod processor;
 mod ranges;
 mod submit;
-mod sync;
+pub(crate) mod sync;
 mod system;
 mod translator;
 mod unit;
