@@ -249,7 +249,7 @@ impl DmaCpu {
             if let Err(err) =
                 w.domain
                     .table
-                    .map(at, e.phys & !(PAGE_SIZE - 1), n << PAGE_SHIFT, dir.perm())
+                    .map_fresh(at, e.phys & !(PAGE_SIZE - 1), n << PAGE_SHIFT, dir.perm())
             {
                 if at > pfn << PAGE_SHIFT {
                     let mapped = at - (pfn << PAGE_SHIFT);
@@ -415,10 +415,12 @@ impl Work {
         let pages = pages_of(phys, len);
         let pfn = self.alloc_iova(slot, dev, pages)?;
         let iova = pfn << PAGE_SHIFT;
+        // The block is fresh from this domain's allocator: nothing can be
+        // mapped there (see `map_fresh`).
         if let Err(e) =
             self.domain
                 .table
-                .map(iova, phys & !(PAGE_SIZE - 1), pages << PAGE_SHIFT, perm)
+                .map_fresh(iova, phys & !(PAGE_SIZE - 1), pages << PAGE_SHIFT, perm)
         {
             self.cache.free(pfn, pages)?;
             return Err(e.into());

@@ -990,9 +990,21 @@ impl VtdPageTable {
         Some(table)
     }
 
-    /// Maps `[iova, end)` into last-level `table` if every entry is empty;
-    /// `false` (nothing written) otherwise.
-    fn map_fast(
+    /// Whether every entry of `[iova, end)` in last-level `table` is empty.
+    fn leaves_empty(&self, table: PhysAddr, iova: u64, end: u64) -> bool {
+        let mut cur = iova;
+        while cur < end {
+            match self.mem.load_u64(slot(table, 1, cur), Ordering::Relaxed) {
+                Ok(0) => cur += PAGE_SIZE,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Writes 4 KiB leaves for `[iova, end)` into last-level `table`;
+    /// `false` (nothing written) if the table is outside the memory.
+    fn write_leaves(
         &self,
         op: &mut Op,
         table: PhysAddr,
@@ -1001,13 +1013,6 @@ impl VtdPageTable {
         phys: PhysAddr,
         perm: Perm,
     ) -> bool {
-        let mut cur = iova;
-        while cur < end {
-            match self.mem.load_u64(slot(table, 1, cur), Ordering::Relaxed) {
-                Ok(0) => cur += PAGE_SIZE,
-                _ => return false,
-            }
-        }
         let (mut cur, mut p) = (iova, phys);
         while cur < end {
             let at = slot(table, 1, cur);
@@ -1026,6 +1031,58 @@ impl VtdPageTable {
             p += PAGE_SIZE;
         }
         true
+    }
+
+    /// Checks a map request; returns the range's end.
+    fn check_map(iova: u64, phys: PhysAddr, len: u64, perm: Perm) -> Result<u64, PgtableError> {
+        let end = Self::check_range(iova, len)?;
+        if !phys.is_multiple_of(PAGE_SIZE) {
+            return Err(PgtableError::UnalignedPhys {
+                phys,
+                align: PAGE_SIZE,
+            });
+        }
+        if !matches!(phys.checked_add(len), Some(e) if e <= 1 << VTD_ADDR_BITS) {
+            return Err(PgtableError::PhysTooWide {
+                phys,
+                len,
+                width: VTD_ADDR_BITS,
+            });
+        }
+        if perm.is_empty() {
+            return Err(PgtableError::NoPermission { iova, len });
+        }
+        Ok(end)
+    }
+
+    /// [`IoPageTable::map`] for a range its caller owns and knows to be
+    /// unmapped: an IOVA block the domain's allocator just handed out (an
+    /// allocator returns a block only after the unmap that cleared it). On
+    /// the one-walk path the entries are written without being read first.
+    /// That read is what `map` uses to refuse an overlap, and it misses in
+    /// the cache whenever a device walked the line since the CPU last wrote
+    /// it: measured in `lab netperf-udp` (deferred, 32 B), skipping it took
+    /// the CPU's cost from 0.46 to 0.36 µs per packet. Debug builds still
+    /// read and refuse. Crate-internal: the precondition is `dma`'s to keep.
+    pub(crate) fn map_fresh(
+        &self,
+        iova: u64,
+        phys: PhysAddr,
+        len: u64,
+        perm: Perm,
+    ) -> Result<OpStats, PgtableError> {
+        let end = Self::check_map(iova, phys, len, perm)?;
+        let mut op = self.op();
+        if let Some(t) = self.leaf_table(iova, end) {
+            if (!cfg!(debug_assertions) || self.leaves_empty(t, iova, end))
+                && self.write_leaves(&mut op, t, iova, end, phys, perm)
+            {
+                return Ok(self.finish(op));
+            }
+        }
+        let result = self.map_inner(&mut op, iova, end, phys, perm);
+        let st = self.finish(op);
+        result.map(|()| st)
     }
 
     /// Unmaps `[iova, end)` from last-level `table` if every entry is a
@@ -1108,26 +1165,12 @@ impl IoPageTable for VtdPageTable {
         len: u64,
         perm: Perm,
     ) -> Result<OpStats, PgtableError> {
-        let end = Self::check_range(iova, len)?;
-        if !phys.is_multiple_of(PAGE_SIZE) {
-            return Err(PgtableError::UnalignedPhys {
-                phys,
-                align: PAGE_SIZE,
-            });
-        }
-        if !matches!(phys.checked_add(len), Some(e) if e <= 1 << VTD_ADDR_BITS) {
-            return Err(PgtableError::PhysTooWide {
-                phys,
-                len,
-                width: VTD_ADDR_BITS,
-            });
-        }
-        if perm.is_empty() {
-            return Err(PgtableError::NoPermission { iova, len });
-        }
+        let end = Self::check_map(iova, phys, len, perm)?;
         let mut op = self.op();
         if let Some(t) = self.leaf_table(iova, end) {
-            if self.map_fast(&mut op, t, iova, end, phys, perm) {
+            if self.leaves_empty(t, iova, end)
+                && self.write_leaves(&mut op, t, iova, end, phys, perm)
+            {
                 return Ok(self.finish(op));
             }
         }

@@ -535,3 +535,27 @@ fn a_map_needing_more_tables_than_memory_has_fails_fast() {
     t.map(0, K4, 200 * M2, Perm::RW).unwrap();
     assert_eq!(t.stats().table_pages, 1 + 1 + 1 + 200);
 }
+
+#[test]
+fn map_fresh_maps_as_map_does_and_debug_builds_still_refuse_an_overlap() {
+    let t = table(true);
+    // A new region: the general path builds the tables.
+    t.map_fresh(K4, 5 * K4, K4, Perm::RW).unwrap();
+    // Into the existing last-level table: the one-walk path.
+    t.map_fresh(2 * K4, 9 * K4, 2 * K4, Perm::READ).unwrap();
+    for (iova, phys) in [(K4, 5 * K4), (2 * K4, 9 * K4), (3 * K4, 10 * K4)] {
+        let tr = t.iova_to_phys(iova).unwrap().expect("mapped");
+        assert_eq!(tr.phys, phys);
+    }
+    assert!(matches!(
+        t.map_fresh(K4, 0, 3, Perm::RW),
+        Err(PgtableError::Unaligned { .. })
+    ));
+    if cfg!(debug_assertions) {
+        assert!(matches!(
+            t.map_fresh(2 * K4, 0, K4, Perm::RW),
+            Err(PgtableError::AlreadyMapped { .. })
+        ));
+        assert_eq!(t.iova_to_phys(2 * K4).unwrap().unwrap().phys, 9 * K4);
+    }
+}
