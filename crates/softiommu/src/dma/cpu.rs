@@ -520,6 +520,9 @@ impl Work {
                 e => e.into(),
             })?;
         if deferred {
+            // Until its flush the block is retired, not free: a second unmap
+            // of it is refused, and only the flush frees it.
+            d.iova.retire_block(pfn, pages)?;
             let tables = gather.defer();
             let entry = FqEntry { pfn, pages };
             let (units, high_water) = (d.unit_mask(), d.tunables.high_water());

@@ -326,7 +326,7 @@ impl DmaDomain {
             self.stale.record(t.elapsed(), batch.entries.len() as u64);
         }
         for e in &batch.entries {
-            cache.free(e.pfn, e.pages)?;
+            cache.free_retired(e.pfn, e.pages)?;
         }
         for &t in &batch.tables {
             self.mem.free_frames(t, 0)?;

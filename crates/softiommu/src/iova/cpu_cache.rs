@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 
 use super::domain::IovaDomain;
-use super::live_map::{state, CACHED, LIVE};
+use super::live_map::{state, CACHED, LIVE, RETIRED};
 use super::magazine::Magazine;
 use super::policy::WhenFull;
 use super::IovaError;
@@ -223,6 +223,20 @@ impl IovaCpuCache {
     pub fn free(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;
         self.domain.check_live(pfn, order)?;
+        self.free_checked(pfn, order)
+    }
+
+    /// Frees a block its user retired with [`IovaDomain::retire_block`],
+    /// once the flush that covers it has completed.
+    #[inline]
+    pub fn free_retired(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+        let order = super::order_of(pages)?;
+        self.domain.check_state(pfn, order, RETIRED)?;
+        self.free_checked(pfn, order)
+    }
+
+    #[inline]
+    fn free_checked(&mut self, pfn: u64, order: u32) -> Result<(), IovaError> {
         self.check_epoch();
         match self.classes.get_mut(order as usize) {
             Some(class) if !class.loaded.is_full() => {

@@ -9,7 +9,7 @@ use crossbeam_utils::CachePadded;
 use super::cpu_cache::{CacheShared, IovaCpuCache};
 use super::gap_tree::GapTree;
 use super::linear_tree::LinearTree;
-use super::live_map::{state, LiveMap, CACHED, LIVE};
+use super::live_map::{state, LiveMap, CACHED, LIVE, RETIRED};
 use super::magazine::Magazine;
 use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull};
 use super::{order_of, IovaError};
@@ -114,6 +114,9 @@ pub enum BlockState {
     Live,
     /// Freed by its user, held in a per-CPU cache or the depot.
     Cached,
+    /// Released by its user, waiting for a flush before it may be freed
+    /// (see [`IovaDomain::retire_block`]).
+    Retired,
     /// A reserved range.
     Reserved,
 }
@@ -396,11 +399,31 @@ impl IovaDomain {
         self.check_live(pfn, order_of(pages)?)
     }
 
+    /// Marks a live block as released by its user but not free yet: an
+    /// IOVA a deferred unmap queued, which only the flush that covers it
+    /// may free (with [`IovaCpuCache::free_retired`]). Until then a second
+    /// free or retire of it is refused (`NotAllocated`), as a double unmap
+    /// must be, though the block is still allocated in the tree.
+    pub fn retire_block(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+        let order = order_of(pages)?;
+        self.check_live(pfn, order)?;
+        self.live.set(pfn, state(RETIRED, order));
+        Ok(())
+    }
+
     /// Verifies that a live block of `order` starts at `pfn`.
     #[inline]
     pub(super) fn check_live(&self, pfn: u64, order: u32) -> Result<(), IovaError> {
-        if order < 64 && self.live.get(pfn) == state(LIVE, order) {
+        self.check_state(pfn, order, LIVE)
+    }
+
+    /// Verifies that a block of `order` in state `flag` starts at `pfn`.
+    #[inline]
+    pub(super) fn check_state(&self, pfn: u64, order: u32, flag: u8) -> Result<(), IovaError> {
+        if order < 64 && self.live.get(pfn) == state(flag, order) {
             Ok(())
+        } else if flag == RETIRED && order < 64 && self.live.get(pfn) == state(LIVE, order) {
+            Err(IovaError::NotRetired { pfn })
         } else {
             Err(self.free_error(pfn, order))
         }
@@ -412,7 +435,7 @@ impl IovaDomain {
             return IovaError::OutsideDomain { lo: pfn, hi: pfn };
         }
         let s = self.live.get(pfn);
-        if s & LIVE != 0 {
+        if s & (LIVE | CACHED) == LIVE {
             IovaError::WrongSize {
                 pfn,
                 pages: 1u64.checked_shl(order).unwrap_or(0),
@@ -615,10 +638,10 @@ impl IovaDomain {
         }
         drop(t);
         let (start, order, flag) = self.live.block_containing(pfn)?;
-        let state = if flag & CACHED != 0 {
-            BlockState::Cached
-        } else {
-            BlockState::Live
+        let state = match flag {
+            RETIRED => BlockState::Retired,
+            CACHED => BlockState::Cached,
+            _ => BlockState::Live,
         };
         Some(IovaBlock {
             pfn: start,

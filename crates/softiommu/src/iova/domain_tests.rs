@@ -160,6 +160,33 @@ fn find_tells_live_from_cached() {
 }
 
 #[test]
+fn a_retired_block_is_freed_only_by_free_retired() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut c = d.cpu_cache();
+    let a = c.alloc(4, END).unwrap();
+    assert!(matches!(
+        d.retire_block(a, 2),
+        Err(IovaError::WrongSize { .. })
+    ));
+    assert_eq!(c.free_retired(a, 4), Err(IovaError::NotRetired { pfn: a }));
+    d.retire_block(a, 4).unwrap();
+    assert_eq!(d.find(a + 3).unwrap().state, BlockState::Retired);
+    for again in [d.retire_block(a, 4), c.free(a, 4), d.free(a, 4)] {
+        assert_eq!(
+            again,
+            Err(IovaError::NotAllocated { pfn: a }),
+            "released already"
+        );
+    }
+    c.free_retired(a, 4).unwrap();
+    assert_eq!(d.find(a).unwrap().state, BlockState::Cached);
+    assert_eq!(
+        c.free_retired(a, 4),
+        Err(IovaError::NotAllocated { pfn: a })
+    );
+}
+
+#[test]
 fn exhaustion_recovers_what_the_caches_hold() {
     for policy in IovaPolicy::ALL {
         let d = IovaDomain::new(64, 127, policy).unwrap();

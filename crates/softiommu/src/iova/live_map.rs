@@ -23,6 +23,9 @@ use crate::mem::{MemError, Reservation};
 pub(crate) const LIVE: u8 = 0x40;
 /// The block starting here sits in a per-CPU cache or the depot.
 pub(crate) const CACHED: u8 = 0x80;
+/// The block starting here was released by its user but is not free yet:
+/// a deferred unmap's IOVA, waiting for the flush that makes it reusable.
+pub(crate) const RETIRED: u8 = LIVE | CACHED;
 const ORDER_MASK: u8 = 0x3f;
 
 /// The state map of one domain.

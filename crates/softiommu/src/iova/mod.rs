@@ -86,6 +86,13 @@ pub enum IovaError {
         /// The pfn freed.
         pfn: u64,
     },
+    /// A block freed as retired (after a deferred flush) was never retired:
+    /// it is still held by its user.
+    #[error("pfn {pfn:#x} is live, not retired: its user still holds it")]
+    NotRetired {
+        /// The block's first page frame.
+        pfn: u64,
+    },
     /// The block exists but with another size.
     #[error("pfn {pfn:#x} was allocated with {allocated_pages} pages, freed with {pages}")]
     WrongSize {
