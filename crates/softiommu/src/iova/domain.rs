@@ -364,7 +364,10 @@ impl IovaDomain {
                     })?
             }
         };
-        self.live.set(pfn, state(LIVE, order));
+        if let Err(e) = self.live.claim(pfn, state(LIVE, order)) {
+            lock(&self.tree).free(pfn, order);
+            return Err(e.into());
+        }
         Ok(pfn)
     }
 
@@ -376,8 +379,16 @@ impl IovaDomain {
         if self.params.linear_tree || chunk <= order {
             return None;
         }
-        let pfn = lock(&self.tree).alloc_split(order, chunk, limit)?;
-        for i in 0..1u64 << (chunk - order) {
+        let mut tree = lock(&self.tree);
+        let pfn = tree.alloc_split(order, chunk, limit)?;
+        // The chunk is size aligned and smaller than a map chunk: one claim
+        // covers every block in it.
+        if self.live.claim(pfn, state(CACHED, order)).is_err() {
+            tree.free_run(pfn, 1 << (chunk - order), order);
+            return None;
+        }
+        drop(tree);
+        for i in 1..1u64 << (chunk - order) {
             self.live.set(pfn + (i << order), state(CACHED, order));
         }
         Some(pfn)

@@ -7,15 +7,24 @@
 //! has a state; blocks are size aligned, so the block holding any page is
 //! found by checking the O(log) aligned candidates below it.
 //!
-//! The bytes live in a lazily committed `mmap` reservation (a 48-bit domain
-//! reserves 64 GiB of address space; only pages near live IOVAs are
-//! committed). Access is relaxed atomic loads and stores, which compile to
+//! The bytes live in chunks of 2 MiB (2^21 frames, 8 GiB of IOVA space),
+//! each a lazily committed `mmap` reservation made the first time the tree
+//! hands out a block there (a slow path, under the tree's lock), so the hot
+//! paths never allocate. A 48-bit domain used to reserve all 64 GiB of its
+//! map up front: more address space than valgrind (`callgrind`, for
+//! `bench dma --iters`) gives a process, and 64 GiB per domain adds up in a
+//! VMM with many. Access is relaxed atomic loads and stores, which compile to
 //! plain moves: no read-modify-write on the hot path. The cost of that
 //! choice: a check and its update are two steps, so two threads freeing the
 //! *same* IOVA at the same instant can both pass the check. Every sequential
 //! misuse is caught.
 
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::ptr::null_mut;
+use std::sync::atomic::{
+    AtomicPtr, AtomicU8,
+    Ordering::{Acquire, Relaxed, Release},
+};
+use std::sync::Mutex;
 
 use crate::mem::{MemError, Reservation};
 
@@ -28,41 +37,92 @@ pub(crate) const CACHED: u8 = 0x80;
 pub(crate) const RETIRED: u8 = LIVE | CACHED;
 const ORDER_MASK: u8 = 0x3f;
 
+/// Frames per chunk of the map, as a shift.
+const CHUNK_SHIFT: u32 = 21;
+/// The most chunks a map may have (2^41 frames: an 8 PiB IOVA space).
+const MAX_CHUNKS: u64 = 1 << 20;
+
 /// The state map of one domain.
 #[derive(Debug)]
 pub(crate) struct LiveMap {
-    bytes: Reservation,
+    /// Each chunk's first byte, null until claimed: one load on the hot
+    /// path (the reservations themselves sit in `owned`).
+    chunks: Box<[AtomicPtr<u8>]>,
+    owned: Mutex<Vec<Reservation>>,
     len: u64,
 }
 
 impl LiveMap {
-    /// A map for frames `0..=end_pfn`.
+    /// A map for frames `0..=end_pfn`; no chunk is reserved yet.
     pub(crate) fn new(end_pfn: u64) -> Result<Self, MemError> {
-        let len = end_pfn + 1;
+        let len = end_pfn.saturating_add(1);
+        let n = len.div_ceil(1 << CHUNK_SHIFT);
+        if n > MAX_CHUNKS {
+            return Err(MemError::Reserve {
+                len,
+                errno: libc::EOVERFLOW,
+            });
+        }
         Ok(Self {
-            bytes: Reservation::new(len)?,
+            chunks: (0..n).map(|_| AtomicPtr::new(null_mut())).collect(),
+            owned: Mutex::new(Vec::new()),
             len,
         })
     }
 
+    #[inline]
     fn cell(&self, pfn: u64) -> Option<&AtomicU8> {
-        // SAFETY: `pfn < len <= mapping length`; the byte lives as long as
-        // `self`, and every access to it is atomic.
-        (pfn < self.len).then(|| unsafe { AtomicU8::from_ptr(self.bytes.base().add(pfn as usize)) })
+        if pfn >= self.len {
+            return None;
+        }
+        // Acquire: pairs with the claim's Release, so the chunk's mapping is
+        // seen whole (it is fresh zeroed memory either way).
+        let base = self
+            .chunks
+            .get((pfn >> CHUNK_SHIFT) as usize)?
+            .load(Acquire);
+        if base.is_null() {
+            return None;
+        }
+        let off = (pfn & ((1 << CHUNK_SHIFT) - 1)) as usize;
+        // SAFETY: `base` is a live reservation of 2^CHUNK_SHIFT bytes owned
+        // by `owned` until `self` drops, and `off` is below that length;
+        // every access to the byte is atomic.
+        Some(unsafe { AtomicU8::from_ptr(base.add(off)) })
     }
 
-    /// The raw state at `pfn` (0 when out of range).
+    /// The raw state at `pfn` (0 when out of range or never claimed).
     #[inline]
     pub(crate) fn get(&self, pfn: u64) -> u8 {
         self.cell(pfn).map_or(0, |c| c.load(Relaxed))
     }
 
-    /// Sets the state at `pfn` (in range by construction of the callers).
+    /// Sets the state at `pfn`, whose chunk a [`claim`](Self::claim) made
+    /// (every block a cache holds came from the tree, which claims).
     #[inline]
     pub(crate) fn set(&self, pfn: u64, state: u8) {
-        if let Some(c) = self.cell(pfn) {
-            c.store(state, Relaxed);
+        match self.cell(pfn) {
+            Some(c) => c.store(state, Relaxed),
+            None => debug_assert!(state == 0, "pfn {pfn:#x} was never claimed"),
         }
+    }
+
+    /// Sets the state at `pfn`, reserving its chunk first if need be: the
+    /// tree's paths call this when they hand out a block.
+    pub(crate) fn claim(&self, pfn: u64, state: u8) -> Result<(), MemError> {
+        if let Some(slot) = self.chunks.get((pfn >> CHUNK_SHIFT) as usize) {
+            if slot.load(Acquire).is_null() {
+                let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+                // Re-checked under the lock: one reservation per chunk.
+                if slot.load(Acquire).is_null() {
+                    let r = Reservation::new(1 << CHUNK_SHIFT)?;
+                    slot.store(r.base(), Release);
+                    owned.push(r);
+                }
+            }
+        }
+        self.set(pfn, state);
+        Ok(())
     }
 
     /// The block (start, order, state) that contains `pfn`, if one is
@@ -86,4 +146,40 @@ impl LiveMap {
 #[inline]
 pub(crate) fn state(flag: u8, order: u32) -> u8 {
     flag | order as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_reserved_on_claim_only() {
+        let m = LiveMap::new((1 << 36) - 1).expect("a 48-bit domain's map");
+        assert_eq!(m.chunks.len(), 1 << 15);
+        assert!(
+            m.owned.lock().unwrap().is_empty(),
+            "nothing reserved up front"
+        );
+        let far = (1 << 36) - 1;
+        assert_eq!(m.get(far), 0);
+        m.set(far, 0); // a clear of an unclaimed frame is a no-op
+        m.claim(far, state(LIVE, 0)).unwrap();
+        assert_eq!(m.get(far), state(LIVE, 0));
+        assert_eq!(m.get(far - 1), 0);
+        // The neighbouring chunk is still unreserved.
+        let below = (1 << 36) - 2 * (1 << CHUNK_SHIFT);
+        assert_eq!(m.get(below), 0);
+        m.claim(below, state(CACHED, 3)).unwrap();
+        assert_eq!(m.block_containing(below + 5), Some((below, 3, CACHED)));
+        assert_eq!(m.owned.lock().unwrap().len(), 2);
+        assert_eq!(m.get(1 << 36), 0, "out of range reads as free");
+    }
+
+    #[test]
+    fn a_map_too_large_is_refused() {
+        assert!(matches!(
+            LiveMap::new(u64::MAX),
+            Err(MemError::Reserve { .. })
+        ));
+    }
 }
