@@ -83,9 +83,11 @@ pub fn run(json: bool) -> Result<(), String> {
         let r = lab::netperf_udp::run(&lab::netperf_udp::NetperfArgs {
             msg_size,
             seconds: None,
+            rounds: None,
             quick: true,
             streams: 1,
             ring: 256,
+            placement: lab::netperf_udp::Placement::Split,
             run: Default::default(),
             json,
         })?;

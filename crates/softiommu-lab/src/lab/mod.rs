@@ -1,5 +1,6 @@
 //! Lab scenarios: workloads over the library, with seed-shaped output.
 
+pub mod affinity;
 pub mod cpu_clock;
 pub mod iova_aging;
 pub mod litmus;

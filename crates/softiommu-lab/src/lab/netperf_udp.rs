@@ -21,7 +21,7 @@
 //! descriptor (as with segmentation offload), not eleven IP fragments.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -40,9 +40,16 @@ pub struct NetperfArgs {
     /// UDP payload bytes per message (the seed: 32 and 16384).
     #[arg(long, default_value_t = 32)]
     pub msg_size: usize,
-    /// Seconds per policy (default 2 with --quick, else 10).
+    /// Seconds per policy, split over the rounds (default 2 with --quick,
+    /// else 10).
     #[arg(long)]
     pub seconds: Option<f64>,
+    /// Rounds: every policy runs once per round, rounds interleaved, and
+    /// each policy's median round (by µs per packet) is reported, so that a
+    /// burst of noise on a shared machine hits one round of one policy
+    /// (default 3 with --quick, else 5).
+    #[arg(long)]
+    pub rounds: Option<usize>,
     /// Short runs, same shape.
     #[arg(long)]
     pub quick: bool,
@@ -52,12 +59,46 @@ pub struct NetperfArgs {
     /// Descriptors per transmit ring.
     #[arg(long, default_value_t = 256)]
     pub ring: usize,
+    /// Where threads run: `split` pins each sender and each device thread
+    /// to a CPU of its own (a device is separate hardware), `shared` pins a
+    /// sender and its device thread to one CPU, `os` leaves it to the
+    /// scheduler (which may switch between the two mid-run).
+    #[arg(long, value_enum, default_value_t = Placement::Split)]
+    pub placement: Placement,
     /// Policies and latency model.
     #[command(flatten)]
     pub run: crate::dma_rig::DmaRunArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Where the lab's threads run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// Sender `i` on the allowed CPU `2i`, its device on CPU `2i + 1`
+    /// (wrapping when there are fewer CPUs).
+    Split,
+    /// Sender `i` and its device on CPU `i`.
+    Shared,
+    /// No pinning.
+    Os,
+}
+
+impl Placement {
+    /// The CPUs (sender, device) of stream `i`, if pinned.
+    fn cpus(self, i: usize, allowed: &[usize]) -> Option<(usize, usize)> {
+        let n = allowed.len();
+        if n == 0 {
+            return None;
+        }
+        match self {
+            Placement::Split => Some((allowed[(2 * i) % n], allowed[(2 * i + 1) % n])),
+            Placement::Shared => Some((allowed[i % n], allowed[i % n])),
+            Placement::Os => None,
+        }
+    }
 }
 
 /// One policy's row.
@@ -95,6 +136,11 @@ pub struct NetperfReport {
     pub msg_size: usize,
     /// Seconds per policy.
     pub seconds: f64,
+    /// Where the threads ran.
+    pub placement: Placement,
+    /// Interleaved rounds; each row is its policy's median round, except
+    /// `stale_window_ms_max` and `flushes`, which cover every round.
+    pub rounds: usize,
     /// What is modelled, nanoseconds.
     pub modelled: Vec<(String, u64)>,
     /// One row per policy.
@@ -110,6 +156,8 @@ struct Ring {
     size: u64,
     tail: AtomicU64,
     stop: AtomicBool,
+    /// Set when the warm-up ends: the device counts its time from then.
+    measuring: AtomicBool,
     /// The sender sleeps on a full ring; the device wakes it (an
     /// interrupt, in effect), so the sender's CPU time is only its work.
     sender_waiting: AtomicBool,
@@ -127,6 +175,7 @@ impl Ring {
     }
 }
 
+/// The device loop; returns its thread's CPU time since the warm-up ended.
 fn device(
     ring: &Ring,
     mem: &PhysMemory,
@@ -134,13 +183,18 @@ fn device(
     sid: SourceId,
     busy: &AtomicU64,
     errors: &AtomicU64,
-) {
+) -> Duration {
+    let mut cpu0: Option<Duration> = None;
     let mut head = 0u64;
     let mut woken_at = 0u64;
     let mut frame = vec![0u8; 64 << 10];
     let mut busy_ns = 0u128;
     let mut idle = 0u32;
     loop {
+        if cpu0.is_none() && ring.measuring.load(Ordering::Acquire) {
+            cpu0 = Some(cpu_clock::thread());
+            busy_ns = 0;
+        }
         let tail = ring.tail.load(Ordering::Acquire);
         if head == tail {
             if ring.stop.load(Ordering::Acquire) {
@@ -197,9 +251,11 @@ fn device(
         }
     }
     busy.fetch_add(busy_ns as u64, Ordering::Relaxed);
+    cpu0.map_or(Duration::ZERO, |t0| cpu_clock::thread().saturating_sub(t0))
 }
 
 struct Sender {
+    pin: Option<usize>,
     cpu: DmaCpu,
     dev: DmaDevice,
     ring: Arc<Ring>,
@@ -231,11 +287,44 @@ impl Sender {
         Ok(clean)
     }
 
-    fn run(&mut self, until: Instant, msg: usize) -> Result<u64, String> {
+    /// Sends until `warm_until` uncounted, meets the others at `go`, then
+    /// sends until `until`; returns the packets sent after `go`. Meets them
+    /// at `go` even when it fails first, so nobody waits forever.
+    fn run(
+        &mut self,
+        warm_until: Instant,
+        go: &Barrier,
+        until: Instant,
+        msg: usize,
+    ) -> Result<u64, String> {
+        let mut warm = true;
+        let r = self.send(warm_until, go, until, msg, &mut warm);
+        if warm {
+            go.wait();
+        }
+        r
+    }
+
+    fn send(
+        &mut self,
+        warm_until: Instant,
+        go: &Barrier,
+        until: Instant,
+        msg: usize,
+        warm: &mut bool,
+    ) -> Result<u64, String> {
         let flow = Flow::default();
         let (mut tail, mut clean, mut sent) = (0u64, 0u64, 0u64);
         let len = HEADERS + msg;
-        while Instant::now() < until {
+        loop {
+            let now = Instant::now();
+            if *warm && now >= warm_until {
+                *warm = false;
+                sent = 0;
+                go.wait();
+            } else if !*warm && now >= until {
+                break;
+            }
             for _ in 0..32 {
                 if tail - clean == self.ring.size {
                     clean = self.reclaim(clean, tail)?;
@@ -311,7 +400,9 @@ fn run_policy(
     let mut rings = Vec::new();
     let frame_bytes = (HEADERS + msg) as u64;
     let buf_order = frame_bytes.div_ceil(4096).next_power_of_two().ilog2();
+    let allowed = super::affinity::allowed_cpus();
     for s in 0..streams {
+        let pins = args.placement.cpus(s, &allowed);
         let mut cpu = domain.cpu();
         let (desc_phys, desc_dma) = cpu
             .alloc_coherent(&dev, ring_size * DESC)
@@ -322,6 +413,7 @@ fn run_policy(
             size: ring_size,
             tail: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            measuring: AtomicBool::new(false),
             sender_waiting: AtomicBool::new(false),
             sender: std::sync::OnceLock::new(),
         });
@@ -345,6 +437,7 @@ fn run_policy(
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(s as u8))
             .collect();
         senders.push(Sender {
+            pin: pins.map(|p| p.0),
             cpu,
             dev: dev.clone(),
             ring: ring.clone(),
@@ -362,30 +455,45 @@ fn run_policy(
             sys.clone(),
         );
         devices.push(std::thread::spawn(move || -> Result<Duration, String> {
+            if let Some((_, c)) = pins {
+                super::affinity::pin_current(c);
+            }
             // A translator belongs to the thread that made it.
             let tr = sys
                 .unit(unit)
                 .ok_or("no unit")?
                 .translator()
                 .map_err(|e| e.to_string())?;
-            let t0 = cpu_clock::thread();
-            device(&r, &m, tr, sid, &b, &e);
-            Ok(cpu_clock::thread() - t0)
+            Ok(device(&r, &m, tr, sid, &b, &e))
         }));
         rings.push(ring);
     }
-    let wall0 = Instant::now();
-    let cpu0 = cpu_clock::process();
-    let until = wall0 + Duration::from_secs_f64(seconds);
+    // A warm-up, not measured, lets the page tables, the IOVA caches and
+    // the IOTLB reach their steady state first (a short round would
+    // otherwise charge a translated policy for building them).
+    let warm = Duration::from_secs_f64((seconds * 0.15).clamp(0.05, 0.5));
+    let warm_until = Instant::now() + warm;
+    let until = warm_until + Duration::from_secs_f64(seconds);
+    let go = Arc::new(Barrier::new(streams + 1));
     let handles: Vec<_> = senders
         .into_iter()
         .map(|mut s| {
+            let go = go.clone();
             std::thread::spawn(move || {
+                if let Some(c) = s.pin {
+                    super::affinity::pin_current(c);
+                }
                 let _ = s.ring.sender.set(std::thread::current());
-                s.run(until, msg).map(|n| (n, s))
+                s.run(warm_until, &go, until, msg).map(|n| (n, s))
             })
         })
         .collect();
+    go.wait();
+    let wall0 = Instant::now();
+    let cpu0 = cpu_clock::process();
+    for r in &rings {
+        r.measuring.store(true, Ordering::Release);
+    }
     let mut packets = 0;
     let mut done = Vec::new();
     for h in handles {
@@ -429,17 +537,42 @@ pub fn run(args: &NetperfArgs) -> Result<NetperfReport, String> {
         .unwrap_or(if args.quick { 2.0 } else { 10.0 })
         .max(0.1);
     let policies = args.run.policies()?;
-    let rows = policies
-        .into_iter()
-        .map(|p| run_policy(p, args, seconds, model))
-        .collect::<Result<_, _>>()?;
+    let rounds = args
+        .rounds
+        .unwrap_or(if args.quick { 3 } else { 5 })
+        .max(1);
+    let mut runs: Vec<Vec<NetperfRow>> = vec![Vec::new(); policies.len()];
+    for _ in 0..rounds {
+        for (i, &p) in policies.iter().enumerate() {
+            runs[i].push(run_policy(p, args, seconds / rounds as f64, model)?);
+        }
+    }
+    let rows = runs.into_iter().map(median_round).collect();
     Ok(NetperfReport {
         lab: "netperf-udp",
         msg_size: args.msg_size,
         seconds,
+        placement: args.placement,
+        rounds,
         modelled: crate::dma_rig::modelled(model),
         rows,
     })
+}
+
+/// A policy's median round by µs per packet; the stale window is the worst
+/// of every round and the flushes their sum (a bound and a count, not a
+/// typical value).
+fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
+    let stale = runs
+        .iter()
+        .filter_map(|r| r.stale_window_ms_max)
+        .reduce(f64::max);
+    let flushes = runs.iter().filter_map(|r| r.flushes).reduce(|a, b| a + b);
+    runs.sort_by(|a, b| a.us_per_pkt.total_cmp(&b.us_per_pkt));
+    let mut row = runs.swap_remove(runs.len() / 2);
+    row.stale_window_ms_max = stale;
+    row.flushes = flushes;
+    row
 }
 
 /// Renders the report, seed-style.
@@ -471,9 +604,11 @@ pub fn render(r: &NetperfReport) -> String {
         ]);
     }
     format!(
-        "lab netperf-udp: UDP_STREAM, {} byte messages, {:.0} s per policy; modelled: {}; all else measured\n{}",
+        "lab netperf-udp: UDP_STREAM, {} byte messages, {:.0} s per policy in {} interleaved rounds (median round shown), placement {:?}; modelled: {}; all else measured\n{}",
         r.msg_size,
         r.seconds,
+        r.rounds,
+        r.placement,
         crate::dma_rig::modelled_text(&r.modelled),
         t.render()
     )
