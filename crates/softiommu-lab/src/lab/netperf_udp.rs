@@ -537,10 +537,7 @@ pub fn run(args: &NetperfArgs) -> Result<NetperfReport, String> {
         .unwrap_or(if args.quick { 2.0 } else { 10.0 })
         .max(0.1);
     let policies = args.run.policies()?;
-    let rounds = args
-        .rounds
-        .unwrap_or(if args.quick { 3 } else { 5 })
-        .max(1);
+    let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 }).max(1);
     let mut runs: Vec<Vec<NetperfRow>> = vec![Vec::new(); policies.len()];
     for _ in 0..rounds {
         for (i, &p) in policies.iter().enumerate() {
