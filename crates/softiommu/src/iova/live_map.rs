@@ -7,13 +7,15 @@
 //! has a state; blocks are size aligned, so the block holding any page is
 //! found by checking the O(log) aligned candidates below it.
 //!
-//! The bytes live in chunks of 2 MiB (2^21 frames, 8 GiB of IOVA space),
-//! each a lazily committed `mmap` reservation made the first time the tree
-//! hands out a block there (a slow path, under the tree's lock), so the hot
-//! paths never allocate. A 48-bit domain used to reserve all 64 GiB of its
-//! map up front: more address space than valgrind (`callgrind`, for
-//! `bench dma --iters`) gives a process, and 64 GiB per domain adds up in a
-//! VMM with many. Access is relaxed atomic loads and stores, which compile to
+//! The bytes live in one lazily committed `mmap` reservation when the
+//! process can have it (a 48-bit domain reserves 64 GiB of address space;
+//! only pages near live IOVAs are committed). Where it cannot (valgrind,
+//! which `bench dma --iters` is for, refuses 64 GiB; a VMM with very many
+//! domains runs out of address space), the map falls back to chunks of
+//! 2 MiB (2^21 frames, 8 GiB of IOVA space), each reserved the first time
+//! the tree hands out a block there (a slow path, under the tree's lock),
+//! so the hot paths never allocate; an access then costs one more load
+//! (the chunk's base). Access is relaxed atomic loads and stores, which compile to
 //! plain moves: no read-modify-write on the hot path. The cost of that
 //! choice: a check and its update are two steps, so two threads freeing the
 //! *same* IOVA at the same instant can both pass the check. Every sequential
@@ -45,16 +47,39 @@ const MAX_CHUNKS: u64 = 1 << 20;
 /// The state map of one domain.
 #[derive(Debug)]
 pub(crate) struct LiveMap {
-    /// Each chunk's first byte, null until claimed: one load on the hot
-    /// path (the reservations themselves sit in `owned`).
+    /// The whole map as one reservation, when the process could reserve
+    /// it: then an access is base + pfn, with no chunk to look up.
+    flat: Option<Reservation>,
+    /// `flat`'s base, or null: read on every access.
+    flat_base: *mut u8,
+    /// Otherwise: each chunk's first byte, null until claimed (one more
+    /// load per access; the reservations themselves sit in `owned`).
     chunks: Box<[AtomicPtr<u8>]>,
     owned: Mutex<Vec<Reservation>>,
     len: u64,
 }
 
+// SAFETY: `flat_base` points into `flat`, which the map owns; every access
+// through it is atomic, as for the chunks.
+unsafe impl Send for LiveMap {}
+// SAFETY: as above.
+unsafe impl Sync for LiveMap {}
+
 impl LiveMap {
-    /// A map for frames `0..=end_pfn`; no chunk is reserved yet.
+    /// A map for frames `0..=end_pfn`: one flat reservation if the process
+    /// can have it, else chunks reserved on first use.
     pub(crate) fn new(end_pfn: u64) -> Result<Self, MemError> {
+        let mut m = Self::chunked(end_pfn)?;
+        if let Ok(r) = Reservation::new(m.len) {
+            m.flat_base = r.base();
+            m.flat = Some(r);
+            m.chunks = Box::new([]);
+        }
+        Ok(m)
+    }
+
+    /// A map for frames `0..=end_pfn` in chunks; none is reserved yet.
+    pub(crate) fn chunked(end_pfn: u64) -> Result<Self, MemError> {
         let len = end_pfn.saturating_add(1);
         let n = len.div_ceil(1 << CHUNK_SHIFT);
         if n > MAX_CHUNKS {
@@ -64,17 +89,30 @@ impl LiveMap {
             });
         }
         Ok(Self {
+            flat: None,
+            flat_base: null_mut(),
             chunks: (0..n).map(|_| AtomicPtr::new(null_mut())).collect(),
             owned: Mutex::new(Vec::new()),
             len,
         })
     }
 
-    #[inline]
+    #[inline(always)]
     fn cell(&self, pfn: u64) -> Option<&AtomicU8> {
         if pfn >= self.len {
             return None;
         }
+        if !self.flat_base.is_null() {
+            // SAFETY: `pfn < len`, the flat reservation's length; the byte
+            // lives as long as `self`, and every access to it is atomic.
+            return Some(unsafe { AtomicU8::from_ptr(self.flat_base.add(pfn as usize)) });
+        }
+        self.chunk_cell(pfn)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn chunk_cell(&self, pfn: u64) -> Option<&AtomicU8> {
         // Acquire: pairs with the claim's Release, so the chunk's mapping is
         // seen whole (it is fresh zeroed memory either way).
         let base = self
@@ -110,6 +148,10 @@ impl LiveMap {
     /// Sets the state at `pfn`, reserving its chunk first if need be: the
     /// tree's paths call this when they hand out a block.
     pub(crate) fn claim(&self, pfn: u64, state: u8) -> Result<(), MemError> {
+        if !self.flat_base.is_null() {
+            self.set(pfn, state);
+            return Ok(());
+        }
         if let Some(slot) = self.chunks.get((pfn >> CHUNK_SHIFT) as usize) {
             if slot.load(Acquire).is_null() {
                 let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
@@ -154,7 +196,7 @@ mod tests {
 
     #[test]
     fn chunks_are_reserved_on_claim_only() {
-        let m = LiveMap::new((1 << 36) - 1).expect("a 48-bit domain's map");
+        let m = LiveMap::chunked((1 << 36) - 1).expect("a 48-bit domain's map");
         assert_eq!(m.chunks.len(), 1 << 15);
         assert!(
             m.owned.lock().unwrap().is_empty(),
@@ -181,5 +223,22 @@ mod tests {
             LiveMap::new(u64::MAX),
             Err(MemError::Reserve { .. })
         ));
+    }
+
+    #[test]
+    fn the_flat_map_and_the_chunked_one_agree() {
+        let flat = LiveMap::new((1 << 30) - 1).unwrap();
+        assert!(
+            !flat.flat_base.is_null(),
+            "1 GiB of address space is granted"
+        );
+        let chunked = LiveMap::chunked((1 << 30) - 1).unwrap();
+        for m in [&flat, &chunked] {
+            m.claim(0x12340, state(LIVE, 4)).unwrap();
+            m.set(0x12340, state(RETIRED, 4));
+            assert_eq!(m.get(0x12340), state(RETIRED, 4));
+            assert_eq!(m.block_containing(0x1234f), Some((0x12340, 4, RETIRED)));
+            assert_eq!(m.get(1 << 30), 0);
+        }
     }
 }
