@@ -1086,16 +1086,30 @@ impl VtdPageTable {
         len: u64,
         perm: Perm,
     ) -> Result<OpStats, PgtableError> {
+        self.map_reading(iova, phys, len, perm, cfg!(debug_assertions))
+    }
+
+    /// A map whose one-walk path reads the entries first (and refuses an
+    /// overlap) if `read_first`; the general path always checks.
+    fn map_reading(
+        &self,
+        iova: u64,
+        phys: PhysAddr,
+        len: u64,
+        perm: Perm,
+        read_first: bool,
+    ) -> Result<OpStats, PgtableError> {
         let end = Self::check_map(iova, phys, len, perm)?;
         let mut op = self.op();
         if let Some(t) = self.leaf_table(iova, end) {
-            if (!cfg!(debug_assertions) || self.leaves_empty(t, iova, end))
+            if (!read_first || self.leaves_empty(t, iova, end))
                 && self.write_leaves(&mut op, t, iova, end, phys, perm)
             {
                 return Ok(self.finish(op));
             }
         }
         let result = self.map_inner(&mut op, iova, end, phys, perm);
+        // Flush whatever was written, even on a (contract-breaking) error.
         let st = self.finish(op);
         result.map(|()| st)
     }
@@ -1180,19 +1194,7 @@ impl IoPageTable for VtdPageTable {
         len: u64,
         perm: Perm,
     ) -> Result<OpStats, PgtableError> {
-        let end = Self::check_map(iova, phys, len, perm)?;
-        let mut op = self.op();
-        if let Some(t) = self.leaf_table(iova, end) {
-            if self.leaves_empty(t, iova, end)
-                && self.write_leaves(&mut op, t, iova, end, phys, perm)
-            {
-                return Ok(self.finish(op));
-            }
-        }
-        let result = self.map_inner(&mut op, iova, end, phys, perm);
-        // Flush whatever was written, even on a (contract-breaking) error.
-        let st = self.finish(op);
-        result.map(|()| st)
+        self.map_reading(iova, phys, len, perm, true)
     }
 
     fn unmap(
