@@ -6,3 +6,4 @@ pub mod iova_aging;
 pub mod litmus;
 pub mod netperf_udp;
 pub mod packet;
+pub mod steal;

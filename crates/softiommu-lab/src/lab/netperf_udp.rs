@@ -125,6 +125,11 @@ pub struct NetperfRow {
     /// Deferred only: flushes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flushes: Option<u64>,
+    /// Host steal time over the measured window, percent of all CPUs'
+    /// time (`/proc/stat`): on a shared VM, the time the hypervisor ran
+    /// something else. High steal stretches any latency, a flush's too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_steal_pct: Option<f64>,
 }
 
 /// The JSON object of `lab netperf-udp --json`.
@@ -491,6 +496,7 @@ fn run_policy(
     go.wait();
     let wall0 = Instant::now();
     let cpu0 = cpu_clock::process();
+    let steal = super::steal::StealWindow::start();
     for r in &rings {
         r.measuring.store(true, Ordering::Release);
     }
@@ -502,6 +508,7 @@ fn run_policy(
         done.push(s);
     }
     let wall = wall0.elapsed();
+    let host_steal_pct = steal.pct();
     for r in &rings {
         r.stop.store(true, Ordering::Release);
     }
@@ -526,6 +533,7 @@ fn run_policy(
         device_errors: errors.load(Ordering::Relaxed),
         stale_window_ms_max: deferred.then_some(stale.max.as_secs_f64() * 1e3),
         flushes: deferred.then_some(stats.flushes),
+        host_steal_pct,
     })
 }
 
@@ -556,19 +564,24 @@ pub fn run(args: &NetperfArgs) -> Result<NetperfReport, String> {
     })
 }
 
-/// A policy's median round by µs per packet; the stale window is the worst
-/// of every round and the flushes their sum (a bound and a count, not a
-/// typical value).
+/// A policy's median round by µs per packet; the stale window and the host
+/// steal are the worst of every round and the flushes their sum (bounds and
+/// a count, not typical values).
 fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
     let stale = runs
         .iter()
         .filter_map(|r| r.stale_window_ms_max)
         .reduce(f64::max);
     let flushes = runs.iter().filter_map(|r| r.flushes).reduce(|a, b| a + b);
+    let steal = runs
+        .iter()
+        .filter_map(|r| r.host_steal_pct)
+        .reduce(f64::max);
     runs.sort_by(|a, b| a.us_per_pkt.total_cmp(&b.us_per_pkt));
     let mut row = runs.swap_remove(runs.len() / 2);
     row.stale_window_ms_max = stale;
     row.flushes = flushes;
+    row.host_steal_pct = steal;
     row
 }
 
@@ -587,6 +600,7 @@ pub fn render(r: &NetperfReport) -> String {
         "vs passthrough",
         "device busy %",
         "stale max ms",
+        "host steal %",
     ]);
     for x in &r.rows {
         t.row(vec![
@@ -598,6 +612,7 @@ pub fn render(r: &NetperfReport) -> String {
             format!("{:.0}", x.device_busy_pct),
             x.stale_window_ms_max
                 .map_or("-".into(), |m| format!("{m:.2}")),
+            x.host_steal_pct.map_or("-".into(), |s| format!("{s:.1}")),
         ]);
     }
     format!(

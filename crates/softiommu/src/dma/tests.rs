@@ -126,7 +126,7 @@ fn the_high_water_mark_and_the_timer_flush() {
         "the fourth unmap reached the mark"
     );
     // The timer: a short timeout flushes a lone entry by itself, once it
-    // has waited three quarters of the timeout.
+    // has waited half the timeout.
     r.domain.set_timeout(Duration::from_millis(5));
     let a = r
         .cpu
