@@ -259,6 +259,28 @@ fn device(
     cpu0.map_or(Duration::ZERO, |t0| cpu_clock::thread().saturating_sub(t0))
 }
 
+/// The end of a sender's warm-up: the barrier every sender and the main
+/// thread meet at, met at the latest when this is dropped.
+struct Start<'a> {
+    go: &'a Barrier,
+    met: bool,
+}
+
+impl Start<'_> {
+    fn meet(&mut self) {
+        if !self.met {
+            self.met = true;
+            self.go.wait();
+        }
+    }
+}
+
+impl Drop for Start<'_> {
+    fn drop(&mut self) {
+        self.meet();
+    }
+}
+
 struct Sender {
     pin: Option<usize>,
     cpu: DmaCpu,
@@ -294,7 +316,7 @@ impl Sender {
 
     /// Sends until `warm_until` uncounted, meets the others at `go`, then
     /// sends until `until`; returns the packets sent after `go`. Meets them
-    /// at `go` even when it fails first, so nobody waits forever.
+    /// at `go` even when it fails or panics first, so nobody waits forever.
     fn run(
         &mut self,
         warm_until: Instant,
@@ -302,32 +324,26 @@ impl Sender {
         until: Instant,
         msg: usize,
     ) -> Result<u64, String> {
-        let mut warm = true;
-        let r = self.send(warm_until, go, until, msg, &mut warm);
-        if warm {
-            go.wait();
-        }
-        r
+        let mut start = Start { go, met: false };
+        self.send(warm_until, &mut start, until, msg)
     }
 
     fn send(
         &mut self,
         warm_until: Instant,
-        go: &Barrier,
+        start: &mut Start<'_>,
         until: Instant,
         msg: usize,
-        warm: &mut bool,
     ) -> Result<u64, String> {
         let flow = Flow::default();
         let (mut tail, mut clean, mut sent) = (0u64, 0u64, 0u64);
         let len = HEADERS + msg;
         loop {
             let now = Instant::now();
-            if *warm && now >= warm_until {
-                *warm = false;
+            if !start.met && now >= warm_until {
                 sent = 0;
-                go.wait();
-            } else if !*warm && now >= until {
+                start.meet();
+            } else if start.met && now >= until {
                 break;
             }
             for _ in 0..32 {
