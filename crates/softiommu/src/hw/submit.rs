@@ -81,19 +81,34 @@ impl InvBatch<'_> {
 
     /// Queues the descriptors and rings the doorbell, without waiting.
     pub fn submit(self) -> Result<(), QiError> {
-        let raw: Vec<[u64; 2]> = self.descs.iter().map(InvDescriptor::encode).collect();
-        self.unit.enqueue(&raw, false).map(|_| ())
+        with_encoded(&self.descs, |raw| self.unit.enqueue(raw, false)).map(|_| ())
     }
 
     /// Queues the descriptors and one wait, and returns when the wait has
     /// completed: every descriptor is done and no translation that began
     /// before them can still return, or still use, what they invalidated.
     pub fn wait(self) -> Result<(), QiError> {
-        let raw: Vec<[u64; 2]> = self.descs.iter().map(InvDescriptor::encode).collect();
-        match self.unit.enqueue(&raw, true)? {
+        match with_encoded(&self.descs, |raw| self.unit.enqueue(raw, true))? {
             Some(t) => self.unit.wait_ticket(t),
             None => Ok(()),
         }
+    }
+}
+
+/// Encodes `descs` and hands them to `f`: on the stack for the usual few
+/// (an unmap's invalidation is one descriptor, a wait another), on the heap
+/// beyond, so that a strict unmap allocates nothing here.
+fn with_encoded<R>(descs: &[InvDescriptor], f: impl FnOnce(&[[u64; 2]]) -> R) -> R {
+    const ON_STACK: usize = 4;
+    if descs.len() <= ON_STACK {
+        let mut buf = [[0u64; 2]; ON_STACK];
+        for (b, d) in buf.iter_mut().zip(descs) {
+            *b = d.encode();
+        }
+        f(&buf[..descs.len()])
+    } else {
+        let raw: Vec<[u64; 2]> = descs.iter().map(InvDescriptor::encode).collect();
+        f(&raw)
     }
 }
 
@@ -113,8 +128,7 @@ impl Unit {
     /// when this returns; in thread mode, soon). Completion is known only
     /// through a wait.
     pub fn submit(&self, descs: &[InvDescriptor]) -> Result<(), QiError> {
-        let raw: Vec<[u64; 2]> = descs.iter().map(InvDescriptor::encode).collect();
-        self.enqueue(&raw, false).map(|_| ())
+        with_encoded(descs, |raw| self.enqueue(raw, false)).map(|_| ())
     }
 
     /// Queues raw 128-bit descriptors as they are: the way to hand the unit
