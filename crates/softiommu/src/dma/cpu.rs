@@ -259,9 +259,11 @@ impl DmaCpu {
                         .unmap(pfn << PAGE_SHIFT, mapped, &mut w.gather);
                     // Nothing was visible to the device yet, but a walk may
                     // have cached it: invalidate before reuse.
-                    let _ = w
-                        .domain
-                        .invalidate(w.domain.unit_mask(), pfn << PAGE_SHIFT, mapped);
+                    let _ = w.domain.invalidate(
+                        w.domain.unit_mask_after_clear(),
+                        pfn << PAGE_SHIFT,
+                        mapped,
+                    );
                     w.gather.complete()?;
                 }
                 w.cache.free(pfn, pages)?;
@@ -525,7 +527,7 @@ impl Work {
             d.iova.retire_block(pfn, pages)?;
             let tables = gather.defer();
             let entry = FqEntry { pfn, pages };
-            let (units, high_water) = (d.unit_mask(), d.tunables.high_water());
+            let (units, high_water) = (d.unit_mask_after_clear(), d.tunables.high_water());
             loop {
                 let queued = match slot.fq.push(entry, &tables, units, high_water) {
                     Pushed::Queued { .. } => {
@@ -557,7 +559,7 @@ impl Work {
         } else {
             // Every device of the domain can reach its mappings: every unit the
             // domain spans is invalidated, not only this device's.
-            let inv = d.invalidate(d.unit_mask(), iova, pages << PAGE_SHIFT)?;
+            let inv = d.invalidate(d.unit_mask_after_clear(), iova, pages << PAGE_SHIFT)?;
             slot.stats.invalidations(inv);
             gather.complete()?;
             cache.free(pfn, pages)?;

@@ -16,8 +16,9 @@ use super::gate::Gate;
 use super::policy::{DmaDirection, DmaPolicy, Tunables};
 use super::stale::{StaleReport, StaleWindow};
 use super::stats::DmaStats;
+use super::units::UnitList;
 use crate::hw::barrier::Barrier;
-use crate::hw::{ContextEntry, SourceId, System, UnitId};
+use crate::hw::{ContextEntry, SourceId, System};
 use crate::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
 use crate::mem::{PhysAddr, PhysMemory, PAGE_SHIFT, PAGE_SIZE};
 use crate::pgtable::{IoPageTable, Perm, VtdConfig, VtdPageTable};
@@ -69,15 +70,17 @@ pub struct DmaDomain {
     pub(crate) mem: Arc<PhysMemory>,
     pub(crate) table: VtdPageTable,
     pub(crate) iova: Arc<IovaDomain>,
-    /// Units with attached devices; bit `i` of a flush's unit mask is `units[i]`.
-    units: Mutex<Vec<UnitId>>,
-    unit_mask: AtomicU64,
+    /// Units with attached devices; bit `i` of a flush's unit mask is entry `i`.
+    units: UnitList,
     devices: Mutex<Vec<SourceId>>,
     pub(crate) tunables: Tunables,
     pub(crate) cpus: Mutex<Vec<Arc<CpuSlot>>>,
     pub(crate) arm: Arc<TimerArm>,
     /// What maps and unmaps pass and a policy switch closes.
     pub(crate) gate: Gate,
+    /// The gate's fence pair, also ordering an attach against unmaps (see
+    /// `units`).
+    pub(crate) barrier: Barrier,
     pub(crate) shutdown: AtomicBool,
     timer: Mutex<Option<JoinHandle<()>>>,
     timer_cache: Mutex<Option<IovaCpuCache>>,
@@ -134,13 +137,13 @@ impl DmaDomain {
             mem,
             table,
             iova,
-            units: Mutex::new(Vec::new()),
-            unit_mask: AtomicU64::new(0),
+            units: UnitList::default(),
             devices: Mutex::new(Vec::new()),
             tunables: Tunables::new(config.policy),
             cpus: Mutex::new(Vec::new()),
             arm: Arc::new(TimerArm::new(barrier)),
             gate: Gate::new(barrier),
+            barrier,
             shutdown: AtomicBool::new(false),
             timer: Mutex::new(None),
             timer_cache: Mutex::new(None),
@@ -227,18 +230,15 @@ impl DmaDomain {
             return Err(DmaError::MaskTooSmall { mask });
         }
         let ctx = self.context_for(self.policy());
-        let unit = self.system.attach(sid, ctx)?;
-        let mut units = lock(&self.units);
-        let bit = match units.iter().position(|&u| u == unit) {
-            Some(i) => i,
-            None if units.len() < 64 => {
-                units.push(unit);
-                units.len() - 1
-            }
-            None => return Err(DmaError::TooManyUnits),
-        };
-        drop(units);
-        self.unit_mask.fetch_or(1 << bit, Relaxed);
+        let (unit, _) = self
+            .system
+            .unit_of(sid)
+            .ok_or(crate::hw::HwError::DeviceNotAssigned { sid })?;
+        // The unit joins the mask before the device can translate (see
+        // `units`): an unmap racing this attach either invalidates the unit
+        // too, or the device's first walk already sees the cleared entries.
+        self.units.join(unit, self.barrier)?;
+        self.system.attach(sid, ctx)?;
         lock(&self.devices).push(sid);
         Ok(DmaDevice {
             domain: self.clone(),
@@ -253,7 +253,13 @@ impl DmaDomain {
     /// must invalidate, since every device of a domain can reach its
     /// mappings.
     pub(crate) fn unit_mask(&self) -> u64 {
-        self.unit_mask.load(Relaxed)
+        self.units.mask()
+    }
+
+    /// The unit mask, read after entries were cleared (see `units`).
+    #[inline]
+    pub(crate) fn unit_mask_after_clear(&self) -> u64 {
+        self.units.mask_after_clear(self.barrier)
     }
 
     fn context_for(&self, policy: DmaPolicy) -> ContextEntry {
@@ -287,15 +293,12 @@ impl DmaDomain {
     /// `[iova, iova + len)` (or the whole domain if `len` is 0) and waits on
     /// each. Returns the number of invalidation requests.
     pub(crate) fn invalidate(&self, units: u64, iova: u64, len: u64) -> Result<u64, DmaError> {
-        let list = lock(&self.units).clone();
         let mut n = 0;
-        for (i, id) in list.iter().enumerate() {
-            if units & (1 << i) == 0 {
-                continue;
-            }
-            let Some(unit) = self.system.unit(*id) else {
-                continue;
-            };
+        for unit in self
+            .units
+            .in_mask(units)
+            .filter_map(|id| self.system.unit(id))
+        {
             if len == 0 {
                 unit.invalidate_domain(self.did)?;
             } else {
@@ -303,12 +306,12 @@ impl DmaDomain {
             }
             n += 1;
         }
-        for (i, id) in list.iter().enumerate() {
-            if units & (1 << i) != 0 {
-                if let Some(unit) = self.system.unit(*id) {
-                    unit.wait()?;
-                }
-            }
+        for unit in self
+            .units
+            .in_mask(units)
+            .filter_map(|id| self.system.unit(id))
+        {
+            unit.wait()?;
         }
         Ok(n)
     }
@@ -413,8 +416,7 @@ impl DmaDomain {
             for &sid in lock(&self.devices).iter() {
                 self.system.attach(sid, ctx)?;
             }
-            let all = (1u64 << lock(&self.units).len()) - 1;
-            self.invalidate(all, 0, 0)?;
+            self.invalidate(self.unit_mask(), 0, 0)?;
         }
         self.tunables.policy.store(policy.to_u8(), Relaxed);
         drop(closed);

@@ -32,6 +32,7 @@ mod stale;
 mod stats;
 mod sync;
 mod timer;
+mod units;
 
 #[cfg(all(test, not(loom)))]
 mod tests;
