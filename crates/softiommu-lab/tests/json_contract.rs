@@ -33,12 +33,14 @@ fn number(v: &Value, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("{key} is not a number in {v}"))
 }
 
-#[test]
-fn bench_iova() {
-    let v = run(&[
+/// A short `bench iova` against offset-allocator on `threads` threads.
+fn bench_iova_on(threads: &str) -> Value {
+    run(&[
         "bench",
         "iova",
         "--json",
+        "--threads",
+        threads,
         "--seconds",
         "0.05",
         "--rounds",
@@ -47,7 +49,12 @@ fn bench_iova() {
         "256",
         "--impls",
         "offset-allocator",
-    ]);
+    ])
+}
+
+#[test]
+fn bench_iova() {
+    let v = bench_iova_on("1");
     assert_eq!(v["bench"], "iova");
     assert_eq!(v["threads"], 1);
     let results = v["results"].as_array().expect("results");
@@ -135,21 +142,7 @@ fn lab_iova_aging() {
 
 #[test]
 fn bench_iova_on_two_threads_reports_scaling() {
-    let v = run(&[
-        "bench",
-        "iova",
-        "--json",
-        "--threads",
-        "2",
-        "--seconds",
-        "0.05",
-        "--rounds",
-        "1",
-        "--live",
-        "256",
-        "--impls",
-        "offset-allocator",
-    ]);
+    let v = bench_iova_on("2");
     assert_eq!(v["threads"], 2);
     let s = &v["softiommu_scaling"];
     assert!(number(s, "per_thread_throughput_ratio") > 0.0);
