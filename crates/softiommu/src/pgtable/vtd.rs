@@ -619,12 +619,7 @@ impl VtdPageTable {
             let raw = self.mem.load_u64(at, Ordering::Acquire)?;
             match decode_entry(raw, level) {
                 SlEntry::NotPresent if fits_leaf(level, cur, p, next - cur) => {
-                    // Release: a device that reads this leaf (Acquire) also
-                    // sees what the caller wrote before mapping.
-                    self.mem
-                        .store_u64(at, leaf_entry(p, level, perm), Ordering::Release)?;
-                    op.fl.record(at);
-                    op.st.entries_written += 1;
+                    self.store_leaf(op, at, leaf_entry(p, level, perm))?;
                 }
                 SlEntry::NotPresent => {
                     let first = frames.fresh.len();
@@ -917,6 +912,17 @@ impl VtdPageTable {
         Ok(())
     }
 
+    /// Stores leaf `entry` at `at` of a linked table, recording the write.
+    fn store_leaf(&self, op: &mut Op, at: PhysAddr, entry: u64) -> Result<(), Stop> {
+        // Release: a walker that reads the leaf (Acquire) also sees what the
+        // caller wrote before mapping.
+        self.mem.store_u64(at, entry, Ordering::Release)?;
+        op.fl.record(at);
+        op.st.entries_written += 1;
+        Ok(())
+    }
+
+    /// Clears the entry at `at` of a linked table, recording the write.
     fn clear_entry(&self, op: &mut Op, at: PhysAddr) -> Result<(), Stop> {
         // Relaxed: clearing publishes nothing. The caller's invalidation
         // request, issued after this call returns, is a Release store that
@@ -1030,18 +1036,12 @@ impl VtdPageTable {
     ) -> bool {
         let (mut cur, mut p) = (iova, phys);
         while cur < end {
-            let at = slot(table, 1, cur);
-            // Release, as the general path's leaves: a walker that reads the
-            // leaf (Acquire) sees everything written before the map.
             if self
-                .mem
-                .store_u64(at, leaf_entry(p, 1, perm), Ordering::Release)
+                .store_leaf(op, slot(table, 1, cur), leaf_entry(p, 1, perm))
                 .is_err()
             {
                 return false;
             }
-            op.fl.record(at);
-            op.st.entries_written += 1;
             cur += PAGE_SIZE;
             p += PAGE_SIZE;
         }
