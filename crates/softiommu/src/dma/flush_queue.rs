@@ -212,16 +212,18 @@ impl FlushQueue {
         if h == t {
             return None;
         }
-        let s = self.slots[h % self.slots.len()]
-            .stamp
-            .load(Ordering::Relaxed);
         // A taker may have moved `head` on since: then this is an older
         // time than the truth, which errs towards flushing early.
-        Some(self.instant(if s != 0 {
-            s
-        } else {
-            self.carry.load(Ordering::Relaxed)
-        }))
+        Some(self.queued_at(&self.slots[h % self.slots.len()]))
+    }
+
+    /// When the entry in `slot`, the oldest queued, was pushed: its stamp,
+    /// or `carry` if it has none (module doc).
+    fn queued_at(&self, slot: &Slot) -> Instant {
+        match slot.stamp.load(Ordering::Relaxed) {
+            0 => self.instant(self.carry.load(Ordering::Relaxed)),
+            s => self.instant(s),
+        }
     }
 
     /// Entries queued now (a snapshot).
@@ -264,13 +266,7 @@ impl Taker<'_> {
             });
             batch.units |= s.units.load(Ordering::Relaxed);
             if i == h {
-                let st = s.stamp.load(Ordering::Relaxed);
-                let st = if st != 0 {
-                    st
-                } else {
-                    q.carry.load(Ordering::Relaxed)
-                };
-                batch.oldest = Some(q.instant(st));
+                batch.oldest = Some(q.queued_at(s));
             }
             i = i.wrapping_add(1);
         }
