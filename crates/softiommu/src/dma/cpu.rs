@@ -540,7 +540,7 @@ impl Work {
                             let after = d.tunables.flush_after();
                             let mut taker = slot.fq.taker();
                             if let Some(b) = taker.take_if_older(Instant::now(), after) {
-                                flush_taken(d, slot, cache, b)?;
+                                d.flush_batch(b, cache, &slot.stats)?;
                             }
                         }
                         break;
@@ -550,7 +550,7 @@ impl Work {
                 };
                 let mut taker = slot.fq.taker();
                 if let Some(b) = taker.take_all() {
-                    flush_taken(d, slot, cache, b)?;
+                    d.flush_batch(b, cache, &slot.stats)?;
                 }
                 if queued {
                     break;
@@ -571,7 +571,7 @@ impl Work {
     fn flush_own(&mut self, slot: &CpuSlot) -> Result<(), DmaError> {
         let mut taker = slot.fq.taker();
         if let Some(b) = taker.take_all() {
-            flush_taken(&self.domain, slot, &mut self.cache, b)?;
+            self.domain.flush_batch(b, &mut self.cache, &slot.stats)?;
         }
         Ok(())
     }
@@ -601,20 +601,6 @@ impl Work {
         slot.stats.bounced(len);
         Ok(())
     }
-}
-
-/// Flushes a batch the owner took out of its own queue (the caller still
-/// holds the queue's taker lock) and counts it.
-fn flush_taken(
-    d: &DmaDomain,
-    slot: &CpuSlot,
-    cache: &mut IovaCpuCache,
-    batch: super::flush_queue::Batch,
-) -> Result<(), DmaError> {
-    let n = batch.entries.len() as u64;
-    let (_, inv) = d.flush_batch(batch, cache)?;
-    slot.stats.flush(n, inv);
-    Ok(())
 }
 
 impl Drop for DmaCpu {

@@ -15,7 +15,7 @@ use super::flush_queue::{Batch, TimerArm};
 use super::gate::Gate;
 use super::policy::{DmaDirection, DmaPolicy, Tunables};
 use super::stale::{StaleReport, StaleWindow};
-use super::stats::DmaStats;
+use super::stats::{CpuStats, DmaStats};
 use super::units::UnitList;
 use crate::hw::barrier::Barrier;
 use crate::hw::{ContextEntry, SourceId, System};
@@ -318,12 +318,14 @@ impl DmaDomain {
 
     /// Flushes a batch taken from a flush queue: one domain invalidation per
     /// unit with work, one wait per unit, then the IOVAs and table pages are
-    /// freed into `cache`. Records the stale window.
+    /// freed into `cache`. Records the stale window, and the flush in
+    /// `stats` (the counters of whoever flushed: the owner or the timer).
     pub(crate) fn flush_batch(
         &self,
         batch: Batch,
         cache: &mut IovaCpuCache,
-    ) -> Result<(u64, u64), DmaError> {
+        stats: &CpuStats,
+    ) -> Result<(), DmaError> {
         let n = self.invalidate(batch.units, 0, 0)?;
         if let Some(t) = batch.oldest {
             self.stale.record(t.elapsed(), batch.entries.len() as u64);
@@ -334,7 +336,8 @@ impl DmaDomain {
         for &t in &batch.tables {
             self.mem.free_frames(t, 0)?;
         }
-        Ok((batch.entries.len() as u64, n))
+        stats.flush(batch.entries.len() as u64, n);
+        Ok(())
     }
 
     /// The timer's round: flushes every queue whose oldest entry has waited
@@ -347,12 +350,9 @@ impl DmaDomain {
             let mut taker = slot.fq.taker();
             if let Some(batch) = taker.take_if_older(now, age) {
                 if let Some(cache) = cache_guard.as_mut() {
-                    let entries = batch.entries.len() as u64;
                     // A failed flush leaves the IOVAs allocated: leaked, never
                     // reused before an invalidation.
-                    if let Ok((_, inv)) = self.flush_batch(batch, cache) {
-                        slot.timer_stats.flush(entries, inv);
-                    }
+                    let _ = self.flush_batch(batch, cache, &slot.timer_stats);
                 }
             }
             drop(taker);
@@ -376,9 +376,7 @@ impl DmaDomain {
             let mut taker = slot.fq.taker();
             if let Some(batch) = taker.take_all() {
                 if let Some(cache) = cache_guard.as_mut() {
-                    let entries = batch.entries.len() as u64;
-                    let (_, inv) = self.flush_batch(batch, cache)?;
-                    slot.timer_stats.flush(entries, inv);
+                    self.flush_batch(batch, cache, &slot.timer_stats)?;
                 }
             }
         }
