@@ -1,13 +1,20 @@
 //! `softiommu`: the lab and benchmark front-end of the softiommu library.
 
+mod args;
 mod bench;
 mod dma_rig;
+mod error;
+mod host;
 mod lab;
+mod render;
+mod report;
 mod run;
-mod table;
 mod workload;
 
 use clap::{Parser, Subcommand};
+
+use crate::error::LabResult;
+use crate::report::Report;
 
 /// The softiommu lab: benchmarks and seed-shaped experiments over the
 /// softiommu library. Every bench and lab takes `--json` and then prints
@@ -59,65 +66,28 @@ enum LabCmd {
     Litmus(lab::litmus::LitmusArgs),
 }
 
-fn print_json<T: serde::Serialize>(v: &T) {
-    println!("{}", serde_json::to_string(v).expect("reports serialise"));
+/// Prints a report: its contract object under `--json`, else its tables.
+fn emit(report: LabResult<Report>, json: bool) -> LabResult<()> {
+    let report = report?;
+    if json {
+        println!("{}", render::json(&report));
+    } else {
+        print!("{}", render::render_report(&report, &host::Host::detect()));
+    }
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Bench(BenchCmd::Iova(a)) => {
-            let r = bench::iova::run(&a);
-            if a.json {
-                print_json(&r);
-            } else {
-                print!("{}", bench::iova::render(&r));
-            }
-            Ok(())
-        }
-        Cmd::Bench(BenchCmd::Pgtable(a)) => bench::pgtable::run(&a).map(|r| {
-            if a.json {
-                print_json(&r);
-            } else {
-                print!("{}", bench::pgtable::render(&r));
-            }
-        }),
-        Cmd::Bench(BenchCmd::Dma(a)) => bench::dma::run(&a).map(|r| {
-            if a.json {
-                print_json(&r);
-            } else {
-                print!("{}", bench::dma::render(&r));
-            }
-        }),
-        Cmd::Bench(BenchCmd::Translate(a)) => bench::translate::run(&a).map(|r| {
-            if a.json {
-                print_json(&r);
-            } else {
-                print!("{}", bench::translate::render(&r));
-            }
-        }),
-        Cmd::Bench(BenchCmd::Access(a)) => bench::access::run(&a).map(|r| {
-            if a.json {
-                print_json(&r);
-            } else {
-                print!("{}", bench::access::render(&r));
-            }
-        }),
-        Cmd::Lab(LabCmd::Litmus(a)) => lab::litmus::run(&a).map(|r| {
-            if a.json {
-                print_json(&r);
-            } else {
-                print!("{}", lab::litmus::render(&r));
-            }
-        }),
-        Cmd::Lab(LabCmd::IovaAging(a)) => lab_aging(&a),
-        Cmd::Lab(LabCmd::NetperfUdp(a)) => lab::netperf_udp::run(&a).map(|r| {
-            if a.json {
-                print_json(&r);
-            } else {
-                print!("{}", lab::netperf_udp::render(&r));
-            }
-        }),
+        Cmd::Bench(BenchCmd::Iova(a)) => emit(bench::iova::run(&a), a.json),
+        Cmd::Bench(BenchCmd::Pgtable(a)) => emit(bench::pgtable::run(&a), a.json),
+        Cmd::Bench(BenchCmd::Dma(a)) => emit(bench::dma::run(&a), a.json),
+        Cmd::Bench(BenchCmd::Translate(a)) => emit(bench::translate::run(&a), a.json),
+        Cmd::Bench(BenchCmd::Access(a)) => emit(bench::access::run(&a), a.json),
+        Cmd::Lab(LabCmd::Litmus(a)) => emit(lab::litmus::run(&a), a.json),
+        Cmd::Lab(LabCmd::IovaAging(a)) => emit(lab::iova_aging::run(&a, |_| {}), a.json),
+        Cmd::Lab(LabCmd::NetperfUdp(a)) => emit(lab::netperf_udp::run(&a), a.json),
         Cmd::Run { json } => run::run(json),
     };
     match res {
@@ -127,19 +97,4 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(2)
         }
     }
-}
-
-fn lab_aging(a: &lab::iova_aging::AgingArgs) -> Result<(), String> {
-    use lab::iova_aging::{render_summary, render_timeline, run};
-    let r = run(a, |p| {
-        if !a.json {
-            print!("{}", render_timeline(p, a.jobs));
-        }
-    })?;
-    if a.json {
-        print_json(&r);
-    } else {
-        print!("{}", render_summary(&r));
-    }
-    Ok(())
 }

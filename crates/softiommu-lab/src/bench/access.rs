@@ -24,37 +24,54 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use softiommu::access::{DmaAccessor, OrderMode, PhysGuestMemory, UnitIommu};
 use softiommu::dma::{DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaPolicy};
 use softiommu::hw::{SourceId, System, UnitConfig};
 use softiommu::mem::{PhysMemory, PAGE_SIZE};
 use vm_memory::{Bytes, GuestAddress, IommuMemory};
 
-use crate::table::Table;
+use crate::args::{Ranged, Seconds};
+use crate::error::{LabError, LabResult};
+use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 
-/// Options of `bench access`.
-#[derive(Debug, Clone, clap::Args)]
+/// Options of `bench access` (and of a `[bench-access]` scenario table).
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AccessBenchArgs {
-    /// Descriptors in the ring.
-    #[arg(long, default_value_t = 256)]
-    pub ring: u32,
-    /// Bytes per buffer (the device reads and writes back all of them).
-    /// The default, a minimum Ethernet frame, is where the fences' share
-    /// of the work is largest; 1500 is an MTU-sized one.
-    #[arg(long, default_value_t = 64)]
-    pub buf_bytes: u32,
-    /// Seconds of measurement per mode, split over the rounds.
-    #[arg(long, default_value_t = 1.0)]
-    pub seconds: f64,
+    /// Descriptors in the ring (1..=16384).
+    #[arg(long, default_value = "256")]
+    pub ring: Ranged<1, 16384>,
+    /// Bytes per buffer, the device reads and writes back all of them
+    /// (1..=4096). The default, a minimum Ethernet frame, is where the
+    /// fences' share of the work is largest; 1500 is an MTU-sized one.
+    #[arg(long, default_value = "64")]
+    pub buf_bytes: Ranged<1, 4096>,
+    /// Seconds of measurement per mode, split over the rounds
+    /// (0.01..=86400).
+    #[arg(long, default_value = "1")]
+    pub seconds: Seconds,
     /// Interleaved rounds (each runs every mode once, in rotating order);
-    /// the median round is reported. Many short rounds let every mode see
-    /// the same background load.
-    #[arg(long, default_value_t = 41)]
-    pub rounds: usize,
+    /// the median round is reported (1..=1000). Many short rounds let
+    /// every mode see the same background load.
+    #[arg(long, default_value = "41")]
+    pub rounds: Ranged<1, 1000>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
+    #[serde(skip)]
     pub json: bool,
+}
+
+impl Default for AccessBenchArgs {
+    fn default() -> Self {
+        Self {
+            ring: Ranged::new(256),
+            buf_bytes: Ranged::new(64),
+            seconds: Seconds::new(1.0),
+            rounds: Ranged::new(41),
+            json: false,
+        }
+    }
 }
 
 /// One mode's result.
@@ -116,14 +133,13 @@ struct Ring {
     _domain: Arc<DmaDomain>,
 }
 
-fn setup(args: &AccessBenchArgs) -> Result<Ring, String> {
-    let e = |e: &dyn std::fmt::Display| e.to_string();
-    let n = u64::from(args.ring.max(1));
-    let buf_bytes = args.buf_bytes.clamp(1, PAGE_SIZE as u32) as usize;
-    let mem = Arc::new(PhysMemory::new(1 << 30).map_err(|x| e(&x))?);
+fn setup(args: &AccessBenchArgs) -> LabResult<Ring> {
+    let n = args.ring.get();
+    let buf_bytes = args.buf_bytes.us().min(PAGE_SIZE as usize);
+    let mem = Arc::new(PhysMemory::new(1 << 30)?);
     let mut sys = System::new(mem.clone());
-    let u = sys.add_unit(UnitConfig::default()).map_err(|x| e(&x))?;
-    sys.assign(SID, u).map_err(|x| e(&x))?;
+    let u = sys.add_unit(UnitConfig::default())?;
+    sys.assign(SID, u)?;
     let drain_barrier = sys.unit(u).map_or("fence", |u| u.drain_barrier());
     let domain = DmaDomain::new(
         Arc::new(sys),
@@ -132,27 +148,20 @@ fn setup(args: &AccessBenchArgs) -> Result<Ring, String> {
             bounce_bytes: 0,
             ..DmaDomainConfig::default()
         },
-    )
-    .map_err(|x| e(&x))?;
-    let dev = domain.attach(SID, u64::MAX, false).map_err(|x| e(&x))?;
+    )?;
+    let dev = domain.attach(SID, u64::MAX, false)?;
     let mut cpu = domain.cpu();
-    let (ring_phys, ring_iova) = cpu
-        .alloc_coherent(&dev, n * DESC_BYTES)
-        .map_err(|x| e(&x))?;
+    let (ring_phys, ring_iova) = cpu.alloc_coherent(&dev, n * DESC_BYTES)?;
     for i in 0..n {
         // One page per buffer, each mapped on its own, as a driver maps
         // packet buffers.
-        let phys = mem.alloc_zeroed_frames(0).map_err(|x| e(&x))?;
-        mem.fill(phys, buf_bytes as u64, i as u8)
-            .map_err(|x| e(&x))?;
-        let iova = cpu
-            .map(&dev, phys, buf_bytes as u64, DmaDirection::Bidirectional)
-            .map_err(|x| e(&x))?;
+        let phys = mem.alloc_zeroed_frames(0)?;
+        mem.fill(phys, buf_bytes as u64, i as u8)?;
+        let iova = cpu.map(&dev, phys, buf_bytes as u64, DmaDirection::Bidirectional)?;
         let mut d = [0u8; DESC_BYTES as usize];
         d[..8].copy_from_slice(&iova.to_le_bytes());
         d[8..12].copy_from_slice(&(buf_bytes as u32).to_le_bytes());
-        mem.write(ring_phys + i * DESC_BYTES, &d)
-            .map_err(|x| e(&x))?;
+        mem.write(ring_phys + i * DESC_BYTES, &d)?;
     }
     Ok(Ring {
         mem,
@@ -196,31 +205,32 @@ impl Device {
 
     /// Serves descriptor `i`.
     #[inline(always)]
-    fn serve(&mut self, ring: &Ring, i: u64, buf: &mut [u8]) -> Result<(), String> {
+    fn serve(&mut self, ring: &Ring, i: u64, buf: &mut [u8]) -> LabResult<()> {
         let at = ring.ring_iova + i * DESC_BYTES;
         let mut d = [0u8; DESC_BYTES as usize];
         match self {
             Device::Accessor(acc, mode) => {
                 let a = mode.attrs();
-                acc.read(at, &mut d, a).map_err(|e| e.to_string())?;
+                acc.read(at, &mut d, a)?;
                 let (addr, len) = parse_desc(&d);
-                let b = buf.get_mut(..len).ok_or("descriptor too long")?;
-                acc.read(addr, b, a).map_err(|e| e.to_string())?;
-                acc.write(addr, b, a).map_err(|e| e.to_string())?;
-                acc.write_u32(at + STATUS_OFF, DONE, a)
-                    .map_err(|e| e.to_string())?;
+                let max = buf.len();
+                let b =
+                    buf.get_mut(..len)
+                        .ok_or(LabError::DescriptorTooLong { index: i, len, max })?;
+                acc.read(addr, b, a)?;
+                acc.write(addr, b, a)?;
+                acc.write_u32(at + STATUS_OFF, DONE, a)?;
             }
             Device::VmMemory(m) => {
-                m.read_slice(&mut d, GuestAddress(at))
-                    .map_err(|e| e.to_string())?;
+                m.read_slice(&mut d, GuestAddress(at))?;
                 let (addr, len) = parse_desc(&d);
-                let b = buf.get_mut(..len).ok_or("descriptor too long")?;
-                m.read_slice(b, GuestAddress(addr))
-                    .map_err(|e| e.to_string())?;
-                m.write_slice(b, GuestAddress(addr))
-                    .map_err(|e| e.to_string())?;
-                m.store(DONE, GuestAddress(at + STATUS_OFF), Ordering::Release)
-                    .map_err(|e| e.to_string())?;
+                let max = buf.len();
+                let b =
+                    buf.get_mut(..len)
+                        .ok_or(LabError::DescriptorTooLong { index: i, len, max })?;
+                m.read_slice(b, GuestAddress(addr))?;
+                m.write_slice(b, GuestAddress(addr))?;
+                m.store(DONE, GuestAddress(at + STATUS_OFF), Ordering::Release)?;
             }
         }
         Ok(())
@@ -228,7 +238,7 @@ impl Device {
 }
 
 /// One round of one mode: ns per descriptor and full fences issued.
-fn round(dev: &mut Device, ring: &Ring, budget: Duration) -> Result<(f64, u64, u64), String> {
+fn round(dev: &mut Device, ring: &Ring, budget: Duration) -> LabResult<(f64, u64, u64)> {
     let mut buf = vec![0u8; ring.buf_bytes];
     let f0 = dev.full_fences();
     let (mut ops, mut i) = (0u64, 0u64);
@@ -248,25 +258,26 @@ fn round(dev: &mut Device, ring: &Ring, budget: Duration) -> Result<(f64, u64, u
 }
 
 /// Runs the bench.
-pub fn run(args: &AccessBenchArgs) -> Result<AccessBenchReport, String> {
+pub fn run(args: &AccessBenchArgs) -> LabResult<Report> {
+    let r = measure(args)?;
+    Ok(report(&r, args))
+}
+
+fn measure(args: &AccessBenchArgs) -> LabResult<AccessBenchReport> {
     let ring = setup(args)?;
     let mut devices: Vec<Device> = OrderMode::ALL
         .into_iter()
-        .map(|m| {
-            DmaAccessor::for_device(&ring.dev)
-                .map(|a| Device::Accessor(a, m))
-                .map_err(|e| e.to_string())
-        })
+        .map(|m| DmaAccessor::for_device(&ring.dev).map(|a| Device::Accessor(a, m)))
         .collect::<Result<_, _>>()?;
-    let view = UnitIommu::for_device(&ring.dev).map_err(|e| e.to_string())?;
+    let view = UnitIommu::for_device(&ring.dev)?;
     devices.push(Device::VmMemory(Box::new(IommuMemory::new(
         PhysGuestMemory::new(ring.mem.clone()),
         view,
         true,
         (),
     ))));
-    let rounds = args.rounds.max(1);
-    let budget = Duration::from_secs_f64(args.seconds.max(0.01) / rounds as f64);
+    let rounds = args.rounds.us();
+    let budget = Duration::from_secs_f64(args.seconds.get() / rounds as f64);
     // Warm the IOTLBs, the caches and the clock.
     for d in devices.iter_mut() {
         round(d, &ring, Duration::from_millis(20))?;
@@ -307,7 +318,7 @@ pub fn run(args: &AccessBenchArgs) -> Result<AccessBenchReport, String> {
         bench: "access",
         arch: std::env::consts::ARCH,
         drain_barrier: ring.drain_barrier,
-        ring: args.ring,
+        ring: args.ring.get() as u32,
         buf_bytes: ring.buf_bytes as u32,
         rounds,
         measured: "all",
@@ -315,33 +326,64 @@ pub fn run(args: &AccessBenchArgs) -> Result<AccessBenchReport, String> {
     })
 }
 
-/// Renders the report for the terminal.
-pub fn render(r: &AccessBenchReport) -> String {
-    let mut t = Table::new(&[
-        "mode",
-        "ns/descriptor",
-        "vs relaxed",
-        "min",
-        "max",
-        "full fences/op",
-    ]);
+/// The typed report.
+fn report(r: &AccessBenchReport, args: &AccessBenchArgs) -> Report {
+    let mut t = Table::new(
+        "results",
+        format!(
+            "NIC ring (read descriptor, read {} B buffer, write it back, write status), {} descriptors, {} ({} drain barrier), median of {} rounds",
+            r.buf_bytes, r.ring, r.arch, r.drain_barrier, r.rounds
+        ),
+        vec![
+            Column::label("mode"),
+            Column::metric("ns_per_op", "per descriptor", Unit::Ns, 1),
+            Column::metric("vs_relaxed", "vs relaxed", Unit::Ratio, 3),
+            Column::metric("min_ns_per_op", "min", Unit::Ns, 1),
+            Column::metric("max_ns_per_op", "max", Unit::Ns, 1),
+            Column::metric("full_fences_per_op", "full fences", Unit::FencesPerOp, 2),
+        ],
+    );
     for x in &r.results {
         t.row(vec![
-            x.mode.clone(),
-            format!("{:.1}", x.ns_per_op),
-            format!("{:.3}x", x.vs_relaxed),
-            format!("{:.1}", x.min_ns_per_op),
-            format!("{:.1}", x.max_ns_per_op),
-            format!("{:.2}", x.full_fences_per_op),
+            x.mode.clone().into(),
+            x.ns_per_op.into(),
+            x.vs_relaxed.into(),
+            x.min_ns_per_op.into(),
+            x.max_ns_per_op.into(),
+            x.full_fences_per_op.into(),
         ]);
     }
-    format!(
-        "bench access: NIC ring (read descriptor, read {} B buffer, write it back, write status), {} descriptors, {} ({} drain barrier), median of {} rounds; all figures measured\n{}",
-        r.buf_bytes,
-        r.ring,
-        r.arch,
-        r.drain_barrier,
-        r.rounds,
-        t.render()
+    let mut rep = Report::new(
+        "bench access",
+        "what ordering costs a device: an emulated NIC ring per DMA access mode (seed 001)",
+        contract(r),
     )
+    .seed("001");
+    rep.params = vec![
+        Param::new("ring", r.ring, Unit::Entries),
+        Param::new("buf_bytes", r.buf_bytes, Unit::Bytes),
+        Param::new("seconds", args.seconds, Unit::S),
+        Param::new("rounds", r.rounds, Unit::Count),
+        Param::text("arch", r.arch),
+        Param::text("drain_barrier", r.drain_barrier),
+    ];
+    rep.tables.push(t);
+    rep.plots.push(Plot {
+        name: "ns_per_descriptor".into(),
+        title: "device time per descriptor, per ordering mode".into(),
+        kind: PlotKind::Bars,
+        x: Axis::new("mode", Unit::Count),
+        y: Axis::new("per descriptor", Unit::Ns),
+        categories: r.results.iter().map(|x| x.mode.clone()).collect(),
+        series: vec![Series::new(
+            "median round",
+            r.results
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (i as f64, x.ns_per_op))
+                .collect(),
+        )],
+        modelled: false,
+    });
+    rep
 }

@@ -13,41 +13,87 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use softiommu::dma::{DmaDirection, DmaPolicy};
 use softiommu::hw::{LatencyModel, SourceId};
 
-use crate::dma_rig::DmaRig;
-use crate::table::Table;
+use crate::args::{dma_policies, DmaPolicyName, Latency, Ranged, Seconds};
+use crate::dma_rig::{modelled, modelled_figures, DmaRig};
+use crate::error::{join, LabResult};
+use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 
-/// Options of `bench dma`.
-#[derive(Debug, Clone, clap::Args)]
+/// Options of `bench dma` (and of a `[bench-dma]` scenario table).
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DmaBenchArgs {
-    /// Threads mapping at once.
-    #[arg(long, default_value_t = 1)]
-    pub threads: usize,
-    /// Seconds per policy (ignored with --iters).
-    #[arg(long, default_value_t = 1.0)]
-    pub seconds: f64,
-    /// Run exactly this many map+unmap pairs per thread (for instruction
-    /// counts with callgrind).
+    /// Threads mapping at once (1..=256).
+    #[arg(long, default_value = "1")]
+    pub threads: Ranged<1, 256>,
+    /// Seconds per policy, ignored with --iters (0.01..=86400).
+    #[arg(long, default_value = "1")]
+    pub seconds: Seconds,
+    /// Run exactly this many map+unmap pairs per thread, for instruction
+    /// counts with callgrind (1..=1000000000).
     #[arg(long)]
-    pub iters: Option<u64>,
-    /// Pages per buffer.
-    #[arg(long, default_value_t = 1)]
-    pub granule: u64,
-    /// Direction: to-device, from-device or bidirectional.
-    #[arg(long, default_value = "bidirectional")]
-    pub dir: String,
-    /// Simulated transfer time between map and unmap, nanoseconds (a spin).
-    #[arg(long, default_value_t = 0)]
-    pub dma_trans_ns: u64,
-    /// Policies and latency model.
-    #[command(flatten)]
-    pub run: crate::dma_rig::DmaRunArgs,
+    pub iters: Option<Ranged<1, 1_000_000_000>>,
+    /// Pages per buffer (1..=512, up to 2 MiB).
+    #[arg(long, default_value = "1")]
+    pub granule: Ranged<1, 512>,
+    /// Direction of the mappings.
+    #[arg(long, value_enum, default_value_t = Dir::Bidirectional)]
+    pub dir: Dir,
+    /// Simulated transfer time between map and unmap, nanoseconds, a spin
+    /// (0..=1000000000).
+    #[arg(long, default_value = "0")]
+    pub dma_trans_ns: Ranged<0, 1_000_000_000>,
+    /// Latency model.
+    #[arg(long, value_enum, default_value_t = Latency::Vtd2015)]
+    pub latency: Latency,
+    /// Policies to run (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<DmaPolicyName>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
+    #[serde(skip)]
     pub json: bool,
+}
+
+impl Default for DmaBenchArgs {
+    fn default() -> Self {
+        Self {
+            threads: Ranged::new(1),
+            seconds: Seconds::new(1.0),
+            iters: None,
+            granule: Ranged::new(1),
+            dir: Dir::Bidirectional,
+            dma_trans_ns: Ranged::new(0),
+            latency: Latency::Vtd2015,
+            policies: Vec::new(),
+            json: false,
+        }
+    }
+}
+
+/// A mapping's direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dir {
+    /// The device reads.
+    ToDevice,
+    /// The device writes.
+    FromDevice,
+    /// Both.
+    Bidirectional,
+}
+
+impl Dir {
+    fn dma(self) -> DmaDirection {
+        match self {
+            Dir::ToDevice => DmaDirection::ToDevice,
+            Dir::FromDevice => DmaDirection::FromDevice,
+            Dir::Bidirectional => DmaDirection::Bidirectional,
+        }
+    }
 }
 
 /// One policy's result.
@@ -82,14 +128,8 @@ pub struct DmaBenchReport {
     pub results: Vec<DmaResult>,
 }
 
-fn direction(s: &str) -> Result<DmaDirection, String> {
-    match s {
-        "to-device" => Ok(DmaDirection::ToDevice),
-        "from-device" => Ok(DmaDirection::FromDevice),
-        "bidirectional" => Ok(DmaDirection::Bidirectional),
-        _ => Err(format!("unknown direction {s:?}")),
-    }
-}
+/// Log2 buckets of unmap latency: bucket `k` holds calls of 2^k..2^(k+1) ns.
+const BUCKETS: usize = 40;
 
 fn spin(ns: u64) {
     if ns == 0 {
@@ -106,35 +146,38 @@ fn run_policy(
     args: &DmaBenchArgs,
     dir: DmaDirection,
     model: LatencyModel,
-) -> Result<DmaResult, String> {
-    let threads = args.threads.max(1);
-    let granule = args.granule.max(1);
+) -> LabResult<(DmaResult, [u64; BUCKETS])> {
+    let threads = args.threads.us();
+    let granule = args.granule.get();
     let rig = DmaRig::new(policy, model, SourceId(0x0300), 1 << 30, 8 << 20)?;
     let (mem, domain, dev) = (rig.mem.clone(), rig.domain.clone(), rig.dev.clone());
     let go = Arc::new(Barrier::new(threads));
-    let budget = Duration::from_secs_f64(args.seconds.max(0.01));
+    let budget = Duration::from_secs_f64(args.seconds.get());
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let (domain, dev, go, mem) = (domain.clone(), dev.clone(), go.clone(), mem.clone());
-            let (iters, trans) = (args.iters, args.dma_trans_ns);
-            std::thread::spawn(move || -> Result<(u64, u128, u128), String> {
+            let (iters, trans) = (args.iters.map(Ranged::get), args.dma_trans_ns.get());
+            std::thread::spawn(move || -> LabResult<(u64, u128, u128, [u64; BUCKETS])> {
                 let order = granule.next_power_of_two().ilog2();
-                let buf = mem.alloc_zeroed_frames(order).map_err(|e| e.to_string())?;
+                let buf = mem.alloc_zeroed_frames(order)?;
                 let len = granule * 4096;
                 let mut cpu = domain.cpu();
                 go.wait();
                 let start = Instant::now();
                 let (mut n, mut map_ns, mut unmap_ns) = (0u64, 0u128, 0u128);
+                let mut hist = [0u64; BUCKETS];
                 loop {
                     let t0 = Instant::now();
-                    let a = cpu.map(&dev, buf, len, dir).map_err(|e| e.to_string())?;
+                    let a = cpu.map(&dev, buf, len, dir)?;
                     let t1 = Instant::now();
                     spin(trans);
                     let t2 = Instant::now();
-                    cpu.unmap(&dev, a, len, dir).map_err(|e| e.to_string())?;
+                    cpu.unmap(&dev, a, len, dir)?;
                     let t3 = Instant::now();
                     map_ns += (t1 - t0).as_nanos();
-                    unmap_ns += (t3 - t2).as_nanos();
+                    let u = (t3 - t2).as_nanos();
+                    unmap_ns += u;
+                    hist[(u.max(1).ilog2() as usize).min(BUCKETS - 1)] += 1;
                     n += 1;
                     match iters {
                         Some(k) if n >= k => break,
@@ -143,71 +186,125 @@ fn run_policy(
                     }
                 }
                 drop(cpu);
-                Ok((n, map_ns, unmap_ns))
+                Ok((n, map_ns, unmap_ns, hist))
             })
         })
         .collect();
     let mut tot = (0u64, 0u128, 0u128);
+    let mut hist = [0u64; BUCKETS];
     for h in handles {
-        let (n, m, u) = h
-            .join()
-            .map_err(|_| "bench thread panicked".to_string())??;
+        let (n, m, u, hh) = join(h, "bench dma")??;
         tot = (tot.0 + n, tot.1 + m, tot.2 + u);
+        for (a, b) in hist.iter_mut().zip(hh) {
+            *a += b;
+        }
     }
     let s = domain.stats();
-    Ok(DmaResult {
-        policy: policy.name().to_string(),
-        map_ns: tot.1 as f64 / tot.0.max(1) as f64,
-        unmap_ns: tot.2 as f64 / tot.0.max(1) as f64,
-        pairs: tot.0,
-        flushes: s.flushes,
-        stale_window_ms_max: domain.stale_window().max.as_secs_f64() * 1e3,
-    })
+    Ok((
+        DmaResult {
+            policy: policy.name().to_string(),
+            map_ns: tot.1 as f64 / tot.0.max(1) as f64,
+            unmap_ns: tot.2 as f64 / tot.0.max(1) as f64,
+            pairs: tot.0,
+            flushes: s.flushes,
+            stale_window_ms_max: domain.stale_window().max.as_secs_f64() * 1e3,
+        },
+        hist,
+    ))
 }
 
 /// Runs the bench.
-pub fn run(args: &DmaBenchArgs) -> Result<DmaBenchReport, String> {
-    let dir = direction(&args.dir)?;
-    let model = args.run.model()?;
-    let policies = args.run.policies()?;
-    let results = policies
-        .into_iter()
-        .map(|p| run_policy(p, args, dir, model))
-        .collect::<Result<_, _>>()?;
-    Ok(DmaBenchReport {
+pub fn run(args: &DmaBenchArgs) -> LabResult<Report> {
+    let dir = args.dir.dma();
+    let model = args.latency.model();
+    let mut results = Vec::new();
+    let mut hists = Vec::new();
+    for p in dma_policies(&args.policies) {
+        let (r, h) = run_policy(p, args, dir, model)?;
+        hists.push((r.policy.clone(), h));
+        results.push(r);
+    }
+    let r = DmaBenchReport {
         bench: "dma",
-        threads: args.threads.max(1),
-        granule: args.granule.max(1),
-        modelled: crate::dma_rig::modelled(model),
+        threads: args.threads.us(),
+        granule: args.granule.get(),
+        modelled: modelled(model),
         results,
-    })
+    };
+    Ok(report(&r, args, &hists))
 }
 
-/// Renders the report.
-pub fn render(r: &DmaBenchReport) -> String {
-    let mut t = Table::new(&[
-        "policy",
-        "map ns",
-        "unmap ns",
-        "pairs",
-        "flushes",
-        "stale max ms",
-    ]);
+/// The typed report: the table and the unmap latency histograms.
+fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKETS])]) -> Report {
+    let modelled = modelled_figures(&r.modelled);
+    let wait_modelled = !modelled.is_empty();
+    let mut t = Table::new(
+        "results",
+        format!(
+            "map+unmap per policy, {} thread(s), {} page(s) per buffer, {:?}",
+            r.threads, r.granule, args.dir
+        ),
+        vec![
+            Column::label("policy"),
+            Column::metric("map_ns", "map", Unit::Ns, 0),
+            Column::metric("unmap_ns", "unmap", Unit::Ns, 0).modelled_if(wait_modelled),
+            Column::metric("pairs", "pairs", Unit::Count, 0),
+            Column::metric("flushes", "flushes", Unit::Count, 0),
+            Column::metric("stale_window_ms_max", "stale max", Unit::Ms, 2)
+                .modelled_if(wait_modelled),
+        ],
+    );
     for x in &r.results {
         t.row(vec![
-            x.policy.clone(),
-            format!("{:.0}", x.map_ns),
-            format!("{:.0}", x.unmap_ns),
-            x.pairs.to_string(),
-            x.flushes.to_string(),
-            format!("{:.2}", x.stale_window_ms_max),
+            x.policy.clone().into(),
+            x.map_ns.into(),
+            x.unmap_ns.into(),
+            x.pairs.into(),
+            x.flushes.into(),
+            x.stale_window_ms_max.into(),
         ]);
     }
-    format!(
-        "bench dma: {} thread(s), {} page(s) per buffer; modelled: {}; all else measured\n{}",
-        r.threads,
-        r.granule,
-        crate::dma_rig::modelled_text(&r.modelled),
-        t.render()
-    )
+    let series = hists
+        .iter()
+        .map(|(name, h)| {
+            let total = h.iter().sum::<u64>().max(1) as f64;
+            Series::new(
+                name.clone(),
+                h.iter()
+                    .enumerate()
+                    .filter(|(_, &c)| c > 0)
+                    .map(|(k, &c)| ((1u64 << k) as f64, c as f64 / total * 100.0))
+                    .collect(),
+            )
+        })
+        .collect();
+    let mut rep = Report::new(
+        "bench dma",
+        "DMA map+unmap per policy, as Linux's dma_map_benchmark (seed 000)",
+        contract(r),
+    );
+    rep.params = vec![
+        Param::new("threads", r.threads, Unit::Threads),
+        Param::new("granule", r.granule, Unit::Pages),
+        Param::text("dir", format!("{:?}", args.dir)),
+        Param::new("dma_trans_ns", args.dma_trans_ns, Unit::Ns),
+        Param::new("seconds", args.seconds, Unit::S),
+        Param::text("latency", args.latency.name()),
+    ];
+    if let Some(i) = args.iters {
+        rep.params.push(Param::new("iters", i, Unit::Count));
+    }
+    rep.modelled = modelled;
+    rep.tables.push(t);
+    rep.plots.push(Plot {
+        name: "unmap_latency".into(),
+        title: "unmap latency per policy (share of calls per power-of-two bucket)".into(),
+        kind: PlotKind::Histogram,
+        x: Axis::new("unmap latency", Unit::Ns),
+        y: Axis::new("calls", Unit::Percent),
+        categories: Vec::new(),
+        series,
+        modelled: wait_modelled,
+    });
+    rep
 }

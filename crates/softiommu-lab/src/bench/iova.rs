@@ -10,37 +10,90 @@
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use softiommu::iova::IovaPolicy;
 
 use super::iova_peers::{
     Harness, Iova, OffsetAlloc, Owned, PairAlloc, Peer, RangeAlloc, Shared, VmAllocator,
 };
-use crate::table::Table;
+use crate::args::{Ranged, Seconds};
+use crate::error::LabResult;
+use crate::report::{contract, Column, Param, Report, Table, Unit};
 use crate::workload::{Rng, DMA_MIX};
 
-/// Options of `bench iova`.
-#[derive(Debug, Clone, clap::Args)]
+/// Options of `bench iova` (and of a `[bench-iova]` scenario table).
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct IovaBenchArgs {
-    /// Threads allocating at once.
-    #[arg(long, default_value_t = 1)]
-    pub threads: usize,
-    /// Live allocations each thread holds.
-    #[arg(long, default_value_t = 4096)]
-    pub live: usize,
-    /// Seconds of measurement per implementation, split over the rounds.
-    #[arg(long, default_value_t = 1.5)]
-    pub seconds: f64,
+    /// Threads allocating at once (1..=256).
+    #[arg(long, default_value = "1")]
+    pub threads: Ranged<1, 256>,
+    /// Live allocations each thread holds (1..=1000000).
+    #[arg(long, default_value = "4096")]
+    pub live: Ranged<1, 1_000_000>,
+    /// Seconds of measurement per implementation, split over the rounds
+    /// (0.01..=86400).
+    #[arg(long, default_value = "1.5")]
+    pub seconds: Seconds,
     /// Rounds: each implementation runs once per round, interleaved; the
-    /// median round is reported.
-    #[arg(long, default_value_t = 5)]
-    pub rounds: usize,
-    /// Implementations to run (default: all; ours always runs first).
-    #[arg(long, value_delimiter = ',')]
-    pub impls: Vec<String>,
+    /// median round is reported (1..=1000).
+    #[arg(long, default_value = "5")]
+    pub rounds: Ranged<1, 1000>,
+    /// Implementations to run beside ours (default: all; ours always runs
+    /// first).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub impls: Vec<Impl>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
+    #[serde(skip)]
     pub json: bool,
+}
+
+impl Default for IovaBenchArgs {
+    fn default() -> Self {
+        Self {
+            threads: Ranged::new(1),
+            live: Ranged::new(4096),
+            seconds: Seconds::new(1.5),
+            rounds: Ranged::new(5),
+            impls: Vec::new(),
+            json: false,
+        }
+    }
+}
+
+/// The implementations `bench iova` can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Impl {
+    /// Ours (always runs).
+    Softiommu,
+    /// The loop alone, no allocator.
+    Harness,
+    /// Our Linux 2016 baseline.
+    #[value(name = "linux-2016")]
+    #[serde(rename = "linux-2016")]
+    Linux2016,
+    /// The `offset-allocator` crate.
+    OffsetAllocator,
+    /// The `range-alloc` crate.
+    RangeAlloc,
+    /// The `vm-allocator` crate.
+    VmAllocator,
+}
+
+impl Impl {
+    /// The name printed.
+    pub fn name(self) -> &'static str {
+        match self {
+            Impl::Softiommu => "softiommu",
+            Impl::Harness => "harness",
+            Impl::Linux2016 => "linux-2016",
+            Impl::OffsetAllocator => "offset-allocator",
+            Impl::RangeAlloc => "range-alloc",
+            Impl::VmAllocator => "vm-allocator",
+        }
+    }
 }
 
 /// One implementation's result.
@@ -173,13 +226,18 @@ type Runner = Box<dyn Fn(Duration) -> ImplResult>;
 /// Runs the bench: every implementation once per round, rounds interleaved,
 /// and each one's median round reported, so that a burst of noise on a
 /// shared machine hits one round of one implementation, not a whole column.
-pub fn run(args: &IovaBenchArgs) -> IovaBenchReport {
-    let threads = args.threads.max(1);
-    let live = args.live.max(1);
-    let rounds = args.rounds.max(1);
-    let budget = Duration::from_secs_f64(args.seconds.max(0.01) / rounds as f64);
-    let want =
-        |n: &str| n == "softiommu" || args.impls.is_empty() || args.impls.iter().any(|i| i == n);
+pub fn run(args: &IovaBenchArgs) -> LabResult<Report> {
+    Ok(report(&measure_all(args), args))
+}
+
+fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
+    let threads = args.threads.us();
+    let live = args.live.us();
+    let rounds = args.rounds.us();
+    let budget = Duration::from_secs_f64(args.seconds.get() / rounds as f64);
+    let want = |n: &str| {
+        n == "softiommu" || args.impls.is_empty() || args.impls.iter().any(|i| i.name() == n)
+    };
     let mut runners: Vec<(&str, Runner)> = vec![(
         "softiommu",
         Box::new(move |b| {
@@ -285,30 +343,60 @@ pub fn run(args: &IovaBenchArgs) -> IovaBenchReport {
     }
 }
 
-/// Renders the report for the terminal.
-pub fn render(r: &IovaBenchReport) -> String {
+/// The typed report.
+fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
     let ours = r.results[0].ns_per_pair;
-    let mut t = Table::new(&["impl", "ns/pair", "vs softiommu", "pairs"]);
+    let mut t = Table::new(
+        "results",
+        format!(
+            "alloc+free pairs, DMA size mix, {} live per thread, {} thread(s), median of {} rounds",
+            r.live, r.threads, r.rounds
+        ),
+        vec![
+            Column::label("impl"),
+            Column::metric("ns_per_pair", "per pair", Unit::Ns, 1),
+            Column::metric("vs_softiommu", "vs softiommu", Unit::Ratio, 1),
+            Column::metric("pairs", "pairs", Unit::Count, 0),
+        ],
+    );
     for x in &r.results {
         t.row(vec![
-            x.name.clone(),
-            format!("{:.1}", x.ns_per_pair),
-            format!("{:.1}x", x.ns_per_pair / ours),
-            x.pairs.to_string(),
+            x.name.clone().into(),
+            x.ns_per_pair.into(),
+            (x.ns_per_pair / ours).into(),
+            x.pairs.into(),
         ]);
     }
-    let mut s = format!(
-        "bench iova: alloc+free pairs, DMA size mix, {} live per thread, {} thread(s), median of {} rounds; all figures measured\n{}",
-        r.live,
-        r.threads,
-        r.rounds,
-        t.render()
+    let mut rep = Report::new(
+        "bench iova",
+        "IOVA alloc+free pairs: ours beside vm-allocator, range-alloc, offset-allocator and the Linux 2016 design",
+        contract(r),
     );
+    rep.params = vec![
+        Param::new("threads", r.threads, Unit::Threads),
+        Param::new("live", r.live, Unit::Count),
+        Param::new("seconds", args.seconds, Unit::S),
+        Param::new("rounds", r.rounds, Unit::Count),
+    ];
+    rep.tables.push(t);
     if let Some(sc) = &r.softiommu_scaling {
-        s.push_str(&format!(
-            "softiommu per-thread throughput at {} threads / at 1 thread: {:.2} ({:.1} vs {:.1} ns/pair)\n",
-            r.threads, sc.per_thread_throughput_ratio, sc.ns_per_pair_n_threads, sc.ns_per_pair_1_thread
-        ));
+        let mut s = Table::new(
+            "scaling",
+            "softiommu per-thread throughput at N threads / at 1 thread",
+            vec![
+                Column::label("impl"),
+                Column::metric("ns_per_pair_1_thread", "1 thread", Unit::Ns, 1),
+                Column::metric("ns_per_pair_n_threads", "N threads", Unit::Ns, 1),
+                Column::metric("per_thread_throughput_ratio", "ratio", Unit::Ratio, 2),
+            ],
+        );
+        s.row(vec![
+            "softiommu".into(),
+            sc.ns_per_pair_1_thread.into(),
+            sc.ns_per_pair_n_threads.into(),
+            sc.per_thread_throughput_ratio.into(),
+        ]);
+        rep.tables.push(s);
     }
-    s
+    rep
 }

@@ -9,24 +9,39 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use softiommu::mem::PhysMemory;
 use softiommu::pgtable::{IoPageTable, IotlbGather, OpStats, Perm, VtdConfig, VtdPageTable};
 
-use crate::table::Table;
+use crate::args::{Ranged, Seconds};
+use crate::error::LabResult;
+use crate::report::Axis;
+use crate::report::{contract, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 
-/// Options of `bench pgtable`.
-#[derive(Debug, Clone, clap::Args)]
+/// Options of `bench pgtable` (and of a `[bench-pgtable]` scenario table).
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct PgtableBenchArgs {
-    /// Seconds of measurement per case, split over the rounds.
-    #[arg(long, default_value_t = 0.5)]
-    pub seconds: f64,
-    /// Interleaved rounds; the median round is reported.
-    #[arg(long, default_value_t = 5)]
-    pub rounds: usize,
+    /// Seconds of measurement per case, split over the rounds (0.01..=86400).
+    #[arg(long, default_value = "0.5")]
+    pub seconds: Seconds,
+    /// Interleaved rounds; the median round is reported (1..=1000).
+    #[arg(long, default_value = "5")]
+    pub rounds: Ranged<1, 1000>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
+    #[serde(skip)]
     pub json: bool,
+}
+
+impl Default for PgtableBenchArgs {
+    fn default() -> Self {
+        Self {
+            seconds: Seconds::new(0.5),
+            rounds: Ranged::new(5),
+            json: false,
+        }
+    }
 }
 
 /// One case's result.
@@ -96,8 +111,13 @@ fn round(c: &Case, budget: Duration) -> (f64, u64, OpStats) {
 }
 
 /// Runs the bench.
-pub fn run(args: &PgtableBenchArgs) -> Result<PgtableBenchReport, String> {
-    let mem = Arc::new(PhysMemory::new(4 << 30).map_err(|e| e.to_string())?);
+pub fn run(args: &PgtableBenchArgs) -> LabResult<Report> {
+    let r = measure(args)?;
+    Ok(report(&r, args))
+}
+
+fn measure(args: &PgtableBenchArgs) -> LabResult<PgtableBenchReport> {
+    let mem = Arc::new(PhysMemory::new(4 << 30)?);
     let mut cases = Vec::new();
     for size in SIZES {
         for coherent in [true, false] {
@@ -106,7 +126,7 @@ pub fn run(args: &PgtableBenchArgs) -> Result<PgtableBenchReport, String> {
             } else {
                 VtdConfig::non_coherent()
             };
-            let table = VtdPageTable::new(mem.clone(), cfg).map_err(|e| e.to_string())?;
+            let table = VtdPageTable::new(mem.clone(), cfg)?;
             cases.push(Case {
                 size,
                 coherent,
@@ -114,13 +134,12 @@ pub fn run(args: &PgtableBenchArgs) -> Result<PgtableBenchReport, String> {
             });
         }
     }
-    let flush_method = VtdPageTable::new(mem.clone(), VtdConfig::non_coherent())
-        .map_err(|e| e.to_string())?
+    let flush_method = VtdPageTable::new(mem.clone(), VtdConfig::non_coherent())?
         .flush_method()
         .map_or("none", |m| m.name())
         .to_string();
-    let rounds = args.rounds.max(1);
-    let budget = Duration::from_secs_f64(args.seconds.max(0.01) / rounds as f64);
+    let rounds = args.rounds.us();
+    let budget = Duration::from_secs_f64(args.seconds.get() / rounds as f64);
     let mut per_case: Vec<Vec<(f64, u64, OpStats)>> = cases.iter().map(|_| Vec::new()).collect();
     for _ in 0..rounds {
         for (c, out) in cases.iter().zip(per_case.iter_mut()) {
@@ -156,34 +175,76 @@ pub fn run(args: &PgtableBenchArgs) -> Result<PgtableBenchReport, String> {
     })
 }
 
-/// Renders the report for the terminal.
-pub fn render(r: &PgtableBenchReport) -> String {
-    let mut t = Table::new(&[
-        "size",
-        "walker",
-        "ns/map+unmap",
-        "lines flushed/op",
-        "lines written/op",
-        "fences/op",
-    ]);
+fn walker(coherent: bool) -> &'static str {
+    if coherent {
+        "coherent"
+    } else {
+        "non-coherent"
+    }
+}
+
+/// The typed report.
+fn report(r: &PgtableBenchReport, args: &PgtableBenchArgs) -> Report {
+    let mut t = Table::new(
+        "results",
+        format!(
+            "VT-d second-level map+unmap, flush instruction {} (non-coherent), median of {} rounds",
+            r.flush_method, r.rounds
+        ),
+        vec![
+            Column::label("size"),
+            Column::label("walker"),
+            Column::metric("ns_per_map_unmap", "map+unmap", Unit::Ns, 0),
+            Column::metric("lines_flushed_per_op", "flushed", Unit::LinesPerOp, 2),
+            Column::metric("lines_written_per_op", "written", Unit::LinesPerOp, 2),
+            Column::metric("fences_per_op", "fences", Unit::FencesPerOp, 2),
+        ],
+    );
     for x in &r.results {
         t.row(vec![
-            format!("{} KiB", x.size >> 10),
-            if x.coherent {
-                "coherent".into()
-            } else {
-                "non-coherent".into()
-            },
-            format!("{:.0}", x.ns_per_map_unmap),
-            format!("{:.2}", x.lines_flushed_per_op),
-            format!("{:.2}", x.lines_written_per_op),
-            format!("{:.2}", x.fences_per_op),
+            format!("{} KiB", x.size >> 10).into(),
+            walker(x.coherent).into(),
+            x.ns_per_map_unmap.into(),
+            x.lines_flushed_per_op.into(),
+            x.lines_written_per_op.into(),
+            x.fences_per_op.into(),
         ]);
     }
-    format!(
-        "bench pgtable: VT-d second-level map+unmap, flush instruction {} (non-coherent), median of {} rounds; all figures measured\n{}",
-        r.flush_method,
-        r.rounds,
-        t.render()
+    let bars = [true, false]
+        .into_iter()
+        .map(|coherent| {
+            Series::new(
+                walker(coherent),
+                r.results
+                    .iter()
+                    .filter(|x| x.coherent == coherent)
+                    .enumerate()
+                    .map(|(i, x)| (i as f64, x.ns_per_map_unmap))
+                    .collect(),
+            )
+        })
+        .collect();
+    let mut rep = Report::new(
+        "bench pgtable",
+        "VT-d page-table map+unmap with a coherent and a non-coherent walker (cache lines flushed, seed 003)",
+        contract(r),
     )
+    .seed("003");
+    rep.params = vec![
+        Param::new("seconds", args.seconds, Unit::S),
+        Param::new("rounds", r.rounds, Unit::Count),
+        Param::text("flush_method", &r.flush_method),
+    ];
+    rep.tables.push(t);
+    rep.plots.push(Plot {
+        name: "map_unmap".into(),
+        title: "map+unmap time per range size, coherent vs non-coherent walker".into(),
+        kind: PlotKind::Bars,
+        x: Axis::new("range size", Unit::Bytes),
+        y: Axis::new("map+unmap", Unit::Ns),
+        categories: SIZES.iter().map(|s| format!("{} KiB", s >> 10)).collect(),
+        series: bars,
+        modelled: false,
+    });
+    rep
 }

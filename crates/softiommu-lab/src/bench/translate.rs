@@ -12,34 +12,52 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use softiommu::hw::{Access, ContextEntry, SourceId, System, Translator, UnitConfig};
 use softiommu::mem::PhysMemory;
 use softiommu::pgtable::{IoPageTable, Perm, VtdConfig, VtdPageTable};
 use vm_memory::iommu::Iotlb;
 use vm_memory::{GuestAddress, Permissions};
 
-use crate::table::Table;
+use crate::args::{Ranged, Seconds};
+use crate::error::{LabError, LabResult};
+use crate::report::{contract, Column, Param, Report, Table, Unit};
 use crate::workload::Rng;
 
-/// Options of `bench translate`.
-#[derive(Debug, Clone, clap::Args)]
+/// Options of `bench translate` (and of a `[bench-translate]` scenario
+/// table).
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct TranslateBenchArgs {
-    /// Mapped pages for the hit case (must fit the 4,096-entry IOTLB).
-    #[arg(long, default_value_t = 2048)]
-    pub hit_pages: u64,
-    /// Mapped pages for the walk case.
-    #[arg(long, default_value_t = 65536)]
-    pub walk_pages: u64,
-    /// Seconds per case, split over the rounds.
-    #[arg(long, default_value_t = 1.0)]
-    pub seconds: f64,
-    /// Interleaved rounds; the median is reported.
-    #[arg(long, default_value_t = 5)]
-    pub rounds: usize,
+    /// Mapped pages for the hit case (1..=4096: must fit the 4,096-entry
+    /// IOTLB).
+    #[arg(long, default_value = "2048")]
+    pub hit_pages: Ranged<1, 4096>,
+    /// Mapped pages for the walk case (1..=1048576).
+    #[arg(long, default_value = "65536")]
+    pub walk_pages: Ranged<1, { 1 << 20 }>,
+    /// Seconds per case, split over the rounds (0.01..=86400).
+    #[arg(long, default_value = "1")]
+    pub seconds: Seconds,
+    /// Interleaved rounds; the median is reported (1..=1000).
+    #[arg(long, default_value = "5")]
+    pub rounds: Ranged<1, 1000>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
+    #[serde(skip)]
     pub json: bool,
+}
+
+impl Default for TranslateBenchArgs {
+    fn default() -> Self {
+        Self {
+            hit_pages: Ranged::new(2048),
+            walk_pages: Ranged::new(65536),
+            seconds: Seconds::new(1.0),
+            rounds: Ranged::new(5),
+            json: false,
+        }
+    }
 }
 
 /// One (implementation, case) result.
@@ -159,24 +177,27 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Runs the bench.
-pub fn run(args: &TranslateBenchArgs) -> Result<TranslateBenchReport, String> {
-    let mem = Arc::new(PhysMemory::new(8 << 30).map_err(|e| e.to_string())?);
+pub fn run(args: &TranslateBenchArgs) -> LabResult<Report> {
+    let r = measure(args)?;
+    Ok(report(&r, args))
+}
+
+fn measure(args: &TranslateBenchArgs) -> LabResult<TranslateBenchReport> {
+    let mem = Arc::new(PhysMemory::new(8 << 30)?);
     let mut sys = System::new(mem.clone());
-    let unit = sys
-        .add_unit(UnitConfig::default())
-        .map_err(|e| e.to_string())?;
-    sys.assign(SID, unit).map_err(|e| e.to_string())?;
-    let hit_table =
-        VtdPageTable::new(mem.clone(), VtdConfig::coherent()).map_err(|e| e.to_string())?;
-    let walk_table =
-        VtdPageTable::new(mem.clone(), VtdConfig::coherent()).map_err(|e| e.to_string())?;
+    let unit = sys.add_unit(UnitConfig::default())?;
+    sys.assign(SID, unit)?;
+    let hit_table = VtdPageTable::new(mem.clone(), VtdConfig::coherent())?;
+    let walk_table = VtdPageTable::new(mem.clone(), VtdConfig::coherent())?;
     let mut iotlb = Iotlb::new();
-    let hit = scatter(&hit_table, args.hit_pages.max(1), 1, Some(&mut iotlb));
-    let walk = scatter(&walk_table, args.walk_pages.max(1), 2, None);
-    let u = sys.unit(unit).ok_or("no unit")?;
-    let mut tr = u.translator().map_err(|e| e.to_string())?;
-    let rounds = args.rounds.max(1);
-    let budget = Duration::from_secs_f64(args.seconds.max(0.01) / rounds as f64);
+    let hit = scatter(&hit_table, args.hit_pages.get(), 1, Some(&mut iotlb));
+    let walk = scatter(&walk_table, args.walk_pages.get(), 2, None);
+    let u = sys
+        .unit(unit)
+        .ok_or(LabError::Setup("the unit just added is missing"))?;
+    let mut tr = u.translator()?;
+    let rounds = args.rounds.us();
+    let budget = Duration::from_secs_f64(args.seconds.get() / rounds as f64);
     let attach = |table: &VtdPageTable, did: u16| {
         u.attach(
             SID,
@@ -185,7 +206,6 @@ pub fn run(args: &TranslateBenchArgs) -> Result<TranslateBenchReport, String> {
                 root: table.root(),
             },
         )
-        .map_err(|e| e.to_string())
     };
     let (mut ours_hit, mut vm_hit, mut ours_walk) = (Vec::new(), Vec::new(), Vec::new());
     let mut rates = [0.0f64; 2];
@@ -205,8 +225,8 @@ pub fn run(args: &TranslateBenchArgs) -> Result<TranslateBenchReport, String> {
     }
     Ok(TranslateBenchReport {
         bench: "translate",
-        hit_pages: args.hit_pages,
-        walk_pages: args.walk_pages,
+        hit_pages: args.hit_pages.get(),
+        walk_pages: args.walk_pages.get(),
         softiommu_hit_rate: rates,
         results: vec![
             TranslateResult {
@@ -238,28 +258,45 @@ fn hit_rate(a: softiommu::hw::TranslatorStats, b: softiommu::hw::TranslatorStats
     }
 }
 
-/// Renders the report.
-pub fn render(r: &TranslateBenchReport) -> String {
+/// The typed report.
+fn report(r: &TranslateBenchReport, args: &TranslateBenchArgs) -> Report {
     let vm = r
         .results
         .iter()
         .find(|x| x.name == "vm-memory")
         .map(|x| x.ns_per_lookup);
-    let mut t = Table::new(&["impl", "case", "ns/lookup", "vm-memory / this"]);
+    let mut t = Table::new(
+        "results",
+        format!(
+            "64-byte lookups at random addresses; hit: {} scattered pages (our IOTLB hit rate {:.3}), walk: {} pages (hit rate {:.3})",
+            r.hit_pages, r.softiommu_hit_rate[0], r.walk_pages, r.softiommu_hit_rate[1]
+        ),
+        vec![
+            Column::label("impl"),
+            Column::label("case"),
+            Column::metric("ns_per_lookup", "per lookup", Unit::Ns, 1),
+            Column::metric("vm_memory_over_this", "vm-memory / this", Unit::Ratio, 1),
+        ],
+    );
     for x in &r.results {
         t.row(vec![
-            x.name.clone(),
-            x.case.clone(),
-            format!("{:.1}", x.ns_per_lookup),
-            vm.map_or("-".into(), |v| format!("{:.1}x", v / x.ns_per_lookup)),
+            x.name.clone().into(),
+            x.case.clone().into(),
+            x.ns_per_lookup.into(),
+            vm.map(|v| v / x.ns_per_lookup).into(),
         ]);
     }
-    format!(
-        "bench translate: 64-byte lookups at random addresses; hit: {} scattered pages (our IOTLB hit rate {:.3}), walk: {} pages (hit rate {:.3}); all figures measured\n{}",
-        r.hit_pages,
-        r.softiommu_hit_rate[0],
-        r.walk_pages,
-        r.softiommu_hit_rate[1],
-        t.render()
-    )
+    let mut rep = Report::new(
+        "bench translate",
+        "device-side translation: our IOTLB hit beside vm-memory's Iotlb, and page walks",
+        contract(r),
+    );
+    rep.params = vec![
+        Param::new("hit_pages", r.hit_pages, Unit::Pages),
+        Param::new("walk_pages", r.walk_pages, Unit::Pages),
+        Param::new("seconds", args.seconds, Unit::S),
+        Param::new("rounds", args.rounds, Unit::Count),
+    ];
+    rep.tables.push(t);
+    rep
 }

@@ -22,10 +22,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use softiommu::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
 
-use crate::table::Table;
+use crate::args::{iova_policies, IovaPolicyName, Percent, Ranged, Seconds};
+use crate::error::{join, LabResult};
+use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 use crate::workload::DMA_MIX;
 
 /// Flush-queue high-water mark: Linux's `IOVA_FQ_SIZE` is 256 (seed `000`
@@ -34,45 +36,69 @@ const FQ_SIZE: usize = 256;
 /// Flush-queue timeout: Linux's `IOVA_FQ_TIMEOUT`, 10 ms (seed `000`).
 const FQ_TIMEOUT: Duration = Duration::from_millis(10);
 
-/// Options of `lab iova-aging`.
-#[derive(Debug, Clone, clap::Args)]
+/// Options of `lab iova-aging` (and of a `[lab-iova-aging]` scenario
+/// table).
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AgingArgs {
     /// A short run (under a minute for all policies) with the same shape.
     #[arg(long)]
     pub quick: bool,
-    /// Seconds per policy (default 8 with --quick, else 60).
+    /// Seconds per policy (0.01..=86400; default 8 with --quick, else 60).
     #[arg(long)]
-    pub seconds: Option<f64>,
-    /// Windows in the time line (default 8 with --quick, one a second; else
-    /// 16). Longer windows average out the noise of a shared machine.
+    pub seconds: Option<Seconds>,
+    /// Windows in the time line (2..=1000; default 8 with --quick, one a
+    /// second; else 16). Longer windows average out the noise of a shared
+    /// machine.
     #[arg(long)]
-    pub windows: Option<usize>,
-    /// Jobs (threads), as fio's `numjobs`.
-    #[arg(long, default_value_t = 12)]
-    pub jobs: usize,
+    pub windows: Option<Ranged<2, 1000>>,
+    /// Jobs (threads), as fio's `numjobs` (1..=256).
+    #[arg(long, default_value = "12")]
+    pub jobs: Ranged<1, 256>,
     /// Interrupt CPUs: logical CPUs that free what the jobs complete (at
-    /// least one per OS thread).
-    #[arg(long, default_value_t = 4)]
-    pub irq_cpus: usize,
-    /// OS threads hosting the logical CPUs (default: the number of cores).
+    /// least one per OS thread; 1..=256).
+    #[arg(long, default_value = "4")]
+    pub irq_cpus: Ranged<1, 256>,
+    /// OS threads hosting the logical CPUs (1..=256; default: the number
+    /// of cores).
     #[arg(long)]
-    pub threads: Option<usize>,
-    /// I/Os in flight per job.
-    #[arg(long, default_value_t = 32)]
-    pub iodepth: usize,
-    /// Percent of I/Os that are slow (held `--slow-hold` I/Os of their job
-    /// instead of `--iodepth`): a storage device's latency tail.
-    #[arg(long, default_value_t = 2.0)]
-    pub slow_pct: f64,
-    /// How many of its job's I/Os a slow I/O stays in flight for.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub slow_hold: u64,
+    pub threads: Option<Ranged<1, 256>>,
+    /// I/Os in flight per job (1..=4096).
+    #[arg(long, default_value = "32")]
+    pub iodepth: Ranged<1, 4096>,
+    /// Percent of I/Os that are slow, held `--slow-hold` I/Os of their job
+    /// instead of `--iodepth`: a storage device's latency tail (0..=100).
+    #[arg(long, default_value = "2")]
+    pub slow_pct: Percent,
+    /// How many of its job's I/Os a slow I/O stays in flight for
+    /// (1..=1000000000).
+    #[arg(long, default_value = "1000000")]
+    pub slow_hold: Ranged<1, 1_000_000_000>,
     /// Policies to run (default: all, baselines first).
     #[arg(long, value_delimiter = ',')]
-    pub policies: Vec<String>,
+    pub policies: Vec<IovaPolicyName>,
     /// Print one JSON object instead of tables.
     #[arg(long)]
+    #[serde(skip)]
     pub json: bool,
+}
+
+impl Default for AgingArgs {
+    fn default() -> Self {
+        Self {
+            quick: false,
+            seconds: None,
+            windows: None,
+            jobs: Ranged::new(12),
+            irq_cpus: Ranged::new(4),
+            threads: None,
+            iodepth: Ranged::new(32),
+            slow_pct: Percent::new(2.0),
+            slow_hold: Ranged::new(1_000_000),
+            policies: Vec::new(),
+            json: false,
+        }
+    }
 }
 
 /// One policy's outcome.
@@ -272,24 +298,25 @@ pub struct Window {
     pub scan_steps_per_op: f64,
 }
 
-fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> PolicyResult {
-    let jobs = args.jobs.max(1);
+fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<PolicyResult> {
+    let jobs = args.jobs.us();
     let sh = Arc::new(Shared {
-        domain: IovaDomain::new(1, (1 << 36) - 1, policy).expect("valid domain"),
+        domain: IovaDomain::new(1, (1 << 36) - 1, policy)?,
         stop: AtomicBool::new(false),
         ops: (0..jobs)
             .map(|_| CachePadded::new(AtomicU64::new(0)))
             .collect(),
         failed: AtomicU64::new(0),
-        iodepth: args.iodepth.max(1),
-        slow_ppm: (args.slow_pct * 1e4) as u64,
-        slow_hold: args.slow_hold,
+        iodepth: args.iodepth.us(),
+        slow_ppm: (args.slow_pct.get() * 1e4) as u64,
+        slow_hold: args.slow_hold.get(),
     });
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let threads = args.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(2, |n| n.get()),
+        Ranged::us,
+    );
     let threads = threads.clamp(1, jobs);
-    let irq_cpus = args.irq_cpus.max(threads);
+    let irq_cpus = args.irq_cpus.us().max(threads);
     let workers: Vec<_> = (0..threads)
         .map(|w| {
             let sh = sh.clone();
@@ -300,8 +327,7 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> PolicyResul
         .collect();
     let windows = args
         .windows
-        .unwrap_or(if args.quick { 8 } else { 16 })
-        .max(2);
+        .map_or(if args.quick { 8 } else { 16 }, Ranged::us);
     let window = Duration::from_secs_f64(seconds / windows as f64);
     let total = |sh: &Shared| sh.ops.iter().map(|c| c.load(Relaxed)).sum::<u64>();
     let mut timeline = Vec::with_capacity(windows);
@@ -337,12 +363,12 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> PolicyResul
     }
     sh.stop.store(true, Relaxed);
     for t in workers {
-        t.join().expect("worker thread");
+        join(t, "aging worker")?;
     }
     let s = sh.domain.stats();
     let first = timeline[0].mops;
     let lastw = timeline.last().expect("windows >= 2").mops;
-    PolicyResult {
+    Ok(PolicyResult {
         policy: policy.name().to_string(),
         first_window_mops: first,
         last_window_mops: lastw,
@@ -354,93 +380,120 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> PolicyResul
         magazines_freed: s.magazines_freed,
         cache_flushes: s.cache_flushes,
         failed_allocs: sh.failed.load(Relaxed),
-    }
-}
-
-/// Parses `--policies`; empty means all.
-pub fn parse_policies(names: &[String]) -> Result<Vec<IovaPolicy>, String> {
-    if names.is_empty() {
-        return Ok(IovaPolicy::ALL.to_vec());
-    }
-    names
-        .iter()
-        .map(|n| IovaPolicy::from_name(n).ok_or_else(|| format!("unknown policy {n:?}")))
-        .collect()
-}
-
-/// Runs the lab; `progress` receives each policy's result as it finishes.
-pub fn run(
-    args: &AgingArgs,
-    mut progress: impl FnMut(&PolicyResult),
-) -> Result<AgingReport, String> {
-    let policies = parse_policies(&args.policies)?;
-    let seconds = args
-        .seconds
-        .unwrap_or(if args.quick { 8.0 } else { 60.0 })
-        .max(0.2);
-    let mut out = Vec::new();
-    for p in policies {
-        let r = run_policy(p, args, seconds);
-        progress(&r);
-        out.push(r);
-    }
-    Ok(AgingReport {
-        lab: "iova-aging",
-        jobs: args.jobs,
-        irq_cpus: args.irq_cpus,
-        seconds,
-        policies: out,
     })
 }
 
-/// The time line of one policy, fio style.
-pub fn render_timeline(r: &PolicyResult, jobs: usize) -> String {
-    let mut s = String::new();
-    for (i, w) in r.windows.iter().enumerate() {
-        s.push_str(&format!(
-            "{:<10} Jobs: {jobs} window {:>2}: [{:>6.3} M IOVA ops/s] [tree {:>6} nodes] [cached {:>6}] [{:>7.1} scan steps/op]\n",
-            r.policy,
-            i + 1,
-            w.mops,
-            w.tree_nodes,
-            w.cached_iovas,
-            w.scan_steps_per_op
-        ));
+/// Runs the lab; `progress` hears of each policy as it finishes.
+pub fn run(args: &AgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Report> {
+    let seconds = args
+        .seconds
+        .map_or(if args.quick { 8.0 } else { 60.0 }, Seconds::get);
+    let mut out = Vec::new();
+    for p in iova_policies(&args.policies) {
+        let r = run_policy(p, args, seconds)?;
+        progress(&format!("{} retained {:.2}", r.policy, r.retained));
+        out.push(r);
     }
-    s
+    let r = AgingReport {
+        lab: "iova-aging",
+        jobs: args.jobs.us(),
+        irq_cpus: args.irq_cpus.us(),
+        seconds,
+        policies: out,
+    };
+    Ok(report(&r, args))
 }
 
-/// The summary table.
-pub fn render_summary(rep: &AgingReport) -> String {
-    let mut t = Table::new(&[
-        "policy",
-        "first Mops/s",
-        "last Mops/s",
-        "retained",
-        "peak tree nodes",
-        "peak cached",
-        "scan steps",
-        "mags freed",
-        "flushes",
-    ]);
+/// The typed report: the summary, the time line (fio style) and its plot.
+fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
+    let mut t = Table::new(
+        "summary",
+        format!(
+            "{} jobs, {} interrupt CPUs, {:.0} s per policy: first and last window",
+            rep.jobs, rep.irq_cpus, rep.seconds
+        ),
+        vec![
+            Column::label("policy"),
+            Column::metric("first_window_mops", "first", Unit::MopsPerS, 3),
+            Column::metric("last_window_mops", "last", Unit::MopsPerS, 3),
+            Column::metric("retained", "retained", Unit::Ratio, 2),
+            Column::metric("peak_tree_nodes", "peak tree nodes", Unit::Count, 0),
+            Column::metric("peak_cached_iovas", "peak cached", Unit::Count, 0),
+            Column::metric("scan_steps", "scan steps", Unit::Count, 0),
+            Column::metric("magazines_freed", "mags freed", Unit::Count, 0),
+            Column::metric("cache_flushes", "flushes", Unit::Count, 0),
+        ],
+    );
+    let mut tl = Table::new(
+        "timeline",
+        "the time line, window by window (fio's status line)",
+        vec![
+            Column::label("policy"),
+            Column::label("window"),
+            Column::metric("mops", "throughput", Unit::MopsPerS, 3),
+            Column::metric("tree_nodes", "tree nodes", Unit::Count, 0),
+            Column::metric("cached_iovas", "cached", Unit::Count, 0),
+            Column::metric("scan_steps_per_op", "scan", Unit::StepsPerOp, 1),
+        ],
+    );
+    let window_s = rep.seconds / rep.policies.first().map_or(1, |p| p.windows.len()) as f64;
+    let mut lines = Vec::new();
     for r in &rep.policies {
         t.row(vec![
-            r.policy.clone(),
-            format!("{:.3}", r.first_window_mops),
-            format!("{:.3}", r.last_window_mops),
-            format!("{:.2}", r.retained),
-            r.peak_tree_nodes.to_string(),
-            r.peak_cached_iovas.to_string(),
-            r.scan_steps.to_string(),
-            r.magazines_freed.to_string(),
-            r.cache_flushes.to_string(),
+            r.policy.clone().into(),
+            r.first_window_mops.into(),
+            r.last_window_mops.into(),
+            r.retained.into(),
+            r.peak_tree_nodes.into(),
+            r.peak_cached_iovas.into(),
+            r.scan_steps.into(),
+            r.magazines_freed.into(),
+            r.cache_flushes.into(),
         ]);
+        for (i, w) in r.windows.iter().enumerate() {
+            tl.row(vec![
+                r.policy.clone().into(),
+                (i + 1).to_string().into(),
+                w.mops.into(),
+                w.tree_nodes.into(),
+                w.cached_iovas.into(),
+                w.scan_steps_per_op.into(),
+            ]);
+        }
+        lines.push(Series::new(
+            r.policy.clone(),
+            r.windows
+                .iter()
+                .enumerate()
+                .map(|(i, w)| ((i + 1) as f64 * window_s, w.mops))
+                .collect(),
+        ));
     }
-    format!(
-        "lab iova-aging: {} jobs, {} interrupt CPUs, {:.0} s per policy; all figures measured\n{}",
-        rep.jobs,
-        rep.irq_cpus,
-        rep.seconds,
-        t.render()
+    let mut out = Report::new(
+        "lab iova-aging",
+        "IOVA cache growth over a long storage run, per allocator policy (seed 004)",
+        contract(rep),
     )
+    .seed("004");
+    out.params = vec![
+        Param::new("jobs", rep.jobs, Unit::Threads),
+        Param::new("irq_cpus", rep.irq_cpus, Unit::Threads),
+        Param::new("seconds", rep.seconds, Unit::S),
+        Param::new("iodepth", args.iodepth, Unit::Count),
+        Param::new("slow_pct", args.slow_pct, Unit::Percent),
+        Param::new("slow_hold", args.slow_hold, Unit::Count),
+    ];
+    out.tables.push(t);
+    out.tables.push(tl);
+    out.plots.push(Plot {
+        name: "throughput".into(),
+        title: "throughput over time per IOVA policy (a cliff is the seed's bug)".into(),
+        kind: PlotKind::Lines,
+        x: Axis::new("time", Unit::S),
+        y: Axis::new("throughput", Unit::MopsPerS),
+        categories: Vec::new(),
+        series: lines,
+        modelled: false,
+    });
+    out
 }

@@ -12,24 +12,39 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use softiommu::access::litmus::{run as run_one, LitmusTest};
 use softiommu::access::OrderMode;
 
-use crate::table::Table;
+use crate::args::Ranged;
+use crate::error::LabResult;
+use crate::report::{contract, Column, Param, Report, Table, Unit};
 
-/// Options of `lab litmus`.
-#[derive(Debug, Clone, clap::Args)]
+/// Options of `lab litmus` (and of a `[lab-litmus]` scenario table).
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LitmusArgs {
-    /// Iterations per test and mode (rounded up to whole batches of 4,096).
-    #[arg(long, default_value_t = 4_000_000)]
-    pub runs: u64,
+    /// Iterations per test and mode, rounded up to whole batches of 4,096
+    /// (1..=10000000000).
+    #[arg(long, default_value = "4000000")]
+    pub runs: Ranged<1, 10_000_000_000>,
     /// A short run (1,000,000 iterations per test and mode; seconds).
     #[arg(long)]
     pub quick: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
+    #[serde(skip)]
     pub json: bool,
+}
+
+impl Default for LitmusArgs {
+    fn default() -> Self {
+        Self {
+            runs: Ranged::new(4_000_000),
+            quick: false,
+            json: false,
+        }
+    }
 }
 
 /// One (test, mode) row.
@@ -75,18 +90,23 @@ pub struct LitmusReport {
 const QUICK_RUNS: u64 = 1_000_000;
 
 /// Runs the lab.
-pub fn run(args: &LitmusArgs) -> Result<LitmusReport, String> {
+pub fn run(args: &LitmusArgs) -> LabResult<Report> {
+    let r = measure(args)?;
+    Ok(report(&r))
+}
+
+fn measure(args: &LitmusArgs) -> LabResult<LitmusReport> {
     let runs = if args.quick {
         QUICK_RUNS
     } else {
-        args.runs.max(1)
+        args.runs.get()
     };
     let mut rows = Vec::new();
     let mut drain_barrier = "fence";
     for test in LitmusTest::ALL {
         for mode in OrderMode::ALL {
             let t0 = Instant::now();
-            let r = run_one(test, mode, runs).map_err(|e| e.to_string())?;
+            let r = run_one(test, mode, runs)?;
             let secs = t0.elapsed().as_secs_f64();
             drain_barrier = r.drain_barrier;
             let (f1, f2) = test.forbidden();
@@ -116,50 +136,74 @@ pub fn run(args: &LitmusArgs) -> Result<LitmusReport, String> {
     })
 }
 
-/// Renders the report for the terminal.
-pub fn render(r: &LitmusReport) -> String {
-    let mut t = Table::new(&[
-        "test",
-        "mode",
-        "runs",
-        "forbidden",
-        "(0,0)",
-        "(0,1)",
-        "(1,0)",
-        "(1,1)",
-        "ns/run",
-        "verdict",
-    ]);
+fn verdict(mode: &str, forbidden: u64) -> &'static str {
+    match (mode, forbidden) {
+        ("relaxed", 0) => "none seen",
+        ("relaxed", _) => "reordered",
+        (_, 0) => "ok",
+        _ => "VIOLATION",
+    }
+}
+
+/// The typed report.
+fn report(r: &LitmusReport) -> Report {
+    let mut t = Table::new(
+        "results",
+        format!(
+            "device thread (accessors, at IOVAs) vs guest CPU thread, {} ({} drain barrier){}",
+            r.arch,
+            r.drain_barrier,
+            if r.quick { ", quick" } else { "" }
+        ),
+        vec![
+            Column::label("test"),
+            Column::label("mode"),
+            Column::metric("runs", "runs", Unit::Count, 0),
+            Column::metric("forbidden", "forbidden", Unit::Count, 0),
+            Column::text("forbidden_outcome"),
+            Column::metric("outcome_00", "(0,0)", Unit::Count, 0),
+            Column::metric("outcome_01", "(0,1)", Unit::Count, 0),
+            Column::metric("outcome_10", "(1,0)", Unit::Count, 0),
+            Column::metric("outcome_11", "(1,1)", Unit::Count, 0),
+            Column::metric("ns_per_run", "per run", Unit::Ns, 0),
+            Column::text("verdict"),
+        ],
+    );
     for x in &r.rows {
-        let verdict = match (x.mode, x.forbidden) {
-            ("relaxed", 0) => "none seen",
-            ("relaxed", _) => "reordered",
-            (_, 0) => "ok",
-            _ => "VIOLATION",
-        };
         t.row(vec![
-            x.test.to_string(),
-            x.mode.to_string(),
-            x.runs.to_string(),
-            format!("{} ({})", x.forbidden, x.forbidden_outcome),
-            x.outcomes[0].to_string(),
-            x.outcomes[1].to_string(),
-            x.outcomes[2].to_string(),
-            x.outcomes[3].to_string(),
-            format!("{:.0}", x.ns_per_run),
-            verdict.to_string(),
+            x.test.into(),
+            x.mode.into(),
+            x.runs.into(),
+            x.forbidden.into(),
+            x.forbidden_outcome.clone().into(),
+            x.outcomes[0].into(),
+            x.outcomes[1].into(),
+            x.outcomes[2].into(),
+            x.outcomes[3].into(),
+            x.ns_per_run.into(),
+            verdict(x.mode, x.forbidden).into(),
         ]);
     }
-    format!(
-        "lab litmus: device thread (accessors, at IOVAs) vs guest CPU thread, {} ({} drain barrier){}; all figures measured\n{}{}\n",
-        r.arch,
-        r.drain_barrier,
-        if r.quick { ", quick" } else { "" },
-        t.render(),
+    let mut rep = Report::new(
+        "lab litmus",
+        "ordering the accessors promise, tested on this CPU: message passing and store buffering, device vs CPU (seed 001)",
+        contract(r),
+    )
+    .seed("001");
+    rep.params = vec![
+        Param::new("runs", r.rows.first().map_or(0, |x| x.runs), Unit::Count),
+        Param::text("quick", r.quick),
+        Param::text("arch", r.arch),
+        Param::text("drain_barrier", r.drain_barrier),
+    ];
+    rep.tables.push(t);
+    rep.notes.push(
         if r.ok {
             "ordered and full: no forbidden outcome"
         } else {
             "ordered or full showed a forbidden outcome"
         }
-    )
+        .to_string(),
+    );
+    rep
 }

@@ -24,57 +24,92 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use softiommu::dma::{DmaCpu, DmaDevice, DmaDirection, DmaPolicy};
 use softiommu::hw::{Access, LatencyModel, SourceId, Translator};
 use softiommu::mem::{PhysAddr, PhysMemory};
 
 use super::cpu_clock;
 use super::packet::{self, Flow, HEADERS};
-use crate::dma_rig::DmaRig;
-use crate::table::Table;
+use crate::args::{dma_policies, DmaPolicyName, Latency, Ranged, Seconds};
+use crate::dma_rig::{modelled, modelled_figures, DmaRig};
+use crate::error::{join, LabError, LabResult};
+use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 
-/// Options of `lab netperf-udp`.
-#[derive(Debug, Clone, clap::Args)]
+/// Options of `lab netperf-udp` (and of a `[lab-netperf-udp]` scenario
+/// table).
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct NetperfArgs {
-    /// UDP payload bytes per message (the seed: 32 and 16384).
-    #[arg(long, default_value_t = 32)]
-    pub msg_size: usize,
-    /// Seconds per policy, split over the rounds (default 2 with --quick,
-    /// else 10).
+    /// UDP payload bytes per message (1..=61440; the seed: 32 and 16384).
+    #[arg(long, default_value = "32")]
+    pub msg_size: Ranged<1, 61440>,
+    /// Seconds per policy, split over the rounds (0.01..=86400; default 2
+    /// with --quick, else 10).
     #[arg(long)]
-    pub seconds: Option<f64>,
+    pub seconds: Option<Seconds>,
     /// Rounds: every policy runs once per round, rounds interleaved, and
     /// each policy's median round (by µs per packet) is reported, so that a
     /// burst of noise on a shared machine hits one round of one policy
-    /// (default 3 with --quick, else 5).
+    /// (1..=100; default 3 with --quick, else 5).
     #[arg(long)]
-    pub rounds: Option<usize>,
+    pub rounds: Option<Ranged<1, 100>>,
     /// Short runs, same shape.
     #[arg(long)]
     pub quick: bool,
-    /// Sender threads, each with its own ring and device thread.
-    #[arg(long, default_value_t = 1)]
-    pub streams: usize,
-    /// Descriptors per transmit ring.
-    #[arg(long, default_value_t = 256)]
-    pub ring: usize,
+    /// Sender threads, each with its own ring and device thread (1..=16).
+    #[arg(long, default_value = "1")]
+    pub streams: Ranged<1, 16>,
+    /// Descriptors per transmit ring (2..=4096).
+    #[arg(long, default_value = "256")]
+    pub ring: Ranged<2, 4096>,
     /// Where threads run: `split` pins each sender and each device thread
     /// to a CPU of its own (a device is separate hardware), `shared` pins a
     /// sender and its device thread to one CPU, `os` leaves it to the
     /// scheduler (which may switch between the two mid-run).
     #[arg(long, value_enum, default_value_t = Placement::Split)]
     pub placement: Placement,
-    /// Policies and latency model.
-    #[command(flatten)]
-    pub run: crate::dma_rig::DmaRunArgs,
+    /// Deferred policy: flush-queue high-water mark, entries (1..=65536;
+    /// default the library's, 256).
+    #[arg(long)]
+    pub flush_high_water: Option<Ranged<1, 65536>>,
+    /// Deferred policy: flush timeout, milliseconds (1..=10000; default
+    /// the library's, 10).
+    #[arg(long)]
+    pub flush_timeout_ms: Option<Ranged<1, 10_000>>,
+    /// Latency model.
+    #[arg(long, value_enum, default_value_t = Latency::Vtd2015)]
+    pub latency: Latency,
+    /// Policies to run (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<DmaPolicyName>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
+    #[serde(skip)]
     pub json: bool,
 }
 
+impl Default for NetperfArgs {
+    fn default() -> Self {
+        Self {
+            msg_size: Ranged::new(32),
+            seconds: None,
+            rounds: None,
+            quick: false,
+            streams: Ranged::new(1),
+            ring: Ranged::new(256),
+            placement: Placement::Split,
+            flush_high_water: None,
+            flush_timeout_ms: None,
+            latency: Latency::Vtd2015,
+            policies: Vec::new(),
+            json: false,
+        }
+    }
+}
+
 /// Where the lab's threads run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
     /// Sender `i` on the allowed CPU `2i`, its device on CPU `2i + 1`
@@ -295,20 +330,18 @@ struct Sender {
 
 impl Sender {
     /// Reclaims completed descriptors from `clean` on; returns the new clean.
-    fn reclaim(&mut self, mut clean: u64, tail: u64) -> Result<u64, String> {
+    fn reclaim(&mut self, mut clean: u64, tail: u64) -> LabResult<u64> {
         while clean != tail {
             let slot = clean % self.ring.size;
             let mut st = [0u8; 4];
             self.mem
-                .read(self.ring.desc_phys + slot * DESC + 12, &mut st)
-                .map_err(|e| e.to_string())?;
+                .read(self.ring.desc_phys + slot * DESC + 12, &mut st)?;
             if u32::from_le_bytes(st) == 0 {
                 break;
             }
             let (dma, len) = self.inflight[slot as usize];
             self.cpu
-                .unmap(&self.dev, dma, len, DmaDirection::ToDevice)
-                .map_err(|e| e.to_string())?;
+                .unmap(&self.dev, dma, len, DmaDirection::ToDevice)?;
             clean += 1;
         }
         Ok(clean)
@@ -323,7 +356,7 @@ impl Sender {
         go: &Barrier,
         until: Instant,
         msg: usize,
-    ) -> Result<u64, String> {
+    ) -> LabResult<u64> {
         let mut start = Start { go, met: false };
         self.send(warm_until, &mut start, until, msg)
     }
@@ -334,7 +367,7 @@ impl Sender {
         start: &mut Start<'_>,
         until: Instant,
         msg: usize,
-    ) -> Result<u64, String> {
+    ) -> LabResult<u64> {
         let flow = Flow::default();
         let (mut tail, mut clean, mut sent) = (0u64, 0u64, 0u64);
         let len = HEADERS + msg;
@@ -364,20 +397,15 @@ impl Sender {
                 let buf = self.bufs[slot as usize];
                 // The stack builds the frame (copying the payload in).
                 let n = packet::build(&mut self.scratch, &flow, tail as u16, &self.payload[..msg]);
-                self.mem
-                    .write(buf, &self.scratch[..n])
-                    .map_err(|e| e.to_string())?;
+                self.mem.write(buf, &self.scratch[..n])?;
                 let dma = self
                     .cpu
-                    .map(&self.dev, buf, len as u64, DmaDirection::ToDevice)
-                    .map_err(|e| e.to_string())?;
+                    .map(&self.dev, buf, len as u64, DmaDirection::ToDevice)?;
                 self.inflight[slot as usize] = (dma, len as u64);
                 let mut d = [0u8; 16];
                 d[0..8].copy_from_slice(&dma.to_le_bytes());
                 d[8..12].copy_from_slice(&(len as u32).to_le_bytes());
-                self.mem
-                    .write(self.ring.desc_phys + slot * DESC, &d)
-                    .map_err(|e| e.to_string())?;
+                self.mem.write(self.ring.desc_phys + slot * DESC, &d)?;
                 tail += 1;
                 self.ring.tail.store(tail, Ordering::Release);
                 sent += 1;
@@ -401,11 +429,20 @@ fn run_policy(
     args: &NetperfArgs,
     seconds: f64,
     model: LatencyModel,
-) -> Result<NetperfRow, String> {
-    let streams = args.streams.max(1);
-    let ring_size = args.ring.max(2) as u64;
-    let msg = args.msg_size.min(60 << 10);
+) -> LabResult<NetperfRow> {
+    let streams = args.streams.us();
+    let ring_size = args.ring.get();
+    let msg = args.msg_size.us();
     let rig = DmaRig::new(policy, model, SourceId(0x0200), 2 << 30, 16 << 20)?;
+    if let Some(hw) = args.flush_high_water {
+        // The mark is clamped to the queues' size: make room for it first
+        // (queues are made with each CPU handle, below).
+        rig.domain.set_queue_size(hw.us().max(256));
+        rig.domain.set_high_water(hw.us());
+    }
+    if let Some(ms) = args.flush_timeout_ms {
+        rig.domain.set_timeout(Duration::from_millis(ms.get()));
+    }
     let (mem, sys, unit, sid, domain, dev) = (
         rig.mem.clone(),
         rig.sys.clone(),
@@ -425,9 +462,7 @@ fn run_policy(
     for s in 0..streams {
         let pins = args.placement.cpus(s, &allowed);
         let mut cpu = domain.cpu();
-        let (desc_phys, desc_dma) = cpu
-            .alloc_coherent(&dev, ring_size * DESC)
-            .map_err(|e| e.to_string())?;
+        let (desc_phys, desc_dma) = cpu.alloc_coherent(&dev, ring_size * DESC)?;
         let ring = Arc::new(Ring {
             desc_phys,
             desc_dma,
@@ -442,17 +477,14 @@ fn run_policy(
             // Two small buffers a page, as a driver's page-split receive
             // buffers or skb heads would share pages.
             let pages = ring_size.div_ceil(2);
-            let base = mem
-                .alloc_zeroed_frames(pages.next_power_of_two().ilog2())
-                .map_err(|e| e.to_string())?;
+            let base = mem.alloc_zeroed_frames(pages.next_power_of_two().ilog2())?;
             (0..ring_size)
                 .map(|i| base + (i / 2) * 4096 + (i % 2) * 2048)
                 .collect()
         } else {
             (0..ring_size)
                 .map(|_| mem.alloc_zeroed_frames(buf_order))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| e.to_string())?
+                .collect::<Result<Vec<_>, _>>()?
         };
         let payload: Vec<u8> = (0..msg)
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(s as u8))
@@ -475,16 +507,15 @@ fn run_policy(
             errors.clone(),
             sys.clone(),
         );
-        devices.push(std::thread::spawn(move || -> Result<Duration, String> {
+        devices.push(std::thread::spawn(move || -> LabResult<Duration> {
             if let Some((_, c)) = pins {
                 super::affinity::pin_current(c);
             }
             // A translator belongs to the thread that made it.
             let tr = sys
                 .unit(unit)
-                .ok_or("no unit")?
-                .translator()
-                .map_err(|e| e.to_string())?;
+                .ok_or(LabError::Setup("the rig's unit is missing"))?
+                .translator()?;
             Ok(device(&r, &m, tr, sid, &b, &e))
         }));
         rings.push(ring);
@@ -519,7 +550,7 @@ fn run_policy(
     let mut packets = 0;
     let mut done = Vec::new();
     for h in handles {
-        let (n, s) = h.join().map_err(|_| "sender panicked")??;
+        let (n, s) = join(h, "sender")??;
         packets += n;
         done.push(s);
     }
@@ -530,7 +561,7 @@ fn run_policy(
     }
     let mut device_cpu = Duration::ZERO;
     for d in devices {
-        device_cpu += d.join().map_err(|_| "device panicked")??;
+        device_cpu += join(d, "device")??;
     }
     let cpu_side = cpu_clock::process()
         .saturating_sub(cpu0)
@@ -554,14 +585,15 @@ fn run_policy(
 }
 
 /// Runs the lab.
-pub fn run(args: &NetperfArgs) -> Result<NetperfReport, String> {
-    let model = args.run.model()?;
+pub fn run(args: &NetperfArgs) -> LabResult<Report> {
+    let model = args.latency.model();
     let seconds = args
         .seconds
-        .unwrap_or(if args.quick { 2.0 } else { 10.0 })
-        .max(0.1);
-    let policies = args.run.policies()?;
-    let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 }).max(1);
+        .map_or(if args.quick { 2.0 } else { 10.0 }, Seconds::get);
+    let policies = dma_policies(&args.policies);
+    let rounds = args
+        .rounds
+        .map_or(if args.quick { 3 } else { 5 }, Ranged::us);
     let mut runs: Vec<Vec<NetperfRow>> = vec![Vec::new(); policies.len()];
     for _ in 0..rounds {
         for (i, &p) in policies.iter().enumerate() {
@@ -569,15 +601,16 @@ pub fn run(args: &NetperfArgs) -> Result<NetperfReport, String> {
         }
     }
     let rows = runs.into_iter().map(median_round).collect();
-    Ok(NetperfReport {
+    let r = NetperfReport {
         lab: "netperf-udp",
-        msg_size: args.msg_size,
+        msg_size: args.msg_size.us(),
         seconds,
         placement: args.placement,
         rounds,
-        modelled: crate::dma_rig::modelled(model),
+        modelled: modelled(model),
         rows,
-    })
+    };
+    Ok(report(&r, args))
 }
 
 /// A policy's median round by µs per packet; the stale window and the host
@@ -601,43 +634,91 @@ fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
     row
 }
 
-/// Renders the report, seed-style.
-pub fn render(r: &NetperfReport) -> String {
+/// The typed report, seed-style: per policy, throughput, CPU and service
+/// demand beside pass-through's.
+fn report(r: &NetperfReport, args: &NetperfArgs) -> Report {
     let base = r
         .rows
         .iter()
         .find(|x| x.policy == "passthrough")
         .map(|x| x.us_per_pkt);
-    let mut t = Table::new(&[
-        "policy",
-        "Mpps",
-        "CPU %",
-        "us/pkt",
-        "vs passthrough",
-        "device busy %",
-        "stale max ms",
-        "host steal %",
-    ]);
+    let modelled = modelled_figures(&r.modelled);
+    let m = !modelled.is_empty();
+    let mut t = Table::new(
+        "results",
+        format!(
+            "UDP_STREAM, {} byte messages, {:.1} s per policy in {} interleaved rounds (median round shown), placement {:?}",
+            r.msg_size, r.seconds, r.rounds, r.placement
+        ),
+        vec![
+            Column::label("policy"),
+            Column::metric("mpps", "throughput", Unit::Mpps, 3).modelled_if(m),
+            Column::metric("cpu_pct", "CPU", Unit::PercentCpu, 0).modelled_if(m),
+            Column::metric("us_per_pkt", "service demand", Unit::UsPerPkt, 3).modelled_if(m),
+            Column::metric("vs_passthrough", "vs passthrough", Unit::Ratio, 2).modelled_if(m),
+            Column::metric("device_busy_pct", "device busy", Unit::PercentCpu, 0),
+            Column::metric("stale_window_ms_max", "stale max", Unit::Ms, 2).modelled_if(m),
+            Column::metric("flushes", "flushes", Unit::Count, 0),
+            Column::metric("host_steal_pct", "host steal", Unit::Percent, 1),
+        ],
+    );
     for x in &r.rows {
         t.row(vec![
-            x.policy.clone(),
-            format!("{:.3}", x.mpps),
-            format!("{:.0}", x.cpu_pct),
-            format!("{:.3}", x.us_per_pkt),
-            base.map_or("-".into(), |b| format!("{:.2}x", x.us_per_pkt / b)),
-            format!("{:.0}", x.device_busy_pct),
-            x.stale_window_ms_max
-                .map_or("-".into(), |m| format!("{m:.2}")),
-            x.host_steal_pct.map_or("-".into(), |s| format!("{s:.1}")),
+            x.policy.clone().into(),
+            x.mpps.into(),
+            x.cpu_pct.into(),
+            x.us_per_pkt.into(),
+            base.map(|b| x.us_per_pkt / b).into(),
+            x.device_busy_pct.into(),
+            x.stale_window_ms_max.into(),
+            x.flushes.map(|f| f as f64).into(),
+            x.host_steal_pct.into(),
         ]);
     }
-    format!(
-        "lab netperf-udp: UDP_STREAM, {} byte messages, {:.0} s per policy in {} interleaved rounds (median round shown), placement {:?}; modelled: {}; all else measured\n{}",
-        r.msg_size,
-        r.seconds,
-        r.rounds,
-        r.placement,
-        crate::dma_rig::modelled_text(&r.modelled),
-        t.render()
+    let mut rep = Report::new(
+        "lab netperf-udp",
+        "UDP stream through a NIC ring per DMA policy: throughput, CPU and service demand (seed 000)",
+        contract(r),
     )
+    .seed("000");
+    rep.params = vec![
+        Param::new("msg_size", r.msg_size, Unit::Bytes),
+        Param::new("seconds", format!("{:.2}", r.seconds), Unit::S),
+        Param::new("rounds", r.rounds, Unit::Count),
+        Param::new("streams", args.streams, Unit::Threads),
+        Param::new("ring", args.ring, Unit::Entries),
+        Param::text("placement", format!("{:?}", r.placement).to_lowercase()),
+        Param::text("latency", args.latency.name()),
+    ];
+    if let Some(hw) = args.flush_high_water {
+        rep.params
+            .push(Param::new("flush_high_water", hw, Unit::Entries));
+    }
+    if let Some(ms) = args.flush_timeout_ms {
+        rep.params
+            .push(Param::new("flush_timeout_ms", ms, Unit::Ms));
+    }
+    rep.modelled = modelled;
+    rep.tables.push(t);
+    rep.plots.push(Plot {
+        name: "service_demand".into(),
+        title: format!(
+            "service demand per policy, {} byte messages (CPU µs per packet; lower is better)",
+            r.msg_size
+        ),
+        kind: PlotKind::Bars,
+        x: Axis::new("policy", Unit::Count),
+        y: Axis::new("service demand", Unit::UsPerPkt),
+        categories: r.rows.iter().map(|x| x.policy.clone()).collect(),
+        series: vec![Series::new(
+            "median round",
+            r.rows
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (i as f64, x.us_per_pkt))
+                .collect(),
+        )],
+        modelled: m,
+    });
+    rep
 }

@@ -1,0 +1,89 @@
+//! The lab's errors: one enum, each variant carrying the facts a user needs
+//! to act, shown by `main` as one line.
+
+use std::path::PathBuf;
+
+use softiommu::access::litmus::LitmusError;
+use softiommu::access::AccessError;
+use softiommu::dma::DmaError;
+use softiommu::hw::{HwError, TranslateError};
+use softiommu::iova::IovaError;
+use softiommu::mem::MemError;
+use softiommu::pgtable::PgtableError;
+
+/// Everything that can stop a bench, a lab, the suite, or a results command.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// The memory arena refused a request.
+    #[error("memory: {0}")]
+    Mem(#[from] MemError),
+    /// The IOVA allocator refused a request.
+    #[error("IOVA allocator: {0}")]
+    Iova(#[from] IovaError),
+    /// The page table refused a request.
+    #[error("page table: {0}")]
+    Pgtable(#[from] PgtableError),
+    /// The IOMMU unit refused a request.
+    #[error("IOMMU unit: {0}")]
+    Hw(#[from] HwError),
+    /// A device-side translation failed where the workload expected a mapping.
+    #[error("translation: {0}")]
+    Translate(#[from] TranslateError),
+    /// The DMA API refused a request.
+    #[error("DMA API: {0}")]
+    Dma(#[from] DmaError),
+    /// A device-side access failed.
+    #[error("DMA access: {0}")]
+    Access(#[from] AccessError),
+    /// An access through vm-memory's `IommuMemory` failed.
+    #[error("vm-memory: {0}")]
+    VmMemory(#[from] vm_memory::GuestMemoryError),
+    /// A litmus test could not run.
+    #[error("litmus: {0}")]
+    Litmus(#[from] LitmusError),
+    /// A workload thread panicked (a bug; its message went to stderr).
+    #[error("the {what} thread panicked")]
+    ThreadPanicked {
+        /// Which thread.
+        what: &'static str,
+    },
+    /// A device posted a descriptor longer than its buffer.
+    #[error("descriptor {index} names {len} bytes, more than the {max}-byte buffer")]
+    DescriptorTooLong {
+        /// Ring slot.
+        index: u64,
+        /// Length in the descriptor.
+        len: usize,
+        /// Buffer bytes.
+        max: usize,
+    },
+    /// A workload's setup was inconsistent (a bug in the lab).
+    #[error("lab set-up: {0}")]
+    Setup(&'static str),
+    /// A file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The run was interrupted (Ctrl-C); what finished is kept.
+    #[error("interrupted: run {run_id} kept {kept} finished scenario(s) in {db}, marked partial")]
+    Interrupted {
+        /// The run.
+        run_id: i64,
+        /// Scenarios stored.
+        kept: usize,
+        /// The database.
+        db: PathBuf,
+    },
+}
+
+/// The lab's result type.
+pub type LabResult<T> = Result<T, LabError>;
+
+/// Joins a thread, turning a panic into [`LabError::ThreadPanicked`].
+pub fn join<T>(h: std::thread::JoinHandle<T>, what: &'static str) -> LabResult<T> {
+    h.join().map_err(|_| LabError::ThreadPanicked { what })
+}

@@ -1,0 +1,71 @@
+//! Terminal tables with `comfy-table`: aligned, units in the headers,
+//! modelled figures marked, and every table headed by its scenario, host
+//! and parameters.
+
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::{CellAlignment, ContentArrangement, Table as Comfy};
+
+use crate::host::Host;
+use crate::report::{Cell, Report, Table, Unit};
+
+/// A figure as shown: `decimals` places, thousands unseparated, `-` for
+/// none.
+pub fn format_value(v: f64, unit: Option<Unit>, decimals: u8) -> String {
+    match unit {
+        Some(Unit::Count) if v.fract() == 0.0 => format!("{v:.0}"),
+        _ => format!("{v:.prec$}", prec = decimals as usize),
+    }
+}
+
+/// One table.
+pub fn render_table(t: &Table) -> String {
+    let mut c = Comfy::new();
+    c.load_style(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(t.columns.iter().map(|c| c.header()));
+    for row in &t.rows {
+        c.add_row(row.iter().zip(&t.columns).map(|(cell, col)| {
+            let text = match cell {
+                Cell::Num(v) => format_value(*v, col.unit, col.decimals),
+                Cell::Text(s) => s.clone(),
+                Cell::Missing => "-".to_string(),
+            };
+            let cell = comfy_table::Cell::new(text);
+            if col.unit.is_some() {
+                cell.set_alignment(CellAlignment::Right)
+            } else {
+                cell
+            }
+        }));
+    }
+    format!("{}\n{c}\n", t.title)
+}
+
+/// A whole report: a heading naming scenario, host and parameters, the
+/// tables, what is modelled, and the notes.
+pub fn render_report(r: &Report, host: &Host) -> String {
+    let mut s = format!("== {} [{}]", r.scenario, r.kind);
+    if let Some(seed) = &r.seed {
+        s.push_str(&format!(" (seed {seed})"));
+    }
+    s.push_str(&format!("\n{}\nhost: {}\n", r.title, host.line()));
+    if !r.params.is_empty() {
+        let p: Vec<String> = r
+            .params
+            .iter()
+            .map(|p| match p.unit {
+                Some(u) if u != Unit::Count => format!("{}={} {}", p.name, p.value, u.symbol()),
+                _ => format!("{}={}", p.name, p.value),
+            })
+            .collect();
+        s.push_str(&format!("parameters: {}\n", p.join(", ")));
+    }
+    s.push_str(&format!("{}\n", r.modelled_text()));
+    for t in &r.tables {
+        s.push_str(&render_table(t));
+    }
+    for n in &r.notes {
+        s.push_str(&format!("{n}\n"));
+    }
+    s
+}

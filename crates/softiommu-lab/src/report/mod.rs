@@ -1,0 +1,11 @@
+//! One shape for every experiment: a [`Report`] of typed parameters,
+//! tables of figures with units, plots, and the modelled figures in force.
+
+mod model;
+mod unit;
+
+pub use model::{
+    contract, Axis, Cell, Column, Metric, Modelled, Param, Plot, PlotKind, Provenance, Report,
+    Series, Table, MODELLED_MARK,
+};
+pub use unit::{Better, Unit};

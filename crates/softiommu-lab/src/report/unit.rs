@@ -1,0 +1,155 @@
+//! Units: every figure the lab prints, stores or plots carries one.
+
+use serde::{Deserialize, Serialize};
+
+/// The unit of a figure. Serialised (JSON, the database) as its symbol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Unit {
+    /// Nanoseconds.
+    #[serde(rename = "ns")]
+    Ns,
+    /// Microseconds.
+    #[serde(rename = "µs")]
+    Us,
+    /// Milliseconds.
+    #[serde(rename = "ms")]
+    Ms,
+    /// Seconds.
+    #[serde(rename = "s")]
+    S,
+    /// Microseconds of CPU time per packet (service demand).
+    #[serde(rename = "µs/pkt")]
+    UsPerPkt,
+    /// Million packets per second.
+    #[serde(rename = "Mpps")]
+    Mpps,
+    /// Million operations per second.
+    #[serde(rename = "M ops/s")]
+    MopsPerS,
+    /// Percent of one CPU's time.
+    #[serde(rename = "%CPU")]
+    PercentCpu,
+    /// Percent.
+    #[serde(rename = "%")]
+    Percent,
+    /// A ratio of two like figures.
+    #[serde(rename = "×")]
+    Ratio,
+    /// A fraction in 0..=1.
+    #[serde(rename = "fraction")]
+    Fraction,
+    /// A count of things.
+    #[serde(rename = "count")]
+    Count,
+    /// Bytes.
+    #[serde(rename = "B")]
+    Bytes,
+    /// Pages of 4 KiB.
+    #[serde(rename = "pages")]
+    Pages,
+    /// Cache lines per operation.
+    #[serde(rename = "lines/op")]
+    LinesPerOp,
+    /// Fences per operation.
+    #[serde(rename = "fences/op")]
+    FencesPerOp,
+    /// Search steps per operation.
+    #[serde(rename = "steps/op")]
+    StepsPerOp,
+    /// Entries (of a queue or ring).
+    #[serde(rename = "entries")]
+    Entries,
+    /// Threads or logical CPUs.
+    #[serde(rename = "threads")]
+    Threads,
+}
+
+impl Unit {
+    /// Every unit, for parsing.
+    pub const ALL: [Unit; 19] = [
+        Unit::Ns,
+        Unit::Us,
+        Unit::Ms,
+        Unit::S,
+        Unit::UsPerPkt,
+        Unit::Mpps,
+        Unit::MopsPerS,
+        Unit::PercentCpu,
+        Unit::Percent,
+        Unit::Ratio,
+        Unit::Fraction,
+        Unit::Count,
+        Unit::Bytes,
+        Unit::Pages,
+        Unit::LinesPerOp,
+        Unit::FencesPerOp,
+        Unit::StepsPerOp,
+        Unit::Entries,
+        Unit::Threads,
+    ];
+
+    /// The symbol printed in headers and stored in the database.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Unit::Ns => "ns",
+            Unit::Us => "µs",
+            Unit::Ms => "ms",
+            Unit::S => "s",
+            Unit::UsPerPkt => "µs/pkt",
+            Unit::Mpps => "Mpps",
+            Unit::MopsPerS => "M ops/s",
+            Unit::PercentCpu => "%CPU",
+            Unit::Percent => "%",
+            Unit::Ratio => "×",
+            Unit::Fraction => "fraction",
+            Unit::Count => "count",
+            Unit::Bytes => "B",
+            Unit::Pages => "pages",
+            Unit::LinesPerOp => "lines/op",
+            Unit::FencesPerOp => "fences/op",
+            Unit::StepsPerOp => "steps/op",
+            Unit::Entries => "entries",
+            Unit::Threads => "threads",
+        }
+    }
+
+    /// The unit with this symbol.
+    pub fn from_symbol(s: &str) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| u.symbol() == s)
+    }
+
+    /// Whether a bigger figure is better (throughput), worse (time, cost),
+    /// or neither; `compare` and the seed verdicts use it.
+    pub fn better(self) -> Better {
+        match self {
+            Unit::Mpps | Unit::MopsPerS => Better::Higher,
+            Unit::Ns | Unit::Us | Unit::Ms | Unit::UsPerPkt | Unit::PercentCpu => Better::Lower,
+            _ => Better::Neither,
+        }
+    }
+}
+
+/// Which direction of change is an improvement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Better {
+    /// Throughput-like.
+    Higher,
+    /// Cost-like.
+    Lower,
+    /// A count or a parameter.
+    Neither,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_symbol_round_trips_through_serde_and_parsing() {
+        for u in Unit::ALL {
+            assert_eq!(Unit::from_symbol(u.symbol()), Some(u));
+            let json = serde_json::to_string(&u).unwrap();
+            assert_eq!(json, format!("\"{}\"", u.symbol()));
+        }
+    }
+}
