@@ -147,3 +147,116 @@ fn bench_iova_on_two_threads_reports_scaling() {
     let s = &v["softiommu_scaling"];
     assert!(number(s, "per_thread_throughput_ratio") > 0.0);
 }
+
+#[test]
+fn bench_pgtable() {
+    let v = run(&[
+        "bench",
+        "pgtable",
+        "--json",
+        "--seconds",
+        "0.05",
+        "--rounds",
+        "1",
+    ]);
+    assert_eq!(v["bench"], "pgtable");
+    assert!(v["flush_method"].is_string());
+    let results = v["results"].as_array().expect("results");
+    assert_eq!(results.len(), 6);
+    for r in results {
+        assert!(number(r, "ns_per_map_unmap") > 0.0);
+        for k in [
+            "size",
+            "lines_flushed_per_op",
+            "lines_written_per_op",
+            "fences_per_op",
+        ] {
+            number(r, k);
+        }
+        assert!(r["coherent"].is_boolean());
+    }
+}
+
+#[test]
+fn bench_translate() {
+    let v = run(&[
+        "bench",
+        "translate",
+        "--json",
+        "--hit-pages",
+        "256",
+        "--walk-pages",
+        "1024",
+        "--seconds",
+        "0.05",
+        "--rounds",
+        "1",
+    ]);
+    assert_eq!(v["bench"], "translate");
+    assert_eq!(v["hit_pages"], 256);
+    assert_eq!(v["walk_pages"], 1024);
+    assert_eq!(v["softiommu_hit_rate"].as_array().map(Vec::len), Some(2));
+    let cases: Vec<(String, String)> = v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| {
+            assert!(number(r, "ns_per_lookup") > 0.0);
+            (
+                r["impl"].as_str().unwrap().into(),
+                r["case"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(cases.len(), 3);
+    assert!(cases.contains(&("vm-memory".into(), "hit".into())));
+}
+
+#[test]
+fn bench_access() {
+    let v = run(&[
+        "bench",
+        "access",
+        "--json",
+        "--seconds",
+        "0.05",
+        "--rounds",
+        "1",
+    ]);
+    assert_eq!(v["bench"], "access");
+    assert_eq!(v["ring"], 256);
+    assert_eq!(v["buf_bytes"], 64);
+    assert_eq!(v["measured"], "all");
+    let modes: Vec<&str> = v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| {
+            for k in [
+                "ns_per_op",
+                "min_ns_per_op",
+                "max_ns_per_op",
+                "vs_relaxed",
+                "full_fences_per_op",
+            ] {
+                number(r, k);
+            }
+            r["mode"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(modes, ["relaxed", "ordered", "full", "vm-memory"]);
+}
+
+#[test]
+fn lab_litmus() {
+    let v = run(&["lab", "litmus", "--json", "--runs", "4096"]);
+    assert_eq!(v["lab"], "litmus");
+    assert!(v["ok"].is_boolean());
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 9);
+    for r in rows {
+        assert!(number(r, "runs") >= 4096.0);
+        number(r, "forbidden");
+        assert_eq!(r["outcomes"].as_array().map(Vec::len), Some(4));
+    }
+}

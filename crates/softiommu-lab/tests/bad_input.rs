@@ -1,0 +1,233 @@
+//! Bad input, one invocation of the binary per row: each exits with status
+//! 2, prints one line on stderr that says what was wrong, prints nothing
+//! on stdout, and starts no work (every row returns at once: the values
+//! are refused while parsing, before any memory is reserved or thread
+//! started).
+
+use std::process::{Command, Output};
+
+fn softiommu(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_softiommu"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("the binary runs")
+}
+
+/// Asserts a refusal: status 2, nothing on stdout, and one stderr line
+/// starting `softiommu: ` and containing `want`.
+fn refused(args: &[&str], want: &str) {
+    let out = softiommu(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(out.stdout.is_empty(), "{args:?} printed on stdout");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr}");
+    assert!(lines[0].starts_with("softiommu: "), "{args:?}: {stderr}");
+    assert!(
+        lines[0].contains(want),
+        "{args:?}: {:?} lacks {want:?}",
+        lines[0]
+    );
+}
+
+#[test]
+fn numbers_that_cannot_be_durations_are_refused() {
+    for v in ["inf", "nan", "1e300", "0", "-1", "-inf"] {
+        refused(
+            &["bench", "iova", &format!("--seconds={v}")],
+            "is not a finite number in 0.01..=86400",
+        );
+    }
+    refused(
+        &["bench", "dma", "--seconds", "ten"],
+        "\"ten\" is not a number",
+    );
+    refused(
+        &["lab", "netperf-udp", "--seconds", "nan"],
+        "for '--seconds <SECONDS>'",
+    );
+    refused(&["lab", "iova-aging", "--seconds", "1e300"], "0.01..=86400");
+}
+
+#[test]
+fn sizes_and_counts_out_of_range_are_refused() {
+    let rows: &[(&[&str], &str)] = &[
+        (
+            &["bench", "dma", "--granule", "18446744073709551615"],
+            "is not in 1..=512",
+        ),
+        (&["bench", "dma", "--granule", "0"], "0 is not in 1..=512"),
+        (
+            &["bench", "translate", "--walk-pages", "4294967296"],
+            "is not in 1..=1048576",
+        ),
+        (
+            &["bench", "translate", "--hit-pages", "5000"],
+            "5000 is not in 1..=4096",
+        ),
+        (
+            &["bench", "iova", "--threads", "100000"],
+            "100000 is not in 1..=256",
+        ),
+        (&["bench", "iova", "--threads", "0"], "0 is not in 1..=256"),
+        (&["bench", "iova", "--rounds", "0"], "0 is not in 1..=1000"),
+        (&["bench", "iova", "--live", "0"], "0 is not in 1..=1000000"),
+        (
+            &["bench", "dma", "--threads", "100000"],
+            "is not in 1..=256",
+        ),
+        (
+            &["bench", "dma", "--iters", "0"],
+            "0 is not in 1..=1000000000",
+        ),
+        (&["bench", "access", "--ring", "0"], "0 is not in 1..=16384"),
+        (
+            &["bench", "access", "--buf-bytes", "0"],
+            "0 is not in 1..=4096",
+        ),
+        (
+            &["bench", "pgtable", "--rounds", "0"],
+            "0 is not in 1..=1000",
+        ),
+        (
+            &["lab", "netperf-udp", "--msg-size", "0"],
+            "0 is not in 1..=61440",
+        ),
+        (
+            &["lab", "netperf-udp", "--ring", "0"],
+            "0 is not in 2..=4096",
+        ),
+        (
+            &["lab", "netperf-udp", "--streams", "0"],
+            "0 is not in 1..=16",
+        ),
+        (
+            &["lab", "netperf-udp", "--rounds", "0"],
+            "0 is not in 1..=100",
+        ),
+        (
+            &["lab", "netperf-udp", "--flush-high-water", "0"],
+            "0 is not in 1..=65536",
+        ),
+        (&["lab", "iova-aging", "--jobs", "0"], "0 is not in 1..=256"),
+        (
+            &["lab", "iova-aging", "--windows", "1"],
+            "1 is not in 2..=1000",
+        ),
+        (
+            &["lab", "iova-aging", "--iodepth", "0"],
+            "0 is not in 1..=4096",
+        ),
+        (
+            &["lab", "iova-aging", "--slow-pct", "101"],
+            "101 is not a finite number in 0..=100",
+        ),
+        (
+            &["lab", "litmus", "--runs", "0"],
+            "0 is not in 1..=10000000000",
+        ),
+        (&["bench", "iova", "--threads=-3"], "-3 is not in 1..=256"),
+        (
+            &["bench", "iova", "--threads", "many"],
+            "\"many\" is not a number",
+        ),
+    ];
+    for (args, want) in rows {
+        refused(args, want);
+    }
+}
+
+#[test]
+fn unknown_names_in_lists_are_refused_with_the_valid_ones() {
+    refused(
+        &["bench", "iova", "--impls", "offset-allocator,nope"],
+        "[possible values: softiommu, harness, linux-2016, offset-allocator, range-alloc, vm-allocator]",
+    );
+    refused(
+        &["bench", "dma", "--policies", "strict,lazy"],
+        "unknown DMA policy \"lazy\" (valid: passthrough, strict, deferred, bounce)",
+    );
+    refused(
+        &["lab", "netperf-udp", "--policies", "nope"],
+        "unknown DMA policy \"nope\"",
+    );
+    refused(
+        &["lab", "iova-aging", "--policies", "linux-2099"],
+        "unknown IOVA policy \"linux-2099\" (valid: ",
+    );
+    refused(
+        &["lab", "netperf-udp", "--latency", "fast"],
+        "[possible values: vtd-2015, zero]",
+    );
+    refused(
+        &["lab", "netperf-udp", "--placement", "moon"],
+        "[possible values: split, shared, os]",
+    );
+    refused(
+        &["bench", "dma", "--dir", "sideways"],
+        "[possible values: to-device, from-device, bidirectional]",
+    );
+    refused(&["bogus"], "unrecognized subcommand 'bogus'");
+    refused(
+        &["bench", "iova", "--no-such-flag"],
+        "unexpected argument '--no-such-flag'",
+    );
+}
+
+#[test]
+fn bad_scenarios_and_overrides_are_refused_naming_the_field_file_and_line() {
+    let dir = std::env::temp_dir().join(format!("softiommu-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let unknown = write(
+        "unknown.toml",
+        "about = \"x\"\n\n[lab-litmus]\nruns = 4096\nrunz = 1\n",
+    );
+    refused(
+        &["lab", &unknown],
+        &format!("{unknown}:5: field `lab-litmus.runz`: unknown field `runz`"),
+    );
+    let typed = write("typed.toml", "[lab-netperf-udp]\nmsg_size = \"big\"\n");
+    refused(
+        &["lab", &typed],
+        &format!("{typed}:2: field `lab-netperf-udp.msg_size`: invalid type"),
+    );
+    let range = write("range.toml", "[bench-iova]\n\nthreads = 100000\n");
+    refused(
+        &["lab", &range],
+        &format!("{range}:3: field `bench-iova.threads`: 100000 is not in 1..=256"),
+    );
+    let malformed = write("malformed.toml", "[lab-litmus\nruns = 1\n");
+    refused(&["lab", &malformed], &format!("{malformed}:1:"));
+    let none = write("none.toml", "about = \"nothing\"\n");
+    refused(
+        &["lab", &none],
+        "no bench or lab table (one of: bench-iova,",
+    );
+    refused(
+        &["lab", "/no/such/scenario.toml"],
+        "no scenario file \"/no/such/scenario.toml\"",
+    );
+    refused(
+        &["lab", "litmus-ordering", "--set", "runz=5"],
+        "--set runz=5: unknown field `runz`, expected `runs` or `quick`",
+    );
+    refused(
+        &["lab", "litmus-ordering", "--set", "runs=0"],
+        "--set runs=0: 0 is not in 1..=10000000000",
+    );
+    refused(
+        &["lab", "litmus-ordering", "--set", "runs"],
+        "--set \"runs\": expected KEY=VALUE",
+    );
+    refused(
+        &["lab", "litmus-ordering", "--set", "nope.runs=1"],
+        "unknown table in \"nope.runs\"",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
