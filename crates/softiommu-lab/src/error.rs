@@ -60,6 +60,9 @@ pub enum LabError {
     /// A workload's setup was inconsistent (a bug in the lab).
     #[error("lab set-up: {0}")]
     Setup(&'static str),
+    /// A scenario file or override is wrong.
+    #[error(transparent)]
+    Scenario(#[from] crate::scenario::ScenarioError),
     /// A file could not be written.
     #[error("cannot write {path}: {source}")]
     Write {

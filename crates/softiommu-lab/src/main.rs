@@ -9,6 +9,7 @@ mod lab;
 mod render;
 mod report;
 mod run;
+mod scenario;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -31,9 +32,9 @@ enum Cmd {
     /// Micro-benchmarks, side by side with peer implementations.
     #[command(subcommand)]
     Bench(BenchCmd),
-    /// Lab scenarios that reproduce the seeds' experiments.
-    #[command(subcommand)]
-    Lab(LabCmd),
+    /// Lab scenarios that reproduce the seeds' experiments; or
+    /// `lab FILE`: run a scenario file (or a built-in scenario by name).
+    Lab(LabArgs),
     /// The headline suite: every bench and lab in its quick form.
     Run {
         /// Print one JSON object holding every report.
@@ -54,6 +55,25 @@ enum BenchCmd {
     Translate(bench::translate::TranslateBenchArgs),
     /// Seed 001: a NIC ring per DMA access ordering (relaxed, ordered, full, vm-memory).
     Access(bench::access::AccessBenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct LabArgs {
+    #[command(subcommand)]
+    cmd: Option<LabCmd>,
+    /// A scenario file (TOML), or the name of a built-in scenario.
+    file: Option<std::path::PathBuf>,
+    /// Override a field: KEY=VALUE (a field of the lab table, or
+    /// `name`, `seed`, `about`); repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Apply the scenario's `[quick]` overrides.
+    #[arg(long)]
+    quick: bool,
+    /// Print the report's JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -77,17 +97,75 @@ fn emit(report: LabResult<Report>, json: bool) -> LabResult<()> {
     Ok(())
 }
 
+/// Runs a scenario file, or a built-in scenario by that name.
+fn lab_file(a: &LabArgs, file: &std::path::Path) -> LabResult<()> {
+    let s = if file.exists() {
+        scenario::Scenario::load(file)?
+    } else {
+        scenario::builtin(&file.to_string_lossy())?
+    };
+    let s = if a.quick { s.quick()? } else { s };
+    let s = s.with_sets(&a.sets)?;
+    emit(s.run(&mut |_| {}), a.json)
+}
+
+/// Parses the command line; a mistake is one line on stderr and exit 2.
+fn parse_cli() -> Result<Cli, std::process::ExitCode> {
+    use clap::error::ErrorKind;
+    Cli::try_parse().map_err(|e| match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            std::process::ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("softiommu: {}", one_line(&e.render().to_string()));
+            std::process::ExitCode::from(2)
+        }
+    })
+}
+
+/// Clap's message up to its first blank line, as one line, without the
+/// `error: ` prefix and the usage.
+fn one_line(msg: &str) -> String {
+    msg.lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim_start_matches("error: ")
+        .to_string()
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
     let res = match cli.cmd {
         Cmd::Bench(BenchCmd::Iova(a)) => emit(bench::iova::run(&a), a.json),
         Cmd::Bench(BenchCmd::Pgtable(a)) => emit(bench::pgtable::run(&a), a.json),
         Cmd::Bench(BenchCmd::Dma(a)) => emit(bench::dma::run(&a), a.json),
         Cmd::Bench(BenchCmd::Translate(a)) => emit(bench::translate::run(&a), a.json),
         Cmd::Bench(BenchCmd::Access(a)) => emit(bench::access::run(&a), a.json),
-        Cmd::Lab(LabCmd::Litmus(a)) => emit(lab::litmus::run(&a), a.json),
-        Cmd::Lab(LabCmd::IovaAging(a)) => emit(lab::iova_aging::run(&a, |_| {}), a.json),
-        Cmd::Lab(LabCmd::NetperfUdp(a)) => emit(lab::netperf_udp::run(&a), a.json),
+        Cmd::Lab(LabArgs {
+            cmd: Some(LabCmd::Litmus(a)),
+            ..
+        }) => emit(lab::litmus::run(&a), a.json),
+        Cmd::Lab(LabArgs {
+            cmd: Some(LabCmd::IovaAging(a)),
+            ..
+        }) => emit(lab::iova_aging::run(&a, |_| {}), a.json),
+        Cmd::Lab(LabArgs {
+            cmd: Some(LabCmd::NetperfUdp(a)),
+            ..
+        }) => emit(lab::netperf_udp::run(&a), a.json),
+        Cmd::Lab(a) => match &a.file {
+            Some(f) => lab_file(&a, f),
+            None => {
+                eprintln!("softiommu: lab needs a subcommand (iova-aging, netperf-udp, litmus) or a scenario FILE");
+                return std::process::ExitCode::from(2);
+            }
+        },
         Cmd::Run { json } => run::run(json),
     };
     match res {

@@ -1,0 +1,99 @@
+//! The built-in scenarios: the files in `scenarios/` at the repository
+//! root, compiled in so the binary runs them from anywhere. `softiommu run`
+//! runs them in this order.
+
+use std::path::Path;
+
+use super::{Scenario, ScenarioError};
+
+/// (file name, text) of every built-in scenario, in the suite's order.
+pub const BUILTIN: &[(&str, &str)] = &[
+    (
+        "udp-32.toml",
+        include_str!("../../../../scenarios/udp-32.toml"),
+    ),
+    (
+        "udp-16k.toml",
+        include_str!("../../../../scenarios/udp-16k.toml"),
+    ),
+    (
+        "flush-hw-16.toml",
+        include_str!("../../../../scenarios/flush-hw-16.toml"),
+    ),
+    (
+        "flush-hw-64.toml",
+        include_str!("../../../../scenarios/flush-hw-64.toml"),
+    ),
+    (
+        "flush-hw-1024.toml",
+        include_str!("../../../../scenarios/flush-hw-1024.toml"),
+    ),
+    (
+        "dma-map.toml",
+        include_str!("../../../../scenarios/dma-map.toml"),
+    ),
+    (
+        "access-ordering.toml",
+        include_str!("../../../../scenarios/access-ordering.toml"),
+    ),
+    (
+        "litmus-ordering.toml",
+        include_str!("../../../../scenarios/litmus-ordering.toml"),
+    ),
+    (
+        "pgtable-flush.toml",
+        include_str!("../../../../scenarios/pgtable-flush.toml"),
+    ),
+    (
+        "aging.toml",
+        include_str!("../../../../scenarios/aging.toml"),
+    ),
+    (
+        "iova-alloc.toml",
+        include_str!("../../../../scenarios/iova-alloc.toml"),
+    ),
+    (
+        "translate.toml",
+        include_str!("../../../../scenarios/translate.toml"),
+    ),
+];
+
+/// The built-in scenario named `name` (with or without `.toml`).
+pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
+    let want = name.strip_suffix(".toml").unwrap_or(name);
+    for (file, text) in BUILTIN {
+        if file.strip_suffix(".toml") == Some(want) {
+            return Scenario::parse(text, Path::new(&format!("scenarios/{file}")));
+        }
+    }
+    Err(ScenarioError::UnknownBuiltin {
+        name: name.to_string(),
+        valid: BUILTIN
+            .iter()
+            .map(|(f, _)| f.trim_end_matches(".toml"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_scenario_parses_and_its_quick_overrides_apply() {
+        for (file, _) in BUILTIN {
+            let s = builtin(file).unwrap_or_else(|e| panic!("{file}: {e}"));
+            s.quick().unwrap_or_else(|e| panic!("{file} quick: {e}"));
+        }
+    }
+
+    #[test]
+    fn an_unknown_builtin_lists_the_valid_names() {
+        let e = builtin("nope").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::UnknownBuiltin { valid, .. } if valid.contains("udp-32")),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! A scenario file: its schema, its parsing (with the line of any bad
+//! field), and the run it describes.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::set::apply_sets;
+use super::ScenarioError;
+use crate::bench::access::AccessBenchArgs;
+use crate::bench::dma::DmaBenchArgs;
+use crate::bench::iova::IovaBenchArgs;
+use crate::bench::pgtable::PgtableBenchArgs;
+use crate::bench::translate::TranslateBenchArgs;
+use crate::error::LabResult;
+use crate::lab::iova_aging::AgingArgs;
+use crate::lab::litmus::LitmusArgs;
+use crate::lab::netperf_udp::NetperfArgs;
+use crate::report::Report;
+
+/// The file as written: a header and exactly one bench or lab table.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ScenarioFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<String>,
+    #[serde(default)]
+    pub about: String,
+    #[serde(
+        rename = "bench-iova",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bench_iova: Option<IovaBenchArgs>,
+    #[serde(
+        rename = "bench-pgtable",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bench_pgtable: Option<PgtableBenchArgs>,
+    #[serde(rename = "bench-dma", default, skip_serializing_if = "Option::is_none")]
+    pub bench_dma: Option<DmaBenchArgs>,
+    #[serde(
+        rename = "bench-translate",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bench_translate: Option<TranslateBenchArgs>,
+    #[serde(
+        rename = "bench-access",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bench_access: Option<AccessBenchArgs>,
+    #[serde(
+        rename = "lab-netperf-udp",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lab_netperf_udp: Option<NetperfArgs>,
+    #[serde(
+        rename = "lab-iova-aging",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lab_iova_aging: Option<AgingArgs>,
+    #[serde(
+        rename = "lab-litmus",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lab_litmus: Option<LitmusArgs>,
+    /// Overrides `run --quick` applies, as `--set`s of the lab table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quick: Option<toml::Table>,
+}
+
+/// The table names a scenario may use, in the schema's order.
+pub(super) const LAB_TABLES: [&str; 8] = [
+    "bench-iova",
+    "bench-pgtable",
+    "bench-dma",
+    "bench-translate",
+    "bench-access",
+    "lab-netperf-udp",
+    "lab-iova-aging",
+    "lab-litmus",
+];
+
+/// The bench or lab a scenario runs, with its options.
+#[derive(Debug, Clone)]
+pub enum LabArgs {
+    /// `bench iova`.
+    BenchIova(IovaBenchArgs),
+    /// `bench pgtable`.
+    BenchPgtable(PgtableBenchArgs),
+    /// `bench dma`.
+    BenchDma(DmaBenchArgs),
+    /// `bench translate`.
+    BenchTranslate(TranslateBenchArgs),
+    /// `bench access`.
+    BenchAccess(AccessBenchArgs),
+    /// `lab netperf-udp`.
+    NetperfUdp(NetperfArgs),
+    /// `lab iova-aging`.
+    IovaAging(AgingArgs),
+    /// `lab litmus`.
+    Litmus(LitmusArgs),
+}
+
+impl LabArgs {
+    /// Runs it; `progress` hears of steps within a long lab.
+    pub fn run(&self, progress: &mut dyn FnMut(&str)) -> LabResult<Report> {
+        match self {
+            LabArgs::BenchIova(a) => crate::bench::iova::run(a),
+            LabArgs::BenchPgtable(a) => crate::bench::pgtable::run(a),
+            LabArgs::BenchDma(a) => crate::bench::dma::run(a),
+            LabArgs::BenchTranslate(a) => crate::bench::translate::run(a),
+            LabArgs::BenchAccess(a) => crate::bench::access::run(a),
+            LabArgs::NetperfUdp(a) => crate::lab::netperf_udp::run(a),
+            LabArgs::IovaAging(a) => crate::lab::iova_aging::run(a, progress),
+            LabArgs::Litmus(a) => crate::lab::litmus::run(a),
+        }
+    }
+}
+
+/// A scenario ready to run.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Its name.
+    pub name: String,
+    /// The seed it reproduces, if any.
+    pub seed: Option<String>,
+    /// What it is.
+    pub about: String,
+    /// Where it came from (for messages).
+    pub path: PathBuf,
+    file: ScenarioFile,
+}
+
+impl Scenario {
+    /// Reads and checks a scenario file.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Checks the text of a scenario file read from `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Scenario, ScenarioError> {
+        let file: ScenarioFile = toml::from_str(text).map_err(|e| field_error(&e, text, path))?;
+        Self::from_file(file, path)
+    }
+
+    fn from_file(file: ScenarioFile, path: &Path) -> Result<Scenario, ScenarioError> {
+        let found: Vec<&str> = LAB_TABLES
+            .iter()
+            .copied()
+            .filter(|t| lab_table_present(&file, t))
+            .collect();
+        match found.len() {
+            0 => {
+                return Err(ScenarioError::NoLab {
+                    path: path.to_path_buf(),
+                    valid: LAB_TABLES.join(", "),
+                })
+            }
+            1 => {}
+            _ => {
+                return Err(ScenarioError::TwoLabs {
+                    path: path.to_path_buf(),
+                    found: found.join(", "),
+                })
+            }
+        }
+        let stem = path.file_stem().map_or_else(
+            || "scenario".to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        Ok(Scenario {
+            name: file.name.clone().unwrap_or(stem),
+            seed: file.seed.clone(),
+            about: file.about.clone(),
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    /// The name of the scenario's bench or lab table.
+    pub fn lab_table(&self) -> &'static str {
+        LAB_TABLES
+            .iter()
+            .copied()
+            .find(|t| lab_table_present(&self.file, t))
+            .unwrap_or("?")
+    }
+
+    /// The scenario with `KEY=VALUE` overrides applied (a key names a
+    /// header field, a field of the lab table, or `table.field`).
+    pub fn with_sets(&self, sets: &[String]) -> Result<Scenario, ScenarioError> {
+        if sets.is_empty() {
+            return Ok(self.clone());
+        }
+        let file = apply_sets(&self.file, self.lab_table(), sets)?;
+        Self::from_file(file, &self.path)
+    }
+
+    /// The scenario as `run --quick` runs it: its `[quick]` overrides
+    /// applied.
+    pub fn quick(&self) -> Result<Scenario, ScenarioError> {
+        let sets: Vec<String> = self
+            .file
+            .quick
+            .iter()
+            .flatten()
+            .map(|(k, v)| format!("{}.{k}={v}", self.lab_table()))
+            .collect();
+        let mut s = self.with_sets(&sets)?;
+        s.file.quick = None;
+        Ok(s)
+    }
+
+    /// The bench or lab and its options.
+    pub fn lab(&self) -> LabArgs {
+        let f = &self.file;
+        if let Some(a) = &f.bench_iova {
+            LabArgs::BenchIova(a.clone())
+        } else if let Some(a) = &f.bench_pgtable {
+            LabArgs::BenchPgtable(a.clone())
+        } else if let Some(a) = &f.bench_dma {
+            LabArgs::BenchDma(a.clone())
+        } else if let Some(a) = &f.bench_translate {
+            LabArgs::BenchTranslate(a.clone())
+        } else if let Some(a) = &f.bench_access {
+            LabArgs::BenchAccess(a.clone())
+        } else if let Some(a) = &f.lab_netperf_udp {
+            LabArgs::NetperfUdp(a.clone())
+        } else if let Some(a) = &f.lab_iova_aging {
+            LabArgs::IovaAging(a.clone())
+        } else {
+            LabArgs::Litmus(f.lab_litmus.clone().unwrap_or_default())
+        }
+    }
+
+    /// Runs the scenario; the report carries its name and seed.
+    pub fn run(&self, progress: &mut dyn FnMut(&str)) -> LabResult<Report> {
+        let mut r = self.lab().run(progress)?;
+        r.scenario = self.name.clone();
+        if self.seed.is_some() {
+            r.seed = self.seed.clone();
+        }
+        if !self.about.is_empty() {
+            r.title = self.about.clone();
+        }
+        Ok(r)
+    }
+}
+
+fn lab_table_present(f: &ScenarioFile, table: &str) -> bool {
+    match table {
+        "bench-iova" => f.bench_iova.is_some(),
+        "bench-pgtable" => f.bench_pgtable.is_some(),
+        "bench-dma" => f.bench_dma.is_some(),
+        "bench-translate" => f.bench_translate.is_some(),
+        "bench-access" => f.bench_access.is_some(),
+        "lab-netperf-udp" => f.lab_netperf_udp.is_some(),
+        "lab-iova-aging" => f.lab_iova_aging.is_some(),
+        "lab-litmus" => f.lab_litmus.is_some(),
+        _ => false,
+    }
+}
+
+/// A parse error as "file:line: field `table.key`: message": the line
+/// from the error's span, the key from the text at that line (the
+/// parser's message names a value's problem, not always its key).
+fn field_error(e: &toml::de::Error, text: &str, path: &Path) -> ScenarioError {
+    let at = e.span().map_or(0, |s| s.start).min(text.len());
+    let line = text[..at].matches('\n').count() + 1;
+    let mut table = String::new();
+    for l in text[..at].lines() {
+        let t = l.trim();
+        if let Some(h) = t.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            table = h.trim().to_string();
+        }
+    }
+    let line_text = text.lines().nth(line - 1).unwrap_or("");
+    let key = line_text
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .filter(|k| !k.is_empty() && !k.starts_with('['));
+    let field = match key {
+        Some(k) if table.is_empty() => format!("field `{k}`: "),
+        Some(k) => format!("field `{table}.{k}`: "),
+        None => String::new(),
+    };
+    ScenarioError::Field {
+        path: path.to_path_buf(),
+        line,
+        field,
+        message: e.message().trim().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+        Scenario::parse(text, Path::new("t.toml"))
+    }
+
+    #[test]
+    fn an_unknown_field_names_the_field_the_file_and_the_line() {
+        let e =
+            parse("about = \"x\"\n[lab-netperf-udp]\nmsg_size = 32\nmsg_sise = 16\n").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Field { line: 4, field, message, .. }
+                if field == "field `lab-netperf-udp.msg_sise`: " && message.contains("unknown field")),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("t.toml:4: field `lab-netperf-udp.msg_sise`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_ill_typed_or_out_of_range_field_is_named_with_its_line() {
+        let e = parse("[lab-netperf-udp]\n\nmsg_size = \"big\"\n").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Field { line: 3, field, .. } if field.contains("msg_size")),
+            "{e}"
+        );
+        let e = parse("[bench-iova]\nthreads = 0\n").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Field { line: 2, message, .. } if message.contains("0 is not in 1..=256")),
+            "{e}"
+        );
+        let e = parse("[bench-iova]\nseconds = inf\n").unwrap_err();
+        assert!(matches!(&e, ScenarioError::Field { line: 2, .. }), "{e}");
+        let e = parse("[bench-dma]\npolicies = [\"lazy\"]\n").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Field { message, .. } if message.contains("valid: passthrough")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_scenario_runs_exactly_one_lab() {
+        assert!(matches!(
+            parse("about = \"x\"\n"),
+            Err(ScenarioError::NoLab { .. })
+        ));
+        assert!(matches!(
+            parse("[bench-iova]\n[lab-litmus]\n"),
+            Err(ScenarioError::TwoLabs { .. })
+        ));
+        let s = parse("[lab-litmus]\nruns = 4096\n").unwrap();
+        assert_eq!(s.name, "t");
+        assert_eq!(s.lab_table(), "lab-litmus");
+    }
+
+    #[test]
+    fn sets_override_fields_and_refuse_unknown_or_bad_ones() {
+        let s = parse("[lab-netperf-udp]\nmsg_size = 32\n").unwrap();
+        let t = s
+            .with_sets(&["msg_size=16384".into(), "policies=strict,deferred".into()])
+            .unwrap();
+        let LabArgs::NetperfUdp(a) = t.lab() else {
+            panic!("not netperf")
+        };
+        assert_eq!(a.msg_size.get(), 16384);
+        assert_eq!(a.policies.len(), 2);
+        let e = s.with_sets(&["msg_sise=1".into()]).unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Set { set, message } if set == "msg_sise=1" && message.contains("unknown field `msg_sise`")),
+            "{e}"
+        );
+        let e = s.with_sets(&["msg_size=0".into()]).unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Set { message, .. } if message.contains("not in 1..=61440")),
+            "{e}"
+        );
+        let e = s.with_sets(&["msg_size".into()]).unwrap_err();
+        assert!(matches!(e, ScenarioError::SetSyntax { .. }));
+        let t = s.with_sets(&["name=renamed".into()]).unwrap();
+        assert_eq!(t.name, "renamed");
+    }
+}
