@@ -63,6 +63,9 @@ pub enum LabError {
     /// A scenario file or override is wrong.
     #[error(transparent)]
     Scenario(#[from] crate::scenario::ScenarioError),
+    /// The results database refused a request.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
     /// A file could not be written.
     #[error("cannot write {path}: {source}")]
     Write {

@@ -2,14 +2,19 @@
 
 mod args;
 mod bench;
+mod cmd;
 mod dma_rig;
 mod error;
 mod host;
+mod html;
+mod interrupt;
 mod lab;
+mod progress;
 mod render;
 mod report;
-mod run;
 mod scenario;
+mod seeds;
+mod store;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -35,12 +40,15 @@ enum Cmd {
     /// Lab scenarios that reproduce the seeds' experiments; or
     /// `lab FILE`: run a scenario file (or a built-in scenario by name).
     Lab(LabArgs),
-    /// The headline suite: every bench and lab in its quick form.
-    Run {
-        /// Print one JSON object holding every report.
-        #[arg(long)]
-        json: bool,
-    },
+    /// The headline suite: every built-in scenario, stored, with the HTML
+    /// report and a seed summary.
+    Run(cmd::run::RunArgs),
+    /// The runs in the results database.
+    History(cmd::history::HistoryArgs),
+    /// Two stored runs side by side, with ratios and changes beyond noise.
+    Compare(cmd::compare::CompareArgs),
+    /// Writes the HTML report of a stored run (default: the newest).
+    Report(cmd::report::ReportArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -166,13 +174,24 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::from(2);
             }
         },
-        Cmd::Run { json } => run::run(json),
+        Cmd::Run(a) => cmd::run::run(&a),
+        Cmd::History(a) => emit(cmd::history::history(&a), a.json),
+        Cmd::Compare(a) => emit(cmd::compare::compare(&a), a.json),
+        Cmd::Report(a) => cmd::report::report(&a).map(|id| {
+            eprintln!(
+                "softiommu: wrote the report of run {id} to {}",
+                a.out.display()
+            );
+        }),
     };
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("softiommu: {e}");
-            std::process::ExitCode::from(2)
+            match e {
+                error::LabError::Interrupted { .. } => std::process::ExitCode::from(130),
+                _ => std::process::ExitCode::from(2),
+            }
         }
     }
 }

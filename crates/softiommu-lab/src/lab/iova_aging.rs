@@ -484,6 +484,7 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
         Param::new("slow_hold", args.slow_hold, Unit::Count),
     ];
     out.tables.push(t);
+    tl.detail = true;
     out.tables.push(tl);
     out.plots.push(Plot {
         name: "throughput".into(),

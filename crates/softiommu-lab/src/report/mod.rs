@@ -5,7 +5,7 @@ mod model;
 mod unit;
 
 pub use model::{
-    contract, Axis, Cell, Column, Metric, Modelled, Param, Plot, PlotKind, Provenance, Report,
-    Series, Table, MODELLED_MARK,
+    contract, Axis, Cell, Column, Modelled, Param, Plot, PlotKind, Provenance, Report, Series,
+    Table, MODELLED_MARK,
 };
 pub use unit::{Better, Unit};

@@ -228,6 +228,10 @@ pub struct Table {
     pub columns: Vec<Column>,
     /// Rows, one cell per column.
     pub rows: Vec<Vec<Cell>>,
+    /// A detail table (a time line): shown, stored, but left out of
+    /// `compare` and the report's summaries.
+    #[serde(default)]
+    pub detail: bool,
 }
 
 /// One figure of a table, as the database stores it.
@@ -255,6 +259,7 @@ impl Table {
             title: title.into(),
             columns,
             rows: Vec::new(),
+            detail: false,
         }
     }
 

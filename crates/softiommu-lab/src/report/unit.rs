@@ -65,7 +65,8 @@ pub enum Unit {
 }
 
 impl Unit {
-    /// Every unit, for parsing.
+    /// Every unit.
+    #[cfg(test)]
     pub const ALL: [Unit; 19] = [
         Unit::Ns,
         Unit::Us,
@@ -114,6 +115,7 @@ impl Unit {
     }
 
     /// The unit with this symbol.
+    #[cfg(test)]
     pub fn from_symbol(s: &str) -> Option<Unit> {
         Unit::ALL.into_iter().find(|u| u.symbol() == s)
     }

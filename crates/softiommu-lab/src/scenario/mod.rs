@@ -30,4 +30,4 @@ mod set;
 
 pub use builtin::{builtin, BUILTIN};
 pub use error::ScenarioError;
-pub use file::{LabArgs, Scenario};
+pub use file::Scenario;

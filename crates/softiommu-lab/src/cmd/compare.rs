@@ -1,0 +1,176 @@
+//! `softiommu compare A B`: two runs side by side, figure by figure, with
+//! B/A and a flag where the change is beyond run-to-run noise.
+//!
+//! Noise, per figure: twice the median of |ln(v_i / v_{i-1})| over the
+//! consecutive stored runs that have it, at least 5 %; with fewer than
+//! three runs, 10 %. A change is flagged `better` or `worse` by its
+//! unit's direction (less time, more throughput), else `changed`.
+
+use serde_json::json;
+
+use super::DbArgs;
+use crate::error::LabResult;
+use crate::render::format_value;
+use crate::report::{Better, Cell, Column, Param, Report, Table, Unit};
+use crate::store::Store;
+
+/// Options of `compare`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompareArgs {
+    /// The earlier run.
+    pub a: i64,
+    /// The later run.
+    pub b: i64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// The results database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// The smallest noise band: changes under 5 % are never flagged.
+const NOISE_FLOOR: f64 = 0.05;
+/// The band with too little history to measure noise.
+const NOISE_DEFAULT: f64 = 0.10;
+
+/// The noise band of a figure from its history.
+pub fn noise(history: &[f64]) -> f64 {
+    let mut steps: Vec<f64> = history
+        .windows(2)
+        .filter(|w| w[0] > 0.0 && w[1] > 0.0)
+        .map(|w| (w[1] / w[0]).ln().abs())
+        .collect();
+    if steps.len() < 2 {
+        return NOISE_DEFAULT;
+    }
+    steps.sort_by(f64::total_cmp);
+    let median = steps[steps.len() / 2];
+    (2.0 * median).exp_m1().max(NOISE_FLOOR)
+}
+
+/// The flag for a change from `a` to `b` with noise band `band`.
+pub fn flag(a: f64, b: f64, band: f64, unit: Unit) -> &'static str {
+    if a <= 0.0 || b <= 0.0 {
+        return if a == b { "" } else { "changed" };
+    }
+    let r = b / a;
+    if (r - 1.0).abs() <= band && (1.0 / r - 1.0).abs() <= band {
+        return "";
+    }
+    match (unit.better(), r > 1.0) {
+        (Better::Higher, true) | (Better::Lower, false) => "better",
+        (Better::Higher, false) | (Better::Lower, true) => "worse",
+        (Better::Neither, _) => "changed",
+    }
+}
+
+/// The comparison as a report.
+pub fn compare(a: &CompareArgs) -> LabResult<Report> {
+    let store = Store::open(&a.db.db)?;
+    let (ra, rb) = (store.run(a.a)?, store.run(a.b)?);
+    let (sa, sb) = (store.scenarios(a.a)?, store.scenarios(a.b)?);
+    let mut t = Table::new(
+        "compare",
+        format!(
+            "run {} ({}, {}) vs run {} ({}, {})",
+            ra.id, ra.started_at, ra.git_rev, rb.id, rb.started_at, rb.git_rev
+        ),
+        vec![
+            Column::label("scenario"),
+            Column::label("row"),
+            Column::label("figure"),
+            Column::text("unit"),
+            Column::text(&format!("run {}", ra.id)),
+            Column::text(&format!("run {}", rb.id)),
+            Column::metric("ratio", "B/A", Unit::Ratio, 3),
+            Column::metric("noise", "noise", Unit::Percent, 0),
+            Column::text("flag"),
+        ],
+    );
+    let mut rows = Vec::new();
+    for x in &sa {
+        let Some(y) = sb.iter().find(|y| y.report.scenario == x.report.scenario) else {
+            continue;
+        };
+        for ta in x.report.tables.iter().filter(|t| !t.detail) {
+            let Some(tb) = y.report.table(&ta.name) else {
+                continue;
+            };
+            for m in ta.metrics() {
+                let Some(vb) = tb.get(&m.row, m.name) else {
+                    continue;
+                };
+                let hist: Vec<f64> = store
+                    .metric_history(&x.report.scenario, &ta.name, &m.row, m.name)?
+                    .into_iter()
+                    .map(|(_, v)| v)
+                    .collect();
+                let band = noise(&hist);
+                let f = flag(m.value, vb, band, m.unit);
+                let dec = ta
+                    .columns
+                    .iter()
+                    .find(|c| c.key == m.name)
+                    .map_or(2, |c| c.decimals);
+                let ratio = (m.value != 0.0).then(|| vb / m.value);
+                t.row(vec![
+                    x.report.scenario.clone().into(),
+                    m.row.clone().into(),
+                    m.name.into(),
+                    m.unit.symbol().into(),
+                    format_value(m.value, Some(m.unit), dec).into(),
+                    format_value(vb, Some(m.unit), dec).into(),
+                    ratio.into(),
+                    Cell::Num(band * 100.0),
+                    f.into(),
+                ]);
+                rows.push(json!({
+                    "scenario": x.report.scenario, "table": ta.name, "row": m.row,
+                    "figure": m.name, "unit": m.unit, "a": m.value, "b": vb,
+                    "ratio": ratio, "noise": band, "flag": f,
+                }));
+            }
+        }
+    }
+    let flagged = rows.iter().filter(|r| r["flag"] != "").count();
+    let mut rep = Report::new(
+        "compare",
+        format!(
+            "run {} vs run {}: {} figures, {flagged} beyond noise",
+            ra.id,
+            rb.id,
+            rows.len()
+        ),
+        json!({ "a": ra.id, "b": rb.id, "db": a.db.db, "rows": rows }),
+    );
+    rep.params = vec![
+        Param::text("db", a.db.db.display()),
+        Param::text("a", format!("{} ({})", ra.id, ra.host.line())),
+        Param::text("b", format!("{} ({})", rb.id, rb.host.line())),
+    ];
+    rep.tables.push(t);
+    Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn noise_is_the_spread_of_consecutive_runs_with_a_floor() {
+        assert_eq!(noise(&[1.0, 2.0]), NOISE_DEFAULT);
+        assert_eq!(noise(&[1.0, 1.0, 1.0, 1.0]), NOISE_FLOOR);
+        let n = noise(&[1.0, 1.2, 1.0, 1.2]);
+        assert!((n - (1.2f64.ln() * 2.0).exp_m1()).abs() < 1e-9, "{n}");
+    }
+
+    #[test]
+    fn flags_follow_the_unit_direction() {
+        assert_eq!(flag(100.0, 104.0, 0.05, Unit::Ns), "");
+        assert_eq!(flag(100.0, 150.0, 0.05, Unit::Ns), "worse");
+        assert_eq!(flag(100.0, 50.0, 0.05, Unit::Ns), "better");
+        assert_eq!(flag(1.0, 2.0, 0.05, Unit::Mpps), "better");
+        assert_eq!(flag(10.0, 20.0, 0.05, Unit::Count), "changed");
+    }
+}

@@ -1,0 +1,17 @@
+//! The commands over results: the suite (`run`), and `history`, `compare`
+//! and `report` over the database.
+
+pub mod compare;
+pub mod history;
+pub mod report;
+pub mod run;
+
+use std::path::PathBuf;
+
+/// Where results are kept.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DbArgs {
+    /// The results database.
+    #[arg(long, default_value = crate::store::DEFAULT_DB)]
+    pub db: PathBuf,
+}

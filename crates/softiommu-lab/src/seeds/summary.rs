@@ -1,0 +1,214 @@
+//! One line per seed: their figure, ours, and a verdict.
+
+use serde::Serialize;
+
+use crate::report::{Report, Table};
+
+/// A seed's line of the summary.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeedLine {
+    /// "000".."004".
+    pub seed: &'static str,
+    /// What is compared.
+    pub claim: String,
+    /// Their figure.
+    pub theirs: Option<f64>,
+    /// Ours, when the run has it.
+    pub ours: Option<f64>,
+    /// The unit of both.
+    pub unit: &'static str,
+    /// Our figure in words, with the others it depends on.
+    pub detail: String,
+    /// The verdict.
+    pub verdict: String,
+    /// The scenario ours comes from.
+    pub scenario: Option<String>,
+    /// The stored figure to follow across runs: (scenario, table, row,
+    /// figure).
+    #[serde(skip)]
+    pub spark: Option<(&'static str, &'static str, &'static str, &'static str)>,
+}
+
+fn find<'a>(reports: &'a [Report], scenario: &str, table: &str) -> Option<&'a Table> {
+    reports
+        .iter()
+        .find(|r| r.scenario == scenario)
+        .and_then(|r| r.table(table))
+}
+
+/// The summary of a run's reports; a seed whose scenario did not run says
+/// so.
+pub fn summarise(reports: &[Report]) -> Vec<SeedLine> {
+    vec![
+        seed_000(reports),
+        seed_001(reports),
+        seed_002(),
+        seed_003(reports),
+        seed_004(reports),
+    ]
+}
+
+fn missing(
+    seed: &'static str,
+    claim: &str,
+    theirs: f64,
+    unit: &'static str,
+    scenario: &str,
+) -> SeedLine {
+    SeedLine {
+        seed,
+        claim: claim.to_string(),
+        theirs: Some(theirs),
+        ours: None,
+        unit,
+        detail: format!("scenario {scenario} did not run"),
+        verdict: "not measured in this run".to_string(),
+        scenario: None,
+        spark: None,
+    }
+}
+
+fn seed_000(reports: &[Report]) -> SeedLine {
+    // Their array-batched table: none 74 @ 42 %, batched 72 @ 62 %.
+    let theirs = (62.0 / 72.0) / (42.0 / 74.0);
+    let claim = "deferred vs no IOMMU, service demand, 32-byte UDP";
+    let Some(t) = find(reports, "udp-32", "results") else {
+        return missing("000", claim, theirs, "×", "udp-32");
+    };
+    let ours = t.get("deferred", "vs_passthrough");
+    let strict = t.get("strict", "vs_passthrough");
+    SeedLine {
+        seed: "000",
+        claim: claim.into(),
+        theirs: Some(theirs),
+        ours,
+        unit: "×",
+        detail: format!(
+            "deferred {} pass-through's CPU µs per packet; strict {} (theirs 1.81×)",
+            fmt(ours, "×"),
+            fmt(strict, "×")
+        ),
+        verdict: match ours {
+            Some(o) if o <= theirs => "deferred costs less over no-IOMMU than the seed's batching".into(),
+            Some(_) => "deferred costs more over no-IOMMU than the seed's batching (a hand-built ring, no stack: see the report)".into(),
+            None => "no deferred or pass-through row".into(),
+        },
+        scenario: Some("udp-32".into()),
+        spark: Some(("udp-32", "results", "deferred", "vs_passthrough")),
+    }
+}
+
+fn seed_001(reports: &[Report]) -> SeedLine {
+    let none = (880.31 + 876.73 + 880.73 + 878.63) / 4.0;
+    let theirs = none / ((869.39 + 864.99 + 886.13 + 872.90) / 4.0);
+    let claim = "full barrier per DMA access vs none, cost";
+    let Some(t) = find(reports, "access-ordering", "results") else {
+        return missing("001", claim, theirs, "×", "access-ordering");
+    };
+    let full = t.get("full", "vs_relaxed");
+    let ordered = t.get("ordered", "vs_relaxed");
+    let violations = reports
+        .iter()
+        .find(|r| r.scenario == "litmus-ordering")
+        .and_then(|r| r.contract.get("ok"))
+        .and_then(|v| v.as_bool());
+    SeedLine {
+        seed: "001",
+        claim: claim.into(),
+        theirs: Some(theirs),
+        ours: full,
+        unit: "×",
+        detail: format!(
+            "device ns per descriptor over relaxed: full {}, ordered (our default) {}; theirs is TCP throughput through a whole guest",
+            fmt(full, "×"),
+            fmt(ordered, "×")
+        ),
+        verdict: match violations {
+            Some(true) => "ordered: no forbidden litmus outcome; its cost is the device's alone".into(),
+            Some(false) => "ordered or full showed a FORBIDDEN litmus outcome".into(),
+            None => "litmus did not run".into(),
+        },
+        scenario: Some("access-ordering".into()),
+        spark: Some(("access-ordering", "results", "full", "vs_relaxed")),
+    }
+}
+
+fn seed_002() -> SeedLine {
+    SeedLine {
+        seed: "002",
+        claim: "IOPF speed / pinned, one 1 MB send".into(),
+        theirs: Some(36.6),
+        ours: None,
+        unit: "%",
+        detail: "I/O page faults are not built yet (issue 13)".into(),
+        verdict: "missing".into(),
+        scenario: None,
+        spark: None,
+    }
+}
+
+fn seed_003(reports: &[Report]) -> SeedLine {
+    let theirs = 4380.0 / 7908.0;
+    let claim = "non-coherent walk vs coherent, throughput ratio";
+    let Some(t) = find(reports, "pgtable-flush", "results") else {
+        return missing("003", claim, theirs, "×", "pgtable-flush");
+    };
+    let coh = t.get("4 KiB/coherent", "ns_per_map_unmap");
+    let non = t.get("4 KiB/non-coherent", "ns_per_map_unmap");
+    let lines = t.get("4 KiB/non-coherent", "lines_flushed_per_op");
+    let ours = coh.zip(non).map(|(c, n)| c / n);
+    SeedLine {
+        seed: "003",
+        claim: claim.into(),
+        theirs: Some(theirs),
+        ours,
+        unit: "×",
+        detail: format!(
+            "4 KiB map+unmap rate, non-coherent / coherent, {} lines flushed per op; theirs is TCP through be2net",
+            fmt(lines, "")
+        ),
+        verdict: match ours {
+            Some(o) if o > theirs => "flushing exactly the lines written costs less than the seed's".into(),
+            Some(_) => "flushing costs as much as the seed's or more".into(),
+            None => "no 4 KiB rows".into(),
+        },
+        scenario: Some("pgtable-flush".into()),
+        spark: Some(("pgtable-flush", "results", "4 KiB/non-coherent", "ns_per_map_unmap")),
+    }
+}
+
+fn seed_004(reports: &[Report]) -> SeedLine {
+    let theirs = (1.3 + 2.7) / 2.0 / ((6.0 + 6.7) / 2.0);
+    let claim = "throughput retained after aging (last / first window)";
+    let Some(t) = find(reports, "aging", "summary") else {
+        return missing("004", claim, theirs, "×", "aging");
+    };
+    let ours = t.get("softiommu", "retained");
+    let old = t.get("linux-2016", "retained");
+    SeedLine {
+        seed: "004",
+        claim: claim.into(),
+        theirs: Some(theirs),
+        ours,
+        unit: "×",
+        detail: format!(
+            "softiommu {}, linux-2016 baseline {}; theirs after 16 h, ours after a short run",
+            fmt(ours, "×"),
+            fmt(old, "×")
+        ),
+        verdict: match (ours, old) {
+            (Some(o), Some(b)) if o >= 0.9 && b < o => {
+                "ours stays flat; the 2016 design loses throughput".into()
+            }
+            (Some(o), _) if o >= 0.9 => "ours stays flat".into(),
+            (Some(_), _) => "ours LOST throughput".into(),
+            _ => "no softiommu row".into(),
+        },
+        scenario: Some("aging".into()),
+        spark: Some(("aging", "summary", "softiommu", "retained")),
+    }
+}
+
+fn fmt(v: Option<f64>, unit: &str) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}{unit}"))
+}

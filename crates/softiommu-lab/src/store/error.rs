@@ -1,0 +1,105 @@
+//! What can go wrong with the results database, each with the path and
+//! the facts to act on.
+
+use std::path::PathBuf;
+
+/// A results-database failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The directory for the database cannot be created.
+    #[error("cannot create the results directory {dir}: {source}")]
+    CreateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// There is no database to read.
+    #[error("no results database at {path} (softiommu run creates it)")]
+    Missing {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Another process holds the database locked.
+    #[error("results database {path} is locked by another process; nothing was changed, try again when it finishes")]
+    Locked {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The file is not an SQLite database, or is damaged.
+    #[error(
+        "{path} is not a softiommu results database or is corrupt ({detail}); it was left as it is"
+    )]
+    Corrupt {
+        /// The path.
+        path: PathBuf,
+        /// SQLite's words.
+        detail: String,
+    },
+    /// The database was written by a newer softiommu.
+    #[error("results database {path} has schema version {found}, newer than this softiommu's {supported}; refusing to touch it (use a newer softiommu, or another --db)")]
+    TooNew {
+        /// The path.
+        path: PathBuf,
+        /// Its version.
+        found: i64,
+        /// Ours.
+        supported: i64,
+    },
+    /// No run has this id.
+    #[error("no run {id} in {path} ({known})")]
+    UnknownRun {
+        /// The id asked for.
+        id: i64,
+        /// The path.
+        path: PathBuf,
+        /// The runs there are, as "runs 1..=7" or "no runs yet".
+        known: String,
+    },
+    /// A stored report cannot be read back.
+    #[error("run {run}, scenario {scenario} in {path}: stored report unreadable: {source}")]
+    BadReport {
+        /// The run.
+        run: i64,
+        /// The scenario.
+        scenario: String,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// Any other SQLite failure.
+    #[error("results database {path}: {source}")]
+    Sql {
+        /// The path.
+        path: PathBuf,
+        /// SQLite's error.
+        source: rusqlite::Error,
+    },
+    /// The schema could not be brought up to date.
+    #[error("results database {path}: migration failed: {source}")]
+    Migrate {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: rusqlite_migration::Error,
+    },
+}
+
+impl StoreError {
+    /// Classifies an SQLite error: locked, corrupt, or other.
+    pub(super) fn sql(path: &std::path::Path, e: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode;
+        let path = path.to_path_buf();
+        match e.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+                StoreError::Locked { path }
+            }
+            Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => StoreError::Corrupt {
+                path,
+                detail: e.to_string(),
+            },
+            _ => StoreError::Sql { path, source: e },
+        }
+    }
+}

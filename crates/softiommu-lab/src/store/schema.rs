@@ -1,0 +1,57 @@
+//! The schema, as numbered migrations. Append a migration to change it;
+//! never edit one that has shipped.
+
+use rusqlite_migration::{Migrations, M};
+
+/// Version 1: runs (with their host), scenarios (with the whole typed
+/// report as JSON), and every parameter and figure as rows.
+const V1: &str = "
+CREATE TABLE runs (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    started_at  TEXT NOT NULL,
+    finished_at TEXT,
+    status      TEXT NOT NULL CHECK (status IN ('running', 'complete', 'partial', 'failed')),
+    command     TEXT NOT NULL,
+    quick       INTEGER NOT NULL,
+    git_rev     TEXT NOT NULL,
+    hostname    TEXT NOT NULL,
+    cpu_model   TEXT NOT NULL,
+    cores       INTEGER NOT NULL,
+    kernel      TEXT NOT NULL
+);
+CREATE TABLE scenarios (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id   INTEGER NOT NULL REFERENCES runs(id),
+    ord      INTEGER NOT NULL,
+    name     TEXT NOT NULL,
+    kind     TEXT NOT NULL,
+    seed     TEXT,
+    seconds  REAL NOT NULL,
+    report   TEXT NOT NULL
+);
+CREATE INDEX scenarios_by_run ON scenarios(run_id);
+CREATE TABLE params (
+    scenario_id INTEGER NOT NULL REFERENCES scenarios(id),
+    name        TEXT NOT NULL,
+    value       TEXT NOT NULL,
+    unit        TEXT
+);
+CREATE TABLE metrics (
+    scenario_id INTEGER NOT NULL REFERENCES scenarios(id),
+    tbl         TEXT NOT NULL,
+    row         TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    unit        TEXT NOT NULL,
+    value       REAL NOT NULL,
+    modelled    INTEGER NOT NULL
+);
+CREATE INDEX metrics_by_scenario ON metrics(scenario_id);
+";
+
+/// The migrations, oldest first.
+pub(super) fn migrations() -> Migrations<'static> {
+    Migrations::new(vec![M::up(V1)])
+}
+
+/// The schema version this build writes.
+pub(super) const LATEST: i64 = 1;
