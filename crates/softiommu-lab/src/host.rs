@@ -49,12 +49,28 @@ impl Host {
     }
 }
 
-/// The git revision of the source tree the binary was run from, if the
-/// working directory is in a git checkout (`-dirty` when it has changes).
+/// The git revision of the working directory's checkout or, failing that,
+/// of the checkout the binary sits in (`-dirty` when it has changes;
+/// `unknown` outside any).
 pub fn git_revision() -> String {
+    let here = git_revision_in(None);
+    if here != "unknown" {
+        return here;
+    }
+    // Not run from a checkout: the checkout the binary was built in.
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| git_revision_in(Some(d))))
+        .unwrap_or(here)
+}
+
+fn git_revision_in(dir: Option<&std::path::Path>) -> String {
     let run = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
+        let mut c = std::process::Command::new("git");
+        if let Some(d) = dir {
+            c.current_dir(d);
+        }
+        c.args(args)
             .stderr(std::process::Stdio::null())
             .output()
             .ok()

@@ -92,20 +92,20 @@ p{margin:.4em 0}
 .note.modelled{border-color:var(--warn)}
 .scroll{overflow-x:auto;-webkit-overflow-scrolling:touch;margin:.4em 0 1em}
 table{border-collapse:collapse;font-size:.86rem;font-variant-numeric:tabular-nums}
-caption{caption-side:top;text-align:left;color:var(--mut);font-size:.85rem;padding:.2em 0 .4em}
+.cap{color:var(--mut);font-size:.85rem;margin:.8em 0 .2em}
 th,td{padding:.3em .6em;border-bottom:1px solid var(--line);white-space:nowrap;vertical-align:top}
-th{background:var(--soft);text-align:left;font-weight:600}
+th{background:var(--soft);text-align:left;font-weight:600;white-space:normal;min-width:4.5em;vertical-align:bottom}
 td.n,th.n{text-align:right}
 td.wrap{white-space:normal;min-width:14em}
 tr.theirs td{color:#444}
 .pair{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,460px),1fr));gap:8px 28px;align-items:start}
 .plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,520px),1fr));gap:12px 28px}
-figure{margin:.4em 0 1em}
+figure{margin:.4em 0 1em;max-width:660px}
 figcaption{font-size:.85rem;color:var(--mut);margin-bottom:.2em}
 svg.plot{width:100%;height:auto;display:block}
-svg.plot text{font:11px system-ui,sans-serif;fill:#333}
-svg.plot .axis{font-size:12px;fill:#222}
-svg.plot .val{font-size:10px;fill:#222}
+svg.plot text{font:14px system-ui,sans-serif;fill:#333}
+svg.plot .axis{font-size:15px;fill:#222}
+svg.plot .val{font-size:13px;fill:#222}
 svg.plot .grid{stroke:#e7eaee}
 svg.plot .frame{stroke:#999}
 svg.spark{width:120px;height:28px;vertical-align:middle}
@@ -115,7 +115,13 @@ svg.spark{width:120px;height:28px;vertical-align:middle}
 .params code{background:var(--soft);padding:0 .3em;border-radius:3px;color:var(--fg)}
 .verdict{font-weight:600}
 .toc a{margin-right:1em}
-@media (max-width:600px){main{padding:12px}body{font-size:14px}h1{font-size:1.3rem}}
+@media (max-width:600px){main{padding:12px}body{font-size:14px}h1{font-size:1.3rem}
+table.summary,table.summary tbody,table.summary tr,table.summary td{display:block;width:100%}
+table.summary thead{display:none}
+table.summary tr{border:1px solid var(--line);border-radius:6px;margin:0 0 10px;padding:6px 8px}
+table.summary td{border:0;padding:2px 0;text-align:left;white-space:normal}
+table.summary td[data-label]::before{content:attr(data-label) ': ';color:var(--mut)}
+.meta code{word-break:break-all}}
 ";
 
 fn cell(c: &Cell, unit: Option<Unit>, decimals: u8) -> String {
@@ -131,7 +137,7 @@ pub fn table(t: &Table, out: &mut String) {
     let theirs = t.columns.iter().any(|c| c.provenance == Provenance::Theirs);
     let _ = write!(
         out,
-        "<div class=\"scroll\"><table><caption>{}</caption><thead><tr>",
+        "<p class=\"cap\">{}</p><div class=\"scroll\"><table><thead><tr>",
         esc(&t.title)
     );
     for c in &t.columns {
@@ -329,7 +335,7 @@ pub fn render(d: &PageData) -> String {
     }
     o.push_str("<a href=\"#other\">other benches</a><a href=\"#runs\">runs</a></p>");
     // The seed summary, with each seed's figure across the stored runs.
-    o.push_str("<h2 id=\"summary\">Seed summary</h2><div class=\"scroll\"><table><caption>their figure, ours, and the verdict; the sparkline is ours across the stored runs (latest in red)</caption><thead><tr><th>seed</th><th>claim</th><th class=\"n\">theirs</th><th class=\"n\">ours</th><th>history</th><th>verdict</th></tr></thead><tbody>");
+    o.push_str("<h2 id=\"summary\">Seed summary</h2><p class=\"cap\">their figure, ours, and the verdict; the sparkline is ours across the stored runs (latest in red)</p><div class=\"scroll\"><table class=\"summary\"><thead><tr><th>seed</th><th>claim</th><th class=\"n\">theirs</th><th class=\"n\">ours</th><th>history</th><th>verdict</th></tr></thead><tbody>");
     for s in &d.seeds {
         let spark = d
             .sparks
@@ -340,7 +346,7 @@ pub fn render(d: &PageData) -> String {
         let f = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.2} {}", s.unit));
         let _ = write!(
             o,
-            "<tr><td><a href=\"#seed-{}\">{}</a></td><td class=\"wrap\">{}<br><span class=\"meta\">{}</span></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{spark}</td><td class=\"wrap verdict\">{}</td></tr>",
+            "<tr><td><a href=\"#seed-{}\">seed {}</a></td><td class=\"wrap\">{}<br><span class=\"meta\">{}</span></td><td class=\"n\" data-label=\"theirs\">{}</td><td class=\"n\" data-label=\"ours\">{}</td><td data-label=\"history\">{spark}</td><td class=\"wrap verdict\">{}</td></tr>",
             s.seed,
             s.seed,
             esc(&s.claim),
@@ -414,7 +420,7 @@ pub fn render(d: &PageData) -> String {
     for s in d.scenarios.iter().filter(|s| s.report.seed.is_none()) {
         scenario(s, &mut o);
     }
-    o.push_str("<h2 id=\"runs\">Runs in this database</h2><div class=\"scroll\"><table><caption>the most recent runs up to this one</caption><thead><tr><th>run</th><th>started (UTC)</th><th>status</th><th>quick</th><th class=\"n\">scenarios</th><th>git</th><th>host</th></tr></thead><tbody>");
+    o.push_str("<h2 id=\"runs\">Runs in this database</h2><p class=\"cap\">the most recent runs up to this one</p><div class=\"scroll\"><table><thead><tr><th>run</th><th>started (UTC)</th><th>status</th><th>quick</th><th class=\"n\">scenarios</th><th>git</th><th>host</th></tr></thead><tbody>");
     for r in &d.recent {
         let _ = write!(
             o,

@@ -14,10 +14,10 @@ pub const COLOURS: [&str; 6] = [
 
 const W: f64 = 600.0;
 const H: f64 = 300.0;
-const L: f64 = 64.0;
+const L: f64 = 72.0;
 const R: f64 = 16.0;
 const T: f64 = 14.0;
-const B: f64 = 46.0;
+const B: f64 = 52.0;
 
 /// A number for an axis or a label: three significant digits.
 pub fn num(v: f64) -> String {
@@ -104,7 +104,7 @@ fn y_axis(p: &Plot, f: &Frame, out: &mut String) {
     let mark = if p.modelled { MODELLED_MARK } else { "" };
     let _ = write!(
         out,
-        "<text transform=\"translate(14,{:.1}) rotate(-90)\" class=\"axis\" text-anchor=\"middle\">{}{mark}</text>",
+        "<text transform=\"translate(16,{:.1}) rotate(-90)\" class=\"axis\" text-anchor=\"middle\">{}{mark}</text>",
         (H - B + T) / 2.0,
         axis_label(&p.y.label, p.y.unit)
     );
@@ -120,6 +120,15 @@ fn x_title(p: &Plot, out: &mut String) {
     );
 }
 
+/// The smallest round tick at or above `m` (1 when there is no data).
+fn nice_ceiling(m: f64) -> f64 {
+    if !(m > 0.0 && m.is_finite()) {
+        return 1.0;
+    }
+    let t = ticks(0.0, m * 2.0);
+    t.iter().copied().find(|&v| v >= m).unwrap_or(m)
+}
+
 fn y_max(p: &Plot) -> f64 {
     let m = p
         .series
@@ -127,12 +136,7 @@ fn y_max(p: &Plot) -> f64 {
         .flat_map(|s| s.points.iter().map(|q| q.1))
         .filter(|v| v.is_finite())
         .fold(0.0f64, f64::max);
-    if m > 0.0 {
-        *ticks(0.0, m * 1.08).last().unwrap_or(&m)
-    } else {
-        1.0
-    }
-    .max(m * 1.02)
+    nice_ceiling(m * 1.08)
 }
 
 fn lines(p: &Plot, out: &mut String) {
@@ -154,7 +158,7 @@ fn lines(p: &Plot, out: &mut String) {
         let _ = write!(
             out,
             "<text x=\"{x:.1}\" y=\"{:.1}\" class=\"tick\" text-anchor=\"middle\">{}</text>",
-            H - B + 16.0,
+            H - B + 20.0,
             num(t)
         );
     }
@@ -229,7 +233,7 @@ fn bars(p: &Plot, categories: &[String], values: &[Vec<Option<f64>>], out: &mut 
             out,
             "<text x=\"{:.1}\" y=\"{:.1}\" class=\"tick\" text-anchor=\"middle\">{}</text>",
             L + group * (ci as f64 + 0.5),
-            H - B + 16.0,
+            H - B + 20.0,
             esc(cat)
         );
     }
@@ -279,8 +283,7 @@ fn histogram(p: &Plot, out: &mut String) {
 
 fn scatter(p: &Plot, out: &mut String) {
     let xs = p.series.iter().flat_map(|s| s.points.iter().map(|q| q.0));
-    let x1 = xs.fold(0.0f64, f64::max);
-    let x1 = *ticks(0.0, (x1 * 1.1).max(1e-9)).last().unwrap_or(&1.0);
+    let x1 = nice_ceiling(xs.fold(0.0f64, f64::max) * 1.08);
     let f = Frame {
         x0: 0.0,
         x1: x1.max(1e-9),
@@ -292,7 +295,7 @@ fn scatter(p: &Plot, out: &mut String) {
             out,
             "<text x=\"{:.1}\" y=\"{:.1}\" class=\"tick\" text-anchor=\"middle\">{}</text>",
             f.x(t),
-            H - B + 16.0,
+            H - B + 20.0,
             num(t)
         );
     }
