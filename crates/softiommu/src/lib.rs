@@ -67,3 +67,4 @@ pub mod hw;
 pub mod iova;
 pub mod mem;
 pub mod pgtable;
+pub(crate) mod sync;

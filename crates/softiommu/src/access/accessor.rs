@@ -369,16 +369,30 @@ impl DmaAccessor {
     }
 
     /// Translates `[iova, iova + len)` once for bulk, zero-copy use in
-    /// direction `dir` (see [`DmaMapping`]). The mapping keeps a
-    /// translation section open: until it is dropped, a driver's
-    /// invalidation wait for this unit does not complete, so what it names
-    /// cannot be unmapped and reused under the device. Hold it across a
-    /// copy, not across anything that blocks.
+    /// direction `dir`, and calls `f` with the mapping (see
+    /// [`DmaMapping`]). The mapping keeps a translation section open while
+    /// `f` runs: until it returns, a driver's invalidation wait for this
+    /// unit does not complete, so what the mapping names cannot be unmapped
+    /// and reused under the device. The mapping is lent, never given: it
+    /// cannot outlive `f` or be leaked (a leaked section would hold every
+    /// later wait forever). Copy in `f`; never block in it.
     ///
     /// `attrs` orders the mapping as a whole: in ordered mode, its accesses
     /// come after every earlier access of this accessor and before every
     /// later ordered one; inside it, ordering is up to the device.
-    pub fn map(
+    pub fn with_map<R>(
+        &mut self,
+        iova: u64,
+        len: u64,
+        dir: DmaDirection,
+        attrs: DmaAttrs,
+        f: impl FnOnce(&DmaMapping<'_>) -> R,
+    ) -> Result<R, AccessError> {
+        let m = self.map(iova, len, dir, attrs)?;
+        Ok(f(&m))
+    }
+
+    fn map(
         &mut self,
         iova: u64,
         len: u64,

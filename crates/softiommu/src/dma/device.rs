@@ -14,6 +14,8 @@ pub struct DmaDevice {
     pub(crate) mask: u64,
     pub(crate) limit_pfn: u64,
     pub(crate) untrusted: bool,
+    /// The domain's bounce pool this device reaches (below its mask).
+    pub(crate) bounce: Option<usize>,
 }
 
 impl DmaDevice {

@@ -49,9 +49,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use super::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
-use crate::hw::barrier::Barrier;
 use crate::mem::PhysAddr;
+use crate::sync::barrier::Barrier;
+use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
 /// One deferred unmap: an IOVA block to free once its invalidation is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,20 +27,22 @@ mod domain;
 mod error;
 mod flush_queue;
 mod gate;
+mod passthrough;
 mod policy;
 mod stale;
 mod stats;
-mod sync;
 mod timer;
 mod units;
 
 #[cfg(all(test, not(loom)))]
 mod tests;
 
-pub use bounce::{BouncePool, BounceSlot, BOUNCE_UNIT};
+pub use bounce::BOUNCE_UNIT;
 pub use cpu::{DmaCpu, SgEntry, SgMapping};
 pub use device::DmaDevice;
-pub use domain::{DmaDomain, DmaDomainConfig};
+pub use domain::{
+    DmaDomain, DmaDomainConfig, MAX_BOUNCE_BYTES, MAX_FQ_SIZE, MAX_TIMEOUT, MIN_TIMEOUT,
+};
 pub use error::DmaError;
 pub use flush_queue::{Batch, FlushQueue, FqEntry, Pushed, Taker, TimerArm};
 pub use policy::{

@@ -22,7 +22,6 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use super::barrier::Barrier;
 use super::context::{self, ContextEntry, SourceId};
 use super::error::TranslateError;
 use super::fault::{Access, FaultRecord};
@@ -33,6 +32,7 @@ use super::unit::Shared;
 use super::walker::{walk, WalkEnd};
 use crate::mem::PhysMemory;
 use crate::pgtable::{Perm, VTD_ADDR_BITS, VTD_IOVA_BITS};
+use crate::sync::barrier::Barrier;
 
 /// Counts of one translator, kept in the translator (no shared writes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,8 +79,9 @@ impl fmt::Debug for Translator {
     }
 }
 
-/// An open translation section; see the module documentation. Dropping it
-/// ends the section.
+/// An open translation section; see the module documentation. Lent to the
+/// closure of [`Translator::section`], which ends the section when it
+/// returns.
 pub struct TranslationGuard<'a> {
     t: &'a mut Translator,
 }
@@ -130,10 +131,22 @@ impl Translator {
         }
     }
 
-    /// Opens a translation section: what is translated through the guard
-    /// stays safe to use until it is dropped.
+    /// Runs `f` inside one translation section: what is translated
+    /// through the guard stays the device's to use until `f` returns,
+    /// because a driver's invalidation wait waits for the section to end.
+    /// The section ends when `f` returns or unwinds; the guard cannot be
+    /// kept, leaked or forgotten (a leaked section would hold every later
+    /// wait forever), so keep `f` short and never block in it.
     #[inline(always)]
-    pub fn begin(&mut self) -> TranslationGuard<'_> {
+    pub fn section<R>(&mut self, f: impl FnOnce(&mut TranslationGuard<'_>) -> R) -> R {
+        let mut g = self.begin();
+        f(&mut g)
+    }
+
+    /// Opens a translation section (crate-internal: users get sections
+    /// only through [`section`](Self::section), so none can be leaked).
+    #[inline(always)]
+    pub(crate) fn begin(&mut self) -> TranslationGuard<'_> {
         self.state += 1;
         self.shared.slots.enter(self.slot, self.state, self.barrier);
         TranslationGuard { t: self }
@@ -320,6 +333,7 @@ impl Translator {
                 TranslateError::NoContext { sid }
                 | TranslateError::ContextBlocked { sid }
                 | TranslateError::ZeroLength { sid, .. }
+                | TranslateError::TooLong { sid, .. }
                 | TranslateError::AddressTooWide { sid, .. }
                 | TranslateError::NotPresent { sid, .. }
                 | TranslateError::PermissionDenied { sid, .. }
@@ -362,6 +376,16 @@ impl TranslationGuard<'_> {
             if first.len >= len {
                 return Ok(PhysRanges::one(first.phys, len));
             }
+        }
+        let max = self.t.shared.config.max_access_bytes;
+        if len > max {
+            let e = TranslateError::TooLong {
+                sid,
+                iova,
+                len,
+                max,
+            };
+            return Err(self.t.fault(e, iova, access));
         }
         self.translate_slow(sid, iova, len, access)
     }

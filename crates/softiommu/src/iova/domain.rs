@@ -1,7 +1,8 @@
 //! The IOVA domain: the tree, the depots, the state map, the statistics.
 
+use crate::sync::lock_std as lock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
@@ -192,12 +193,6 @@ struct Counters {
     cache_flushes: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Our critical sections leave the data consistent at every step that can
-    // panic (none should), so a poisoned lock is taken over.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl IovaDomain {
     /// A domain over page frames `[start_pfn, end_pfn]` with a named policy.
     /// `start_pfn` must be at least 1 (IOVA 0 is never handed out, as in Linux).
@@ -220,13 +215,13 @@ impl IovaDomain {
         policy: Option<IovaPolicy>,
         params: CacheParams,
     ) -> Result<Arc<Self>, IovaError> {
-        if start_pfn == 0 || start_pfn > end_pfn || end_pfn >= 1 << 52 || params.magazine_size == 0
-        {
+        if start_pfn == 0 || start_pfn > end_pfn || end_pfn >= 1 << 52 {
             return Err(IovaError::InvalidRange {
                 lo: start_pfn,
                 hi: end_pfn,
             });
         }
+        params.check()?;
         let tree = if params.linear_tree {
             Tree::Linear(LinearTree::new(start_pfn))
         } else {
@@ -411,15 +406,29 @@ impl IovaDomain {
     }
 
     /// Marks a live block as released by its user but not free yet: an
-    /// IOVA a deferred unmap queued, which only the flush that covers it
+    /// IOVA an unmap is revoking, which only the invalidation that covers it
     /// may free (with [`IovaCpuCache::free_retired`]). Until then a second
     /// free or retire of it is refused (`NotAllocated`), as a double unmap
-    /// must be, though the block is still allocated in the tree.
+    /// must be, though the block is still allocated in the tree. One
+    /// compare-exchange: of two threads retiring one block at once, exactly
+    /// one succeeds.
     pub fn retire_block(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = order_of(pages)?;
-        self.check_live(pfn, order)?;
-        self.live.set(pfn, state(RETIRED, order));
-        Ok(())
+        if order >= 64 {
+            return Err(self.free_error(pfn, order));
+        }
+        self.live
+            .compare_exchange(pfn, state(LIVE, order), state(RETIRED, order))
+            .map_err(|_| self.free_error(pfn, order))
+    }
+
+    /// Undoes [`retire_block`](Self::retire_block) for an unmap that could
+    /// not proceed: the block is the user's again.
+    pub(crate) fn unretire_block(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+        let order = order_of(pages)?;
+        self.live
+            .compare_exchange(pfn, state(RETIRED, order), state(LIVE, order))
+            .map_err(|_| IovaError::NotRetired { pfn })
     }
 
     /// Verifies that a live block of `order` starts at `pfn`.

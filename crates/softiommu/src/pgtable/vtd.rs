@@ -68,7 +68,7 @@ use std::sync::Arc;
 use super::cache_flush::{FlushMethod, LineFlusher};
 use super::gather::IotlbGather;
 use super::{IoPageTable, OpStats, PageSize, Perm, PgtableError, TableStats, Translation};
-use crate::mem::{MemError, PhysAddr, PhysMemory, PAGE_SIZE};
+use crate::mem::{FrameOwner, MemError, PhysAddr, PhysMemory, PAGE_SIZE};
 
 /// Levels of the table: 4-level paging, adjusted guest address width 48
 /// (VT-d §3.7, `CAP.SAGAW` bit 2).
@@ -399,7 +399,7 @@ impl<'a> Frames<'a> {
         };
         for _ in 0..n {
             // On failure `f` is dropped and frees what it took.
-            f.spare.push(mem.alloc_zeroed_frames(0)?);
+            f.spare.push(mem.alloc_zeroed_owned(0, FrameOwner::Iommu)?);
         }
         Ok(f)
     }
@@ -423,7 +423,7 @@ impl Drop for Frames<'_> {
     fn drop(&mut self) {
         for &p in self.spare.iter().chain(&self.fresh) {
             // Cannot fail: each page was allocated here and never linked.
-            let _ = self.mem.free_frames(p, 0);
+            let _ = self.mem.free_owned(p, 0, FrameOwner::Iommu);
         }
     }
 }
@@ -458,7 +458,7 @@ impl VtdPageTable {
                 method: config.flush,
             });
         };
-        let root = mem.alloc_zeroed_frames(0)?;
+        let root = mem.alloc_zeroed_owned(0, FrameOwner::Iommu)?;
         let table = Self {
             mem,
             root,
@@ -1158,7 +1158,7 @@ impl VtdPageTable {
             }
         }
         // Cannot fail for a page this table allocated; nothing to do if it did.
-        let _ = self.mem.free_frames(table, 0);
+        let _ = self.mem.free_owned(table, 0, FrameOwner::Iommu);
     }
 }
 
