@@ -145,10 +145,11 @@ impl DmaAccessor {
         len: u64,
         access: Access,
     ) -> Result<Pieces, AccessError> {
-        if len == 0 {
-            // Through the translator, so that the malformed request is
-            // recorded in the unit's fault log like any other.
-            let e = g.translate(sid, iova, 0, access).err();
+        if len.wrapping_sub(1) >= g.max_access() {
+            // Zero or too long: through the translator, so that the
+            // malformed request is recorded in the unit's fault log like
+            // any other.
+            let e = g.translate(sid, iova, len, access).err();
             return Err(e.unwrap_or(TranslateError::ZeroLength { sid, iova }).into());
         }
         let first = g.translate_page(sid, iova, access)?;

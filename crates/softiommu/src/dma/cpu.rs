@@ -8,40 +8,14 @@ use super::bounce::BouncePool;
 use super::device::DmaDevice;
 use super::domain::{BounceRecord, CoherentRecord, DmaDomain};
 use super::error::DmaError;
-use super::flush_queue::{FlushQueue, FqEntry, Pushed};
-use super::gate::ActiveFlag;
-use super::passthrough::{take_any, PtRecord};
+use super::flush_queue::{FqEntry, Pushed};
+use super::passthrough::take_any;
 use super::policy::{DmaDirection, DmaPolicy};
-use super::stats::CpuStats;
+use super::slot::CpuSlot;
 use crate::iova::{IovaCpuCache, IovaError};
 use crate::mem::{FrameOwner, PhysAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::pgtable::{IoPageTable, IotlbGather, Perm, PgtableError};
 use crate::sync::lock_std as lock;
-
-/// What a domain keeps of each CPU: the flag its map/unmap raise while
-/// they run (a policy switch waits on it, see [`super::gate`]), its flush
-/// queue, its pass-through mappings, its counters.
-#[derive(Debug)]
-pub(crate) struct CpuSlot {
-    pub(crate) active: ActiveFlag,
-    pub(crate) fq: FlushQueue,
-    pub(crate) passthrough: PtRecord,
-    pub(crate) stats: CpuStats,
-    /// Flushes the timer did of this CPU's queue.
-    pub(crate) timer_stats: CpuStats,
-}
-
-impl CpuSlot {
-    pub(crate) fn new(fq_size: usize) -> Self {
-        Self {
-            active: ActiveFlag::default(),
-            fq: FlushQueue::new(fq_size),
-            passthrough: PtRecord::default(),
-            stats: CpuStats::default(),
-            timer_stats: CpuStats::default(),
-        }
-    }
-}
 
 /// One entry of a scatter list: a physically contiguous piece of a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +69,16 @@ const OWNER_EXPIRY_EVERY: u32 = 16;
 /// range was checked to lie in the arena (so nothing overflows).
 fn pages_of(addr: u64, len: u64) -> u64 {
     ((addr & (PAGE_SIZE - 1)) + len).div_ceil(PAGE_SIZE)
+}
+
+impl DmaDomain {
+    /// A per-CPU handle: its own IOVA cache, flush queue and counters. Make
+    /// one per thread that maps or unmaps.
+    pub fn cpu(self: &Arc<Self>) -> DmaCpu {
+        let slot = Arc::new(CpuSlot::new(self.tunables.fq_size()));
+        lock(&self.cpus).push(slot.clone());
+        DmaCpu::new(self.clone(), self.iova.cpu_cache(), slot)
+    }
 }
 
 impl DmaCpu {
@@ -672,19 +656,25 @@ impl Work {
                     *pushes = pushes.wrapping_add(1);
                     if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
                         let after = d.tunables.flush_after();
-                        let mut taker = slot.fq.taker();
-                        if let Some(b) = taker.take_if_older(Instant::now(), after) {
-                            // A failed flush keeps its batch for a retry
-                            // and is counted; this unmap itself is done.
-                            let _ = d.flush_batch(b, cache, &slot.stats);
+                        // Never blocks: a taker that holds the queue is
+                        // flushing it already (and may be waiting for a
+                        // section this thread holds).
+                        if let Some(mut taker) = slot.fq.try_taker() {
+                            if let Some(b) = taker.take_if_older(Instant::now(), after) {
+                                // A failed flush keeps its batch for a
+                                // retry and is counted; this unmap itself
+                                // is done.
+                                let _ = d.flush_batch(b, cache, &slot.stats);
+                            }
                         }
                     }
                 }
                 Pushed::Full => {
                     d.arm.on_push();
-                    let mut taker = slot.fq.taker();
-                    if let Some(b) = taker.take_all() {
-                        let _ = d.flush_batch(b, cache, &slot.stats);
+                    if let Some(mut taker) = slot.fq.try_taker() {
+                        if let Some(b) = taker.take_all() {
+                            let _ = d.flush_batch(b, cache, &slot.stats);
+                        }
                     }
                 }
                 // Room was made above and only this CPU pushes.
@@ -708,6 +698,9 @@ impl Work {
 
     /// See [`DmaCpu::flush_own`].
     fn flush_own(&mut self, slot: &CpuSlot) -> Result<(), DmaError> {
+        // First: a thread in a section could wait for a taker that waits
+        // for its section.
+        self.domain.check_callers()?;
         // The own queue is taken whatever the retry does: a batch whose
         // flush fails is kept by the domain (for the timer), never left in
         // a queue whose handle may be going away.

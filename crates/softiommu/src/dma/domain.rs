@@ -8,21 +8,21 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::bounce::{BouncePool, BouncePools, BounceSlot};
-use super::cpu::{CpuSlot, DmaCpu};
-use super::device::DmaDevice;
+use super::bounce::{BouncePools, BounceSlot};
 use super::error::DmaError;
 use super::flush_queue::{Batch, TimerArm};
 use super::gate::Gate;
 use super::passthrough::PtRecord;
 use super::policy::{DmaDirection, DmaPolicy, Tunables};
+use super::slot::CpuSlot;
 use super::stale::{StaleReport, StaleWindow};
 use super::stats::{CpuStats, DmaStats};
+use super::timer::{self, TimerWork};
 use super::units::UnitList;
-use crate::hw::{ContextEntry, HwError, SourceId, System};
+use crate::hw::{ContextEntry, SourceId, System};
 use crate::iova::{IovaCpuCache, IovaDomain, IovaPolicy, IovaStats};
 use crate::mem::{FrameOwner, PhysAddr, PhysMemory, PAGE_SHIFT, PAGE_SIZE};
-use crate::pgtable::{IoPageTable, Perm, Translation, VtdConfig, VtdPageTable};
+use crate::pgtable::{IoPageTable, Translation, VtdConfig, VtdPageTable};
 use crate::sync::barrier::Barrier;
 use crate::sync::lock_std as lock;
 
@@ -91,6 +91,9 @@ pub(crate) struct CoherentRecord {
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     batches: Mutex<Vec<Batch>>,
+    /// Held by whoever retries, from the take to the end of the flushes:
+    /// a retry that returns has seen every earlier one end.
+    retry: Mutex<()>,
     /// How many batches wait (read without the lock by the timer).
     count: AtomicUsize,
     /// Flushes that failed, ever.
@@ -107,7 +110,7 @@ static NEXT_DOMAIN_ID: AtomicU64 = AtomicU64::new(1);
 /// [`cpu`](Self::cpu).
 #[derive(Debug)]
 pub struct DmaDomain {
-    id: u64,
+    pub(crate) id: u64,
     pub(crate) did: u16,
     pub(crate) system: Arc<System>,
     pub(crate) mem: Arc<PhysMemory>,
@@ -115,8 +118,8 @@ pub struct DmaDomain {
     pub(crate) table: ManuallyDrop<VtdPageTable>,
     pub(crate) iova: Arc<IovaDomain>,
     /// Units with attached devices; bit `i` of a flush's unit mask is entry `i`.
-    units: UnitList,
-    devices: Mutex<Vec<SourceId>>,
+    pub(crate) units: UnitList,
+    pub(crate) devices: Mutex<Vec<SourceId>>,
     pub(crate) tunables: Tunables,
     pub(crate) cpus: Mutex<Vec<Arc<CpuSlot>>>,
     pub(crate) arm: Arc<TimerArm>,
@@ -129,7 +132,7 @@ pub struct DmaDomain {
     timer: Mutex<Option<JoinHandle<()>>>,
     timer_cache: Mutex<Option<IovaCpuCache>>,
     pub(crate) stale: StaleWindow,
-    bounce_bytes: u64,
+    pub(crate) bounce_bytes: u64,
     pub(crate) bounce: BouncePools,
     pub(crate) bounce_live: AtomicU64,
     pub(crate) bounce_map: Mutex<HashMap<u64, BounceRecord>>,
@@ -137,7 +140,7 @@ pub struct DmaDomain {
     /// Pass-through mappings of CPU handles that were dropped.
     pub(crate) pt_retired: PtRecord,
     pub(crate) pending: Pending,
-    switch: Mutex<()>,
+    pub(crate) switch: Mutex<()>,
     retired: Mutex<DmaStats>,
 }
 
@@ -201,7 +204,7 @@ impl DmaDomain {
         let weak = Arc::downgrade(&d);
         let handle = std::thread::Builder::new()
             .name(format!("dma-fq-timer-{}", config.did))
-            .spawn(move || super::timer::run(weak))
+            .spawn(move || timer::run(weak))
             .map_err(|_| DmaError::TimerSpawn)?;
         *lock(&d.timer) = Some(handle);
         Ok(d)
@@ -280,135 +283,6 @@ impl DmaDomain {
         Ok(())
     }
 
-    /// Attaches device `sid` (which the system has assigned to a unit) with
-    /// DMA mask `mask`. `untrusted` devices have every buffer bounced while
-    /// the policy translates. A device attached to another domain is
-    /// refused ([`HwError::DeviceOwned`]): detach it there first. Attaching
-    /// a device of this domain again gives another handle on it (the mask
-    /// and trust of the first attach stay in force for its context).
-    pub fn attach(
-        self: &Arc<Self>,
-        sid: SourceId,
-        mask: u64,
-        untrusted: bool,
-    ) -> Result<DmaDevice, DmaError> {
-        let limit_pfn = self.iova.limit_for_mask(mask);
-        if limit_pfn < self.iova.start_pfn() {
-            return Err(DmaError::MaskTooSmall { mask });
-        }
-        let (unit, _) = self
-            .system
-            .unit_of(sid)
-            .ok_or(HwError::DeviceNotAssigned { sid })?;
-        let bounce = self.bounce_pool_for(mask)?;
-        if untrusted && bounce.is_none() {
-            return Err(DmaError::BounceUnavailable { mask });
-        }
-        let _switch = lock(&self.switch);
-        self.system.claim(sid, self.id)?;
-        let ctx = self.context_for(self.policy());
-        // The unit joins the mask before the device can translate (see
-        // `units`): an unmap racing this attach either invalidates the unit
-        // too, or the device's first walk already sees the cleared entries.
-        let attached = self
-            .units
-            .join(unit, self.barrier)
-            .and_then(|_| self.system.attach(sid, ctx).map_err(DmaError::from));
-        if let Err(e) = attached {
-            if !lock(&self.devices).contains(&sid) {
-                self.system.release(sid, self.id);
-            }
-            return Err(e);
-        }
-        let mut devices = lock(&self.devices);
-        if !devices.contains(&sid) {
-            devices.push(sid);
-        }
-        Ok(DmaDevice {
-            domain: self.clone(),
-            sid,
-            mask,
-            limit_pfn,
-            untrusted,
-            bounce,
-        })
-    }
-
-    /// Detaches `dev`: its context is removed (its requests fault from now
-    /// on) and every translation of it in flight is drained before this
-    /// returns; the device may then be attached to another domain. Every
-    /// handle on the device stops working for this domain's mappings.
-    pub fn detach(&self, dev: &DmaDevice) -> Result<(), DmaError> {
-        if !std::ptr::eq(Arc::as_ptr(&dev.domain), self) {
-            return Err(DmaError::WrongDomain {
-                sid: dev.sid.to_string(),
-            });
-        }
-        let _switch = lock(&self.switch);
-        let mut devices = lock(&self.devices);
-        let Some(i) = devices.iter().position(|&s| s == dev.sid) else {
-            return Err(DmaError::NotAttached {
-                sid: dev.sid.to_string(),
-            });
-        };
-        let (_, unit) = self
-            .system
-            .unit_of(dev.sid)
-            .ok_or(HwError::DeviceNotAssigned { sid: dev.sid })?;
-        unit.check_caller()?;
-        unit.set_context(dev.sid, None)?;
-        // Its IOTLB entries are the domain's (shared with its siblings):
-        // drain the translations in flight, the queue's way or else the
-        // direct way.
-        if unit.wait().is_err() {
-            unit.revoke(self.did, 0, 0)?;
-        }
-        devices.swap_remove(i);
-        self.system.release(dev.sid, self.id);
-        Ok(())
-    }
-
-    /// The index of the bounce pool for devices with DMA mask `mask`,
-    /// made if need be: `None` when bounce buffering is off or no pool
-    /// fits below the mask.
-    fn bounce_pool_for(&self, mask: u64) -> Result<Option<usize>, DmaError> {
-        if self.bounce_bytes == 0 {
-            return Ok(None);
-        }
-        let made = self.bounce.for_mask(mask, || {
-            let pages = self.bounce_bytes.div_ceil(PAGE_SIZE).next_power_of_two();
-            let order = pages.ilog2();
-            let limit = self.iova.limit_for_mask(mask);
-            let pfn = self.iova.alloc(pages, limit)?;
-            let phys = match self.mem.alloc_zeroed_owned(order, FrameOwner::Iommu) {
-                Ok(p) => p,
-                Err(e) => {
-                    let _ = self.iova.free(pfn, pages);
-                    return Err(DmaError::from(e));
-                }
-            };
-            if let Err(e) = self
-                .table
-                .map(pfn << PAGE_SHIFT, phys, pages << PAGE_SHIFT, Perm::RW)
-            {
-                let _ = self.mem.free_owned(phys, order, FrameOwner::Iommu);
-                let _ = self.iova.free(pfn, pages);
-                return Err(e.into());
-            }
-            Ok(BouncePool::new(
-                pfn << PAGE_SHIFT,
-                phys,
-                pages << PAGE_SHIFT,
-            ))
-        });
-        match made {
-            Ok(i) => Ok(i),
-            // No room below the mask for a pool: no bouncing for it.
-            Err(DmaError::Iova(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
     /// A bit for every unit the domain's devices sit behind: what an unmap
     /// must invalidate, since every device of a domain can reach its
     /// mappings.
@@ -422,7 +296,7 @@ impl DmaDomain {
         self.units.mask_after_clear(self.barrier)
     }
 
-    fn context_for(&self, policy: DmaPolicy) -> ContextEntry {
+    pub(crate) fn context_for(&self, policy: DmaPolicy) -> ContextEntry {
         if policy.is_translated() {
             ContextEntry::Translated {
                 did: self.did,
@@ -431,14 +305,6 @@ impl DmaDomain {
         } else {
             ContextEntry::PassThrough
         }
-    }
-
-    /// A per-CPU handle: its own IOVA cache, flush queue and counters. Make
-    /// one per thread that maps or unmaps.
-    pub fn cpu(self: &Arc<Self>) -> DmaCpu {
-        let slot = Arc::new(CpuSlot::new(self.tunables.fq_size()));
-        lock(&self.cpus).push(slot.clone());
-        DmaCpu::new(self.clone(), self.iova.cpu_cache(), slot)
     }
 
     pub(crate) fn retire(&self, slot: &Arc<CpuSlot>) {
@@ -556,12 +422,15 @@ impl DmaDomain {
     }
 
     /// Retries the batches whose flush failed; stops at the first that
-    /// fails again (it is kept, with the rest).
+    /// fails again (it is kept, with the rest). When it returns `Ok`, every
+    /// batch kept before the call has been invalidated, by this call or by
+    /// a retry it waited for.
     pub(crate) fn retry_pending(
         &self,
         cache: &mut IovaCpuCache,
         stats: &CpuStats,
     ) -> Result<(), DmaError> {
+        let _retry = lock(&self.pending.retry);
         if self.pending.count.load(Relaxed) == 0 {
             return Ok(());
         }
@@ -621,6 +490,9 @@ impl DmaDomain {
     /// Flushes every queue now (the timer's cache frees the IOVAs), and
     /// every batch whose flush failed before.
     pub fn flush_all(&self) -> Result<(), DmaError> {
+        // First: a thread in a section could wait for a taker that waits
+        // for its section.
+        self.check_callers()?;
         let cpus = lock(&self.cpus).clone();
         let mut cache_guard = lock(&self.timer_cache);
         let Some(cache) = cache_guard.as_mut() else {
@@ -702,6 +574,28 @@ impl DmaDomain {
     /// Starts a new stale-window measurement.
     pub fn reset_stale_window(&self) {
         self.stale.reset();
+    }
+}
+
+impl TimerWork for DmaDomain {
+    fn shutting_down(&self) -> bool {
+        self.shutdown.load(Relaxed)
+    }
+
+    fn arm(&self) -> &Arc<TimerArm> {
+        &self.arm
+    }
+
+    fn flush_after(&self) -> Duration {
+        self.tunables.flush_after()
+    }
+
+    fn flush_expired(&self, now: Instant, age: Duration) -> Option<Instant> {
+        DmaDomain::flush_expired(self, now, age)
+    }
+
+    fn any_queued(&self) -> bool {
+        DmaDomain::any_queued(self)
     }
 }
 

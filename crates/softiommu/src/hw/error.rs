@@ -2,9 +2,9 @@
 //! the driver's queue operations, and of configuring units and contexts.
 
 use super::context::SourceId;
+use super::context::UnitId;
 use super::fault::{Access, FaultReason};
 use super::inv_queue::QueueFault;
-use super::system::UnitId;
 use crate::mem::{MemError, PhysAddr};
 use crate::pgtable::Perm;
 

@@ -106,7 +106,7 @@ mod unit;
 mod walker;
 
 pub use crate::sync::barrier::DrainBarrier;
-pub use context::{ContextEntry, SourceId};
+pub use context::{ContextEntry, SourceId, UnitId};
 pub use descriptor::{
     covering_mask, ContextScope, InvDescriptor, IotlbScope, IqeReason, StatusWrite, WaitDescriptor,
     DESCRIPTOR_BYTES,
@@ -121,6 +121,6 @@ pub use latency::{
 };
 pub use ranges::{PhysRange, PhysRanges, PhysSpan};
 pub use submit::InvBatch;
-pub use system::{System, UnitId};
+pub use system::System;
 pub use translator::{TranslationGuard, Translator, TranslatorStats};
 pub use unit::{QueueMode, Unit, UnitConfig, UnitStats, DEFAULT_MAX_ACCESS_BYTES, MAX_TRANSLATORS};

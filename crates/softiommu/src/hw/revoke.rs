@@ -13,19 +13,12 @@
 //! condition a driver checks before it clears anything
 //! ([`Unit::check_caller`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::descriptor::covering_mask;
 use super::error::QiError;
 use super::latency::spin_ns;
 use super::unit::{Counters, Unit};
-
-/// Counts of revocations done without the queue.
-#[derive(Debug, Default)]
-pub(crate) struct RevokeCounters {
-    pub(crate) revocations: AtomicU64,
-}
 
 impl Unit {
     /// Fails with [`QiError::GuardHeld`] if the calling thread holds a
@@ -64,9 +57,7 @@ impl Unit {
             u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
         );
         Counters::add(&c.modelled_ns, spin_ns(sh.latency.wait_completion_ns()));
-        sh.revoke_counters
-            .revocations
-            .fetch_add(1, Ordering::Relaxed);
+        Counters::add(&c.bypass_revocations, 1);
         Ok(())
     }
 }

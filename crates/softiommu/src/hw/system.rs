@@ -5,14 +5,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::context::{ContextEntry, SourceId};
+use super::context::{ContextEntry, SourceId, UnitId};
 use super::error::HwError;
 use super::unit::{Unit, UnitConfig};
 use crate::mem::PhysMemory;
-
-/// A unit's index in its [`System`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct UnitId(pub u16);
 
 /// IOMMU units sharing one physical memory, and which device each serves.
 #[derive(Debug)]

@@ -23,12 +23,13 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use super::context::{self, ContextEntry, SourceId};
+use super::error::HwError;
 use super::error::TranslateError;
 use super::fault::{Access, FaultRecord};
 use super::iotlb::{FillOutcome, Leaf};
 use super::latency::spin_ns;
 use super::ranges::{PhysRanges, PhysSpan};
-use super::unit::Shared;
+use super::unit::{thread_token, Shared, Unit};
 use super::walker::{walk, WalkEnd};
 use crate::mem::PhysMemory;
 use crate::pgtable::{Perm, VTD_ADDR_BITS, VTD_IOVA_BITS};
@@ -62,6 +63,8 @@ pub struct Translator {
     /// The slot's state as last stored (even outside a section).
     state: u64,
     barrier: Barrier,
+    /// The unit's longest access (its configuration, kept here).
+    max_access: u64,
     rng: u64,
     stats: TranslatorStats,
     /// Lookups that took the slow path (`stats.lookups` is hits + these).
@@ -116,14 +119,30 @@ fn xorshift(state: &mut u64) -> u64 {
     x
 }
 
+impl Unit {
+    /// A translator for the calling thread (one per device thread).
+    pub fn translator(&self) -> Result<Translator, HwError> {
+        let sh = &self.shared;
+        let (slot, state) = sh
+            .slots
+            .claim(thread_token())
+            .ok_or(HwError::TooManyTranslators {
+                max: sh.slots.capacity(),
+            })?;
+        Ok(Translator::new(Arc::clone(sh), slot, state))
+    }
+}
+
 impl Translator {
     pub(crate) fn new(shared: Arc<Shared>, slot: usize, state: u64) -> Self {
         let barrier = shared.barrier;
+        let max_access = shared.config.max_access_bytes;
         Self {
             shared,
             slot,
             state,
             barrier,
+            max_access,
             rng: 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(slot as u64 + 1) | 1,
             stats: TranslatorStats::default(),
             slow: 0,
@@ -367,27 +386,33 @@ impl TranslationGuard<'_> {
         len: u64,
         access: Access,
     ) -> Result<PhysRanges, TranslateError> {
-        if len == 0 {
-            return Err(self
-                .t
-                .fault(TranslateError::ZeroLength { sid, iova }, iova, access));
+        // One comparison for both bad lengths: 0 wraps to the top.
+        if len.wrapping_sub(1) >= self.t.max_access {
+            return Err(self.bad_length(sid, iova, len, access));
         }
         if let Some(first) = self.t.hit(sid, iova, access) {
             if first.len >= len {
                 return Ok(PhysRanges::one(first.phys, len));
             }
         }
-        let max = self.t.shared.config.max_access_bytes;
-        if len > max {
-            let e = TranslateError::TooLong {
+        self.translate_slow(sid, iova, len, access)
+    }
+
+    /// A zero-length or too long request: a fault.
+    #[cold]
+    #[inline(never)]
+    fn bad_length(&mut self, sid: SourceId, iova: u64, len: u64, access: Access) -> TranslateError {
+        let e = if len == 0 {
+            TranslateError::ZeroLength { sid, iova }
+        } else {
+            TranslateError::TooLong {
                 sid,
                 iova,
                 len,
-                max,
-            };
-            return Err(self.t.fault(e, iova, access));
-        }
-        self.translate_slow(sid, iova, len, access)
+                max: self.t.max_access,
+            }
+        };
+        self.t.fault(e, iova, access)
     }
 
     /// An access that missed, faulted or crosses pages.
@@ -432,6 +457,12 @@ impl TranslationGuard<'_> {
     /// The physical memory translations point into.
     pub fn memory(&self) -> &Arc<PhysMemory> {
         &self.t.shared.mem
+    }
+
+    /// The longest access one translation serves
+    /// ([`UnitConfig::max_access_bytes`](super::UnitConfig::max_access_bytes)).
+    pub fn max_access(&self) -> u64 {
+        self.t.max_access
     }
 }
 

@@ -19,7 +19,6 @@ use super::fault::FaultLog;
 use super::inv_queue::{InvQueue, QueueFault, MAX_QUEUE_ORDER};
 use super::iotlb::{Iotlb, IotlbConfig};
 use super::latency::{LatencyModel, LiveLatency};
-use super::translator::Translator;
 use crate::mem::{PhysAddr, PhysMemory, PAGE_SIZE};
 use crate::sync::barrier::{Barrier, DrainBarrier};
 
@@ -139,6 +138,7 @@ pub(crate) struct Counters {
     pub(crate) drain_ns: AtomicU64,
     pub(crate) modelled_ns: AtomicU64,
     pub(crate) queue_errors: AtomicU64,
+    pub(crate) bypass_revocations: AtomicU64,
 }
 
 impl Counters {
@@ -240,7 +240,6 @@ pub(crate) struct Shared {
     pub(crate) done: Condvar,
     pub(crate) shutdown: AtomicBool,
     bindings: Mutex<HashMap<u16, Binding>>,
-    pub(crate) revoke_counters: super::revoke::RevokeCounters,
 }
 
 /// A token for the calling thread, unique among live threads, non-zero.
@@ -298,7 +297,6 @@ impl Unit {
             done: Condvar::new(),
             shutdown: AtomicBool::new(false),
             bindings: Mutex::new(HashMap::new()),
-            revoke_counters: Default::default(),
             mem,
         });
         let worker = match config.queue_mode {
@@ -441,18 +439,6 @@ impl Unit {
 
     // ----- device side -----
 
-    /// A translator for the calling thread (one per device thread).
-    pub fn translator(&self) -> Result<Translator, HwError> {
-        let sh = &self.shared;
-        let (slot, state) = sh
-            .slots
-            .claim(thread_token())
-            .ok_or(HwError::TooManyTranslators {
-                max: sh.slots.capacity(),
-            })?;
-        Ok(Translator::new(Arc::clone(sh), slot, state))
-    }
-
     // ----- faults, latency, statistics -----
 
     /// The fault log.
@@ -491,7 +477,7 @@ impl Unit {
             faults: self.shared.faults.total(),
             iotlb_entries: self.shared.iotlb.occupancy() as u64,
             ring_tampered: self.shared.queue.tampered(),
-            queue_bypass_revocations: r(&self.shared.revoke_counters.revocations),
+            queue_bypass_revocations: r(&c.bypass_revocations),
         }
     }
 }

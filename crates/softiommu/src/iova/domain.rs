@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use super::cpu_cache::{CacheShared, IovaCpuCache};
 use super::gap_tree::GapTree;
 use super::linear_tree::LinearTree;
 use super::live_map::{state, LiveMap, CACHED, LIVE, RETIRED};
@@ -162,8 +161,18 @@ pub struct IovaStats {
     pub cpu_caches: u64,
 }
 
+/// What a cache publishes for [`IovaDomain::stats`]: written only by its
+/// owner (plain stores), read by whoever takes statistics.
+#[derive(Debug, Default)]
+pub(super) struct CacheShared {
+    /// The cache's id, tagging the magazines it puts in the depot.
+    pub(super) id: u32,
+    pub(super) cached: CachePadded<AtomicU64>,
+}
+
 /// An IOVA space with its caches. Share it as `Arc<IovaDomain>`; give each
-/// allocating thread its own [`IovaCpuCache`] with [`cpu_cache`](Self::cpu_cache).
+/// allocating thread its own [`IovaCpuCache`](super::IovaCpuCache) with
+/// [`cpu_cache`](Self::cpu_cache).
 ///
 /// Layout: the fields every cache call reads (bounds, parameters, the state
 /// map) share cache lines only with each other; the tree, each depot, the
@@ -284,8 +293,8 @@ impl IovaDomain {
         (mask >> crate::mem::PAGE_SHIFT).min(self.end_pfn)
     }
 
-    /// A per-CPU (per-thread) cache over this domain.
-    pub fn cpu_cache(self: &Arc<Self>) -> IovaCpuCache {
+    /// Registers a new per-CPU cache: its id and published state.
+    pub(super) fn register_cache(&self) -> Arc<CacheShared> {
         let id = self.counters.next_cache_id.fetch_add(1, Relaxed);
         let shared = Arc::new(CacheShared {
             id,
@@ -296,7 +305,7 @@ impl IovaDomain {
         list.push(Arc::downgrade(&shared));
         drop(list);
         self.counters.cpu_caches.fetch_add(1, Relaxed);
-        IovaCpuCache::new(self.clone(), shared)
+        shared
     }
 
     pub(super) fn cache_dropped(&self) {
@@ -335,20 +344,21 @@ impl IovaDomain {
         self.alloc_from_tree(order, limit, None)
     }
 
-    /// The tree path of an allocation. On exhaustion, gives the depots (and
-    /// the calling thread's cache) back to the tree and retries once.
+    /// The tree path of an allocation. On exhaustion, gives the depots (and,
+    /// with `flush_own`, the calling thread's cache) back to the tree and
+    /// retries once.
     pub(super) fn alloc_from_tree(
         &self,
         order: u32,
         limit: u64,
-        own: Option<&mut IovaCpuCache>,
+        flush_own: Option<&mut dyn FnMut()>,
     ) -> Result<u64, IovaError> {
         let first = lock(&self.tree).alloc(order, limit);
         let pfn = match first {
             Some(p) => p,
             None => {
-                if let Some(c) = own {
-                    c.flush();
+                if let Some(flush) = flush_own {
+                    flush();
                 }
                 self.flush_caches();
                 lock(&self.tree)

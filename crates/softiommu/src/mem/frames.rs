@@ -27,8 +27,8 @@ pub enum FrameOwner {
     /// bounce pools. Never freed through the public API, never mapped for a
     /// device, never the target of a descriptor's status write.
     Iommu,
-    /// A DMA coherent allocation: freed only through
-    /// [`DmaCpu::free_coherent`](crate::dma::DmaCpu::free_coherent).
+    /// A DMA coherent allocation: freed only through the DMA API
+    /// (`DmaCpu::free_coherent`).
     Coherent,
 }
 
