@@ -451,15 +451,14 @@ fn a_thread_holding_a_guard_may_not_wait() {
     let r = rig(QueueMode::Inline);
     r.table.map(0, 0x5000, K4, Perm::RW).unwrap();
     let mut t = r.unit.translator().unwrap();
-    {
-        let mut g = t.begin();
+    t.section(|g| {
         g.translate(DEV, 0, 8, Access::Read).unwrap();
         assert_eq!(r.unit.wait(), Err(QiError::GuardHeld));
         assert!(matches!(
             r.unit.attach(DEV, ContextEntry::Blocked),
             Err(HwError::Queue(QiError::GuardHeld))
         ));
-    }
+    });
     r.unit.wait().unwrap();
 }
 

@@ -13,8 +13,9 @@
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use softiommu::access::litmus::{run as run_one, LitmusTest};
 use softiommu::access::OrderMode;
+
+use super::litmus_harness::{run as run_one, LitmusTest};
 
 use crate::args::Ranged;
 use crate::error::LabResult;

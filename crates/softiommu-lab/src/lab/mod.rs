@@ -4,6 +4,7 @@ pub mod affinity;
 pub mod cpu_clock;
 pub mod iova_aging;
 pub mod litmus;
+pub mod litmus_harness;
 pub mod netperf_udp;
 pub mod packet;
 pub mod steal;

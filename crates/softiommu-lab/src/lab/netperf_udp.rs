@@ -252,8 +252,7 @@ fn device(
         let t0 = Instant::now();
         while head != tail {
             let at = ring.desc_dma + (head % ring.size) * DESC;
-            let ok = (|| -> Option<()> {
-                let mut g = tr.begin();
+            let ok = tr.section(|g| -> Option<()> {
                 let d = g.translate_page(sid, at, Access::Read).ok()?;
                 let mut raw = [0u8; 12];
                 mem.read(d.phys, &mut raw).ok()?;
@@ -270,7 +269,7 @@ fn device(
                 let st = g.translate_page(sid, at + 12, Access::Write).ok()?;
                 mem.write(st.phys, &DONE.to_le_bytes()).ok()?;
                 Some(())
-            })();
+            });
             if ok.is_none() {
                 errors.fetch_add(1, Ordering::Relaxed);
                 // Complete it anyway so the sender can reclaim: a real NIC
@@ -437,11 +436,11 @@ fn run_policy(
     if let Some(hw) = args.flush_high_water {
         // The mark is clamped to the queues' size: make room for it first
         // (queues are made with each CPU handle, below).
-        rig.domain.set_queue_size(hw.us().max(256));
-        rig.domain.set_high_water(hw.us());
+        rig.domain.set_queue_size(hw.us().max(256))?;
+        rig.domain.set_high_water(hw.us())?;
     }
     if let Some(ms) = args.flush_timeout_ms {
-        rig.domain.set_timeout(Duration::from_millis(ms.get()));
+        rig.domain.set_timeout(Duration::from_millis(ms.get()))?;
     }
     let (mem, sys, unit, sid, domain, dev) = (
         rig.mem.clone(),

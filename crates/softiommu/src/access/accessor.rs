@@ -145,10 +145,11 @@ impl DmaAccessor {
         len: u64,
         access: Access,
     ) -> Result<Pieces, AccessError> {
-        if len == 0 {
-            // Through the translator, so that the malformed request is
-            // recorded in the unit's fault log like any other.
-            let e = g.translate(sid, iova, 0, access).err();
+        if len.wrapping_sub(1) >= g.max_access() {
+            // Zero or too long: through the translator, so that the
+            // malformed request is recorded in the unit's fault log like
+            // any other.
+            let e = g.translate(sid, iova, len, access).err();
             return Err(e.unwrap_or(TranslateError::ZeroLength { sid, iova }).into());
         }
         let first = g.translate_page(sid, iova, access)?;
@@ -369,16 +370,30 @@ impl DmaAccessor {
     }
 
     /// Translates `[iova, iova + len)` once for bulk, zero-copy use in
-    /// direction `dir` (see [`DmaMapping`]). The mapping keeps a
-    /// translation section open: until it is dropped, a driver's
-    /// invalidation wait for this unit does not complete, so what it names
-    /// cannot be unmapped and reused under the device. Hold it across a
-    /// copy, not across anything that blocks.
+    /// direction `dir`, and calls `f` with the mapping (see
+    /// [`DmaMapping`]). The mapping keeps a translation section open while
+    /// `f` runs: until it returns, a driver's invalidation wait for this
+    /// unit does not complete, so what the mapping names cannot be unmapped
+    /// and reused under the device. The mapping is lent, never given: it
+    /// cannot outlive `f` or be leaked (a leaked section would hold every
+    /// later wait forever). Copy in `f`; never block in it.
     ///
     /// `attrs` orders the mapping as a whole: in ordered mode, its accesses
     /// come after every earlier access of this accessor and before every
     /// later ordered one; inside it, ordering is up to the device.
-    pub fn map(
+    pub fn with_map<R>(
+        &mut self,
+        iova: u64,
+        len: u64,
+        dir: DmaDirection,
+        attrs: DmaAttrs,
+        f: impl FnOnce(&DmaMapping<'_>) -> R,
+    ) -> Result<R, AccessError> {
+        let m = self.map(iova, len, dir, attrs)?;
+        Ok(f(&m))
+    }
+
+    fn map(
         &mut self,
         iova: u64,
         len: u64,

@@ -202,9 +202,18 @@ fn bad_input_fails_whole_with_a_fault_record_and_nothing_half_written() {
         AccessError::Translate(TranslateError::ZeroLength { .. })
     ));
     assert!(e.is_fault());
-    assert!(acc.write(rw, &[], O).is_err());
-    assert!(acc.fill(rw, 0, 0, O).is_err());
-    assert!(acc.map(rw, 0, DmaDirection::ToDevice, O).is_err());
+    assert!(matches!(
+        acc.write(rw, &[], O),
+        Err(AccessError::Translate(TranslateError::ZeroLength { .. }))
+    ));
+    assert!(matches!(
+        acc.fill(rw, 0, 0, O),
+        Err(AccessError::Translate(TranslateError::ZeroLength { .. }))
+    ));
+    assert!(matches!(
+        acc.with_map(rw, 0, DmaDirection::ToDevice, O, |_| ()),
+        Err(AccessError::Translate(TranslateError::ZeroLength { .. }))
+    ));
     let f = r.faults();
     assert!(
         !f.is_empty() && f.iter().all(|f| f.reason == FaultReason::ZeroLength),
@@ -311,57 +320,72 @@ fn a_mapping_copies_in_bulk_in_its_direction_only() {
         .map_sg(&r.dev, &sg, DmaDirection::Bidirectional, &mut dma)
         .unwrap();
     let mut acc = DmaAccessor::for_device(&r.dev).unwrap();
-    {
-        let map = acc
-            .map(
-                m.dma + 100,
-                2 * PAGE_SIZE - 100,
-                DmaDirection::Bidirectional,
-                O,
-            )
-            .unwrap();
-        assert_eq!(map.len(), 2 * PAGE_SIZE - 100);
-        assert_eq!(map.ranges().len(), 2);
-        map.write_at(PAGE_SIZE - 104, b"abcdefgh").unwrap();
-        let mut got = [0u8; 8];
-        map.read_at(PAGE_SIZE - 104, &mut got).unwrap();
-        assert_eq!(&got, b"abcdefgh");
-        map.fill_at(0, 2, b'z').unwrap();
-        assert!(matches!(
-            map.read_at(2 * PAGE_SIZE - 104, &mut got),
-            Err(AccessError::OutOfMapping { .. })
-        ));
-        assert!(map.write_at(u64::MAX, b"x").is_err());
-        #[cfg(feature = "vm-memory")]
-        {
-            let slices: Vec<_> = map.volatile_slices().unwrap().collect();
-            assert_eq!(slices.len(), 2);
-            assert_eq!(
-                slices.iter().map(|s| s.len() as u64).sum::<u64>(),
-                map.len()
-            );
-        }
-    }
+    acc.with_map(
+        m.dma + 100,
+        2 * PAGE_SIZE - 100,
+        DmaDirection::Bidirectional,
+        O,
+        |map| {
+            assert_eq!(map.len(), 2 * PAGE_SIZE - 100);
+            assert_eq!(map.ranges().len(), 2);
+            map.write_at(PAGE_SIZE - 104, b"abcdefgh").unwrap();
+            let mut got = [0u8; 8];
+            map.read_at(PAGE_SIZE - 104, &mut got).unwrap();
+            assert_eq!(&got, b"abcdefgh");
+            map.fill_at(0, 2, b'z').unwrap();
+            assert!(matches!(
+                map.read_at(2 * PAGE_SIZE - 104, &mut got),
+                Err(AccessError::OutOfMapping { .. })
+            ));
+            assert!(matches!(
+                map.write_at(u64::MAX, b"x"),
+                Err(AccessError::OutOfMapping { .. })
+            ));
+            #[cfg(feature = "vm-memory")]
+            {
+                let slices: Vec<_> = map.volatile_slices().unwrap().collect();
+                assert_eq!(slices.len(), 2);
+                assert_eq!(
+                    slices.iter().map(|s| s.len() as u64).sum::<u64>(),
+                    map.len()
+                );
+            }
+        },
+    )
+    .unwrap();
     assert_eq!(r.peek(a + PAGE_SIZE - 4, 4), b"abcd");
     assert_eq!(r.peek(b, 4), b"efgh");
     assert_eq!(r.peek(a + 100, 2), b"zz");
-    {
-        let map = acc.map(m.dma, 16, DmaDirection::ToDevice, O).unwrap();
+    acc.with_map(m.dma, 16, DmaDirection::ToDevice, O, |map| {
         assert!(matches!(
             map.write_at(0, b"x"),
             Err(AccessError::WrongDirection { .. })
         ));
         #[cfg(feature = "vm-memory")]
-        assert!(map.volatile_slices().is_err());
-    }
-    {
-        let map = acc.map(m.dma, 16, DmaDirection::FromDevice, O).unwrap();
-        assert!(map.read_at(0, &mut [0u8; 1]).is_err());
-    }
+        assert!(matches!(
+            map.volatile_slices(),
+            Err(AccessError::WrongDirection { .. })
+        ));
+    })
+    .unwrap();
+    acc.with_map(m.dma, 16, DmaDirection::FromDevice, O, |map| {
+        assert!(matches!(
+            map.read_at(0, &mut [0u8; 1]),
+            Err(AccessError::WrongDirection { .. })
+        ));
+    })
+    .unwrap();
     // A mapping past the mapped range is refused whole, with a fault.
-    assert!(acc
-        .map(m.dma, 3 * PAGE_SIZE, DmaDirection::ToDevice, O)
-        .is_err());
+    let e = acc.with_map(m.dma, 3 * PAGE_SIZE, DmaDirection::ToDevice, O, |_| ());
+    assert!(
+        matches!(
+            e,
+            Err(AccessError::Translate(
+                TranslateError::NotPresent { .. } | TranslateError::AddressTooWide { .. }
+            ))
+        ),
+        "{e:?}"
+    );
     assert_eq!(r.faults().len(), 1);
 }
 
@@ -379,12 +403,13 @@ fn a_mapping_holds_off_the_wait_of_an_unmap_that_revokes_it() {
         let (dev, mapped, dropped) = (&r.dev, &mapped, &dropped);
         s.spawn(move || {
             let mut acc = DmaAccessor::for_device(dev).unwrap();
-            let map = acc.map(a, PAGE_SIZE, DmaDirection::FromDevice, O).unwrap();
-            mapped.store(true, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(100));
-            map.write_at(0, b"late but legal").unwrap();
-            dropped.store(true, Ordering::SeqCst);
-            drop(map);
+            acc.with_map(a, PAGE_SIZE, DmaDirection::FromDevice, O, |map| {
+                mapped.store(true, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(100));
+                map.write_at(0, b"late but legal").unwrap();
+                dropped.store(true, Ordering::SeqCst);
+            })
+            .unwrap();
             // After the unmap, the device cannot reach the page.
             while acc.read_u32(a, O).is_ok() {
                 std::thread::yield_now();

@@ -49,9 +49,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use super::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
-use crate::hw::barrier::Barrier;
 use crate::mem::PhysAddr;
+use crate::sync::barrier::Barrier;
+use crate::sync::{
+    lock, try_lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering,
+};
 
 /// One deferred unmap: an IOVA block to free once its invalidation is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,13 +75,6 @@ pub struct Batch {
     pub units: u64,
     /// When the oldest entry was queued.
     pub oldest: Option<Instant>,
-}
-
-impl Batch {
-    /// Whether the batch holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty() && self.tables.is_empty()
-    }
 }
 
 /// One array slot: the entry's words, written by the owner before it
@@ -202,6 +197,15 @@ impl FlushQueue {
             q: self,
             _held: lock(&self.taker),
         }
+    }
+
+    /// The right to take, if no other taker holds it (one is flushing this
+    /// queue then, which is what the caller wanted done).
+    pub fn try_taker(&self) -> Option<Taker<'_>> {
+        Some(Taker {
+            q: self,
+            _held: try_lock(&self.taker)?,
+        })
     }
 
     /// When the oldest entry still queued was pushed, if any is. Anyone may

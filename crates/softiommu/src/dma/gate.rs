@@ -28,8 +28,8 @@
 
 use crossbeam_utils::CachePadded;
 
-use super::sync::{AtomicBool, Backoff, Ordering};
-use crate::hw::barrier::Barrier;
+use crate::sync::barrier::Barrier;
+use crate::sync::{AtomicBool, Backoff, Ordering};
 
 /// One CPU's "an operation is running" flag, on a cache line of its own.
 #[derive(Debug, Default)]

@@ -77,7 +77,7 @@ fn strict_unmap_revokes_before_returning() {
 #[test]
 fn deferred_unmap_stays_reachable_until_the_flush_and_the_window_is_measured() {
     let mut r = rig(DmaPolicy::Deferred, false);
-    r.domain.set_timeout(Duration::from_secs(60));
+    r.domain.set_timeout(Duration::from_secs(60)).unwrap();
     let buf = r.mem.alloc_zeroed_frames(0).unwrap();
     let a = r
         .cpu
@@ -101,8 +101,8 @@ fn deferred_unmap_stays_reachable_until_the_flush_and_the_window_is_measured() {
 #[test]
 fn the_high_water_mark_and_the_timer_flush() {
     let mut r = rig(DmaPolicy::Deferred, false);
-    r.domain.set_timeout(Duration::from_secs(60));
-    r.domain.set_high_water(4);
+    r.domain.set_timeout(Duration::from_secs(60)).unwrap();
+    r.domain.set_high_water(4).unwrap();
     let buf = r.mem.alloc_zeroed_frames(2).unwrap();
     let addrs: Vec<u64> = (0..4)
         .map(|i| {
@@ -127,7 +127,7 @@ fn the_high_water_mark_and_the_timer_flush() {
     );
     // The timer: a short timeout flushes a lone entry by itself, once it
     // has waited half the timeout.
-    r.domain.set_timeout(Duration::from_millis(5));
+    r.domain.set_timeout(Duration::from_millis(5)).unwrap();
     let a = r
         .cpu
         .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
