@@ -195,6 +195,7 @@ fn report(r: &PgtableBenchReport, args: &PgtableBenchArgs) -> Report {
             Column::label("size"),
             Column::label("walker"),
             Column::metric("ns_per_map_unmap", "map+unmap", Unit::Ns, 0),
+            Column::metric("rate_vs_coherent", "rate vs coherent", Unit::Ratio, 2),
             Column::metric("lines_flushed_per_op", "flushed", Unit::LinesPerOp, 2),
             Column::metric("lines_written_per_op", "written", Unit::LinesPerOp, 2),
             Column::metric("fences_per_op", "fences", Unit::FencesPerOp, 2),
@@ -205,6 +206,11 @@ fn report(r: &PgtableBenchReport, args: &PgtableBenchArgs) -> Report {
             format!("{} KiB", x.size >> 10).into(),
             walker(x.coherent).into(),
             x.ns_per_map_unmap.into(),
+            r.results
+                .iter()
+                .find(|c| c.coherent && c.size == x.size)
+                .map(|c| c.ns_per_map_unmap / x.ns_per_map_unmap)
+                .into(),
             x.lines_flushed_per_op.into(),
             x.lines_written_per_op.into(),
             x.fences_per_op.into(),

@@ -89,10 +89,23 @@ pub fn compare(a: &CompareArgs) -> LabResult<Report> {
         ],
     );
     let mut rows = Vec::new();
+    let mut differ = Vec::new();
     for x in &sa {
         let Some(y) = sb.iter().find(|y| y.report.scenario == x.report.scenario) else {
             continue;
         };
+        let changed: Vec<String> = x
+            .report
+            .params
+            .iter()
+            .filter_map(|p| {
+                let q = y.report.params.iter().find(|q| q.name == p.name)?;
+                (q.value != p.value).then(|| format!("{} {} -> {}", p.name, p.value, q.value))
+            })
+            .collect();
+        if !changed.is_empty() {
+            differ.push(format!("{} ({})", x.report.scenario, changed.join(", ")));
+        }
         for ta in x.report.tables.iter().filter(|t| !t.detail) {
             let Some(tb) = y.report.table(&ta.name) else {
                 continue;
@@ -142,8 +155,14 @@ pub fn compare(a: &CompareArgs) -> LabResult<Report> {
             rb.id,
             rows.len()
         ),
-        json!({ "a": ra.id, "b": rb.id, "db": a.db.db, "rows": rows }),
+        json!({ "a": ra.id, "b": rb.id, "db": a.db.db, "params_differ": differ, "rows": rows }),
     );
+    if !differ.is_empty() {
+        rep.notes.push(format!(
+            "parameters differ, so these figures are not like for like: {}",
+            differ.join("; ")
+        ));
+    }
     rep.params = vec![
         Param::text("db", a.db.db.display()),
         Param::text("a", format!("{} ({})", ra.id, ra.host.line())),

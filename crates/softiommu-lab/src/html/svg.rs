@@ -229,13 +229,16 @@ fn bars(p: &Plot, categories: &[String], values: &[Vec<Option<f64>>], out: &mut 
                 );
             }
         }
-        let _ = write!(
-            out,
-            "<text x=\"{:.1}\" y=\"{:.1}\" class=\"tick\" text-anchor=\"middle\">{}</text>",
-            L + group * (ci as f64 + 0.5),
-            H - B + 20.0,
-            esc(cat)
-        );
+        // At most eight labels fit under the axis.
+        if ci % categories.len().div_ceil(8).max(1) == 0 {
+            let _ = write!(
+                out,
+                "<text x=\"{:.1}\" y=\"{:.1}\" class=\"tick\" text-anchor=\"middle\">{}</text>",
+                L + group * (ci as f64 + 0.5),
+                H - B + 20.0,
+                esc(cat)
+            );
+        }
     }
 }
 

@@ -699,6 +699,9 @@ fn report(r: &NetperfReport, args: &NetperfArgs) -> Report {
     }
     rep.modelled = modelled;
     rep.tables.push(t);
+    if r.rows.len() < 2 {
+        return rep;
+    }
     rep.plots.push(Plot {
         name: "service_demand".into(),
         title: format!(
