@@ -36,7 +36,7 @@ impl Progress {
         if self.tty {
             let bar = ProgressBar::new_spinner();
             bar.set_style(
-                ProgressStyle::with_template("{spinner} [{prefix}] {msg} ({elapsed})")
+                ProgressStyle::with_template("{spinner} [{prefix}] {elapsed:>3} {wide_msg}")
                     .unwrap_or_else(|_| ProgressStyle::default_spinner()),
             );
             bar.set_prefix(format!("{index}/{}", self.total));
