@@ -63,7 +63,10 @@ fn strict_unmap_revokes_before_returning() {
     r.mem.read(ranges.as_slice()[0].phys, &mut got).unwrap();
     assert_eq!(&got, b"hello");
     assert!(
-        r.tr.translate(SID, a, 5, Access::Write).is_err(),
+        matches!(
+            r.tr.translate(SID, a, 5, Access::Write),
+            Err(crate::hw::TranslateError::PermissionDenied { .. })
+        ),
         "read-only mapping"
     );
     r.cpu.unmap(&r.dev, a, 5, DmaDirection::ToDevice).unwrap();
