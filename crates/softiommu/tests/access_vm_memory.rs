@@ -12,7 +12,7 @@ use softiommu::access::{PhysGuestMemory, UnitIommu};
 use softiommu::dma::{
     DmaCpu, DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaError, DmaPolicy,
 };
-use softiommu::hw::{FaultReason, QiError, SourceId, System, UnitConfig};
+use softiommu::hw::{FaultReason, QiError, SourceId, System};
 use softiommu::mem::{PhysMemory, PAGE_SIZE};
 use vm_memory::{
     Bytes, GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap, Iommu, IommuMemory,
@@ -30,28 +30,23 @@ struct Rig {
 }
 
 fn rig(policy: DmaPolicy) -> Rig {
-    let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
-    let mut sys = System::new(mem.clone());
-    let u = sys.add_unit(UnitConfig::default()).unwrap();
-    sys.assign(SID, u).unwrap();
-    let sys = Arc::new(sys);
-    let domain = DmaDomain::new(
-        sys.clone(),
-        DmaDomainConfig {
+    let p = softiommu::Platform::builder()
+        .memory(64 << 20)
+        .domain(DmaDomainConfig {
             policy,
             bounce_bytes: 0,
             ..Default::default()
-        },
-    )
-    .unwrap();
-    let dev = domain.attach(SID, u64::MAX, false).unwrap();
-    let cpu = domain.cpu();
+        })
+        .device(SID)
+        .build()
+        .unwrap();
+    let cpu = p.domain.cpu();
     Rig {
-        sys,
-        domain,
-        dev,
+        sys: p.system,
+        domain: p.domain,
+        dev: p.devices.into_iter().next().unwrap(),
         cpu,
-        mem,
+        mem: p.mem,
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::dma::{DmaCpu, DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaPolicy, SgEntry};
-use crate::hw::{FaultReason, SourceId, System, TranslateError, UnitConfig};
+use crate::hw::{FaultReason, SourceId, System, TranslateError};
 use crate::mem::{PhysMemory, PAGE_SIZE};
 
 const SID: SourceId = SourceId(0x0200);
@@ -23,28 +23,23 @@ struct Rig {
 }
 
 fn rig() -> Rig {
-    let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
-    let mut sys = System::new(mem.clone());
-    let u = sys.add_unit(UnitConfig::default()).unwrap();
-    sys.assign(SID, u).unwrap();
-    let sys = Arc::new(sys);
-    let domain = DmaDomain::new(
-        sys.clone(),
-        DmaDomainConfig {
+    let p = crate::Platform::builder()
+        .memory(64 << 20)
+        .domain(DmaDomainConfig {
             policy: DmaPolicy::Strict,
             bounce_bytes: 0,
             ..Default::default()
-        },
-    )
-    .unwrap();
-    let dev = domain.attach(SID, u64::MAX, false).unwrap();
-    let cpu = domain.cpu();
+        })
+        .device(SID)
+        .build()
+        .unwrap();
+    let cpu = p.domain.cpu();
     Rig {
-        sys,
-        domain,
-        dev,
+        sys: p.system,
+        domain: p.domain,
+        dev: p.devices.into_iter().next().unwrap(),
         cpu,
-        mem,
+        mem: p.mem,
     }
 }
 
