@@ -181,8 +181,9 @@ impl DmaCpu {
         }
         match w.domain.policy() {
             DmaPolicy::Passthrough => {
-                let cpus = lock(&w.domain.cpus).clone();
                 if !slot.passthrough.take(addr, len) {
+                    // Mapped on another CPU (or on one whose handle went).
+                    let cpus = lock(&w.domain.cpus).clone();
                     take_any(
                         &w.domain.pt_retired,
                         cpus.iter().map(|s| &s.passthrough),
