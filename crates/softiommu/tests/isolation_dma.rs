@@ -212,7 +212,10 @@ fn free_coherent_frees_only_live_coherent_memory_of_its_device() {
         cpu.free_coherent(nic, phys, dma, 3000),
         Err(DmaError::NotCoherent { .. })
     ));
-    assert!(acc.write(dma, b"gone", O).is_err());
+    assert!(matches!(
+        acc.write(dma, b"gone", O),
+        Err(AccessError::Translate(TranslateError::NotPresent { .. }))
+    ));
     cpu.unmap(nic, mapped, 4096, DmaDirection::FromDevice)
         .unwrap();
 }

@@ -8,6 +8,8 @@
 //! whole range is translated, and checked against physical memory, before
 //! the first byte moves, so a fault anywhere leaves nothing half done.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::Arc;
 
 use super::attrs::{DmaAttrs, DmaFence};
@@ -187,7 +189,13 @@ impl DmaAccessor {
                 let mut off = 0usize;
                 for r in ranges {
                     let n = r.len as usize;
-                    mem.read(r.phys, &mut buf[off..off + n])?;
+                    // The pieces add up to `buf.len()` (one translation of it).
+                    let dst = buf.get_mut(off..off + n).ok_or(MemError::OutOfRange {
+                        addr: r.phys,
+                        len: r.len,
+                        size: mem.size(),
+                    })?;
+                    mem.read(r.phys, dst)?;
                     off += n;
                 }
                 Ok(())
@@ -210,7 +218,13 @@ impl DmaAccessor {
                 let mut off = 0usize;
                 for r in ranges {
                     let n = r.len as usize;
-                    mem.write(r.phys, &buf[off..off + n])?;
+                    // The pieces add up to `buf.len()` (one translation of it).
+                    let src = buf.get(off..off + n).ok_or(MemError::OutOfRange {
+                        addr: r.phys,
+                        len: r.len,
+                        size: mem.size(),
+                    })?;
+                    mem.write(r.phys, src)?;
                     off += n;
                 }
                 Ok(())
@@ -293,8 +307,10 @@ impl DmaAccessor {
             }
         }
         let mut b = [0u8; 8];
-        self.read(iova, &mut b[..W::SIZE], attrs)?;
-        Ok(W::from_le_slice(&b[..W::SIZE]))
+        #[allow(clippy::indexing_slicing)] // `W::SIZE` is 2, 4 or 8 (`DmaWord`).
+        let bytes = &mut b[..W::SIZE];
+        self.read(iova, bytes, attrs)?;
+        Ok(W::from_le_slice(bytes))
     }
 
     /// Stores `v` little-endian at `iova`: one atomic store when aligned.
@@ -326,7 +342,9 @@ impl DmaAccessor {
             }
         }
         let b = v.to_le_array();
-        self.write(iova, &b[..W::SIZE], attrs)
+        #[allow(clippy::indexing_slicing)] // `W::SIZE` is 2, 4 or 8 (`DmaWord`).
+        let bytes = &b[..W::SIZE];
+        self.write(iova, bytes, attrs)
     }
 
     /// Loads a little-endian `u16` (atomic when 2-byte aligned).

@@ -11,6 +11,8 @@
 //! would make every later wait hang), and the borrow checker keeps every
 //! slice it hands out inside that window.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::fmt;
 
 use super::attrs::OrderMode;
@@ -129,8 +131,11 @@ impl DmaMapping<'_> {
         }
         let mem = self.mem;
         self.pieces(offset, buf.len() as u64, |phys, start, n| {
-            // Cannot fail: the pieces were checked when mapped.
-            let _ = mem.read(phys, &mut buf[start..start + n]);
+            // Cannot fail: the pieces were checked when mapped, and they
+            // add up to `buf.len()`.
+            if let Some(dst) = buf.get_mut(start..start + n) {
+                let _ = mem.read(phys, dst);
+            }
         })
     }
 
@@ -144,8 +149,11 @@ impl DmaMapping<'_> {
         }
         let mem = self.mem;
         self.pieces(offset, buf.len() as u64, |phys, start, n| {
-            // Cannot fail: the pieces were checked when mapped.
-            let _ = mem.write(phys, &buf[start..start + n]);
+            // Cannot fail: the pieces were checked when mapped, and they
+            // add up to `buf.len()`.
+            if let Some(src) = buf.get(start..start + n) {
+                let _ = mem.write(phys, src);
+            }
         })
     }
 

@@ -31,6 +31,8 @@
 //! adds one softiommu translation per page. Nothing is shared between
 //! threads but the unit itself.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::Deref;

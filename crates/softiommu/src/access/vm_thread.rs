@@ -22,6 +22,8 @@
 //! vm-memory keeps, so no safe code can leak one (a leaked section would
 //! hold every later wait forever).
 
+#![deny(clippy::indexing_slicing)]
+
 use std::any::Any;
 use std::cell::RefCell;
 use std::ptr::NonNull;
@@ -129,16 +131,15 @@ fn with_unit<R>(unit: &Unit, f: impl FnOnce(&mut ThreadUnit) -> R) -> Result<R, 
     let key = key_of(unit);
     UNITS.with(|units| {
         let mut units = units.borrow_mut();
-        let i = match units.iter().position(|t| t.key == key) {
-            Some(i) => i,
-            None => {
-                // Forget units that are gone before adding one.
-                units.retain(|t| !t.dead());
-                units.push(ThreadUnit::new(key, unit)?);
-                units.len() - 1
-            }
-        };
-        Ok(f(&mut units[i]))
+        if !units.iter().any(|t| t.key == key) {
+            // Forget units that are gone before adding one.
+            units.retain(|t| !t.dead());
+            units.push(ThreadUnit::new(key, unit)?);
+        }
+        match units.iter_mut().find(|t| t.key == key) {
+            Some(tu) => Ok(f(tu)),
+            None => Err(HwError::UnknownUnit(crate::hw::UnitId(u16::MAX))),
+        }
     })
 }
 
@@ -159,25 +160,27 @@ pub(crate) fn with_section<R, E>(
     sid: SourceId,
     f: impl FnOnce(&mut TranslationGuard<'static>, &mut DeviceCache) -> Result<R, E>,
 ) -> Result<R, SectionError<E>> {
+    let f = |s: &mut TranslationGuard<'static>, d: &mut DeviceCache| {
+        f(s, d).map_err(SectionError::Inner)
+    };
     with_unit(unit, |tu| {
-        let d = match tu.devices.iter().position(|d| d.sid == sid) {
-            Some(d) => d,
-            None => {
-                tu.devices.push(DeviceCache {
-                    sid,
-                    epoch: None,
-                    iotlb: Rc::new(Iotlb::new()),
-                });
-                tu.devices.len() - 1
-            }
-        };
+        if !tu.devices.iter().any(|d| d.sid == sid) {
+            tu.devices.push(DeviceCache {
+                sid,
+                epoch: None,
+                iotlb: Rc::new(Iotlb::new()),
+            });
+        }
         let section = ThreadUnit::open(&mut tu.section, tu.translator);
-        let r = f(section, &mut tu.devices[d]);
+        let r = match tu.devices.iter_mut().find(|d| d.sid == sid) {
+            Some(dev) => f(section, dev),
+            // Pushed above.
+            None => Err(SectionError::Setup(HwError::DeviceNotAssigned { sid })),
+        };
         tu.close_unless_scoped();
         r
     })
     .map_err(SectionError::Setup)?
-    .map_err(SectionError::Inner)
 }
 
 /// Leaves a scope when dropped, on return or unwind.
@@ -218,13 +221,10 @@ pub(crate) fn release(unit: &Unit) -> bool {
     let key = key_of(unit);
     UNITS.with(|units| {
         let mut units = units.borrow_mut();
-        match units.iter().position(|t| t.key == key) {
-            Some(i) if units[i].scopes > 0 => false,
-            Some(i) => {
-                units.swap_remove(i);
-                true
-            }
-            None => true,
+        if units.iter().any(|t| t.key == key && t.scopes > 0) {
+            return false;
         }
+        units.retain(|t| t.key != key);
+        true
     })
 }

@@ -1,5 +1,7 @@
 //! The per-CPU handle of a DMA domain: where maps and unmaps happen.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
@@ -179,8 +181,9 @@ impl DmaCpu {
         }
         match w.domain.policy() {
             DmaPolicy::Passthrough => {
-                let cpus = lock(&w.domain.cpus).clone();
                 if !slot.passthrough.take(addr, len) {
+                    // Mapped on another CPU (or on one whose handle went).
+                    let cpus = lock(&w.domain.cpus).clone();
                     take_any(
                         &w.domain.pt_retired,
                         cpus.iter().map(|s| &s.passthrough),
@@ -232,24 +235,31 @@ impl DmaCpu {
                 .checked_add(pages_of(e.phys, e.len))
                 .ok_or(DmaError::NoSpace { len: u64::MAX })?;
         }
-        let last = sg.len() - 1;
-        let span = |out: &[u64]| (out[last] + sg[last].len).saturating_sub(out[0]);
+        let Some(last) = sg.last() else {
+            return Err(DmaError::ZeroLength);
+        };
+        let n = sg.len();
+        // `out` holds the DMA addresses of `sg`'s entries (`out.len() >= n`).
+        let span = |out: &[u64]| match (out.first(), out.get(n - 1)) {
+            (Some(&lo), Some(&hi)) => (hi + last.len).saturating_sub(lo),
+            _ => 0,
+        };
         let policy = self.w.domain.policy();
         if !policy.is_translated() || policy == DmaPolicy::Bounce || dev.untrusted {
             // One mapping per entry; passed through or bounced.
-            for (i, e) in sg.iter().enumerate() {
+            for (i, (e, slot)) in sg.iter().zip(out.iter_mut()).enumerate() {
                 match self.map(dev, e.phys, e.len, dir) {
-                    Ok(a) => out[i] = a,
+                    Ok(a) => *slot = a,
                     Err(err) => {
-                        for (j, p) in sg[..i].iter().enumerate() {
-                            let _ = self.unmap(dev, out[j], p.len, dir);
+                        for (p, &a) in sg.iter().zip(out.iter()).take(i) {
+                            let _ = self.unmap(dev, a, p.len, dir);
                         }
                         return Err(err);
                     }
                 }
             }
             return Ok(SgMapping {
-                dma: out[0],
+                dma: out.first().copied().unwrap_or(0),
                 span: span(out),
                 contiguous: false,
                 pages: 0,
@@ -260,7 +270,7 @@ impl DmaCpu {
         let _op = w.domain.gate.enter(&slot.active);
         let pfn = w.alloc_iova(slot, dev, pages)?;
         let mut at = pfn << PAGE_SHIFT;
-        for (i, e) in sg.iter().enumerate() {
+        for (e, slot) in sg.iter().zip(out.iter_mut()) {
             let n = pages_of(e.phys, e.len);
             if let Err(err) =
                 w.domain
@@ -284,15 +294,16 @@ impl DmaCpu {
                 w.cache.free(pfn, pages)?;
                 return Err(err.into());
             }
-            out[i] = at | (e.phys & (PAGE_SIZE - 1));
+            *slot = at | (e.phys & (PAGE_SIZE - 1));
             at += n << PAGE_SHIFT;
         }
         let contiguous = sg
-            .windows(2)
-            .all(|w| (w[0].phys + w[0].len) % PAGE_SIZE == 0 && w[1].phys % PAGE_SIZE == 0);
+            .iter()
+            .zip(sg.iter().skip(1))
+            .all(|(a, b)| (a.phys + a.len) % PAGE_SIZE == 0 && b.phys % PAGE_SIZE == 0);
         slot.stats.map();
         Ok(SgMapping {
-            dma: out[0],
+            dma: out.first().copied().unwrap_or(0),
             span: span(out),
             contiguous,
             pages,

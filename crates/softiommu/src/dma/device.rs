@@ -1,6 +1,8 @@
 //! A device as the DMA API sees it: its source id, its DMA mask, which unit
 //! it sits behind, whether it is trusted.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::Arc;
 
 use super::bounce::BouncePool;

@@ -1,6 +1,8 @@
 //! A DMA domain: one IOVA space and one page table, shared by the devices
 //! attached to it, spanning the IOMMU units those devices sit behind.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};

@@ -45,6 +45,8 @@
 //! on the timer's disarm, which happens once per busy-to-idle transition.
 //! The loom model `loom_no_entry_is_stranded` checks exactly this.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -142,6 +144,13 @@ impl FlushQueue {
         }
     }
 
+    /// The slot of entry `i` (a cursor: entries pushed or taken, ever).
+    #[inline]
+    fn slot(&self, i: usize) -> &Slot {
+        #[allow(clippy::indexing_slicing)] // `i % len < len`; `len >= 1` (`new`).
+        &self.slots[i % self.slots.len()]
+    }
+
     /// The array's size: the most entries the queue can hold.
     pub fn capacity(&self) -> usize {
         self.slots.len()
@@ -177,7 +186,7 @@ impl FlushQueue {
         if !tables.is_empty() {
             lock(&self.tables).extend_from_slice(tables);
         }
-        let slot = &self.slots[t % self.slots.len()];
+        let slot = self.slot(t);
         slot.pfn.store(entry.pfn, Ordering::Relaxed);
         slot.pages.store(entry.pages, Ordering::Relaxed);
         slot.units.store(units, Ordering::Relaxed);
@@ -218,7 +227,7 @@ impl FlushQueue {
         }
         // A taker may have moved `head` on since: then this is an older
         // time than the truth, which errs towards flushing early.
-        Some(self.queued_at(&self.slots[h % self.slots.len()]))
+        Some(self.queued_at(self.slot(h)))
     }
 
     /// When the entry in `slot`, the oldest queued, was pushed: its stamp,
@@ -263,7 +272,7 @@ impl Taker<'_> {
         };
         let mut i = h;
         while i != t {
-            let s = &q.slots[i % q.slots.len()];
+            let s = q.slot(i);
             batch.entries.push(FqEntry {
                 pfn: s.pfn.load(Ordering::Relaxed),
                 pages: s.pages.load(Ordering::Relaxed),
@@ -388,6 +397,7 @@ impl TimerArm {
 }
 
 #[cfg(all(test, not(loom)))]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
@@ -487,6 +497,7 @@ mod tests {
 }
 
 #[cfg(all(test, loom))]
+#[allow(clippy::indexing_slicing)]
 mod loom_tests {
     use super::*;
     use loom::sync::Arc;

@@ -12,6 +12,8 @@
 //! So the usual map and unmap cost an uncontended lock and a hash probe,
 //! and nothing is shared between CPUs on that path.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
@@ -115,6 +117,7 @@ pub(crate) fn take_any<'a>(
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

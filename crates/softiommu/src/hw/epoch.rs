@@ -30,6 +30,8 @@
 //! lock, and on the multi-copy-atomic targets we run on — x86-64, AArch64 —
 //! a store visible to the draining thread is visible to every thread.)
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::atomic::AtomicPtr;
 use std::sync::Mutex;
 
@@ -118,7 +120,7 @@ impl Slots {
         // `claim` and is freed only in `drop`, which cannot run while
         // `self` is borrowed.
         let chunk = unsafe { chunk.as_ref()? };
-        Some(&chunk[i & (CHUNK - 1)])
+        chunk.get(i & (CHUNK - 1)).map(|s| &**s)
     }
 
     /// Claims a free slot for the thread `owner` (non-zero); returns its
@@ -156,7 +158,9 @@ impl Slots {
             if next << CHUNK_SHIFT > seen {
                 continue;
             }
-            self.chunks[next].store(new_chunk(), Ordering::Release);
+            if let Some(c) = self.chunks.get(next) {
+                c.store(new_chunk(), Ordering::Release);
+            }
         }
     }
 
@@ -261,6 +265,7 @@ impl Drop for Slots {
 }
 
 #[cfg(all(test, not(loom)))]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;

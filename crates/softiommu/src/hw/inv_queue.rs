@@ -36,6 +36,8 @@
 //! [`Unit::wait`]: super::Unit::wait
 //! [`Unit::write_tail`]: super::Unit::write_tail
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -204,6 +206,7 @@ impl InvQueue {
     }
 
     fn shadow(&self, index: u32) -> &Shadow {
+        #[allow(clippy::indexing_slicing)] // `len` shadows, `index % len < len`.
         &self.shadow[(index % self.len) as usize]
     }
 
@@ -396,6 +399,7 @@ impl Drop for InvQueue {
 }
 
 #[cfg(all(test, not(loom)))]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

@@ -20,6 +20,8 @@
 //! own frames (the ring, a page-table page, a bounce pool) stops the queue
 //! instead of writing there.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 

@@ -13,6 +13,8 @@
 //! condition a driver checks before it clears anything
 //! ([`Unit::check_caller`]).
 
+#![deny(clippy::indexing_slicing)]
+
 use std::time::Instant;
 
 use super::descriptor::covering_mask;

@@ -21,6 +21,8 @@
 //! queued through these calls run as given even if the ring's bytes are
 //! overwritten meanwhile (see `inv_queue` on the shadow).
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -109,6 +111,7 @@ fn with_encoded<R>(descs: &[InvDescriptor], f: impl FnOnce(&[[u64; 2]]) -> R) ->
         for (b, d) in buf.iter_mut().zip(descs) {
             *b = d.encode();
         }
+        #[allow(clippy::indexing_slicing)] // `descs.len() <= ON_STACK`, checked above.
         f(&buf[..descs.len()])
     } else {
         let raw: Vec<[u64; 2]> = descs.iter().map(InvDescriptor::encode).collect();

@@ -175,7 +175,10 @@ mod tests {
         assert!(t.translate(dev, 0x1000, 8, Access::Read).is_ok());
         // The other unit does not know the device.
         let mut tb = sys.unit(b).unwrap().translator().unwrap();
-        assert!(tb.translate(dev, 0x1000, 8, Access::Read).is_err());
+        assert_eq!(
+            tb.translate(dev, 0x1000, 8, Access::Read),
+            Err(crate::hw::TranslateError::NoContext { sid: dev })
+        );
         drop(t);
         sys.unassign(dev).unwrap();
         assert!(sys.unit_of(dev).is_none());

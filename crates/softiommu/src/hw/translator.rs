@@ -18,6 +18,8 @@
 //!
 //! [`QiError::GuardHeld`]: super::QiError::GuardHeld
 
+#![deny(clippy::indexing_slicing)]
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;

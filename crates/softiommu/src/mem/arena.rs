@@ -1,5 +1,7 @@
 //! The physical-memory arena: bounds-checked byte access and frame allocation.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -306,6 +308,7 @@ impl PhysMemory {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
