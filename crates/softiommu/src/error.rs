@@ -5,6 +5,7 @@
 use crate::access::AccessError;
 use crate::dma::DmaError;
 use crate::hw::{HwError, QiError, TranslateError};
+use crate::iopf::IopfError;
 use crate::iova::IovaError;
 use crate::mem::MemError;
 use crate::pgtable::PgtableError;
@@ -36,4 +37,7 @@ pub enum Error {
     /// A device access.
     #[error(transparent)]
     Access(#[from] AccessError),
+    /// On-demand mapping.
+    #[error(transparent)]
+    Iopf(#[from] IopfError),
 }

@@ -19,6 +19,8 @@
 //! - [`access`]: the device side: DMA reads, writes and typed loads and
 //!   stores at IOVAs, ordered by `DmaAttrs` with the lightest correct fence,
 //!   zero-copy mappings, and vm-memory's `Iommu` trait for `IommuMemory`.
+//! - [`iopf`]: I/O page faults: devices fault, a handler maps on demand
+//!   with a pre-map window, and memory can be reclaimed.
 //! - [`Platform`]: one builder for all of it (memory, units, devices, a
 //!   domain), and [`Error`], one error type for `?` across the layers.
 //!
@@ -70,6 +72,7 @@ pub mod access;
 pub mod dma;
 mod error;
 pub mod hw;
+pub mod iopf;
 pub mod iova;
 pub mod mem;
 pub mod pgtable;

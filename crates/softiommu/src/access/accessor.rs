@@ -41,6 +41,9 @@ pub struct AccessStats {
     /// Full fences issued (the ordered mode's store-load fences, and every
     /// fence of the full mode).
     pub full_fences: u64,
+    /// Page requests this accessor's misses raised and had answered
+    /// `Success` (then retried).
+    pub page_requests: u64,
 }
 
 /// A device's side of DMA: accesses at IOVAs through a unit's translation.
@@ -73,6 +76,12 @@ enum Pieces {
     /// Several, in IOVA order.
     Many(PhysRanges),
 }
+
+/// The most page requests one access may raise and have answered: one per
+/// page of the longest access (1 GiB at 4 KiB is 262,144; the default 1 MiB
+/// is 256) would be unbounded in time, so twice the default's pages plus a
+/// margin for a reclaim racing the device.
+pub const PAGE_REQUEST_ROUNDS: u32 = 2 * 256 + 8;
 
 /// Checks that every piece lies in physical memory.
 fn check_ranges(mem: &PhysMemory, ranges: &PhysRanges) -> Result<(), MemError> {
@@ -131,8 +140,63 @@ impl DmaAccessor {
     }
 
     fn fail<T>(&mut self, e: AccessError) -> Result<T, AccessError> {
-        self.stats.errors += 1;
+        if !matches!(
+            e,
+            AccessError::Translate(TranslateError::PageRequested { .. })
+        ) {
+            self.stats.errors += 1;
+        }
         Err(e)
+    }
+
+    /// Runs `op`, one access in one section. While it raises a page request
+    /// (the device may fault: see `hw`'s page requests), waits for the
+    /// answer outside any section and runs it again: at most
+    /// [`PAGE_REQUEST_ROUNDS`] times, so the work one access can cause
+    /// stays bounded even if a reclaim keeps taking the page back.
+    #[inline]
+    fn retrying<T>(
+        &mut self,
+        mut op: impl FnMut(&mut Self) -> Result<T, AccessError>,
+    ) -> Result<T, AccessError> {
+        let mut rounds = 0;
+        loop {
+            match op(self) {
+                Err(e) => self.after_page_request(e, &mut rounds)?,
+                ok => return ok,
+            }
+        }
+    }
+
+    /// What follows a failed attempt: `Ok` to try again after the page
+    /// request it raised was answered `Success`; the error otherwise.
+    #[cold]
+    fn after_page_request(&mut self, e: AccessError, rounds: &mut u32) -> Result<(), AccessError> {
+        let AccessError::Translate(TranslateError::PageRequested {
+            sid,
+            iova,
+            access,
+            prgi,
+        }) = e
+        else {
+            return Err(e);
+        };
+        let answered = self.tr.wait_page_response(sid, iova, access, prgi);
+        *rounds += 1;
+        match answered {
+            Ok(()) if *rounds < PAGE_REQUEST_ROUNDS => {
+                self.stats.page_requests += 1;
+                Ok(())
+            }
+            Ok(()) => {
+                self.stats.errors += 1;
+                Err(TranslateError::PageRequestDenied { sid, iova, access }.into())
+            }
+            Err(e) => {
+                self.stats.errors += 1;
+                Err(e.into())
+            }
+        }
     }
 
     /// Translates `[iova, iova + len)` whole and checks it against
@@ -172,6 +236,10 @@ impl DmaAccessor {
     /// Copies `buf.len()` bytes at `iova` into `buf` (the device reads
     /// guest memory). On error `buf` is unchanged.
     pub fn read(&mut self, iova: u64, buf: &mut [u8], attrs: DmaAttrs) -> Result<(), AccessError> {
+        self.retrying(|a| a.read_once(iova, buf, attrs))
+    }
+
+    fn read_once(&mut self, iova: u64, buf: &mut [u8], attrs: DmaAttrs) -> Result<(), AccessError> {
         let (sid, mode) = (self.sid, attrs.mode());
         let len = buf.len() as u64;
         let mem = &*self.mem;
@@ -212,6 +280,10 @@ impl DmaAccessor {
     /// Copies `buf` to `iova` (the device writes guest memory). On error no
     /// byte was written.
     pub fn write(&mut self, iova: u64, buf: &[u8], attrs: DmaAttrs) -> Result<(), AccessError> {
+        self.retrying(|a| a.write_once(iova, buf, attrs))
+    }
+
+    fn write_once(&mut self, iova: u64, buf: &[u8], attrs: DmaAttrs) -> Result<(), AccessError> {
         self.store_bytes(iova, buf.len() as u64, attrs, |mem, pieces| match pieces {
             Pieces::One(phys) => mem.write(*phys, buf),
             Pieces::Many(ranges) => {
@@ -234,6 +306,16 @@ impl DmaAccessor {
 
     /// Sets `len` bytes at `iova` to `byte`. On error no byte was written.
     pub fn fill(
+        &mut self,
+        iova: u64,
+        len: u64,
+        byte: u8,
+        attrs: DmaAttrs,
+    ) -> Result<(), AccessError> {
+        self.retrying(|a| a.fill_once(iova, len, byte, attrs))
+    }
+
+    fn fill_once(
         &mut self,
         iova: u64,
         len: u64,
@@ -309,7 +391,7 @@ impl DmaAccessor {
         let mut b = [0u8; 8];
         #[allow(clippy::indexing_slicing)] // `W::SIZE` is 2, 4 or 8 (`DmaWord`).
         let bytes = &mut b[..W::SIZE];
-        self.read(iova, bytes, attrs)?;
+        self.read_once(iova, bytes, attrs)?;
         Ok(W::from_le_slice(bytes))
     }
 
@@ -344,37 +426,37 @@ impl DmaAccessor {
         let b = v.to_le_array();
         #[allow(clippy::indexing_slicing)] // `W::SIZE` is 2, 4 or 8 (`DmaWord`).
         let bytes = &b[..W::SIZE];
-        self.write(iova, bytes, attrs)
+        self.write_once(iova, bytes, attrs)
     }
 
     /// Loads a little-endian `u16` (atomic when 2-byte aligned).
     pub fn read_u16(&mut self, iova: u64, attrs: DmaAttrs) -> Result<u16, AccessError> {
-        self.read_word(iova, attrs)
+        self.retrying(|a| a.read_word(iova, attrs))
     }
 
     /// Loads a little-endian `u32` (atomic when 4-byte aligned).
     pub fn read_u32(&mut self, iova: u64, attrs: DmaAttrs) -> Result<u32, AccessError> {
-        self.read_word(iova, attrs)
+        self.retrying(|a| a.read_word(iova, attrs))
     }
 
     /// Loads a little-endian `u64` (atomic when 8-byte aligned).
     pub fn read_u64(&mut self, iova: u64, attrs: DmaAttrs) -> Result<u64, AccessError> {
-        self.read_word(iova, attrs)
+        self.retrying(|a| a.read_word(iova, attrs))
     }
 
     /// Stores a little-endian `u16` (atomic when 2-byte aligned).
     pub fn write_u16(&mut self, iova: u64, v: u16, attrs: DmaAttrs) -> Result<(), AccessError> {
-        self.write_word(iova, v, attrs)
+        self.retrying(|a| a.write_word(iova, v, attrs))
     }
 
     /// Stores a little-endian `u32` (atomic when 4-byte aligned).
     pub fn write_u32(&mut self, iova: u64, v: u32, attrs: DmaAttrs) -> Result<(), AccessError> {
-        self.write_word(iova, v, attrs)
+        self.retrying(|a| a.write_word(iova, v, attrs))
     }
 
     /// Stores a little-endian `u64` (atomic when 8-byte aligned).
     pub fn write_u64(&mut self, iova: u64, v: u64, attrs: DmaAttrs) -> Result<(), AccessError> {
-        self.write_word(iova, v, attrs)
+        self.retrying(|a| a.write_word(iova, v, attrs))
     }
 
     /// An explicit fence, for a device that accesses relaxed and orders
@@ -407,8 +489,14 @@ impl DmaAccessor {
         attrs: DmaAttrs,
         f: impl FnOnce(&DmaMapping<'_>) -> R,
     ) -> Result<R, AccessError> {
-        let m = self.map(iova, len, dir, attrs)?;
-        Ok(f(&m))
+        let mut rounds = 0;
+        loop {
+            let e = match self.map(iova, len, dir, attrs) {
+                Ok(m) => return Ok(f(&m)),
+                Err(e) => e,
+            };
+            self.after_page_request(e, &mut rounds)?;
+        }
     }
 
     fn map(
@@ -437,7 +525,10 @@ impl DmaAccessor {
             Ok(r) => r,
             Err(e) => {
                 drop(g);
-                self.stats.errors += 1;
+                // (Not `fail`: the borrow of `self` this returns.)
+                if !matches!(e, TranslateError::PageRequested { .. }) {
+                    self.stats.errors += 1;
+                }
                 return Err(e.into());
             }
         };

@@ -116,7 +116,7 @@ mod vm_phys;
 mod vm_thread;
 mod word;
 
-pub use accessor::{AccessStats, DmaAccessor};
+pub use accessor::{AccessStats, DmaAccessor, PAGE_REQUEST_ROUNDS};
 pub use attrs::{DmaAttrs, DmaFence, OrderMode};
 pub use error::AccessError;
 pub use mapping::DmaMapping;

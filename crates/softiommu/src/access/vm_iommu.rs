@@ -43,7 +43,7 @@ use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
 
 use super::epoch::device_epoch;
-use super::vm_thread::{self, SectionError};
+use super::vm_thread::{self, PendingRequest, SectionError};
 use crate::dma::DmaDevice;
 use crate::hw::{
     Access, HwError, PhysSpan, SourceId, System, TranslateError, TranslationGuard, Unit, UnitId,
@@ -188,6 +188,20 @@ fn page(
     }
 }
 
+/// Why a fill stopped.
+enum FillError {
+    /// vm-memory's error, for the caller.
+    Iommu(IommuError),
+    /// A miss raised a page request, to be waited for outside the section.
+    PageRequested(PendingRequest),
+}
+
+impl From<IommuError> for FillError {
+    fn from(e: IommuError) -> Self {
+        FillError::Iommu(e)
+    }
+}
+
 /// Fills `iotlb` with the unit's translations of `[start, start + len)`.
 fn fill(
     iotlb: &mut Iotlb,
@@ -196,12 +210,24 @@ fn fill(
     start: u64,
     len: u64,
     access: Permissions,
-) -> Result<(), IommuError> {
+) -> Result<(), FillError> {
     let end = start.saturating_add(len);
     let mut cur = start;
     while cur < end {
-        let span = page(sec, sid, cur, access)
-            .map_err(|e| cannot_resolve(cur, (end - cur) as usize, e.to_string()))?;
+        let span = page(sec, sid, cur, access).map_err(|e| match e {
+            TranslateError::PageRequested {
+                sid,
+                iova,
+                access,
+                prgi,
+            } => FillError::PageRequested(PendingRequest {
+                sid,
+                iova,
+                access,
+                prgi,
+            }),
+            e => FillError::Iommu(cannot_resolve(cur, (end - cur) as usize, e.to_string())),
+        })?;
         // The whole leaf from `cur` on: later requests in it hit. (A span
         // ends below 2^52, so the sum cannot wrap.)
         let n = span.len.max(1);
@@ -235,7 +261,7 @@ impl UnitIommu {
         &self,
         unit: &Unit,
         fill_range: Option<(u64, u64, Permissions)>,
-    ) -> Result<IotlbSection<'_>, IommuError> {
+    ) -> Result<IotlbSection<'_>, FillError> {
         let sid = self.sid;
         let served = vm_thread::with_section(unit, sid, |sec, dev| {
             let epoch = device_epoch(unit, sid);
@@ -261,10 +287,42 @@ impl UnitIommu {
                 _view: PhantomData,
             }),
             Err(SectionError::Inner(e)) => Err(e),
-            Err(SectionError::Setup(e)) => Err(IommuError::IommuMisconfigured {
+            Err(SectionError::Setup(e)) => Err(FillError::Iommu(IommuError::IommuMisconfigured {
                 reason: e.to_string(),
-            }),
+            })),
         }
+    }
+
+    /// [`join`](Self::join) with a fill, serving page requests: a miss of a
+    /// device that may fault raises one; outside a device section the
+    /// thread waits for the answer (its section closed) and tries again;
+    /// inside one it cannot wait (every invalidation wait on the unit waits
+    /// for the section, and the answer may be queued behind one), so the
+    /// request is left to be collected when the section ends and the access
+    /// fails now (the device retries its piece of work).
+    fn join_serving(
+        &self,
+        unit: &Unit,
+        start: u64,
+        len: u64,
+        access: Permissions,
+    ) -> Result<IotlbSection<'_>, IommuError> {
+        for _ in 0..crate::access::PAGE_REQUEST_ROUNDS {
+            match self.join(unit, Some((start, len, access))) {
+                Ok(g) => return Ok(g),
+                Err(FillError::Iommu(e)) => return Err(e),
+                Err(FillError::PageRequested(p)) => {
+                    if let Err(reason) = vm_thread::settle_page_request(unit, p) {
+                        return Err(cannot_resolve(p.iova, len as usize, reason));
+                    }
+                }
+            }
+        }
+        Err(cannot_resolve(
+            start,
+            len as usize,
+            "page requests kept being raised".into(),
+        ))
     }
 }
 
@@ -293,7 +351,10 @@ impl Iommu for UnitIommu {
         let unit = self.unit()?;
         // The hit path: one lookup in the cached translations, under the
         // section the guard keeps.
-        let guard = self.join(unit, None)?;
+        let guard = self.join(unit, None).map_err(|e| match e {
+            FillError::Iommu(e) => e,
+            FillError::PageRequested(p) => cannot_resolve(p.iova, length, "page request".into()),
+        })?;
         let fails = match Iotlb::lookup(guard, iova, length, access) {
             Ok(hit) => return Ok(hit),
             // (The failed lookup dropped its guard, leaving the section.)
@@ -304,7 +365,7 @@ impl Iommu for UnitIommu {
         }
         // A miss: ask the unit for the whole range, page by page, then
         // look up again.
-        let guard = self.join(unit, Some((start, end - start, access)))?;
+        let guard = self.join_serving(unit, start, end - start, access)?;
         Iotlb::lookup(guard, iova, length, access).map_err(|f| {
             let first = f.misses.first().or(f.access_fails.first());
             match first {

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use vm_memory::Iotlb;
 
 use super::epoch::DeviceEpoch;
-use crate::hw::{HwError, SourceId, TranslationGuard, Translator, Unit};
+use crate::hw::{Access, HwError, SourceId, TranslationGuard, Translator, Unit};
 
 /// A device's cached translations on this thread.
 #[derive(Debug)]
@@ -61,6 +61,8 @@ struct ThreadUnit {
     section: Option<TranslationGuard<'static>>,
     /// Device scopes open on this thread (nested [`scope`] calls).
     scopes: usize,
+    /// Page requests raised inside a scope, to be waited for when it ends.
+    pending: Vec<PendingRequest>,
     devices: Vec<DeviceCache>,
 }
 
@@ -74,6 +76,7 @@ impl ThreadUnit {
             translator: NonNull::from(Box::leak(t)),
             section: None,
             scopes: 0,
+            pending: Vec::new(),
             devices: Vec::new(),
         })
     }
@@ -93,6 +96,24 @@ impl ThreadUnit {
             let t: &'static mut Translator = unsafe { &mut *translator.as_ptr() };
             t.begin()
         })
+    }
+
+    /// Waits, with the section closed, for the answers to the page requests
+    /// in `pending` (and `more`); returns the first refusal's reason.
+    fn wait_pending(&mut self, more: Option<PendingRequest>) -> Result<(), String> {
+        debug_assert!(self.section.is_none());
+        // SAFETY: as in `open`: `section` is `None`, so no other reference
+        // to the translator exists.
+        let t: &mut Translator = unsafe { &mut *self.translator.as_ptr() };
+        let mut first = Ok(());
+        for p in self.pending.drain(..).chain(more) {
+            if let Err(e) = t.wait_page_response(p.sid, p.iova, p.access, p.prgi) {
+                if first.is_ok() {
+                    first = Err(e.to_string());
+                }
+            }
+        }
+        first
     }
 
     /// Closes the section unless a scope holds it.
@@ -141,6 +162,32 @@ fn with_unit<R>(unit: &Unit, f: impl FnOnce(&mut ThreadUnit) -> R) -> Result<R, 
             None => Err(HwError::UnknownUnit(crate::hw::UnitId(u16::MAX))),
         }
     })
+}
+
+/// A page request raised by a miss, to be waited for outside the section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PendingRequest {
+    pub(crate) sid: SourceId,
+    pub(crate) iova: u64,
+    pub(crate) access: Access,
+    pub(crate) prgi: u16,
+}
+
+/// Deals with page request `p`: outside a device scope, waits for its
+/// answer (`Ok`: retry); inside one, keeps it to be waited for when the
+/// scope ends and returns the reason the access fails now.
+pub(crate) fn settle_page_request(unit: &Unit, p: PendingRequest) -> Result<(), String> {
+    with_unit(unit, |tu| {
+        if tu.scopes > 0 {
+            tu.pending.push(p);
+            return Err(format!(
+                "page request group {} raised inside a device section: the device retries after it",
+                p.prgi
+            ));
+        }
+        tu.wait_pending(Some(p))
+    })
+    .map_err(|e| e.to_string())?
 }
 
 /// Why [`with_section`] failed.
@@ -197,6 +244,10 @@ impl Drop for ScopeExit {
                 if let Some(tu) = units.iter_mut().find(|t| t.key == self.key) {
                     tu.scopes = tu.scopes.saturating_sub(1);
                     tu.close_unless_scoped();
+                    if tu.scopes == 0 && !tu.pending.is_empty() {
+                        // The section is closed: collect the answers now.
+                        let _ = tu.wait_pending(None);
+                    }
                 }
             }
         });

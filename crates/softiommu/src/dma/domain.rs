@@ -104,9 +104,6 @@ pub(crate) struct Pending {
     pub(crate) last: Mutex<Option<DmaError>>,
 }
 
-/// Gives each domain an id of its own (device ownership is by domain id).
-static NEXT_DOMAIN_ID: AtomicU64 = AtomicU64::new(1);
-
 /// A DMA domain. Share it as `Arc<DmaDomain>`; attach devices with
 /// [`attach`](Self::attach); map and unmap through a per-CPU handle from
 /// [`cpu`](Self::cpu).
@@ -175,7 +172,7 @@ impl DmaDomain {
         // One fence pair for the gate and the timer's arm (see `gate`).
         let barrier = Barrier::default_for_process();
         let d = Arc::new(Self {
-            id: NEXT_DOMAIN_ID.fetch_add(1, Relaxed),
+            id: System::next_owner_id(),
             did: config.did,
             system,
             mem,

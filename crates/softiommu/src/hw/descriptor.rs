@@ -11,6 +11,11 @@
 //! | 1 | context-cache invalidate (§6.5.2.1) | G 5:4 (01 global, 10 domain, 11 device), DID 31:16, SID 47:32, FM 49:48 / — |
 //! | 2 | IOTLB invalidate (§6.5.2.3) | G 5:4 (01 global, 10 domain, 11 page), DW 6, DR 7, DID 31:16 / AM 5:0, IH 6, ADDR 63:12 |
 //! | 5 | invalidation wait (§6.5.2.8) | IF 4, SW 5, FN 6, PD 7, status data 63:32 / status address 63:2 |
+//! | 9 | page group response (§6.5.2.9, in its 128-bit form) | PASID present 4, response code 15:12, requester id 31:16, PASID 51:32 / PRGI 11:3 |
+//!
+//! (The 256-bit form of the page group response also returns the request's
+//! private data; this unit's queue has 128-bit descriptors, and the private
+//! data is not echoed.)
 //!
 //! Any other type (device-TLB, interrupt-entry-cache, the PASID-based
 //! ones), a granularity of 00, a reserved bit set, a DID beyond the unit's
@@ -22,6 +27,7 @@
 use std::fmt;
 
 use super::context::SourceId;
+use super::prq::ResponseCode;
 use crate::mem::PhysAddr;
 
 /// Bytes per descriptor.
@@ -31,6 +37,7 @@ pub const DESCRIPTOR_BYTES: u64 = 16;
 const TYPE_CONTEXT: u8 = 1;
 const TYPE_IOTLB: u8 = 2;
 const TYPE_WAIT: u8 = 5;
+const TYPE_PAGE_GROUP_RESPONSE: u8 = 9;
 
 /// Which context-cache entries to invalidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -117,6 +124,17 @@ pub enum InvDescriptor {
     },
     /// Invalidation wait (type 5).
     Wait(WaitDescriptor),
+    /// Page group response (type 9): answers a page request group.
+    PageGroupResponse {
+        /// The requester whose group is answered.
+        sid: SourceId,
+        /// The PASID the request carried, if any.
+        pasid: Option<u32>,
+        /// The page request group index (9 bits).
+        prgi: u16,
+        /// The answer.
+        code: ResponseCode,
+    },
 }
 
 /// Why the queue stopped: the invalidation-queue error (`FSTS.IQE`) and,
@@ -229,6 +247,12 @@ const WAIT_DATA_SHIFT: u32 = 32;
 const CC_RSVD: (u64, u64) = (0x1c0 | 0xf000 | 0xfffc_0000_0000_0000, !0);
 const IOTLB_RSVD: (u64, u64) = (0x100 | 0xf000 | 0xffff_ffff_0000_0000, 0xf80);
 const WAIT_RSVD: (u64, u64) = (0x100 | 0xffff_f000, 0x3);
+const PGR_RSVD: (u64, u64) = (0x0fe0 | 0xfff0_0000_0000_0000, !0xff8);
+const PGR_PASID_P: u64 = 1 << 4;
+const PGR_CODE_SHIFT: u32 = 12;
+const PGR_RID_SHIFT: u32 = 16;
+const PGR_PASID_SHIFT: u32 = 32;
+const PGR_PRGI_SHIFT: u32 = 3;
 
 fn type_bits(ty: u8) -> u64 {
     u64::from(ty & 0xf) | u64::from(ty >> 4 & 7) << 9
@@ -283,6 +307,16 @@ impl InvDescriptor {
             scope,
             drain_reads: true,
             drain_writes: true,
+        }
+    }
+
+    /// A page group response: `code` for group `prgi` of `sid`.
+    pub fn page_group_response(sid: SourceId, prgi: u16, code: ResponseCode) -> Self {
+        InvDescriptor::PageGroupResponse {
+            sid,
+            pasid: None,
+            prgi,
+            code,
         }
     }
 
@@ -364,6 +398,20 @@ impl InvDescriptor {
                 }
                 [lo, hi]
             }
+            InvDescriptor::PageGroupResponse {
+                sid,
+                pasid,
+                prgi,
+                code,
+            } => {
+                let mut lo = type_bits(TYPE_PAGE_GROUP_RESPONSE)
+                    | u64::from(code.bits()) << PGR_CODE_SHIFT
+                    | u64::from(sid.0) << PGR_RID_SHIFT;
+                if let Some(p) = pasid {
+                    lo |= PGR_PASID_P | (u64::from(p) & 0xf_ffff) << PGR_PASID_SHIFT;
+                }
+                [lo, (u64::from(prgi) & 0x1ff) << PGR_PRGI_SHIFT]
+            }
         }
     }
 
@@ -433,6 +481,28 @@ impl InvDescriptor {
                     page_drain: lo & WAIT_PD != 0,
                 }))
             }
+            TYPE_PAGE_GROUP_RESPONSE => {
+                check_reserved(raw, PGR_RSVD)?;
+                let bits = (lo >> PGR_CODE_SHIFT & 0xf) as u8;
+                let code = ResponseCode::from_bits(bits).ok_or(IqeReason::ReservedBits {
+                    qword: 0,
+                    bits: u64::from(bits) << PGR_CODE_SHIFT,
+                })?;
+                let pasid_present = lo & PGR_PASID_P != 0;
+                let pasid = (lo >> PGR_PASID_SHIFT & 0xf_ffff) as u32;
+                if !pasid_present && pasid != 0 {
+                    return Err(IqeReason::ReservedBits {
+                        qword: 0,
+                        bits: u64::from(pasid) << PGR_PASID_SHIFT,
+                    });
+                }
+                Ok(InvDescriptor::PageGroupResponse {
+                    sid: SourceId((lo >> PGR_RID_SHIFT) as u16),
+                    pasid: pasid_present.then_some(pasid),
+                    prgi: (raw[1] >> PGR_PRGI_SHIFT & 0x1ff) as u16,
+                    code,
+                })
+            }
             ty => Err(IqeReason::InvalidType { ty }),
         }
     }
@@ -453,6 +523,9 @@ impl fmt::Display for InvDescriptor {
                 Some(s) => write!(f, "inv-wait sw {:#x}<-{:#x}", s.addr, s.data),
                 None => write!(f, "inv-wait"),
             },
+            InvDescriptor::PageGroupResponse {
+                sid, prgi, code, ..
+            } => write!(f, "page-group-response {sid} prgi={prgi} {code:?}"),
         }
     }
 }

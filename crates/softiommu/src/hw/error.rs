@@ -36,6 +36,33 @@ pub enum TranslateError {
         /// The longest access served.
         max: u64,
     },
+    /// Not a failure yet: the device may fault (page requests enabled), so
+    /// the miss raised page request group `prgi`. The device leaves its
+    /// section, waits for the answer
+    /// ([`Translator::wait_page_response`](super::Translator::wait_page_response))
+    /// and retries. Not recorded as a fault.
+    #[error("{sid}: {access} of {iova:#x} raised page request group {prgi}")]
+    PageRequested {
+        /// The requester.
+        sid: SourceId,
+        /// The address that missed.
+        iova: u64,
+        /// The access.
+        access: Access,
+        /// The page request group index to wait for.
+        prgi: u16,
+    },
+    /// A page request was answered `Invalid` or `Failure`, found the queue
+    /// full, or went unanswered past the deadline: the access fails.
+    #[error("{sid}: the page request for {access} of {iova:#x} was refused")]
+    PageRequestDenied {
+        /// The requester.
+        sid: SourceId,
+        /// The address.
+        iova: u64,
+        /// The access.
+        access: Access,
+    },
     /// The device has no context in this unit.
     #[error("{sid}: no context")]
     NoContext {
@@ -112,6 +139,8 @@ impl TranslateError {
         Some(match self {
             TranslateError::ZeroLength { .. } => FaultReason::ZeroLength,
             TranslateError::TooLong { .. } => FaultReason::TooLong,
+            TranslateError::PageRequested { .. } => return None,
+            TranslateError::PageRequestDenied { .. } => FaultReason::PageRequestDenied,
             TranslateError::NoContext { .. } => FaultReason::NoContext,
             TranslateError::ContextBlocked { .. } => FaultReason::ContextBlocked,
             TranslateError::AddressTooWide { .. } => FaultReason::AddressTooWide,

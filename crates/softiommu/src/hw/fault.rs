@@ -61,6 +61,9 @@ pub enum FaultReason {
     ZeroLength,
     /// A request longer than the unit serves at once: malformed.
     TooLong,
+    /// A page request for the address was refused (answered `Invalid`,
+    /// the queue full, or no answer before the deadline).
+    PageRequestDenied,
 }
 
 impl FaultReason {
@@ -86,6 +89,12 @@ impl FaultReason {
             // No VT-d code: a zero-length request cannot reach the
             // hardware, and a bus bounds a request's length itself.
             FaultReason::ZeroLength | FaultReason::TooLong => 0x0,
+            // The request was answered; the access that caused it failed
+            // as the not-present (or read-only) access it was.
+            FaultReason::PageRequestDenied => match access {
+                Access::Write => 0x5,
+                Access::Read => 0x6,
+            },
         }
     }
 }

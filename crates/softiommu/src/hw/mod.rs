@@ -78,13 +78,22 @@
 //! softiommu --release --lib hw::`); the membarrier half of the fence pair
 //! is argued in `barrier`, since loom cannot model a system call.
 //!
+//! # Page requests
+//!
+//! A device with page requests enabled does not fail on a miss: the unit
+//! writes a page request into its page request queue (VT-d layout, 32-byte
+//! descriptors, overflow flag) and the translation returns
+//! [`TranslateError::PageRequested`]; the device waits outside its section
+//! ([`Translator::wait_page_response`]) for the page group response that
+//! software submits on the invalidation queue (type 9), and retries. See
+//! `prq` for the model, and the crate's `iopf` module for the handler.
+//!
 //! # Not modelled yet
 //!
 //! A paging-structure cache (the walker reads every level each miss; the
 //! invalidation hint is accepted and recorded), device-TLB (ATS)
-//! invalidation, interrupt remapping, PASIDs, and the page-request queue (a
-//! translation that faults fails; a later issue lets a device wait for the
-//! fault to be served instead).
+//! invalidation, interrupt remapping, and PASIDs (page requests carry none;
+//! one with a PASID is answered `Invalid` by the `iopf` handler).
 
 mod context;
 mod descriptor;
@@ -96,7 +105,9 @@ mod iotlb;
 mod latency;
 #[cfg(all(test, loom))]
 mod loom_tests;
+mod page_requests;
 mod processor;
+mod prq;
 mod ranges;
 mod revoke;
 mod submit;
@@ -118,6 +129,11 @@ pub use iotlb::IotlbConfig;
 pub use latency::{
     cycles, LatencyModel, VTD_2015_INVALIDATION_CYCLES, VTD_2015_NOMINAL_GHZ,
     VTD_2015_WALK_LEVEL_NS,
+};
+pub use page_requests::Taken;
+pub use prq::{
+    PageRequest, PageRequestError, PrqRegisters, PrqStats, ResponseCode, DEFAULT_PRQ_ORDER,
+    MAX_PRQ_ORDER, PRG_INDICES, PRQ_DESCRIPTOR_BYTES,
 };
 pub use ranges::{PhysRange, PhysRanges, PhysSpan};
 pub use submit::InvBatch;

@@ -223,6 +223,12 @@ impl Shared {
                     spin_ns(self.latency.iotlb_invalidation_ns()),
                 );
             }
+            InvDescriptor::PageGroupResponse {
+                sid, prgi, code, ..
+            } => {
+                // A response is not an invalidation: nothing to drain.
+                self.prq.respond(sid, prgi, code);
+            }
             InvDescriptor::Wait(w) => {
                 // Check the status address before doing anything, so that a
                 // bad one stops the queue with nothing half done.

@@ -111,6 +111,13 @@ impl System {
         Some((id, self.unit(id)?))
     }
 
+    /// A new owner id, for a domain that attaches devices (ids are never
+    /// reused).
+    pub(crate) fn next_owner_id() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Makes `owner` (a DMA domain's id) the owner of `sid`; refused with
     /// [`HwError::DeviceOwned`] while another owner holds it.
     pub(crate) fn claim(&self, sid: SourceId, owner: u64) -> Result<(), HwError> {

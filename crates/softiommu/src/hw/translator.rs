@@ -30,6 +30,7 @@ use super::error::TranslateError;
 use super::fault::{Access, FaultRecord};
 use super::iotlb::{FillOutcome, Leaf};
 use super::latency::spin_ns;
+use super::prq::{Raised, ResponseCode};
 use super::ranges::{PhysRanges, PhysSpan};
 use super::unit::{thread_token, Shared, Unit};
 use super::walker::{walk, WalkEnd};
@@ -55,6 +56,8 @@ pub struct TranslatorStats {
     pub faults: u64,
     /// Modelled walk time charged, in nanoseconds.
     pub modelled_ns: u64,
+    /// Misses that raised a page request.
+    pub page_requests: u64,
 }
 
 /// A device thread's handle on a unit's translation. Made by
@@ -348,13 +351,29 @@ impl Translator {
     #[cold]
     #[inline(never)]
     fn fault(&mut self, err: TranslateError, iova: u64, access: Access) -> TranslateError {
+        // A miss of a device that may fault raises a page request instead.
+        if let TranslateError::NotPresent { sid, .. }
+        | TranslateError::PermissionDenied { sid, .. } = err
+        {
+            if let Some(e) = self.page_request(sid, iova, access) {
+                return e;
+            }
+        }
         self.stats.faults += 1;
+        self.record(err, iova, access);
+        err
+    }
+
+    /// Records `err` in the fault log if it is a fault.
+    fn record(&self, err: TranslateError, iova: u64, access: Access) {
         if let Some(reason) = err.reason() {
             let sid = match err {
                 TranslateError::NoContext { sid }
                 | TranslateError::ContextBlocked { sid }
                 | TranslateError::ZeroLength { sid, .. }
                 | TranslateError::TooLong { sid, .. }
+                | TranslateError::PageRequested { sid, .. }
+                | TranslateError::PageRequestDenied { sid, .. }
                 | TranslateError::AddressTooWide { sid, .. }
                 | TranslateError::NotPresent { sid, .. }
                 | TranslateError::PermissionDenied { sid, .. }
@@ -368,7 +387,65 @@ impl Translator {
                 reason,
             });
         }
-        err
+    }
+
+    /// Raises a page request for `sid`'s miss at `iova`, if the device has
+    /// page requests enabled: `PageRequested` to wait for, or at once
+    /// `PageRequestDenied` (recorded) when the queue is full. `None`: the
+    /// device cannot fault; the miss is an ordinary fault.
+    #[cold]
+    fn page_request(&mut self, sid: SourceId, iova: u64, access: Access) -> Option<TranslateError> {
+        let prq = &self.shared.prq;
+        if !prq.enabled(sid) {
+            return None;
+        }
+        let (read, write) = (access == Access::Read, access == Access::Write);
+        match prq.raise(sid, iova, read, write) {
+            Ok(Raised::Queued { prgi }) => {
+                self.stats.page_requests += 1;
+                Some(TranslateError::PageRequested {
+                    sid,
+                    iova,
+                    access,
+                    prgi,
+                })
+            }
+            // Full (overflow set, counted), or all 512 groups outstanding,
+            // or the ring unreadable: refused at once, as the fault it is.
+            Ok(Raised::Overflow | Raised::NoGroup) | Err(_) => {
+                let e = TranslateError::PageRequestDenied { sid, iova, access };
+                self.stats.faults += 1;
+                self.record(e, iova, access);
+                Some(e)
+            }
+        }
+    }
+
+    /// Waits for the answer to page request group `prgi` that a miss of
+    /// `sid` at `iova` raised (call it outside any section: a section held
+    /// while waiting would hold every invalidation wait on the unit, and
+    /// the answer may be queued behind one). `Ok` on `Success`: retry the
+    /// access. Otherwise `PageRequestDenied`, recorded as a fault: on
+    /// `Invalid` or `Failure`, or when the unit's
+    /// [`page_response_timeout`](super::UnitConfig::page_response_timeout)
+    /// passes first (the unit then answers the group `Invalid` itself).
+    pub fn wait_page_response(
+        &mut self,
+        sid: SourceId,
+        iova: u64,
+        access: Access,
+        prgi: u16,
+    ) -> Result<(), TranslateError> {
+        let deadline = std::time::Instant::now() + self.shared.config.page_response_timeout;
+        match self.shared.prq.wait(sid, prgi, deadline) {
+            ResponseCode::Success => Ok(()),
+            ResponseCode::Invalid | ResponseCode::Failure => {
+                let e = TranslateError::PageRequestDenied { sid, iova, access };
+                self.stats.faults += 1;
+                self.record(e, iova, access);
+                Err(e)
+            }
+        }
     }
 }
 

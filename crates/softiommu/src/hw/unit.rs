@@ -62,6 +62,12 @@ pub struct UnitConfig {
     /// Translators that may exist at once (their slots are allocated in
     /// chunks of 64 as threads ask for them; at most 65,536).
     pub max_translators: usize,
+    /// The page request queue holds 128 << `prq_order` descriptors
+    /// (`PQA_REG.PQS`, at most 7; Linux's 4 gives 2,048).
+    pub prq_order: u32,
+    /// How long a device waits for the answer to a page request before the
+    /// unit answers it `Invalid` itself (a handler that stopped answering).
+    pub page_response_timeout: std::time::Duration,
     /// The longest access one translation serves (bytes): a longer one
     /// faults with `TooLong`, so that the work a device can make the unit
     /// do inside one section — which every invalidation wait may have to
@@ -84,6 +90,8 @@ impl Default for UnitConfig {
             fault_log_capacity: 256,
             max_translators: 4096,
             max_access_bytes: DEFAULT_MAX_ACCESS_BYTES,
+            prq_order: super::prq::DEFAULT_PRQ_ORDER,
+            page_response_timeout: std::time::Duration::from_secs(1),
             latency: LatencyModel::zero(),
             drain_barrier: DrainBarrier::Auto,
         }
@@ -117,6 +125,17 @@ impl UnitConfig {
         }
         if !(PAGE_SIZE..=1 << 30).contains(&self.max_access_bytes) {
             return bad("max_access_bytes", self.max_access_bytes);
+        }
+        if self.prq_order > super::prq::MAX_PRQ_ORDER {
+            return bad("prq_order", u64::from(self.prq_order));
+        }
+        if self.page_response_timeout.is_zero()
+            || self.page_response_timeout > std::time::Duration::from_secs(3600)
+        {
+            return bad(
+                "page_response_timeout",
+                u64::try_from(self.page_response_timeout.as_nanos()).unwrap_or(u64::MAX),
+            );
         }
         Ok(())
     }
@@ -219,6 +238,8 @@ pub(crate) struct Shared {
     pub(crate) latency: LiveLatency,
     pub(crate) counters: Counters,
     pub(crate) queue: InvQueue,
+    /// The page request queue and its outstanding groups.
+    pub(crate) prq: super::prq::Prq,
     pub(crate) limits: Limits,
     /// The submission lock: whoever holds it owns the tail.
     pub(crate) submit: Mutex<()>,
@@ -273,6 +294,7 @@ impl Unit {
             Barrier::resolve(config.drain_barrier).ok_or(HwError::MembarrierUnavailable)?;
         let domains = 1usize << config.domain_bits;
         let queue = InvQueue::new(mem.clone(), config.queue_order)?;
+        let prq = super::prq::Prq::new(mem.clone(), config.prq_order)?;
         let shared = Arc::new(Shared {
             config,
             barrier,
@@ -283,6 +305,7 @@ impl Unit {
             latency: LiveLatency::new(config.latency),
             counters: Counters::default(),
             queue,
+            prq,
             limits: Limits {
                 domains: domains as u32,
                 mamv: config.max_address_mask,
@@ -383,6 +406,11 @@ impl Unit {
             }
         }
         let old = context::decode(sh.contexts.store(sid, context::encode(ctx)));
+        if old != ctx {
+            // A device whose context changes has nothing left to wait for
+            // under the old one.
+            sh.prq.cancel(sid);
+        }
         if let Some(ContextEntry::Translated { did, root }) = ctx {
             bindings
                 .entry(did)

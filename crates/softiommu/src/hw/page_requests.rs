@@ -1,0 +1,131 @@
+//! A unit's page requests through its API: enabling them for a device,
+//! software's side of the queue (take, read registers, move the head),
+//! answers, and the counts. The model is in `prq`.
+
+use std::time::Duration;
+
+use super::context::SourceId;
+use super::descriptor::InvDescriptor;
+use super::error::QiError;
+use super::prq::{PageRequest, PageRequestError, PrqRegisters, PrqStats, ResponseCode};
+use super::unit::Unit;
+use crate::mem::MemError;
+
+/// What software took from the page request queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// A well-formed request, to be served and answered.
+    Request(PageRequest),
+    /// A descriptor that does not decode (a device wrote garbage): to be
+    /// counted and dropped; it names no group that can be answered.
+    Malformed {
+        /// Its 256 bits as read.
+        raw: [u64; 4],
+        /// Why it was refused.
+        error: PageRequestError,
+    },
+}
+
+impl Unit {
+    /// Makes `sid`'s translation misses raise page requests (the device is
+    /// fault-capable: PCIe PRI enabled) instead of failing.
+    pub fn enable_page_requests(&self, sid: SourceId) {
+        self.shared.prq.set_enabled(sid, true);
+    }
+
+    /// Makes `sid`'s misses fail again; its outstanding groups are answered
+    /// `Invalid`.
+    pub fn disable_page_requests(&self, sid: SourceId) {
+        self.shared.prq.set_enabled(sid, false);
+    }
+
+    /// Whether `sid`'s misses raise page requests.
+    pub fn page_requests_enabled(&self, sid: SourceId) -> bool {
+        self.shared.prq.enabled(sid)
+    }
+
+    /// The page request queue's registers.
+    pub fn page_request_registers(&self) -> PrqRegisters {
+        self.shared.prq.registers()
+    }
+
+    /// Takes the request at the head of the queue, if any, and moves the
+    /// head past it.
+    pub fn take_page_request(&self) -> Option<Result<Taken, MemError>> {
+        Some(
+            self.shared
+                .prq
+                .take()?
+                .map(|raw| match PageRequest::decode(raw) {
+                    Ok(r) => Taken::Request(r),
+                    Err(error) => Taken::Malformed { raw, error },
+                }),
+        )
+    }
+
+    /// Waits until the queue holds a request or `timeout` passes; returns
+    /// whether one is there.
+    pub fn wait_page_request(&self, timeout: Duration) -> bool {
+        self.shared.prq.wait_request(timeout)
+    }
+
+    /// Wakes every thread in [`wait_page_request`](Self::wait_page_request)
+    /// (a handler shutting down).
+    pub fn kick_page_requests(&self) {
+        self.shared.prq.kick();
+    }
+
+    /// Writes `PQH_REG`, as software that reads the ring itself does. A
+    /// head past the ring is refused (`false`).
+    pub fn set_page_request_head(&self, head: u32) -> bool {
+        self.shared.prq.set_head(head)
+    }
+
+    /// Reads the raw descriptor at ring index `index`.
+    pub fn read_page_request(&self, index: u32) -> Result<[u64; 4], MemError> {
+        self.shared.prq.read(index)
+    }
+
+    /// Clears the overflow flag (`PRS_REG.PRO`).
+    pub fn clear_page_request_overflow(&self) {
+        self.shared.prq.clear_overflow();
+    }
+
+    /// Answers group `prgi` of `sid` with `code`: a page group response
+    /// descriptor on the invalidation queue (no wait; the device sees the
+    /// answer when the queue carries it out).
+    pub fn respond_page_group(
+        &self,
+        sid: SourceId,
+        prgi: u16,
+        code: ResponseCode,
+    ) -> Result<(), QiError> {
+        self.submit(&[InvDescriptor::page_group_response(sid, prgi, code)])
+    }
+
+    /// Writes a raw page request descriptor into the queue as a device
+    /// would send it, unchecked (for tests and fuzzing of handlers: a
+    /// hostile or broken device). Returns whether there was room (when not,
+    /// the overflow flag is set and counted).
+    pub fn inject_page_request(&self, raw: [u64; 4]) -> Result<bool, MemError> {
+        self.shared.prq.inject(raw)
+    }
+
+    /// Answers every outstanding group of `sid` `Invalid` (its handler is
+    /// going away).
+    pub fn cancel_page_requests(&self, sid: SourceId) {
+        self.shared.prq.cancel(sid);
+    }
+
+    /// The clock page requests are stamped with (their private data, qword
+    /// 0): nanoseconds since the unit was made. A handler subtracts the
+    /// stamp from this to know how long a request waited.
+    pub fn page_request_clock_ns(&self) -> u64 {
+        self.shared.prq.now_ns()
+    }
+
+    /// The page request counts.
+    pub fn page_request_stats(&self) -> PrqStats {
+        self.shared.prq.stats()
+    }
+}

@@ -1,0 +1,789 @@
+//! Page requests: a device that may fault (PCIe PRI, or a stall-capable
+//! SMMU master) asks for a page instead of failing, and waits for the
+//! answer (seed `002`).
+//!
+//! # The model (VT-d §7.5, "Page Request Services")
+//!
+//! - A device's translation misses (not present, or present without the
+//!   right it needs). If the device has page requests enabled
+//!   ([`Unit::enable_page_requests`](super::Unit::enable_page_requests)),
+//!   the unit writes a **page request descriptor** into its **page request
+//!   queue** — a ring of 32-byte descriptors in physical memory, with head
+//!   and tail registers (`PQH_REG`, `PQT_REG`, `PQA_REG`) and an overflow
+//!   flag (`PRS_REG.PRO`) — and the translation returns
+//!   [`TranslateError::PageRequested`](super::TranslateError::PageRequested)
+//!   with the request's group index. The device leaves its section and
+//!   waits ([`Translator::wait_page_response`](super::Translator::wait_page_response)).
+//! - Software (the `iopf` handler) takes requests from the head, serves
+//!   them (maps the page, or not), and answers each group with a **page
+//!   group response descriptor** on the invalidation queue (type 9):
+//!   `Success` (retry the translation) or `Invalid` (the access fails and
+//!   is recorded as a fault) — the two codes Linux's iommufd uAPI keeps —
+//!   or `Failure`, handled as `Invalid`.
+//! - **Overflow.** A full queue sets the overflow flag, and the request is
+//!   answered `Invalid` at once (counted): a device must never wait for
+//!   room that a dead handler will never make, and nothing vanishes without
+//!   a trace. (QEMU's VT-d model drops with the flag set; Linux's handler
+//!   drains the queue before it clears the flag. A device here gets a
+//!   failed access and a fault record it can see.)
+//! - **Deadlines.** A device waits at most its deadline; a group still
+//!   unanswered then is answered `Invalid` by the unit and counted as timed
+//!   out. Detaching a device, changing its context or disabling its page
+//!   requests answers its outstanding groups `Invalid`.
+//!
+//! Descriptor layout (VT-d §7.5.1.1, "Page Request Descriptor", 256-bit):
+//!
+//! | qword | bits | field |
+//! |---|---|---|
+//! | 0 | 7:0 | type = 01h |
+//! | 0 | 8 | PASID present |
+//! | 0 | 31:16 | requester id |
+//! | 0 | 51:32 | PASID |
+//! | 0 | 52, 53 | execute requested, privileged mode requested |
+//! | 1 | 0, 1, 2 | read requested, write requested, last page in group (LPIG) |
+//! | 1 | 11:3 | page request group index (PRGI) |
+//! | 1 | 63:12 | page address |
+//! | 2, 3 | | private data (here: the raise time, for the handler's latency figure) |
+//!
+//! Every other bit is reserved, and a descriptor with one set is refused by
+//! [`PageRequest::decode`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::context::SourceId;
+use crate::mem::{FrameOwner, MemError, PhysAddr, PhysMemory, PAGE_SIZE};
+use crate::sync::lock_std as lock;
+
+/// Bytes per page request descriptor (VT-d 3.0 and later: 256 bits).
+pub const PRQ_DESCRIPTOR_BYTES: u64 = 32;
+/// The default size exponent: 2^4 pages of 128 descriptors, 2,048 in all,
+/// as Linux sizes its queue (`drivers/iommu/intel/prq.c`, `PRQ_ORDER` 4).
+pub const DEFAULT_PRQ_ORDER: u32 = 4;
+/// The largest size exponent (`PQA_REG.PQS` is 3 bits).
+pub const MAX_PRQ_ORDER: u32 = 7;
+/// Page request group indices are 9 bits (PCIe PRI).
+pub const PRG_INDICES: u16 = 512;
+
+const TYPE_PAGE_REQUEST: u64 = 0x01;
+const PASID_PRESENT: u64 = 1 << 8;
+const RID_SHIFT: u32 = 16;
+const PASID_SHIFT: u32 = 32;
+const PASID_MASK: u64 = (1 << 20) - 1;
+const EXEC: u64 = 1 << 52;
+const PRIV: u64 = 1 << 53;
+const QW0_RESERVED: u64 = 0x7f << 9 | 0x3ff << 54;
+const READ: u64 = 1 << 0;
+const WRITE: u64 = 1 << 1;
+const LPIG: u64 = 1 << 2;
+const PRGI_SHIFT: u32 = 3;
+const PAGE_MASK: u64 = !(PAGE_SIZE - 1);
+
+/// How software answers a page request group (the response code of a page
+/// group response descriptor, VT-d §6.5.2.9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResponseCode {
+    /// 0h: the pages are there; retry the translation.
+    Success,
+    /// 1h: the request was invalid; the access fails.
+    Invalid,
+    /// Fh: the request could not be served; the access fails (handled as
+    /// `Invalid`).
+    Failure,
+}
+
+impl ResponseCode {
+    /// The 4-bit code.
+    pub fn bits(self) -> u8 {
+        match self {
+            ResponseCode::Success => 0x0,
+            ResponseCode::Invalid => 0x1,
+            ResponseCode::Failure => 0xf,
+        }
+    }
+
+    /// The code of 4 bits, if it is one.
+    pub fn from_bits(bits: u8) -> Option<Self> {
+        match bits {
+            0x0 => Some(ResponseCode::Success),
+            0x1 => Some(ResponseCode::Invalid),
+            0xf => Some(ResponseCode::Failure),
+            _ => None,
+        }
+    }
+}
+
+/// One page request, as the unit writes it and software reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PageRequest {
+    /// The requester.
+    pub sid: SourceId,
+    /// The PASID, when the request carried one.
+    pub pasid: Option<u32>,
+    /// Read access requested.
+    pub read: bool,
+    /// Write access requested.
+    pub write: bool,
+    /// Execute access requested.
+    pub exec: bool,
+    /// Privileged-mode access requested.
+    pub privileged: bool,
+    /// The last request of its group: the group is to be answered.
+    pub last: bool,
+    /// The page request group index (9 bits).
+    pub prgi: u16,
+    /// The page's address (4 KiB aligned).
+    pub addr: u64,
+    /// The private data (here qword 2 holds the raise time, in nanoseconds
+    /// since the unit was made; software returns nothing of it).
+    pub private: [u64; 2],
+}
+
+/// Why a page request descriptor was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum PageRequestError {
+    /// The type field is not 01h (page request).
+    #[error("descriptor type {ty:#x} is not a page request")]
+    NotAPageRequest {
+        /// The type field.
+        ty: u8,
+    },
+    /// A reserved bit is set.
+    #[error("reserved bits {bits:#x} set in qword {qword} of a page request")]
+    ReservedBits {
+        /// 0 or 1.
+        qword: u8,
+        /// The offending bits.
+        bits: u64,
+    },
+    /// A request that asks for no access at all (PCIe's stop marker needs a
+    /// PASID; without one, R = W = 0 asks for nothing).
+    #[error("page request asks for no access")]
+    NoAccess,
+    /// The group index is out of range (only from [`PageRequest::encode`]
+    /// callers that built one by hand).
+    #[error("page request group index {prgi} is not below 512")]
+    BadGroup {
+        /// The index.
+        prgi: u16,
+    },
+}
+
+impl PageRequest {
+    /// The descriptor's 256 bits.
+    pub fn encode(&self) -> [u64; 4] {
+        let mut q0 = TYPE_PAGE_REQUEST | u64::from(self.sid.0) << RID_SHIFT;
+        if let Some(p) = self.pasid {
+            q0 |= PASID_PRESENT | (u64::from(p) & PASID_MASK) << PASID_SHIFT;
+        }
+        if self.exec {
+            q0 |= EXEC;
+        }
+        if self.privileged {
+            q0 |= PRIV;
+        }
+        let q1 = u64::from(self.read)
+            | u64::from(self.write) << 1
+            | if self.last { LPIG } else { 0 }
+            | (u64::from(self.prgi) & 0x1ff) << PRGI_SHIFT
+            | self.addr & PAGE_MASK;
+        [q0, q1, self.private[0], self.private[1]]
+    }
+
+    /// Decodes and checks a descriptor read from the queue.
+    pub fn decode(raw: [u64; 4]) -> Result<Self, PageRequestError> {
+        let [q0, q1, p0, p1] = raw;
+        let ty = (q0 & 0xff) as u8;
+        if u64::from(ty) != TYPE_PAGE_REQUEST {
+            return Err(PageRequestError::NotAPageRequest { ty });
+        }
+        if q0 & QW0_RESERVED != 0 {
+            return Err(PageRequestError::ReservedBits {
+                qword: 0,
+                bits: q0 & QW0_RESERVED,
+            });
+        }
+        let pasid_present = q0 & PASID_PRESENT != 0;
+        let pasid_bits = q0 >> PASID_SHIFT & PASID_MASK;
+        if !pasid_present && pasid_bits != 0 {
+            return Err(PageRequestError::ReservedBits {
+                qword: 0,
+                bits: pasid_bits << PASID_SHIFT,
+            });
+        }
+        let (read, write) = (q1 & READ != 0, q1 & WRITE != 0);
+        if !read && !write {
+            return Err(PageRequestError::NoAccess);
+        }
+        Ok(PageRequest {
+            sid: SourceId((q0 >> RID_SHIFT) as u16),
+            pasid: pasid_present.then_some(pasid_bits as u32),
+            read,
+            write,
+            exec: q0 & EXEC != 0,
+            privileged: q0 & PRIV != 0,
+            last: q1 & LPIG != 0,
+            prgi: (q1 >> PRGI_SHIFT & 0x1ff) as u16,
+            addr: q1 & PAGE_MASK,
+            private: [p0, p1],
+        })
+    }
+}
+
+/// The page request queue's registers, as software reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrqRegisters {
+    /// `PQA_REG`: the ring's physical address (4 KiB aligned).
+    pub base: PhysAddr,
+    /// `PQA_REG.PQS`: the ring is 2^order pages.
+    pub order: u32,
+    /// Descriptors in the ring (128 << order).
+    pub len: u32,
+    /// `PQH_REG`: the next descriptor software takes.
+    pub head: u32,
+    /// `PQT_REG`: the next descriptor the unit writes.
+    pub tail: u32,
+    /// `PRS_REG.PRO`: a request found the queue full.
+    pub overflow: bool,
+}
+
+/// Counts of a unit's page requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrqStats {
+    /// Requests written into the queue.
+    pub raised: u64,
+    /// Requests answered `Invalid` at once because the queue was full.
+    pub overflows: u64,
+    /// Group responses that answered an outstanding group.
+    pub responses: u64,
+    /// Group responses for no outstanding group (unknown group, wrong
+    /// requester, answered already): ignored, counted.
+    pub unknown_responses: u64,
+    /// Groups the unit answered `Invalid` itself: the device's deadline
+    /// passed.
+    pub timed_out: u64,
+    /// Groups answered `Invalid` because their device was detached or its
+    /// page requests disabled.
+    pub cancelled: u64,
+}
+
+/// Where an outstanding group stands: 0 waiting, else a response code + 1.
+#[derive(Debug)]
+pub(crate) struct Group {
+    state: AtomicU8,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+const WAITING: u8 = 0;
+
+impl Group {
+    fn new() -> Self {
+        Self {
+            state: AtomicU8::new(WAITING),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn code(&self) -> Option<ResponseCode> {
+        // Acquire: pairs with `answer`'s Release, so whatever the handler
+        // mapped before answering is seen by the retried translation.
+        match self.state.load(Ordering::Acquire) {
+            WAITING => None,
+            s => ResponseCode::from_bits(s - 1),
+        }
+    }
+
+    /// Sets the answer if none is set; returns whether this call set it.
+    fn answer(&self, code: ResponseCode) -> bool {
+        let set = self
+            .state
+            .compare_exchange(
+                WAITING,
+                code.bits() + 1,
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        if set {
+            let _g = lock(&self.lock);
+            self.cv.notify_all();
+        }
+        set
+    }
+
+    /// Waits for the answer until `deadline`: spins briefly (a handler on
+    /// another core answers within a microsecond or two), then sleeps.
+    fn wait(&self, deadline: Instant) -> Option<ResponseCode> {
+        for i in 0..4096u32 {
+            if let Some(c) = self.code() {
+                return Some(c);
+            }
+            if i < 256 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let mut g = lock(&self.lock);
+        loop {
+            if let Some(c) = self.code() {
+                return Some(c);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, (deadline - now).min(Duration::from_millis(10)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct PrqState {
+    /// Devices whose misses raise page requests.
+    enabled: HashSet<SourceId>,
+    /// Outstanding groups by requester and index.
+    groups: HashMap<(SourceId, u16), Arc<Group>>,
+    /// Each requester's next group index to try.
+    next: HashMap<SourceId, u16>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    raised: AtomicU64,
+    overflows: AtomicU64,
+    responses: AtomicU64,
+    unknown: AtomicU64,
+    timed_out: AtomicU64,
+    cancelled: AtomicU64,
+}
+
+/// A unit's page request queue and its outstanding groups.
+#[derive(Debug)]
+pub(crate) struct Prq {
+    mem: Arc<PhysMemory>,
+    base: PhysAddr,
+    order: u32,
+    len: u32,
+    /// Written by software (`PQH_REG`).
+    head: AtomicU32,
+    /// Written by the unit, under `state`.
+    tail: AtomicU32,
+    overflow: AtomicBool,
+    state: Mutex<PrqState>,
+    /// Rung when a request is written (software waits on it with `state`).
+    doorbell: Condvar,
+    counters: Counters,
+    epoch: Instant,
+}
+
+/// What raising a request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Raised {
+    /// Written, as group `prgi`.
+    Queued { prgi: u16 },
+    /// The queue was full (overflow set): answered `Invalid` at once.
+    Overflow,
+    /// Every group index of the device is outstanding: answered `Invalid`.
+    NoGroup,
+}
+
+impl Prq {
+    /// A zeroed ring of 2^`order` pages in `mem` (frames of the IOMMU).
+    pub(crate) fn new(mem: Arc<PhysMemory>, order: u32) -> Result<Self, MemError> {
+        let base = mem.alloc_zeroed_owned(order, FrameOwner::Iommu)?;
+        let len = ((PAGE_SIZE / PRQ_DESCRIPTOR_BYTES) as u32) << order;
+        Ok(Self {
+            mem,
+            base,
+            order,
+            len,
+            head: AtomicU32::new(0),
+            tail: AtomicU32::new(0),
+            overflow: AtomicBool::new(false),
+            state: Mutex::new(PrqState::default()),
+            doorbell: Condvar::new(),
+            counters: Counters::default(),
+            epoch: Instant::now(),
+        })
+    }
+
+    /// Nanoseconds since the unit was made (the raise stamp).
+    pub(crate) fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Enables or disables page requests for `sid`; disabling answers its
+    /// outstanding groups `Invalid`.
+    pub(crate) fn set_enabled(&self, sid: SourceId, on: bool) {
+        let mut st = lock(&self.state);
+        if on {
+            st.enabled.insert(sid);
+        } else {
+            st.enabled.remove(&sid);
+            drop(st);
+            self.cancel(sid);
+        }
+    }
+
+    /// Whether `sid`'s misses raise page requests.
+    pub(crate) fn enabled(&self, sid: SourceId) -> bool {
+        lock(&self.state).enabled.contains(&sid)
+    }
+
+    /// Answers every outstanding group of `sid` `Invalid`.
+    pub(crate) fn cancel(&self, sid: SourceId) {
+        let groups: Vec<Arc<Group>> = {
+            let mut st = lock(&self.state);
+            let keys: Vec<_> = st.groups.keys().filter(|k| k.0 == sid).copied().collect();
+            keys.iter().filter_map(|k| st.groups.remove(k)).collect()
+        };
+        for g in groups {
+            if g.answer(ResponseCode::Invalid) {
+                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn slot(&self, index: u32) -> PhysAddr {
+        self.base + u64::from(index % self.len) * PRQ_DESCRIPTOR_BYTES
+    }
+
+    /// Writes `raw` at the tail, if there is room; under `state`.
+    fn push(&self, raw: [u64; 4]) -> Result<bool, MemError> {
+        // Acquire: pairs with software's Release store of the head, so the
+        // slots it freed are no longer read.
+        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Relaxed);
+        if (tail + 1) % self.len == head % self.len {
+            self.overflow.store(true, Ordering::Release);
+            return Ok(false);
+        }
+        let at = self.slot(tail);
+        for (i, w) in raw.iter().enumerate() {
+            // Relaxed: published by the tail's Release store below.
+            self.mem
+                .store_u64(at + 8 * i as u64, *w, Ordering::Relaxed)?;
+        }
+        self.tail.store((tail + 1) % self.len, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Raises a request for the page holding `iova` on behalf of `sid`,
+    /// one page per group (LPIG set).
+    pub(crate) fn raise(
+        &self,
+        sid: SourceId,
+        iova: u64,
+        read: bool,
+        write: bool,
+    ) -> Result<Raised, MemError> {
+        let mut st = lock(&self.state);
+        let start = st.next.get(&sid).copied().unwrap_or(0);
+        let Some(prgi) = (0..PRG_INDICES)
+            .map(|i| (start + i) % PRG_INDICES)
+            .find(|p| !st.groups.contains_key(&(sid, *p)))
+        else {
+            return Ok(Raised::NoGroup);
+        };
+        let req = PageRequest {
+            sid,
+            pasid: None,
+            read,
+            write,
+            exec: false,
+            privileged: false,
+            last: true,
+            prgi,
+            addr: iova & PAGE_MASK,
+            private: [self.now_ns(), 0],
+        };
+        if !self.push(req.encode())? {
+            self.counters.overflows.fetch_add(1, Ordering::Relaxed);
+            return Ok(Raised::Overflow);
+        }
+        st.groups.insert((sid, prgi), Arc::new(Group::new()));
+        st.next.insert(sid, (prgi + 1) % PRG_INDICES);
+        self.counters.raised.fetch_add(1, Ordering::Relaxed);
+        drop(st);
+        self.doorbell.notify_all();
+        Ok(Raised::Queued { prgi })
+    }
+
+    /// Writes a raw descriptor at the tail as a (hostile) device would
+    /// send it: nothing is checked and no group is registered. Returns
+    /// whether there was room.
+    pub(crate) fn inject(&self, raw: [u64; 4]) -> Result<bool, MemError> {
+        let _st = lock(&self.state);
+        let queued = self.push(raw)?;
+        if queued {
+            self.doorbell.notify_all();
+        } else {
+            self.counters.overflows.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(queued)
+    }
+
+    /// Answers group `prgi` of `sid` (the work of a page group response
+    /// descriptor). The group stays registered until its device collects
+    /// the answer ([`wait`](Self::wait)). A response for no outstanding
+    /// group (unknown, another requester's index, answered already) is
+    /// ignored and counted.
+    pub(crate) fn respond(&self, sid: SourceId, prgi: u16, code: ResponseCode) {
+        let g = lock(&self.state).groups.get(&(sid, prgi)).cloned();
+        match g {
+            Some(g) if g.answer(code) => {
+                self.counters.responses.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                self.counters.unknown.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Waits for the answer to `sid`'s group `prgi` until `deadline`, then
+    /// retires the group. On timeout the group is answered `Invalid` here
+    /// and counted; a group no longer registered (cancelled by a detach)
+    /// counts as `Invalid` too.
+    pub(crate) fn wait(&self, sid: SourceId, prgi: u16, deadline: Instant) -> ResponseCode {
+        let Some(g) = lock(&self.state).groups.get(&(sid, prgi)).cloned() else {
+            return ResponseCode::Invalid;
+        };
+        let code = match g.wait(deadline) {
+            Some(c) => c,
+            None => {
+                if g.answer(ResponseCode::Invalid) {
+                    self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
+                }
+                g.code().unwrap_or(ResponseCode::Invalid)
+            }
+        };
+        let mut st = lock(&self.state);
+        if st
+            .groups
+            .get(&(sid, prgi))
+            .is_some_and(|cur| Arc::ptr_eq(cur, &g))
+        {
+            st.groups.remove(&(sid, prgi));
+        }
+        code
+    }
+
+    /// The registers now.
+    pub(crate) fn registers(&self) -> PrqRegisters {
+        PrqRegisters {
+            base: self.base,
+            order: self.order,
+            len: self.len,
+            head: self.head.load(Ordering::Acquire),
+            tail: self.tail.load(Ordering::Acquire),
+            overflow: self.overflow.load(Ordering::Acquire),
+        }
+    }
+
+    /// Reads the descriptor at `index` (software's read of the ring).
+    pub(crate) fn read(&self, index: u32) -> Result<[u64; 4], MemError> {
+        let at = self.slot(index);
+        let mut raw = [0u64; 4];
+        for (i, w) in raw.iter_mut().enumerate() {
+            // Relaxed: after the tail's Acquire load in `take`.
+            *w = self.mem.load_u64(at + 8 * i as u64, Ordering::Relaxed)?;
+        }
+        Ok(raw)
+    }
+
+    /// Software's `PQH_REG` write; a head past the ring is refused.
+    pub(crate) fn set_head(&self, head: u32) -> bool {
+        if head >= self.len {
+            return false;
+        }
+        // Release: the slots before `head` were read.
+        self.head.store(head, Ordering::Release);
+        true
+    }
+
+    /// Clears `PRS_REG.PRO`.
+    pub(crate) fn clear_overflow(&self) {
+        self.overflow.store(false, Ordering::Release);
+    }
+
+    /// Takes the descriptor at the head, if any, moving the head past it.
+    /// Several takers may run at once (handler threads): each descriptor is
+    /// taken once. A taker reads the slot, then claims it by moving the
+    /// head with a compare-exchange; the unit cannot overwrite the slot
+    /// before the head has moved past it, so a successful claim read it
+    /// whole.
+    pub(crate) fn take(&self) -> Option<Result<[u64; 4], MemError>> {
+        loop {
+            let head = self.head.load(Ordering::Acquire);
+            // Acquire: pairs with `push`'s Release store of the tail.
+            if head == self.tail.load(Ordering::Acquire) {
+                return None;
+            }
+            let raw = self.read(head);
+            // Release: the slot was read before the unit may reuse it.
+            if self
+                .head
+                .compare_exchange(
+                    head,
+                    (head + 1) % self.len,
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                return Some(raw);
+            }
+        }
+    }
+
+    /// Waits until a request is in the queue or `timeout` passes.
+    pub(crate) fn wait_request(&self, timeout: Duration) -> bool {
+        let st = lock(&self.state);
+        if self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire) {
+            return true;
+        }
+        let (_st, _) = self
+            .doorbell
+            .wait_timeout(st, timeout)
+            .unwrap_or_else(|e| e.into_inner());
+        self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
+    }
+
+    /// Wakes every thread waiting for a request (a handler shutting down).
+    pub(crate) fn kick(&self) {
+        let _st = lock(&self.state);
+        self.doorbell.notify_all();
+    }
+
+    /// The counts now.
+    pub(crate) fn stats(&self) -> PrqStats {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let c = &self.counters;
+        PrqStats {
+            raised: r(&c.raised),
+            overflows: r(&c.overflows),
+            responses: r(&c.responses),
+            unknown_responses: r(&c.unknown),
+            timed_out: r(&c.timed_out),
+            cancelled: r(&c.cancelled),
+        }
+    }
+}
+
+impl Drop for Prq {
+    fn drop(&mut self) {
+        // Cannot fail: the ring was allocated with this order.
+        let _ = self
+            .mem
+            .free_owned(self.base, self.order, FrameOwner::Iommu);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn req() -> PageRequest {
+        PageRequest {
+            sid: SourceId(0x1234),
+            pasid: Some(0xabcde),
+            read: true,
+            write: false,
+            exec: true,
+            privileged: false,
+            last: true,
+            prgi: 0x1a5,
+            addr: 0x7654_3000,
+            private: [42, 7],
+        }
+    }
+
+    #[test]
+    fn descriptors_round_trip_and_reserved_bits_are_refused() {
+        let r = req();
+        let raw = r.encode();
+        assert_eq!(raw[0] & 0xff, 1);
+        assert_eq!(raw[1] >> 3 & 0x1ff, 0x1a5);
+        assert_eq!(PageRequest::decode(raw), Ok(r));
+        let mut bad = raw;
+        bad[0] |= 1 << 12;
+        assert_eq!(
+            PageRequest::decode(bad),
+            Err(PageRequestError::ReservedBits {
+                qword: 0,
+                bits: 1 << 12
+            })
+        );
+        bad = raw;
+        bad[0] = bad[0] & !0xff | 0x05;
+        assert_eq!(
+            PageRequest::decode(bad),
+            Err(PageRequestError::NotAPageRequest { ty: 5 })
+        );
+        bad = raw;
+        bad[1] &= !3;
+        assert_eq!(PageRequest::decode(bad), Err(PageRequestError::NoAccess));
+        let no_pasid = PageRequest { pasid: None, ..r };
+        let mut raw = no_pasid.encode();
+        assert_eq!(PageRequest::decode(raw), Ok(no_pasid));
+        raw[0] |= 5 << 32;
+        assert!(matches!(
+            PageRequest::decode(raw),
+            Err(PageRequestError::ReservedBits { qword: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn requests_flow_and_a_full_queue_overflows_at_once() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let q = Prq::new(mem.clone(), 0).unwrap();
+        assert_eq!(q.registers().len, 128);
+        let sid = SourceId(9);
+        for i in 0..127 {
+            assert!(matches!(
+                q.raise(sid, i << 12, true, false),
+                Ok(Raised::Queued { .. })
+            ));
+        }
+        assert_eq!(q.raise(sid, 0, true, false), Ok(Raised::Overflow));
+        assert!(q.registers().overflow);
+        assert_eq!(q.stats().overflows, 1);
+        let first = PageRequest::decode(q.take().unwrap().unwrap()).unwrap();
+        assert_eq!((first.sid, first.addr, first.prgi), (sid, 0, 0));
+        q.respond(sid, first.prgi, ResponseCode::Success);
+        q.respond(sid, first.prgi, ResponseCode::Invalid);
+        assert_eq!(q.stats().unknown_responses, 1, "answered already");
+        assert_eq!(q.wait(sid, 0, Instant::now()), ResponseCode::Success);
+        q.respond(sid, 0, ResponseCode::Success);
+        q.respond(SourceId(10), 1, ResponseCode::Success);
+        assert_eq!(
+            q.stats().unknown_responses,
+            3,
+            "collected; another requester"
+        );
+        q.clear_overflow();
+        assert!(!q.registers().overflow);
+        // A deadline that passes answers the group Invalid, counted.
+        let second = PageRequest::decode(q.take().unwrap().unwrap()).unwrap();
+        assert_eq!(
+            q.wait(sid, second.prgi, Instant::now()),
+            ResponseCode::Invalid
+        );
+        assert_eq!(q.stats().timed_out, 1);
+        // Disabling cancels what is outstanding.
+        q.set_enabled(sid, true);
+        assert!(q.enabled(sid));
+        q.set_enabled(sid, false);
+        assert_eq!(q.stats().cancelled, 125);
+    }
+}

@@ -1,0 +1,520 @@
+//! An address space whose memory is mapped on demand: a guest's (or a
+//! process's) memory map of regions, a VT-d table that starts empty, the
+//! devices that fault into it, and reclaim.
+
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::error::IopfError;
+use crate::hw::{ContextEntry, HwError, PageRequest, ResponseCode, SourceId, System, UnitId};
+use crate::mem::{PhysAddr, PAGE_SHIFT, PAGE_SIZE};
+use crate::pgtable::{IoPageTable, IotlbGather, Perm, VtdConfig, VtdPageTable, VTD_IOVA_BITS};
+use crate::sync::lock_std as lock;
+
+/// The largest pre-map window: 512 pages (2 MiB), the seed's largest
+/// `PREMAP_LEN`, times 512 (a 1 GiB leaf's worth).
+pub const MAX_PREMAP_PAGES: u64 = 1 << 18;
+/// The largest region: 64 GiB (its mapped-page bitmap is 2 MiB).
+pub const MAX_REGION_BYTES: u64 = 64 << 30;
+
+/// How an [`IopfDomain`] is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IopfConfig {
+    /// The VT-d domain id its devices' contexts use.
+    pub did: u16,
+    /// Pages mapped per fault, the faulting page included (seed `002`'s
+    /// `PREMAP_LEN`: 1 maps only the page that faulted; 512 maps up to a
+    /// 2 MiB window from it), never past the end of the region and
+    /// skipping what is mapped. 1 to [`MAX_PREMAP_PAGES`].
+    pub premap_pages: u64,
+    /// Whether the units' walkers are cache-coherent.
+    pub coherent: bool,
+}
+
+impl Default for IopfConfig {
+    fn default() -> Self {
+        Self {
+            did: 2,
+            premap_pages: 1,
+            coherent: true,
+        }
+    }
+}
+
+/// A range of the address space a device may fault in: IOVAs
+/// `[iova, iova + len)` are backed by physical `[phys, phys + len)` with
+/// rights `perm`. The memory is not pinned: it is mapped when a device
+/// first touches it and may be reclaimed at any time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    /// First IOVA (page aligned).
+    pub iova: u64,
+    /// First physical byte of the backing (page aligned).
+    pub phys: PhysAddr,
+    /// Length in bytes (pages).
+    pub len: u64,
+    /// The rights a device gets.
+    pub perm: Perm,
+}
+
+impl Region {
+    fn end(&self) -> u64 {
+        self.iova + self.len
+    }
+
+    fn contains(&self, iova: u64) -> bool {
+        iova >= self.iova && iova < self.end()
+    }
+}
+
+/// A region and which of its pages are mapped.
+#[derive(Debug)]
+struct Backed {
+    region: Region,
+    /// Bit `i`: page `i` of the region is mapped (written under `map`).
+    mapped: Vec<u64>,
+}
+
+impl Backed {
+    fn is_mapped(&self, page: u64) -> bool {
+        self.mapped
+            .get((page / 64) as usize)
+            .is_some_and(|w| w & (1 << (page % 64)) != 0)
+    }
+
+    fn set(&mut self, page: u64, on: bool) {
+        if let Some(w) = self.mapped.get_mut((page / 64) as usize) {
+            if on {
+                *w |= 1 << (page % 64);
+            } else {
+                *w &= !(1 << (page % 64));
+            }
+        }
+    }
+}
+
+/// Counts of an [`IopfDomain`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IopfStats {
+    /// Page requests answered `Success` (the page was mapped, or found
+    /// mapped already by a request before it).
+    pub served: u64,
+    /// Page requests answered `Invalid`: outside every region, without the
+    /// right asked for, from a device of another domain, with a PASID or
+    /// beyond the address width.
+    pub refused: u64,
+    /// Pages mapped on demand (the faulting pages and the pre-mapped ones).
+    pub pages_mapped: u64,
+    /// Of those, pages mapped ahead of a fault by the pre-map window.
+    pub pages_premapped: u64,
+    /// Reclaim calls that took pages back.
+    pub reclaims: u64,
+    /// Pages reclaimed (unmapped, invalidated, waited for).
+    pub pages_reclaimed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    served: AtomicU64,
+    refused: AtomicU64,
+    pages_mapped: AtomicU64,
+    pages_premapped: AtomicU64,
+    reclaims: AtomicU64,
+    pages_reclaimed: AtomicU64,
+}
+
+/// An address space mapped on demand. Share it as `Arc<IopfDomain>`;
+/// describe its memory with [`add_region`](Self::add_region), attach
+/// fault-capable devices with [`attach`](Self::attach), and serve their
+/// page requests with an [`IopfHandler`](super::IopfHandler).
+#[derive(Debug)]
+pub struct IopfDomain {
+    id: u64,
+    config: IopfConfig,
+    system: Arc<System>,
+    /// Dropped by hand in `drop`, and only once no device can walk it.
+    table: ManuallyDrop<VtdPageTable>,
+    /// The regions, sorted by IOVA, with their mapped bitmaps. Mapping
+    /// (serving a fault) and unmapping (reclaim) hold it for writing, so
+    /// a fault and a reclaim of the same page resolve in one order.
+    regions: RwLock<Vec<Backed>>,
+    devices: Mutex<Vec<(SourceId, UnitId)>>,
+    counters: Counters,
+}
+
+impl IopfDomain {
+    /// An empty address space over `system`'s memory.
+    pub fn new(system: Arc<System>, config: IopfConfig) -> Result<Arc<Self>, IopfError> {
+        if !(1..=MAX_PREMAP_PAGES).contains(&config.premap_pages) {
+            return Err(IopfError::InvalidConfig {
+                name: "premap_pages",
+                value: config.premap_pages,
+                max: MAX_PREMAP_PAGES,
+            });
+        }
+        let vtd = if config.coherent {
+            VtdConfig::coherent()
+        } else {
+            VtdConfig::non_coherent()
+        };
+        let table = VtdPageTable::new(system.memory().clone(), vtd)?;
+        Ok(Arc::new(Self {
+            id: System::next_owner_id(),
+            config,
+            system,
+            table: ManuallyDrop::new(table),
+            regions: RwLock::new(Vec::new()),
+            devices: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+        }))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> IopfConfig {
+        self.config
+    }
+
+    /// The system the domain lives in.
+    pub fn system(&self) -> &Arc<System> {
+        &self.system
+    }
+
+    /// Adds `[iova, iova + len)` backed by physical `phys` with rights
+    /// `perm`. Everything page aligned; the backing in the arena and
+    /// outside the IOMMU's own frames; no overlap with another region.
+    pub fn add_region(&self, region: Region) -> Result<(), IopfError> {
+        let Region {
+            iova,
+            phys,
+            len,
+            perm,
+        } = region;
+        if len == 0 || perm.is_empty() {
+            return Err(IopfError::EmptyRegion { iova });
+        }
+        if !(iova | phys | len).is_multiple_of(PAGE_SIZE) {
+            return Err(IopfError::Unaligned { iova, phys, len });
+        }
+        if len > MAX_REGION_BYTES {
+            return Err(IopfError::RegionTooLarge {
+                len,
+                max: MAX_REGION_BYTES,
+            });
+        }
+        if iova
+            .checked_add(len)
+            .is_none_or(|end| end > 1 << VTD_IOVA_BITS)
+        {
+            return Err(IopfError::BeyondWidth { iova, len });
+        }
+        self.system.memory().check_device_range(phys, len)?;
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        if regions
+            .iter()
+            .any(|b| iova < b.region.end() && b.region.iova < iova + len)
+        {
+            return Err(IopfError::Overlap { iova, len });
+        }
+        let pages = len >> PAGE_SHIFT;
+        let at = regions.partition_point(|b| b.region.iova < iova);
+        regions.insert(
+            at,
+            Backed {
+                region,
+                mapped: vec![0; pages.div_ceil(64) as usize],
+            },
+        );
+        Ok(())
+    }
+
+    /// The regions.
+    pub fn regions(&self) -> Vec<Region> {
+        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        regions.iter().map(|b| b.region).collect()
+    }
+
+    /// Attaches fault-capable device `sid` (assigned to a unit of the
+    /// system): its context points at this domain's table and its misses
+    /// raise page requests. A device of another domain is refused.
+    pub fn attach(&self, sid: SourceId) -> Result<UnitId, IopfError> {
+        let (id, unit) = self
+            .system
+            .unit_of(sid)
+            .ok_or(HwError::DeviceNotAssigned { sid })?;
+        self.system.claim(sid, self.id)?;
+        let ctx = ContextEntry::Translated {
+            did: self.config.did,
+            root: self.table.root(),
+        };
+        if let Err(e) = unit.attach(sid, ctx) {
+            self.system.release(sid, self.id);
+            return Err(e.into());
+        }
+        unit.enable_page_requests(sid);
+        let mut devices = lock(&self.devices);
+        if !devices.iter().any(|&(s, _)| s == sid) {
+            devices.push((sid, id));
+        }
+        Ok(id)
+    }
+
+    /// Detaches `sid`: its outstanding page requests are answered
+    /// `Invalid`, its context removed and drained.
+    pub fn detach(&self, sid: SourceId) -> Result<(), IopfError> {
+        let mut devices = lock(&self.devices);
+        let Some(i) = devices.iter().position(|&(s, _)| s == sid) else {
+            return Err(IopfError::NotAttached { sid });
+        };
+        let (_, unit_id) = devices[i];
+        if let Some(unit) = self.system.unit(unit_id) {
+            unit.disable_page_requests(sid);
+            unit.detach(sid)?;
+        }
+        devices.swap_remove(i);
+        self.system.release(sid, self.id);
+        Ok(())
+    }
+
+    /// The attached devices and their units.
+    pub fn devices(&self) -> Vec<(SourceId, UnitId)> {
+        lock(&self.devices).clone()
+    }
+
+    /// Whether `sid` is attached here.
+    pub fn is_attached(&self, sid: SourceId) -> bool {
+        lock(&self.devices).iter().any(|&(s, _)| s == sid)
+    }
+
+    /// Serves one page request: maps the page and up to the pre-map window
+    /// after it (within its region, skipping what is mapped), or refuses.
+    /// The answer to send.
+    pub fn serve(&self, r: &PageRequest) -> ResponseCode {
+        let ok = self.try_serve(r);
+        let c = if ok.is_ok() {
+            &self.counters.served
+        } else {
+            &self.counters.refused
+        };
+        c.fetch_add(1, Relaxed);
+        if ok.is_ok() {
+            ResponseCode::Success
+        } else {
+            ResponseCode::Invalid
+        }
+    }
+
+    fn try_serve(&self, r: &PageRequest) -> Result<(), ()> {
+        if r.pasid.is_some() || r.addr >> VTD_IOVA_BITS != 0 || !self.is_attached(r.sid) {
+            return Err(());
+        }
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        let b = regions
+            .iter_mut()
+            .find(|b| b.region.contains(r.addr))
+            .ok_or(())?;
+        let perm = b.region.perm;
+        if (r.read && !perm.read()) || (r.write && !perm.write()) || r.exec {
+            return Err(());
+        }
+        let first = (r.addr - b.region.iova) >> PAGE_SHIFT;
+        let pages = b.region.len >> PAGE_SHIFT;
+        let last = (first + self.config.premap_pages).min(pages);
+        // Map the unmapped runs of the window, one table call each.
+        let mut p = first;
+        let (mut mapped, mut premapped) = (0, 0);
+        while p < last {
+            if b.is_mapped(p) {
+                p += 1;
+                continue;
+            }
+            let run_end = (p..last).find(|&q| b.is_mapped(q)).unwrap_or(last);
+            let n = run_end - p;
+            let iova = b.region.iova + (p << PAGE_SHIFT);
+            let phys = b.region.phys + (p << PAGE_SHIFT);
+            if self.table.map(iova, phys, n << PAGE_SHIFT, perm).is_err() {
+                // Out of table pages: what was mapped stays; the faulting
+                // page's request is served only if it is among them.
+                break;
+            }
+            for q in p..run_end {
+                b.set(q, true);
+            }
+            mapped += n;
+            premapped += n - u64::from(p == first);
+            p = run_end;
+        }
+        self.counters.pages_mapped.fetch_add(mapped, Relaxed);
+        self.counters.pages_premapped.fetch_add(premapped, Relaxed);
+        if b.is_mapped(first) {
+            Ok(())
+        } else {
+            Err(())
+        }
+    }
+
+    /// Takes back `[iova, iova + len)` (an MMU notifier's invalidation:
+    /// the memory is not pinned): every mapped page in the range is
+    /// unmapped, the units are invalidated and waited for (around their
+    /// queues if they cannot carry it), and only then does this return.
+    /// The backing keeps its data: a later access faults and is served
+    /// again. Returns the pages taken back; a range with none mapped is
+    /// [`IopfError::NotMapped`]. Racing a fault on the same page, one of
+    /// the two goes first: the page ends mapped (the fault after) or not
+    /// (the reclaim after, and the next access faults again).
+    pub fn reclaim(&self, iova: u64, len: u64) -> Result<u64, IopfError> {
+        if len == 0 || !(iova | len).is_multiple_of(PAGE_SIZE) {
+            return Err(IopfError::Unaligned { iova, phys: 0, len });
+        }
+        let end = iova
+            .checked_add(len)
+            .ok_or(IopfError::BeyondWidth { iova, len })?;
+        // Check first: a caller holding a translation section would wait
+        // for itself.
+        for (_, u) in self.devices() {
+            if let Some(unit) = self.system.unit(u) {
+                unit.check_caller()?;
+            }
+        }
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        let mut gather = IotlbGather::new();
+        let mut taken = Vec::new();
+        for b in regions.iter_mut() {
+            let lo = iova.max(b.region.iova);
+            let hi = end.min(b.region.end());
+            let mut p = lo;
+            while p < hi {
+                let page = (p - b.region.iova) >> PAGE_SHIFT;
+                if !b.is_mapped(page) {
+                    p += PAGE_SIZE;
+                    continue;
+                }
+                let mut q = p;
+                while q < hi && b.is_mapped((q - b.region.iova) >> PAGE_SHIFT) {
+                    q += PAGE_SIZE;
+                }
+                self.table.unmap(p, q - p, &mut gather)?;
+                taken.push((p, q - p));
+                p = q;
+            }
+        }
+        if taken.is_empty() {
+            return Err(IopfError::NotMapped { iova, len });
+        }
+        let mut pages = 0;
+        for (p, n) in taken {
+            for b in regions.iter_mut() {
+                let mut q = p.max(b.region.iova);
+                while q < (p + n).min(b.region.end()) {
+                    b.set((q - b.region.iova) >> PAGE_SHIFT, false);
+                    q += PAGE_SIZE;
+                    pages += 1;
+                }
+            }
+        }
+        // The entries are cleared and the pages marked unmapped: faults
+        // may be served again from here on (they map the same backing, so
+        // an IOTLB entry of the old mapping that lives until the wait
+        // below translates them the same way). The invalidation and its
+        // wait — milliseconds when the drain waits for a device — run
+        // without holding the handlers off.
+        drop(regions);
+        // Invalidate every unit a device of the domain sits behind, then
+        // wait; a queue that cannot carry it is gone around.
+        let mut units: Vec<UnitId> = self.devices().iter().map(|&(_, u)| u).collect();
+        units.sort();
+        units.dedup();
+        for u in &units {
+            if let Some(unit) = self.system.unit(*u) {
+                let queued = unit.invalidate_range(self.config.did, iova, len);
+                if queued.is_err() || unit.wait().is_err() {
+                    // Only a caller holding a section can make this fail,
+                    // checked above; the table pages stay unfreed (leaked)
+                    // if it does.
+                    unit.revoke(self.config.did, iova, len)?;
+                }
+            }
+        }
+        // Freed only now: no walker can hold them any more.
+        gather.complete()?;
+        self.counters.reclaims.fetch_add(1, Relaxed);
+        self.counters.pages_reclaimed.fetch_add(pages, Relaxed);
+        Ok(pages)
+    }
+
+    /// Maps every region whole (the pinned, pre-mapped baseline: what a
+    /// VMM without page faults does before a device may run).
+    pub fn map_all(&self) -> Result<u64, IopfError> {
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        let mut n = 0;
+        for b in regions.iter_mut() {
+            let pages = b.region.len >> PAGE_SHIFT;
+            let mut p = 0;
+            while p < pages {
+                if b.is_mapped(p) {
+                    p += 1;
+                    continue;
+                }
+                let run_end = (p..pages).find(|&q| b.is_mapped(q)).unwrap_or(pages);
+                self.table.map(
+                    b.region.iova + (p << PAGE_SHIFT),
+                    b.region.phys + (p << PAGE_SHIFT),
+                    (run_end - p) << PAGE_SHIFT,
+                    b.region.perm,
+                )?;
+                for q in p..run_end {
+                    b.set(q, true);
+                }
+                n += run_end - p;
+                p = run_end;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Whether the page holding `iova` is mapped now.
+    pub fn is_mapped(&self, iova: u64) -> bool {
+        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        regions
+            .iter()
+            .find(|b| b.region.contains(iova))
+            .is_some_and(|b| b.is_mapped((iova - b.region.iova) >> PAGE_SHIFT))
+    }
+
+    /// The counts.
+    pub fn stats(&self) -> IopfStats {
+        let c = &self.counters;
+        IopfStats {
+            served: c.served.load(Relaxed),
+            refused: c.refused.load(Relaxed),
+            pages_mapped: c.pages_mapped.load(Relaxed),
+            pages_premapped: c.pages_premapped.load(Relaxed),
+            reclaims: c.reclaims.load(Relaxed),
+            pages_reclaimed: c.pages_reclaimed.load(Relaxed),
+        }
+    }
+}
+
+impl Drop for IopfDomain {
+    fn drop(&mut self) {
+        // No device may walk the table once it is freed: detach every
+        // device (their requests are answered `Invalid`), or leak the
+        // table if that cannot be done from this thread.
+        let devices = std::mem::take(&mut *lock(&self.devices));
+        let mut revoked = true;
+        for (sid, u) in devices {
+            if let Some(unit) = self.system.unit(u) {
+                unit.disable_page_requests(sid);
+                revoked &= unit.set_context(sid, None).is_ok();
+                revoked &= unit.revoke(self.config.did, 0, 0).is_ok();
+            }
+            self.system.release(sid, self.id);
+        }
+        if revoked {
+            // SAFETY: `table` is dropped here once and never used again
+            // (this is the domain's `drop`); no context points at it and
+            // every translation in flight was drained.
+            unsafe { ManuallyDrop::drop(&mut self.table) };
+        }
+    }
+}

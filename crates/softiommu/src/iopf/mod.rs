@@ -1,0 +1,32 @@
+//! I/O page faults: devices fault and the host maps on demand (seed `002`).
+//!
+//! # The model
+//!
+//! Instead of pinning and mapping all of a guest's memory before a device
+//! may touch it, an [`IopfDomain`] starts with an empty page table and a
+//! memory map of [`Region`]s (IOVA → physical backing, rights). Its
+//! devices are fault-capable (PCIe PRI): a miss raises a page request in
+//! the unit's page request queue (see `hw`) and the device waits. An
+//! [`IopfHandler`] drains the queue, maps the page and the pre-map window
+//! after it ([`IopfConfig::premap_pages`], the seed's `PREMAP_LEN`), and
+//! answers `Success`, or `Invalid` for a request outside the map; it
+//! measures how long each request waited. The memory is not pinned:
+//! [`IopfDomain::reclaim`] (an MMU notifier's invalidation) takes pages
+//! back — unmap, invalidate, wait — and the device's next access faults
+//! and is served again, the data intact.
+//!
+//! Bounds: a device waits for an answer at most the unit's
+//! `page_response_timeout` (a handler that died is detected, its groups
+//! answered `Invalid` and counted); a full queue answers at once; one
+//! access raises at most [`PAGE_REQUEST_ROUNDS`](crate::access::PAGE_REQUEST_ROUNDS)
+//! requests.
+
+mod domain;
+mod error;
+mod handler;
+mod histogram;
+
+pub use domain::{IopfConfig, IopfDomain, IopfStats, Region, MAX_PREMAP_PAGES, MAX_REGION_BYTES};
+pub use error::IopfError;
+pub use handler::{HandlerStats, IopfHandler, MAX_HANDLER_THREADS};
+pub use histogram::{LatencyHistogram, LatencySummary};
