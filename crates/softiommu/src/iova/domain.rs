@@ -417,7 +417,7 @@ impl IovaDomain {
 
     /// Marks a live block as released by its user but not free yet: an
     /// IOVA an unmap is revoking, which only the invalidation that covers it
-    /// may free (with [`IovaCpuCache::free_retired`]). Until then a second
+    /// may free (with [`IovaCpuCache::free_retired`](super::IovaCpuCache::free_retired)). Until then a second
     /// free or retire of it is refused (`NotAllocated`), as a double unmap
     /// must be, though the block is still allocated in the tree. One
     /// compare-exchange: of two threads retiring one block at once, exactly
