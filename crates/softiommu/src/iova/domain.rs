@@ -459,6 +459,17 @@ impl IovaDomain {
         }
     }
 
+    /// Why `pfn` is not a retired block of `order` (for a refused
+    /// `free_retired`).
+    #[cold]
+    pub(super) fn retired_error(&self, pfn: u64, order: u32) -> IovaError {
+        match self.check_state(pfn, order, RETIRED) {
+            Err(e) => e,
+            // It was retired a moment ago: another thread freed it since.
+            Ok(()) => IovaError::NotAllocated { pfn },
+        }
+    }
+
     #[cold]
     fn free_error(&self, pfn: u64, order: u32) -> IovaError {
         if pfn < self.start_pfn || pfn > self.end_pfn {

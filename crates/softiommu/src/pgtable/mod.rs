@@ -39,7 +39,7 @@ mod vtd_tests;
 
 pub use cache_flush::{FlushMethod, CACHE_LINE};
 pub use gather::{leaked_table_pages, IotlbGather};
-pub(crate) use vtd::{decode_entry, level_index, SlEntry};
+pub(crate) use vtd::{decode_entry, level_index, LeafHint, SlEntry};
 pub use vtd::{VtdConfig, VtdPageTable, ECAP_C, VTD_ADDR_BITS, VTD_IOVA_BITS, VTD_LEVELS};
 
 use std::fmt;
