@@ -57,6 +57,9 @@ pub enum LabError {
         /// Buffer bytes.
         max: usize,
     },
+    /// A measurement tool (callgrind) could not give its figure.
+    #[error("measure: {0}")]
+    Measure(String),
     /// A workload's setup was inconsistent (a bug in the lab).
     #[error("lab set-up: {0}")]
     Setup(&'static str),

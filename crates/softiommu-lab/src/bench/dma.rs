@@ -17,9 +17,10 @@ use serde::{Deserialize, Serialize};
 use softiommu::dma::{DmaDirection, DmaPolicy};
 use softiommu::hw::{LatencyModel, SourceId};
 
+use super::dma_instructions;
 use crate::args::{dma_policies, DmaPolicyName, Latency, Ranged, Seconds};
 use crate::dma_rig::{modelled, modelled_figures, DmaRig};
-use crate::error::{join, LabResult};
+use crate::error::{join, LabError, LabResult};
 use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 
 /// Options of `bench dma` (and of a `[bench-dma]` scenario table).
@@ -52,6 +53,11 @@ pub struct DmaBenchArgs {
     /// Policies to run (default: all).
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<DmaPolicyName>,
+    /// Also count the instructions of one pair per policy with callgrind
+    /// (runs this bench under `valgrind --tool=callgrind`, one thread,
+    /// latency zero, `--iters` and twice as many pairs: needs valgrind).
+    #[arg(long)]
+    pub instructions: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     #[serde(skip)]
@@ -69,6 +75,7 @@ impl Default for DmaBenchArgs {
             dma_trans_ns: Ranged::new(0),
             latency: Latency::Vtd2015,
             policies: Vec::new(),
+            instructions: false,
             json: false,
         }
     }
@@ -111,6 +118,14 @@ pub struct DmaResult {
     pub flushes: u64,
     /// The longest time an unmapped buffer stayed reachable, ms.
     pub stale_window_ms_max: f64,
+    /// Instructions of one map+unmap pair, counted by callgrind (with
+    /// `--instructions`; `null` otherwise).
+    pub instructions_per_pair: Option<f64>,
+    /// `instructions_per_pair` minus pass-through's (when both counted).
+    pub instructions_over_passthrough: Option<f64>,
+    /// A cycle estimate of one pair: time-stamp-counter ticks per pair
+    /// (x86_64; reference cycles, not core cycles; `null` elsewhere).
+    pub cycles_per_pair: Option<f64>,
 }
 
 /// The JSON object `bench dma --json` prints.
@@ -124,12 +139,29 @@ pub struct DmaBenchReport {
     pub granule: u64,
     /// The latency model's figures, nanoseconds: what is modelled.
     pub modelled: Vec<(String, u64)>,
+    /// Where `instructions_per_pair` comes from: "callgrind" or "none".
+    pub instructions_source: &'static str,
     /// One entry per policy.
     pub results: Vec<DmaResult>,
 }
 
 /// Log2 buckets of unmap latency: bucket `k` holds calls of 2^k..2^(k+1) ns.
 const BUCKETS: usize = 40;
+
+/// The time-stamp counter, where the CPU has one.
+#[inline]
+fn ticks() -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `rdtsc` reads a counter; every x86_64 CPU has it and it
+        // touches no memory.
+        Some(unsafe { core::arch::x86_64::_rdtsc() })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
 
 fn spin(ns: u64) {
     if ns == 0 {
@@ -157,44 +189,54 @@ fn run_policy(
         .map(|_| {
             let (domain, dev, go, mem) = (domain.clone(), dev.clone(), go.clone(), mem.clone());
             let (iters, trans) = (args.iters.map(Ranged::get), args.dma_trans_ns.get());
-            std::thread::spawn(move || -> LabResult<(u64, u128, u128, [u64; BUCKETS])> {
-                let order = granule.next_power_of_two().ilog2();
-                let buf = mem.alloc_zeroed_frames(order)?;
-                let len = granule * 4096;
-                let mut cpu = domain.cpu();
-                go.wait();
-                let start = Instant::now();
-                let (mut n, mut map_ns, mut unmap_ns) = (0u64, 0u128, 0u128);
-                let mut hist = [0u64; BUCKETS];
-                loop {
-                    let t0 = Instant::now();
-                    let a = cpu.map(&dev, buf, len, dir)?;
-                    let t1 = Instant::now();
-                    spin(trans);
-                    let t2 = Instant::now();
-                    cpu.unmap(&dev, a, len, dir)?;
-                    let t3 = Instant::now();
-                    map_ns += (t1 - t0).as_nanos();
-                    let u = (t3 - t2).as_nanos();
-                    unmap_ns += u;
-                    hist[(u.max(1).ilog2() as usize).min(BUCKETS - 1)] += 1;
-                    n += 1;
-                    match iters {
-                        Some(k) if n >= k => break,
-                        None if n % 64 == 0 && start.elapsed() >= budget => break,
-                        _ => {}
+            std::thread::spawn(
+                move || -> LabResult<(u64, u128, u128, u64, [u64; BUCKETS])> {
+                    let order = granule.next_power_of_two().ilog2();
+                    let buf = mem.alloc_zeroed_frames(order)?;
+                    let len = granule * 4096;
+                    let mut cpu = domain.cpu();
+                    go.wait();
+                    let start = Instant::now();
+                    let (mut n, mut map_ns, mut unmap_ns) = (0u64, 0u128, 0u128);
+                    let mut hist = [0u64; BUCKETS];
+                    let c0 = ticks();
+                    loop {
+                        let t0 = Instant::now();
+                        let a = cpu.map(&dev, buf, len, dir)?;
+                        let t1 = Instant::now();
+                        spin(trans);
+                        let t2 = Instant::now();
+                        cpu.unmap(&dev, a, len, dir)?;
+                        let t3 = Instant::now();
+                        map_ns += (t1 - t0).as_nanos();
+                        let u = (t3 - t2).as_nanos();
+                        unmap_ns += u;
+                        hist[(u.max(1).ilog2() as usize).min(BUCKETS - 1)] += 1;
+                        n += 1;
+                        match iters {
+                            Some(k) if n >= k => break,
+                            None if n % 64 == 0 && start.elapsed() >= budget => break,
+                            _ => {}
+                        }
                     }
-                }
-                drop(cpu);
-                Ok((n, map_ns, unmap_ns, hist))
-            })
+                    // Minus the transfer spins, which are not the pair's work.
+                    let cycles = match (c0, ticks()) {
+                        (Some(a), Some(b)) => b.wrapping_sub(a),
+                        _ => 0,
+                    };
+                    drop(cpu);
+                    Ok((n, map_ns, unmap_ns, cycles, hist))
+                },
+            )
         })
         .collect();
     let mut tot = (0u64, 0u128, 0u128);
+    let mut cycles = 0u64;
     let mut hist = [0u64; BUCKETS];
     for h in handles {
-        let (n, m, u, hh) = join(h, "bench dma")??;
+        let (n, m, u, c, hh) = join(h, "bench dma")??;
         tot = (tot.0 + n, tot.1 + m, tot.2 + u);
+        cycles = cycles.saturating_add(c);
         for (a, b) in hist.iter_mut().zip(hh) {
             *a += b;
         }
@@ -208,27 +250,58 @@ fn run_policy(
             pairs: tot.0,
             flushes: s.flushes,
             stale_window_ms_max: domain.stale_window().max.as_secs_f64() * 1e3,
+            instructions_per_pair: None,
+            instructions_over_passthrough: None,
+            cycles_per_pair: (ticks().is_some() && tot.0 > 0 && trans_free(args))
+                .then(|| cycles as f64 / tot.0 as f64),
         },
         hist,
     ))
+}
+
+/// Whether a thread's loop is only map+unmap pairs (and the bench's own
+/// clock reads): with a simulated transfer the cycle count would be the
+/// spin's.
+fn trans_free(args: &DmaBenchArgs) -> bool {
+    args.dma_trans_ns.get() == 0
 }
 
 /// Runs the bench.
 pub fn run(args: &DmaBenchArgs) -> LabResult<Report> {
     let dir = args.dir.dma();
     let model = args.latency.model();
+    if args.instructions && !dma_instructions::callgrind_available() {
+        return Err(LabError::Measure(
+            "--instructions needs valgrind (apt-get install valgrind)".into(),
+        ));
+    }
     let mut results = Vec::new();
     let mut hists = Vec::new();
     for p in dma_policies(&args.policies) {
-        let (r, h) = run_policy(p, args, dir, model)?;
+        let (mut r, h) = run_policy(p, args, dir, model)?;
+        if args.instructions {
+            r.instructions_per_pair = Some(dma_instructions::instructions_per_pair(p, args)?);
+        }
         hists.push((r.policy.clone(), h));
         results.push(r);
+    }
+    let pt = results
+        .iter()
+        .find(|r| r.policy == DmaPolicy::Passthrough.name())
+        .and_then(|r| r.instructions_per_pair);
+    for r in &mut results {
+        r.instructions_over_passthrough = r.instructions_per_pair.zip(pt).map(|(a, b)| a - b);
     }
     let r = DmaBenchReport {
         bench: "dma",
         threads: args.threads.us(),
         granule: args.granule.get(),
         modelled: modelled(model),
+        instructions_source: if args.instructions {
+            "callgrind"
+        } else {
+            "none"
+        },
         results,
     };
     Ok(report(&r, args, &hists))
@@ -252,6 +325,14 @@ fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKE
             Column::metric("flushes", "flushes", Unit::Count, 0),
             Column::metric("stale_window_ms_max", "stale max", Unit::Ms, 2)
                 .modelled_if(wait_modelled),
+            Column::metric("cycles_per_pair", "TSC cycles/pair", Unit::Count, 0),
+            Column::metric("instructions_per_pair", "instr/pair", Unit::Count, 0),
+            Column::metric(
+                "instructions_over_passthrough",
+                "instr over pt",
+                Unit::Count,
+                0,
+            ),
         ],
     );
     for x in &r.results {
@@ -262,6 +343,9 @@ fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKE
             x.pairs.into(),
             x.flushes.into(),
             x.stale_window_ms_max.into(),
+            x.cycles_per_pair.into(),
+            x.instructions_per_pair.into(),
+            x.instructions_over_passthrough.into(),
         ]);
     }
     let series = hists
@@ -295,6 +379,19 @@ fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKE
         rep.params.push(Param::new("iters", i, Unit::Count));
     }
     rep.modelled = modelled;
+    if r.instructions_source == "callgrind" {
+        rep.notes.push(
+            "instr/pair: callgrind, (count of 2N pairs - count of N pairs) / N, one thread, \
+             latency zero; includes the bench loop's clock reads (equal for every policy); \
+             under valgrind the IOVA live map uses its chunked form"
+                .into(),
+        );
+    }
+    rep.notes.push(
+        "TSC cycles/pair: time-stamp-counter ticks over the whole loop per pair (an \
+         estimate of cycles: reference, not core, cycles; includes the loop's clock reads)"
+            .into(),
+    );
     rep.tables.push(t);
     rep.plots.push(Plot {
         name: "unmap_latency".into(),

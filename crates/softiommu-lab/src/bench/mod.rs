@@ -2,6 +2,7 @@
 
 pub mod access;
 pub mod dma;
+pub mod dma_instructions;
 pub mod iova;
 pub mod iova_peers;
 pub mod pgtable;

@@ -487,24 +487,45 @@ fn coherent_order(len: u64) -> Result<u32, DmaError> {
 impl Work {
     /// Allocates an IOVA block for `pages` pages below the device's mask,
     /// flushing this CPU's deferred queue once if the space is exhausted.
+    // Always inlined (with the cache's `alloc`) into `map_pages`, the one
+    // hot caller: callgrind counted the two calls' frames at ~30
+    // instructions a map.
+    #[inline(always)]
     fn alloc_iova(&mut self, slot: &CpuSlot, dev: &DmaDevice, pages: u64) -> Result<u64, DmaError> {
+        match self.cache.alloc(pages, dev.limit_pfn) {
+            Ok(pfn) => Ok(pfn),
+            Err(e) => self.alloc_iova_slow(slot, dev, pages, e),
+        }
+    }
+
+    /// `alloc_iova` when the cache refused: out of space (flush and try
+    /// once more) or a request it can never satisfy.
+    #[cold]
+    #[inline(never)]
+    fn alloc_iova_slow(
+        &mut self,
+        slot: &CpuSlot,
+        dev: &DmaDevice,
+        pages: u64,
+        first: IovaError,
+    ) -> Result<u64, DmaError> {
         let no_space = |e| match e {
             IovaError::NoSpace { .. } | IovaError::TooLarge { .. } => DmaError::NoSpace {
                 len: pages.saturating_mul(PAGE_SIZE),
             },
             e => e.into(),
         };
-        match self.cache.alloc(pages, dev.limit_pfn) {
-            Ok(pfn) => Ok(pfn),
-            Err(IovaError::NoSpace { .. }) => {
+        match first {
+            IovaError::NoSpace { .. } => {
                 self.flush_own(slot)?;
                 self.domain.flush_all()?;
                 self.cache.alloc(pages, dev.limit_pfn).map_err(no_space)
             }
-            Err(e) => Err(no_space(e)),
+            e => Err(no_space(e)),
         }
     }
 
+    #[inline]
     fn map_pages(
         &mut self,
         slot: &CpuSlot,
@@ -635,7 +656,7 @@ impl Work {
         } = self;
         if let Err(e) = d
             .table
-            .unmap_hinted(iova, pages << PAGE_SHIFT, gather, hint)
+            .unmap_hinted(iova, pages << PAGE_SHIFT, gather, hint, !deferred)
         {
             // Nothing was cleared (a failed unmap changes nothing): the
             // block is the caller's again.

@@ -387,12 +387,9 @@ impl DmaDomain {
         if let Some(t) = batch.oldest {
             self.stale.record(t.elapsed(), batch.entries.len() as u64);
         }
-        let mut result = Ok(());
-        for e in &batch.entries {
-            if let Err(err) = cache.free_retired(e.pfn, e.pages) {
-                result = result.and(Err(err.into()));
-            }
-        }
+        let mut result = cache
+            .free_retired_all(batch.entries.iter().map(|e| (e.pfn, e.pages)))
+            .map_err(DmaError::from);
         for &t in &batch.tables {
             if let Err(err) = self.mem.free_owned(t, 0, FrameOwner::Iommu) {
                 result = result.and(Err(err.into()));

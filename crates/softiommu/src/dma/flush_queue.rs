@@ -93,7 +93,13 @@ struct Slot {
 /// One CPU's flush queue.
 #[derive(Debug)]
 pub struct FlushQueue {
+    /// A power of two of slots, at least `capacity`: a cursor's slot is
+    /// its low bits (a mask, not a division, on every push and take).
     slots: Box<[Slot]>,
+    /// `slots.len() - 1`.
+    mask: usize,
+    /// The most entries queued at once.
+    capacity: usize,
     /// Entries pushed, ever (the owner's cursor).
     tail: CachePadded<AtomicUsize>,
     /// Entries taken, ever (the takers' cursor).
@@ -132,9 +138,13 @@ pub struct Taker<'q> {
 impl FlushQueue {
     /// A queue of `capacity` entries (its array is allocated once, here).
     pub fn new(capacity: usize) -> Self {
-        let capacity = capacity.max(1);
+        // (The tunables cap a queue far lower: `MAX_FQ_SIZE`.)
+        let capacity = capacity.clamp(1, 1 << 30);
+        let size = capacity.next_power_of_two();
         Self {
-            slots: (0..capacity).map(|_| Slot::default()).collect(),
+            slots: (0..size).map(|_| Slot::default()).collect(),
+            mask: size - 1,
+            capacity,
             tail: CachePadded::new(AtomicUsize::new(0)),
             head: CachePadded::new(AtomicUsize::new(0)),
             carry: AtomicU64::new(1),
@@ -147,13 +157,13 @@ impl FlushQueue {
     /// The slot of entry `i` (a cursor: entries pushed or taken, ever).
     #[inline]
     fn slot(&self, i: usize) -> &Slot {
-        #[allow(clippy::indexing_slicing)] // `i % len < len`; `len >= 1` (`new`).
-        &self.slots[i % self.slots.len()]
+        #[allow(clippy::indexing_slicing)] // `i & mask < slots.len()` (`new`).
+        &self.slots[i & self.mask]
     }
 
     /// The array's size: the most entries the queue can hold.
     pub fn capacity(&self) -> usize {
-        self.slots.len()
+        self.capacity
     }
 
     fn stamp_now(&self) -> u64 {
@@ -179,7 +189,7 @@ impl FlushQueue {
         let t = self.tail.load(Ordering::Relaxed);
         let h = self.head.load(Ordering::Acquire);
         let len = t.wrapping_sub(h);
-        if len >= self.slots.len() {
+        if len >= self.capacity {
             return Pushed::NoRoom;
         }
         let was_empty = len == 0;
@@ -193,7 +203,7 @@ impl FlushQueue {
         let stamp = if was_empty { self.stamp_now() } else { 0 };
         slot.stamp.store(stamp, Ordering::Relaxed);
         self.tail.store(t.wrapping_add(1), Ordering::Release);
-        if len + 1 >= high_water.clamp(1, self.slots.len()) {
+        if len + 1 >= high_water.clamp(1, self.capacity) {
             Pushed::Full
         } else {
             Pushed::Queued { was_empty }

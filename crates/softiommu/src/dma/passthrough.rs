@@ -9,75 +9,181 @@
 //! may be mapped twice), in a map behind its own lock: the owner is the
 //! only one to take it unless another CPU unmaps what this one mapped (a
 //! completion handled elsewhere), which then searches every CPU's record.
-//! So the usual map and unmap cost an uncontended lock and a hash probe,
+//! So the usual map and unmap cost an uncontended lock and a short probe,
 //! and nothing is shared between CPUs on that path.
 
 #![deny(clippy::indexing_slicing)]
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
 use super::error::DmaError;
 use crate::sync::lock_std as lock;
 
-/// A multiplicative hash of the two words of a key (Fibonacci hashing,
-/// Knuth TAOCP vol. 3 §6.4): the keys are addresses and lengths, not
-/// attacker-chosen strings a flood could aim at (a CPU's record holds
-/// only the mappings its own caller made).
+/// One recorded mapping: `len == 0` marks a free slot (no mapping has
+/// length 0: `map` refuses it).
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct AddrHasher(u64);
+struct Slot {
+    addr: u64,
+    len: u64,
+    count: u64,
+}
 
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
+/// An open-addressing table of mappings, keyed by (address, length), with
+/// linear probing and deletion by backward shift (Knuth, TAOCP vol. 3,
+/// §6.4, Algorithm R), so no tombstones build up. Its size is a power of
+/// two, grown (doubled) past 3/4 full: an allocation only on growth, never
+/// on an ordinary map or unmap. The hash is Fibonacci hashing (same
+/// section): the keys are addresses and lengths the CPU's own caller
+/// mapped, not attacker-chosen strings a flood could aim at.
+#[derive(Debug, Default)]
+struct Table {
+    slots: Vec<Slot>,
+    used: usize,
+}
+
+/// The table's first size.
+const FIRST_SLOTS: usize = 64;
+
+impl Table {
+    #[inline]
+    fn home(&self, addr: u64, len: u64) -> usize {
+        let h = (addr ^ len.rotate_left(40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // The top bits, as many as the size has (a power of two >= 64).
+        (h >> (64 - self.slots.len().trailing_zeros())) as usize
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
+    #[inline]
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// The slot of (addr, len), or the free slot where it would go.
+    #[inline]
+    fn find(&self, addr: u64, len: u64) -> (usize, bool) {
+        let mask = self.mask();
+        let mut i = self.home(addr, len);
+        // The table is never full (3/4 at most), so a free slot ends the
+        // probe.
+        loop {
+            match self.slots.get(i) {
+                Some(s) if s.len == 0 => return (i, false),
+                Some(s) if s.addr == addr && s.len == len => return (i, true),
+                Some(_) => i = (i + 1) & mask,
+                None => return (i, false), // unreachable: `i <= mask`
+            }
         }
     }
 
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(23) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    fn add(&mut self, addr: u64, len: u64, n: u64) {
+        if (self.used + 1) * 4 > self.slots.len() * 3 {
+            self.grow();
+        }
+        let (i, found) = self.find(addr, len);
+        if let Some(s) = self.slots.get_mut(i) {
+            if found {
+                s.count += n;
+            } else {
+                *s = Slot {
+                    addr,
+                    len,
+                    count: n,
+                };
+                self.used += 1;
+            }
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let size = (self.slots.len() * 2).max(FIRST_SLOTS);
+        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); size]);
+        self.used = 0;
+        for s in old.into_iter().filter(|s| s.len != 0) {
+            self.add(s.addr, s.len, s.count);
+        }
+    }
+
+    fn take(&mut self, addr: u64, len: u64) -> bool {
+        if self.slots.is_empty() {
+            return false;
+        }
+        let (i, found) = self.find(addr, len);
+        if !found {
+            return false;
+        }
+        match self.slots.get_mut(i) {
+            Some(s) if s.count > 1 => s.count -= 1,
+            Some(_) => self.remove_at(i),
+            None => return false,
+        }
+        true
+    }
+
+    /// Frees slot `i` and moves later entries of its probe run back, so
+    /// every entry stays reachable from its home slot.
+    fn remove_at(&mut self, mut hole: usize) {
+        let mask = self.mask();
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let Some(&s) = self.slots.get(j) else { break };
+            if s.len == 0 {
+                break;
+            }
+            let home = self.home(s.addr, s.len);
+            // `s` may fill the hole if its home is not in (hole, j]
+            // (cyclically): then the hole lies on its probe path.
+            let moves = if hole <= j {
+                home <= hole || home > j
+            } else {
+                home <= hole && home > j
+            };
+            if moves {
+                if let Some(h) = self.slots.get_mut(hole) {
+                    *h = s;
+                }
+                hole = j;
+            }
+        }
+        if let Some(h) = self.slots.get_mut(hole) {
+            *h = Slot::default();
+        }
+        self.used -= 1;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Slot> {
+        self.slots.iter().filter(|s| s.len != 0)
     }
 }
-
-type Records = HashMap<(u64, u64), u32, BuildHasherDefault<AddrHasher>>;
 
 /// One CPU's (or the retired CPUs') pass-through mappings.
 #[derive(Debug, Default)]
 pub(crate) struct PtRecord {
-    live: Mutex<Records>,
+    live: Mutex<Table>,
 }
 
 impl PtRecord {
-    /// Records a mapping of `len` bytes at `addr`.
+    /// Records a mapping of `len` bytes (not 0) at `addr`.
+    #[inline]
     pub(crate) fn add(&self, addr: u64, len: u64) {
-        *lock(&self.live).entry((addr, len)).or_insert(0) += 1;
+        debug_assert!(len != 0, "map refuses length 0");
+        // A zero length would read as a free slot; it is never recorded
+        // (and so never found by an unmap).
+        if len != 0 {
+            lock(&self.live).add(addr, len, 1);
+        }
     }
 
     /// Removes one mapping of `len` bytes at `addr`, if recorded here.
+    #[inline]
     pub(crate) fn take(&self, addr: u64, len: u64) -> bool {
-        let mut live = lock(&self.live);
-        match live.get_mut(&(addr, len)) {
-            Some(n) if *n > 1 => {
-                *n -= 1;
-                true
-            }
-            Some(_) => {
-                live.remove(&(addr, len));
-                true
-            }
-            None => false,
-        }
+        len != 0 && lock(&self.live).take(addr, len)
     }
 
     /// Whether a mapping at `addr` of any length is recorded (to tell a
     /// wrong length from an address never mapped).
     pub(crate) fn has_addr(&self, addr: u64) -> bool {
-        lock(&self.live).keys().any(|&(a, _)| a == addr)
+        lock(&self.live).iter().any(|s| s.addr == addr)
     }
 
     /// Moves every record into `into` (a CPU's handle is going away; its
@@ -85,15 +191,15 @@ impl PtRecord {
     pub(crate) fn move_into(&self, into: &PtRecord) {
         let taken = std::mem::take(&mut *lock(&self.live));
         let mut dst = lock(&into.live);
-        for (k, n) in taken {
-            *dst.entry(k).or_insert(0) += n;
+        for s in taken.iter() {
+            dst.add(s.addr, s.len, s.count);
         }
     }
 
     /// Mappings recorded.
     #[cfg(test)]
     pub(crate) fn len(&self) -> u64 {
-        lock(&self.live).values().map(|&n| u64::from(n)).sum()
+        lock(&self.live).iter().map(|s| s.count).sum()
     }
 }
 
@@ -120,6 +226,49 @@ pub(crate) fn take_any<'a>(
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
+
+    /// The table against a model (a multiset), through growth and many
+    /// removals that shift probe runs back.
+    #[test]
+    fn the_table_agrees_with_a_model() {
+        use std::collections::HashMap;
+        let r = PtRecord::default();
+        let mut model: HashMap<(u64, u64), u64> = HashMap::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Few distinct keys near each other: long probe runs.
+            let addr = (x % 700) * 0x40;
+            let len = 1 + (x >> 20) % 3;
+            if (x >> 40).is_multiple_of(3) {
+                r.add(addr, len);
+                *model.entry((addr, len)).or_insert(0) += 1;
+            } else {
+                let want = match model.get_mut(&(addr, len)) {
+                    Some(n) if *n > 1 => {
+                        *n -= 1;
+                        true
+                    }
+                    Some(_) => {
+                        model.remove(&(addr, len));
+                        true
+                    }
+                    None => false,
+                };
+                assert_eq!(r.take(addr, len), want, "step {step}");
+            }
+        }
+        assert_eq!(r.len(), model.values().sum::<u64>());
+        for (&(addr, len), &n) in &model {
+            for _ in 0..n {
+                assert!(r.take(addr, len));
+            }
+            assert!(!r.take(addr, len));
+        }
+        assert_eq!(r.len(), 0);
+    }
 
     #[test]
     fn mappings_are_counted_and_taken_exactly() {

@@ -105,7 +105,7 @@ impl IovaCpuCache {
 
     /// Allocates a block of `pages` (rounded up to a power of two, aligned to
     /// its size) at or below `limit_pfn`.
-    #[inline]
+    #[inline(always)]
     pub fn alloc(&mut self, pages: u64, limit_pfn: u64) -> Result<u64, IovaError> {
         let order = super::order_of(pages)?;
         if order > self.max_order || limit_pfn < self.start_pfn {
@@ -248,6 +248,49 @@ impl IovaCpuCache {
                 class.loaded.push(pfn);
                 self.cached += 1;
                 self.publish();
+            }
+            Some(_) => self.free_slow(pfn, order),
+            None => self.domain.free_to_tree(pfn, order),
+        }
+        Ok(())
+    }
+
+    /// [`free_retired`](Self::free_retired) of every `(pfn, pages)` of
+    /// `blocks`, as a flush frees its batch: the epoch is checked and the
+    /// count published once for the batch, not per block. Every block is
+    /// tried; the first error is returned.
+    pub(crate) fn free_retired_all(
+        &mut self,
+        blocks: impl Iterator<Item = (u64, u64)>,
+    ) -> Result<(), IovaError> {
+        self.check_epoch();
+        let mut result = Ok(());
+        for (pfn, pages) in blocks {
+            if let Err(e) = self.free_retired_one(pfn, pages) {
+                result = result.and(Err(e));
+            }
+        }
+        self.publish();
+        result
+    }
+
+    /// One block of `free_retired_all` (no epoch check, no publish).
+    #[inline]
+    fn free_retired_one(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+        let order = super::order_of(pages)?;
+        if order >= 64
+            || self
+                .domain
+                .live
+                .compare_exchange(pfn, state(RETIRED, order), state(CACHED, order))
+                .is_err()
+        {
+            return Err(self.domain.retired_error(pfn, order));
+        }
+        match self.classes.get_mut(order as usize) {
+            Some(class) if !class.loaded.is_full() => {
+                class.loaded.push(pfn);
+                self.cached += 1;
             }
             Some(_) => self.free_slow(pfn, order),
             None => self.domain.free_to_tree(pfn, order),

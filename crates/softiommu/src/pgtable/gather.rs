@@ -105,6 +105,11 @@ impl IotlbGather {
     /// The caller takes over the duty [`complete`](Self::complete) had.
     pub fn defer(&mut self) -> Vec<PhysAddr> {
         self.range = None;
+        if self.freed.is_empty() {
+            // The usual unmap unlinks no table: nothing to hand over, no
+            // allocation to move.
+            return Vec::new();
+        }
         self.mem = None;
         std::mem::take(&mut self.freed)
     }
