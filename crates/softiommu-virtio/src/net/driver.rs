@@ -614,15 +614,22 @@ impl NetDriver {
     /// Unmaps one posted receive buffer while the device still owns it, as
     /// a buggy driver would (the fault-injection hook of the tests): with a
     /// strict policy the device can no longer reach it, and the frame that
-    /// lands in it faults. Returns the buffer's former DMA address.
-    pub fn revoke_posted_rx(&mut self) -> Result<Option<u64>, DriverError> {
-        let Some((iova, len)) = self.rx.mapped.iter_mut().find_map(Option::take) else {
+    /// lands in it faults. Returns the buffer's former DMA address, its
+    /// physical address and its length.
+    pub fn revoke_posted_rx(&mut self) -> Result<Option<(u64, PhysAddr, u64)>, DriverError> {
+        let found = self
+            .rx
+            .mapped
+            .iter_mut()
+            .enumerate()
+            .find_map(|(i, m)| m.take().map(|v| (i, v)));
+        let Some((i, (iova, len))) = found else {
             return Ok(None);
         };
         self.dma
             .cpu
             .unmap(&self.dma.dev, iova, len, DmaDirection::FromDevice)?;
-        Ok(Some(iova))
+        Ok(Some((iova, self.rx.pool.phys(i as u16), len)))
     }
 
     /// Resets the device (which waits for its batch in flight), then unmaps
