@@ -34,7 +34,10 @@ fn revoking_a_posted_receive_buffer_makes_the_device_fault_not_write() {
     const MARK: [u8; 64] = [0xa5; 64];
     let t0 = Instant::now();
     let err = loop {
-        assert!(t0.elapsed() < Duration::from_secs(30), "the fault never came");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the fault never came"
+        );
         a.poll().expect("the sender is fine");
         let r = b.poll();
         if let Err(e) = r {
@@ -51,7 +54,11 @@ fn revoking_a_posted_receive_buffer_makes_the_device_fault_not_write() {
             received += 1;
         }
         if received >= 50 && revoked.is_none() {
-            let (iova, phys, len) = b.driver.revoke_posted_rx().unwrap().expect("posted buffers");
+            let (iova, phys, len) = b
+                .driver
+                .revoke_posted_rx()
+                .unwrap()
+                .expect("posted buffers");
             // The CPU owns the buffer again: mark it.
             p.b.mem.write(phys, &MARK).unwrap();
             revoked = Some((iova, phys, len));
@@ -71,13 +78,16 @@ fn revoking_a_posted_receive_buffer_makes_the_device_fault_not_write() {
     );
     let faults = p.b.take_faults();
     assert!(
-        faults
-            .iter()
-            .any(|f| f.iova == iova && f.access == Access::Write && f.reason == FaultReason::NotPresent),
+        faults.iter().any(|f| f.iova == iova
+            && f.access == Access::Write
+            && f.reason == FaultReason::NotPresent),
         "{faults:?}"
     );
     let mut now = [0u8; 64];
     p.b.mem.read(phys, &mut now).unwrap();
-    assert_eq!(now, MARK, "the device wrote nothing into the revoked buffer");
+    assert_eq!(
+        now, MARK,
+        "the device wrote nothing into the revoked buffer"
+    );
     assert!(p.a.take_faults().is_empty());
 }

@@ -7,7 +7,10 @@ use softiommu_virtio::spec::{self, feature, isr, reg, status};
 use softiommu_virtio::transport::{DeviceEnd, DeviceError, MmioTransport, TransportConfig};
 
 fn transport() -> MmioTransport {
-    MmioTransport::new(NetConfig::default().device_info(), TransportConfig::default())
+    MmioTransport::new(
+        NetConfig::default().device_info(),
+        TransportConfig::default(),
+    )
 }
 
 const GOOD: u64 = 1 << feature::VERSION_1 | 1 << feature::ACCESS_PLATFORM;
@@ -83,25 +86,37 @@ fn config_space_holds_mac_and_mtu_and_refuses_writes() {
     let g = t.read(reg::CONFIG_GENERATION);
     t.update_config(&[2, 0, 0, 0, 0, 9]);
     assert_eq!(t.read(reg::CONFIG_GENERATION), g.wrapping_add(1));
-    assert_eq!(t.read(reg::INTERRUPT_STATUS) & isr::CONFIG_CHANGE, isr::CONFIG_CHANGE);
+    assert_eq!(
+        t.read(reg::INTERRUPT_STATUS) & isr::CONFIG_CHANGE,
+        isr::CONFIG_CHANGE
+    );
     t.read_config(MAC_OFFSET as u64, &mut mac);
     assert_eq!(mac, [2, 0, 0, 0, 0, 9]);
     // A read wholly past the config space is recorded and reads zero.
     assert_eq!(t.read(reg::CONFIG + 0x80), 0);
     assert!(matches!(
         t.errors().drain()[..],
-        [DeviceError::BadRegister { offset: 0x180, op: "read" }]
+        [DeviceError::BadRegister {
+            offset: 0x180,
+            op: "read"
+        }]
     ));
 }
 
 #[test]
 fn features_are_accepted_only_with_version_1_and_access_platform() {
     let t = transport();
-    assert_ne!(negotiate(&t, GOOD | 1 << feature::NET_MAC) & status::FEATURES_OK, 0);
+    assert_ne!(
+        negotiate(&t, GOOD | 1 << feature::NET_MAC) & status::FEATURES_OK,
+        0
+    );
     assert!(t.errors().snapshot().is_empty());
 
     let t = transport();
-    assert_eq!(negotiate(&t, 1 << feature::ACCESS_PLATFORM) & status::FEATURES_OK, 0);
+    assert_eq!(
+        negotiate(&t, 1 << feature::ACCESS_PLATFORM) & status::FEATURES_OK,
+        0
+    );
     let e = t.errors().drain();
     assert!(
         matches!(&e[..], [DeviceError::FeaturesRefused { reason, .. }] if reason.contains("VERSION_1")),
@@ -109,7 +124,10 @@ fn features_are_accepted_only_with_version_1_and_access_platform() {
     );
 
     let t = transport();
-    assert_eq!(negotiate(&t, 1 << feature::VERSION_1) & status::FEATURES_OK, 0);
+    assert_eq!(
+        negotiate(&t, 1 << feature::VERSION_1) & status::FEATURES_OK,
+        0
+    );
     let e = t.errors().drain();
     assert!(
         matches!(&e[..], [DeviceError::FeaturesRefused { reason, .. }] if reason.contains("ACCESS_PLATFORM")),
@@ -133,7 +151,10 @@ fn features_are_accepted_only_with_version_1_and_access_platform() {
             require_access_platform: false,
         },
     );
-    assert_ne!(negotiate(&lax, 1 << feature::VERSION_1) & status::FEATURES_OK, 0);
+    assert_ne!(
+        negotiate(&lax, 1 << feature::VERSION_1) & status::FEATURES_OK,
+        0
+    );
 }
 
 #[test]
@@ -143,7 +164,10 @@ fn driver_features_after_features_ok_are_refused() {
     t.write(reg::DRIVER_FEATURES, 0xffff_ffff);
     assert!(matches!(
         t.errors().drain()[..],
-        [DeviceError::LateWrite { offset: reg::DRIVER_FEATURES, .. }]
+        [DeviceError::LateWrite {
+            offset: reg::DRIVER_FEATURES,
+            ..
+        }]
     ));
 }
 
@@ -154,11 +178,16 @@ fn status_bits_cannot_be_cleared_and_driver_ok_needs_features_ok() {
     t.write(reg::STATUS, status::ACKNOWLEDGE);
     assert!(matches!(
         t.errors().drain()[..],
-        [DeviceError::StatusBitCleared { cleared: status::DRIVER }]
+        [DeviceError::StatusBitCleared {
+            cleared: status::DRIVER
+        }]
     ));
     assert_eq!(t.read(reg::STATUS), status::ACKNOWLEDGE | status::DRIVER);
 
-    t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER | status::DRIVER_OK);
+    t.write(
+        reg::STATUS,
+        status::ACKNOWLEDGE | status::DRIVER | status::DRIVER_OK,
+    );
     assert!(matches!(
         t.errors().drain()[..],
         [DeviceError::DriverOkBeforeFeaturesOk { .. }]
@@ -177,14 +206,22 @@ fn a_queue_size_that_is_not_a_power_of_two_is_refused() {
     t.write(reg::QUEUE_NUM, 100);
     assert!(matches!(
         t.errors().drain()[..],
-        [DeviceError::QueueSizeInvalid { queue: 0, size: 100, max: 256 }]
+        [DeviceError::QueueSizeInvalid {
+            queue: 0,
+            size: 100,
+            max: 256
+        }]
     ));
     assert_ne!(t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
     // Nor can it be made ready without a size.
     t.write(reg::QUEUE_READY, 1);
     assert!(matches!(
         t.errors().drain()[..],
-        [DeviceError::QueueLayoutInvalid { queue: 0, what: "size", .. }]
+        [DeviceError::QueueLayoutInvalid {
+            queue: 0,
+            what: "size",
+            ..
+        }]
     ));
     assert_eq!(t.read(reg::QUEUE_READY), 0);
     // Too large, and zero.
@@ -209,7 +246,12 @@ fn misaligned_rings_are_refused() {
     t.write(reg::QUEUE_READY, 1);
     assert!(matches!(
         t.errors().drain()[..],
-        [DeviceError::QueueLayoutInvalid { queue: 1, what: "descriptor table", addr: 0x1008, align: 16 }]
+        [DeviceError::QueueLayoutInvalid {
+            queue: 1,
+            what: "descriptor table",
+            addr: 0x1008,
+            align: 16
+        }]
     ));
     assert_eq!(t.read(reg::QUEUE_READY), 0);
 }
@@ -226,8 +268,14 @@ fn queue_layout_cannot_change_while_ready_nor_name_a_missing_queue() {
     assert!(matches!(
         t.errors().drain()[..],
         [
-            DeviceError::LateWrite { offset: reg::QUEUE_NUM, .. },
-            DeviceError::NoSuchQueue { queue: 5, queues: 2 }
+            DeviceError::LateWrite {
+                offset: reg::QUEUE_NUM,
+                ..
+            },
+            DeviceError::NoSuchQueue {
+                queue: 5,
+                queues: 2
+            }
         ]
     ));
 }
@@ -253,7 +301,10 @@ fn driver_ok_makes_ready_queues_live_and_reset_clears_everything() {
     negotiate(&t, GOOD);
     setup_queue(&t, 0, 16, 0x10_0000);
     setup_queue(&t, 1, 32, 0x20_0000);
-    assert!(end.lock().queues.iter().all(Option::is_none), "not before DRIVER_OK");
+    assert!(
+        end.lock().queues.iter().all(Option::is_none),
+        "not before DRIVER_OK"
+    );
     t.write(
         reg::STATUS,
         status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK,
@@ -261,7 +312,10 @@ fn driver_ok_makes_ready_queues_live_and_reset_clears_everything() {
     {
         let eng = end.lock();
         let l1 = eng.queues[1].as_ref().expect("live").layout();
-        assert_eq!((l1.size, l1.desc, l1.avail, l1.used), (32, 0x20_0000, 0x20_1000, 0x20_2000));
+        assert_eq!(
+            (l1.size, l1.desc, l1.avail, l1.used),
+            (32, 0x20_0000, 0x20_1000, 0x20_2000)
+        );
         assert!(eng.queues[0].is_some());
         assert_eq!(eng.features, GOOD);
     }
@@ -301,11 +355,24 @@ fn unknown_registers_are_recorded_and_ignored() {
     assert!(matches!(
         t.errors().drain()[..],
         [
-            DeviceError::BadRegister { offset: 0x18, op: "read" },
-            DeviceError::BadRegister { offset: 0x04, op: "write" },
-            DeviceError::BadRegister { offset: 0, op: "write" }
+            DeviceError::BadRegister {
+                offset: 0x18,
+                op: "read"
+            },
+            DeviceError::BadRegister {
+                offset: 0x04,
+                op: "write"
+            },
+            DeviceError::BadRegister {
+                offset: 0,
+                op: "write"
+            }
         ]
     ));
     assert_eq!(t.read(reg::MAGIC_VALUE), 0x7472_6976);
-    assert_eq!(t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0, "harmless");
+    assert_eq!(
+        t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET,
+        0,
+        "harmless"
+    );
 }
