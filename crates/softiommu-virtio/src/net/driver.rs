@@ -517,6 +517,16 @@ impl NetDriver {
         Ok(n)
     }
 
+    /// Whether every transmit buffer is in flight (after reclaiming the
+    /// completed ones): the stack can send nothing until the device
+    /// completes some.
+    pub fn tx_ring_full(&mut self) -> Result<bool, DriverError> {
+        if self.free.is_empty() {
+            self.reclaim_tx()?;
+        }
+        Ok(self.free.is_empty())
+    }
+
     /// The next received frame, if any: its buffer is unmapped and handed
     /// to `f` (the frame only, header stripped), then queued for
     /// re-posting.
