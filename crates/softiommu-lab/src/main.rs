@@ -47,14 +47,18 @@ enum BenchCmd {
     Translate(bench::translate::TranslateBenchArgs),
     /// Seed 001: a NIC ring per DMA access ordering (relaxed, ordered, full, vm-memory).
     Access(bench::access::AccessBenchArgs),
+    /// Seed 000's floor: hand-built frames on a bare descriptor ring, no stack (the old lab netperf-udp).
+    Ring(bench::ring::RingArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum LabCmd {
     /// Seed 004: IOVA cache growth over a long storage run, per policy.
     IovaAging(lab::iova_aging::AgingArgs),
-    /// Seed 000: a UDP stream through a NIC ring, per DMA policy.
-    NetperfUdp(lab::netperf_udp::NetperfArgs),
+    /// Seed 000: a UDP stream through smoltcp, virtio-net and two IOMMUs, per policy and ordering.
+    NetperfUdp(lab::udp_stream::NetperfUdpArgs),
+    /// Seed 003: one TCP stream, coherent vs non-coherent page walk, strict vs deferred.
+    IperfTcp(lab::iperf_tcp::IperfTcpArgs),
     /// Seed 001: message-passing and store-buffering litmus tests, device vs CPU.
     Litmus(lab::litmus::LitmusArgs),
 }
@@ -111,11 +115,25 @@ fn main() -> std::process::ExitCode {
             }
         }),
         Cmd::Lab(LabCmd::IovaAging(a)) => lab_aging(&a),
-        Cmd::Lab(LabCmd::NetperfUdp(a)) => lab::netperf_udp::run(&a).map(|r| {
+        Cmd::Bench(BenchCmd::Ring(a)) => bench::ring::run(&a).map(|(v, text)| {
+            if a.json {
+                print_json(&v);
+            } else {
+                print!("{text}");
+            }
+        }),
+        Cmd::Lab(LabCmd::NetperfUdp(a)) => lab::udp_stream::run(&a).map(|r| {
             if a.json {
                 print_json(&r);
             } else {
-                print!("{}", lab::netperf_udp::render(&r));
+                print!("{}", lab::udp_stream::render(&r));
+            }
+        }),
+        Cmd::Lab(LabCmd::IperfTcp(a)) => lab::iperf_tcp::run(&a).map(|r| {
+            if a.json {
+                print_json(&r);
+            } else {
+                print!("{}", lab::iperf_tcp::render(&r));
             }
         }),
         Cmd::Run { json } => run::run(json),

@@ -80,19 +80,31 @@ pub fn run(json: bool) -> Result<(), String> {
     })?;
     s.emit(lab::litmus::render(&r), &r)?;
     for msg_size in [32, 16384] {
-        let r = lab::netperf_udp::run(&lab::netperf_udp::NetperfArgs {
+        let r = lab::udp_stream::run(&lab::udp_stream::NetperfUdpArgs {
             msg_size,
+            ordering: vec!["ordered".into()],
             seconds: None,
             rounds: None,
             quick: true,
-            streams: 1,
-            ring: 256,
-            placement: lab::netperf_udp::Placement::Split,
+            mtu: 1500,
+            line_rate_mbit: 0,
             run: Default::default(),
             json,
         })?;
-        s.emit(lab::netperf_udp::render(&r), &r)?;
+        s.emit(lab::udp_stream::render(&r), &r)?;
     }
+    let r = lab::iperf_tcp::run(&lab::iperf_tcp::IperfTcpArgs {
+        seconds: None,
+        rounds: None,
+        quick: true,
+        walks: vec!["coherent".into(), "non-coherent".into()],
+        policies: vec!["strict".into(), "deferred".into()],
+        mtu: 1500,
+        write_size: 65536,
+        latency: "vtd-2015".into(),
+        json,
+    })?;
+    s.emit(lab::iperf_tcp::render(&r), &r)?;
     let aging = lab::iova_aging::AgingArgs {
         quick: true,
         seconds: None,

@@ -5,4 +5,5 @@ pub mod dma;
 pub mod iova;
 pub mod iova_peers;
 pub mod pgtable;
+pub mod ring;
 pub mod translate;

@@ -3,7 +3,9 @@
 pub mod affinity;
 pub mod cpu_clock;
 pub mod iova_aging;
+pub mod iperf_tcp;
 pub mod litmus;
 pub mod netperf_udp;
 pub mod packet;
 pub mod steal;
+pub mod udp_stream;

@@ -13,6 +13,7 @@
 //! the run ([`flush_cost_per_line`]: dirty lines flushed in batches of the
 //! size the run's tables flushed, less the same loop without the flush).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -206,11 +207,22 @@ pub fn tcp_stream(cfg: &TcpStreamConfig) -> Result<TcpStreamResult, WorkloadErro
         },
     )?;
     let phase = Phase::default();
+    let sender_done = AtomicBool::new(false);
     let (ready_tx, ready_rx) = mpsc::channel::<&'static str>();
     let out = std::thread::scope(|s| {
         let rx_ready = ready_tx.clone();
-        let receiver = s.spawn(|| receive(&hosts.b, &common, cfg.socket_buffer, &phase, rx_ready));
+        let receiver = s.spawn(|| {
+            receive(
+                &hosts.b,
+                &common,
+                cfg.socket_buffer,
+                &phase,
+                &sender_done,
+                rx_ready,
+            )
+        });
         let sender = s.spawn(|| {
+            let _done = Done(&sender_done);
             send(
                 &hosts.a,
                 &common,
@@ -361,7 +373,12 @@ fn send(
     loop {
         st.poll().map_err(drv)?;
         let s = st.sockets.get_mut::<tcp::Socket>(h);
-        if !s.is_open() || matches!(s.state(), tcp::State::FinWait2 | tcp::State::TimeWait) {
+        // Done once the FIN is acknowledged (so every byte before it is).
+        let done = matches!(
+            s.state(),
+            tcp::State::FinWait2 | tcp::State::TimeWait | tcp::State::Closing
+        );
+        if !s.is_open() || done {
             return Ok((meter.window, pos));
         }
         if t0.elapsed() > TAIL {
@@ -375,11 +392,22 @@ fn send(
     }
 }
 
+/// Sets the flag when dropped: the sender has finished (or failed), so
+/// the receiver may stop serving its retransmissions.
+struct Done<'a>(&'a AtomicBool);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 fn receive(
     host: &Host,
     common: &Common,
     buf: usize,
     phase: &Phase,
+    sender_done: &AtomicBool,
     ready: mpsc::Sender<&'static str>,
 ) -> Result<(Window, u64, u64), WorkloadError> {
     let side = "b";
@@ -414,8 +442,18 @@ fn receive(
         }
         got += n as u64;
         if let Some(t) = stopped {
-            // After the window: read until the sender's FIN.
+            // After the window: read until the sender's FIN, then keep
+            // the stack running (ACKs, retransmissions) until the sender
+            // is done with its close.
             if !s.may_recv() && s.state() != tcp::State::Listen {
+                s.close();
+                while !sender_done.load(Ordering::Acquire) {
+                    if t.elapsed() > TAIL {
+                        break;
+                    }
+                    st.poll().map_err(drv)?;
+                    st.wait(Duration::from_millis(1)).map_err(drv)?;
+                }
                 return Ok((meter.window, got, hash.finish()));
             }
             if t.elapsed() > TAIL {
