@@ -242,7 +242,14 @@ pub struct NetDriver {
     /// token); [`take_error`](Self::take_error) hands it out.
     error: Option<DriverError>,
     closed: bool,
+    /// Frames the stack may still take in this poll (NAPI's budget): the
+    /// application gets to read between batches, so one poll cannot fill
+    /// a socket's buffer past what the application would have drained.
+    rx_budget: usize,
 }
+
+/// Frames handed to the stack per poll (Linux's NAPI weight).
+pub const RX_BUDGET: usize = 64;
 
 fn read64_features(t: &MmioTransport) -> u64 {
     t.write(reg::DEVICE_FEATURES_SEL, 0);
@@ -312,7 +319,15 @@ impl NetDriver {
         let mtu = dev_mtu
             .map_or(cfg.mtu, |m| cfg.mtu.min(m))
             .max(net::MIN_MTU);
-        let buf_len = (HDR_LEN + net::ETH_HLEN + usize::from(mtu)).next_multiple_of(64) as u64;
+        // Buffers never straddle a page when they fit in one (half-page
+        // buffers for MTU 1500, as Linux's page-split receive buffers);
+        // larger ones start on a page.
+        let need = (HDR_LEN + net::ETH_HLEN + usize::from(mtu)) as u64;
+        let buf_len = if need <= PAGE_SIZE {
+            need.next_power_of_two()
+        } else {
+            need.next_multiple_of(PAGE_SIZE)
+        };
         let mem = dev.domain().system().memory().clone();
         let mut dma = DmaSide { cpu, dev };
         let rx = Self::setup_queue(t, &mem, &mut dma, net::RX_QUEUE, cfg.queue_size, buf_len)?;
@@ -337,6 +352,7 @@ impl NetDriver {
             stats: DriverStats::default(),
             error: None,
             closed: false,
+            rx_budget: RX_BUDGET,
         };
         d.rx.ring.set_interrupts(false);
         d.tx.ring.set_interrupts(false);
@@ -454,6 +470,12 @@ impl NetDriver {
     /// Transmit buffers posted and not yet completed.
     pub fn tx_in_flight(&self) -> u16 {
         self.tx.ring.outstanding()
+    }
+
+    /// Gives the stack a fresh receive budget ([`RX_BUDGET`] frames); the
+    /// stack's poll calls it before each run.
+    pub fn reset_rx_budget(&mut self) {
+        self.rx_budget = RX_BUDGET;
     }
 
     /// The error a smoltcp token met, if any (it could not return it).
@@ -865,6 +887,10 @@ impl phy::Device for NetDriver {
         Self: 'a;
 
     fn receive(&mut self, _timestamp: Instant) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
+        if self.rx_budget == 0 {
+            return None;
+        }
+        self.rx_budget -= 1;
         self.service();
         let (id, len) = match self.next_rx() {
             Ok(Some(x)) => x,

@@ -61,6 +61,7 @@ impl NetStack {
     /// driver met one or the device asked for a reset.
     pub fn poll(&mut self) -> Result<bool, DriverError> {
         let now = self.now();
+        self.driver.reset_rx_budget();
         let r = self.iface.poll(now, &mut self.driver, &mut self.sockets);
         self.driver.refill_rx()?;
         if let Some(e) = self.driver.take_error() {

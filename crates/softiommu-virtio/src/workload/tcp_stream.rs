@@ -50,7 +50,10 @@ pub struct TcpStreamConfig {
     pub queue_size: u16,
     /// Bytes per application write (iperf: 64 KiB).
     pub write_size: usize,
-    /// Socket buffer bytes each way.
+    /// The sender's socket buffer; the receiver's is four times larger,
+    /// so data in flight can never fill it (smoltcp 0.14 stops accepting
+    /// even the segment that fills a hole once out-of-order data has
+    /// filled its buffer: a zero window that never reopens).
     pub socket_buffer: usize,
     /// The measured window.
     pub duration: Duration,
@@ -68,7 +71,7 @@ impl Default for TcpStreamConfig {
             mtu: 1500,
             queue_size: 256,
             write_size: 64 << 10,
-            socket_buffer: 512 << 10,
+            socket_buffer: 256 << 10,
             duration: Duration::from_secs(1),
             warmup: Duration::from_millis(300),
         }
@@ -413,7 +416,7 @@ fn receive(
     let side = "b";
     let drv = |source| WorkloadError::Driver { side, source };
     let mut st = host.stack(common.driver(), cidr(B_IP)).map_err(drv)?;
-    let mut sock = tcp_socket(buf);
+    let mut sock = tcp_socket(buf.saturating_mul(4));
     sock.listen(5001).map_err(|e| WorkloadError::Socket {
         side,
         what: e.to_string(),
