@@ -87,28 +87,87 @@ fn bench_dma() {
 }
 
 #[test]
-fn lab_netperf_udp() {
+fn bench_ring() {
     let v = run(&[
-        "lab",
-        "netperf-udp",
+        "bench",
+        "ring",
         "--json",
         "--seconds",
         "0.2",
         "--rounds",
         "1",
     ]);
-    assert_eq!(v["lab"], "netperf-udp");
-    assert_eq!(v["msg_size"], 32);
+    assert_eq!(v["bench"], "ring");
+    assert!(v.get("lab").is_none());
     let rows = v["rows"].as_array().expect("rows");
     for r in rows {
         for k in ["mpps", "cpu_pct", "us_per_pkt"] {
             assert!(number(r, k) >= 0.0, "{k}");
         }
         assert_eq!(r["device_errors"], 0, "the device verified every frame");
-        let deferred = r["policy"] == "deferred";
-        assert_eq!(r.get("stale_window_ms_max").is_some(), deferred, "{r}");
     }
     assert_eq!(rows.len(), 4);
+}
+
+#[test]
+fn lab_netperf_udp() {
+    let v = run(&[
+        "lab",
+        "netperf-udp",
+        "--json",
+        "--seconds",
+        "0.1",
+        "--rounds",
+        "1",
+    ]);
+    assert_eq!(v["lab"], "netperf-udp");
+    assert_eq!(v["stack"], "smoltcp");
+    let rows = v["rows"].as_array().expect("rows");
+    let policies: Vec<_> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(policies, ["passthrough", "strict", "deferred", "bounce"]);
+    for r in rows {
+        assert_eq!(r["ordering"], "ordered");
+        assert_eq!(r["msg_size"], 32);
+        for k in [
+            "tx_pps",
+            "rx_pps",
+            "drops",
+            "driver_cpu_us_per_pkt",
+            "device_cpu_us_per_pkt",
+            "service_demand_vs_passthrough",
+        ] {
+            assert!(number(r, k) >= 0.0, "{k} in {r}");
+        }
+    }
+    assert_eq!(rows[0]["service_demand_vs_passthrough"], 1.0);
+}
+
+#[test]
+fn lab_iperf_tcp() {
+    let v = run(&[
+        "lab",
+        "iperf-tcp",
+        "--json",
+        "--seconds",
+        "0.1",
+        "--rounds",
+        "1",
+        "--policies",
+        "deferred",
+    ]);
+    assert_eq!(v["lab"], "iperf-tcp");
+    let rows = v["rows"].as_array().expect("rows");
+    let walks: Vec<_> = rows.iter().map(|r| r["walk"].as_str().unwrap()).collect();
+    assert_eq!(walks, ["coherent", "non-coherent"]);
+    for r in rows {
+        assert_eq!(r["policy"], "deferred");
+        assert_eq!(r["checksum_ok"], true);
+        for k in ["mbit_s", "cpu_s_per_gb", "lines_flushed_per_gb", "flush_cpu_share"] {
+            assert!(number(r, k) >= 0.0, "{k} in {r}");
+        }
+    }
+    assert_eq!(rows[0]["lines_flushed_per_gb"], 0.0);
+    assert!(number(&rows[1], "lines_flushed_per_gb") > 0.0);
 }
 
 #[test]

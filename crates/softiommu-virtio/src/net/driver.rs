@@ -604,7 +604,9 @@ impl NetDriver {
             return Ok(false);
         };
         let len = len.min(self.max_frame());
-        match tx_buffer(&self.mem, &self.tx.pool, id, len) {
+        // SAFETY: `id` was just taken from the free list: not posted, and
+        // no other slice of it exists.
+        match unsafe { tx_buffer(&self.mem, &self.tx.pool, id, len) } {
             Ok(buf) => f(buf),
             Err(e) => {
                 self.free.push(id);
@@ -726,7 +728,15 @@ fn rx_frame<'a>(mem: &'a PhysMemory, pool: &Pool, id: u16, len: usize) -> &'a [u
 }
 
 /// The frame area of transmit buffer `id` (after its header).
-fn tx_buffer<'a>(
+///
+/// # Safety
+///
+/// Buffer `id` must be free (not posted, so no device can reach it) and
+/// no other slice of it may be alive while the returned one is.
+// The arena is shared memory reached through raw pointers (as an
+// `UnsafeCell`); exclusivity comes from the free list, hence `unsafe`.
+#[allow(clippy::mut_from_ref)]
+unsafe fn tx_buffer<'a>(
     mem: &'a PhysMemory,
     pool: &Pool,
     id: u16,
@@ -734,10 +744,9 @@ fn tx_buffer<'a>(
 ) -> Result<&'a mut [u8], MemError> {
     let at = pool.phys(id) + HDR_LEN as u64;
     let p = mem.as_ptr(at, len as u64)?;
-    // SAFETY: the buffer lies in the arena (checked), which outlives the
-    // borrow; it is free (not posted, so not mapped for the device) and
-    // handed out once, so nothing else reads or writes it while the slice
-    // lives.
+    // SAFETY: the buffer lies in the arena (checked by `as_ptr`), which
+    // outlives the borrow of `mem`; the caller guarantees nothing else
+    // reads or writes it while the slice lives.
     Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
 }
 
@@ -834,7 +843,9 @@ impl phy::TxToken for NetTxToken<'_> {
             }
             return f(&mut vec![0u8; len]);
         };
-        let r = match tx_buffer(d.mem, &d.tx.pool, id, len) {
+        // SAFETY: `id` was just taken from the free list: not posted, and
+        // no other slice of it exists.
+        let r = match unsafe { tx_buffer(d.mem, &d.tx.pool, id, len) } {
             Ok(buf) => f(buf),
             Err(e) => {
                 d.free.push(id);

@@ -107,7 +107,7 @@ impl DriverRing {
     }
 
     fn u16_at(&self, off: u64) -> &AtomicU16 {
-        debug_assert!(off % 2 == 0 && off + 2 <= self.layout.bytes);
+        debug_assert!(off.is_multiple_of(2) && off + 2 <= self.layout.bytes);
         // SAFETY: every caller passes an even offset inside the ring's
         // bytes (fixed fields, or an index reduced modulo the size), and
         // the arena is 4 KiB-aligned, so the pointer is in bounds and

@@ -308,7 +308,7 @@ impl TxSlot<'_> {
         // (`reserve` checked `tail - head < n`), so only this producer
         // touches it until `commit` publishes it; `&mut self` makes this
         // borrow unique.
-        unsafe { &mut **slot.data.get() }
+        unsafe { &mut *slot.data.get() }
     }
 
     /// Puts the first `len` bytes of the buffer on the line (`len` is
