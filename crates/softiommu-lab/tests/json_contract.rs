@@ -162,7 +162,12 @@ fn lab_iperf_tcp() {
     for r in rows {
         assert_eq!(r["policy"], "deferred");
         assert_eq!(r["checksum_ok"], true);
-        for k in ["mbit_s", "cpu_s_per_gb", "lines_flushed_per_gb", "flush_cpu_share"] {
+        for k in [
+            "mbit_s",
+            "cpu_s_per_gb",
+            "lines_flushed_per_gb",
+            "flush_cpu_share",
+        ] {
             assert!(number(r, k) >= 0.0, "{k} in {r}");
         }
     }

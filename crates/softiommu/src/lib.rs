@@ -13,45 +13,50 @@
 //! - [`hw`]: the emulated IOMMU unit: contexts, a page walker over those
 //!   bytes, a lock-free IOTLB, an invalidation queue of real VT-d
 //!   descriptors with drain semantics, a fault log and a latency model.
+//! - [`dma`]: the driver-side DMA API: domains, map/unmap of buffers and
+//!   scatter lists, coherent allocations; pass-through, strict, deferred
+//!   (batched) and bounce policies, switchable at run time.
 //! - [`access`]: the device side: DMA reads, writes and typed loads and
 //!   stores at IOVAs, ordered by `DmaAttrs` with the lightest correct fence,
 //!   zero-copy mappings, and vm-memory's `Iommu` trait for `IommuMemory`.
+//! - [`Platform`]: one builder for all of it (memory, units, devices, a
+//!   domain), and [`Error`], one error type for `?` across the layers.
 //!
-//! See `docs/ARCHITECTURE.md` in the repository for the whole map.
+//! See `docs/ARCHITECTURE.md` in the repository for the whole map, and
+//! `docs/ERRORS.md` for every error, its cause and the state it leaves.
+//!
+//! The crate root re-exports the names a user needs, so an example needs
+//! one `use softiommu::{…}`.
 //!
 //! # A driver maps a buffer, a device reads it, the unmap revokes it
 //!
 //! ```
-//! use std::sync::Arc;
-//! use softiommu::access::{DmaAccessor, DmaAttrs};
-//! use softiommu::dma::{DmaDirection, DmaDomain, DmaDomainConfig, DmaPolicy};
-//! use softiommu::hw::{SourceId, System, UnitConfig};
-//! use softiommu::mem::PhysMemory;
+//! use softiommu::{DmaAccessor, DmaAttrs, DmaDirection, DmaPolicy, Platform, SourceId};
 //!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // Physical memory and one IOMMU unit with a NIC (PCI 01:00.0) behind it.
-//! let mem = Arc::new(PhysMemory::new(64 << 20)?);
-//! let mut sys = System::new(mem.clone());
-//! let unit = sys.add_unit(UnitConfig::default())?;
-//! let nic = SourceId::new(1, 0, 0).expect("a valid BDF");
-//! sys.assign(nic, unit)?;
-//! let sys = Arc::new(sys);
+//! # fn main() -> Result<(), softiommu::Error> {
+//! // Physical memory, one IOMMU unit, a NIC (PCI 01:00.0) behind it, and a
+//! // DMA domain with the deferred (batched) policy.
+//! let nic = SourceId::new(1, 0, 0).unwrap_or_default();
+//! let p = Platform::builder()
+//!     .memory(64 << 20)
+//!     .policy(DmaPolicy::Deferred)
+//!     .device(nic)
+//!     .build()?;
+//! let dev = &p.devices[0];
 //!
-//! // The driver side: a domain with the deferred (batched) policy.
-//! let domain = DmaDomain::new(sys.clone(), DmaDomainConfig { policy: DmaPolicy::Deferred, ..Default::default() })?;
-//! let dev = domain.attach(nic, u64::MAX, false)?;
-//! let mut cpu = domain.cpu(); // one per driver thread
-//! let buf = mem.alloc_zeroed_frames(0)?;
-//! mem.write(buf, &42u32.to_le_bytes())?;
-//! let iova = cpu.map(&dev, buf, 4, DmaDirection::ToDevice)?;
+//! // The driver side: one handle per driver thread.
+//! let mut cpu = p.domain.cpu();
+//! let buf = p.mem.alloc_zeroed_frames(0)?;
+//! p.mem.write(buf, &42u32.to_le_bytes())?;
+//! let iova = cpu.map(dev, buf, 4, DmaDirection::ToDevice)?;
 //!
 //! // The device side (an emulated NIC's thread): ordered DMA through the unit.
-//! let mut nic_dma = DmaAccessor::for_device(&dev)?;
+//! let mut nic_dma = DmaAccessor::for_device(dev)?;
 //! assert_eq!(nic_dma.read_u32(iova, DmaAttrs::ORDERED)?, 42);
 //! assert!(nic_dma.write(iova, &[1], DmaAttrs::ORDERED).is_err(), "mapped read-only: a fault");
 //!
 //! // Unmap; once this CPU's queue is flushed the device can no longer reach it.
-//! cpu.unmap(&dev, iova, 4, DmaDirection::ToDevice)?;
+//! cpu.unmap(dev, iova, 4, DmaDirection::ToDevice)?;
 //! cpu.flush_own()?;
 //! assert!(nic_dma.read_u32(iova, DmaAttrs::ORDERED).is_err());
 //! # Ok(())
@@ -63,7 +68,27 @@
 
 pub mod access;
 pub mod dma;
+mod error;
 pub mod hw;
 pub mod iova;
 pub mod mem;
 pub mod pgtable;
+mod platform;
+pub(crate) mod sync;
+
+pub use access::{AccessError, DmaAccessor, DmaAttrs, DmaMapping};
+#[cfg(feature = "vm-memory")]
+pub use access::{PhysGuestMemory, UnitIommu};
+pub use dma::{
+    DmaCpu, DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaError, DmaPolicy, DmaStats,
+    SgEntry, SgMapping,
+};
+pub use error::Error;
+pub use hw::{
+    Access, ContextEntry, FaultReason, FaultRecord, HwError, LatencyModel, QiError, QueueMode,
+    SourceId, System, TranslateError, Translator, Unit, UnitConfig, UnitId,
+};
+pub use iova::{IovaError, IovaPolicy};
+pub use mem::{MemError, PhysAddr, PhysMemory, PAGE_SIZE};
+pub use pgtable::{Perm, PgtableError};
+pub use platform::{DeviceSpec, Platform, PlatformBuilder};

@@ -1,19 +1,22 @@
 //! vm-memory's `IommuMemory` translating through softiommu: over our
 //! physical memory and over vm-memory's own `GuestMemoryMmap`, with faults,
 //! permissions, revocation (strict and deferred), nested guards and
-//! several threads.
+//! several threads, and device sections that unmaps wait for.
 #![cfg(feature = "vm-memory")]
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use softiommu::access::{PhysGuestMemory, UnitIommu};
-use softiommu::dma::{DmaCpu, DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaPolicy};
-use softiommu::hw::{FaultReason, QiError, SourceId, System, UnitConfig};
+use softiommu::dma::{
+    DmaCpu, DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaError, DmaPolicy,
+};
+use softiommu::hw::{FaultReason, QiError, SourceId, System};
 use softiommu::mem::{PhysMemory, PAGE_SIZE};
 use vm_memory::{
-    Bytes, GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap, IommuMemory, Permissions,
+    Bytes, GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap, Iommu, IommuMemory,
+    Permissions,
 };
 
 const SID: SourceId = SourceId(0x0400);
@@ -27,28 +30,23 @@ struct Rig {
 }
 
 fn rig(policy: DmaPolicy) -> Rig {
-    let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
-    let mut sys = System::new(mem.clone());
-    let u = sys.add_unit(UnitConfig::default()).unwrap();
-    sys.assign(SID, u).unwrap();
-    let sys = Arc::new(sys);
-    let domain = DmaDomain::new(
-        sys.clone(),
-        DmaDomainConfig {
+    let p = softiommu::Platform::builder()
+        .memory(64 << 20)
+        .domain(DmaDomainConfig {
             policy,
             bounce_bytes: 0,
             ..Default::default()
-        },
-    )
-    .unwrap();
-    let dev = domain.attach(SID, u64::MAX, false).unwrap();
-    let cpu = domain.cpu();
+        })
+        .device(SID)
+        .build()
+        .unwrap();
+    let cpu = p.domain.cpu();
     Rig {
-        sys,
-        domain,
-        dev,
+        sys: p.system,
+        domain: p.domain,
+        dev: p.devices.into_iter().next().unwrap(),
         cpu,
-        mem,
+        mem: p.mem,
     }
 }
 
@@ -119,9 +117,10 @@ fn iommu_memory_over_phys_memory_translates_checks_rights_and_faults() {
     let mut z = [0u8; 2];
     r.mem.read(b, &mut z).unwrap();
     assert_eq!(z, [0, 0]);
-    assert!(m
+    let e = m
         .read_slice(&mut back, GuestAddress(0x7000_0000_0000))
-        .is_err());
+        .unwrap_err();
+    assert!(is_iommu_error(&e), "{e:?}");
     assert!(!m.check_range(GuestAddress(ro), 16, Permissions::Write));
     assert_eq!(
         r.fault_reasons(),
@@ -172,7 +171,7 @@ fn a_revoked_mapping_is_never_served_from_the_vm_memory_iotlb() {
 #[test]
 fn a_deferred_unmap_is_revoked_by_its_flush() {
     let mut r = rig(DmaPolicy::Deferred);
-    r.domain.set_timeout(Duration::from_secs(60));
+    r.domain.set_timeout(Duration::from_secs(60)).unwrap();
     let a = r.mem.alloc_zeroed_frames(0).unwrap();
     let iova = r
         .cpu
@@ -185,7 +184,8 @@ fn a_deferred_unmap_is_revoked_by_its_flush() {
         .unwrap();
     // The stale window: until the flush, the device may still reach it.
     r.cpu.flush_own().unwrap();
-    assert!(m.read_obj::<u32>(GuestAddress(iova)).is_err());
+    let e = m.read_obj::<u32>(GuestAddress(iova)).unwrap_err();
+    assert!(is_iommu_error(&e), "{e:?}");
 }
 
 #[test]
@@ -216,11 +216,12 @@ fn iommu_memory_over_a_guest_memory_mmap_translates_through_softiommu() {
         .unwrap();
     assert_eq!(&back, b"from the device");
     // Not mapped: refused, although the mmap has memory there.
-    assert!(m.read_slice(&mut got, GuestAddress(gpa)).is_err());
+    let e = m.read_slice(&mut got, GuestAddress(gpa)).unwrap_err();
+    assert!(is_iommu_error(&e), "{e:?}");
 }
 
 #[test]
-fn guards_nest_and_a_thread_holding_one_cannot_deadlock_its_own_unmap() {
+fn a_device_section_nests_and_a_thread_in_one_cannot_deadlock_its_own_unmap() {
     let mut r = rig(DmaPolicy::Strict);
     let a = r.mem.alloc_zeroed_frames(0).unwrap();
     let iova = r
@@ -229,24 +230,104 @@ fn guards_nest_and_a_thread_holding_one_cannot_deadlock_its_own_unmap() {
         .unwrap();
     let m = r.iommu_memory();
     let view = m.iommu().clone();
-    {
-        // An iterator holds this thread's section open.
+    let (_, unit) = r.sys.unit_of(SID).unwrap();
+    view.section(|| {
         let mut slices = m
             .get_slices(GuestAddress(iova), 64, Permissions::Read)
             .unwrap();
-        // A nested access on the same thread works.
-        m.write_obj(5u16, GuestAddress(iova + 128)).unwrap();
-        assert!(!view.release_thread(), "a guard is alive");
+        // A nested section and access on the same thread work.
+        view.section(|| m.write_obj(5u16, GuestAddress(iova + 128)).unwrap())
+            .unwrap();
+        assert!(!view.release_thread(), "a section is open");
         // Waiting for our own section would never end: refused instead.
-        let (_, unit) = r.sys.unit_of(SID).unwrap();
         assert_eq!(unit.wait(), Err(QiError::GuardHeld));
+        assert!(matches!(
+            r.cpu
+                .unmap(&r.dev, iova, PAGE_SIZE, DmaDirection::Bidirectional),
+            Err(DmaError::Queue(QiError::GuardHeld))
+        ));
         assert_eq!(slices.next().unwrap().unwrap().len(), 64);
-    }
+    })
+    .unwrap();
     assert!(view.release_thread());
     r.cpu
         .unmap(&r.dev, iova, PAGE_SIZE, DmaDirection::Bidirectional)
         .unwrap();
-    assert!(m.read_obj::<u16>(GuestAddress(iova + 128)).is_err());
+    let e = m.read_obj::<u16>(GuestAddress(iova + 128)).unwrap_err();
+    assert!(is_iommu_error(&e), "{e:?}");
+}
+
+#[test]
+fn leaking_what_vm_memory_hands_out_never_holds_off_a_wait() {
+    let mut r = rig(DmaPolicy::Strict);
+    let a = r.mem.alloc_zeroed_frames(0).unwrap();
+    let iova = r
+        .cpu
+        .map(&r.dev, a, PAGE_SIZE, DmaDirection::Bidirectional)
+        .unwrap();
+    let m = r.iommu_memory();
+    // Forgotten iterators and guards leak memory, never a section.
+    std::mem::forget(m.get_slices(GuestAddress(iova), 64, Permissions::Read));
+    std::mem::forget(
+        m.iommu()
+            .translate(GuestAddress(iova), 8, Permissions::Write),
+    );
+    let (_, unit) = r.sys.unit_of(SID).unwrap();
+    unit.wait().unwrap();
+    r.cpu
+        .unmap(&r.dev, iova, PAGE_SIZE, DmaDirection::Bidirectional)
+        .unwrap();
+    assert!(matches!(
+        m.read_obj::<u16>(GuestAddress(iova)),
+        Err(GuestMemoryError::IommuError(_))
+    ));
+}
+
+#[test]
+fn an_unmap_waits_for_a_device_section_that_uses_the_buffer() {
+    let mut r = rig(DmaPolicy::Strict);
+    let buf = r.mem.alloc_zeroed_frames(0).unwrap();
+    let iova = r
+        .cpu
+        .map(&r.dev, buf, PAGE_SIZE, DmaDirection::FromDevice)
+        .unwrap();
+    let m = r.iommu_memory();
+    let inside = AtomicBool::new(false);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (m, inside, done) = (&m, &inside, &done);
+        s.spawn(move || {
+            m.iommu()
+                .section(|| {
+                    // Translated and written while the buffer is mapped; the
+                    // device's piece of work goes on after that (its DMA in
+                    // flight), and the unmap must wait for its end.
+                    m.write_slice(b"in the section", GuestAddress(iova))
+                        .unwrap();
+                    inside.store(true, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(100));
+                    done.store(true, Ordering::SeqCst);
+                })
+                .unwrap();
+        });
+        while !inside.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        r.cpu
+            .unmap(&r.dev, iova, PAGE_SIZE, DmaDirection::FromDevice)
+            .unwrap();
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the unmap returned while the device section was open"
+        );
+    });
+    let mut got = [0u8; 14];
+    r.mem.read(buf, &mut got).unwrap();
+    assert_eq!(&got, b"in the section");
+    assert!(matches!(
+        m.write_obj(1u8, GuestAddress(iova)),
+        Err(GuestMemoryError::IommuError(_))
+    ));
 }
 
 #[test]

@@ -45,11 +45,12 @@ fn device(
     let mut tr = sys.unit(unit).unwrap().translator().unwrap();
     let (mut live, mut probes) = (0, 0);
     let read = |tr: &mut softiommu::hw::Translator, addr: u64| -> Option<u64> {
-        let mut g = tr.begin();
-        let r = g.translate(sid, addr, 8, Access::Read).ok()?;
-        let p = r.as_slice()[0];
-        assert_eq!(p.len, 8, "tokens never straddle a page");
-        Some(mem.load_u64(p.phys, Ordering::Acquire).unwrap())
+        tr.section(|g| {
+            let r = g.translate(sid, addr, 8, Access::Read).ok()?;
+            let p = r.as_slice()[0];
+            assert_eq!(p.len, 8, "tokens never straddle a page");
+            Some(mem.load_u64(p.phys, Ordering::Acquire).unwrap())
+        })
     };
     while let Ok(m) = rx.recv() {
         match m {
@@ -95,8 +96,8 @@ fn no_access_after_revocation_and_no_shared_iova_under_policy_switches() {
         },
     )
     .unwrap();
-    domain.set_timeout(Duration::from_millis(2));
-    domain.set_high_water(16);
+    domain.set_timeout(Duration::from_millis(2)).unwrap();
+    domain.set_high_water(16).unwrap();
     let devs = [
         domain.attach(sids[0], u64::MAX, false).unwrap(),
         domain.attach(sids[1], u64::MAX, false).unwrap(),

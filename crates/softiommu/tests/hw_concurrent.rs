@@ -108,7 +108,7 @@ fn stress(mode: QueueMode, barrier: DrainBarrier, walk_level_ns: u64, remaps_per
                 while !stop.load(Ordering::Relaxed) {
                     let page = xorshift(&mut rng) % PAGES;
                     let access = if page & 1 == 0 { Access::Write } else { Access::Read };
-                    let mut g = t.begin();
+                    t.section(|g| {
                     if let Ok(r) = g.translate(DEV, page << 12 | 0x40, 64, access) {
                         let phys = r.as_slice()[0].phys;
                         let f = (phys - FRAME_BASE) >> 12;
@@ -131,7 +131,7 @@ fn stress(mode: QueueMode, barrier: DrainBarrier, walk_level_ns: u64, remaps_per
                         ok += 1;
                         checked += 2;
                     }
-                    drop(g);
+                    });
                     progress.fetch_add(1, Ordering::Relaxed);
                     // Let the drivers (and the other tests) run: on two
                     // cores a device preempted inside its guard holds up
@@ -290,13 +290,18 @@ fn blocking_a_device_drains_its_translations() {
                 let mut t = unit.translator().unwrap();
                 go.wait();
                 loop {
-                    let mut g = t.begin();
-                    match g.translate(DEV, 0x10, 8, Access::Write) {
-                        Ok(_) => assert!(
-                            !blocked.load(Ordering::Acquire),
-                            "round {round}: translated after the block completed"
-                        ),
-                        Err(_) => return,
+                    let done = t.section(|g| match g.translate(DEV, 0x10, 8, Access::Write) {
+                        Ok(_) => {
+                            assert!(
+                                !blocked.load(Ordering::Acquire),
+                                "round {round}: translated after the block completed"
+                            );
+                            false
+                        }
+                        Err(_) => true,
+                    });
+                    if done {
+                        return;
                     }
                 }
             })

@@ -12,8 +12,8 @@
 
 use std::time::Instant;
 
+use super::litmus_harness::{run as run_one, LitmusTest};
 use serde::Serialize;
-use softiommu::access::litmus::{run as run_one, LitmusTest};
 use softiommu::access::OrderMode;
 
 use crate::table::Table;

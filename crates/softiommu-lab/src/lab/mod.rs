@@ -5,6 +5,7 @@ pub mod cpu_clock;
 pub mod iova_aging;
 pub mod iperf_tcp;
 pub mod litmus;
+pub mod litmus_harness;
 pub mod netperf_udp;
 pub mod packet;
 pub mod steal;

@@ -217,8 +217,7 @@ fn device(
         let t0 = Instant::now();
         while head != tail {
             let at = ring.desc_dma + (head % ring.size) * DESC;
-            let ok = (|| -> Option<()> {
-                let mut g = tr.begin();
+            let ok = tr.section(|g| -> Option<()> {
                 let d = g.translate_page(sid, at, Access::Read).ok()?;
                 let mut raw = [0u8; 12];
                 mem.read(d.phys, &mut raw).ok()?;
@@ -235,7 +234,7 @@ fn device(
                 let st = g.translate_page(sid, at + 12, Access::Write).ok()?;
                 mem.write(st.phys, &DONE.to_le_bytes()).ok()?;
                 Some(())
-            })();
+            });
             if ok.is_none() {
                 errors.fetch_add(1, Ordering::Relaxed);
                 // Complete it anyway so the sender can reclaim: a real NIC

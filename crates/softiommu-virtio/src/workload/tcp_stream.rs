@@ -9,12 +9,13 @@
 //!
 //! Cache lines flushed are the page tables' own count (both hosts'
 //! domains). Their share of the driver side's CPU is **estimated** as
-//! lines flushed × a per-line cost measured on this CPU at the start of
-//! the run ([`flush_cost_per_line`]: dirty lines flushed in batches of the
-//! size the run's tables flushed, less the same loop without the flush).
+//! lines flushed × a per-line cost measured on this CPU after the run
+//! ([`flush_cost_per_line`]: map+unmap pairs on a non-coherent table less
+//! the same on a coherent one, per line flushed).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smoltcp::socket::tcp;
@@ -23,7 +24,8 @@ use softiommu::access::OrderMode;
 use softiommu::dma::DmaPolicy;
 use softiommu::hw::LatencyModel;
 use softiommu::mem::PhysMemory;
-use softiommu::pgtable::{FlushMethod, IoPageTable, LineFlusher, TableStats, CACHE_LINE};
+use softiommu::mem::PAGE_SIZE;
+use softiommu::pgtable::{IoPageTable, IotlbGather, Perm, TableStats, VtdConfig, VtdPageTable};
 
 use super::hash::StreamHash;
 use super::side::{cidr, Common, Meter, Phase, Window, A_IP, B_IP, MEASURE, STOP};
@@ -141,51 +143,52 @@ fn pattern_hash(p: &[u8], len: u64) -> StreamHash {
 }
 
 fn table_stats(h: &Host) -> TableStats {
-    h.domain.table().stats()
+    h.domain.table_stats()
 }
 
-/// Measures the CPU cost of flushing one dirty page-table line with this
-/// CPU's flush instruction, in batches of `lines_per_batch` lines (each
-/// batch ends with a fence, as the tables' do): nanoseconds per line. 0 if
-/// the CPU has no flush instruction or memory could not be had.
-pub fn flush_cost_per_line(lines_per_batch: usize) -> f64 {
-    let k = lines_per_batch.clamp(1, 64);
-    let Ok(mem) = PhysMemory::new(8 << 20) else {
+/// Measures the CPU cost of one flushed page-table line on this CPU:
+/// 4 KiB map+unmap pairs on a VT-d table whose walker is not coherent,
+/// less the same pairs on a coherent one, over the lines the first
+/// flushed (each map and unmap flushes its own line and fences, as the
+/// domains' do). Nanoseconds per line; 0 if memory could not be had or
+/// nothing was flushed.
+pub fn flush_cost_per_line() -> f64 {
+    const PAIRS: u32 = 20_000;
+    let Ok(mem) = PhysMemory::new(64 << 20).map(Arc::new) else {
         return 0.0;
     };
-    let Ok(base) = mem.alloc_zeroed_frames(9) else {
+    let Ok(frame) = mem.alloc_zeroed_frames(0) else {
         return 0.0;
     };
-    let Ok(mut fl) = LineFlusher::new(Some(FlushMethod::detect())) else {
-        return 0.0;
-    };
-    let lines = (2 << 20) / CACHE_LINE;
-    let batches = 20_000u64;
-    let mut line = 0u64;
-    let mut run = |flush: bool, fl: &mut LineFlusher| {
+    let run = |cfg: VtdConfig| -> Option<(Duration, u64)> {
+        let t = VtdPageTable::new(mem.clone(), cfg).ok()?;
+        let iova = 0x10_0000u64;
+        let mut lines = 0;
+        let pair = |lines: &mut u64| -> Option<()> {
+            let m = t.map(iova, frame, PAGE_SIZE, Perm::RW).ok()?;
+            let mut g = IotlbGather::new();
+            let u = t.unmap(iova, PAGE_SIZE, &mut g).ok()?;
+            g.complete().ok()?;
+            *lines += m.lines_flushed + u.lines_flushed;
+            Some(())
+        };
+        // Builds the tables once, unmeasured.
+        pair(&mut 0)?;
         let t0 = cpu_clock::thread();
-        for b in 0..batches {
-            for _ in 0..k {
-                let addr = base + (line % lines) * CACHE_LINE;
-                line += 1;
-                let _ = mem.write(addr, &[b as u8]);
-                fl.record(addr);
-            }
-            if flush {
-                fl.flush(&mem);
-            }
+        for _ in 0..PAIRS {
+            pair(&mut lines)?;
         }
-        cpu_clock::thread().saturating_sub(t0)
+        Some((cpu_clock::thread().saturating_sub(t0), lines))
     };
-    let with = run(true, &mut fl);
-    // The same loop with an inactive flusher (records nothing).
-    let Ok(mut idle) = LineFlusher::new(None) else {
+    let (Some((nc, lines)), Some((c, _))) =
+        (run(VtdConfig::non_coherent()), run(VtdConfig::coherent()))
+    else {
         return 0.0;
     };
-    let without = run(false, &mut idle);
-    let per = with.saturating_sub(without).as_secs_f64() * 1e9 / (batches * k as u64) as f64;
-    let _ = mem.free_frames(base, 9);
-    per
+    if lines == 0 {
+        return 0.0;
+    }
+    nc.saturating_sub(c).as_secs_f64() * 1e9 / lines as f64
 }
 
 /// Runs a TCP stream.
@@ -258,9 +261,7 @@ pub fn tcp_stream(cfg: &TcpStreamConfig) -> Result<TcpStreamResult, WorkloadErro
             let (ta1, tb1) = (table_stats(&hosts.a), table_stats(&hosts.b));
             let lines =
                 (ta1.lines_flushed - ta0.lines_flushed) + (tb1.lines_flushed - tb0.lines_flushed);
-            let batches =
-                (ta1.flush_batches - ta0.flush_batches) + (tb1.flush_batches - tb0.flush_batches);
-            Ok((wall, dev, lines, batches))
+            Ok((wall, dev, lines))
         };
         let c = conduct();
         phase.set(STOP);
@@ -269,13 +270,13 @@ pub fn tcp_stream(cfg: &TcpStreamConfig) -> Result<TcpStreamResult, WorkloadErro
         let c = c?;
         Ok::<_, WorkloadError>((a?, b?, c))
     });
-    let ((a, sent), (b, received, hash), (wall, dev, lines, batches)) = out?;
+    let ((a, sent), (b, received, hash), (wall, dev, lines)) = out?;
     let secs = wall.as_secs_f64().max(1e-9);
     let gb = b.bytes as f64 / 1e9;
     let per_gb = |x: f64| if gb > 0.0 { x / gb } else { 0.0 };
     let driver_cpu = a.cpu + b.cpu;
     let ns_per_line = if lines > 0 {
-        flush_cost_per_line((lines as f64 / batches.max(1) as f64).round() as usize)
+        flush_cost_per_line()
     } else {
         0.0
     };

@@ -8,6 +8,8 @@
 //! whole range is translated, and checked against physical memory, before
 //! the first byte moves, so a fault anywhere leaves nothing half done.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::Arc;
 
 use super::attrs::{DmaAttrs, DmaFence};
@@ -145,10 +147,11 @@ impl DmaAccessor {
         len: u64,
         access: Access,
     ) -> Result<Pieces, AccessError> {
-        if len == 0 {
-            // Through the translator, so that the malformed request is
-            // recorded in the unit's fault log like any other.
-            let e = g.translate(sid, iova, 0, access).err();
+        if len.wrapping_sub(1) >= g.max_access() {
+            // Zero or too long: through the translator, so that the
+            // malformed request is recorded in the unit's fault log like
+            // any other.
+            let e = g.translate(sid, iova, len, access).err();
             return Err(e.unwrap_or(TranslateError::ZeroLength { sid, iova }).into());
         }
         let first = g.translate_page(sid, iova, access)?;
@@ -186,7 +189,13 @@ impl DmaAccessor {
                 let mut off = 0usize;
                 for r in ranges {
                     let n = r.len as usize;
-                    mem.read(r.phys, &mut buf[off..off + n])?;
+                    // The pieces add up to `buf.len()` (one translation of it).
+                    let dst = buf.get_mut(off..off + n).ok_or(MemError::OutOfRange {
+                        addr: r.phys,
+                        len: r.len,
+                        size: mem.size(),
+                    })?;
+                    mem.read(r.phys, dst)?;
                     off += n;
                 }
                 Ok(())
@@ -209,7 +218,13 @@ impl DmaAccessor {
                 let mut off = 0usize;
                 for r in ranges {
                     let n = r.len as usize;
-                    mem.write(r.phys, &buf[off..off + n])?;
+                    // The pieces add up to `buf.len()` (one translation of it).
+                    let src = buf.get(off..off + n).ok_or(MemError::OutOfRange {
+                        addr: r.phys,
+                        len: r.len,
+                        size: mem.size(),
+                    })?;
+                    mem.write(r.phys, src)?;
                     off += n;
                 }
                 Ok(())
@@ -292,8 +307,10 @@ impl DmaAccessor {
             }
         }
         let mut b = [0u8; 8];
-        self.read(iova, &mut b[..W::SIZE], attrs)?;
-        Ok(W::from_le_slice(&b[..W::SIZE]))
+        #[allow(clippy::indexing_slicing)] // `W::SIZE` is 2, 4 or 8 (`DmaWord`).
+        let bytes = &mut b[..W::SIZE];
+        self.read(iova, bytes, attrs)?;
+        Ok(W::from_le_slice(bytes))
     }
 
     /// Stores `v` little-endian at `iova`: one atomic store when aligned.
@@ -325,7 +342,9 @@ impl DmaAccessor {
             }
         }
         let b = v.to_le_array();
-        self.write(iova, &b[..W::SIZE], attrs)
+        #[allow(clippy::indexing_slicing)] // `W::SIZE` is 2, 4 or 8 (`DmaWord`).
+        let bytes = &b[..W::SIZE];
+        self.write(iova, bytes, attrs)
     }
 
     /// Loads a little-endian `u16` (atomic when 2-byte aligned).
@@ -369,16 +388,30 @@ impl DmaAccessor {
     }
 
     /// Translates `[iova, iova + len)` once for bulk, zero-copy use in
-    /// direction `dir` (see [`DmaMapping`]). The mapping keeps a
-    /// translation section open: until it is dropped, a driver's
-    /// invalidation wait for this unit does not complete, so what it names
-    /// cannot be unmapped and reused under the device. Hold it across a
-    /// copy, not across anything that blocks.
+    /// direction `dir`, and calls `f` with the mapping (see
+    /// [`DmaMapping`]). The mapping keeps a translation section open while
+    /// `f` runs: until it returns, a driver's invalidation wait for this
+    /// unit does not complete, so what the mapping names cannot be unmapped
+    /// and reused under the device. The mapping is lent, never given: it
+    /// cannot outlive `f` or be leaked (a leaked section would hold every
+    /// later wait forever). Copy in `f`; never block in it.
     ///
     /// `attrs` orders the mapping as a whole: in ordered mode, its accesses
     /// come after every earlier access of this accessor and before every
     /// later ordered one; inside it, ordering is up to the device.
-    pub fn map(
+    pub fn with_map<R>(
+        &mut self,
+        iova: u64,
+        len: u64,
+        dir: DmaDirection,
+        attrs: DmaAttrs,
+        f: impl FnOnce(&DmaMapping<'_>) -> R,
+    ) -> Result<R, AccessError> {
+        let m = self.map(iova, len, dir, attrs)?;
+        Ok(f(&m))
+    }
+
+    fn map(
         &mut self,
         iova: u64,
         len: u64,

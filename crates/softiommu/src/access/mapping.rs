@@ -3,10 +3,15 @@
 //!
 //! A mapping holds its accessor's translation section open (a
 //! [`TranslationGuard`]): a driver's invalidation wait on the unit waits
-//! for the mapping to be dropped, so the physical pages it names stay the
+//! for the mapping to end, so the physical pages it names stay the
 //! device's for as long as it lives — it can never outlive an unmap's
-//! wait. Its lifetime borrows the accessor, so the borrow checker keeps
-//! every slice it hands out inside that window.
+//! wait. It is only ever lent to a closure
+//! ([`DmaAccessor::with_map`](super::DmaAccessor::with_map)), which ends it
+//! when it returns: safe code cannot leak it (`mem::forget` of a section
+//! would make every later wait hang), and the borrow checker keeps every
+//! slice it hands out inside that window.
+
+#![deny(clippy::indexing_slicing)]
 
 use std::fmt;
 
@@ -18,8 +23,9 @@ use crate::dma::DmaDirection;
 use crate::hw::{PhysRange, PhysRanges, TranslationGuard};
 use crate::mem::PhysMemory;
 
-/// A translated range of IOVAs, usable for bulk copies until dropped. Made
-/// by [`DmaAccessor::map`](super::DmaAccessor::map).
+/// A translated range of IOVAs, usable for bulk copies while the closure
+/// of [`DmaAccessor::with_map`](super::DmaAccessor::with_map) it is lent to
+/// runs.
 ///
 /// Accesses through it are unordered with each other (the device orders
 /// itself); the mapping as a whole is ordered as the attributes it was made
@@ -125,8 +131,11 @@ impl DmaMapping<'_> {
         }
         let mem = self.mem;
         self.pieces(offset, buf.len() as u64, |phys, start, n| {
-            // Cannot fail: the pieces were checked when mapped.
-            let _ = mem.read(phys, &mut buf[start..start + n]);
+            // Cannot fail: the pieces were checked when mapped, and they
+            // add up to `buf.len()`.
+            if let Some(dst) = buf.get_mut(start..start + n) {
+                let _ = mem.read(phys, dst);
+            }
         })
     }
 
@@ -140,8 +149,11 @@ impl DmaMapping<'_> {
         }
         let mem = self.mem;
         self.pieces(offset, buf.len() as u64, |phys, start, n| {
-            // Cannot fail: the pieces were checked when mapped.
-            let _ = mem.write(phys, &buf[start..start + n]);
+            // Cannot fail: the pieces were checked when mapped, and they
+            // add up to `buf.len()`.
+            if let Some(src) = buf.get(start..start + n) {
+                let _ = mem.write(phys, src);
+            }
         })
     }
 

@@ -94,7 +94,7 @@
 //!
 //! The ordering logic is model-checked with loom: `RUSTFLAGS="--cfg loom"
 //! CARGO_TARGET_DIR=target/loom cargo test -p softiommu --release --lib
-//! access::`. [`litmus`] runs the same patterns on the real CPU.
+//! access::`. `softiommu lab litmus` runs the same patterns on the real CPU.
 
 mod accessor;
 mod attrs;
@@ -102,7 +102,6 @@ mod attrs;
 mod epoch;
 mod error;
 mod fence;
-pub mod litmus;
 #[cfg(all(test, loom))]
 mod loom_tests;
 mod mapping;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::dma::{DmaCpu, DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaPolicy, SgEntry};
-use crate::hw::{FaultReason, SourceId, System, TranslateError, UnitConfig};
+use crate::hw::{FaultReason, SourceId, System, TranslateError};
 use crate::mem::{PhysMemory, PAGE_SIZE};
 
 const SID: SourceId = SourceId(0x0200);
@@ -23,28 +23,23 @@ struct Rig {
 }
 
 fn rig() -> Rig {
-    let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
-    let mut sys = System::new(mem.clone());
-    let u = sys.add_unit(UnitConfig::default()).unwrap();
-    sys.assign(SID, u).unwrap();
-    let sys = Arc::new(sys);
-    let domain = DmaDomain::new(
-        sys.clone(),
-        DmaDomainConfig {
+    let p = crate::Platform::builder()
+        .memory(64 << 20)
+        .domain(DmaDomainConfig {
             policy: DmaPolicy::Strict,
             bounce_bytes: 0,
             ..Default::default()
-        },
-    )
-    .unwrap();
-    let dev = domain.attach(SID, u64::MAX, false).unwrap();
-    let cpu = domain.cpu();
+        })
+        .device(SID)
+        .build()
+        .unwrap();
+    let cpu = p.domain.cpu();
     Rig {
-        sys,
-        domain,
-        dev,
+        sys: p.system,
+        domain: p.domain,
+        dev: p.devices.into_iter().next().unwrap(),
         cpu,
-        mem,
+        mem: p.mem,
     }
 }
 
@@ -161,16 +156,34 @@ fn bad_input_fails_whole_with_a_fault_record_and_nothing_half_written() {
         [0; 6],
         "nothing half written"
     );
-    assert!(acc.fill(rw + 1, PAGE_SIZE, 3, O).is_err());
+    assert!(matches!(
+        acc.fill(rw + 1, PAGE_SIZE, 3, O),
+        Err(AccessError::Translate(
+            TranslateError::NotPresent { .. } | TranslateError::AddressTooWide { .. }
+        ))
+    ));
     // A write from the hole below into the mapping.
-    assert!(acc.write(rw - 6, &[7u8; 16], O).is_err());
+    assert!(matches!(
+        acc.write(rw - 6, &[7u8; 16], O),
+        Err(AccessError::Translate(TranslateError::NotPresent { .. }))
+    ));
     assert_eq!(r.peek(buf, PAGE_SIZE as usize), vec![0; PAGE_SIZE as usize]);
     // A read straddling the mapping and the hole after it.
     let mut big = vec![0x11u8; 2 * PAGE_SIZE as usize];
-    assert!(acc.read(rw, &mut big, O).is_err());
+    assert!(matches!(
+        acc.read(rw, &mut big, O),
+        Err(AccessError::Translate(
+            TranslateError::NotPresent { .. } | TranslateError::AddressTooWide { .. }
+        ))
+    ));
     assert!(big.iter().all(|&b| b == 0x11));
     // An unaligned word across the end.
-    assert!(acc.read_u64(end - 4, O).is_err());
+    assert!(matches!(
+        acc.read_u64(end - 4, O),
+        Err(AccessError::Translate(
+            TranslateError::NotPresent { .. } | TranslateError::AddressTooWide { .. }
+        ))
+    ));
     let f = r.faults();
     assert_eq!(f.len(), 5);
     assert_eq!(f[2].iova, rw - 6);
@@ -187,8 +200,18 @@ fn bad_input_fails_whole_with_a_fault_record_and_nothing_half_written() {
             TranslateError::PermissionDenied { .. }
         ))
     ));
-    assert!(acc.write_u32(rd, 7, O).is_err());
-    assert!(acc.fill(rd, 16, 1, O).is_err());
+    assert!(matches!(
+        acc.write_u32(rd, 7, O),
+        Err(AccessError::Translate(
+            TranslateError::PermissionDenied { .. }
+        ))
+    ));
+    assert!(matches!(
+        acc.fill(rd, 16, 1, O),
+        Err(AccessError::Translate(
+            TranslateError::PermissionDenied { .. }
+        ))
+    ));
     assert_eq!(r.peek(ro, 16), [0; 16]);
     let f = r.faults();
     assert_eq!(f.len(), 3);
@@ -202,9 +225,18 @@ fn bad_input_fails_whole_with_a_fault_record_and_nothing_half_written() {
         AccessError::Translate(TranslateError::ZeroLength { .. })
     ));
     assert!(e.is_fault());
-    assert!(acc.write(rw, &[], O).is_err());
-    assert!(acc.fill(rw, 0, 0, O).is_err());
-    assert!(acc.map(rw, 0, DmaDirection::ToDevice, O).is_err());
+    assert!(matches!(
+        acc.write(rw, &[], O),
+        Err(AccessError::Translate(TranslateError::ZeroLength { .. }))
+    ));
+    assert!(matches!(
+        acc.fill(rw, 0, 0, O),
+        Err(AccessError::Translate(TranslateError::ZeroLength { .. }))
+    ));
+    assert!(matches!(
+        acc.with_map(rw, 0, DmaDirection::ToDevice, O, |_| ()),
+        Err(AccessError::Translate(TranslateError::ZeroLength { .. }))
+    ));
     let f = r.faults();
     assert!(
         !f.is_empty() && f.iter().all(|f| f.reason == FaultReason::ZeroLength),
@@ -311,57 +343,72 @@ fn a_mapping_copies_in_bulk_in_its_direction_only() {
         .map_sg(&r.dev, &sg, DmaDirection::Bidirectional, &mut dma)
         .unwrap();
     let mut acc = DmaAccessor::for_device(&r.dev).unwrap();
-    {
-        let map = acc
-            .map(
-                m.dma + 100,
-                2 * PAGE_SIZE - 100,
-                DmaDirection::Bidirectional,
-                O,
-            )
-            .unwrap();
-        assert_eq!(map.len(), 2 * PAGE_SIZE - 100);
-        assert_eq!(map.ranges().len(), 2);
-        map.write_at(PAGE_SIZE - 104, b"abcdefgh").unwrap();
-        let mut got = [0u8; 8];
-        map.read_at(PAGE_SIZE - 104, &mut got).unwrap();
-        assert_eq!(&got, b"abcdefgh");
-        map.fill_at(0, 2, b'z').unwrap();
-        assert!(matches!(
-            map.read_at(2 * PAGE_SIZE - 104, &mut got),
-            Err(AccessError::OutOfMapping { .. })
-        ));
-        assert!(map.write_at(u64::MAX, b"x").is_err());
-        #[cfg(feature = "vm-memory")]
-        {
-            let slices: Vec<_> = map.volatile_slices().unwrap().collect();
-            assert_eq!(slices.len(), 2);
-            assert_eq!(
-                slices.iter().map(|s| s.len() as u64).sum::<u64>(),
-                map.len()
-            );
-        }
-    }
+    acc.with_map(
+        m.dma + 100,
+        2 * PAGE_SIZE - 100,
+        DmaDirection::Bidirectional,
+        O,
+        |map| {
+            assert_eq!(map.len(), 2 * PAGE_SIZE - 100);
+            assert_eq!(map.ranges().len(), 2);
+            map.write_at(PAGE_SIZE - 104, b"abcdefgh").unwrap();
+            let mut got = [0u8; 8];
+            map.read_at(PAGE_SIZE - 104, &mut got).unwrap();
+            assert_eq!(&got, b"abcdefgh");
+            map.fill_at(0, 2, b'z').unwrap();
+            assert!(matches!(
+                map.read_at(2 * PAGE_SIZE - 104, &mut got),
+                Err(AccessError::OutOfMapping { .. })
+            ));
+            assert!(matches!(
+                map.write_at(u64::MAX, b"x"),
+                Err(AccessError::OutOfMapping { .. })
+            ));
+            #[cfg(feature = "vm-memory")]
+            {
+                let slices: Vec<_> = map.volatile_slices().unwrap().collect();
+                assert_eq!(slices.len(), 2);
+                assert_eq!(
+                    slices.iter().map(|s| s.len() as u64).sum::<u64>(),
+                    map.len()
+                );
+            }
+        },
+    )
+    .unwrap();
     assert_eq!(r.peek(a + PAGE_SIZE - 4, 4), b"abcd");
     assert_eq!(r.peek(b, 4), b"efgh");
     assert_eq!(r.peek(a + 100, 2), b"zz");
-    {
-        let map = acc.map(m.dma, 16, DmaDirection::ToDevice, O).unwrap();
+    acc.with_map(m.dma, 16, DmaDirection::ToDevice, O, |map| {
         assert!(matches!(
             map.write_at(0, b"x"),
             Err(AccessError::WrongDirection { .. })
         ));
         #[cfg(feature = "vm-memory")]
-        assert!(map.volatile_slices().is_err());
-    }
-    {
-        let map = acc.map(m.dma, 16, DmaDirection::FromDevice, O).unwrap();
-        assert!(map.read_at(0, &mut [0u8; 1]).is_err());
-    }
+        assert!(matches!(
+            map.volatile_slices(),
+            Err(AccessError::WrongDirection { .. })
+        ));
+    })
+    .unwrap();
+    acc.with_map(m.dma, 16, DmaDirection::FromDevice, O, |map| {
+        assert!(matches!(
+            map.read_at(0, &mut [0u8; 1]),
+            Err(AccessError::WrongDirection { .. })
+        ));
+    })
+    .unwrap();
     // A mapping past the mapped range is refused whole, with a fault.
-    assert!(acc
-        .map(m.dma, 3 * PAGE_SIZE, DmaDirection::ToDevice, O)
-        .is_err());
+    let e = acc.with_map(m.dma, 3 * PAGE_SIZE, DmaDirection::ToDevice, O, |_| ());
+    assert!(
+        matches!(
+            e,
+            Err(AccessError::Translate(
+                TranslateError::NotPresent { .. } | TranslateError::AddressTooWide { .. }
+            ))
+        ),
+        "{e:?}"
+    );
     assert_eq!(r.faults().len(), 1);
 }
 
@@ -379,12 +426,13 @@ fn a_mapping_holds_off_the_wait_of_an_unmap_that_revokes_it() {
         let (dev, mapped, dropped) = (&r.dev, &mapped, &dropped);
         s.spawn(move || {
             let mut acc = DmaAccessor::for_device(dev).unwrap();
-            let map = acc.map(a, PAGE_SIZE, DmaDirection::FromDevice, O).unwrap();
-            mapped.store(true, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(100));
-            map.write_at(0, b"late but legal").unwrap();
-            dropped.store(true, Ordering::SeqCst);
-            drop(map);
+            acc.with_map(a, PAGE_SIZE, DmaDirection::FromDevice, O, |map| {
+                mapped.store(true, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(100));
+                map.write_at(0, b"late but legal").unwrap();
+                dropped.store(true, Ordering::SeqCst);
+            })
+            .unwrap();
             // After the unmap, the device cannot reach the page.
             while acc.read_u32(a, O).is_ok() {
                 std::thread::yield_now();

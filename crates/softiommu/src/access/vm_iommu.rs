@@ -15,14 +15,14 @@
 //! [`iommu::Error::CannotResolve`] — with the fault in the unit's log —
 //! like any IOVA the device was not given.
 //!
-//! The guard returned with the translation holds the thread's translation
-//! section open, so a driver's wait also waits for vm-memory's copies that
-//! use it. vm-memory's own `Bytes` methods (`read`, `write`, `read_obj`,
-//! `load`, `store`, …) copy while the guard lives. A `VolatileSlice` that a
-//! caller keeps after the iterator that produced it is dropped (as
-//! `virtio-queue`'s `Reader` and `Writer` do) is outside any section: like
-//! a vhost-user back-end's slices, it stays usable after an invalidation,
-//! and keeping it short-lived is the caller's business.
+//! A device that wants a driver's invalidation wait to also wait for its
+//! copies runs its work inside [`UnitIommu::section`]: every translation
+//! and every copy in it then sits in one translation section of the
+//! thread, which the wait drains. Outside such a section, each translation
+//! is its own short section, and vm-memory's copies that follow it (its
+//! `Bytes` methods, a `VolatileSlice` kept by `virtio-queue`'s `Reader`)
+//! can race an unmap, as a vhost-user back-end's can. The guards vm-memory
+//! keeps hold no section, so leaking one leaks nothing but memory.
 //!
 //! # Costs
 //!
@@ -30,6 +30,8 @@
 //! acquire loads) and vm-memory's `Iotlb` lookup (a B-tree search); a miss
 //! adds one softiommu translation per page. Nothing is shared between
 //! threads but the unit itself.
+
+#![deny(clippy::indexing_slicing)]
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -41,7 +43,7 @@ use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
 
 use super::epoch::device_epoch;
-use super::vm_thread::{self, SectionError, SectionToken};
+use super::vm_thread::{self, SectionError};
 use crate::dma::DmaDevice;
 use crate::hw::{
     Access, HwError, PhysSpan, SourceId, System, TranslateError, TranslationGuard, Unit, UnitId,
@@ -85,28 +87,48 @@ impl UnitIommu {
 
     /// Gives back the calling thread's translator slot for this view's
     /// unit (and its cached translations). Returns `false`, doing nothing,
-    /// while a guard of this thread is alive. A thread's state also goes
-    /// when the thread exits.
+    /// while a [`section`](Self::section) of this thread is running. A
+    /// thread's state also goes when the thread exits.
     pub fn release_thread(&self) -> bool {
         self.system.unit(self.unit).is_none_or(vm_thread::release)
     }
+
+    /// Runs `f` — a device's piece of work: popping descriptor chains,
+    /// copying their buffers, pushing used entries — with the calling
+    /// thread's translation section for this unit held open throughout.
+    /// Every access `f` makes through an `IommuMemory` over this view (or
+    /// any view of the same unit) then completes before a driver's
+    /// invalidation wait does, as the hardware drains DMA in flight: a
+    /// buffer the driver unmaps is never written after its unmap returns.
+    /// Outside a section, an access that vm-memory makes after its
+    /// translation returned (a `VolatileSlice` kept by `virtio-queue`'s
+    /// `Reader`, say) can race an unmap, as a vhost-user back-end's can.
+    ///
+    /// Keep `f` bounded and never block in it: every wait on the unit
+    /// waits for it. A driver call that waits on the unit from inside `f`
+    /// fails with `QiError::GuardHeld` instead of deadlocking. Fails only
+    /// if no translator can be made for the thread.
+    pub fn section<R>(&self, f: impl FnOnce() -> R) -> Result<R, HwError> {
+        let unit = self
+            .system
+            .unit(self.unit)
+            .ok_or(HwError::DeviceNotAssigned { sid: self.sid })?;
+        vm_thread::scope(unit, f)
+    }
 }
 
-/// The guard of a translation: the translations (a snapshot that never
-/// changes under it) and a share of the thread's translation section,
-/// which it holds open until dropped. Not `Send`: the section belongs to
-/// the thread.
+/// The guard of a translation: the translations, a snapshot that never
+/// changes under it. It holds no section (see
+/// [`UnitIommu::section`] for what keeps the translations the device's
+/// while it copies). Not `Send`: the snapshot belongs to the thread.
 pub struct IotlbSection<'a> {
     iotlb: Rc<Iotlb>,
-    _token: Option<SectionToken>,
     _view: PhantomData<&'a UnitIommu>,
 }
 
 impl fmt::Debug for IotlbSection<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IotlbSection")
-            .field("open", &self._token.is_some())
-            .finish_non_exhaustive()
+        f.debug_struct("IotlbSection").finish_non_exhaustive()
     }
 }
 
@@ -234,9 +256,8 @@ impl UnitIommu {
             Ok(dev.iotlb.clone())
         });
         match served {
-            Ok((iotlb, token)) => Ok(IotlbSection {
+            Ok(iotlb) => Ok(IotlbSection {
                 iotlb,
-                _token: Some(token),
                 _view: PhantomData,
             }),
             Err(SectionError::Inner(e)) => Err(e),
@@ -262,7 +283,6 @@ impl Iommu for UnitIommu {
             // Nothing to translate (vm-memory hands out an empty iterator).
             let empty = IotlbSection {
                 iotlb: Rc::new(Iotlb::new()),
-                _token: None,
                 _view: PhantomData,
             };
             return Iotlb::lookup(empty, iova, 0, access).map_err(|_| fail("empty range".into()));

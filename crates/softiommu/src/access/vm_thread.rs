@@ -1,6 +1,6 @@
 //! The per-thread state behind [`UnitIommu`](super::UnitIommu): one
-//! translator per (thread, unit), a translation section shared by nested
-//! users, and one vm-memory `Iotlb` per device.
+//! translator per (thread, unit), the thread's device section, and one
+//! vm-memory `Iotlb` per device.
 //!
 //! vm-memory's `Iommu` must be `Send + Sync` and is shared by every thread
 //! that uses an `IommuMemory`; a softiommu [`Translator`] is bound to the
@@ -9,11 +9,20 @@
 //! here, made on first use and kept until the thread exits (or
 //! [`release`] is called), as a device thread keeps its accessor.
 //!
-//! A guard returned by `Iommu::translate` holds the thread's section open
-//! until it is dropped (so a driver's wait cannot complete while vm-memory
-//! still copies through the translation). Guards may nest — vm-memory code
-//! can translate again while an iterator from an earlier call is alive —
-//! so the section is counted: the first guard opens it, the last closes it.
+//! # Sections
+//!
+//! A translation runs inside a section of the thread's translator. Outside
+//! a *device section* ([`scope`], entered through
+//! [`UnitIommu::section`](super::UnitIommu::section)) that section lasts
+//! for the translation only. Inside one, every translation of the thread
+//! shares the scope's section, which stays open until the scope's closure
+//! returns: a driver's invalidation wait then waits for the device's whole
+//! piece of work (its copies included), as the hardware drains DMA in
+//! flight. Sections are only ever held by closures, never by the guards
+//! vm-memory keeps, so no safe code can leak one (a leaked section would
+//! hold every later wait forever).
+
+#![deny(clippy::indexing_slicing)]
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -50,8 +59,8 @@ struct ThreadUnit {
     translator: NonNull<Translator>,
     /// The open section, borrowing `*translator`.
     section: Option<TranslationGuard<'static>>,
-    /// Guards sharing the section.
-    depth: usize,
+    /// Device scopes open on this thread (nested [`scope`] calls).
+    scopes: usize,
     devices: Vec<DeviceCache>,
 }
 
@@ -64,19 +73,17 @@ impl ThreadUnit {
             unit: shared,
             translator: NonNull::from(Box::leak(t)),
             section: None,
-            depth: 0,
+            scopes: 0,
             devices: Vec::new(),
         })
     }
 
-    /// Joins the section, opening it if no guard holds it. (Takes the
+    /// Opens the section if it is not open, and returns it. (Takes the
     /// fields it needs, so that the caller can lend `devices` alongside.)
     fn open<'s>(
         section: &'s mut Option<TranslationGuard<'static>>,
-        depth: &mut usize,
         translator: NonNull<Translator>,
     ) -> &'s mut TranslationGuard<'static> {
-        *depth += 1;
         section.get_or_insert_with(|| {
             // SAFETY: `translator` came from `Box::leak` and is freed only
             // in `drop`, after `section` is dropped, so the reference lives
@@ -88,10 +95,9 @@ impl ThreadUnit {
         })
     }
 
-    /// Leaves the section, closing it when the last guard leaves.
-    fn close(&mut self) {
-        self.depth = self.depth.saturating_sub(1);
-        if self.depth == 0 {
+    /// Closes the section unless a scope holds it.
+    fn close_unless_scoped(&mut self) {
+        if self.scopes == 0 {
             self.section = None;
         }
     }
@@ -99,7 +105,7 @@ impl ThreadUnit {
     /// Whether the unit is gone and nobody uses this state.
     fn dead(&self) -> bool {
         // Ours, and the translator's: nobody else holds the unit.
-        self.depth == 0 && Arc::strong_count(&self.unit) <= 2
+        self.scopes == 0 && Arc::strong_count(&self.unit) <= 2
     }
 }
 
@@ -120,27 +126,21 @@ fn key_of(unit: &Unit) -> usize {
     Arc::as_ptr(&unit.shared) as *const () as usize
 }
 
-/// A share of this thread's section for a unit; leaves it on drop.
-#[derive(Debug)]
-pub(crate) struct SectionToken {
-    key: usize,
-    /// Neither `Send` nor `Sync`: the section belongs to this thread.
-    _thread: std::marker::PhantomData<*const ()>,
-}
-
-impl Drop for SectionToken {
-    fn drop(&mut self) {
-        // Tokens are dropped by their holders, never while `with_section`
-        // borrows the state, so the borrow succeeds; during thread exit the
-        // state is already gone and with it the section.
-        let _ = UNITS.try_with(|units| {
-            if let Ok(mut units) = units.try_borrow_mut() {
-                if let Some(tu) = units.iter_mut().find(|t| t.key == self.key) {
-                    tu.close();
-                }
-            }
-        });
-    }
+/// Runs `f` on this thread's state for `unit`, making it if need be.
+fn with_unit<R>(unit: &Unit, f: impl FnOnce(&mut ThreadUnit) -> R) -> Result<R, HwError> {
+    let key = key_of(unit);
+    UNITS.with(|units| {
+        let mut units = units.borrow_mut();
+        if !units.iter().any(|t| t.key == key) {
+            // Forget units that are gone before adding one.
+            units.retain(|t| !t.dead());
+            units.push(ThreadUnit::new(key, unit)?);
+        }
+        match units.iter_mut().find(|t| t.key == key) {
+            Some(tu) => Ok(f(tu)),
+            None => Err(HwError::UnknownUnit(crate::hw::UnitId(u16::MAX))),
+        }
+    })
 }
 
 /// Why [`with_section`] failed.
@@ -152,70 +152,79 @@ pub(crate) enum SectionError<E> {
     Inner(E),
 }
 
-/// Joins (or opens) this thread's section for `unit`, and calls `f` with it
-/// and `sid`'s cache. On success the section stays joined until the
-/// returned token is dropped; on failure it is left at once.
+/// Calls `f` inside this thread's section for `unit` with `sid`'s cache:
+/// the scope's section if a device scope is open, else one that lasts for
+/// the call only.
 pub(crate) fn with_section<R, E>(
     unit: &Unit,
     sid: SourceId,
     f: impl FnOnce(&mut TranslationGuard<'static>, &mut DeviceCache) -> Result<R, E>,
-) -> Result<(R, SectionToken), SectionError<E>> {
-    let key = key_of(unit);
-    UNITS.with(|units| {
-        let mut units = units.borrow_mut();
-        let i = match units.iter().position(|t| t.key == key) {
-            Some(i) => i,
-            None => {
-                // Forget units that are gone before adding one.
-                units.retain(|t| !t.dead());
-                units.push(ThreadUnit::new(key, unit).map_err(SectionError::Setup)?);
-                units.len() - 1
-            }
-        };
-        let tu = &mut units[i];
-        let translator = tu.translator;
-        let d = match tu.devices.iter().position(|d| d.sid == sid) {
-            Some(d) => d,
-            None => {
-                tu.devices.push(DeviceCache {
-                    sid,
-                    epoch: None,
-                    iotlb: Rc::new(Iotlb::new()),
-                });
-                tu.devices.len() - 1
-            }
-        };
-        let section = ThreadUnit::open(&mut tu.section, &mut tu.depth, translator);
-        let r = f(section, &mut tu.devices[d]);
-        match r {
-            Ok(r) => Ok((
-                r,
-                SectionToken {
-                    key,
-                    _thread: std::marker::PhantomData,
-                },
-            )),
-            Err(e) => {
-                tu.close();
-                Err(SectionError::Inner(e))
-            }
+) -> Result<R, SectionError<E>> {
+    let f = |s: &mut TranslationGuard<'static>, d: &mut DeviceCache| {
+        f(s, d).map_err(SectionError::Inner)
+    };
+    with_unit(unit, |tu| {
+        if !tu.devices.iter().any(|d| d.sid == sid) {
+            tu.devices.push(DeviceCache {
+                sid,
+                epoch: None,
+                iotlb: Rc::new(Iotlb::new()),
+            });
         }
+        let section = ThreadUnit::open(&mut tu.section, tu.translator);
+        let r = match tu.devices.iter_mut().find(|d| d.sid == sid) {
+            Some(dev) => f(section, dev),
+            // Pushed above.
+            None => Err(SectionError::Setup(HwError::DeviceNotAssigned { sid })),
+        };
+        tu.close_unless_scoped();
+        r
     })
+    .map_err(SectionError::Setup)?
+}
+
+/// Leaves a scope when dropped, on return or unwind.
+struct ScopeExit {
+    key: usize,
+}
+
+impl Drop for ScopeExit {
+    fn drop(&mut self) {
+        // During thread exit the state is already gone, and with it the
+        // section.
+        let _ = UNITS.try_with(|units| {
+            if let Ok(mut units) = units.try_borrow_mut() {
+                if let Some(tu) = units.iter_mut().find(|t| t.key == self.key) {
+                    tu.scopes = tu.scopes.saturating_sub(1);
+                    tu.close_unless_scoped();
+                }
+            }
+        });
+    }
+}
+
+/// Runs `f` with this thread's section for `unit` held open throughout
+/// (nested calls share it): see the module documentation.
+pub(crate) fn scope<R>(unit: &Unit, f: impl FnOnce() -> R) -> Result<R, HwError> {
+    let key = key_of(unit);
+    with_unit(unit, |tu| {
+        tu.scopes += 1;
+        ThreadUnit::open(&mut tu.section, tu.translator);
+    })?;
+    let _exit = ScopeExit { key };
+    Ok(f())
 }
 
 /// Drops this thread's translator and caches for `unit`, giving its slot
-/// back; refused (`false`) while a guard of this thread holds its section.
+/// back; refused (`false`) while a device scope of this thread is open.
 pub(crate) fn release(unit: &Unit) -> bool {
     let key = key_of(unit);
     UNITS.with(|units| {
         let mut units = units.borrow_mut();
-        match units.iter().position(|t| t.key == key) {
-            Some(i) if units[i].depth > 0 => false,
-            Some(i) => {
-                units.swap_remove(i);
-                true
-            }
-            None => true,
+        if units.iter().any(|t| t.key == key && t.scopes > 0) {
+            return false;
         }
+        units.retain(|t| t.key != key);
+        true
     })
 }

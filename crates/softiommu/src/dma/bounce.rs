@@ -2,39 +2,58 @@
 //!
 //! A pool of pages is mapped once into the device's domain and stays
 //! mapped. Mapping a buffer takes a slot of the pool (a power-of-two number
-//! of 256-byte units, from a buddy allocator), copies the data in for the
-//! device (`ToDevice`, `Bidirectional`) and hands out the slot's IOVA;
-//! unmapping copies the device's data back (`FromDevice`, `Bidirectional`)
-//! and returns the slot. The device only ever reaches pool pages: never the
+//! of 256-byte units, from a buddy allocator), copies the caller's buffer
+//! into it whatever the direction, and hands out the slot's IOVA;
+//! unmapping copies the slot back (`FromDevice`, `Bidirectional`) and
+//! returns the slot. The device only ever reaches pool pages: never the
 //! pages around a small buffer, never a buffer after its unmap has copied it
 //! back. What it can still reach after an unmap is the slot, which holds
 //! only data bounced for this same domain.
 //!
-//! The pool is behind one lock: bounce buffering is the safe path for
+//! Two rules close the holes a pool can open:
+//!
+//! - **A pool the device can reach.** A domain keeps one pool per DMA-mask
+//!   class ([`BouncePools`]): a device is given the highest pool that lies
+//!   wholly below its mask, made below that mask when none does. A device
+//!   with a 24-bit mask is never handed an IOVA near the top of the 48-bit
+//!   space.
+//! - **No stale bytes.** The slot is filled from the caller's buffer at
+//!   map even for `FromDevice` (as Linux's swiotlb does since the fix for
+//!   CVE-2022-0854): the copy back at unmap then returns the caller's own
+//!   bytes wherever the device wrote nothing, never what the slot's
+//!   previous user left there.
+//!
+//! Each pool is behind one lock: bounce buffering is the safe path for
 //! untrusted devices, and its cost is dominated by the copies.
 
-use std::sync::Mutex;
+#![deny(clippy::indexing_slicing)]
 
-use crate::mem::frames::Buddy;
+use std::sync::{Mutex, OnceLock};
+
+use crate::mem::frames::{Buddy, FrameOwner};
 use crate::mem::{MemError, PhysAddr, PhysMemory};
+use crate::sync::lock_std as lock;
 
 /// Bytes in one unit of a bounce slot.
 pub const BOUNCE_UNIT: u64 = 256;
 
-/// A slot of the pool.
+/// The most pools a domain holds: one per DMA-mask width at most.
+const MAX_POOLS: usize = 64;
+
+/// A slot of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BounceSlot {
+pub(crate) struct BounceSlot {
     /// The slot's IOVA (what the device is given).
-    pub iova: u64,
+    pub(crate) iova: u64,
     /// The slot's physical address in the pool.
-    pub phys: PhysAddr,
+    pub(crate) phys: PhysAddr,
     /// log2 of the slot's size in units.
-    pub order: u32,
+    pub(crate) order: u32,
 }
 
-/// A domain's bounce pool.
+/// One pool of a domain.
 #[derive(Debug)]
-pub struct BouncePool {
+pub(crate) struct BouncePool {
     iova: u64,
     phys: PhysAddr,
     bytes: u64,
@@ -43,7 +62,7 @@ pub struct BouncePool {
 
 impl BouncePool {
     /// A pool of `bytes` at physical `phys`, mapped at `iova`.
-    pub fn new(iova: u64, phys: PhysAddr, bytes: u64) -> Self {
+    pub(crate) fn new(iova: u64, phys: PhysAddr, bytes: u64) -> Self {
         Self {
             iova,
             phys,
@@ -52,22 +71,25 @@ impl BouncePool {
         }
     }
 
-    /// The pool's IOVA range start and size.
-    pub fn iova_range(&self) -> (u64, u64) {
-        (self.iova, self.bytes)
+    /// The last IOVA of the pool.
+    pub(crate) fn last_iova(&self) -> u64 {
+        self.iova + self.bytes - 1
     }
 
-    /// Takes a slot of at least `len` bytes, or `None` when the pool is full
-    /// (or `len` larger than the pool).
-    pub fn take(&self, len: u64) -> Option<BounceSlot> {
+    /// The pool's physical start and size.
+    pub(crate) fn phys_range(&self) -> (PhysAddr, u64) {
+        (self.phys, self.bytes)
+    }
+
+    /// Takes a slot of at least `len` bytes, or `None` when the pool is
+    /// full (or `len` larger than the pool).
+    pub(crate) fn take(&self, len: u64) -> Option<BounceSlot> {
+        if len > self.bytes {
+            return None;
+        }
         let units = len.max(1).div_ceil(BOUNCE_UNIT);
         let order = 64 - (units - 1).leading_zeros();
-        let unit = self
-            .units
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .alloc(order)
-            .ok()?;
+        let unit = lock(&self.units).alloc(order, FrameOwner::User).ok()?;
         Some(BounceSlot {
             iova: self.iova + unit * BOUNCE_UNIT,
             phys: self.phys + unit * BOUNCE_UNIT,
@@ -76,21 +98,18 @@ impl BouncePool {
     }
 
     /// Returns a slot.
-    pub fn give_back(&self, slot: BounceSlot) -> Result<(), MemError> {
+    pub(crate) fn give_back(&self, slot: BounceSlot) -> Result<(), MemError> {
         let unit = (slot.phys - self.phys) / BOUNCE_UNIT;
-        self.units
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free(unit, slot.order)
+        lock(&self.units).free(unit, slot.order, FrameOwner::User)
     }
 
-    /// The slot whose IOVA range starts at `iova`, if it lies in the pool.
-    pub fn contains(&self, iova: u64) -> bool {
-        iova >= self.iova && iova < self.iova + self.bytes
+    /// Whether `iova` lies in the pool.
+    pub(crate) fn contains(&self, iova: u64) -> bool {
+        iova >= self.iova && iova - self.iova < self.bytes
     }
 
     /// Copies `len` bytes from the buffer at `buf` into the slot.
-    pub fn copy_in(
+    pub(crate) fn copy_in(
         mem: &PhysMemory,
         slot: &BounceSlot,
         buf: PhysAddr,
@@ -100,7 +119,7 @@ impl BouncePool {
     }
 
     /// Copies `len` bytes from the slot back to the buffer at `buf`.
-    pub fn copy_out(
+    pub(crate) fn copy_out(
         mem: &PhysMemory,
         slot: &BounceSlot,
         buf: PhysAddr,
@@ -110,7 +129,69 @@ impl BouncePool {
     }
 }
 
+/// A domain's pools, one per DMA-mask class, made as devices attach and
+/// read without a lock on every unmap.
+#[derive(Debug)]
+pub(crate) struct BouncePools {
+    pools: [OnceLock<BouncePool>; MAX_POOLS],
+    /// Serialises the making of pools.
+    grow: Mutex<()>,
+}
+
+impl Default for BouncePools {
+    fn default() -> Self {
+        Self {
+            pools: std::array::from_fn(|_| OnceLock::new()),
+            grow: Mutex::new(()),
+        }
+    }
+}
+
+impl BouncePools {
+    /// The pools made so far.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &BouncePool> {
+        self.pools.iter().map_while(OnceLock::get)
+    }
+
+    /// Pool `i`.
+    pub(crate) fn get(&self, i: usize) -> Option<&BouncePool> {
+        self.pools.get(i).and_then(OnceLock::get)
+    }
+
+    /// The pool holding `iova`, if one does.
+    #[inline]
+    pub(crate) fn find(&self, iova: u64) -> Option<&BouncePool> {
+        self.iter().find(|p| p.contains(iova))
+    }
+
+    /// The index of the highest pool wholly at or below `mask`, made with
+    /// `make` (which returns it mapped) when none is. `None` when no pool
+    /// fits and none can be made.
+    pub(crate) fn for_mask<E>(
+        &self,
+        mask: u64,
+        make: impl FnOnce() -> Result<BouncePool, E>,
+    ) -> Result<Option<usize>, E> {
+        let _g = lock(&self.grow);
+        let best = self
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.last_iova() <= mask)
+            .max_by_key(|(_, p)| p.last_iova())
+            .map(|(i, _)| i);
+        if best.is_some() {
+            return Ok(best);
+        }
+        let Some(i) = self.pools.iter().position(|p| p.get().is_none()) else {
+            return Ok(None);
+        };
+        let pool = make()?;
+        Ok(self.pools.get(i).and_then(|p| p.set(pool).ok()).map(|_| i))
+    }
+}
+
 #[cfg(test)]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
@@ -125,9 +206,32 @@ mod tests {
         assert!(pool.contains(a.iova) && pool.contains(b.iova));
         assert!(pool.take(8192).is_none(), "larger than the pool");
         pool.give_back(a).unwrap();
-        assert!(pool.give_back(a).is_err(), "double return refused");
+        assert!(matches!(
+            pool.give_back(a),
+            Err(MemError::NotAllocated { .. })
+        ));
         pool.give_back(b).unwrap();
         assert_eq!(pool.take(4096).unwrap().iova, 0x10_0000, "all merged back");
+        assert!(pool.take(u64::MAX).is_none());
+    }
+
+    #[test]
+    fn a_device_gets_a_pool_below_its_mask() {
+        let pools = BouncePools::default();
+        let make = |iova: u64| move || Ok::<_, ()>(BouncePool::new(iova, 0, 1 << 20));
+        assert_eq!(pools.for_mask(u64::MAX, make(1 << 40)), Ok(Some(0)));
+        assert_eq!(pools.for_mask(u64::MAX, make(0)), Ok(Some(0)), "reused");
+        assert_eq!(
+            pools.for_mask(0xff_ffff, make(0x10_0000)),
+            Ok(Some(1)),
+            "a 24-bit device gets a pool of its own"
+        );
+        assert_eq!(pools.for_mask(0xffff_ffff, make(0)), Ok(Some(1)));
+        assert_eq!(
+            pools.find((1 << 40) + 5).map(|p| p.last_iova()),
+            Some((1 << 40) + (1 << 20) - 1)
+        );
+        assert!(pools.find(5).is_none());
     }
 
     #[test]

@@ -1,43 +1,23 @@
 //! The per-CPU handle of a DMA domain: where maps and unmaps happen.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::bounce::BouncePool;
 use super::device::DmaDevice;
-use super::domain::{lock, BounceRecord, DmaDomain};
+use super::domain::{BounceRecord, CoherentRecord, DmaDomain};
 use super::error::DmaError;
-use super::flush_queue::{FlushQueue, FqEntry, Pushed};
-use super::gate::ActiveFlag;
+use super::flush_queue::{FqEntry, Pushed};
+use super::passthrough::take_any;
 use super::policy::{DmaDirection, DmaPolicy};
-use super::stats::CpuStats;
+use super::slot::CpuSlot;
 use crate::iova::{IovaCpuCache, IovaError};
-use crate::mem::{PhysAddr, PAGE_SHIFT, PAGE_SIZE};
-use crate::pgtable::{IoPageTable, IotlbGather, Perm};
-
-/// What a domain keeps of each CPU: the flag its map/unmap raise while
-/// they run (a policy switch waits on it, see [`super::gate`]), its flush
-/// queue, its counters.
-#[derive(Debug)]
-pub(crate) struct CpuSlot {
-    pub(crate) active: ActiveFlag,
-    pub(crate) fq: FlushQueue,
-    pub(crate) stats: CpuStats,
-    /// Flushes the timer did of this CPU's queue.
-    pub(crate) timer_stats: CpuStats,
-}
-
-impl CpuSlot {
-    pub(crate) fn new(fq_size: usize) -> Self {
-        Self {
-            active: ActiveFlag::default(),
-            fq: FlushQueue::new(fq_size),
-            stats: CpuStats::default(),
-            timer_stats: CpuStats::default(),
-        }
-    }
-}
+use crate::mem::{FrameOwner, PhysAddr, PAGE_SHIFT, PAGE_SIZE};
+use crate::pgtable::{IoPageTable, IotlbGather, Perm, PgtableError};
+use crate::sync::lock_std as lock;
 
 /// One entry of a scatter list: a physically contiguous piece of a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,9 +33,11 @@ pub struct SgEntry {
 pub struct SgMapping {
     /// The first entry's DMA address.
     pub dma: u64,
-    /// Bytes from the first entry's DMA address to the last one's end. When
-    /// every inner boundary of the list is page aligned, the device sees the
-    /// whole list as one contiguous range `[dma, dma + span)`.
+    /// When the list was merged into one contiguous range (every inner
+    /// boundary page aligned, policy translating): the bytes from the first
+    /// entry's DMA address to the last one's end, `[dma, dma + span)`.
+    /// Otherwise the same difference where it is positive, else 0: the
+    /// entries' DMA addresses need not ascend.
     pub span: u64,
     /// Whether the list was merged into one contiguous range.
     pub contiguous: bool,
@@ -85,8 +67,20 @@ struct Work {
 /// A CPU checks its own queue's age every this many deferred unmaps.
 const OWNER_EXPIRY_EVERY: u32 = 16;
 
+/// The pages `[addr, addr + len)` touches; `len` is not zero and the
+/// range was checked to lie in the arena (so nothing overflows).
 fn pages_of(addr: u64, len: u64) -> u64 {
     ((addr & (PAGE_SIZE - 1)) + len).div_ceil(PAGE_SIZE)
+}
+
+impl DmaDomain {
+    /// A per-CPU handle: its own IOVA cache, flush queue and counters. Make
+    /// one per thread that maps or unmaps.
+    pub fn cpu(self: &Arc<Self>) -> DmaCpu {
+        let slot = Arc::new(CpuSlot::new(self.tunables.fq_size()));
+        lock(&self.cpus).push(slot.clone());
+        DmaCpu::new(self.clone(), self.iova.cpu_cache(), slot)
+    }
 }
 
 impl DmaCpu {
@@ -126,7 +120,8 @@ impl DmaCpu {
     }
 
     /// Maps `len` bytes at `phys` for `dev`, moving in direction `dir`;
-    /// returns the address the device must use.
+    /// returns the address the device must use. The buffer must lie in
+    /// physical memory and outside the IOMMU's own frames.
     pub fn map(
         &mut self,
         dev: &DmaDevice,
@@ -139,25 +134,23 @@ impl DmaCpu {
             return Err(DmaError::ZeroLength);
         }
         let (slot, w) = (&*self.slot, &mut self.w);
+        w.domain.mem.check_device_range(phys, len)?;
         let _op = w.domain.gate.enter(&slot.active);
         let addr = match w.domain.policy() {
             DmaPolicy::Passthrough => {
-                let end = phys.checked_add(len - 1).ok_or(DmaError::BeyondMask {
-                    addr: phys,
-                    len,
-                    mask: dev.mask,
-                })?;
-                if end > dev.mask {
+                // In the arena (checked above), so no sum can wrap.
+                if phys + (len - 1) > dev.mask {
                     return Err(DmaError::BeyondMask {
                         addr: phys,
                         len,
                         mask: dev.mask,
                     });
                 }
+                slot.passthrough.add(phys, len);
                 phys
             }
-            DmaPolicy::Bounce => w.bounce_map(slot, phys, len, dir)?,
-            _ if dev.untrusted => w.bounce_map(slot, phys, len, dir)?,
+            DmaPolicy::Bounce => w.bounce_map(slot, dev, phys, len, dir)?,
+            _ if dev.untrusted => w.bounce_map(slot, dev, phys, len, dir)?,
             _ => w.map_pages(slot, dev, phys, len, dir.perm())?,
         };
         slot.stats.map();
@@ -165,6 +158,9 @@ impl DmaCpu {
     }
 
     /// Unmaps what [`map`](Self::map) returned: the same address and length.
+    /// Anything else — an address never mapped or unmapped already, a
+    /// wrong length — is refused with nothing changed, in every policy
+    /// and under concurrency (of two unmaps of one mapping, one fails).
     pub fn unmap(
         &mut self,
         dev: &DmaDevice,
@@ -184,16 +180,28 @@ impl DmaCpu {
             return Ok(());
         }
         match w.domain.policy() {
-            DmaPolicy::Passthrough => {}
+            DmaPolicy::Passthrough => {
+                if !slot.passthrough.take(addr, len) {
+                    // Mapped on another CPU (or on one whose handle went).
+                    let cpus = lock(&w.domain.cpus).clone();
+                    take_any(
+                        &w.domain.pt_retired,
+                        cpus.iter().map(|s| &s.passthrough),
+                        addr,
+                        len,
+                    )?;
+                }
+            }
             policy => w.unmap_pages(slot, addr, len, policy == DmaPolicy::Deferred)?,
         }
         slot.stats.unmap();
         Ok(())
     }
 
-    /// Flushes this CPU's deferred queue now. When it returns, every unmap
-    /// this CPU queued before the call has been invalidated, including a
-    /// batch the timer took and was still flushing (this waits for it).
+    /// Flushes this CPU's deferred queue now, and retries any flush that
+    /// failed before. When it returns `Ok`, every unmap this CPU queued
+    /// before the call has been invalidated, including a batch the timer
+    /// took and was still flushing (this waits for it).
     pub fn flush_own(&mut self) -> Result<(), DmaError> {
         self.w.flush_own(&self.slot)
     }
@@ -214,26 +222,45 @@ impl DmaCpu {
             return Err(DmaError::ZeroLength);
         }
         if out.len() < sg.len() {
-            return Err(DmaError::ZeroLength);
+            return Err(DmaError::OutputTooShort {
+                needed: sg.len(),
+                given: out.len(),
+            });
         }
+        let mem = &self.w.domain.mem;
+        let mut pages = 0u64;
+        for e in sg {
+            mem.check_device_range(e.phys, e.len)?;
+            pages = pages
+                .checked_add(pages_of(e.phys, e.len))
+                .ok_or(DmaError::NoSpace { len: u64::MAX })?;
+        }
+        let Some(last) = sg.last() else {
+            return Err(DmaError::ZeroLength);
+        };
+        let n = sg.len();
+        // `out` holds the DMA addresses of `sg`'s entries (`out.len() >= n`).
+        let span = |out: &[u64]| match (out.first(), out.get(n - 1)) {
+            (Some(&lo), Some(&hi)) => (hi + last.len).saturating_sub(lo),
+            _ => 0,
+        };
         let policy = self.w.domain.policy();
         if !policy.is_translated() || policy == DmaPolicy::Bounce || dev.untrusted {
             // One mapping per entry; passed through or bounced.
-            for (i, e) in sg.iter().enumerate() {
+            for (i, (e, slot)) in sg.iter().zip(out.iter_mut()).enumerate() {
                 match self.map(dev, e.phys, e.len, dir) {
-                    Ok(a) => out[i] = a,
+                    Ok(a) => *slot = a,
                     Err(err) => {
-                        for (j, p) in sg[..i].iter().enumerate() {
-                            let _ = self.unmap(dev, out[j], p.len, dir);
+                        for (p, &a) in sg.iter().zip(out.iter()).take(i) {
+                            let _ = self.unmap(dev, a, p.len, dir);
                         }
                         return Err(err);
                     }
                 }
             }
-            let last = sg.len() - 1;
             return Ok(SgMapping {
-                dma: out[0],
-                span: out[last] + sg[last].len - out[0],
+                dma: out.first().copied().unwrap_or(0),
+                span: span(out),
                 contiguous: false,
                 pages: 0,
                 entries: sg.len(),
@@ -241,10 +268,9 @@ impl DmaCpu {
         }
         let (slot, w) = (&*self.slot, &mut self.w);
         let _op = w.domain.gate.enter(&slot.active);
-        let pages: u64 = sg.iter().map(|e| pages_of(e.phys, e.len)).sum();
         let pfn = w.alloc_iova(slot, dev, pages)?;
         let mut at = pfn << PAGE_SHIFT;
-        for (i, e) in sg.iter().enumerate() {
+        for (e, slot) in sg.iter().zip(out.iter_mut()) {
             let n = pages_of(e.phys, e.len);
             if let Err(err) =
                 w.domain
@@ -257,29 +283,28 @@ impl DmaCpu {
                         .domain
                         .table
                         .unmap(pfn << PAGE_SHIFT, mapped, &mut w.gather);
-                    // Nothing was visible to the device yet, but a walk may
-                    // have cached it: invalidate before reuse.
-                    let _ = w.domain.invalidate(
-                        w.domain.unit_mask_after_clear(),
-                        pfn << PAGE_SHIFT,
-                        mapped,
-                    );
+                    // Nothing was given to the device yet, but a stray walk
+                    // may have cached it: invalidate before reuse. If that
+                    // fails the block stays allocated (leaked), never
+                    // reused under a stale entry.
+                    let units = w.domain.unit_mask_after_clear();
+                    w.domain.invalidate(units, pfn << PAGE_SHIFT, mapped)?;
                     w.gather.complete()?;
                 }
                 w.cache.free(pfn, pages)?;
                 return Err(err.into());
             }
-            out[i] = at | (e.phys & (PAGE_SIZE - 1));
+            *slot = at | (e.phys & (PAGE_SIZE - 1));
             at += n << PAGE_SHIFT;
         }
         let contiguous = sg
-            .windows(2)
-            .all(|w| (w[0].phys + w[0].len) % PAGE_SIZE == 0 && w[1].phys % PAGE_SIZE == 0);
-        let last = sg.len() - 1;
+            .iter()
+            .zip(sg.iter().skip(1))
+            .all(|(a, b)| (a.phys + a.len) % PAGE_SIZE == 0 && b.phys % PAGE_SIZE == 0);
         slot.stats.map();
         Ok(SgMapping {
-            dma: out[0],
-            span: out[last] + sg[last].len - out[0],
+            dma: out.first().copied().unwrap_or(0),
+            span: span(out),
             contiguous,
             pages,
             entries: sg.len(),
@@ -298,6 +323,12 @@ impl DmaCpu {
     ) -> Result<(), DmaError> {
         self.check_device(dev)?;
         if m.pages == 0 {
+            if sg.len() < m.entries || dma.len() < m.entries {
+                return Err(DmaError::OutputTooShort {
+                    needed: m.entries,
+                    given: sg.len().min(dma.len()),
+                });
+            }
             for (e, &a) in sg.iter().zip(dma).take(m.entries) {
                 self.unmap(dev, a, e.len, dir)?;
             }
@@ -313,40 +344,62 @@ impl DmaCpu {
     }
 
     /// Allocates `len` bytes of zeroed memory the CPU and the device share,
-    /// mapped both ways: `(physical address, DMA address)`.
+    /// mapped both ways: `(physical address, DMA address)`. Free it with
+    /// [`free_coherent`](Self::free_coherent) (the frames cannot be freed
+    /// any other way).
     pub fn alloc_coherent(
         &mut self,
         dev: &DmaDevice,
         len: u64,
     ) -> Result<(PhysAddr, u64), DmaError> {
         self.check_device(dev)?;
-        if len == 0 {
-            return Err(DmaError::ZeroLength);
-        }
+        let order = coherent_order(len)?;
         let (slot, w) = (&*self.slot, &mut self.w);
-        let order = len.div_ceil(PAGE_SIZE).next_power_of_two().ilog2();
-        let phys = w.domain.mem.alloc_zeroed_frames(order)?;
+        let phys = w
+            .domain
+            .mem
+            .alloc_zeroed_owned(order, FrameOwner::Coherent)?;
         // Coherent memory is never bounced: it is the device's by design.
         let r = {
             let _op = w.domain.gate.enter(&slot.active);
             match w.domain.policy() {
+                DmaPolicy::Passthrough if phys + (PAGE_SIZE << order) - 1 > dev.mask => {
+                    Err(DmaError::BeyondMask {
+                        addr: phys,
+                        len,
+                        mask: dev.mask,
+                    })
+                }
                 DmaPolicy::Passthrough => Ok(phys),
                 _ => w.map_pages(slot, dev, phys, PAGE_SIZE << order, Perm::RW),
             }
         };
         match r {
             Ok(dma) => {
+                lock(&w.domain.coherent).insert(
+                    phys,
+                    CoherentRecord {
+                        dma,
+                        order,
+                        sid: dev.sid,
+                    },
+                );
                 slot.stats.map();
                 Ok((phys, dma))
             }
             Err(e) => {
-                w.domain.mem.free_frames(phys, order)?;
+                w.domain.mem.free_owned(phys, order, FrameOwner::Coherent)?;
                 Err(e)
             }
         }
     }
 
-    /// Frees what [`alloc_coherent`](Self::alloc_coherent) returned.
+    /// Frees what [`alloc_coherent`](Self::alloc_coherent) returned for
+    /// `dev`: the same physical address, DMA address and length. Anything
+    /// else — memory this domain did not allocate coherent, or freed
+    /// already, another device's, a wrong DMA address or length — is
+    /// refused with nothing changed. The memory goes back only once no
+    /// device can reach it any more.
     pub fn free_coherent(
         &mut self,
         dev: &DmaDevice,
@@ -355,8 +408,32 @@ impl DmaCpu {
         len: u64,
     ) -> Result<(), DmaError> {
         self.check_device(dev)?;
-        let order = len.max(1).div_ceil(PAGE_SIZE).next_power_of_two().ilog2();
+        let order = coherent_order(len)?;
         let (slot, w) = (&*self.slot, &mut self.w);
+        {
+            let mut coherent = lock(&w.domain.coherent);
+            match coherent.get(&phys) {
+                Some(r)
+                    if *r
+                        == CoherentRecord {
+                            dma,
+                            order,
+                            sid: dev.sid,
+                        } => {}
+                Some(r) if r.sid != dev.sid => {
+                    return Err(DmaError::WrongDevice {
+                        sid: dev.sid.to_string(),
+                    })
+                }
+                Some(r) if r.dma != dma => return Err(DmaError::NotMapped { addr: dma }),
+                Some(_) => return Err(DmaError::WrongLength { addr: dma, len }),
+                None => return Err(DmaError::NotCoherent { phys }),
+            }
+            // Nothing below fails on a precondition the caller controls
+            // once the caller's thread may wait (checked first).
+            w.domain.check_callers()?;
+            coherent.remove(&phys);
+        }
         {
             let _op = w.domain.gate.enter(&slot.active);
             match w.domain.policy() {
@@ -367,8 +444,10 @@ impl DmaCpu {
         slot.stats.unmap();
         // The pages may still be reachable until a deferred flush; coherent
         // frees are rare, so flush this CPU's queue before giving them back.
+        // If that fails the frames stay allocated: leaked, never reused
+        // while reachable.
         w.flush_own(slot)?;
-        w.domain.mem.free_frames(phys, order)?;
+        w.domain.mem.free_owned(phys, order, FrameOwner::Coherent)?;
         Ok(())
     }
 
@@ -386,23 +465,40 @@ impl DmaCpu {
     }
 }
 
+/// The frame order of a coherent allocation of `len` bytes.
+fn coherent_order(len: u64) -> Result<u32, DmaError> {
+    if len == 0 {
+        return Err(DmaError::ZeroLength);
+    }
+    let pages = len.div_ceil(PAGE_SIZE);
+    match pages.checked_next_power_of_two() {
+        Some(p) if p.ilog2() <= crate::mem::MAX_FRAME_ORDER => Ok(p.ilog2()),
+        _ => Err(DmaError::InvalidConfig {
+            name: "coherent length",
+            value: len,
+            max: PAGE_SIZE << crate::mem::MAX_FRAME_ORDER,
+        }),
+    }
+}
+
 impl Work {
     /// Allocates an IOVA block for `pages` pages below the device's mask,
     /// flushing this CPU's deferred queue once if the space is exhausted.
     fn alloc_iova(&mut self, slot: &CpuSlot, dev: &DmaDevice, pages: u64) -> Result<u64, DmaError> {
+        let no_space = |e| match e {
+            IovaError::NoSpace { .. } | IovaError::TooLarge { .. } => DmaError::NoSpace {
+                len: pages.saturating_mul(PAGE_SIZE),
+            },
+            e => e.into(),
+        };
         match self.cache.alloc(pages, dev.limit_pfn) {
             Ok(pfn) => Ok(pfn),
             Err(IovaError::NoSpace { .. }) => {
                 self.flush_own(slot)?;
                 self.domain.flush_all()?;
-                self.cache.alloc(pages, dev.limit_pfn).map_err(|e| match e {
-                    IovaError::NoSpace { .. } => DmaError::NoSpace {
-                        len: pages << PAGE_SHIFT,
-                    },
-                    e => e.into(),
-                })
+                self.cache.alloc(pages, dev.limit_pfn).map_err(no_space)
             }
-            Err(e) => Err(e.into()),
+            Err(e) => Err(no_space(e)),
         }
     }
 
@@ -433,24 +529,30 @@ impl Work {
     fn bounce_map(
         &mut self,
         cpu: &CpuSlot,
+        dev: &DmaDevice,
         phys: PhysAddr,
         len: u64,
         dir: DmaDirection,
     ) -> Result<u64, DmaError> {
         let d = &self.domain;
-        let pool = d.bounce.as_ref().ok_or(DmaError::BounceFull { len })?;
+        let (pool_index, pool) = dev
+            .bounce
+            .and_then(|i| Some((i, d.bounce.get(i)?)))
+            .ok_or(DmaError::BounceUnavailable { mask: dev.mask })?;
         let slot = pool.take(len).ok_or(DmaError::BounceFull { len })?;
-        if dir != DmaDirection::FromDevice {
-            if let Err(e) = BouncePool::copy_in(&d.mem, &slot, phys, len) {
-                let _ = pool.give_back(slot);
-                return Err(e.into());
-            }
-            cpu.stats.bounced(len);
+        // Whatever the direction: a `FromDevice` slot starts as the
+        // caller's buffer, so the copy back at unmap returns the caller's
+        // own bytes where the device wrote none (module `bounce`).
+        if let Err(e) = BouncePool::copy_in(&d.mem, &slot, phys, len) {
+            let _ = pool.give_back(slot);
+            return Err(e.into());
         }
+        cpu.stats.bounced(len);
         lock(&d.bounce_map).insert(
             slot.iova,
             BounceRecord {
                 slot,
+                pool: pool_index,
                 buf: phys,
                 len,
                 dir,
@@ -463,10 +565,7 @@ impl Work {
     /// Unmaps a bounce slot if `addr` is one: copies the device's data back.
     fn try_bounce_unmap(&mut self, cpu: &CpuSlot, addr: u64, len: u64) -> Result<bool, DmaError> {
         let d = &self.domain;
-        let Some(pool) = d.bounce.as_ref() else {
-            return Ok(false);
-        };
-        if !pool.contains(addr) {
+        if d.bounce.find(addr).is_none() {
             return Ok(false);
         }
         let mut map = lock(&d.bounce_map);
@@ -481,11 +580,19 @@ impl Work {
             BouncePool::copy_out(&d.mem, &rec.slot, rec.buf, rec.len)?;
             cpu.stats.bounced(rec.len);
         }
-        pool.give_back(rec.slot)?;
+        if let Some(pool) = d.bounce.get(rec.pool) {
+            pool.give_back(rec.slot)?;
+        }
         d.bounce_live.fetch_sub(1, Relaxed);
         Ok(true)
     }
 
+    /// Unmaps a translated mapping: strict (revoked before returning) or
+    /// deferred (queued for the next flush). Either way the IOVA block is
+    /// first *retired* with one compare-exchange, so that of two unmaps of
+    /// one mapping racing each other exactly one proceeds, and every check
+    /// that can fail runs before an entry is cleared: a failed unmap leaves
+    /// the mapping as it was.
     fn unmap_pages(
         &mut self,
         slot: &CpuSlot,
@@ -493,15 +600,13 @@ impl Work {
         len: u64,
         deferred: bool,
     ) -> Result<(), DmaError> {
-        let Work {
-            domain: d,
-            cache,
-            gather,
-            pushes,
-        } = self;
-        let pages = pages_of(addr, len);
+        let d = &*self.domain;
         let iova = addr & !(PAGE_SIZE - 1);
         let pfn = iova >> PAGE_SHIFT;
+        let pages = (addr & (PAGE_SIZE - 1))
+            .checked_add(len)
+            .map(|n| n.div_ceil(PAGE_SIZE))
+            .ok_or(DmaError::WrongLength { addr, len })?;
         d.iova.check_live_block(pfn, pages).map_err(|e| match e {
             IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
             _ => DmaError::NotMapped { addr },
@@ -515,65 +620,107 @@ impl Work {
         {
             return Err(DmaError::WrongLength { addr, len });
         }
-        d.table
-            .unmap(iova, pages << PAGE_SHIFT, gather)
-            .map_err(|e| match e {
-                crate::pgtable::PgtableError::NotMapped { .. } => DmaError::NotMapped { addr },
+        if deferred {
+            // Room first (only this CPU pushes, so room cannot shrink
+            // before the push): a queue left full by failed flushes is
+            // flushed now, or the unmap fails with nothing changed.
+            if slot.fq.len() >= slot.fq.capacity() {
+                self.flush_own(slot)?;
+            }
+        } else {
+            // A strict unmap waits: refused now, with nothing changed, if
+            // this thread holds a section the wait would wait for.
+            d.check_callers()?;
+        }
+        let Work {
+            domain: d,
+            cache,
+            gather,
+            pushes,
+        } = self;
+        // The one step that decides between racing unmaps.
+        d.iova.retire_block(pfn, pages).map_err(|e| match e {
+            IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
+            _ => DmaError::NotMapped { addr },
+        })?;
+        if let Err(e) = d.table.unmap(iova, pages << PAGE_SHIFT, gather) {
+            // Nothing was cleared (a failed unmap changes nothing): the
+            // block is the caller's again.
+            let _ = d.iova.unretire_block(pfn, pages);
+            return Err(match e {
+                PgtableError::NotMapped { .. } => DmaError::NotMapped { addr },
                 e => e.into(),
-            })?;
+            });
+        }
         if deferred {
             // Until its flush the block is retired, not free: a second unmap
             // of it is refused, and only the flush frees it.
-            d.iova.retire_block(pfn, pages)?;
             let tables = gather.defer();
             let entry = FqEntry { pfn, pages };
             let (units, high_water) = (d.unit_mask_after_clear(), d.tunables.high_water());
-            loop {
-                let queued = match slot.fq.push(entry, &tables, units, high_water) {
-                    Pushed::Queued { .. } => {
-                        d.arm.on_push();
-                        // The owner enforces the age limit too, every few
-                        // pushes, so the stale window holds while the timer
-                        // thread waits for a core.
-                        *pushes = pushes.wrapping_add(1);
-                        if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
-                            let after = d.tunables.flush_after();
-                            let mut taker = slot.fq.taker();
+            match slot.fq.push(entry, &tables, units, high_water) {
+                Pushed::Queued { .. } => {
+                    d.arm.on_push();
+                    // The owner enforces the age limit too, every few
+                    // pushes, so the stale window holds while the timer
+                    // thread waits for a core.
+                    *pushes = pushes.wrapping_add(1);
+                    if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
+                        let after = d.tunables.flush_after();
+                        // Never blocks: a taker that holds the queue is
+                        // flushing it already (and may be waiting for a
+                        // section this thread holds).
+                        if let Some(mut taker) = slot.fq.try_taker() {
                             if let Some(b) = taker.take_if_older(Instant::now(), after) {
-                                d.flush_batch(b, cache, &slot.stats)?;
+                                // A failed flush keeps its batch for a
+                                // retry and is counted; this unmap itself
+                                // is done.
+                                let _ = d.flush_batch(b, cache, &slot.stats);
                             }
                         }
-                        break;
                     }
-                    Pushed::Full => true,
-                    Pushed::NoRoom => false,
-                };
-                let mut taker = slot.fq.taker();
-                if let Some(b) = taker.take_all() {
-                    d.flush_batch(b, cache, &slot.stats)?;
                 }
-                if queued {
-                    break;
+                Pushed::Full => {
+                    d.arm.on_push();
+                    if let Some(mut taker) = slot.fq.try_taker() {
+                        if let Some(b) = taker.take_all() {
+                            let _ = d.flush_batch(b, cache, &slot.stats);
+                        }
+                    }
+                }
+                // Room was made above and only this CPU pushes.
+                Pushed::NoRoom => {
+                    return Err(DmaError::QueueFull {
+                        capacity: slot.fq.capacity(),
+                    })
                 }
             }
         } else {
             // Every device of the domain can reach its mappings: every unit the
-            // domain spans is invalidated, not only this device's.
+            // domain spans is invalidated, not only this device's. An `Ok`
+            // means revoked (through the queue or around it).
             let inv = d.invalidate(d.unit_mask_after_clear(), iova, pages << PAGE_SHIFT)?;
             slot.stats.invalidations(inv);
             gather.complete()?;
-            cache.free(pfn, pages)?;
+            cache.free_retired(pfn, pages)?;
         }
         Ok(())
     }
 
     /// See [`DmaCpu::flush_own`].
     fn flush_own(&mut self, slot: &CpuSlot) -> Result<(), DmaError> {
+        // First: a thread in a section could wait for a taker that waits
+        // for its section.
+        self.domain.check_callers()?;
+        // The own queue is taken whatever the retry does: a batch whose
+        // flush fails is kept by the domain (for the timer), never left in
+        // a queue whose handle may be going away.
+        let retried = self.domain.retry_pending(&mut self.cache, &slot.stats);
         let mut taker = slot.fq.taker();
         if let Some(b) = taker.take_all() {
             self.domain.flush_batch(b, &mut self.cache, &slot.stats)?;
         }
-        Ok(())
+        retried
     }
 
     fn sync(
@@ -605,7 +752,8 @@ impl Work {
 
 impl Drop for DmaCpu {
     fn drop(&mut self) {
-        // Queued IOVAs must not outlive the handle unflushed.
+        // Queued IOVAs must not outlive the handle unflushed; a failed
+        // flush keeps its batch for the timer.
         let _ = self.flush_own();
         self.w.domain.retire(&self.slot);
     }

@@ -1,10 +1,17 @@
 //! A device as the DMA API sees it: its source id, its DMA mask, which unit
 //! it sits behind, whether it is trusted.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::Arc;
 
+use super::bounce::BouncePool;
 use super::domain::DmaDomain;
-use crate::hw::SourceId;
+use super::error::DmaError;
+use crate::hw::{HwError, SourceId};
+use crate::mem::{FrameOwner, PAGE_SHIFT, PAGE_SIZE};
+use crate::pgtable::{IoPageTable, Perm};
+use crate::sync::lock_std as lock;
 
 /// A device attached to a [`DmaDomain`]; made by [`DmaDomain::attach`].
 #[derive(Debug, Clone)]
@@ -14,6 +21,8 @@ pub struct DmaDevice {
     pub(crate) mask: u64,
     pub(crate) limit_pfn: u64,
     pub(crate) untrusted: bool,
+    /// The domain's bounce pool this device reaches (below its mask).
+    pub(crate) bounce: Option<usize>,
 }
 
 impl DmaDevice {
@@ -35,5 +44,136 @@ impl DmaDevice {
     /// The domain it belongs to.
     pub fn domain(&self) -> &Arc<DmaDomain> {
         &self.domain
+    }
+}
+
+impl DmaDomain {
+    /// Attaches device `sid` (which the system has assigned to a unit) with
+    /// DMA mask `mask`. `untrusted` devices have every buffer bounced while
+    /// the policy translates. A device attached to another domain is
+    /// refused ([`HwError::DeviceOwned`]): detach it there first. Attaching
+    /// a device of this domain again gives another handle on it (the mask
+    /// and trust of the first attach stay in force for its context).
+    pub fn attach(
+        self: &Arc<Self>,
+        sid: SourceId,
+        mask: u64,
+        untrusted: bool,
+    ) -> Result<DmaDevice, DmaError> {
+        let limit_pfn = self.iova.limit_for_mask(mask);
+        if limit_pfn < self.iova.start_pfn() {
+            return Err(DmaError::MaskTooSmall { mask });
+        }
+        let (unit, _) = self
+            .system
+            .unit_of(sid)
+            .ok_or(HwError::DeviceNotAssigned { sid })?;
+        let bounce = self.bounce_pool_for(mask)?;
+        if untrusted && bounce.is_none() {
+            return Err(DmaError::BounceUnavailable { mask });
+        }
+        let _switch = lock(&self.switch);
+        self.system.claim(sid, self.id)?;
+        let ctx = self.context_for(self.policy());
+        // The unit joins the mask before the device can translate (see
+        // `units`): an unmap racing this attach either invalidates the unit
+        // too, or the device's first walk already sees the cleared entries.
+        let attached = self
+            .units
+            .join(unit, self.barrier)
+            .and_then(|_| self.system.attach(sid, ctx).map_err(DmaError::from));
+        if let Err(e) = attached {
+            if !lock(&self.devices).contains(&sid) {
+                self.system.release(sid, self.id);
+            }
+            return Err(e);
+        }
+        let mut devices = lock(&self.devices);
+        if !devices.contains(&sid) {
+            devices.push(sid);
+        }
+        Ok(DmaDevice {
+            domain: self.clone(),
+            sid,
+            mask,
+            limit_pfn,
+            untrusted,
+            bounce,
+        })
+    }
+
+    /// Detaches `dev`: its context is removed (its requests fault from now
+    /// on) and every translation of it in flight is drained before this
+    /// returns; the device may then be attached to another domain. Every
+    /// handle on the device stops working for this domain's mappings.
+    pub fn detach(&self, dev: &DmaDevice) -> Result<(), DmaError> {
+        if !std::ptr::eq(Arc::as_ptr(&dev.domain), self) {
+            return Err(DmaError::WrongDomain {
+                sid: dev.sid.to_string(),
+            });
+        }
+        let _switch = lock(&self.switch);
+        let mut devices = lock(&self.devices);
+        let Some(i) = devices.iter().position(|&s| s == dev.sid) else {
+            return Err(DmaError::NotAttached {
+                sid: dev.sid.to_string(),
+            });
+        };
+        let (_, unit) = self
+            .system
+            .unit_of(dev.sid)
+            .ok_or(HwError::DeviceNotAssigned { sid: dev.sid })?;
+        unit.check_caller()?;
+        unit.set_context(dev.sid, None)?;
+        // Its IOTLB entries are the domain's (shared with its siblings):
+        // drain the translations in flight, the queue's way or else the
+        // direct way.
+        if unit.wait().is_err() {
+            unit.revoke(self.did, 0, 0)?;
+        }
+        devices.swap_remove(i);
+        self.system.release(dev.sid, self.id);
+        Ok(())
+    }
+
+    /// The index of the bounce pool for devices with DMA mask `mask`,
+    /// made if need be: `None` when bounce buffering is off or no pool
+    /// fits below the mask.
+    fn bounce_pool_for(&self, mask: u64) -> Result<Option<usize>, DmaError> {
+        if self.bounce_bytes == 0 {
+            return Ok(None);
+        }
+        let made = self.bounce.for_mask(mask, || {
+            let pages = self.bounce_bytes.div_ceil(PAGE_SIZE).next_power_of_two();
+            let order = pages.ilog2();
+            let limit = self.iova.limit_for_mask(mask);
+            let pfn = self.iova.alloc(pages, limit)?;
+            let phys = match self.mem.alloc_zeroed_owned(order, FrameOwner::Iommu) {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = self.iova.free(pfn, pages);
+                    return Err(DmaError::from(e));
+                }
+            };
+            if let Err(e) = self
+                .table
+                .map(pfn << PAGE_SHIFT, phys, pages << PAGE_SHIFT, Perm::RW)
+            {
+                let _ = self.mem.free_owned(phys, order, FrameOwner::Iommu);
+                let _ = self.iova.free(pfn, pages);
+                return Err(e.into());
+            }
+            Ok(BouncePool::new(
+                pfn << PAGE_SHIFT,
+                phys,
+                pages << PAGE_SHIFT,
+            ))
+        });
+        match made {
+            Ok(i) => Ok(i),
+            // No room below the mask for a pool: no bouncing for it.
+            Err(DmaError::Iova(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }

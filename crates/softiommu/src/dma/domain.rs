@@ -1,27 +1,44 @@
 //! A DMA domain: one IOVA space and one page table, shared by the devices
 //! attached to it, spanning the IOMMU units those devices sit behind.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::bounce::{BouncePool, BounceSlot};
-use super::cpu::{CpuSlot, DmaCpu};
-use super::device::DmaDevice;
+use super::bounce::{BouncePools, BounceSlot};
 use super::error::DmaError;
 use super::flush_queue::{Batch, TimerArm};
 use super::gate::Gate;
+use super::passthrough::PtRecord;
 use super::policy::{DmaDirection, DmaPolicy, Tunables};
+use super::slot::CpuSlot;
 use super::stale::{StaleReport, StaleWindow};
 use super::stats::{CpuStats, DmaStats};
+use super::timer::{self, TimerWork};
 use super::units::UnitList;
-use crate::hw::barrier::Barrier;
 use crate::hw::{ContextEntry, SourceId, System};
-use crate::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
-use crate::mem::{PhysAddr, PhysMemory, PAGE_SHIFT, PAGE_SIZE};
-use crate::pgtable::{IoPageTable, Perm, VtdConfig, VtdPageTable};
+use crate::iova::{IovaCpuCache, IovaDomain, IovaPolicy, IovaStats};
+use crate::mem::{FrameOwner, PhysAddr, PhysMemory, PAGE_SHIFT, PAGE_SIZE};
+use crate::pgtable::{IoPageTable, Translation, VtdConfig, VtdPageTable};
+use crate::sync::barrier::Barrier;
+use crate::sync::lock_std as lock;
+
+/// The largest flush queue (entries per CPU) and high-water mark a domain
+/// accepts: 65,536 entries, 256 times Linux's `IOVA_FQ_SIZE`.
+pub const MAX_FQ_SIZE: usize = 1 << 16;
+/// The shortest deferred-flush timeout a domain accepts: below it the
+/// timer thread would do little but wake.
+pub const MIN_TIMEOUT: Duration = Duration::from_micros(100);
+/// The longest deferred-flush timeout a domain accepts: the stale window
+/// is bounded by it, and a minute is already far past any use.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest bounce pool a domain makes per DMA-mask class.
+pub const MAX_BOUNCE_BYTES: u64 = 1 << 30;
 
 /// How to build a [`DmaDomain`].
 #[derive(Debug, Clone)]
@@ -35,7 +52,9 @@ pub struct DmaDomainConfig {
     /// Whether the units' walkers are cache-coherent (VT-d `ECAP.C`); when
     /// not, every page-table line written is flushed (seed `003`).
     pub coherent: bool,
-    /// Bytes of bounce pool (0: no bounce buffering possible).
+    /// Bytes of each bounce pool (one per DMA-mask class, made as devices
+    /// attach; 0: no bounce buffering possible). At most
+    /// [`MAX_BOUNCE_BYTES`].
     pub bounce_bytes: u64,
 }
 
@@ -55,24 +74,54 @@ impl Default for DmaDomainConfig {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BounceRecord {
     pub(crate) slot: BounceSlot,
+    pub(crate) pool: usize,
     pub(crate) buf: PhysAddr,
     pub(crate) len: u64,
     pub(crate) dir: DmaDirection,
 }
+
+/// A live coherent allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CoherentRecord {
+    pub(crate) dma: u64,
+    pub(crate) order: u32,
+    pub(crate) sid: SourceId,
+}
+
+/// Flushes that failed, kept for a retry: their IOVAs and table pages are
+/// never freed before an invalidation that covers them has completed.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    batches: Mutex<Vec<Batch>>,
+    /// Held by whoever retries, from the take to the end of the flushes:
+    /// a retry that returns has seen every earlier one end.
+    retry: Mutex<()>,
+    /// How many batches wait (read without the lock by the timer).
+    count: AtomicUsize,
+    /// Flushes that failed, ever.
+    pub(crate) failures: AtomicU64,
+    /// The last failure.
+    pub(crate) last: Mutex<Option<DmaError>>,
+}
+
+/// Gives each domain an id of its own (device ownership is by domain id).
+static NEXT_DOMAIN_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A DMA domain. Share it as `Arc<DmaDomain>`; attach devices with
 /// [`attach`](Self::attach); map and unmap through a per-CPU handle from
 /// [`cpu`](Self::cpu).
 #[derive(Debug)]
 pub struct DmaDomain {
+    pub(crate) id: u64,
     pub(crate) did: u16,
     pub(crate) system: Arc<System>,
     pub(crate) mem: Arc<PhysMemory>,
-    pub(crate) table: VtdPageTable,
+    /// Dropped by hand in `drop`, and only once no device can walk it.
+    pub(crate) table: ManuallyDrop<VtdPageTable>,
     pub(crate) iova: Arc<IovaDomain>,
     /// Units with attached devices; bit `i` of a flush's unit mask is entry `i`.
-    units: UnitList,
-    devices: Mutex<Vec<SourceId>>,
+    pub(crate) units: UnitList,
+    pub(crate) devices: Mutex<Vec<SourceId>>,
     pub(crate) tunables: Tunables,
     pub(crate) cpus: Mutex<Vec<Arc<CpuSlot>>>,
     pub(crate) arm: Arc<TimerArm>,
@@ -85,22 +134,30 @@ pub struct DmaDomain {
     timer: Mutex<Option<JoinHandle<()>>>,
     timer_cache: Mutex<Option<IovaCpuCache>>,
     pub(crate) stale: StaleWindow,
-    pub(crate) bounce: Option<BouncePool>,
+    pub(crate) bounce_bytes: u64,
+    pub(crate) bounce: BouncePools,
     pub(crate) bounce_live: AtomicU64,
     pub(crate) bounce_map: Mutex<HashMap<u64, BounceRecord>>,
-    switch: Mutex<()>,
+    pub(crate) coherent: Mutex<HashMap<PhysAddr, CoherentRecord>>,
+    /// Pass-through mappings of CPU handles that were dropped.
+    pub(crate) pt_retired: PtRecord,
+    pub(crate) pending: Pending,
+    pub(crate) switch: Mutex<()>,
     retired: Mutex<DmaStats>,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl DmaDomain {
     /// A domain over `system`'s memory: a 48-bit IOVA space (IOVA 0 and the
-    /// x86 MSI window are never handed out), a VT-d table, a bounce pool,
-    /// and a flush timer thread that sleeps while no unmap is pending.
+    /// x86 MSI window are never handed out), a VT-d table, and a flush
+    /// timer thread that sleeps while no unmap is pending.
     pub fn new(system: Arc<System>, config: DmaDomainConfig) -> Result<Arc<Self>, DmaError> {
+        if config.bounce_bytes > MAX_BOUNCE_BYTES {
+            return Err(DmaError::InvalidConfig {
+                name: "bounce_bytes",
+                value: config.bounce_bytes,
+                max: MAX_BOUNCE_BYTES,
+            });
+        }
         let mem = system.memory().clone();
         let vtd = if config.coherent {
             VtdConfig::coherent()
@@ -115,27 +172,14 @@ impl DmaDomain {
         )?;
         let (msi_lo, msi_hi) = crate::iova::MSI_WINDOW_PFNS;
         iova.reserve(msi_lo, msi_hi)?;
-        let bounce = if config.bounce_bytes > 0 {
-            let pages = config.bounce_bytes.div_ceil(PAGE_SIZE).next_power_of_two();
-            let order = pages.ilog2();
-            let phys = mem.alloc_zeroed_frames(order)?;
-            let pfn = iova.alloc(pages, iova.end_pfn())?;
-            table.map(pfn << PAGE_SHIFT, phys, pages << PAGE_SHIFT, Perm::RW)?;
-            Some(BouncePool::new(
-                pfn << PAGE_SHIFT,
-                phys,
-                pages << PAGE_SHIFT,
-            ))
-        } else {
-            None
-        };
         // One fence pair for the gate and the timer's arm (see `gate`).
         let barrier = Barrier::default_for_process();
         let d = Arc::new(Self {
+            id: NEXT_DOMAIN_ID.fetch_add(1, Relaxed),
             did: config.did,
             system,
             mem,
-            table,
+            table: ManuallyDrop::new(table),
             iova,
             units: UnitList::default(),
             devices: Mutex::new(Vec::new()),
@@ -148,9 +192,13 @@ impl DmaDomain {
             timer: Mutex::new(None),
             timer_cache: Mutex::new(None),
             stale: StaleWindow::default(),
-            bounce,
+            bounce_bytes: config.bounce_bytes,
+            bounce: BouncePools::default(),
             bounce_live: AtomicU64::new(0),
             bounce_map: Mutex::new(HashMap::new()),
+            coherent: Mutex::new(HashMap::new()),
+            pt_retired: PtRecord::default(),
+            pending: Pending::default(),
             switch: Mutex::new(()),
             retired: Mutex::new(DmaStats::default()),
         });
@@ -158,7 +206,7 @@ impl DmaDomain {
         let weak = Arc::downgrade(&d);
         let handle = std::thread::Builder::new()
             .name(format!("dma-fq-timer-{}", config.did))
-            .spawn(move || super::timer::run(weak))
+            .spawn(move || timer::run(weak))
             .map_err(|_| DmaError::TimerSpawn)?;
         *lock(&d.timer) = Some(handle);
         Ok(d)
@@ -169,14 +217,21 @@ impl DmaDomain {
         self.did
     }
 
-    /// The page table.
-    pub fn table(&self) -> &VtdPageTable {
-        &self.table
+    /// What the domain's page table maps at `iova` now, as a walker would
+    /// find it (the physical address, leaf size and rights), or `None`.
+    pub fn iova_to_phys(&self, iova: u64) -> Result<Option<Translation>, DmaError> {
+        Ok(self.table.iova_to_phys(iova)?)
     }
 
-    /// The IOVA allocator.
-    pub fn iova(&self) -> &Arc<IovaDomain> {
-        &self.iova
+    /// Counts of the domain's IOVA allocator.
+    pub fn iova_stats(&self) -> IovaStats {
+        self.iova.stats()
+    }
+
+    /// Counts of the domain's page table: lines written and flushed (for
+    /// walkers that are not coherent), tables allocated.
+    pub fn table_stats(&self) -> crate::pgtable::TableStats {
+        self.table.stats()
     }
 
     /// The system the domain lives in.
@@ -194,59 +249,40 @@ impl DmaDomain {
         self.tunables.policy()
     }
 
-    /// Sets the deferred policy's high-water mark (entries; clamped to each
-    /// queue's size). Takes effect at the next unmap.
-    pub fn set_high_water(&self, entries: usize) {
-        self.tunables.high_water.store(entries.max(1), Relaxed);
+    /// Sets the deferred policy's high-water mark, in entries
+    /// (1..=[`MAX_FQ_SIZE`]; clamped to each queue's size). Takes effect
+    /// at the next unmap.
+    pub fn set_high_water(&self, entries: usize) -> Result<(), DmaError> {
+        check_range("high_water", entries as u64, 1, MAX_FQ_SIZE as u64)?;
+        self.tunables.high_water.store(entries, Relaxed);
+        Ok(())
     }
 
-    /// Sets the deferred policy's timeout. Takes effect at the timer's next
-    /// round; a shorter timeout wakes it now.
-    pub fn set_timeout(&self, timeout: Duration) {
-        self.tunables.timeout_ns.store(
-            timeout.as_nanos().clamp(1, u64::MAX as u128) as u64,
-            Relaxed,
-        );
-        self.arm.kick();
-    }
-
-    /// Sets the size of the flush queues made from now on (per-CPU handles
-    /// made before keep theirs).
-    pub fn set_queue_size(&self, entries: usize) {
-        self.tunables.fq_size.store(entries.max(1), Relaxed);
-    }
-
-    /// Attaches device `sid` (which the system has assigned to a unit) with
-    /// DMA mask `mask`. `untrusted` devices have every buffer bounced while
-    /// the policy translates.
-    pub fn attach(
-        self: &Arc<Self>,
-        sid: SourceId,
-        mask: u64,
-        untrusted: bool,
-    ) -> Result<DmaDevice, DmaError> {
-        let limit_pfn = self.iova.limit_for_mask(mask);
-        if limit_pfn < self.iova.start_pfn() {
-            return Err(DmaError::MaskTooSmall { mask });
+    /// Sets the deferred policy's timeout ([`MIN_TIMEOUT`]..=[`MAX_TIMEOUT`]):
+    /// the bound on how long an unmapped buffer stays reachable. Takes
+    /// effect at the timer's next round; a shorter timeout wakes it now.
+    pub fn set_timeout(&self, timeout: Duration) -> Result<(), DmaError> {
+        if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
+            return Err(DmaError::InvalidTunable {
+                name: "timeout_ns",
+                value: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+                min: MIN_TIMEOUT.as_nanos() as u64,
+                max: MAX_TIMEOUT.as_nanos() as u64,
+            });
         }
-        let ctx = self.context_for(self.policy());
-        let (unit, _) = self
-            .system
-            .unit_of(sid)
-            .ok_or(crate::hw::HwError::DeviceNotAssigned { sid })?;
-        // The unit joins the mask before the device can translate (see
-        // `units`): an unmap racing this attach either invalidates the unit
-        // too, or the device's first walk already sees the cleared entries.
-        self.units.join(unit, self.barrier)?;
-        self.system.attach(sid, ctx)?;
-        lock(&self.devices).push(sid);
-        Ok(DmaDevice {
-            domain: self.clone(),
-            sid,
-            mask,
-            limit_pfn,
-            untrusted,
-        })
+        self.tunables
+            .timeout_ns
+            .store(timeout.as_nanos() as u64, Relaxed);
+        self.arm.kick();
+        Ok(())
+    }
+
+    /// Sets the size of the flush queues made from now on, in entries
+    /// (1..=[`MAX_FQ_SIZE`]; per-CPU handles made before keep theirs).
+    pub fn set_queue_size(&self, entries: usize) -> Result<(), DmaError> {
+        check_range("queue_size", entries as u64, 1, MAX_FQ_SIZE as u64)?;
+        self.tunables.fq_size.store(entries, Relaxed);
+        Ok(())
     }
 
     /// A bit for every unit the domain's devices sit behind: what an unmap
@@ -262,7 +298,7 @@ impl DmaDomain {
         self.units.mask_after_clear(self.barrier)
     }
 
-    fn context_for(&self, policy: DmaPolicy) -> ContextEntry {
+    pub(crate) fn context_for(&self, policy: DmaPolicy) -> ContextEntry {
         if policy.is_translated() {
             ContextEntry::Translated {
                 did: self.did,
@@ -273,37 +309,51 @@ impl DmaDomain {
         }
     }
 
-    /// A per-CPU handle: its own IOVA cache, flush queue and counters. Make
-    /// one per thread that maps or unmaps.
-    pub fn cpu(self: &Arc<Self>) -> DmaCpu {
-        let slot = Arc::new(CpuSlot::new(self.tunables.fq_size()));
-        lock(&self.cpus).push(slot.clone());
-        DmaCpu::new(self.clone(), self.iova.cpu_cache(), slot)
-    }
-
     pub(crate) fn retire(&self, slot: &Arc<CpuSlot>) {
         let mut cpus = lock(&self.cpus);
         cpus.retain(|s| !Arc::ptr_eq(s, slot));
+        slot.passthrough.move_into(&self.pt_retired);
         let mut r = lock(&self.retired);
         *r += slot.stats.snapshot();
         *r += slot.timer_stats.snapshot();
     }
 
+    /// Fails with `QiError::GuardHeld` if the calling thread holds a
+    /// translation section of one of the domain's units: an invalidation
+    /// it waited for would wait for itself. Checked before anything is
+    /// changed.
+    pub(crate) fn check_callers(&self) -> Result<(), DmaError> {
+        for unit in self
+            .units
+            .in_mask(self.unit_mask())
+            .filter_map(|id| self.system.unit(id))
+        {
+            unit.check_caller()?;
+        }
+        Ok(())
+    }
+
     /// Invalidates the units in `units` (a bit per unit of this domain) for
     /// `[iova, iova + len)` (or the whole domain if `len` is 0) and waits on
-    /// each. Returns the number of invalidation requests.
+    /// each; returns the number of invalidation requests. If a unit's queue
+    /// cannot carry them (stopped on another submitter's bad descriptor,
+    /// shut down), the revocation is done without it (`Unit::revoke`): an
+    /// `Ok` always means no device can still use what was invalidated.
     pub(crate) fn invalidate(&self, units: u64, iova: u64, len: u64) -> Result<u64, DmaError> {
+        self.check_callers()?;
         let mut n = 0;
+        let mut bypass = false;
         for unit in self
             .units
             .in_mask(units)
             .filter_map(|id| self.system.unit(id))
         {
-            if len == 0 {
-                unit.invalidate_domain(self.did)?;
+            let queued = if len == 0 {
+                unit.invalidate_domain(self.did)
             } else {
-                unit.invalidate_range(self.did, iova, len)?;
-            }
+                unit.invalidate_range(self.did, iova, len)
+            };
+            bypass |= queued.is_err();
             n += 1;
         }
         for unit in self
@@ -311,7 +361,9 @@ impl DmaDomain {
             .in_mask(units)
             .filter_map(|id| self.system.unit(id))
         {
-            unit.wait()?;
+            if bypass || unit.wait().is_err() {
+                unit.revoke(self.did, iova, len)?;
+            }
         }
         Ok(n)
     }
@@ -320,38 +372,104 @@ impl DmaDomain {
     /// unit with work, one wait per unit, then the IOVAs and table pages are
     /// freed into `cache`. Records the stale window, and the flush in
     /// `stats` (the counters of whoever flushed: the owner or the timer).
+    /// If the invalidation fails, the batch is kept for a retry (nothing
+    /// in it is freed) and the error returned.
     pub(crate) fn flush_batch(
         &self,
         batch: Batch,
         cache: &mut IovaCpuCache,
         stats: &CpuStats,
     ) -> Result<(), DmaError> {
-        let n = self.invalidate(batch.units, 0, 0)?;
+        let n = match self.invalidate(batch.units, 0, 0) {
+            Ok(n) => n,
+            Err(e) => {
+                self.keep_pending(batch, &e);
+                return Err(e);
+            }
+        };
         if let Some(t) = batch.oldest {
             self.stale.record(t.elapsed(), batch.entries.len() as u64);
         }
+        let mut result = Ok(());
         for e in &batch.entries {
-            cache.free_retired(e.pfn, e.pages)?;
+            if let Err(err) = cache.free_retired(e.pfn, e.pages) {
+                result = result.and(Err(err.into()));
+            }
         }
         for &t in &batch.tables {
-            self.mem.free_frames(t, 0)?;
+            if let Err(err) = self.mem.free_owned(t, 0, FrameOwner::Iommu) {
+                result = result.and(Err(err.into()));
+            }
         }
         stats.flush(batch.entries.len() as u64, n);
+        if let Err(e) = &result {
+            self.note_failure(e);
+        }
+        result
+    }
+
+    fn keep_pending(&self, batch: Batch, e: &DmaError) {
+        let mut b = lock(&self.pending.batches);
+        b.push(batch);
+        self.pending.count.store(b.len(), Relaxed);
+        drop(b);
+        self.note_failure(e);
+        // The timer retries.
+        self.arm.kick();
+    }
+
+    fn note_failure(&self, e: &DmaError) {
+        self.pending.failures.fetch_add(1, Relaxed);
+        *lock(&self.pending.last) = Some(e.clone());
+    }
+
+    /// Retries the batches whose flush failed; stops at the first that
+    /// fails again (it is kept, with the rest). When it returns `Ok`, every
+    /// batch kept before the call has been invalidated, by this call or by
+    /// a retry it waited for.
+    pub(crate) fn retry_pending(
+        &self,
+        cache: &mut IovaCpuCache,
+        stats: &CpuStats,
+    ) -> Result<(), DmaError> {
+        let _retry = lock(&self.pending.retry);
+        if self.pending.count.load(Relaxed) == 0 {
+            return Ok(());
+        }
+        let taken = {
+            let mut b = lock(&self.pending.batches);
+            self.pending.count.store(0, Relaxed);
+            std::mem::take(&mut *b)
+        };
+        let mut rest = taken.into_iter();
+        for batch in rest.by_ref() {
+            if let Err(e) = self.flush_batch(batch, cache, stats) {
+                let mut b = lock(&self.pending.batches);
+                b.extend(rest);
+                self.pending.count.store(b.len(), Relaxed);
+                return Err(e);
+            }
+        }
         Ok(())
     }
 
-    /// The timer's round: flushes every queue whose oldest entry has waited
-    /// `age` at `now`; returns the oldest entry still queued, if any.
+    /// The timer's round: retries failed flushes, then flushes every queue
+    /// whose oldest entry has waited `age` at `now`; returns the oldest
+    /// entry still queued, if any.
     pub(crate) fn flush_expired(&self, now: Instant, age: Duration) -> Option<Instant> {
         let cpus = lock(&self.cpus).clone();
         let mut cache_guard = lock(&self.timer_cache);
         let mut oldest: Option<Instant> = None;
+        if let Some(cache) = cache_guard.as_mut() {
+            if self.retry_pending(cache, &CpuStats::default()).is_err() {
+                oldest = Some(now);
+            }
+        }
         for slot in &cpus {
             let mut taker = slot.fq.taker();
             if let Some(batch) = taker.take_if_older(now, age) {
                 if let Some(cache) = cache_guard.as_mut() {
-                    // A failed flush leaves the IOVAs allocated: leaked, never
-                    // reused before an invalidation.
+                    // A failed flush keeps its batch for the next round.
                     let _ = self.flush_batch(batch, cache, &slot.timer_stats);
                 }
             }
@@ -360,24 +478,33 @@ impl DmaDomain {
                 oldest = Some(oldest.map_or(t, |o| o.min(t)));
             }
         }
+        if self.pending.count.load(Relaxed) > 0 {
+            oldest = Some(oldest.map_or(now, |o| o.min(now)));
+        }
         oldest
     }
 
-    /// Whether any queue holds an entry.
+    /// Whether any queue holds an entry, or a failed flush waits.
     pub(crate) fn any_queued(&self) -> bool {
-        lock(&self.cpus).iter().any(|s| !s.fq.is_empty())
+        self.pending.count.load(Relaxed) > 0 || lock(&self.cpus).iter().any(|s| !s.fq.is_empty())
     }
 
-    /// Flushes every queue now (the timer's cache frees the IOVAs).
+    /// Flushes every queue now (the timer's cache frees the IOVAs), and
+    /// every batch whose flush failed before.
     pub fn flush_all(&self) -> Result<(), DmaError> {
+        // First: a thread in a section could wait for a taker that waits
+        // for its section.
+        self.check_callers()?;
         let cpus = lock(&self.cpus).clone();
         let mut cache_guard = lock(&self.timer_cache);
+        let Some(cache) = cache_guard.as_mut() else {
+            return Ok(());
+        };
+        self.retry_pending(cache, &CpuStats::default())?;
         for slot in &cpus {
             let mut taker = slot.fq.taker();
             if let Some(batch) = taker.take_all() {
-                if let Some(cache) = cache_guard.as_mut() {
-                    self.flush_batch(batch, cache, &slot.timer_stats)?;
-                }
+                self.flush_batch(batch, cache, &slot.timer_stats)?;
             }
         }
         Ok(())
@@ -387,7 +514,8 @@ impl DmaDomain {
     /// any time: live mappings stay valid (leaving deferred flushes every
     /// queue first). To or from pass-through only with no mapping live,
     /// else [`DmaError::PolicySwitchBusy`]; the devices' contexts change and
-    /// the domain's IOTLB entries are invalidated.
+    /// the domain's IOTLB entries are invalidated. A refused switch
+    /// changes nothing.
     pub fn set_policy(&self, policy: DmaPolicy) -> Result<(), DmaError> {
         let _switch = lock(&self.switch);
         // Stop the world: close the gate, then wait for every CPU's running
@@ -405,6 +533,7 @@ impl DmaDomain {
             if live > 0 {
                 return Err(DmaError::PolicySwitchBusy { live });
             }
+            self.check_callers()?;
         }
         if old == DmaPolicy::Deferred {
             self.flush_all()?;
@@ -428,7 +557,15 @@ impl DmaDomain {
             s += slot.stats.snapshot();
             s += slot.timer_stats.snapshot();
         }
+        s.flush_failures = self.pending.failures.load(Relaxed);
+        s.pending_batches = self.pending.count.load(Relaxed) as u64;
         s
+    }
+
+    /// The last flush failure, if any flush failed (the batch was kept and
+    /// retried; see [`DmaStats::flush_failures`]).
+    pub fn last_flush_error(&self) -> Option<DmaError> {
+        lock(&self.pending.last).clone()
     }
 
     /// The stale window of the deferred policy so far.
@@ -442,6 +579,42 @@ impl DmaDomain {
     }
 }
 
+impl TimerWork for DmaDomain {
+    fn shutting_down(&self) -> bool {
+        self.shutdown.load(Relaxed)
+    }
+
+    fn arm(&self) -> &Arc<TimerArm> {
+        &self.arm
+    }
+
+    fn flush_after(&self) -> Duration {
+        self.tunables.flush_after()
+    }
+
+    fn flush_expired(&self, now: Instant, age: Duration) -> Option<Instant> {
+        DmaDomain::flush_expired(self, now, age)
+    }
+
+    fn any_queued(&self) -> bool {
+        DmaDomain::any_queued(self)
+    }
+}
+
+/// `value` within `[min, max]`, or `InvalidTunable`.
+fn check_range(name: &'static str, value: u64, min: u64, max: u64) -> Result<(), DmaError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(DmaError::InvalidTunable {
+            name,
+            value,
+            min,
+            max,
+        })
+    }
+}
+
 impl Drop for DmaDomain {
     fn drop(&mut self) {
         self.shutdown.store(true, Relaxed);
@@ -451,5 +624,43 @@ impl Drop for DmaDomain {
                 let _ = h.join();
             }
         }
+        // No device may walk the table once it is freed: take every
+        // device's context away and drain, then free. If that cannot be
+        // done from this thread (it holds a section of a unit), the table
+        // and the pools are leaked instead: memory, never isolation.
+        let mut revoked = true;
+        for &sid in lock(&self.devices).iter() {
+            if let Some((_, unit)) = self.system.unit_of(sid) {
+                revoked &= unit.set_context(sid, None).is_ok();
+            }
+            self.system.release(sid, self.id);
+        }
+        for unit in self
+            .units
+            .in_mask(self.unit_mask())
+            .filter_map(|id| self.system.unit(id))
+        {
+            revoked &= unit.revoke(self.did, 0, 0).is_ok();
+        }
+        if !revoked {
+            return;
+        }
+        for pool in self.bounce.iter() {
+            let (phys, bytes) = pool.phys_range();
+            let order = (bytes / PAGE_SIZE).ilog2();
+            let _ = self.mem.free_owned(phys, order, FrameOwner::Iommu);
+        }
+        for (phys, rec) in lock(&self.coherent).drain() {
+            let _ = self.mem.free_owned(phys, rec.order, FrameOwner::Coherent);
+        }
+        for batch in lock(&self.pending.batches).drain(..) {
+            for t in batch.tables {
+                let _ = self.mem.free_owned(t, 0, FrameOwner::Iommu);
+            }
+        }
+        // SAFETY: `table` is dropped here once and never used again (this
+        // is the domain's `drop`). It may be freed: no context points at
+        // it any more and every translation in flight has been drained.
+        unsafe { ManuallyDrop::drop(&mut self.table) };
     }
 }

@@ -56,6 +56,13 @@ pub enum DmaError {
         /// Mappings live at the time.
         live: u64,
     },
+    /// No bounce pool lies below the device's DMA mask (bounce buffering
+    /// is off for the domain, or no pool fits under the mask).
+    #[error("no bounce pool reachable with DMA mask {mask:#x}")]
+    BounceUnavailable {
+        /// The device's mask.
+        mask: u64,
+    },
     /// The bounce pool is full.
     #[error("bounce pool exhausted for {len:#x} bytes")]
     BounceFull {
@@ -70,6 +77,62 @@ pub enum DmaError {
     WrongDomain {
         /// The device's source id, as text.
         sid: String,
+    },
+    /// The device is not attached to this domain (detached already).
+    #[error("device {sid} is not attached to this DMA domain")]
+    NotAttached {
+        /// The device's source id, as text.
+        sid: String,
+    },
+    /// The device is not the one the allocation was made for.
+    #[error("the coherent allocation belongs to another device than {sid}")]
+    WrongDevice {
+        /// The device given, as text.
+        sid: String,
+    },
+    /// The physical address is not a live coherent allocation of this
+    /// domain (never allocated, freed already, or other memory).
+    #[error("physical address {phys:#x} is not a live coherent allocation of this domain")]
+    NotCoherent {
+        /// The address.
+        phys: u64,
+    },
+    /// The output slice is shorter than the scatter list.
+    #[error("output holds {given} entries, the scatter list needs {needed}")]
+    OutputTooShort {
+        /// Entries needed.
+        needed: usize,
+        /// Entries given.
+        given: usize,
+    },
+    /// A deferred unmap found its CPU's flush queue full and could not
+    /// flush it (see `DmaStats::flush_failures`).
+    #[error("the flush queue ({capacity} entries) is full")]
+    QueueFull {
+        /// The queue's capacity.
+        capacity: usize,
+    },
+    /// A configuration value is out of range.
+    #[error("{name} = {value:#x} is larger than the maximum {max:#x}")]
+    InvalidConfig {
+        /// The field.
+        name: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest accepted.
+        max: u64,
+    },
+    /// A run-time tunable is out of range.
+    #[error("{name} = {value} is outside [{min}, {max}]")]
+    InvalidTunable {
+        /// The tunable.
+        name: &'static str,
+        /// The value given.
+        value: u64,
+        /// The smallest accepted.
+        min: u64,
+        /// The largest accepted.
+        max: u64,
     },
     /// The flush timer thread could not be started.
     #[error("could not start the flush timer thread")]

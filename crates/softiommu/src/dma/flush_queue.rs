@@ -45,13 +45,17 @@
 //! on the timer's disarm, which happens once per busy-to-idle transition.
 //! The loom model `loom_no_entry_is_stranded` checks exactly this.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use super::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
-use crate::hw::barrier::Barrier;
 use crate::mem::PhysAddr;
+use crate::sync::barrier::Barrier;
+use crate::sync::{
+    lock, try_lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering,
+};
 
 /// One deferred unmap: an IOVA block to free once its invalidation is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,13 +77,6 @@ pub struct Batch {
     pub units: u64,
     /// When the oldest entry was queued.
     pub oldest: Option<Instant>,
-}
-
-impl Batch {
-    /// Whether the batch holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty() && self.tables.is_empty()
-    }
 }
 
 /// One array slot: the entry's words, written by the owner before it
@@ -147,6 +144,13 @@ impl FlushQueue {
         }
     }
 
+    /// The slot of entry `i` (a cursor: entries pushed or taken, ever).
+    #[inline]
+    fn slot(&self, i: usize) -> &Slot {
+        #[allow(clippy::indexing_slicing)] // `i % len < len`; `len >= 1` (`new`).
+        &self.slots[i % self.slots.len()]
+    }
+
     /// The array's size: the most entries the queue can hold.
     pub fn capacity(&self) -> usize {
         self.slots.len()
@@ -182,7 +186,7 @@ impl FlushQueue {
         if !tables.is_empty() {
             lock(&self.tables).extend_from_slice(tables);
         }
-        let slot = &self.slots[t % self.slots.len()];
+        let slot = self.slot(t);
         slot.pfn.store(entry.pfn, Ordering::Relaxed);
         slot.pages.store(entry.pages, Ordering::Relaxed);
         slot.units.store(units, Ordering::Relaxed);
@@ -204,6 +208,15 @@ impl FlushQueue {
         }
     }
 
+    /// The right to take, if no other taker holds it (one is flushing this
+    /// queue then, which is what the caller wanted done).
+    pub fn try_taker(&self) -> Option<Taker<'_>> {
+        Some(Taker {
+            q: self,
+            _held: try_lock(&self.taker)?,
+        })
+    }
+
     /// When the oldest entry still queued was pushed, if any is. Anyone may
     /// ask; the answer may be stale by the time it returns.
     pub fn oldest(&self) -> Option<Instant> {
@@ -214,7 +227,7 @@ impl FlushQueue {
         }
         // A taker may have moved `head` on since: then this is an older
         // time than the truth, which errs towards flushing early.
-        Some(self.queued_at(&self.slots[h % self.slots.len()]))
+        Some(self.queued_at(self.slot(h)))
     }
 
     /// When the entry in `slot`, the oldest queued, was pushed: its stamp,
@@ -259,7 +272,7 @@ impl Taker<'_> {
         };
         let mut i = h;
         while i != t {
-            let s = &q.slots[i % q.slots.len()];
+            let s = q.slot(i);
             batch.entries.push(FqEntry {
                 pfn: s.pfn.load(Ordering::Relaxed),
                 pages: s.pages.load(Ordering::Relaxed),
@@ -384,6 +397,7 @@ impl TimerArm {
 }
 
 #[cfg(all(test, not(loom)))]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
@@ -483,6 +497,7 @@ mod tests {
 }
 
 #[cfg(all(test, loom))]
+#[allow(clippy::indexing_slicing)]
 mod loom_tests {
     use super::*;
     use loom::sync::Arc;

@@ -28,8 +28,8 @@
 
 use crossbeam_utils::CachePadded;
 
-use super::sync::{AtomicBool, Backoff, Ordering};
-use crate::hw::barrier::Barrier;
+use crate::sync::barrier::Barrier;
+use crate::sync::{AtomicBool, Backoff, Ordering};
 
 /// One CPU's "an operation is running" flag, on a cache line of its own.
 #[derive(Debug, Default)]
@@ -199,8 +199,10 @@ mod loom_tests {
                         let p = s.policy.load(Ordering::Relaxed);
                         // The switch writes data = 1 together with policy 1.
                         let d = s.data.with_mut(|d| {
-                            // SAFETY: inside the gate (what is checked).
+                            // SAFETY: inside the gate (what is checked): no
+                            // other access to `data` runs at once.
                             let v = unsafe { *d };
+                            // SAFETY: as above.
                             unsafe { *d = v + 10 };
                             v
                         });
@@ -211,10 +213,13 @@ mod loom_tests {
             {
                 let closed = s.gate.close();
                 closed.wait_for(&s.flag);
+                // SAFETY: the gate is closed and every operation waited
+                // for: this is the only access (what the model checks).
                 s.data.with_mut(|d| unsafe { *d += 1 });
                 s.policy.store(1, Ordering::Relaxed);
             }
             op.join().unwrap();
+            // SAFETY: both threads are joined.
             let total = s.data.with(|d| unsafe { *d });
             assert_eq!(total, 21, "both operations and the switch ran once each");
         });

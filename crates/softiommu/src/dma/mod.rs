@@ -27,24 +27,26 @@ mod domain;
 mod error;
 mod flush_queue;
 mod gate;
+mod passthrough;
 mod policy;
+mod slot;
 mod stale;
 mod stats;
-mod sync;
 mod timer;
 mod units;
 
 #[cfg(all(test, not(loom)))]
 mod tests;
 
-pub use bounce::{BouncePool, BounceSlot, BOUNCE_UNIT};
+pub use bounce::BOUNCE_UNIT;
 pub use cpu::{DmaCpu, SgEntry, SgMapping};
 pub use device::DmaDevice;
-pub use domain::{DmaDomain, DmaDomainConfig};
+pub use domain::{
+    DmaDomain, DmaDomainConfig, MAX_BOUNCE_BYTES, MAX_FQ_SIZE, MAX_TIMEOUT, MIN_TIMEOUT,
+};
 pub use error::DmaError;
-pub use flush_queue::{Batch, FlushQueue, FqEntry, Pushed, Taker, TimerArm};
 pub use policy::{
     DmaDirection, DmaPolicy, Tunables, DEFAULT_FQ_SIZE, DEFAULT_HIGH_WATER, DEFAULT_TIMEOUT,
 };
-pub use stale::{StaleReport, StaleWindow};
-pub use stats::{CpuStats, DmaStats};
+pub use stale::StaleReport;
+pub use stats::DmaStats;

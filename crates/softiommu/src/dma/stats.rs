@@ -38,6 +38,11 @@ pub struct DmaStats {
     pub invalidations: u64,
     /// Bytes copied through bounce buffers.
     pub bounced_bytes: u64,
+    /// Flushes of a deferred queue that failed (their batches were kept
+    /// and retried; see `DmaDomain::last_flush_error`). Domain-wide.
+    pub flush_failures: u64,
+    /// Batches whose flush failed and that wait for a retry now.
+    pub pending_batches: u64,
 }
 
 impl DmaStats {
@@ -64,6 +69,8 @@ impl std::ops::AddAssign for DmaStats {
         self.flushed_entries += o.flushed_entries;
         self.invalidations += o.invalidations;
         self.bounced_bytes += o.bounced_bytes;
+        self.flush_failures += o.flush_failures;
+        self.pending_batches += o.pending_batches;
     }
 }
 
@@ -115,6 +122,8 @@ impl CpuStats {
             flushed_entries: c.flushed_entries.load(Relaxed),
             invalidations: c.invalidations.load(Relaxed),
             bounced_bytes: c.bounced_bytes.load(Relaxed),
+            flush_failures: 0,
+            pending_batches: 0,
         }
     }
 }

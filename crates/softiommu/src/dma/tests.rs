@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::hw::{Access, SourceId, System, Translator, UnitConfig};
+use crate::hw::{Access, SourceId, Translator};
 use crate::mem::PhysMemory;
 
 const SID: SourceId = SourceId(0x0100);
@@ -19,28 +19,24 @@ struct Rig {
 }
 
 fn rig(policy: DmaPolicy, untrusted: bool) -> Rig {
-    let mem = Arc::new(PhysMemory::new(256 << 20).unwrap());
-    let mut sys = System::new(mem.clone());
-    let u = sys.add_unit(UnitConfig::default()).unwrap();
-    sys.assign(SID, u).unwrap();
-    let sys = Arc::new(sys);
-    let domain = DmaDomain::new(
-        sys.clone(),
-        DmaDomainConfig {
-            policy,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let dev = domain.attach(SID, u64::MAX, untrusted).unwrap();
-    let cpu = domain.cpu();
-    let tr = sys.unit(u).unwrap().translator().unwrap();
+    let p = crate::Platform::builder()
+        .policy(policy)
+        .device_spec(crate::DeviceSpec {
+            sid: SID,
+            unit: 0,
+            mask: u64::MAX,
+            untrusted,
+        })
+        .build()
+        .unwrap();
+    let cpu = p.domain.cpu();
+    let tr = p.unit(0).unwrap().translator().unwrap();
     Rig {
-        domain,
-        dev,
+        domain: p.domain,
+        dev: p.devices.into_iter().next().unwrap(),
         cpu,
         tr,
-        mem,
+        mem: p.mem,
     }
 }
 
@@ -63,7 +59,10 @@ fn strict_unmap_revokes_before_returning() {
     r.mem.read(ranges.as_slice()[0].phys, &mut got).unwrap();
     assert_eq!(&got, b"hello");
     assert!(
-        r.tr.translate(SID, a, 5, Access::Write).is_err(),
+        matches!(
+            r.tr.translate(SID, a, 5, Access::Write),
+            Err(crate::hw::TranslateError::PermissionDenied { .. })
+        ),
         "read-only mapping"
     );
     r.cpu.unmap(&r.dev, a, 5, DmaDirection::ToDevice).unwrap();
@@ -77,7 +76,7 @@ fn strict_unmap_revokes_before_returning() {
 #[test]
 fn deferred_unmap_stays_reachable_until_the_flush_and_the_window_is_measured() {
     let mut r = rig(DmaPolicy::Deferred, false);
-    r.domain.set_timeout(Duration::from_secs(60));
+    r.domain.set_timeout(Duration::from_secs(60)).unwrap();
     let buf = r.mem.alloc_zeroed_frames(0).unwrap();
     let a = r
         .cpu
@@ -101,8 +100,8 @@ fn deferred_unmap_stays_reachable_until_the_flush_and_the_window_is_measured() {
 #[test]
 fn the_high_water_mark_and_the_timer_flush() {
     let mut r = rig(DmaPolicy::Deferred, false);
-    r.domain.set_timeout(Duration::from_secs(60));
-    r.domain.set_high_water(4);
+    r.domain.set_timeout(Duration::from_secs(60)).unwrap();
+    r.domain.set_high_water(4).unwrap();
     let buf = r.mem.alloc_zeroed_frames(2).unwrap();
     let addrs: Vec<u64> = (0..4)
         .map(|i| {
@@ -127,7 +126,7 @@ fn the_high_water_mark_and_the_timer_flush() {
     );
     // The timer: a short timeout flushes a lone entry by itself, once it
     // has waited half the timeout.
-    r.domain.set_timeout(Duration::from_millis(5));
+    r.domain.set_timeout(Duration::from_millis(5)).unwrap();
     let a = r
         .cpu
         .map(&r.dev, buf, 4096, DmaDirection::ToDevice)

@@ -1,28 +1,45 @@
 //! The flush timer: one thread per domain that flushes queues whose oldest
 //! entry has waited the timeout, and sleeps while every queue is empty (see
-//! [`TimerArm`](super::TimerArm) for the protocol).
+//! [`TimerArm`] for the protocol).
+//!
+//! The timer knows its domain only through [`TimerWork`], so that this
+//! module depends on the flush queue's arm and nothing above it.
 
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::domain::DmaDomain;
+use super::flush_queue::TimerArm;
+
+/// What the timer asks of the domain it serves.
+pub(crate) trait TimerWork: Send + Sync {
+    /// Whether the domain is going away.
+    fn shutting_down(&self) -> bool;
+    /// The arm the domain's queues and the timer share.
+    fn arm(&self) -> &Arc<TimerArm>;
+    /// The age at which a queue is flushed.
+    fn flush_after(&self) -> Duration;
+    /// Flushes what is older than `age` at `now`; returns the oldest entry
+    /// still waiting.
+    fn flush_expired(&self, now: Instant, age: Duration) -> Option<Instant>;
+    /// Whether anything waits for a flush.
+    fn any_queued(&self) -> bool;
+}
 
 /// The timer thread's body. Holds only a weak reference: the domain's drop
 /// stops it.
-pub(crate) fn run(domain: Weak<DmaDomain>) {
+pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
     loop {
         let Some(d) = domain.upgrade() else { return };
-        if d.shutdown.load(Relaxed) {
+        if d.shutting_down() {
             return;
         }
-        let arm = d.arm.clone();
+        let arm = d.arm().clone();
         if !arm.is_armed() {
             drop(d);
             arm.sleep();
             continue;
         }
-        let after = d.tunables.flush_after();
+        let after = d.flush_after();
         let now = Instant::now();
         let next = d.flush_expired(now, after);
         match next {

@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU16, AtomicUsize};
 use std::sync::Mutex;
 
 use super::error::DmaError;
-use super::sync::{AtomicU64, Ordering};
-use crate::hw::barrier::Barrier;
 use crate::hw::UnitId;
+use crate::sync::barrier::Barrier;
+use crate::sync::{AtomicU64, Ordering};
 
 /// The most units a domain can span: the width of a unit mask.
 pub(crate) const MAX_UNITS: usize = 64;

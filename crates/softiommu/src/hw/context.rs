@@ -22,6 +22,10 @@ use std::sync::OnceLock;
 
 use crate::mem::{PhysAddr, PAGE_SHIFT};
 
+/// A unit's index in its [`System`](super::System).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UnitId(pub u16);
+
 /// A PCI requester id: bus (8 bits), device (5), function (3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct SourceId(pub u16);

@@ -163,6 +163,15 @@ pub enum IqeReason {
         /// The address.
         addr: PhysAddr,
     },
+    /// A wait's status address lies in a frame of the IOMMU's own (the
+    /// invalidation ring, a page-table page, a bounce pool): the write
+    /// would let a descriptor change what the unit relies on (no IQEI
+    /// code).
+    #[error("status address {addr:#x} lies in memory the IOMMU owns")]
+    StatusAddressProtected {
+        /// The address.
+        addr: PhysAddr,
+    },
     /// A tail written past the queue's end (IQEI 1).
     #[error("tail {tail} is beyond the {len}-descriptor queue")]
     TailOutOfRange {
@@ -188,7 +197,7 @@ impl IqeReason {
             | IqeReason::ReservedGranularity
             | IqeReason::DomainOutOfRange { .. }
             | IqeReason::MaskTooLarge { .. } => 4,
-            IqeReason::StatusAddress { .. } => 0,
+            IqeReason::StatusAddress { .. } | IqeReason::StatusAddressProtected { .. } => 0,
         }
     }
 }
@@ -280,6 +289,17 @@ impl InvDescriptor {
     /// A context-cache invalidation.
     pub fn context(scope: ContextScope) -> Self {
         InvDescriptor::ContextCache(scope)
+    }
+
+    /// A fenced wait that raises the completion event and writes nothing:
+    /// the unit's own waits (their ticket is kept privately).
+    pub fn wait_event() -> Self {
+        InvDescriptor::Wait(WaitDescriptor {
+            status: None,
+            fence: true,
+            interrupt: true,
+            page_drain: false,
+        })
     }
 
     /// A fenced wait that writes `data` at `addr` on completion.

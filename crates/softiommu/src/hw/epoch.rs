@@ -30,10 +30,27 @@
 //! lock, and on the multi-copy-atomic targets we run on — x86-64, AArch64 —
 //! a store visible to the draining thread is visible to every thread.)
 
+#![deny(clippy::indexing_slicing)]
+
+use std::sync::atomic::AtomicPtr;
+use std::sync::Mutex;
+
 use crossbeam_utils::CachePadded;
 
-use super::barrier::Barrier;
-use super::sync::{AtomicU64, AtomicUsize, Backoff, Ordering};
+use crate::sync::barrier::Barrier;
+use crate::sync::{AtomicU64, AtomicUsize, Backoff, Ordering};
+
+/// Slots come in chunks of 2^`CHUNK_SHIFT`, allocated as translators are
+/// asked for (a unit that serves four device threads costs four cache
+/// lines, one that serves thousands grows to them). Two under loom, to keep
+/// the models small.
+#[cfg(not(loom))]
+const CHUNK_SHIFT: usize = 6;
+#[cfg(loom)]
+const CHUNK_SHIFT: usize = 1;
+const CHUNK: usize = 1 << CHUNK_SHIFT;
+
+type Chunk = [CachePadded<Slot>; CHUNK];
 
 /// One translator's slot.
 #[derive(Debug)]
@@ -54,63 +71,109 @@ pub(crate) struct DrainStats {
 /// The slots of one unit.
 #[derive(Debug)]
 pub(crate) struct Slots {
-    slots: Box<[CachePadded<Slot>]>,
+    /// Chunk `c` holds slots `c << CHUNK_SHIFT ..`; null until a claim
+    /// needs it. A chunk, once published, lives as long as `self`.
+    chunks: Box<[AtomicPtr<Chunk>]>,
+    /// Serialises the making of chunks.
+    grow: Mutex<()>,
+    /// The most slots there may be.
+    capacity: usize,
     /// One past the highest slot ever claimed: the drain scans below it.
     high: CachePadded<AtomicUsize>,
 }
 
+fn new_chunk() -> *mut Chunk {
+    let chunk: Box<Chunk> = Box::new(std::array::from_fn(|_| {
+        CachePadded::new(Slot {
+            state: AtomicU64::new(0),
+            owner: AtomicUsize::new(0),
+        })
+    }));
+    Box::into_raw(chunk)
+}
+
 impl Slots {
-    /// `n` free slots.
+    /// Room for up to `n` slots; none is allocated yet.
     pub(crate) fn new(n: usize) -> Self {
         Self {
-            slots: (0..n)
-                .map(|_| {
-                    CachePadded::new(Slot {
-                        state: AtomicU64::new(0),
-                        owner: AtomicUsize::new(0),
-                    })
-                })
+            chunks: (0..n.div_ceil(CHUNK))
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
+            grow: Mutex::new(()),
+            capacity: n,
             high: CachePadded::new(AtomicUsize::new(0)),
         }
     }
 
-    /// The number of slots.
+    /// The most slots there may be.
     pub(crate) fn capacity(&self) -> usize {
-        self.slots.len()
+        self.capacity
+    }
+
+    /// Slot `i`, if its chunk exists.
+    #[inline(always)]
+    fn slot(&self, i: usize) -> Option<&Slot> {
+        // Acquire: pairs with the Release publication in `claim`, so the
+        // chunk is seen initialised.
+        let chunk = self.chunks.get(i >> CHUNK_SHIFT)?.load(Ordering::Acquire);
+        // SAFETY: a non-null chunk pointer came from `Box::into_raw` in
+        // `claim` and is freed only in `drop`, which cannot run while
+        // `self` is borrowed.
+        let chunk = unsafe { chunk.as_ref()? };
+        chunk.get(i & (CHUNK - 1)).map(|s| &**s)
     }
 
     /// Claims a free slot for the thread `owner` (non-zero); returns its
     /// index and its current (even) state, or `None` if all are taken.
     pub(crate) fn claim(&self, owner: usize) -> Option<(usize, u64)> {
         debug_assert_ne!(owner, 0);
-        for (i, s) in self.slots.iter().enumerate() {
-            // Acquire on success: pairs with `release`'s Release store, so we
-            // see the last owner's final (even) state.
-            if s.owner
-                .compare_exchange(0, owner, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                // A read-modify-write, so it is ordered before this slot's
-                // first `enter`; a drain that misses the new `high` is
-                // covered by the same fence argument as a missed `enter`
-                // (the `enter` comes later still).
-                self.high.fetch_max(i + 1, Ordering::SeqCst);
-                return Some((i, s.state.load(Ordering::Relaxed)));
+        loop {
+            let mut seen = 0;
+            for i in 0..self.capacity {
+                let Some(s) = self.slot(i) else {
+                    break;
+                };
+                seen = i + 1;
+                // Acquire on success: pairs with `release`'s Release store,
+                // so we see the last owner's final (even) state.
+                if s.owner
+                    .compare_exchange(0, owner, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    // A read-modify-write, so it is ordered before this
+                    // slot's first `enter`; a drain that misses the new
+                    // `high` is covered by the same fence argument as a
+                    // missed `enter` (the `enter` comes later still).
+                    self.high.fetch_max(i + 1, Ordering::SeqCst);
+                    return Some((i, s.state.load(Ordering::Relaxed)));
+                }
+            }
+            // Every existing slot is taken: add a chunk (or find that
+            // another thread just did), then look again.
+            let _g = self.grow.lock().unwrap_or_else(|e| e.into_inner());
+            let next = self
+                .chunks
+                .iter()
+                .position(|c| c.load(Ordering::Acquire).is_null())?;
+            if next << CHUNK_SHIFT > seen {
+                continue;
+            }
+            if let Some(c) = self.chunks.get(next) {
+                c.store(new_chunk(), Ordering::Release);
             }
         }
-        None
     }
 
     /// Frees slot `i`; its state must be even (no translation active).
     pub(crate) fn release(&self, i: usize) {
-        if let Some(s) = self.slots.get(i) {
+        if let Some(s) = self.slot(i) {
             debug_assert_eq!(s.state.load(Ordering::Relaxed) & 1, 0);
             s.owner.store(0, Ordering::Release);
         }
     }
 
-    /// Marks slot `i` active with the odd value `state`, then fences.
+    /// Marks slot `i` (a claimed one) active with the odd value `state`,
+    /// then fences.
     #[inline(always)]
     pub(crate) fn enter(&self, i: usize, state: u64, barrier: Barrier) {
         debug_assert_eq!(state & 1, 1);
@@ -120,7 +183,9 @@ impl Slots {
         // see this store rather than that section's `exit`: it must then
         // synchronize with everything that section did too. (A plain store
         // on x86; loom found the gap with Relaxed.)
-        self.slots[i].state.store(state, Ordering::Release);
+        if let Some(s) = self.slot(i) {
+            s.state.store(state, Ordering::Release);
+        }
         barrier.light();
     }
 
@@ -130,14 +195,16 @@ impl Slots {
         debug_assert_eq!(state & 1, 0);
         // Release: pairs with the Acquire loads in `drain`, so everything
         // done under the translation happens before the drain returns.
-        self.slots[i].state.store(state, Ordering::Release);
+        if let Some(s) = self.slot(i) {
+            s.state.store(state, Ordering::Release);
+        }
     }
 
     /// Whether a slot owned by `owner` is active: a thread that holds a
     /// guard and waits for a drain would wait for itself.
     pub(crate) fn active_owned_by(&self, owner: usize) -> bool {
-        let high = self.high.load(Ordering::Acquire).min(self.slots.len());
-        self.slots[..high].iter().any(|s| {
+        let high = self.high.load(Ordering::Acquire).min(self.capacity);
+        (0..high).filter_map(|i| self.slot(i)).any(|s| {
             s.owner.load(Ordering::Relaxed) == owner && s.state.load(Ordering::Relaxed) & 1 == 1
         })
     }
@@ -161,10 +228,9 @@ impl Slots {
     /// (slot, state) pairs.
     pub(crate) fn drain_start(&self, barrier: Barrier) -> Vec<(usize, u64)> {
         barrier.heavy();
-        let high = self.high.load(Ordering::Acquire).min(self.slots.len());
-        self.slots[..high]
-            .iter()
-            .enumerate()
+        let high = self.high.load(Ordering::Acquire).min(self.capacity);
+        (0..high)
+            .filter_map(|i| self.slot(i).map(|s| (i, s)))
             // Acquire: pairs with `enter`'s and `exit`'s Release stores.
             .map(|(i, s)| (i, s.state.load(Ordering::Acquire)))
             .filter(|&(_, snap)| snap & 1 == 1)
@@ -176,12 +242,30 @@ impl Slots {
     pub(crate) fn drain_poll(&self, pending: &mut Vec<(usize, u64)>) -> bool {
         // Acquire: as in `drain_start`; whichever later store it sees
         // (`exit`, or the next `enter`) orders the ended section before us.
-        pending.retain(|&(i, snap)| self.slots[i].state.load(Ordering::Acquire) == snap);
+        pending.retain(|&(i, snap)| {
+            self.slot(i)
+                .is_some_and(|s| s.state.load(Ordering::Acquire) == snap)
+        });
         pending.is_empty()
     }
 }
 
+impl Drop for Slots {
+    fn drop(&mut self) {
+        for c in self.chunks.iter() {
+            let p = c.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: from `Box::into_raw` in `claim`; `&mut self`
+                // means no slot reference is alive, and each chunk is
+                // freed once.
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
+    }
+}
+
 #[cfg(all(test, not(loom)))]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
@@ -193,7 +277,7 @@ mod tests {
         let (a, sa) = s.claim(7).unwrap();
         let (b, _) = s.claim(7).unwrap();
         assert_ne!(a, b);
-        assert!(s.claim(7).is_none());
+        assert!(s.claim(7).is_none(), "at capacity");
         assert_eq!(sa, 0);
         s.enter(a, 1, Barrier::Fence);
         assert!(s.active_owned_by(7));
@@ -205,6 +289,20 @@ mod tests {
         assert_eq!(c, a);
         assert_eq!(sc, 2, "a new owner continues the counter");
         assert_eq!(s.capacity(), 2);
+    }
+
+    #[test]
+    fn slots_grow_by_chunks_up_to_the_capacity() {
+        let n = 3 * CHUNK + 5;
+        let s = Slots::new(n);
+        let got: Vec<usize> = (0..n).map(|k| s.claim(k + 1).unwrap().0).collect();
+        assert_eq!(got, (0..n).collect::<Vec<_>>());
+        assert!(s.claim(99).is_none());
+        s.release(2 * CHUNK + 1);
+        assert_eq!(s.claim(100).unwrap().0, 2 * CHUNK + 1, "reused");
+        s.enter(n - 1, 1, Barrier::Fence);
+        assert!(s.active_owned_by(n));
+        assert_eq!(s.drain_start(Barrier::Fence), vec![(n - 1, 1)]);
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! the driver's queue operations, and of configuring units and contexts.
 
 use super::context::SourceId;
+use super::context::UnitId;
 use super::fault::{Access, FaultReason};
 use super::inv_queue::QueueFault;
-use super::system::UnitId;
 use crate::mem::{MemError, PhysAddr};
 use crate::pgtable::Perm;
 
@@ -21,6 +21,20 @@ pub enum TranslateError {
         sid: SourceId,
         /// The address.
         iova: u64,
+    },
+    /// An access longer than the unit serves in one translation
+    /// ([`UnitConfig::max_access_bytes`](super::UnitConfig::max_access_bytes)):
+    /// the work one request may cause is bounded, as a bus bounds a burst.
+    #[error("{sid}: access of {len:#x} bytes at {iova:#x} exceeds the {max:#x}-byte maximum")]
+    TooLong {
+        /// The requester.
+        sid: SourceId,
+        /// The address.
+        iova: u64,
+        /// The length asked for.
+        len: u64,
+        /// The longest access served.
+        max: u64,
     },
     /// The device has no context in this unit.
     #[error("{sid}: no context")]
@@ -97,6 +111,7 @@ impl TranslateError {
     pub fn reason(&self) -> Option<FaultReason> {
         Some(match self {
             TranslateError::ZeroLength { .. } => FaultReason::ZeroLength,
+            TranslateError::TooLong { .. } => FaultReason::TooLong,
             TranslateError::NoContext { .. } => FaultReason::NoContext,
             TranslateError::ContextBlocked { .. } => FaultReason::ContextBlocked,
             TranslateError::AddressTooWide { .. } => FaultReason::AddressTooWide,
@@ -185,6 +200,13 @@ pub enum HwError {
     /// The device belongs to no unit.
     #[error("{sid} belongs to no unit")]
     DeviceNotAssigned {
+        /// The device.
+        sid: SourceId,
+    },
+    /// The device is attached to a DMA domain already: detach it there
+    /// first.
+    #[error("device {sid} is attached to another DMA domain")]
+    DeviceOwned {
         /// The device.
         sid: SourceId,
     },

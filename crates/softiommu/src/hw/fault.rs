@@ -59,6 +59,8 @@ pub enum FaultReason {
     /// A request of no bytes: malformed, recorded so that the log shows
     /// every bad request a device made.
     ZeroLength,
+    /// A request longer than the unit serves at once: malformed.
+    TooLong,
 }
 
 impl FaultReason {
@@ -81,8 +83,9 @@ impl FaultReason {
             FaultReason::BadTableAddress => 0x7,
             // LSL.2: a reserved field is set in a second-level entry.
             FaultReason::ReservedEntry => 0xc,
-            // No VT-d code: a zero-length request cannot reach the hardware.
-            FaultReason::ZeroLength => 0x0,
+            // No VT-d code: a zero-length request cannot reach the
+            // hardware, and a bus bounds a request's length itself.
+            FaultReason::ZeroLength | FaultReason::TooLong => 0x0,
         }
     }
 }

@@ -17,12 +17,32 @@
 //! reads the descriptors as written. The head is stored with Release after
 //! each descriptor's work, so a driver that sees the head past a descriptor
 //! sees its effects.
+//!
+//! ## What the unit keeps to itself
+//!
+//! The ring lives in physical memory, where anything with a pass-through
+//! context or a raw descriptor's status write could change it. So every
+//! descriptor queued through the unit's own API ([`Unit::submit`],
+//! [`Unit::submit_raw`], the waits of [`Unit::wait`]) is also kept in a
+//! private *shadow* of its slot, and the processor carries out the shadow,
+//! not the bytes it reads back (a difference is counted as tampering).
+//! Which wait completes which ticket is in the shadow too: the unit's
+//! completion word never lies in memory a descriptor or a device can
+//! write. Only descriptors a driver wrote into the ring itself (then
+//! [`Unit::write_tail`]) are read from memory.
+//!
+//! [`Unit::submit`]: super::Unit::submit
+//! [`Unit::submit_raw`]: super::Unit::submit_raw
+//! [`Unit::wait`]: super::Unit::wait
+//! [`Unit::write_tail`]: super::Unit::write_tail
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+#![deny(clippy::indexing_slicing)]
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::descriptor::{InvDescriptor, IqeReason, Limits, WaitDescriptor, DESCRIPTOR_BYTES};
-use crate::mem::{MemError, PhysAddr, PhysMemory, PAGE_SIZE};
+use crate::mem::{FrameOwner, MemError, PhysAddr, PhysMemory, PAGE_SIZE};
 
 /// Descriptors per 4 KiB page.
 const PER_PAGE: u32 = (PAGE_SIZE / DESCRIPTOR_BYTES) as u32;
@@ -85,6 +105,19 @@ pub enum QueueRecovery {
     Discard,
 }
 
+/// The unit's private copy of one ring slot (module doc).
+#[derive(Debug, Default)]
+struct Shadow {
+    raw: [AtomicU64; 2],
+    /// 0: the slot's bytes in memory are the descriptor; `OWN`: `raw` is;
+    /// `OWN | TICKETED`: and it is the unit's wait for `ticket`.
+    tag: AtomicU32,
+    ticket: AtomicU32,
+}
+
+const OWN: u32 = 1;
+const TICKETED: u32 = 2;
+
 /// What one processing pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Pass {
@@ -108,21 +141,27 @@ pub(crate) struct InvQueue {
     /// `FSTS.IQE`, for a lock-free check; the details are in `fault`.
     iqe: AtomicBool,
     fault: Mutex<Option<QueueFault>>,
+    shadow: Box<[Shadow]>,
+    /// Own slots whose bytes in memory differed from the shadow.
+    tampered: AtomicU64,
 }
 
 impl InvQueue {
     /// A zeroed ring of 2^`order` pages in `mem`.
     pub(crate) fn new(mem: Arc<PhysMemory>, order: u32) -> Result<Self, MemError> {
-        let base = mem.alloc_zeroed_frames(order)?;
+        let base = mem.alloc_zeroed_owned(order, FrameOwner::Iommu)?;
+        let len = PER_PAGE << order;
         Ok(Self {
             mem,
             base,
             order,
-            len: PER_PAGE << order,
+            len,
             head: AtomicU32::new(0),
             tail: AtomicU32::new(0),
             iqe: AtomicBool::new(false),
             fault: Mutex::new(None),
+            shadow: (0..len).map(|_| Shadow::default()).collect(),
+            tampered: AtomicU64::new(0),
         })
     }
 
@@ -166,12 +205,40 @@ impl InvQueue {
         self.base + u64::from(index % self.len) * DESCRIPTOR_BYTES
     }
 
-    /// Writes `raw` at `index` (under the submission lock, before `ring`).
-    pub(crate) fn write(&self, index: u32, raw: [u64; 2]) -> Result<(), MemError> {
+    fn shadow(&self, index: u32) -> &Shadow {
+        #[allow(clippy::indexing_slicing)] // `len` shadows, `index % len < len`.
+        &self.shadow[(index % self.len) as usize]
+    }
+
+    /// Writes `raw` at `index`, in memory and in the slot's shadow, as the
+    /// unit's own (under the submission lock, before `ring`); `ticket`:
+    /// the slot is the unit's wait for that ticket.
+    pub(crate) fn write(
+        &self,
+        index: u32,
+        raw: [u64; 2],
+        ticket: Option<u32>,
+    ) -> Result<(), MemError> {
         let at = self.slot(index);
         // Relaxed: published by the Release store of the tail in `ring`.
         self.mem.store_u64(at, raw[0], Ordering::Relaxed)?;
-        self.mem.store_u64(at + 8, raw[1], Ordering::Relaxed)
+        self.mem.store_u64(at + 8, raw[1], Ordering::Relaxed)?;
+        let sh = self.shadow(index);
+        sh.raw[0].store(raw[0], Ordering::Relaxed);
+        sh.raw[1].store(raw[1], Ordering::Relaxed);
+        sh.ticket.store(ticket.unwrap_or(0), Ordering::Relaxed);
+        let tag = if ticket.is_some() {
+            OWN | TICKETED
+        } else {
+            OWN
+        };
+        sh.tag.store(tag, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Own slots found changed in memory before they ran.
+    pub(crate) fn tampered(&self) -> u64 {
+        self.tampered.load(Ordering::Relaxed)
     }
 
     fn read(&self, index: u32) -> Result<[u64; 2], MemError> {
@@ -221,13 +288,35 @@ impl InvQueue {
         self.iqe.store(true, Ordering::Release);
     }
 
-    /// Carries out descriptors from the head to the tail with `exec`,
-    /// stopping at the first that fails to decode or that `exec` refuses.
-    /// Call with the processing lock held: the head is this caller's.
+    /// The descriptor at `index` as the processor must take it: the
+    /// shadow's for an own slot (and its ticket), else memory's.
+    fn fetch(&self, index: u32) -> Result<([u64; 2], Option<u32>), MemError> {
+        let sh = self.shadow(index);
+        let tag = sh.tag.load(Ordering::Relaxed);
+        let mem = self.read(index)?;
+        if tag == 0 {
+            return Ok((mem, None));
+        }
+        let raw = [
+            sh.raw[0].load(Ordering::Relaxed),
+            sh.raw[1].load(Ordering::Relaxed),
+        ];
+        if raw != mem {
+            self.tampered.fetch_add(1, Ordering::Relaxed);
+        }
+        let ticket = (tag & TICKETED != 0).then(|| sh.ticket.load(Ordering::Relaxed));
+        Ok((raw, ticket))
+    }
+
+    /// Carries out descriptors from the head to the tail with `exec` (the
+    /// descriptor, and the ticket it completes if it is one of the unit's
+    /// own waits), stopping at the first that fails to decode or that
+    /// `exec` refuses. Call with the processing lock held: the head is
+    /// this caller's.
     pub(crate) fn process(
         &self,
         limits: &Limits,
-        mut exec: impl FnMut(&InvDescriptor) -> Result<(), IqeReason>,
+        mut exec: impl FnMut(&InvDescriptor, Option<u32>) -> Result<(), IqeReason>,
     ) -> Pass {
         let mut pass = Pass::default();
         if self.stopped() {
@@ -238,8 +327,8 @@ impl InvQueue {
         // Acquire: pairs with `ring`'s Release store.
         let tail = self.tail.load(Ordering::Acquire);
         while head != tail {
-            let raw = match self.read(head) {
-                Ok(raw) => raw,
+            let (raw, ticket) = match self.fetch(head) {
+                Ok(got) => got,
                 Err(_) => {
                     self.stop(QueueFault {
                         head,
@@ -251,12 +340,15 @@ impl InvQueue {
                     return pass;
                 }
             };
-            if let Err(reason) = InvDescriptor::decode(raw, limits).and_then(|d| exec(&d)) {
+            if let Err(reason) = InvDescriptor::decode(raw, limits).and_then(|d| exec(&d, ticket)) {
                 self.stop(QueueFault { head, raw, reason });
                 pass.stopped = true;
                 pass.raised = true;
                 return pass;
             }
+            // Relaxed: ordered before the head's Release store below, after
+            // which a submitter may reuse the slot.
+            self.shadow(head).tag.store(0, Ordering::Relaxed);
             head = (head + 1) % self.len;
             // Release: the descriptor's work happens before a driver sees
             // the head past it.
@@ -278,11 +370,16 @@ impl InvQueue {
             QueueRecovery::Skip => {
                 if !matches!(f.reason, IqeReason::TailOutOfRange { .. }) {
                     let nop = InvDescriptor::Wait(WaitDescriptor::default()).encode();
-                    self.write(self.head(), nop)?;
+                    self.write(self.head(), nop, None)?;
                 }
             }
             QueueRecovery::Discard => {
                 let tail = self.tail.load(Ordering::Acquire);
+                let mut i = self.head();
+                while i != tail {
+                    self.shadow(i).tag.store(0, Ordering::Relaxed);
+                    i = (i + 1) % self.len;
+                }
                 self.head.store(tail, Ordering::Release);
             }
         }
@@ -295,11 +392,14 @@ impl InvQueue {
 impl Drop for InvQueue {
     fn drop(&mut self) {
         // Cannot fail: the ring was allocated with this order.
-        let _ = self.mem.free_frames(self.base, self.order);
+        let _ = self
+            .mem
+            .free_owned(self.base, self.order, FrameOwner::Iommu);
     }
 }
 
 #[cfg(all(test, not(loom)))]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
@@ -317,12 +417,14 @@ mod tests {
         let q = queue();
         assert_eq!(q.len(), 256);
         assert_eq!(q.free(0), 255);
-        q.write(0, InvDescriptor::iotlb_domain(3).encode()).unwrap();
-        q.write(1, InvDescriptor::iotlb_global().encode()).unwrap();
+        q.write(0, InvDescriptor::iotlb_domain(3).encode(), None)
+            .unwrap();
+        q.write(1, InvDescriptor::iotlb_global().encode(), None)
+            .unwrap();
         q.ring(2).unwrap();
         assert_eq!(q.free(2), 253);
         let mut seen = Vec::new();
-        let pass = q.process(&L, |d| {
+        let pass = q.process(&L, |d, _| {
             seen.push(*d);
             Ok(())
         });
@@ -348,12 +450,14 @@ mod tests {
     #[test]
     fn a_bad_descriptor_stops_the_queue_at_itself() {
         let q = queue();
-        q.write(0, InvDescriptor::iotlb_global().encode()).unwrap();
-        q.write(1, [0x3, 0]).unwrap(); // device-TLB: unsupported
-        q.write(2, InvDescriptor::iotlb_global().encode()).unwrap();
+        q.write(0, InvDescriptor::iotlb_global().encode(), None)
+            .unwrap();
+        q.write(1, [0x3, 0], None).unwrap(); // device-TLB: unsupported
+        q.write(2, InvDescriptor::iotlb_global().encode(), None)
+            .unwrap();
         q.ring(3).unwrap();
         let mut n = 0;
-        let pass = q.process(&L, |_| {
+        let pass = q.process(&L, |_, _| {
             n += 1;
             Ok(())
         });
@@ -373,15 +477,15 @@ mod tests {
         );
         assert_eq!(q.head(), 1);
         // Stopped: nothing runs until recovery.
-        let again = q.process(&L, |_| Ok(()));
+        let again = q.process(&L, |_, _| Ok(()));
         assert!(again.stopped && !again.raised);
         // Retry without fixing: stops again at the same place.
         assert!(q.recover(QueueRecovery::Retry).unwrap());
-        assert!(q.process(&L, |_| Ok(())).stopped);
+        assert!(q.process(&L, |_, _| Ok(())).stopped);
         assert_eq!(q.head(), 1);
         // Skip: the rest runs.
         assert!(q.recover(QueueRecovery::Skip).unwrap());
-        assert_eq!(q.process(&L, |_| Ok(())).done, 2);
+        assert_eq!(q.process(&L, |_, _| Ok(())).done, 2);
         assert!(
             !q.recover(QueueRecovery::Skip).unwrap(),
             "nothing to recover"
@@ -401,12 +505,12 @@ mod tests {
         assert!(q.stopped());
         assert_eq!(q.tail(), 0, "not taken");
         q.recover(QueueRecovery::Retry).unwrap();
-        q.write(0, [0x7f, 0]).unwrap();
+        q.write(0, [0x7f, 0], None).unwrap();
         q.ring(1).unwrap();
-        assert!(q.process(&L, |_| Ok(())).stopped);
+        assert!(q.process(&L, |_, _| Ok(())).stopped);
         q.recover(QueueRecovery::Discard).unwrap();
         assert_eq!(q.head(), 1);
-        assert_eq!(q.process(&L, |_| Ok(())), Pass::default());
+        assert_eq!(q.process(&L, |_, _| Ok(())), Pass::default());
     }
 
     #[test]
@@ -419,11 +523,12 @@ mod tests {
                 q.write(
                     t0 + i,
                     InvDescriptor::iotlb_domain((i % 16) as u16).encode(),
+                    None,
                 )
                 .unwrap();
             }
             q.ring((t0 + n) % q.len()).unwrap();
-            assert_eq!(q.process(&L, |_| Ok(())).done, n, "round {round}");
+            assert_eq!(q.process(&L, |_, _| Ok(())).done, n, "round {round}");
         }
         assert_eq!(q.head(), 600 % 256);
     }

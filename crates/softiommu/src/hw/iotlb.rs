@@ -67,9 +67,9 @@
 
 use crossbeam_utils::CachePadded;
 
-use super::sync::{fence, AtomicU64, Ordering};
 use crate::mem::{PhysAddr, PAGE_SHIFT};
 use crate::pgtable::{PageSize, Perm, VTD_IOVA_BITS};
+use crate::sync::{fence, AtomicU64, Ordering};
 
 /// Shape of an IOTLB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

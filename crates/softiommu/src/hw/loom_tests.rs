@@ -12,10 +12,10 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-use super::barrier::Barrier;
 use super::epoch::Slots;
 use super::iotlb::{Iotlb, IotlbConfig, Leaf};
 use crate::pgtable::{PageSize, Perm};
+use crate::sync::barrier::Barrier;
 
 const IOVA: u64 = 0x5000;
 const PHYS: u64 = 0x9000;

@@ -86,7 +86,6 @@
 //! translation that faults fails; a later issue lets a device wait for the
 //! fault to be served instead).
 
-pub(crate) mod barrier;
 mod context;
 mod descriptor;
 mod epoch;
@@ -99,15 +98,15 @@ mod latency;
 mod loom_tests;
 mod processor;
 mod ranges;
+mod revoke;
 mod submit;
-pub(crate) mod sync;
 mod system;
 mod translator;
 mod unit;
 mod walker;
 
-pub use barrier::DrainBarrier;
-pub use context::{ContextEntry, SourceId};
+pub use crate::sync::barrier::DrainBarrier;
+pub use context::{ContextEntry, SourceId, UnitId};
 pub use descriptor::{
     covering_mask, ContextScope, InvDescriptor, IotlbScope, IqeReason, StatusWrite, WaitDescriptor,
     DESCRIPTOR_BYTES,
@@ -122,6 +121,6 @@ pub use latency::{
 };
 pub use ranges::{PhysRange, PhysRanges, PhysSpan};
 pub use submit::InvBatch;
-pub use system::{System, UnitId};
+pub use system::System;
 pub use translator::{TranslationGuard, Translator, TranslatorStats};
-pub use unit::{QueueMode, Unit, UnitConfig, UnitStats};
+pub use unit::{QueueMode, Unit, UnitConfig, UnitStats, DEFAULT_MAX_ACCESS_BYTES, MAX_TRANSLATORS};

@@ -13,6 +13,14 @@
 //! driver's Acquire load). So when a driver sees the status, no translation
 //! that began before its invalidations can still return, or still be using,
 //! a stale result.
+//!
+//! The unit's own waits complete a *ticket* in a private word
+//! (`Shared::completed`), never in physical memory: a descriptor's status
+//! write can only reach memory, and a status address inside the IOMMU's
+//! own frames (the ring, a page-table page, a bounce pool) stops the queue
+//! instead of writing there.
+
+#![deny(clippy::indexing_slicing)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -21,8 +29,9 @@ use super::descriptor::{InvDescriptor, IotlbScope, IqeReason};
 use super::error::QiError;
 use super::inv_queue::{Pass, QueueFault};
 use super::latency::spin_ns;
-use super::unit::{lock, thread_token, Counters, ProcState, QueueMode, Shared};
+use super::unit::{thread_token, Counters, ProcState, QueueMode, Shared};
 use crate::mem::{PhysAddr, PhysMemory};
+use crate::sync::lock_std as lock;
 
 /// Where a wait ticket stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,17 +44,23 @@ pub(crate) enum TicketState {
     Pending,
 }
 
-/// The 32-bit status word at `addr`, if it is aligned and inside `mem`.
-pub(crate) fn status_word(mem: &PhysMemory, addr: PhysAddr) -> Option<&AtomicU32> {
+/// The 32-bit status word at `addr`, if it is aligned, inside `mem`, and
+/// not in a frame of the IOMMU's own.
+pub(crate) fn status_word(mem: &PhysMemory, addr: PhysAddr) -> Result<&AtomicU32, IqeReason> {
     if addr & 3 != 0 {
-        return None;
+        return Err(IqeReason::StatusAddress { addr });
     }
-    let p = mem.as_ptr(addr, 4).ok()?;
+    if mem.is_iommu_frame(addr) {
+        return Err(IqeReason::StatusAddressProtected { addr });
+    }
+    let p = mem
+        .as_ptr(addr, 4)
+        .map_err(|_| IqeReason::StatusAddress { addr })?;
     // SAFETY: `as_ptr` checked that the 4 bytes are inside the arena; `p` is
     // 4-byte aligned because the arena's base is page aligned and `addr` is
     // a multiple of 4; the arena lives as long as `mem`, which the returned
     // reference borrows. The unit touches status words only atomically.
-    Some(unsafe { AtomicU32::from_ptr(p.cast()) })
+    Ok(unsafe { AtomicU32::from_ptr(p.cast()) })
 }
 
 /// Whether `t` lies in the wrapping inclusive range `[lo, hi]`.
@@ -111,7 +126,9 @@ impl Shared {
     /// One processing pass, up to the tail or the first error.
     pub(crate) fn run_queue(&self, p: &mut ProcState) -> Pass {
         let limits = self.limits;
-        let pass = self.queue.process(&limits, |d| self.exec(p, d));
+        let pass = self
+            .queue
+            .process(&limits, |d, ticket| self.exec(p, d, ticket));
         Counters::add(&self.counters.descriptors, u64::from(pass.done));
         if pass.raised {
             self.note_stop();
@@ -143,10 +160,10 @@ impl Shared {
         }
     }
 
-    /// The last ticket whose status was written.
+    /// The last ticket completed.
     fn status_now(&self) -> u32 {
-        // Acquire: pairs with the processor's Release store of the status.
-        status_word(&self.mem, self.status).map_or(0, |w| w.load(Ordering::Acquire))
+        // Acquire: pairs with the processor's Release store in `exec`.
+        self.completed.load(Ordering::Acquire)
     }
 
     /// Where ticket `t` stands.
@@ -164,8 +181,14 @@ impl Shared {
         }
     }
 
-    /// Carries out one descriptor.
-    fn exec(&self, p: &mut ProcState, d: &InvDescriptor) -> Result<(), IqeReason> {
+    /// Carries out one descriptor; `ticket`: it is the unit's own wait for
+    /// that ticket.
+    fn exec(
+        &self,
+        p: &mut ProcState,
+        d: &InvDescriptor,
+        ticket: Option<u32>,
+    ) -> Result<(), IqeReason> {
         let c = &self.counters;
         match *d {
             InvDescriptor::ContextCache(_) => {
@@ -204,11 +227,7 @@ impl Shared {
                 // Check the status address before doing anything, so that a
                 // bad one stops the queue with nothing half done.
                 let word = match w.status {
-                    Some(s) => Some((
-                        status_word(&self.mem, s.addr)
-                            .ok_or(IqeReason::StatusAddress { addr: s.addr })?,
-                        s.data,
-                    )),
+                    Some(s) => Some((status_word(&self.mem, s.addr)?, s.data)),
                     None => None,
                 };
                 if p.dirty {
@@ -224,6 +243,11 @@ impl Shared {
                     // Release: pairs with the driver's Acquire load; the
                     // drain above happens before it sees the status.
                     word.store(data, Ordering::Release);
+                }
+                if let Some(t) = ticket {
+                    // Release: pairs with `status_now`'s Acquire load; the
+                    // drain above happens before a waiter sees its ticket.
+                    self.completed.store(t, Ordering::Release);
                 }
                 Counters::add(&c.waits, 1);
                 if w.interrupt {

@@ -8,15 +8,20 @@
 //!   and move the tail ([`Unit::write_tail`]), or let [`Unit::submit_raw`]
 //!   do both; poll a status word of your own.
 //! - **Convenience**: [`Unit::invalidate_pages`] and friends queue one
-//!   descriptor; [`Unit::wait`] queues a wait descriptor that writes the
-//!   unit's own status word with a ticket and returns when it is written;
-//!   [`Unit::batch`] collects many descriptors and ends them with one wait
-//!   (deferred flushing: many unmaps, one completion).
+//!   descriptor; [`Unit::wait`] queues a wait descriptor (IF set, no status
+//!   write) that completes a ticket in the unit's private completion word,
+//!   and returns when it has; [`Unit::batch`] collects many descriptors and
+//!   ends them with one wait (deferred flushing: many unmaps, one
+//!   completion).
 //!
-//! Tickets are handed out in queue order, so a status word holding ticket
-//! `t` means every wait up to `t` completed. A ticket whose wait sat behind
-//! a descriptor that raised a queue error fails (its waiter gets
-//! [`QiError::Stopped`]), even if the queue later resumes.
+//! Tickets are handed out in queue order, so a completion word holding
+//! ticket `t` means every wait up to `t` completed. A ticket whose wait sat
+//! behind a descriptor that raised a queue error fails (its waiter gets
+//! [`QiError::Stopped`]), even if the queue later resumes. Descriptors
+//! queued through these calls run as given even if the ring's bytes are
+//! overwritten meanwhile (see `inv_queue` on the shadow).
+
+#![deny(clippy::indexing_slicing)]
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -25,8 +30,9 @@ use super::descriptor::{covering_mask, InvDescriptor};
 use super::error::QiError;
 use super::inv_queue::{QueueFault, QueueRecovery, QueueRegisters};
 use super::processor::TicketState;
-use super::unit::{lock, QueueMode, Shared, Unit};
+use super::unit::{QueueMode, Shared, Unit};
 use crate::hw::IqeReason;
+use crate::sync::lock_std as lock;
 
 /// Descriptors collected to be queued together, usually ended by one wait.
 /// Made by [`Unit::batch`].
@@ -105,6 +111,7 @@ fn with_encoded<R>(descs: &[InvDescriptor], f: impl FnOnce(&[[u64; 2]]) -> R) ->
         for (b, d) in buf.iter_mut().zip(descs) {
             *b = d.encode();
         }
+        #[allow(clippy::indexing_slicing)] // `descs.len() <= ON_STACK`, checked above.
         f(&buf[..descs.len()])
     } else {
         let raw: Vec<[u64; 2]> = descs.iter().map(InvDescriptor::encode).collect();
@@ -245,7 +252,7 @@ impl Unit {
             let len = sh.queue.len();
             let mut tail = sh.queue.tail();
             let ticket = wait.then(|| sh.next_ticket.load(Ordering::Relaxed));
-            let last = ticket.map(|t| InvDescriptor::wait_status(sh.status, t).encode());
+            let last = ticket.map(|_| InvDescriptor::wait_event().encode());
             for (i, d) in raw.iter().chain(last.iter()).enumerate() {
                 if i == raw.len() {
                     if let Some(t) = ticket {
@@ -259,7 +266,8 @@ impl Unit {
                     self.ring(tail)?;
                     self.make_room(tail)?;
                 }
-                sh.queue.write(tail, *d)?;
+                let t = if i == raw.len() { ticket } else { None };
+                sh.queue.write(tail, *d, t)?;
                 tail = (tail + 1) % len;
             }
             self.ring(tail)?;

@@ -3,16 +3,12 @@
 //! device scope): every device belongs to exactly one unit.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
-use super::context::{ContextEntry, SourceId};
+use super::context::{ContextEntry, SourceId, UnitId};
 use super::error::HwError;
 use super::unit::{Unit, UnitConfig};
 use crate::mem::PhysMemory;
-
-/// A unit's index in its [`System`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct UnitId(pub u16);
 
 /// IOMMU units sharing one physical memory, and which device each serves.
 #[derive(Debug)]
@@ -20,6 +16,9 @@ pub struct System {
     mem: Arc<PhysMemory>,
     units: Vec<Unit>,
     scope: RwLock<HashMap<SourceId, UnitId>>,
+    /// Which DMA domain (by its id) owns each attached device: a device
+    /// is in one domain at a time, and moves only once detached.
+    owners: Mutex<HashMap<SourceId, u64>>,
 }
 
 impl System {
@@ -28,6 +27,7 @@ impl System {
         Self {
             mem,
             units: Vec::new(),
+            owners: Mutex::new(HashMap::new()),
             scope: RwLock::new(HashMap::new()),
         }
     }
@@ -111,6 +111,27 @@ impl System {
         Some((id, self.unit(id)?))
     }
 
+    /// Makes `owner` (a DMA domain's id) the owner of `sid`; refused with
+    /// [`HwError::DeviceOwned`] while another owner holds it.
+    pub(crate) fn claim(&self, sid: SourceId, owner: u64) -> Result<(), HwError> {
+        let mut owners = crate::sync::lock_std(&self.owners);
+        match owners.get(&sid) {
+            Some(&o) if o != owner => Err(HwError::DeviceOwned { sid }),
+            _ => {
+                owners.insert(sid, owner);
+                Ok(())
+            }
+        }
+    }
+
+    /// Gives `sid` up if `owner` holds it.
+    pub(crate) fn release(&self, sid: SourceId, owner: u64) {
+        let mut owners = crate::sync::lock_std(&self.owners);
+        if owners.get(&sid) == Some(&owner) {
+            owners.remove(&sid);
+        }
+    }
+
     /// Attaches `sid` in its unit (see [`Unit::attach`]); returns the unit.
     pub fn attach(&self, sid: SourceId, ctx: ContextEntry) -> Result<UnitId, HwError> {
         let (id, unit) = self
@@ -154,7 +175,10 @@ mod tests {
         assert!(t.translate(dev, 0x1000, 8, Access::Read).is_ok());
         // The other unit does not know the device.
         let mut tb = sys.unit(b).unwrap().translator().unwrap();
-        assert!(tb.translate(dev, 0x1000, 8, Access::Read).is_err());
+        assert_eq!(
+            tb.translate(dev, 0x1000, 8, Access::Read),
+            Err(crate::hw::TranslateError::NoContext { sid: dev })
+        );
         drop(t);
         sys.unassign(dev).unwrap();
         assert!(sys.unit_of(dev).is_none());

@@ -18,21 +18,24 @@
 //!
 //! [`QiError::GuardHeld`]: super::QiError::GuardHeld
 
+#![deny(clippy::indexing_slicing)]
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use super::barrier::Barrier;
 use super::context::{self, ContextEntry, SourceId};
+use super::error::HwError;
 use super::error::TranslateError;
 use super::fault::{Access, FaultRecord};
 use super::iotlb::{FillOutcome, Leaf};
 use super::latency::spin_ns;
 use super::ranges::{PhysRanges, PhysSpan};
-use super::unit::Shared;
+use super::unit::{thread_token, Shared, Unit};
 use super::walker::{walk, WalkEnd};
 use crate::mem::PhysMemory;
 use crate::pgtable::{Perm, VTD_ADDR_BITS, VTD_IOVA_BITS};
+use crate::sync::barrier::Barrier;
 
 /// Counts of one translator, kept in the translator (no shared writes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -62,6 +65,8 @@ pub struct Translator {
     /// The slot's state as last stored (even outside a section).
     state: u64,
     barrier: Barrier,
+    /// The unit's longest access (its configuration, kept here).
+    max_access: u64,
     rng: u64,
     stats: TranslatorStats,
     /// Lookups that took the slow path (`stats.lookups` is hits + these).
@@ -79,8 +84,9 @@ impl fmt::Debug for Translator {
     }
 }
 
-/// An open translation section; see the module documentation. Dropping it
-/// ends the section.
+/// An open translation section; see the module documentation. Lent to the
+/// closure of [`Translator::section`], which ends the section when it
+/// returns.
 pub struct TranslationGuard<'a> {
     t: &'a mut Translator,
 }
@@ -115,14 +121,30 @@ fn xorshift(state: &mut u64) -> u64 {
     x
 }
 
+impl Unit {
+    /// A translator for the calling thread (one per device thread).
+    pub fn translator(&self) -> Result<Translator, HwError> {
+        let sh = &self.shared;
+        let (slot, state) = sh
+            .slots
+            .claim(thread_token())
+            .ok_or(HwError::TooManyTranslators {
+                max: sh.slots.capacity(),
+            })?;
+        Ok(Translator::new(Arc::clone(sh), slot, state))
+    }
+}
+
 impl Translator {
     pub(crate) fn new(shared: Arc<Shared>, slot: usize, state: u64) -> Self {
         let barrier = shared.barrier;
+        let max_access = shared.config.max_access_bytes;
         Self {
             shared,
             slot,
             state,
             barrier,
+            max_access,
             rng: 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(slot as u64 + 1) | 1,
             stats: TranslatorStats::default(),
             slow: 0,
@@ -130,10 +152,22 @@ impl Translator {
         }
     }
 
-    /// Opens a translation section: what is translated through the guard
-    /// stays safe to use until it is dropped.
+    /// Runs `f` inside one translation section: what is translated
+    /// through the guard stays the device's to use until `f` returns,
+    /// because a driver's invalidation wait waits for the section to end.
+    /// The section ends when `f` returns or unwinds; the guard cannot be
+    /// kept, leaked or forgotten (a leaked section would hold every later
+    /// wait forever), so keep `f` short and never block in it.
     #[inline(always)]
-    pub fn begin(&mut self) -> TranslationGuard<'_> {
+    pub fn section<R>(&mut self, f: impl FnOnce(&mut TranslationGuard<'_>) -> R) -> R {
+        let mut g = self.begin();
+        f(&mut g)
+    }
+
+    /// Opens a translation section (crate-internal: users get sections
+    /// only through [`section`](Self::section), so none can be leaked).
+    #[inline(always)]
+    pub(crate) fn begin(&mut self) -> TranslationGuard<'_> {
         self.state += 1;
         self.shared.slots.enter(self.slot, self.state, self.barrier);
         TranslationGuard { t: self }
@@ -320,6 +354,7 @@ impl Translator {
                 TranslateError::NoContext { sid }
                 | TranslateError::ContextBlocked { sid }
                 | TranslateError::ZeroLength { sid, .. }
+                | TranslateError::TooLong { sid, .. }
                 | TranslateError::AddressTooWide { sid, .. }
                 | TranslateError::NotPresent { sid, .. }
                 | TranslateError::PermissionDenied { sid, .. }
@@ -353,10 +388,9 @@ impl TranslationGuard<'_> {
         len: u64,
         access: Access,
     ) -> Result<PhysRanges, TranslateError> {
-        if len == 0 {
-            return Err(self
-                .t
-                .fault(TranslateError::ZeroLength { sid, iova }, iova, access));
+        // One comparison for both bad lengths: 0 wraps to the top.
+        if len.wrapping_sub(1) >= self.t.max_access {
+            return Err(self.bad_length(sid, iova, len, access));
         }
         if let Some(first) = self.t.hit(sid, iova, access) {
             if first.len >= len {
@@ -364,6 +398,23 @@ impl TranslationGuard<'_> {
             }
         }
         self.translate_slow(sid, iova, len, access)
+    }
+
+    /// A zero-length or too long request: a fault.
+    #[cold]
+    #[inline(never)]
+    fn bad_length(&mut self, sid: SourceId, iova: u64, len: u64, access: Access) -> TranslateError {
+        let e = if len == 0 {
+            TranslateError::ZeroLength { sid, iova }
+        } else {
+            TranslateError::TooLong {
+                sid,
+                iova,
+                len,
+                max: self.t.max_access,
+            }
+        };
+        self.t.fault(e, iova, access)
     }
 
     /// An access that missed, faulted or crosses pages.
@@ -408,6 +459,12 @@ impl TranslationGuard<'_> {
     /// The physical memory translations point into.
     pub fn memory(&self) -> &Arc<PhysMemory> {
         &self.t.shared.mem
+    }
+
+    /// The longest access one translation serves
+    /// ([`UnitConfig::max_access_bytes`](super::UnitConfig::max_access_bytes)).
+    pub fn max_access(&self) -> u64 {
+        self.t.max_access
     }
 }
 

@@ -4,13 +4,13 @@
 //! The driver-side queue operations are in `submit`, the unit's processing
 //! of the queue in `processor`, translation in `translator`.
 
+use crate::sync::lock_std as lock;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use super::barrier::{Barrier, DrainBarrier};
 use super::context::{self, ContextEntry, ContextTable, SourceId};
 use super::descriptor::{ContextScope, InvDescriptor, Limits};
 use super::epoch::Slots;
@@ -19,8 +19,16 @@ use super::fault::FaultLog;
 use super::inv_queue::{InvQueue, QueueFault, MAX_QUEUE_ORDER};
 use super::iotlb::{Iotlb, IotlbConfig};
 use super::latency::{LatencyModel, LiveLatency};
-use super::translator::Translator;
 use crate::mem::{PhysAddr, PhysMemory, PAGE_SIZE};
+use crate::sync::barrier::{Barrier, DrainBarrier};
+
+/// The default longest access, 1 MiB: 256 page lookups at 4 KiB, a few
+/// microseconds of section; larger than any single DMA segment Linux's
+/// block and network stacks build by default (64 KiB `max_segment_size`).
+pub const DEFAULT_MAX_ACCESS_BYTES: u64 = 1 << 20;
+
+/// The most translators a unit can have at once.
+pub const MAX_TRANSLATORS: usize = 1 << 16;
 
 /// Who carries out the invalidation queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -51,8 +59,14 @@ pub struct UnitConfig {
     pub queue_mode: QueueMode,
     /// Fault records held before the log overflows.
     pub fault_log_capacity: usize,
-    /// Translators that may exist at once.
+    /// Translators that may exist at once (their slots are allocated in
+    /// chunks of 64 as threads ask for them; at most 65,536).
     pub max_translators: usize,
+    /// The longest access one translation serves (bytes): a longer one
+    /// faults with `TooLong`, so that the work a device can make the unit
+    /// do inside one section — which every invalidation wait may have to
+    /// wait for — is bounded. At least 4 KiB, at most 1 GiB.
+    pub max_access_bytes: u64,
     /// Modelled hardware latencies.
     pub latency: LatencyModel,
     /// The fence pair of the drain protocol.
@@ -68,7 +82,8 @@ impl Default for UnitConfig {
             queue_order: 0,
             queue_mode: QueueMode::Inline,
             fault_log_capacity: 256,
-            max_translators: 64,
+            max_translators: 4096,
+            max_access_bytes: DEFAULT_MAX_ACCESS_BYTES,
             latency: LatencyModel::zero(),
             drain_barrier: DrainBarrier::Auto,
         }
@@ -97,8 +112,11 @@ impl UnitConfig {
         if self.fault_log_capacity == 0 {
             return bad("fault_log_capacity", 0);
         }
-        if !(1..=4096).contains(&self.max_translators) {
+        if !(1..=MAX_TRANSLATORS).contains(&self.max_translators) {
             return bad("max_translators", self.max_translators as u64);
+        }
+        if !(PAGE_SIZE..=1 << 30).contains(&self.max_access_bytes) {
+            return bad("max_access_bytes", self.max_access_bytes);
         }
         Ok(())
     }
@@ -120,6 +138,7 @@ pub(crate) struct Counters {
     pub(crate) drain_ns: AtomicU64,
     pub(crate) modelled_ns: AtomicU64,
     pub(crate) queue_errors: AtomicU64,
+    pub(crate) bypass_revocations: AtomicU64,
 }
 
 impl Counters {
@@ -165,6 +184,12 @@ pub struct UnitStats {
     pub faults: u64,
     /// Valid IOTLB entries now.
     pub iotlb_entries: u64,
+    /// Descriptors queued through the unit's API whose bytes in the ring
+    /// were overwritten before they ran (they ran as queued).
+    pub ring_tampered: u64,
+    /// Revocations done without the queue, because it could not carry
+    /// an unmap's invalidation (see `Unit::check_caller`).
+    pub queue_bypass_revocations: u64,
 }
 
 /// The processor's state, under the processing lock.
@@ -199,8 +224,10 @@ pub(crate) struct Shared {
     pub(crate) submit: Mutex<()>,
     /// The next wait ticket (written under `submit`).
     pub(crate) next_ticket: AtomicU32,
-    /// The unit's own status word, for tickets.
-    pub(crate) status: PhysAddr,
+    /// The last ticket completed: the unit's own completion word, private
+    /// (written by the processor at the ticket's wait; see `inv_queue` on
+    /// why it is not in physical memory).
+    pub(crate) completed: AtomicU32,
     /// Ticket ranges (inclusive) that a queue error or a discard failed.
     pub(crate) failed: Mutex<Vec<(u32, u32, QueueFault)>>,
     /// The processing lock: whoever holds it owns the head.
@@ -215,23 +242,10 @@ pub(crate) struct Shared {
     bindings: Mutex<HashMap<u16, Binding>>,
 }
 
-/// Takes a lock, taking over a poisoned one: every critical section of the
-/// unit leaves its data consistent at each step.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// A token for the calling thread, unique among live threads, non-zero.
 pub(crate) fn thread_token() -> usize {
     thread_local!(static TOKEN: u8 = const { 0 });
     TOKEN.with(|t| t as *const u8 as usize)
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // Cannot fail: allocated in `Unit::new` with order 0.
-        let _ = self.mem.free_frames(self.status, 0);
-    }
 }
 
 /// An emulated IOMMU unit. See the [module documentation](super).
@@ -251,16 +265,14 @@ impl fmt::Debug for Unit {
 }
 
 impl Unit {
-    /// A unit translating into `mem` (where its queue and status word are
-    /// allocated, and where the page tables it walks must live).
+    /// A unit translating into `mem` (where its queue is allocated, and
+    /// where the page tables it walks must live).
     pub fn new(mem: Arc<PhysMemory>, config: UnitConfig) -> Result<Self, HwError> {
         config.check()?;
         let barrier =
             Barrier::resolve(config.drain_barrier).ok_or(HwError::MembarrierUnavailable)?;
         let domains = 1usize << config.domain_bits;
         let queue = InvQueue::new(mem.clone(), config.queue_order)?;
-        // On failure, `queue` frees its ring as it drops.
-        let status = mem.alloc_zeroed_frames(0)?;
         let shared = Arc::new(Shared {
             config,
             barrier,
@@ -277,7 +289,7 @@ impl Unit {
             },
             submit: Mutex::new(()),
             next_ticket: AtomicU32::new(1),
-            status,
+            completed: AtomicU32::new(0),
             failed: Mutex::new(Vec::new()),
             proc: Mutex::new(ProcState::default()),
             signal: Mutex::new(()),
@@ -427,18 +439,6 @@ impl Unit {
 
     // ----- device side -----
 
-    /// A translator for the calling thread (one per device thread).
-    pub fn translator(&self) -> Result<Translator, HwError> {
-        let sh = &self.shared;
-        let (slot, state) = sh
-            .slots
-            .claim(thread_token())
-            .ok_or(HwError::TooManyTranslators {
-                max: sh.slots.capacity(),
-            })?;
-        Ok(Translator::new(Arc::clone(sh), slot, state))
-    }
-
     // ----- faults, latency, statistics -----
 
     /// The fault log.
@@ -476,6 +476,8 @@ impl Unit {
             queue_errors: r(&c.queue_errors),
             faults: self.shared.faults.total(),
             iotlb_entries: self.shared.iotlb.occupancy() as u64,
+            ring_tampered: self.shared.queue.tampered(),
+            queue_bypass_revocations: r(&c.bypass_revocations),
         }
     }
 }
@@ -500,6 +502,7 @@ impl Drop for Unit {
 mod tests {
     use super::*;
     use crate::hw::{Access, TranslateError};
+    use crate::mem::MemError;
     use crate::pgtable::{IoPageTable, Perm, VtdConfig, VtdPageTable};
 
     fn setup() -> (Arc<PhysMemory>, Unit, VtdPageTable) {
@@ -545,8 +548,27 @@ mod tests {
             }),
             HwError::InvalidConfig { .. }
         ));
+        for max_access_bytes in [0, 4095, (1 << 30) + 1, u64::MAX] {
+            assert!(matches!(
+                bad(UnitConfig {
+                    max_access_bytes,
+                    ..d
+                }),
+                HwError::InvalidConfig {
+                    field: "max_access_bytes",
+                    ..
+                }
+            ));
+        }
         let tiny = Arc::new(PhysMemory::new(4096).unwrap());
-        assert!(matches!(Unit::new(tiny, d).unwrap_err(), HwError::Mem(_)));
+        let two_pages = UnitConfig {
+            queue_order: 1,
+            ..d
+        };
+        assert!(matches!(
+            Unit::new(tiny, two_pages).unwrap_err(),
+            HwError::Mem(MemError::OutOfFrames { order: 1 })
+        ));
     }
 
     #[test]

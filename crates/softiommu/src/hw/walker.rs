@@ -3,7 +3,7 @@
 //! no help from the [`pgtable`](crate::pgtable) code that wrote them beyond
 //! the shared decoder of the specification's bits.
 //!
-//! Unlike [`pgtable::walk`](crate::pgtable::walk), it says *why* a walk
+//! Unlike the page table's own `walk`, it says *why* a walk
 //! stopped (a fault needs the reason) and how many levels it read (the
 //! latency model charges per level).
 

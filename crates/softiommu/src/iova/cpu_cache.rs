@@ -1,12 +1,12 @@
 //! The per-CPU (per-thread) front of the allocator: two magazines per size
 //! class, touched without locks or atomic read-modify-writes.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
-use super::domain::IovaDomain;
+use super::domain::{CacheShared, IovaDomain};
 use super::live_map::{state, CACHED, LIVE, RETIRED};
 use super::magazine::Magazine;
 use super::policy::WhenFull;
@@ -18,15 +18,6 @@ use super::IovaError;
 /// never share one. Measured: 64-page chunks left `bench iova --threads 2`
 /// at about half the per-thread throughput of one thread.
 const REFILL_CHUNK_ORDER: u32 = 7;
-
-/// What a cache publishes for [`IovaDomain::stats`]: written only by its
-/// owner (plain stores), read by whoever takes statistics.
-#[derive(Debug, Default)]
-pub(super) struct CacheShared {
-    /// The cache's id, tagging the magazines it puts in the depot.
-    pub(super) id: u32,
-    pub(super) cached: CachePadded<AtomicU64>,
-}
 
 #[derive(Debug)]
 struct Class {
@@ -53,6 +44,14 @@ pub struct IovaCpuCache {
     end_pfn: u64,
     max_order: u32,
     shared: Arc<CacheShared>,
+}
+
+impl IovaDomain {
+    /// A per-CPU (per-thread) cache over this domain.
+    pub fn cpu_cache(self: &Arc<Self>) -> IovaCpuCache {
+        let shared = self.register_cache();
+        IovaCpuCache::new(self.clone(), shared)
+    }
 }
 
 impl IovaCpuCache {
@@ -215,7 +214,7 @@ impl IovaCpuCache {
     #[cold]
     fn tree_alloc(&mut self, order: u32, limit: u64) -> Result<u64, IovaError> {
         let domain = self.domain.clone();
-        domain.alloc_from_tree(order, limit, Some(self))
+        domain.alloc_from_tree(order, limit, Some(&mut || self.flush()))
     }
 
     /// Frees a block: `pfn` and the `pages` it was allocated with.

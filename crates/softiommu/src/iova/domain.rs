@@ -1,12 +1,12 @@
 //! The IOVA domain: the tree, the depots, the state map, the statistics.
 
+use crate::sync::lock_std as lock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use super::cpu_cache::{CacheShared, IovaCpuCache};
 use super::gap_tree::GapTree;
 use super::linear_tree::LinearTree;
 use super::live_map::{state, LiveMap, CACHED, LIVE, RETIRED};
@@ -161,8 +161,18 @@ pub struct IovaStats {
     pub cpu_caches: u64,
 }
 
+/// What a cache publishes for [`IovaDomain::stats`]: written only by its
+/// owner (plain stores), read by whoever takes statistics.
+#[derive(Debug, Default)]
+pub(super) struct CacheShared {
+    /// The cache's id, tagging the magazines it puts in the depot.
+    pub(super) id: u32,
+    pub(super) cached: CachePadded<AtomicU64>,
+}
+
 /// An IOVA space with its caches. Share it as `Arc<IovaDomain>`; give each
-/// allocating thread its own [`IovaCpuCache`] with [`cpu_cache`](Self::cpu_cache).
+/// allocating thread its own [`IovaCpuCache`](super::IovaCpuCache) with
+/// [`cpu_cache`](Self::cpu_cache).
 ///
 /// Layout: the fields every cache call reads (bounds, parameters, the state
 /// map) share cache lines only with each other; the tree, each depot, the
@@ -192,12 +202,6 @@ struct Counters {
     cache_flushes: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Our critical sections leave the data consistent at every step that can
-    // panic (none should), so a poisoned lock is taken over.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl IovaDomain {
     /// A domain over page frames `[start_pfn, end_pfn]` with a named policy.
     /// `start_pfn` must be at least 1 (IOVA 0 is never handed out, as in Linux).
@@ -220,13 +224,13 @@ impl IovaDomain {
         policy: Option<IovaPolicy>,
         params: CacheParams,
     ) -> Result<Arc<Self>, IovaError> {
-        if start_pfn == 0 || start_pfn > end_pfn || end_pfn >= 1 << 52 || params.magazine_size == 0
-        {
+        if start_pfn == 0 || start_pfn > end_pfn || end_pfn >= 1 << 52 {
             return Err(IovaError::InvalidRange {
                 lo: start_pfn,
                 hi: end_pfn,
             });
         }
+        params.check()?;
         let tree = if params.linear_tree {
             Tree::Linear(LinearTree::new(start_pfn))
         } else {
@@ -289,8 +293,8 @@ impl IovaDomain {
         (mask >> crate::mem::PAGE_SHIFT).min(self.end_pfn)
     }
 
-    /// A per-CPU (per-thread) cache over this domain.
-    pub fn cpu_cache(self: &Arc<Self>) -> IovaCpuCache {
+    /// Registers a new per-CPU cache: its id and published state.
+    pub(super) fn register_cache(&self) -> Arc<CacheShared> {
         let id = self.counters.next_cache_id.fetch_add(1, Relaxed);
         let shared = Arc::new(CacheShared {
             id,
@@ -301,7 +305,7 @@ impl IovaDomain {
         list.push(Arc::downgrade(&shared));
         drop(list);
         self.counters.cpu_caches.fetch_add(1, Relaxed);
-        IovaCpuCache::new(self.clone(), shared)
+        shared
     }
 
     pub(super) fn cache_dropped(&self) {
@@ -340,20 +344,21 @@ impl IovaDomain {
         self.alloc_from_tree(order, limit, None)
     }
 
-    /// The tree path of an allocation. On exhaustion, gives the depots (and
-    /// the calling thread's cache) back to the tree and retries once.
+    /// The tree path of an allocation. On exhaustion, gives the depots (and,
+    /// with `flush_own`, the calling thread's cache) back to the tree and
+    /// retries once.
     pub(super) fn alloc_from_tree(
         &self,
         order: u32,
         limit: u64,
-        own: Option<&mut IovaCpuCache>,
+        flush_own: Option<&mut dyn FnMut()>,
     ) -> Result<u64, IovaError> {
         let first = lock(&self.tree).alloc(order, limit);
         let pfn = match first {
             Some(p) => p,
             None => {
-                if let Some(c) = own {
-                    c.flush();
+                if let Some(flush) = flush_own {
+                    flush();
                 }
                 self.flush_caches();
                 lock(&self.tree)
@@ -411,15 +416,29 @@ impl IovaDomain {
     }
 
     /// Marks a live block as released by its user but not free yet: an
-    /// IOVA a deferred unmap queued, which only the flush that covers it
+    /// IOVA an unmap is revoking, which only the invalidation that covers it
     /// may free (with [`IovaCpuCache::free_retired`]). Until then a second
     /// free or retire of it is refused (`NotAllocated`), as a double unmap
-    /// must be, though the block is still allocated in the tree.
+    /// must be, though the block is still allocated in the tree. One
+    /// compare-exchange: of two threads retiring one block at once, exactly
+    /// one succeeds.
     pub fn retire_block(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = order_of(pages)?;
-        self.check_live(pfn, order)?;
-        self.live.set(pfn, state(RETIRED, order));
-        Ok(())
+        if order >= 64 {
+            return Err(self.free_error(pfn, order));
+        }
+        self.live
+            .compare_exchange(pfn, state(LIVE, order), state(RETIRED, order))
+            .map_err(|_| self.free_error(pfn, order))
+    }
+
+    /// Undoes [`retire_block`](Self::retire_block) for an unmap that could
+    /// not proceed: the block is the user's again.
+    pub(crate) fn unretire_block(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+        let order = order_of(pages)?;
+        self.live
+            .compare_exchange(pfn, state(RETIRED, order), state(LIVE, order))
+            .map_err(|_| IovaError::NotRetired { pfn })
     }
 
     /// Verifies that a live block of `order` starts at `pfn`.

@@ -70,8 +70,14 @@ fn bad_input_is_a_typed_error_and_changes_nothing() {
 
 #[test]
 fn invalid_domains_and_reservations_are_refused() {
-    assert!(IovaDomain::new(0, 10, IovaPolicy::Softiommu).is_err());
-    assert!(IovaDomain::new(10, 5, IovaPolicy::Softiommu).is_err());
+    assert!(matches!(
+        IovaDomain::new(0, 10, IovaPolicy::Softiommu),
+        Err(IovaError::InvalidRange { lo: 0, hi: 10 })
+    ));
+    assert!(matches!(
+        IovaDomain::new(10, 5, IovaPolicy::Softiommu),
+        Err(IovaError::InvalidRange { lo: 10, hi: 5 })
+    ));
     for policy in IovaPolicy::ALL {
         let d = IovaDomain::new(1, END, policy).unwrap();
         d.reserve(MSI_WINDOW_PFNS.0, MSI_WINDOW_PFNS.1).unwrap();

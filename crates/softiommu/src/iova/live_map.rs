@@ -16,15 +16,20 @@
 //! the tree hands out a block there (a slow path, under the tree's lock),
 //! so the hot paths never allocate; an access then costs one more load
 //! (the chunk's base). Access is relaxed atomic loads and stores, which compile to
-//! plain moves: no read-modify-write on the hot path. The cost of that
-//! choice: a check and its update are two steps, so two threads freeing the
-//! *same* IOVA at the same instant can both pass the check. Every sequential
-//! misuse is caught.
+//! plain moves: no read-modify-write on the allocator's hot path. The cost
+//! of that choice: a check and its update are two steps, so two threads
+//! freeing the *same* IOVA through caches at the same instant can both pass
+//! the check (every sequential misuse is caught). The DMA layer does not
+//! rely on that path for its unmaps: it retires a block with one
+//! compare-exchange ([`IovaDomain::retire_block`]), so of two concurrent
+//! unmaps of one mapping exactly one proceeds.
+//!
+//! [`IovaDomain::retire_block`]: super::IovaDomain::retire_block
 
 use std::ptr::null_mut;
 use std::sync::atomic::{
     AtomicPtr, AtomicU8,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 use std::sync::Mutex;
 
@@ -142,6 +147,19 @@ impl LiveMap {
         match self.cell(pfn) {
             Some(c) => c.store(state, Relaxed),
             None => debug_assert!(state == 0, "pfn {pfn:#x} was never claimed"),
+        }
+    }
+
+    /// Replaces the state at `pfn` with `to` if it is `from`, atomically:
+    /// of two threads racing to change one block, exactly one wins.
+    /// Returns the state seen when it was not `from`.
+    #[inline]
+    pub(crate) fn compare_exchange(&self, pfn: u64, from: u8, to: u8) -> Result<(), u8> {
+        match self.cell(pfn) {
+            // AcqRel: the winner sees everything the block's last owner did
+            // before its own state change.
+            Some(c) => c.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ()),
+            None => Err(0),
         }
     }
 

@@ -2,6 +2,8 @@
 //! class (the Bonwick & Adams design, USENIX 2001, that Linux's `iova.c`
 //! rcache follows).
 
+use super::policy::MAX_MAGAZINE_SIZE;
+
 /// Unused slots before and after the entries: 128 bytes, so that no cache
 /// line holding entries is shared with another heap object (two CPUs'
 /// magazines allocated side by side would otherwise ping-pong a line).
@@ -16,8 +18,11 @@ pub(crate) struct Magazine {
 }
 
 impl Magazine {
-    /// An empty magazine.
+    /// An empty magazine of `capacity` entries (at most
+    /// [`MAX_MAGAZINE_SIZE`]: larger asks are clamped, so the sum below
+    /// cannot overflow whatever the caller passes).
     pub(crate) fn new(capacity: usize) -> Self {
+        let capacity = capacity.min(MAX_MAGAZINE_SIZE);
         Self {
             slots: vec![0; capacity + 2 * PAD].into_boxed_slice(),
             len: 0,
@@ -44,14 +49,20 @@ impl Magazine {
         self.len == self.capacity()
     }
 
-    /// Pushes `pfn`; the caller checks `is_full` first.
+    /// Pushes `pfn`; returns `false`, pushing nothing, if the magazine is
+    /// full (callers check `is_full` first).
     #[inline]
-    pub(crate) fn push(&mut self, pfn: u64) {
-        assert!(self.len < self.capacity(), "push on a full magazine");
-        // SAFETY: `PAD + len < PAD + capacity <= slots.len()`, checked above
-        // (the compiler keeps one comparison instead of two).
+    pub(crate) fn push(&mut self, pfn: u64) -> bool {
+        if self.len >= self.capacity() {
+            return false;
+        }
+        // SAFETY: `len < capacity` (checked above) and `capacity ==
+        // slots.len() - 2 * PAD` (by construction in `new`, where the sum
+        // cannot overflow), so `PAD + len < slots.len()`. (The compiler
+        // keeps this one comparison instead of a second bounds check.)
         unsafe { *self.slots.get_unchecked_mut(PAD + self.len) = pfn };
         self.len += 1;
+        true
     }
 
     /// Pops an entry at or below `limit` (the highest start a block may have
@@ -60,7 +71,9 @@ impl Magazine {
     #[inline]
     pub(crate) fn pop_below(&mut self, limit: u64) -> Option<u64> {
         let top = self.len.checked_sub(1)?;
-        // SAFETY: `top < len <= capacity`, so `PAD + top < slots.len()`.
+        // SAFETY: `top < len <= capacity` (`len` only grows in `push`, which
+        // keeps it at most `capacity`, and `capacity == slots.len() - 2 *
+        // PAD`), so `PAD + top < slots.len()`.
         let pfn = unsafe { *self.slots.get_unchecked(PAD + top) };
         if pfn <= limit {
             self.len = top;

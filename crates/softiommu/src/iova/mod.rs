@@ -41,7 +41,9 @@ mod policy;
 
 pub use cpu_cache::IovaCpuCache;
 pub use domain::{BlockState, IovaBlock, IovaDomain, IovaStats};
-pub use policy::{CacheParams, DepotRule, IovaPolicy, WhenFull};
+pub use policy::{
+    CacheParams, DepotRule, IovaPolicy, WhenFull, MAX_CACHED_ORDER, MAX_DEPOT, MAX_MAGAZINE_SIZE,
+};
 
 use crate::mem::MemError;
 
@@ -118,6 +120,18 @@ pub enum IovaError {
         lo: u64,
         /// Last frame.
         hi: u64,
+    },
+    /// A cache parameter is out of range (see [`CacheParams::check`]).
+    #[error("cache parameter {field} = {value} is outside [{min}, {max}]")]
+    InvalidParams {
+        /// The parameter.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The smallest accepted.
+        min: u64,
+        /// The largest accepted.
+        max: u64,
     },
     /// A domain with `start_pfn > end_pfn`, a start of zero, or an inverted range.
     #[error("invalid pfn range {lo:#x}..={hi:#x}")]

@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use super::IovaError;
+
 /// Which allocator design an [`IovaDomain`](super::IovaDomain) runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IovaPolicy {
@@ -120,6 +122,61 @@ pub struct CacheParams {
     /// state bytes in shared cache lines; measured on `bench iova --threads
     /// 2`, plain LIFO halves per-thread throughput.
     pub affine_depot: bool,
+}
+
+/// The largest magazine: 4,096 IOVAs (32 KiB), 32 times Linux's.
+pub const MAX_MAGAZINE_SIZE: usize = 4096;
+/// The largest cached order: blocks of up to 2^20 pages (4 GiB) in the
+/// caches, far past any DMA segment (a class costs two magazines per CPU).
+pub const MAX_CACHED_ORDER: u32 = 20;
+/// The largest depot bound, in magazines.
+pub const MAX_DEPOT: usize = 1 << 16;
+
+impl CacheParams {
+    /// Checks every field against its range: a magazine of 1 to
+    /// [`MAX_MAGAZINE_SIZE`] entries, orders up to [`MAX_CACHED_ORDER`],
+    /// depot bounds up to [`MAX_DEPOT`], periods of at most an hour.
+    pub fn check(&self) -> Result<(), IovaError> {
+        let range = |field, value: u64, min: u64, max: u64| {
+            if (min..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(IovaError::InvalidParams {
+                    field,
+                    value,
+                    min,
+                    max,
+                })
+            }
+        };
+        let hour = Duration::from_secs(3600).as_nanos() as u64;
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        range(
+            "magazine_size",
+            self.magazine_size as u64,
+            1,
+            MAX_MAGAZINE_SIZE as u64,
+        )?;
+        range(
+            "max_cached_order",
+            u64::from(self.max_cached_order),
+            0,
+            u64::from(MAX_CACHED_ORDER),
+        )?;
+        match self.depot {
+            DepotRule::Bounded {
+                capacity, per_cpu, ..
+            } => {
+                range("depot.capacity", capacity as u64, 0, MAX_DEPOT as u64)?;
+                range("depot.per_cpu", per_cpu as u64, 0, MAX_DEPOT as u64)?;
+            }
+            DepotRule::TrimToCpus { every } => range("depot.every", ns(every), 1, hour)?,
+        }
+        if let Some(t) = self.idle_trim {
+            range("idle_trim", ns(t), 1, hour)?;
+        }
+        Ok(())
+    }
 }
 
 /// How a size class's depot of full magazines is bounded.

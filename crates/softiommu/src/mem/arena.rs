@@ -1,14 +1,22 @@
 //! The physical-memory arena: bounds-checked byte access and frame allocation.
 
+#![deny(clippy::indexing_slicing)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::frames::{Buddy, FrameStats};
-use super::{MemError, PhysAddr, Reservation, PAGE_SHIFT, PAGE_SIZE};
+use super::frames::{Buddy, FrameOwner, FrameStats};
+use super::reservation::Reservation;
+use super::{MemError, PhysAddr, PAGE_SHIFT, PAGE_SIZE};
 
 /// Blocks of this order or larger are handed back to the kernel when freed
 /// (2 MiB): large DMA buffers should not keep memory committed once freed.
 const DISCARD_ORDER: u32 = 9;
+
+/// The largest arena: 4 TiB (2^42 bytes) of address space, well inside a
+/// 47-bit user address space, and far below the 52-bit physical addresses
+/// VT-d tables can name.
+pub const MAX_ARENA_BYTES: u64 = 1 << 42;
 
 /// A sparse arena of physical memory with a page-frame allocator.
 ///
@@ -19,18 +27,33 @@ pub struct PhysMemory {
     region: Reservation,
     size: u64,
     frames: Mutex<Buddy>,
+    /// One bit per frame, set while the frame belongs to the IOMMU
+    /// ([`FrameOwner::Iommu`]): read without a lock by the checks that keep
+    /// devices and descriptors off those frames.
+    iommu_frames: Reservation,
 }
 
 impl PhysMemory {
-    /// Reserves an arena of `size` bytes (rounded up to 4 KiB). Nothing is
-    /// committed until touched.
+    /// Reserves an arena of `size` bytes (rounded up to 4 KiB; at most
+    /// [`MAX_ARENA_BYTES`]). Nothing is committed until touched.
     pub fn new(size: u64) -> Result<Self, MemError> {
-        let size = size.max(PAGE_SIZE).next_multiple_of(PAGE_SIZE);
+        let size = match size.max(PAGE_SIZE).checked_next_multiple_of(PAGE_SIZE) {
+            Some(s) if s <= MAX_ARENA_BYTES => s,
+            _ => {
+                return Err(MemError::TooLarge {
+                    size,
+                    max: MAX_ARENA_BYTES,
+                })
+            }
+        };
         let region = Reservation::new(size)?;
+        let frames = size >> PAGE_SHIFT;
+        let iommu_frames = Reservation::new(frames.div_ceil(64) * 8)?;
         Ok(Self {
             region,
             size,
-            frames: Mutex::new(Buddy::new(size >> PAGE_SHIFT)),
+            frames: Mutex::new(Buddy::new(frames)),
+            iommu_frames,
         })
     }
 
@@ -140,29 +163,133 @@ impl PhysMemory {
     /// Allocates a naturally aligned block of 2^`order` frames; its contents
     /// are unspecified (zero if never used).
     pub fn alloc_frames(&self, order: u32) -> Result<PhysAddr, MemError> {
-        let pfn = self.lock_frames().alloc(order)?;
-        Ok(pfn << PAGE_SHIFT)
+        self.alloc_owned(order, FrameOwner::User)
     }
 
     /// Allocates a block as [`alloc_frames`](Self::alloc_frames) and zeroes it.
     pub fn alloc_zeroed_frames(&self, order: u32) -> Result<PhysAddr, MemError> {
-        let addr = self.alloc_frames(order)?;
+        self.alloc_zeroed_owned(order, FrameOwner::User)
+    }
+
+    /// Frees a block returned by `alloc_frames` with the same order. Blocks of
+    /// 2 MiB and more give their memory back to the kernel. A block the
+    /// IOMMU or the DMA layer owns is refused ([`MemError::NotOwner`]).
+    pub fn free_frames(&self, addr: PhysAddr, order: u32) -> Result<(), MemError> {
+        self.free_owned(addr, order, FrameOwner::User)
+    }
+
+    /// Allocates a block for `owner`.
+    pub(crate) fn alloc_owned(&self, order: u32, owner: FrameOwner) -> Result<PhysAddr, MemError> {
+        let mut frames = self.lock_frames();
+        let pfn = frames.alloc(order, owner)?;
+        if owner == FrameOwner::Iommu {
+            self.mark_iommu(pfn, order, true);
+        }
+        Ok(pfn << PAGE_SHIFT)
+    }
+
+    /// Allocates a zeroed block for `owner`.
+    pub(crate) fn alloc_zeroed_owned(
+        &self,
+        order: u32,
+        owner: FrameOwner,
+    ) -> Result<PhysAddr, MemError> {
+        let addr = self.alloc_owned(order, owner)?;
         self.fill(addr, PAGE_SIZE << order, 0)?;
         Ok(addr)
     }
 
-    /// Frees a block returned by `alloc_frames` with the same order. Blocks of
-    /// 2 MiB and more give their memory back to the kernel.
-    pub fn free_frames(&self, addr: PhysAddr, order: u32) -> Result<(), MemError> {
+    /// Frees a block `owner` allocated.
+    pub(crate) fn free_owned(
+        &self,
+        addr: PhysAddr,
+        order: u32,
+        owner: FrameOwner,
+    ) -> Result<(), MemError> {
         if !addr.is_multiple_of(PAGE_SIZE) {
             return Err(MemError::Unaligned {
                 addr,
                 align: PAGE_SIZE,
             });
         }
-        self.lock_frames().free(addr >> PAGE_SHIFT, order)?;
+        let mut frames = self.lock_frames();
+        frames.free(addr >> PAGE_SHIFT, order, owner)?;
+        if owner == FrameOwner::Iommu {
+            self.mark_iommu(addr >> PAGE_SHIFT, order, false);
+        }
+        drop(frames);
         if order >= DISCARD_ORDER {
-            self.region.discard(addr, PAGE_SIZE << order);
+            // A freed block lies inside the arena: it was allocated there.
+            let _ = self.region.discard(addr, PAGE_SIZE << order);
+        }
+        Ok(())
+    }
+
+    /// The word of the IOMMU-frame bitmap holding frame `pfn`'s bit.
+    fn iommu_word(&self, pfn: u64) -> Option<&AtomicU64> {
+        let byte = (pfn / 64) * 8;
+        if byte + 8 > self.iommu_frames.len() {
+            return None;
+        }
+        // SAFETY: `byte + 8 <= len`, so the word lies inside the bitmap's
+        // reservation, which is page aligned (so the word is 8-byte
+        // aligned) and lives as long as `self`; every access is atomic.
+        Some(unsafe { AtomicU64::from_ptr(self.iommu_frames.base().add(byte as usize).cast()) })
+    }
+
+    /// Sets or clears the IOMMU bits of a block (under the frame lock).
+    fn mark_iommu(&self, pfn: u64, order: u32, set: bool) {
+        for f in pfn..pfn + (1u64 << order) {
+            if let Some(w) = self.iommu_word(f) {
+                let bit = 1u64 << (f % 64);
+                // Release / Acquire in `is_iommu_frame`: the bit is seen
+                // set before anything written into the frame after.
+                if set {
+                    w.fetch_or(bit, Ordering::Release);
+                } else {
+                    w.fetch_and(!bit, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// Whether the frame holding `addr` belongs to the IOMMU (an
+    /// invalidation ring, a page-table page, a bounce pool): memory no
+    /// device may be given and no descriptor may write.
+    pub fn is_iommu_frame(&self, addr: PhysAddr) -> bool {
+        let pfn = addr >> PAGE_SHIFT;
+        self.iommu_word(pfn)
+            .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (pfn % 64)) != 0)
+    }
+
+    /// Checks that `[addr, addr + len)` lies in the arena and touches no
+    /// frame of the IOMMU: what may be handed to a device. One load per 64
+    /// frames.
+    pub fn check_device_range(&self, addr: PhysAddr, len: u64) -> Result<(), MemError> {
+        self.check(addr, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (first, last) = (addr >> PAGE_SHIFT, (addr + len - 1) >> PAGE_SHIFT);
+        let mut pfn = first;
+        while pfn <= last {
+            let hi = (pfn | 63).min(last);
+            let span = hi - pfn + 1;
+            let mask = if span == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << span) - 1) << (pfn % 64)
+            };
+            if let Some(w) = self.iommu_word(pfn) {
+                let hit = w.load(Ordering::Acquire) & mask;
+                if hit != 0 {
+                    let at = (pfn & !63) + u64::from(hit.trailing_zeros());
+                    return Err(MemError::IommuFrame {
+                        addr: at << PAGE_SHIFT,
+                    });
+                }
+            }
+            pfn = hi + 1;
         }
         Ok(())
     }
@@ -181,6 +308,7 @@ impl PhysMemory {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
@@ -256,6 +384,53 @@ mod tests {
         ));
         m.free_frames(b, 0).unwrap();
         assert_eq!(m.frame_stats().allocated_frames, 0);
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused() {
+        assert_eq!(
+            PhysMemory::new(u64::MAX).unwrap_err(),
+            MemError::TooLarge {
+                size: u64::MAX,
+                max: MAX_ARENA_BYTES
+            }
+        );
+        assert!(matches!(
+            PhysMemory::new(MAX_ARENA_BYTES + 1),
+            Err(MemError::TooLarge { .. })
+        ));
+        assert_eq!(PhysMemory::new(0).unwrap().size(), PAGE_SIZE);
+    }
+
+    #[test]
+    fn iommu_frames_are_neither_freed_nor_given_to_devices() {
+        let m = PhysMemory::new(1 << 20).unwrap();
+        let user = m.alloc_frames(0).unwrap();
+        let ring = m.alloc_zeroed_owned(1, FrameOwner::Iommu).unwrap();
+        assert!(m.is_iommu_frame(ring + 4096 + 8) && !m.is_iommu_frame(user));
+        assert_eq!(
+            m.free_frames(ring, 1),
+            Err(MemError::NotOwner {
+                addr: ring,
+                owner: FrameOwner::Iommu
+            })
+        );
+        m.check_device_range(user, 4096).unwrap();
+        assert_eq!(
+            m.check_device_range(ring - 4096, 3 * 4096),
+            Err(MemError::IommuFrame { addr: ring })
+        );
+        assert_eq!(
+            m.check_device_range(0, 1 << 20),
+            Err(MemError::IommuFrame { addr: ring })
+        );
+        assert!(matches!(
+            m.check_device_range(1 << 20, 1),
+            Err(MemError::OutOfRange { .. })
+        ));
+        m.free_owned(ring, 1, FrameOwner::Iommu).unwrap();
+        assert!(!m.is_iommu_frame(ring));
+        m.check_device_range(0, 1 << 20).unwrap();
     }
 
     #[test]

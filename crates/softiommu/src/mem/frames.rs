@@ -16,6 +16,22 @@ use super::MemError;
 /// leaf size, so a 1 GiB page can be backed by one block.
 pub const MAX_FRAME_ORDER: u32 = 18;
 
+/// Who a block of frames belongs to, recorded at allocation and checked at
+/// every free: a block is freed only by the kind of owner that took it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameOwner {
+    /// Taken through [`PhysMemory::alloc_frames`](super::PhysMemory::alloc_frames):
+    /// the caller's to use and to free.
+    User,
+    /// The IOMMU's own structures: invalidation rings, page-table pages,
+    /// bounce pools. Never freed through the public API, never mapped for a
+    /// device, never the target of a descriptor's status write.
+    Iommu,
+    /// A DMA coherent allocation: freed only through the DMA API
+    /// (`DmaCpu::free_coherent`).
+    Coherent,
+}
+
 /// Counts describing the frame allocator's state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FrameStats {
@@ -31,7 +47,7 @@ pub struct FrameStats {
 #[derive(Debug)]
 pub(crate) struct Buddy {
     free: Vec<BTreeSet<u64>>,
-    allocated: HashMap<u64, u32>,
+    allocated: HashMap<u64, (u32, FrameOwner)>,
     stats: FrameStats,
 }
 
@@ -58,7 +74,7 @@ impl Buddy {
         }
     }
 
-    pub(crate) fn alloc(&mut self, order: u32) -> Result<u64, MemError> {
+    pub(crate) fn alloc(&mut self, order: u32, owner: FrameOwner) -> Result<u64, MemError> {
         if order > MAX_FRAME_ORDER {
             return Err(MemError::OrderTooLarge {
                 order,
@@ -69,21 +85,28 @@ impl Buddy {
             .find(|&o| !self.free[o as usize].is_empty())
             .ok_or(MemError::OutOfFrames { order })?;
         // Take the lowest block: keeps use compact at the bottom of the arena.
+        // `find` above saw the list non-empty, and nothing ran since.
         let pfn = self.free[from as usize]
             .pop_first()
-            .expect("non-empty list");
+            .ok_or(MemError::OutOfFrames { order })?;
         for o in (order..from).rev() {
             self.free[o as usize].insert(pfn + (1 << o));
         }
-        self.allocated.insert(pfn, order);
+        self.allocated.insert(pfn, (order, owner));
         self.stats.allocated_frames += 1 << order;
         self.stats.allocated_blocks += 1;
         Ok(pfn)
     }
 
-    pub(crate) fn free(&mut self, pfn: u64, order: u32) -> Result<(), MemError> {
+    pub(crate) fn free(&mut self, pfn: u64, order: u32, owner: FrameOwner) -> Result<(), MemError> {
         match self.allocated.get(&pfn) {
-            Some(&o) if o == order => {}
+            Some(&(o, w)) if o == order && w == owner => {}
+            Some(&(o, w)) if o == order => {
+                return Err(MemError::NotOwner {
+                    addr: pfn << 12,
+                    owner: w,
+                })
+            }
             _ => {
                 return Err(MemError::NotAllocated {
                     addr: pfn << 12,
@@ -116,15 +139,17 @@ impl Buddy {
 mod tests {
     use super::*;
 
+    const U: FrameOwner = FrameOwner::User;
+
     #[test]
     fn split_and_merge_restore_the_initial_state() {
         let mut b = Buddy::new(1 << 10);
-        let a = b.alloc(0).unwrap();
-        let c = b.alloc(3).unwrap();
+        let a = b.alloc(0, U).unwrap();
+        let c = b.alloc(3, U).unwrap();
         assert_eq!(c % 8, 0, "blocks are naturally aligned");
         assert_ne!(a, c);
-        b.free(a, 0).unwrap();
-        b.free(c, 3).unwrap();
+        b.free(a, 0, U).unwrap();
+        b.free(c, 3, U).unwrap();
         assert_eq!(b.stats().allocated_frames, 0);
         assert_eq!(b.free[10].len(), 1, "everything merged back into one block");
     }
@@ -132,26 +157,53 @@ mod tests {
     #[test]
     fn double_and_wrong_order_frees_are_errors() {
         let mut b = Buddy::new(64);
-        let a = b.alloc(2).unwrap();
-        assert!(matches!(b.free(a, 1), Err(MemError::NotAllocated { .. })));
-        b.free(a, 2).unwrap();
-        assert!(matches!(b.free(a, 2), Err(MemError::NotAllocated { .. })));
-        assert!(matches!(b.free(999, 0), Err(MemError::NotAllocated { .. })));
+        let a = b.alloc(2, U).unwrap();
+        assert!(matches!(
+            b.free(a, 1, U),
+            Err(MemError::NotAllocated { .. })
+        ));
+        b.free(a, 2, U).unwrap();
+        assert!(matches!(
+            b.free(a, 2, U),
+            Err(MemError::NotAllocated { .. })
+        ));
+        assert!(matches!(
+            b.free(999, 0, U),
+            Err(MemError::NotAllocated { .. })
+        ));
+    }
+
+    #[test]
+    fn a_block_is_freed_only_by_its_kind_of_owner() {
+        let mut b = Buddy::new(64);
+        let a = b.alloc(0, FrameOwner::Iommu).unwrap();
+        assert_eq!(
+            b.free(a, 0, U),
+            Err(MemError::NotOwner {
+                addr: a << 12,
+                owner: FrameOwner::Iommu
+            })
+        );
+        assert_eq!(b.stats().allocated_blocks, 1, "nothing changed");
+        b.free(a, 0, FrameOwner::Iommu).unwrap();
     }
 
     #[test]
     fn exhaustion_is_an_error() {
         let mut b = Buddy::new(4);
-        b.alloc(2).unwrap();
-        assert_eq!(b.alloc(0), Err(MemError::OutOfFrames { order: 0 }));
-        assert!(matches!(b.alloc(40), Err(MemError::OrderTooLarge { .. })));
+        b.alloc(2, U).unwrap();
+        assert_eq!(b.alloc(0, U), Err(MemError::OutOfFrames { order: 0 }));
+        assert!(matches!(
+            b.alloc(40, U),
+            Err(MemError::OrderTooLarge { .. })
+        ));
     }
 
     #[test]
     fn odd_sized_arenas_are_carved_fully() {
         let mut b = Buddy::new(13);
         let mut got = 0;
-        while b.alloc(0).is_ok() {
+        while b.alloc(0, U).is_ok() {
             got += 1;
         }
         assert_eq!(got, 13);

@@ -19,9 +19,9 @@ mod arena;
 pub(crate) mod frames;
 mod reservation;
 
-pub use arena::PhysMemory;
-pub use frames::{FrameStats, MAX_FRAME_ORDER};
-pub use reservation::Reservation;
+pub use arena::{PhysMemory, MAX_ARENA_BYTES};
+pub use frames::{FrameOwner, FrameStats, MAX_FRAME_ORDER};
+pub(crate) use reservation::Reservation;
 
 /// A physical address: a byte offset into a [`PhysMemory`] arena.
 pub type PhysAddr = u64;
@@ -73,6 +73,30 @@ pub enum MemError {
         addr: PhysAddr,
         /// The order given.
         order: u32,
+    },
+    /// The arena asked for is larger than [`MAX_ARENA_BYTES`].
+    #[error("an arena of {size:#x} bytes is larger than the maximum {max:#x}")]
+    TooLarge {
+        /// The size asked for.
+        size: u64,
+        /// The largest arena.
+        max: u64,
+    },
+    /// A free named a block that another kind of owner allocated (the
+    /// IOMMU's own frames, or a DMA coherent allocation).
+    #[error("block {addr:#x} belongs to {owner:?} and cannot be freed here")]
+    NotOwner {
+        /// The block freed.
+        addr: PhysAddr,
+        /// Who owns it.
+        owner: FrameOwner,
+    },
+    /// A range handed to a device touches a frame of the IOMMU's own
+    /// structures (a ring, a page-table page, a bounce pool).
+    #[error("physical frame {addr:#x} belongs to the IOMMU and cannot be given to a device")]
+    IommuFrame {
+        /// The first such frame.
+        addr: PhysAddr,
     },
     /// `mmap` refused to reserve the arena.
     #[error("could not reserve {len:#x} bytes of address space (errno {errno})")]

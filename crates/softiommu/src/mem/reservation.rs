@@ -63,19 +63,32 @@ impl Reservation {
         self.len as u64
     }
 
-    /// Whether the mapping is empty (never: a reservation is at least a page).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Gives the backing memory of `[offset, offset + len)` back to the
-    /// kernel; the range reads as zero afterwards. Both must be 4 KiB aligned.
-    pub fn discard(&self, offset: u64, len: u64) {
-        debug_assert!(offset.is_multiple_of(4096) && len.is_multiple_of(4096));
-        debug_assert!(offset + len <= self.len as u64);
-        // SAFETY: the range lies inside our own mapping (checked by callers
-        // and asserted above); MADV_DONTNEED on private anonymous memory only
-        // drops its contents, which callers no longer need.
+    /// kernel; the range reads as zero afterwards. Both must be 4 KiB
+    /// aligned and the range inside the mapping, else nothing is done and
+    /// [`MemError::OutOfRange`] or [`MemError::Unaligned`] is returned.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<(), MemError> {
+        for v in [offset, len] {
+            if !v.is_multiple_of(4096) {
+                return Err(MemError::Unaligned {
+                    addr: v,
+                    align: 4096,
+                });
+            }
+        }
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.len as u64)
+        {
+            return Err(MemError::OutOfRange {
+                addr: offset,
+                len,
+                size: self.len as u64,
+            });
+        }
+        // SAFETY: the range lies inside our own mapping (checked above);
+        // MADV_DONTNEED on private anonymous memory only drops its
+        // contents, which callers no longer need.
         unsafe {
             libc::madvise(
                 self.base.add(offset as usize).cast(),
@@ -83,6 +96,7 @@ impl Reservation {
                 libc::MADV_DONTNEED,
             );
         }
+        Ok(())
     }
 }
 
@@ -110,7 +124,19 @@ mod tests {
             *r.base().add(63usize << 30) = 7;
             assert_eq!(*r.base().add(63usize << 30), 7);
         }
-        r.discard(63u64 << 30, 4096);
+        r.discard(63u64 << 30, 4096).unwrap();
+        assert!(matches!(
+            r.discard(64u64 << 30, 4096),
+            Err(MemError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            r.discard(u64::MAX - 4095, 8192),
+            Err(MemError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            r.discard(100, 4096),
+            Err(MemError::Unaligned { addr: 100, .. })
+        ));
         // SAFETY: as above.
         unsafe { assert_eq!(*r.base().add(63usize << 30), 0) };
     }

@@ -155,6 +155,7 @@ const NO_LINE: PhysAddr = u64::MAX;
 impl LineFlusher {
     /// A flusher that flushes with `method`, or an inactive one for `None`
     /// (a coherent walker). Fails if the CPU lacks the method.
+    #[cfg(test)]
     pub fn new(method: Option<FlushMethod>) -> Result<Self, super::PgtableError> {
         match method {
             Some(m) if !m.is_supported() => {
@@ -179,11 +180,6 @@ impl LineFlusher {
     /// Whether this flusher flushes (the walker is not coherent).
     pub fn is_active(&self) -> bool {
         self.method.is_some()
-    }
-
-    /// The method used, `None` if inactive.
-    pub fn method(&self) -> Option<FlushMethod> {
-        self.method
     }
 
     /// Records that the line holding `addr` was written.

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::PgtableError;
-use crate::mem::{MemError, PhysAddr, PhysMemory};
+use crate::mem::{FrameOwner, MemError, PhysAddr, PhysMemory};
 
 /// Table pages leaked by gathers dropped before their invalidation
 /// completed, process-wide. Should stay zero; a test or a lab run can check.
@@ -120,7 +120,7 @@ impl IotlbGather {
         let mut result = Ok(n);
         if let Some(mem) = self.mem.take() {
             for page in self.freed.drain(..) {
-                if let Err(e) = mem.free_frames(page, 0) {
+                if let Err(e) = mem.free_owned(page, 0, FrameOwner::Iommu) {
                     // Cannot happen for pages an unmap gathered; report the
                     // first failure after trying the rest.
                     if result.is_ok() {
@@ -168,8 +168,8 @@ mod tests {
     #[test]
     fn pages_are_freed_only_on_completion() {
         let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
-        let a = mem.alloc_zeroed_frames(0).unwrap();
-        let b = mem.alloc_zeroed_frames(0).unwrap();
+        let a = mem.alloc_zeroed_owned(0, FrameOwner::Iommu).unwrap();
+        let b = mem.alloc_zeroed_owned(0, FrameOwner::Iommu).unwrap();
         let mut g = IotlbGather::new();
         g.check_memory(&mem).unwrap();
         g.add_freed_table(&mem, a);
@@ -186,7 +186,7 @@ mod tests {
         let m1 = Arc::new(PhysMemory::new(1 << 20).unwrap());
         let m2 = Arc::new(PhysMemory::new(1 << 20).unwrap());
         let mut g = IotlbGather::new();
-        g.add_freed_table(&m1, m1.alloc_frames(0).unwrap());
+        g.add_freed_table(&m1, m1.alloc_owned(0, FrameOwner::Iommu).unwrap());
         assert_eq!(g.check_memory(&m2), Err(PgtableError::GatherMismatch));
         g.complete().unwrap();
         assert_eq!(g.check_memory(&m2), Ok(()));
@@ -198,7 +198,7 @@ mod tests {
         let before = leaked_table_pages();
         {
             let mut g = IotlbGather::new();
-            g.add_freed_table(&mem, mem.alloc_frames(0).unwrap());
+            g.add_freed_table(&mem, mem.alloc_owned(0, FrameOwner::Iommu).unwrap());
         }
         assert!(leaked_table_pages() > before);
         assert_eq!(mem.frame_stats().allocated_frames, 1, "still allocated");

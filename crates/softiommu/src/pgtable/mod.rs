@@ -37,12 +37,10 @@ mod vtd;
 #[cfg(test)]
 mod vtd_tests;
 
-pub use cache_flush::{FlushMethod, LineFlusher, CACHE_LINE};
+pub use cache_flush::{FlushMethod, CACHE_LINE};
 pub use gather::{leaked_table_pages, IotlbGather};
-pub use vtd::{
-    decode_entry, level_index, level_shift, walk, SlEntry, VtdConfig, VtdPageTable, ECAP_C,
-    SL_ADDR_MASK, SL_PS, SL_R, SL_W, VTD_ADDR_BITS, VTD_IOVA_BITS, VTD_LEVELS,
-};
+pub(crate) use vtd::{decode_entry, level_index, SlEntry};
+pub use vtd::{VtdConfig, VtdPageTable, ECAP_C, VTD_ADDR_BITS, VTD_IOVA_BITS, VTD_LEVELS};
 
 use std::fmt;
 use std::ops::{AddAssign, BitAnd, BitOr};

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::vtd::{level_index, level_shift, SL_ADDR_MASK, SL_PS, SL_R, SL_W};
 use super::*;
 use crate::mem::{MemError, PhysMemory, PAGE_SIZE};
 

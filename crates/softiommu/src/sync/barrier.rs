@@ -31,7 +31,7 @@
 use std::sync::atomic::compiler_fence;
 use std::sync::OnceLock;
 
-use super::sync::{fence, Ordering};
+use super::{fence, Ordering};
 
 /// Which fence pair a unit's drain uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
