@@ -268,6 +268,8 @@ struct Batch {
 /// The device thread's state.
 struct Worker {
     mem: DeviceMemory,
+    /// The view `mem` translates through, for its sections.
+    view: UnitIommu,
     dma: DmaAccessor,
     attrs: DmaAttrs,
     port: WirePort,
@@ -298,13 +300,14 @@ impl Worker {
         let view = UnitIommu::new(system.clone(), sid).map_err(setup)?;
         let mem = IommuMemory::new(
             PhysGuestMemory::new(system.memory().clone()),
-            view,
+            view.clone(),
             true,
             (),
         );
         let max_frame = cfg.net.max_frame();
         Ok(Self {
             mem,
+            view,
             dma,
             attrs: cfg.attrs,
             port,
@@ -319,13 +322,24 @@ impl Worker {
     }
 
     fn run(mut self, end: &DeviceEnd, stop: &AtomicBool, idle_wait: Duration) {
+        let view = self.view.clone();
         while !stop.load(Ordering::Acquire) {
             let _ = end.take_notified();
-            let (tx, rx) = {
+            // One batch per queue, inside one translation section: every
+            // ring and buffer access of the batch completes before a
+            // driver's invalidation wait does (an unmapped buffer is never
+            // written after its unmap returns).
+            let batch = |w: &mut Self| {
                 let mut eng = end.lock();
-                let tx = self.tx_batch(&mut eng, end);
-                let rx = self.rx_batch(&mut eng, end);
+                let tx = w.tx_batch(&mut eng, end);
+                let rx = w.rx_batch(&mut eng, end);
                 (tx, rx)
+            };
+            let (tx, rx) = match view.section(|| batch(&mut self)) {
+                Ok(r) => r,
+                // No translator for the section (cannot happen once the
+                // worker exists): each access still holds its own.
+                Err(_) => batch(&mut self),
             };
             if tx.used + rx.used > 0 {
                 bump(&self.counters.batches, 1);
