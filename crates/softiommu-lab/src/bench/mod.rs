@@ -4,5 +4,7 @@ pub mod access;
 pub mod dma;
 pub mod iova;
 pub mod iova_peers;
+pub mod packet;
 pub mod pgtable;
+pub mod ring;
 pub mod translate;
