@@ -115,9 +115,10 @@ pub struct IperfTcpRow {
     /// This row's throughput over the coherent row's of the same policy.
     pub vs_coherent: Option<f64>,
     /// Measured beside the estimate: the share of this row's driver CPU
-    /// per GB above the coherent row's of the same policy, 0..=1 (every
-    /// effect of a non-coherent walk, flushes and fences and what they
-    /// displace; noisy, since it is the difference of two runs).
+    /// per GB above the coherent row's of the same policy (every effect
+    /// of a non-coherent walk, flushes and fences and what they displace;
+    /// the difference of two runs, so noisy: a negative share means the
+    /// difference is within the noise).
     pub cpu_above_coherent_share: Option<f64>,
 }
 
@@ -253,7 +254,7 @@ pub fn run(args: &IperfTcpArgs) -> LabResult<Report> {
         };
         r.vs_coherent = (mbit_s > 0.0).then(|| r.mbit_s / mbit_s);
         if r.walk != Walk::Coherent.name() && r.cpu_s_per_gb > 0.0 {
-            r.cpu_above_coherent_share = Some(((r.cpu_s_per_gb - cpu) / r.cpu_s_per_gb).max(0.0));
+            r.cpu_above_coherent_share = Some((r.cpu_s_per_gb - cpu) / r.cpu_s_per_gb);
         }
     }
     let r = IperfTcpReport {
