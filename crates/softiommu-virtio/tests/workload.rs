@@ -24,7 +24,11 @@ fn a_udp_stream_moves_datagrams_and_reports_cpu_apart() {
         })
         .unwrap();
         assert!(r.tx_packets > 0 && r.rx_packets > 0, "{r:?}");
-        assert!(r.rx_packets <= r.tx_packets + 64, "{r:?}");
+        // The window's edges are not a barrier: datagrams sent before it
+        // (queued in A's socket and ring, the wire, B's ring and socket)
+        // may be received in it, more of them on a loaded machine.
+        let in_flight = 64 + 256 + 1024 + 256 + 4096;
+        assert!(r.rx_packets <= r.tx_packets + in_flight, "{r:?}");
         assert!(
             r.driver_cpu_us_per_pkt > 0.0 && r.device_cpu_us_per_pkt > 0.0,
             "{r:?}"
