@@ -304,8 +304,8 @@ fn report(r: &NetperfReport, args: &NetperfArgs, pinning: &str) -> Report {
         vec![
             Column::label("policy"),
             Column::label("ordering"),
-            Column::metric("tx_mpps", "sent", Unit::Mpps, 3).modelled_if(m),
-            Column::metric("rx_mpps", "received", Unit::Mpps, 3).modelled_if(m),
+            Column::metric("tx_kpps", "sent", Unit::Kpps, 1).modelled_if(m),
+            Column::metric("rx_kpps", "received", Unit::Kpps, 1).modelled_if(m),
             Column::metric("drops", "drops", Unit::Count, 0),
             Column::metric("driver_us_per_pkt", "service demand", Unit::UsPerPkt, 3)
                 .modelled_if(m),
@@ -322,8 +322,8 @@ fn report(r: &NetperfReport, args: &NetperfArgs, pinning: &str) -> Report {
         t.row(vec![
             x.policy.clone().into(),
             x.ordering.clone().into(),
-            (x.tx_pps / 1e6).into(),
-            (x.rx_pps / 1e6).into(),
+            (x.tx_pps / 1e3).into(),
+            (x.rx_pps / 1e3).into(),
             x.drops.into(),
             x.driver_cpu_us_per_pkt.into(),
             x.service_demand_vs_passthrough.into(),

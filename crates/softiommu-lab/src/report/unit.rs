@@ -23,6 +23,9 @@ pub enum Unit {
     /// Million packets per second.
     #[serde(rename = "Mpps")]
     Mpps,
+    /// Thousand packets (or datagrams) per second.
+    #[serde(rename = "kpps")]
+    Kpps,
     /// Million operations per second.
     #[serde(rename = "M ops/s")]
     MopsPerS,
@@ -76,7 +79,7 @@ pub enum Unit {
 impl Unit {
     /// Every unit.
     #[cfg(test)]
-    pub const ALL: [Unit; 22] = [
+    pub const ALL: [Unit; 23] = [
         Unit::Ns,
         Unit::Us,
         Unit::Ms,
@@ -99,6 +102,7 @@ impl Unit {
         Unit::MbitPerS,
         Unit::SPerGb,
         Unit::LinesPerGb,
+        Unit::Kpps,
     ];
 
     /// The symbol printed in headers and stored in the database.
@@ -110,6 +114,7 @@ impl Unit {
             Unit::S => "s",
             Unit::UsPerPkt => "µs/pkt",
             Unit::Mpps => "Mpps",
+            Unit::Kpps => "kpps",
             Unit::MopsPerS => "M ops/s",
             Unit::PercentCpu => "%CPU",
             Unit::Percent => "%",
@@ -139,7 +144,7 @@ impl Unit {
     /// or neither; `compare` and the seed verdicts use it.
     pub fn better(self) -> Better {
         match self {
-            Unit::Mpps | Unit::MopsPerS | Unit::MbitPerS => Better::Higher,
+            Unit::Mpps | Unit::Kpps | Unit::MopsPerS | Unit::MbitPerS => Better::Higher,
             Unit::Ns
             | Unit::Us
             | Unit::Ms
