@@ -78,10 +78,11 @@
 //!
 //! # Zero copy
 //!
-//! [`DmaAccessor::map`] translates a range once and returns a
-//! [`DmaMapping`] for bulk copies with no translation or fence per access;
-//! it holds the translation section open, so it can never outlive the wait
-//! of an unmap that revokes it: the wait waits for it.
+//! [`DmaAccessor::with_map`] translates a range once and lends a
+//! [`DmaMapping`] to a closure, for bulk copies with no translation or
+//! fence per access; it holds the translation section open while the
+//! closure runs, so it can never outlive the wait of an unmap that revokes
+//! it (the wait waits for it), and it cannot be leaked.
 //!
 //! # rust-vmm
 //!

@@ -16,7 +16,7 @@ use super::policy::{DmaDirection, DmaPolicy};
 use super::slot::CpuSlot;
 use crate::iova::{IovaCpuCache, IovaError};
 use crate::mem::{FrameOwner, PhysAddr, PAGE_SHIFT, PAGE_SIZE};
-use crate::pgtable::{IoPageTable, IotlbGather, Perm, PgtableError};
+use crate::pgtable::{IoPageTable, IotlbGather, LeafHint, Perm, PgtableError};
 use crate::sync::lock_std as lock;
 
 /// One entry of a scatter list: a physically contiguous piece of a buffer.
@@ -62,6 +62,8 @@ struct Work {
     cache: IovaCpuCache,
     gather: IotlbGather,
     pushes: u32,
+    /// The last leaf table this CPU mapped or unmapped in.
+    hint: LeafHint,
 }
 
 /// A CPU checks its own queue's age every this many deferred unmaps.
@@ -92,6 +94,7 @@ impl DmaCpu {
                 cache,
                 gather: IotlbGather::new(),
                 pushes: 0,
+                hint: LeafHint::default(),
             },
         }
     }
@@ -515,11 +518,13 @@ impl Work {
         let iova = pfn << PAGE_SHIFT;
         // The block is fresh from this domain's allocator: nothing can be
         // mapped there (see `map_fresh`).
-        if let Err(e) =
-            self.domain
-                .table
-                .map_fresh(iova, phys & !(PAGE_SIZE - 1), pages << PAGE_SHIFT, perm)
-        {
+        if let Err(e) = self.domain.table.map_hinted(
+            iova,
+            phys & !(PAGE_SIZE - 1),
+            pages << PAGE_SHIFT,
+            perm,
+            &mut self.hint,
+        ) {
             self.cache.free(pfn, pages)?;
             return Err(e.into());
         }
@@ -607,43 +612,31 @@ impl Work {
             .checked_add(len)
             .map(|n| n.div_ceil(PAGE_SIZE))
             .ok_or(DmaError::WrongLength { addr, len })?;
-        d.iova.check_live_block(pfn, pages).map_err(|e| match e {
+        // The one step that decides between racing unmaps: the block goes
+        // from live to retired (or the unmap is refused, with the reason).
+        d.iova.retire_block(pfn, pages).map_err(|e| match e {
             IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
             _ => DmaError::NotMapped { addr },
         })?;
-        // A shorter length than mapped in the same power-of-two block would
-        // leave pages mapped: the page after the claimed end must be unmapped.
-        if !pages.is_power_of_two()
-            && d.table
-                .iova_to_phys(iova + (pages << PAGE_SHIFT))?
-                .is_some()
-        {
-            return Err(DmaError::WrongLength { addr, len });
-        }
-        if deferred {
-            // Room first (only this CPU pushes, so room cannot shrink
-            // before the push): a queue left full by failed flushes is
-            // flushed now, or the unmap fails with nothing changed.
-            if slot.fq.len() >= slot.fq.capacity() {
-                self.flush_own(slot)?;
-            }
-        } else {
-            // A strict unmap waits: refused now, with nothing changed, if
-            // this thread holds a section the wait would wait for.
-            d.check_callers()?;
+        if let Err(e) = self.unmap_checks(slot, iova, pages, deferred) {
+            // Nothing was changed: the block is the caller's again.
+            let _ = self.domain.iova.unretire_block(pfn, pages);
+            return Err(match e {
+                DmaError::WrongLength { .. } => DmaError::WrongLength { addr, len },
+                e => e,
+            });
         }
         let Work {
             domain: d,
             cache,
             gather,
             pushes,
+            hint,
         } = self;
-        // The one step that decides between racing unmaps.
-        d.iova.retire_block(pfn, pages).map_err(|e| match e {
-            IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
-            _ => DmaError::NotMapped { addr },
-        })?;
-        if let Err(e) = d.table.unmap(iova, pages << PAGE_SHIFT, gather) {
+        if let Err(e) = d
+            .table
+            .unmap_hinted(iova, pages << PAGE_SHIFT, gather, hint)
+        {
             // Nothing was cleared (a failed unmap changes nothing): the
             // block is the caller's again.
             let _ = d.iova.unretire_block(pfn, pages);
@@ -703,6 +696,42 @@ impl Work {
             slot.stats.invalidations(inv);
             gather.complete()?;
             cache.free_retired(pfn, pages)?;
+        }
+        Ok(())
+    }
+
+    /// What an unmap checks once it holds the block, before it clears
+    /// anything: the length (a shorter one than mapped in the same
+    /// power-of-two block would leave pages mapped), room in the queue
+    /// (deferred; only this CPU pushes, so room cannot shrink before the
+    /// push: a queue left full by failed flushes is flushed now), or that
+    /// this thread holds no section its wait would wait for (strict).
+    #[inline]
+    fn unmap_checks(
+        &mut self,
+        slot: &CpuSlot,
+        iova: u64,
+        pages: u64,
+        deferred: bool,
+    ) -> Result<(), DmaError> {
+        if !pages.is_power_of_two()
+            && self
+                .domain
+                .table
+                .iova_to_phys(iova + (pages << PAGE_SHIFT))?
+                .is_some()
+        {
+            return Err(DmaError::WrongLength {
+                addr: iova,
+                len: pages << PAGE_SHIFT,
+            });
+        }
+        if deferred {
+            if slot.fq.len() >= slot.fq.capacity() {
+                self.flush_own(slot)?;
+            }
+        } else {
+            self.domain.check_callers()?;
         }
         Ok(())
     }

@@ -11,7 +11,7 @@
 //! - `Strict`: an unmap clears the PTEs, invalidates, waits, then frees the
 //!   IOVA and the table pages.
 //! - `Deferred`: an unmap clears the PTEs and queues the IOVA on this CPU's
-//!   [`FlushQueue`] (an array); at the high-water mark or the timeout, one
+//!   flush queue (an array); at the high-water mark or the timeout, one
 //!   invalidation per unit with work and one wait free the whole batch. The
 //!   time an unmapped buffer stays reachable is measured
 //!   ([`DmaDomain::stale_window`]).

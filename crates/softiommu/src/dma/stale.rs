@@ -17,7 +17,7 @@ pub struct StaleWindow {
     flushes: AtomicU64,
 }
 
-/// A snapshot of [`StaleWindow`].
+/// A snapshot of the stale window a domain measures.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StaleReport {
     /// The longest time an unmapped buffer stayed reachable.

@@ -15,8 +15,9 @@
 //!   physical ranges, or a typed [`TranslateError`] that is also recorded in
 //!   the unit's [`FaultLog`]. A hit in the IOTLB costs a few loads and two
 //!   plain stores; a miss walks the table's bytes as the hardware does and
-//!   fills the IOTLB. A device that copies memory after translating holds a
-//!   [`TranslationGuard`] ([`Translator::begin`]) across the copy.
+//!   fills the IOTLB. A device that copies memory after translating does
+//!   both inside one section ([`Translator::section`], which lends it a
+//!   [`TranslationGuard`]).
 //! - **Driver side.** After changing a table, the driver queues
 //!   invalidation descriptors ([`InvDescriptor`], the VT-d bit layouts) in
 //!   the unit's invalidation queue, a ring in physical memory, and rings

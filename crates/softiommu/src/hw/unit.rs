@@ -169,7 +169,7 @@ impl Counters {
 }
 
 /// A snapshot of a unit's counters. Translation counts are per translator
-/// ([`Translator::stats`]): keeping them here would put a shared write on
+/// ([`Translator::stats`](super::Translator::stats)): keeping them here would put a shared write on
 /// every translation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct UnitStats {

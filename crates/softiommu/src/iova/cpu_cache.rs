@@ -230,8 +230,29 @@ impl IovaCpuCache {
     #[inline]
     pub fn free_retired(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;
-        self.domain.check_state(pfn, order, RETIRED)?;
-        self.free_checked(pfn, order)
+        // One compare-exchange checks the block is retired and claims it
+        // (cached from here on); a block in any other state is refused,
+        // with the precise reason.
+        if order >= 64
+            || self
+                .domain
+                .live
+                .compare_exchange(pfn, state(RETIRED, order), state(CACHED, order))
+                .is_err()
+        {
+            return Err(self.domain.retired_error(pfn, order));
+        }
+        self.check_epoch();
+        match self.classes.get_mut(order as usize) {
+            Some(class) if !class.loaded.is_full() => {
+                class.loaded.push(pfn);
+                self.cached += 1;
+                self.publish();
+            }
+            Some(_) => self.free_slow(pfn, order),
+            None => self.domain.free_to_tree(pfn, order),
+        }
+        Ok(())
     }
 
     #[inline]

@@ -417,7 +417,7 @@ impl IovaDomain {
 
     /// Marks a live block as released by its user but not free yet: an
     /// IOVA an unmap is revoking, which only the invalidation that covers it
-    /// may free (with [`IovaCpuCache::free_retired`]). Until then a second
+    /// may free (with [`IovaCpuCache::free_retired`](super::IovaCpuCache::free_retired)). Until then a second
     /// free or retire of it is refused (`NotAllocated`), as a double unmap
     /// must be, though the block is still allocated in the tree. One
     /// compare-exchange: of two threads retiring one block at once, exactly
@@ -456,6 +456,17 @@ impl IovaDomain {
             Err(IovaError::NotRetired { pfn })
         } else {
             Err(self.free_error(pfn, order))
+        }
+    }
+
+    /// Why `pfn` is not a retired block of `order` (for a refused
+    /// `free_retired`).
+    #[cold]
+    pub(super) fn retired_error(&self, pfn: u64, order: u32) -> IovaError {
+        match self.check_state(pfn, order, RETIRED) {
+            Err(e) => e,
+            // It was retired a moment ago: another thread freed it since.
+            Ok(()) => IovaError::NotAllocated { pfn },
         }
     }
 

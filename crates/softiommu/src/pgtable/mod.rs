@@ -19,7 +19,7 @@
 //! - **Cache maintenance.** A walker is either coherent with the CPU caches
 //!   or not (VT-d `ECAP.C`). For a walker that is not, every cache line of
 //!   the table that an operation writes is flushed with real instructions
-//!   ([`LineFlusher`]), each line once per batch, one fence per batch; every
+//!   (a line flusher), each line once per batch, one fence per batch; every
 //!   call returns an [`OpStats`] that counts them.
 //! - **Bad input is an error, never a panic**, and a failed call leaves the
 //!   table as it was: a failed map installs nothing, a failed unmap clears
@@ -39,7 +39,7 @@ mod vtd_tests;
 
 pub use cache_flush::{FlushMethod, CACHE_LINE};
 pub use gather::{leaked_table_pages, IotlbGather};
-pub(crate) use vtd::{decode_entry, level_index, SlEntry};
+pub(crate) use vtd::{decode_entry, level_index, LeafHint, SlEntry};
 pub use vtd::{VtdConfig, VtdPageTable, ECAP_C, VTD_ADDR_BITS, VTD_IOVA_BITS, VTD_LEVELS};
 
 use std::fmt;

@@ -64,6 +64,7 @@ mod build;
 mod config;
 mod fast;
 mod format;
+mod hinted;
 mod unmap;
 
 use std::fmt;
@@ -80,6 +81,7 @@ use build::Frames;
 pub use config::VtdConfig;
 pub(crate) use format::*;
 pub use format::{ECAP_C, VTD_ADDR_BITS, VTD_IOVA_BITS, VTD_LEVELS};
+pub(crate) use hinted::LeafHint;
 
 /// Totals over a table's life; updated once per call, and only for counts
 /// that are not zero, so a coherent steady state touches none of them.
@@ -108,6 +110,9 @@ pub struct VtdPageTable {
     root: PhysAddr,
     flush: Option<FlushMethod>,
     totals: Totals,
+    /// Leaf tables unlinked, ever: a [`LeafHint`] taken under an older
+    /// count may name a table that is gone.
+    unlinks: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for VtdPageTable {
@@ -174,6 +179,7 @@ impl VtdPageTable {
             root,
             flush,
             totals: Totals::default(),
+            unlinks: std::sync::atomic::AtomicU64::new(0),
         };
         // The root's zeroes must reach memory before a walker is given it.
         let mut op = table.op();

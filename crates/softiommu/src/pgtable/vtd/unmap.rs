@@ -133,6 +133,9 @@ impl VtdPageTable {
             match decode_entry(raw, level) {
                 SlEntry::Leaf { .. } if whole => self.clear_entry(op, at)?,
                 SlEntry::Table { addr, .. } if whole => {
+                    // Before the unlink: a hint that sees the old count
+                    // saw the table linked (see `hinted`).
+                    self.unlinks.fetch_add(1, Ordering::Release);
                     self.clear_entry(op, at)?;
                     self.gather_tables(op, gather, addr, level - 1)?;
                 }
