@@ -472,7 +472,7 @@ impl NetDriver {
         self.tx.ring.outstanding()
     }
 
-    /// Gives the stack a fresh receive budget ([`RX_BUDGET`] frames); the
+    /// Gives the stack a fresh receive budget (64 frames, Linux's NAPI weight); the
     /// stack's poll calls it before each run.
     pub fn reset_rx_budget(&mut self) {
         self.rx_budget = RX_BUDGET;
