@@ -8,9 +8,11 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use softiommu::access::OrderMode;
 use softiommu::dma::DmaPolicy;
 use softiommu::hw::LatencyModel;
 use softiommu::iova::IovaPolicy;
+use softiommu_virtio::workload::Cpus;
 
 /// Why an option's value was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -309,6 +311,38 @@ impl From<IovaPolicyName> for String {
     }
 }
 
+/// A device ordering mode (seed `001`) named on the command line or in a
+/// scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct OrderModeName(pub OrderMode);
+
+impl FromStr for OrderModeName {
+    type Err = ArgError;
+    fn from_str(s: &str) -> Result<Self, ArgError> {
+        OrderMode::from_name(s.trim())
+            .map(Self)
+            .ok_or_else(|| ArgError::UnknownName {
+                what: "ordering",
+                name: s.to_string(),
+                valid: names(OrderMode::ALL.iter().map(|o| o.name())),
+            })
+    }
+}
+
+impl TryFrom<String> for OrderModeName {
+    type Error = ArgError;
+    fn try_from(s: String) -> Result<Self, ArgError> {
+        s.parse()
+    }
+}
+
+impl From<OrderModeName> for String {
+    fn from(o: OrderModeName) -> String {
+        o.0.name().to_string()
+    }
+}
+
 fn names<'a>(it: impl Iterator<Item = &'a str>) -> String {
     it.collect::<Vec<_>>().join(", ")
 }
@@ -345,6 +379,113 @@ impl Latency {
     }
 }
 
+/// Where a workload's threads run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// Every driver (sender, receiver) thread and every device thread on a
+    /// CPU of its own, as a NIC is hardware of its own; with fewer CPUs
+    /// than threads, the drivers share the first CPUs and the devices the
+    /// next ones (on 2 CPUs: drivers on one, devices on the other).
+    Split,
+    /// Each host's driver and its device on one CPU.
+    Shared,
+    /// No pinning: the scheduler decides (and may change its mind mid-run).
+    Os,
+}
+
+impl Placement {
+    /// The name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Split => "split",
+            Placement::Shared => "shared",
+            Placement::Os => "os",
+        }
+    }
+
+    /// The CPUs (sender, device) of stream `i` of a one-host ring, if
+    /// pinned: split puts sender `i` on the allowed CPU `2i` and its
+    /// device on `2i + 1` (wrapping), shared both on CPU `i`.
+    pub fn stream_cpus(self, i: usize, allowed: &[usize]) -> Option<(usize, usize)> {
+        let n = allowed.len();
+        if n == 0 {
+            return None;
+        }
+        match self {
+            Placement::Split => Some((allowed[(2 * i) % n], allowed[(2 * i + 1) % n])),
+            Placement::Shared => Some((allowed[i % n], allowed[i % n])),
+            Placement::Os => None,
+        }
+    }
+
+    /// The CPUs of a two-host workload's threads (sender, receiver, and
+    /// each host's device). Split: with four CPUs or more each thread
+    /// has its own; with two or three, the sender and the receiver share
+    /// the first and the devices the second (and third). Shared: host A's
+    /// sender and device on the first CPU, host B's receiver and device
+    /// on the second.
+    pub fn pair_cpus(self, allowed: &[usize]) -> Cpus {
+        let n = allowed.len();
+        let at = |i: usize| Some(allowed[i % n]);
+        match self {
+            _ if n == 0 => Cpus::default(),
+            Placement::Os => Cpus::default(),
+            Placement::Split if n >= 4 => Cpus {
+                sender: at(0),
+                receiver: at(1),
+                device_a: at(2),
+                device_b: at(3),
+            },
+            Placement::Split => Cpus {
+                sender: at(0),
+                receiver: at(0),
+                device_a: at(1),
+                device_b: at(n - 1),
+            },
+            Placement::Shared => Cpus {
+                sender: at(0),
+                receiver: at(1),
+                device_a: at(0),
+                device_b: at(1),
+            },
+        }
+    }
+
+    /// The pinning as words, for a report's parameters.
+    pub fn describe(self, cpus: &Cpus) -> String {
+        let c = |x: Option<usize>| x.map_or("any".to_string(), |c| c.to_string());
+        format!(
+            "{}: sender CPU {}, receiver CPU {}, device A CPU {}, device B CPU {}",
+            self.name(),
+            c(cpus.sender),
+            c(cpus.receiver),
+            c(cpus.device_a),
+            c(cpus.device_b)
+        )
+    }
+}
+
+/// A page walk's coherence (seed `003`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Walk {
+    /// The IOMMU snoops the CPU's caches: nothing is flushed.
+    Coherent,
+    /// It does not: every page-table line written is flushed.
+    NonCoherent,
+}
+
+impl Walk {
+    /// The name reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Walk::Coherent => "coherent",
+            Walk::NonCoherent => "non-coherent",
+        }
+    }
+}
+
 /// The DMA policies of a list option; none named means all.
 pub fn dma_policies(named: &[DmaPolicyName]) -> Vec<DmaPolicy> {
     if named.is_empty() {
@@ -366,6 +507,24 @@ pub fn iova_policies(named: &[IovaPolicyName]) -> Vec<IovaPolicy> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_placement_keeps_drivers_and_devices_apart() {
+        let two = Placement::Split.pair_cpus(&[0, 1]);
+        assert_eq!((two.sender, two.receiver), (Some(0), Some(0)));
+        assert_eq!((two.device_a, two.device_b), (Some(1), Some(1)));
+        let four = Placement::Split.pair_cpus(&[0, 1, 2, 3]);
+        assert_eq!(
+            [four.sender, four.receiver, four.device_a, four.device_b],
+            [Some(0), Some(1), Some(2), Some(3)]
+        );
+        let shared = Placement::Shared.pair_cpus(&[4, 5]);
+        assert_eq!((shared.sender, shared.device_a), (Some(4), Some(4)));
+        assert_eq!((shared.receiver, shared.device_b), (Some(5), Some(5)));
+        assert_eq!(Placement::Os.pair_cpus(&[0, 1]), Cpus::default());
+        assert_eq!(Placement::Split.pair_cpus(&[]), Cpus::default());
+        assert_eq!(Placement::Split.stream_cpus(0, &[0, 1]), Some((0, 1)));
+    }
 
     #[test]
     fn seconds_refuse_what_cannot_be_a_duration() {

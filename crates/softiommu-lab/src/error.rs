@@ -60,6 +60,24 @@ pub enum LabError {
     /// A measurement tool (callgrind) could not give its figure.
     #[error("measure: {0}")]
     Measure(String),
+    /// A network workload (two hosts, virtio-net, smoltcp) failed.
+    #[error("{run}: {source}")]
+    Workload {
+        /// Which run (lab, policy, mode).
+        run: String,
+        /// What failed.
+        source: softiommu_virtio::workload::WorkloadError,
+    },
+    /// A stream's receiver did not get exactly what its sender sent.
+    #[error("{run}: received data does not match what was sent ({received} of {sent} bytes)")]
+    StreamMismatch {
+        /// Which run.
+        run: String,
+        /// Bytes sent.
+        sent: u64,
+        /// Bytes received.
+        received: u64,
+    },
     /// A workload's setup was inconsistent (a bug in the lab).
     #[error("lab set-up: {0}")]
     Setup(&'static str),

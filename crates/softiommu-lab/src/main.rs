@@ -63,6 +63,8 @@ enum BenchCmd {
     Translate(bench::translate::TranslateBenchArgs),
     /// Seed 001: a NIC ring per DMA access ordering (relaxed, ordered, full, vm-memory).
     Access(bench::access::AccessBenchArgs),
+    /// Seed 000's floor: hand-built UDP frames on a bare NIC ring per DMA policy, no stack.
+    Ring(bench::ring::RingArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -88,8 +90,10 @@ struct LabArgs {
 enum LabCmd {
     /// Seed 004: IOVA cache growth over a long storage run, per policy.
     IovaAging(lab::iova_aging::AgingArgs),
-    /// Seed 000: a UDP stream through a NIC ring, per DMA policy.
+    /// Seed 000: a UDP stream through smoltcp, virtio-net and two IOMMUs, per policy and ordering.
     NetperfUdp(lab::netperf_udp::NetperfArgs),
+    /// Seed 003: one TCP stream through smoltcp, coherent vs non-coherent page walk, per policy.
+    IperfTcp(lab::iperf_tcp::IperfTcpArgs),
     /// Seed 001: message-passing and store-buffering litmus tests, device vs CPU.
     Litmus(lab::litmus::LitmusArgs),
 }
@@ -155,6 +159,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Bench(BenchCmd::Dma(a)) => emit(bench::dma::run(&a), a.json),
         Cmd::Bench(BenchCmd::Translate(a)) => emit(bench::translate::run(&a), a.json),
         Cmd::Bench(BenchCmd::Access(a)) => emit(bench::access::run(&a), a.json),
+        Cmd::Bench(BenchCmd::Ring(a)) => emit(bench::ring::run(&a), a.json),
         Cmd::Lab(LabArgs {
             cmd: Some(LabCmd::Litmus(a)),
             ..
@@ -167,10 +172,14 @@ fn main() -> std::process::ExitCode {
             cmd: Some(LabCmd::NetperfUdp(a)),
             ..
         }) => emit(lab::netperf_udp::run(&a), a.json),
+        Cmd::Lab(LabArgs {
+            cmd: Some(LabCmd::IperfTcp(a)),
+            ..
+        }) => emit(lab::iperf_tcp::run(&a), a.json),
         Cmd::Lab(a) => match &a.file {
             Some(f) => lab_file(&a, f),
             None => {
-                eprintln!("softiommu: lab needs a subcommand (iova-aging, netperf-udp, litmus) or a scenario FILE");
+                eprintln!("softiommu: lab needs a subcommand (iova-aging, netperf-udp, iperf-tcp, litmus) or a scenario FILE");
                 return std::process::ExitCode::from(2);
             }
         },
@@ -192,6 +201,25 @@ fn main() -> std::process::ExitCode {
                 error::LabError::Interrupted { .. } => std::process::ExitCode::from(130),
                 _ => std::process::ExitCode::from(2),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `lab NAME` runs a subcommand when NAME is one, so a built-in
+    /// scenario with a subcommand's name could never be run.
+    #[test]
+    fn no_builtin_scenario_is_shadowed_by_a_lab_subcommand() {
+        let cli = super::Cli::command();
+        let lab = cli.find_subcommand("lab").expect("lab");
+        let subs: Vec<&str> = lab.get_subcommands().map(|c| c.get_name()).collect();
+        assert!(subs.contains(&"iperf-tcp"), "{subs:?}");
+        for (file, _) in crate::scenario::BUILTIN {
+            let name = file.trim_end_matches(".toml");
+            assert!(!subs.contains(&name), "scenario {name} is shadowed");
         }
     }
 }

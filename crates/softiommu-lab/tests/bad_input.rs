@@ -48,6 +48,14 @@ fn numbers_that_cannot_be_durations_are_refused() {
         "for '--seconds <SECONDS>'",
     );
     refused(&["lab", "iova-aging", "--seconds", "1e300"], "0.01..=86400");
+    refused(
+        &["lab", "iperf-tcp", "--seconds", "inf"],
+        "is not a finite number in 0.01..=86400",
+    );
+    refused(
+        &["bench", "ring", "--seconds", "0"],
+        "is not a finite number in 0.01..=86400",
+    );
 }
 
 #[test]
@@ -92,23 +100,54 @@ fn sizes_and_counts_out_of_range_are_refused() {
         ),
         (
             &["lab", "netperf-udp", "--msg-size", "0"],
-            "0 is not in 1..=61440",
+            "0 is not in 1..=32000",
         ),
         (
-            &["lab", "netperf-udp", "--ring", "0"],
-            "0 is not in 2..=4096",
-        ),
-        (
-            &["lab", "netperf-udp", "--streams", "0"],
-            "0 is not in 1..=16",
+            &["lab", "netperf-udp", "--msg-size", "65536"],
+            "65536 is not in 1..=32000",
         ),
         (
             &["lab", "netperf-udp", "--rounds", "0"],
             "0 is not in 1..=100",
         ),
         (
+            &["lab", "netperf-udp", "--mtu", "100"],
+            "100 is not in 576..=9000",
+        ),
+        (
+            &["lab", "netperf-udp", "--line-rate-mbit", "99999999"],
+            "99999999 is not in 0..=1000000",
+        ),
+        (
             &["lab", "netperf-udp", "--flush-high-water", "0"],
             "0 is not in 1..=65536",
+        ),
+        (
+            &["lab", "netperf-udp", "--flush-timeout-ms", "0"],
+            "0 is not in 1..=10000",
+        ),
+        (
+            &["lab", "iperf-tcp", "--rounds", "101"],
+            "101 is not in 1..=100",
+        ),
+        (
+            &["lab", "iperf-tcp", "--mtu", "65536"],
+            "65536 is not in 576..=9000",
+        ),
+        (
+            &["lab", "iperf-tcp", "--write-size", "0"],
+            "0 is not in 1..=1048576",
+        ),
+        (
+            &["bench", "ring", "--msg-size", "0"],
+            "0 is not in 1..=61440",
+        ),
+        (&["bench", "ring", "--ring", "0"], "0 is not in 2..=4096"),
+        (&["bench", "ring", "--streams", "0"], "0 is not in 1..=16"),
+        (&["bench", "ring", "--rounds", "0"], "0 is not in 1..=100"),
+        (
+            &["bench", "ring", "--flush-timeout-ms", "10001"],
+            "10001 is not in 1..=10000",
         ),
         (&["lab", "iova-aging", "--jobs", "0"], "0 is not in 1..=256"),
         (
@@ -165,6 +204,34 @@ fn unknown_names_in_lists_are_refused_with_the_valid_ones() {
         "[possible values: split, shared, os]",
     );
     refused(
+        &["lab", "netperf-udp", "--ordering", "ordered,sloppy"],
+        "unknown ordering \"sloppy\" (valid: relaxed, ordered, full)",
+    );
+    refused(
+        &["lab", "iperf-tcp", "--walks", "coherent,sideways"],
+        "[possible values: coherent, non-coherent]",
+    );
+    refused(
+        &["lab", "iperf-tcp", "--policies", "strict,lazy"],
+        "unknown DMA policy \"lazy\" (valid: passthrough, strict, deferred, bounce)",
+    );
+    refused(
+        &["lab", "iperf-tcp", "--placement", "moon"],
+        "[possible values: split, shared, os]",
+    );
+    refused(
+        &["lab", "iperf-tcp", "--latency", "slow"],
+        "[possible values: vtd-2015, zero]",
+    );
+    refused(
+        &["bench", "ring", "--placement", "moon"],
+        "[possible values: split, shared, os]",
+    );
+    refused(
+        &["bench", "ring", "--policies", "nope"],
+        "unknown DMA policy \"nope\"",
+    );
+    refused(
         &["bench", "dma", "--dir", "sideways"],
         "[possible values: to-device, from-device, bidirectional]",
     );
@@ -202,6 +269,19 @@ fn bad_scenarios_and_overrides_are_refused_naming_the_field_file_and_line() {
         &["lab", &range],
         &format!("{range}:3: field `bench-iova.threads`: 100000 is not in 1..=256"),
     );
+    let walks = write(
+        "walks.toml",
+        "[lab-iperf-tcp]\nwalks = [\"coherent\", \"sideways\"]\n",
+    );
+    refused(
+        &["lab", &walks],
+        &format!("{walks}:2: field `lab-iperf-tcp.walks`: unknown variant `sideways`"),
+    );
+    let stream = write("stream.toml", "[lab-netperf-udp]\nstreams = 2\n");
+    refused(
+        &["lab", &stream],
+        &format!("{stream}:2: field `lab-netperf-udp.streams`: unknown field `streams`"),
+    );
     let malformed = write("malformed.toml", "[lab-litmus\nruns = 1\n");
     refused(&["lab", &malformed], &format!("{malformed}:1:"));
     let none = write("none.toml", "about = \"nothing\"\n");
@@ -228,6 +308,18 @@ fn bad_scenarios_and_overrides_are_refused_naming_the_field_file_and_line() {
     refused(
         &["lab", "litmus-ordering", "--set", "nope.runs=1"],
         "unknown table in \"nope.runs\"",
+    );
+    refused(
+        &["lab", "udp-32", "--set", "ordering=ordered,sloppy"],
+        "unknown ordering \"sloppy\" (valid: relaxed, ordered, full)",
+    );
+    refused(
+        &["lab", "tcp-64k", "--set", "mtu=50"],
+        "--set mtu=50: 50 is not in 576..=9000",
+    );
+    refused(
+        &["lab", "ring", "--set", "ring=1"],
+        "--set ring=1: 1 is not in 2..=4096",
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

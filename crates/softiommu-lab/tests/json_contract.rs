@@ -87,6 +87,48 @@ fn bench_dma() {
 }
 
 #[test]
+fn bench_ring() {
+    let v = run(&[
+        "bench",
+        "ring",
+        "--json",
+        "--seconds",
+        "0.2",
+        "--rounds",
+        "1",
+    ]);
+    assert_eq!(v["bench"], "ring");
+    assert!(v.get("lab").is_none());
+    assert_eq!(v["msg_size"], 32);
+    let rows = v["rows"].as_array().expect("rows");
+    for r in rows {
+        for k in ["mpps", "cpu_pct", "us_per_pkt", "device_busy_pct"] {
+            assert!(number(r, k) >= 0.0, "{k}");
+        }
+        assert!(number(r, "packets") > 0.0, "{r}");
+        assert_eq!(r["device_errors"], 0, "the device verified every frame");
+        let deferred = r["policy"] == "deferred";
+        assert_eq!(r.get("stale_window_ms_max").is_some(), deferred, "{r}");
+        assert_eq!(r.get("flushes").is_some(), deferred, "{r}");
+    }
+    let policies: Vec<_> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(policies, ["passthrough", "strict", "deferred", "bounce"]);
+}
+
+/// Issue 11's fields of a `lab netperf-udp` row.
+const NETPERF_ROW: [&str; 9] = [
+    "policy",
+    "ordering",
+    "msg_size",
+    "tx_pps",
+    "rx_pps",
+    "drops",
+    "driver_cpu_us_per_pkt",
+    "device_cpu_us_per_pkt",
+    "service_demand_vs_passthrough",
+];
+
+#[test]
 fn lab_netperf_udp() {
     let v = run(&[
         "lab",
@@ -98,17 +140,138 @@ fn lab_netperf_udp() {
         "1",
     ]);
     assert_eq!(v["lab"], "netperf-udp");
-    assert_eq!(v["msg_size"], 32);
+    assert_eq!(v["stack"], "smoltcp");
     let rows = v["rows"].as_array().expect("rows");
+    let policies: Vec<_> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(policies, ["passthrough", "strict", "deferred", "bounce"]);
     for r in rows {
-        for k in ["mpps", "cpu_pct", "us_per_pkt"] {
-            assert!(number(r, k) >= 0.0, "{k}");
+        for k in NETPERF_ROW {
+            assert!(r.get(k).is_some(), "{k} missing in {r}");
         }
-        assert_eq!(r["device_errors"], 0, "the device verified every frame");
+        assert_eq!(r["ordering"], "ordered");
+        assert_eq!(r["msg_size"], 32);
+        for k in &NETPERF_ROW[3..] {
+            assert!(number(r, k) >= 0.0, "{k} in {r}");
+        }
+        assert!(
+            number(r, "tx_pps") > 0.0 && number(r, "rx_pps") > 0.0,
+            "{r}"
+        );
+        assert!(number(r, "driver_cpu_us_per_pkt") > 0.0, "{r}");
+        assert!(r["drops"].is_u64(), "drops is a count: {r}");
         let deferred = r["policy"] == "deferred";
         assert_eq!(r.get("stale_window_ms_max").is_some(), deferred, "{r}");
     }
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows[0]["service_demand_vs_passthrough"], 1.0);
+}
+
+#[test]
+fn lab_netperf_udp_orderings_and_sizes() {
+    let v = run(&[
+        "lab",
+        "netperf-udp",
+        "--json",
+        "--seconds",
+        "0.1",
+        "--rounds",
+        "1",
+        "--msg-size",
+        "16384",
+        "--ordering",
+        "relaxed,full",
+        "--policies",
+        "passthrough,deferred",
+        "--placement",
+        "os",
+    ]);
+    assert_eq!(v["placement"], "os");
+    let rows = v["rows"].as_array().expect("rows");
+    let cells: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            assert_eq!(r["msg_size"], 16384);
+            assert!(number(r, "frames_per_packet") >= 2.0, "fragmented: {r}");
+            format!(
+                "{}/{}",
+                r["policy"].as_str().unwrap(),
+                r["ordering"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            "passthrough/relaxed",
+            "deferred/relaxed",
+            "passthrough/full",
+            "deferred/full"
+        ]
+    );
+}
+
+#[test]
+fn lab_iperf_tcp() {
+    let v = run(&[
+        "lab",
+        "iperf-tcp",
+        "--json",
+        "--seconds",
+        "0.2",
+        "--rounds",
+        "1",
+    ]);
+    assert_eq!(v["lab"], "iperf-tcp");
+    assert!(
+        v["flush_share_method"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("estimated")),
+        "{v}"
+    );
+    let rows = v["rows"].as_array().expect("rows");
+    let cells: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{}/{}",
+                r["walk"].as_str().unwrap(),
+                r["policy"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            "coherent/strict",
+            "coherent/deferred",
+            "non-coherent/strict",
+            "non-coherent/deferred"
+        ]
+    );
+    for r in rows {
+        for k in [
+            "walk",
+            "policy",
+            "mbit_s",
+            "cpu_s_per_gb",
+            "lines_flushed_per_gb",
+            "flush_cpu_share",
+            "checksum_ok",
+        ] {
+            assert!(r.get(k).is_some(), "{k} missing in {r}");
+        }
+        assert_eq!(r["checksum_ok"], true);
+        for k in ["mbit_s", "cpu_s_per_gb"] {
+            assert!(number(r, k) > 0.0, "{k} in {r}");
+        }
+        let share = number(r, "flush_cpu_share");
+        assert!((0.0..=1.0).contains(&share), "{r}");
+        if r["walk"] == "coherent" {
+            assert_eq!(r["lines_flushed_per_gb"], 0.0);
+            assert_eq!(share, 0.0);
+        } else {
+            assert!(number(r, "lines_flushed_per_gb") > 0.0, "{r}");
+        }
+    }
 }
 
 #[test]

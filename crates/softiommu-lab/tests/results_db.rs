@@ -43,14 +43,15 @@ fn one_line(out: &Output, code: i32, want: &str) {
     );
 }
 
-/// A quick run of two cheap scenarios.
+/// A quick run of two short scenarios (seed 003's on the real stack, a
+/// few seconds; a bench).
 fn quick_run(db: &Path, report: &Path) -> Value {
     let out = softiommu(&[
         "run",
         "--quick",
         "--json",
         "--scenarios",
-        "pgtable-flush,dma-map",
+        "tcp-64k,dma-map",
         "--db",
         s(db),
         "--report",
@@ -100,7 +101,7 @@ fn run_stores_every_scenario_writes_the_report_and_history_and_compare_read_them
         .iter()
         .map(|x| x["scenario"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["pgtable-flush", "dma-map"]);
+    assert_eq!(names, ["tcp-64k", "dma-map"]);
     assert_eq!(
         v["scenarios"][1]["result"]["bench"], "dma",
         "each scenario carries its contract object"
@@ -129,7 +130,9 @@ fn run_stores_every_scenario_writes_the_report_and_history_and_compare_read_them
     let rows = c["rows"].as_array().unwrap();
     assert!(rows.len() > 10, "{c}");
     for r in rows {
-        assert!(r["ratio"].is_null() || r["ratio"].as_f64().unwrap() > 0.0);
+        // A figure may be zero or negative in B (no drops; a difference
+        // of two runs within the noise): the ratio is then too.
+        assert!(r["ratio"].is_null() || r["ratio"].as_f64().unwrap().is_finite());
         assert!(["", "better", "worse", "changed"].contains(&r["flag"].as_str().unwrap()));
     }
     let text = softiommu(&["compare", "1", "2", "--db", s(&db)]);

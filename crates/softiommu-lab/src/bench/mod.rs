@@ -5,5 +5,7 @@ pub mod dma;
 pub mod dma_instructions;
 pub mod iova;
 pub mod iova_peers;
+pub mod packet;
 pub mod pgtable;
+pub mod ring;
 pub mod translate;

@@ -237,7 +237,8 @@ fn scenario(s: &StoredScenario, out: &mut String) {
 }
 
 /// The stale-window vs service-demand trade-off of the deferred policy,
-/// from every netperf-udp scenario of the run that ran deferred at 32 B.
+/// from every netperf-udp scenario of the run that ran deferred (ordered
+/// DMA) at 32 B.
 pub fn tradeoff(scenarios: &[StoredScenario]) -> Option<Plot> {
     let mut pts: Vec<(f64, f64, String)> = Vec::new();
     let mut modelled = false;
@@ -250,8 +251,8 @@ pub fn tradeoff(scenarios: &[StoredScenario]) -> Option<Plot> {
             continue;
         };
         let (Some(stale), Some(us)) = (
-            t.get("deferred", "stale_window_ms_max"),
-            t.get("deferred", "us_per_pkt"),
+            t.get("deferred/ordered", "stale_window_ms_max"),
+            t.get("deferred/ordered", "driver_us_per_pkt"),
         ) else {
             continue;
         };
@@ -275,7 +276,7 @@ pub fn tradeoff(scenarios: &[StoredScenario]) -> Option<Plot> {
         y: Axis::new("service demand", Unit::UsPerPkt),
         categories: Vec::new(),
         series: vec![Series {
-            label: "deferred, 32-byte UDP".into(),
+            label: "deferred, 32-byte UDP through smoltcp".into(),
             points: pts.iter().map(|p| (p.0, p.1)).collect(),
             point_labels: pts.into_iter().map(|p| p.2).collect(),
         }],

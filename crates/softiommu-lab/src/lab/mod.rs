@@ -1,10 +1,9 @@
 //! Lab scenarios: workloads over the library, with seed-shaped output.
 
-pub mod affinity;
 pub mod cpu_clock;
 pub mod iova_aging;
+pub mod iperf_tcp;
 pub mod litmus;
 pub mod litmus_harness;
 pub mod netperf_udp;
-pub mod packet;
 pub mod steal;

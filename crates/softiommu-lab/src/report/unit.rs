@@ -23,6 +23,9 @@ pub enum Unit {
     /// Million packets per second.
     #[serde(rename = "Mpps")]
     Mpps,
+    /// Thousand packets (or datagrams) per second.
+    #[serde(rename = "kpps")]
+    Kpps,
     /// Million operations per second.
     #[serde(rename = "M ops/s")]
     MopsPerS,
@@ -62,12 +65,21 @@ pub enum Unit {
     /// Threads or logical CPUs.
     #[serde(rename = "threads")]
     Threads,
+    /// Megabits (10^6 bits) per second.
+    #[serde(rename = "Mbit/s")]
+    MbitPerS,
+    /// CPU seconds per gigabyte (10^9 bytes) moved.
+    #[serde(rename = "s/GB")]
+    SPerGb,
+    /// Cache lines per gigabyte (10^9 bytes) moved.
+    #[serde(rename = "lines/GB")]
+    LinesPerGb,
 }
 
 impl Unit {
     /// Every unit.
     #[cfg(test)]
-    pub const ALL: [Unit; 19] = [
+    pub const ALL: [Unit; 23] = [
         Unit::Ns,
         Unit::Us,
         Unit::Ms,
@@ -87,6 +99,10 @@ impl Unit {
         Unit::StepsPerOp,
         Unit::Entries,
         Unit::Threads,
+        Unit::MbitPerS,
+        Unit::SPerGb,
+        Unit::LinesPerGb,
+        Unit::Kpps,
     ];
 
     /// The symbol printed in headers and stored in the database.
@@ -98,6 +114,7 @@ impl Unit {
             Unit::S => "s",
             Unit::UsPerPkt => "µs/pkt",
             Unit::Mpps => "Mpps",
+            Unit::Kpps => "kpps",
             Unit::MopsPerS => "M ops/s",
             Unit::PercentCpu => "%CPU",
             Unit::Percent => "%",
@@ -111,6 +128,9 @@ impl Unit {
             Unit::StepsPerOp => "steps/op",
             Unit::Entries => "entries",
             Unit::Threads => "threads",
+            Unit::MbitPerS => "Mbit/s",
+            Unit::SPerGb => "s/GB",
+            Unit::LinesPerGb => "lines/GB",
         }
     }
 
@@ -124,8 +144,14 @@ impl Unit {
     /// or neither; `compare` and the seed verdicts use it.
     pub fn better(self) -> Better {
         match self {
-            Unit::Mpps | Unit::MopsPerS => Better::Higher,
-            Unit::Ns | Unit::Us | Unit::Ms | Unit::UsPerPkt | Unit::PercentCpu => Better::Lower,
+            Unit::Mpps | Unit::Kpps | Unit::MopsPerS | Unit::MbitPerS => Better::Higher,
+            Unit::Ns
+            | Unit::Us
+            | Unit::Ms
+            | Unit::UsPerPkt
+            | Unit::PercentCpu
+            | Unit::SPerGb
+            | Unit::LinesPerGb => Better::Lower,
             _ => Better::Neither,
         }
     }

@@ -28,6 +28,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "flush-hw-1024.toml",
         include_str!("../../../../scenarios/flush-hw-1024.toml"),
     ),
+    ("ring.toml", include_str!("../../../../scenarios/ring.toml")),
     (
         "dma-map.toml",
         include_str!("../../../../scenarios/dma-map.toml"),
@@ -39,6 +40,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
     (
         "litmus-ordering.toml",
         include_str!("../../../../scenarios/litmus-ordering.toml"),
+    ),
+    (
+        "tcp-64k.toml",
+        include_str!("../../../../scenarios/tcp-64k.toml"),
     ),
     (
         "pgtable-flush.toml",

@@ -11,9 +11,11 @@ use crate::bench::access::AccessBenchArgs;
 use crate::bench::dma::DmaBenchArgs;
 use crate::bench::iova::IovaBenchArgs;
 use crate::bench::pgtable::PgtableBenchArgs;
+use crate::bench::ring::RingArgs;
 use crate::bench::translate::TranslateBenchArgs;
 use crate::error::LabResult;
 use crate::lab::iova_aging::AgingArgs;
+use crate::lab::iperf_tcp::IperfTcpArgs;
 use crate::lab::litmus::LitmusArgs;
 use crate::lab::netperf_udp::NetperfArgs;
 use crate::report::Report;
@@ -55,11 +57,23 @@ pub(super) struct ScenarioFile {
     )]
     pub bench_access: Option<AccessBenchArgs>,
     #[serde(
+        rename = "bench-ring",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bench_ring: Option<RingArgs>,
+    #[serde(
         rename = "lab-netperf-udp",
         default,
         skip_serializing_if = "Option::is_none"
     )]
     pub lab_netperf_udp: Option<NetperfArgs>,
+    #[serde(
+        rename = "lab-iperf-tcp",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lab_iperf_tcp: Option<IperfTcpArgs>,
     #[serde(
         rename = "lab-iova-aging",
         default,
@@ -78,13 +92,15 @@ pub(super) struct ScenarioFile {
 }
 
 /// The table names a scenario may use, in the schema's order.
-pub(super) const LAB_TABLES: [&str; 8] = [
+pub(super) const LAB_TABLES: [&str; 10] = [
     "bench-iova",
     "bench-pgtable",
     "bench-dma",
     "bench-translate",
     "bench-access",
+    "bench-ring",
     "lab-netperf-udp",
+    "lab-iperf-tcp",
     "lab-iova-aging",
     "lab-litmus",
 ];
@@ -102,8 +118,12 @@ pub enum LabArgs {
     BenchTranslate(TranslateBenchArgs),
     /// `bench access`.
     BenchAccess(AccessBenchArgs),
+    /// `bench ring`.
+    BenchRing(RingArgs),
     /// `lab netperf-udp`.
     NetperfUdp(NetperfArgs),
+    /// `lab iperf-tcp`.
+    IperfTcp(IperfTcpArgs),
     /// `lab iova-aging`.
     IovaAging(AgingArgs),
     /// `lab litmus`.
@@ -119,7 +139,9 @@ impl LabArgs {
             LabArgs::BenchDma(a) => crate::bench::dma::run(a),
             LabArgs::BenchTranslate(a) => crate::bench::translate::run(a),
             LabArgs::BenchAccess(a) => crate::bench::access::run(a),
+            LabArgs::BenchRing(a) => crate::bench::ring::run(a),
             LabArgs::NetperfUdp(a) => crate::lab::netperf_udp::run(a),
+            LabArgs::IperfTcp(a) => crate::lab::iperf_tcp::run(a),
             LabArgs::IovaAging(a) => crate::lab::iova_aging::run(a, progress),
             LabArgs::Litmus(a) => crate::lab::litmus::run(a),
         }
@@ -237,8 +259,12 @@ impl Scenario {
             LabArgs::BenchTranslate(a.clone())
         } else if let Some(a) = &f.bench_access {
             LabArgs::BenchAccess(a.clone())
+        } else if let Some(a) = &f.bench_ring {
+            LabArgs::BenchRing(a.clone())
         } else if let Some(a) = &f.lab_netperf_udp {
             LabArgs::NetperfUdp(a.clone())
+        } else if let Some(a) = &f.lab_iperf_tcp {
+            LabArgs::IperfTcp(a.clone())
         } else if let Some(a) = &f.lab_iova_aging {
             LabArgs::IovaAging(a.clone())
         } else {
@@ -267,7 +293,9 @@ fn lab_table_present(f: &ScenarioFile, table: &str) -> bool {
         "bench-dma" => f.bench_dma.is_some(),
         "bench-translate" => f.bench_translate.is_some(),
         "bench-access" => f.bench_access.is_some(),
+        "bench-ring" => f.bench_ring.is_some(),
         "lab-netperf-udp" => f.lab_netperf_udp.is_some(),
+        "lab-iperf-tcp" => f.lab_iperf_tcp.is_some(),
         "lab-iova-aging" => f.lab_iova_aging.is_some(),
         "lab-litmus" => f.lab_litmus.is_some(),
         _ => false,
@@ -383,7 +411,7 @@ mod tests {
         );
         let e = s.with_sets(&["msg_size=0".into()]).unwrap_err();
         assert!(
-            matches!(&e, ScenarioError::Set { message, .. } if message.contains("not in 1..=61440")),
+            matches!(&e, ScenarioError::Set { message, .. } if message.contains("not in 1..=32000")),
             "{e}"
         );
         let e = s.with_sets(&["msg_size".into()]).unwrap_err();

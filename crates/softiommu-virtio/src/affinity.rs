@@ -1,5 +1,8 @@
-//! Where the lab's threads run: pinning a thread to one CPU
-//! (`sched_setaffinity(2)` on the calling thread).
+//! Where threads run: the CPUs this process may use, and pinning the
+//! calling thread to one of them (`sched_setaffinity(2)`). The workload
+//! engines pin their driver and device threads with it when asked
+//! ([`Cpus`](crate::workload::Cpus)); a device model is hardware of its
+//! own, and where it runs decides what its driver's CPU time means.
 
 /// CPUs this process may run on, in order (empty if the kernel will not
 /// say).

@@ -1,0 +1,30 @@
+//! # softiommu-virtio
+//!
+//! Emulated virtio devices whose every DMA goes through a softiommu unit,
+//! the drivers that drive them on softiommu's DMA API the way Linux's do,
+//! and a network stack (smoltcp) above — the real work the lab measures
+//! IOMMU policies on.
+//!
+//! - [`transport`]: the virtio-mmio register block, feature negotiation,
+//!   status, queue setup and the device side of split virtqueues (shared
+//!   by every device).
+//! - [`net`]: a virtio-net device on its own thread, a wire between two of
+//!   them, the driver on the DMA API, and smoltcp's `phy::Device` over it.
+//! - [`host`]: one host — memory, an IOMMU unit, a DMA domain, a device,
+//!   its driver — built in one call, so two can be wired together.
+//! - [`workload`]: the lab's engines (a UDP stream, a TCP stream) returning
+//!   plain typed results.
+//! - [`spec`]: the virtio 1.2 constants, each with its section.
+//! - [`cpu_clock`], [`affinity`]: thread CPU clocks, and pinning threads
+//!   to CPUs.
+
+#![warn(missing_docs)]
+#![warn(missing_debug_implementations)]
+
+pub mod affinity;
+pub mod cpu_clock;
+pub mod host;
+pub mod net;
+pub mod spec;
+pub mod transport;
+pub mod workload;

@@ -1,0 +1,689 @@
+//! [`NetDevice`]: a virtio-net device model on a thread of its own, like
+//! the NIC it stands for. It transmits the frames of transmitq1 onto its
+//! wire port and delivers the wire's frames into the buffers of
+//! receiveq1, every ring access through `vm_memory::IommuMemory` over the
+//! IOMMU unit and every buffer copy through a softiommu `DmaAccessor`
+//! ordered by the [`DmaAttrs`] chosen.
+//!
+//! # The loop
+//!
+//! Each turn takes the queues' lock once and does one bounded batch per
+//! queue ([`NetDeviceConfig::batch`] chains at most): pop a chain, walk it
+//! (at most queue-size descriptors), copy, return it on the used ring;
+//! then one interrupt per queue if the driver wants it. The batch is the
+//! unit a translation section can later be held across. While it finds
+//! work the device polls with driver notifications suppressed
+//! (`VIRTQ_USED_F_NO_NOTIFY`, §2.7.10); when idle it re-enables them,
+//! looks once more, and parks until a `QueueNotify`, a frame from the
+//! wire, the line becoming free, or a timeout.
+//!
+//! # Faults
+//!
+//! A DMA the IOMMU refuses (an unmapped or read-only buffer, a revoked
+//! ring) is in the unit's fault log; the device records a
+//! [`DeviceError::DmaFault`], stops the queue and sets
+//! `DEVICE_NEEDS_RESET`. A failed access moves no byte (the accessor
+//! translates a whole access before copying), so the device never
+//! touches memory outside a live mapping.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use softiommu::access::{AccessError, DmaAccessor, DmaAttrs, PhysGuestMemory, UnitIommu};
+use softiommu::hw::{Access, HwError, SourceId, System};
+use vm_memory::IommuMemory;
+
+use super::config::NetConfig;
+use super::hdr::{self, HDR_LEN};
+use super::wire::WirePort;
+use crate::cpu_clock::{self, ThreadClock};
+use crate::spec::net;
+use crate::transport::{
+    ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceQueue, Engine, MmioTransport,
+    TransportConfig,
+};
+
+/// The device's view of memory: the arena through the unit.
+pub type DeviceMemory = IommuMemory<PhysGuestMemory, UnitIommu>;
+
+/// How to build a [`NetDevice`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetDeviceConfig {
+    /// MAC, MTU, queue size.
+    pub net: NetConfig,
+    /// Transport policy.
+    pub transport: TransportConfig,
+    /// How buffer copies are ordered (seed `001`).
+    pub attrs: DmaAttrs,
+    /// Chains per queue per batch (at least 1).
+    pub batch: usize,
+    /// The longest the idle device sleeps before looking again.
+    pub idle_wait: Duration,
+    /// The CPU the device thread pins itself to (`None`: wherever the
+    /// scheduler puts it). A CPU the kernel refuses is ignored.
+    pub cpu: Option<usize>,
+}
+
+impl Default for NetDeviceConfig {
+    fn default() -> Self {
+        Self {
+            net: NetConfig::default(),
+            transport: TransportConfig::default(),
+            attrs: DmaAttrs::ORDERED,
+            batch: 64,
+            idle_wait: Duration::from_millis(20),
+            cpu: None,
+        }
+    }
+}
+
+/// Why a device could not start or stop.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetDeviceError {
+    /// The device's source id has no unit, or its translator could not be
+    /// made.
+    #[error("device {sid}: {source}")]
+    Setup {
+        /// The device.
+        sid: SourceId,
+        /// What the unit said.
+        source: HwError,
+    },
+    /// The OS would not start the thread.
+    #[error("cannot start the device thread: {reason}")]
+    Spawn {
+        /// The OS error.
+        reason: String,
+    },
+    /// The thread did not answer within the timeout.
+    #[error("the device thread did not {what} within {secs} s")]
+    Timeout {
+        /// "start" or "stop".
+        what: &'static str,
+        /// The timeout.
+        secs: u64,
+    },
+    /// The thread panicked (a bug, never a driver's doing).
+    #[error("the device thread panicked")]
+    Panicked,
+}
+
+/// A device's counters (one writer: the device thread).
+#[derive(Debug, Default)]
+struct Counters {
+    tx_frames: AtomicU64,
+    rx_frames: AtomicU64,
+    tx_dropped: AtomicU64,
+    batches: AtomicU64,
+    sleeps: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+}
+
+/// A snapshot of a device's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetDeviceStats {
+    /// Frames taken from transmitq1 and put on the wire (or dropped there).
+    pub tx_frames: u64,
+    /// Frames delivered into receiveq1.
+    pub rx_frames: u64,
+    /// Transmitted frames the wire dropped (its queue was full).
+    pub tx_dropped: u64,
+    /// Turns of the loop that did work.
+    pub batches: u64,
+    /// Times the device parked for want of work.
+    pub sleeps: u64,
+}
+
+/// A running virtio-net device.
+#[derive(Debug)]
+pub struct NetDevice {
+    transport: MmioTransport,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Duration>>,
+    clock: Option<ThreadClock>,
+    counters: Arc<Counters>,
+}
+
+impl NetDevice {
+    /// Starts a device `sid` of `system` on its own thread, on wire port
+    /// `port`. Returns once the thread has made its translators.
+    pub fn spawn(
+        cfg: NetDeviceConfig,
+        system: Arc<System>,
+        sid: SourceId,
+        port: WirePort,
+    ) -> Result<Self, NetDeviceError> {
+        let transport = MmioTransport::new(cfg.net.device_info(), cfg.transport);
+        let end = DeviceEnd::new(&transport);
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters = Arc::new(Counters::default());
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), NetDeviceError>>();
+        let (stop2, counters2) = (stop.clone(), counters.clone());
+        let handle = std::thread::Builder::new()
+            .name(format!("virtio-net {sid}"))
+            .spawn(move || {
+                if let Some(c) = cfg.cpu {
+                    crate::affinity::pin_current(c);
+                }
+                let worker = match Worker::new(&cfg, &system, sid, port, counters2) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return Duration::ZERO;
+                    }
+                };
+                end.register_thread();
+                worker.port.rx.register_receiver();
+                let _ = ready_tx.send(Ok(()));
+                worker.run(&end, &stop2, cfg.idle_wait);
+                cpu_clock::thread()
+            })
+            .map_err(|e| NetDeviceError::Spawn {
+                reason: e.to_string(),
+            })?;
+        let clock = ThreadClock::of(&handle);
+        let dev = Self {
+            transport,
+            stop,
+            handle: Some(handle),
+            clock,
+            counters,
+        };
+        match ready_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Ok(())) => Ok(dev),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(NetDeviceError::Timeout {
+                what: "start",
+                secs: 10,
+            }),
+        }
+    }
+
+    /// The register block a driver programs.
+    pub fn transport(&self) -> &MmioTransport {
+        &self.transport
+    }
+
+    /// CPU time the device thread has used so far.
+    pub fn cpu_time(&self) -> Duration {
+        self.clock.and_then(|c| c.read()).unwrap_or_default()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> NetDeviceStats {
+        let c = &*self.counters;
+        NetDeviceStats {
+            tx_frames: c.tx_frames.load(Ordering::Relaxed),
+            rx_frames: c.rx_frames.load(Ordering::Relaxed),
+            tx_dropped: c.tx_dropped.load(Ordering::Relaxed),
+            batches: c.batches.load(Ordering::Relaxed),
+            sleeps: c.sleeps.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops the thread (within its current batch) and returns its CPU
+    /// time.
+    pub fn stop(mut self) -> Result<Duration, NetDeviceError> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<Duration, NetDeviceError> {
+        let Some(h) = self.handle.take() else {
+            return Ok(Duration::ZERO);
+        };
+        self.stop.store(true, Ordering::Release);
+        h.thread().unpark();
+        let t0 = Instant::now();
+        while !h.is_finished() {
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(NetDeviceError::Timeout {
+                    what: "stop",
+                    secs: 10,
+                });
+            }
+            h.thread().unpark();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        h.join().map_err(|_| NetDeviceError::Panicked)
+    }
+}
+
+impl Drop for NetDevice {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// What one batch of a queue did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Batch {
+    /// Chains used.
+    used: usize,
+    /// Stopped at the batch limit with more to do.
+    more: bool,
+    /// Work is waiting on time (the line busy, a frame still arriving).
+    wait: Option<Duration>,
+    /// Frames wait but the driver gave no buffers.
+    starved: bool,
+}
+
+/// The device thread's state.
+struct Worker {
+    mem: DeviceMemory,
+    /// The view `mem` translates through, for its sections.
+    view: UnitIommu,
+    dma: DmaAccessor,
+    attrs: DmaAttrs,
+    port: WirePort,
+    chain: Vec<ChainDesc>,
+    scratch: Vec<u8>,
+    max_frame: usize,
+    batch: usize,
+    counters: Arc<Counters>,
+    /// Whether transmitq1's notifications are enabled (the device idle).
+    tx_notify: bool,
+    /// Whether receiveq1's notifications are enabled (the device starved).
+    rx_notify: bool,
+}
+
+impl Worker {
+    fn new(
+        cfg: &NetDeviceConfig,
+        system: &Arc<System>,
+        sid: SourceId,
+        port: WirePort,
+        counters: Arc<Counters>,
+    ) -> Result<Self, NetDeviceError> {
+        let setup = |source| NetDeviceError::Setup { sid, source };
+        let (_, unit) = system
+            .unit_of(sid)
+            .ok_or(setup(HwError::DeviceNotAssigned { sid }))?;
+        let dma = DmaAccessor::new(unit, sid).map_err(setup)?;
+        let view = UnitIommu::new(system.clone(), sid).map_err(setup)?;
+        let mem = IommuMemory::new(
+            PhysGuestMemory::new(system.memory().clone()),
+            view.clone(),
+            true,
+            (),
+        );
+        let max_frame = cfg.net.max_frame();
+        Ok(Self {
+            mem,
+            view,
+            dma,
+            attrs: cfg.attrs,
+            port,
+            chain: Vec::with_capacity(usize::from(cfg.net.queue_max)),
+            scratch: vec![0u8; max_frame],
+            max_frame,
+            batch: cfg.batch.max(1),
+            counters,
+            tx_notify: true,
+            rx_notify: true,
+        })
+    }
+
+    fn run(mut self, end: &DeviceEnd, stop: &AtomicBool, idle_wait: Duration) {
+        let view = self.view.clone();
+        while !stop.load(Ordering::Acquire) {
+            let _ = end.take_notified();
+            // One batch per queue, inside one translation section: every
+            // ring and buffer access of the batch completes before a
+            // driver's invalidation wait does (an unmapped buffer is never
+            // written after its unmap returns).
+            let batch = |w: &mut Self| {
+                let mut eng = end.lock();
+                let tx = w.tx_batch(&mut eng, end);
+                let rx = w.rx_batch(&mut eng, end);
+                (tx, rx)
+            };
+            let (tx, rx) = match view.section(|| batch(&mut self)) {
+                Ok(r) => r,
+                // No translator for the section (cannot happen once the
+                // worker exists): each access still holds its own.
+                Err(_) => batch(&mut self),
+            };
+            if tx.used + rx.used > 0 {
+                bump(&self.counters.batches, 1);
+            }
+            if tx.more || rx.more || (tx.used + rx.used > 0 && !rx.starved) {
+                // Busy: poll, with the driver's kicks suppressed.
+                self.set_notify(end, false, rx.starved);
+                continue;
+            }
+            // Idle (or waiting on time or buffers): ask to be notified,
+            // look once more, then sleep.
+            let (tx_more, rx_more) = self.set_notify(end, true, rx.starved);
+            if (tx_more && tx.wait.is_none()) || rx_more {
+                continue;
+            }
+            let mut wait = idle_wait;
+            for w in [tx.wait, rx.wait].into_iter().flatten() {
+                wait = wait.min(w);
+            }
+            bump(&self.counters.sleeps, 1);
+            std::thread::park_timeout(wait);
+        }
+    }
+
+    /// Sets transmitq1's notifications to `tx_on` and receiveq1's to
+    /// `rx_on`; returns whether chains wait on each queue whose
+    /// notifications it enabled (so the device should look again rather
+    /// than sleep).
+    fn set_notify(&mut self, end: &DeviceEnd, tx_on: bool, rx_on: bool) -> (bool, bool) {
+        if tx_on == self.tx_notify && rx_on == self.rx_notify && !tx_on && !rx_on {
+            return (false, false);
+        }
+        let mut eng = end.lock();
+        let mut more = [false; 2];
+        for (k, qi, on, cur) in [
+            (0, net::TX_QUEUE, tx_on, &mut self.tx_notify),
+            (1, net::RX_QUEUE, rx_on, &mut self.rx_notify),
+        ] {
+            let Some(q) = eng.queues[usize::from(qi)].as_mut() else {
+                continue;
+            };
+            let r = if on {
+                q.enable_notification(&self.mem).map(|pending| {
+                    more[k] = pending;
+                })
+            } else if *cur {
+                q.disable_notification(&self.mem)
+            } else {
+                Ok(())
+            };
+            match r {
+                Ok(()) => *cur = on,
+                Err(e) => fail(end, q, e),
+            }
+        }
+        (more[0], more[1])
+    }
+
+    fn tx_batch(&mut self, eng: &mut Engine, end: &DeviceEnd) -> Batch {
+        let mut b = Batch::default();
+        let Some(q) = eng.queues[usize::from(net::TX_QUEUE)].as_mut() else {
+            return b;
+        };
+        for i in 0..=self.batch {
+            if let Some(w) = self.port.tx.busy_until() {
+                b.wait = Some(w);
+                break;
+            }
+            if i == self.batch {
+                b.more = q.known_pending();
+                break;
+            }
+            let head = match q.pop(&self.mem) {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(e) => {
+                    fail(end, q, e);
+                    break;
+                }
+            };
+            match transmit(self, q, head) {
+                Ok(()) => b.used += 1,
+                Err(e) => {
+                    fail(end, q, e);
+                    break;
+                }
+            }
+        }
+        bump(&self.counters.tx_frames, b.used as u64);
+        interrupt(end, q, &self.mem, b.used);
+        b
+    }
+
+    fn rx_batch(&mut self, eng: &mut Engine, end: &DeviceEnd) -> Batch {
+        let mut b = Batch::default();
+        let Some(q) = eng.queues[usize::from(net::RX_QUEUE)].as_mut() else {
+            // Not live: frames wait on the wire (and drop there when it
+            // fills); the driver's DRIVER_OK or QueueReady wakes us.
+            b.starved = self.port.rx.pending();
+            return b;
+        };
+        for i in 0..=self.batch {
+            let frame = match self.port.rx.peek() {
+                Ok(f) => f,
+                Err(wait) => {
+                    b.wait = wait;
+                    break;
+                }
+            };
+            if i == self.batch {
+                b.more = true;
+                break;
+            }
+            let head = match q.pop(&self.mem) {
+                Ok(Some(h)) => h,
+                Ok(None) => {
+                    b.starved = true;
+                    break;
+                }
+                Err(e) => {
+                    fail(end, q, e);
+                    break;
+                }
+            };
+            let r = receive(
+                &self.mem,
+                &mut self.dma,
+                self.attrs,
+                &mut self.chain,
+                q,
+                head,
+                frame,
+            );
+            self.port.rx.consume();
+            match r {
+                Ok(()) => b.used += 1,
+                Err(e) => {
+                    fail(end, q, e);
+                    break;
+                }
+            }
+        }
+        bump(&self.counters.rx_frames, b.used as u64);
+        interrupt(end, q, &self.mem, b.used);
+        b
+    }
+}
+
+/// Records `e`, stops the queue and asks for a reset.
+fn fail(end: &DeviceEnd, q: &mut DeviceQueue, e: DeviceError) {
+    q.stop();
+    end.report(e);
+}
+
+/// One interrupt for a batch, if anything was used and the driver wants
+/// it.
+fn interrupt(end: &DeviceEnd, q: &mut DeviceQueue, mem: &DeviceMemory, used: usize) {
+    if used == 0 || q.is_stopped() {
+        return;
+    }
+    match q.interrupt_wanted(mem) {
+        Ok(true) => end.used_interrupt(),
+        Ok(false) => {}
+        Err(e) => fail(end, q, e),
+    }
+}
+
+fn dma_fault(queue: u16, iova: u64, access: Access, e: AccessError) -> DeviceError {
+    DeviceError::DmaFault {
+        queue,
+        what: "buffer",
+        iova,
+        access,
+        reason: e.to_string(),
+    }
+}
+
+/// Copies a chain's bytes out through the IOMMU: the first `HDR_LEN` into
+/// `hdr`, the rest into `frame`. The chain's total is `HDR_LEN +
+/// frame.len()` (checked by the caller).
+fn gather(
+    dma: &mut DmaAccessor,
+    attrs: DmaAttrs,
+    queue: u16,
+    chain: &[ChainDesc],
+    hdr: &mut [u8; HDR_LEN],
+    frame: &mut [u8],
+) -> Result<(), DeviceError> {
+    let mut pos = 0usize;
+    for d in chain {
+        let mut addr = d.addr;
+        let mut left = d.len as usize;
+        while left > 0 {
+            let (dst, take) = if pos < HDR_LEN {
+                let n = left.min(HDR_LEN - pos);
+                (&mut hdr[pos..pos + n], n)
+            } else {
+                let off = pos - HDR_LEN;
+                let n = left.min(frame.len().saturating_sub(off));
+                if n == 0 {
+                    return Ok(());
+                }
+                (&mut frame[off..off + n], n)
+            };
+            dma.read(addr, dst, attrs)
+                .map_err(|e| dma_fault(queue, addr, Access::Read, e))?;
+            pos += take;
+            left -= take;
+            addr = addr.wrapping_add(take as u64);
+        }
+    }
+    Ok(())
+}
+
+/// Copies `hdr` then `frame` into a chain's buffers through the IOMMU.
+/// The chain holds at least `HDR_LEN + frame.len()` bytes (checked by the
+/// caller).
+fn scatter(
+    dma: &mut DmaAccessor,
+    attrs: DmaAttrs,
+    queue: u16,
+    chain: &[ChainDesc],
+    hdr: &[u8; HDR_LEN],
+    frame: &[u8],
+) -> Result<(), DeviceError> {
+    let total = HDR_LEN + frame.len();
+    let mut pos = 0usize;
+    for d in chain {
+        let mut addr = d.addr;
+        let mut left = d.len as usize;
+        while left > 0 && pos < total {
+            let (src, take) = if pos < HDR_LEN {
+                let n = left.min(HDR_LEN - pos);
+                (&hdr[pos..pos + n], n)
+            } else {
+                let off = pos - HDR_LEN;
+                let n = left.min(frame.len() - off);
+                (&frame[off..off + n], n)
+            };
+            dma.write(addr, src, attrs)
+                .map_err(|e| dma_fault(queue, addr, Access::Write, e))?;
+            pos += take;
+            left -= take;
+            addr = addr.wrapping_add(take as u64);
+        }
+    }
+    Ok(())
+}
+
+/// Transmits the chain at `head`: walk, check, copy onto the wire (or drop
+/// when the wire is full), return it used.
+fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), DeviceError> {
+    let queue = q.index();
+    let total = q.walk(&w.mem, head, ChainDir::Readable, &mut w.chain)?;
+    let (min, max) = (
+        (HDR_LEN + net::ETH_HLEN) as u64,
+        (HDR_LEN + w.max_frame) as u64,
+    );
+    if total < min || total > max {
+        return Err(DeviceError::ChainLength {
+            queue,
+            head,
+            len: total,
+            min,
+            max,
+        });
+    }
+    let frame_len = total as usize - HDR_LEN;
+    let mut h = [0u8; HDR_LEN];
+    let check = |h: &[u8; HDR_LEN]| {
+        let (flags, gso_type) = hdr::offloads(h);
+        if flags != 0 || gso_type != net::GSO_NONE {
+            Err(DeviceError::HeaderOffload {
+                queue,
+                head,
+                flags,
+                gso_type,
+            })
+        } else {
+            Ok(())
+        }
+    };
+    match w.port.tx.reserve() {
+        Some(mut slot) => {
+            let buf = slot.buf();
+            gather(
+                &mut w.dma,
+                w.attrs,
+                queue,
+                &w.chain,
+                &mut h,
+                &mut buf[..frame_len],
+            )?;
+            check(&h)?;
+            slot.commit(frame_len);
+        }
+        None => {
+            // The wire's queue is full: the frame is read (a NIC fetches
+            // before it learns the port is congested) and dropped.
+            gather(
+                &mut w.dma,
+                w.attrs,
+                queue,
+                &w.chain,
+                &mut h,
+                &mut w.scratch[..frame_len],
+            )?;
+            check(&h)?;
+            w.port.tx.drop_frame();
+            bump(&w.counters.tx_dropped, 1);
+        }
+    }
+    q.add_used(&w.mem, head, 0)
+}
+
+/// Delivers `frame` into the chain at `head`.
+fn receive(
+    mem: &DeviceMemory,
+    dma: &mut DmaAccessor,
+    attrs: DmaAttrs,
+    chain: &mut Vec<ChainDesc>,
+    q: &mut DeviceQueue,
+    head: u16,
+    frame: &[u8],
+) -> Result<(), DeviceError> {
+    let queue = q.index();
+    let total = q.walk(mem, head, ChainDir::Writable, chain)?;
+    let need = (HDR_LEN + frame.len()) as u64;
+    if total < need {
+        return Err(DeviceError::ChainLength {
+            queue,
+            head,
+            len: total,
+            min: need,
+            max: u64::from(u32::MAX),
+        });
+    }
+    scatter(dma, attrs, queue, chain, &hdr::plain(true), frame)?;
+    q.add_used(mem, head, need as u32)
+}

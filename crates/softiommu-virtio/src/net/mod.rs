@@ -1,0 +1,27 @@
+//! virtio-net (virtio 1.2 §5.1): the device model, a wire between two
+//! devices, the driver on the DMA API, and smoltcp over the driver.
+//!
+//! ```text
+//!  host A                                            host B
+//!  smoltcp (NetStack)                                smoltcp
+//!  NetDriver: map ToDevice, post, kick               NetDriver: post FromDevice, unmap when used
+//!     | MmioTransport registers, rings (IOVAs)          ^
+//!  NetDevice thread: pop, walk, DMA read ----wire----> NetDevice thread: pop, walk, DMA write
+//!     (IommuMemory + DmaAccessor via unit A)           (via unit B)
+//! ```
+
+mod config;
+mod device;
+mod driver;
+mod hdr;
+mod stack;
+mod vring;
+mod wire;
+
+pub use config::{NetConfig, CONFIG_LEN, MAC_OFFSET, MTU_OFFSET, STATUS_OFFSET};
+pub use device::{DeviceMemory, NetDevice, NetDeviceConfig, NetDeviceError, NetDeviceStats};
+pub use driver::{DriverError, DriverStats, NetDriver, NetDriverConfig, NetRxToken, NetTxToken};
+pub use hdr::{num_buffers, offloads, plain as plain_header, HDR_LEN};
+pub use stack::NetStack;
+pub use vring::{DriverRing, RingLayout};
+pub use wire::{wire, LaneStats, Pacer, TxSlot, WireConfig, WirePort, WireRx, WireStats, WireTx};

@@ -1,0 +1,260 @@
+//! [`DriverRing`]: the driver's side of a split virtqueue (§2.7) in a
+//! coherent DMA allocation: it writes descriptors and the available ring
+//! and reads the used ring, the way Linux's `virtio_ring.c` does, with the
+//! CPU's own loads and stores on the shared bytes.
+//!
+//! Orderings (§2.7.13): descriptors and the available entry are written
+//! before the Release store of the available index; the used index is
+//! loaded with Acquire before the used entries it covers; a full fence
+//! separates a store that re-enables the other side's notifications from
+//! the load that re-checks for work (the store-load pair both sides need
+//! so that neither sleeps on work the other has published).
+
+use std::sync::atomic::{fence, AtomicU16, Ordering};
+use std::sync::Arc;
+
+use softiommu::mem::{MemError, PhysAddr, PhysMemory};
+
+use crate::spec::{desc, ring};
+
+/// Byte offsets of a split ring's three parts in one allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingLayout {
+    /// Entries (a power of two).
+    pub size: u16,
+    /// Offset of the available ring (the descriptor table is at 0).
+    pub avail: u64,
+    /// Offset of the used ring.
+    pub used: u64,
+    /// Bytes in all.
+    pub bytes: u64,
+}
+
+impl RingLayout {
+    /// The layout of a ring of `size` entries: descriptor table, available
+    /// ring, then the used ring at the next 4-byte boundary (§2.7's
+    /// alignment table).
+    pub fn new(size: u16) -> Self {
+        let avail = desc::SIZE * u64::from(size);
+        let used = (avail + ring::avail_bytes(size)).next_multiple_of(ring::USED_ALIGN);
+        Self {
+            size,
+            avail,
+            used,
+            bytes: used + ring::used_bytes(size),
+        }
+    }
+}
+
+/// The driver side of one split virtqueue, over memory it owns.
+#[derive(Debug)]
+pub struct DriverRing {
+    mem: Arc<PhysMemory>,
+    base: *mut u8,
+    layout: RingLayout,
+    /// Where the allocation sits (physical) and what the device uses.
+    phys: PhysAddr,
+    dma: u64,
+    avail_idx: u16,
+    last_used: u16,
+}
+
+// SAFETY: `base` points into `mem`'s arena, which lives as long as the
+// `Arc` this ring holds; the ring is used by one thread at a time (it is
+// moved, never shared), and the device side reaches the same bytes only
+// through the IOMMU, with the orderings described in the module header.
+unsafe impl Send for DriverRing {}
+
+impl DriverRing {
+    /// A ring over `layout.bytes` at physical `phys` (zeroed, owned by the
+    /// caller), which the device reaches at `dma`.
+    pub fn new(
+        mem: Arc<PhysMemory>,
+        phys: PhysAddr,
+        dma: u64,
+        layout: RingLayout,
+    ) -> Result<Self, MemError> {
+        let base = mem.as_ptr(phys, layout.bytes)?;
+        Ok(Self {
+            mem,
+            base,
+            layout,
+            phys,
+            dma,
+            avail_idx: 0,
+            last_used: 0,
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> RingLayout {
+        self.layout
+    }
+
+    /// Physical address of the allocation.
+    pub fn phys(&self) -> PhysAddr {
+        self.phys
+    }
+
+    /// The device's addresses of the descriptor table, the available ring
+    /// and the used ring.
+    pub fn device_addresses(&self) -> (u64, u64, u64) {
+        (
+            self.dma,
+            self.dma + self.layout.avail,
+            self.dma + self.layout.used,
+        )
+    }
+
+    fn u16_at(&self, off: u64) -> &AtomicU16 {
+        debug_assert!(off.is_multiple_of(2) && off + 2 <= self.layout.bytes);
+        // SAFETY: every caller passes an even offset inside the ring's
+        // bytes (fixed fields, or an index reduced modulo the size), and
+        // the arena is 4 KiB-aligned, so the pointer is in bounds and
+        // aligned for a u16; the memory lives as long as `self.mem`.
+        unsafe { AtomicU16::from_ptr(self.base.add(off as usize).cast()) }
+    }
+
+    /// Writes descriptor `i` (§2.7.5): `i` is reduced modulo the size.
+    pub fn set_desc(&mut self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let i = u64::from(i % self.layout.size);
+        let mut d = [0u8; desc::SIZE as usize];
+        d[..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..].copy_from_slice(&next.to_le_bytes());
+        // SAFETY: descriptor `i < size` lies in `[0, 16 * size)`, inside the
+        // ring; the device reads it only after the Release in `publish`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                d.as_ptr(),
+                self.base.add((desc::SIZE * i) as usize),
+                d.len(),
+            );
+        }
+    }
+
+    /// Puts chain `head` in the next available slot (not yet visible to the
+    /// device: see [`publish`](Self::publish)).
+    pub fn push_avail(&mut self, head: u16) {
+        let slot = u64::from(self.avail_idx % self.layout.size);
+        let off = self.layout.avail + ring::AVAIL_HEADER + 2 * slot;
+        self.u16_at(off).store(head.to_le(), Ordering::Relaxed);
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+    }
+
+    /// Publishes every chain pushed so far: a Release store of the
+    /// available index (§2.7.13.3).
+    pub fn publish(&mut self) {
+        self.u16_at(self.layout.avail + 2)
+            .store(self.avail_idx.to_le(), Ordering::Release);
+    }
+
+    /// Whether the device wants a notification (§2.7.10: its used ring's
+    /// `VIRTQ_USED_F_NO_NOTIFY` is clear). The full fence orders the
+    /// `publish` before the load, pairing with the device's fence between
+    /// re-enabling notifications and re-reading the available index.
+    pub fn needs_kick(&self) -> bool {
+        fence(Ordering::SeqCst);
+        let flags = u16::from_le(self.u16_at(self.layout.used).load(Ordering::Relaxed));
+        flags & ring::USED_F_NO_NOTIFY == 0
+    }
+
+    /// The next used element `(id, len)`, if the device returned one.
+    pub fn pop_used(&mut self) -> Option<(u32, u32)> {
+        // Acquire: the elements the device wrote before its Release store
+        // of the index are visible.
+        let idx = u16::from_le(self.u16_at(self.layout.used + 2).load(Ordering::Acquire));
+        if idx == self.last_used {
+            return None;
+        }
+        let slot = u64::from(self.last_used % self.layout.size);
+        let off = self.layout.used + ring::USED_HEADER + ring::USED_ELEM * slot;
+        let mut e = [0u8; ring::USED_ELEM as usize];
+        // SAFETY: element `slot < size` lies inside the used ring; the
+        // Acquire above orders this read after the device's write.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.base.add(off as usize), e.as_mut_ptr(), e.len());
+        }
+        self.last_used = self.last_used.wrapping_add(1);
+        Some((
+            u32::from_le_bytes([e[0], e[1], e[2], e[3]]),
+            u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
+        ))
+    }
+
+    /// Whether a used element is waiting (without taking it).
+    pub fn has_used(&self) -> bool {
+        u16::from_le(self.u16_at(self.layout.used + 2).load(Ordering::Acquire)) != self.last_used
+    }
+
+    /// Asks the device not to interrupt (`VIRTQ_AVAIL_F_NO_INTERRUPT`,
+    /// §2.7.7) or to interrupt again. Re-enabling is followed by a full
+    /// fence: the caller re-checks [`has_used`](Self::has_used) before it
+    /// sleeps.
+    pub fn set_interrupts(&mut self, on: bool) {
+        let v = if on { 0 } else { ring::AVAIL_F_NO_INTERRUPT };
+        self.u16_at(self.layout.avail)
+            .store(v.to_le(), Ordering::Relaxed);
+        if on {
+            fence(Ordering::SeqCst);
+        }
+    }
+
+    /// Chains pushed and not yet used (as far as this side knows).
+    pub fn outstanding(&self) -> u16 {
+        self.avail_idx.wrapping_sub(self.last_used)
+    }
+
+    /// The memory the ring lives in.
+    pub fn memory(&self) -> &Arc<PhysMemory> {
+        &self.mem
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_aligns_each_part_as_the_spec_requires() {
+        let l = RingLayout::new(256);
+        assert_eq!(l.avail, 4096);
+        assert_eq!(l.used % ring::USED_ALIGN, 0);
+        assert!(l.used >= l.avail + 4 + 2 * 256 + 2);
+        assert_eq!(l.bytes, l.used + 4 + 8 * 256 + 2);
+        let s = RingLayout::new(1);
+        assert_eq!((s.avail, s.used), (16, 24));
+    }
+
+    #[test]
+    fn descriptors_and_rings_land_where_the_device_reads_them() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let phys = mem.alloc_zeroed_frames(1).unwrap();
+        let l = RingLayout::new(4);
+        let mut r = DriverRing::new(mem.clone(), phys, 0x1000_0000, l).unwrap();
+        r.set_desc(5, 0xabcd, 99, desc::F_WRITE, 0);
+        let mut d = [0u8; 16];
+        mem.read(phys + 16, &mut d).unwrap();
+        assert_eq!(u64::from_le_bytes(d[..8].try_into().unwrap()), 0xabcd);
+        assert_eq!(u32::from_le_bytes(d[8..12].try_into().unwrap()), 99);
+        r.push_avail(1);
+        r.publish();
+        let mut a = [0u8; 6];
+        mem.read(phys + l.avail, &mut a).unwrap();
+        assert_eq!(a, [0, 0, 1, 0, 1, 0]);
+        assert!(r.pop_used().is_none());
+        // The device returns chain 1 with 60 bytes.
+        mem.write(phys + l.used + 4, &[1, 0, 0, 0, 60, 0, 0, 0])
+            .unwrap();
+        mem.write(phys + l.used + 2, &[1, 0]).unwrap();
+        assert!(r.has_used());
+        assert_eq!(r.pop_used(), Some((1, 60)));
+        assert_eq!(r.outstanding(), 0);
+        assert!(r.needs_kick());
+        assert_eq!(
+            r.device_addresses(),
+            (0x1000_0000, 0x1000_0040, 0x1000_0050)
+        );
+    }
+}

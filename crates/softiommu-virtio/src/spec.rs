@@ -1,0 +1,199 @@
+//! Constants of the virtio 1.2 specification (OASIS, "Virtual I/O Device
+//! (VIRTIO) Version 1.2"), each with the section it comes from. Where
+//! `virtio-bindings` (the rust-vmm crate generated from Linux's uapi
+//! headers) defines the value, it is taken from there, so the two cannot
+//! disagree.
+
+use virtio_bindings::{virtio_config, virtio_ids, virtio_mmio, virtio_net, virtio_ring};
+
+/// §4.2.2: `MagicValue` is "virt" in little-endian ASCII.
+pub const MMIO_MAGIC: u32 = 0x7472_6976;
+/// §4.2.2: `Version` of the non-legacy MMIO transport.
+pub const MMIO_VERSION: u32 = 2;
+/// A vendor id for our devices (§4.2.2 leaves `VendorID` to the device):
+/// "SOFT" would not fit in a PCI vendor id and none is needed here; QEMU
+/// reports 0x554d4551 ("QEMU"), we report "SIOM".
+pub const VENDOR_ID: u32 = 0x4d4f_4953;
+
+/// §4.2.2, Table "MMIO Device Register Layout": byte offsets.
+pub mod reg {
+    use super::virtio_mmio as m;
+    /// `MagicValue` (R).
+    pub const MAGIC_VALUE: u64 = m::VIRTIO_MMIO_MAGIC_VALUE as u64;
+    /// `Version` (R).
+    pub const VERSION: u64 = m::VIRTIO_MMIO_VERSION as u64;
+    /// `DeviceID` (R).
+    pub const DEVICE_ID: u64 = m::VIRTIO_MMIO_DEVICE_ID as u64;
+    /// `VendorID` (R).
+    pub const VENDOR_ID: u64 = m::VIRTIO_MMIO_VENDOR_ID as u64;
+    /// `DeviceFeatures` (R): 32 bits of the device's features, chosen by
+    /// `DeviceFeaturesSel`.
+    pub const DEVICE_FEATURES: u64 = m::VIRTIO_MMIO_DEVICE_FEATURES as u64;
+    /// `DeviceFeaturesSel` (W).
+    pub const DEVICE_FEATURES_SEL: u64 = m::VIRTIO_MMIO_DEVICE_FEATURES_SEL as u64;
+    /// `DriverFeatures` (W).
+    pub const DRIVER_FEATURES: u64 = m::VIRTIO_MMIO_DRIVER_FEATURES as u64;
+    /// `DriverFeaturesSel` (W).
+    pub const DRIVER_FEATURES_SEL: u64 = m::VIRTIO_MMIO_DRIVER_FEATURES_SEL as u64;
+    /// `QueueSel` (W).
+    pub const QUEUE_SEL: u64 = m::VIRTIO_MMIO_QUEUE_SEL as u64;
+    /// `QueueNumMax` (R): 0 means the selected queue does not exist.
+    pub const QUEUE_NUM_MAX: u64 = m::VIRTIO_MMIO_QUEUE_NUM_MAX as u64;
+    /// `QueueNum` (W).
+    pub const QUEUE_NUM: u64 = m::VIRTIO_MMIO_QUEUE_NUM as u64;
+    /// `QueueReady` (RW).
+    pub const QUEUE_READY: u64 = m::VIRTIO_MMIO_QUEUE_READY as u64;
+    /// `QueueNotify` (W).
+    pub const QUEUE_NOTIFY: u64 = m::VIRTIO_MMIO_QUEUE_NOTIFY as u64;
+    /// `InterruptStatus` (R).
+    pub const INTERRUPT_STATUS: u64 = m::VIRTIO_MMIO_INTERRUPT_STATUS as u64;
+    /// `InterruptACK` (W).
+    pub const INTERRUPT_ACK: u64 = m::VIRTIO_MMIO_INTERRUPT_ACK as u64;
+    /// `Status` (RW).
+    pub const STATUS: u64 = m::VIRTIO_MMIO_STATUS as u64;
+    /// `QueueDescLow` (W).
+    pub const QUEUE_DESC_LOW: u64 = m::VIRTIO_MMIO_QUEUE_DESC_LOW as u64;
+    /// `QueueDescHigh` (W).
+    pub const QUEUE_DESC_HIGH: u64 = m::VIRTIO_MMIO_QUEUE_DESC_HIGH as u64;
+    /// `QueueDriverLow` (W): the available ring.
+    pub const QUEUE_DRIVER_LOW: u64 = m::VIRTIO_MMIO_QUEUE_AVAIL_LOW as u64;
+    /// `QueueDriverHigh` (W).
+    pub const QUEUE_DRIVER_HIGH: u64 = m::VIRTIO_MMIO_QUEUE_AVAIL_HIGH as u64;
+    /// `QueueDeviceLow` (W): the used ring.
+    pub const QUEUE_DEVICE_LOW: u64 = m::VIRTIO_MMIO_QUEUE_USED_LOW as u64;
+    /// `QueueDeviceHigh` (W).
+    pub const QUEUE_DEVICE_HIGH: u64 = m::VIRTIO_MMIO_QUEUE_USED_HIGH as u64;
+    /// `SHMSel` (W): shared memory regions (we have none).
+    pub const SHM_SEL: u64 = m::VIRTIO_MMIO_SHM_SEL as u64;
+    /// `SHMLenLow` (R).
+    pub const SHM_LEN_LOW: u64 = m::VIRTIO_MMIO_SHM_LEN_LOW as u64;
+    /// `SHMLenHigh` (R).
+    pub const SHM_LEN_HIGH: u64 = m::VIRTIO_MMIO_SHM_LEN_HIGH as u64;
+    /// `SHMBaseLow` (R).
+    pub const SHM_BASE_LOW: u64 = m::VIRTIO_MMIO_SHM_BASE_LOW as u64;
+    /// `SHMBaseHigh` (R).
+    pub const SHM_BASE_HIGH: u64 = m::VIRTIO_MMIO_SHM_BASE_HIGH as u64;
+    /// `ConfigGeneration` (R).
+    pub const CONFIG_GENERATION: u64 = m::VIRTIO_MMIO_CONFIG_GENERATION as u64;
+    /// Device-specific configuration space starts here.
+    pub const CONFIG: u64 = m::VIRTIO_MMIO_CONFIG as u64;
+}
+
+/// §2.1 "Device Status Field": the bits of `Status`.
+pub mod status {
+    use super::virtio_config as c;
+    /// The guest noticed the device.
+    pub const ACKNOWLEDGE: u32 = c::VIRTIO_CONFIG_S_ACKNOWLEDGE;
+    /// The guest knows how to drive it.
+    pub const DRIVER: u32 = c::VIRTIO_CONFIG_S_DRIVER;
+    /// The driver is set up and ready to drive the device.
+    pub const DRIVER_OK: u32 = c::VIRTIO_CONFIG_S_DRIVER_OK;
+    /// The driver acknowledged the features it understands; negotiation is
+    /// complete.
+    pub const FEATURES_OK: u32 = c::VIRTIO_CONFIG_S_FEATURES_OK;
+    /// The device hit an error from which it cannot recover without a
+    /// reset.
+    pub const DEVICE_NEEDS_RESET: u32 = c::VIRTIO_CONFIG_S_NEEDS_RESET;
+    /// The driver gave up on the device.
+    pub const FAILED: u32 = c::VIRTIO_CONFIG_S_FAILED;
+}
+
+/// §4.2.2 `InterruptStatus` bits.
+pub mod isr {
+    use super::virtio_mmio as m;
+    /// "Used Buffer Notification": a used ring was updated.
+    pub const USED_BUFFER: u32 = m::VIRTIO_MMIO_INT_VRING;
+    /// "Configuration Change Notification" (also sent with
+    /// `DEVICE_NEEDS_RESET`, §2.1.2).
+    pub const CONFIG_CHANGE: u32 = m::VIRTIO_MMIO_INT_CONFIG;
+}
+
+/// §6 "Reserved Feature Bits" and §5.1.3 "Feature bits" (network device),
+/// as bit numbers.
+pub mod feature {
+    use super::{virtio_config as c, virtio_net as n, virtio_ring as r};
+    /// §6: the device conforms to virtio 1.x (no legacy interface).
+    pub const VERSION_1: u32 = c::VIRTIO_F_VERSION_1;
+    /// §6: the device accesses memory through a platform translation
+    /// (an IOMMU): every address in the rings and buffers is an IOVA.
+    pub const ACCESS_PLATFORM: u32 = c::VIRTIO_F_ACCESS_PLATFORM;
+    /// §6: indirect descriptors (we do not offer it).
+    pub const RING_INDIRECT_DESC: u32 = r::VIRTIO_RING_F_INDIRECT_DESC;
+    /// §6: used/available event index suppression (we do not offer it).
+    pub const RING_EVENT_IDX: u32 = r::VIRTIO_RING_F_EVENT_IDX;
+    /// §5.1.3: the device has a maximum MTU in its config space.
+    pub const NET_MTU: u32 = n::VIRTIO_NET_F_MTU;
+    /// §5.1.3: the device has a MAC address in its config space.
+    pub const NET_MAC: u32 = n::VIRTIO_NET_F_MAC;
+    /// §5.1.3: the config space has a link status field.
+    pub const NET_STATUS: u32 = n::VIRTIO_NET_F_STATUS;
+}
+
+/// §2.7.5 "The Virtqueue Descriptor Table": descriptor flags.
+pub mod desc {
+    use super::virtio_ring as r;
+    /// The buffer continues in the `next` field.
+    pub const F_NEXT: u16 = r::VRING_DESC_F_NEXT as u16;
+    /// The buffer is device-writable (otherwise device-readable).
+    pub const F_WRITE: u16 = r::VRING_DESC_F_WRITE as u16;
+    /// The buffer holds a table of indirect descriptors.
+    pub const F_INDIRECT: u16 = r::VRING_DESC_F_INDIRECT as u16;
+    /// Bytes per descriptor.
+    pub const SIZE: u64 = 16;
+}
+
+/// §2.7.6 / §2.7.8: ring flags and layout of the split virtqueue.
+pub mod ring {
+    use super::virtio_ring as r;
+    /// Available ring flag: the driver asks not to be interrupted.
+    pub const AVAIL_F_NO_INTERRUPT: u16 = r::VRING_AVAIL_F_NO_INTERRUPT as u16;
+    /// Used ring flag: the device asks not to be notified.
+    pub const USED_F_NO_NOTIFY: u16 = r::VRING_USED_F_NO_NOTIFY as u16;
+    /// §2.7 alignment table: descriptor table.
+    pub const DESC_ALIGN: u64 = 16;
+    /// §2.7 alignment table: available ring.
+    pub const AVAIL_ALIGN: u64 = 2;
+    /// §2.7 alignment table: used ring.
+    pub const USED_ALIGN: u64 = 4;
+    /// §2.7.6: `flags`, `idx`, then `ring[size]`, then `used_event`.
+    pub const AVAIL_HEADER: u64 = 4;
+    /// §2.7.8: `flags`, `idx`, then `ring[size]` of `{id: le32, len: le32}`.
+    pub const USED_HEADER: u64 = 4;
+    /// §2.7.8: bytes per used element.
+    pub const USED_ELEM: u64 = 8;
+    /// The largest queue size a split virtqueue may have (§2.7: 32768).
+    pub const MAX_SIZE: u16 = 32768;
+
+    /// Bytes of an available ring of `size` entries, `used_event` included.
+    pub const fn avail_bytes(size: u16) -> u64 {
+        AVAIL_HEADER + 2 * size as u64 + 2
+    }
+
+    /// Bytes of a used ring of `size` entries, `avail_event` included.
+    pub const fn used_bytes(size: u16) -> u64 {
+        USED_HEADER + USED_ELEM * size as u64 + 2
+    }
+}
+
+/// §5.1.6 "Device Operation" (network device).
+pub mod net {
+    use super::{virtio_ids, virtio_net as n};
+    /// §5: device id of a network card.
+    pub const DEVICE_ID: u32 = virtio_ids::VIRTIO_ID_NET;
+    /// §5.1.2: queue 0 is receiveq1.
+    pub const RX_QUEUE: u16 = 0;
+    /// §5.1.2: queue 1 is transmitq1.
+    pub const TX_QUEUE: u16 = 1;
+    /// §5.1.6: with `VIRTIO_F_VERSION_1`, every packet is preceded by a
+    /// `struct virtio_net_hdr` of this size (`num_buffers` included).
+    pub const HDR_LEN: usize = std::mem::size_of::<n::virtio_net_hdr_v1>();
+    /// §5.1.4: `status` bit: the link is up.
+    pub const S_LINK_UP: u16 = n::VIRTIO_NET_S_LINK_UP as u16;
+    /// §5.1.6: `gso_type` of a packet with no segmentation offload.
+    pub const GSO_NONE: u8 = n::VIRTIO_NET_HDR_GSO_NONE as u8;
+    /// Ethernet header: destination, source, EtherType (IEEE 802.3).
+    pub const ETH_HLEN: usize = 14;
+    /// The smallest MTU a device may offer with `VIRTIO_NET_F_MTU`
+    /// (§5.1.4.1: "at least 68").
+    pub const MIN_MTU: u16 = 68;
+}

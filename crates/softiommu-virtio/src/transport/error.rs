@@ -1,0 +1,276 @@
+//! What a device records when a driver (or its memory) gives it bad input,
+//! and the bounded log those records go to.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use softiommu::hw::Access;
+
+/// One error a device or its transport recorded. Each says enough to find
+/// the driver's mistake; none is a panic, and each that breaks a queue also
+/// sets `DEVICE_NEEDS_RESET` (see the variant).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// A register offset the layout does not have, or a misaligned one
+    /// (§4.2.2: registers are 32 bits wide and aligned). Ignored.
+    #[error("{op} of unknown register offset {offset:#x}")]
+    BadRegister {
+        /// The offset.
+        offset: u64,
+        /// "read" or "write".
+        op: &'static str,
+    },
+    /// The driver cleared a status bit without a reset (§2.1.2: "The
+    /// driver MUST NOT clear a device status bit"). Ignored.
+    #[error("status bits {cleared:#x} cleared without a reset")]
+    StatusBitCleared {
+        /// The bits the write would have cleared.
+        cleared: u32,
+    },
+    /// `FEATURES_OK` refused: the driver's features are not acceptable
+    /// (§3.1.1 step 6: the device leaves the bit clear).
+    #[error("features {driver:#x} refused: {reason}")]
+    FeaturesRefused {
+        /// What the driver wrote.
+        driver: u64,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A write that is only allowed earlier in initialisation (driver
+    /// features after `FEATURES_OK`, queue layout while the queue is ready
+    /// or the device live). Ignored.
+    #[error("write to register {offset:#x} in status {status:#x} is not allowed now")]
+    LateWrite {
+        /// The register.
+        offset: u64,
+        /// The status at the time.
+        status: u32,
+    },
+    /// `DRIVER_OK` without `FEATURES_OK` (§3.1.1 order). Sets
+    /// `DEVICE_NEEDS_RESET`.
+    #[error("DRIVER_OK written before FEATURES_OK (status {status:#x})")]
+    DriverOkBeforeFeaturesOk {
+        /// The status written.
+        status: u32,
+    },
+    /// `QueueNum` of zero, above `QueueNumMax`, or not a power of two (§2.7:
+    /// "Queue Size value is always a power of 2"). Sets
+    /// `DEVICE_NEEDS_RESET`; the queue cannot be made ready.
+    #[error("queue {queue}: size {size} refused (max {max}, must be a power of two)")]
+    QueueSizeInvalid {
+        /// The queue.
+        queue: u16,
+        /// The size written.
+        size: u32,
+        /// `QueueNumMax`.
+        max: u16,
+    },
+    /// A ring address not aligned as §2.7's table requires, or `QueueReady`
+    /// written with no valid size. Sets `DEVICE_NEEDS_RESET`.
+    #[error("queue {queue}: {what} at {addr:#x} is not {align}-byte aligned")]
+    QueueLayoutInvalid {
+        /// The queue.
+        queue: u16,
+        /// Which area: "descriptor table", "available ring", "used ring",
+        /// or "size" (no size set).
+        what: &'static str,
+        /// The address (or size).
+        addr: u64,
+        /// The alignment needed.
+        align: u64,
+    },
+    /// A queue register written with `QueueSel` naming no queue. Ignored.
+    #[error("queue {queue} does not exist ({queues} queues)")]
+    NoSuchQueue {
+        /// The selected queue.
+        queue: u32,
+        /// Queues the device has.
+        queues: u16,
+    },
+    /// `QueueNotify` before `DRIVER_OK` (§3.1.1: the device must not be used
+    /// before). Sets `DEVICE_NEEDS_RESET`.
+    #[error("queue {queue} notified before DRIVER_OK (status {status:#x})")]
+    NotifyBeforeDriverOk {
+        /// The queue notified.
+        queue: u32,
+        /// The status at the time.
+        status: u32,
+    },
+    /// A config-space write to a field the device does not let the driver
+    /// write (all of virtio-net's we offer are read-only). Ignored.
+    #[error("config-space write at offset {offset:#x} ignored")]
+    ConfigWrite {
+        /// Offset into the config space.
+        offset: u64,
+    },
+    /// The available index moved more than a queue's size past the device's
+    /// position: a driver publishing chains it never made (§2.7.6).
+    /// Stops the queue, sets `DEVICE_NEEDS_RESET`.
+    #[error("queue {queue}: available index {avail} is more than {size} past {next}")]
+    AvailIndexTooFar {
+        /// The queue.
+        queue: u16,
+        /// The index read.
+        avail: u16,
+        /// The device's next position.
+        next: u16,
+        /// The queue size.
+        size: u16,
+    },
+    /// A chain head or `next` field past the descriptor table. Stops the
+    /// queue, sets `DEVICE_NEEDS_RESET`.
+    #[error("queue {queue}: descriptor index {index} is past the table of {size}")]
+    DescriptorIndexOutOfRange {
+        /// The queue.
+        queue: u16,
+        /// The index.
+        index: u16,
+        /// The queue size.
+        size: u16,
+    },
+    /// A chain longer than the queue size: it loops (§2.7.5.2: a chain
+    /// cannot be longer than the queue). Stops the queue, sets
+    /// `DEVICE_NEEDS_RESET`.
+    #[error("queue {queue}: chain from {head} is longer than the queue size {size} (a loop)")]
+    ChainLoop {
+        /// The queue.
+        queue: u16,
+        /// The chain's head.
+        head: u16,
+        /// The queue size.
+        size: u16,
+    },
+    /// `VIRTQ_DESC_F_INDIRECT` used without `VIRTIO_F_INDIRECT_DESC`
+    /// negotiated (§2.7.5.3.1). Stops the queue, sets `DEVICE_NEEDS_RESET`.
+    #[error(
+        "queue {queue}: indirect descriptor {index} but indirect descriptors were not negotiated"
+    )]
+    IndirectNotNegotiated {
+        /// The queue.
+        queue: u16,
+        /// The descriptor.
+        index: u16,
+    },
+    /// A device-writable descriptor where the device must read (a transmit
+    /// chain), or a readable one where it must write (a receive chain)
+    /// (§2.7.5: transmit buffers are device-readable, receive buffers
+    /// device-writable). Stops the queue, sets `DEVICE_NEEDS_RESET`.
+    #[error("queue {queue}: descriptor {index} of the chain from {head} is {found}, the device needs it {needed}")]
+    WrongDirection {
+        /// The queue.
+        queue: u16,
+        /// The chain's head.
+        head: u16,
+        /// The offending descriptor.
+        index: u16,
+        /// "write-only" or "read-only".
+        found: &'static str,
+        /// "readable" or "writable".
+        needed: &'static str,
+    },
+    /// A chain whose bytes do not hold what the device needs: shorter than
+    /// the header, a frame past the largest the device allows, or a
+    /// receive buffer too small for the frame (§5.1.6.3.1: buffers must hold
+    /// the largest packet). Stops the queue, sets `DEVICE_NEEDS_RESET`.
+    #[error("queue {queue}: chain from {head} has {len} bytes, needs {min}..={max}")]
+    ChainLength {
+        /// The queue.
+        queue: u16,
+        /// The chain's head.
+        head: u16,
+        /// Bytes the chain has (saturated at `u32::MAX`).
+        len: u64,
+        /// The fewest bytes allowed.
+        min: u64,
+        /// The most bytes allowed.
+        max: u64,
+    },
+    /// A `virtio_net_hdr` asking for an offload that was not negotiated
+    /// (§5.1.6.2.1: without `VIRTIO_NET_F_CSUM` the driver must not set
+    /// `NEEDS_CSUM`, without GSO features `gso_type` must be NONE). Stops
+    /// the queue, sets `DEVICE_NEEDS_RESET`.
+    #[error("queue {queue}: chain from {head}: header flags {flags:#x} gso_type {gso_type} not negotiated")]
+    HeaderOffload {
+        /// The queue.
+        queue: u16,
+        /// The chain's head.
+        head: u16,
+        /// `flags`.
+        flags: u8,
+        /// `gso_type`.
+        gso_type: u8,
+    },
+    /// The IOMMU refused a DMA: an unmapped address, or a write to a
+    /// read-only mapping. The unit has recorded the fault in its log; the
+    /// device moved no byte. Stops the queue, sets `DEVICE_NEEDS_RESET`.
+    #[error("queue {queue}: DMA {access} of {what} at IOVA {iova:#x} faulted: {reason}")]
+    DmaFault {
+        /// The queue.
+        queue: u16,
+        /// What the device was reaching: "descriptor", "available ring",
+        /// "used ring", "buffer".
+        what: &'static str,
+        /// The IOVA (the first byte of the access).
+        iova: u64,
+        /// Read or write.
+        access: Access,
+        /// What the IOMMU said.
+        reason: String,
+    },
+}
+
+impl DeviceError {
+    /// Whether this error stops a queue and sets `DEVICE_NEEDS_RESET`.
+    pub fn needs_reset(&self) -> bool {
+        !matches!(
+            self,
+            DeviceError::BadRegister { .. }
+                | DeviceError::StatusBitCleared { .. }
+                | DeviceError::FeaturesRefused { .. }
+                | DeviceError::LateWrite { .. }
+                | DeviceError::NoSuchQueue { .. }
+                | DeviceError::ConfigWrite { .. }
+        )
+    }
+}
+
+/// The errors a device recorded: the first [`ErrorLog::CAPACITY`] kept, the
+/// rest counted (a misbehaving driver cannot make the log grow without
+/// bound).
+#[derive(Debug, Default)]
+pub struct ErrorLog {
+    kept: Mutex<VecDeque<DeviceError>>,
+    total: AtomicU64,
+}
+
+impl ErrorLog {
+    /// Records kept before the rest are only counted.
+    pub const CAPACITY: usize = 64;
+
+    /// Records `e` (a slow path: a lock).
+    pub fn record(&self, e: DeviceError) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() < Self::CAPACITY {
+            kept.push_back(e);
+        }
+    }
+
+    /// Takes the kept records, oldest first.
+    pub fn drain(&self) -> Vec<DeviceError> {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        kept.drain(..).collect()
+    }
+
+    /// A copy of the kept records, oldest first.
+    pub fn snapshot(&self) -> Vec<DeviceError> {
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        kept.iter().cloned().collect()
+    }
+
+    /// Errors recorded over the log's life, kept or not.
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+}

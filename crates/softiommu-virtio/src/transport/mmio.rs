@@ -1,0 +1,608 @@
+//! [`MmioTransport`]: the virtio-mmio register block (virtio 1.2 §4.2.2)
+//! a driver programs, with feature negotiation, the status state machine
+//! and queue setup.
+//!
+//! Setup registers live under one lock (`regs`): they are written a few
+//! dozen times per device life. The three registers a driver touches per
+//! packet or per interrupt — `QueueNotify`, `InterruptStatus`,
+//! `InterruptACK` — and `Status` are atomics, so the data path takes no
+//! lock. What the device thread works on (its live queues) sits in a
+//! second lock, the [`Engine`]'s, which the device holds for one bounded
+//! batch at a time; a register write that changes the queues (reset,
+//! `DRIVER_OK`, `QueueReady`) takes it too, and so waits for the batch in
+//! flight to end: when a reset returns, the device no longer uses the old
+//! rings. Lock order: `regs`, then `engine`; the device thread takes only
+//! `engine`.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::Thread;
+
+use super::error::{DeviceError, ErrorLog};
+use super::queue::{DeviceQueue, QueueLayout};
+use crate::spec::{self, feature, isr, reg, status};
+
+/// What a device model tells its transport about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// §5: the device type (1 for a network card).
+    pub device_id: u32,
+    /// Device-type features offered (the transport adds `VERSION_1` and
+    /// `ACCESS_PLATFORM`).
+    pub features: u64,
+    /// Virtqueues.
+    pub queues: u16,
+    /// `QueueNumMax` of every queue: a power of two.
+    pub queue_max: u16,
+    /// The device-specific configuration space (§4.2.2 offset 0x100).
+    pub config: Vec<u8>,
+}
+
+/// Transport policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransportConfig {
+    /// Refuse `FEATURES_OK` unless the driver accepts
+    /// `VIRTIO_F_ACCESS_PLATFORM` (§6.1: "A device MAY fail to operate
+    /// further if VIRTIO_F_ACCESS_PLATFORM is not accepted"). On by default:
+    /// our devices reach memory only through the IOMMU, so a driver that
+    /// hands them physical addresses is wrong. A driver that predates the
+    /// bit but maps its buffers anyway (rcore's `virtio-drivers`, whose HAL
+    /// returns IOVAs) can be served with it off.
+    pub require_access_platform: bool,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            require_access_platform: true,
+        }
+    }
+}
+
+/// Driver-owned status bits (the device owns `DEVICE_NEEDS_RESET`).
+const DRIVER_BITS: u32 =
+    status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK | status::FAILED;
+
+/// One queue's registers as the driver wrote them.
+#[derive(Debug, Clone, Copy, Default)]
+struct QueueRegs {
+    /// `QueueNum`; 0 while unset or refused.
+    num: u16,
+    ready: bool,
+    desc: u64,
+    driver: u64,
+    device: u64,
+}
+
+/// The setup registers.
+#[derive(Debug)]
+struct Regs {
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    queue_sel: u32,
+    queues: Vec<QueueRegs>,
+    config: Vec<u8>,
+    config_generation: u32,
+}
+
+/// What the device thread works on: the live queues and the negotiated
+/// features. Reached through [`DeviceEnd::lock`](super::DeviceEnd::lock).
+#[derive(Debug, Default)]
+pub struct Engine {
+    /// Queue `i`, once the driver made it live (`DRIVER_OK` and
+    /// `QueueReady`).
+    pub queues: Vec<Option<DeviceQueue>>,
+    /// Features negotiated.
+    pub features: u64,
+}
+
+/// State shared by the register block and the device thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) info: DeviceInfo,
+    pub(crate) cfg: TransportConfig,
+    regs: Mutex<Regs>,
+    pub(crate) status: AtomicU32,
+    pub(crate) isr: AtomicU32,
+    /// Bit `q`: queue `q` was notified since the device last looked.
+    pub(crate) notify: AtomicU64,
+    pub(crate) engine: Mutex<Engine>,
+    pub(crate) errors: ErrorLog,
+    /// The device thread, woken by a notification.
+    pub(crate) device_thread: OnceLock<Thread>,
+    /// The driver thread an interrupt wakes.
+    irq_thread: Mutex<Option<Thread>>,
+    pub(crate) interrupts: AtomicU64,
+    pub(crate) notifies: AtomicU64,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Records `e`; if it breaks the device, sets `DEVICE_NEEDS_RESET` and
+    /// sends a configuration-change interrupt (§2.1.2: "the device MUST
+    /// send a device configuration change notification").
+    pub(crate) fn report(&self, e: DeviceError) {
+        let reset = e.needs_reset();
+        self.errors.record(e);
+        if reset {
+            self.status
+                .fetch_or(status::DEVICE_NEEDS_RESET, Ordering::AcqRel);
+            self.interrupt(isr::CONFIG_CHANGE);
+        }
+    }
+
+    /// Sets `bits` in `InterruptStatus` and wakes the driver's thread.
+    pub(crate) fn interrupt(&self, bits: u32) {
+        // Release: the used-ring updates before it are visible to a driver
+        // that reads the status with Acquire.
+        self.isr.fetch_or(bits, Ordering::AcqRel);
+        self.interrupts.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = lock(&self.irq_thread).as_ref() {
+            t.unpark();
+        }
+    }
+
+    fn device_features(&self) -> u64 {
+        self.info.features | 1 << feature::VERSION_1 | 1 << feature::ACCESS_PLATFORM
+    }
+}
+
+/// The register block of one virtio-mmio device: what a VMM maps at the
+/// device's MMIO window and forwards guest accesses to, and what a driver
+/// in this process programs directly. Cheap to clone (a shared handle).
+#[derive(Debug, Clone)]
+pub struct MmioTransport {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl MmioTransport {
+    /// A transport for a device described by `info`.
+    pub fn new(info: DeviceInfo, cfg: TransportConfig) -> Self {
+        let queues = vec![QueueRegs::default(); usize::from(info.queues)];
+        let engine_queues = (0..info.queues).map(|_| None).collect();
+        let regs = Regs {
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            queue_sel: 0,
+            queues,
+            config: info.config.clone(),
+            config_generation: 0,
+        };
+        Self {
+            shared: Arc::new(Shared {
+                info,
+                cfg,
+                regs: Mutex::new(regs),
+                status: AtomicU32::new(0),
+                isr: AtomicU32::new(0),
+                notify: AtomicU64::new(0),
+                engine: Mutex::new(Engine {
+                    queues: engine_queues,
+                    features: 0,
+                }),
+                errors: ErrorLog::default(),
+                device_thread: OnceLock::new(),
+                irq_thread: Mutex::new(None),
+                interrupts: AtomicU64::new(0),
+                notifies: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The errors recorded so far (kept ones; see [`ErrorLog`]).
+    pub fn errors(&self) -> &ErrorLog {
+        &self.shared.errors
+    }
+
+    /// The device status (`Status` register).
+    pub fn status(&self) -> u32 {
+        self.shared.status.load(Ordering::Acquire)
+    }
+
+    /// Makes `thread` the one an interrupt wakes (`unpark`), as an
+    /// interrupt line to a CPU.
+    pub fn bind_interrupt(&self, thread: Thread) {
+        *lock(&self.shared.irq_thread) = Some(thread);
+    }
+
+    /// Interrupts raised over the device's life.
+    pub fn interrupts_raised(&self) -> u64 {
+        self.shared.interrupts.load(Ordering::Relaxed)
+    }
+
+    /// `QueueNotify` writes that reached the device.
+    pub fn notifications(&self) -> u64 {
+        self.shared.notifies.load(Ordering::Relaxed)
+    }
+
+    /// Replaces the config space (e.g. a link-status change) and bumps
+    /// `ConfigGeneration` (§4.2.2.1), then sends a configuration-change
+    /// interrupt. Bytes past the original length are ignored.
+    pub fn update_config(&self, config: &[u8]) {
+        {
+            let mut r = lock(&self.shared.regs);
+            let n = r.config.len().min(config.len());
+            r.config[..n].copy_from_slice(&config[..n]);
+            r.config_generation = r.config_generation.wrapping_add(1);
+        }
+        self.shared.interrupt(isr::CONFIG_CHANGE);
+    }
+
+    /// Reads `buf.len()` bytes of config space at `offset` (bytes past its
+    /// end read as zero, and a read wholly past it is recorded).
+    pub fn read_config(&self, offset: u64, buf: &mut [u8]) {
+        let r = lock(&self.shared.regs);
+        let len = r.config.len() as u64;
+        if offset >= len && !buf.is_empty() {
+            drop(r);
+            self.shared.report(DeviceError::BadRegister {
+                offset: reg::CONFIG.saturating_add(offset),
+                op: "read",
+            });
+            buf.fill(0);
+            return;
+        }
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = offset
+                .checked_add(i as u64)
+                .filter(|&o| o < len)
+                .map_or(0, |o| r.config[o as usize]);
+        }
+    }
+
+    /// A 32-bit read of the register at `offset` (§4.2.2). Unknown or
+    /// write-only registers read as zero and are recorded.
+    pub fn read(&self, offset: u64) -> u32 {
+        let s = &*self.shared;
+        if offset >= reg::CONFIG {
+            let mut b = [0u8; 4];
+            self.read_config(offset - reg::CONFIG, &mut b);
+            return u32::from_le_bytes(b);
+        }
+        match offset {
+            reg::MAGIC_VALUE => return spec::MMIO_MAGIC,
+            reg::VERSION => return spec::MMIO_VERSION,
+            reg::DEVICE_ID => return s.info.device_id,
+            reg::VENDOR_ID => return spec::VENDOR_ID,
+            // Acquire: pairs with the device's release in `interrupt`.
+            reg::INTERRUPT_STATUS => return s.isr.load(Ordering::Acquire),
+            reg::STATUS => return s.status.load(Ordering::Acquire),
+            // §4.2.2: a region that does not exist has length -1.
+            reg::SHM_LEN_LOW | reg::SHM_LEN_HIGH | reg::SHM_BASE_LOW | reg::SHM_BASE_HIGH => {
+                return u32::MAX
+            }
+            _ => {}
+        }
+        let r = lock(&s.regs);
+        match offset {
+            reg::DEVICE_FEATURES => match r.device_features_sel {
+                0 => s.device_features() as u32,
+                1 => (s.device_features() >> 32) as u32,
+                _ => 0,
+            },
+            reg::QUEUE_NUM_MAX => {
+                if (r.queue_sel as usize) < r.queues.len() {
+                    u32::from(s.info.queue_max)
+                } else {
+                    0
+                }
+            }
+            reg::QUEUE_READY => r
+                .queues
+                .get(r.queue_sel as usize)
+                .map_or(0, |q| u32::from(q.ready)),
+            reg::CONFIG_GENERATION => r.config_generation,
+            _ => {
+                drop(r);
+                s.report(DeviceError::BadRegister { offset, op: "read" });
+                0
+            }
+        }
+    }
+
+    /// A 32-bit write of `value` to the register at `offset` (§4.2.2).
+    /// Bad writes are recorded (see [`DeviceError`]); none panics.
+    pub fn write(&self, offset: u64, value: u32) {
+        let s = &*self.shared;
+        // The data path first, without the setup lock.
+        match offset {
+            reg::QUEUE_NOTIFY => return self.notify(value),
+            reg::INTERRUPT_ACK => {
+                s.isr.fetch_and(!value, Ordering::AcqRel);
+                return;
+            }
+            _ => {}
+        }
+        if offset >= reg::CONFIG {
+            s.report(DeviceError::ConfigWrite {
+                offset: offset - reg::CONFIG,
+            });
+            return;
+        }
+        let mut r = lock(&s.regs);
+        let st = s.status.load(Ordering::Acquire);
+        match offset {
+            reg::DEVICE_FEATURES_SEL => r.device_features_sel = value,
+            reg::DRIVER_FEATURES_SEL => r.driver_features_sel = value,
+            reg::DRIVER_FEATURES => {
+                if st & status::FEATURES_OK != 0 {
+                    drop(r);
+                    s.report(DeviceError::LateWrite { offset, status: st });
+                    return;
+                }
+                match r.driver_features_sel {
+                    0 => r.driver_features = (r.driver_features & !0xffff_ffff) | u64::from(value),
+                    1 => {
+                        r.driver_features =
+                            (r.driver_features & 0xffff_ffff) | u64::from(value) << 32
+                    }
+                    // Features past bit 63 do not exist; writing zero
+                    // there is harmless, anything else is refused later.
+                    _ if value == 0 => {}
+                    _ => r.driver_features |= 1 << 63,
+                }
+            }
+            reg::QUEUE_SEL => r.queue_sel = value,
+            reg::QUEUE_NUM
+            | reg::QUEUE_DESC_LOW
+            | reg::QUEUE_DESC_HIGH
+            | reg::QUEUE_DRIVER_LOW
+            | reg::QUEUE_DRIVER_HIGH
+            | reg::QUEUE_DEVICE_LOW
+            | reg::QUEUE_DEVICE_HIGH => self.queue_layout_write(r, offset, value, st),
+            reg::QUEUE_READY => self.queue_ready_write(r, value, st),
+            reg::STATUS => self.status_write(r, value, st),
+            reg::SHM_SEL => {}
+            _ => {
+                drop(r);
+                s.report(DeviceError::BadRegister {
+                    offset,
+                    op: "write",
+                });
+            }
+        }
+    }
+
+    fn notify(&self, value: u32) {
+        let s = &*self.shared;
+        let st = s.status.load(Ordering::Acquire);
+        if st & status::DRIVER_OK == 0 {
+            s.report(DeviceError::NotifyBeforeDriverOk {
+                queue: value,
+                status: st,
+            });
+            return;
+        }
+        if value >= u32::from(s.info.queues) || value >= 64 {
+            s.report(DeviceError::NoSuchQueue {
+                queue: value,
+                queues: s.info.queues,
+            });
+            return;
+        }
+        s.notifies.fetch_add(1, Ordering::Relaxed);
+        // Release: the ring updates the driver made before notifying are
+        // visible to the device that takes the bit with Acquire.
+        s.notify.fetch_or(1 << value, Ordering::AcqRel);
+        if let Some(t) = s.device_thread.get() {
+            t.unpark();
+        }
+    }
+
+    fn selected<'r>(&self, r: &'r mut Regs) -> Result<(u16, &'r mut QueueRegs), DeviceError> {
+        let sel = r.queue_sel;
+        let n = r.queues.len();
+        match r.queues.get_mut(sel as usize) {
+            Some(q) => Ok((sel as u16, q)),
+            None => Err(DeviceError::NoSuchQueue {
+                queue: sel,
+                queues: n as u16,
+            }),
+        }
+    }
+
+    fn queue_layout_write(&self, mut r: MutexGuard<'_, Regs>, offset: u64, value: u32, st: u32) {
+        let s = &*self.shared;
+        let max = s.info.queue_max;
+        let (index, q) = match self.selected(&mut r) {
+            Ok(x) => x,
+            Err(e) => {
+                drop(r);
+                s.report(e);
+                return;
+            }
+        };
+        if q.ready {
+            drop(r);
+            s.report(DeviceError::LateWrite { offset, status: st });
+            return;
+        }
+        let lo = |old: u64| (old & !0xffff_ffff) | u64::from(value);
+        let hi = |old: u64| (old & 0xffff_ffff) | u64::from(value) << 32;
+        match offset {
+            reg::QUEUE_NUM => {
+                let ok = value != 0 && value <= u32::from(max) && value.is_power_of_two();
+                if ok {
+                    q.num = value as u16;
+                } else {
+                    q.num = 0;
+                    drop(r);
+                    s.report(DeviceError::QueueSizeInvalid {
+                        queue: index,
+                        size: value,
+                        max,
+                    });
+                }
+            }
+            reg::QUEUE_DESC_LOW => q.desc = lo(q.desc),
+            reg::QUEUE_DESC_HIGH => q.desc = hi(q.desc),
+            reg::QUEUE_DRIVER_LOW => q.driver = lo(q.driver),
+            reg::QUEUE_DRIVER_HIGH => q.driver = hi(q.driver),
+            reg::QUEUE_DEVICE_LOW => q.device = lo(q.device),
+            _ => q.device = hi(q.device),
+        }
+    }
+
+    /// Checks a queue's layout (§2.7's alignment table) before it goes live.
+    fn layout(index: u16, q: &QueueRegs) -> Result<QueueLayout, DeviceError> {
+        let bad = |what, addr, align| DeviceError::QueueLayoutInvalid {
+            queue: index,
+            what,
+            addr,
+            align,
+        };
+        if q.num == 0 {
+            return Err(bad("size", 0, 1));
+        }
+        for (what, addr, align) in [
+            ("descriptor table", q.desc, spec::ring::DESC_ALIGN),
+            ("available ring", q.driver, spec::ring::AVAIL_ALIGN),
+            ("used ring", q.device, spec::ring::USED_ALIGN),
+        ] {
+            if addr % align != 0 {
+                return Err(bad(what, addr, align));
+            }
+        }
+        Ok(QueueLayout {
+            index,
+            size: q.num,
+            desc: q.desc,
+            avail: q.driver,
+            used: q.device,
+        })
+    }
+
+    fn queue_ready_write(&self, mut r: MutexGuard<'_, Regs>, value: u32, st: u32) {
+        let s = &*self.shared;
+        let (index, q) = match self.selected(&mut r) {
+            Ok(x) => x,
+            Err(e) => {
+                drop(r);
+                s.report(e);
+                return;
+            }
+        };
+        if value == 0 {
+            q.ready = false;
+            lock(&s.engine).queues[usize::from(index)] = None;
+            return;
+        }
+        if q.ready {
+            return;
+        }
+        match Self::layout(index, q) {
+            Ok(layout) => {
+                q.ready = true;
+                if st & status::DRIVER_OK != 0 {
+                    let mut eng = lock(&s.engine);
+                    let features = eng.features;
+                    match DeviceQueue::new(layout, features) {
+                        Ok(dq) => eng.queues[usize::from(index)] = Some(dq),
+                        Err(e) => {
+                            drop(eng);
+                            drop(r);
+                            s.report(e);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                drop(r);
+                s.report(e);
+            }
+        }
+    }
+
+    /// Checks the driver's features when it sets `FEATURES_OK`.
+    fn negotiate(&self, driver: u64) -> Result<(), DeviceError> {
+        let s = &*self.shared;
+        let refuse = |reason| DeviceError::FeaturesRefused { driver, reason };
+        if driver & !s.device_features() != 0 {
+            // §2.2.1: "The driver MUST NOT accept a feature which the
+            // device did not offer".
+            return Err(refuse("a feature the device did not offer"));
+        }
+        if driver & 1 << feature::VERSION_1 == 0 {
+            return Err(refuse(
+                "VIRTIO_F_VERSION_1 not accepted (no legacy interface)",
+            ));
+        }
+        if s.cfg.require_access_platform && driver & 1 << feature::ACCESS_PLATFORM == 0 {
+            return Err(refuse(
+                "VIRTIO_F_ACCESS_PLATFORM not accepted: the device reaches memory only through the IOMMU",
+            ));
+        }
+        Ok(())
+    }
+
+    fn status_write(&self, mut r: MutexGuard<'_, Regs>, value: u32, old: u32) {
+        let s = &*self.shared;
+        if value == 0 {
+            // Reset (§4.2.2.1: clear InterruptStatus and every QueueReady).
+            // The engine lock waits for the device's batch in flight.
+            let mut eng = lock(&s.engine);
+            for q in eng.queues.iter_mut() {
+                *q = None;
+            }
+            eng.features = 0;
+            for q in r.queues.iter_mut() {
+                *q = QueueRegs::default();
+            }
+            r.device_features_sel = 0;
+            r.driver_features_sel = 0;
+            r.driver_features = 0;
+            r.queue_sel = 0;
+            s.notify.store(0, Ordering::Release);
+            s.isr.store(0, Ordering::Release);
+            s.status.store(0, Ordering::Release);
+            return;
+        }
+        let cleared = old & DRIVER_BITS & !value;
+        let mut errors = Vec::new();
+        if cleared != 0 {
+            errors.push(DeviceError::StatusBitCleared { cleared });
+        }
+        let mut new = value & DRIVER_BITS & !old;
+        if new & status::FEATURES_OK != 0 {
+            if let Err(e) = self.negotiate(r.driver_features) {
+                new &= !status::FEATURES_OK;
+                errors.push(e);
+            }
+        }
+        if new & status::DRIVER_OK != 0 {
+            if (old | new) & status::FEATURES_OK == 0 {
+                new &= !status::DRIVER_OK;
+                errors.push(DeviceError::DriverOkBeforeFeaturesOk { status: value });
+            } else {
+                let mut eng = lock(&s.engine);
+                eng.features = r.driver_features;
+                for (i, q) in r.queues.iter().enumerate() {
+                    if q.ready {
+                        match Self::layout(i as u16, q)
+                            .and_then(|l| DeviceQueue::new(l, r.driver_features))
+                        {
+                            Ok(dq) => eng.queues[i] = Some(dq),
+                            Err(e) => errors.push(e),
+                        }
+                    }
+                }
+            }
+        }
+        if new & status::FAILED != 0 {
+            // The driver gave up: the device stops using every queue.
+            for q in lock(&s.engine).queues.iter_mut() {
+                *q = None;
+            }
+        }
+        s.status.fetch_or(new, Ordering::AcqRel);
+        drop(r);
+        for e in errors {
+            s.report(e);
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! What both workloads share: the run's phases (warm-up, measured window,
+//! stop), a per-thread meter that snapshots its thread's CPU clock and its
+//! counters at the window's edges, and the hosts' configuration.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use smoltcp::wire::{Ipv4Address, Ipv4Cidr};
+use softiommu::access::OrderMode;
+use softiommu::dma::DmaPolicy;
+use softiommu::hw::LatencyModel;
+
+use crate::cpu_clock;
+use crate::host::HostConfig;
+use crate::net::{NetConfig, NetDeviceConfig, NetDriverConfig};
+
+/// Host A's address.
+pub(crate) const A_IP: Ipv4Address = Ipv4Address::new(10, 0, 0, 1);
+/// Host B's address.
+pub(crate) const B_IP: Ipv4Address = Ipv4Address::new(10, 0, 0, 2);
+
+pub(crate) fn cidr(a: Ipv4Address) -> Ipv4Cidr {
+    Ipv4Cidr::new(a, 24)
+}
+
+/// The run's phase, set by the conductor, read by every side.
+#[derive(Debug, Default)]
+pub(crate) struct Phase(AtomicU8);
+
+pub(crate) const WARMUP: u8 = 0;
+pub(crate) const MEASURE: u8 = 1;
+pub(crate) const STOP: u8 = 2;
+
+impl Phase {
+    pub(crate) fn get(&self) -> u8 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set(&self, p: u8) {
+        self.0.store(p, Ordering::Release);
+    }
+}
+
+/// What a side measured over the window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Window {
+    /// CPU time of the side's thread.
+    pub(crate) cpu: Duration,
+    /// Its count (packets, datagrams).
+    pub(crate) count: u64,
+    /// Its bytes.
+    pub(crate) bytes: u64,
+}
+
+/// Snapshots a thread's CPU clock and counters when the phase changes.
+#[derive(Debug, Default)]
+pub(crate) struct Meter {
+    seen: u8,
+    start: Window,
+    pub(crate) window: Window,
+}
+
+impl Meter {
+    /// Looks at the phase; records the window's edges. Returns whether the
+    /// run is over.
+    pub(crate) fn observe(&mut self, phase: &Phase, count: u64, bytes: u64) -> bool {
+        let p = phase.get();
+        if p == self.seen {
+            return p == STOP;
+        }
+        let now = Window {
+            cpu: cpu_clock::thread(),
+            count,
+            bytes,
+        };
+        if self.seen == WARMUP {
+            self.start = now;
+        }
+        if p == STOP {
+            self.window = Window {
+                cpu: now.cpu.saturating_sub(self.start.cpu),
+                count: now.count.saturating_sub(self.start.count),
+                bytes: now.bytes.saturating_sub(self.start.bytes),
+            };
+        }
+        self.seen = p;
+        p == STOP
+    }
+}
+
+/// Where a workload's four threads run: each `Some` pins that thread to
+/// the CPU (a CPU the kernel refuses is ignored), `None` leaves it to the
+/// scheduler. The default pins nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cpus {
+    /// Host A's driver+stack thread (the sender).
+    pub sender: Option<usize>,
+    /// Host B's driver+stack thread (the receiver).
+    pub receiver: Option<usize>,
+    /// Host A's device thread.
+    pub device_a: Option<usize>,
+    /// Host B's device thread.
+    pub device_b: Option<usize>,
+}
+
+/// Pins the calling thread to `cpu`, if one is named.
+pub(crate) fn pin(cpu: Option<usize>) {
+    if let Some(c) = cpu {
+        crate::affinity::pin_current(c);
+    }
+}
+
+/// What both workloads' hosts are built from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Common {
+    pub(crate) policy: DmaPolicy,
+    pub(crate) coherent: bool,
+    pub(crate) ordering: OrderMode,
+    pub(crate) latency: LatencyModel,
+    pub(crate) mtu: u16,
+    pub(crate) queue_size: u16,
+    pub(crate) cpus: Cpus,
+}
+
+impl Common {
+    /// Host A's (`mac_last` 1) or B's configuration.
+    pub(crate) fn host(&self, mac_last: u8) -> HostConfig {
+        let cpu = if mac_last == 1 {
+            self.cpus.device_a
+        } else {
+            self.cpus.device_b
+        };
+        HostConfig {
+            policy: self.policy,
+            coherent: self.coherent,
+            latency: self.latency,
+            mem_bytes: 1 << 30,
+            device: NetDeviceConfig {
+                net: NetConfig {
+                    mac: [0x02, 0, 0, 0, 0, mac_last],
+                    mtu: self.mtu,
+                    queue_max: self.queue_size.max(1).next_power_of_two(),
+                },
+                attrs: self.ordering.attrs(),
+                cpu,
+                ..NetDeviceConfig::default()
+            },
+            ..HostConfig::default()
+        }
+    }
+
+    pub(crate) fn driver(&self) -> NetDriverConfig {
+        NetDriverConfig {
+            queue_size: self.queue_size,
+            mtu: self.mtu,
+        }
+    }
+}
+
+/// Microseconds per item, 0 when there were none.
+pub(crate) fn us_per(d: Duration, n: u64) -> f64 {
+    if n == 0 {
+        0.0
+    } else {
+        d.as_secs_f64() * 1e6 / n as f64
+    }
+}

@@ -1,0 +1,363 @@
+//! A UDP stream of `msg_size`-byte datagrams from host A to host B (seed
+//! `000`'s netperf UDP_STREAM), as fast as A's stack, driver and device
+//! go.
+//!
+//! Threads: A's driver+stack (the sender), B's driver+stack (the
+//! receiver), and each host's device thread. After an unmeasured warm-up
+//! (ARP, page tables, IOVA caches and IOTLBs reach their steady state) the
+//! conductor opens the measured window; each thread snapshots its own CPU
+//! clock at the window's edges, the conductor the device threads'.
+//! The sender sleeps on the transmit-completion interrupt when its ring is
+//! full, the receiver on the receive interrupt when it has nothing to do,
+//! so their CPU time is their work, not their waiting.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use smoltcp::socket::udp;
+use smoltcp::wire::{IpAddress, IpEndpoint};
+use softiommu::access::OrderMode;
+use softiommu::dma::DmaPolicy;
+use softiommu::hw::LatencyModel;
+
+use super::side::{
+    cidr, pin, us_per, Common, Cpus, Meter, Phase, Window, A_IP, B_IP, MEASURE, STOP,
+};
+use super::WorkloadError;
+use crate::host::{pair, Host, HostError};
+use crate::net::{LaneStats, WireConfig};
+
+/// How to run a UDP stream.
+#[derive(Debug, Clone, Copy)]
+pub struct UdpStreamConfig {
+    /// Both hosts' DMA policy.
+    pub policy: DmaPolicy,
+    /// How the devices order their buffer copies.
+    pub ordering: OrderMode,
+    /// UDP payload bytes per datagram (seed `000`: 32 and 16384; above the
+    /// MTU, IPv4 fragments it). At most 32,000.
+    pub msg_size: usize,
+    /// The measured window.
+    pub duration: Duration,
+    /// The unmeasured warm-up before it.
+    pub warmup: Duration,
+    /// What the units model.
+    pub latency: LatencyModel,
+    /// The MTU.
+    pub mtu: u16,
+    /// Entries per virtqueue.
+    pub queue_size: u16,
+    /// The wire's line rate (0: unlimited).
+    pub line_rate_bps: u64,
+    /// Whether the units' page walk is cache-coherent.
+    pub coherent: bool,
+    /// Where the four threads run.
+    pub cpus: Cpus,
+    /// The deferred policy's flush-queue high-water mark on both hosts
+    /// (`None`: the library's default, 256). The queues are made at least
+    /// 256 entries, and larger when the mark is.
+    pub flush_high_water: Option<usize>,
+    /// The deferred policy's flush timeout on both hosts (`None`: the
+    /// library's default, 10 ms).
+    pub flush_timeout: Option<Duration>,
+}
+
+impl Default for UdpStreamConfig {
+    fn default() -> Self {
+        Self {
+            policy: DmaPolicy::Strict,
+            ordering: OrderMode::Ordered,
+            msg_size: 32,
+            duration: Duration::from_secs(1),
+            warmup: Duration::from_millis(200),
+            latency: LatencyModel::zero(),
+            mtu: 1500,
+            queue_size: 256,
+            line_rate_bps: 0,
+            coherent: true,
+            cpus: Cpus::default(),
+            flush_high_water: None,
+            flush_timeout: None,
+        }
+    }
+}
+
+/// What a UDP stream measured over its window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UdpStreamResult {
+    /// The policy.
+    pub policy: DmaPolicy,
+    /// The devices' ordering.
+    pub ordering: OrderMode,
+    /// Payload bytes per datagram.
+    pub msg_size: usize,
+    /// The window's wall time, seconds.
+    pub seconds: f64,
+    /// Datagrams A's stack accepted in the window.
+    pub tx_packets: u64,
+    /// Datagrams B's socket delivered in the window.
+    pub rx_packets: u64,
+    /// Datagrams sent per second.
+    pub tx_pps: f64,
+    /// Datagrams received per second.
+    pub rx_pps: f64,
+    /// Datagrams lost (sent less received; some may be in flight at the
+    /// window's edges).
+    pub drops: u64,
+    /// Frames the wire dropped (its queue full because B was behind).
+    pub wire_drops: u64,
+    /// Driver+stack CPU per datagram: A's per datagram sent plus B's per
+    /// datagram received, microseconds (the seed's service demand).
+    pub driver_cpu_us_per_pkt: f64,
+    /// A's (the sender's) part.
+    pub tx_driver_cpu_us_per_pkt: f64,
+    /// B's (the receiver's) part.
+    pub rx_driver_cpu_us_per_pkt: f64,
+    /// Device threads' CPU per datagram, microseconds (A's per sent, B's
+    /// per received): the hardware's share, apart.
+    pub device_cpu_us_per_pkt: f64,
+    /// Ethernet frames per datagram (more than 1 when fragmented).
+    pub frames_per_packet: f64,
+    /// The longest an unmapped buffer stayed reachable through a stale
+    /// IOTLB entry in the window (deferred; the worse host), milliseconds.
+    pub stale_window_ms_max: f64,
+    /// Deferred flushes in the window, both hosts.
+    pub flushes: u64,
+}
+
+/// Runs a UDP stream.
+pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadError> {
+    let common = Common {
+        policy: cfg.policy,
+        coherent: cfg.coherent,
+        ordering: cfg.ordering,
+        latency: cfg.latency,
+        mtu: cfg.mtu,
+        queue_size: cfg.queue_size,
+        cpus: cfg.cpus,
+    };
+    let msg = cfg.msg_size.clamp(1, 32_000);
+    let hosts = pair(
+        &common.host(1),
+        &common.host(2),
+        WireConfig {
+            capacity: 1024,
+            line_rate_bps: cfg.line_rate_bps,
+            max_frame: 0,
+        },
+    )?;
+    for h in [&hosts.a, &hosts.b] {
+        // Before the drivers make their DMA handles (and so their queues).
+        if let Some(hw) = cfg.flush_high_water {
+            h.domain.set_queue_size(hw.max(256)).map_err(tunable)?;
+            h.domain.set_high_water(hw).map_err(tunable)?;
+        }
+        if let Some(t) = cfg.flush_timeout {
+            h.domain.set_timeout(t).map_err(tunable)?;
+        }
+    }
+    let flushes = || hosts.a.domain.stats().flushes + hosts.b.domain.stats().flushes;
+    let phase = Phase::default();
+    let (ready_tx, ready_rx) = mpsc::channel::<&'static str>();
+    let out = std::thread::scope(|s| {
+        let rx_ready = ready_tx.clone();
+        let receiver = s.spawn(|| {
+            pin(common.cpus.receiver);
+            receive(&hosts.b, &common, &phase, rx_ready)
+        });
+        let sender = s.spawn(|| {
+            pin(common.cpus.sender);
+            send(&hosts.a, &common, msg, &phase, ready_tx)
+        });
+        let conduct =
+            || -> Result<(Duration, Duration, Duration, LaneStats, Deferred), WorkloadError> {
+                for _ in 0..2 {
+                    ready_rx
+                        .recv_timeout(Duration::from_secs(10))
+                        .map_err(|_| WorkloadError::Timeout {
+                            side: "a",
+                            what: "driver probe",
+                            secs: 10,
+                        })?;
+                }
+                std::thread::sleep(cfg.warmup);
+                let dev0 = (hosts.a.device.cpu_time(), hosts.b.device.cpu_time());
+                let w0 = hosts.wire.a_to_b();
+                hosts.a.domain.reset_stale_window();
+                hosts.b.domain.reset_stale_window();
+                let f0 = flushes();
+                phase.set(MEASURE);
+                let t0 = Instant::now();
+                std::thread::sleep(cfg.duration);
+                phase.set(STOP);
+                let wall = t0.elapsed();
+                let dev1 = (hosts.a.device.cpu_time(), hosts.b.device.cpu_time());
+                let w1 = hosts.wire.a_to_b();
+                let deferred = Deferred {
+                    stale_max: hosts
+                        .a
+                        .domain
+                        .stale_window()
+                        .max
+                        .max(hosts.b.domain.stale_window().max),
+                    flushes: flushes().saturating_sub(f0),
+                };
+                Ok((
+                    wall,
+                    dev1.0.saturating_sub(dev0.0),
+                    dev1.1.saturating_sub(dev0.1),
+                    LaneStats {
+                        sent: w1.sent - w0.sent,
+                        dropped: w1.dropped - w0.dropped,
+                        delivered: w1.delivered - w0.delivered,
+                    },
+                    deferred,
+                ))
+            };
+        let c = conduct();
+        // Whatever happened, the sides stop.
+        phase.set(STOP);
+        let a = sender.join().map_err(|_| WorkloadError::Panicked)?;
+        let b = receiver.join().map_err(|_| WorkloadError::Panicked)?;
+        let (wall, dev_a, dev_b, wire, deferred) = c?;
+        Ok::<_, WorkloadError>((a?, b?, wall, dev_a, dev_b, wire, deferred))
+    });
+    let (a, b, wall, dev_a, dev_b, wire, deferred) = out?;
+    let secs = wall.as_secs_f64().max(1e-9);
+    let tx_us = us_per(a.cpu, a.count);
+    let rx_us = us_per(b.cpu, b.count);
+    Ok(UdpStreamResult {
+        policy: cfg.policy,
+        ordering: cfg.ordering,
+        msg_size: msg,
+        seconds: secs,
+        tx_packets: a.count,
+        rx_packets: b.count,
+        tx_pps: a.count as f64 / secs,
+        rx_pps: b.count as f64 / secs,
+        drops: a.count.saturating_sub(b.count),
+        wire_drops: wire.dropped,
+        driver_cpu_us_per_pkt: tx_us + rx_us,
+        tx_driver_cpu_us_per_pkt: tx_us,
+        rx_driver_cpu_us_per_pkt: rx_us,
+        device_cpu_us_per_pkt: us_per(dev_a, a.count) + us_per(dev_b, b.count),
+        frames_per_packet: if a.count == 0 {
+            0.0
+        } else {
+            (wire.sent + wire.dropped) as f64 / a.count as f64
+        },
+        stale_window_ms_max: deferred.stale_max.as_secs_f64() * 1e3,
+        flushes: deferred.flushes,
+    })
+}
+
+/// The deferred policy's figures over the window.
+struct Deferred {
+    stale_max: Duration,
+    flushes: u64,
+}
+
+/// A tunable a domain refused (out of the library's range).
+fn tunable(e: softiommu::dma::DmaError) -> WorkloadError {
+    WorkloadError::Host(HostError::Dma(e))
+}
+
+fn socket(packets: usize, bytes: usize) -> udp::Socket<'static> {
+    udp::Socket::new(
+        udp::PacketBuffer::new(vec![udp::PacketMetadata::EMPTY; packets], vec![0; bytes]),
+        udp::PacketBuffer::new(vec![udp::PacketMetadata::EMPTY; packets], vec![0; bytes]),
+    )
+}
+
+fn send(
+    host: &Host,
+    common: &Common,
+    msg: usize,
+    phase: &Phase,
+    ready: mpsc::Sender<&'static str>,
+) -> Result<Window, WorkloadError> {
+    let side = "a";
+    let drv = |source| WorkloadError::Driver { side, source };
+    let mut st = host.stack(common.driver(), cidr(A_IP)).map_err(drv)?;
+    let mut sock = socket(64, 64 * (msg + 64));
+    sock.bind(9000).map_err(|e| WorkloadError::Socket {
+        side,
+        what: e.to_string(),
+    })?;
+    let h = st.sockets.add(sock);
+    let _ = ready.send(side);
+    let to = IpEndpoint::new(IpAddress::Ipv4(B_IP), 9);
+    let payload: Vec<u8> = (0..msg).map(|i| (i as u8).wrapping_mul(31)).collect();
+    // IPv4 header (20) + UDP header (8) past the MTU: IPv4 fragments it.
+    let fragmented = msg + 28 > usize::from(common.mtu);
+    let (mut sent, mut meter) = (0u64, Meter::default());
+    loop {
+        if meter.observe(phase, sent, sent * msg as u64) {
+            return Ok(meter.window);
+        }
+        if fragmented {
+            // smoltcp 0.14 fragments one datagram at a time and does not
+            // hold a socket back while its fragmenter is busy (a second
+            // datagram overwrites the first's remaining fragments), so a
+            // fragmented datagram is queued only once the previous one is
+            // wholly out: the socket empty and nothing due now.
+            let now = st.now();
+            let busy = matches!(st.iface.poll_at(now, &st.sockets), Some(t) if t <= now);
+            let s = st.sockets.get_mut::<udp::Socket>(h);
+            if s.send_queue() == 0 && !busy && s.send_slice(&payload, to).is_ok() {
+                sent += 1;
+            }
+        } else {
+            let s = st.sockets.get_mut::<udp::Socket>(h);
+            while s.can_send() {
+                if s.send_slice(&payload, to).is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+        }
+        st.poll().map_err(drv)?;
+        if st.driver.tx_ring_full().map_err(drv)? {
+            // Sleep until the device completes a transmission.
+            st.driver.wait(Duration::from_millis(1)).map_err(drv)?;
+        }
+    }
+}
+
+fn receive(
+    host: &Host,
+    common: &Common,
+    phase: &Phase,
+    ready: mpsc::Sender<&'static str>,
+) -> Result<Window, WorkloadError> {
+    let side = "b";
+    let drv = |source| WorkloadError::Driver { side, source };
+    let mut st = host.stack(common.driver(), cidr(B_IP)).map_err(drv)?;
+    // A datagram that lost a fragment frees its reassembly buffer soon.
+    st.iface
+        .set_reassembly_timeout(smoltcp::time::Duration::from_millis(50));
+    let mut sock = socket(4096, 8 << 20);
+    sock.bind(9).map_err(|e| WorkloadError::Socket {
+        side,
+        what: e.to_string(),
+    })?;
+    let h = st.sockets.add(sock);
+    let _ = ready.send(side);
+    let (mut got, mut bytes, mut meter) = (0u64, 0u64, Meter::default());
+    loop {
+        if meter.observe(phase, got, bytes) {
+            return Ok(meter.window);
+        }
+        let changed = st.poll().map_err(drv)?;
+        let s = st.sockets.get_mut::<udp::Socket>(h);
+        let mut n = 0;
+        while let Ok((d, _)) = s.recv() {
+            bytes += d.len() as u64;
+            n += 1;
+        }
+        got += n;
+        if n == 0 && !changed {
+            st.wait(Duration::from_millis(1)).map_err(drv)?;
+        }
+    }
+}
