@@ -14,7 +14,10 @@
 //! notifies queues through `QueueNotify`. The device model runs on a
 //! thread of its own, like hardware: it takes its [`DeviceEnd`], waits for
 //! notifications, and works on its live [`DeviceQueue`]s in bounded
-//! batches, reaching memory only through the IOMMU.
+//! batches, reaching memory only through the IOMMU. A device with several
+//! queues may run several threads, each registered for its own queues
+//! ([`DeviceEnd::register_queues`]); each queue has its own lock, so they
+//! never wait for each other.
 //!
 //! # Bad input
 //!
@@ -34,5 +37,5 @@ mod queue;
 
 pub use device_end::DeviceEnd;
 pub use error::{DeviceError, ErrorLog};
-pub use mmio::{DeviceInfo, Engine, MmioTransport, TransportConfig};
+pub use mmio::{DeviceInfo, MmioTransport, QueueGuard, QueueSlot, TransportConfig};
 pub use queue::{ChainDesc, ChainDir, DeviceQueue, QueueLayout};

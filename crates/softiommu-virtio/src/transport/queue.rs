@@ -54,6 +54,11 @@ pub enum ChainDir {
     Readable,
     /// Every descriptor device-writable (a receive chain).
     Writable,
+    /// Device-readable descriptors, then device-writable ones (a block
+    /// request: header and data out, then data in and status). §2.7.4.2:
+    /// "The driver MUST place any device-writable descriptor elements after
+    /// any device-readable descriptor elements."
+    ReadableThenWritable,
 }
 
 /// The device side of a live split virtqueue.
@@ -191,6 +196,7 @@ impl DeviceQueue {
         out.clear();
         let mut index = head;
         let mut total = 0u64;
+        let mut seen_writable = false;
         loop {
             if index >= size {
                 return Err(DeviceError::DescriptorIndexOutOfRange {
@@ -223,8 +229,12 @@ impl DeviceQueue {
             let wrong = match dir {
                 ChainDir::Readable if writable => Some(("write-only", "readable")),
                 ChainDir::Writable if !writable => Some(("read-only", "writable")),
+                ChainDir::ReadableThenWritable if seen_writable && !writable => {
+                    Some(("read-only after a write-only", "writable"))
+                }
                 _ => None,
             };
+            seen_writable |= writable;
             if let Some((found, needed)) = wrong {
                 return Err(DeviceError::WrongDirection {
                     queue: q,
