@@ -41,11 +41,9 @@ use super::wire::WirePort;
 use crate::cpu_clock::{self, ThreadClock};
 use crate::spec::net;
 use crate::transport::{
-    ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceQueue, MmioTransport, TransportConfig,
+    ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceMemory, DeviceQueue, MmioTransport,
+    TransportConfig,
 };
-
-/// The device's view of memory: the arena through the unit.
-pub type DeviceMemory = IommuMemory<PhysGuestMemory, UnitIommu>;
 
 /// How to build a [`NetDevice`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

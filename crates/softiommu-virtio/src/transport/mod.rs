@@ -36,6 +36,13 @@ mod mmio;
 mod queue;
 
 pub use device_end::DeviceEnd;
+
+use softiommu::access::{PhysGuestMemory, UnitIommu};
+use vm_memory::IommuMemory;
+
+/// A device's view of memory: the arena through its IOMMU unit, as
+/// vm-memory's `GuestMemory` (what `virtio-queue` reads rings through).
+pub type DeviceMemory = IommuMemory<PhysGuestMemory, UnitIommu>;
 pub use error::{DeviceError, ErrorLog};
 pub use mmio::{DeviceInfo, MmioTransport, QueueGuard, QueueSlot, TransportConfig};
 pub use queue::{ChainDesc, ChainDir, DeviceQueue, QueueLayout};

@@ -10,7 +10,7 @@
 //! unit's log and a [`DeviceError::DmaFault`] here.
 
 use std::fmt::Display;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use softiommu::hw::Access;
 use virtio_queue::{Queue, QueueT};
@@ -71,7 +71,12 @@ pub struct DeviceQueue {
     avail_seen: u16,
     stopped: bool,
     indirect: bool,
+    generation: u64,
 }
+
+/// Gives each live queue a number of its own (see
+/// [`DeviceQueue::generation`]).
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 fn fault(
     queue: u16,
@@ -116,12 +121,20 @@ impl DeviceQueue {
             avail_seen: 0,
             stopped: false,
             indirect: features & 1 << feature::RING_INDIRECT_DESC != 0,
+            generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
         })
     }
 
     /// The layout.
     pub fn layout(&self) -> QueueLayout {
         self.layout
+    }
+
+    /// A number no other queue made in this process has: a device that
+    /// keeps per-queue state across batches (chains it holds back) knows by
+    /// it that a reset replaced the queue, and drops that state.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The queue's index.
