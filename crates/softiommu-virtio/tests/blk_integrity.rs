@@ -67,12 +67,7 @@ fn read_after_write(policy: DmaPolicy, backend: BackendConfig) {
 #[test]
 fn memory_backend_keeps_what_each_policy_wrote() {
     for p in POLICIES {
-        read_after_write(
-            p,
-            BackendConfig::Memory {
-                capacity: 64 << 20,
-            },
-        );
+        read_after_write(p, BackendConfig::Memory { capacity: 64 << 20 });
     }
 }
 
@@ -106,7 +101,9 @@ fn null_reads_the_sector_pattern_and_serves_get_id_and_flush() {
     assert!(d.geometry().flush);
     let mut q = d.take_queue(0).expect("queue");
     q.bind_interrupt();
-    q.submit(BlkOp::Read, 123_456, 65536, None).unwrap().unwrap();
+    q.submit(BlkOp::Read, 123_456, 65536, None)
+        .unwrap()
+        .unwrap();
     q.submit(BlkOp::GetId, 0, 0, None).unwrap().unwrap();
     q.submit(BlkOp::Flush, 0, 0, None).unwrap().unwrap();
     let mut n = 0;
@@ -143,9 +140,7 @@ fn null_reads_the_sector_pattern_and_serves_get_id_and_flush() {
 fn several_queues_run_at_once_on_their_own_threads() {
     let h = host(
         DmaPolicy::Strict,
-        BackendConfig::Memory {
-            capacity: 64 << 20,
-        },
+        BackendConfig::Memory { capacity: 64 << 20 },
         4,
     );
     let mut d = h
@@ -191,4 +186,49 @@ fn several_queues_run_at_once_on_their_own_threads() {
     for q in &mut queues {
         q.release().unwrap();
     }
+}
+
+#[test]
+fn a_backend_error_completes_with_ioerr_and_is_counted() {
+    let path = std::env::temp_dir().join(format!("softiommu-blk-err-{}.img", std::process::id()));
+    let f = std::fs::File::create(&path).expect("create");
+    f.set_len(1 << 20).expect("size");
+    let h = host(
+        DmaPolicy::Deferred,
+        BackendConfig::File {
+            path: path.clone(),
+            direct: false,
+            size: None,
+        },
+        1,
+    );
+    // The file shrinks under the device: reads past its new end fail.
+    f.set_len(4096).expect("truncate");
+    let mut d = h.driver(BlkDriverConfig::default()).expect("probe");
+    let mut q = d.take_queue(0).expect("queue");
+    q.bind_interrupt();
+    q.submit(BlkOp::Read, 64, 4096, None).unwrap().unwrap();
+    q.submit(BlkOp::Read, 0, 4096, None).unwrap().unwrap();
+    let done = complete(&mut q, 2);
+    let status = |sector| {
+        done.iter()
+            .find(|(c, _)| c.sector == sector)
+            .unwrap()
+            .0
+            .status
+    };
+    assert_eq!(status(64), softiommu_virtio::spec::blk::S_IOERR);
+    assert_eq!(status(0), S_OK, "the queue goes on");
+    assert_eq!(h.device.stats().io_errors, 1);
+    let log = h.device.request_log().drain();
+    assert!(matches!(
+        log[..],
+        [softiommu_virtio::blk::RequestRecord {
+            error: softiommu_virtio::blk::RequestError::Backend { op: "read", .. },
+            ..
+        }]
+    ));
+    d.reset();
+    q.release().unwrap();
+    let _ = std::fs::remove_file(&path);
 }
