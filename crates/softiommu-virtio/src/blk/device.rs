@@ -127,6 +127,7 @@ pub struct BlkDevice {
     workers: Vec<(JoinHandle<Duration>, Option<ThreadClock>)>,
     counters: Vec<Arc<CachePadded<Counters>>>,
     log: Arc<RequestLog>,
+    slow: Option<SlowRegion>,
 }
 
 /// The id string `VIRTIO_BLK_T_GET_ID` returns for device `sid`
@@ -179,6 +180,7 @@ impl BlkDevice {
             workers: Vec::with_capacity(n),
             counters: Vec::with_capacity(n),
             log,
+            slow: cfg.slow,
         };
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), BlkDeviceError>>();
         for w in 0..n {
@@ -263,6 +265,11 @@ impl BlkDevice {
     /// The back-end.
     pub fn backend(&self) -> &Arc<dyn BlkBackend> {
         &self.backend
+    }
+
+    /// The slow region, if the device has one.
+    pub fn slow_region(&self) -> Option<SlowRegion> {
+        self.slow
     }
 
     /// Device threads.
