@@ -52,17 +52,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.verified
         );
     }
+    // Sizing knobs for experiments (environment): FIO_BS, FIO_IODEPTH,
+    // FIO_SLOW_DEPTH, FIO_SLOW_PCT, FIO_IRQ_CPUS, FIO_MEM_MIB.
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
     let aging = FioConfig {
-        bs: BlockSizes::parse("4k:60,16k:20,64k:15,128k:5")?,
-        irq_cpus: Some(4),
+        bs: BlockSizes::parse(&env("FIO_BS", "4k:60,16k:20,64k:15,128k:5"))?,
+        iodepth: env("FIO_IODEPTH", "32").parse()?,
+        irq_cpus: Some(env("FIO_IRQ_CPUS", "4").parse()?),
         slow: Some(SlowTail {
-            pct: 2.0,
-            depth: 256,
+            pct: env("FIO_SLOW_PCT", "2").parse()?,
+            depth: env("FIO_SLOW_DEPTH", "256").parse()?,
             hold: Duration::from_secs_f64(secs),
         }),
         window: Duration::from_millis(250),
         ..base
     };
+    let mem_bytes = env("FIO_MEM_MIB", "1024").parse::<u64>()? << 20;
     println!("\niova policy  warmup_s retained stability iops_first iops_last tree_nodes cached scan_steps");
     let ips: Vec<IovaPolicy> = match std::env::args().nth(3) {
         Some(list) => list.split(',').filter_map(IovaPolicy::from_name).collect(),
@@ -72,6 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let h = BlkHostConfig {
             policy: DmaPolicy::Deferred,
             iova_policy: ip,
+            mem_bytes,
             ..BlkHostConfig::default()
         };
         let r = run_fio(&h, &aging)?;
@@ -88,6 +94,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.iova.cached_iovas,
             r.iova.scan_steps
         );
+        if std::env::var("FIO_SERIES").is_ok() {
+            let k: Vec<String> = r
+                .windows
+                .iter()
+                .map(|w| format!("{:.0}", w.iops / 1e3))
+                .collect();
+            println!("  kIOPS per window: {}", k.join(" "));
+        }
     }
     Ok(())
 }

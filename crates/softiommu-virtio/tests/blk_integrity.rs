@@ -232,3 +232,40 @@ fn a_backend_error_completes_with_ioerr_and_is_counted() {
     q.release().unwrap();
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn small_slots_take_one_page_requests_and_refuse_larger_ones() {
+    let h = host(DmaPolicy::Strict, BackendConfig::default(), 1);
+    let mut d = h
+        .driver(BlkDriverConfig {
+            small_slots: 2,
+            ..BlkDriverConfig::default()
+        })
+        .expect("probe");
+    let mut q = d.take_queue(0).expect("queue");
+    q.bind_interrupt();
+    assert_eq!(q.depth(), 66);
+    assert!(matches!(
+        q.submit_small(BlkOp::Read, 0, 8192, None),
+        Err(softiommu_virtio::blk::BlkDriverError::BadRequest {
+            reason: "too large",
+            ..
+        })
+    ));
+    let a = q.submit_small(BlkOp::Read, 8, 4096, None).unwrap().unwrap();
+    let b = q
+        .submit_small(BlkOp::Read, 16, 4096, None)
+        .unwrap()
+        .unwrap();
+    assert!(
+        a >= 64 && b >= 64,
+        "one-page slots come after the full ones"
+    );
+    assert_eq!(q.submit_small(BlkOp::Read, 24, 4096, None).unwrap(), None);
+    assert_eq!(q.in_flight(), 2);
+    let done = complete(&mut q, 2);
+    assert!(done.iter().all(|(c, _)| c.is_ok()));
+    assert_eq!(q.in_flight(), 0);
+    d.reset();
+    q.release().unwrap();
+}

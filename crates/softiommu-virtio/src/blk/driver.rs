@@ -31,6 +31,11 @@ pub struct BlkDriverConfig {
     /// own header, status byte and data pages): 1 to `queue_size / 3`
     /// (a request needs three descriptors at least).
     pub depth: u16,
+    /// Extra slots of one page each, for requests of at most 4 KiB
+    /// submitted with [`BlkQueue::submit_small`] (a load's slow tail, say:
+    /// many small requests held long, without a large slot's memory each).
+    /// `depth + small_slots` is at most `queue_size / 3`.
+    pub small_slots: u16,
     /// The largest request the driver issues, in bytes: each slot owns
     /// this much data memory, as single pages (a request over several
     /// pages is a real scatter list). A multiple of 4 KiB, at most
@@ -44,6 +49,7 @@ impl Default for BlkDriverConfig {
             queues: 1,
             queue_size: 256,
             depth: 64,
+            small_slots: 0,
             max_request_bytes: 128 << 10,
         }
     }
@@ -423,6 +429,9 @@ fn setup_queue(
         index,
         layout,
         depth: cfg.depth.min((size / 3).max(1)),
+        small: cfg
+            .small_slots
+            .min((size / 3).max(1).saturating_sub(cfg.depth)),
         max_request_bytes: cfg.max_request_bytes,
         geometry: *g,
     })?;

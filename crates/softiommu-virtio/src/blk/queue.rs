@@ -48,6 +48,7 @@ pub(crate) struct QueueParts {
     pub(crate) index: u16,
     pub(crate) layout: RingLayout,
     pub(crate) depth: u16,
+    pub(crate) small: u16,
     pub(crate) max_request_bytes: u64,
     pub(crate) geometry: BlkGeometry,
 }
@@ -176,7 +177,11 @@ pub struct BlkQueue {
     cmd_dma: u64,
     cmd_bytes: u64,
     slots: Vec<Slot>,
+    /// Free full-size slots (ids below `large`).
     free_slots: Vec<u16>,
+    /// Free one-page slots (ids from `large` on).
+    free_small: Vec<u16>,
+    large: u16,
     free_descs: Vec<u16>,
     /// Descriptor index → the slot whose chain starts there.
     by_head: Vec<u16>,
@@ -197,13 +202,15 @@ impl BlkQueue {
             index,
             layout,
             depth,
+            small,
             max_request_bytes,
             geometry,
         } = p;
+        let total = depth.saturating_add(small);
         let mem = dev.domain().system().memory().clone();
         let (ring_phys, ring_dma) = cpu.alloc_coherent(&dev, layout.bytes)?;
         let ring = DriverRing::new(mem.clone(), ring_phys, ring_dma, layout)?;
-        let cmd_bytes = CMD_STRIDE * u64::from(depth);
+        let cmd_bytes = CMD_STRIDE * u64::from(total);
         let (cmd_phys, cmd_dma) = cpu.alloc_coherent(&dev, cmd_bytes)?;
         let pages = (max_request_bytes / PAGE_SIZE) as usize;
         let mut q = Self {
@@ -217,8 +224,10 @@ impl BlkQueue {
             cmd_phys,
             cmd_dma,
             cmd_bytes,
-            slots: Vec::with_capacity(usize::from(depth)),
+            slots: Vec::with_capacity(usize::from(total)),
             free_slots: (0..depth).rev().collect(),
+            free_small: (depth..total).rev().collect(),
+            large: depth,
             free_descs: (0..layout.size).rev().collect(),
             by_head: vec![NONE; usize::from(layout.size)],
             geometry,
@@ -228,7 +237,8 @@ impl BlkQueue {
             unpublished: false,
             released: false,
         };
-        for _ in 0..depth {
+        for id in 0..total {
+            let pages = if id < depth { pages } else { 1 };
             let mut s = Slot {
                 pages: Vec::with_capacity(pages),
                 sg: Vec::with_capacity(pages),
@@ -274,14 +284,14 @@ impl BlkQueue {
         self.geometry
     }
 
-    /// Requests in flight at most.
+    /// Requests in flight at most (full-size and one-page slots).
     pub fn depth(&self) -> u16 {
         self.slots.len() as u16
     }
 
     /// Requests in flight now.
     pub fn in_flight(&self) -> u16 {
-        (self.slots.len() - self.free_slots.len()) as u16
+        (self.slots.len() - self.free_slots.len() - self.free_small.len()) as u16
     }
 
     /// The largest request this queue issues.
@@ -302,7 +312,7 @@ impl BlkQueue {
     /// Checks a request as the block layer would before it reaches a
     /// driver: never empty, aligned to the block size, inside the disk, no
     /// larger than a slot.
-    fn check(&self, op: BlkOp, sector: u64, len: u64) -> Result<(), BlkDriverError> {
+    fn check(&self, op: BlkOp, sector: u64, len: u64, max: u64) -> Result<(), BlkDriverError> {
         let bad = |reason| BlkDriverError::BadRequest {
             reason,
             sector,
@@ -315,7 +325,7 @@ impl BlkQueue {
         if len == 0 {
             return Err(bad("empty"));
         }
-        if len > self.max_request_bytes {
+        if len > max {
             return Err(bad("too large"));
         }
         let offset = sector
@@ -343,12 +353,41 @@ impl BlkQueue {
         len: u64,
         data: Option<&[u8]>,
     ) -> Result<Option<u16>, BlkDriverError> {
+        self.submit_in(false, op, sector, len, data)
+    }
+
+    /// As [`submit`](Self::submit), in a one-page slot (see
+    /// [`BlkDriverConfig::small_slots`](super::BlkDriverConfig::small_slots)):
+    /// at most 4 KiB.
+    pub fn submit_small(
+        &mut self,
+        op: BlkOp,
+        sector: u64,
+        len: u64,
+        data: Option<&[u8]>,
+    ) -> Result<Option<u16>, BlkDriverError> {
+        self.submit_in(true, op, sector, len, data)
+    }
+
+    fn submit_in(
+        &mut self,
+        small: bool,
+        op: BlkOp,
+        sector: u64,
+        len: u64,
+        data: Option<&[u8]>,
+    ) -> Result<Option<u16>, BlkDriverError> {
         let len = match op {
             BlkOp::Read | BlkOp::Write => len,
             BlkOp::GetId => blk::ID_BYTES as u64,
             BlkOp::Flush => 0,
         };
-        self.check(op, sector, len)?;
+        let max = if small {
+            PAGE_SIZE
+        } else {
+            self.max_request_bytes
+        };
+        self.check(op, sector, len, max)?;
         if data.is_some_and(|d| d.len() as u64 > len) {
             return Err(BlkDriverError::BadRequest {
                 reason: "data longer than the request",
@@ -356,7 +395,12 @@ impl BlkQueue {
                 len,
             });
         }
-        let Some(&id) = self.free_slots.last() else {
+        let free = if small {
+            &self.free_small
+        } else {
+            &self.free_slots
+        };
+        let Some(&id) = free.last() else {
             self.stats.full += 1;
             return Ok(None);
         };
@@ -418,7 +462,11 @@ impl BlkQueue {
             self.stats.full += 1;
             return Ok(None);
         }
-        self.free_slots.pop();
+        if small {
+            self.free_small.pop();
+        } else {
+            self.free_slots.pop();
+        }
         slot.nsg = n;
         slot.mapping = mapping;
         slot.dir = dir;
@@ -538,7 +586,11 @@ impl BlkQueue {
                     len: slot.len,
                 },
             );
-            self.free_slots.push(si);
+            if si < self.large {
+                self.free_slots.push(si);
+            } else {
+                self.free_small.push(si);
+            }
             self.stats.completed += 1;
             if !c.is_ok() {
                 self.stats.errors += 1;

@@ -157,7 +157,8 @@ fn parse_size(s: &str) -> Option<u64> {
 
 /// The slow tail: a share of each job's I/Os goes to the device's slow
 /// region (see [`SlowRegion`](crate::blk::SlowRegion)), on a budget of its
-/// own so the fast I/Os keep their depth.
+/// own so the fast I/Os keep their depth. Slow I/Os are 4 KiB reads or
+/// writes in one-page slots, so a deep budget costs a page each.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SlowTail {
     /// Percent of I/Os sent to the slow region (0..=100).

@@ -59,6 +59,8 @@ impl Rng {
 
 /// Block sizes pre-drawn per job.
 const SIZES: usize = 4096;
+/// The size of every slow I/O.
+const SLOW_BS: u64 = 4096;
 
 /// One job: its queue and its stream.
 struct Job {
@@ -144,7 +146,12 @@ impl Job {
             if !slow_pick && self.fast >= p.iodepth {
                 break;
             }
-            let size = self.sizes[self.k];
+            // A slow I/O is one 4 KiB block in a one-page slot.
+            let size = if slow_pick {
+                SLOW_BS
+            } else {
+                self.sizes[self.k]
+            };
             let (lo, hi) = match (slow_pick, p.slow) {
                 (true, Some((lo, hi, _, _))) => (lo, hi),
                 _ => (0, p.fast_end),
@@ -162,10 +169,18 @@ impl Job {
                     }
                 }
             };
-            let Some(slot) = self.q.submit(op, offset / SECTOR_SIZE, size, None)? else {
+            let sector = offset / SECTOR_SIZE;
+            let slot = if slow_pick {
+                self.q.submit_small(op, sector, size, None)?
+            } else {
+                self.q.submit(op, sector, size, None)?
+            };
+            let Some(slot) = slot else {
                 break;
             };
-            self.k = (self.k + 1) % SIZES;
+            if !slow_pick {
+                self.k = (self.k + 1) % SIZES;
+            }
             if slow_pick {
                 self.slow += 1;
                 bump(&self.c.slow, 1);
@@ -284,7 +299,8 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
     let mut drv = host.driver(BlkDriverConfig {
         queues: cfg.jobs as u16,
         queue_size,
-        depth: slots as u16,
+        depth: cfg.iodepth as u16,
+        small_slots: cfg.slow.map_or(0, |s| s.depth as u16),
         max_request_bytes: max_req,
     })?;
     let g = drv.geometry();
