@@ -375,3 +375,39 @@ fn unknown_registers_are_recorded_and_ignored() {
         "harmless"
     );
 }
+
+#[test]
+fn notifications_and_interrupts_are_routed_per_queue() {
+    let t = transport();
+    let end = DeviceEnd::new(&t);
+    negotiate(&t, GOOD);
+    setup_queue(&t, 0, 16, 0x10_0000);
+    setup_queue(&t, 1, 16, 0x20_0000);
+    t.write(
+        reg::STATUS,
+        status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK,
+    );
+    // A thread serving queue 1 takes only its own notifications.
+    t.write(reg::QUEUE_NOTIFY, 0);
+    t.write(reg::QUEUE_NOTIFY, 1);
+    assert_eq!(end.take_notified_in(0b10), 0b10);
+    assert_eq!(end.take_notified_in(0b10), 0);
+    assert_eq!(end.take_notified(), 0b01);
+    // A queue's first registration counts.
+    let e2 = end.clone();
+    let got = std::thread::spawn(move || e2.register_queues(0b10))
+        .join()
+        .unwrap();
+    assert_eq!(got, 0b10);
+    assert_eq!(end.register_queues(0b11), 0b01);
+    // A queue's used-buffer interrupt goes to the thread bound to it.
+    assert!(t.bind_queue_interrupt(1, std::thread::current()));
+    assert!(!t.bind_queue_interrupt(9, std::thread::current()));
+    let before = t.interrupts_raised();
+    end.queue_interrupt(1);
+    assert_eq!(t.interrupts_raised(), before + 1);
+    assert_eq!(t.read(reg::INTERRUPT_STATUS), isr::USED_BUFFER);
+    // Woken: the park returns at once (the unpark token is set).
+    std::thread::park_timeout(std::time::Duration::from_secs(5));
+    assert!(t.errors().drain().is_empty());
+}
