@@ -11,6 +11,7 @@
 //! ```
 
 mod backend;
+mod completion;
 mod config;
 mod device;
 mod driver;
@@ -26,13 +27,14 @@ pub use backend::{
     BackendConfig, BackendError, BlkBackend, FileBackend, MemoryBackend, NullBackend, DIRECT_ALIGN,
     MAX_MEMORY_CAPACITY, MAX_NULL_CAPACITY,
 };
+pub use completion::{BlkCompletion, QueueStats, SlotData};
 pub use config::{
     BlkConfig, BlkConfigError, BlkGeometry, MAX_QUEUES, MAX_REQUEST_BYTES, MAX_SIZE_MAX,
 };
 pub use device::{device_id_string, BlkDevice, BlkDeviceConfig, BlkDeviceError};
 pub use driver::{BlkDriver, BlkDriverConfig, BlkDriverError, MAX_DRIVER_REQUEST};
 pub use host::{BlkHost, BlkHostConfig, BlkHostError};
-pub use queue::{BlkCompletion, BlkQueue, QueueStats, SlotData};
+pub use queue::BlkQueue;
 pub use request::{BlkHeader, BlkOp, RequestError};
 pub use slow::{SlowRegion, MAX_HOLD};
 pub use stats::{BlkDeviceStats, RequestLog, RequestRecord};
