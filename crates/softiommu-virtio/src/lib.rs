@@ -8,6 +8,12 @@
 //! - [`transport`]: the virtio-mmio register block, feature negotiation,
 //!   status, queue setup and the device side of split virtqueues (shared
 //!   by every device).
+//! - [`vring`]: the driver side of a split virtqueue, shared by every
+//!   driver of this crate.
+//! - [`blk`]: a virtio-blk device with several request queues served by a
+//!   bounded set of device threads, `null`, `memory` and `file`
+//!   back-ends, its driver on the DMA API (one `map_sg` per request), and
+//!   the host that builds both.
 //! - [`net`]: a virtio-net device on its own thread, a wire between two of
 //!   them, the driver on the DMA API, and smoltcp's `phy::Device` over it.
 //! - [`host`]: one host — memory, an IOMMU unit, a DMA domain, a device,
@@ -22,9 +28,11 @@
 #![warn(missing_debug_implementations)]
 
 pub mod affinity;
+pub mod blk;
 pub mod cpu_clock;
 pub mod host;
 pub mod net;
 pub mod spec;
 pub mod transport;
+pub mod vring;
 pub mod workload;

@@ -4,7 +4,9 @@
 //! headers) defines the value, it is taken from there, so the two cannot
 //! disagree.
 
-use virtio_bindings::{virtio_config, virtio_ids, virtio_mmio, virtio_net, virtio_ring};
+use virtio_bindings::{
+    virtio_blk, virtio_config, virtio_ids, virtio_mmio, virtio_net, virtio_ring,
+};
 
 /// §4.2.2: `MagicValue` is "virt" in little-endian ASCII.
 pub const MMIO_MAGIC: u32 = 0x7472_6976;
@@ -196,4 +198,68 @@ pub mod net {
     /// The smallest MTU a device may offer with `VIRTIO_NET_F_MTU`
     /// (§5.1.4.1: "at least 68").
     pub const MIN_MTU: u16 = 68;
+}
+
+/// §5.2 "Block Device": ids, feature bits, request types, status values
+/// and the configuration layout.
+pub mod blk {
+    use std::mem::{offset_of, size_of};
+
+    use super::{virtio_blk as b, virtio_ids};
+
+    /// §5: device id of a block device.
+    pub const DEVICE_ID: u32 = virtio_ids::VIRTIO_ID_BLOCK;
+
+    /// §5.2.3: the largest size of any single segment is in `size_max`.
+    pub const F_SIZE_MAX: u32 = b::VIRTIO_BLK_F_SIZE_MAX;
+    /// §5.2.3: the most segments in a request is in `seg_max`.
+    pub const F_SEG_MAX: u32 = b::VIRTIO_BLK_F_SEG_MAX;
+    /// §5.2.3: the device is read-only (we do not offer it).
+    pub const F_RO: u32 = b::VIRTIO_BLK_F_RO;
+    /// §5.2.3: the block size of the disk is in `blk_size`.
+    pub const F_BLK_SIZE: u32 = b::VIRTIO_BLK_F_BLK_SIZE;
+    /// §5.2.3: cache flush command support.
+    pub const F_FLUSH: u32 = b::VIRTIO_BLK_F_FLUSH;
+    /// §5.2.3: the device supports more than one virtqueue; their number
+    /// is in `num_queues`.
+    pub const F_MQ: u32 = b::VIRTIO_BLK_F_MQ;
+
+    /// §5.2.6: read (device writes the data).
+    pub const T_IN: u32 = b::VIRTIO_BLK_T_IN;
+    /// §5.2.6: write (device reads the data).
+    pub const T_OUT: u32 = b::VIRTIO_BLK_T_OUT;
+    /// §5.2.6: flush the device's volatile cache.
+    pub const T_FLUSH: u32 = b::VIRTIO_BLK_T_FLUSH;
+    /// §5.2.6: get the device id string.
+    pub const T_GET_ID: u32 = b::VIRTIO_BLK_T_GET_ID;
+
+    /// §5.2.6: success.
+    pub const S_OK: u8 = b::VIRTIO_BLK_S_OK as u8;
+    /// §5.2.6: device or driver error.
+    pub const S_IOERR: u8 = b::VIRTIO_BLK_S_IOERR as u8;
+    /// §5.2.6: request unsupported by the device.
+    pub const S_UNSUPP: u8 = b::VIRTIO_BLK_S_UNSUPP as u8;
+
+    /// §5.2.6: `sector` counts 512-byte sectors whatever `blk_size` is.
+    pub const SECTOR_SIZE: u64 = 512;
+    /// §5.2.6: bytes of the request header the driver writes
+    /// (`type`, `reserved`, `sector`).
+    pub const HDR_LEN: usize = size_of::<b::virtio_blk_outhdr>();
+    /// §5.2.6: bytes of the id string `VIRTIO_BLK_T_GET_ID` returns (not
+    /// NUL-terminated when it is this long).
+    pub const ID_BYTES: usize = b::VIRTIO_BLK_ID_BYTES as usize;
+
+    /// §5.2.4: offset of `capacity` (le64, in 512-byte sectors).
+    pub const CFG_CAPACITY: usize = offset_of!(b::virtio_blk_config, capacity);
+    /// §5.2.4: offset of `size_max` (le32).
+    pub const CFG_SIZE_MAX: usize = offset_of!(b::virtio_blk_config, size_max);
+    /// §5.2.4: offset of `seg_max` (le32).
+    pub const CFG_SEG_MAX: usize = offset_of!(b::virtio_blk_config, seg_max);
+    /// §5.2.4: offset of `blk_size` (le32).
+    pub const CFG_BLK_SIZE: usize = offset_of!(b::virtio_blk_config, blk_size);
+    /// §5.2.4: offset of `num_queues` (le16).
+    pub const CFG_NUM_QUEUES: usize = offset_of!(b::virtio_blk_config, num_queues);
+    /// Bytes of config space we expose: up to and including `num_queues`
+    /// (the fields past it belong to features we do not offer).
+    pub const CONFIG_LEN: usize = CFG_NUM_QUEUES + size_of::<u16>();
 }

@@ -301,24 +301,22 @@ fn driver_ok_makes_ready_queues_live_and_reset_clears_everything() {
     negotiate(&t, GOOD);
     setup_queue(&t, 0, 16, 0x10_0000);
     setup_queue(&t, 1, 32, 0x20_0000);
-    assert!(
-        end.lock().queues.iter().all(Option::is_none),
-        "not before DRIVER_OK"
-    );
+    assert_eq!(end.live_mask(), 0, "not before DRIVER_OK");
     t.write(
         reg::STATUS,
         status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK,
     );
     {
-        let eng = end.lock();
-        let l1 = eng.queues[1].as_ref().expect("live").layout();
+        let q1 = end.queue(1).expect("queue 1 exists");
+        let l1 = q1.as_ref().expect("live").layout();
         assert_eq!(
             (l1.size, l1.desc, l1.avail, l1.used),
             (32, 0x20_0000, 0x20_1000, 0x20_2000)
         );
-        assert!(eng.queues[0].is_some());
-        assert_eq!(eng.features, GOOD);
     }
+    assert_eq!(end.live_mask(), 0b11);
+    assert_eq!(end.features(), GOOD);
+    assert!(end.queue(2).is_none(), "no third queue");
     assert!(end.is_live());
     // A notification reaches the device's bitmap; a bad one is recorded.
     t.write(reg::QUEUE_NOTIFY, 1);
@@ -341,7 +339,8 @@ fn driver_ok_makes_ready_queues_live_and_reset_clears_everything() {
     assert_eq!(t.read(reg::INTERRUPT_STATUS), 0);
     t.write(reg::QUEUE_SEL, 1);
     assert_eq!(t.read(reg::QUEUE_READY), 0);
-    assert!(end.lock().queues.iter().all(Option::is_none));
+    assert_eq!(end.live_mask(), 0);
+    assert_eq!(end.features(), 0);
     assert!(!end.is_live());
     assert!(t.errors().drain().is_empty());
 }
@@ -375,4 +374,40 @@ fn unknown_registers_are_recorded_and_ignored() {
         0,
         "harmless"
     );
+}
+
+#[test]
+fn notifications_and_interrupts_are_routed_per_queue() {
+    let t = transport();
+    let end = DeviceEnd::new(&t);
+    negotiate(&t, GOOD);
+    setup_queue(&t, 0, 16, 0x10_0000);
+    setup_queue(&t, 1, 16, 0x20_0000);
+    t.write(
+        reg::STATUS,
+        status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK,
+    );
+    // A thread serving queue 1 takes only its own notifications.
+    t.write(reg::QUEUE_NOTIFY, 0);
+    t.write(reg::QUEUE_NOTIFY, 1);
+    assert_eq!(end.take_notified_in(0b10), 0b10);
+    assert_eq!(end.take_notified_in(0b10), 0);
+    assert_eq!(end.take_notified(), 0b01);
+    // A queue's first registration counts.
+    let e2 = end.clone();
+    let got = std::thread::spawn(move || e2.register_queues(0b10))
+        .join()
+        .unwrap();
+    assert_eq!(got, 0b10);
+    assert_eq!(end.register_queues(0b11), 0b01);
+    // A queue's used-buffer interrupt goes to the thread bound to it.
+    assert!(t.bind_queue_interrupt(1, std::thread::current()));
+    assert!(!t.bind_queue_interrupt(9, std::thread::current()));
+    let before = t.interrupts_raised();
+    end.queue_interrupt(1);
+    assert_eq!(t.interrupts_raised(), before + 1);
+    assert_eq!(t.read(reg::INTERRUPT_STATUS), isr::USED_BUFFER);
+    // Woken: the park returns at once (the unpark token is set).
+    std::thread::park_timeout(std::time::Duration::from_secs(5));
+    assert!(t.errors().drain().is_empty());
 }

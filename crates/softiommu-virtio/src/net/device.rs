@@ -41,12 +41,9 @@ use super::wire::WirePort;
 use crate::cpu_clock::{self, ThreadClock};
 use crate::spec::net;
 use crate::transport::{
-    ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceQueue, Engine, MmioTransport,
+    ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceMemory, DeviceQueue, MmioTransport,
     TransportConfig,
 };
-
-/// The device's view of memory: the arena through the unit.
-pub type DeviceMemory = IommuMemory<PhysGuestMemory, UnitIommu>;
 
 /// How to build a [`NetDevice`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -337,9 +334,8 @@ impl Worker {
             // driver's invalidation wait does (an unmapped buffer is never
             // written after its unmap returns).
             let batch = |w: &mut Self| {
-                let mut eng = end.lock();
-                let tx = w.tx_batch(&mut eng, end);
-                let rx = w.rx_batch(&mut eng, end);
+                let tx = w.tx_batch(end);
+                let rx = w.rx_batch(end);
                 (tx, rx)
             };
             let (tx, rx) = match view.section(|| batch(&mut self)) {
@@ -379,13 +375,15 @@ impl Worker {
         if tx_on == self.tx_notify && rx_on == self.rx_notify && !tx_on && !rx_on {
             return (false, false);
         }
-        let mut eng = end.lock();
         let mut more = [false; 2];
         for (k, qi, on, cur) in [
             (0, net::TX_QUEUE, tx_on, &mut self.tx_notify),
             (1, net::RX_QUEUE, rx_on, &mut self.rx_notify),
         ] {
-            let Some(q) = eng.queues[usize::from(qi)].as_mut() else {
+            let Some(mut slot) = end.queue(qi) else {
+                continue;
+            };
+            let Some(q) = slot.as_mut() else {
                 continue;
             };
             let r = if on {
@@ -405,9 +403,12 @@ impl Worker {
         (more[0], more[1])
     }
 
-    fn tx_batch(&mut self, eng: &mut Engine, end: &DeviceEnd) -> Batch {
+    fn tx_batch(&mut self, end: &DeviceEnd) -> Batch {
         let mut b = Batch::default();
-        let Some(q) = eng.queues[usize::from(net::TX_QUEUE)].as_mut() else {
+        let Some(mut slot) = end.queue(net::TX_QUEUE) else {
+            return b;
+        };
+        let Some(q) = slot.as_mut() else {
             return b;
         };
         for i in 0..=self.batch {
@@ -440,9 +441,10 @@ impl Worker {
         b
     }
 
-    fn rx_batch(&mut self, eng: &mut Engine, end: &DeviceEnd) -> Batch {
+    fn rx_batch(&mut self, end: &DeviceEnd) -> Batch {
         let mut b = Batch::default();
-        let Some(q) = eng.queues[usize::from(net::RX_QUEUE)].as_mut() else {
+        let mut slot = end.queue(net::RX_QUEUE);
+        let Some(q) = slot.as_mut().and_then(|s| s.as_mut()) else {
             // Not live: frames wait on the wire (and drop there when it
             // fills); the driver's DRIVER_OK or QueueReady wakes us.
             b.starved = self.port.rx.pending();

@@ -31,9 +31,9 @@ use softiommu::mem::{MemError, PhysAddr, PhysMemory, PAGE_SIZE};
 
 use super::config::{MAC_OFFSET, MTU_OFFSET};
 use super::hdr::{self, HDR_LEN};
-use super::vring::{DriverRing, RingLayout};
 use crate::spec::{self, feature, net, reg, status};
 use crate::transport::{DeviceError, MmioTransport};
+use crate::vring::{DriverRing, RingLayout};
 
 /// How to set up a [`NetDriver`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

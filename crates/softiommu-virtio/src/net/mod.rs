@@ -15,13 +15,15 @@ mod device;
 mod driver;
 mod hdr;
 mod stack;
-mod vring;
 mod wire;
 
+pub use crate::transport::DeviceMemory;
+pub use crate::vring::{DriverRing, RingLayout};
 pub use config::{NetConfig, CONFIG_LEN, MAC_OFFSET, MTU_OFFSET, STATUS_OFFSET};
-pub use device::{DeviceMemory, NetDevice, NetDeviceConfig, NetDeviceError, NetDeviceStats};
-pub use driver::{DriverError, DriverStats, NetDriver, NetDriverConfig, NetRxToken, NetTxToken};
+pub use device::{NetDevice, NetDeviceConfig, NetDeviceError, NetDeviceStats};
+pub use driver::{
+    DriverError, DriverStats, NetDriver, NetDriverConfig, NetRxToken, NetTxToken, RX_BUDGET,
+};
 pub use hdr::{num_buffers, offloads, plain as plain_header, HDR_LEN};
 pub use stack::NetStack;
-pub use vring::{DriverRing, RingLayout};
 pub use wire::{wire, LaneStats, Pacer, TxSlot, WireConfig, WirePort, WireRx, WireStats, WireTx};

@@ -201,6 +201,21 @@ pub enum DeviceError {
         /// `gso_type`.
         gso_type: u8,
     },
+    /// A block request chain without room for its header (16 readable
+    /// bytes) and its status byte (1 writable byte), §5.2.6: the device
+    /// cannot even say it failed. Stops the queue, sets
+    /// `DEVICE_NEEDS_RESET` (as QEMU's "missing headers").
+    #[error("queue {queue}: block request from {head} has {readable} readable and {writable} writable bytes, needs at least 16 and 1")]
+    BlkRequestShape {
+        /// The queue.
+        queue: u16,
+        /// The chain's head.
+        head: u16,
+        /// Device-readable bytes (saturated).
+        readable: u64,
+        /// Device-writable bytes (saturated).
+        writable: u64,
+    },
     /// The IOMMU refused a DMA: an unmapped address, or a write to a
     /// read-only mapping. The unit has recorded the fault in its log; the
     /// device moved no byte. Stops the queue, sets `DEVICE_NEEDS_RESET`.

@@ -6,13 +6,21 @@
 //! dozen times per device life. The three registers a driver touches per
 //! packet or per interrupt — `QueueNotify`, `InterruptStatus`,
 //! `InterruptACK` — and `Status` are atomics, so the data path takes no
-//! lock. What the device thread works on (its live queues) sits in a
-//! second lock, the [`Engine`]'s, which the device holds for one bounded
-//! batch at a time; a register write that changes the queues (reset,
-//! `DRIVER_OK`, `QueueReady`) takes it too, and so waits for the batch in
-//! flight to end: when a reset returns, the device no longer uses the old
-//! rings. Lock order: `regs`, then `engine`; the device thread takes only
-//! `engine`.
+//! lock. What the device threads work on (the live queues) sits in one
+//! lock per queue, the [`Engine`]'s slots: a device thread holds a queue's
+//! slot for one bounded batch at a time, so devices with several threads
+//! (one per group of queues) never wait for each other; a register write
+//! that changes a queue (reset, `DRIVER_OK`, `QueueReady`) takes its slot
+//! too, and so waits for the batch in flight on it to end: when a reset
+//! returns, the device no longer uses the old rings. Lock order: `regs`,
+//! then the slots in ascending queue order; a device thread holds at most
+//! one slot at a time.
+//!
+//! Notifications and interrupts can be routed per queue: a device thread
+//! registers for the queues it serves (a `QueueNotify` of one of them
+//! wakes it), and a driver thread can bind one queue's used-buffer
+//! interrupts to itself, as MSI-X vectors do on PCI (virtio-mmio has one
+//! interrupt line; the routing is the platform's, not a register's).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -86,15 +94,33 @@ struct Regs {
     config_generation: u32,
 }
 
-/// What the device thread works on: the live queues and the negotiated
-/// features. Reached through [`DeviceEnd::lock`](super::DeviceEnd::lock).
+/// One queue's slot: the live queue, once the driver made it live
+/// (`DRIVER_OK` and `QueueReady`). Reached through
+/// [`DeviceEnd::queue`](super::DeviceEnd::queue).
+pub type QueueSlot = Option<DeviceQueue>;
+
+/// A held queue slot: the device owns the queue for one bounded batch.
+pub type QueueGuard<'a> = MutexGuard<'a, QueueSlot>;
+
+/// What the device threads work on: the live queues, one lock each, and
+/// the negotiated features.
 #[derive(Debug, Default)]
-pub struct Engine {
-    /// Queue `i`, once the driver made it live (`DRIVER_OK` and
-    /// `QueueReady`).
-    pub queues: Vec<Option<DeviceQueue>>,
-    /// Features negotiated.
-    pub features: u64,
+pub(crate) struct Engine {
+    /// Queue `i`'s slot.
+    pub(crate) queues: Vec<Mutex<QueueSlot>>,
+    /// Features negotiated (0 until `DRIVER_OK`). Release at `DRIVER_OK`,
+    /// before any queue goes live.
+    pub(crate) features: AtomicU64,
+}
+
+impl Engine {
+    /// Clears every slot, in ascending order, each after the batch in
+    /// flight on it.
+    fn clear(&self) {
+        for q in &self.queues {
+            *lock(q) = None;
+        }
+    }
 }
 
 /// State shared by the register block and the device thread.
@@ -107,12 +133,18 @@ pub(crate) struct Shared {
     pub(crate) isr: AtomicU32,
     /// Bit `q`: queue `q` was notified since the device last looked.
     pub(crate) notify: AtomicU64,
-    pub(crate) engine: Mutex<Engine>,
+    pub(crate) engine: Engine,
     pub(crate) errors: ErrorLog,
-    /// The device thread, woken by a notification.
+    /// The device thread, woken by a notification of a queue no other
+    /// thread registered for.
     pub(crate) device_thread: OnceLock<Thread>,
+    /// Per queue: the device thread serving it, if one registered.
+    pub(crate) queue_threads: Vec<OnceLock<Thread>>,
     /// The driver thread an interrupt wakes.
     irq_thread: Mutex<Option<Thread>>,
+    /// Per queue: the driver thread its used-buffer interrupts wake, if
+    /// one is bound (else `irq_thread`).
+    queue_irq: Vec<Mutex<Option<Thread>>>,
     pub(crate) interrupts: AtomicU64,
     pub(crate) notifies: AtomicU64,
 }
@@ -146,6 +178,24 @@ impl Shared {
         }
     }
 
+    /// A used-buffer interrupt of queue `q`: wakes the thread bound to the
+    /// queue, or the device's interrupt thread when none is.
+    pub(crate) fn queue_interrupt(&self, q: u16) {
+        let Some(slot) = self.queue_irq.get(usize::from(q)) else {
+            return self.interrupt(isr::USED_BUFFER);
+        };
+        let bound = lock(slot).clone();
+        match bound {
+            Some(t) => {
+                // Release: as in `interrupt`.
+                self.isr.fetch_or(isr::USED_BUFFER, Ordering::AcqRel);
+                self.interrupts.fetch_add(1, Ordering::Relaxed);
+                t.unpark();
+            }
+            None => self.interrupt(isr::USED_BUFFER),
+        }
+    }
+
     fn device_features(&self) -> u64 {
         self.info.features | 1 << feature::VERSION_1 | 1 << feature::ACCESS_PLATFORM
     }
@@ -162,8 +212,9 @@ pub struct MmioTransport {
 impl MmioTransport {
     /// A transport for a device described by `info`.
     pub fn new(info: DeviceInfo, cfg: TransportConfig) -> Self {
-        let queues = vec![QueueRegs::default(); usize::from(info.queues)];
-        let engine_queues = (0..info.queues).map(|_| None).collect();
+        let n = usize::from(info.queues);
+        let queues = vec![QueueRegs::default(); n];
+        let engine_queues = (0..n).map(|_| Mutex::new(None)).collect();
         let regs = Regs {
             device_features_sel: 0,
             driver_features_sel: 0,
@@ -181,13 +232,15 @@ impl MmioTransport {
                 status: AtomicU32::new(0),
                 isr: AtomicU32::new(0),
                 notify: AtomicU64::new(0),
-                engine: Mutex::new(Engine {
+                engine: Engine {
                     queues: engine_queues,
-                    features: 0,
-                }),
+                    features: AtomicU64::new(0),
+                },
                 errors: ErrorLog::default(),
                 device_thread: OnceLock::new(),
+                queue_threads: (0..n).map(|_| OnceLock::new()).collect(),
                 irq_thread: Mutex::new(None),
+                queue_irq: (0..n).map(|_| Mutex::new(None)).collect(),
                 interrupts: AtomicU64::new(0),
                 notifies: AtomicU64::new(0),
             }),
@@ -208,6 +261,21 @@ impl MmioTransport {
     /// interrupt line to a CPU.
     pub fn bind_interrupt(&self, thread: Thread) {
         *lock(&self.shared.irq_thread) = Some(thread);
+    }
+
+    /// Makes `thread` the one queue `queue`'s used-buffer interrupts wake
+    /// (a per-queue vector, as MSI-X gives on PCI); configuration-change
+    /// interrupts still go to the thread of
+    /// [`bind_interrupt`](Self::bind_interrupt). Returns `false` for a
+    /// queue the device does not have.
+    pub fn bind_queue_interrupt(&self, queue: u16, thread: Thread) -> bool {
+        match self.shared.queue_irq.get(usize::from(queue)) {
+            Some(slot) => {
+                *lock(slot) = Some(thread);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Interrupts raised over the device's life.
@@ -389,7 +457,8 @@ impl MmioTransport {
         // Release: the ring updates the driver made before notifying are
         // visible to the device that takes the bit with Acquire.
         s.notify.fetch_or(1 << value, Ordering::AcqRel);
-        if let Some(t) = s.device_thread.get() {
+        let serving = s.queue_threads.get(value as usize).and_then(OnceLock::get);
+        if let Some(t) = serving.or_else(|| s.device_thread.get()) {
             t.unpark();
         }
     }
@@ -489,7 +558,9 @@ impl MmioTransport {
         };
         if value == 0 {
             q.ready = false;
-            lock(&s.engine).queues[usize::from(index)] = None;
+            if let Some(slot) = s.engine.queues.get(usize::from(index)) {
+                *lock(slot) = None;
+            }
             return;
         }
         if q.ready {
@@ -499,12 +570,14 @@ impl MmioTransport {
             Ok(layout) => {
                 q.ready = true;
                 if st & status::DRIVER_OK != 0 {
-                    let mut eng = lock(&s.engine);
-                    let features = eng.features;
+                    let features = s.engine.features.load(Ordering::Acquire);
                     match DeviceQueue::new(layout, features) {
-                        Ok(dq) => eng.queues[usize::from(index)] = Some(dq),
+                        Ok(dq) => {
+                            if let Some(slot) = s.engine.queues.get(usize::from(index)) {
+                                *lock(slot) = Some(dq);
+                            }
+                        }
                         Err(e) => {
-                            drop(eng);
                             drop(r);
                             s.report(e);
                         }
@@ -544,12 +617,9 @@ impl MmioTransport {
         let s = &*self.shared;
         if value == 0 {
             // Reset (§4.2.2.1: clear InterruptStatus and every QueueReady).
-            // The engine lock waits for the device's batch in flight.
-            let mut eng = lock(&s.engine);
-            for q in eng.queues.iter_mut() {
-                *q = None;
-            }
-            eng.features = 0;
+            // Each slot's lock waits for the device's batch in flight on it.
+            s.engine.clear();
+            s.engine.features.store(0, Ordering::Release);
             for q in r.queues.iter_mut() {
                 *q = QueueRegs::default();
             }
@@ -579,14 +649,15 @@ impl MmioTransport {
                 new &= !status::DRIVER_OK;
                 errors.push(DeviceError::DriverOkBeforeFeaturesOk { status: value });
             } else {
-                let mut eng = lock(&s.engine);
-                eng.features = r.driver_features;
-                for (i, q) in r.queues.iter().enumerate() {
+                s.engine
+                    .features
+                    .store(r.driver_features, Ordering::Release);
+                for (i, (q, slot)) in r.queues.iter().zip(&s.engine.queues).enumerate() {
                     if q.ready {
                         match Self::layout(i as u16, q)
                             .and_then(|l| DeviceQueue::new(l, r.driver_features))
                         {
-                            Ok(dq) => eng.queues[i] = Some(dq),
+                            Ok(dq) => *lock(slot) = Some(dq),
                             Err(e) => errors.push(e),
                         }
                     }
@@ -595,9 +666,7 @@ impl MmioTransport {
         }
         if new & status::FAILED != 0 {
             // The driver gave up: the device stops using every queue.
-            for q in lock(&s.engine).queues.iter_mut() {
-                *q = None;
-            }
+            s.engine.clear();
         }
         s.status.fetch_or(new, Ordering::AcqRel);
         drop(r);

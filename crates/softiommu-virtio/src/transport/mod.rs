@@ -14,7 +14,10 @@
 //! notifies queues through `QueueNotify`. The device model runs on a
 //! thread of its own, like hardware: it takes its [`DeviceEnd`], waits for
 //! notifications, and works on its live [`DeviceQueue`]s in bounded
-//! batches, reaching memory only through the IOMMU.
+//! batches, reaching memory only through the IOMMU. A device with several
+//! queues may run several threads, each registered for its own queues
+//! ([`DeviceEnd::register_queues`]); each queue has its own lock, so they
+//! never wait for each other.
 //!
 //! # Bad input
 //!
@@ -33,6 +36,13 @@ mod mmio;
 mod queue;
 
 pub use device_end::DeviceEnd;
+
+use softiommu::access::{PhysGuestMemory, UnitIommu};
+use vm_memory::IommuMemory;
+
+/// A device's view of memory: the arena through its IOMMU unit, as
+/// vm-memory's `GuestMemory` (what `virtio-queue` reads rings through).
+pub type DeviceMemory = IommuMemory<PhysGuestMemory, UnitIommu>;
 pub use error::{DeviceError, ErrorLog};
-pub use mmio::{DeviceInfo, Engine, MmioTransport, TransportConfig};
+pub use mmio::{DeviceInfo, MmioTransport, QueueGuard, QueueSlot, TransportConfig};
 pub use queue::{ChainDesc, ChainDir, DeviceQueue, QueueLayout};

@@ -10,7 +10,7 @@
 //! unit's log and a [`DeviceError::DmaFault`] here.
 
 use std::fmt::Display;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use softiommu::hw::Access;
 use virtio_queue::{Queue, QueueT};
@@ -54,6 +54,11 @@ pub enum ChainDir {
     Readable,
     /// Every descriptor device-writable (a receive chain).
     Writable,
+    /// Device-readable descriptors, then device-writable ones (a block
+    /// request: header and data out, then data in and status). §2.7.4.2:
+    /// "The driver MUST place any device-writable descriptor elements after
+    /// any device-readable descriptor elements."
+    ReadableThenWritable,
 }
 
 /// The device side of a live split virtqueue.
@@ -66,7 +71,12 @@ pub struct DeviceQueue {
     avail_seen: u16,
     stopped: bool,
     indirect: bool,
+    generation: u64,
 }
+
+/// Gives each live queue a number of its own (see
+/// [`DeviceQueue::generation`]).
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 fn fault(
     queue: u16,
@@ -111,12 +121,20 @@ impl DeviceQueue {
             avail_seen: 0,
             stopped: false,
             indirect: features & 1 << feature::RING_INDIRECT_DESC != 0,
+            generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
         })
     }
 
     /// The layout.
     pub fn layout(&self) -> QueueLayout {
         self.layout
+    }
+
+    /// A number no other queue made in this process has: a device that
+    /// keeps per-queue state across batches (chains it holds back) knows by
+    /// it that a reset replaced the queue, and drops that state.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The queue's index.
@@ -191,6 +209,7 @@ impl DeviceQueue {
         out.clear();
         let mut index = head;
         let mut total = 0u64;
+        let mut seen_writable = false;
         loop {
             if index >= size {
                 return Err(DeviceError::DescriptorIndexOutOfRange {
@@ -223,8 +242,12 @@ impl DeviceQueue {
             let wrong = match dir {
                 ChainDir::Readable if writable => Some(("write-only", "readable")),
                 ChainDir::Writable if !writable => Some(("read-only", "writable")),
+                ChainDir::ReadableThenWritable if seen_writable && !writable => {
+                    Some(("read-only after a write-only", "writable"))
+                }
                 _ => None,
             };
+            seen_writable |= writable;
             if let Some((found, needed)) = wrong {
                 return Err(DeviceError::WrongDirection {
                     queue: q,

@@ -11,12 +11,19 @@
 //!   per GB and their share of the driver side's CPU, and a checksum of
 //!   what arrived against what was sent.
 //!
+//! - [`fio`]: a fio-like storage load over virtio-blk (seed `004`):
+//!   IOPS and GB/s per window, driver and device CPU per I/O.
+//! - [`aging`]: seed `004`'s aging figure (warm-up, retained,
+//!   stability), pure arithmetic over a window series.
+//!
 //! What is real and what is modelled: every copy, translation, page walk,
 //! map, unmap, invalidation and cache-line flush is work this process
 //! does and is measured; the only modelled costs are the unit's
 //! [`LatencyModel`](softiommu::hw::LatencyModel) figures the caller
 //! chooses (the time a hardware invalidation takes to complete).
 
+pub mod aging;
+pub mod fio;
 mod hash;
 mod side;
 mod tcp_stream;

@@ -1,0 +1,89 @@
+//! The `null` back-end's data: every byte of the disk has a value derived
+//! from its offset, so a driver can check what a read returned without
+//! anything having been written. Words are 8 bytes, little-endian; word
+//! `k` (bytes `8k..8k+8` of the disk) is [`word`]`(k)`, which differs from
+//! sector to sector and within a sector from word to word.
+
+/// Word `k` of the disk (bytes `8k..8k + 8`): the sector number (`k / 64`)
+/// mixed with a multiplicative hash, with the word's place in its sector in
+/// the top byte.
+#[inline]
+pub fn word(k: u64) -> u64 {
+    let sector = k >> 6;
+    let place = k & 63;
+    (sector.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 8) ^ (place << 56)
+}
+
+/// Fills `buf` with the disk's bytes from byte `offset` on.
+pub fn fill(offset: u64, buf: &mut [u8]) {
+    let mut at = offset;
+    let mut rest = buf;
+    // An unaligned head: part of one word.
+    let head = (at % 8) as usize;
+    if head != 0 {
+        let w = word(at / 8).to_le_bytes();
+        let n = (8 - head).min(rest.len());
+        let (h, t) = rest.split_at_mut(n);
+        h.copy_from_slice(&w[head..head + n]);
+        rest = t;
+        at += n as u64;
+    }
+    let mut k = at / 8;
+    let mut chunks = rest.chunks_exact_mut(8);
+    for c in &mut chunks {
+        c.copy_from_slice(&word(k).to_le_bytes());
+        k += 1;
+    }
+    let tail = chunks.into_remainder();
+    if !tail.is_empty() {
+        let w = word(k).to_le_bytes();
+        let n = tail.len();
+        tail.copy_from_slice(&w[..n]);
+    }
+}
+
+/// The first byte of `buf` that is not the disk's byte at its place
+/// (`buf` holds the disk from byte `offset` on), if any.
+pub fn first_mismatch(offset: u64, buf: &[u8]) -> Option<usize> {
+    let mut want = [0u8; 512];
+    let mut done = 0usize;
+    while done < buf.len() {
+        let n = (buf.len() - done).min(want.len());
+        fill(offset + done as u64, &mut want[..n]);
+        if let Some(i) = (0..n).find(|&i| buf[done + i] != want[i]) {
+            return Some(done + i);
+        }
+        done += n;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_range_reads_the_same_bytes_however_it_is_cut() {
+        let mut whole = vec![0u8; 4096];
+        fill(1024, &mut whole);
+        for (off, len) in [(0usize, 4096usize), (3, 17), (511, 2), (4000, 96), (8, 8)] {
+            let mut part = vec![0u8; len];
+            fill(1024 + off as u64, &mut part);
+            assert_eq!(part, whole[off..off + len], "{off}+{len}");
+        }
+        assert_eq!(first_mismatch(1024, &whole), None);
+        whole[777] ^= 1;
+        assert_eq!(first_mismatch(1024, &whole), Some(777));
+    }
+
+    #[test]
+    fn sectors_and_words_differ() {
+        assert_ne!(word(0), word(1));
+        assert_ne!(word(0), word(64));
+        let mut a = [0u8; 512];
+        let mut b = [0u8; 512];
+        fill(0, &mut a);
+        fill(512, &mut b);
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,277 @@
+//! The aging figure of seed `004`'s experiment, defined so that a cold
+//! start cannot fool it (both aging labs, `lab iova-aging` on the
+//! allocator alone and `lab fio-aging` on the storage path, use it).
+//!
+//! Input: a run's throughput window by window (any rate: IOPS, Mops/s,
+//! GB/s), all windows of the same length.
+//!
+//! 1. **Warm-up.** The run's start is discarded until throughput stops
+//!    rising. Window `i` *has settled* when none of the next
+//!    [`AgingParams::settle_windows`] windows is more than
+//!    [`AgingParams::tolerance`] above it: `max(w[i+1..=i+K]) <= (1 + tol)
+//!    × w[i]`. The warm-up is the smallest `i` that has settled, but at
+//!    least the floor (`ceil(floor_s / window_s)` windows, and never less
+//!    than one: the first window holds the set-up and cold caches) and at
+//!    most half the run (past that the run is reported as not settled and
+//!    half is discarded). Only a *rise* is warm-up: a run that falls off
+//!    a cliff has settled before it, so the cliff stays in the figure.
+//! 2. **Retained** = median of the last quarter of the post-warm-up
+//!    windows ÷ median of their first quarter (a quarter is
+//!    `max(1, n / 4)` windows). Medians, not single windows: one noisy
+//!    window on a shared machine moves neither.
+//! 3. **Stability** = the 5th-percentile window ÷ the median window over
+//!    the post-warm-up run (nearest rank: the `ceil(0.05 n)`-th smallest).
+//!
+//! Pure arithmetic, no clock: the tests feed it synthetic series.
+
+/// How the warm-up is found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AgingParams {
+    /// Seconds always discarded at the start (the floor).
+    pub floor_s: f64,
+    /// Windows after a candidate that must not rise above it.
+    pub settle_windows: usize,
+    /// How far above a candidate a later window may be and still count as
+    /// settled (0.10: 10 %).
+    pub tolerance: f64,
+}
+
+impl Default for AgingParams {
+    fn default() -> Self {
+        Self {
+            floor_s: 1.0,
+            settle_windows: 3,
+            tolerance: 0.10,
+        }
+    }
+}
+
+/// The aging figure of one run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AgingFigure {
+    /// Windows discarded as warm-up.
+    pub warmup_windows: usize,
+    /// Their length in seconds.
+    pub warmup_s: f64,
+    /// Whether throughput settled within the first half of the run.
+    pub settled: bool,
+    /// Windows after the warm-up.
+    pub windows: usize,
+    /// Median of the first quarter of those.
+    pub first: f64,
+    /// Median of their last quarter.
+    pub last: f64,
+    /// `last / first`.
+    pub retained: f64,
+    /// Median window after the warm-up.
+    pub median: f64,
+    /// 5th-percentile window after the warm-up.
+    pub p5: f64,
+    /// `p5 / median`.
+    pub stability: f64,
+}
+
+/// Why a series has no figure.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AgingError {
+    /// Fewer than four windows are left after the warm-up floor.
+    #[error("{windows} windows, need at least {needed} (4 after a warm-up floor of {floor})")]
+    TooFewWindows {
+        /// Windows in the series.
+        windows: usize,
+        /// Windows needed.
+        needed: usize,
+        /// The floor in windows.
+        floor: usize,
+    },
+    /// A window's throughput is negative or not a number, or the window
+    /// length is not positive.
+    #[error("window {index} is {value}: throughput must be a finite non-negative number")]
+    BadValue {
+        /// The window (or `usize::MAX` for the window length).
+        index: usize,
+        /// Its value.
+        value: f64,
+    },
+    /// The first quarter's median (or the median) is zero: nothing ran.
+    #[error("no throughput after the warm-up")]
+    NoThroughput,
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+fn sorted(xs: &[f64]) -> Vec<f64> {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// The figure of `series` (throughput per window of `window_s` seconds).
+pub fn aging_figure(
+    series: &[f64],
+    window_s: f64,
+    p: &AgingParams,
+) -> Result<AgingFigure, AgingError> {
+    if !(window_s.is_finite() && window_s > 0.0) {
+        return Err(AgingError::BadValue {
+            index: usize::MAX,
+            value: window_s,
+        });
+    }
+    if let Some((index, &value)) = series
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
+    {
+        return Err(AgingError::BadValue { index, value });
+    }
+    let n = series.len();
+    let floor = ((p.floor_s.max(0.0) / window_s).ceil() as usize).max(1);
+    if n < floor + 4 {
+        return Err(AgingError::TooFewWindows {
+            windows: n,
+            needed: floor + 4,
+            floor,
+        });
+    }
+    let cap = (n / 2).max(floor).min(n - 4);
+    let k = p.settle_windows.max(1);
+    let settled_at = |i: usize| {
+        let next = &series[i + 1..(i + 1 + k).min(n)];
+        next.iter().all(|&x| x <= (1.0 + p.tolerance) * series[i])
+    };
+    let found = (floor..=cap).find(|&i| settled_at(i));
+    let warmup = found.unwrap_or(cap);
+    let post = &series[warmup..];
+    let q = (post.len() / 4).max(1);
+    let first = median(&sorted(&post[..q]));
+    let last = median(&sorted(&post[post.len() - q..]));
+    let all = sorted(post);
+    let med = median(&all);
+    let rank = ((0.05 * all.len() as f64).ceil() as usize).clamp(1, all.len());
+    let p5 = all[rank - 1];
+    if first <= 0.0 || med <= 0.0 {
+        return Err(AgingError::NoThroughput);
+    }
+    Ok(AgingFigure {
+        warmup_windows: warmup,
+        warmup_s: warmup as f64 * window_s,
+        settled: found.is_some(),
+        windows: post.len(),
+        first,
+        last,
+        retained: last / first,
+        median: med,
+        p5,
+        stability: p5 / med,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: AgingParams = AgingParams {
+        floor_s: 1.0,
+        settle_windows: 3,
+        tolerance: 0.10,
+    };
+
+    /// A deterministic ±`amp` noise around 1.
+    fn noise(n: usize, amp: f64) -> Vec<f64> {
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                1.0 + amp * ((x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cold_start_is_discarded_and_does_not_inflate_retained() {
+        // Last ÷ first window would say 3.3: the old figure's swing.
+        let mut s = vec![0.3, 0.55, 0.8, 0.95];
+        s.extend(noise(28, 0.03));
+        let f = aging_figure(&s, 1.0, &P).unwrap();
+        assert!(f.settled);
+        assert_eq!(f.warmup_windows, 3, "0.95 is within 10 % of what follows");
+        assert_eq!(f.warmup_s, 3.0);
+        assert!((f.retained - 1.0).abs() < 0.05, "{f:?}");
+        assert!(f.stability > 0.9, "{f:?}");
+    }
+
+    #[test]
+    fn a_cliff_stays_in_the_figure() {
+        let mut s = vec![1.0; 14];
+        s.extend(vec![0.25; 6]);
+        let f = aging_figure(&s, 0.5, &P).unwrap();
+        assert_eq!(f.warmup_windows, 2, "the floor: 1 s of 0.5 s windows");
+        assert!(f.settled);
+        assert!((f.retained - 0.25).abs() < 1e-9, "{f:?}");
+        assert!((f.first, f.last) == (1.0, 0.25));
+        // Most windows are fast: the slow tail is what stability sees.
+        assert!(f.stability < 0.3, "{f:?}");
+        // A cliff right after the floor is not taken for warm-up.
+        let mut s = vec![1.0; 3];
+        s.extend(vec![0.3; 17]);
+        let f = aging_figure(&s, 1.0, &P).unwrap();
+        assert_eq!(f.warmup_windows, 1);
+        // The first quarter straddles the cliff; still under the seed's 0.5.
+        assert!(f.retained < 0.5, "{f:?}");
+    }
+
+    #[test]
+    fn flat_noise_is_retained_and_stable() {
+        let s = noise(40, 0.05);
+        let f = aging_figure(&s, 0.25, &P).unwrap();
+        assert_eq!(f.warmup_windows, 4, "the floor only");
+        assert!((f.retained - 1.0).abs() < 0.08, "{f:?}");
+        assert!(f.stability > 0.9 && f.stability <= 1.0, "{f:?}");
+        // The same series cut differently gives nearly the same figure:
+        // medians, not single windows.
+        let g = aging_figure(&s[1..], 0.25, &P).unwrap();
+        assert!((f.retained - g.retained).abs() < 0.05);
+    }
+
+    #[test]
+    fn a_run_that_never_settles_discards_half_and_says_so() {
+        let s: Vec<f64> = (1..=20).map(|i| i as f64 * i as f64).collect();
+        let f = aging_figure(&s, 1.0, &P).unwrap();
+        assert!(!f.settled);
+        assert_eq!(f.warmup_windows, 10);
+    }
+
+    #[test]
+    fn bad_series_are_refused() {
+        assert!(matches!(
+            aging_figure(&[1.0; 4], 1.0, &P),
+            Err(AgingError::TooFewWindows {
+                windows: 4,
+                needed: 5,
+                floor: 1
+            })
+        ));
+        assert!(matches!(
+            aging_figure(&[1.0, 1.0, f64::NAN, 1.0, 1.0, 1.0], 1.0, &P),
+            Err(AgingError::BadValue { index: 2, .. })
+        ));
+        assert!(matches!(
+            aging_figure(&[1.0; 8], 0.0, &P),
+            Err(AgingError::BadValue { .. })
+        ));
+        assert!(matches!(
+            aging_figure(&[0.0; 8], 1.0, &P),
+            Err(AgingError::NoThroughput)
+        ));
+    }
+}

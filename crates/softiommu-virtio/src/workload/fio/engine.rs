@@ -1,0 +1,543 @@
+//! The fio-like engine: jobs on their queues, hosted by a few OS threads,
+//! completions on the jobs' own DMA handles or on interrupt CPUs, a
+//! conductor that samples the counters once per window.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+use softiommu::dma::{DmaCpu, DmaDomain};
+
+use super::config::{FioConfig, FioError, RwMode};
+use super::result::{FioJobResult, FioResult, FioWindow};
+use crate::blk::{
+    BlkDriverConfig, BlkHost, BlkHostConfig, BlkOp, BlkQueue, SlowRegion, MAX_DRIVER_REQUEST,
+};
+use crate::cpu_clock;
+use crate::spec::blk::SECTOR_SIZE;
+
+/// A job's counters: written by its hosting thread (plain stores), read
+/// by the conductor.
+#[derive(Debug, Default)]
+struct Counters {
+    ops: AtomicU64,
+    reads: AtomicU64,
+    writes: AtomicU64,
+    bytes: AtomicU64,
+    errors: AtomicU64,
+    verified: AtomicU64,
+    verify_failures: AtomicU64,
+    slow: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+}
+
+/// A small fast PRNG (xorshift64*): the draw must not be what is measured.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `0..n` (`n` > 0).
+    fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+}
+
+/// Block sizes pre-drawn per job.
+const SIZES: usize = 4096;
+/// The size of every slow I/O.
+const SLOW_BS: u64 = 4096;
+
+/// One job: its queue and its stream.
+struct Job {
+    q: BlkQueue,
+    c: Arc<CachePadded<Counters>>,
+    rng: Rng,
+    sizes: Vec<u64>,
+    k: usize,
+    /// Index of its interrupt CPU on the thread (`None`: its own handle).
+    irq: Option<usize>,
+    fast: usize,
+    slow: usize,
+    slow_slot: Vec<bool>,
+    reads: u32,
+}
+
+/// What every job thread reads.
+struct Plan {
+    iodepth: usize,
+    rw: RwMode,
+    fast_end: u64,
+    slow: Option<(u64, u64, u64, usize)>,
+    verify_every: u32,
+    verify: bool,
+    stop: AtomicBool,
+}
+
+impl Job {
+    /// Takes completions; returns how many.
+    fn reap(&mut self, irqs: &mut [DmaCpu], p: &Plan) -> Result<usize, FioError> {
+        let irq = self.irq.and_then(|i| irqs.get_mut(i));
+        let c = &self.c;
+        let (fast, slow, slot_slow, reads) = (
+            &mut self.fast,
+            &mut self.slow,
+            &mut self.slow_slot,
+            &mut self.reads,
+        );
+        let n = self.q.reap(irq, |done, data| {
+            if slot_slow
+                .get_mut(usize::from(done.slot))
+                .is_some_and(std::mem::take)
+            {
+                *slow = slow.saturating_sub(1);
+            } else {
+                *fast = fast.saturating_sub(1);
+            }
+            if !done.is_ok() {
+                bump(&c.errors, 1);
+                return;
+            }
+            bump(&c.ops, 1);
+            bump(&c.bytes, done.len);
+            match done.op {
+                BlkOp::Read => {
+                    bump(&c.reads, 1);
+                    *reads = reads.wrapping_add(1);
+                    if p.verify && p.verify_every > 0 && *reads % p.verify_every == 0 {
+                        bump(&c.verified, 1);
+                        let bad = data
+                            .pattern_mismatch(done.sector * SECTOR_SIZE)
+                            .map_or(true, |m| m.is_some());
+                        if bad {
+                            bump(&c.verify_failures, 1);
+                        }
+                    }
+                }
+                BlkOp::Write => bump(&c.writes, 1),
+                BlkOp::Flush | BlkOp::GetId => {}
+            }
+        })?;
+        Ok(n)
+    }
+
+    /// Fills the queue up to its depth (and slow budget); returns how many
+    /// were submitted.
+    fn submit(&mut self, p: &Plan) -> Result<usize, FioError> {
+        let mut n = 0;
+        loop {
+            let slow_pick = p.slow.is_some_and(|(_, _, ppm, depth)| {
+                self.slow < depth && self.rng.below(1_000_000) < ppm
+            });
+            if !slow_pick && self.fast >= p.iodepth {
+                break;
+            }
+            // A slow I/O is one 4 KiB block in a one-page slot.
+            let size = if slow_pick {
+                SLOW_BS
+            } else {
+                self.sizes[self.k]
+            };
+            let (lo, hi) = match (slow_pick, p.slow) {
+                (true, Some((lo, hi, _, _))) => (lo, hi),
+                _ => (0, p.fast_end),
+            };
+            let blocks = (hi - lo) / size;
+            let offset = lo + self.rng.below(blocks.max(1)) * size;
+            let op = match p.rw {
+                RwMode::RandRead => BlkOp::Read,
+                RwMode::RandWrite => BlkOp::Write,
+                RwMode::RandRw { read_pct } => {
+                    if self.rng.below(100) < u64::from(read_pct) {
+                        BlkOp::Read
+                    } else {
+                        BlkOp::Write
+                    }
+                }
+            };
+            let sector = offset / SECTOR_SIZE;
+            let slot = if slow_pick {
+                self.q.submit_small(op, sector, size, None)?
+            } else {
+                self.q.submit(op, sector, size, None)?
+            };
+            let Some(slot) = slot else {
+                break;
+            };
+            if !slow_pick {
+                self.k = (self.k + 1) % SIZES;
+            }
+            if slow_pick {
+                self.slow += 1;
+                bump(&self.c.slow, 1);
+                if let Some(s) = self.slow_slot.get_mut(usize::from(slot)) {
+                    *s = true;
+                }
+            } else {
+                self.fast += 1;
+            }
+            n += 1;
+        }
+        self.q.commit();
+        Ok(n)
+    }
+}
+
+/// One OS thread: its jobs and interrupt CPUs, until the stop flag, then a
+/// drain of the fast I/Os. Returns the jobs' queues and the thread's CPU
+/// time over the measured run.
+fn host_thread(
+    mut jobs: Vec<Job>,
+    irq_cpus: usize,
+    domain: Arc<DmaDomain>,
+    p: Arc<Plan>,
+) -> Result<(Vec<BlkQueue>, Duration), FioError> {
+    let mut irqs: Vec<DmaCpu> = (0..irq_cpus).map(|_| domain.cpu()).collect();
+    for j in &jobs {
+        j.q.bind_interrupt();
+    }
+    let cpu0 = cpu_clock::thread();
+    let mut cpu_end = None;
+    let drain_until = |t: Instant| t + Duration::from_secs(2);
+    let mut deadline = None;
+    loop {
+        let stopping = p.stop.load(Ordering::Acquire);
+        if stopping && cpu_end.is_none() {
+            cpu_end = Some(cpu_clock::thread());
+            deadline = Some(drain_until(Instant::now()));
+        }
+        let mut progress = 0;
+        for j in &mut jobs {
+            progress += j.reap(&mut irqs, &p)?;
+            if !stopping {
+                progress += j.submit(&p)?;
+            }
+        }
+        if stopping
+            && (jobs.iter().all(|j| j.fast == 0) || deadline.is_some_and(|d| Instant::now() > d))
+        {
+            break;
+        }
+        if progress == 0 {
+            // Idle: ask for interrupts, look once more, sleep.
+            // Every queue is armed (no short circuit) before the look.
+            let mut waiting = false;
+            for j in &mut jobs {
+                waiting |= j.q.arm_interrupt();
+            }
+            if !waiting {
+                std::thread::park_timeout(Duration::from_millis(2));
+            }
+            for j in &mut jobs {
+                j.q.disarm_interrupt();
+            }
+            if let Some(j) = jobs.first() {
+                j.q.check_device()?;
+            }
+        }
+    }
+    let cpu = cpu_end
+        .unwrap_or_else(cpu_clock::thread)
+        .saturating_sub(cpu0);
+    Ok((jobs.into_iter().map(|j| j.q).collect(), cpu))
+}
+
+/// Builds a host from `host` (its queues raised to the jobs, its slow
+/// region set from `cfg.slow` over the upper half of the disk) and runs
+/// `cfg` on it.
+pub fn run_fio(host: &BlkHostConfig, cfg: &FioConfig) -> Result<FioResult, FioError> {
+    cfg.check()?;
+    let mut h = host.clone();
+    let b = &mut h.device.blk;
+    b.num_queues = b.num_queues.max(cfg.jobs as u16);
+    let size = (3 * cfg.slots()).next_power_of_two().clamp(4, 32768) as u16;
+    b.queue_max = b.queue_max.max(size);
+    b.seg_max = b
+        .seg_max
+        .max((cfg.bs.max().div_ceil(4096)) as u32)
+        .min(4096);
+    if let Some(s) = cfg.slow {
+        let cap = crate::blk::BackendConfig::open(&h.device.backend)
+            .map_err(|e| FioError::Host(crate::blk::BlkDeviceError::from(e).into()))?
+            .capacity();
+        h.device.slow = Some(SlowRegion {
+            from_sector: cap / 2 / SECTOR_SIZE,
+            hold: s.hold,
+        });
+    }
+    let host = BlkHost::new(&h)?;
+    fio(&host, cfg)
+}
+
+/// Runs `cfg` on `host`'s device: probes a driver with one queue per job,
+/// runs, resets the device and gives every queue's memory back.
+pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
+    cfg.check()?;
+    let slots = cfg.slots();
+    let queue_size = (3 * slots).next_power_of_two().clamp(4, 32768) as u16;
+    let max_req = cfg.bs.max().next_multiple_of(4096);
+    if max_req > MAX_DRIVER_REQUEST {
+        return Err(FioError::BlockSize {
+            bytes: cfg.bs.max(),
+            max: MAX_DRIVER_REQUEST,
+        });
+    }
+    let mut drv = host.driver(BlkDriverConfig {
+        queues: cfg.jobs as u16,
+        queue_size,
+        depth: cfg.iodepth as u16,
+        small_slots: cfg.slow.map_or(0, |s| s.depth as u16),
+        max_request_bytes: max_req,
+    })?;
+    let g = drv.geometry();
+    let fail = |drv: &crate::blk::BlkDriver, e: FioError| {
+        drv.reset();
+        Err(e)
+    };
+    if usize::from(drv.queue_count()) < cfg.jobs {
+        let queues = drv.queue_count();
+        return fail(
+            &drv,
+            FioError::NotEnoughQueues {
+                jobs: cfg.jobs,
+                queues,
+            },
+        );
+    }
+    for &(bytes, _) in cfg.bs.entries() {
+        if !bytes.is_multiple_of(u64::from(g.blk_size)) {
+            return fail(
+                &drv,
+                FioError::DeviceBlockSize {
+                    bytes,
+                    blk_size: g.blk_size,
+                    max: max_req,
+                },
+            );
+        }
+    }
+    let cap = g.capacity_bytes();
+    let slow_region = host.device.slow_region();
+    let fast_end = match (cfg.slow, slow_region) {
+        (Some(_), Some(r)) => r.from_sector.saturating_mul(SECTOR_SIZE).min(cap),
+        _ => cap,
+    };
+    // Room for a few of the largest blocks in each region.
+    let needed = 4 * cfg.bs.max() * if cfg.slow.is_some() { 2 } else { 1 };
+    if fast_end < 4 * cfg.bs.max() || cap < needed {
+        return fail(
+            &drv,
+            FioError::DiskTooSmall {
+                capacity: cap,
+                needed,
+            },
+        );
+    }
+    if cfg.slow.is_some() && slow_region.is_none() {
+        return fail(
+            &drv,
+            FioError::OutOfRange {
+                field: "slow (the device has no slow region)",
+                value: 1.0,
+                min: 0.0,
+                max: 0.0,
+            },
+        );
+    }
+    let plan = Arc::new(Plan {
+        iodepth: cfg.iodepth,
+        rw: cfg.rw,
+        fast_end,
+        slow: cfg
+            .slow
+            .map(|s| (fast_end, cap, (s.pct * 1e4).round() as u64, s.depth)),
+        verify_every: cfg.verify_every,
+        verify: host.device.backend().kind() == "null",
+        stop: AtomicBool::new(false),
+    });
+    let threads = cfg
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .clamp(1, cfg.jobs);
+    let irq_total = cfg.irq_cpus.map_or(0, |n| n.max(threads));
+    let counters: Vec<Arc<CachePadded<Counters>>> = (0..cfg.jobs)
+        .map(|_| Arc::new(CachePadded::new(Counters::default())))
+        .collect();
+    let mut per_thread: Vec<Vec<Job>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, q) in drv.take_queues().into_iter().enumerate().take(cfg.jobs) {
+        let mut rng = Rng::new(cfg.seed ^ (i as u64).wrapping_mul(0x1000_0000_01b3));
+        let sizes = (0..SIZES)
+            .map(|_| cfg.bs.pick(rng.below(100) as u32))
+            .collect();
+        let t = i % threads;
+        let local = per_thread[t].len();
+        let n_irq = (t..irq_total).step_by(threads).count();
+        per_thread[t].push(Job {
+            slow_slot: vec![false; usize::from(q.depth())],
+            q,
+            c: counters[i].clone(),
+            rng,
+            sizes,
+            k: 0,
+            irq: (n_irq > 0).then(|| local % n_irq),
+            fast: 0,
+            slow: 0,
+            reads: 0,
+        });
+    }
+    let dev_cpu0 = host.device.cpu_time();
+    let handles: Vec<_> = per_thread
+        .into_iter()
+        .enumerate()
+        .map(|(t, jobs)| {
+            let (domain, p) = (host.domain.clone(), plan.clone());
+            let n_irq = (t..irq_total).step_by(threads).count();
+            std::thread::Builder::new()
+                .name(format!("fio t{t}"))
+                .spawn(move || host_thread(jobs, n_irq, domain, p))
+        })
+        .collect();
+    // The conductor: one sample per window.
+    let total = |c: &[Arc<CachePadded<Counters>>]| {
+        let s = |f: fn(&Counters) -> &AtomicU64| {
+            c.iter().map(|x| f(x).load(Ordering::Relaxed)).sum::<u64>()
+        };
+        (
+            s(|x| &x.ops),
+            s(|x| &x.bytes),
+            s(|x| &x.reads),
+            s(|x| &x.writes),
+            s(|x| &x.errors),
+        )
+    };
+    let n_windows = (cfg.runtime.as_secs_f64() / cfg.window.as_secs_f64()).ceil() as usize;
+    let mut windows = Vec::with_capacity(n_windows);
+    let t0 = Instant::now();
+    let mut last = total(&counters);
+    let mut last_t = t0;
+    let spawn_failed = handles.iter().any(|h| h.is_err());
+    for w in 0..n_windows {
+        if spawn_failed {
+            break;
+        }
+        let end = t0 + cfg.window * (w as u32 + 1);
+        while let Some(d) = end.checked_duration_since(Instant::now()) {
+            if handles
+                .iter()
+                .any(|h| h.as_ref().is_ok_and(|h| h.is_finished()))
+            {
+                break;
+            }
+            std::thread::sleep(d.min(Duration::from_millis(20)));
+        }
+        let now = Instant::now();
+        let cur = total(&counters);
+        let dt = now.duration_since(last_t).as_secs_f64().max(1e-9);
+        windows.push(FioWindow {
+            t_s: now.duration_since(t0).as_secs_f64(),
+            iops: (cur.0 - last.0) as f64 / dt,
+            gbps: (cur.1 - last.1) as f64 / dt / 1e9,
+            read_iops: (cur.2 - last.2) as f64 / dt,
+            write_iops: (cur.3 - last.3) as f64 / dt,
+            errors: cur.4 - last.4,
+        });
+        last = cur;
+        last_t = now;
+    }
+    let runtime_s = t0.elapsed().as_secs_f64();
+    let ops_at_stop = total(&counters);
+    plan.stop.store(true, Ordering::Release);
+    let dev_cpu = host.device.cpu_time().saturating_sub(dev_cpu0);
+    let mut queues = Vec::new();
+    let mut driver_cpu = Duration::ZERO;
+    let mut first_err = None;
+    for h in handles {
+        match h {
+            Ok(h) => match h.join() {
+                Ok(Ok((qs, cpu))) => {
+                    queues.extend(qs);
+                    driver_cpu += cpu;
+                }
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(FioError::Panicked);
+                }
+            },
+            Err(_) => {
+                first_err.get_or_insert(FioError::Panicked);
+            }
+        }
+    }
+    let abandoned = queues.iter().map(|q| u64::from(q.in_flight())).sum();
+    drv.reset();
+    for q in &mut queues {
+        if let Err(e) = q.release() {
+            first_err.get_or_insert(e.into());
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let jobs: Vec<FioJobResult> = counters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            FioJobResult {
+                queue: i as u16,
+                ops: l(&c.ops),
+                reads: l(&c.reads),
+                writes: l(&c.writes),
+                bytes: l(&c.bytes),
+                io_errors: l(&c.errors),
+                verified: l(&c.verified),
+                verify_failures: l(&c.verify_failures),
+                slow_ops: l(&c.slow),
+            }
+        })
+        .collect();
+    let ops = ops_at_stop.0;
+    let per = |d: Duration| {
+        if ops == 0 {
+            0.0
+        } else {
+            d.as_secs_f64() * 1e6 / ops as f64
+        }
+    };
+    Ok(FioResult {
+        backend: host.device.backend().kind(),
+        threads,
+        irq_cpus: irq_total,
+        device_workers: host.device.workers(),
+        window_s: cfg.window.as_secs_f64(),
+        runtime_s,
+        ops,
+        iops: ops as f64 / runtime_s.max(1e-9),
+        gbps: ops_at_stop.1 as f64 / runtime_s.max(1e-9) / 1e9,
+        io_errors: jobs.iter().map(|j| j.io_errors).sum(),
+        verified: jobs.iter().map(|j| j.verified).sum(),
+        verify_failures: jobs.iter().map(|j| j.verify_failures).sum(),
+        driver_cpu_us_per_req: per(driver_cpu),
+        device_cpu_us_per_req: per(dev_cpu),
+        abandoned,
+        iova: host.domain.iova_stats(),
+        jobs,
+        windows,
+    })
+}

@@ -1,0 +1,96 @@
+//! What a fio run returns: the time line window by window (fio's status
+//! line), per-job totals, and the costs per request.
+
+use softiommu::iova::IovaStats;
+
+/// One reporting window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FioWindow {
+    /// The window's end, seconds from the run's start.
+    pub t_s: f64,
+    /// I/Os completed per second in the window.
+    pub iops: f64,
+    /// Gigabytes (10^9 bytes) moved per second in the window.
+    pub gbps: f64,
+    /// Reads per second.
+    pub read_iops: f64,
+    /// Writes per second.
+    pub write_iops: f64,
+    /// I/Os completed with an error status in the window.
+    pub errors: u64,
+}
+
+/// One job's totals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FioJobResult {
+    /// Its queue.
+    pub queue: u16,
+    /// I/Os completed.
+    pub ops: u64,
+    /// Reads completed.
+    pub reads: u64,
+    /// Writes completed.
+    pub writes: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// I/Os completed with an error status (back-end I/O errors among
+    /// them); the job went on.
+    pub io_errors: u64,
+    /// Reads checked against the `null` pattern.
+    pub verified: u64,
+    /// Checked reads whose data was wrong.
+    pub verify_failures: u64,
+    /// I/Os sent to the slow region.
+    pub slow_ops: u64,
+}
+
+/// A fio run's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FioResult {
+    /// The back-end's kind.
+    pub backend: &'static str,
+    /// Jobs.
+    pub jobs: Vec<FioJobResult>,
+    /// OS threads that hosted them.
+    pub threads: usize,
+    /// Interrupt CPUs (0: each job completed its own I/Os).
+    pub irq_cpus: usize,
+    /// Device threads.
+    pub device_workers: usize,
+    /// The time line.
+    pub windows: Vec<FioWindow>,
+    /// Window length in seconds.
+    pub window_s: f64,
+    /// Measured seconds.
+    pub runtime_s: f64,
+    /// I/Os completed over the run.
+    pub ops: u64,
+    /// Their rate.
+    pub iops: f64,
+    /// Gigabytes per second over the run.
+    pub gbps: f64,
+    /// I/Os completed with an error status.
+    pub io_errors: u64,
+    /// Reads checked against the pattern, and those that failed.
+    pub verified: u64,
+    /// Checked reads whose data was wrong.
+    pub verify_failures: u64,
+    /// CPU microseconds of the job threads (driver side: submission,
+    /// `map_sg`, completion, `unmap_sg`) per I/O, from thread CPU clocks.
+    pub driver_cpu_us_per_req: f64,
+    /// CPU microseconds of the device threads per I/O (they stand for the
+    /// hardware).
+    pub device_cpu_us_per_req: f64,
+    /// Slow I/Os still held by the device when the run ended (abandoned
+    /// by the reset).
+    pub abandoned: u64,
+    /// The IOVA allocator's counters at the end.
+    pub iova: IovaStats,
+}
+
+impl FioResult {
+    /// The time line's IOPS, window by window (the aging figure's input).
+    pub fn iops_series(&self) -> Vec<f64> {
+        self.windows.iter().map(|w| w.iops).collect()
+    }
+}

@@ -1,0 +1,212 @@
+//! The fio-like engine: a short run on the `null` back-end verifies its
+//! reads against the sector pattern and reports a time line; a back-end
+//! that fails is counted per job while the run goes on; every bad setting
+//! is its own typed error.
+
+use std::time::Duration;
+
+use softiommu::dma::DmaPolicy;
+use softiommu_virtio::blk::{
+    BackendConfig, BackendError, BlkDeviceConfig, BlkDeviceError, BlkHostConfig, BlkHostError,
+};
+use softiommu_virtio::workload::fio::{run_fio, BlockSizes, FioConfig, FioError, RwMode, SlowTail};
+
+fn host(backend: BackendConfig) -> BlkHostConfig {
+    BlkHostConfig {
+        policy: DmaPolicy::Deferred,
+        mem_bytes: 512 << 20,
+        bounce_bytes: 1 << 20,
+        device: BlkDeviceConfig {
+            backend,
+            ..BlkDeviceConfig::default()
+        },
+        ..BlkHostConfig::default()
+    }
+}
+
+fn quick() -> FioConfig {
+    FioConfig {
+        jobs: 3,
+        iodepth: 8,
+        runtime: Duration::from_millis(400),
+        window: Duration::from_millis(100),
+        threads: Some(2),
+        verify_every: 4,
+        ..FioConfig::default()
+    }
+}
+
+#[test]
+fn a_null_run_verifies_its_reads_and_reports_windows() {
+    let cfg = FioConfig {
+        bs: BlockSizes::parse("4k:60,16k:20,64k:15,128k:5").unwrap(),
+        irq_cpus: Some(2),
+        ..quick()
+    };
+    let r = run_fio(&host(BackendConfig::default()), &cfg).expect("run");
+    assert_eq!(r.backend, "null");
+    assert_eq!(r.jobs.len(), 3);
+    assert_eq!(r.windows.len(), 4);
+    assert!(r.ops > 0 && r.iops > 0.0 && r.gbps > 0.0, "{r:?}");
+    assert!(r.jobs.iter().all(|j| j.ops > 0 && j.reads == j.ops));
+    assert!(r.verified > 0, "some reads were checked");
+    assert_eq!(r.verify_failures, 0);
+    assert_eq!(r.io_errors, 0);
+    assert!(r.driver_cpu_us_per_req > 0.0 && r.device_cpu_us_per_req > 0.0);
+    assert_eq!((r.threads, r.irq_cpus), (2, 2));
+    let total: f64 = r.windows.iter().map(|w| w.iops).sum::<f64>() * r.window_s;
+    assert!(
+        total > 0.5 * r.ops as f64,
+        "the windows account for the run"
+    );
+}
+
+#[test]
+fn randrw_on_memory_with_a_slow_tail_runs_both_kinds() {
+    let cfg = FioConfig {
+        rw: RwMode::RandRw { read_pct: 70 },
+        slow: Some(SlowTail {
+            pct: 5.0,
+            depth: 4,
+            hold: Duration::from_millis(50),
+        }),
+        ..quick()
+    };
+    let r = run_fio(&host(BackendConfig::Memory { capacity: 64 << 20 }), &cfg).expect("run");
+    let (reads, writes): (u64, u64) = r
+        .jobs
+        .iter()
+        .fold((0, 0), |(a, b), j| (a + j.reads, b + j.writes));
+    assert!(
+        reads > writes && writes > 0,
+        "{reads} reads, {writes} writes"
+    );
+    assert!(r.jobs.iter().any(|j| j.slow_ops > 0));
+    assert_eq!(r.verified, 0, "only null reads are checked");
+}
+
+#[test]
+fn backend_errors_are_counted_per_job_and_the_run_goes_on() {
+    let path = std::env::temp_dir().join(format!("softiommu-fio-{}.img", std::process::id()));
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(4 << 20).unwrap();
+    // The disk says 4 MiB; the file keeps only its first half: reads past
+    // it fail (end of file), reads before it succeed.
+    let cfg = host(BackendConfig::File {
+        path: path.clone(),
+        direct: false,
+        size: Some(4 << 20),
+    });
+    let shrink = std::thread::spawn({
+        let f = f.try_clone().unwrap();
+        move || {
+            std::thread::sleep(Duration::from_millis(50));
+            f.set_len(2 << 20).unwrap();
+        }
+    });
+    let r = run_fio(&cfg, &quick()).expect("run");
+    shrink.join().unwrap();
+    assert!(r.io_errors > 0, "{r:?}");
+    assert!(r.ops > 0, "the run went on");
+    assert!(r.jobs.iter().all(|j| j.io_errors > 0 && j.ops > 0));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn bad_settings_are_typed_errors() {
+    let h = host(BackendConfig::default());
+    let field = |cfg: FioConfig| match run_fio(&h, &cfg) {
+        Err(FioError::OutOfRange { field, .. }) => field,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(field(FioConfig { jobs: 0, ..quick() }), "jobs");
+    assert_eq!(
+        field(FioConfig {
+            jobs: 65,
+            ..quick()
+        }),
+        "jobs"
+    );
+    assert_eq!(
+        field(FioConfig {
+            iodepth: 0,
+            ..quick()
+        }),
+        "iodepth"
+    );
+    assert_eq!(
+        field(FioConfig {
+            iodepth: 1 << 20,
+            ..quick()
+        }),
+        "iodepth"
+    );
+    assert_eq!(
+        field(FioConfig {
+            window: Duration::from_secs(5),
+            ..quick()
+        }),
+        "window_s"
+    );
+    assert_eq!(
+        field(FioConfig {
+            threads: Some(9),
+            ..quick()
+        }),
+        "threads"
+    );
+    assert!(matches!(
+        run_fio(
+            &h,
+            &FioConfig {
+                runtime: Duration::ZERO,
+                ..quick()
+            }
+        ),
+        Err(FioError::RuntimeZero)
+    ));
+    assert!(matches!(
+        BlockSizes::parse("4k:60,16k:20,64k:15"),
+        Err(FioError::MixSum { sum: 95 })
+    ));
+    assert!(matches!(
+        BlockSizes::parse("4k:60,huge:40"),
+        Err(FioError::MixSyntax { .. })
+    ));
+    assert!(matches!(
+        BlockSizes::parse("0"),
+        Err(FioError::BlockSize { bytes: 0, .. })
+    ));
+    assert!(matches!(
+        BlockSizes::parse("1000"),
+        Err(FioError::BlockSize { bytes: 1000, .. })
+    ));
+    assert!(matches!(
+        BlockSizes::parse("64m"),
+        Err(FioError::BlockSize { .. })
+    ));
+    // A file that cannot be opened, and one too small for the jobs.
+    let missing = host(BackendConfig::File {
+        path: "/nonexistent/softiommu.img".into(),
+        direct: false,
+        size: None,
+    });
+    assert!(matches!(
+        run_fio(&missing, &quick()),
+        Err(FioError::Host(BlkHostError::Device(
+            BlkDeviceError::Backend(BackendError::Open { .. })
+        )))
+    ));
+    let path = std::env::temp_dir().join(format!("softiommu-fio-small-{}.img", std::process::id()));
+    std::fs::File::create(&path).unwrap().set_len(8192).unwrap();
+    let small = host(BackendConfig::File {
+        path: path.clone(),
+        direct: false,
+        size: None,
+    });
+    assert!(matches!(
+        run_fio(&small, &quick()),
+        Err(FioError::DiskTooSmall { capacity: 8192, .. })
+    ));
+    let _ = std::fs::remove_file(&path);
+}
