@@ -68,6 +68,23 @@ pub enum LabError {
         /// What failed.
         source: softiommu_virtio::workload::WorkloadError,
     },
+    /// A storage workload (virtio-blk, the fio engine) refused its settings
+    /// or failed.
+    #[error("{run}: {source}")]
+    Fio {
+        /// Which run (lab, policy).
+        run: String,
+        /// What failed.
+        source: softiommu_virtio::workload::fio::FioError,
+    },
+    /// A time line had no aging figure (too few windows, no throughput).
+    #[error("{run}: aging figure: {source}")]
+    Aging {
+        /// Which run.
+        run: String,
+        /// Why.
+        source: softiommu_virtio::workload::aging::AgingError,
+    },
     /// A stream's receiver did not get exactly what its sender sent.
     #[error("{run}: received data does not match what was sent ({received} of {sent} bytes)")]
     StreamMismatch {

@@ -32,6 +32,9 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once per process: the size of the biggest lab's options costs
+// nothing, and boxing them would only complicate every match below.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Micro-benchmarks, side by side with peer implementations.
@@ -90,6 +93,8 @@ struct LabArgs {
 enum LabCmd {
     /// Seed 004: IOVA cache growth over a long storage run, per policy.
     IovaAging(lab::iova_aging::AgingArgs),
+    /// Seed 004 on the storage path: twelve fio jobs on virtio-blk, cost per DMA policy, aging per IOVA policy.
+    FioAging(lab::fio_aging::FioAgingArgs),
     /// Seed 000: a UDP stream through smoltcp, virtio-net and two IOMMUs, per policy and ordering.
     NetperfUdp(lab::netperf_udp::NetperfArgs),
     /// Seed 003: one TCP stream through smoltcp, coherent vs non-coherent page walk, per policy.
@@ -169,6 +174,10 @@ fn main() -> std::process::ExitCode {
             ..
         }) => emit(lab::iova_aging::run(&a, |_| {}), a.json),
         Cmd::Lab(LabArgs {
+            cmd: Some(LabCmd::FioAging(a)),
+            ..
+        }) => emit(lab::fio_aging::run(&a, |_| {}), a.json),
+        Cmd::Lab(LabArgs {
             cmd: Some(LabCmd::NetperfUdp(a)),
             ..
         }) => emit(lab::netperf_udp::run(&a), a.json),
@@ -179,7 +188,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Lab(a) => match &a.file {
             Some(f) => lab_file(&a, f),
             None => {
-                eprintln!("softiommu: lab needs a subcommand (iova-aging, netperf-udp, iperf-tcp, litmus) or a scenario FILE");
+                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus) or a scenario FILE");
                 return std::process::ExitCode::from(2);
             }
         },

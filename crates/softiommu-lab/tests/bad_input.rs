@@ -151,8 +151,8 @@ fn sizes_and_counts_out_of_range_are_refused() {
         ),
         (&["lab", "iova-aging", "--jobs", "0"], "0 is not in 1..=256"),
         (
-            &["lab", "iova-aging", "--windows", "1"],
-            "1 is not in 2..=1000",
+            &["lab", "iova-aging", "--windows", "7"],
+            "7 is not in 8..=1000",
         ),
         (
             &["lab", "iova-aging", "--iodepth", "0"],
@@ -161,6 +161,65 @@ fn sizes_and_counts_out_of_range_are_refused() {
         (
             &["lab", "iova-aging", "--slow-pct", "101"],
             "101 is not a finite number in 0..=100",
+        ),
+        (&["lab", "fio-aging", "--jobs", "0"], "0 is not in 1..=64"),
+        (&["lab", "fio-aging", "--jobs", "65"], "65 is not in 1..=64"),
+        (
+            &["lab", "fio-aging", "--iodepth", "0"],
+            "0 is not in 1..=1024",
+        ),
+        (
+            &["lab", "fio-aging", "--iodepth", "100000"],
+            "100000 is not in 1..=1024",
+        ),
+        (
+            &["lab", "fio-aging", "--windows", "7"],
+            "7 is not in 8..=10000",
+        ),
+        (
+            &["lab", "fio-aging", "--seconds", "0"],
+            "is not a finite number in 0.01..=86400",
+        ),
+        (
+            &["lab", "fio-aging", "--bs", "4k:60,16k:30"],
+            "block-size mix percentages sum to 90, not 100",
+        ),
+        (
+            &["lab", "fio-aging", "--bs", "0"],
+            "block size 0 is not a non-zero multiple of 512",
+        ),
+        (
+            &["lab", "fio-aging", "--dma-bs", "1000"],
+            "block size 1000 is not a non-zero multiple of 512",
+        ),
+        (
+            &["lab", "fio-aging", "--bs", "4k:sixty"],
+            "not a whole percent",
+        ),
+        (
+            &["lab", "fio-aging", "--slow-depth", "0"],
+            "0 is not in 1..=4096",
+        ),
+        (
+            &["lab", "fio-aging", "--slow-pct", "101"],
+            "101 is not a finite number in 0..=100",
+        ),
+        (
+            &["lab", "fio-aging", "--irq-cpus", "0"],
+            "0 is not in 1..=64",
+        ),
+        (
+            &["lab", "fio-aging", "--disk-mib", "0"],
+            "0 is not in 1..=65536",
+        ),
+        (&["lab", "fio-aging", "--backend", "file"], "--file <FILE>"),
+        (
+            &["lab", "fio-aging", "--backend", "tape"],
+            "[possible values: null, memory, file]",
+        ),
+        (
+            &["lab", "fio-aging", "--rw", "seqread"],
+            "[possible values: randread, randwrite, randrw]",
         ),
         (
             &["lab", "litmus", "--runs", "0"],

@@ -283,7 +283,7 @@ fn lab_iova_aging() {
         "--seconds",
         "0.4",
         "--windows",
-        "2",
+        "8",
         "--policies",
         "linux-2016,softiommu",
     ]);
@@ -292,15 +292,102 @@ fn lab_iova_aging() {
     assert_eq!(policies.len(), 2);
     for p in policies {
         for k in [
+            "warmup_s",
+            "retained",
+            "stability",
+            "iops_first",
+            "iops_last",
             "first_window_mops",
             "last_window_mops",
-            "retained",
             "peak_tree_nodes",
             "peak_cached_iovas",
         ] {
             assert!(number(p, k) >= 0.0, "{k}");
         }
+        assert!(number(p, "stability") <= 1.0, "{p}");
+        assert!(p["settled"].is_boolean());
+        let w = p["windows"].as_array().expect("windows");
+        assert_eq!(w.len(), 8);
+        assert!(number(&w[0], "iops") >= 0.0);
     }
+}
+
+#[test]
+fn lab_fio_aging() {
+    let v = run(&[
+        "lab",
+        "fio-aging",
+        "--json",
+        "--seconds",
+        "0.8",
+        "--windows",
+        "8",
+        "--dma-seconds",
+        "0.2",
+        "--jobs",
+        "2",
+        "--disk-mib",
+        "64",
+        "--policies",
+        "linux-2016,softiommu",
+    ]);
+    assert_eq!(v["lab"], "fio-aging");
+    assert_eq!(v["device"], "virtio-blk");
+    assert_eq!(v["backend"], "null");
+    assert_eq!(v["jobs"], 2);
+    let policies = v["policies"].as_array().expect("policies");
+    assert_eq!(policies.len(), 2);
+    assert_eq!(policies[0]["policy"], "linux-2016");
+    for p in policies {
+        for k in [
+            "warmup_s",
+            "retained",
+            "stability",
+            "iops_first",
+            "iops_last",
+        ] {
+            assert!(number(p, k) >= 0.0, "{k} in {p}");
+        }
+        assert!(number(p, "iops_first") > 0.0, "{p}");
+        assert_eq!(p["verify_failures"], 0);
+        assert_eq!(p["io_errors"], 0);
+        let w = p["windows"].as_array().expect("windows");
+        assert_eq!(w.len(), 8);
+        assert!(number(&w[0], "iops") >= 0.0);
+    }
+    let dma = v["dma"].as_array().expect("dma");
+    let names: Vec<&str> = dma.iter().map(|d| d["policy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["passthrough", "strict", "deferred"]);
+    for d in dma {
+        assert!(number(d, "iops") > 0.0, "{d}");
+        assert!(number(d, "driver_cpu_us_per_req") > 0.0, "{d}");
+        assert!(number(d, "device_cpu_us_per_req") >= 0.0, "{d}");
+        assert!(number(d, "cpu_ratio_to_passthrough") > 0.0, "{d}");
+    }
+    assert_eq!(dma[0]["cpu_ratio_to_passthrough"], 1.0);
+}
+
+#[test]
+fn lab_fio_aging_reports_a_missing_file_in_one_line() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_softiommu"))
+        .args([
+            "lab",
+            "fio-aging",
+            "--backend",
+            "file",
+            "--file",
+            "/nonexistent/softiommu-disk",
+            "--seconds",
+            "0.5",
+            "--no-dma",
+        ])
+        .output()
+        .expect("the binary runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("/nonexistent/softiommu-disk"), "{err}");
+    assert!(out.stdout.is_empty());
 }
 
 #[test]

@@ -74,12 +74,21 @@ pub enum Unit {
     /// Cache lines per gigabyte (10^9 bytes) moved.
     #[serde(rename = "lines/GB")]
     LinesPerGb,
+    /// Thousand I/O requests per second.
+    #[serde(rename = "k IOPS")]
+    Kiops,
+    /// Gigabytes (10^9 bytes) per second.
+    #[serde(rename = "GB/s")]
+    GbPerS,
+    /// Microseconds of CPU time per I/O request.
+    #[serde(rename = "µs/req")]
+    UsPerReq,
 }
 
 impl Unit {
     /// Every unit.
     #[cfg(test)]
-    pub const ALL: [Unit; 23] = [
+    pub const ALL: [Unit; 26] = [
         Unit::Ns,
         Unit::Us,
         Unit::Ms,
@@ -103,6 +112,9 @@ impl Unit {
         Unit::SPerGb,
         Unit::LinesPerGb,
         Unit::Kpps,
+        Unit::Kiops,
+        Unit::GbPerS,
+        Unit::UsPerReq,
     ];
 
     /// The symbol printed in headers and stored in the database.
@@ -131,6 +143,9 @@ impl Unit {
             Unit::MbitPerS => "Mbit/s",
             Unit::SPerGb => "s/GB",
             Unit::LinesPerGb => "lines/GB",
+            Unit::Kiops => "k IOPS",
+            Unit::GbPerS => "GB/s",
+            Unit::UsPerReq => "µs/req",
         }
     }
 
@@ -144,11 +159,17 @@ impl Unit {
     /// or neither; `compare` and the seed verdicts use it.
     pub fn better(self) -> Better {
         match self {
-            Unit::Mpps | Unit::Kpps | Unit::MopsPerS | Unit::MbitPerS => Better::Higher,
+            Unit::Mpps
+            | Unit::Kpps
+            | Unit::MopsPerS
+            | Unit::MbitPerS
+            | Unit::Kiops
+            | Unit::GbPerS => Better::Higher,
             Unit::Ns
             | Unit::Us
             | Unit::Ms
             | Unit::UsPerPkt
+            | Unit::UsPerReq
             | Unit::PercentCpu
             | Unit::SPerGb
             | Unit::LinesPerGb => Better::Lower,

@@ -54,6 +54,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../../../scenarios/aging.toml"),
     ),
     (
+        "storage-aging.toml",
+        include_str!("../../../../scenarios/storage-aging.toml"),
+    ),
+    (
         "iova-alloc.toml",
         include_str!("../../../../scenarios/iova-alloc.toml"),
     ),

@@ -14,6 +14,7 @@ use crate::bench::pgtable::PgtableBenchArgs;
 use crate::bench::ring::RingArgs;
 use crate::bench::translate::TranslateBenchArgs;
 use crate::error::LabResult;
+use crate::lab::fio_aging::FioAgingArgs;
 use crate::lab::iova_aging::AgingArgs;
 use crate::lab::iperf_tcp::IperfTcpArgs;
 use crate::lab::litmus::LitmusArgs;
@@ -81,6 +82,12 @@ pub(super) struct ScenarioFile {
     )]
     pub lab_iova_aging: Option<AgingArgs>,
     #[serde(
+        rename = "lab-fio-aging",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lab_fio_aging: Option<FioAgingArgs>,
+    #[serde(
         rename = "lab-litmus",
         default,
         skip_serializing_if = "Option::is_none"
@@ -92,7 +99,7 @@ pub(super) struct ScenarioFile {
 }
 
 /// The table names a scenario may use, in the schema's order.
-pub(super) const LAB_TABLES: [&str; 10] = [
+pub(super) const LAB_TABLES: [&str; 11] = [
     "bench-iova",
     "bench-pgtable",
     "bench-dma",
@@ -102,6 +109,7 @@ pub(super) const LAB_TABLES: [&str; 10] = [
     "lab-netperf-udp",
     "lab-iperf-tcp",
     "lab-iova-aging",
+    "lab-fio-aging",
     "lab-litmus",
 ];
 
@@ -126,6 +134,8 @@ pub enum LabArgs {
     IperfTcp(IperfTcpArgs),
     /// `lab iova-aging`.
     IovaAging(AgingArgs),
+    /// `lab fio-aging`.
+    FioAging(FioAgingArgs),
     /// `lab litmus`.
     Litmus(LitmusArgs),
 }
@@ -143,6 +153,7 @@ impl LabArgs {
             LabArgs::NetperfUdp(a) => crate::lab::netperf_udp::run(a),
             LabArgs::IperfTcp(a) => crate::lab::iperf_tcp::run(a),
             LabArgs::IovaAging(a) => crate::lab::iova_aging::run(a, progress),
+            LabArgs::FioAging(a) => crate::lab::fio_aging::run(a, progress),
             LabArgs::Litmus(a) => crate::lab::litmus::run(a),
         }
     }
@@ -267,6 +278,8 @@ impl Scenario {
             LabArgs::IperfTcp(a.clone())
         } else if let Some(a) = &f.lab_iova_aging {
             LabArgs::IovaAging(a.clone())
+        } else if let Some(a) = &f.lab_fio_aging {
+            LabArgs::FioAging(a.clone())
         } else {
             LabArgs::Litmus(f.lab_litmus.clone().unwrap_or_default())
         }
@@ -297,6 +310,7 @@ fn lab_table_present(f: &ScenarioFile, table: &str) -> bool {
         "lab-netperf-udp" => f.lab_netperf_udp.is_some(),
         "lab-iperf-tcp" => f.lab_iperf_tcp.is_some(),
         "lab-iova-aging" => f.lab_iova_aging.is_some(),
+        "lab-fio-aging" => f.lab_fio_aging.is_some(),
         "lab-litmus" => f.lab_litmus.is_some(),
         _ => false,
     }

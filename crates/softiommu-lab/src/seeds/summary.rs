@@ -184,7 +184,7 @@ fn seed_003(reports: &[Report]) -> SeedLine {
 
 fn seed_004(reports: &[Report]) -> SeedLine {
     let theirs = (1.3 + 2.7) / 2.0 / ((6.0 + 6.7) / 2.0);
-    let claim = "throughput retained after aging (last / first window)";
+    let claim = "throughput retained after aging (median of the last quarter / first quarter after warm-up)";
     let Some(t) = find(reports, "aging", "summary") else {
         return missing("004", claim, theirs, "×", "aging");
     };

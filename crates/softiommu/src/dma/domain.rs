@@ -225,6 +225,15 @@ impl DmaDomain {
         self.iova.stats()
     }
 
+    /// Runs the IOVA allocator's background work (the `linux-2023` depot
+    /// trim, the idle trim: [`IovaDomain::maintain`]). Linux runs it from
+    /// a workqueue; call it every ~100 ms where the domain's users may go
+    /// quiet (the allocator's slow paths also run it). Takes the depot
+    /// locks, so keep it off the map path.
+    pub fn maintain_iova(&self) {
+        self.iova.maintain();
+    }
+
     /// Counts of the domain's page table: lines written and flushed (for
     /// walkers that are not coherent), tables allocated.
     pub fn table_stats(&self) -> crate::pgtable::TableStats {

@@ -124,7 +124,7 @@ impl BlockSizes {
                 });
             }
         }
-        let sum: u32 = self.0.iter().map(|e| e.1).sum();
+        let sum = self.0.iter().fold(0u32, |a, e| a.saturating_add(e.1));
         if sum != 100 {
             return Err(FioError::MixSum { sum });
         }

@@ -17,6 +17,11 @@ use crate::blk::{
 use crate::cpu_clock;
 use crate::spec::blk::SECTOR_SIZE;
 
+/// How often the conductor runs the allocator's background work: Linux's
+/// IOVA depot trim runs from delayed work about every 100 ms
+/// (`IOVA_DEPOT_DELAY`, drivers/iommu/iova.c, 2023).
+const MAINTAIN_EVERY: Duration = Duration::from_millis(100);
+
 /// A job's counters: written by its hosting thread (plain stores), read
 /// by the conductor.
 #[derive(Debug, Default)]
@@ -411,7 +416,8 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
                 .spawn(move || host_thread(jobs, n_irq, domain, p))
         })
         .collect();
-    // The conductor: one sample per window.
+    // The conductor: one sample per window, and the allocator's
+    // background work between samples.
     let total = |c: &[Arc<CachePadded<Counters>>]| {
         let s = |f: fn(&Counters) -> &AtomicU64| {
             c.iter().map(|x| f(x).load(Ordering::Relaxed)).sum::<u64>()
@@ -429,6 +435,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
     let t0 = Instant::now();
     let mut last = total(&counters);
     let mut last_t = t0;
+    let mut last_maintain = t0;
     let spawn_failed = handles.iter().any(|h| h.is_err());
     for w in 0..n_windows {
         if spawn_failed {
@@ -443,6 +450,12 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
                 break;
             }
             std::thread::sleep(d.min(Duration::from_millis(20)));
+            // The allocator's background work (depot and idle trim), as
+            // Linux's workqueue runs it about every 100 ms.
+            if last_maintain.elapsed() >= MAINTAIN_EVERY {
+                host.domain.maintain_iova();
+                last_maintain = Instant::now();
+            }
         }
         let now = Instant::now();
         let cur = total(&counters);

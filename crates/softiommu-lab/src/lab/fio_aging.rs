@@ -1,0 +1,705 @@
+//! `softiommu lab fio-aging`: seed `004`'s run on the storage path.
+//!
+//! Twelve fio-like jobs (`softiommu_virtio::workload::fio`) drive a
+//! virtio-blk device through the IOMMU: each request is one `map_sg` over
+//! its segments, the device reads its header, moves its data and writes
+//! its status through the unit, and the completion is one `unmap_sg`.
+//! Two parts:
+//!
+//! 1. **Cost per DMA policy** (pass-through, strict, deferred): the seed's
+//!    twelve jobs of 4 KiB random reads; IOPS, GB/s and the driver side's
+//!    CPU per request (thread CPU clocks of the job threads: submission,
+//!    `map_sg`, completion, `unmap_sg`), the device threads' apart (they
+//!    stand for hardware).
+//! 2. **Aging per IOVA allocator design** (ours and the Linux 2016 / 2020 /
+//!    2023 baselines) in deferred mode, with the two conditions that age
+//!    the caches in the seed: completions on fewer interrupt CPUs than jobs
+//!    (IOVAs allocated on one CPU, freed on another) and a slow tail (a
+//!    share of requests held by the device for seconds, each pinning its
+//!    IOVA while many others come and go). The time line is fio's status
+//!    line; the figure is `workload::aging`'s (warm-up discarded, medians
+//!    of the first and last quarter, 5th percentile over median).
+//!
+//! Everything is real work of this process; the unit's hardware latencies
+//! are the zero model (nothing is modelled in this lab's figures).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use softiommu::dma::DmaPolicy;
+use softiommu::iova::IovaPolicy;
+use softiommu_virtio::blk::{BackendConfig, BlkHostConfig};
+use softiommu_virtio::workload::aging::{aging_figure, AgingFigure, AgingParams};
+use softiommu_virtio::workload::fio::{
+    run_fio, BlockSizes, FioConfig, FioResult, RwMode, SlowTail, MIN_WINDOW,
+};
+
+use crate::args::{
+    dma_policies, iova_policies, DmaPolicyName, IovaPolicyName, Percent, Ranged, Seconds,
+};
+use crate::error::{LabError, LabResult};
+use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
+
+/// The seed's block-size mix for the aging part: mostly 4 KiB with larger
+/// transfers, so IOVAs of several orders come and go.
+pub const DEFAULT_AGING_BS: &str = "4k:60,16k:20,64k:15,128k:5";
+
+/// A block size or a mix, checked while the command line is parsed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct BsArg {
+    /// As written.
+    pub text: String,
+    /// Parsed.
+    pub sizes: BlockSizes,
+}
+
+impl BsArg {
+    /// Parses a known-good literal (defaults).
+    fn parse(s: &str) -> Self {
+        s.parse().unwrap_or_else(|_| Self {
+            text: "4k".into(),
+            sizes: BlockSizes::one(4096),
+        })
+    }
+}
+
+impl std::str::FromStr for BsArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let sizes = BlockSizes::parse(s).map_err(|e| e.to_string())?;
+        Ok(Self {
+            text: s.to_string(),
+            sizes,
+        })
+    }
+}
+
+impl TryFrom<String> for BsArg {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<BsArg> for String {
+    fn from(b: BsArg) -> String {
+        b.text
+    }
+}
+
+/// The back-end the device serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendName {
+    /// Completes at once; reads return a pattern derived from the sector
+    /// (verified on a sample), writes are dropped: Linux's `null_blk`.
+    #[default]
+    Null,
+    /// A RAM disk.
+    Memory,
+    /// A regular file (`--file`), `pread`/`pwrite`, optional `--direct`.
+    File,
+}
+
+/// The read/write pattern (fio's `rw`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RwName {
+    /// Random reads (the seed's jobs).
+    #[default]
+    Randread,
+    /// Random writes.
+    Randwrite,
+    /// Random reads and writes, half each.
+    Randrw,
+}
+
+impl RwName {
+    fn mode(self) -> RwMode {
+        match self {
+            RwName::Randread => RwMode::RandRead,
+            RwName::Randwrite => RwMode::RandWrite,
+            RwName::Randrw => RwMode::RandRw { read_pct: 50 },
+        }
+    }
+}
+
+impl BackendName {
+    fn name(self) -> &'static str {
+        match self {
+            BackendName::Null => "null",
+            BackendName::Memory => "memory",
+            BackendName::File => "file",
+        }
+    }
+}
+
+/// Options of `lab fio-aging` (and of a `[lab-fio-aging]` scenario table).
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FioAgingArgs {
+    /// A short run with the same shape (about 30 s in all).
+    #[arg(long)]
+    pub quick: bool,
+    /// Seconds of the aging run per IOVA policy (0.5..=86400; default 6
+    /// with --quick, else 60).
+    #[arg(long)]
+    pub seconds: Option<Seconds>,
+    /// Windows in each aging time line (8..=10000, at most one per 10 ms;
+    /// default 24 with --quick, else 120).
+    #[arg(long)]
+    pub windows: Option<Ranged<8, 10_000>>,
+    /// Seconds per DMA policy of the cost part (0.1..=86400; default 1.5
+    /// with --quick, else 10).
+    #[arg(long)]
+    pub dma_seconds: Option<Seconds>,
+    /// Jobs, one request queue each, as fio's `numjobs` (1..=64).
+    #[arg(long, default_value = "12")]
+    pub jobs: Ranged<1, 64>,
+    /// Requests in flight per job (1..=1024).
+    #[arg(long, default_value = "32")]
+    pub iodepth: Ranged<1, 1024>,
+    /// Pattern.
+    #[arg(long, value_enum, default_value = "randread")]
+    pub rw: RwName,
+    /// Block size of the aging part, or a mix summing to 100 (`4k:60,16k:40`;
+    /// multiples of 512 up to 16 MiB).
+    #[arg(long, default_value = DEFAULT_AGING_BS)]
+    pub bs: BsArg,
+    /// Block size of the cost part (the seed's log: 4 KiB).
+    #[arg(long, default_value = "4k")]
+    pub dma_bs: BsArg,
+    /// Interrupt CPUs completing the jobs' requests in the aging part
+    /// (1..=64; fewer than jobs moves IOVAs between CPUs, as in the seed).
+    #[arg(long, default_value = "4")]
+    pub irq_cpus: Ranged<1, 64>,
+    /// Percent of requests sent to the device's slow region in the aging
+    /// part (0..=100; 0: no slow tail).
+    #[arg(long, default_value = "2")]
+    pub slow_pct: Percent,
+    /// Slow requests in flight per job at most (1..=4096).
+    #[arg(long, default_value = "256")]
+    pub slow_depth: Ranged<1, 4096>,
+    /// Seconds the device holds a slow request (0.001..=86400; default: the
+    /// aging run's length, so slow IOVAs stay pinned while others cycle).
+    #[arg(long)]
+    pub slow_hold: Option<Seconds>,
+    /// The device's back-end.
+    #[arg(long, value_enum, default_value = "null")]
+    pub backend: BackendName,
+    /// The file of the `file` back-end (it must exist and hold the disk).
+    #[arg(long, required_if_eq("backend", "file"))]
+    pub file: Option<PathBuf>,
+    /// Open the file with `O_DIRECT`.
+    #[arg(long)]
+    pub direct: bool,
+    /// Disk size in MiB (1..=65536; default 4096 for `null` and `memory`;
+    /// for `file` the bytes used, the file must be at least this long;
+    /// default: the whole file).
+    #[arg(long)]
+    pub disk_mib: Option<Ranged<1, 65_536>>,
+    /// IOVA policies of the aging part (default: all, baselines first).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<IovaPolicyName>,
+    /// DMA policies of the cost part (default: passthrough, strict,
+    /// deferred).
+    #[arg(long, value_delimiter = ',')]
+    pub dma_policies: Vec<DmaPolicyName>,
+    /// Skip the cost part (the aging part only).
+    #[arg(long)]
+    pub no_dma: bool,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    #[serde(skip)]
+    pub json: bool,
+}
+
+impl Default for FioAgingArgs {
+    fn default() -> Self {
+        Self {
+            quick: false,
+            seconds: None,
+            windows: None,
+            dma_seconds: None,
+            jobs: Ranged::new(12),
+            iodepth: Ranged::new(32),
+            rw: RwName::Randread,
+            bs: BsArg::parse(DEFAULT_AGING_BS),
+            dma_bs: BsArg::parse("4k"),
+            irq_cpus: Ranged::new(4),
+            slow_pct: Percent::new(2.0),
+            slow_depth: Ranged::new(256),
+            slow_hold: None,
+            backend: BackendName::Null,
+            file: None,
+            direct: false,
+            disk_mib: None,
+            policies: Vec::new(),
+            dma_policies: Vec::new(),
+            no_dma: false,
+            json: false,
+        }
+    }
+}
+
+/// One window of a time line (fio's status line).
+#[derive(Debug, Clone, Serialize)]
+pub struct FioWindowOut {
+    /// Seconds since the run started, at the window's end.
+    pub t_s: f64,
+    /// Requests completed per second in the window.
+    pub iops: f64,
+    /// Gigabytes (10^9) moved per second.
+    pub gbps: f64,
+    /// Requests the device failed in the window.
+    pub errors: u64,
+}
+
+/// One IOVA policy's aging run.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgingPolicy {
+    /// The IOVA policy.
+    pub policy: String,
+    /// Seconds discarded as warm-up (until throughput stopped rising).
+    pub warmup_s: f64,
+    /// Whether throughput settled within the first half of the run.
+    pub settled: bool,
+    /// Median IOPS of the last quarter of post-warm-up windows ÷ that of
+    /// the first quarter.
+    pub retained: f64,
+    /// 5th-percentile window ÷ median window after the warm-up.
+    pub stability: f64,
+    /// Median IOPS of the first quarter after the warm-up.
+    pub iops_first: f64,
+    /// Median IOPS of the last quarter.
+    pub iops_last: f64,
+    /// Mean IOPS over the run.
+    pub iops: f64,
+    /// Mean GB/s over the run.
+    pub gbps: f64,
+    /// Driver-side CPU µs per request.
+    pub driver_cpu_us_per_req: f64,
+    /// Requests the device failed (back-end errors).
+    pub io_errors: u64,
+    /// Reads checked against the null pattern, and how many differed.
+    pub verified: u64,
+    /// Reads whose data differed from the pattern (must be 0).
+    pub verify_failures: u64,
+    /// Most nodes ever in the allocator's tree.
+    pub peak_tree_nodes: u64,
+    /// IOVAs in caches and depots at the end.
+    pub cached_iovas: u64,
+    /// Linear-search steps of the Linux trees over the run.
+    pub scan_steps: u64,
+    /// The time line.
+    pub windows: Vec<FioWindowOut>,
+}
+
+/// One DMA policy's cost row.
+#[derive(Debug, Clone, Serialize)]
+pub struct DmaCost {
+    /// The DMA policy.
+    pub policy: String,
+    /// Requests per second.
+    pub iops: f64,
+    /// Gigabytes (10^9) per second.
+    pub gbps: f64,
+    /// Driver-side CPU µs per request (job threads' CPU clocks).
+    pub driver_cpu_us_per_req: f64,
+    /// Device threads' CPU µs per request (they stand for hardware).
+    pub device_cpu_us_per_req: f64,
+    /// Driver CPU per request ÷ pass-through's (null without a
+    /// pass-through row).
+    pub cpu_ratio_to_passthrough: Option<f64>,
+    /// Requests the device failed.
+    pub io_errors: u64,
+    /// Null-pattern reads that differed (must be 0).
+    pub verify_failures: u64,
+}
+
+/// The JSON object of `lab fio-aging --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FioAgingReport {
+    /// Always "fio-aging".
+    pub lab: &'static str,
+    /// Always "virtio-blk".
+    pub device: &'static str,
+    /// The back-end.
+    pub backend: &'static str,
+    /// Jobs.
+    pub jobs: usize,
+    /// Requests in flight per job.
+    pub iodepth: usize,
+    /// The pattern.
+    pub rw: &'static str,
+    /// The aging part's block sizes.
+    pub bs: String,
+    /// Interrupt CPUs of the aging part.
+    pub irq_cpus: usize,
+    /// Slow-tail percent, depth and hold (seconds) of the aging part.
+    pub slow_pct: f64,
+    /// Slow requests in flight per job at most.
+    pub slow_depth: usize,
+    /// Seconds a slow request is held.
+    pub slow_hold_s: f64,
+    /// Seconds of each aging run.
+    pub seconds: f64,
+    /// Seconds per window.
+    pub window_s: f64,
+    /// One entry per IOVA policy.
+    pub policies: Vec<AgingPolicy>,
+    /// One entry per DMA policy of the cost part.
+    pub dma: Vec<DmaCost>,
+}
+
+fn fio_err(run: String) -> impl FnOnce(softiommu_virtio::workload::fio::FioError) -> LabError {
+    move |source| LabError::Fio { run, source }
+}
+
+fn backend(args: &FioAgingArgs) -> LabResult<BackendConfig> {
+    let mib = args.disk_mib.map(Ranged::get);
+    let capacity = mib.unwrap_or(4096) << 20;
+    Ok(match args.backend {
+        BackendName::Null => BackendConfig::Null { capacity },
+        BackendName::Memory => BackendConfig::Memory { capacity },
+        BackendName::File => BackendConfig::File {
+            path: args.file.clone().ok_or(LabError::Setup(
+                "--backend file needs --file PATH (an existing file)",
+            ))?,
+            direct: args.direct,
+            size: mib.map(|m| m << 20),
+        },
+    })
+}
+
+fn host(args: &FioAgingArgs, policy: DmaPolicy, iova: IovaPolicy) -> LabResult<BlkHostConfig> {
+    let mut h = BlkHostConfig {
+        policy,
+        iova_policy: iova,
+        ..BlkHostConfig::default()
+    };
+    h.device.backend = backend(args)?;
+    if matches!(args.backend, BackendName::File) && args.direct {
+        h.device.blk.blk_size = 4096;
+    }
+    Ok(h)
+}
+
+fn windows_out(r: &FioResult) -> Vec<FioWindowOut> {
+    r.windows
+        .iter()
+        .map(|w| FioWindowOut {
+            t_s: w.t_s,
+            iops: w.iops,
+            gbps: w.gbps,
+            errors: w.errors,
+        })
+        .collect()
+}
+
+/// The aging figure's parameters for a run of `seconds`: the 1 s warm-up
+/// floor, or a quarter of a shorter run.
+pub fn aging_params(seconds: f64) -> AgingParams {
+    let d = AgingParams::default();
+    AgingParams {
+        floor_s: d.floor_s.min(seconds / 4.0),
+        ..d
+    }
+}
+
+fn figure(run: &str, r: &FioResult) -> LabResult<AgingFigure> {
+    aging_figure(&r.iops_series(), r.window_s, &aging_params(r.runtime_s)).map_err(|source| {
+        LabError::Aging {
+            run: run.to_string(),
+            source,
+        }
+    })
+}
+
+/// The DMA policies of the cost part.
+fn cost_policies(args: &FioAgingArgs) -> Vec<DmaPolicy> {
+    if args.no_dma {
+        Vec::new()
+    } else if args.dma_policies.is_empty() {
+        vec![
+            DmaPolicy::Passthrough,
+            DmaPolicy::Strict,
+            DmaPolicy::Deferred,
+        ]
+    } else {
+        dma_policies(&args.dma_policies)
+    }
+}
+
+/// Runs the lab; `progress` hears of each run as it finishes.
+pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Report> {
+    let rw = args.rw.mode();
+    let bs = args.bs.sizes.clone();
+    let dma_bs = args.dma_bs.sizes.clone();
+    if matches!(args.backend, BackendName::File) && args.file.is_none() {
+        return Err(LabError::Setup(
+            "--backend file needs --file PATH (an existing file)",
+        ));
+    }
+    let seconds = args
+        .seconds
+        .map_or(if args.quick { 6.0 } else { 60.0 }, Seconds::get);
+    // Windows of at least the fio engine's 10 ms, and at least 8 of them.
+    let n_windows = args
+        .windows
+        .map_or(if args.quick { 24 } else { 120 }, Ranged::us)
+        .min((seconds / MIN_WINDOW.as_secs_f64()) as usize);
+    if n_windows < 8 {
+        return Err(LabError::Setup(
+            "--seconds must be at least 0.08 (8 windows of at least 10 ms)",
+        ));
+    }
+    let window = Duration::from_secs_f64(seconds / n_windows as f64);
+    let dma_seconds = args
+        .dma_seconds
+        .map_or(if args.quick { 1.5 } else { 10.0 }, Seconds::get);
+    let slow_hold = args.slow_hold.map_or(seconds, Seconds::get);
+    let jobs = args.jobs.us();
+    let dma = cost_policies(args);
+
+    // Part 1: the cost of each DMA policy on the seed's 4 KiB random reads.
+    let cost_cfg = FioConfig {
+        jobs,
+        iodepth: args.iodepth.us(),
+        rw,
+        bs: dma_bs,
+        runtime: Duration::from_secs_f64(dma_seconds),
+        window: Duration::from_secs_f64(dma_seconds / 4.0)
+            .clamp(MIN_WINDOW, Duration::from_secs_f64(dma_seconds)),
+        ..FioConfig::default()
+    };
+    let mut costs: Vec<DmaCost> = Vec::new();
+    for p in dma {
+        let run = format!("fio-aging {}", p.name());
+        let r = run_fio(&host(args, p, IovaPolicy::Softiommu)?, &cost_cfg).map_err(fio_err(run))?;
+        progress(&format!(
+            "{}: {:.0} IOPS, {:.2} µs/req",
+            p.name(),
+            r.iops,
+            r.driver_cpu_us_per_req
+        ));
+        costs.push(DmaCost {
+            policy: p.name().to_string(),
+            iops: r.iops,
+            gbps: r.gbps,
+            driver_cpu_us_per_req: r.driver_cpu_us_per_req,
+            device_cpu_us_per_req: r.device_cpu_us_per_req,
+            cpu_ratio_to_passthrough: None,
+            io_errors: r.io_errors,
+            verify_failures: r.verify_failures,
+        });
+    }
+    let pt = costs
+        .iter()
+        .find(|c| c.policy == DmaPolicy::Passthrough.name())
+        .map(|c| c.driver_cpu_us_per_req);
+    for c in &mut costs {
+        c.cpu_ratio_to_passthrough = pt.filter(|&b| b > 0.0).map(|b| c.driver_cpu_us_per_req / b);
+    }
+
+    // Part 2: aging per IOVA policy, deferred.
+    let aging_cfg = FioConfig {
+        jobs,
+        iodepth: args.iodepth.us(),
+        rw,
+        bs,
+        runtime: Duration::from_secs_f64(seconds),
+        window,
+        irq_cpus: Some(args.irq_cpus.us()),
+        slow: (args.slow_pct.get() > 0.0).then(|| SlowTail {
+            pct: args.slow_pct.get(),
+            depth: args.slow_depth.us(),
+            hold: Duration::from_secs_f64(slow_hold),
+        }),
+        ..FioConfig::default()
+    };
+    let mut out = Vec::new();
+    for ip in iova_policies(&args.policies) {
+        let run = format!("fio-aging {}", ip.name());
+        let r = run_fio(&host(args, DmaPolicy::Deferred, ip)?, &aging_cfg)
+            .map_err(fio_err(run.clone()))?;
+        let f = figure(&run, &r)?;
+        progress(&format!("{} retained {:.2}", ip.name(), f.retained));
+        out.push(AgingPolicy {
+            policy: ip.name().to_string(),
+            warmup_s: f.warmup_s,
+            settled: f.settled,
+            retained: f.retained,
+            stability: f.stability,
+            iops_first: f.first,
+            iops_last: f.last,
+            iops: r.iops,
+            gbps: r.gbps,
+            driver_cpu_us_per_req: r.driver_cpu_us_per_req,
+            io_errors: r.io_errors,
+            verified: r.verified,
+            verify_failures: r.verify_failures,
+            peak_tree_nodes: r.iova.peak_tree_nodes,
+            cached_iovas: r.iova.cached_iovas,
+            scan_steps: r.iova.scan_steps,
+            windows: windows_out(&r),
+        });
+    }
+    let rep = FioAgingReport {
+        lab: "fio-aging",
+        device: "virtio-blk",
+        backend: args.backend.name(),
+        jobs,
+        iodepth: args.iodepth.us(),
+        rw: rw.name(),
+        bs: args.bs.text.clone(),
+        irq_cpus: args.irq_cpus.us(),
+        slow_pct: args.slow_pct.get(),
+        slow_depth: args.slow_depth.us(),
+        slow_hold_s: slow_hold,
+        seconds,
+        window_s: window.as_secs_f64(),
+        policies: out,
+        dma: costs,
+    };
+    Ok(report(&rep, args))
+}
+
+/// The typed report: the cost table, the aging summary, the time line and
+/// its plot.
+fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
+    let mut cost = Table::new(
+        "dma",
+        format!(
+            "{} jobs of {} {} at depth {}, {} back-end: cost per DMA policy",
+            rep.jobs, args.dma_bs.text, rep.rw, rep.iodepth, rep.backend
+        ),
+        vec![
+            Column::label("policy"),
+            Column::metric("iops", "IOPS", Unit::Kiops, 1),
+            Column::metric("gbps", "throughput", Unit::GbPerS, 3),
+            Column::metric("driver_cpu_us_per_req", "driver CPU", Unit::UsPerReq, 2),
+            Column::metric("device_cpu_us_per_req", "device CPU", Unit::UsPerReq, 2),
+            Column::metric(
+                "cpu_ratio_to_passthrough",
+                "vs pass-through",
+                Unit::Ratio,
+                2,
+            ),
+            Column::metric("io_errors", "I/O errors", Unit::Count, 0),
+        ],
+    );
+    for c in &rep.dma {
+        cost.row(vec![
+            c.policy.clone().into(),
+            (c.iops / 1e3).into(),
+            c.gbps.into(),
+            c.driver_cpu_us_per_req.into(),
+            c.device_cpu_us_per_req.into(),
+            c.cpu_ratio_to_passthrough.unwrap_or(f64::NAN).into(),
+            c.io_errors.into(),
+        ]);
+    }
+    let mut t = Table::new(
+        "summary",
+        format!(
+            "aging, deferred: {} jobs, {} interrupt CPUs, bs {}, slow tail {}% held {:.1} s, {:.0} s per policy",
+            rep.jobs, rep.irq_cpus, rep.bs, rep.slow_pct, rep.slow_hold_s, rep.seconds
+        ),
+        vec![
+            Column::label("policy"),
+            Column::metric("warmup_s", "warm-up", Unit::S, 2),
+            Column::metric("iops_first", "first quarter", Unit::Kiops, 1),
+            Column::metric("iops_last", "last quarter", Unit::Kiops, 1),
+            Column::metric("retained", "retained", Unit::Ratio, 2),
+            Column::metric("stability", "stability", Unit::Ratio, 2),
+            Column::metric("driver_cpu_us_per_req", "driver CPU", Unit::UsPerReq, 2),
+            Column::metric("peak_tree_nodes", "peak tree nodes", Unit::Count, 0),
+            Column::metric("cached_iovas", "cached", Unit::Count, 0),
+            Column::metric("scan_steps", "scan steps", Unit::Count, 0),
+            Column::metric("io_errors", "I/O errors", Unit::Count, 0),
+        ],
+    );
+    let mut tl = Table::new(
+        "timeline",
+        "the time line, window by window (fio's status line)",
+        vec![
+            Column::label("policy"),
+            Column::metric("t_s", "t", Unit::S, 2),
+            Column::metric("iops", "IOPS", Unit::Kiops, 1),
+            Column::metric("gbps", "throughput", Unit::GbPerS, 3),
+            Column::metric("errors", "errors", Unit::Count, 0),
+        ],
+    );
+    let mut lines = Vec::new();
+    for r in &rep.policies {
+        t.row(vec![
+            r.policy.clone().into(),
+            r.warmup_s.into(),
+            (r.iops_first / 1e3).into(),
+            (r.iops_last / 1e3).into(),
+            r.retained.into(),
+            r.stability.into(),
+            r.driver_cpu_us_per_req.into(),
+            r.peak_tree_nodes.into(),
+            r.cached_iovas.into(),
+            r.scan_steps.into(),
+            r.io_errors.into(),
+        ]);
+        for w in &r.windows {
+            tl.row(vec![
+                r.policy.clone().into(),
+                w.t_s.into(),
+                (w.iops / 1e3).into(),
+                w.gbps.into(),
+                w.errors.into(),
+            ]);
+        }
+        lines.push(Series::new(
+            r.policy.clone(),
+            r.windows.iter().map(|w| (w.t_s, w.iops / 1e3)).collect(),
+        ));
+    }
+    let mut out = Report::new(
+        "lab fio-aging",
+        "seed 004's twelve fio jobs on virtio-blk through the IOMMU: cost per DMA policy, aging per IOVA policy",
+        contract(rep),
+    )
+    .seed("004");
+    out.params = vec![
+        Param::new("jobs", rep.jobs, Unit::Threads),
+        Param::new("iodepth", rep.iodepth, Unit::Count),
+        Param::new("irq_cpus", rep.irq_cpus, Unit::Threads),
+        Param::new("seconds", rep.seconds, Unit::S),
+        Param::new("window_s", rep.window_s, Unit::S),
+        Param::new("slow_pct", rep.slow_pct, Unit::Percent),
+        Param::new("slow_depth", rep.slow_depth, Unit::Count),
+        Param::new("slow_hold_s", rep.slow_hold_s, Unit::S),
+    ];
+    out.notes.push(
+        "Aging is accelerated by sizing, not by a model: completions on fewer interrupt CPUs \
+         than jobs, and a slow tail whose requests pin their IOVAs for the whole run while \
+         the rest cycle. Warm-up (until throughput stops rising, at least 1 s) is discarded; \
+         retained = median of the last quarter of windows ÷ median of the first quarter."
+            .into(),
+    );
+    if !rep.dma.is_empty() {
+        out.tables.push(cost);
+    }
+    out.tables.push(t);
+    tl.detail = true;
+    out.tables.push(tl);
+    out.plots.push(Plot {
+        name: "iops".into(),
+        title: "IOPS over time per IOVA policy (a cliff is the seed's bug)".into(),
+        kind: PlotKind::Lines,
+        x: Axis::new("time", Unit::S),
+        y: Axis::new("IOPS", Unit::Kiops),
+        categories: Vec::new(),
+        series: lines,
+        modelled: false,
+    });
+    out
+}
