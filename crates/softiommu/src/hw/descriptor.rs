@@ -312,7 +312,11 @@ impl InvDescriptor {
         }
     }
 
-    /// A page group response: `code` for group `prgi` of `sid`.
+    /// A page group response: `code` for group `prgi` of `sid`. The
+    /// descriptor's index field is 9 bits: `encode` keeps only those, so a
+    /// `prgi` of 512 or more would answer another group
+    /// ([`Unit::respond_page_group`](super::Unit::respond_page_group)
+    /// refuses one).
     pub fn page_group_response(sid: SourceId, prgi: u16, code: ResponseCode) -> Self {
         InvDescriptor::PageGroupResponse {
             sid,
