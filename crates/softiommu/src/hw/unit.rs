@@ -438,8 +438,8 @@ impl Unit {
     /// found before the context is written. If the queue stops after the
     /// write (another submitter's bad descriptor), the change is finished
     /// without it — the translations in flight are drained directly, as
-    /// the crate's own queue-less revocation does — and the call succeeds: a context
-    /// change is never left in force without its drain.
+    /// the crate's queue-less revocation does — and the call succeeds: a
+    /// context change is never left in force without its drain.
     pub fn attach(&self, sid: SourceId, ctx: ContextEntry) -> Result<(), HwError> {
         self.replace_context(sid, Some(ctx), true)
     }
