@@ -48,8 +48,16 @@ pub enum AccessError {
 }
 
 impl AccessError {
-    /// Whether the unit recorded this error as a device fault.
+    /// Whether this error is a device fault: a translation the unit
+    /// refused and recorded in its fault log. A zero-length access is a
+    /// caller error, not a fault (it is logged as a malformed request, but
+    /// no translation was refused), and a page request is not a failure;
+    /// for both this is `false`, as for every other variant.
     pub fn is_fault(&self) -> bool {
-        matches!(self, AccessError::Translate(e) if e.reason().is_some())
+        matches!(
+            self,
+            AccessError::Translate(e)
+                if e.reason().is_some() && !matches!(e, TranslateError::ZeroLength { .. })
+        )
     }
 }

@@ -54,6 +54,12 @@ impl DmaDomain {
     /// refused ([`HwError::DeviceOwned`]): detach it there first. Attaching
     /// a device of this domain again gives another handle on it (the mask
     /// and trust of the first attach stay in force for its context).
+    ///
+    /// A failed attach changes nothing: the context is written only once
+    /// everything that can refuse was checked (the unit's queue included:
+    /// a stopped one is `Hw(Queue(Stopped))`, with the device's context
+    /// as it was), and a device attached here for the first time is given
+    /// back, free for another domain.
     pub fn attach(
         self: &Arc<Self>,
         sid: SourceId,

@@ -21,7 +21,7 @@ use super::stale::{StaleReport, StaleWindow};
 use super::stats::{CpuStats, DmaStats};
 use super::timer::{self, TimerWork};
 use super::units::UnitList;
-use crate::hw::{ContextEntry, SourceId, System};
+use crate::hw::{ContextEntry, HwError, SourceId, System};
 use crate::iova::{IovaCpuCache, IovaDomain, IovaPolicy, IovaStats};
 use crate::mem::{FrameOwner, PhysAddr, PhysMemory, PAGE_SHIFT, PAGE_SIZE};
 use crate::pgtable::{IoPageTable, Translation, VtdConfig, VtdPageTable};
@@ -518,7 +518,10 @@ impl DmaDomain {
     /// queue first). To or from pass-through only with no mapping live,
     /// else [`DmaError::PolicySwitchBusy`]; the devices' contexts change and
     /// the domain's IOTLB entries are invalidated. A refused switch
-    /// changes nothing.
+    /// changes nothing: the section check, the queues of the devices'
+    /// units (a stopped one: `Hw(Queue(Stopped))`) are checked before any
+    /// context is written, and a context a unit refuses midway sends the
+    /// devices already switched back to the old policy's context.
     pub fn set_policy(&self, policy: DmaPolicy) -> Result<(), DmaError> {
         let _switch = lock(&self.switch);
         // Stop the world: close the gate, then wait for every CPU's running
@@ -531,25 +534,60 @@ impl DmaDomain {
         if old == policy {
             return Ok(());
         }
-        if old.is_translated() != policy.is_translated() {
+        let switch_contexts = old.is_translated() != policy.is_translated();
+        if switch_contexts {
             let live = self.stats().live();
             if live > 0 {
                 return Err(DmaError::PolicySwitchBusy { live });
             }
             self.check_callers()?;
+            // Every device's unit must be able to carry its context change:
+            // checked before any context is written.
+            for &sid in lock(&self.devices).iter() {
+                let (_, unit) = self
+                    .system
+                    .unit_of(sid)
+                    .ok_or(HwError::DeviceNotAssigned { sid })?;
+                unit.check_queue().map_err(HwError::Queue)?;
+            }
         }
         if old == DmaPolicy::Deferred {
             self.flush_all()?;
         }
-        if old.is_translated() != policy.is_translated() {
-            let ctx = self.context_for(policy);
-            for &sid in lock(&self.devices).iter() {
-                self.system.attach(sid, ctx)?;
-            }
+        if switch_contexts {
+            self.switch_contexts(self.context_for(old), self.context_for(policy))?;
             self.invalidate(self.unit_mask(), 0, 0)?;
         }
         self.tunables.policy.store(policy.to_u8(), Relaxed);
         drop(closed);
+        Ok(())
+    }
+
+    /// Gives every device of the domain context `new` (their old one:
+    /// `old`), all or none: a queue that stops meanwhile is gone around
+    /// (the change is drained directly), and if a unit refuses the entry
+    /// the devices already switched get `old` back. A device whose old
+    /// context cannot be restored either (its domain id taken meanwhile
+    /// by another root) is blocked: never left on the new context.
+    fn switch_contexts(&self, old: ContextEntry, new: ContextEntry) -> Result<(), DmaError> {
+        let devices = lock(&self.devices).clone();
+        let set = |sid: SourceId, ctx: ContextEntry| -> Result<(), HwError> {
+            let (_, unit) = self
+                .system
+                .unit_of(sid)
+                .ok_or(HwError::DeviceNotAssigned { sid })?;
+            unit.replace_context_around_queue(sid, Some(ctx))
+        };
+        for (i, &sid) in devices.iter().enumerate() {
+            if let Err(e) = set(sid, new) {
+                for &done in devices.iter().take(i) {
+                    if set(done, old).is_err() {
+                        let _ = set(done, ContextEntry::Blocked);
+                    }
+                }
+                return Err(e.into());
+            }
+        }
         Ok(())
     }
 

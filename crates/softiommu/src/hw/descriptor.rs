@@ -174,9 +174,11 @@ pub enum IqeReason {
         /// The unit's maximum.
         max: u8,
     },
-    /// A wait's status address is unaligned or outside memory (no IQEI
-    /// code: real hardware would report a fault on the write).
-    #[error("status address {addr:#x} is unaligned or outside memory")]
+    /// A wait's status address lies outside memory (no IQEI code: real
+    /// hardware would report a fault on the write). An unaligned one never
+    /// gets here: its bits 1:0 are reserved in the descriptor
+    /// ([`ReservedBits`](Self::ReservedBits), IQEI 4).
+    #[error("status address {addr:#x} is outside memory")]
     StatusAddress {
         /// The address.
         addr: PhysAddr,
@@ -310,7 +312,11 @@ impl InvDescriptor {
         }
     }
 
-    /// A page group response: `code` for group `prgi` of `sid`.
+    /// A page group response: `code` for group `prgi` of `sid`. The
+    /// descriptor's index field is 9 bits: `encode` keeps only those, so a
+    /// `prgi` of 512 or more would answer another group
+    /// ([`Unit::respond_page_group`](super::Unit::respond_page_group)
+    /// refuses one).
     pub fn page_group_response(sid: SourceId, prgi: u16, code: ResponseCode) -> Self {
         InvDescriptor::PageGroupResponse {
             sid,
@@ -336,7 +342,11 @@ impl InvDescriptor {
         })
     }
 
-    /// A fenced wait that writes `data` at `addr` on completion.
+    /// A fenced wait that writes `data` at `addr` on completion. `addr`
+    /// must be 4-byte aligned (VT-d's status address is bits 63:2): an
+    /// unaligned one is encoded as given, with the reserved bits 1:0 set,
+    /// and the unit stops the queue at it with
+    /// [`IqeReason::ReservedBits`] (qword 1) instead of writing elsewhere.
     pub fn wait_status(addr: PhysAddr, data: u32) -> Self {
         InvDescriptor::Wait(WaitDescriptor {
             status: Some(StatusWrite { addr, data }),
@@ -394,7 +404,10 @@ impl InvDescriptor {
                 let mut hi = 0;
                 if let Some(s) = w.status {
                     lo |= WAIT_SW | u64::from(s.data) << WAIT_DATA_SHIFT;
-                    hi = s.addr & !3;
+                    // As given: an unaligned address sets the reserved
+                    // bits 1:0 and the unit refuses the descriptor, rather
+                    // than write a word the caller did not name.
+                    hi = s.addr;
                 }
                 [lo, hi]
             }

@@ -166,6 +166,14 @@ pub enum QiError {
     /// The unit is shutting down.
     #[error("the unit is shutting down")]
     ShutDown,
+    /// A page group response for a group index that does not fit VT-d's
+    /// 9-bit field (not below [`PRG_INDICES`](super::PRG_INDICES)): nothing
+    /// is queued (truncated, it would answer another group).
+    #[error("page request group index {prgi} exceeds the 9-bit field")]
+    GroupIndexTooLarge {
+        /// The index asked for.
+        prgi: u16,
+    },
     /// Physical memory refused a descriptor write.
     #[error(transparent)]
     Mem(#[from] MemError),

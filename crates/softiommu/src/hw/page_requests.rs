@@ -7,7 +7,9 @@ use std::time::Duration;
 use super::context::SourceId;
 use super::descriptor::InvDescriptor;
 use super::error::QiError;
-use super::prq::{PageRequest, PageRequestError, PrqRegisters, PrqStats, ResponseCode};
+use super::prq::{
+    PageRequest, PageRequestError, PrqRegisters, PrqStats, ResponseCode, PRG_INDICES,
+};
 use super::unit::Unit;
 use crate::mem::MemError;
 
@@ -93,13 +95,19 @@ impl Unit {
 
     /// Answers group `prgi` of `sid` with `code`: a page group response
     /// descriptor on the invalidation queue (no wait; the device sees the
-    /// answer when the queue carries it out).
+    /// answer when the queue carries it out). A `prgi` of
+    /// [`PRG_INDICES`] (512) or more does not fit VT-d's 9-bit field: it
+    /// is refused with [`QiError::GroupIndexTooLarge`] and nothing is
+    /// queued.
     pub fn respond_page_group(
         &self,
         sid: SourceId,
         prgi: u16,
         code: ResponseCode,
     ) -> Result<(), QiError> {
+        if prgi >= PRG_INDICES {
+            return Err(QiError::GroupIndexTooLarge { prgi });
+        }
         self.submit(&[InvDescriptor::page_group_response(sid, prgi, code)])
     }
 

@@ -20,7 +20,7 @@ use std::time::Instant;
 use super::descriptor::covering_mask;
 use super::error::QiError;
 use super::latency::spin_ns;
-use super::unit::{Counters, Unit};
+use super::unit::{Counters, Shared, Unit};
 
 impl Unit {
     /// Fails with [`QiError::GuardHeld`] if the calling thread holds a
@@ -49,17 +49,27 @@ impl Unit {
             }
             None => sh.iotlb.invalidate_domain(did),
         }
+        sh.drain_direct();
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// Drains every translation in flight on the calling thread, without
+    /// the queue, and charges and counts it as a revocation. The caller
+    /// must have checked that it holds no section of this unit
+    /// (`check_caller`): the drain would wait for itself.
+    pub(crate) fn drain_direct(&self) {
         let t0 = Instant::now();
-        let st = sh.slots.drain(sh.barrier);
-        let c = &sh.counters;
+        let st = self.slots.drain(self.barrier);
+        let c = &self.counters;
         Counters::add(&c.drains, 1);
         Counters::add(&c.drain_waited, st.waited);
         Counters::add(
             &c.drain_ns,
             u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
         );
-        Counters::add(&c.modelled_ns, spin_ns(sh.latency.wait_completion_ns()));
+        Counters::add(&c.modelled_ns, spin_ns(self.latency.wait_completion_ns()));
         Counters::add(&c.bypass_revocations, 1);
-        Ok(())
     }
 }

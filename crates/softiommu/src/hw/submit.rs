@@ -120,6 +120,18 @@ fn with_encoded<R>(descs: &[InvDescriptor], f: impl FnOnce(&[[u64; 2]]) -> R) ->
 }
 
 impl Shared {
+    /// Fails if the queue cannot carry a descriptor now: it is stopped
+    /// (`Stopped`, with its fault) or the unit is shutting down.
+    pub(crate) fn check_queue(&self) -> Result<(), QiError> {
+        if self.queue.stopped() {
+            return Err(self.stopped_error());
+        }
+        if self.shutdown.load(Ordering::Acquire) {
+            return Err(QiError::ShutDown);
+        }
+        Ok(())
+    }
+
     /// The error to report for a stopped queue.
     fn stopped_error(&self) -> QiError {
         QiError::Stopped(self.queue.fault().unwrap_or(QueueFault {

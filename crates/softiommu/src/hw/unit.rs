@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use super::context::{self, ContextEntry, ContextTable, SourceId};
 use super::descriptor::{ContextScope, InvDescriptor, Limits};
 use super::epoch::Slots;
-use super::error::HwError;
+use super::error::{HwError, QiError};
 use super::fault::FaultLog;
 use super::inv_queue::{InvQueue, QueueFault, MAX_QUEUE_ORDER};
 use super::iotlb::{Iotlb, IotlbConfig};
@@ -431,18 +431,58 @@ impl Unit {
     /// Gives `sid` the context `ctx` and waits until no translation that
     /// used its old context is still in flight (a device-selective
     /// context-cache invalidation and a wait).
+    ///
+    /// A failed call changes nothing: the caller holding a section of
+    /// this unit (`Queue(GuardHeld)`), a stopped or shut-down queue
+    /// (`Queue(Stopped)`, `Queue(ShutDown)`) and a refused entry are all
+    /// found before the context is written. If the queue stops after the
+    /// write (another submitter's bad descriptor), the change is finished
+    /// without it — the translations in flight are drained directly, as
+    /// the crate's queue-less revocation does — and the call succeeds: a
+    /// context change is never left in force without its drain.
     pub fn attach(&self, sid: SourceId, ctx: ContextEntry) -> Result<(), HwError> {
-        self.replace_context(sid, Some(ctx))
+        self.replace_context(sid, Some(ctx), true)
     }
 
     /// Removes `sid`'s context (its requests fault as having none), and
-    /// waits as [`attach`](Self::attach) does.
+    /// waits as [`attach`](Self::attach) does; fails, and changes nothing,
+    /// as `attach` does.
     pub fn detach(&self, sid: SourceId) -> Result<(), HwError> {
-        self.replace_context(sid, None)
+        self.replace_context(sid, None, true)
     }
 
-    fn replace_context(&self, sid: SourceId, ctx: Option<ContextEntry>) -> Result<(), HwError> {
+    /// Changes `sid`'s context as [`attach`](Self::attach) does, but goes
+    /// around a queue that is stopped or shut down (the drain is done
+    /// directly): fails only for a caller holding a section of this unit
+    /// (checked first) or an entry [`set_context`](Self::set_context)
+    /// refuses, in both cases with nothing changed.
+    pub(crate) fn replace_context_around_queue(
+        &self,
+        sid: SourceId,
+        ctx: Option<ContextEntry>,
+    ) -> Result<(), HwError> {
+        self.replace_context(sid, ctx, false)
+    }
+
+    /// Fails if the queue could not carry an invalidation now: stopped
+    /// (`Stopped`) or shut down (`ShutDown`); or if the calling thread
+    /// holds a section of this unit (`GuardHeld`).
+    pub(crate) fn check_queue(&self) -> Result<(), QiError> {
         self.shared.check_caller()?;
+        self.shared.check_queue()
+    }
+
+    fn replace_context(
+        &self,
+        sid: SourceId,
+        ctx: Option<ContextEntry>,
+        refuse_stopped: bool,
+    ) -> Result<(), HwError> {
+        // Everything that can refuse is checked before the write.
+        self.shared.check_caller()?;
+        if refuse_stopped {
+            self.shared.check_queue()?;
+        }
         let old = self.set_context(sid, ctx)?;
         let did = match (old, ctx) {
             (Some(ContextEntry::Translated { did, .. }), _) => did,
@@ -456,7 +496,13 @@ impl Unit {
         });
         let mut batch = self.batch();
         batch.push(cc);
-        batch.wait()?;
+        if batch.wait().is_err() {
+            // The queue stopped (or shut down) since the check: contexts
+            // are read afresh by every translation, so what the
+            // invalidation's wait would have done is the drain; do it here.
+            // The caller holds no section (checked above), so it ends.
+            self.shared.drain_direct();
+        }
         Ok(())
     }
 

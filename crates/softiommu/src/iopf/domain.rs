@@ -236,40 +236,60 @@ impl IopfDomain {
 
     /// Attaches fault-capable device `sid` (assigned to a unit of the
     /// system): its context points at this domain's table and its misses
-    /// raise page requests. A device of another domain is refused.
+    /// raise page requests. A device of another domain is refused
+    /// (`Hw(DeviceOwned)`); a device attached here already is left as it
+    /// is (`Ok`, its unit, nothing done). A failed attach changes nothing:
+    /// the unit checks its queue and the caller before it writes the
+    /// context, and the device is given back.
     pub fn attach(&self, sid: SourceId) -> Result<UnitId, IopfError> {
         let (id, unit) = self
             .system
             .unit_of(sid)
             .ok_or(HwError::DeviceNotAssigned { sid })?;
+        // Held across the attach: an attach and a detach of one device
+        // resolve in one order.
+        let mut devices = lock(&self.devices);
+        if let Some(&(_, listed)) = devices.iter().find(|&&(s, _)| s == sid) {
+            if listed == id {
+                return Ok(id);
+            }
+        }
         self.system.claim(sid, self.id)?;
         let ctx = ContextEntry::Translated {
             did: self.config.did,
             root: self.table.root(),
         };
         if let Err(e) = unit.attach(sid, ctx) {
-            self.system.release(sid, self.id);
+            if !devices.iter().any(|&(s, _)| s == sid) {
+                self.system.release(sid, self.id);
+            }
             return Err(e.into());
         }
         unit.enable_page_requests(sid);
-        let mut devices = lock(&self.devices);
-        if !devices.iter().any(|&(s, _)| s == sid) {
-            devices.push((sid, id));
-        }
+        devices.retain(|&(s, _)| s != sid);
+        devices.push((sid, id));
         Ok(id)
     }
 
     /// Detaches `sid`: its outstanding page requests are answered
-    /// `Invalid`, its context removed and drained.
+    /// `Invalid`, its context removed and drained (around the unit's queue
+    /// if it is stopped). Fails only for a caller holding a section of the
+    /// device's unit (`Hw(Queue(GuardHeld))`), checked before anything
+    /// changes.
     pub fn detach(&self, sid: SourceId) -> Result<(), IopfError> {
         let mut devices = lock(&self.devices);
         let Some(i) = devices.iter().position(|&(s, _)| s == sid) else {
             return Err(IopfError::NotAttached { sid });
         };
-        let (_, unit_id) = devices[i];
+        let Some(&(_, unit_id)) = devices.get(i) else {
+            return Err(IopfError::NotAttached { sid });
+        };
         if let Some(unit) = self.system.unit(unit_id) {
+            unit.check_caller().map_err(HwError::Queue)?;
             unit.disable_page_requests(sid);
-            unit.detach(sid)?;
+            if unit.context(sid).is_some() {
+                unit.replace_context_around_queue(sid, None)?;
+            }
         }
         devices.swap_remove(i);
         self.system.release(sid, self.id);
@@ -362,6 +382,14 @@ impl IopfDomain {
     /// [`IopfError::NotMapped`]. Racing a fault on the same page, one of
     /// the two goes first: the page ends mapped (the fault after) or not
     /// (the reclaim after, and the next access faults again).
+    ///
+    /// If the table cannot unmap a run (`Pgtable(Mem(OutOfFrames))`: no
+    /// frame to split a large leaf at the run's end), the runs before it
+    /// are reclaimed completely — unmapped, marked, invalidated and
+    /// waited for, as a reclaim of just them would — and that run and
+    /// the rest of the range stay mapped and translating as before; then
+    /// the error is returned. Every page ends reclaimed or untouched,
+    /// never cleared while still marked mapped or cached.
     pub fn reclaim(&self, iova: u64, len: u64) -> Result<u64, IopfError> {
         if len == 0 || !(iova | len).is_multiple_of(PAGE_SIZE) {
             return Err(IopfError::Unaligned { iova, phys: 0, len });
@@ -379,7 +407,13 @@ impl IopfDomain {
         let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
         let mut gather = IotlbGather::new();
         let mut taken = Vec::new();
-        for b in regions.iter_mut() {
+        // A run the table refuses to unmap (no frame to split a large leaf
+        // at its end) stops the loop; it changed no translation. The runs
+        // cleared before it are finished below — marked, invalidated,
+        // waited for — before the error is returned: a cleared entry is
+        // never left marked mapped or cached.
+        let mut failed = None;
+        'regions: for b in regions.iter_mut() {
             let lo = iova.max(b.region.iova);
             let hi = end.min(b.region.end());
             let mut p = lo;
@@ -393,13 +427,16 @@ impl IopfDomain {
                 while q < hi && b.is_mapped((q - b.region.iova) >> PAGE_SHIFT) {
                     q += PAGE_SIZE;
                 }
-                self.table.unmap(p, q - p, &mut gather)?;
+                if let Err(e) = self.table.unmap(p, q - p, &mut gather) {
+                    failed = Some(IopfError::from(e));
+                    break 'regions;
+                }
                 taken.push((p, q - p));
                 p = q;
             }
         }
         if taken.is_empty() {
-            return Err(IopfError::NotMapped { iova, len });
+            return Err(failed.unwrap_or(IopfError::NotMapped { iova, len }));
         }
         let mut pages = 0;
         for (p, n) in taken {
@@ -439,11 +476,19 @@ impl IopfDomain {
         gather.complete()?;
         self.counters.reclaims.fetch_add(1, Relaxed);
         self.counters.pages_reclaimed.fetch_add(pages, Relaxed);
-        Ok(pages)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(pages),
+        }
     }
 
     /// Maps every region whole (the pinned, pre-mapped baseline: what a
-    /// VMM without page faults does before a device may run).
+    /// VMM without page faults does before a device may run); returns the
+    /// pages it mapped. Not all or nothing: if the table runs out of
+    /// frames (`Pgtable(Mem(OutOfFrames))`), the runs mapped before the
+    /// failure stay mapped and marked (each run is mapped whole or not at
+    /// all), the rest is left unmapped to be faulted in, and the error is
+    /// returned.
     pub fn map_all(&self) -> Result<u64, IopfError> {
         let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
         let mut n = 0;

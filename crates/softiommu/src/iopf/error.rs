@@ -5,7 +5,12 @@ use crate::mem::{MemError, PhysAddr};
 use crate::pgtable::PgtableError;
 
 /// What went wrong with an [`IopfDomain`](super::IopfDomain) or an
-/// [`IopfHandler`](super::IopfHandler) call. A failed call changes nothing.
+/// [`IopfHandler`](super::IopfHandler) call. A failed call changes
+/// nothing, with two documented exceptions that leave a consistent partial
+/// result: [`map_all`](super::IopfDomain::map_all) keeps the runs it mapped
+/// before running out of frames, and [`reclaim`](super::IopfDomain::reclaim)
+/// finishes the runs it cleared before the table refused one (each page
+/// ends reclaimed — unmapped, invalidated — or untouched).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IopfError {
     /// A configuration value is out of range.
