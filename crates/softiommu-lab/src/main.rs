@@ -219,6 +219,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("softiommu: {e}");
             match e {
                 error::LabError::Interrupted { .. } => std::process::ExitCode::from(130),
+                error::LabError::Violations { .. } => std::process::ExitCode::from(1),
                 _ => std::process::ExitCode::from(2),
             }
         }

@@ -301,12 +301,12 @@ fn run_phase(
     for (i, dev) in devs.iter().enumerate() {
         let (sh, dev2, dom) = (shared.clone(), dev.clone(), domains[i].clone());
         let inject = args.inject_late_unmap;
-        let s = seed ^ (i as u64 + 1) * 0x9e37;
+        let s = seed ^ ((i as u64 + 1) * 0x9e37);
         cpus.push(std::thread::spawn(move || {
             cpu_thread(&sh, &dom, &dev2, i, slots, s, inject)
         }));
         let (sh, dev2) = (shared.clone(), dev.clone());
-        let s = seed ^ (i as u64 + 1) * 0x7f4a_0000;
+        let s = seed ^ ((i as u64 + 1) * 0x7f4a_0000);
         devices.push(std::thread::spawn(move || {
             device_thread(&sh, &dev2, i, slots, s)
         }));
@@ -401,6 +401,16 @@ fn cpu_thread(
     for _ in 0..slots {
         pages.push(sh.mem.alloc_zeroed_frames(0)?);
     }
+    // The tags name a page by its slot: two slots on one frame would make
+    // the checker blame the wrong mapping.
+    let mut distinct = pages.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() != pages.len() {
+        return Err(LabError::Setup(
+            "the frame allocator handed out one page twice",
+        ));
+    }
     let mut live: Vec<Option<Entry>> = vec![None; slots];
     let mut gens = vec![0u32; slots];
     let mut zombies: Vec<Zombie> = Vec::new();
@@ -419,6 +429,16 @@ fn cpu_thread(
                 let off = 8 + 8 * rng.below((PAGE - 16 - len) / 8 + 1);
                 write_page(&sh.mem, pages[k], domain as u8, k as u16, gen, off, len)?;
                 let t_map_ns = sh.clock.ns();
+                slot.record(&Entry {
+                    gen,
+                    iova: 0,
+                    len,
+                    t_map_ns,
+                    t_unmap_ns: 0,
+                    life: Life::Mapping,
+                    bounced: false,
+                    deferred: false,
+                });
                 let before = dom.policy();
                 let iova = cpu.map(dev, pages[k] + off, len, dir)?;
                 let after = dom.policy();
@@ -476,7 +496,7 @@ fn cpu_thread(
             cpu.unmap(dev, z.iova, z.len, dir)?;
             ops += 1;
         }
-        if ops % FLUSH_EVERY == 0 {
+        if ops.is_multiple_of(FLUSH_EVERY) {
             let t_call = sh.clock.ns();
             cpu.flush_own()?;
             shadow.flushed_upto_ns.store(t_call, Ordering::Release);
@@ -582,6 +602,12 @@ impl DeviceCounts {
             Verdict::Unknown => self.unjudged += 1,
             Verdict::Violation(why) => {
                 self.violations += 1;
+                if std::env::var_os("SOFTIOMMU_STRESS_TRACE").is_some() {
+                    eprintln!(
+                        "violation: {op:?} {why:?} {acc:?} {:?}",
+                        Tag::decode(acc.value)
+                    );
+                }
                 if self.first_violation.is_none() {
                     let what = sh
                         .policy
@@ -617,7 +643,7 @@ fn device_thread(
     let mut n = 0u64;
     loop {
         n += 1;
-        if n % 256 == 0 && sh.stop.load(Ordering::Relaxed) {
+        if n.is_multiple_of(256) && sh.stop.load(Ordering::Relaxed) {
             break;
         }
         let r = rng.below(16);
@@ -638,14 +664,17 @@ fn device_thread(
         };
         let e = match op {
             Op::JustUnmapped => match newest.life {
-                Life::Mapped if newest.gen > 1 => match shadow.slots[k].get(newest.gen - 1) {
-                    Some(e) => e,
-                    None => continue,
-                },
-                Life::Mapped => continue,
+                Life::Mapped | Life::Mapping if newest.gen > 1 => {
+                    match shadow.slots[k].get(newest.gen - 1) {
+                        Some(e) => e,
+                        None => continue,
+                    }
+                }
+                Life::Mapped | Life::Mapping => continue,
                 _ => newest,
             },
             Op::Owned | Op::Neighbour | Op::Write if newest.life != Life::Mapped => continue,
+            _ if newest.life == Life::Mapping => continue,
             _ => newest,
         };
         let word = |rng: &mut Rng| e.iova + 8 * rng.below(e.len / 8);
@@ -709,6 +738,17 @@ fn device_thread(
                     // live mapping is checked.
                     Verdict::Legal
                 } else {
+                    // A page whose map is in progress: let the shadow
+                    // learn the IOVA first.
+                    if let Some(t) = Tag::decode(v) {
+                        if let Some(s) = sh
+                            .shadows
+                            .get(usize::from(t.domain))
+                            .and_then(|d| d.slots.get(usize::from(t.slot)))
+                        {
+                            s.wait_mapped(t.gen, 100_000);
+                        }
+                    }
                     classify(&access, &sh.shadows, sh.timeout_ns)
                 };
                 c.judge(sh, op, &access, Some(&e), domain, verdict);

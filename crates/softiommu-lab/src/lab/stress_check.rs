@@ -95,6 +95,9 @@ impl Tag {
 /// Where a mapping is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Life {
+    /// The CPU thread wrote the page and is inside `map`: the IOVA is not
+    /// known yet.
+    Mapping,
     /// Mapped: `map` returned.
     Mapped,
     /// The CPU thread is inside `unmap`.
@@ -155,6 +158,7 @@ impl Cell {
             Life::Mapped => 0,
             Life::Unmapping => 1,
             Life::Unmapped => 2,
+            Life::Mapping => 3,
         };
         self.iova.store(e.iova, Ordering::Relaxed);
         self.len.store(e.len, Ordering::Relaxed);
@@ -192,7 +196,8 @@ impl Cell {
             let life = match (meta >> 32) & 3 {
                 0 => Life::Mapped,
                 1 => Life::Unmapping,
-                _ => Life::Unmapped,
+                2 => Life::Unmapped,
+                _ => Life::Mapping,
             };
             return Some(Entry {
                 gen: meta as u32,
@@ -249,6 +254,18 @@ impl SlotShadow {
         self.ring[gen as usize % HISTORY]
             .read()
             .filter(|e| e.gen == gen)
+    }
+
+    /// Waits (yielding, at most about `spins` times) while generation
+    /// `gen` is being mapped: a device may reach a page through the IOVA
+    /// being mapped before `map` returns and the shadow learns it.
+    pub fn wait_mapped(&self, gen: u32, spins: u32) {
+        for _ in 0..spins {
+            match self.get(gen) {
+                Some(e) if e.life == Life::Mapping => std::thread::yield_now(),
+                _ => return,
+            }
+        }
     }
 
     /// Every remembered entry.
@@ -403,6 +420,10 @@ pub fn classify(acc: &Access, domains: &[DomainShadow], timeout_ns: u64) -> Verd
     // The page was reached through `x`: find the generations of this
     // slot that mapped `x` to it, and take the kindest verdict.
     let judge = |e: &Entry| -> Verdict {
+        if e.life == Life::Mapping {
+            // Its IOVA is not known yet (the caller waits this out).
+            return Verdict::Unknown;
+        }
         // Outside the pool (handled above) every mapping was translated,
         // whatever the policy was said to be: the pages rule holds.
         if !e.pages_contain(x) || e.t_map_ns > acc.t_after_ns {
@@ -454,8 +475,17 @@ fn kinder(a: Verdict, b: Verdict) -> Verdict {
     }
     match (rank(&a), rank(&b)) {
         (ra, rb) if rb > ra => b,
-        // Of two violations, the one naming the mapping says more.
-        (0, 0) if matches!(b, Verdict::Violation(Why::AfterUnmap { .. })) => b,
+        // Of two violations, the one naming a mapping says more, and of
+        // two naming one, the youngest.
+        (0, 0) => match (a, b) {
+            (
+                Verdict::Violation(Why::AfterUnmap { age_us: x, .. }),
+                Verdict::Violation(Why::AfterUnmap { age_us: y, .. }),
+            ) if y < x => b,
+            (Verdict::Violation(Why::AfterUnmap { .. }), _) => a,
+            (_, Verdict::Violation(Why::AfterUnmap { .. })) => b,
+            _ => a,
+        },
         // Of two stale ones, the youngest.
         (2, 2) => match (a, b) {
             (Verdict::Stale { age_us: x }, Verdict::Stale { age_us: y }) if y < x => b,
@@ -637,6 +667,30 @@ mod tests {
         assert!(matches!(
             classify(&read(0, 0x100_0100, theirs, 5_000), &d, TIMEOUT),
             Verdict::Violation(Why::OtherDomain { owner: 1 })
+        ));
+    }
+
+    #[test]
+    fn a_page_reached_while_its_map_is_in_progress_is_not_judged_yet() {
+        let d = shadows();
+        let s = &d[0].slots[1];
+        s.record(&entry(1, 0x40_0000, Life::Unmapped, 2_000, false));
+        let mut e = entry(2, 0, Life::Mapping, 0, false);
+        e.t_map_ns = 4_000;
+        s.record(&e);
+        // The new mapping reuses gen 1's IOVA: until `map` returns the
+        // checker cannot tell, and says so rather than crying wolf.
+        let v = tag(TagKind::Buffer, 0, 1, 2);
+        assert!(matches!(
+            classify(&read(0, 0x40_0000, v, 5_000), &d, TIMEOUT),
+            Verdict::Unknown
+        ));
+        e.iova = 0x40_0000;
+        e.life = Life::Mapped;
+        s.record(&e);
+        assert!(matches!(
+            classify(&read(0, 0x40_0000, v, 5_000), &d, TIMEOUT),
+            Verdict::Legal
         ));
     }
 

@@ -18,6 +18,7 @@ use crate::lab::iova_aging::AgingArgs;
 use crate::lab::iperf_tcp::IperfTcpArgs;
 use crate::lab::litmus::LitmusArgs;
 use crate::lab::netperf_udp::NetperfArgs;
+use crate::lab::stress::StressArgs;
 use crate::report::Report;
 
 /// The file as written: a header and exactly one bench or lab table.
@@ -86,13 +87,19 @@ pub(super) struct ScenarioFile {
         skip_serializing_if = "Option::is_none"
     )]
     pub lab_litmus: Option<LitmusArgs>,
+    #[serde(
+        rename = "lab-stress",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lab_stress: Option<StressArgs>,
     /// Overrides `run --quick` applies, as `--set`s of the lab table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quick: Option<toml::Table>,
 }
 
 /// The table names a scenario may use, in the schema's order.
-pub(super) const LAB_TABLES: [&str; 10] = [
+pub(super) const LAB_TABLES: [&str; 11] = [
     "bench-iova",
     "bench-pgtable",
     "bench-dma",
@@ -103,6 +110,7 @@ pub(super) const LAB_TABLES: [&str; 10] = [
     "lab-iperf-tcp",
     "lab-iova-aging",
     "lab-litmus",
+    "lab-stress",
 ];
 
 /// The bench or lab a scenario runs, with its options.
@@ -128,6 +136,8 @@ pub enum LabArgs {
     IovaAging(AgingArgs),
     /// `lab litmus`.
     Litmus(LitmusArgs),
+    /// `lab stress`.
+    Stress(StressArgs),
 }
 
 impl LabArgs {
@@ -144,6 +154,7 @@ impl LabArgs {
             LabArgs::IperfTcp(a) => crate::lab::iperf_tcp::run(a),
             LabArgs::IovaAging(a) => crate::lab::iova_aging::run(a, progress),
             LabArgs::Litmus(a) => crate::lab::litmus::run(a),
+            LabArgs::Stress(a) => crate::lab::stress::run(a),
         }
     }
 }
@@ -267,6 +278,8 @@ impl Scenario {
             LabArgs::IperfTcp(a.clone())
         } else if let Some(a) = &f.lab_iova_aging {
             LabArgs::IovaAging(a.clone())
+        } else if let Some(a) = &f.lab_stress {
+            LabArgs::Stress(a.clone())
         } else {
             LabArgs::Litmus(f.lab_litmus.clone().unwrap_or_default())
         }
@@ -298,6 +311,7 @@ fn lab_table_present(f: &ScenarioFile, table: &str) -> bool {
         "lab-iperf-tcp" => f.lab_iperf_tcp.is_some(),
         "lab-iova-aging" => f.lab_iova_aging.is_some(),
         "lab-litmus" => f.lab_litmus.is_some(),
+        "lab-stress" => f.lab_stress.is_some(),
         _ => false,
     }
 }
