@@ -174,14 +174,22 @@ impl Cell {
         self.seq.store(s + 2, Ordering::Release);
     }
 
+    /// A consistent snapshot. A writer preempted inside `write` leaves the
+    /// sequence odd for as long as it is off its CPU: the reader waits it
+    /// out (spinning, then yielding) rather than skip the entry, which
+    /// could hide the very mapping that makes an access legal.
     fn read(&self) -> Option<Entry> {
-        for _ in 0..64 {
+        for i in 0..1_000_000u32 {
             let s1 = self.seq.load(Ordering::Acquire);
             if s1 == 0 {
                 return None;
             }
             if s1 & 1 == 1 {
-                std::hint::spin_loop();
+                if i < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
                 continue;
             }
             let iova = self.iova.load(Ordering::Relaxed);
