@@ -95,6 +95,14 @@ pub enum LabError {
         /// Bytes received.
         received: u64,
     },
+    /// The stress lab's checker found accesses the policy does not permit.
+    #[error("{count} violation(s); the first: {first}")]
+    Violations {
+        /// How many.
+        count: u64,
+        /// The first offending access, in full.
+        first: String,
+    },
     /// A workload's setup was inconsistent (a bug in the lab).
     #[error("lab set-up: {0}")]
     Setup(&'static str),

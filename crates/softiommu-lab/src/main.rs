@@ -101,6 +101,8 @@ enum LabCmd {
     IperfTcp(lab::iperf_tcp::IperfTcpArgs),
     /// Seed 001: message-passing and store-buffering litmus tests, device vs CPU.
     Litmus(lab::litmus::LitmusArgs),
+    /// Issue 15: a soak with an independent checker; any violation exits non-zero.
+    Stress(lab::stress::StressArgs),
 }
 
 /// Prints a report: its contract object under `--json`, else its tables.
@@ -111,7 +113,21 @@ fn emit(report: LabResult<Report>, json: bool) -> LabResult<()> {
     } else {
         print!("{}", render::render_report(&report, &host::Host::detect()));
     }
-    Ok(())
+    violations(&report)
+}
+
+/// A report whose contract counts violations (`lab stress`) fails the
+/// command when it has any, naming the first in full.
+fn violations(report: &Report) -> LabResult<()> {
+    let count = report.contract["violations"].as_u64().unwrap_or(0);
+    if count == 0 {
+        return Ok(());
+    }
+    let first = report.contract["first_violation"]
+        .as_str()
+        .unwrap_or("(not recorded)")
+        .to_string();
+    Err(error::LabError::Violations { count, first })
 }
 
 /// Runs a scenario file, or a built-in scenario by that name.
@@ -170,6 +186,10 @@ fn main() -> std::process::ExitCode {
             ..
         }) => emit(lab::litmus::run(&a), a.json),
         Cmd::Lab(LabArgs {
+            cmd: Some(LabCmd::Stress(a)),
+            ..
+        }) => emit(lab::stress::run(&a), a.json),
+        Cmd::Lab(LabArgs {
             cmd: Some(LabCmd::IovaAging(a)),
             ..
         }) => emit(lab::iova_aging::run(&a, |_| {}), a.json),
@@ -188,7 +208,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Lab(a) => match &a.file {
             Some(f) => lab_file(&a, f),
             None => {
-                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus) or a scenario FILE");
+                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus, stress) or a scenario FILE");
                 return std::process::ExitCode::from(2);
             }
         },
@@ -208,6 +228,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("softiommu: {e}");
             match e {
                 error::LabError::Interrupted { .. } => std::process::ExitCode::from(130),
+                error::LabError::Violations { .. } => std::process::ExitCode::from(1),
                 _ => std::process::ExitCode::from(2),
             }
         }

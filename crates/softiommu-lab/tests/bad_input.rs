@@ -56,6 +56,10 @@ fn numbers_that_cannot_be_durations_are_refused() {
         &["bench", "ring", "--seconds", "0"],
         "is not a finite number in 0.01..=86400",
     );
+    refused(
+        &["lab", "stress", "--seconds", "0.001"],
+        "is not a finite number in 0.01..=86400",
+    );
 }
 
 #[test]
@@ -225,6 +229,28 @@ fn sizes_and_counts_out_of_range_are_refused() {
             &["lab", "litmus", "--runs", "0"],
             "0 is not in 1..=10000000000",
         ),
+        (&["lab", "stress", "--slots", "0"], "0 is not in 1..=256"),
+        (
+            &["lab", "stress", "--slots", "257"],
+            "257 is not in 1..=256",
+        ),
+        (
+            &["lab", "stress", "--flush-timeout-ms", "0"],
+            "0 is not in 1..=1000",
+        ),
+        (
+            &["lab", "stress", "--flush-timeout-ms", "1001"],
+            "1001 is not in 1..=1000",
+        ),
+        (&["lab", "stress", "--switching", "2"], "2 is not in 0..=1"),
+        (
+            &["lab", "stress", "--seed", "4294967296"],
+            "4294967296 is not in 0..=4294967295",
+        ),
+        (
+            &["lab", "stress", "--seed=-1"],
+            "-1 is not in 0..=4294967295",
+        ),
         (&["bench", "iova", "--threads=-3"], "-3 is not in 1..=256"),
         (
             &["bench", "iova", "--threads", "many"],
@@ -249,6 +275,10 @@ fn unknown_names_in_lists_are_refused_with_the_valid_ones() {
     refused(
         &["lab", "netperf-udp", "--policies", "nope"],
         "unknown DMA policy \"nope\"",
+    );
+    refused(
+        &["lab", "stress", "--policies", "strict,lazy"],
+        "unknown DMA policy \"lazy\" (valid: passthrough, strict, deferred, bounce)",
     );
     refused(
         &["lab", "iova-aging", "--policies", "linux-2099"],

@@ -8,3 +8,5 @@ pub mod litmus;
 pub mod litmus_harness;
 pub mod netperf_udp;
 pub mod steal;
+pub mod stress;
+pub mod stress_check;

@@ -19,6 +19,7 @@ use crate::lab::iova_aging::AgingArgs;
 use crate::lab::iperf_tcp::IperfTcpArgs;
 use crate::lab::litmus::LitmusArgs;
 use crate::lab::netperf_udp::NetperfArgs;
+use crate::lab::stress::StressArgs;
 use crate::report::Report;
 
 /// The file as written: a header and exactly one bench or lab table.
@@ -93,13 +94,19 @@ pub(super) struct ScenarioFile {
         skip_serializing_if = "Option::is_none"
     )]
     pub lab_litmus: Option<LitmusArgs>,
+    #[serde(
+        rename = "lab-stress",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lab_stress: Option<StressArgs>,
     /// Overrides `run --quick` applies, as `--set`s of the lab table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quick: Option<toml::Table>,
 }
 
 /// The table names a scenario may use, in the schema's order.
-pub(super) const LAB_TABLES: [&str; 11] = [
+pub(super) const LAB_TABLES: [&str; 12] = [
     "bench-iova",
     "bench-pgtable",
     "bench-dma",
@@ -111,6 +118,7 @@ pub(super) const LAB_TABLES: [&str; 11] = [
     "lab-iova-aging",
     "lab-fio-aging",
     "lab-litmus",
+    "lab-stress",
 ];
 
 /// The bench or lab a scenario runs, with its options.
@@ -138,6 +146,8 @@ pub enum LabArgs {
     FioAging(FioAgingArgs),
     /// `lab litmus`.
     Litmus(LitmusArgs),
+    /// `lab stress`.
+    Stress(StressArgs),
 }
 
 impl LabArgs {
@@ -155,6 +165,7 @@ impl LabArgs {
             LabArgs::IovaAging(a) => crate::lab::iova_aging::run(a, progress),
             LabArgs::FioAging(a) => crate::lab::fio_aging::run(a, progress),
             LabArgs::Litmus(a) => crate::lab::litmus::run(a),
+            LabArgs::Stress(a) => crate::lab::stress::run(a),
         }
     }
 }
@@ -280,6 +291,8 @@ impl Scenario {
             LabArgs::IovaAging(a.clone())
         } else if let Some(a) = &f.lab_fio_aging {
             LabArgs::FioAging(a.clone())
+        } else if let Some(a) = &f.lab_stress {
+            LabArgs::Stress(a.clone())
         } else {
             LabArgs::Litmus(f.lab_litmus.clone().unwrap_or_default())
         }
@@ -312,6 +325,7 @@ fn lab_table_present(f: &ScenarioFile, table: &str) -> bool {
         "lab-iova-aging" => f.lab_iova_aging.is_some(),
         "lab-fio-aging" => f.lab_fio_aging.is_some(),
         "lab-litmus" => f.lab_litmus.is_some(),
+        "lab-stress" => f.lab_stress.is_some(),
         _ => false,
     }
 }
