@@ -39,6 +39,10 @@ pub struct HandlerStats {
     /// From the request's raise to its answer being carried out, per
     /// answered group.
     pub latency: LatencySummary,
+    /// Of that, the handler's own part: from taking the request off the
+    /// queue to its answer being carried out (the rest is the request's
+    /// wait in the queue, for a handler thread to look or to be woken).
+    pub service: LatencySummary,
 }
 
 #[derive(Debug, Default)]
@@ -51,6 +55,7 @@ struct Shared {
     malformed: AtomicU64,
     respond_errors: AtomicU64,
     latency: LatencyHistogram,
+    service: LatencyHistogram,
 }
 
 /// Serves the page requests of one unit for one [`IopfDomain`], on
@@ -107,12 +112,26 @@ impl IopfHandler {
             malformed: s.malformed.load(Relaxed),
             respond_errors: s.respond_errors.load(Relaxed),
             latency: s.latency.summary(),
+            service: s.service.summary(),
         }
+    }
+
+    /// The handler's own part of each answer (take to answer carried
+    /// out), whole.
+    pub fn service(&self) -> &LatencyHistogram {
+        &self.shared.service
+    }
+
+    /// The raise-to-answer latencies recorded so far, whole (to merge
+    /// several handlers' with [`LatencyHistogram::merge`]).
+    pub fn latency(&self) -> &LatencyHistogram {
+        &self.shared.latency
     }
 
     /// Forgets the latencies recorded so far (between runs of a lab).
     pub fn reset_latency(&self) {
         self.shared.latency.reset();
+        self.shared.service.reset();
     }
 
     /// Stops the threads and answers every outstanding group of the
@@ -164,6 +183,7 @@ fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared) {
             continue;
         };
         idle = 0;
+        let took = unit.page_request_clock_ns();
         let r = match taken {
             Ok(Taken::Request(r)) => r,
             Ok(Taken::Malformed { .. }) | Err(_) => {
@@ -192,7 +212,8 @@ fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared) {
             s.respond_errors.fetch_add(1, Relaxed);
             continue;
         }
-        let waited = unit.page_request_clock_ns().saturating_sub(r.private[0]);
-        s.latency.record(waited);
+        let now = unit.page_request_clock_ns();
+        s.latency.record(now.saturating_sub(r.private[0]));
+        s.service.record(now.saturating_sub(took));
     }
 }
