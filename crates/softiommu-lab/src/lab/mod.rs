@@ -1,6 +1,7 @@
 //! Lab scenarios: workloads over the library, with seed-shaped output.
 
 pub mod cpu_clock;
+pub mod iopf;
 pub mod iova_aging;
 pub mod iperf_tcp;
 pub mod litmus;

@@ -74,12 +74,15 @@ pub enum Unit {
     /// Cache lines per gigabyte (10^9 bytes) moved.
     #[serde(rename = "lines/GB")]
     LinesPerGb,
+    /// Kilobytes (10^3 bytes) per second, seed `002`'s unit.
+    #[serde(rename = "kB/s")]
+    KbPerS,
 }
 
 impl Unit {
     /// Every unit.
     #[cfg(test)]
-    pub const ALL: [Unit; 23] = [
+    pub const ALL: [Unit; 24] = [
         Unit::Ns,
         Unit::Us,
         Unit::Ms,
@@ -103,6 +106,7 @@ impl Unit {
         Unit::SPerGb,
         Unit::LinesPerGb,
         Unit::Kpps,
+        Unit::KbPerS,
     ];
 
     /// The symbol printed in headers and stored in the database.
@@ -131,6 +135,7 @@ impl Unit {
             Unit::MbitPerS => "Mbit/s",
             Unit::SPerGb => "s/GB",
             Unit::LinesPerGb => "lines/GB",
+            Unit::KbPerS => "kB/s",
         }
     }
 
@@ -144,7 +149,9 @@ impl Unit {
     /// or neither; `compare` and the seed verdicts use it.
     pub fn better(self) -> Better {
         match self {
-            Unit::Mpps | Unit::Kpps | Unit::MopsPerS | Unit::MbitPerS => Better::Higher,
+            Unit::Mpps | Unit::Kpps | Unit::MopsPerS | Unit::MbitPerS | Unit::KbPerS => {
+                Better::Higher
+            }
             Unit::Ns
             | Unit::Us
             | Unit::Ms

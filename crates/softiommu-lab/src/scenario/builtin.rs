@@ -41,6 +41,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "litmus-ordering.toml",
         include_str!("../../../../scenarios/litmus-ordering.toml"),
     ),
+    ("iopf.toml", include_str!("../../../../scenarios/iopf.toml")),
     (
         "tcp-64k.toml",
         include_str!("../../../../scenarios/tcp-64k.toml"),

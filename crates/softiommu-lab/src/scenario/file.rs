@@ -14,6 +14,7 @@ use crate::bench::pgtable::PgtableBenchArgs;
 use crate::bench::ring::RingArgs;
 use crate::bench::translate::TranslateBenchArgs;
 use crate::error::LabResult;
+use crate::lab::iopf::IopfArgs;
 use crate::lab::iova_aging::AgingArgs;
 use crate::lab::iperf_tcp::IperfTcpArgs;
 use crate::lab::litmus::LitmusArgs;
@@ -86,13 +87,15 @@ pub(super) struct ScenarioFile {
         skip_serializing_if = "Option::is_none"
     )]
     pub lab_litmus: Option<LitmusArgs>,
+    #[serde(rename = "lab-iopf", default, skip_serializing_if = "Option::is_none")]
+    pub lab_iopf: Option<IopfArgs>,
     /// Overrides `run --quick` applies, as `--set`s of the lab table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quick: Option<toml::Table>,
 }
 
 /// The table names a scenario may use, in the schema's order.
-pub(super) const LAB_TABLES: [&str; 10] = [
+pub(super) const LAB_TABLES: [&str; 11] = [
     "bench-iova",
     "bench-pgtable",
     "bench-dma",
@@ -103,6 +106,7 @@ pub(super) const LAB_TABLES: [&str; 10] = [
     "lab-iperf-tcp",
     "lab-iova-aging",
     "lab-litmus",
+    "lab-iopf",
 ];
 
 /// The bench or lab a scenario runs, with its options.
@@ -128,6 +132,8 @@ pub enum LabArgs {
     IovaAging(AgingArgs),
     /// `lab litmus`.
     Litmus(LitmusArgs),
+    /// `lab iopf`.
+    Iopf(IopfArgs),
 }
 
 impl LabArgs {
@@ -144,6 +150,7 @@ impl LabArgs {
             LabArgs::IperfTcp(a) => crate::lab::iperf_tcp::run(a),
             LabArgs::IovaAging(a) => crate::lab::iova_aging::run(a, progress),
             LabArgs::Litmus(a) => crate::lab::litmus::run(a),
+            LabArgs::Iopf(a) => crate::lab::iopf::run(a),
         }
     }
 }
@@ -267,6 +274,8 @@ impl Scenario {
             LabArgs::IperfTcp(a.clone())
         } else if let Some(a) = &f.lab_iova_aging {
             LabArgs::IovaAging(a.clone())
+        } else if let Some(a) = &f.lab_iopf {
+            LabArgs::Iopf(a.clone())
         } else {
             LabArgs::Litmus(f.lab_litmus.clone().unwrap_or_default())
         }
@@ -298,6 +307,7 @@ fn lab_table_present(f: &ScenarioFile, table: &str) -> bool {
         "lab-iperf-tcp" => f.lab_iperf_tcp.is_some(),
         "lab-iova-aging" => f.lab_iova_aging.is_some(),
         "lab-litmus" => f.lab_litmus.is_some(),
+        "lab-iopf" => f.lab_iopf.is_some(),
         _ => false,
     }
 }
