@@ -166,6 +166,43 @@ fn sizes_and_counts_out_of_range_are_refused() {
             &["lab", "litmus", "--runs", "0"],
             "0 is not in 1..=10000000000",
         ),
+        (
+            &["lab", "iopf", "--msg-len", "0"],
+            "0 is not in 4096..=268435456",
+        ),
+        (
+            &["lab", "iopf", "--msg-len", "1048576,268439552"],
+            "268439552 is not in 4096..=268435456",
+        ),
+        (
+            &["lab", "iopf", "--msg-len", "5000"],
+            "5000 is not a multiple of 4096",
+        ),
+        (
+            &["lab", "iopf", "--times", "1,0"],
+            "0 is not in 1..=1000000",
+        ),
+        (
+            &["lab", "iopf", "--times", "1000001"],
+            "1000001 is not in 1..=1000000",
+        ),
+        (
+            &["lab", "iopf", "--premap-pages", "0"],
+            "0 is not in 1..=262144",
+        ),
+        (
+            &["lab", "iopf", "--premap-pages", "262145"],
+            "262145 is not in 1..=262144",
+        ),
+        (
+            &["lab", "iopf", "--handler-threads", "17"],
+            "17 is not in 1..=16",
+        ),
+        (&["lab", "iopf", "--repeats", "0"], "0 is not in 1..=100"),
+        (
+            &["lab", "iopf", "--times", "many"],
+            "\"many\" is not a number",
+        ),
         (&["bench", "iova", "--threads=-3"], "-3 is not in 1..=256"),
         (
             &["bench", "iova", "--threads", "many"],
@@ -300,6 +337,14 @@ fn bad_scenarios_and_overrides_are_refused_naming_the_field_file_and_line() {
     refused(
         &["lab", "litmus-ordering", "--set", "runs=0"],
         "--set runs=0: 0 is not in 1..=10000000000",
+    );
+    refused(
+        &["lab", "page-faults", "--set", "msg_len=[5000]"],
+        "5000 is not a multiple of 4096",
+    );
+    refused(
+        &["lab", "page-faults", "--set", "premap_pages=[0]"],
+        "0 is not in 1..=262144",
     );
     refused(
         &["lab", "litmus-ordering", "--set", "runs"],

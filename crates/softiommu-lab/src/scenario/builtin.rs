@@ -41,7 +41,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "litmus-ordering.toml",
         include_str!("../../../../scenarios/litmus-ordering.toml"),
     ),
-    ("iopf.toml", include_str!("../../../../scenarios/iopf.toml")),
+    (
+        "page-faults.toml",
+        include_str!("../../../../scenarios/page-faults.toml"),
+    ),
     (
         "tcp-64k.toml",
         include_str!("../../../../scenarios/tcp-64k.toml"),

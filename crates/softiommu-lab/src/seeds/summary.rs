@@ -137,8 +137,8 @@ fn seed_001(reports: &[Report]) -> SeedLine {
 
 fn seed_002(reports: &[Report]) -> SeedLine {
     let claim = "IOPF speed / pinned, one 1 MB send";
-    let Some(t) = find(reports, "iopf", "results") else {
-        return missing("002", claim, 36.6, "%", "iopf");
+    let Some(t) = find(reports, "page-faults", "results") else {
+        return missing("002", claim, 36.6, "%", "page-faults");
     };
     let ours = t.get("1 MiB/1/1", "ratio_pct");
     // The longest run of 1 MiB sends the table has.
@@ -151,7 +151,7 @@ fn seed_002(reports: &[Report]) -> SeedLine {
     let f512 = t.get("10 MiB/512/1", "faults");
     let lat = reports
         .iter()
-        .find(|r| r.scenario == "iopf")
+        .find(|r| r.scenario == "page-faults")
         .and_then(|r| r.contract.pointer("/fault_latency_us/p50"))
         .and_then(|v| v.as_f64());
     SeedLine {
@@ -176,8 +176,8 @@ fn seed_002(reports: &[Report]) -> SeedLine {
             (Some(_), Some(_)) => "the ratio does not rise with reuse as in the seed".into(),
             _ => "no 1 MiB, premap 1 rows".into(),
         },
-        scenario: Some("iopf".into()),
-        spark: Some(("iopf", "results", "1 MiB/1/1", "ratio_pct")),
+        scenario: Some("page-faults".into()),
+        spark: Some(("page-faults", "results", "1 MiB/1/1", "ratio_pct")),
     }
 }
 
