@@ -200,6 +200,10 @@ fn sizes_and_counts_out_of_range_are_refused() {
         ),
         (&["lab", "iopf", "--repeats", "0"], "0 is not in 1..=100"),
         (
+            &["lab", "iopf", "--handler-spin", "67108865"],
+            "67108865 is not in 0..=67108864",
+        ),
+        (
             &["lab", "iopf", "--times", "many"],
             "\"many\" is not a number",
         ),

@@ -14,11 +14,14 @@ use crate::hw::{HwError, ResponseCode, Taken, UnitId};
 
 /// The most handler threads per unit.
 pub const MAX_HANDLER_THREADS: usize = 16;
-/// Empty polls before a handler thread sleeps on the queue's doorbell: a
-/// few microseconds of spinning, so a request that arrives while the
-/// handler is awake is answered in about a microsecond, and an idle
-/// handler costs nothing.
-const SPIN_POLLS: u32 = 2048;
+/// Empty polls before a handler thread started with [`IopfHandler::start`]
+/// sleeps on the queue's doorbell: a few microseconds of spinning, so a
+/// request that arrives while the handler is awake is answered in about a
+/// microsecond, and an idle handler costs nothing.
+pub const DEFAULT_SPIN_POLLS: u32 = 2048;
+/// The most empty polls [`IopfHandler::start_spinning`] accepts (about a
+/// second of spinning).
+pub const MAX_SPIN_POLLS: u32 = 1 << 26;
 
 /// Counts and latencies of a handler.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -73,6 +76,27 @@ impl IopfHandler {
     /// Starts `threads` (1 to [`MAX_HANDLER_THREADS`]) threads serving
     /// `unit`'s queue for `domain`.
     pub fn start(domain: Arc<IopfDomain>, unit: UnitId, threads: usize) -> Result<Self, IopfError> {
+        Self::start_spinning(domain, unit, threads, DEFAULT_SPIN_POLLS)
+    }
+
+    /// As [`start`](Self::start), with the threads polling the empty queue
+    /// `spin_polls` times (0 to [`MAX_SPIN_POLLS`]) before they sleep on
+    /// its doorbell: 0 parks at once (every request pays a wake-up), more
+    /// keeps a core busy for a while after each request so the next one
+    /// is seen at once.
+    pub fn start_spinning(
+        domain: Arc<IopfDomain>,
+        unit: UnitId,
+        threads: usize,
+        spin_polls: u32,
+    ) -> Result<Self, IopfError> {
+        if spin_polls > MAX_SPIN_POLLS {
+            return Err(IopfError::InvalidConfig {
+                name: "handler spin polls",
+                value: u64::from(spin_polls),
+                max: u64::from(MAX_SPIN_POLLS),
+            });
+        }
         if !(1..=MAX_HANDLER_THREADS).contains(&threads) {
             return Err(IopfError::InvalidConfig {
                 name: "handler threads",
@@ -94,7 +118,7 @@ impl IopfHandler {
             let (d, s) = (handler.domain.clone(), handler.shared.clone());
             let t = std::thread::Builder::new()
                 .name(format!("iopf-{}-{i}", unit.0))
-                .spawn(move || serve_loop(&d, unit, &s))
+                .spawn(move || serve_loop(&d, unit, &s, spin_polls))
                 .map_err(|_| IopfError::Spawn)?;
             handler.threads.push(t);
         }
@@ -166,16 +190,18 @@ impl Drop for IopfHandler {
     }
 }
 
-fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared) {
+fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared, spin_polls: u32) {
     let system = domain.system().clone();
     let Some(unit) = system.unit(unit_id) else {
         return;
     };
-    let mut idle = 0u32;
+    // A thread spins after serving a request (the device's next fault may
+    // follow at once), not before the first: it starts asleep.
+    let mut idle = spin_polls;
     while !s.stop.load(Relaxed) {
         let Some(taken) = unit.take_page_request() else {
-            idle += 1;
-            if idle < SPIN_POLLS {
+            idle = idle.saturating_add(1);
+            if idle < spin_polls {
                 std::hint::spin_loop();
             } else {
                 unit.wait_page_request(Duration::from_millis(2));
