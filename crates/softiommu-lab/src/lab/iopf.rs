@@ -39,7 +39,9 @@ use softiommu::{
     DmaAccessor, DmaAttrs, Perm, PhysAddr, PhysMemory, SourceId, System, UnitConfig, PAGE_SIZE,
 };
 
-use crate::args::{ArgError, Ranged};
+use softiommu_virtio::affinity;
+
+use crate::args::{ArgError, Placement, Ranged};
 use crate::error::{LabError, LabResult};
 use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 
@@ -53,11 +55,10 @@ const MSG_IOVA: u64 = 1 << 30;
 const DEV: SourceId = SourceId(0x0a00);
 /// The largest message: 256 MiB.
 pub const MAX_MSG_LEN: u64 = 256 << 20;
-/// The lab's handler spin: 2^18 empty polls, about a millisecond, so the
-/// handler is awake for the next fault of a burst (measured on the 2-core
-/// AMD EPYC the lab was built on: raise-to-answer p50 0.77 µs, against
-/// 5.6 µs with the library's 2,048 polls, which park between faults).
-const LAB_SPIN_POLLS: u64 = 1 << 18;
+/// The lab's handler spin: 2^15 empty polls (16,384 pausing, then 16,384
+/// yielding the core), so the handler is awake for the next fault of a
+/// burst without starving a device that shares its core.
+const LAB_SPIN_POLLS: u64 = 1 << 15;
 /// The largest pre-map window, the library's.
 const MAX_PREMAP: u64 = softiommu::iopf::MAX_PREMAP_PAGES;
 
@@ -129,13 +130,19 @@ pub struct IopfArgs {
     #[arg(long, default_value = "1")]
     pub handler_threads: Ranged<1, 16>,
     /// Empty polls of the page request queue before a handler thread
-    /// sleeps on its doorbell (0..=67108864). The default, 262144 (about
-    /// a millisecond on a 2020s x86 core), keeps the handler spinning across a
+    /// sleeps on its doorbell (0..=67108864). The default, 32768 (16,384
+    /// pausing polls, then 16,384 that yield the core), keeps the handler spinning across a
     /// device's burst of faults (the spinning design); the library's
     /// default 2048 (a few µs) parks between faults, so each pays a
     /// wake-up (the parking design); 0 parks at once.
-    #[arg(long, default_value = "262144")]
+    #[arg(long, default_value = "32768")]
     pub handler_spin: Ranged<0, { softiommu::iopf::MAX_SPIN_POLLS as u64 }>,
+    /// Where the device thread and the handler threads run: `split` (the
+    /// default) pins them to two different CPUs, `shared` both to one,
+    /// `os` pins nothing (a spinning party may then share a core with the
+    /// one it waits for, at a scheduler tick's cost).
+    #[arg(long, value_enum, default_value = "split")]
+    pub placement: Placement,
     /// Runs per configuration, interleaved; the fastest is kept (1..=100;
     /// default 3, with --quick 2).
     #[arg(long)]
@@ -159,6 +166,7 @@ impl Default for IopfArgs {
             premap_pages: Vec::new(),
             handler_threads: Ranged::new(1),
             handler_spin: Ranged::new(LAB_SPIN_POLLS),
+            placement: Placement::Split,
             repeats: None,
             quick: false,
             json: false,
@@ -230,6 +238,8 @@ struct Plan {
     repeats: usize,
     threads: usize,
     spin: u32,
+    /// (device CPU, handlers' CPU), when the process may use two.
+    cpus: Option<(usize, usize)>,
     quick: bool,
 }
 
@@ -250,6 +260,11 @@ impl Plan {
             repeats: a.repeats.map_or(if a.quick { 2 } else { 3 }, Ranged::us),
             threads: a.handler_threads.us(),
             spin: a.handler_spin.get() as u32,
+            cpus: match (a.placement, &affinity::allowed_cpus()[..]) {
+                (Placement::Split, [d, h, ..]) => Some((*d, *h)),
+                (Placement::Shared, [c, ..]) => Some((*c, *c)),
+                _ => None,
+            },
             quick: a.quick,
         }
     }
@@ -395,6 +410,13 @@ fn run_once(
     buf: &mut [u8],
     latency: &Latencies,
 ) -> LabResult<Vec<(f64, u64)>> {
+    // The handler threads inherit the CPU of the thread that starts them:
+    // theirs, then the device's (this thread's) own, so the two never
+    // take turns on one core (a spinning party on the core the other
+    // waits for costs it a scheduler tick, milliseconds).
+    if let Some((_, handlers_cpu)) = plan.cpus {
+        affinity::pin_current(handlers_cpu);
+    }
     let pinned = rig.domain(0, msg_len, 1)?;
     pinned.map_all()?;
     let mut domains = vec![pinned];
@@ -409,6 +431,9 @@ fn run_once(
             plan.spin,
         )?);
         domains.push(d);
+    }
+    if let Some((device_cpu, _)) = plan.cpus {
+        affinity::pin_current(device_cpu);
     }
     let mut accs = Vec::with_capacity(domains.len());
     for i in 0..domains.len() {
@@ -619,6 +644,12 @@ fn report(r: &IopfReport, plan: &Plan) -> Report {
         Param::new("repeats", plan.repeats, Unit::Count),
         Param::new("handler_threads", plan.threads, Unit::Threads),
         Param::new("handler_spin_polls", plan.spin, Unit::Count),
+        Param::text(
+            "placement",
+            plan.cpus.map_or("os".to_string(), |(d, h)| {
+                format!("device on CPU {d}, handlers on CPU {h}")
+            }),
+        ),
         Param::new("chunk", CHUNK, Unit::Bytes),
         Param::text("quick", plan.quick),
         Param::new("overflows", r.overflows, Unit::Count),

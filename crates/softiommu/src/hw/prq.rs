@@ -282,6 +282,11 @@ pub(crate) struct Group {
 }
 
 const WAITING: u8 = 0;
+/// Polls of its group's answer a waiting device spins before it yields
+/// (tens of microseconds on a 2020s x86 core): on a loaded machine a
+/// yield can hand the core to another process until the next tick, which
+/// costs milliseconds for an answer that came in one (`lab iopf`).
+const WAIT_SPINS: u32 = 16384;
 
 impl Group {
     fn new() -> Self {
@@ -324,14 +329,14 @@ impl Group {
         set
     }
 
-    /// Waits for the answer until `deadline`: spins briefly (a handler on
-    /// another core answers within a microsecond or two), then sleeps.
+    /// Waits for the answer until `deadline`: spins (a handler on another
+    /// core answers within a microsecond or two), yields, then sleeps.
     fn wait(&self, deadline: Instant) -> Option<ResponseCode> {
-        for i in 0..4096u32 {
+        for i in 0..WAIT_SPINS + 3840 {
             if let Some(c) = self.code() {
                 return Some(c);
             }
-            if i < 256 {
+            if i < WAIT_SPINS {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();

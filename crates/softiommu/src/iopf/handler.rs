@@ -19,6 +19,10 @@ pub const MAX_HANDLER_THREADS: usize = 16;
 /// request that arrives while the handler is awake is answered in about a
 /// microsecond, and an idle handler costs nothing.
 pub const DEFAULT_SPIN_POLLS: u32 = 2048;
+/// Of a handler's empty polls, the first this many only pause; the rest
+/// yield the core between polls (a device spinning for the answer on the
+/// same core would otherwise wait for the scheduler's next tick, ~4 ms).
+const PAUSE_POLLS: u32 = 16384;
 /// The most empty polls [`IopfHandler::start_spinning`] accepts (about a
 /// second of spinning).
 pub const MAX_SPIN_POLLS: u32 = 1 << 26;
@@ -82,8 +86,9 @@ impl IopfHandler {
     /// As [`start`](Self::start), with the threads polling the empty queue
     /// `spin_polls` times (0 to [`MAX_SPIN_POLLS`]) before they sleep on
     /// its doorbell: 0 parks at once (every request pays a wake-up), more
-    /// keeps a core busy for a while after each request so the next one
-    /// is seen at once.
+    /// keeps the thread awake for a while after each request so the next
+    /// one is seen at once (the first 16,384 polls pause, the rest yield
+    /// the core between polls).
     pub fn start_spinning(
         domain: Arc<IopfDomain>,
         unit: UnitId,
@@ -201,8 +206,13 @@ fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared, spin_polls: u32)
     while !s.stop.load(Relaxed) {
         let Some(taken) = unit.take_page_request() else {
             idle = idle.saturating_add(1);
-            if idle < spin_polls {
+            if idle < spin_polls.min(PAUSE_POLLS) {
                 std::hint::spin_loop();
+            } else if idle < spin_polls {
+                // Past the pure spin, each poll gives the core away: a
+                // device waiting for this thread's answer on the same
+                // core runs at once instead of at the next tick.
+                std::thread::yield_now();
             } else {
                 unit.wait_page_request(Duration::from_millis(2));
             }
