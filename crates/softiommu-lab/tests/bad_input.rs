@@ -225,6 +225,10 @@ fn unknown_names_in_lists_are_refused_with_the_valid_ones() {
         "[possible values: softiommu, harness, linux-2016, offset-allocator, range-alloc, vm-allocator]",
     );
     refused(
+        &["lab", "iopf", "--placement", "nowhere"],
+        "[possible values: split, shared, os]",
+    );
+    refused(
         &["bench", "dma", "--policies", "strict,lazy"],
         "unknown DMA policy \"lazy\" (valid: passthrough, strict, deferred, bounce)",
     );
