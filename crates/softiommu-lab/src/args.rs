@@ -43,6 +43,14 @@ pub enum ArgError {
         /// Largest allowed.
         max: f64,
     },
+    /// An integer that must be a multiple of something and is not.
+    #[error("{value} is not a multiple of {of}")]
+    NotAMultiple {
+        /// What was given.
+        value: String,
+        /// What it must be a multiple of.
+        of: u64,
+    },
     /// A name that is not one of the valid ones.
     #[error("unknown {what} {name:?} (valid: {valid})")]
     UnknownName {

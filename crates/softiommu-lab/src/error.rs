@@ -32,6 +32,9 @@ pub enum LabError {
     /// The DMA API refused a request.
     #[error("DMA API: {0}")]
     Dma(#[from] DmaError),
+    /// On-demand mapping (a page-fault domain or handler) refused.
+    #[error("I/O page faults: {0}")]
+    Iopf(#[from] softiommu::iopf::IopfError),
     /// A device-side access failed.
     #[error("DMA access: {0}")]
     Access(#[from] AccessError),

@@ -99,6 +99,8 @@ enum LabCmd {
     NetperfUdp(lab::netperf_udp::NetperfArgs),
     /// Seed 003: one TCP stream through smoltcp, coherent vs non-coherent page walk, per policy.
     IperfTcp(lab::iperf_tcp::IperfTcpArgs),
+    /// Seed 002: an accelerator's messages pinned vs mapped on demand (I/O page faults), per pre-map window.
+    Iopf(lab::iopf::IopfArgs),
     /// Seed 001: message-passing and store-buffering litmus tests, device vs CPU.
     Litmus(lab::litmus::LitmusArgs),
     /// Issue 15: a soak with an independent checker; any violation exits non-zero.
@@ -190,6 +192,10 @@ fn main() -> std::process::ExitCode {
             ..
         }) => emit(lab::stress::run(&a), a.json),
         Cmd::Lab(LabArgs {
+            cmd: Some(LabCmd::Iopf(a)),
+            ..
+        }) => emit(lab::iopf::run(&a), a.json),
+        Cmd::Lab(LabArgs {
             cmd: Some(LabCmd::IovaAging(a)),
             ..
         }) => emit(lab::iova_aging::run(&a, |_| {}), a.json),
@@ -208,7 +214,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Lab(a) => match &a.file {
             Some(f) => lab_file(&a, f),
             None => {
-                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus, stress) or a scenario FILE");
+                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus, stress, iopf) or a scenario FILE");
                 return std::process::ExitCode::from(2);
             }
         },

@@ -251,6 +251,47 @@ fn sizes_and_counts_out_of_range_are_refused() {
             &["lab", "stress", "--seed=-1"],
             "-1 is not in 0..=4294967295",
         ),
+        (
+            &["lab", "iopf", "--msg-len", "0"],
+            "0 is not in 4096..=268435456",
+        ),
+        (
+            &["lab", "iopf", "--msg-len", "1048576,268439552"],
+            "268439552 is not in 4096..=268435456",
+        ),
+        (
+            &["lab", "iopf", "--msg-len", "5000"],
+            "5000 is not a multiple of 4096",
+        ),
+        (
+            &["lab", "iopf", "--times", "1,0"],
+            "0 is not in 1..=1000000",
+        ),
+        (
+            &["lab", "iopf", "--times", "1000001"],
+            "1000001 is not in 1..=1000000",
+        ),
+        (
+            &["lab", "iopf", "--premap-pages", "0"],
+            "0 is not in 1..=262144",
+        ),
+        (
+            &["lab", "iopf", "--premap-pages", "262145"],
+            "262145 is not in 1..=262144",
+        ),
+        (
+            &["lab", "iopf", "--handler-threads", "17"],
+            "17 is not in 1..=16",
+        ),
+        (&["lab", "iopf", "--repeats", "0"], "0 is not in 1..=100"),
+        (
+            &["lab", "iopf", "--handler-spin", "67108865"],
+            "67108865 is not in 0..=67108864",
+        ),
+        (
+            &["lab", "iopf", "--times", "many"],
+            "\"many\" is not a number",
+        ),
         (&["bench", "iova", "--threads=-3"], "-3 is not in 1..=256"),
         (
             &["bench", "iova", "--threads", "many"],
@@ -267,6 +308,10 @@ fn unknown_names_in_lists_are_refused_with_the_valid_ones() {
     refused(
         &["bench", "iova", "--impls", "offset-allocator,nope"],
         "[possible values: softiommu, harness, linux-2016, offset-allocator, range-alloc, vm-allocator]",
+    );
+    refused(
+        &["lab", "iopf", "--placement", "nowhere"],
+        "[possible values: split, shared, os]",
     );
     refused(
         &["bench", "dma", "--policies", "strict,lazy"],
@@ -389,6 +434,14 @@ fn bad_scenarios_and_overrides_are_refused_naming_the_field_file_and_line() {
     refused(
         &["lab", "litmus-ordering", "--set", "runs=0"],
         "--set runs=0: 0 is not in 1..=10000000000",
+    );
+    refused(
+        &["lab", "page-faults", "--set", "msg_len=[5000]"],
+        "5000 is not a multiple of 4096",
+    );
+    refused(
+        &["lab", "page-faults", "--set", "premap_pages=[0]"],
+        "0 is not in 1..=262144",
     );
     refused(
         &["lab", "litmus-ordering", "--set", "runs"],

@@ -574,3 +574,46 @@ fn lab_stress() {
         }
     }
 }
+
+#[test]
+fn lab_iopf() {
+    // Short: 64 KiB messages (16 pages), 1 and 3 sends, premap 1 and 16.
+    let v = run(&[
+        "lab",
+        "iopf",
+        "--json",
+        "--msg-len",
+        "65536",
+        "--times",
+        "1,3",
+        "--premap-pages",
+        "1,16",
+        "--repeats",
+        "1",
+    ]);
+    assert_eq!(v["lab"], "iopf");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 7, "exactly the seed's columns: {keys:?}");
+        assert_eq!(number(r, "msg_len"), 65536.0);
+        assert!(number(r, "kbps_without") > 0.0);
+        assert!(number(r, "kbps_with") > 0.0);
+        assert!(number(r, "ratio") > 0.0);
+        // Faults happen on the first send only: 16 pages, one per fault
+        // with premap 1, one fault for the whole message with 16.
+        let want = if number(r, "premap_pages") == 1.0 {
+            16.0
+        } else {
+            1.0
+        };
+        assert_eq!(number(r, "faults"), want, "{r}");
+        number(r, "times");
+    }
+    let lat = &v["fault_latency_us"];
+    assert!(number(lat, "p50") > 0.0);
+    assert!(number(lat, "p99") >= number(lat, "p50"));
+    assert!(number(lat, "max") >= number(lat, "p99"));
+    assert_eq!(number(&v, "overflows"), 0.0);
+}

@@ -214,7 +214,7 @@ fn the_report_of_a_fixture_database_has_its_structure() {
     assert!(h.contains("This run is <b>partial</b>"));
     assert_eq!(count(&h, "<td>abc123</td>"), 2);
     // Seeds without a scenario say so.
-    assert!(h.contains("I/O page faults are not built yet"));
+    assert!(h.contains("scenario page-faults did not run"));
     drop(store);
     std::fs::remove_dir_all(dir).unwrap();
 }

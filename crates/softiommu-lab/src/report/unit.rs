@@ -83,12 +83,15 @@ pub enum Unit {
     /// Microseconds of CPU time per I/O request.
     #[serde(rename = "µs/req")]
     UsPerReq,
+    /// Kilobytes (10^3 bytes) per second, seed `002`'s unit.
+    #[serde(rename = "kB/s")]
+    KbPerS,
 }
 
 impl Unit {
     /// Every unit.
     #[cfg(test)]
-    pub const ALL: [Unit; 26] = [
+    pub const ALL: [Unit; 27] = [
         Unit::Ns,
         Unit::Us,
         Unit::Ms,
@@ -115,6 +118,7 @@ impl Unit {
         Unit::Kiops,
         Unit::GbPerS,
         Unit::UsPerReq,
+        Unit::KbPerS,
     ];
 
     /// The symbol printed in headers and stored in the database.
@@ -146,6 +150,7 @@ impl Unit {
             Unit::Kiops => "k IOPS",
             Unit::GbPerS => "GB/s",
             Unit::UsPerReq => "µs/req",
+            Unit::KbPerS => "kB/s",
         }
     }
 
@@ -164,7 +169,8 @@ impl Unit {
             | Unit::MopsPerS
             | Unit::MbitPerS
             | Unit::Kiops
-            | Unit::GbPerS => Better::Higher,
+            | Unit::GbPerS
+            | Unit::KbPerS => Better::Higher,
             Unit::Ns
             | Unit::Us
             | Unit::Ms

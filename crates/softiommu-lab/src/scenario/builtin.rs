@@ -42,6 +42,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../../../scenarios/litmus-ordering.toml"),
     ),
     (
+        "page-faults.toml",
+        include_str!("../../../../scenarios/page-faults.toml"),
+    ),
+    (
         "tcp-64k.toml",
         include_str!("../../../../scenarios/tcp-64k.toml"),
     ),

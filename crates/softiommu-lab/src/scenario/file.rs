@@ -15,6 +15,7 @@ use crate::bench::ring::RingArgs;
 use crate::bench::translate::TranslateBenchArgs;
 use crate::error::LabResult;
 use crate::lab::fio_aging::FioAgingArgs;
+use crate::lab::iopf::IopfArgs;
 use crate::lab::iova_aging::AgingArgs;
 use crate::lab::iperf_tcp::IperfTcpArgs;
 use crate::lab::litmus::LitmusArgs;
@@ -100,13 +101,15 @@ pub(super) struct ScenarioFile {
         skip_serializing_if = "Option::is_none"
     )]
     pub lab_stress: Option<StressArgs>,
+    #[serde(rename = "lab-iopf", default, skip_serializing_if = "Option::is_none")]
+    pub lab_iopf: Option<IopfArgs>,
     /// Overrides `run --quick` applies, as `--set`s of the lab table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quick: Option<toml::Table>,
 }
 
 /// The table names a scenario may use, in the schema's order.
-pub(super) const LAB_TABLES: [&str; 12] = [
+pub(super) const LAB_TABLES: [&str; 13] = [
     "bench-iova",
     "bench-pgtable",
     "bench-dma",
@@ -119,6 +122,7 @@ pub(super) const LAB_TABLES: [&str; 12] = [
     "lab-fio-aging",
     "lab-litmus",
     "lab-stress",
+    "lab-iopf",
 ];
 
 /// The bench or lab a scenario runs, with its options.
@@ -148,6 +152,8 @@ pub enum LabArgs {
     Litmus(LitmusArgs),
     /// `lab stress`.
     Stress(StressArgs),
+    /// `lab iopf`.
+    Iopf(IopfArgs),
 }
 
 impl LabArgs {
@@ -166,6 +172,7 @@ impl LabArgs {
             LabArgs::FioAging(a) => crate::lab::fio_aging::run(a, progress),
             LabArgs::Litmus(a) => crate::lab::litmus::run(a),
             LabArgs::Stress(a) => crate::lab::stress::run(a),
+            LabArgs::Iopf(a) => crate::lab::iopf::run(a),
         }
     }
 }
@@ -293,6 +300,8 @@ impl Scenario {
             LabArgs::FioAging(a.clone())
         } else if let Some(a) = &f.lab_stress {
             LabArgs::Stress(a.clone())
+        } else if let Some(a) = &f.lab_iopf {
+            LabArgs::Iopf(a.clone())
         } else {
             LabArgs::Litmus(f.lab_litmus.clone().unwrap_or_default())
         }
@@ -326,6 +335,7 @@ fn lab_table_present(f: &ScenarioFile, table: &str) -> bool {
         "lab-fio-aging" => f.lab_fio_aging.is_some(),
         "lab-litmus" => f.lab_litmus.is_some(),
         "lab-stress" => f.lab_stress.is_some(),
+        "lab-iopf" => f.lab_iopf.is_some(),
         _ => false,
     }
 }

@@ -210,6 +210,7 @@ impl BlkDevice {
                         Ok(WorkerParts {
                             mem,
                             view,
+                            system: system.clone(),
                             dma,
                             attrs: c.attrs,
                             backend,

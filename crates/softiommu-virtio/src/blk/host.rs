@@ -8,8 +8,10 @@ use std::sync::Arc;
 
 use softiommu::dma::{DmaDevice, DmaDomain, DmaDomainConfig, DmaError, DmaPolicy};
 use softiommu::hw::{FaultRecord, HwError, LatencyModel, SourceId, System, UnitConfig, UnitId};
+use softiommu::iopf::{IopfConfig, IopfDomain, IopfError, IopfHandler, Region};
 use softiommu::iova::IovaPolicy;
-use softiommu::mem::{MemError, PhysMemory};
+use softiommu::mem::{MemError, PhysMemory, PAGE_SIZE};
+use softiommu::pgtable::Perm;
 
 use super::device::{BlkDevice, BlkDeviceConfig, BlkDeviceError};
 use super::driver::{BlkDriver, BlkDriverConfig, BlkDriverError};
@@ -65,6 +67,41 @@ pub enum BlkHostError {
     /// The device did not start (or its back-end did not open).
     #[error(transparent)]
     Device(#[from] BlkDeviceError),
+    /// The page-fault domain or its handler refused (IOPF mode).
+    #[error(transparent)]
+    Iopf(#[from] IopfError),
+}
+
+/// IOPF mode (issue 13): the controller's memory is not pre-mapped; its
+/// first touch of each page faults and a handler maps it on demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlkIopfConfig {
+    /// Pages mapped per fault (the pre-map window, seed `002`'s
+    /// `PREMAP_LEN`).
+    pub premap_pages: u64,
+    /// Page request handler threads.
+    pub handler_threads: usize,
+}
+
+impl Default for BlkIopfConfig {
+    fn default() -> Self {
+        Self {
+            premap_pages: 1,
+            handler_threads: 1,
+        }
+    }
+}
+
+/// What a host in IOPF mode holds: the address space the controller
+/// faults into and the handler serving it.
+#[derive(Debug)]
+pub struct BlkIopf {
+    /// The controller's address space: the guest's RAM (every frame of
+    /// the arena that was not the IOMMU's when the host was built),
+    /// identity-mapped on demand.
+    pub domain: Arc<IopfDomain>,
+    /// The page request handler.
+    pub handler: IopfHandler,
 }
 
 /// One host: memory, unit, domain, device.
@@ -82,6 +119,9 @@ pub struct BlkHost {
     pub dev: DmaDevice,
     /// The device model, running.
     pub device: BlkDevice,
+    /// In IOPF mode, the address space the controller faults into and
+    /// its handler (dropped after the device has stopped).
+    pub iopf: Option<BlkIopf>,
 }
 
 impl BlkHost {
@@ -114,7 +154,46 @@ impl BlkHost {
             domain,
             dev,
             device,
+            iopf: None,
         })
+    }
+
+    /// Builds the host in IOPF mode (issue 13): the driver maps through a
+    /// pass-through DMA domain, so its "map" is a registration that hands
+    /// the device physical addresses and maps nothing; the controller is
+    /// attached instead to an [`IopfDomain`] whose memory map is the
+    /// guest's RAM, identity-mapped (IOVA = physical address) and empty
+    /// at first, and a handler serves its page requests. The first touch
+    /// of every page — rings, headers, data — faults and is served;
+    /// later touches hit. `cfg.policy` is ignored.
+    pub fn new_iopf(cfg: &BlkHostConfig, iopf: BlkIopfConfig) -> Result<Self, BlkHostError> {
+        let mut host = Self::new(&BlkHostConfig {
+            policy: DmaPolicy::Passthrough,
+            ..cfg.clone()
+        })?;
+        // The pass-through domain keeps the driver's handle (its maps
+        // stay registrations); the controller leaves it for the faulting
+        // domain before the driver has probed, so it never ran without.
+        host.domain.detach(&host.dev)?;
+        let domain = IopfDomain::new(
+            host.system.clone(),
+            IopfConfig {
+                premap_pages: iopf.premap_pages,
+                ..IopfConfig::default()
+            },
+        )?;
+        for (phys, len) in guest_ram(&host.mem) {
+            domain.add_region(Region {
+                iova: phys,
+                phys,
+                len,
+                perm: Perm::RW,
+            })?;
+        }
+        let unit = domain.attach(cfg.sid)?;
+        let handler = IopfHandler::start(domain.clone(), unit, iopf.handler_threads)?;
+        host.iopf = Some(BlkIopf { domain, handler });
+        Ok(host)
     }
 
     /// Probes the disk with a driver (each queue with a DMA handle of its
@@ -135,4 +214,32 @@ impl BlkHost {
             .map(|u| u.faults().drain().records)
             .unwrap_or_default()
     }
+}
+
+/// The arena's runs of frames that are not the IOMMU's (its tables and
+/// queues), as (address, length): the RAM a guest would expose. Frames the
+/// IOMMU takes later (page-table pages mapped on demand) fall inside a run
+/// but stay out of the device's reach: every device access is checked
+/// against the arena's IOMMU frames after translation.
+fn guest_ram(mem: &PhysMemory) -> Vec<(u64, u64)> {
+    let size = mem.size() & !(PAGE_SIZE - 1);
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while start < size {
+        match mem.check_device_range(start, size - start) {
+            Ok(()) => {
+                runs.push((start, size - start));
+                break;
+            }
+            Err(MemError::IommuFrame { addr, .. }) => {
+                if addr > start {
+                    runs.push((start, addr - start));
+                }
+                start = addr + PAGE_SIZE;
+            }
+            // Nothing else can be refused inside the arena.
+            Err(_) => break,
+        }
+    }
+    runs
 }

@@ -44,6 +44,8 @@ use crate::transport::{ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceMemory
 pub(crate) struct WorkerParts {
     pub(crate) mem: DeviceMemory,
     pub(crate) view: UnitIommu,
+    /// The system, to see whether the device may fault (IOPF mode).
+    pub(crate) system: Arc<softiommu::hw::System>,
     pub(crate) dma: DmaAccessor,
     pub(crate) attrs: DmaAttrs,
     pub(crate) backend: Arc<dyn BlkBackend>,
@@ -128,11 +130,27 @@ impl Worker {
         self.mask
     }
 
+    /// Whether the controller's misses raise page requests (it was
+    /// attached to an `IopfDomain`).
+    fn may_fault(&self) -> bool {
+        let sid = self.p.view.source_id();
+        self.p
+            .system
+            .unit_of(sid)
+            .is_some_and(|(_, u)| u.page_requests_enabled(sid))
+    }
+
     pub(crate) fn run(mut self, end: &DeviceEnd, stop: &AtomicBool, idle_wait: Duration) {
         let view = self.p.view.clone();
         while !stop.load(Ordering::Acquire) {
             let _ = end.take_notified_in(self.mask);
-            let t = if self.blocking {
+            let t = if self.may_fault() {
+                // IOPF mode: no section spans the turn, so that each
+                // access that faults can wait for its page request's
+                // answer (inside a section it could not; every access
+                // still translates in a section of its own).
+                self.turn(end, None)
+            } else if self.blocking {
                 self.turn(end, Some(&view))
             } else {
                 scoped(Some(&view), || self.turn(end, None))

@@ -273,25 +273,36 @@ pub struct PrqStats {
 #[derive(Debug)]
 pub(crate) struct Group {
     state: AtomicU8,
+    /// The waiter went to sleep on `cv` (set under `lock`): only then does
+    /// an answer take the lock and wake it, so an answer to a device that
+    /// is still spinning costs no system call.
+    sleeping: AtomicBool,
     lock: Mutex<()>,
     cv: Condvar,
 }
 
 const WAITING: u8 = 0;
+/// Polls of its group's answer a waiting device spins before it yields
+/// (tens of microseconds on a 2020s x86 core): on a loaded machine a
+/// yield can hand the core to another process until the next tick, which
+/// costs milliseconds for an answer that came in one (`lab iopf`).
+const WAIT_SPINS: u32 = 16384;
 
 impl Group {
     fn new() -> Self {
         Self {
             state: AtomicU8::new(WAITING),
+            sleeping: AtomicBool::new(false),
             lock: Mutex::new(()),
             cv: Condvar::new(),
         }
     }
 
     fn code(&self) -> Option<ResponseCode> {
-        // Acquire: pairs with `answer`'s Release, so whatever the handler
+        // Acquire (SeqCst, for `wait`'s store of `sleeping`; a plain load
+        // on x86): pairs with `answer`'s store, so whatever the handler
         // mapped before answering is seen by the retried translation.
-        match self.state.load(Ordering::Acquire) {
+        match self.state.load(Ordering::SeqCst) {
             WAITING => None,
             s => ResponseCode::from_bits(s - 1),
         }
@@ -304,31 +315,37 @@ impl Group {
             .compare_exchange(
                 WAITING,
                 code.bits() + 1,
-                Ordering::Release,
+                // SeqCst (and SeqCst on `sleeping` below and in `wait`):
+                // of this store and the waiter's store of `sleeping`, one
+                // sees the other, so a sleeping waiter is always woken.
+                Ordering::SeqCst,
                 Ordering::Relaxed,
             )
             .is_ok();
-        if set {
+        if set && self.sleeping.load(Ordering::SeqCst) {
             let _g = lock(&self.lock);
             self.cv.notify_all();
         }
         set
     }
 
-    /// Waits for the answer until `deadline`: spins briefly (a handler on
-    /// another core answers within a microsecond or two), then sleeps.
+    /// Waits for the answer until `deadline`: spins (a handler on another
+    /// core answers within a microsecond or two), yields, then sleeps.
     fn wait(&self, deadline: Instant) -> Option<ResponseCode> {
-        for i in 0..4096u32 {
+        for i in 0..WAIT_SPINS + 3840 {
             if let Some(c) = self.code() {
                 return Some(c);
             }
-            if i < 256 {
+            if i < WAIT_SPINS {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
             }
         }
         let mut g = lock(&self.lock);
+        // Under `lock`: an answer that sees this waits for the lock, which
+        // is given up only as this thread sleeps on `cv`.
+        self.sleeping.store(true, Ordering::SeqCst);
         loop {
             if let Some(c) = self.code() {
                 return Some(c);
@@ -381,6 +398,10 @@ pub(crate) struct Prq {
     state: Mutex<PrqState>,
     /// Rung when a request is written (software waits on it with `state`).
     doorbell: Condvar,
+    /// Threads asleep on `doorbell` (changed under `state`): a request
+    /// rings it only when one is, so raising a request to a handler that
+    /// is polling costs no system call.
+    sleepers: AtomicU32,
     counters: Counters,
     epoch: Instant,
 }
@@ -411,6 +432,7 @@ impl Prq {
             overflow: AtomicBool::new(false),
             state: Mutex::new(PrqState::default()),
             doorbell: Condvar::new(),
+            sleepers: AtomicU32::new(0),
             counters: Counters::default(),
             epoch: Instant::now(),
         })
@@ -513,8 +535,13 @@ impl Prq {
         st.groups.insert((sid, prgi), Arc::new(Group::new()));
         st.next.insert(sid, (prgi + 1) % PRG_INDICES);
         self.counters.raised.fetch_add(1, Ordering::Relaxed);
+        // Read under `state`: a handler counted itself and went to sleep
+        // under it, or has yet to look at the tail written above.
+        let wake = self.sleepers.load(Ordering::Relaxed) != 0;
         drop(st);
-        self.doorbell.notify_all();
+        if wake {
+            self.doorbell.notify_all();
+        }
         Ok(Raised::Queued { prgi })
     }
 
@@ -651,10 +678,12 @@ impl Prq {
         if self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire) {
             return true;
         }
+        self.sleepers.fetch_add(1, Ordering::Relaxed);
         let (_st, _) = self
             .doorbell
             .wait_timeout(st, timeout)
             .unwrap_or_else(|e| e.into_inner());
+        self.sleepers.fetch_sub(1, Ordering::Relaxed);
         self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
     }
 

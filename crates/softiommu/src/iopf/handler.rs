@@ -14,11 +14,18 @@ use crate::hw::{HwError, ResponseCode, Taken, UnitId};
 
 /// The most handler threads per unit.
 pub const MAX_HANDLER_THREADS: usize = 16;
-/// Empty polls before a handler thread sleeps on the queue's doorbell: a
-/// few microseconds of spinning, so a request that arrives while the
-/// handler is awake is answered in about a microsecond, and an idle
-/// handler costs nothing.
-const SPIN_POLLS: u32 = 2048;
+/// Empty polls before a handler thread started with [`IopfHandler::start`]
+/// sleeps on the queue's doorbell: a few microseconds of spinning, so a
+/// request that arrives while the handler is awake is answered in about a
+/// microsecond, and an idle handler costs nothing.
+pub const DEFAULT_SPIN_POLLS: u32 = 2048;
+/// Of a handler's empty polls, the first this many only pause; the rest
+/// yield the core between polls (a device spinning for the answer on the
+/// same core would otherwise wait for the scheduler's next tick, ~4 ms).
+const PAUSE_POLLS: u32 = 16384;
+/// The most empty polls [`IopfHandler::start_spinning`] accepts (about a
+/// second of spinning).
+pub const MAX_SPIN_POLLS: u32 = 1 << 26;
 
 /// Counts and latencies of a handler.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -39,6 +46,10 @@ pub struct HandlerStats {
     /// From the request's raise to its answer being carried out, per
     /// answered group.
     pub latency: LatencySummary,
+    /// Of that, the handler's own part: from taking the request off the
+    /// queue to its answer being carried out (the rest is the request's
+    /// wait in the queue, for a handler thread to look or to be woken).
+    pub service: LatencySummary,
 }
 
 #[derive(Debug, Default)]
@@ -51,6 +62,7 @@ struct Shared {
     malformed: AtomicU64,
     respond_errors: AtomicU64,
     latency: LatencyHistogram,
+    service: LatencyHistogram,
 }
 
 /// Serves the page requests of one unit for one [`IopfDomain`], on
@@ -68,6 +80,28 @@ impl IopfHandler {
     /// Starts `threads` (1 to [`MAX_HANDLER_THREADS`]) threads serving
     /// `unit`'s queue for `domain`.
     pub fn start(domain: Arc<IopfDomain>, unit: UnitId, threads: usize) -> Result<Self, IopfError> {
+        Self::start_spinning(domain, unit, threads, DEFAULT_SPIN_POLLS)
+    }
+
+    /// As [`start`](Self::start), with the threads polling the empty queue
+    /// `spin_polls` times (0 to [`MAX_SPIN_POLLS`]) before they sleep on
+    /// its doorbell: 0 parks at once (every request pays a wake-up), more
+    /// keeps the thread awake for a while after each request so the next
+    /// one is seen at once (the first 16,384 polls pause, the rest yield
+    /// the core between polls).
+    pub fn start_spinning(
+        domain: Arc<IopfDomain>,
+        unit: UnitId,
+        threads: usize,
+        spin_polls: u32,
+    ) -> Result<Self, IopfError> {
+        if spin_polls > MAX_SPIN_POLLS {
+            return Err(IopfError::InvalidConfig {
+                name: "handler spin polls",
+                value: u64::from(spin_polls),
+                max: u64::from(MAX_SPIN_POLLS),
+            });
+        }
         if !(1..=MAX_HANDLER_THREADS).contains(&threads) {
             return Err(IopfError::InvalidConfig {
                 name: "handler threads",
@@ -89,7 +123,7 @@ impl IopfHandler {
             let (d, s) = (handler.domain.clone(), handler.shared.clone());
             let t = std::thread::Builder::new()
                 .name(format!("iopf-{}-{i}", unit.0))
-                .spawn(move || serve_loop(&d, unit, &s))
+                .spawn(move || serve_loop(&d, unit, &s, spin_polls))
                 .map_err(|_| IopfError::Spawn)?;
             handler.threads.push(t);
         }
@@ -107,12 +141,26 @@ impl IopfHandler {
             malformed: s.malformed.load(Relaxed),
             respond_errors: s.respond_errors.load(Relaxed),
             latency: s.latency.summary(),
+            service: s.service.summary(),
         }
+    }
+
+    /// The handler's own part of each answer (take to answer carried
+    /// out), whole.
+    pub fn service(&self) -> &LatencyHistogram {
+        &self.shared.service
+    }
+
+    /// The raise-to-answer latencies recorded so far, whole (to merge
+    /// several handlers' with [`LatencyHistogram::merge`]).
+    pub fn latency(&self) -> &LatencyHistogram {
+        &self.shared.latency
     }
 
     /// Forgets the latencies recorded so far (between runs of a lab).
     pub fn reset_latency(&self) {
         self.shared.latency.reset();
+        self.shared.service.reset();
     }
 
     /// Stops the threads and answers every outstanding group of the
@@ -147,23 +195,31 @@ impl Drop for IopfHandler {
     }
 }
 
-fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared) {
+fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared, spin_polls: u32) {
     let system = domain.system().clone();
     let Some(unit) = system.unit(unit_id) else {
         return;
     };
-    let mut idle = 0u32;
+    // A thread spins after serving a request (the device's next fault may
+    // follow at once), not before the first: it starts asleep.
+    let mut idle = spin_polls;
     while !s.stop.load(Relaxed) {
         let Some(taken) = unit.take_page_request() else {
-            idle += 1;
-            if idle < SPIN_POLLS {
+            idle = idle.saturating_add(1);
+            if idle < spin_polls.min(PAUSE_POLLS) {
                 std::hint::spin_loop();
+            } else if idle < spin_polls {
+                // Past the pure spin, each poll gives the core away: a
+                // device waiting for this thread's answer on the same
+                // core runs at once instead of at the next tick.
+                std::thread::yield_now();
             } else {
                 unit.wait_page_request(Duration::from_millis(2));
             }
             continue;
         };
         idle = 0;
+        let took = unit.page_request_clock_ns();
         let r = match taken {
             Ok(Taken::Request(r)) => r,
             Ok(Taken::Malformed { .. }) | Err(_) => {
@@ -192,7 +248,8 @@ fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared) {
             s.respond_errors.fetch_add(1, Relaxed);
             continue;
         }
-        let waited = unit.page_request_clock_ns().saturating_sub(r.private[0]);
-        s.latency.record(waited);
+        let now = unit.page_request_clock_ns();
+        s.latency.record(now.saturating_sub(r.private[0]));
+        s.service.record(now.saturating_sub(took));
     }
 }

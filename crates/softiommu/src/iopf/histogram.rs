@@ -115,6 +115,20 @@ impl LatencyHistogram {
         }
     }
 
+    /// Adds every value `other` recorded to this histogram (to summarise
+    /// several handlers' latencies as one).
+    pub fn merge(&self, other: &LatencyHistogram) {
+        for (c, o) in self.counts.iter().zip(other.counts.iter()) {
+            let n = o.load(Relaxed);
+            if n != 0 {
+                c.fetch_add(n, Relaxed);
+            }
+        }
+        self.max.fetch_max(other.max.load(Relaxed), Relaxed);
+        self.total.fetch_add(other.total.load(Relaxed), Relaxed);
+        self.sum.fetch_add(other.sum.load(Relaxed), Relaxed);
+    }
+
     /// Empties it.
     pub fn reset(&self) {
         for c in self.counts.iter() {
@@ -157,6 +171,11 @@ mod tests {
         assert!((4700..=5000).contains(&s.p50_ns), "{}", s.p50_ns);
         assert!((9300..=9900).contains(&s.p99_ns), "{}", s.p99_ns);
         assert!((s.mean_ns - 5005.0).abs() < 0.01);
+        let all = LatencyHistogram::default();
+        all.merge(&h);
+        all.merge(&h);
+        let m = all.summary();
+        assert_eq!((m.count, m.max_ns, m.p50_ns), (2000, 10_000, s.p50_ns));
         h.reset();
         assert_eq!(h.summary().count, 0);
     }

@@ -28,5 +28,7 @@ mod histogram;
 
 pub use domain::{IopfConfig, IopfDomain, IopfStats, Region, MAX_PREMAP_PAGES, MAX_REGION_BYTES};
 pub use error::IopfError;
-pub use handler::{HandlerStats, IopfHandler, MAX_HANDLER_THREADS};
+pub use handler::{
+    HandlerStats, IopfHandler, DEFAULT_SPIN_POLLS, MAX_HANDLER_THREADS, MAX_SPIN_POLLS,
+};
 pub use histogram::{LatencyHistogram, LatencySummary};
