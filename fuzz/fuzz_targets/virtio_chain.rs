@@ -1,10 +1,12 @@
 //! Virtio descriptor chains and virtio-mmio register writes against the
-//! net device, behind the unit with the strict policy.
+//! net device or the blk device (memory back-end), behind the unit with
+//! the strict policy.
 //!
 //! The driver side is hostile: any register write, descriptors with any
 //! address, length, flags and next, chains published at any index,
-//! buffers unmapped under the device's feet, frames arriving for the
-//! receive queue. The device must never panic, never touch memory outside
+//! buffers unmapped under the device's feet, bytes of its choosing in the
+//! buffers (block request headers), frames arriving for the receive
+//! queue. The device must never panic, never touch memory outside
 //! a live mapping (canary frames never mapped, and buffers unmapped before
 //! the device could use them, keep their bytes; read-only buffers are
 //! never written), and settle within a bounded time (the harness gives it
@@ -18,11 +20,13 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use softiommu::dma::{DmaDirection, DmaPolicy};
+use softiommu::dma::{DmaCpu, DmaDevice, DmaDirection, DmaPolicy};
 use softiommu::mem::{PhysAddr, PhysMemory};
+use softiommu_virtio::blk::{BackendConfig, BlkDeviceConfig, BlkHost, BlkHostConfig};
 use softiommu_virtio::host::{Host, HostConfig};
 use softiommu_virtio::net::{wire, RingLayout, WireConfig};
 use softiommu_virtio::spec::{feature, reg, status};
+use softiommu_virtio::transport::MmioTransport;
 
 const SIZE: u16 = 16;
 const BUFS: usize = 8;
@@ -77,8 +81,15 @@ enum Op {
     Notify(u32),
     /// Unmap buffer `buf` (it becomes a canary).
     Unmap(u8),
-    /// A frame from the wire for the receive queue.
+    /// A frame from the wire for the receive queue (net).
     Frame(u16),
+    /// Driver-written bytes in buffer `buf` at `off` (a block request's
+    /// header, a status byte).
+    Fill {
+        buf: u8,
+        off: u16,
+        bytes: [u8; 16],
+    },
     Reset,
 }
 
@@ -87,32 +98,91 @@ struct Buf {
     iova: u64,
     dir: DmaDirection,
     live: bool,
+    /// What the driver last wrote (a read-only buffer must still hold it).
+    bytes: Vec<u8>,
+}
+
+/// The device under test, with what the harness needs of it.
+enum Dev {
+    Net(Host, softiommu_virtio::net::WirePort),
+    Blk(BlkHost),
+}
+
+impl Dev {
+    fn mem(&self) -> &Arc<PhysMemory> {
+        match self {
+            Dev::Net(h, _) => &h.mem,
+            Dev::Blk(h) => &h.mem,
+        }
+    }
+    fn dev(&self) -> &DmaDevice {
+        match self {
+            Dev::Net(h, _) => &h.dev,
+            Dev::Blk(h) => &h.dev,
+        }
+    }
+    fn cpu(&self) -> DmaCpu {
+        match self {
+            Dev::Net(h, _) => h.domain.cpu(),
+            Dev::Blk(h) => h.domain.cpu(),
+        }
+    }
+    fn transport(&self) -> MmioTransport {
+        match self {
+            Dev::Net(h, _) => h.device.transport().clone(),
+            Dev::Blk(h) => h.device.transport().clone(),
+        }
+    }
+    fn queues(&self) -> usize {
+        match self {
+            Dev::Net(..) => 2,
+            Dev::Blk(_) => 1,
+        }
+    }
 }
 
 #[derive(Arbitrary, Debug)]
 struct Input {
+    /// The blk device instead of the net device.
+    blk: bool,
     /// Start from an uninitialised device instead of a ready one.
     raw: bool,
     ops: Vec<Op>,
 }
 
 fuzz_target!(|input: Input| {
-    let (pa, mut peer, _) = wire(WireConfig::default());
-    let mut cfg = HostConfig {
-        policy: DmaPolicy::Strict,
-        mem_bytes: 32 << 20,
-        bounce_bytes: 1 << 20,
-        ..HostConfig::default()
+    let mut d = if input.blk {
+        let mut cfg = BlkHostConfig {
+            policy: DmaPolicy::Strict,
+            mem_bytes: 32 << 20,
+            bounce_bytes: 1 << 20,
+            ..BlkHostConfig::default()
+        };
+        cfg.device = BlkDeviceConfig {
+            backend: BackendConfig::Memory { capacity: 64 * 512 },
+            idle_wait: Duration::from_millis(1),
+            ..BlkDeviceConfig::default()
+        };
+        Dev::Blk(BlkHost::new(&cfg).expect("blk host"))
+    } else {
+        let (pa, peer, _) = wire(WireConfig::default());
+        let mut cfg = HostConfig {
+            policy: DmaPolicy::Strict,
+            mem_bytes: 32 << 20,
+            bounce_bytes: 1 << 20,
+            ..HostConfig::default()
+        };
+        cfg.device.idle_wait = Duration::from_millis(1);
+        Dev::Net(Host::new(&cfg, pa).expect("host"), peer)
     };
-    cfg.device.idle_wait = Duration::from_millis(1);
-    let host = Host::new(&cfg, pa).expect("host");
-    let mut cpu = host.domain.cpu();
-    let t = host.device.transport().clone();
-    let mem = host.mem.clone();
+    let mut cpu = d.cpu();
+    let t = d.transport();
+    let mem = d.mem().clone();
+    let queues = d.queues();
     let layout = RingLayout::new(SIZE);
-    let mut rings = [(0u64, 0u64, 0u16); 2];
+    let mut rings = vec![(0u64, 0u64, 0u16); queues];
     for r in &mut rings {
-        let (phys, iova) = cpu.alloc_coherent(&host.dev, layout.bytes).expect("ring");
+        let (phys, iova) = cpu.alloc_coherent(d.dev(), layout.bytes).expect("ring");
         *r = (phys, iova, 0);
     }
     let canary = mem.alloc_zeroed_frames(2).expect("canary");
@@ -126,12 +196,13 @@ fuzz_target!(|input: Input| {
                 1 => DmaDirection::FromDevice,
                 _ => DmaDirection::Bidirectional,
             };
-            let iova = cpu.map(&host.dev, phys, 4096, dir).expect("map");
+            let iova = cpu.map(d.dev(), phys, 4096, dir).expect("map");
             Buf {
                 phys,
                 iova,
                 dir,
                 live: true,
+                bytes: vec![FILL; 4096],
             }
         })
         .collect();
@@ -161,7 +232,7 @@ fuzz_target!(|input: Input| {
                         bufs[usize::from(buf) % BUFS].iova + u64::from(off % 4200)
                     }
                     Addr::Ring { q, off } => {
-                        rings[usize::from(q) % 2].1 + u64::from(off) % layout.bytes
+                        rings[usize::from(q) % queues].1 + u64::from(off) % layout.bytes
                     }
                     Addr::Raw(a) => a,
                 };
@@ -170,41 +241,54 @@ fuzz_target!(|input: Input| {
                 d[8..12].copy_from_slice(&len.to_le_bytes());
                 d[12..14].copy_from_slice(&flags.to_le_bytes());
                 d[14..].copy_from_slice(&next.to_le_bytes());
-                let at = rings[usize::from(q)].0 + 16 * u64::from(i % SIZE);
+                let at = rings[usize::from(q) % queues].0 + 16 * u64::from(i % SIZE);
                 mem.write(at, &d).expect("desc");
             }
             Op::Publish { q, head, idx_delta } => {
-                let (phys, _, cur) = rings[usize::from(q)];
+                let q = usize::from(q) % queues;
+                let (phys, _, cur) = rings[q];
                 let slot = phys + layout.avail + 4 + 2 * u64::from(cur % SIZE);
                 mem.write(slot, &head.to_le_bytes()).expect("avail");
                 std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
                 let idx = cur.wrapping_add(u16::from(idx_delta));
                 mem.write(phys + layout.avail + 2, &idx.to_le_bytes())
                     .expect("avail idx");
-                rings[usize::from(q)].2 = idx;
-                t.write(reg::QUEUE_NOTIFY, u32::from(q));
+                rings[q].2 = idx;
+                t.write(reg::QUEUE_NOTIFY, q as u32);
             }
             Op::Notify(v) => t.write(reg::QUEUE_NOTIFY, v),
             Op::Unmap(b) => {
                 let b = &mut bufs[usize::from(b) % BUFS];
                 if b.live {
-                    cpu.unmap(&host.dev, b.iova, 4096, b.dir).expect("unmap");
+                    cpu.unmap(d.dev(), b.iova, 4096, b.dir).expect("unmap");
                     b.live = false;
                     // From here on, no device write may reach it.
                     mem.fill(b.phys, 4096, CANARY).expect("fill");
                 }
             }
             Op::Frame(n) => {
-                if let Some(mut s) = peer.tx.reserve() {
-                    let n = usize::from(n) % s.buf().len().min(2048) + 1;
-                    s.buf()[..n].fill(0x42);
-                    s.commit(n);
+                if let Dev::Net(_, peer) = &mut d {
+                    if let Some(mut s) = peer.tx.reserve() {
+                        let n = usize::from(n) % s.buf().len().min(2048) + 1;
+                        s.buf()[..n].fill(0x42);
+                        s.commit(n);
+                    }
+                }
+            }
+            Op::Fill { buf, off, bytes } => {
+                let b = &mut bufs[usize::from(buf) % BUFS];
+                if b.live {
+                    let off = usize::from(off) % (4096 - bytes.len());
+                    mem.write(b.phys + off as u64, &bytes).expect("fill");
+                    b.bytes[off..off + bytes.len()].copy_from_slice(&bytes);
                 }
             }
             Op::Reset => t.write(reg::STATUS, 0),
         }
-        while peer.rx.peek().is_ok() {
-            peer.rx.consume();
+        if let Dev::Net(_, peer) = &mut d {
+            while peer.rx.peek().is_ok() {
+                peer.rx.consume();
+            }
         }
     }
     // Let the device settle: both used indices caught up, or it asked for
@@ -226,25 +310,21 @@ fuzz_target!(|input: Input| {
     }
     // Stop the device, then look at memory.
     t.write(reg::STATUS, 0);
-    drop(host);
+    drop(cpu);
+    drop(d);
     check(&mem, canary, 4 * 4096, CANARY, "a canary frame");
     for b in &bufs {
         if !b.live {
             check(&mem, b.phys, 4096, CANARY, "an unmapped buffer");
         } else if b.dir == DmaDirection::ToDevice {
-            check(&mem, b.phys, 4096, FILL, "a read-only buffer");
+            let mut now = vec![0u8; 4096];
+            mem.read(b.phys, &mut now).expect("read back");
+            assert!(now == b.bytes, "the device wrote a read-only buffer");
         }
     }
-    drop(cpu);
 });
 
-fn init(
-    t: &softiommu_virtio::transport::MmioTransport,
-    rings: &[(u64, u64, u16); 2],
-    layout: &RingLayout,
-    hi: u32,
-    lo: u32,
-) {
+fn init(t: &MmioTransport, rings: &[(u64, u64, u16)], layout: &RingLayout, hi: u32, lo: u32) {
     t.write(reg::STATUS, 0);
     t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
     let f = 1u64 << feature::VERSION_1 | 1 << feature::ACCESS_PLATFORM;
