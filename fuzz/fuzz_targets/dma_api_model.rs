@@ -269,28 +269,32 @@ fuzz_target!(|input: Input| {
                 // and bounce records are exact and may refuse it).
                 let span =
                     |a: u64, n: u64| (a / PAGE_SIZE, ((a % PAGE_SIZE) + n).div_ceil(PAGE_SIZE));
-                let same = n2 != 0 && a2.checked_add(n2).is_some() && span(a2, n2) == span(a, n);
                 if (a2, n2) == (a, n) {
                     assert!(res.is_ok(), "unmap of a live mapping: {res:?}");
                 }
                 if res.is_ok() {
-                    // An exact record of another mapping (two bounce slots in
-                    // one page, two pass-through mappings) is the one taken.
-                    let exact = m
+                    // The mapping taken: an exact record first (two bounce
+                    // slots in one page, two pass-through mappings), else one
+                    // with the same pages (any live one, not only `l`).
+                    let single = |o: &Live| matches!(o.kind, Kind::Single);
+                    let valid = n2 != 0 && a2.checked_add(n2).is_some();
+                    let taken = m
                         .live
                         .iter()
-                        .position(|o| matches!(o.kind, Kind::Single) && o.pieces[0] == (a2, n2));
-                    if let Some(j) = exact {
-                        let o = m.live.remove(j);
-                        m.retire(&o, policy == DmaPolicy::Deferred);
-                        continue;
-                    }
-                    assert!(
-                        same,
-                        "unmap of {a2:#x}+{n2:#x} accepted; live is {a:#x}+{n:#x} ({policy:?}, {l:?})"
-                    );
-                    m.live.remove(i);
-                    m.retire(&l, policy == DmaPolicy::Deferred);
+                        .position(|o| single(o) && o.pieces[0] == (a2, n2))
+                        .or_else(|| {
+                            m.live.iter().position(|o| {
+                                let (oa, on) = o.pieces[0];
+                                valid && single(o) && !o.bounced && span(oa, on) == span(a2, n2)
+                            })
+                        });
+                    let Some(j) = taken else {
+                        panic!(
+                            "unmap of {a2:#x}+{n2:#x} accepted; no live mapping has those pages ({policy:?}, {l:?})"
+                        );
+                    };
+                    let o = m.live.remove(j);
+                    m.retire(&o, policy == DmaPolicy::Deferred);
                 }
             }
             Op::MapSg { dev, entries, dir } => {

@@ -98,3 +98,31 @@ fn an_unmap_naming_the_same_pages_is_taken_and_unmaps_exactly_them() {
         .unwrap();
     cpu.unmap(dev, iova, len, dir).unwrap();
 }
+
+/// `dma_api_model`, `crash-a5ab66f7…` (deferred): an unmap built from one
+/// mapping's address plus 3 landed in the page of the mapping above it and
+/// was taken for that one. Page-granular again: the unmap names that
+/// mapping's block, so it is that mapping that goes, and only it.
+#[test]
+fn an_unmap_at_another_offset_in_a_mappings_page_unmaps_that_mapping_only() {
+    let p = platform(DmaPolicy::Deferred);
+    let dev = &p.devices[0];
+    let mut cpu = p.domain.cpu();
+    let mut acc = DmaAccessor::for_device(dev).unwrap();
+    let buf = p.mem.alloc_zeroed_frames(4).unwrap();
+    let dir = DmaDirection::Bidirectional;
+    let c = cpu.map(dev, buf + 0xfff, 1, dir).unwrap();
+    let d = cpu.map(dev, buf + 0xfff, 1, dir).unwrap();
+    cpu.unmap(dev, (c & !(PAGE_SIZE - 1)) + 2, 0xbe, dir)
+        .unwrap();
+    p.domain.flush_all().unwrap();
+    let r = acc.read(c, &mut [0; 1], DmaAttrs::ORDERED);
+    assert!(
+        matches!(r, Err(softiommu::AccessError::Translate(_))),
+        "{r:?}"
+    );
+    acc.read(d, &mut [0; 1], DmaAttrs::ORDERED).unwrap();
+    let r = cpu.unmap(dev, c, 1, dir);
+    assert!(matches!(r, Err(DmaError::NotMapped { .. })), "{r:?}");
+    cpu.unmap(dev, d, 1, dir).unwrap();
+}
