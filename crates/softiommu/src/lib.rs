@@ -67,6 +67,13 @@
 
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
+// No panics across the API (issue 15): a broken internal invariant fails
+// closed with an error or `None`, never by unwinding through a caller.
+// Tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub mod access;
 pub mod dma;

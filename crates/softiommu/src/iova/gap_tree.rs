@@ -247,7 +247,9 @@ impl GapTree {
     /// below `limit`.
     pub(crate) fn alloc(&mut self, order: u32, limit: u64) -> Option<u64> {
         let (start, ext_lo) = self.find(self.root, order as i8, limit)?;
-        let (lo, hi) = self.floor(ext_lo).expect("extent found by search");
+        // The search returned an extent of the tree; were it missing (an
+        // invariant broken), the allocation fails closed: `None`.
+        let (lo, hi) = self.floor(ext_lo)?;
         let end = start + (1u64 << order) - 1;
         self.remove(lo);
         if lo < start {
@@ -303,12 +305,12 @@ impl GapTree {
         let mut out = Vec::with_capacity(self.len);
         let mut stack = Vec::new();
         let mut t = self.root;
-        while t != NIL || !stack.is_empty() {
+        loop {
             while t != NIL {
                 stack.push(t);
                 t = self.nodes[t as usize].left;
             }
-            let n = stack.pop().expect("non-empty");
+            let Some(n) = stack.pop() else { break };
             out.push((self.nodes[n as usize].lo, self.nodes[n as usize].hi));
             t = self.nodes[n as usize].right;
         }
