@@ -680,7 +680,7 @@ impl Work {
                     // thread waits for a core.
                     *pushes = pushes.wrapping_add(1);
                     if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
-                        let after = super::timer::flush_age(d.tunables.flush_after());
+                        let after = d.tunables.flush_after();
                         // Never blocks: a taker that holds the queue is
                         // flushing it already (and may be waiting for a
                         // section this thread holds).

@@ -266,9 +266,9 @@ impl DmaDomain {
 
     /// Sets the deferred policy's timeout ([`MIN_TIMEOUT`]..=[`MAX_TIMEOUT`]):
     /// the bound on how long an unmapped buffer stays reachable. Queued
-    /// entries are flushed at seven eighths of it (by the timer thread, or
-    /// by their owner's next unmaps), so the invalidation completes inside
-    /// the bound while the flushing thread gets a CPU; on a machine with
+    /// entries are flushed at half of it (by the timer thread, or by their
+    /// owner's next unmaps), the other half absorbing wake-up and
+    /// scheduling delay; on a machine with
     /// more runnable threads than CPUs the window can run past it by the
     /// scheduler's delay (`stale_window` reports the longest seen). Takes
     /// effect at the timer's next round; a shorter timeout wakes it now.

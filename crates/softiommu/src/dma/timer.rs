@@ -25,16 +25,6 @@ pub(crate) trait TimerWork: Send + Sync {
     fn any_queued(&self) -> bool;
 }
 
-/// The age at which a queued entry is flushed, for a stale-window bound of
-/// `timeout`: an eighth early, so that the flush (an invalidation and its
-/// wait, tens of microseconds) completes inside the bound when the
-/// flushing thread has a CPU. Linux starts its flush at `IOVA_FQ_TIMEOUT`
-/// itself and lets the window run past it by the flush's length; ours
-/// promises the window, so it starts before.
-pub(crate) fn flush_age(timeout: Duration) -> Duration {
-    timeout - timeout / 8
-}
-
 /// The timer thread's body. Holds only a weak reference: the domain's drop
 /// stops it.
 pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
@@ -49,7 +39,7 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
             arm.sleep();
             continue;
         }
-        let after = flush_age(d.flush_after());
+        let after = d.flush_after();
         let now = Instant::now();
         let next = d.flush_expired(now, after);
         match next {
