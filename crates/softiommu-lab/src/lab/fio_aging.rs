@@ -409,6 +409,18 @@ pub fn aging_params(seconds: f64) -> AgingParams {
     }
 }
 
+/// The aging figure's columns, as both aging labs show them: warm-up, the
+/// first and last quarter's median rate (in `rate`), retained, stability.
+pub fn aging_columns(rate: Unit, decimals: u8) -> [Column; 5] {
+    [
+        Column::metric("warmup_s", "warm-up", Unit::S, 2),
+        Column::metric("iops_first", "first quarter", rate, decimals),
+        Column::metric("iops_last", "last quarter", rate, decimals),
+        Column::metric("retained", "retained", Unit::Ratio, 2),
+        Column::metric("stability", "stability", Unit::Ratio, 2),
+    ]
+}
+
 fn figure(run: &str, r: &FioResult) -> LabResult<AgingFigure> {
     aging_figure(&r.iops_series(), r.window_s, &aging_params(r.runtime_s)).map_err(|source| {
         LabError::Aging {
@@ -608,19 +620,17 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
             "aging, deferred: {} jobs, {} interrupt CPUs, bs {}, slow tail {}% held {:.1} s, {:.0} s per policy",
             rep.jobs, rep.irq_cpus, rep.bs, rep.slow_pct, rep.slow_hold_s, rep.seconds
         ),
-        vec![
-            Column::label("policy"),
-            Column::metric("warmup_s", "warm-up", Unit::S, 2),
-            Column::metric("iops_first", "first quarter", Unit::Kiops, 1),
-            Column::metric("iops_last", "last quarter", Unit::Kiops, 1),
-            Column::metric("retained", "retained", Unit::Ratio, 2),
-            Column::metric("stability", "stability", Unit::Ratio, 2),
+        [Column::label("policy")]
+            .into_iter()
+            .chain(aging_columns(Unit::Kiops, 1))
+        .chain([
             Column::metric("driver_cpu_us_per_req", "driver CPU", Unit::UsPerReq, 2),
             Column::metric("peak_tree_nodes", "peak tree nodes", Unit::Count, 0),
             Column::metric("cached_iovas", "cached", Unit::Count, 0),
             Column::metric("scan_steps", "scan steps", Unit::Count, 0),
             Column::metric("io_errors", "I/O errors", Unit::Count, 0),
-        ],
+        ])
+        .collect(),
     );
     let mut tl = Table::new(
         "timeline",

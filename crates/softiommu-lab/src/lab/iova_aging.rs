@@ -27,7 +27,7 @@ use softiommu::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
 
 use crate::args::{iova_policies, IovaPolicyName, Percent, Ranged, Seconds};
 use crate::error::{join, LabError, LabResult};
-use crate::lab::fio_aging::aging_params;
+use crate::lab::fio_aging::{aging_columns, aging_params};
 use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 use crate::workload::DMA_MIX;
 use softiommu_virtio::workload::aging::aging_figure;
@@ -450,19 +450,17 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
             "{} jobs, {} interrupt CPUs, {:.0} s per policy: warm-up discarded, medians of the first and last quarter",
             rep.jobs, rep.irq_cpus, rep.seconds
         ),
-        vec![
-            Column::label("policy"),
-            Column::metric("warmup_s", "warm-up", Unit::S, 2),
-            Column::metric("iops_first", "first quarter", Unit::MopsPerS, 3),
-            Column::metric("iops_last", "last quarter", Unit::MopsPerS, 3),
-            Column::metric("retained", "retained", Unit::Ratio, 2),
-            Column::metric("stability", "stability", Unit::Ratio, 2),
+        [Column::label("policy")]
+            .into_iter()
+            .chain(aging_columns(Unit::MopsPerS, 3))
+            .chain([
             Column::metric("peak_tree_nodes", "peak tree nodes", Unit::Count, 0),
             Column::metric("peak_cached_iovas", "peak cached", Unit::Count, 0),
             Column::metric("scan_steps", "scan steps", Unit::Count, 0),
             Column::metric("magazines_freed", "mags freed", Unit::Count, 0),
             Column::metric("cache_flushes", "flushes", Unit::Count, 0),
-        ],
+            ])
+            .collect(),
     );
     let mut tl = Table::new(
         "timeline",
