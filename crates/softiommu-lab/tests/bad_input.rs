@@ -197,6 +197,14 @@ fn sizes_and_counts_out_of_range_are_refused() {
             "block size 1000 is not a non-zero multiple of 512",
         ),
         (
+            &["lab", "fio-aging", "--bs", "4k:50,32m:50"],
+            "block size 33554432 is not a non-zero multiple of 512 up to 16777216",
+        ),
+        (
+            &["lab", "fio-aging", "--bs", "1g"],
+            "block-size mix entry \"1g\": not a size (512, 4k, 1m)",
+        ),
+        (
             &["lab", "fio-aging", "--bs", "4k:sixty"],
             "not a whole percent",
         ),

@@ -367,6 +367,38 @@ fn lab_fio_aging() {
     assert_eq!(dma[0]["cpu_ratio_to_passthrough"], 1.0);
 }
 
+/// A file back-end smaller than the disk asked for, or than the jobs need:
+/// one line naming the sizes, exit 2, nothing on stdout.
+#[test]
+fn lab_fio_aging_refuses_a_file_that_is_too_small() {
+    let path = std::env::temp_dir().join(format!("softiommu-small-{}.img", std::process::id()));
+    std::fs::write(&path, vec![0u8; 4096]).expect("a temporary file");
+    let file = path.to_string_lossy().into_owned();
+    for (extra, want) in [
+        (
+            &["--disk-mib", "64"][..],
+            format!("{file} holds 4096 bytes, needs at least 67108864"),
+        ),
+        (
+            &[][..],
+            "the disk holds 4096 bytes, the jobs need at least".to_string(),
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_softiommu"))
+            .args(["lab", "fio-aging", "--backend", "file", "--file", &file])
+            .args(["--seconds", "0.5", "--no-dma"])
+            .args(extra)
+            .output()
+            .expect("the binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&want), "{err:?} lacks {want:?}");
+        assert!(out.stdout.is_empty());
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn lab_fio_aging_reports_a_missing_file_in_one_line() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_softiommu"))
