@@ -63,6 +63,11 @@ pub struct StressArgs {
     /// Seed of the workload's random choices (0..=4294967295).
     #[arg(long, default_value = "15")]
     pub seed: Ranged<0, 4_294_967_295>,
+    /// Nice value of the lab's CPU and device threads (0..=19): they run
+    /// below the library's flush timer, as a load runs below the kernel
+    /// timer that fires Linux's flush queue. 0: every thread equal.
+    #[arg(long, default_value = "10")]
+    pub load_nice: Ranged<0, 19>,
     /// Test only: the CPU threads record one unmap in 16 as done before
     /// calling `unmap`, and call it 64 operations later, as a library
     /// whose unmap returned before revoking would. The checker must
@@ -86,6 +91,7 @@ impl Default for StressArgs {
             policies: Vec::new(),
             switching: Ranged::new(1),
             seed: Ranged::new(15),
+            load_nice: Ranged::new(10),
             inject_late_unmap: false,
             json: false,
         }
@@ -176,6 +182,8 @@ pub struct StressReport {
     pub unjudged: u64,
     /// The deferred flush timeout in force, microseconds.
     pub flush_timeout_us: u64,
+    /// The nice value the load threads ran at (`--load-nice`).
+    pub load_nice: u64,
     /// Whether this was the quick form.
     pub quick: bool,
     /// The first violation of the run, in full (none: null).
@@ -218,6 +226,7 @@ fn measure(args: &StressArgs) -> LabResult<StressReport> {
         violations: sum(|r| r.violations),
         unjudged: sum(|r| r.unjudged),
         flush_timeout_us: timeout.as_micros() as u64,
+        load_nice: args.load_nice.get(),
         quick: args.quick,
         first_violation: rows.iter().find_map(|r| r.first_violation.clone()),
         policies: rows,
@@ -301,13 +310,16 @@ fn run_phase(
     for (i, dev) in devs.iter().enumerate() {
         let (sh, dev2, dom) = (shared.clone(), dev.clone(), domains[i].clone());
         let inject = args.inject_late_unmap;
+        let nice = args.load_nice.get();
         let s = seed ^ ((i as u64 + 1) * 0x9e37);
         cpus.push(std::thread::spawn(move || {
+            run_as_load(nice);
             cpu_thread(&sh, &dom, &dev2, i, slots, s, inject)
         }));
         let (sh, dev2) = (shared.clone(), dev.clone());
         let s = seed ^ ((i as u64 + 1) * 0x7f4a_0000);
         devices.push(std::thread::spawn(move || {
+            run_as_load(nice);
             device_thread(&sh, &dev2, i, slots, s)
         }));
     }
@@ -503,6 +515,27 @@ fn cpu_thread(
         }
     }
     Ok(ops)
+}
+
+/// Lowers the calling thread's priority to `nice` (a load thread). The
+/// stale window's bound rests on the flush timer running when due: in
+/// Linux it is a kernel timer that preempts user threads; here it is a
+/// thread of the library, and with four busy load threads on two cores
+/// the scheduler can hold it off for tens of milliseconds at equal
+/// priority (measured: flushes starting 23–38 ms after their oldest
+/// entry). Raising a thread's own nice value needs no privilege; a
+/// refusal leaves the thread as it was.
+fn run_as_load(nice: u64) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: `gettid` has no preconditions; `setpriority` on
+    // `PRIO_PROCESS` with a thread id changes only that thread's nice
+    // value (Linux), and its failure is harmless.
+    unsafe {
+        let tid = libc::gettid();
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice as libc::c_int);
+    }
 }
 
 /// Writes a slot's page for generation `gen`: buffer tags over
@@ -801,6 +834,7 @@ fn report(r: &StressReport) -> Report {
     );
     rep.params = vec![
         Param::new("flush_timeout", r.flush_timeout_us, Unit::Us),
+        Param::text("load_nice", r.load_nice),
         Param::text("quick", r.quick),
     ];
     rep.tables.push(t);

@@ -49,7 +49,7 @@ pub struct SgMapping {
 /// coherent allocations. Made by [`DmaDomain::cpu`]; one per thread.
 #[derive(Debug)]
 pub struct DmaCpu {
-    slot: Arc<CpuSlot>,
+    pub(super) slot: Arc<CpuSlot>,
     w: Work,
 }
 

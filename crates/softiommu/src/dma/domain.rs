@@ -129,7 +129,7 @@ pub struct DmaDomain {
     pub(crate) barrier: Barrier,
     pub(crate) shutdown: AtomicBool,
     timer: Mutex<Option<JoinHandle<()>>>,
-    timer_cache: Mutex<Option<IovaCpuCache>>,
+    pub(super) timer_cache: Mutex<Option<IovaCpuCache>>,
     pub(crate) stale: StaleWindow,
     pub(crate) bounce_bytes: u64,
     pub(crate) bounce: BouncePools,
@@ -466,6 +466,23 @@ impl DmaDomain {
     /// entry still queued, if any.
     pub(crate) fn flush_expired(&self, now: Instant, age: Duration) -> Option<Instant> {
         let cpus = lock(&self.cpus).clone();
+        // A queue past its age has its domain's cached translations dropped
+        // at once, lock-free: the flush below may wait for a queue's taker
+        // or the unit's processing lock, held by a thread the host's
+        // scheduler has descheduled, and the stale window must not wait
+        // with it.
+        let overdue = |t: Instant| now.saturating_duration_since(t) >= age;
+        if self.pending.count.load(Relaxed) > 0
+            || cpus.iter().any(|s| s.fq.oldest().is_some_and(overdue))
+        {
+            for unit in self
+                .units
+                .in_mask(self.unit_mask())
+                .filter_map(|id| self.system.unit(id))
+            {
+                unit.drop_cached(self.did);
+            }
+        }
         let mut cache_guard = lock(&self.timer_cache);
         let mut oldest: Option<Instant> = None;
         if let Some(cache) = cache_guard.as_mut() {
@@ -474,14 +491,19 @@ impl DmaDomain {
             }
         }
         for slot in &cpus {
-            let mut taker = slot.fq.taker();
-            if let Some(batch) = taker.take_if_older(now, age) {
-                if let Some(cache) = cache_guard.as_mut() {
-                    // A failed flush keeps its batch for the next round.
-                    let _ = self.flush_batch(batch, cache, &slot.timer_stats);
+            // A queue whose taker is held is being flushed by its owner (or
+            // by `flush_all`); never wait for it here: a holder the host
+            // has descheduled would hold the timer too, and with it every
+            // other queue's flush. Its batch still counts in `oldest`, so
+            // the next round drops it from the IOTLB if it ages.
+            if let Some(mut taker) = slot.fq.try_taker() {
+                if let Some(batch) = taker.take_if_older(now, age) {
+                    if let Some(cache) = cache_guard.as_mut() {
+                        // A failed flush keeps its batch for the next round.
+                        let _ = self.flush_batch(batch, cache, &slot.timer_stats);
+                    }
                 }
             }
-            drop(taker);
             if let Some(t) = slot.fq.oldest() {
                 oldest = Some(oldest.map_or(t, |o| o.min(t)));
             }

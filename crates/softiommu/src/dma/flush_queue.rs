@@ -106,6 +106,10 @@ pub struct FlushQueue {
     head: CachePadded<AtomicUsize>,
     /// See the module doc: the stamp of unstamped entries at `head`.
     carry: AtomicU64,
+    /// The stamp of the oldest entry of a batch taken and not yet flushed
+    /// (its taker still holds the queue); 0: none. Lets
+    /// [`oldest`](Self::oldest) see entries a descheduled taker holds.
+    inflight: AtomicU64,
     tables: Mutex<Vec<PhysAddr>>,
     taker: Mutex<()>,
     base: Instant,
@@ -148,6 +152,7 @@ impl FlushQueue {
             tail: CachePadded::new(AtomicUsize::new(0)),
             head: CachePadded::new(AtomicUsize::new(0)),
             carry: AtomicU64::new(1),
+            inflight: AtomicU64::new(0),
             tables: Mutex::new(Vec::new()),
             taker: Mutex::new(()),
             base: Instant::now(),
@@ -229,15 +234,22 @@ impl FlushQueue {
 
     /// When the oldest entry still queued was pushed, if any is. Anyone may
     /// ask; the answer may be stale by the time it returns.
+    /// A batch a taker took out and has not finished flushing counts (it
+    /// is still reachable by its devices).
     pub fn oldest(&self) -> Option<Instant> {
+        let inflight = match self.inflight.load(Ordering::Acquire) {
+            0 => None,
+            s => Some(self.instant(s)),
+        };
         let h = self.head.load(Ordering::Acquire);
         let t = self.tail.load(Ordering::Acquire);
         if h == t {
-            return None;
+            return inflight;
         }
         // A taker may have moved `head` on since: then this is an older
         // time than the truth, which errs towards flushing early.
-        Some(self.queued_at(self.slot(h)))
+        let queued = self.queued_at(self.slot(h));
+        Some(inflight.map_or(queued, |i| i.min(queued)))
     }
 
     /// When the entry in `slot`, the oldest queued, was pushed: its stamp,
@@ -258,6 +270,14 @@ impl FlushQueue {
     /// Whether nothing is queued (a snapshot).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl Drop for Taker<'_> {
+    fn drop(&mut self) {
+        // The taker's flush is over (done, or its batch kept for a retry,
+        // which the domain's pending list reports): nothing in flight.
+        self.q.inflight.store(0, Ordering::Release);
     }
 }
 
@@ -289,7 +309,12 @@ impl Taker<'_> {
             });
             batch.units |= s.units.load(Ordering::Relaxed);
             if i == h {
-                batch.oldest = Some(q.queued_at(s));
+                let at = q.queued_at(s);
+                batch.oldest = Some(at);
+                let stamp = at.saturating_duration_since(q.base).as_nanos() as u64;
+                // Release: pairs with `oldest`'s Acquire; cleared when the
+                // taker is dropped, after its flush.
+                q.inflight.store(stamp.saturating_add(1), Ordering::Release);
             }
             i = i.wrapping_add(1);
         }
@@ -413,6 +438,24 @@ mod tests {
 
     fn e(pfn: u64) -> FqEntry {
         FqEntry { pfn, pages: 1 }
+    }
+
+    #[test]
+    fn a_taken_batch_counts_as_queued_until_its_taker_is_dropped() {
+        let q = FlushQueue::new(8);
+        assert_eq!(q.oldest(), None);
+        q.push(e(1), &[], 1, 8);
+        let t0 = q.oldest().expect("queued");
+        let mut taker = q.taker();
+        let b = taker.take_all().expect("one entry");
+        assert_eq!(b.oldest, Some(t0));
+        assert!(q.is_empty());
+        let seen = q.oldest().expect("in flight");
+        // Stamps are nanoseconds: the round trip through one loses nothing
+        // coarser.
+        assert!(seen <= t0 + Duration::from_micros(1) && t0 <= seen + Duration::from_micros(1));
+        drop(taker);
+        assert_eq!(q.oldest(), None);
     }
 
     #[test]

@@ -97,6 +97,62 @@ fn deferred_unmap_stays_reachable_until_the_flush_and_the_window_is_measured() {
     assert!(r.domain.stale_window().max_entries == 1);
 }
 
+/// The stale window does not wait for a descheduled flusher: a batch
+/// taken out of its queue by a thread that then stops (here: the test
+/// holds the queue's taker, as a preempted owner would, and the timer
+/// blocks on it) still has its cached translations dropped by the timer
+/// once it is past its age. Before, the timer waited on the taker and the
+/// device kept reaching the unmapped buffer for as long as the holder
+/// was off its CPU.
+#[test]
+fn a_batch_held_by_a_stalled_taker_is_still_dropped_from_the_iotlb_at_its_age() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    r.domain.set_timeout(Duration::from_millis(200)).unwrap();
+    let buf = r.mem.alloc_zeroed_frames(0).unwrap();
+    let a = r
+        .cpu
+        .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    assert!(reachable(&mut r, a), "cached by the device's first access");
+    r.cpu
+        .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    let slot = r.cpu.slot.clone();
+    let mut taker = slot.fq.taker();
+    let batch = taker.take_all().expect("the unmap is queued");
+    assert!(
+        slot.fq.oldest().is_some(),
+        "a batch in flight still counts as queued"
+    );
+    assert!(
+        reachable(&mut r, a),
+        "inside its window the device may still reach it (from the IOTLB)"
+    );
+    // Past the age (half the timeout) the timer runs, and blocks on the
+    // taker this thread holds; the drop must not wait for it.
+    let t0 = std::time::Instant::now();
+    while reachable(&mut r, a) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the stale translation outlived its age by seconds"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        t0.elapsed() >= Duration::from_millis(50),
+        "not before its age"
+    );
+    // Finish the flush the stalled taker owed, then let the timer go.
+    drop(taker);
+    let mut cache = crate::sync::lock(&r.domain.timer_cache);
+    r.domain
+        .flush_batch(batch, cache.as_mut().unwrap(), &slot.timer_stats)
+        .unwrap();
+    drop(cache);
+    assert!(slot.fq.oldest().is_none());
+    assert_eq!(r.domain.stats().live(), 0);
+}
+
 #[test]
 fn the_high_water_mark_and_the_timer_flush() {
     let mut r = rig(DmaPolicy::Deferred, false);

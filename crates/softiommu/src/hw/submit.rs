@@ -169,14 +169,43 @@ impl Unit {
         }
     }
 
-    /// Queues a global IOTLB invalidation (no wait).
+    /// Queues a global IOTLB invalidation (no wait). The cached
+    /// translations are dropped as soon as the descriptor is queued (see
+    /// [`Unit::invalidate_domain`]).
     pub fn invalidate_all(&self) -> Result<(), QiError> {
-        self.submit(&[InvDescriptor::iotlb_global()])
+        let raw = [InvDescriptor::iotlb_global().encode()];
+        self.enqueue_then(&raw, false, || self.shared.iotlb.invalidate_global())
+            .map(|_| ())
     }
 
     /// Queues a domain-selective IOTLB invalidation (no wait).
+    ///
+    /// The domain's cached translations are dropped as soon as the
+    /// descriptor is queued, before the queue is processed: a cache may
+    /// drop entries at any time, and a generation bump is O(1) and safe
+    /// beside fills and lookups (see `iotlb`). This matters when the
+    /// processing lock is held by another submitter's drain, which waits
+    /// for a device thread the host's scheduler has descheduled inside a
+    /// translation: on hardware that drain takes nanoseconds, here it can
+    /// take a scheduling slice, and the deferred policy's stale window
+    /// would stretch by as much. The descriptor is still carried out in
+    /// order (its counters, its modelled latency, the drain at the next
+    /// wait), so completion means what it always did.
     pub fn invalidate_domain(&self, did: u16) -> Result<(), QiError> {
-        self.submit(&[InvDescriptor::iotlb_domain(did)])
+        let raw = [InvDescriptor::iotlb_domain(did).encode()];
+        self.enqueue_then(&raw, false, || self.shared.iotlb.invalidate_domain(did))
+            .map(|_| ())
+    }
+
+    /// Drops every cached translation of domain `did` now, without the
+    /// queue: what a queued domain-selective invalidation does first (see
+    /// [`Unit::invalidate_domain`]). No lock and no wait; completion (no
+    /// translation still using an old entry) is known only through a
+    /// queued invalidation and its wait. The deferred policy's timer calls
+    /// it for a queue past its age, before it takes any lock that a
+    /// descheduled thread may hold.
+    pub(crate) fn drop_cached(&self, did: u16) {
+        self.shared.iotlb.invalidate_domain(did);
     }
 
     /// Queues a page-selective IOTLB invalidation of the 2^`am` pages
@@ -254,6 +283,18 @@ impl Unit {
     /// Writes `raw` (and, if `wait`, a ticketed wait) at the tail and rings
     /// the doorbell; returns the ticket.
     pub(crate) fn enqueue(&self, raw: &[[u64; 2]], wait: bool) -> Result<Option<u32>, QiError> {
+        self.enqueue_then(raw, wait, || {})
+    }
+
+    /// [`Unit::enqueue`], running `queued` once the descriptors are in the
+    /// ring and the doorbell rung, before the queue is processed (which in
+    /// inline mode may wait for another submitter's pass).
+    fn enqueue_then(
+        &self,
+        raw: &[[u64; 2]],
+        wait: bool,
+        queued: impl FnOnce(),
+    ) -> Result<Option<u32>, QiError> {
         let sh = &*self.shared;
         sh.check_caller()?;
         let ticket = {
@@ -285,6 +326,7 @@ impl Unit {
             self.ring(tail)?;
             ticket
         };
+        queued();
         sh.kick();
         Ok(ticket)
     }
