@@ -2,14 +2,19 @@
 //! DMA domain with a policy, a virtio-net device on its thread behind the
 //! unit — and [`pair`], two of them on the two ends of a wire. Each host
 //! has its own memory, system and unit, so a frame is mapped `ToDevice` on
-//! the sender's side and `FromDevice` on the receiver's.
+//! the sender's side and `FromDevice` on the receiver's. Either host's NIC
+//! can run in IOPF mode ([`HostConfig::iopf`]): nothing is mapped up
+//! front and its first touch of each page faults.
 
 use std::sync::Arc;
 
 use smoltcp::wire::Ipv4Cidr;
 use softiommu::dma::{DmaDevice, DmaDomain, DmaDomainConfig, DmaError, DmaPolicy};
 use softiommu::hw::{FaultRecord, HwError, LatencyModel, SourceId, System, UnitConfig, UnitId};
+use softiommu::iopf::IopfError;
 use softiommu::mem::{MemError, PhysMemory};
+
+use crate::iopf_mode::{IopfMode, IopfModeConfig};
 
 use crate::net::{
     wire, DriverError, NetDevice, NetDeviceConfig, NetDeviceError, NetDriver, NetDriverConfig,
@@ -33,6 +38,15 @@ pub struct HostConfig {
     pub device: NetDeviceConfig,
     /// Bytes of bounce pool (the bounce policy's copies go through it).
     pub bounce_bytes: u64,
+    /// IOPF mode (issue 13): `Some` builds the host as
+    /// [`BlkHost::new_iopf`](crate::blk::BlkHost::new_iopf) builds a disk
+    /// host. The driver maps through a pass-through domain (its maps hand
+    /// out physical addresses and map nothing; `policy` is ignored), and
+    /// the NIC is attached instead, fault-capable, to an `IopfDomain` over
+    /// the guest's RAM, identity-mapped and empty, whose handler maps each
+    /// page — rings, receive and transmit buffers — on the NIC's first
+    /// touch.
+    pub iopf: Option<IopfModeConfig>,
 }
 
 impl Default for HostConfig {
@@ -45,6 +59,7 @@ impl Default for HostConfig {
             sid: SourceId(0x0300),
             device: NetDeviceConfig::default(),
             bounce_bytes: 16 << 20,
+            iopf: None,
         }
     }
 }
@@ -64,6 +79,9 @@ pub enum HostError {
     /// The device thread did not start.
     #[error(transparent)]
     Device(#[from] NetDeviceError),
+    /// The page-fault domain or its handler refused (IOPF mode).
+    #[error(transparent)]
+    Iopf(#[from] IopfError),
 }
 
 /// One host: memory, unit, domain, device.
@@ -77,14 +95,19 @@ pub struct Host {
     pub unit: UnitId,
     /// The DMA domain the driver maps in.
     pub domain: Arc<DmaDomain>,
-    /// The NIC, attached to the domain with a 64-bit mask.
+    /// The NIC, attached to the domain with a 64-bit mask (in IOPF mode
+    /// the driver's handle only: the NIC itself is in `iopf`'s domain).
     pub dev: DmaDevice,
     /// The device model, running.
     pub device: NetDevice,
+    /// In IOPF mode, the address space the NIC faults into and its
+    /// handler (dropped after the device has stopped).
+    pub iopf: Option<IopfMode>,
 }
 
 impl Host {
-    /// Builds a host whose NIC is on wire port `port`.
+    /// Builds a host whose NIC is on wire port `port` (in IOPF mode if
+    /// `cfg.iopf` says so).
     pub fn new(cfg: &HostConfig, port: WirePort) -> Result<Self, HostError> {
         let mem = Arc::new(PhysMemory::new(cfg.mem_bytes)?);
         let mut sys = System::new(mem.clone());
@@ -97,13 +120,27 @@ impl Host {
         let domain = DmaDomain::new(
             system.clone(),
             DmaDomainConfig {
-                policy: cfg.policy,
+                policy: if cfg.iopf.is_some() {
+                    DmaPolicy::Passthrough
+                } else {
+                    cfg.policy
+                },
                 coherent: cfg.coherent,
                 bounce_bytes: cfg.bounce_bytes,
                 ..Default::default()
             },
         )?;
         let dev = domain.attach(cfg.sid, u64::MAX, false)?;
+        let iopf = match cfg.iopf {
+            Some(iopf) => {
+                // The pass-through domain keeps the driver's handle (its
+                // maps stay registrations); the NIC leaves it for the
+                // faulting domain before its thread starts.
+                domain.detach(&dev)?;
+                Some(IopfMode::over_guest_ram(&system, cfg.sid, iopf)?)
+            }
+            None => None,
+        };
         let device = NetDevice::spawn(cfg.device, system.clone(), cfg.sid, port)?;
         Ok(Self {
             mem,
@@ -112,6 +149,7 @@ impl Host {
             domain,
             dev,
             device,
+            iopf,
         })
     }
 

@@ -18,6 +18,9 @@
 //!   them, the driver on the DMA API, and smoltcp's `phy::Device` over it.
 //! - [`host`]: one host — memory, an IOMMU unit, a DMA domain, a device,
 //!   its driver — built in one call, so two can be wired together.
+//! - [`iopf_mode`]: IOPF mode, shared by both devices' hosts: the device
+//!   is attached fault-capable to an on-demand address space over the
+//!   guest's RAM, and its first touch of each page faults.
 //! - [`workload`]: the lab's engines (a UDP stream, a TCP stream) returning
 //!   plain typed results.
 //! - [`spec`]: the virtio 1.2 constants, each with its section.
@@ -31,6 +34,7 @@ pub mod affinity;
 pub mod blk;
 pub mod cpu_clock;
 pub mod host;
+pub mod iopf_mode;
 pub mod net;
 pub mod spec;
 pub mod transport;

@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use softiommu::dma::{DmaDevice, DmaDomain, DmaDomainConfig, DmaError, DmaPolicy};
 use softiommu::hw::{FaultRecord, HwError, LatencyModel, SourceId, System, UnitConfig, UnitId};
-use softiommu::iopf::{IopfConfig, IopfDomain, IopfError, IopfHandler, Region};
+use softiommu::iopf::IopfError;
 use softiommu::iova::IovaPolicy;
-use softiommu::mem::{MemError, PhysMemory, PAGE_SIZE};
-use softiommu::pgtable::Perm;
+use softiommu::mem::{MemError, PhysMemory};
 
 use super::device::{BlkDevice, BlkDeviceConfig, BlkDeviceError};
 use super::driver::{BlkDriver, BlkDriverConfig, BlkDriverError};
+use crate::iopf_mode::{IopfMode, IopfModeConfig};
 
 /// How to build a [`BlkHost`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,36 +73,14 @@ pub enum BlkHostError {
 }
 
 /// IOPF mode (issue 13): the controller's memory is not pre-mapped; its
-/// first touch of each page faults and a handler maps it on demand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlkIopfConfig {
-    /// Pages mapped per fault (the pre-map window, seed `002`'s
-    /// `PREMAP_LEN`).
-    pub premap_pages: u64,
-    /// Page request handler threads.
-    pub handler_threads: usize,
-}
-
-impl Default for BlkIopfConfig {
-    fn default() -> Self {
-        Self {
-            premap_pages: 1,
-            handler_threads: 1,
-        }
-    }
-}
+/// first touch of each page faults and a handler maps it on demand (the
+/// block host's name for the shared [`IopfModeConfig`]).
+pub type BlkIopfConfig = IopfModeConfig;
 
 /// What a host in IOPF mode holds: the address space the controller
-/// faults into and the handler serving it.
-#[derive(Debug)]
-pub struct BlkIopf {
-    /// The controller's address space: the guest's RAM (every frame of
-    /// the arena that was not the IOMMU's when the host was built),
-    /// identity-mapped on demand.
-    pub domain: Arc<IopfDomain>,
-    /// The page request handler.
-    pub handler: IopfHandler,
-}
+/// faults into and the handler serving it (the block host's name for the
+/// shared [`IopfMode`]).
+pub type BlkIopf = IopfMode;
 
 /// One host: memory, unit, domain, device.
 #[derive(Debug)]
@@ -161,9 +139,10 @@ impl BlkHost {
     /// Builds the host in IOPF mode (issue 13): the driver maps through a
     /// pass-through DMA domain, so its "map" is a registration that hands
     /// the device physical addresses and maps nothing; the controller is
-    /// attached instead to an [`IopfDomain`] whose memory map is the
-    /// guest's RAM, identity-mapped (IOVA = physical address) and empty
-    /// at first, and a handler serves its page requests. The first touch
+    /// attached instead to an [`IopfDomain`](softiommu::iopf::IopfDomain)
+    /// whose memory map is the guest's RAM, identity-mapped (IOVA =
+    /// physical address) and empty at first, and a handler serves its page
+    /// requests ([`IopfMode::over_guest_ram`]). The first touch
     /// of every page — rings, headers, data — faults and is served;
     /// later touches hit. `cfg.policy` is ignored.
     pub fn new_iopf(cfg: &BlkHostConfig, iopf: BlkIopfConfig) -> Result<Self, BlkHostError> {
@@ -175,24 +154,7 @@ impl BlkHost {
         // stay registrations); the controller leaves it for the faulting
         // domain before the driver has probed, so it never ran without.
         host.domain.detach(&host.dev)?;
-        let domain = IopfDomain::new(
-            host.system.clone(),
-            IopfConfig {
-                premap_pages: iopf.premap_pages,
-                ..IopfConfig::default()
-            },
-        )?;
-        for (phys, len) in guest_ram(&host.mem) {
-            domain.add_region(Region {
-                iova: phys,
-                phys,
-                len,
-                perm: Perm::RW,
-            })?;
-        }
-        let unit = domain.attach(cfg.sid)?;
-        let handler = IopfHandler::start(domain.clone(), unit, iopf.handler_threads)?;
-        host.iopf = Some(BlkIopf { domain, handler });
+        host.iopf = Some(IopfMode::over_guest_ram(&host.system, cfg.sid, iopf)?);
         Ok(host)
     }
 
@@ -214,32 +176,4 @@ impl BlkHost {
             .map(|u| u.faults().drain().records)
             .unwrap_or_default()
     }
-}
-
-/// The arena's runs of frames that are not the IOMMU's (its tables and
-/// queues), as (address, length): the RAM a guest would expose. Frames the
-/// IOMMU takes later (page-table pages mapped on demand) fall inside a run
-/// but stay out of the device's reach: every device access is checked
-/// against the arena's IOMMU frames after translation.
-fn guest_ram(mem: &PhysMemory) -> Vec<(u64, u64)> {
-    let size = mem.size() & !(PAGE_SIZE - 1);
-    let mut runs = Vec::new();
-    let mut start = 0;
-    while start < size {
-        match mem.check_device_range(start, size - start) {
-            Ok(()) => {
-                runs.push((start, size - start));
-                break;
-            }
-            Err(MemError::IommuFrame { addr, .. }) => {
-                if addr > start {
-                    runs.push((start, addr - start));
-                }
-                start = addr + PAGE_SIZE;
-            }
-            // Nothing else can be refused inside the arena.
-            Err(_) => break,
-        }
-    }
-    runs
 }

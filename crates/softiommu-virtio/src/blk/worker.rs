@@ -133,11 +133,7 @@ impl Worker {
     /// Whether the controller's misses raise page requests (it was
     /// attached to an `IopfDomain`).
     fn may_fault(&self) -> bool {
-        let sid = self.p.view.source_id();
-        self.p
-            .system
-            .unit_of(sid)
-            .is_some_and(|(_, u)| u.page_requests_enabled(sid))
+        crate::iopf_mode::may_fault(&self.p.system, self.p.view.source_id())
     }
 
     pub(crate) fn run(mut self, end: &DeviceEnd, stop: &AtomicBool, idle_wait: Duration) {

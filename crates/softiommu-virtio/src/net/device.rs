@@ -10,8 +10,11 @@
 //! Each turn takes the queues' lock once and does one bounded batch per
 //! queue ([`NetDeviceConfig::batch`] chains at most): pop a chain, walk it
 //! (at most queue-size descriptors), copy, return it on the used ring;
-//! then one interrupt per queue if the driver wants it. The batch is the
-//! unit a translation section can later be held across. While it finds
+//! then one interrupt per queue if the driver wants it. The batch runs
+//! inside one translation section, except in IOPF mode (the device's
+//! misses raise page requests: see [`crate::iopf_mode`]), where each
+//! access translates in a section of its own so that one that faults can
+//! wait for its page request's answer. While it finds
 //! work the device polls with driver notifications suppressed
 //! (`VIRTQ_USED_F_NO_NOTIFY`, §2.7.10); when idle it re-enables them,
 //! looks once more, and parks until a `QueueNotify`, a frame from the
@@ -22,7 +25,9 @@
 //! A DMA the IOMMU refuses (an unmapped or read-only buffer, a revoked
 //! ring) is in the unit's fault log; the device records a
 //! [`DeviceError::DmaFault`], stops the queue and sets
-//! `DEVICE_NEEDS_RESET`. A failed access moves no byte (the accessor
+//! `DEVICE_NEEDS_RESET`. In IOPF mode a miss first raises a page request;
+//! only one answered `Invalid` (an address outside the domain's regions)
+//! fails the access that way. A failed access moves no byte (the accessor
 //! translates a whole access before copying), so the device never
 //! touches memory outside a live mapping.
 
@@ -274,6 +279,8 @@ struct Worker {
     mem: DeviceMemory,
     /// The view `mem` translates through, for its sections.
     view: UnitIommu,
+    /// The system, to see whether the device may fault (IOPF mode).
+    system: Arc<System>,
     dma: DmaAccessor,
     attrs: DmaAttrs,
     port: WirePort,
@@ -312,6 +319,7 @@ impl Worker {
         Ok(Self {
             mem,
             view,
+            system: system.clone(),
             dma,
             attrs: cfg.attrs,
             port,
@@ -338,11 +346,19 @@ impl Worker {
                 let rx = w.rx_batch(end);
                 (tx, rx)
             };
-            let (tx, rx) = match view.section(|| batch(&mut self)) {
-                Ok(r) => r,
-                // No translator for the section (cannot happen once the
-                // worker exists): each access still holds its own.
-                Err(_) => batch(&mut self),
+            let (tx, rx) = if crate::iopf_mode::may_fault(&self.system, view.source_id()) {
+                // IOPF mode: no section spans the batch, so that each
+                // access that faults can wait for its page request's
+                // answer (every access still translates in a section of
+                // its own).
+                batch(&mut self)
+            } else {
+                match view.section(|| batch(&mut self)) {
+                    Ok(r) => r,
+                    // No translator for the section (cannot happen once
+                    // the worker exists): each access still holds its own.
+                    Err(_) => batch(&mut self),
+                }
             };
             if tx.used + rx.used > 0 {
                 bump(&self.counters.batches, 1);

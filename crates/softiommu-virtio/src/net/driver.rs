@@ -462,6 +462,20 @@ impl NetDriver {
         &self.dma.cpu
     }
 
+    /// Where queue `queue`'s buffers lie ([`net::RX_QUEUE`] or
+    /// [`net::TX_QUEUE`]): the physical address and length of the block
+    /// holding all of them (`None` for another queue). In IOPF mode these
+    /// are also the device's addresses (its domain is identity-mapped), so
+    /// the range can be reclaimed from it.
+    pub fn buffer_pool(&self, queue: u16) -> Option<(PhysAddr, u64)> {
+        let pool = match queue {
+            net::RX_QUEUE => &self.rx.pool,
+            net::TX_QUEUE => &self.tx.pool,
+            _ => return None,
+        };
+        Some((pool.base, PAGE_SIZE << pool.order))
+    }
+
     /// Receive buffers posted and not yet returned.
     pub fn rx_posted(&self) -> u16 {
         self.rx.ring.outstanding()

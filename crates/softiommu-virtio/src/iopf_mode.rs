@@ -1,0 +1,128 @@
+//! IOPF mode (issue 13 part 4), shared by every host of this crate
+//! (`BlkHost::new_iopf`, `HostConfig::iopf`): a device whose memory is not
+//! pre-mapped. Its first touch of each page faults and a handler maps it
+//! on demand.
+//!
+//! The seam keeps the drivers as Linux writes them: a driver still calls
+//! `map`/`map_sg`/`alloc_coherent` on a `DmaCpu`, but of a **pass-through**
+//! `DmaDomain`, so a "map" is a registration that hands out the physical
+//! address and maps nothing (as a guest's driver under a stage-2-only IOPF
+//! set-up hands out guest-physical addresses). The device is detached from
+//! that domain before the driver probes and attached with
+//! [`IopfMode::over_guest_ram`] to an [`IopfDomain`] whose memory map is
+//! the guest's RAM, identity-mapped (IOVA = physical address) and empty at
+//! first, with an [`IopfHandler`] serving its page requests. Every address
+//! a driver hands out therefore lies in a region, and the first touch of
+//! each page — rings, headers, data — raises a page request, waits for the
+//! answer and retries; an address outside every region is answered
+//! `Invalid` and the access fails, moving no byte.
+
+use std::sync::Arc;
+
+use softiommu::hw::{SourceId, System};
+use softiommu::iopf::{IopfConfig, IopfDomain, IopfError, IopfHandler, Region};
+use softiommu::mem::{MemError, PhysMemory, PAGE_SIZE};
+use softiommu::pgtable::Perm;
+
+/// How a device runs in IOPF mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IopfModeConfig {
+    /// Pages mapped per fault (the pre-map window, seed `002`'s
+    /// `PREMAP_LEN`).
+    pub premap_pages: u64,
+    /// Page request handler threads.
+    pub handler_threads: usize,
+}
+
+impl Default for IopfModeConfig {
+    fn default() -> Self {
+        Self {
+            premap_pages: 1,
+            handler_threads: 1,
+        }
+    }
+}
+
+/// What a host in IOPF mode holds: the address space its device faults
+/// into and the handler serving it. Drop it after the device has stopped
+/// (the handler answers what is still outstanding `Invalid`).
+#[derive(Debug)]
+pub struct IopfMode {
+    /// The device's address space: the guest's RAM (every frame of the
+    /// arena that was not the IOMMU's when the host was built),
+    /// identity-mapped on demand.
+    pub domain: Arc<IopfDomain>,
+    /// The page request handler.
+    pub handler: IopfHandler,
+}
+
+impl IopfMode {
+    /// Attaches device `sid` of `system` (assigned to a unit, attached to
+    /// no other domain) fault-capable to a new [`IopfDomain`] whose regions
+    /// are the guest's RAM, identity-mapped and empty, and starts a handler
+    /// on the device's unit. Nothing is mapped until the device faults.
+    pub fn over_guest_ram(
+        system: &Arc<System>,
+        sid: SourceId,
+        cfg: IopfModeConfig,
+    ) -> Result<Self, IopfError> {
+        let domain = IopfDomain::new(
+            system.clone(),
+            IopfConfig {
+                premap_pages: cfg.premap_pages,
+                ..IopfConfig::default()
+            },
+        )?;
+        for (phys, len) in guest_ram(system.memory()) {
+            domain.add_region(Region {
+                iova: phys,
+                phys,
+                len,
+                perm: Perm::RW,
+            })?;
+        }
+        let unit = domain.attach(sid)?;
+        let handler = IopfHandler::start(domain.clone(), unit, cfg.handler_threads)?;
+        Ok(Self { domain, handler })
+    }
+}
+
+/// Whether device `sid`'s misses raise page requests (it is attached to an
+/// `IopfDomain`): its device threads must then run their work without a
+/// translation section spanning it, since an access inside a section
+/// cannot wait for its page request's answer (every invalidation wait on
+/// the unit waits for the section, and the answer may be queued behind
+/// one); each access still translates in a section of its own.
+pub(crate) fn may_fault(system: &System, sid: SourceId) -> bool {
+    system
+        .unit_of(sid)
+        .is_some_and(|(_, u)| u.page_requests_enabled(sid))
+}
+
+/// The arena's runs of frames that are not the IOMMU's (its tables and
+/// queues), as (address, length): the RAM a guest would expose. Frames the
+/// IOMMU takes later (page-table pages mapped on demand) fall inside a run
+/// but stay out of the device's reach: every device access is checked
+/// against the arena's IOMMU frames after translation.
+fn guest_ram(mem: &PhysMemory) -> Vec<(u64, u64)> {
+    let size = mem.size() & !(PAGE_SIZE - 1);
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while start < size {
+        match mem.check_device_range(start, size - start) {
+            Ok(()) => {
+                runs.push((start, size - start));
+                break;
+            }
+            Err(MemError::IommuFrame { addr, .. }) => {
+                if addr > start {
+                    runs.push((start, addr - start));
+                }
+                start = addr + PAGE_SIZE;
+            }
+            // Nothing else can be refused inside the arena.
+            Err(_) => break,
+        }
+    }
+    runs
+}
