@@ -11,12 +11,15 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use softiommu::dma::SgEntry;
+use softiommu::hw::{ContextScope, InvDescriptor, IqeReason, QueueRecovery};
 use softiommu::{
-    Access, DeviceSpec, DmaDirection, DmaDomainConfig, DmaError, DmaPolicy, Platform, SourceId,
-    PAGE_SIZE,
+    Access, DmaDirection, DmaError, DmaPolicy, HwError, LatencyModel, Platform, QiError, QueueMode,
+    SourceId, Translator, Unit, UnitConfig, PAGE_SIZE,
 };
 
 const NIC: SourceId = SourceId(0x0100);
+const NIC2: SourceId = SourceId(0x0200);
+const TO: DmaDirection = DmaDirection::ToDevice;
 /// Far above what any body here needs on a loaded 2-core machine: only a
 /// hang reaches it.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -38,6 +41,334 @@ fn timed(f: impl FnOnce() + Send + 'static) {
         }
         Err(mpsc::RecvTimeoutError::Timeout) => panic!("the test did not end within {LIMIT:?}"),
     }
+}
+
+/// 64 MiB, one unit whose queue runs on its own thread, `NIC` and `NIC2`
+/// attached to a domain of `policy`.
+fn threaded(policy: DmaPolicy) -> Platform {
+    Platform::builder()
+        .memory(64 << 20)
+        .unit(UnitConfig {
+            queue_mode: QueueMode::Thread,
+            ..UnitConfig::default()
+        })
+        .policy(policy)
+        .device(NIC)
+        .device(NIC2)
+        .build()
+        .unwrap()
+}
+
+/// Whether `NIC` reaches `iova` now (a translation, as a device's access
+/// begins with).
+fn reaches(t: &mut Translator, iova: u64) -> bool {
+    t.translate(NIC, iova, 8, Access::Read).is_ok()
+}
+
+/// Maps one page-sized buffer at `phys` and has the device use it twice,
+/// so that the IOTLB holds its translation.
+fn map_cached(p: &Platform, cpu: &mut softiommu::DmaCpu, t: &mut Translator, phys: u64) -> u64 {
+    let iova = cpu.map(&p.devices[0], phys, 64, TO).unwrap();
+    assert!(reaches(t, iova) && reaches(t, iova), "mapped and cached");
+    iova
+}
+
+/// Injects an invalidation-queue error mid-batch: the unit thread is
+/// busy with a slow descriptor (300 ms) and a malformed one waits behind
+/// it, so whatever is queued next lands behind the error and its wait
+/// fails when the thread reaches it.
+fn stall_then_stop(unit: &Unit) {
+    unit.set_latency(LatencyModel {
+        context_invalidation: Duration::from_millis(300),
+        ..LatencyModel::zero()
+    });
+    unit.submit_raw(&[
+        InvDescriptor::context(ContextScope::Global).encode(),
+        [0x3, 0],
+    ])
+    .unwrap();
+    unit.set_latency(LatencyModel::zero());
+}
+
+fn stopped_on_bad_type(unit: &Unit) -> bool {
+    matches!(unit.queue_error(), Some(f) if f.reason == IqeReason::InvalidType { ty: 3 })
+}
+
+// ----- 1. Invalidation-queue errors mid-batch -----
+
+#[test]
+fn a_queue_error_mid_batch_leaves_no_unmapped_iova_reachable_and_the_queue_recovers() {
+    timed(|| {
+        let p = threaded(DmaPolicy::Strict);
+        let unit = p.unit(0).unwrap();
+        let bypass = || unit.stats().queue_bypass_revocations;
+        let mut cpu = p.domain.cpu();
+        let mut t = unit.translator().unwrap();
+        let buf = p.mem.alloc_zeroed_frames(3).unwrap();
+        let page = |i: u64| buf + i * PAGE_SIZE;
+
+        // Strict: the unmap's invalidation and wait queue behind the bad
+        // descriptor; the wait fails there, and the unmap completes by
+        // revoking around the queue.
+        let a = map_cached(&p, &mut cpu, &mut t, page(0));
+        stall_then_stop(unit);
+        cpu.unmap(&p.devices[0], a, 64, TO).unwrap();
+        assert!(!reaches(&mut t, a), "revoked before the unmap returned");
+        assert!(stopped_on_bad_type(unit));
+        assert_eq!((bypass(), unit.stats().queue_errors), (1, 1));
+        assert_eq!(p.domain.stats().live(), 0);
+        // Recovered, the thread carries out what waited behind the error
+        // (the unmap's own invalidation and its failed wait).
+        assert!(unit.recover_queue(QueueRecovery::Skip).unwrap());
+        unit.wait().unwrap();
+
+        // Deferred: a batch queued when the queue stops mid-batch is
+        // flushed around it; nothing is kept, nothing fails.
+        p.domain.set_policy(DmaPolicy::Deferred).unwrap();
+        p.domain.set_timeout(Duration::from_secs(60)).unwrap();
+        let b = map_cached(&p, &mut cpu, &mut t, page(1));
+        cpu.unmap(&p.devices[0], b, 64, TO).unwrap();
+        stall_then_stop(unit);
+        cpu.flush_own().unwrap();
+        assert!(!reaches(&mut t, b));
+        assert!(stopped_on_bad_type(unit));
+        assert_eq!(bypass(), 2);
+        let s = p.domain.stats();
+        assert_eq!((s.flush_failures, s.pending_batches, s.live()), (0, 0, 0));
+        assert!(unit.recover_queue(QueueRecovery::Discard).unwrap());
+
+        // The flush timer meets a stopped queue the same way.
+        let c = map_cached(&p, &mut cpu, &mut t, page(2));
+        unit.submit_raw(&[[0x3, 0]]).unwrap();
+        let _ = unit.wait();
+        assert!(stopped_on_bad_type(unit));
+        let flushes = p.domain.stats().flushes;
+        p.domain.set_timeout(Duration::from_millis(2)).unwrap();
+        cpu.unmap(&p.devices[0], c, 64, TO).unwrap();
+        let t0 = Instant::now();
+        while p.domain.stats().flushes == flushes {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the timer flushed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!reaches(&mut t, c));
+        assert_eq!((bypass(), p.domain.stats().flush_failures), (3, 0));
+        assert!(unit.recover_queue(QueueRecovery::Skip).unwrap());
+
+        // Recovered: unmaps go through the queue again, none around it.
+        let d = map_cached(&p, &mut cpu, &mut t, page(3));
+        cpu.unmap(&p.devices[0], d, 64, TO).unwrap();
+        cpu.flush_own().unwrap();
+        p.domain.set_policy(DmaPolicy::Strict).unwrap();
+        let e = map_cached(&p, &mut cpu, &mut t, page(4));
+        cpu.unmap(&p.devices[0], e, 64, TO).unwrap();
+        assert!(!reaches(&mut t, d) && !reaches(&mut t, e));
+        assert_eq!(bypass(), 3, "the queue carried them");
+        assert!(unit.queue_error().is_none());
+        assert_eq!(p.domain.stats().live(), 0);
+    });
+}
+
+// ----- 2. A unit thread stalled by latency spikes -----
+
+#[test]
+fn a_unit_thread_stalled_by_latency_spikes_delays_revocation_but_never_skips_it() {
+    timed(|| {
+        const STALL: Duration = Duration::from_millis(400);
+        let p = Arc::new(threaded(DmaPolicy::Strict));
+        let unit = p.unit(0).unwrap();
+        let buf = p.mem.alloc_zeroed_frames(2).unwrap(); // 4 pages
+                                                         // What the device uses now: the IOVA, the buffer's index (bits
+                                                         // 1..4) and, in bit 0, whether its unmap has returned (and its
+                                                         // flush, when deferred).
+        let now = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let device = {
+            let (p, now, stop) = (p.clone(), now.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut t = p.unit(0).unwrap().translator().unwrap();
+                let (mut hits, mut after) = (0u64, 0u64);
+                while !stop.load(SeqCst) {
+                    let s = now.load(SeqCst);
+                    if s == 0 {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    let (iova, idx, gone) = (s & !0xfff, (s >> 1) & 0xf, s & 1 == 1);
+                    let r = t.translate(NIC, iova, 8, Access::Read);
+                    if let Ok(r) = &r {
+                        hits += 1;
+                        let phys = r.as_slice()[0].phys;
+                        assert!(
+                            !(gone && phys / PAGE_SIZE == buf / PAGE_SIZE + idx),
+                            "the device reached buffer {idx} through {iova:#x} after its                              unmap returned"
+                        );
+                    }
+                    after += u64::from(gone);
+                }
+                (hits, after)
+            })
+        };
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let spikes = || {
+            let (p, stop) = (p.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let unit = p.unit(0).unwrap();
+                let ms = [0u64, 5, 0, 30, 1, 80, 0, 15];
+                let mut i = 0;
+                while !stop.load(SeqCst) {
+                    let spike = Duration::from_millis(ms[i % ms.len()]);
+                    unit.set_latency(LatencyModel {
+                        wait_completion: spike,
+                        iotlb_invalidation: spike / 2,
+                        ..LatencyModel::zero()
+                    });
+                    i += 1;
+                    std::thread::sleep(Duration::from_millis(3));
+                }
+            })
+        };
+        // One long stall first: the strict unmap waits it out, and returns
+        // only once revoked. Then spikes, changed every 3 ms.
+        unit.set_latency(LatencyModel {
+            wait_completion: STALL,
+            ..LatencyModel::zero()
+        });
+        let mut spiking = None;
+        for cycle in 0..40u64 {
+            if cycle == 20 {
+                p.domain.set_policy(DmaPolicy::Deferred).unwrap();
+            }
+            let idx = cycle % 4;
+            let iova = cpu.map(dev, buf + idx * PAGE_SIZE, 64, TO).unwrap();
+            now.store(iova | idx << 1, SeqCst);
+            std::thread::sleep(Duration::from_millis(1));
+            let t0 = Instant::now();
+            cpu.unmap(dev, iova, 64, TO).unwrap();
+            if cycle >= 20 {
+                cpu.flush_own().unwrap();
+            }
+            if cycle == 0 {
+                assert!(
+                    t0.elapsed() >= STALL,
+                    "the unmap waited for the stalled unit"
+                );
+                spiking = Some(spikes());
+            }
+            now.store(iova | idx << 1 | 1, SeqCst);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        stop.store(true, SeqCst);
+        let (hits, after) = device.join().unwrap();
+        spiking.unwrap().join().unwrap();
+        assert!(hits > 0 && after > 0, "the device kept using the IOVAs");
+        let s = unit.stats();
+        assert!(s.modelled_ns >= STALL.as_nanos() as u64);
+        assert_eq!(s.queue_bypass_revocations, 0, "the queue did it, late");
+        assert!(unit.queue_error().is_none());
+        assert_eq!(p.domain.stats().live(), 0);
+    });
+}
+
+// ----- 3. A dead unit thread -----
+
+#[test]
+fn a_dead_unit_thread_fails_waits_typed_and_unmaps_revoke_around_it() {
+    timed(|| {
+        let inline = Platform::builder().memory(16 << 20).device(NIC).build();
+        assert!(
+            !inline.unwrap().unit(0).unwrap().inject_queue_thread_death(),
+            "no thread to end in inline mode"
+        );
+        let p = Arc::new(threaded(DmaPolicy::Strict));
+        let unit = p.unit(0).unwrap();
+        let bypass = || unit.stats().queue_bypass_revocations;
+        let mut cpu = p.domain.cpu();
+        let mut t = unit.translator().unwrap();
+        let buf = p.mem.alloc_zeroed_frames(2).unwrap();
+        let a = map_cached(&p, &mut cpu, &mut t, buf);
+
+        // A device holds a section open: the thread's next draining wait
+        // (queued now) stays in its pass until the section ends.
+        let (held_tx, held_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let holder = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let mut t = p.unit(0).unwrap().translator().unwrap();
+                t.section(|g| {
+                    g.translate(NIC, a, 8, Access::Read).unwrap();
+                    held_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                });
+            })
+        };
+        held_rx.recv().unwrap();
+        unit.submit(&[InvDescriptor::iotlb_global(), InvDescriptor::wait_event()])
+            .unwrap();
+        // A strict unmap queues its invalidation and wait behind that pass
+        // and waits for them.
+        let tail = unit.queue_registers().tail;
+        let unmapper = {
+            let p = p.clone();
+            std::thread::spawn(move || p.domain.cpu().unmap(&p.devices[0], a, 64, TO))
+        };
+        let len = unit.queue_registers().len;
+        while (unit.queue_registers().tail + len - tail) % len < 2 {
+            std::thread::yield_now();
+        }
+        // The thread dies at the end of its pass, with that wait pending.
+        assert!(unit.inject_queue_thread_death());
+        go_tx.send(()).unwrap();
+        holder.join().unwrap();
+        // The pending wait failed (`ShutDown`) instead of hanging, and the
+        // unmap revoked around the queue.
+        unmapper.join().unwrap().unwrap();
+        assert!(!reaches(&mut t, a));
+        assert_eq!(bypass(), 1);
+        while unit.queue_thread_alive() {
+            std::thread::yield_now();
+        }
+        assert!(!unit.inject_queue_thread_death(), "gone already");
+
+        // From now on: every wait and submission fails at once, typed...
+        assert_eq!(unit.wait(), Err(QiError::ShutDown));
+        assert_eq!(unit.submit_raw(&[[0x3, 0]]), Err(QiError::ShutDown));
+        assert!(unit.queue_error().is_none(), "nothing was queued");
+        // ...unmaps, strict and deferred, complete around the queue...
+        let b = map_cached(&p, &mut cpu, &mut t, buf + PAGE_SIZE);
+        cpu.unmap(&p.devices[0], b, 64, TO).unwrap();
+        assert!(!reaches(&mut t, b));
+        p.domain.set_policy(DmaPolicy::Deferred).unwrap();
+        let c = map_cached(&p, &mut cpu, &mut t, buf + 2 * PAGE_SIZE);
+        cpu.unmap(&p.devices[0], c, 64, TO).unwrap();
+        cpu.flush_own().unwrap();
+        assert!(!reaches(&mut t, c));
+        assert_eq!(bypass(), 3);
+        assert_eq!(p.domain.stats().pending_batches, 0);
+        // ...context changes the unit could not drain are refused with
+        // nothing written (fail closed)...
+        assert_eq!(
+            p.domain.set_policy(DmaPolicy::Passthrough),
+            Err(DmaError::Hw(HwError::Queue(QiError::ShutDown)))
+        );
+        assert_eq!(p.domain.policy(), DmaPolicy::Deferred);
+        p.domain.detach(&p.devices[1]).unwrap();
+        assert_eq!(unit.context(NIC2), None);
+        assert!(matches!(
+            p.domain.attach(NIC2, u64::MAX, false),
+            Err(DmaError::Hw(HwError::Queue(QiError::ShutDown)))
+        ));
+        assert_eq!(unit.context(NIC2), None, "nothing written");
+        // ...and the device still reaches what is mapped: translation needs
+        // no queue thread.
+        let d = map_cached(&p, &mut cpu, &mut t, buf + 3 * PAGE_SIZE);
+        cpu.unmap(&p.devices[0], d, 64, TO).unwrap();
+        cpu.flush_own().unwrap();
+        assert!(!reaches(&mut t, d));
+        assert_eq!(p.domain.stats().live(), 0);
+        // Dropping everything joins the dead thread: no hang.
+    });
 }
 
 // ----- 7. A device that never stops issuing DMA during policy switches -----
