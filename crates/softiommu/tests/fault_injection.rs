@@ -11,15 +11,21 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use softiommu::dma::SgEntry;
-use softiommu::hw::{ContextScope, InvDescriptor, IqeReason, QueueRecovery};
+use softiommu::hw::{ContextScope, InvDescriptor, IqeReason, QueueRecovery, Taken};
+use softiommu::iopf::{IopfConfig, IopfDomain, IopfHandler, Region};
 use softiommu::{
-    Access, DmaDirection, DmaError, DmaPolicy, HwError, LatencyModel, Platform, QiError, QueueMode,
-    SourceId, Translator, Unit, UnitConfig, PAGE_SIZE,
+    Access, AccessError, DmaAccessor, DmaAttrs, DmaDirection, DmaDomain, DmaDomainConfig, DmaError,
+    DmaPolicy, FaultReason, HwError, LatencyModel, MemError, Perm, PgtableError, PhysMemory,
+    Platform, QiError, QueueMode, SourceId, System, TranslateError, Translator, Unit, UnitConfig,
+    UnitId, PAGE_SIZE,
 };
 
 const NIC: SourceId = SourceId(0x0100);
 const NIC2: SourceId = SourceId(0x0200);
 const TO: DmaDirection = DmaDirection::ToDevice;
+const O: DmaAttrs = DmaAttrs::ORDERED;
+/// Where the IOPF tests' region starts.
+const BASE: u64 = 0x1000_0000;
 /// Far above what any body here needs on a loaded 2-core machine: only a
 /// hang reaches it.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -304,8 +310,13 @@ fn a_dead_unit_thread_fails_waits_typed_and_unmaps_revoke_around_it() {
             })
         };
         held_rx.recv().unwrap();
+        let globals = unit.stats().iotlb_global;
         unit.submit(&[InvDescriptor::iotlb_global(), InvDescriptor::wait_event()])
             .unwrap();
+        // The pass has begun (its end fixed) once the first is done.
+        while unit.stats().iotlb_global == globals {
+            std::thread::yield_now();
+        }
         // A strict unmap queues its invalidation and wait behind that pass
         // and waits for them.
         let tail = unit.queue_registers().tail;
@@ -368,6 +379,478 @@ fn a_dead_unit_thread_fails_waits_typed_and_unmaps_revoke_around_it() {
         assert!(!reaches(&mut t, d));
         assert_eq!(p.domain.stats().live(), 0);
         // Dropping everything joins the dead thread: no hang.
+    });
+}
+
+// ----- 4. Fault-log and page-request overflow -----
+
+#[test]
+fn a_device_faulting_past_the_logs_capacity_overflows_it_loudly_and_keeps_counting() {
+    timed(|| {
+        const CAP: usize = 16;
+        const PER_THREAD: u64 = 500;
+        let p = Arc::new(
+            Platform::builder()
+                .memory(64 << 20)
+                .unit(UnitConfig {
+                    fault_log_capacity: CAP,
+                    ..UnitConfig::default()
+                })
+                .device(NIC)
+                .build()
+                .unwrap(),
+        );
+        let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+        p.mem.store_u64(buf, 0x5eed, SeqCst).unwrap();
+        let live = p.domain.cpu().map(&p.devices[0], buf, 8, TO).unwrap();
+        // Two device threads fault without pause, and use their live
+        // mapping between faults.
+        let threads: Vec<_> = (0..2u64)
+            .map(|k| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    let mut acc = DmaAccessor::for_device(&p.devices[0]).unwrap();
+                    for i in 0..PER_THREAD {
+                        let iova = (k << 30) + (1 + i) * PAGE_SIZE;
+                        assert!(matches!(
+                            acc.read_u64(iova, O),
+                            Err(AccessError::Translate(TranslateError::NotPresent { .. }))
+                        ));
+                        assert_eq!(acc.read_u64(live, O).unwrap(), 0x5eed);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let unit = p.unit(0).unwrap();
+        let total = 2 * PER_THREAD;
+        // Reported: the first records kept, the overflow flagged (VT-d's
+        // PFO), every fault counted, none lost without a trace.
+        assert!(unit.faults().overflowed());
+        assert_eq!(unit.faults().len(), CAP);
+        assert_eq!(unit.stats().faults, total);
+        let batch = unit.faults().drain();
+        assert_eq!(
+            (batch.records.len(), batch.overflowed, batch.dropped),
+            (CAP, true, total - CAP as u64)
+        );
+        assert!(batch
+            .records
+            .iter()
+            .all(|r| r.sid == NIC && r.reason == FaultReason::NotPresent));
+        // Drained: the flag is clear and later faults are recorded again.
+        assert!(!unit.faults().overflowed() && unit.faults().is_empty());
+        let mut acc = DmaAccessor::for_device(&p.devices[0]).unwrap();
+        for i in 0..3 {
+            assert!(acc.read_u64((3 << 30) + i * PAGE_SIZE, O).is_err());
+        }
+        assert_eq!(unit.faults().len(), 3);
+        assert!(!unit.faults().overflowed());
+        assert_eq!(unit.stats().faults, total + 3);
+    });
+}
+
+/// An IOPF rig: 256 MiB, one unit of `config`, `NIC` attached to an IOPF
+/// domain whose one region maps `pages` pages at [`BASE`] (pre-map 1).
+fn iopf_rig(config: UnitConfig, pages: u64) -> (Arc<PhysMemory>, Arc<System>, Arc<IopfDomain>) {
+    let mem = Arc::new(PhysMemory::new(256 << 20).unwrap());
+    let mut sys = System::new(mem.clone());
+    let unit = sys.add_unit(config).unwrap();
+    sys.assign(NIC, unit).unwrap();
+    let sys = Arc::new(sys);
+    let domain = IopfDomain::new(
+        sys.clone(),
+        IopfConfig {
+            premap_pages: 1,
+            ..IopfConfig::default()
+        },
+    )
+    .unwrap();
+    let phys = mem
+        .alloc_zeroed_frames(pages.next_power_of_two().ilog2())
+        .unwrap();
+    domain
+        .add_region(Region {
+            iova: BASE,
+            phys,
+            len: pages * PAGE_SIZE,
+            perm: Perm::RW,
+        })
+        .unwrap();
+    domain.attach(NIC).unwrap();
+    (mem, sys, domain)
+}
+
+#[test]
+fn a_device_raising_more_page_requests_than_the_queue_holds_is_refused_at_once_never_hangs() {
+    timed(|| {
+        const PAGES: u64 = 200;
+        // 128 descriptors (127 usable); no handler runs at first.
+        let (_mem, sys, domain) = iopf_rig(
+            UnitConfig {
+                prq_order: 0,
+                page_response_timeout: Duration::from_secs(30),
+                ..UnitConfig::default()
+            },
+            PAGES,
+        );
+        let unit = sys.unit(UnitId(0)).unwrap();
+        let mut t = unit.translator().unwrap();
+        // The device misses on every page without waiting for answers.
+        let t0 = Instant::now();
+        let (mut raised, mut refused) = (Vec::new(), Vec::new());
+        for i in 0..PAGES {
+            let iova = BASE + i * PAGE_SIZE;
+            match t.translate(NIC, iova, 8, Access::Read) {
+                Err(TranslateError::PageRequested { prgi, .. }) => raised.push((iova, prgi)),
+                Err(TranslateError::PageRequestDenied { sid: NIC, .. }) => refused.push(iova),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "refused at once");
+        assert_eq!((raised.len(), refused.len()), (127, PAGES as usize - 127));
+        // Reported: the overflow flag (PRS.PRO), counted, recorded as
+        // faults.
+        assert!(unit.page_request_registers().overflow);
+        let st = unit.page_request_stats();
+        assert_eq!((st.raised, st.overflows), (127, PAGES - 127));
+        let faults = unit.faults().drain();
+        assert_eq!(faults.records.len(), (PAGES - 127) as usize);
+        assert!(faults
+            .records
+            .iter()
+            .all(|r| r.reason == FaultReason::PageRequestDenied));
+        // A handler drains the queue and answers; the device's waits end.
+        let h = IopfHandler::start(domain.clone(), UnitId(0), 1).unwrap();
+        for &(iova, prgi) in &raised {
+            t.wait_page_response(NIC, iova, Access::Read, prgi).unwrap();
+        }
+        unit.clear_page_request_overflow();
+        // The refused pages fault again and are served now.
+        let mut acc = DmaAccessor::new(unit, NIC).unwrap();
+        for &iova in &refused {
+            acc.read_u32(iova, O).unwrap();
+        }
+        let hs = h.stats();
+        assert_eq!((hs.requests, hs.answered_success), (PAGES, PAGES));
+        assert!(!unit.page_request_registers().overflow);
+        assert_eq!(unit.page_request_stats().overflows, PAGES - 127);
+    });
+}
+
+// ----- 5. Allocation failure in `mem` -----
+
+/// Takes every free frame of `mem`; give them back with [`give_back`].
+fn exhaust(mem: &PhysMemory) -> Vec<u64> {
+    let mut taken = Vec::new();
+    loop {
+        match mem.alloc_frames(0) {
+            Ok(f) => taken.push(f),
+            Err(MemError::OutOfFrames { order: 0 }) => return taken,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
+
+fn give_back(mem: &PhysMemory, taken: Vec<u64>) {
+    for f in taken {
+        mem.free_frames(f, 0).unwrap();
+    }
+}
+
+#[test]
+fn running_out_of_frames_fails_typed_changes_nothing_and_recovers() {
+    timed(|| {
+        const OOF: MemError = MemError::OutOfFrames { order: 0 };
+        // Map, scatter list and coherent allocation: the page table must
+        // grow (no bounce pool shares its tables), the coherent buffer
+        // needs a frame.
+        let p = Platform::builder()
+            .memory(16 << 20)
+            .domain(DmaDomainConfig {
+                bounce_bytes: 0,
+                ..DmaDomainConfig::default()
+            })
+            .device(NIC)
+            .build()
+            .unwrap();
+        let dev = &p.devices[0];
+        let mut cpu = p.domain.cpu();
+        let mut t = p.unit(0).unwrap().translator().unwrap();
+        let buf = p.mem.alloc_zeroed_frames(1).unwrap();
+        let sg = [
+            SgEntry {
+                phys: buf,
+                len: PAGE_SIZE,
+            },
+            SgEntry {
+                phys: buf + PAGE_SIZE,
+                len: 64,
+            },
+        ];
+        let mut out = [0u64; 2];
+        let taken = exhaust(&p.mem);
+        let (frames, dma, tables) = (
+            p.mem.frame_stats(),
+            p.domain.stats(),
+            p.domain.table_stats(),
+        );
+        assert_eq!(
+            cpu.map(dev, buf, 64, TO),
+            Err(DmaError::Pgtable(PgtableError::Mem(OOF)))
+        );
+        assert_eq!(
+            cpu.map_sg(dev, &sg, TO, &mut out),
+            Err(DmaError::Pgtable(PgtableError::Mem(OOF)))
+        );
+        assert_eq!(cpu.alloc_coherent(dev, 64), Err(DmaError::Mem(OOF)));
+        // Nothing changed: no frame, no table page, no mapping counted.
+        assert_eq!(p.mem.frame_stats(), frames);
+        assert_eq!(p.domain.table_stats(), tables);
+        assert_eq!(p.domain.stats(), dma);
+        // Frames back: the same calls go through, and what they mapped is
+        // unreachable once unmapped.
+        give_back(&p.mem, taken);
+        let a = cpu.map(dev, buf, 64, TO).unwrap();
+        let m = cpu.map_sg(dev, &sg, TO, &mut out).unwrap();
+        let (cp, cd) = cpu.alloc_coherent(dev, 64).unwrap();
+        for iova in [a, out[0], out[1], cd] {
+            assert!(reaches(&mut t, iova));
+        }
+        cpu.unmap(dev, a, 64, TO).unwrap();
+        cpu.unmap_sg(dev, &m, &sg, &out, TO).unwrap();
+        cpu.free_coherent(dev, cp, cd, 64).unwrap();
+        for iova in [a, out[0], out[1], cd] {
+            assert!(!reaches(&mut t, iova));
+        }
+        assert_eq!(p.domain.stats().live(), 0);
+
+        // Attach: a device of another DMA-mask class needs a bounce pool
+        // of its own (1 MiB), which no frames are left for.
+        let mem = Arc::new(PhysMemory::new(16 << 20).unwrap());
+        let mut sys = System::new(mem.clone());
+        let unit = sys.add_unit(UnitConfig::default()).unwrap();
+        sys.assign(NIC, unit).unwrap();
+        sys.assign(NIC2, unit).unwrap();
+        let sys = Arc::new(sys);
+        let d = DmaDomain::new(sys.clone(), DmaDomainConfig::default()).unwrap();
+        d.attach(NIC, u64::MAX, false).unwrap();
+        let taken = exhaust(&mem);
+        let frames = mem.frame_stats();
+        assert_eq!(
+            d.attach(NIC2, 0xffff_ffff, false).unwrap_err(),
+            DmaError::Mem(MemError::OutOfFrames { order: 8 })
+        );
+        assert_eq!(mem.frame_stats(), frames);
+        assert_eq!(sys.unit(unit).unwrap().context(NIC2), None, "no context");
+        // Not claimed: another domain may take it (and with frames back,
+        // this one may).
+        let other = DmaDomain::new(
+            sys.clone(),
+            DmaDomainConfig {
+                did: 2,
+                bounce_bytes: 0,
+                ..DmaDomainConfig::default()
+            },
+        );
+        assert!(matches!(
+            other,
+            Err(DmaError::Pgtable(PgtableError::Mem(OOF)))
+        ));
+        give_back(&mem, taken);
+        d.attach(NIC2, 0xffff_ffff, false).unwrap();
+
+        // On-demand mapping: a page request whose table page cannot be
+        // allocated is answered `Invalid`; the device fails, typed, and
+        // does not hang; with frames back it is served.
+        let (mem, sys, domain) = iopf_rig(UnitConfig::default(), 4);
+        let unit = sys.unit(UnitId(0)).unwrap();
+        let _h = IopfHandler::start(domain.clone(), UnitId(0), 1).unwrap();
+        let mut acc = DmaAccessor::new(unit, NIC).unwrap();
+        let taken = exhaust(&mem);
+        assert!(matches!(
+            acc.read_u32(BASE, O),
+            Err(AccessError::Translate(
+                TranslateError::PageRequestDenied { .. }
+            ))
+        ));
+        assert!(!domain.is_mapped(BASE));
+        assert_eq!((domain.stats().served, domain.stats().refused), (0, 1));
+        give_back(&mem, taken);
+        acc.read_u32(BASE, O).unwrap();
+        assert!(domain.is_mapped(BASE));
+    });
+}
+
+// ----- 6. An IOPF handler that dies -----
+
+#[test]
+fn a_handler_that_dies_with_requests_outstanding_is_covered_by_the_deadline() {
+    timed(|| {
+        const DEVICES: u64 = 4;
+        const DEADLINE: Duration = Duration::from_millis(200);
+        let (_mem, sys, domain) = iopf_rig(
+            UnitConfig {
+                page_response_timeout: DEADLINE,
+                ..UnitConfig::default()
+            },
+            16,
+        );
+        let unit = sys.unit(UnitId(0)).unwrap();
+        // A handler thread takes the requests, then dies before answering
+        // any (it crashed while serving).
+        let dying = {
+            let sys = sys.clone();
+            std::thread::spawn(move || {
+                let unit = sys.unit(UnitId(0)).unwrap();
+                let mut took = 0;
+                while took < DEVICES {
+                    match unit.take_page_request() {
+                        Some(Ok(Taken::Request(_))) => took += 1,
+                        Some(other) => panic!("{other:?}"),
+                        None => std::thread::yield_now(),
+                    }
+                }
+            })
+        };
+        // Four device threads each touch a page of their own and wait.
+        let devices: Vec<_> = (0..DEVICES)
+            .map(|i| {
+                let sys = sys.clone();
+                std::thread::spawn(move || {
+                    let unit = sys.unit(UnitId(0)).unwrap();
+                    let mut acc = DmaAccessor::new(unit, NIC).unwrap();
+                    let t0 = Instant::now();
+                    let r = acc.read_u32(BASE + i * PAGE_SIZE, O);
+                    (r, t0.elapsed())
+                })
+            })
+            .collect();
+        dying.join().unwrap();
+        for d in devices {
+            let (r, took) = d.join().unwrap();
+            // The deadline answered for the dead handler: refused, never
+            // hung.
+            assert!(
+                matches!(
+                    r,
+                    Err(AccessError::Translate(TranslateError::PageRequestDenied {
+                        sid: NIC,
+                        ..
+                    }))
+                ),
+                "{r:?}"
+            );
+            assert!(took >= DEADLINE, "{took:?}");
+        }
+        let st = unit.page_request_stats();
+        assert_eq!(
+            (st.raised, st.timed_out, st.responses),
+            (DEVICES, DEVICES, 0)
+        );
+        assert_eq!(
+            unit.faults()
+                .drain()
+                .records
+                .iter()
+                .filter(|r| r.reason == FaultReason::PageRequestDenied)
+                .count(),
+            DEVICES as usize
+        );
+        // A handler started later serves the retries.
+        let h = IopfHandler::start(domain.clone(), UnitId(0), 1).unwrap();
+        let mut acc = DmaAccessor::new(unit, NIC).unwrap();
+        for i in 0..DEVICES {
+            acc.read_u32(BASE + i * PAGE_SIZE, O).unwrap();
+        }
+        assert_eq!(h.stats().answered_success, DEVICES);
+        drop(h);
+
+        // A handler stopped while its answer is still queued (the unit
+        // thread is held in a pass: a draining wait waits for a section a
+        // device holds): stopping answers the outstanding group `Invalid`
+        // at once; the late answer finds no group.
+        let (_mem, sys, domain) = iopf_rig(
+            UnitConfig {
+                queue_mode: QueueMode::Thread,
+                page_response_timeout: Duration::from_secs(30),
+                ..UnitConfig::default()
+            },
+            16,
+        );
+        let unit = sys.unit(UnitId(0)).unwrap();
+        let (held_tx, held_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let holder = {
+            let sys = sys.clone();
+            std::thread::spawn(move || {
+                let mut t = sys.unit(UnitId(0)).unwrap().translator().unwrap();
+                t.section(|_| {
+                    held_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                });
+            })
+        };
+        held_rx.recv().unwrap();
+        unit.submit(&[InvDescriptor::iotlb_global(), InvDescriptor::wait_event()])
+            .unwrap();
+        let h = IopfHandler::start(domain.clone(), UnitId(0), 1).unwrap();
+        let waiter = {
+            let sys = sys.clone();
+            std::thread::spawn(move || {
+                let unit = sys.unit(UnitId(0)).unwrap();
+                DmaAccessor::new(unit, NIC).unwrap().read_u32(BASE, O)
+            })
+        };
+        while h.stats().answered_success == 0 {
+            std::thread::yield_now();
+        }
+        drop(h);
+        assert!(matches!(
+            waiter.join().unwrap(),
+            Err(AccessError::Translate(
+                TranslateError::PageRequestDenied { .. }
+            ))
+        ));
+        assert_eq!(unit.page_request_stats().cancelled, 1);
+        go_tx.send(()).unwrap();
+        holder.join().unwrap();
+        unit.wait().unwrap();
+        assert_eq!(unit.page_request_stats().unknown_responses, 1);
+
+        // A handler whose answers the unit can no longer carry (its queue
+        // thread died): counted as respond errors; the device's deadline
+        // still ends its wait.
+        let (_mem, sys, domain) = iopf_rig(
+            UnitConfig {
+                queue_mode: QueueMode::Thread,
+                page_response_timeout: DEADLINE,
+                ..UnitConfig::default()
+            },
+            16,
+        );
+        let unit = sys.unit(UnitId(0)).unwrap();
+        assert!(unit.inject_queue_thread_death());
+        while unit.queue_thread_alive() {
+            std::thread::yield_now();
+        }
+        let h = IopfHandler::start(domain.clone(), UnitId(0), 1).unwrap();
+        let mut acc = DmaAccessor::new(unit, NIC).unwrap();
+        assert!(matches!(
+            acc.read_u32(BASE, O),
+            Err(AccessError::Translate(
+                TranslateError::PageRequestDenied { .. }
+            ))
+        ));
+        assert_eq!(unit.page_request_stats().timed_out, 1);
+        // The handler's answer was refused (counted once it gets to it).
+        while h.stats().respond_errors == 0 {
+            std::thread::yield_now();
+        }
+        let hs = h.stats();
+        assert_eq!((hs.requests, hs.respond_errors), (1, 1));
     });
 }
 
