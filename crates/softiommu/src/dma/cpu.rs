@@ -247,69 +247,47 @@ impl DmaCpu {
             (Some(&lo), Some(&hi)) => (hi + last.len).saturating_sub(lo),
             _ => 0,
         };
-        let policy = self.w.domain.policy();
-        if !policy.is_translated() || policy == DmaPolicy::Bounce || dev.untrusted {
-            // One mapping per entry; passed through or bounced.
-            for (i, (e, slot)) in sg.iter().zip(out.iter_mut()).enumerate() {
-                match self.map(dev, e.phys, e.len, dir) {
-                    Ok(a) => *slot = a,
-                    Err(err) => {
-                        for (p, &a) in sg.iter().zip(out.iter()).take(i) {
-                            let _ = self.unmap(dev, a, p.len, dir);
-                        }
-                        return Err(err);
+        // The policy is read inside the gate, and the translated path
+        // keeps the gate until its mapping is counted: read before it, a
+        // switch to pass-through could complete in between and the list
+        // be mapped into the table and handed out as IOVAs that the
+        // device's pass-through context takes for physical addresses.
+        // Found by `tests/fault_injection.rs`.
+        {
+            let (slot, w) = (&*self.slot, &mut self.w);
+            let op = w.domain.gate.enter(&slot.active);
+            let policy = w.domain.policy();
+            if policy.is_translated() && policy != DmaPolicy::Bounce && !dev.untrusted {
+                let contiguous = w.map_sg_block(slot, dev, sg, dir, out, pages)?;
+                slot.stats.map();
+                drop(op);
+                return Ok(SgMapping {
+                    dma: out.first().copied().unwrap_or(0),
+                    span: span(out),
+                    contiguous,
+                    pages,
+                    entries: sg.len(),
+                });
+            }
+        }
+        // One mapping per entry; passed through or bounced (each map reads
+        // the policy in force inside the gate itself).
+        for (i, (e, slot)) in sg.iter().zip(out.iter_mut()).enumerate() {
+            match self.map(dev, e.phys, e.len, dir) {
+                Ok(a) => *slot = a,
+                Err(err) => {
+                    for (p, &a) in sg.iter().zip(out.iter()).take(i) {
+                        let _ = self.unmap(dev, a, p.len, dir);
                     }
+                    return Err(err);
                 }
             }
-            return Ok(SgMapping {
-                dma: out.first().copied().unwrap_or(0),
-                span: span(out),
-                contiguous: false,
-                pages: 0,
-                entries: sg.len(),
-            });
         }
-        let (slot, w) = (&*self.slot, &mut self.w);
-        let _op = w.domain.gate.enter(&slot.active);
-        let pfn = w.alloc_iova(slot, dev, pages)?;
-        let mut at = pfn << PAGE_SHIFT;
-        for (e, slot) in sg.iter().zip(out.iter_mut()) {
-            let n = pages_of(e.phys, e.len);
-            if let Err(err) =
-                w.domain
-                    .table
-                    .map_fresh(at, e.phys & !(PAGE_SIZE - 1), n << PAGE_SHIFT, dir.perm())
-            {
-                if at > pfn << PAGE_SHIFT {
-                    let mapped = at - (pfn << PAGE_SHIFT);
-                    let _ = w
-                        .domain
-                        .table
-                        .unmap(pfn << PAGE_SHIFT, mapped, &mut w.gather);
-                    // Nothing was given to the device yet, but a stray walk
-                    // may have cached it: invalidate before reuse. If that
-                    // fails the block stays allocated (leaked), never
-                    // reused under a stale entry.
-                    let units = w.domain.unit_mask_after_clear();
-                    w.domain.invalidate(units, pfn << PAGE_SHIFT, mapped)?;
-                    w.gather.complete()?;
-                }
-                w.cache.free(pfn, pages)?;
-                return Err(err.into());
-            }
-            *slot = at | (e.phys & (PAGE_SIZE - 1));
-            at += n << PAGE_SHIFT;
-        }
-        let contiguous = sg
-            .iter()
-            .zip(sg.iter().skip(1))
-            .all(|(a, b)| (a.phys + a.len) % PAGE_SIZE == 0 && b.phys % PAGE_SIZE == 0);
-        slot.stats.map();
         Ok(SgMapping {
             dma: out.first().copied().unwrap_or(0),
             span: span(out),
-            contiguous,
-            pages,
+            contiguous: false,
+            pages: 0,
             entries: sg.len(),
         })
     }
@@ -365,7 +343,7 @@ impl DmaCpu {
         // Coherent memory is never bounced: it is the device's by design.
         let r = {
             let _op = w.domain.gate.enter(&slot.active);
-            match w.domain.policy() {
+            let r = match w.domain.policy() {
                 DmaPolicy::Passthrough if phys + (PAGE_SIZE << order) - 1 > dev.mask => {
                     Err(DmaError::BeyondMask {
                         addr: phys,
@@ -375,10 +353,16 @@ impl DmaCpu {
                 }
                 DmaPolicy::Passthrough => Ok(phys),
                 _ => w.map_pages(slot, dev, phys, PAGE_SIZE << order, Perm::RW),
-            }
-        };
-        match r {
-            Ok(dma) => {
+            };
+            // Recorded and counted live before the gate opens: a switch
+            // to or from pass-through refuses while anything is live, and
+            // it reads the count once the gate is closed. Counted after
+            // the gate, a switch could slip in between and strand the
+            // mapping under the other policy (a translated IOVA used as a
+            // physical address, and `free_coherent` finding the mapping
+            // of another policy: refused, or nothing unmapped). Found by
+            // `tests/fault_injection.rs`.
+            if let Ok(dma) = r {
                 lock(&w.domain.coherent).insert(
                     phys,
                     CoherentRecord {
@@ -388,8 +372,11 @@ impl DmaCpu {
                     },
                 );
                 slot.stats.map();
-                Ok((phys, dma))
             }
+            r
+        };
+        match r {
+            Ok(dma) => Ok((phys, dma)),
             Err(e) => {
                 w.domain.mem.free_owned(phys, order, FrameOwner::Coherent)?;
                 Err(e)
@@ -523,6 +510,57 @@ impl Work {
             }
             e => Err(no_space(e)),
         }
+    }
+
+    /// `map_sg`'s translated path, run inside the gate: one IOVA block
+    /// for the `pages` pages of `sg`, each entry's address into `out`;
+    /// returns whether the list is one contiguous range. On failure
+    /// nothing stays mapped and the block goes back (or, if the
+    /// invalidation of what was mapped fails, stays allocated: leaked,
+    /// never reused under a stale entry).
+    fn map_sg_block(
+        &mut self,
+        slot: &CpuSlot,
+        dev: &DmaDevice,
+        sg: &[SgEntry],
+        dir: DmaDirection,
+        out: &mut [u64],
+        pages: u64,
+    ) -> Result<bool, DmaError> {
+        let pfn = self.alloc_iova(slot, dev, pages)?;
+        let mut at = pfn << PAGE_SHIFT;
+        for (e, o) in sg.iter().zip(out.iter_mut()) {
+            let n = pages_of(e.phys, e.len);
+            if let Err(err) = self.domain.table.map_fresh(
+                at,
+                e.phys & !(PAGE_SIZE - 1),
+                n << PAGE_SHIFT,
+                dir.perm(),
+            ) {
+                if at > pfn << PAGE_SHIFT {
+                    let mapped = at - (pfn << PAGE_SHIFT);
+                    let _ = self
+                        .domain
+                        .table
+                        .unmap(pfn << PAGE_SHIFT, mapped, &mut self.gather);
+                    // Nothing was given to the device yet, but a stray walk
+                    // may have cached it: invalidate before reuse. If that
+                    // fails the block stays allocated (leaked), never
+                    // reused under a stale entry.
+                    let units = self.domain.unit_mask_after_clear();
+                    self.domain.invalidate(units, pfn << PAGE_SHIFT, mapped)?;
+                    self.gather.complete()?;
+                }
+                self.cache.free(pfn, pages)?;
+                return Err(err.into());
+            }
+            *o = at | (e.phys & (PAGE_SIZE - 1));
+            at += n << PAGE_SHIFT;
+        }
+        Ok(sg
+            .iter()
+            .zip(sg.iter().skip(1))
+            .all(|(a, b)| (a.phys + a.len) % PAGE_SIZE == 0 && b.phys % PAGE_SIZE == 0))
     }
 
     #[inline]

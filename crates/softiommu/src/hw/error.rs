@@ -163,8 +163,10 @@ pub enum QiError {
     /// for the unit to drain would wait for itself.
     #[error("the calling thread holds a translation guard of this unit")]
     GuardHeld,
-    /// The unit is shutting down.
-    #[error("the unit is shutting down")]
+    /// The queue carries nothing more: the unit is shutting down, or its
+    /// queue thread is gone (it died; see
+    /// [`Unit::inject_queue_thread_death`](super::Unit::inject_queue_thread_death)).
+    #[error("the unit's invalidation queue is shut down")]
     ShutDown,
     /// A page group response for a group index that does not fit VT-d's
     /// 9-bit field (not below [`PRG_INDICES`](super::PRG_INDICES)): nothing

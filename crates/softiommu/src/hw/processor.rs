@@ -81,11 +81,27 @@ impl Shared {
 
     /// The unit thread: sleeps until the doorbell, processes, repeats.
     pub(crate) fn worker(&self) {
+        // However the thread ends (shut down, an injected crash, a panic
+        // unwinding it), the queue is left shut down and every waiter
+        // woken: a wait in thread mode sleeps until a pass ends, and with
+        // the thread gone none ever would (before this guard, a thread
+        // that died left every later wait hanging).
+        struct Exit<'a>(&'a Shared);
+        impl Drop for Exit<'_> {
+            fn drop(&mut self) {
+                let sh = self.0;
+                let _g = lock(&sh.signal);
+                sh.shutdown.store(true, Ordering::Release);
+                sh.worker_gone.store(true, Ordering::Release);
+                sh.done.notify_all();
+            }
+        }
+        let _exit = Exit(self);
         loop {
             {
                 let mut g = lock(&self.signal);
                 loop {
-                    if self.shutdown.load(Ordering::Acquire) {
+                    if self.shutdown.load(Ordering::Acquire) || self.crash.load(Ordering::Acquire) {
                         return;
                     }
                     if !self.queue.stopped() && self.queue.head() != self.queue.tail() {

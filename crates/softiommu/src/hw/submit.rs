@@ -299,9 +299,8 @@ impl Unit {
         sh.check_caller()?;
         let ticket = {
             let _sub = lock(&sh.submit);
-            if sh.queue.stopped() {
-                return Err(sh.stopped_error());
-            }
+            // Nothing is queued where no processor will ever run it.
+            sh.check_queue()?;
             let len = sh.queue.len();
             let mut tail = sh.queue.tail();
             let ticket = wait.then(|| sh.next_ticket.load(Ordering::Relaxed));

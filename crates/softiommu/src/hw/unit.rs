@@ -259,7 +259,14 @@ pub(crate) struct Shared {
     pub(crate) doorbell: Condvar,
     /// Rung when a processing pass ends.
     pub(crate) done: Condvar,
+    /// The unit is going away, or its queue thread is gone: the queue
+    /// carries nothing more (`QiError::ShutDown`).
     pub(crate) shutdown: AtomicBool,
+    /// Fault injection: the queue thread is to exit as if it had crashed
+    /// (`Unit::inject_queue_thread_death`). Read only by that thread.
+    pub(crate) crash: AtomicBool,
+    /// The queue thread has exited (set on its way out, however it ends).
+    pub(crate) worker_gone: AtomicBool,
     bindings: Mutex<HashMap<u16, Binding>>,
 }
 
@@ -319,6 +326,8 @@ impl Unit {
             doorbell: Condvar::new(),
             done: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            crash: AtomicBool::new(false),
+            worker_gone: AtomicBool::new(false),
             bindings: Mutex::new(HashMap::new()),
             mem,
         });
@@ -528,6 +537,40 @@ impl Unit {
     /// Changes the latency model; takes effect at the next charge.
     pub fn set_latency(&self, model: LatencyModel) {
         self.shared.latency.set(model);
+    }
+
+    /// **Fault injection**: makes the unit's queue thread
+    /// ([`QueueMode::Thread`]) exit as if it had crashed, leaving whatever
+    /// the ring still holds unprocessed. It exits at its next look at the
+    /// doorbell: at once if it is idle, after the pass it is in otherwise
+    /// ([`queue_thread_alive`](Self::queue_thread_alive) tells when it is
+    /// gone). Returns whether there was a thread to end (`false` in inline
+    /// mode, or if it is gone already). Costs nothing until called: the
+    /// thread reads the flag only when woken.
+    ///
+    /// However the thread ends — this, or a panic unwinding it — the
+    /// queue is then shut down: every wait pending or to come fails at
+    /// once with [`QiError::ShutDown`] instead of sleeping until a pass
+    /// that will never run, submissions are refused the same way, and
+    /// context changes are refused before they write anything. The `dma`
+    /// and `iopf` layers revoke around the queue as they do for a stopped
+    /// one, so unmaps still complete with nothing left reachable. It is
+    /// permanent: the unit's queue never runs again.
+    pub fn inject_queue_thread_death(&self) -> bool {
+        let sh = &*self.shared;
+        if !self.queue_thread_alive() {
+            return false;
+        }
+        let _g = lock(&sh.signal);
+        sh.crash.store(true, Ordering::Release);
+        sh.doorbell.notify_all();
+        true
+    }
+
+    /// Whether the unit has a queue thread ([`QueueMode::Thread`]) that
+    /// has not exited.
+    pub fn queue_thread_alive(&self) -> bool {
+        self.worker.is_some() && !self.shared.worker_gone.load(Ordering::Acquire)
     }
 
     /// The unit's counters now.
