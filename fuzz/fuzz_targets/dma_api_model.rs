@@ -262,15 +262,18 @@ fuzz_target!(|input: Input| {
                 let a2 = a.wrapping_add_signed(i64::from(daddr));
                 let n2 = n.wrapping_add_signed(i64::from(dlen));
                 let l = m.live[i].clone();
-                // Known, reported, not fixed here: a streaming unmap naming a
-                // coherent buffer's pages is taken (the block is found by its
-                // page; nothing tells streaming and coherent blocks apart),
-                // leaving the coherent record to free a block that may be
-                // reused. Not generated until unmap checks the block's kind.
+                // Known, reported, not fixed here: a streaming unmap naming the
+                // first page of a coherent buffer's or a scatter list's block
+                // is taken (the block is found by its page; nothing tells
+                // streaming, scatter-list and coherent blocks apart), leaving
+                // the coherent record or the `SgMapping` to free a block that
+                // may be reused. Not generated until unmap checks the block's
+                // kind (the scatter-list case was found by this target on
+                // 2026-11-23, crash-32a79558).
                 if n2 != 0
                     && m.live.iter().any(|o| {
-                        matches!(o.kind, Kind::Coherent { .. })
-                            && o.pieces[0].0 / PAGE_SIZE == a2 / PAGE_SIZE
+                        !matches!(o.kind, Kind::Single)
+                            && o.pieces.iter().any(|p| p.0 / PAGE_SIZE == a2 / PAGE_SIZE)
                     })
                 {
                     continue;
@@ -303,7 +306,7 @@ fuzz_target!(|input: Input| {
                         });
                     let Some(j) = taken else {
                         panic!(
-                            "unmap of {a2:#x}+{n2:#x} accepted; no live mapping has those pages ({policy:?}, {l:?})"
+                            "unmap of {a2:#x}+{n2:#x} accepted; no live mapping has those pages ({policy:?}, {l:?}); near: {:?}", m.live.iter().filter(|o| o.pieces.iter().any(|p| p.0 / PAGE_SIZE == a2 / PAGE_SIZE)).collect::<Vec<_>>()
                         );
                     };
                     let o = m.live.remove(j);
