@@ -4,7 +4,10 @@
 //! `docs/ERRORS.md` ("Fault injection") names each test beside its fault.
 //!
 //! Every test runs its body on a thread of its own and fails if the body
-//! takes longer than [`LIMIT`]: a hang fails the test instead of the run.
+//! takes longer than [`watchdog::LIMIT`]: a hang fails the test instead of the run.
+
+mod watchdog;
+use watchdog::timed;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc};
@@ -26,28 +29,6 @@ const TO: DmaDirection = DmaDirection::ToDevice;
 const O: DmaAttrs = DmaAttrs::ORDERED;
 /// Where the IOPF tests' region starts.
 const BASE: u64 = 0x1000_0000;
-/// Far above what any body here needs on a loaded 2-core machine: only a
-/// hang reaches it.
-const LIMIT: Duration = Duration::from_secs(60);
-
-/// Runs `f` on its own thread; fails the test if it panics or outlasts
-/// [`LIMIT`].
-fn timed(f: impl FnOnce() + Send + 'static) {
-    let (tx, rx) = mpsc::channel();
-    let h = std::thread::spawn(move || {
-        f();
-        let _ = tx.send(());
-    });
-    match rx.recv_timeout(LIMIT) {
-        Ok(()) => h.join().expect("the test body"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            if let Err(p) = h.join() {
-                std::panic::resume_unwind(p);
-            }
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("the test did not end within {LIMIT:?}"),
-    }
-}
 
 /// 64 MiB, one unit whose queue runs on its own thread, `NIC` and `NIC2`
 /// attached to a domain of `policy`.

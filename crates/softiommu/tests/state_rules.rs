@@ -5,11 +5,12 @@
 //! exact error, and checks the state the failed call left.
 //!
 //! Every test runs its body on a thread of its own and fails if the body
-//! takes longer than [`LIMIT`]: a regression that hangs fails instead.
+//! takes longer than [`watchdog::LIMIT`]: a regression that hangs fails instead.
 
-use std::sync::mpsc;
+mod watchdog;
+use watchdog::timed;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use softiommu::dma::{DmaDomainConfig, DmaError, DmaPolicy};
 use softiommu::hw::{
@@ -26,26 +27,6 @@ const DEV2: SourceId = SourceId(0x0200);
 const DEV3: SourceId = SourceId(0x0300);
 /// A device no context names: translating it in a section only faults.
 const NOBODY: SourceId = SourceId(0x0fff);
-const LIMIT: Duration = Duration::from_secs(60);
-
-/// Runs `f` on its own thread; fails the test if it panics or outlasts
-/// [`LIMIT`].
-fn timed(f: impl FnOnce() + Send + 'static) {
-    let (tx, rx) = mpsc::channel();
-    let h = std::thread::spawn(move || {
-        f();
-        let _ = tx.send(());
-    });
-    match rx.recv_timeout(LIMIT) {
-        Ok(()) => h.join().expect("the test body"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            if let Err(p) = h.join() {
-                std::panic::resume_unwind(p);
-            }
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("the test did not end within {LIMIT:?}"),
-    }
-}
 
 /// A system of `units` units over 64 MiB; `DEV` in unit 0, `DEV2` in the
 /// last, `DEV3` in unit 0.
