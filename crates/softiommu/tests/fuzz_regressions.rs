@@ -126,3 +126,57 @@ fn an_unmap_at_another_offset_in_a_mappings_page_unmaps_that_mapping_only() {
     assert!(matches!(r, Err(DmaError::NotMapped { .. })), "{r:?}");
     cpu.unmap(dev, d, 1, dir).unwrap();
 }
+
+/// `dma_api_model`, `crash-32a79558…` (deferred, 2026-11-23): a one-page
+/// `map_sg` list of device 0, then `unmap` of an address in its page from
+/// device 1 (one domain), was taken; and its twin, found earlier: a
+/// streaming unmap naming a coherent buffer's first page. Each left the
+/// `SgMapping` or the coherent record to retire whatever block later
+/// reused the IOVA. Blocks now carry their kind (`iova::BlockKind`) and an
+/// unmap retires only its own kind: refused (`NotMapped`), nothing changed.
+#[test]
+fn an_unmap_of_one_kind_cannot_take_a_scatter_list_or_a_coherent_block() {
+    for policy in [DmaPolicy::Strict, DmaPolicy::Deferred] {
+        let p = platform(policy);
+        let (d0, d1) = (&p.devices[0], &p.devices[1]);
+        let mut cpu = p.domain.cpu();
+        let mut acc = DmaAccessor::for_device(d0).unwrap();
+        let buf = p.mem.alloc_zeroed_frames(1).unwrap();
+        let dir = DmaDirection::ToDevice;
+        let sg = [softiommu::SgEntry {
+            phys: buf + 0x13f,
+            len: 1,
+        }];
+        let mut out = [0u64; 1];
+        let m = cpu.map_sg(d0, &sg, dir, &mut out).unwrap();
+        let (ca, cd) = cpu.alloc_coherent(d1, 3 * PAGE_SIZE).unwrap();
+        for (dev, at, len) in [
+            (d1, out[0] + 0x2d, 0x2bc),
+            (d0, out[0], 1),
+            (d1, cd, 3 * PAGE_SIZE),
+            (d1, cd + 0x22c, 3 * PAGE_SIZE - 0x22c),
+        ] {
+            let r = cpu.unmap(dev, at, len, dir);
+            assert!(
+                matches!(r, Err(DmaError::NotMapped { .. })),
+                "{policy:?}: unmap of {at:#x}+{len:#x}: {r:?}"
+            );
+        }
+        // A scatter-list unmap aimed at a one-page coherent block (the
+        // handle's public address changed): refused too.
+        let (pa, pd) = cpu.alloc_coherent(d1, PAGE_SIZE).unwrap();
+        let mut forged = m;
+        forged.dma = pd;
+        let r = cpu.unmap_sg(d1, &forged, &sg, &[pd], dir);
+        assert!(
+            matches!(r, Err(DmaError::NotMapped { .. })),
+            "{policy:?}: {r:?}"
+        );
+        cpu.free_coherent(d1, pa, pd, PAGE_SIZE).unwrap();
+        // Nothing changed: both still reachable, and each goes its own way.
+        acc.read(out[0], &mut [0; 1], DmaAttrs::ORDERED).unwrap();
+        cpu.unmap_sg(d0, &m, &sg, &out, dir).unwrap();
+        cpu.free_coherent(d1, ca, cd, 3 * PAGE_SIZE).unwrap();
+        assert_eq!(p.domain.stats().live(), 0);
+    }
+}

@@ -14,7 +14,7 @@ use super::flush_queue::{FqEntry, Pushed};
 use super::passthrough::take_any;
 use super::policy::{DmaDirection, DmaPolicy};
 use super::slot::CpuSlot;
-use crate::iova::{IovaCpuCache, IovaError};
+use crate::iova::{BlockKind, IovaCpuCache, IovaError};
 use crate::mem::{FrameOwner, PhysAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::pgtable::{IoPageTable, IotlbGather, LeafHint, Perm, PgtableError};
 use crate::sync::lock_std as lock;
@@ -154,7 +154,7 @@ impl DmaCpu {
             }
             DmaPolicy::Bounce => w.bounce_map(slot, dev, phys, len, dir)?,
             _ if dev.untrusted => w.bounce_map(slot, dev, phys, len, dir)?,
-            _ => w.map_pages(slot, dev, phys, len, dir.perm())?,
+            _ => w.map_pages(slot, dev, phys, len, dir.perm(), BlockKind::Plain)?,
         };
         slot.stats.map();
         Ok(addr)
@@ -195,7 +195,13 @@ impl DmaCpu {
                     )?;
                 }
             }
-            policy => w.unmap_pages(slot, addr, len, policy == DmaPolicy::Deferred)?,
+            policy => w.unmap_pages(
+                slot,
+                addr,
+                len,
+                policy == DmaPolicy::Deferred,
+                BlockKind::Plain,
+            )?,
         }
         slot.stats.unmap();
         Ok(())
@@ -319,7 +325,13 @@ impl DmaCpu {
         let _op = w.domain.gate.enter(&slot.active);
         let start = m.dma & !(PAGE_SIZE - 1);
         let deferred = w.domain.policy() == DmaPolicy::Deferred;
-        w.unmap_pages(slot, start, m.pages << PAGE_SHIFT, deferred)?;
+        w.unmap_pages(
+            slot,
+            start,
+            m.pages << PAGE_SHIFT,
+            deferred,
+            BlockKind::ScatterList,
+        )?;
         slot.stats.unmap();
         Ok(())
     }
@@ -352,7 +364,14 @@ impl DmaCpu {
                     })
                 }
                 DmaPolicy::Passthrough => Ok(phys),
-                _ => w.map_pages(slot, dev, phys, PAGE_SIZE << order, Perm::RW),
+                _ => w.map_pages(
+                    slot,
+                    dev,
+                    phys,
+                    PAGE_SIZE << order,
+                    Perm::RW,
+                    BlockKind::Coherent,
+                ),
             };
             // Recorded and counted live before the gate opens: a switch
             // to or from pass-through refuses while anything is live, and
@@ -428,7 +447,13 @@ impl DmaCpu {
             let _op = w.domain.gate.enter(&slot.active);
             match w.domain.policy() {
                 DmaPolicy::Passthrough => {}
-                p => w.unmap_pages(slot, dma, PAGE_SIZE << order, p == DmaPolicy::Deferred)?,
+                p => w.unmap_pages(
+                    slot,
+                    dma,
+                    PAGE_SIZE << order,
+                    p == DmaPolicy::Deferred,
+                    BlockKind::Coherent,
+                )?,
             }
         }
         slot.stats.unmap();
@@ -528,6 +553,16 @@ impl Work {
         pages: u64,
     ) -> Result<bool, DmaError> {
         let pfn = self.alloc_iova(slot, dev, pages)?;
+        // Marked before anything is mapped or handed out: only `unmap_sg`
+        // may retire this block (a streaming unmap naming it is refused).
+        if let Err(e) =
+            self.domain
+                .iova
+                .set_kind(pfn, pages, BlockKind::Plain, BlockKind::ScatterList)
+        {
+            self.cache.free(pfn, pages)?;
+            return Err(DmaError::Iova(e));
+        }
         let mut at = pfn << PAGE_SHIFT;
         for (e, o) in sg.iter().zip(out.iter_mut()) {
             let n = pages_of(e.phys, e.len);
@@ -551,7 +586,7 @@ impl Work {
                     self.domain.invalidate(units, pfn << PAGE_SHIFT, mapped)?;
                     self.gather.complete()?;
                 }
-                self.cache.free(pfn, pages)?;
+                self.free_fresh(pfn, pages, BlockKind::ScatterList)?;
                 return Err(err.into());
             }
             *o = at | (e.phys & (PAGE_SIZE - 1));
@@ -571,10 +606,23 @@ impl Work {
         phys: PhysAddr,
         len: u64,
         perm: Perm,
+        kind: BlockKind,
     ) -> Result<u64, DmaError> {
         let pages = pages_of(phys, len);
         let pfn = self.alloc_iova(slot, dev, pages)?;
         let iova = pfn << PAGE_SHIFT;
+        if kind != BlockKind::Plain {
+            // Marked before it is mapped or handed out (a streaming block
+            // needs no mark: it is what every allocation starts as).
+            if let Err(e) = self
+                .domain
+                .iova
+                .set_kind(pfn, pages, BlockKind::Plain, kind)
+            {
+                self.cache.free(pfn, pages)?;
+                return Err(DmaError::Iova(e));
+            }
+        }
         // The block is fresh from this domain's allocator: nothing can be
         // mapped there (see `map_fresh`).
         if let Err(e) = self.domain.table.map_hinted(
@@ -584,10 +632,23 @@ impl Work {
             perm,
             &mut self.hint,
         ) {
-            self.cache.free(pfn, pages)?;
+            self.free_fresh(pfn, pages, kind)?;
             return Err(e.into());
         }
         Ok(iova | (phys & (PAGE_SIZE - 1)))
+    }
+
+    /// Gives back a block this thread allocated and marked `kind` but never
+    /// handed out: the mark comes off, then the block goes to the cache.
+    fn free_fresh(&mut self, pfn: u64, pages: u64, kind: BlockKind) -> Result<(), DmaError> {
+        if kind != BlockKind::Plain {
+            self.domain
+                .iova
+                .set_kind(pfn, pages, kind, BlockKind::Plain)
+                .map_err(DmaError::Iova)?;
+        }
+        self.cache.free(pfn, pages)?;
+        Ok(())
     }
 
     fn bounce_map(
@@ -663,6 +724,7 @@ impl Work {
         addr: u64,
         len: u64,
         deferred: bool,
+        kind: BlockKind,
     ) -> Result<(), DmaError> {
         let d = &*self.domain;
         let iova = addr & !(PAGE_SIZE - 1);
@@ -673,13 +735,18 @@ impl Work {
             .ok_or(DmaError::WrongLength { addr, len })?;
         // The one step that decides between racing unmaps: the block goes
         // from live to retired (or the unmap is refused, with the reason).
-        d.iova.retire_block(pfn, pages).map_err(|e| match e {
-            IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
-            _ => DmaError::NotMapped { addr },
-        })?;
+        // A block another kind of mapping holds is refused (`NotMapped`):
+        // a streaming unmap cannot take a scatter list's or a coherent
+        // buffer's block, whose owner would later free a reused IOVA.
+        d.iova
+            .retire_block_of(pfn, pages, kind)
+            .map_err(|e| match e {
+                IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
+                _ => DmaError::NotMapped { addr },
+            })?;
         if let Err(e) = self.unmap_checks(slot, iova, pages, deferred) {
             // Nothing was changed: the block is the caller's again.
-            let _ = self.domain.iova.unretire_block(pfn, pages);
+            let _ = self.domain.iova.unretire_block(pfn, pages, kind);
             return Err(match e {
                 DmaError::WrongLength { .. } => DmaError::WrongLength { addr, len },
                 e => e,
@@ -698,7 +765,7 @@ impl Work {
         {
             // Nothing was cleared (a failed unmap changes nothing): the
             // block is the caller's again.
-            let _ = d.iova.unretire_block(pfn, pages);
+            let _ = d.iova.unretire_block(pfn, pages, kind);
             return Err(match e {
                 PgtableError::NotMapped { .. } => DmaError::NotMapped { addr },
                 e => e.into(),

@@ -9,7 +9,7 @@ use crossbeam_utils::CachePadded;
 
 use super::gap_tree::GapTree;
 use super::linear_tree::LinearTree;
-use super::live_map::{state, LiveMap, CACHED, LIVE, RETIRED};
+use super::live_map::{order_in, state, LiveMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
 use super::magazine::Magazine;
 use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull};
 use super::{order_of, IovaError};
@@ -105,6 +105,33 @@ struct Depot {
     mags: Vec<(u32, Magazine)>,
     last_touch: Instant,
     next_trim: Instant,
+}
+
+/// What kind of mapping holds a live block: unmaps name the kind they
+/// undo, and a block of another kind is refused (see
+/// [`IovaDomain::retire_block_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockKind {
+    /// A streaming mapping (`map`), or a block the allocator's own callers
+    /// hold: what every allocation starts as.
+    Plain,
+    /// A scatter list's block (`map_sg`).
+    ScatterList,
+    /// A coherent buffer's block (`alloc_coherent`).
+    Coherent,
+}
+
+impl BlockKind {
+    /// The kind's bits in a state word.
+    #[inline]
+    pub(crate) fn bits(self) -> u16 {
+        let n: u16 = match self {
+            BlockKind::Plain => 0,
+            BlockKind::ScatterList => 1,
+            BlockKind::Coherent => 2,
+        };
+        n << KIND_SHIFT
+    }
 }
 
 /// What a block of IOVA space is being used for.
@@ -422,23 +449,63 @@ impl IovaDomain {
     /// must be, though the block is still allocated in the tree. One
     /// compare-exchange: of two threads retiring one block at once, exactly
     /// one succeeds.
+    /// A block of another [`BlockKind`] than [`BlockKind::Plain`] is refused
+    /// (`NotAllocated`): see [`retire_block_of`](Self::retire_block_of).
     pub fn retire_block(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+        self.retire_block_of(pfn, pages, BlockKind::Plain)
+    }
+
+    /// [`retire_block`](Self::retire_block) for a block held as `kind`: a
+    /// live block of another kind is refused (`NotAllocated`: no block of
+    /// that kind starts there), so an unmap of one kind of mapping can never
+    /// retire a block another kind holds, whose owner would later free
+    /// whatever block reused its IOVA.
+    pub fn retire_block_of(&self, pfn: u64, pages: u64, kind: BlockKind) -> Result<(), IovaError> {
         let order = order_of(pages)?;
         if order >= 64 {
             return Err(self.free_error(pfn, order));
         }
         self.live
-            .compare_exchange(pfn, state(LIVE, order), state(RETIRED, order))
+            .compare_exchange(pfn, state(LIVE | kind.bits(), order), state(RETIRED, order))
             .map_err(|_| self.free_error(pfn, order))
     }
 
-    /// Undoes [`retire_block`](Self::retire_block) for an unmap that could
-    /// not proceed: the block is the user's again.
-    pub(crate) fn unretire_block(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+    /// Undoes [`retire_block_of`](Self::retire_block_of) for an unmap that
+    /// could not proceed: the block is the user's again, as `kind`.
+    pub(crate) fn unretire_block(
+        &self,
+        pfn: u64,
+        pages: u64,
+        kind: BlockKind,
+    ) -> Result<(), IovaError> {
         let order = order_of(pages)?;
         self.live
-            .compare_exchange(pfn, state(RETIRED, order), state(LIVE, order))
+            .compare_exchange(pfn, state(RETIRED, order), state(LIVE | kind.bits(), order))
             .map_err(|_| IovaError::NotRetired { pfn })
+    }
+
+    /// Changes the kind of a live block from `from` to `to` (one
+    /// compare-exchange): a caller that allocated a block for a scatter
+    /// list or a coherent buffer marks it before it hands the IOVA out,
+    /// and takes the mark off before it frees a block it could not use.
+    pub(crate) fn set_kind(
+        &self,
+        pfn: u64,
+        pages: u64,
+        from: BlockKind,
+        to: BlockKind,
+    ) -> Result<(), IovaError> {
+        let order = order_of(pages)?;
+        if order >= 64 {
+            return Err(self.free_error(pfn, order));
+        }
+        self.live
+            .compare_exchange(
+                pfn,
+                state(LIVE | from.bits(), order),
+                state(LIVE | to.bits(), order),
+            )
+            .map_err(|_| self.free_error(pfn, order))
     }
 
     /// Verifies that a live block of `order` starts at `pfn`.
@@ -449,7 +516,7 @@ impl IovaDomain {
 
     /// Verifies that a block of `order` in state `flag` starts at `pfn`.
     #[inline]
-    pub(super) fn check_state(&self, pfn: u64, order: u32, flag: u8) -> Result<(), IovaError> {
+    pub(super) fn check_state(&self, pfn: u64, order: u32, flag: u16) -> Result<(), IovaError> {
         if order < 64 && self.live.get(pfn) == state(flag, order) {
             Ok(())
         } else if flag == RETIRED && order < 64 && self.live.get(pfn) == state(LIVE, order) {
@@ -476,13 +543,15 @@ impl IovaDomain {
             return IovaError::OutsideDomain { lo: pfn, hi: pfn };
         }
         let s = self.live.get(pfn);
-        if s & (LIVE | CACHED) == LIVE {
+        if s & (LIVE | CACHED) == LIVE && order_in(s) != order {
             IovaError::WrongSize {
                 pfn,
                 pages: 1u64.checked_shl(order).unwrap_or(0),
-                allocated_pages: 1 << (s & 0x3f),
+                allocated_pages: 1 << order_in(s),
             }
         } else {
+            // Free, cached, retired, or live as another kind with the size
+            // asked: not a block the caller may free.
             IovaError::NotAllocated { pfn }
         }
     }

@@ -166,6 +166,50 @@ fn find_tells_live_from_cached() {
 }
 
 #[test]
+fn a_block_is_retired_only_as_the_kind_that_holds_it() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut c = d.cpu_cache();
+    let a = c.alloc(4, END).unwrap();
+    d.set_kind(a, 4, BlockKind::Plain, BlockKind::ScatterList)
+        .unwrap();
+    assert_eq!(
+        d.set_kind(a, 4, BlockKind::Plain, BlockKind::Coherent),
+        Err(IovaError::NotAllocated { pfn: a }),
+        "marked already"
+    );
+    // A streaming unmap's retire, a coherent free's, and a plain free of
+    // the allocator's own: all refused, the block untouched.
+    for wrong in [
+        d.retire_block(a, 4),
+        d.retire_block_of(a, 4, BlockKind::Coherent),
+        c.free(a, 4),
+        d.free(a, 4),
+    ] {
+        assert_eq!(wrong, Err(IovaError::NotAllocated { pfn: a }));
+    }
+    assert_eq!(d.find(a).unwrap().state, BlockState::Live);
+    // The size is still checked first.
+    assert!(matches!(
+        d.retire_block_of(a, 2, BlockKind::ScatterList),
+        Err(IovaError::WrongSize { .. })
+    ));
+    d.retire_block_of(a, 4, BlockKind::ScatterList).unwrap();
+    d.unretire_block(a, 4, BlockKind::ScatterList).unwrap();
+    assert_eq!(
+        d.retire_block(a, 4),
+        Err(IovaError::NotAllocated { pfn: a }),
+        "the undo gives the kind back"
+    );
+    d.retire_block_of(a, 4, BlockKind::ScatterList).unwrap();
+    c.free_retired(a, 4).unwrap();
+    // Reused, the block starts plain again.
+    let b = c.alloc(4, END).unwrap();
+    assert_eq!(b, a);
+    d.retire_block(b, 4).unwrap();
+    c.free_retired(b, 4).unwrap();
+}
+
+#[test]
 fn a_retired_block_is_freed_only_by_free_retired() {
     let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
     let mut c = d.cpu_cache();

@@ -1,5 +1,8 @@
-//! One state byte per page frame of the domain: which block starts there,
-//! of what order, and whether it is held by a user or by a cache.
+//! One state word (16 bits) per page frame of the domain: which block
+//! starts there, of what order, whether it is held by a user or by a
+//! cache, and for a held block, what kind of mapping holds it (a streaming
+//! mapping, a scatter list, a coherent buffer), so that an unmap of one
+//! kind cannot retire a block of another.
 //!
 //! This is what lets a free through the per-CPU cache, which never touches
 //! the tree, still refuse a double free, a free of something never
@@ -7,12 +10,12 @@
 //! has a state; blocks are size aligned, so the block holding any page is
 //! found by checking the O(log) aligned candidates below it.
 //!
-//! The bytes live in one lazily committed `mmap` reservation when the
-//! process can have it (a 48-bit domain reserves 64 GiB of address space;
+//! The words live in one lazily committed `mmap` reservation when the
+//! process can have it (a 48-bit domain reserves 128 GiB of address space;
 //! only pages near live IOVAs are committed). Where it cannot (valgrind,
-//! which `bench dma --iters` is for, refuses 64 GiB; a VMM with very many
+//! which `bench dma --iters` is for, refuses 128 GiB; a VMM with very many
 //! domains runs out of address space), the map falls back to chunks of
-//! 2 MiB (2^21 frames, 8 GiB of IOVA space), each reserved the first time
+//! 4 MiB (2^21 frames, 8 GiB of IOVA space), each reserved the first time
 //! the tree hands out a block there (a slow path, under the tree's lock),
 //! so the hot paths never allocate; an access then costs one more load
 //! (the chunk's base). Access is relaxed atomic loads and stores, which compile to
@@ -28,7 +31,7 @@
 
 use std::ptr::null_mut;
 use std::sync::atomic::{
-    AtomicPtr, AtomicU8,
+    AtomicPtr, AtomicU16,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 use std::sync::Mutex;
@@ -36,13 +39,19 @@ use std::sync::Mutex;
 use crate::mem::{MemError, Reservation};
 
 /// The block starting here is held by a user (bits 0..6 = order).
-pub(crate) const LIVE: u8 = 0x40;
+pub(crate) const LIVE: u16 = 0x40;
 /// The block starting here sits in a per-CPU cache or the depot.
-pub(crate) const CACHED: u8 = 0x80;
+pub(crate) const CACHED: u16 = 0x80;
 /// The block starting here was released by its user but is not free yet:
 /// a deferred unmap's IOVA, waiting for the flush that makes it reusable.
-pub(crate) const RETIRED: u8 = LIVE | CACHED;
-const ORDER_MASK: u8 = 0x3f;
+pub(crate) const RETIRED: u16 = LIVE | CACHED;
+const ORDER_MASK: u16 = 0x3f;
+/// Bits 8 and 9 of a live block: the kind of mapping that holds it (0: a
+/// streaming mapping, or a block the allocator's own callers hold; see
+/// `BlockKind`). Cached and retired blocks carry no kind.
+pub(crate) const KIND_SHIFT: u32 = 8;
+/// The flags that say where a block is (live, cached, retired).
+const WHERE_MASK: u16 = LIVE | CACHED;
 
 /// Frames per chunk of the map, as a shift.
 const CHUNK_SHIFT: u32 = 21;
@@ -56,10 +65,10 @@ pub(crate) struct LiveMap {
     /// it: then an access is base + pfn, with no chunk to look up.
     flat: Option<Reservation>,
     /// `flat`'s base, or null: read on every access.
-    flat_base: *mut u8,
+    flat_base: *mut u16,
     /// Otherwise: each chunk's first byte, null until claimed (one more
     /// load per access; the reservations themselves sit in `owned`).
-    chunks: Box<[AtomicPtr<u8>]>,
+    chunks: Box<[AtomicPtr<u16>]>,
     owned: Mutex<Vec<Reservation>>,
     len: u64,
 }
@@ -75,8 +84,8 @@ impl LiveMap {
     /// can have it, else chunks reserved on first use.
     pub(crate) fn new(end_pfn: u64) -> Result<Self, MemError> {
         let mut m = Self::chunked(end_pfn)?;
-        if let Ok(r) = Reservation::new(m.len) {
-            m.flat_base = r.base();
+        if let Ok(r) = Reservation::new(m.len.saturating_mul(2)) {
+            m.flat_base = r.base().cast();
             m.flat = Some(r);
             m.chunks = Box::new([]);
         }
@@ -103,14 +112,16 @@ impl LiveMap {
     }
 
     #[inline(always)]
-    fn cell(&self, pfn: u64) -> Option<&AtomicU8> {
+    fn cell(&self, pfn: u64) -> Option<&AtomicU16> {
         if pfn >= self.len {
             return None;
         }
         if !self.flat_base.is_null() {
-            // SAFETY: `pfn < len`, the flat reservation's length; the byte
-            // lives as long as `self`, and every access to it is atomic.
-            return Some(unsafe { AtomicU8::from_ptr(self.flat_base.add(pfn as usize)) });
+            // SAFETY: `pfn < len` words, the flat reservation's length in
+            // words (2 * `len` bytes, page aligned, so every word is
+            // aligned); the word lives as long as `self`, and every access
+            // to it is atomic.
+            return Some(unsafe { AtomicU16::from_ptr(self.flat_base.add(pfn as usize)) });
         }
         self.chunk_cell(pfn)
     }
@@ -119,7 +130,7 @@ impl LiveMap {
     /// the flat reservation is refused, and instruction counts taken there
     /// should not pay a call per access.)
     #[inline]
-    fn chunk_cell(&self, pfn: u64) -> Option<&AtomicU8> {
+    fn chunk_cell(&self, pfn: u64) -> Option<&AtomicU16> {
         // Acquire: pairs with the claim's Release, so the chunk's mapping is
         // seen whole (it is fresh zeroed memory either way).
         let base = self
@@ -130,22 +141,22 @@ impl LiveMap {
             return None;
         }
         let off = (pfn & ((1 << CHUNK_SHIFT) - 1)) as usize;
-        // SAFETY: `base` is a live reservation of 2^CHUNK_SHIFT bytes owned
-        // by `owned` until `self` drops, and `off` is below that length;
-        // every access to the byte is atomic.
-        Some(unsafe { AtomicU8::from_ptr(base.add(off)) })
+        // SAFETY: `base` is a live, page-aligned reservation of
+        // 2^CHUNK_SHIFT words owned by `owned` until `self` drops, and `off`
+        // is below that length; every access to the word is atomic.
+        Some(unsafe { AtomicU16::from_ptr(base.add(off)) })
     }
 
     /// The raw state at `pfn` (0 when out of range or never claimed).
     #[inline]
-    pub(crate) fn get(&self, pfn: u64) -> u8 {
+    pub(crate) fn get(&self, pfn: u64) -> u16 {
         self.cell(pfn).map_or(0, |c| c.load(Relaxed))
     }
 
     /// Sets the state at `pfn`, whose chunk a [`claim`](Self::claim) made
     /// (every block a cache holds came from the tree, which claims).
     #[inline]
-    pub(crate) fn set(&self, pfn: u64, state: u8) {
+    pub(crate) fn set(&self, pfn: u64, state: u16) {
         match self.cell(pfn) {
             Some(c) => c.store(state, Relaxed),
             None => debug_assert!(state == 0, "pfn {pfn:#x} was never claimed"),
@@ -156,7 +167,7 @@ impl LiveMap {
     /// of two threads racing to change one block, exactly one wins.
     /// Returns the state seen when it was not `from`.
     #[inline]
-    pub(crate) fn compare_exchange(&self, pfn: u64, from: u8, to: u8) -> Result<(), u8> {
+    pub(crate) fn compare_exchange(&self, pfn: u64, from: u16, to: u16) -> Result<(), u16> {
         match self.cell(pfn) {
             // AcqRel: the winner sees everything the block's last owner did
             // before its own state change.
@@ -167,7 +178,7 @@ impl LiveMap {
 
     /// Sets the state at `pfn`, reserving its chunk first if need be: the
     /// tree's paths call this when they hand out a block.
-    pub(crate) fn claim(&self, pfn: u64, state: u8) -> Result<(), MemError> {
+    pub(crate) fn claim(&self, pfn: u64, state: u16) -> Result<(), MemError> {
         if !self.flat_base.is_null() {
             self.set(pfn, state);
             return Ok(());
@@ -177,8 +188,8 @@ impl LiveMap {
                 let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
                 // Re-checked under the lock: one reservation per chunk.
                 if slot.load(Acquire).is_null() {
-                    let r = Reservation::new(1 << CHUNK_SHIFT)?;
-                    slot.store(r.base(), Release);
+                    let r = Reservation::new(2 << CHUNK_SHIFT)?;
+                    slot.store(r.base().cast(), Release);
                     owned.push(r);
                 }
             }
@@ -187,14 +198,14 @@ impl LiveMap {
         Ok(())
     }
 
-    /// The block (start, order, state) that contains `pfn`, if one is
-    /// allocated in the tree (live or cached).
-    pub(crate) fn block_containing(&self, pfn: u64) -> Option<(u64, u32, u8)> {
+    /// The block (start, order, where: live, cached or retired) that
+    /// contains `pfn`, if one is allocated in the tree.
+    pub(crate) fn block_containing(&self, pfn: u64) -> Option<(u64, u32, u16)> {
         for k in 0..=ORDER_MASK as u32 {
             let start = pfn & !((1u64 << k) - 1);
             let s = self.get(start);
             if s != 0 && (s & ORDER_MASK) as u32 == k {
-                return Some((start, k, s & !ORDER_MASK));
+                return Some((start, k, s & WHERE_MASK));
             }
             if start == 0 {
                 break;
@@ -204,10 +215,16 @@ impl LiveMap {
     }
 }
 
-/// The state byte of a block of `order` with flag `flag`.
+/// The state word of a block of `order` with flag `flag` (and kind bits).
 #[inline]
-pub(crate) fn state(flag: u8, order: u32) -> u8 {
-    flag | order as u8
+pub(crate) fn state(flag: u16, order: u32) -> u16 {
+    flag | (order as u16 & ORDER_MASK)
+}
+
+/// The order a state word records.
+#[inline]
+pub(crate) fn order_in(s: u16) -> u32 {
+    u32::from(s & ORDER_MASK)
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ mod magazine;
 mod policy;
 
 pub use cpu_cache::IovaCpuCache;
-pub use domain::{BlockState, IovaBlock, IovaDomain, IovaStats};
+pub use domain::{BlockKind, BlockState, IovaBlock, IovaDomain, IovaStats};
 pub use policy::{
     CacheParams, DepotRule, IovaPolicy, WhenFull, MAX_CACHED_ORDER, MAX_DEPOT, MAX_MAGAZINE_SIZE,
 };
