@@ -789,13 +789,23 @@ impl Work {
                         // Never blocks: a taker that holds the queue is
                         // flushing it already (and may be waiting for a
                         // section this thread holds).
+                        let now = Instant::now();
                         if let Some(mut taker) = slot.fq.try_taker() {
-                            if let Some(b) = taker.take_if_older(Instant::now(), after) {
+                            if let Some(b) = taker.take_if_older(now, after) {
                                 // A failed flush keeps its batch for a
                                 // retry and is counted; this unmap itself
                                 // is done.
                                 let _ = d.flush_batch(b, cache, &slot.stats);
                             }
+                        } else if slot
+                            .fq
+                            .oldest()
+                            .is_some_and(|t| now.saturating_duration_since(t) >= after)
+                        {
+                            // Its taker (the timer, or `flush_all`) may be
+                            // off its CPU mid-flush: the batch past its age
+                            // leaves the IOTLB now, lock-free.
+                            d.drop_cached();
                         }
                     }
                 }

@@ -475,13 +475,7 @@ impl DmaDomain {
         if self.pending.count.load(Relaxed) > 0
             || cpus.iter().any(|s| s.fq.oldest().is_some_and(overdue))
         {
-            for unit in self
-                .units
-                .in_mask(self.unit_mask())
-                .filter_map(|id| self.system.unit(id))
-            {
-                unit.drop_cached(self.did);
-            }
+            self.drop_cached();
         }
         let mut cache_guard = lock(&self.timer_cache);
         let mut oldest: Option<Instant> = None;
@@ -512,6 +506,19 @@ impl DmaDomain {
             oldest = Some(oldest.map_or(now, |o| o.min(now)));
         }
         oldest
+    }
+
+    /// Drops every cached translation of this domain in every unit it
+    /// spans, now and lock-free (see `Unit::drop_cached`): what a queue past
+    /// its age gets while its flush waits for a lock.
+    pub(crate) fn drop_cached(&self) {
+        for unit in self
+            .units
+            .in_mask(self.unit_mask())
+            .filter_map(|id| self.system.unit(id))
+        {
+            unit.drop_cached(self.did);
+        }
     }
 
     /// Whether any queue holds an entry, or a failed flush waits.
