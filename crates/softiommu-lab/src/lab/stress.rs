@@ -131,8 +131,10 @@ pub struct PhaseResult {
     /// Successful accesses through live mappings (or the domain's own
     /// bounce pool).
     pub legal: u64,
-    /// Successful accesses the shadow's history no longer reached back far
-    /// enough to judge.
+    /// Successful accesses not judged: the shadow's history no longer
+    /// reached back far enough, or a deferred-stale access began inside the
+    /// window and ended past it (its device thread off its CPU mid-access,
+    /// so the checker cannot place the translation).
     pub unjudged: u64,
     /// The stale window the library itself measured (its longest flush
     /// wait, from queueing to the end of the invalidation), microseconds:
@@ -178,7 +180,8 @@ pub struct StressReport {
     pub max_stale_age_us: u64,
     /// Every phase's violations.
     pub violations: u64,
-    /// Accesses not judged (history too short).
+    /// Accesses not judged (history too short, or begun inside the stale
+    /// window and ended past it).
     pub unjudged: u64,
     /// The deferred flush timeout in force, microseconds.
     pub flush_timeout_us: u64,

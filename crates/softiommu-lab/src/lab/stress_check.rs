@@ -444,6 +444,12 @@ pub fn classify(acc: &Access, domains: &[DomainShadow], timeout_ns: u64) -> Verd
         let flushed = e.t_unmap_ns < acc.flushed_upto_ns;
         if e.deferred && !flushed && acc.t_after_ns - e.t_unmap_ns <= timeout_ns {
             Verdict::Stale { age_us }
+        } else if e.deferred && !flushed && acc.t_before_ns - e.t_unmap_ns <= timeout_ns {
+            // Begun inside the window, ended past it: the device thread was
+            // off its CPU mid-access, and the translation (the moment that
+            // counts: a later one misses the dropped entry) lies somewhere
+            // in between. Not judged rather than guessed.
+            Verdict::Unknown
         } else {
             Verdict::Violation(Why::AfterUnmap { entry: *e, age_us })
         }
@@ -607,6 +613,16 @@ mod tests {
         assert!(matches!(
             classify(&old, &d, TIMEOUT),
             Verdict::Violation(Why::AfterUnmap { .. })
+        ));
+        // Begun inside the window, ended past it (the device thread was
+        // descheduled mid-access): not judged.
+        let straddling = Access {
+            t_after_ns: 1_000_000 + TIMEOUT + 5_000_000,
+            ..young
+        };
+        assert!(matches!(
+            classify(&straddling, &d, TIMEOUT),
+            Verdict::Unknown
         ));
         let flushed = Access {
             flushed_upto_ns: 2_000_000,

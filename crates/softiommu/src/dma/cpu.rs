@@ -780,6 +780,7 @@ impl Work {
             match slot.fq.push(entry, &tables, units, high_water) {
                 Pushed::Queued { .. } => {
                     d.arm.on_push();
+                    d.arm_expiry(units);
                     // The owner enforces the age limit too, every few
                     // pushes, so the stale window holds while the timer
                     // thread waits for a core.
@@ -811,6 +812,7 @@ impl Work {
                 }
                 Pushed::Full => {
                     d.arm.on_push();
+                    d.arm_expiry(units);
                     if let Some(mut taker) = slot.fq.try_taker() {
                         if let Some(b) = taker.take_all() {
                             let _ = d.flush_batch(b, cache, &slot.stats);

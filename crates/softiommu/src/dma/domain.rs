@@ -508,6 +508,28 @@ impl DmaDomain {
         oldest
     }
 
+    /// After a deferred unmap was queued (its entries cleared, then the
+    /// light barrier of `TimerArm::on_push`): arms the expiry deadline of
+    /// this domain in each unit of `units` that has none, at three
+    /// quarters of the timeout. A translator that finds it passed drops
+    /// the domain's cached translations itself (`Iotlb::expire_if_due`):
+    /// the stale window's bound then holds even while the flush timer and
+    /// the owner are off their CPUs, as long as the device runs. One
+    /// relaxed load per unit and push; a clock read only to arm.
+    #[inline]
+    pub(crate) fn arm_expiry(&self, units: u64) {
+        for unit in self
+            .units
+            .in_mask(units)
+            .filter_map(|id| self.system.unit(id))
+        {
+            if !unit.expiry_armed(self.did) {
+                let at = Instant::now() + self.tunables.timeout() * 3 / 4;
+                unit.arm_expiry(self.did, at);
+            }
+        }
+    }
+
     /// Drops every cached translation of this domain in every unit it
     /// spans, now and lock-free (see `Unit::drop_cached`): what a queue past
     /// its age gets while its flush waits for a lock.

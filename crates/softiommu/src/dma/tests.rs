@@ -153,6 +153,50 @@ fn a_batch_held_by_a_stalled_taker_is_still_dropped_from_the_iotlb_at_its_age() 
     assert_eq!(r.domain.stats().live(), 0);
 }
 
+/// The device-side backstop: a deferred unmap arms its domain's expiry
+/// deadline in the unit, and a translator that finds it passed drops the
+/// domain's cached translations itself, though no flush ran (here the
+/// timeout is a minute and the deadline is moved into the past by hand,
+/// standing for a timer and an owner kept off their CPUs).
+#[test]
+fn a_translator_expires_a_deferred_unmap_whose_deadline_passed() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    r.domain.set_timeout(Duration::from_secs(60)).unwrap();
+    let system = r.domain.system.clone();
+    let unit = system.unit(crate::hw::UnitId(0)).unwrap();
+    let did = r.domain.did();
+    let buf = r.mem.alloc_zeroed_frames(0).unwrap();
+    let a = r
+        .cpu
+        .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    assert!(reachable(&mut r, a));
+    assert!(!unit.expiry_armed(did), "nothing queued yet");
+    r.cpu
+        .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    assert!(unit.expiry_armed(did), "the queued unmap armed it");
+    // Within its deadline the IOTLB keeps serving it (the window).
+    for _ in 0..200 {
+        assert!(reachable(&mut r, a));
+    }
+    assert_eq!(r.tr.stats().expiries, 0);
+    // Past it (moved back by hand): within one check interval (64 hits)
+    // the device faults.
+    unit.force_expiry(did, std::time::Instant::now() - Duration::from_secs(1));
+    let mut hits = 0;
+    while reachable(&mut r, a) {
+        hits += 1;
+        assert!(hits <= 64, "the translator never looked at the deadline");
+    }
+    assert_eq!(r.tr.stats().expiries, 1);
+    assert!(
+        !unit.expiry_armed(did),
+        "reset by the translator that fired"
+    );
+    r.cpu.flush_own().unwrap();
+}
+
 #[test]
 fn the_high_water_mark_and_the_timer_flush() {
     let mut r = rig(DmaPolicy::Deferred, false);

@@ -65,10 +65,13 @@
 //!
 //! Every concurrent piece above is model-checked with loom (`loom_tests`).
 
+use std::time::Instant;
+
 use crossbeam_utils::CachePadded;
 
 use crate::mem::{PhysAddr, PAGE_SHIFT};
 use crate::pgtable::{PageSize, Perm, VTD_IOVA_BITS};
+use crate::sync::barrier::Barrier;
 use crate::sync::{fence, AtomicU64, Ordering};
 
 /// Shape of an IOTLB.
@@ -212,21 +215,28 @@ struct Entry {
     gen: AtomicU64,
 }
 
-/// A domain's invalidation counters.
+/// A domain's invalidation counters, and its expiry deadline.
 #[derive(Debug, Default)]
-#[repr(C, align(16))]
+#[repr(C, align(32))]
 struct DomainGen {
     /// Bumped by each domain-selective invalidation.
     gen: AtomicU64,
     /// Bumped by each page-selective invalidation.
     psi: AtomicU64,
+    /// When the domain's cached translations must be gone by, as
+    /// nanoseconds since the IOTLB's `epoch` plus one; 0: no deadline.
+    /// Armed by the deferred policy when it queues an unmap and finds none
+    /// armed, reset by the translator that finds it passed (see
+    /// [`Iotlb::expire_if_due`]). On the line every hit reads for `gen`.
+    deadline: AtomicU64,
 }
 
 fn new_domains(n: usize) -> Box<[DomainGen]> {
     #[cfg(not(loom))]
     {
-        // SAFETY: `DomainGen` is two `AtomicU64`s, for which all-zero bytes
-        // are a valid value (zero); a zeroed allocation is also left
+        // SAFETY: `DomainGen` is three `AtomicU64`s (and padding), for
+        // which all-zero bytes are a valid value (zero: no deadline); a
+        // zeroed allocation is also left
         // uncommitted by the OS until a domain is used.
         unsafe { Box::<[DomainGen]>::new_zeroed_slice(n).assume_init() }
     }
@@ -248,6 +258,8 @@ pub(crate) struct Iotlb {
     global: CachePadded<AtomicU64>,
     /// Bit 0: a 2 MiB leaf was cached once; bit 1: a 1 GiB leaf.
     large: CachePadded<AtomicU64>,
+    /// The origin of the domains' deadlines.
+    epoch: Instant,
 }
 
 impl Iotlb {
@@ -263,6 +275,7 @@ impl Iotlb {
             dom_mask: domains - 1,
             global: CachePadded::new(AtomicU64::new(0)),
             large: CachePadded::new(AtomicU64::new(0)),
+            epoch: Instant::now(),
         }
     }
 
@@ -467,6 +480,62 @@ impl Iotlb {
             }
         }
         free.or_else(|| ways.get((rnd % ways.len().max(1) as u64) as usize))
+    }
+
+    /// A deadline word for `at` (never 0).
+    fn deadline_word(&self, at: Instant) -> u64 {
+        let ns = at.saturating_duration_since(self.epoch).as_nanos();
+        u64::try_from(ns).unwrap_or(u64::MAX - 1).saturating_add(1)
+    }
+
+    /// Whether domain `did` has an expiry deadline armed (one relaxed load).
+    #[inline]
+    pub(crate) fn deadline_armed(&self, did: u16) -> bool {
+        self.domain(did).deadline.load(Ordering::Relaxed) != 0
+    }
+
+    /// Arms domain `did`'s deadline at `at` unless one is armed already
+    /// (which is then earlier: every deadline is its arming time plus the
+    /// same timeout). The caller has cleared the entries it wants gone by
+    /// `at` and then issued its light barrier (see `expire_if_due`).
+    pub(crate) fn arm_deadline(&self, did: u16, at: Instant) {
+        let w = self.deadline_word(at);
+        let _ =
+            self.domain(did)
+                .deadline
+                .compare_exchange(0, w, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Sets domain `did`'s deadline to `at`, armed or not (tests only).
+    #[cfg(test)]
+    pub(crate) fn force_deadline(&self, did: u16, at: Instant) {
+        let w = self.deadline_word(at);
+        self.domain(did).deadline.store(w, Ordering::Relaxed);
+    }
+
+    /// The translator's side: if domain `did`'s deadline has passed, resets
+    /// it, issues the heavy barrier, and invalidates the domain (a
+    /// generation bump); returns whether it did. A Dekker pair with the
+    /// arming side, which clears page-table entries, issues the light
+    /// barrier, then loads the deadline and arms it if it finds none:
+    /// either that load sees this reset (and arms a new deadline for its
+    /// entries), or every walk after this bump sees its cleared entries.
+    /// Under the loom model `loom_expiry_never_strands_a_cleared_entry`.
+    pub(crate) fn expire_if_due(&self, did: u16, barrier: Barrier) -> bool {
+        let d = &self.domain(did).deadline;
+        let w = d.load(Ordering::Relaxed);
+        if w == 0 || self.deadline_word(Instant::now()) < w {
+            return false;
+        }
+        if d.compare_exchange(w, 0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            // Another translator took it (and bumps), or it was re-armed.
+            return false;
+        }
+        barrier.heavy();
+        self.invalidate_domain(did);
+        true
     }
 
     /// Global invalidation: every entry of every domain becomes stale.

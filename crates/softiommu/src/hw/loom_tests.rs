@@ -242,3 +242,44 @@ fn a_cached_hit_racing_the_wait() {
         dev.join().unwrap();
     });
 }
+
+/// The expiry deadline's Dekker pair (`Iotlb::expire_if_due` against a
+/// deferred unmap's arming): the owner clears the page-table entry, issues
+/// the light barrier and arms the deadline only if it finds none armed;
+/// a translator finds the old deadline passed, resets it, issues the heavy
+/// barrier and bumps the domain's generation, then walks. If the owner saw
+/// the old deadline (and armed nothing), the translator's walk after the
+/// bump must see the cleared entry: else the entry would be cached again
+/// under the new generation with no deadline left to expire it.
+#[test]
+fn loom_expiry_never_strands_a_cleared_entry() {
+    model("loom_expiry_never_strands_a_cleared_entry", || {
+        let t = Arc::new(Iotlb::new(IotlbConfig { sets: 1, ways: 1 }, 1));
+        let pte = Arc::new(AtomicU64::new(PHYS));
+        // An earlier unmap's deadline, passed by now.
+        let past = std::time::Instant::now();
+        t.arm_deadline(DID, past);
+        let owner = {
+            let (t, pte) = (t.clone(), pte.clone());
+            thread::spawn(move || {
+                pte.store(0, Ordering::Relaxed);
+                Barrier::Fence.light();
+                if t.deadline_armed(DID) {
+                    false
+                } else {
+                    t.arm_deadline(DID, past + std::time::Duration::from_secs(3600));
+                    true
+                }
+            })
+        };
+        let expired = t.expire_if_due(DID, Barrier::Fence);
+        let walked = pte.load(Ordering::Relaxed);
+        let armed_again = owner.join().unwrap();
+        if expired {
+            assert!(
+                walked == 0 || armed_again,
+                "a cleared entry walked as mapped after the expiry, and no deadline left"
+            );
+        }
+    });
+}

@@ -208,6 +208,28 @@ impl Unit {
         self.shared.iotlb.invalidate_domain(did);
     }
 
+    /// Whether domain `did` has an expiry deadline armed (one relaxed
+    /// load): the deferred policy asks after every queued unmap.
+    #[inline]
+    pub(crate) fn expiry_armed(&self, did: u16) -> bool {
+        self.shared.iotlb.deadline_armed(did)
+    }
+
+    /// Arms domain `did`'s expiry deadline at `at` unless one is armed: a
+    /// translator that finds it passed drops the domain's cached
+    /// translations itself, whatever became of the flush that should have
+    /// (see `Iotlb::expire_if_due`). The caller cleared the entries and
+    /// issued the process's light barrier before it looked.
+    pub(crate) fn arm_expiry(&self, did: u16, at: std::time::Instant) {
+        self.shared.iotlb.arm_deadline(did, at);
+    }
+
+    /// Sets domain `did`'s expiry deadline to `at` (tests only).
+    #[cfg(test)]
+    pub(crate) fn force_expiry(&self, did: u16, at: std::time::Instant) {
+        self.shared.iotlb.force_deadline(did, at);
+    }
+
     /// Queues a page-selective IOTLB invalidation of the 2^`am` pages
     /// holding `iova` (no wait).
     pub fn invalidate_pages(&self, did: u16, iova: u64, am: u8, ih: bool) -> Result<(), QiError> {

@@ -58,7 +58,15 @@ pub struct TranslatorStats {
     pub modelled_ns: u64,
     /// Misses that raised a page request.
     pub page_requests: u64,
+    /// Times this translator found its domain's expiry deadline passed and
+    /// dropped the domain's cached translations (a deferred flush late).
+    pub expiries: u64,
 }
+
+/// Hits between two looks at the domain's expiry deadline (a relaxed load
+/// on the line the hit reads anyway; a clock read only when one is armed):
+/// about 20 µs of a busy device thread. See `Iotlb::expire_if_due`.
+const EXPIRY_CHECK_EVERY: u32 = 64;
 
 /// A device thread's handle on a unit's translation. Made by
 /// [`Unit::translator`](super::Unit::translator).
@@ -74,6 +82,8 @@ pub struct Translator {
     stats: TranslatorStats,
     /// Lookups that took the slow path (`stats.lookups` is hits + these).
     slow: u64,
+    /// Hits left before the next look at the domain's expiry deadline.
+    check_in: u32,
     /// Neither `Send` nor `Sync`: bound to the thread that made it.
     _thread: PhantomData<*const ()>,
 }
@@ -151,6 +161,7 @@ impl Translator {
             rng: 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(slot as u64 + 1) | 1,
             stats: TranslatorStats::default(),
             slow: 0,
+            check_in: EXPIRY_CHECK_EVERY,
             _thread: PhantomData,
         }
     }
@@ -224,6 +235,17 @@ impl Translator {
         let sh = &*self.shared;
         match context::decode(sh.contexts.load(sid)) {
             Some(ContextEntry::Translated { did, .. }) if iova >> VTD_IOVA_BITS == 0 => {
+                self.check_in -= 1;
+                if self.check_in == 0 {
+                    self.check_in = EXPIRY_CHECK_EVERY;
+                    // A deferred unmap's deadline the flush timer missed
+                    // (its thread off its CPU): this device's cached
+                    // translations of the domain go now, and this lookup
+                    // misses.
+                    if sh.iotlb.expire_if_due(did, Barrier::default_for_process()) {
+                        self.stats.expiries += 1;
+                    }
+                }
                 let leaf = sh.iotlb.lookup(did, iova, sh.iotlb.gen(did))?;
                 if !leaf.perm.contains(access.perm()) {
                     // Walk, in case the mapping was upgraded (hardware
