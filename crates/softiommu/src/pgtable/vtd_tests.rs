@@ -737,7 +737,7 @@ fn a_walker_sees_the_same_translation_throughout_a_collapse() {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let off = x % (BLOCKS * M2) & !7;
+                let off = (x % (BLOCKS * M2)) & !7;
                 let got = t.iova_to_phys(base + off).unwrap();
                 assert_eq!(got.map(|g| g.phys), Some(phys + off), "at {off:#x}");
                 n += 1;
