@@ -76,7 +76,9 @@ impl VtdPageTable {
         let mut table = self.root;
         for level in (3..=VTD_LEVELS).rev() {
             // Acquire: as the walk's.
-            let raw = self.mem.load_u64(slot(table, level, iova), Ordering::Acquire)?;
+            let raw = self
+                .mem
+                .load_u64(slot(table, level, iova), Ordering::Acquire)?;
             match decode_entry(raw, level) {
                 SlEntry::Table { addr, .. } => table = addr,
                 _ => return Ok(None),
@@ -118,10 +120,12 @@ impl VtdPageTable {
         // Release: pairs with the walker's Acquire load of this entry. One
         // atomic 64-bit write: a walker reads the table pointer or the
         // leaf, both translating the block the same way.
-        match self
-            .mem
-            .compare_exchange_u64(at, pde, leaf_entry(phys, 2, rights), Ordering::Release)?
-        {
+        match self.mem.compare_exchange_u64(
+            at,
+            pde,
+            leaf_entry(phys, 2, rights),
+            Ordering::Release,
+        )? {
             Ok(_) => {}
             Err(_) => return Err(PgtableError::Raced { at: iova }),
         }
