@@ -322,6 +322,10 @@ fn unknown_names_in_lists_are_refused_with_the_valid_ones() {
         "[possible values: split, shared, os]",
     );
     refused(
+        &["lab", "iopf", "--promote", "maybe"],
+        "[possible values: on, off]",
+    );
+    refused(
         &["bench", "dma", "--policies", "strict,lazy"],
         "unknown DMA policy \"lazy\" (valid: passthrough, strict, deferred, bounce)",
     );

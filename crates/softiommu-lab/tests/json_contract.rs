@@ -648,4 +648,39 @@ fn lab_iopf() {
     assert!(number(lat, "p99") >= number(lat, "p50"));
     assert!(number(lat, "max") >= number(lat, "p99"));
     assert_eq!(number(&v, "overflows"), 0.0);
+    // Promotion (on by default): beside the rows, one entry per row; a
+    // 64 KiB message has no 2 MiB block to promote.
+    assert_eq!(v["promote"], true);
+    let promotions = v["promotions"].as_array().expect("promotions");
+    assert_eq!(promotions.len(), rows.len());
+    for (p, r) in promotions.iter().zip(rows) {
+        for k in ["msg_len", "times", "premap_pages"] {
+            assert_eq!(p[k], r[k]);
+        }
+        assert_eq!(number(p, "promotions"), 0.0);
+    }
+}
+
+#[test]
+fn lab_iopf_promotes_a_2m_message_faulted_page_by_page_unless_told_not_to() {
+    for (flag, promote, want) in [("on", true, 1.0), ("off", false, 0.0)] {
+        let v = run(&[
+            "lab",
+            "iopf",
+            "--json",
+            "--msg-len",
+            "2097152",
+            "--times",
+            "2",
+            "--premap-pages",
+            "1",
+            "--repeats",
+            "1",
+            "--promote",
+            flag,
+        ]);
+        assert_eq!(v["promote"], promote);
+        assert_eq!(number(&v["rows"][0], "faults"), 512.0);
+        assert_eq!(number(&v["promotions"][0], "promotions"), want, "{flag}");
+    }
 }

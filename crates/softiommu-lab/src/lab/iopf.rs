@@ -26,6 +26,12 @@
 //! with other processes their wall times carry whatever preemption
 //! happened to land on them; they count as their median each. The sends
 //! that faulted (the first, and any later one that did) count as measured.
+//!
+//! With `--promote on` (the default, the library's default) the faulting
+//! domains promote: a fault that completes a 2 MiB block of the message
+//! collapses its 4 KiB leaves into one 2 MiB leaf, so after the first send
+//! the device needs the pinned side's 5 IOTLB entries for 10 MiB, not
+//! 2,560. `--promote off` shows the 4 KiB-only behaviour.
 
 use std::fmt;
 use std::str::FromStr;
@@ -109,6 +115,25 @@ impl fmt::Display for MsgLen {
     }
 }
 
+/// Whether the faulting domains promote completed 2 MiB blocks to 2 MiB
+/// leaves ([`IopfConfig::promote`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Promote {
+    /// Promote (the library's default).
+    #[default]
+    On,
+    /// Keep the 4 KiB leaves each fault mapped.
+    Off,
+}
+
+impl Promote {
+    /// Whether it is on.
+    pub fn on(self) -> bool {
+        self == Promote::On
+    }
+}
+
 /// Options of `lab iopf` (and of a `[lab-iopf]` scenario table).
 #[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -143,6 +168,11 @@ pub struct IopfArgs {
     /// one it waits for, at a scheduler tick's cost).
     #[arg(long, value_enum, default_value = "split")]
     pub placement: Placement,
+    /// Whether a fault that completes a 2 MiB block of the message
+    /// collapses its 4 KiB leaves into one 2 MiB leaf: `on` (the default)
+    /// or `off` (4 KiB leaves only, as before promotion existed).
+    #[arg(long, value_enum, default_value = "on")]
+    pub promote: Promote,
     /// Runs per configuration, interleaved; the fastest is kept (1..=100;
     /// default 3, with --quick 2).
     #[arg(long)]
@@ -167,6 +197,7 @@ impl Default for IopfArgs {
             handler_threads: Ranged::new(1),
             handler_spin: Ranged::new(LAB_SPIN_POLLS),
             placement: Placement::Split,
+            promote: Promote::On,
             repeats: None,
             quick: false,
             json: false,
@@ -204,6 +235,22 @@ pub struct FaultLatency {
     pub max: f64,
 }
 
+/// 2 MiB blocks promoted in one row's configuration (kept beside the rows,
+/// which hold exactly the seed's columns).
+#[derive(Debug, Clone, Serialize)]
+pub struct IopfPromotions {
+    /// Message length, bytes.
+    pub msg_len: u64,
+    /// Sends over the same buffer.
+    pub times: u64,
+    /// Pages mapped per fault.
+    pub premap_pages: u64,
+    /// Blocks whose 4 KiB leaves were collapsed into a 2 MiB leaf, in the
+    /// fastest run with IOPF (0 with `--promote off`, and for blocks a
+    /// window mapped whole with a 2 MiB leaf at once).
+    pub promotions: u64,
+}
+
 /// The JSON object `lab iopf --json` prints.
 #[derive(Debug, Clone, Serialize)]
 pub struct IopfReport {
@@ -211,6 +258,10 @@ pub struct IopfReport {
     pub lab: &'static str,
     /// One row per (msg_len, times, premap_pages).
     pub rows: Vec<IopfRow>,
+    /// Whether the faulting domains promoted (`--promote`).
+    pub promote: bool,
+    /// Per row, in the same order: the 2 MiB blocks promoted.
+    pub promotions: Vec<IopfPromotions>,
     /// Every page request of every run with IOPF, from its raise (the
     /// unit's stamp) to its group response being carried out, as the
     /// handler measures it.
@@ -241,6 +292,7 @@ struct Plan {
     /// (device CPU, handlers' CPU), when the process may use two.
     cpus: Option<(usize, usize)>,
     quick: bool,
+    promote: bool,
 }
 
 /// Sends per row in the quick form, for messages up to 1 MiB and above.
@@ -266,6 +318,7 @@ impl Plan {
                 _ => None,
             },
             quick: a.quick,
+            promote: a.promote.on(),
         }
     }
 
@@ -321,11 +374,18 @@ impl Rig {
 
     /// A fresh address space for configuration `i` with the message's
     /// region, its device attached.
-    fn domain(&self, i: usize, msg_len: u64, premap_pages: u64) -> LabResult<Arc<IopfDomain>> {
+    fn domain(
+        &self,
+        i: usize,
+        msg_len: u64,
+        premap_pages: u64,
+        promote: bool,
+    ) -> LabResult<Arc<IopfDomain>> {
         let d = IopfDomain::new(
             self.sys.clone(),
             IopfConfig {
                 premap_pages,
+                promote,
                 ..IopfConfig::default()
             },
         )?;
@@ -399,8 +459,8 @@ fn send(acc: &mut DmaAccessor, msg_len: u64, expect: u64, buf: &mut [u8]) -> Lab
 /// pinned one mapped whole first, the others empty with a handler each),
 /// then `times` rounds in which each device sends once, in turn, so a
 /// burst of load from elsewhere on the machine falls on all of them
-/// alike. Returns each configuration's seconds (summed over its sends)
-/// and page requests.
+/// alike. Returns each configuration's seconds (summed over its sends),
+/// page requests and promotions.
 fn run_once(
     rig: &Rig,
     plan: &Plan,
@@ -409,7 +469,7 @@ fn run_once(
     expect: u64,
     buf: &mut [u8],
     latency: &Latencies,
-) -> LabResult<Vec<(f64, u64)>> {
+) -> LabResult<Vec<(f64, u64, u64)>> {
     // The handler threads inherit the CPU of the thread that starts them:
     // theirs, then the device's (this thread's) own, so the two never
     // take turns on one core (a spinning party on the core the other
@@ -417,12 +477,12 @@ fn run_once(
     if let Some((_, handlers_cpu)) = plan.cpus {
         affinity::pin_current(handlers_cpu);
     }
-    let pinned = rig.domain(0, msg_len, 1)?;
+    let pinned = rig.domain(0, msg_len, 1, plan.promote)?;
     pinned.map_all()?;
     let mut domains = vec![pinned];
     let mut handlers = Vec::new();
     for (k, &p) in plan.premaps.iter().enumerate() {
-        let d = rig.domain(k + 1, msg_len, p)?;
+        let d = rig.domain(k + 1, msg_len, p, plan.promote)?;
         let (unit, _) = rig.unit_of(k + 1)?;
         handlers.push(IopfHandler::start_spinning(
             d.clone(),
@@ -478,10 +538,17 @@ fn run_once(
         latency.service.merge(h.service());
         h.stop();
     }
+    let mut promotions = Vec::with_capacity(domains.len());
     for (i, d) in domains.iter().enumerate() {
         d.detach(dev(i))?;
+        promotions.push(d.stats().promotions);
     }
-    Ok(secs.into_iter().zip(faults).collect())
+    Ok(secs
+        .into_iter()
+        .zip(faults)
+        .zip(promotions)
+        .map(|((s, f), p)| (s, f, p))
+        .collect())
 }
 
 /// The median of `v` (0 when empty).
@@ -515,11 +582,12 @@ fn measure(plan: &Plan) -> LabResult<IopfReport> {
     let latency = Latencies::default();
     let mut buf = vec![0u8; CHUNK];
     let mut rows = Vec::new();
+    let mut promotions = Vec::new();
     for &msg_len in &plan.msg_lens {
         let expect = write_message(&rig, msg_len)?;
         for times in plan.times_of(msg_len) {
             // Each configuration's fastest run.
-            let mut best = vec![(f64::INFINITY, 0u64); 1 + plan.premaps.len()];
+            let mut best = vec![(f64::INFINITY, 0u64, 0u64); 1 + plan.premaps.len()];
             for _ in 0..plan.repeats {
                 let r = run_once(&rig, plan, msg_len, times, expect, &mut buf, &latency)?;
                 for (b, x) in best.iter_mut().zip(r) {
@@ -541,6 +609,12 @@ fn measure(plan: &Plan) -> LabResult<IopfReport> {
                     faults: best[k + 1].1,
                     ratio: with / without,
                 });
+                promotions.push(IopfPromotions {
+                    msg_len,
+                    times,
+                    premap_pages: p,
+                    promotions: best[k + 1].2,
+                });
             }
         }
     }
@@ -554,6 +628,8 @@ fn measure(plan: &Plan) -> LabResult<IopfReport> {
     Ok(IopfReport {
         lab: "iopf",
         rows,
+        promote: plan.promote,
+        promotions,
         fault_latency_us: FaultLatency {
             p50: s.p50_ns as f64 / 1e3,
             p99: s.p99_ns as f64 / 1e3,
@@ -588,10 +664,11 @@ fn report(r: &IopfReport, plan: &Plan) -> Report {
             Column::metric("kbps_without", "w/o IOPF", Unit::KbPerS, 0),
             Column::metric("kbps_with", "with IOPF", Unit::KbPerS, 0),
             Column::metric("faults", "faults", Unit::Count, 0),
+            Column::metric("promotions", "2 MiB promotions", Unit::Count, 0),
             Column::metric("ratio_pct", "with / without", Unit::Percent, 1),
         ],
     );
-    for x in &r.rows {
+    for (x, pr) in r.rows.iter().zip(&r.promotions) {
         t.row(vec![
             mib(x.msg_len).into(),
             x.premap_pages.to_string().into(),
@@ -599,6 +676,7 @@ fn report(r: &IopfReport, plan: &Plan) -> Report {
             x.kbps_without.into(),
             x.kbps_with.into(),
             x.faults.into(),
+            pr.promotions.into(),
             (x.ratio * 100.0).into(),
         ]);
     }
@@ -652,6 +730,7 @@ fn report(r: &IopfReport, plan: &Plan) -> Report {
         ),
         Param::new("chunk", CHUNK, Unit::Bytes),
         Param::text("quick", plan.quick),
+        Param::text("promote", if plan.promote { "on" } else { "off" }),
         Param::new("overflows", r.overflows, Unit::Count),
     ];
     rep.tables.push(t);

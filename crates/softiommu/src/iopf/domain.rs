@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use super::error::IopfError;
 use crate::hw::{ContextEntry, HwError, PageRequest, ResponseCode, SourceId, System, UnitId};
 use crate::mem::{PhysAddr, PAGE_SHIFT, PAGE_SIZE};
-use crate::pgtable::{IoPageTable, IotlbGather, Perm, VtdConfig, VtdPageTable, VTD_IOVA_BITS};
+use crate::pgtable::{
+    IoPageTable, IotlbGather, Perm, Translation, VtdConfig, VtdPageTable, VTD_IOVA_BITS,
+};
 use crate::sync::lock_std as lock;
 
 /// The largest pre-map window: 512 pages (2 MiB), the seed's largest
@@ -17,6 +19,10 @@ use crate::sync::lock_std as lock;
 pub const MAX_PREMAP_PAGES: u64 = 1 << 18;
 /// The largest region: 64 GiB (its mapped-page bitmap is 2 MiB).
 pub const MAX_REGION_BYTES: u64 = 64 << 30;
+/// The block a promotion collapses: 2 MiB, one last-level table's span.
+const BLOCK: u64 = 2 << 20;
+/// 4 KiB pages per block.
+const BLOCK_PAGES: u64 = BLOCK >> PAGE_SHIFT;
 
 /// How an [`IopfDomain`] is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +36,18 @@ pub struct IopfConfig {
     pub premap_pages: u64,
     /// Whether the units' walkers are cache-coherent.
     pub coherent: bool,
+    /// Whether serving a fault *promotes*: when the fault (with its pre-map
+    /// window) leaves a 2 MiB-aligned 2 MiB block of IOVA wholly mapped
+    /// with 4 KiB leaves, inside one region and 2 MiB-aligned in physical
+    /// memory too (a region's backing is contiguous), the 512 leaves are
+    /// collapsed into one 2 MiB leaf ([`VtdPageTable::collapse_2m`]), as
+    /// Linux's `khugepaged` does for CPU page tables. No translation
+    /// changes; the old table page is freed after the units' invalidation
+    /// and wait. A device that faults its memory in page by page then
+    /// needs one IOTLB entry per 2 MiB, as a pinned, pre-mapped one does.
+    /// Counted in [`IopfStats::promotions`]. Default `true`; `false` keeps
+    /// 4 KiB leaves for whatever was faulted in page by page.
+    pub promote: bool,
 }
 
 impl Default for IopfConfig {
@@ -38,6 +56,7 @@ impl Default for IopfConfig {
             did: 2,
             premap_pages: 1,
             coherent: true,
+            promote: true,
         }
     }
 }
@@ -83,6 +102,25 @@ impl Backed {
             .is_some_and(|w| w & (1 << (page % 64)) != 0)
     }
 
+    /// Whether pages `[first, first + n)` are all mapped, a word at a time.
+    fn all_mapped(&self, first: u64, n: u64) -> bool {
+        let (mut p, end) = (first, first + n);
+        while p < end {
+            let (word, bit) = ((p / 64) as usize, p % 64);
+            let take = (64 - bit).min(end - p);
+            let mask = if take == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << take) - 1) << bit
+            };
+            if self.mapped.get(word).is_none_or(|w| w & mask != mask) {
+                return false;
+            }
+            p += take;
+        }
+        true
+    }
+
     fn set(&mut self, page: u64, on: bool) {
         if let Some(w) = self.mapped.get_mut((page / 64) as usize) {
             if on {
@@ -112,6 +150,11 @@ pub struct IopfStats {
     pub reclaims: u64,
     /// Pages reclaimed (unmapped, invalidated, waited for).
     pub pages_reclaimed: u64,
+    /// 2 MiB blocks promoted: their 512 4 KiB leaves collapsed into one
+    /// 2 MiB leaf when a fault completed them ([`IopfConfig::promote`]).
+    /// A block reclaimed in part (split back to 4 KiB leaves) and faulted
+    /// in again is counted again.
+    pub promotions: u64,
 }
 
 #[derive(Debug, Default)]
@@ -122,6 +165,7 @@ struct Counters {
     pages_premapped: AtomicU64,
     reclaims: AtomicU64,
     pages_reclaimed: AtomicU64,
+    promotions: AtomicU64,
 }
 
 /// An address space mapped on demand. Share it as `Arc<IopfDomain>`;
@@ -309,6 +353,14 @@ impl IopfDomain {
     /// Serves one page request: maps the page and up to the pre-map window
     /// after it (within its region, skipping what is mapped), or refuses.
     /// The answer to send.
+    ///
+    /// With [`IopfConfig::promote`], a 2 MiB block this leaves wholly
+    /// mapped is then collapsed into one 2 MiB leaf, and before this
+    /// returns the units are invalidated for it and waited for, and the
+    /// old table page freed (a promotion a caller holding a translation
+    /// section of a unit could not wait for is skipped: the block keeps
+    /// its 4 KiB leaves). A promotion that fails changes nothing; the
+    /// request is answered as served either way.
     pub fn serve(&self, r: &PageRequest) -> ResponseCode {
         let ok = self.try_serve(r);
         let c = if ok.is_ok() {
@@ -343,6 +395,8 @@ impl IopfDomain {
         // Map the unmapped runs of the window, one table call each.
         let mut p = first;
         let (mut mapped, mut premapped) = (0, 0);
+        // The pages this call mapped lie in `[lo, hi)`.
+        let (mut lo, mut hi) = (last, first);
         while p < last {
             if b.is_mapped(p) {
                 p += 1;
@@ -362,15 +416,103 @@ impl IopfDomain {
             }
             mapped += n;
             premapped += n - u64::from(p == first);
+            (lo, hi) = (lo.min(p), run_end);
             p = run_end;
         }
         self.counters.pages_mapped.fetch_add(mapped, Relaxed);
         self.counters.pages_premapped.fetch_add(premapped, Relaxed);
-        if b.is_mapped(first) {
+        let served = b.is_mapped(first);
+        let mut gather = IotlbGather::new();
+        if self.config.promote && lo < hi {
+            self.promote(b, lo, hi, &mut gather);
+        }
+        // As in `reclaim`: the invalidation and its wait run without
+        // holding the other handlers off. Faults and reclaims of the block
+        // may run meanwhile; the old table page is freed only below.
+        drop(regions);
+        if let Some((start, end)) = gather.range() {
+            if self.flush_units(start, end - start + 1).is_ok() {
+                // Cannot fail for pages a collapse gathered.
+                let _ = gather.complete();
+            }
+            // Otherwise the gather is dropped: its pages leak (counted by
+            // `leaked_table_pages`), never freed while a walker may be in
+            // them.
+        }
+        if served {
             Ok(())
         } else {
             Err(())
         }
+    }
+
+    /// Collapses every 2 MiB block of `b` that holds a page of `[lo, hi)`
+    /// (pages of the region, just mapped) and is now wholly mapped, inside
+    /// the region and 2 MiB-aligned in physical memory; the old tables go
+    /// to `gather`. Called with the regions locked for writing, which
+    /// serialises it with every map and unmap of the block.
+    fn promote(&self, b: &Backed, lo: u64, hi: u64, gather: &mut IotlbGather) {
+        let r = b.region;
+        // The backing is contiguous: every block of the region is 2 MiB
+        // aligned in physical memory, or none is.
+        if !r.phys.wrapping_sub(r.iova).is_multiple_of(BLOCK) {
+            return;
+        }
+        let end = r.iova + (hi << PAGE_SHIFT);
+        let mut block = (r.iova + (lo << PAGE_SHIFT)) & !(BLOCK - 1);
+        let mut may_wait = None;
+        while block < end {
+            let inside = block >= r.iova && block + BLOCK <= r.end();
+            if inside && b.all_mapped((block - r.iova) >> PAGE_SHIFT, BLOCK_PAGES) {
+                // Checked once, before the first collapse: a caller holding
+                // a section of a unit could not wait for the invalidation
+                // that must precede the free.
+                if !*may_wait.get_or_insert_with(|| self.may_wait()) {
+                    return;
+                }
+                // `None`: a 2 MiB leaf already (a window that covered the
+                // block mapped it so). An error changed nothing.
+                if let Ok(Some(_)) = self.table.collapse_2m(block, gather) {
+                    self.counters.promotions.fetch_add(1, Relaxed);
+                }
+            }
+            block += BLOCK;
+        }
+    }
+
+    /// The units the domain's devices sit behind, each once.
+    fn units(&self) -> Vec<UnitId> {
+        let mut units: Vec<UnitId> = self.devices().iter().map(|&(_, u)| u).collect();
+        units.sort();
+        units.dedup();
+        units
+    }
+
+    /// Whether the calling thread may wait for every unit of the domain
+    /// (it holds no translation section of any).
+    fn may_wait(&self) -> bool {
+        self.units().into_iter().all(|u| {
+            self.system
+                .unit(u)
+                .is_none_or(|unit| unit.check_caller().is_ok())
+        })
+    }
+
+    /// Invalidates `[iova, iova + len)` of the domain on every unit a
+    /// device of it sits behind (IOTLB and paging-structure caches: the
+    /// hint is clear), then waits; a queue that cannot carry it is gone
+    /// around (`Unit::revoke`). Fails only for a caller
+    /// holding a section (checked beforehand by the callers).
+    fn flush_units(&self, iova: u64, len: u64) -> Result<(), IopfError> {
+        for u in self.units() {
+            if let Some(unit) = self.system.unit(u) {
+                let queued = unit.invalidate_range(self.config.did, iova, len);
+                if queued.is_err() || unit.wait().is_err() {
+                    unit.revoke(self.config.did, iova, len)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Takes back `[iova, iova + len)` (an MMU notifier's invalidation:
@@ -457,21 +599,9 @@ impl IopfDomain {
         // without holding the handlers off.
         drop(regions);
         // Invalidate every unit a device of the domain sits behind, then
-        // wait; a queue that cannot carry it is gone around.
-        let mut units: Vec<UnitId> = self.devices().iter().map(|&(_, u)| u).collect();
-        units.sort();
-        units.dedup();
-        for u in &units {
-            if let Some(unit) = self.system.unit(*u) {
-                let queued = unit.invalidate_range(self.config.did, iova, len);
-                if queued.is_err() || unit.wait().is_err() {
-                    // Only a caller holding a section can make this fail,
-                    // checked above; the table pages stay unfreed (leaked)
-                    // if it does.
-                    unit.revoke(self.config.did, iova, len)?;
-                }
-            }
-        }
+        // wait. Only a caller holding a section can make this fail,
+        // checked above; the table pages stay unfreed (leaked) if it does.
+        self.flush_units(iova, len)?;
         // Freed only now: no walker can hold them any more.
         gather.complete()?;
         self.counters.reclaims.fetch_add(1, Relaxed);
@@ -517,6 +647,13 @@ impl IopfDomain {
         Ok(n)
     }
 
+    /// What the domain's table translates `iova` to now (the leaf's size
+    /// shows a promotion), `None` if it is not mapped; `Pgtable` for an
+    /// IOVA past the 48-bit width.
+    pub fn translation(&self, iova: u64) -> Result<Option<Translation>, IopfError> {
+        Ok(self.table.iova_to_phys(iova)?)
+    }
+
     /// Whether the page holding `iova` is mapped now.
     pub fn is_mapped(&self, iova: u64) -> bool {
         let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
@@ -536,6 +673,7 @@ impl IopfDomain {
             pages_premapped: c.pages_premapped.load(Relaxed),
             reclaims: c.reclaims.load(Relaxed),
             pages_reclaimed: c.pages_reclaimed.load(Relaxed),
+            promotions: c.promotions.load(Relaxed),
         }
     }
 }

@@ -15,6 +15,14 @@
 //! back — unmap, invalidate, wait — and the device's next access faults
 //! and is served again, the data intact.
 //!
+//! Promotion ([`IopfConfig::promote`], on by default): a fault that leaves
+//! a 2 MiB-aligned 2 MiB block wholly mapped with 4 KiB leaves, inside one
+//! region and 2 MiB-aligned in physical memory, collapses the block into
+//! one 2 MiB leaf (no translation changes; the old table page is freed
+//! after the units' invalidation and wait), so a device that faulted its
+//! memory in page by page needs as few IOTLB entries as a pinned one.
+//! A partial reclaim splits the leaf again.
+//!
 //! Bounds: a device waits for an answer at most the unit's
 //! `page_response_timeout` (a handler that died is detected, its groups
 //! answered `Invalid` and counted); a full queue answers at once; one

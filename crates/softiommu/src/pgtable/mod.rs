@@ -168,6 +168,9 @@ pub struct OpStats {
     pub tables_freed: u64,
     /// Large leaves split into a table of smaller ones.
     pub splits: u64,
+    /// Last-level tables collapsed into one 2 MiB leaf
+    /// ([`VtdPageTable::collapse_2m`]); each also counts in `tables_freed`.
+    pub collapses: u64,
     /// Distinct cache lines of table memory written, summed over batches.
     /// Counted only when the walker is not coherent (zero otherwise).
     pub lines_written: u64,
@@ -183,6 +186,7 @@ impl AddAssign for OpStats {
         self.tables_allocated += o.tables_allocated;
         self.tables_freed += o.tables_freed;
         self.splits += o.splits;
+        self.collapses += o.collapses;
         self.lines_written += o.lines_written;
         self.lines_flushed += o.lines_flushed;
         self.flush_batches += o.flush_batches;
@@ -201,6 +205,8 @@ pub struct TableStats {
     pub tables_freed: u64,
     /// Large leaves split.
     pub splits: u64,
+    /// Last-level tables collapsed into a 2 MiB leaf.
+    pub collapses: u64,
     /// Cache lines written (non-coherent walkers only).
     pub lines_written: u64,
     /// Cache lines flushed.

@@ -560,3 +560,199 @@ fn map_fresh_maps_as_map_does_and_debug_builds_still_refuse_an_overlap() {
         assert_eq!(t.iova_to_phys(2 * K4).unwrap().unwrap().phys, 9 * K4);
     }
 }
+
+// ----- collapse_2m -----
+
+/// Maps the 2 MiB block at `iova` → `phys` one 4 KiB page at a time (as a
+/// device faulting it in does).
+fn map_by_pages(t: &VtdPageTable, iova: u64, phys: u64, perm: Perm) {
+    for i in 0..512 {
+        t.map(iova + i * K4, phys + i * K4, K4, perm).unwrap();
+    }
+}
+
+#[test]
+fn collapse_turns_512_contiguous_4k_leaves_into_one_2m_leaf() {
+    for coherent in [true, false] {
+        let m = mem();
+        let cfg = if coherent {
+            VtdConfig::coherent()
+        } else {
+            VtdConfig::non_coherent()
+        };
+        let t = VtdPageTable::new(Arc::clone(&m), cfg).unwrap();
+        let (base, phys) = (3 * G1 + 4 * M2, 6 * M2);
+        map_by_pages(&t, base, phys, Perm::RW);
+        assert_eq!(tr(&t, base + 7 * K4 + 9).unwrap().size, PageSize::Size4K);
+        let pages = m.frame_stats().allocated_frames;
+        let pt = raw_entry(&t, base, 2) & SL_ADDR_MASK;
+        let mut g = IotlbGather::new();
+        let st = t.collapse_2m(base, &mut g).unwrap().expect("collapsible");
+        assert_eq!(
+            (st.collapses, st.tables_freed, st.entries_written),
+            (1, 1, 1)
+        );
+        if coherent {
+            assert_eq!(st.lines_flushed, 0);
+        } else {
+            assert_eq!((st.lines_flushed, st.flush_batches), (1, 1), "the PDE");
+        }
+        assert_eq!(raw_entry(&t, base, 2), phys | SL_PS | SL_R | SL_W);
+        for off in [0, 8, 5 * K4 + 3, M2 - 1] {
+            let x = tr(&t, base + off).unwrap();
+            assert_eq!(
+                (x.phys, x.size, x.perm),
+                (phys + off, PageSize::Size2M, Perm::RW)
+            );
+        }
+        // The old table waits in the gather for the caller's invalidation.
+        assert_eq!(g.freed_tables(), &[pt]);
+        assert_eq!(g.range(), Some((base, base + M2 - 1)));
+        assert_eq!(m.frame_stats().allocated_frames, pages, "not freed yet");
+        assert_eq!(g.complete(), Ok(1));
+        assert_eq!(m.frame_stats().allocated_frames, pages - 1);
+        let s = t.stats();
+        assert_eq!((s.collapses, s.table_pages), (1, 3), "root, PDPT, PD");
+        // A 2 MiB leaf has nothing to collapse.
+        assert_eq!(t.collapse_2m(base, &mut g), Ok(None));
+    }
+}
+
+#[test]
+fn collapse_refuses_a_hole_scattered_or_misaligned_leaves_or_mixed_rights() {
+    let t = table(true);
+    let mut g = IotlbGather::new();
+    let check_unchanged = |t: &VtdPageTable, g: &mut IotlbGather, base: u64| {
+        let before: Vec<_> = (0..512).map(|i| tr(t, base + i * K4)).collect();
+        assert_eq!(t.collapse_2m(base, g), Ok(None));
+        assert!(g.is_empty());
+        let after: Vec<_> = (0..512).map(|i| tr(t, base + i * K4)).collect();
+        assert_eq!(before, after);
+        assert_eq!(raw_entry(t, base, 2) & SL_PS, 0, "still a table");
+    };
+    // A hole (the last page).
+    let b = 0;
+    for i in 0..511 {
+        t.map(b + i * K4, 2 * M2 + i * K4, K4, Perm::RW).unwrap();
+    }
+    check_unchanged(&t, &mut g, b);
+    // Not contiguous: two pages swapped.
+    let b = M2;
+    map_by_pages(&t, b, 4 * M2, Perm::RW);
+    let mut u = IotlbGather::new();
+    t.unmap(b + 10 * K4, 2 * K4, &mut u).unwrap();
+    t.map(b + 10 * K4, 4 * M2 + 11 * K4, K4, Perm::RW).unwrap();
+    t.map(b + 11 * K4, 4 * M2 + 10 * K4, K4, Perm::RW).unwrap();
+    check_unchanged(&t, &mut g, b);
+    // Contiguous but not 2 MiB-aligned in physical memory.
+    let b = 2 * M2;
+    map_by_pages(&t, b, 8 * M2 + K4, Perm::RW);
+    check_unchanged(&t, &mut g, b);
+    // Mixed rights.
+    let b = 3 * M2;
+    for i in 0..512 {
+        let p = if i == 300 { Perm::READ } else { Perm::RW };
+        t.map(b + i * K4, 10 * M2 + i * K4, K4, p).unwrap();
+    }
+    check_unchanged(&t, &mut g, b);
+    // Nothing mapped at all.
+    assert_eq!(t.collapse_2m(5 * G1, &mut g), Ok(None));
+    assert_eq!(t.stats().collapses, 0);
+    u.complete().unwrap();
+}
+
+#[test]
+fn collapse_of_bad_input_is_a_typed_error_and_changes_nothing() {
+    let t = table(true);
+    map_by_pages(&t, M2, 2 * M2, Perm::RW);
+    let mut g = IotlbGather::new();
+    assert!(matches!(
+        t.collapse_2m(M2 + K4, &mut g),
+        Err(PgtableError::Unaligned { iova, len: M2, align: M2 }) if iova == M2 + K4
+    ));
+    assert!(matches!(
+        t.collapse_2m(1 << 48, &mut g),
+        Err(PgtableError::AddressTooWide { width: 48, .. })
+    ));
+    // A gather holding another memory's pages.
+    let other = table(true);
+    other.map(0, K4, M2, Perm::RW).unwrap();
+    other.unmap(0, M2, &mut g).unwrap();
+    assert!(matches!(
+        t.collapse_2m(M2, &mut g),
+        Err(PgtableError::GatherMismatch)
+    ));
+    assert_eq!(tr(&t, M2).unwrap().size, PageSize::Size4K, "unchanged");
+    g.complete().unwrap();
+    assert!(t.collapse_2m(M2, &mut g).unwrap().is_some());
+    g.complete().unwrap();
+}
+
+#[test]
+fn a_collapsed_leaf_unmapped_in_part_splits_and_collapses_again() {
+    let t = table(true);
+    let (base, phys) = (G1, 12 * M2);
+    map_by_pages(&t, base, phys, Perm::READ);
+    let mut g = IotlbGather::new();
+    t.collapse_2m(base, &mut g).unwrap().unwrap();
+    g.complete().unwrap();
+    // Reclaim-like: 4 pages in the middle go; the rest stays, as 4 KiB.
+    let st = t.unmap(base + 100 * K4, 4 * K4, &mut g).unwrap();
+    assert_eq!((st.splits, st.tables_allocated), (1, 1));
+    g.complete().unwrap();
+    assert_eq!(tr(&t, base + 101 * K4), None);
+    let x = tr(&t, base + 104 * K4 + 5).unwrap();
+    assert_eq!((x.phys, x.size), (phys + 104 * K4 + 5, PageSize::Size4K));
+    assert_eq!(t.collapse_2m(base, &mut g), Ok(None), "a hole");
+    // Faulted back in: one 2 MiB leaf again.
+    for i in 100..104 {
+        t.map(base + i * K4, phys + i * K4, K4, Perm::READ).unwrap();
+    }
+    assert!(t.collapse_2m(base, &mut g).unwrap().is_some());
+    g.complete().unwrap();
+    let x = tr(&t, base + 101 * K4).unwrap();
+    assert_eq!(
+        (x.phys, x.size, x.perm),
+        (phys + 101 * K4, PageSize::Size2M, Perm::READ)
+    );
+    assert_eq!(t.stats().collapses, 2);
+}
+
+#[test]
+fn a_walker_sees_the_same_translation_throughout_a_collapse() {
+    const BLOCKS: u64 = 8;
+    let t = Arc::new(table(true));
+    let (base, phys) = (7 * G1, 32 * M2);
+    for b in 0..BLOCKS {
+        map_by_pages(&t, base + b * M2, phys + b * M2, Perm::RW);
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let walks = std::sync::atomic::AtomicU64::new(0);
+    let mut g = IotlbGather::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut x = 0x1234_5678_u64;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let off = (x % (BLOCKS * M2)) & !7;
+                let got = t.iova_to_phys(base + off).unwrap();
+                assert_eq!(got.map(|g| g.phys), Some(phys + off), "at {off:#x}");
+                n += 1;
+            }
+            walks.store(n, Ordering::Relaxed);
+        });
+        for b in 0..BLOCKS {
+            std::thread::yield_now();
+            assert!(t.collapse_2m(base + b * M2, &mut g).unwrap().is_some());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        stop.store(true, Ordering::Relaxed);
+    });
+    // Freed only once the walker has stopped (the caller's "wait").
+    assert_eq!(g.complete(), Ok(BLOCKS as usize));
+    assert!(walks.load(Ordering::Relaxed) > 0);
+    assert_eq!(t.stats().collapses, BLOCKS);
+}

@@ -61,6 +61,7 @@
 //! memory that the CPU cache hides.
 
 mod build;
+mod collapse;
 mod config;
 mod fast;
 mod format;
@@ -90,6 +91,7 @@ pub(super) struct Totals {
     tables_allocated: AtomicU64,
     tables_freed: AtomicU64,
     splits: AtomicU64,
+    collapses: AtomicU64,
     lines_written: AtomicU64,
     lines_flushed: AtomicU64,
     flush_batches: AtomicU64,
@@ -220,6 +222,7 @@ impl VtdPageTable {
         if st.tables_allocated
             | st.tables_freed
             | st.splits
+            | st.collapses
             | st.lines_written
             | st.lines_flushed
             | st.flush_batches
@@ -232,6 +235,7 @@ impl VtdPageTable {
             (&t.tables_allocated, st.tables_allocated),
             (&t.tables_freed, st.tables_freed),
             (&t.splits, st.splits),
+            (&t.collapses, st.collapses),
             (&t.lines_written, st.lines_written),
             (&t.lines_flushed, st.lines_flushed),
             (&t.flush_batches, st.flush_batches),
@@ -379,6 +383,7 @@ impl IoPageTable for VtdPageTable {
             tables_allocated,
             tables_freed,
             splits: t.splits.load(Ordering::Relaxed),
+            collapses: t.collapses.load(Ordering::Relaxed),
             lines_written: t.lines_written.load(Ordering::Relaxed),
             lines_flushed: t.lines_flushed.load(Ordering::Relaxed),
             flush_batches: t.flush_batches.load(Ordering::Relaxed),
