@@ -778,9 +778,11 @@ impl Work {
             let entry = FqEntry { pfn, pages };
             let (units, high_water) = (d.unit_mask_after_clear(), d.tunables.high_water());
             match slot.fq.push(entry, &tables, units, high_water) {
-                Pushed::Queued { .. } => {
+                Pushed::Queued { was_empty } => {
                     d.arm.on_push();
-                    d.arm_expiry(units);
+                    if was_empty {
+                        d.arm_expiry(units);
+                    }
                     // The owner enforces the age limit too, every few
                     // pushes, so the stale window holds while the timer
                     // thread waits for a core.

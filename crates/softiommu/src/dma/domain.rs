@@ -508,25 +508,38 @@ impl DmaDomain {
         oldest
     }
 
-    /// After a deferred unmap was queued (its entries cleared, then the
-    /// light barrier of `TimerArm::on_push`): arms the expiry deadline of
-    /// this domain in each unit of `units` that has none, at three
-    /// quarters of the timeout. A translator that finds it passed drops
-    /// the domain's cached translations itself (`Iotlb::expire_if_due`):
-    /// the stale window's bound then holds even while the flush timer and
-    /// the owner are off their CPUs, as long as the device runs. One
-    /// relaxed load per unit and push; a clock read only to arm.
-    #[inline]
+    /// A deferred unmap went into an empty queue (or filled one): arms
+    /// the expiry deadline of this domain in each unit of `units` that has
+    /// none, at three quarters of the timeout, moving on by as much each
+    /// time a translator finds it passed (`Iotlb::expire_if_due`). The
+    /// stale window's bound then holds while the flush timer and the owner
+    /// are off their CPUs, as long as the device runs. The timer clears the
+    /// deadlines when it finds every queue empty, and arms them again in
+    /// each round that finds work (so an arming lost to that race is made
+    /// good within a round). Not on the per-unmap path: an empty queue's
+    /// first push, a full queue's, and the timer's rounds.
     pub(crate) fn arm_expiry(&self, units: u64) {
+        let period = self.tunables.timeout() * 3 / 4;
         for unit in self
             .units
             .in_mask(units)
             .filter_map(|id| self.system.unit(id))
         {
             if !unit.expiry_armed(self.did) {
-                let at = Instant::now() + self.tunables.timeout() * 3 / 4;
-                unit.arm_expiry(self.did, at);
+                unit.arm_expiry(self.did, Instant::now() + period, period);
             }
+        }
+    }
+
+    /// Clears the expiry deadline in every unit (the timer found nothing
+    /// queued).
+    pub(crate) fn clear_expiry(&self) {
+        for unit in self
+            .units
+            .in_mask(self.unit_mask())
+            .filter_map(|id| self.system.unit(id))
+        {
+            unit.clear_expiry(self.did);
         }
     }
 
@@ -695,6 +708,14 @@ impl TimerWork for DmaDomain {
 
     fn any_queued(&self) -> bool {
         DmaDomain::any_queued(self)
+    }
+
+    fn arm_expiry(&self) {
+        DmaDomain::arm_expiry(self, self.unit_mask());
+    }
+
+    fn clear_expiry(&self) {
+        DmaDomain::clear_expiry(self);
     }
 }
 

@@ -366,7 +366,10 @@ impl TimerArm {
     pub fn on_push(&self) {
         // Orders the push's `tail` store before the load (module doc).
         self.barrier.light();
-        if !self.armed.load(Ordering::Relaxed) && !self.armed.swap(true, Ordering::Relaxed) {
+        // Acquire on the swap: one that finds the timer disarmed sees what
+        // the timer did before (it cleared the expiry deadline), so the
+        // owner's arming after this call is not undone by it.
+        if !self.armed.load(Ordering::Relaxed) && !self.armed.swap(true, Ordering::Acquire) {
             *lock(&self.wake) = true;
             self.cv.notify_one();
         }
@@ -380,7 +383,8 @@ impl TimerArm {
     /// The timer found every queue empty: disarm. The caller must then scan
     /// every queue once more and [`rearm`](Self::rearm) if any holds work.
     pub fn disarm(&self) {
-        self.armed.store(false, Ordering::Relaxed);
+        // Release: pairs with `on_push`'s Acquire swap.
+        self.armed.store(false, Ordering::Release);
         // Orders the store before the rescan's loads (module doc).
         self.barrier.heavy();
     }
@@ -582,6 +586,50 @@ mod loom_tests {
             assert!(
                 !stranded,
                 "an entry sits in a queue and nobody will flush it"
+            );
+        });
+    }
+
+    /// The expiry deadline across the timer's disarm: the owner pushes into
+    /// an empty queue, announces it (`on_push`) and arms the deadline if
+    /// none is armed, while the timer, having found nothing, clears the
+    /// deadline, disarms and looks once more (re-arming both if it finds
+    /// the entry). However they interleave, an entry left queued has a
+    /// deadline armed: a translator would otherwise have nothing to expire
+    /// its stale translations by. (Fails if the timer's rescan does not
+    /// arm the deadline again.)
+    #[test]
+    fn loom_an_unmap_queued_across_the_timers_disarm_keeps_its_deadline() {
+        loom::model(|| {
+            use crate::hw::iotlb::{Iotlb, IotlbConfig};
+            let q = Arc::new(FlushQueue::new(4));
+            let arm = Arc::new(TimerArm::new(Barrier::Fence));
+            let tlb = Arc::new(Iotlb::new(IotlbConfig { sets: 1, ways: 1 }, 1));
+            let (at, period) = (Instant::now(), Duration::from_millis(1));
+            arm.rearm(); // the timer is running, about to find nothing
+            let owner = {
+                let (q, arm, tlb) = (q.clone(), arm.clone(), tlb.clone());
+                loom::thread::spawn(move || {
+                    let p = q.push(FqEntry { pfn: 7, pages: 1 }, &[], 1, 4);
+                    arm.on_push();
+                    if p == (Pushed::Queued { was_empty: true }) && !tlb.deadline_armed(0) {
+                        tlb.arm_deadline(0, at, period);
+                    }
+                })
+            };
+            // The timer's idle step.
+            tlb.clear_deadline(0);
+            arm.disarm();
+            if !q.is_empty() {
+                arm.rearm();
+                if !tlb.deadline_armed(0) {
+                    tlb.arm_deadline(0, at, period);
+                }
+            }
+            owner.join().unwrap();
+            assert!(
+                q.is_empty() || tlb.deadline_word_of(0) != 0,
+                "an unmap is queued and no deadline would expire it"
             );
         });
     }

@@ -23,6 +23,10 @@ pub(crate) trait TimerWork: Send + Sync {
     fn flush_expired(&self, now: Instant, age: Duration) -> Option<Instant>;
     /// Whether anything waits for a flush.
     fn any_queued(&self) -> bool;
+    /// Arms the device-side expiry deadline where none is armed.
+    fn arm_expiry(&self);
+    /// Clears the expiry deadline: nothing is queued.
+    fn clear_expiry(&self);
 }
 
 /// The nice value the timer thread asks for. It stands for the kernel
@@ -65,6 +69,9 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
         let next = d.flush_expired(now, after);
         match next {
             Some(oldest) => {
+                // Work waits: its deadline must be armed (an owner's arming
+                // can lose to the clearing below, on an earlier round).
+                d.arm_expiry();
                 drop(d);
                 let due = oldest + after;
                 let nap = due
@@ -73,11 +80,14 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
                 arm.nap(nap.min(after));
             }
             None => {
-                // Nothing queued: disarm, then look once more (a push may
-                // have raced the disarm; its owner or this scan catches it).
+                // Nothing queued: clear the expiry deadline and disarm,
+                // then look once more (a push may have raced the disarm; its
+                // owner or this scan catches it, and arms both again).
+                d.clear_expiry();
                 arm.disarm();
                 if d.any_queued() {
                     arm.rearm();
+                    d.arm_expiry();
                 }
             }
         }

@@ -65,7 +65,7 @@
 //!
 //! Every concurrent piece above is model-checked with loom (`loom_tests`).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
@@ -229,12 +229,15 @@ struct DomainGen {
     /// armed, reset by the translator that finds it passed (see
     /// [`Iotlb::expire_if_due`]). On the line every hit reads for `gen`.
     deadline: AtomicU64,
+    /// How far a translator that finds the deadline passed moves it on
+    /// (nanoseconds; 0: it clears it instead). Set before each arming.
+    period: AtomicU64,
 }
 
 fn new_domains(n: usize) -> Box<[DomainGen]> {
     #[cfg(not(loom))]
     {
-        // SAFETY: `DomainGen` is three `AtomicU64`s (and padding), for
+        // SAFETY: `DomainGen` is four `AtomicU64`s, for
         // which all-zero bytes are a valid value (zero: no deadline); a
         // zeroed allocation is also left
         // uncommitted by the OS until a domain is used.
@@ -495,15 +498,19 @@ impl Iotlb {
     }
 
     /// Arms domain `did`'s deadline at `at` unless one is armed already
-    /// (which is then earlier: every deadline is its arming time plus the
-    /// same timeout). The caller has cleared the entries it wants gone by
-    /// `at` and then issued its light barrier (see `expire_if_due`).
-    pub(crate) fn arm_deadline(&self, did: u16, at: Instant) {
-        let w = self.deadline_word(at);
-        let _ =
-            self.domain(did)
-                .deadline
-                .compare_exchange(0, w, Ordering::Relaxed, Ordering::Relaxed);
+    /// (which is then no later: every deadline is an arming time, or a
+    /// translator's move, plus the same period); a translator that finds
+    /// it passed moves it on by `period` (see `expire_if_due`).
+    pub(crate) fn arm_deadline(&self, did: u16, at: Instant, period: Duration) {
+        let d = self.domain(did);
+        let p = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
+        d.period.store(p, Ordering::Relaxed);
+        let _ = d.deadline.compare_exchange(
+            0,
+            self.deadline_word(at),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     /// Sets domain `did`'s deadline to `at`, armed or not (tests only).
@@ -513,24 +520,47 @@ impl Iotlb {
         self.domain(did).deadline.store(w, Ordering::Relaxed);
     }
 
-    /// The translator's side: if domain `did`'s deadline has passed, resets
-    /// it, issues the heavy barrier, and invalidates the domain (a
-    /// generation bump); returns whether it did. A Dekker pair with the
-    /// arming side, which clears page-table entries, issues the light
-    /// barrier, then loads the deadline and arms it if it finds none:
-    /// either that load sees this reset (and arms a new deadline for its
-    /// entries), or every walk after this bump sees its cleared entries.
-    /// Under the loom model `loom_expiry_never_strands_a_cleared_entry`.
+    /// The raw deadline word of domain `did` (0: none; models only).
+    #[cfg(loom)]
+    pub(crate) fn deadline_word_of(&self, did: u16) -> u64 {
+        self.domain(did).deadline.load(Ordering::Relaxed)
+    }
+
+    /// Clears domain `did`'s deadline: nothing of it waits for a flush.
+    pub(crate) fn clear_deadline(&self, did: u16) {
+        self.domain(did).deadline.store(0, Ordering::Relaxed);
+    }
+
+    /// The translator's side: if domain `did`'s deadline has passed, moves
+    /// it on by its period, issues the heavy barrier, and invalidates the
+    /// domain (a generation bump); returns whether it did. That lookup and
+    /// every later one miss, and their walks see every entry cleared
+    /// before the barrier; an entry cleared after it was unmapped after the
+    /// bump and is covered by the next one, a period later, if no flush
+    /// came first. So a queued unmap's cached translations live at most
+    /// about one period past their unmap while this device runs, whatever
+    /// became of the flush timer and the owner. Under the loom model
+    /// `loom_an_unmap_queued_across_the_timers_disarm_keeps_its_deadline`.
     pub(crate) fn expire_if_due(&self, did: u16, barrier: Barrier) -> bool {
-        let d = &self.domain(did).deadline;
-        let w = d.load(Ordering::Relaxed);
-        if w == 0 || self.deadline_word(Instant::now()) < w {
+        let dg = self.domain(did);
+        let w = dg.deadline.load(Ordering::Relaxed);
+        if w == 0 {
             return false;
         }
-        if d.compare_exchange(w, 0, Ordering::Relaxed, Ordering::Relaxed)
+        let now = self.deadline_word(Instant::now());
+        if now < w {
+            return false;
+        }
+        let next = match dg.period.load(Ordering::Relaxed) {
+            0 => 0,
+            p => now.saturating_add(p),
+        };
+        if dg
+            .deadline
+            .compare_exchange(w, next, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
-            // Another translator took it (and bumps), or it was re-armed.
+            // Another translator moved it (and bumps), or it was cleared.
             return false;
         }
         barrier.heavy();

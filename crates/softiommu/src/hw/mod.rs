@@ -102,7 +102,7 @@ mod epoch;
 mod error;
 mod fault;
 mod inv_queue;
-mod iotlb;
+pub(crate) mod iotlb;
 mod latency;
 #[cfg(all(test, loom))]
 mod loom_tests;

@@ -217,11 +217,15 @@ impl Unit {
 
     /// Arms domain `did`'s expiry deadline at `at` unless one is armed: a
     /// translator that finds it passed drops the domain's cached
-    /// translations itself, whatever became of the flush that should have
-    /// (see `Iotlb::expire_if_due`). The caller cleared the entries and
-    /// issued the process's light barrier before it looked.
-    pub(crate) fn arm_expiry(&self, did: u16, at: std::time::Instant) {
-        self.shared.iotlb.arm_deadline(did, at);
+    /// translations itself and moves it on by `period`, whatever became of
+    /// the flush that should have come (see `Iotlb::expire_if_due`).
+    pub(crate) fn arm_expiry(&self, did: u16, at: std::time::Instant, period: std::time::Duration) {
+        self.shared.iotlb.arm_deadline(did, at, period);
+    }
+
+    /// Clears domain `did`'s expiry deadline (nothing of it is queued).
+    pub(crate) fn clear_expiry(&self, did: u16) {
+        self.shared.iotlb.clear_deadline(did);
     }
 
     /// Sets domain `did`'s expiry deadline to `at` (tests only).
