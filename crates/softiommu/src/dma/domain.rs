@@ -21,7 +21,7 @@ use super::stale::{StaleReport, StaleWindow};
 use super::stats::{CpuStats, DmaStats};
 use super::timer::{self, TimerWork};
 use super::units::UnitList;
-use crate::hw::{ContextEntry, HwError, SourceId, System};
+use crate::hw::{ContextEntry, HwError, SourceId, System, Unit};
 use crate::iova::{IovaCpuCache, IovaDomain, IovaPolicy, IovaStats};
 use crate::mem::{FrameOwner, PhysAddr, PhysMemory, PAGE_SHIFT, PAGE_SIZE};
 use crate::pgtable::{IoPageTable, Translation, VtdConfig, VtdPageTable};
@@ -334,11 +334,7 @@ impl DmaDomain {
     /// it waited for would wait for itself. Checked before anything is
     /// changed.
     pub(crate) fn check_callers(&self) -> Result<(), DmaError> {
-        for unit in self
-            .units
-            .in_mask(self.unit_mask())
-            .filter_map(|id| self.system.unit(id))
-        {
+        for unit in self.units_in(self.unit_mask()) {
             unit.check_caller()?;
         }
         Ok(())
@@ -354,11 +350,7 @@ impl DmaDomain {
         self.check_callers()?;
         let mut n = 0;
         let mut bypass = false;
-        for unit in self
-            .units
-            .in_mask(units)
-            .filter_map(|id| self.system.unit(id))
-        {
+        for unit in self.units_in(units) {
             let queued = if len == 0 {
                 unit.invalidate_domain(self.did)
             } else {
@@ -367,11 +359,7 @@ impl DmaDomain {
             bypass |= queued.is_err();
             n += 1;
         }
-        for unit in self
-            .units
-            .in_mask(units)
-            .filter_map(|id| self.system.unit(id))
-        {
+        for unit in self.units_in(units) {
             if bypass || unit.wait().is_err() {
                 unit.revoke(self.did, iova, len)?;
             }
@@ -508,6 +496,13 @@ impl DmaDomain {
         oldest
     }
 
+    /// The units of `mask` (bits of the domain's unit list).
+    fn units_in(&self, mask: u64) -> impl Iterator<Item = &Unit> + '_ {
+        self.units
+            .in_mask(mask)
+            .filter_map(|id| self.system.unit(id))
+    }
+
     /// A deferred unmap went into an empty queue (or filled one): arms
     /// the expiry deadline of this domain in each unit of `units` that has
     /// none, at three quarters of the timeout, moving on by as much each
@@ -520,11 +515,7 @@ impl DmaDomain {
     /// first push, a full queue's, and the timer's rounds.
     pub(crate) fn arm_expiry(&self, units: u64) {
         let period = self.tunables.timeout() * 3 / 4;
-        for unit in self
-            .units
-            .in_mask(units)
-            .filter_map(|id| self.system.unit(id))
-        {
+        for unit in self.units_in(units) {
             if !unit.expiry_armed(self.did) {
                 unit.arm_expiry(self.did, Instant::now() + period, period);
             }
@@ -534,11 +525,7 @@ impl DmaDomain {
     /// Clears the expiry deadline in every unit (the timer found nothing
     /// queued).
     pub(crate) fn clear_expiry(&self) {
-        for unit in self
-            .units
-            .in_mask(self.unit_mask())
-            .filter_map(|id| self.system.unit(id))
-        {
+        for unit in self.units_in(self.unit_mask()) {
             unit.clear_expiry(self.did);
         }
     }
@@ -547,11 +534,7 @@ impl DmaDomain {
     /// spans, now and lock-free (see `Unit::drop_cached`): what a queue past
     /// its age gets while its flush waits for a lock.
     pub(crate) fn drop_cached(&self) {
-        for unit in self
-            .units
-            .in_mask(self.unit_mask())
-            .filter_map(|id| self.system.unit(id))
-        {
+        for unit in self.units_in(self.unit_mask()) {
             unit.drop_cached(self.did);
         }
     }
@@ -753,11 +736,7 @@ impl Drop for DmaDomain {
             }
             self.system.release(sid, self.id);
         }
-        for unit in self
-            .units
-            .in_mask(self.unit_mask())
-            .filter_map(|id| self.system.unit(id))
-        {
+        for unit in self.units_in(self.unit_mask()) {
             revoked &= unit.revoke(self.did, 0, 0).is_ok();
         }
         if !revoked {
