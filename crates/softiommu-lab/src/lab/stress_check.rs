@@ -444,7 +444,7 @@ pub fn classify(acc: &Access, domains: &[DomainShadow], timeout_ns: u64) -> Verd
         let flushed = e.t_unmap_ns < acc.flushed_upto_ns;
         if e.deferred && !flushed && acc.t_after_ns - e.t_unmap_ns <= timeout_ns {
             Verdict::Stale { age_us }
-        } else if e.deferred && !flushed && acc.t_before_ns - e.t_unmap_ns <= timeout_ns {
+        } else if e.deferred && !flushed && acc.t_before_ns - e.t_unmap_ns < timeout_ns {
             // Begun inside the window, ended past it: the device thread was
             // off its CPU mid-access, and the translation (the moment that
             // counts: a later one misses the dropped entry) lies somewhere
