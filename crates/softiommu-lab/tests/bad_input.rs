@@ -251,6 +251,7 @@ fn sizes_and_counts_out_of_range_are_refused() {
             "1001 is not in 1..=1000",
         ),
         (&["lab", "stress", "--switching", "2"], "2 is not in 0..=1"),
+        (&["lab", "stress", "--devices", "2"], "2 is not in 0..=1"),
         (
             &["lab", "stress", "--seed", "4294967296"],
             "4294967296 is not in 0..=4294967295",

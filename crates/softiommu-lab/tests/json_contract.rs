@@ -590,7 +590,15 @@ fn lab_stress() {
     let names: Vec<_> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["passthrough", "strict", "deferred", "bounce", "switching"]
+        [
+            "passthrough",
+            "strict",
+            "deferred",
+            "bounce",
+            "switching",
+            "virtio-blk",
+            "iopf-reclaim"
+        ]
     );
     for r in rows {
         for k in FIELDS {

@@ -11,3 +11,4 @@ pub mod netperf_udp;
 pub mod steal;
 pub mod stress;
 pub mod stress_check;
+pub mod stress_extra;

@@ -30,6 +30,7 @@ use softiommu::mem::PhysMemory;
 use super::stress_check::{
     classify, Access, DomainShadow, Entry, Life, Tag, TagKind, Verdict, Why, PAGE,
 };
+use super::stress_extra;
 use crate::args::{dma_policies, DmaPolicyName, Ranged, Seconds};
 use crate::error::{join, LabError, LabResult};
 use crate::report::{contract, Column, Param, Report, Table, Unit};
@@ -60,6 +61,12 @@ pub struct StressArgs {
     /// Whether to run the switching phase (0 or 1).
     #[arg(long, default_value = "1")]
     pub switching: Ranged<0, 1>,
+    /// Whether to run the device phases (0 or 1): a virtio-blk device
+    /// whose domain's policy is switched under it, every read checked, and
+    /// a device faulting pages of an IOPF domain in while a CPU thread
+    /// reclaims them, every read checked against the page's tag.
+    #[arg(long, default_value = "1")]
+    pub devices: Ranged<0, 1>,
     /// Seed of the workload's random choices (0..=4294967295).
     #[arg(long, default_value = "15")]
     pub seed: Ranged<0, 4_294_967_295>,
@@ -90,6 +97,7 @@ impl Default for StressArgs {
             flush_timeout_ms: Ranged::new(10),
             policies: Vec::new(),
             switching: Ranged::new(1),
+            devices: Ranged::new(1),
             seed: Ranged::new(15),
             load_nice: Ranged::new(10),
             inject_late_unmap: false,
@@ -214,9 +222,15 @@ fn measure(args: &StressArgs) -> LabResult<StressReport> {
         phases.push(None);
     }
     let mut rows = Vec::new();
+    let n = phases.len() as u64;
     for (i, p) in phases.into_iter().enumerate() {
         let seed = args.seed.get().wrapping_add(i as u64 * 0x1_0000);
         rows.push(run_phase(p, args, seconds, timeout, seed)?);
+    }
+    if args.devices.get() == 1 {
+        let seed = args.seed.get().wrapping_add(n * 0x1_0000);
+        rows.push(stress_extra::virtio_phase(seconds, timeout, seed)?);
+        rows.push(stress_extra::reclaim_phase(seconds, seed ^ 0x5eed)?);
     }
     let sum = |f: fn(&PhaseResult) -> u64| rows.iter().map(f).sum::<u64>();
     Ok(StressReport {
