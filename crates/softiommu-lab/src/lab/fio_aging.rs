@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use softiommu::dma::DmaPolicy;
 use softiommu::iova::IovaPolicy;
 use softiommu_virtio::blk::{BackendConfig, BlkHostConfig};
-use softiommu_virtio::workload::aging::{aging_figure, AgingFigure, AgingParams};
+use softiommu_virtio::workload::aging::{aging_figure, AgingParams};
 use softiommu_virtio::workload::fio::{
     run_fio, BlockSizes, FioConfig, FioResult, RwMode, SlowTail, MIN_WINDOW,
 };
@@ -39,7 +39,9 @@ use crate::args::{
     dma_policies, iova_policies, DmaPolicyName, IovaPolicyName, Percent, Ranged, Seconds,
 };
 use crate::error::{LabError, LabResult};
-use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
+use crate::report::{
+    contract, Axis, Cell, Column, Param, Plot, PlotKind, Report, Series, Table, Unit,
+};
 
 /// The seed's block-size mix for the aging part: mostly 4 KiB with larger
 /// transfers, so IOVAs of several orders come and go.
@@ -262,19 +264,10 @@ pub struct FioWindowOut {
 pub struct AgingPolicy {
     /// The IOVA policy.
     pub policy: String,
-    /// Seconds discarded as warm-up (until throughput stopped rising).
-    pub warmup_s: f64,
-    /// Whether throughput settled within the first half of the run.
-    pub settled: bool,
-    /// Median IOPS of the last quarter of post-warm-up windows ÷ that of
-    /// the first quarter.
-    pub retained: f64,
-    /// 5th-percentile window ÷ median window after the warm-up.
-    pub stability: f64,
-    /// Median IOPS of the first quarter after the warm-up.
-    pub iops_first: f64,
-    /// Median IOPS of the last quarter.
-    pub iops_last: f64,
+    /// The aging figure (warm-up, settled, retained, stability, first and
+    /// last quarter's median IOPS).
+    #[serde(flatten)]
+    pub aging: AgingSummary,
     /// Mean IOPS over the run.
     pub iops: f64,
     /// Mean GB/s over the run.
@@ -401,7 +394,7 @@ fn windows_out(r: &FioResult) -> Vec<FioWindowOut> {
 
 /// The aging figure's parameters for a run of `seconds`: the 1 s warm-up
 /// floor, or a quarter of a shorter run.
-pub fn aging_params(seconds: f64) -> AgingParams {
+fn aging_params(seconds: f64) -> AgingParams {
     let d = AgingParams::default();
     AgingParams {
         floor_s: d.floor_s.min(seconds / 4.0),
@@ -421,13 +414,56 @@ pub fn aging_columns(rate: Unit, decimals: u8) -> [Column; 5] {
     ]
 }
 
-fn figure(run: &str, r: &FioResult) -> LabResult<AgingFigure> {
-    aging_figure(&r.iops_series(), r.window_s, &aging_params(r.runtime_s)).map_err(|source| {
-        LabError::Aging {
-            run: run.to_string(),
-            source,
-        }
-    })
+/// The aging figure as both aging labs report it, flattened into each
+/// policy's row (the JSON keys are these fields' names).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct AgingSummary {
+    /// Seconds discarded as warm-up (until throughput stopped rising; at
+    /// least 1 s, `softiommu_virtio::workload::aging`).
+    pub warmup_s: f64,
+    /// Whether throughput settled within the first half of the run.
+    pub settled: bool,
+    /// Median of the last quarter of post-warm-up windows ÷ median of
+    /// their first quarter.
+    pub retained: f64,
+    /// 5th-percentile window ÷ median window after the warm-up.
+    pub stability: f64,
+    /// Median I/Os per second of the first quarter after the warm-up.
+    pub iops_first: f64,
+    /// Median I/Os per second of the last quarter.
+    pub iops_last: f64,
+}
+
+impl AgingSummary {
+    /// The figure of `series` (I/Os per second, one value per window of
+    /// `window_s` seconds, `seconds` in all); `run` names it in an error.
+    pub fn of(run: &str, series: &[f64], window_s: f64, seconds: f64) -> LabResult<Self> {
+        let f = aging_figure(series, window_s, &aging_params(seconds)).map_err(|source| {
+            LabError::Aging {
+                run: run.to_string(),
+                source,
+            }
+        })?;
+        Ok(Self {
+            warmup_s: f.warmup_s,
+            settled: f.settled,
+            retained: f.retained,
+            stability: f.stability,
+            iops_first: f.first,
+            iops_last: f.last,
+        })
+    }
+
+    /// The cells under [`aging_columns`], rates divided by `scale`.
+    pub fn cells(&self, scale: f64) -> [Cell; 5] {
+        [
+            self.warmup_s.into(),
+            (self.iops_first / scale).into(),
+            (self.iops_last / scale).into(),
+            self.retained.into(),
+            self.stability.into(),
+        ]
+    }
 }
 
 /// The DMA policies of the cost part.
@@ -537,16 +573,11 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         let run = format!("fio-aging {}", ip.name());
         let r = run_fio(&host(args, DmaPolicy::Deferred, ip)?, &aging_cfg)
             .map_err(fio_err(run.clone()))?;
-        let f = figure(&run, &r)?;
-        progress(&format!("{} retained {:.2}", ip.name(), f.retained));
+        let aging = AgingSummary::of(&run, &r.iops_series(), r.window_s, r.runtime_s)?;
+        progress(&format!("{} retained {:.2}", ip.name(), aging.retained));
         out.push(AgingPolicy {
             policy: ip.name().to_string(),
-            warmup_s: f.warmup_s,
-            settled: f.settled,
-            retained: f.retained,
-            stability: f.stability,
-            iops_first: f.first,
-            iops_last: f.last,
+            aging,
             iops: r.iops,
             gbps: r.gbps,
             driver_cpu_us_per_req: r.driver_cpu_us_per_req,
@@ -645,19 +676,19 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
     );
     let mut lines = Vec::new();
     for r in &rep.policies {
-        t.row(vec![
-            r.policy.clone().into(),
-            r.warmup_s.into(),
-            (r.iops_first / 1e3).into(),
-            (r.iops_last / 1e3).into(),
-            r.retained.into(),
-            r.stability.into(),
-            r.driver_cpu_us_per_req.into(),
-            r.peak_tree_nodes.into(),
-            r.cached_iovas.into(),
-            r.scan_steps.into(),
-            r.io_errors.into(),
-        ]);
+        t.row(
+            [r.policy.clone().into()]
+                .into_iter()
+                .chain(r.aging.cells(1e3))
+                .chain([
+                    r.driver_cpu_us_per_req.into(),
+                    r.peak_tree_nodes.into(),
+                    r.cached_iovas.into(),
+                    r.scan_steps.into(),
+                    r.io_errors.into(),
+                ])
+                .collect(),
+        );
         for w in &r.windows {
             tl.row(vec![
                 r.policy.clone().into(),

@@ -26,11 +26,10 @@ use serde::{Deserialize, Serialize};
 use softiommu::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
 
 use crate::args::{iova_policies, IovaPolicyName, Percent, Ranged, Seconds};
-use crate::error::{join, LabError, LabResult};
-use crate::lab::fio_aging::{aging_columns, aging_params};
+use crate::error::{join, LabResult};
+use crate::lab::fio_aging::{aging_columns, AgingSummary};
 use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 use crate::workload::DMA_MIX;
-use softiommu_virtio::workload::aging::aging_figure;
 
 /// Flush-queue high-water mark: Linux's `IOVA_FQ_SIZE` is 256 (seed `000`
 /// used 250).
@@ -111,20 +110,9 @@ impl Default for AgingArgs {
 pub struct PolicyResult {
     /// Policy name.
     pub policy: String,
-    /// Seconds discarded as warm-up (until throughput stopped rising; at
-    /// least 1 s): `softiommu_virtio::workload::aging`, as `lab fio-aging`.
-    pub warmup_s: f64,
-    /// Whether throughput settled within the first half of the run.
-    pub settled: bool,
-    /// Median of the last quarter of post-warm-up windows ÷ median of
-    /// their first quarter.
-    pub retained: f64,
-    /// 5th-percentile window ÷ median window after the warm-up.
-    pub stability: f64,
-    /// Median I/Os per second of the first quarter after the warm-up.
-    pub iops_first: f64,
-    /// Median I/Os per second of the last quarter.
-    pub iops_last: f64,
+    /// The aging figure, as `lab fio-aging` reports it.
+    #[serde(flatten)]
+    pub aging: AgingSummary,
     /// Throughput of the first window, million I/Os per second (cold).
     pub first_window_mops: f64,
     /// Throughput of the last window.
@@ -394,21 +382,11 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<P
     let first = timeline.first().map_or(0.0, |w| w.mops);
     let lastw = timeline.last().map_or(0.0, |w| w.mops);
     let series: Vec<f64> = timeline.iter().map(|w| w.iops).collect();
-    let f =
-        aging_figure(&series, window.as_secs_f64(), &aging_params(seconds)).map_err(|source| {
-            LabError::Aging {
-                run: format!("iova-aging {}", policy.name()),
-                source,
-            }
-        })?;
+    let run = format!("iova-aging {}", policy.name());
+    let aging = AgingSummary::of(&run, &series, window.as_secs_f64(), seconds)?;
     Ok(PolicyResult {
         policy: policy.name().to_string(),
-        warmup_s: f.warmup_s,
-        settled: f.settled,
-        retained: f.retained,
-        stability: f.stability,
-        iops_first: f.first,
-        iops_last: f.last,
+        aging,
         first_window_mops: first,
         last_window_mops: lastw,
         peak_tree_nodes: s.peak_tree_nodes,
@@ -429,7 +407,7 @@ pub fn run(args: &AgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Report
     let mut out = Vec::new();
     for p in iova_policies(&args.policies) {
         let r = run_policy(p, args, seconds)?;
-        progress(&format!("{} retained {:.2}", r.policy, r.retained));
+        progress(&format!("{} retained {:.2}", r.policy, r.aging.retained));
         out.push(r);
     }
     let r = AgingReport {
@@ -477,19 +455,19 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
     let window_s = rep.seconds / rep.policies.first().map_or(1, |p| p.windows.len()) as f64;
     let mut lines = Vec::new();
     for r in &rep.policies {
-        t.row(vec![
-            r.policy.clone().into(),
-            r.warmup_s.into(),
-            (r.iops_first / 1e6).into(),
-            (r.iops_last / 1e6).into(),
-            r.retained.into(),
-            r.stability.into(),
-            r.peak_tree_nodes.into(),
-            r.peak_cached_iovas.into(),
-            r.scan_steps.into(),
-            r.magazines_freed.into(),
-            r.cache_flushes.into(),
-        ]);
+        t.row(
+            [r.policy.clone().into()]
+                .into_iter()
+                .chain(r.aging.cells(1e6))
+                .chain([
+                    r.peak_tree_nodes.into(),
+                    r.peak_cached_iovas.into(),
+                    r.scan_steps.into(),
+                    r.magazines_freed.into(),
+                    r.cache_flushes.into(),
+                ])
+                .collect(),
+        );
         for (i, w) in r.windows.iter().enumerate() {
             tl.row(vec![
                 r.policy.clone().into(),
