@@ -510,6 +510,32 @@ impl Work {
         }
     }
 
+    /// [`alloc_iova`](Self::alloc_iova) for a mapping of `kind`, marked
+    /// before it is mapped or handed out (a plain block needs no mark: it
+    /// is what every allocation starts as; see [`free_fresh`](Self::free_fresh)
+    /// for the way back).
+    #[inline]
+    fn alloc_iova_as(
+        &mut self,
+        slot: &CpuSlot,
+        dev: &DmaDevice,
+        pages: u64,
+        kind: BlockKind,
+    ) -> Result<u64, DmaError> {
+        let pfn = self.alloc_iova(slot, dev, pages)?;
+        if kind != BlockKind::Plain {
+            if let Err(e) = self
+                .domain
+                .iova
+                .set_kind(pfn, pages, BlockKind::Plain, kind)
+            {
+                self.cache.free(pfn, pages)?;
+                return Err(DmaError::Iova(e));
+            }
+        }
+        Ok(pfn)
+    }
+
     /// `alloc_iova` when the cache refused: out of space (flush and try
     /// once more) or a request it can never satisfy.
     #[cold]
@@ -552,17 +578,9 @@ impl Work {
         out: &mut [u64],
         pages: u64,
     ) -> Result<bool, DmaError> {
-        let pfn = self.alloc_iova(slot, dev, pages)?;
-        // Marked before anything is mapped or handed out: only `unmap_sg`
-        // may retire this block (a streaming unmap naming it is refused).
-        if let Err(e) =
-            self.domain
-                .iova
-                .set_kind(pfn, pages, BlockKind::Plain, BlockKind::ScatterList)
-        {
-            self.cache.free(pfn, pages)?;
-            return Err(DmaError::Iova(e));
-        }
+        // Only `unmap_sg` may retire this block (a streaming unmap naming
+        // it is refused).
+        let pfn = self.alloc_iova_as(slot, dev, pages, BlockKind::ScatterList)?;
         let mut at = pfn << PAGE_SHIFT;
         for (e, o) in sg.iter().zip(out.iter_mut()) {
             let n = pages_of(e.phys, e.len);
@@ -609,20 +627,8 @@ impl Work {
         kind: BlockKind,
     ) -> Result<u64, DmaError> {
         let pages = pages_of(phys, len);
-        let pfn = self.alloc_iova(slot, dev, pages)?;
+        let pfn = self.alloc_iova_as(slot, dev, pages, kind)?;
         let iova = pfn << PAGE_SHIFT;
-        if kind != BlockKind::Plain {
-            // Marked before it is mapped or handed out (a streaming block
-            // needs no mark: it is what every allocation starts as).
-            if let Err(e) = self
-                .domain
-                .iova
-                .set_kind(pfn, pages, BlockKind::Plain, kind)
-            {
-                self.cache.free(pfn, pages)?;
-                return Err(DmaError::Iova(e));
-            }
-        }
         // The block is fresh from this domain's allocator: nothing can be
         // mapped there (see `map_fresh`).
         if let Err(e) = self.domain.table.map_hinted(

@@ -225,9 +225,11 @@ struct DomainGen {
     psi: AtomicU64,
     /// When the domain's cached translations must be gone by, as
     /// nanoseconds since the IOTLB's `epoch` plus one; 0: no deadline.
-    /// Armed by the deferred policy when it queues an unmap and finds none
-    /// armed, reset by the translator that finds it passed (see
-    /// [`Iotlb::expire_if_due`]). On the line every hit reads for `gen`.
+    /// Armed by the deferred policy when an unmap goes into an empty (or
+    /// full) queue and none is armed, and by its timer's rounds with work;
+    /// moved on by the translator that finds it passed (see
+    /// [`Iotlb::expire_if_due`]); cleared by the timer when nothing is
+    /// queued. On the line every hit reads for `gen`.
     deadline: AtomicU64,
     /// How far a translator that finds the deadline passed moves it on
     /// (nanoseconds; 0: it clears it instead). Set before each arming.
@@ -237,10 +239,9 @@ struct DomainGen {
 fn new_domains(n: usize) -> Box<[DomainGen]> {
     #[cfg(not(loom))]
     {
-        // SAFETY: `DomainGen` is four `AtomicU64`s, for
-        // which all-zero bytes are a valid value (zero: no deadline); a
-        // zeroed allocation is also left
-        // uncommitted by the OS until a domain is used.
+        // SAFETY: `DomainGen` is four `AtomicU64`s, for which all-zero
+        // bytes are a valid value (zero: no deadline); a zeroed allocation
+        // is also left uncommitted by the OS until a domain is used.
         unsafe { Box::<[DomainGen]>::new_zeroed_slice(n).assume_init() }
     }
     #[cfg(loom)]

@@ -193,7 +193,7 @@ impl Unit {
     /// wait), so completion means what it always did.
     pub fn invalidate_domain(&self, did: u16) -> Result<(), QiError> {
         let raw = [InvDescriptor::iotlb_domain(did).encode()];
-        self.enqueue_then(&raw, false, || self.shared.iotlb.invalidate_domain(did))
+        self.enqueue_then(&raw, false, || self.drop_cached(did))
             .map(|_| ())
     }
 
@@ -209,7 +209,7 @@ impl Unit {
     }
 
     /// Whether domain `did` has an expiry deadline armed (one relaxed
-    /// load): the deferred policy asks after every queued unmap.
+    /// load): the deferred policy asks before it arms one.
     #[inline]
     pub(crate) fn expiry_armed(&self, did: u16) -> bool {
         self.shared.iotlb.deadline_armed(did)
