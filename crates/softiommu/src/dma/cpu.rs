@@ -514,7 +514,7 @@ impl Work {
     /// before it is mapped or handed out (a plain block needs no mark: it
     /// is what every allocation starts as; see [`free_fresh`](Self::free_fresh)
     /// for the way back).
-    #[inline]
+    #[inline(always)]
     fn alloc_iova_as(
         &mut self,
         slot: &CpuSlot,
