@@ -24,7 +24,7 @@ use softiommu_virtio::blk::{BlkHost, BlkHostConfig};
 use softiommu_virtio::workload::fio::{fio, BlockSizes, FioConfig, FioError, RwMode};
 
 use super::stress::PhaseResult;
-use crate::error::{LabError, LabResult};
+use crate::error::{join, LabError, LabResult};
 use crate::workload::Rng;
 
 /// The virtio phase's row name.
@@ -92,7 +92,7 @@ pub fn virtio_phase(seconds: f64, timeout: Duration, seed: u64) -> LabResult<Pha
     let t0 = Instant::now();
     let r = fio(&host, &cfg);
     stop.store(true, Ordering::Relaxed);
-    let _ = switcher.join();
+    join(switcher, "stress virtio-blk switcher")?;
     let r = r.map_err(fio_err)?;
     let faults = host
         .system
@@ -215,7 +215,7 @@ pub fn reclaim_phase(seconds: f64, seed: u64) -> LabResult<PhaseResult> {
         }
     }
     stop.store(true, Ordering::Relaxed);
-    let reclaims = reclaimer.join().unwrap_or(0);
+    let reclaims = join(reclaimer, "stress reclaimer")?;
     drop(handler);
     Ok(PhaseResult {
         policy: RECLAIM.into(),
