@@ -21,7 +21,7 @@ use softiommu::mem::{PhysMemory, PAGE_SIZE};
 use softiommu::pgtable::Perm;
 use softiommu::{DmaAccessor, DmaAttrs, DmaPolicy, SourceId};
 use softiommu_virtio::blk::{BlkHost, BlkHostConfig};
-use softiommu_virtio::workload::fio::{fio, BlockSizes, FioConfig, FioError, RwMode};
+use softiommu_virtio::workload::fio::{fio, sized_for, BlockSizes, FioConfig, FioError, RwMode};
 
 use super::stress::PhaseResult;
 use crate::error::{join, LabError, LabResult};
@@ -58,18 +58,14 @@ pub fn virtio_phase(seconds: f64, timeout: Duration, seed: u64) -> LabResult<Pha
         slow: None,
         seed,
     };
-    // The device sized for the jobs, as `run_fio` does: a queue each, rings
-    // for their slots, segments for the largest block.
-    let mut hc = BlkHostConfig {
-        policy: DmaPolicy::Strict,
-        ..BlkHostConfig::default()
-    };
-    let b = &mut hc.device.blk;
-    b.num_queues = b.num_queues.max(cfg.jobs as u16);
-    b.queue_max = b
-        .queue_max
-        .max((3 * cfg.slots()).next_power_of_two().clamp(4, 32768) as u16);
-    b.seg_max = b.seg_max.max(cfg.bs.max().div_ceil(4096) as u32);
+    // The device sized for the jobs, as `run_fio` sizes it.
+    let hc = sized_for(
+        &BlkHostConfig {
+            policy: DmaPolicy::Strict,
+            ..BlkHostConfig::default()
+        },
+        &cfg,
+    );
     let host = BlkHost::new(&hc).map_err(|e| fio_err(e.into()))?;
     host.domain.set_timeout(timeout)?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -261,11 +261,10 @@ fn host_thread(
     Ok((jobs.into_iter().map(|j| j.q).collect(), cpu))
 }
 
-/// Builds a host from `host` (its queues raised to the jobs, its slow
-/// region set from `cfg.slow` over the upper half of the disk) and runs
-/// `cfg` on it.
-pub fn run_fio(host: &BlkHostConfig, cfg: &FioConfig) -> Result<FioResult, FioError> {
-    cfg.check()?;
+/// `host` with its device sized for `cfg`: a queue per job, rings for the
+/// jobs' slots, segments for the largest block (never fewer than `host`
+/// asks for).
+pub fn sized_for(host: &BlkHostConfig, cfg: &FioConfig) -> BlkHostConfig {
     let mut h = host.clone();
     let b = &mut h.device.blk;
     b.num_queues = b.num_queues.max(cfg.jobs as u16);
@@ -275,6 +274,15 @@ pub fn run_fio(host: &BlkHostConfig, cfg: &FioConfig) -> Result<FioResult, FioEr
         .seg_max
         .max((cfg.bs.max().div_ceil(4096)) as u32)
         .min(4096);
+    h
+}
+
+/// Builds a host from `host` (its queues raised to the jobs, its slow
+/// region set from `cfg.slow` over the upper half of the disk) and runs
+/// `cfg` on it.
+pub fn run_fio(host: &BlkHostConfig, cfg: &FioConfig) -> Result<FioResult, FioError> {
+    cfg.check()?;
+    let mut h = sized_for(host, cfg);
     if let Some(s) = cfg.slow {
         let cap = crate::blk::BackendConfig::open(&h.device.backend)
             .map_err(|e| FioError::Host(crate::blk::BlkDeviceError::from(e).into()))?
