@@ -253,6 +253,10 @@ fn sizes_and_counts_out_of_range_are_refused() {
         (&["lab", "stress", "--switching", "2"], "2 is not in 0..=1"),
         (&["lab", "stress", "--devices", "2"], "2 is not in 0..=1"),
         (
+            &["lab", "stress", "--load-nice", "20"],
+            "20 is not in 0..=19",
+        ),
+        (
             &["lab", "stress", "--seed", "4294967296"],
             "4294967296 is not in 0..=4294967295",
         ),
