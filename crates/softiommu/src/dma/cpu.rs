@@ -804,8 +804,12 @@ impl Work {
                                 // A failed flush keeps its batch for a
                                 // retry and is counted; this unmap itself
                                 // is done.
-                                let _ = d.flush_batch(b, cache, &slot.stats);
+                                let _ = d.issue_flush(b);
                             }
+                            drop(taker);
+                            // Frees what the issued flushes finished
+                            // (never waits, unless too many wait).
+                            let _ = d.complete_flushes(cache, &slot.stats, d.in_flight.is_full());
                         } else if slot
                             .fq
                             .oldest()
@@ -823,8 +827,13 @@ impl Work {
                     d.arm_expiry(units);
                     if let Some(mut taker) = slot.fq.try_taker() {
                         if let Some(b) = taker.take_all() {
-                            let _ = d.flush_batch(b, cache, &slot.stats);
+                            // Issued, not waited for: its IOVAs are freed
+                            // by a later look (below, at the next push
+                            // check, or the timer's round).
+                            let _ = d.issue_flush(b);
                         }
+                        drop(taker);
+                        let _ = d.complete_flushes(cache, &slot.stats, d.in_flight.is_full());
                     }
                 }
                 // Room was made above and only this CPU pushes.
@@ -892,8 +901,13 @@ impl Work {
         // a queue whose handle may be going away.
         let retried = self.domain.retry_pending(&mut self.cache, &slot.stats);
         let mut taker = slot.fq.taker();
-        if let Some(b) = taker.take_all() {
-            self.domain.flush_batch(b, &mut self.cache, &slot.stats)?;
+        match taker.take_all() {
+            Some(b) => self.domain.flush_batch(b, &mut self.cache, &slot.stats)?,
+            // Nothing queued: what this CPU issued earlier is freed all the
+            // same.
+            None => self
+                .domain
+                .complete_flushes(&mut self.cache, &slot.stats, true)?,
         }
         retried
     }

@@ -14,6 +14,7 @@ use super::bounce::{BouncePools, BounceSlot};
 use super::error::DmaError;
 use super::flush_queue::{Batch, TimerArm};
 use super::gate::Gate;
+use super::inflight::InFlight;
 use super::passthrough::PtRecord;
 use super::policy::{DmaDirection, DmaPolicy, Tunables};
 use super::slot::CpuSlot;
@@ -139,6 +140,8 @@ pub struct DmaDomain {
     /// Pass-through mappings of CPU handles that were dropped.
     pub(crate) pt_retired: PtRecord,
     pub(crate) pending: Pending,
+    /// Flushes issued and not yet complete.
+    pub(crate) in_flight: InFlight,
     pub(crate) switch: Mutex<()>,
     retired: Mutex<DmaStats>,
 }
@@ -196,6 +199,7 @@ impl DmaDomain {
             coherent: Mutex::new(HashMap::new()),
             pt_retired: PtRecord::default(),
             pending: Pending::default(),
+            in_flight: InFlight::default(),
             switch: Mutex::new(()),
             retired: Mutex::new(DmaStats::default()),
         });
@@ -367,11 +371,12 @@ impl DmaDomain {
         Ok(n)
     }
 
-    /// Flushes a batch taken from a flush queue: one domain invalidation per
-    /// unit with work, one wait per unit, then the IOVAs and table pages are
-    /// freed into `cache`. Records the stale window, and the flush in
-    /// `stats` (the counters of whoever flushed: the owner or the timer).
-    /// If the invalidation fails, the batch is kept for a retry (nothing
+    /// Flushes a batch taken from a flush queue and waits for it: issues
+    /// it (one domain invalidation and one wait per unit with work; see
+    /// `inflight`), then completes every flush issued so far, freeing the
+    /// IOVAs and table pages into `cache` (recorded in `stats`: the
+    /// counters of whoever flushed, the owner or the timer). If an
+    /// invalidation cannot be done, its batch is kept for a retry (nothing
     /// in it is freed) and the error returned.
     pub(crate) fn flush_batch(
         &self,
@@ -379,13 +384,20 @@ impl DmaDomain {
         cache: &mut IovaCpuCache,
         stats: &CpuStats,
     ) -> Result<(), DmaError> {
-        let n = match self.invalidate(batch.units, 0, 0) {
-            Ok(n) => n,
-            Err(e) => {
-                self.keep_pending(batch, &e);
-                return Err(e);
-            }
-        };
+        self.issue_flush(batch)?;
+        self.complete_flushes(cache, stats, true)
+    }
+
+    /// The end of a flush whose `invalidations` have completed: records
+    /// the stale window and the flush, frees the IOVAs into `cache` and
+    /// the table pages.
+    pub(crate) fn free_flushed(
+        &self,
+        batch: Batch,
+        invalidations: u64,
+        cache: &mut IovaCpuCache,
+        stats: &CpuStats,
+    ) -> Result<(), DmaError> {
         if let Some(t) = batch.oldest {
             self.stale.record(t.elapsed(), batch.entries.len() as u64);
         }
@@ -397,14 +409,14 @@ impl DmaDomain {
                 result = result.and(Err(err.into()));
             }
         }
-        stats.flush(batch.entries.len() as u64, n);
+        stats.flush(batch.entries.len() as u64, invalidations);
         if let Err(e) = &result {
             self.note_failure(e);
         }
         result
     }
 
-    fn keep_pending(&self, batch: Batch, e: &DmaError) {
+    pub(crate) fn keep_pending(&self, batch: Batch, e: &DmaError) {
         let mut b = lock(&self.pending.batches);
         b.push(batch);
         self.pending.count.store(b.len(), Relaxed);
@@ -468,6 +480,9 @@ impl DmaDomain {
         let mut cache_guard = lock(&self.timer_cache);
         let mut oldest: Option<Instant> = None;
         if let Some(cache) = cache_guard.as_mut() {
+            // The owners' issued flushes first: the round ends with them
+            // freed (a failed one is kept, and retried below).
+            let _ = self.complete_flushes(cache, &CpuStats::default(), true);
             if self.retry_pending(cache, &CpuStats::default()).is_err() {
                 oldest = Some(now);
             }
@@ -490,7 +505,7 @@ impl DmaDomain {
                 oldest = Some(oldest.map_or(t, |o| o.min(t)));
             }
         }
-        if self.pending.count.load(Relaxed) > 0 {
+        if self.pending.count.load(Relaxed) > 0 || self.in_flight.len() > 0 {
             oldest = Some(oldest.map_or(now, |o| o.min(now)));
         }
         oldest
@@ -539,9 +554,12 @@ impl DmaDomain {
         }
     }
 
-    /// Whether any queue holds an entry, or a failed flush waits.
+    /// Whether any queue holds an entry, or an issued or failed flush
+    /// waits.
     pub(crate) fn any_queued(&self) -> bool {
-        self.pending.count.load(Relaxed) > 0 || lock(&self.cpus).iter().any(|s| !s.fq.is_empty())
+        self.pending.count.load(Relaxed) > 0
+            || self.in_flight.len() > 0
+            || lock(&self.cpus).iter().any(|s| !s.fq.is_empty())
     }
 
     /// Flushes every queue now (the timer's cache frees the IOVAs), and
@@ -555,6 +573,7 @@ impl DmaDomain {
         let Some(cache) = cache_guard.as_mut() else {
             return Ok(());
         };
+        self.complete_flushes(cache, &CpuStats::default(), true)?;
         self.retry_pending(cache, &CpuStats::default())?;
         for slot in &cpus {
             let mut taker = slot.fq.taker();
@@ -750,7 +769,8 @@ impl Drop for DmaDomain {
         for (phys, rec) in lock(&self.coherent).drain() {
             let _ = self.mem.free_owned(phys, rec.order, FrameOwner::Coherent);
         }
-        for batch in lock(&self.pending.batches).drain(..) {
+        let in_flight = self.in_flight.drain();
+        for batch in lock(&self.pending.batches).drain(..).chain(in_flight) {
             for t in batch.tables {
                 let _ = self.mem.free_owned(t, 0, FrameOwner::Iommu);
             }

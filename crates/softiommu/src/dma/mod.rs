@@ -27,6 +27,7 @@ mod domain;
 mod error;
 mod flush_queue;
 mod gate;
+mod inflight;
 mod passthrough;
 mod policy;
 mod slot;

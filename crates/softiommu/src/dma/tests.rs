@@ -153,6 +153,84 @@ fn a_batch_held_by_a_stalled_taker_is_still_dropped_from_the_iotlb_at_its_age() 
     assert_eq!(r.domain.stats().live(), 0);
 }
 
+/// The owner's flush does not wait for the device: a full queue's batch is
+/// issued (its cached translations dropped, an invalidation and a wait
+/// queued) and the unmap returns while a device thread holds a translation
+/// section open. Nothing of the batch is freed until that section ends;
+/// then the owner's next flush frees it.
+#[test]
+fn an_owners_flush_behind_an_open_section_returns_and_frees_nothing_until_it_ends() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    r.domain.set_timeout(Duration::from_secs(60)).unwrap();
+    r.domain.set_high_water(4).unwrap();
+    let buf = r.mem.alloc_zeroed_frames(3).unwrap();
+    let map4 = |r: &mut Rig, base: u64| -> Vec<u64> {
+        (0..4)
+            .map(|i| {
+                r.cpu
+                    .map(&r.dev, base + i * 4096, 4096, DmaDirection::ToDevice)
+                    .unwrap()
+            })
+            .collect()
+    };
+    let addrs = map4(&mut r, buf);
+    for &a in &addrs {
+        assert!(reachable(&mut r, a), "cached by the device");
+    }
+    let system = r.domain.system().clone();
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let device = std::thread::spawn(move || {
+        let (_, unit) = system.units().next().unwrap();
+        let mut tr = unit.translator().unwrap();
+        tr.section(|_| {
+            entered_tx.send(()).unwrap();
+            // Held until the test lets go (or 10 s, so that a build whose
+            // unmap waits for it fails rather than hangs).
+            let _ = release_rx.recv_timeout(Duration::from_secs(10));
+        });
+    });
+    entered_rx.recv().unwrap();
+    for &a in &addrs {
+        r.cpu
+            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+            .unwrap();
+    }
+    // Had the unmap waited for the section, it would have returned only
+    // when the holder gave up (10 s), with the batch complete.
+    assert_eq!(r.domain.in_flight.len(), 1, "issued, with the section open");
+    assert_eq!(
+        r.domain.stats().flushes,
+        0,
+        "and is not complete: a translation that began before it is open"
+    );
+    for &a in &addrs {
+        assert!(
+            !reachable(&mut r, a),
+            "no new translation reaches an issued batch's pages"
+        );
+    }
+    assert_eq!(r.domain.stats().flushed_entries, 0, "nothing freed");
+    // A freed IOVA would come back first (the CPU's cache is LIFO): none
+    // of the batch's may be handed out while the section is open.
+    let during = map4(&mut r, buf + 4 * 4096);
+    assert!(
+        during.iter().all(|a| !addrs.contains(a)),
+        "an IOVA of the issued batch was reused: {addrs:x?} / {during:x?}"
+    );
+    release_tx.send(()).unwrap();
+    device.join().unwrap();
+    // The next batch's flush finds the first complete and frees both.
+    for &a in &during {
+        r.cpu
+            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+            .unwrap();
+    }
+    assert_eq!(r.domain.in_flight.len(), 0);
+    let st = r.domain.stats();
+    assert_eq!((st.flushes, st.flushed_entries, st.live()), (2, 8, 0));
+}
+
 /// The device-side backstop: a deferred unmap into an empty queue arms
 /// its domain's expiry deadline in the unit, and a translator that finds
 /// it passed drops the domain's cached translations itself, though no

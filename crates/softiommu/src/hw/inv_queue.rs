@@ -127,6 +127,19 @@ pub(crate) struct Pass {
     pub(crate) stopped: bool,
     /// Whether this pass raised that error.
     pub(crate) raised: bool,
+    /// Whether the pass ended at a wait whose drain has not finished: the
+    /// head stays on it, and a later pass looks again.
+    pub(crate) stalled: bool,
+}
+
+/// What carrying out one descriptor came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Done: the head moves past it.
+    Done,
+    /// Not yet (a wait whose drain still has translations to wait for):
+    /// the head stays on it and the pass ends.
+    Stall,
 }
 
 /// The ring and its registers.
@@ -311,12 +324,12 @@ impl InvQueue {
     /// Carries out descriptors from the head to the tail with `exec` (the
     /// descriptor, and the ticket it completes if it is one of the unit's
     /// own waits), stopping at the first that fails to decode or that
-    /// `exec` refuses. Call with the processing lock held: the head is
-    /// this caller's.
+    /// `exec` refuses, or before the first that `exec` stalls on. Call
+    /// with the processing lock held: the head is this caller's.
     pub(crate) fn process(
         &self,
         limits: &Limits,
-        mut exec: impl FnMut(&InvDescriptor, Option<u32>) -> Result<(), IqeReason>,
+        mut exec: impl FnMut(&InvDescriptor, Option<u32>) -> Result<Step, IqeReason>,
     ) -> Pass {
         let mut pass = Pass::default();
         if self.stopped() {
@@ -340,11 +353,20 @@ impl InvQueue {
                     return pass;
                 }
             };
-            if let Err(reason) = InvDescriptor::decode(raw, limits).and_then(|d| exec(&d, ticket)) {
-                self.stop(QueueFault { head, raw, reason });
-                pass.stopped = true;
-                pass.raised = true;
-                return pass;
+            match InvDescriptor::decode(raw, limits).and_then(|d| exec(&d, ticket)) {
+                Ok(Step::Done) => {}
+                Ok(Step::Stall) => {
+                    // The head stays on it: fetched again (from the shadow,
+                    // as given) by the next pass.
+                    pass.stalled = true;
+                    return pass;
+                }
+                Err(reason) => {
+                    self.stop(QueueFault { head, raw, reason });
+                    pass.stopped = true;
+                    pass.raised = true;
+                    return pass;
+                }
             }
             // Relaxed: ordered before the head's Release store below, after
             // which a submitter may reuse the slot.
@@ -426,7 +448,7 @@ mod tests {
         let mut seen = Vec::new();
         let pass = q.process(&L, |d, _| {
             seen.push(*d);
-            Ok(())
+            Ok(Step::Done)
         });
         assert_eq!(
             pass,
@@ -448,6 +470,49 @@ mod tests {
     }
 
     #[test]
+    fn a_stalled_descriptor_keeps_the_head_and_runs_again_as_given() {
+        let q = queue();
+        q.write(0, InvDescriptor::iotlb_domain(3).encode(), None)
+            .unwrap();
+        q.write(1, InvDescriptor::wait_event().encode(), Some(7))
+            .unwrap();
+        q.ring(2).unwrap();
+        let mut seen = Vec::new();
+        let pass = q.process(&L, |d, t| {
+            seen.push((*d, t));
+            Ok(match d {
+                InvDescriptor::Wait(_) => Step::Stall,
+                _ => Step::Done,
+            })
+        });
+        assert_eq!(
+            pass,
+            Pass {
+                done: 1,
+                stalled: true,
+                ..Pass::default()
+            }
+        );
+        assert_eq!(q.head(), 1, "the head stays on the stalled wait");
+        assert!(!q.stopped());
+        let pass = q.process(&L, |d, t| {
+            seen.push((*d, t));
+            Ok(Step::Done)
+        });
+        assert_eq!(pass.done, 1);
+        assert!(!pass.stalled);
+        assert_eq!(q.head(), 2);
+        assert_eq!(
+            seen,
+            [
+                (InvDescriptor::iotlb_domain(3), None),
+                (InvDescriptor::wait_event(), Some(7)),
+                (InvDescriptor::wait_event(), Some(7)),
+            ]
+        );
+    }
+
+    #[test]
     fn a_bad_descriptor_stops_the_queue_at_itself() {
         let q = queue();
         q.write(0, InvDescriptor::iotlb_global().encode(), None)
@@ -459,14 +524,15 @@ mod tests {
         let mut n = 0;
         let pass = q.process(&L, |_, _| {
             n += 1;
-            Ok(())
+            Ok(Step::Done)
         });
         assert_eq!(
             pass,
             Pass {
                 done: 1,
                 stopped: true,
-                raised: true
+                raised: true,
+                stalled: false,
             }
         );
         assert_eq!(n, 1, "nothing after the bad descriptor ran");
@@ -477,15 +543,15 @@ mod tests {
         );
         assert_eq!(q.head(), 1);
         // Stopped: nothing runs until recovery.
-        let again = q.process(&L, |_, _| Ok(()));
+        let again = q.process(&L, |_, _| Ok(Step::Done));
         assert!(again.stopped && !again.raised);
         // Retry without fixing: stops again at the same place.
         assert!(q.recover(QueueRecovery::Retry).unwrap());
-        assert!(q.process(&L, |_, _| Ok(())).stopped);
+        assert!(q.process(&L, |_, _| Ok(Step::Done)).stopped);
         assert_eq!(q.head(), 1);
         // Skip: the rest runs.
         assert!(q.recover(QueueRecovery::Skip).unwrap());
-        assert_eq!(q.process(&L, |_, _| Ok(())).done, 2);
+        assert_eq!(q.process(&L, |_, _| Ok(Step::Done)).done, 2);
         assert!(
             !q.recover(QueueRecovery::Skip).unwrap(),
             "nothing to recover"
@@ -507,10 +573,10 @@ mod tests {
         q.recover(QueueRecovery::Retry).unwrap();
         q.write(0, [0x7f, 0], None).unwrap();
         q.ring(1).unwrap();
-        assert!(q.process(&L, |_, _| Ok(())).stopped);
+        assert!(q.process(&L, |_, _| Ok(Step::Done)).stopped);
         q.recover(QueueRecovery::Discard).unwrap();
         assert_eq!(q.head(), 1);
-        assert_eq!(q.process(&L, |_, _| Ok(())), Pass::default());
+        assert_eq!(q.process(&L, |_, _| Ok(Step::Done)), Pass::default());
     }
 
     #[test]
@@ -528,7 +594,11 @@ mod tests {
                 .unwrap();
             }
             q.ring((t0 + n) % q.len()).unwrap();
-            assert_eq!(q.process(&L, |_, _| Ok(())).done, n, "round {round}");
+            assert_eq!(
+                q.process(&L, |_, _| Ok(Step::Done)).done,
+                n,
+                "round {round}"
+            );
         }
         assert_eq!(q.head(), 600 % 256);
     }

@@ -242,3 +242,68 @@ fn a_cached_hit_racing_the_wait() {
         dev.join().unwrap();
     });
 }
+
+/// A stalled wait (see `processor`): the drain's snapshot is taken by the
+/// thread whose pass first reached the wait, and polled, and the
+/// completion published, by whichever thread runs a later pass (the
+/// snapshot handed over under the processing lock). A waiter that sees the
+/// completion finds no stale translation and no section still using the
+/// old page.
+#[test]
+fn a_drain_begun_by_one_pass_and_finished_by_another() {
+    model("a_drain_begun_by_one_pass_and_finished_by_another", || {
+        const POLLS: usize = 3;
+        let w = World::new();
+        let proc: Arc<loom::sync::Mutex<Option<Vec<(usize, u64)>>>> =
+            Arc::new(loom::sync::Mutex::new(None));
+        let completed = Arc::new(AtomicU64::new(0));
+        let dev = {
+            let w = w.clone();
+            spawn(move || {
+                let mut state = 0;
+                w.translate(0, &mut state);
+                w.translate(0, &mut state);
+            })
+        };
+        // The submitter: unmap, invalidate, and the pass that stalls.
+        w.pte.store(0, Ordering::Relaxed);
+        w.tlb.invalidate_domain(DID);
+        *proc.lock().unwrap() = Some(w.slots.drain_start(Barrier::Fence));
+        // Another thread's pass looks again.
+        let runner = {
+            let (w, proc, completed) = (w.clone(), proc.clone(), completed.clone());
+            spawn(move || {
+                for _ in 0..POLLS {
+                    let mut g = proc.lock().unwrap();
+                    if let Some(p) = g.as_mut() {
+                        if w.slots.drain_poll(p) {
+                            *g = None;
+                            // As the processor's store of the ticket.
+                            completed.store(1, Ordering::Release);
+                            return;
+                        }
+                    }
+                    drop(g);
+                    thread::yield_now();
+                }
+            })
+        };
+        // The waiter polls the completion only (as `poll_ticket` does when
+        // another pass holds the lock).
+        for _ in 0..POLLS {
+            if completed.load(Ordering::Acquire) == 1 {
+                assert_eq!(
+                    w.in_use.load(Ordering::Relaxed),
+                    0,
+                    "a guard holding the old page outlived the wait"
+                );
+                w.waited.store(1, Ordering::Release);
+                assert_eq!(w.translate(1, &mut 0), None, "stale after the wait");
+                break;
+            }
+            thread::yield_now();
+        }
+        dev.join().unwrap();
+        runner.join().unwrap();
+    });
+}

@@ -7,12 +7,23 @@
 //! pass at a time, in queue order, as the hardware does.
 //!
 //! At a wait descriptor that follows any invalidation, the processor
-//! *drains* (see `epoch`): it waits until every translation that might not
-//! see those invalidations has finished, then charges the modelled
-//! completion time, then writes the status word (Release, paired with the
+//! *drains* (see `epoch`): every translation that might not see those
+//! invalidations must have finished before it charges the modelled
+//! completion time and writes the status word (Release, paired with the
 //! driver's Acquire load). So when a driver sees the status, no translation
 //! that began before its invalidations can still return, or still be using,
 //! a stale result.
+//!
+//! The drain never blocks a pass. At the wait, the processor takes the
+//! drain's snapshot (the heavy fence, then the sections active), keeps it
+//! in the processing state and, while any of those sections is still
+//! open, ends the pass *stalled* with the head on the wait, as hardware
+//! leaves a wait descriptor at the head until it can complete. The next
+//! pass (any submitter's doorbell, a waiter polling, the unit thread)
+//! looks at the same snapshot again. A submitter that only queues (a
+//! deferred flush, see `dma::inflight`) is never held by a device thread
+//! the host has descheduled inside a translation; a waiter polls, with
+//! backoff, as a driver polls a status word.
 //!
 //! The unit's own waits complete a *ticket* in a private word
 //! (`Shared::completed`), never in physical memory: a descriptor's status
@@ -27,11 +38,12 @@ use std::time::{Duration, Instant};
 
 use super::descriptor::{InvDescriptor, IotlbScope, IqeReason};
 use super::error::QiError;
-use super::inv_queue::{Pass, QueueFault};
+use super::inv_queue::{Pass, QueueFault, Step};
 use super::latency::spin_ns;
 use super::unit::{thread_token, Counters, ProcState, QueueMode, Shared};
 use crate::mem::{PhysAddr, PhysMemory};
 use crate::sync::lock_std as lock;
+use crate::sync::Backoff;
 
 /// Where a wait ticket stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +109,7 @@ impl Shared {
             }
         }
         let _exit = Exit(self);
+        let mut backoff = Backoff::default();
         loop {
             {
                 let mut g = lock(&self.signal);
@@ -110,11 +123,18 @@ impl Shared {
                     g = self.doorbell.wait(g).unwrap_or_else(|e| e.into_inner());
                 }
             }
-            {
+            let pass = {
                 let mut p = lock(&self.proc);
-                self.run_queue(&mut p);
-            }
+                self.run_queue(&mut p)
+            };
             self.notify_done();
+            if pass.stalled {
+                // A drain waits for translations in flight: look again
+                // soon, as the hardware keeps checking.
+                backoff.snooze();
+            } else {
+                backoff = Backoff::default();
+            }
         }
     }
 
@@ -204,13 +224,13 @@ impl Shared {
         p: &mut ProcState,
         d: &InvDescriptor,
         ticket: Option<u32>,
-    ) -> Result<(), IqeReason> {
+    ) -> Result<Step, IqeReason> {
         let c = &self.counters;
         match *d {
             InvDescriptor::ContextCache(_) => {
                 // Contexts are read afresh by every translation; what must
                 // still happen is the drain at the next wait.
-                p.dirty = true;
+                p.invalidated();
                 Counters::add(&c.context_invalidations, 1);
                 Counters::add(
                     &c.modelled_ns,
@@ -233,7 +253,7 @@ impl Shared {
                         Counters::add(&c.entries_cleared, n);
                     }
                 }
-                p.dirty = true;
+                p.invalidated();
                 Counters::add(
                     &c.modelled_ns,
                     spin_ns(self.latency.iotlb_invalidation_ns()),
@@ -253,12 +273,31 @@ impl Shared {
                     None => None,
                 };
                 if p.dirty {
-                    let t0 = Instant::now();
-                    let st = self.slots.drain(self.barrier);
+                    // The snapshot is taken once, at the first look; later
+                    // passes only poll it (nothing can run between: the
+                    // head stays here, and a discard clears it).
+                    let d = p.drain.get_or_insert_with(|| {
+                        let t0 = Instant::now();
+                        let sections = self.slots.drain_start(self.barrier);
+                        PendingDrain {
+                            waited: sections.len() as u64,
+                            sections,
+                            t0,
+                            stalled: false,
+                        }
+                    });
+                    if !self.slots.drain_poll(&mut d.sections) {
+                        if !d.stalled {
+                            d.stalled = true;
+                            Counters::add(&c.drain_stalls, 1);
+                        }
+                        return Ok(Step::Stall);
+                    }
                     Counters::add(&c.drains, 1);
-                    Counters::add(&c.drain_waited, st.waited);
-                    Counters::add(&c.drain_ns, nanos(t0.elapsed()));
+                    Counters::add(&c.drain_waited, d.waited);
+                    Counters::add(&c.drain_ns, nanos(d.t0.elapsed()));
                     Counters::add(&c.modelled_ns, spin_ns(self.latency.wait_completion_ns()));
+                    p.drain = None;
                     p.dirty = false;
                 }
                 if let Some((word, data)) = word {
@@ -277,7 +316,28 @@ impl Shared {
                 }
             }
         }
-        Ok(())
+        Ok(Step::Done)
+    }
+}
+
+/// A wait's drain under way: the sections it waits for, as
+/// `Slots::drain_start` found them.
+#[derive(Debug)]
+pub(crate) struct PendingDrain {
+    sections: Vec<(usize, u64)>,
+    waited: u64,
+    t0: Instant,
+    /// A pass has stalled on it (counted once).
+    stalled: bool,
+}
+
+impl ProcState {
+    /// An invalidation ran: the next wait drains. (No drain can be under
+    /// way here, unless a discard dropped the wait that took it: a
+    /// snapshot taken before this invalidation would not cover it.)
+    fn invalidated(&mut self) {
+        self.dirty = true;
+        self.drain = None;
     }
 }
 

@@ -33,6 +33,7 @@ use super::processor::TicketState;
 use super::unit::{QueueMode, Shared, Unit};
 use crate::hw::IqeReason;
 use crate::sync::lock_std as lock;
+use crate::sync::Backoff;
 
 /// Descriptors collected to be queued together, usually ended by one wait.
 /// Made by [`Unit::batch`].
@@ -283,9 +284,14 @@ impl Unit {
         let sh = &*self.shared;
         let was = {
             let _sub = lock(&sh.submit);
-            let _p = lock(&sh.proc);
+            let mut p = lock(&sh.proc);
             let fault = sh.queue.fault();
             let was = sh.queue.recover(how)?;
+            if was && how == QueueRecovery::Discard {
+                // The wait a pass stalled on may be gone with the rest: its
+                // drain's snapshot must not stand for a later wait's.
+                p.drain = None;
+            }
             if let (true, QueueRecovery::Discard, Some(f)) = (was, how, fault) {
                 sh.fail_outstanding(f);
             }
@@ -369,8 +375,15 @@ impl Unit {
         let sh = &*self.shared;
         match sh.config.queue_mode {
             QueueMode::Inline => {
-                let mut p = lock(&sh.proc);
-                sh.run_queue(&mut p);
+                let stalled = {
+                    let mut p = lock(&sh.proc);
+                    sh.run_queue(&mut p).stalled
+                };
+                if stalled {
+                    // The head waits on a drain: give the translations it
+                    // waits for a moment before the caller looks again.
+                    std::thread::yield_now();
+                }
             }
             QueueMode::Thread => {
                 let mut g = lock(&sh.signal);
@@ -392,9 +405,54 @@ impl Unit {
         Ok(())
     }
 
+    /// Queues a ticketed wait and rings the doorbell without waiting for
+    /// it: see [`Unit::poll_ticket`]. How a deferred flush queues its
+    /// invalidation's completion and goes on (`dma::inflight`).
+    pub(crate) fn queue_wait(&self) -> Result<u32, QiError> {
+        // A wait was asked for, so a ticket comes back with an `Ok`.
+        self.enqueue(&[], true)?.ok_or(QiError::ShutDown)
+    }
+
+    /// Whether ticket `t`'s wait has completed, without waiting for it: in
+    /// inline mode this runs one pass first if no other pass is running
+    /// (a stalled drain is looked at again). Fails as
+    /// [`InvBatch::wait`] does: the ticket failed, the queue stopped, the
+    /// unit shut down.
+    pub(crate) fn poll_ticket(&self, t: u32) -> Result<bool, QiError> {
+        let sh = &*self.shared;
+        let state = |sh: &Shared| match sh.ticket_state(t) {
+            TicketState::Done => Ok(Some(true)),
+            TicketState::Failed(f) => Err(QiError::Stopped(f)),
+            TicketState::Pending => Ok(None),
+        };
+        if let Some(done) = state(sh)? {
+            return Ok(done);
+        }
+        if sh.queue.stopped() {
+            return Err(sh.stopped_error());
+        }
+        if sh.shutdown.load(Ordering::Acquire) {
+            return Err(QiError::ShutDown);
+        }
+        // A thread in a section of this unit does not process: the drain
+        // would only find itself.
+        if sh.config.queue_mode == QueueMode::Inline && sh.check_caller().is_ok() {
+            let p = match sh.proc.try_lock() {
+                Ok(p) => Some(p),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+            if let Some(mut p) = p {
+                sh.run_queue(&mut p);
+            }
+        }
+        Ok(state(sh)?.unwrap_or(false))
+    }
+
     /// Returns when ticket `t`'s wait has completed, or fails.
     pub(crate) fn wait_ticket(&self, t: u32) -> Result<(), QiError> {
         let sh = &*self.shared;
+        let mut backoff = Backoff::default();
         let mut g = lock(&sh.signal);
         loop {
             match sh.ticket_state(t) {
@@ -412,16 +470,21 @@ impl Unit {
                 QueueMode::Thread => sh.done.wait(g).unwrap_or_else(|e| e.into_inner()),
                 QueueMode::Inline => {
                     // Our own doorbell processed the queue up to our wait,
-                    // unless the queue was being recovered meanwhile; run
-                    // one more pass ourselves.
+                    // unless a pass stalled on a drain before it (ours or
+                    // an earlier one), or the queue was being recovered
+                    // meanwhile: run one more pass ourselves, and poll.
                     drop(g);
                     sh.kick();
                     let g = lock(&sh.signal);
                     if sh.ticket_state(t) != TicketState::Pending {
                         g
+                    } else if backoff.is_spinning() {
+                        drop(g);
+                        backoff.snooze();
+                        lock(&sh.signal)
                     } else {
                         sh.done
-                            .wait_timeout(g, Duration::from_millis(1))
+                            .wait_timeout(g, Duration::from_micros(50))
                             .unwrap_or_else(|e| e.into_inner())
                             .0
                     }

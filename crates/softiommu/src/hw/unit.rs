@@ -155,6 +155,7 @@ pub(crate) struct Counters {
     pub(crate) drains: AtomicU64,
     pub(crate) drain_waited: AtomicU64,
     pub(crate) drain_ns: AtomicU64,
+    pub(crate) drain_stalls: AtomicU64,
     pub(crate) modelled_ns: AtomicU64,
     pub(crate) queue_errors: AtomicU64,
     pub(crate) bypass_revocations: AtomicU64,
@@ -193,8 +194,13 @@ pub struct UnitStats {
     pub drains: u64,
     /// Translator sections a drain found active and waited for.
     pub drain_waited: u64,
-    /// Real time spent draining, in nanoseconds.
+    /// Real time spent draining, in nanoseconds (from the drain's first
+    /// look to its end, stalls included).
     pub drain_ns: u64,
+    /// Drains that found a section still open at their first look: the
+    /// queue's head stayed on their wait, and later passes looked again,
+    /// until the section ended (see `processor`).
+    pub drain_stalls: u64,
     /// Modelled time charged by the queue (not walks), in nanoseconds.
     pub modelled_ns: u64,
     /// Invalidation-queue errors raised.
@@ -216,6 +222,8 @@ pub struct UnitStats {
 pub(crate) struct ProcState {
     /// An invalidation ran since the last drain.
     pub(crate) dirty: bool,
+    /// The drain of the wait at the head, if a pass stalled on it.
+    pub(crate) drain: Option<super::processor::PendingDrain>,
 }
 
 /// A domain id in use and the root its devices share.
@@ -589,6 +597,7 @@ impl Unit {
             drains: r(&c.drains),
             drain_waited: r(&c.drain_waited),
             drain_ns: r(&c.drain_ns),
+            drain_stalls: r(&c.drain_stalls),
             modelled_ns: r(&c.modelled_ns),
             queue_errors: r(&c.queue_errors),
             faults: self.shared.faults.total(),
@@ -686,6 +695,60 @@ mod tests {
             Unit::new(tiny, two_pages).unwrap_err(),
             HwError::Mem(MemError::OutOfFrames { order: 1 })
         ));
+    }
+
+    /// A wait whose drain finds an open section stalls the queue at
+    /// itself without holding anyone: a submitter behind it returns at
+    /// once, a poll says "not yet", and the wait completes (and the
+    /// descriptors behind it run) once the section ends. In both queue
+    /// modes.
+    #[test]
+    fn a_wait_behind_an_open_section_stalls_the_queue_without_blocking_submitters() {
+        for queue_mode in [QueueMode::Inline, QueueMode::Thread] {
+            let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
+            let cfg = UnitConfig {
+                queue_mode,
+                ..UnitConfig::default()
+            };
+            let unit = Unit::new(mem, cfg).unwrap();
+            let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+            let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+            std::thread::scope(|s| {
+                let u = &unit;
+                let device = s.spawn(move || {
+                    let mut tr = u.translator().unwrap();
+                    tr.section(|_| {
+                        entered_tx.send(()).unwrap();
+                        let _ = release_rx.recv_timeout(std::time::Duration::from_secs(10));
+                    });
+                });
+                entered_rx.recv().unwrap();
+                unit.invalidate_domain(3).unwrap();
+                let t = unit.queue_wait().unwrap();
+                assert_eq!(unit.poll_ticket(t), Ok(false), "{queue_mode:?}");
+                // (In thread mode the unit thread gets there on its own.)
+                let t0 = std::time::Instant::now();
+                while unit.stats().drain_stalls == 0 {
+                    assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+                    std::thread::yield_now();
+                }
+                // A submitter behind the stalled wait is not held by it.
+                unit.invalidate_pages(4, 0x1000, 0, false).unwrap();
+                let t2 = unit.queue_wait().unwrap();
+                assert_eq!(unit.poll_ticket(t2), Ok(false));
+                let before = unit.stats();
+                assert_eq!(before.drains, 0, "{before:?}");
+                assert_eq!(before.iotlb_pages, 0, "behind the wait: {before:?}");
+                release_tx.send(()).unwrap();
+                device.join().unwrap();
+                unit.wait().unwrap();
+                assert_eq!(unit.poll_ticket(t), Ok(true));
+                assert_eq!(unit.poll_ticket(t2), Ok(true));
+                let after = unit.stats();
+                assert_eq!(after.iotlb_pages, 1);
+                assert_eq!(after.drain_waited, 1, "{queue_mode:?} {after:?}");
+            });
+        }
     }
 
     #[test]

@@ -54,6 +54,9 @@ pub(crate) fn lock_std<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
 #[derive(Debug, Default)]
 pub(crate) struct Backoff(u32);
 
+/// Turns of [`Backoff::snooze`] that spin before it yields.
+const SPINS: u32 = 64;
+
 impl Backoff {
     /// One step of waiting.
     #[inline]
@@ -62,12 +65,20 @@ impl Backoff {
         loom::thread::yield_now();
         #[cfg(not(loom))]
         {
-            if self.0 < 64 {
+            if self.0 < SPINS {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
             }
         }
         self.0 = self.0.saturating_add(1);
+    }
+
+    /// Whether the next [`snooze`](Self::snooze) still spins rather than
+    /// giving the core away: a caller with a better way to sleep (a
+    /// condition variable with a timeout) takes it past this point.
+    #[inline]
+    pub(crate) fn is_spinning(&self) -> bool {
+        self.0 < SPINS
     }
 }

@@ -1,0 +1,241 @@
+//! Deferred flushes under way: a batch whose invalidations are queued on
+//! the units, waiting for their completions before its IOVAs and table
+//! pages are freed.
+//!
+//! A flush is two halves. [`DmaDomain::issue_flush`] queues, on each unit
+//! the batch touched, a domain-selective invalidation (which drops the
+//! domain's cached translations as it is queued: from then on no new
+//! translation can reach an unmapped page) and a ticketed wait, and
+//! returns. [`DmaDomain::complete_flushes`] later polls the tickets, in
+//! issue order, and frees each batch whose waits have all completed: only
+//! then can no translation that began before the invalidation still be
+//! using what was unmapped (the wait's drain; see `hw::processor`).
+//!
+//! Linux's flush queue splits a flush the same way, with a counter of
+//! flushes started and one of flushes finished, each queued IOVA freed
+//! once the finished count passes the one it was queued under
+//! (`drivers/iommu/dma-iommu.c`, `fq_flush_start_cnt` /
+//! `fq_flush_finish_cnt`). It matters more here than there: on hardware
+//! the wait completes in a microsecond; an emulated unit's drain waits for
+//! the device threads' translation sections, and a device thread the host
+//! has descheduled inside one would keep the unmapping thread waiting for
+//! a scheduling slice.
+//!
+//! The owner issues and polls without ever blocking (a busy list is left
+//! to whoever holds it); everyone else that must see the batches gone
+//! (the timer's round, `flush_all`, a CPU handle's drop, a policy switch)
+//! completes them blocking. At most [`MAX_IN_FLIGHT`] batches wait: past
+//! it the owner completes blocking too, so the IOVAs a device can keep
+//! from being freed by holding a section are bounded. A batch is never
+//! dropped: one whose wait failed is revoked around the queue
+//! (`Unit::revoke`), and one that cannot be is kept with the failed
+//! flushes for a retry.
+
+#![deny(clippy::indexing_slicing)]
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+
+use super::domain::DmaDomain;
+use super::error::DmaError;
+use super::flush_queue::Batch;
+use super::stats::CpuStats;
+use crate::hw::UnitId;
+use crate::iova::IovaCpuCache;
+use crate::sync::{lock_std as lock, Backoff};
+
+/// The most issued flushes a domain lets wait for their completion before
+/// an owner's flush waits for the oldest.
+pub(crate) const MAX_IN_FLIGHT: usize = 8;
+
+/// One issued flush.
+#[derive(Debug)]
+struct Flight {
+    batch: Batch,
+    /// Each unit the invalidation was queued on, with its wait's ticket.
+    tickets: Vec<(UnitId, u32)>,
+    /// A unit's queue refused the invalidation or its wait: every unit of
+    /// the batch is revoked around the queue at completion, as
+    /// `DmaDomain::invalidate` does.
+    bypass: bool,
+}
+
+/// A domain's issued flushes, oldest first, and how many were issued and
+/// finished ever (a blocking completion waits for the finished count to
+/// reach the issued count it started with, without holding the list: an
+/// owner must be able to issue meanwhile).
+#[derive(Debug, Default)]
+struct Flights {
+    q: VecDeque<Flight>,
+    issued: u64,
+    finished: u64,
+}
+
+/// A domain's issued flushes.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    list: Mutex<Flights>,
+    /// How many flushes wait (read without the lock on the unmap path).
+    count: AtomicUsize,
+}
+
+impl InFlight {
+    /// How many issued flushes wait for their completion.
+    pub(crate) fn len(&self) -> usize {
+        self.count.load(Relaxed)
+    }
+
+    /// Whether as many flushes wait as the domain lets wait.
+    pub(crate) fn is_full(&self) -> bool {
+        self.len() >= MAX_IN_FLIGHT
+    }
+
+    /// Takes every batch away (the domain's drop: their page-table pages
+    /// are freed once every unit is revoked).
+    pub(crate) fn drain(&self) -> Vec<Batch> {
+        let mut l = lock(&self.list);
+        self.count.store(0, Relaxed);
+        let n = l.q.len() as u64;
+        l.finished += n;
+        l.q.drain(..).map(|f| f.batch).collect()
+    }
+}
+
+impl DmaDomain {
+    /// Issues the flush of `batch`: a domain-selective invalidation and a
+    /// wait on each unit it touched, queued and not waited for. The
+    /// domain's cached translations are gone when this returns (see
+    /// `Unit::invalidate_domain`); its IOVAs are freed by
+    /// [`complete_flushes`](Self::complete_flushes). If the calling thread
+    /// holds a translation section, nothing is queued and the batch is
+    /// kept for a retry.
+    pub(crate) fn issue_flush(&self, batch: Batch) -> Result<(), DmaError> {
+        if let Err(e) = self.check_callers() {
+            self.keep_pending(batch, &e);
+            return Err(e);
+        }
+        let mut tickets = Vec::new();
+        let mut bypass = false;
+        for id in self.units.in_mask(batch.units) {
+            let Some(unit) = self.system.unit(id) else {
+                continue;
+            };
+            match unit
+                .invalidate_domain(self.did)
+                .and_then(|()| unit.queue_wait())
+            {
+                Ok(t) => tickets.push((id, t)),
+                Err(_) => bypass = true,
+            }
+        }
+        let mut l = lock(&self.in_flight.list);
+        l.q.push_back(Flight {
+            batch,
+            tickets,
+            bypass,
+        });
+        l.issued += 1;
+        self.in_flight.count.store(l.q.len(), Relaxed);
+        Ok(())
+    }
+
+    /// Frees, oldest first, the issued batches whose waits have completed,
+    /// into `cache` (recorded in `stats`). With `block`, waits until every
+    /// batch issued before the call is freed (or kept for a retry); without
+    /// it, never waits (stops at the first batch still pending, and does
+    /// nothing if another thread holds the list). Fails with the first
+    /// batch that could not be revoked (kept for a retry), or, with
+    /// `block`, if the calling thread holds a section it would wait for.
+    #[inline]
+    pub(crate) fn complete_flushes(
+        &self,
+        cache: &mut IovaCpuCache,
+        stats: &CpuStats,
+        block: bool,
+    ) -> Result<(), DmaError> {
+        if self.in_flight.len() == 0 {
+            return Ok(());
+        }
+        self.complete_some(cache, stats, block)
+    }
+
+    /// [`complete_flushes`](Self::complete_flushes) with something in
+    /// flight.
+    #[inline(never)]
+    fn complete_some(
+        &self,
+        cache: &mut IovaCpuCache,
+        stats: &CpuStats,
+        block: bool,
+    ) -> Result<(), DmaError> {
+        if !block {
+            let l = match self.in_flight.list.try_lock() {
+                Ok(l) => l,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
+            };
+            return self.finish_ready(l, cache, stats).map(|_| ());
+        }
+        // Waiting for a drain from inside a section would wait for itself.
+        self.check_callers()?;
+        let target = lock(&self.in_flight.list).issued;
+        let mut backoff = Backoff::default();
+        loop {
+            let finished = self.finish_ready(lock(&self.in_flight.list), cache, stats)?;
+            if finished.wrapping_sub(target) as i64 >= 0 {
+                return Ok(());
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Frees the batches at the front of `l` whose waits have completed;
+    /// returns the finished count. Stops at the first still pending, or at
+    /// the first that cannot be revoked (kept for a retry, its error
+    /// returned).
+    fn finish_ready(
+        &self,
+        mut l: MutexGuard<'_, Flights>,
+        cache: &mut IovaCpuCache,
+        stats: &CpuStats,
+    ) -> Result<u64, DmaError> {
+        let mut result = Ok(());
+        while let Some(f) = l.q.front() {
+            let mut ready = true;
+            let mut failed = Vec::new();
+            for &(id, t) in &f.tickets {
+                match self.system.unit(id).map(|u| u.poll_ticket(t)) {
+                    Some(Ok(true)) | None => {}
+                    Some(Ok(false)) => ready = false,
+                    Some(Err(_)) => failed.push(id),
+                }
+            }
+            if !ready && failed.is_empty() && !f.bypass {
+                break;
+            }
+            let Some(f) = l.q.pop_front() else { break };
+            l.finished += 1;
+            self.in_flight.count.store(l.q.len(), Relaxed);
+            // A wait that failed, or an invalidation never queued: the
+            // revocation around the queue does what they would have.
+            let revoke = self
+                .units
+                .in_mask(f.batch.units)
+                .filter(|id| f.bypass || failed.contains(id))
+                .filter_map(|id| self.system.unit(id))
+                .try_for_each(|u| u.revoke(self.did, 0, 0));
+            if let Err(e) = revoke {
+                let e = DmaError::from(e);
+                self.keep_pending(f.batch, &e);
+                result = Err(e);
+                break;
+            }
+            let n = f.batch.units.count_ones().into();
+            if let Err(e) = self.free_flushed(f.batch, n, cache, stats) {
+                result = result.and(Err(e));
+            }
+        }
+        result.map(|()| l.finished)
+    }
+}
