@@ -1127,3 +1127,114 @@ fn a_device_issuing_dma_through_policy_switches_reaches_only_live_mappings() {
         );
     });
 }
+
+/// A deferred batch spanning two units is freed only once *both* are done
+/// with it: unit 0's wait fails (its queue stopped on a bad descriptor
+/// queued ahead of it) while unit 1's is still pending behind a device's
+/// open translation section. The failed unit is revoked around its queue,
+/// but nothing of the batch may be freed, and so reused, before unit 1's
+/// section has ended. (Found in review: the first version of the issued
+/// flush revoked the failed unit and freed the batch at once.)
+#[test]
+fn a_two_unit_batch_is_not_freed_while_one_unit_still_drains() {
+    timed(|| {
+        let p = Platform::builder()
+            .memory(64 << 20)
+            .unit(UnitConfig {
+                queue_mode: QueueMode::Thread,
+                ..UnitConfig::default()
+            })
+            .unit(UnitConfig::default())
+            .policy(DmaPolicy::Deferred)
+            .device_spec(softiommu::DeviceSpec {
+                sid: NIC,
+                unit: 0,
+                mask: u64::MAX,
+                untrusted: false,
+            })
+            .device_spec(softiommu::DeviceSpec {
+                sid: NIC2,
+                unit: 1,
+                mask: u64::MAX,
+                untrusted: false,
+            })
+            .build()
+            .unwrap();
+        p.domain.set_timeout(Duration::from_secs(60)).unwrap();
+        p.domain.set_high_water(4).unwrap();
+        let (u0, u1) = (p.unit(0).unwrap(), p.unit(1).unwrap());
+        let mut cpu = p.domain.cpu();
+        let buf = p.mem.alloc_zeroed_frames(4).unwrap();
+        let map4 = |cpu: &mut softiommu::DmaCpu, first: u64| -> Vec<u64> {
+            (first..first + 4)
+                .map(|i| cpu.map(&p.devices[0], buf + i * PAGE_SIZE, 64, TO).unwrap())
+                .collect()
+        };
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let mut t = u1.translator().unwrap();
+                t.section(|_| {
+                    entered_tx.send(()).unwrap();
+                    let _ = release_rx.recv_timeout(Duration::from_secs(20));
+                });
+            });
+            entered_rx.recv().unwrap();
+            // Unit 0's thread spends 300 ms on a context invalidation with a
+            // malformed descriptor behind it: the flush below queues behind
+            // both, and its wait fails when the thread reaches the error.
+            u0.set_latency(LatencyModel {
+                context_invalidation: Duration::from_millis(300),
+                ..LatencyModel::zero()
+            });
+            u0.submit_raw(&[
+                InvDescriptor::context(ContextScope::Global).encode(),
+                [0x3, 0],
+            ])
+            .unwrap();
+            let first = map4(&mut cpu, 0);
+            for &a in &first {
+                cpu.unmap(&p.devices[0], a, 64, TO).unwrap();
+            }
+            // Unit 0's thread reaches the bad descriptor, and fails the
+            // batch's wait behind it.
+            let t0 = Instant::now();
+            while !stopped_on_bad_type(u0) {
+                assert!(t0.elapsed() < Duration::from_secs(10));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            u0.set_latency(LatencyModel::zero());
+            assert_eq!(
+                u0.stats().iotlb_domain,
+                0,
+                "the flush's invalidation sat behind the error"
+            );
+            // The next batch's flush looks at the first again (unit 1's
+            // wait still pending), without waiting.
+            let second = map4(&mut cpu, 4);
+            for &a in &second {
+                cpu.unmap(&p.devices[0], a, 64, TO).unwrap();
+            }
+            assert_eq!(
+                p.domain.stats().flushed_entries,
+                0,
+                "a batch was freed while unit 1 still drained"
+            );
+            let third = map4(&mut cpu, 8);
+            assert!(
+                third
+                    .iter()
+                    .all(|a| !first.contains(a) && !second.contains(a)),
+                "an IOVA was reused while unit 1 still drained: {first:x?} {second:x?} {third:x?}"
+            );
+            release_tx.send(()).unwrap();
+            for &a in &third {
+                cpu.unmap(&p.devices[0], a, 64, TO).unwrap();
+            }
+            cpu.flush_own().unwrap();
+            let st = p.domain.stats();
+            assert_eq!((st.flushed_entries, st.live()), (12, 0), "{st:?}");
+        });
+    });
+}

@@ -142,6 +142,9 @@ pub struct DmaDomain {
     pub(crate) pending: Pending,
     /// Flushes issued and not yet complete.
     pub(crate) in_flight: InFlight,
+    /// Flushes completed by the timer's round or `flush_all` for whichever
+    /// CPU issued them.
+    pub(crate) completed_stats: CpuStats,
     pub(crate) switch: Mutex<()>,
     retired: Mutex<DmaStats>,
 }
@@ -200,6 +203,7 @@ impl DmaDomain {
             pt_retired: PtRecord::default(),
             pending: Pending::default(),
             in_flight: InFlight::default(),
+            completed_stats: CpuStats::default(),
             switch: Mutex::new(()),
             retired: Mutex::new(DmaStats::default()),
         });
@@ -482,8 +486,8 @@ impl DmaDomain {
         if let Some(cache) = cache_guard.as_mut() {
             // The owners' issued flushes first: the round ends with them
             // freed (a failed one is kept, and retried below).
-            let _ = self.complete_flushes(cache, &CpuStats::default(), true);
-            if self.retry_pending(cache, &CpuStats::default()).is_err() {
+            let _ = self.complete_flushes(cache, &self.completed_stats, true);
+            if self.retry_pending(cache, &self.completed_stats).is_err() {
                 oldest = Some(now);
             }
         }
@@ -573,8 +577,8 @@ impl DmaDomain {
         let Some(cache) = cache_guard.as_mut() else {
             return Ok(());
         };
-        self.complete_flushes(cache, &CpuStats::default(), true)?;
-        self.retry_pending(cache, &CpuStats::default())?;
+        self.complete_flushes(cache, &self.completed_stats, true)?;
+        self.retry_pending(cache, &self.completed_stats)?;
         for slot in &cpus {
             let mut taker = slot.fq.taker();
             if let Some(batch) = taker.take_all() {
@@ -665,6 +669,7 @@ impl DmaDomain {
     /// Every CPU's counters summed (handles dropped included).
     pub fn stats(&self) -> DmaStats {
         let mut s = *lock(&self.retired);
+        s += self.completed_stats.snapshot();
         for slot in lock(&self.cpus).iter() {
             s += slot.stats.snapshot();
             s += slot.timer_stats.snapshot();

@@ -21,15 +21,18 @@
 //! has descheduled inside one would keep the unmapping thread waiting for
 //! a scheduling slice.
 //!
-//! The owner issues and polls without ever blocking (a busy list is left
-//! to whoever holds it); everyone else that must see the batches gone
-//! (the timer's round, `flush_all`, a CPU handle's drop, a policy switch)
-//! completes them blocking. At most [`MAX_IN_FLIGHT`] batches wait: past
-//! it the owner completes blocking too, so the IOVAs a device can keep
-//! from being freed by holding a section are bounded. A batch is never
-//! dropped: one whose wait failed is revoked around the queue
-//! (`Unit::revoke`), and one that cannot be is kept with the failed
-//! flushes for a retry.
+//! The owner issues and polls without waiting for a device (a busy list
+//! is left to whoever holds it; only a flight whose queue failed it is
+//! revoked there, and that revocation drains); everyone else that must see
+//! the batches gone (the timer's round, `flush_all`, a CPU handle's drop,
+//! a policy switch) completes them blocking, sleeping on the oldest wait
+//! pending. At most [`MAX_IN_FLIGHT`] batches wait: past it the owner
+//! completes blocking too (every batch issued before its call), so the
+//! IOVAs a device can keep from being freed by holding a section are
+//! bounded. A batch is freed only once every unit it touched is done with
+//! it. A batch is never dropped: one whose wait failed is revoked around
+//! the queue (`Unit::revoke`) once its other units' waits are done, and
+//! one that cannot be is kept with the failed flushes for a retry.
 
 #![deny(clippy::indexing_slicing)]
 
@@ -121,12 +124,14 @@ impl DmaDomain {
             let Some(unit) = self.system.unit(id) else {
                 continue;
             };
-            match unit
-                .invalidate_domain(self.did)
-                .and_then(|()| unit.queue_wait())
-            {
+            match unit.queue_domain_flush(self.did) {
                 Ok(t) => tickets.push((id, t)),
-                Err(_) => bypass = true,
+                Err(_) => {
+                    // Revoked around the queue at completion; meanwhile no
+                    // new translation may use what the batch unmapped.
+                    unit.drop_cached(self.did);
+                    bypass = true;
+                }
             }
         }
         let mut l = lock(&self.in_flight.list);
@@ -175,56 +180,80 @@ impl DmaDomain {
                 Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
             };
-            return self.finish_ready(l, cache, stats).map(|_| ());
+            // Not from a thread in a section: a flight that needs a
+            // revocation is left to a blocking completer.
+            let revoke_ok = self.check_callers().is_ok();
+            return self.finish_ready(l, cache, stats, revoke_ok).map(|_| ());
         }
         // Waiting for a drain from inside a section would wait for itself.
         self.check_callers()?;
         let target = lock(&self.in_flight.list).issued;
         let mut backoff = Backoff::default();
         loop {
-            let finished = self.finish_ready(lock(&self.in_flight.list), cache, stats)?;
+            let (finished, waiting) =
+                self.finish_ready(lock(&self.in_flight.list), cache, stats, true)?;
             if finished.wrapping_sub(target) as i64 >= 0 {
                 return Ok(());
             }
-            backoff.snooze();
+            // Sleep on the oldest wait still pending (the list is not held:
+            // owners issue meanwhile), as `Unit::wait` does: on the unit
+            // thread's pass in thread mode, polling in inline mode.
+            match waiting.and_then(|(id, t)| self.system.unit(id).map(|u| (u, t))) {
+                Some((unit, t)) => {
+                    let _ = unit.wait_ticket(t);
+                }
+                None => backoff.snooze(),
+            }
         }
     }
 
-    /// Frees the batches at the front of `l` whose waits have completed;
-    /// returns the finished count. Stops at the first still pending, or at
-    /// the first that cannot be revoked (kept for a retry, its error
-    /// returned).
+    /// Frees the batches at the front of `l` whose waits have all
+    /// completed (or, for those whose queue failed them, been revoked
+    /// around it, if `may_revoke`); returns the finished count and the
+    /// oldest wait still pending. Stops at the first batch with a wait
+    /// pending (a batch is freed only once *every* unit it touched is
+    /// done with it), or at the first that cannot be revoked (kept for a
+    /// retry, its error returned).
     fn finish_ready(
         &self,
         mut l: MutexGuard<'_, Flights>,
         cache: &mut IovaCpuCache,
         stats: &CpuStats,
-    ) -> Result<u64, DmaError> {
+        may_revoke: bool,
+    ) -> Result<(u64, Option<(UnitId, u32)>), DmaError> {
         let mut result = Ok(());
+        let mut waiting = None;
         while let Some(f) = l.q.front() {
-            let mut ready = true;
             let mut failed = Vec::new();
             for &(id, t) in &f.tickets {
                 match self.system.unit(id).map(|u| u.poll_ticket(t)) {
                     Some(Ok(true)) | None => {}
-                    Some(Ok(false)) => ready = false,
+                    Some(Ok(false)) => {
+                        waiting.get_or_insert((id, t));
+                    }
                     Some(Err(_)) => failed.push(id),
                 }
             }
-            if !ready && failed.is_empty() && !f.bypass {
+            if waiting.is_some() && !f.bypass {
+                break;
+            }
+            waiting = None;
+            let revoke_all = f.bypass;
+            if (revoke_all || !failed.is_empty()) && !may_revoke {
                 break;
             }
             let Some(f) = l.q.pop_front() else { break };
-            l.finished += 1;
-            self.in_flight.count.store(l.q.len(), Relaxed);
             // A wait that failed, or an invalidation never queued: the
-            // revocation around the queue does what they would have.
+            // revocation around the queue does what they would have (and,
+            // with `bypass`, covers a unit whose wait is still pending).
             let revoke = self
                 .units
                 .in_mask(f.batch.units)
-                .filter(|id| f.bypass || failed.contains(id))
+                .filter(|id| revoke_all || failed.contains(id))
                 .filter_map(|id| self.system.unit(id))
                 .try_for_each(|u| u.revoke(self.did, 0, 0));
+            l.finished += 1;
+            self.in_flight.count.store(l.q.len(), Relaxed);
             if let Err(e) = revoke {
                 let e = DmaError::from(e);
                 self.keep_pending(f.batch, &e);
@@ -236,6 +265,6 @@ impl DmaDomain {
                 result = result.and(Err(e));
             }
         }
-        result.map(|()| l.finished)
+        result.map(|()| (l.finished, waiting))
     }
 }

@@ -127,7 +127,10 @@ impl Shared {
                 let mut p = lock(&self.proc);
                 self.run_queue(&mut p)
             };
-            self.notify_done();
+            // A pass that only stalled changed nothing a waiter waits for.
+            if !pass.stalled || pass.done > 0 {
+                self.notify_done();
+            }
             if pass.stalled {
                 // A drain waits for translations in flight: look again
                 // soon, as the hardware keeps checking.
@@ -274,8 +277,9 @@ impl Shared {
                 };
                 if p.dirty {
                     // The snapshot is taken once, at the first look; later
-                    // passes only poll it (nothing can run between: the
-                    // head stays here, and a discard clears it).
+                    // passes only poll it. No invalidation can run between
+                    // (the head stays here); one that does after a skip or
+                    // a discard clears it (`invalidated`, `recover_queue`).
                     let d = p.drain.get_or_insert_with(|| {
                         let t0 = Instant::now();
                         let sections = self.slots.drain_start(self.barrier);
@@ -332,9 +336,9 @@ pub(crate) struct PendingDrain {
 }
 
 impl ProcState {
-    /// An invalidation ran: the next wait drains. (No drain can be under
-    /// way here, unless a discard dropped the wait that took it: a
-    /// snapshot taken before this invalidation would not cover it.)
+    /// An invalidation ran: the next wait drains, with a snapshot taken
+    /// after it (one taken before would not cover it; one can be left here
+    /// only if the wait that took it was skipped or rewritten).
     fn invalidated(&mut self) {
         self.dirty = true;
         self.drain = None;

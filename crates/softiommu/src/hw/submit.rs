@@ -145,8 +145,8 @@ impl Shared {
 
 impl Unit {
     /// Queues `descs` and rings the doorbell (in inline mode, they are done
-    /// when this returns; in thread mode, soon). Completion is known only
-    /// through a wait.
+    /// when this returns unless a wait ahead of them is stalled on a drain;
+    /// in thread mode, soon). Completion is known only through a wait.
     pub fn submit(&self, descs: &[InvDescriptor]) -> Result<(), QiError> {
         with_encoded(descs, |raw| self.enqueue(raw, false)).map(|_| ())
     }
@@ -184,14 +184,14 @@ impl Unit {
     /// The domain's cached translations are dropped as soon as the
     /// descriptor is queued, before the queue is processed: a cache may
     /// drop entries at any time, and a generation bump is O(1) and safe
-    /// beside fills and lookups (see `iotlb`). This matters when the
-    /// processing lock is held by another submitter's drain, which waits
-    /// for a device thread the host's scheduler has descheduled inside a
-    /// translation: on hardware that drain takes nanoseconds, here it can
-    /// take a scheduling slice, and the deferred policy's stale window
-    /// would stretch by as much. The descriptor is still carried out in
-    /// order (its counters, its modelled latency, the drain at the next
-    /// wait), so completion means what it always did.
+    /// beside fills and lookups (see `iotlb`). This matters when a wait
+    /// ahead of it is stalled on a drain, waiting for a device thread the
+    /// host's scheduler has descheduled inside a translation: on hardware
+    /// that drain takes nanoseconds, here it can take a scheduling slice,
+    /// and the descriptor would not run before it (nor, then, would the
+    /// deferred policy's stale window end). The descriptor is still
+    /// carried out in order (its counters, its modelled latency, the drain
+    /// at the next wait), so completion means what it always did.
     pub fn invalidate_domain(&self, did: u16) -> Result<(), QiError> {
         let raw = [InvDescriptor::iotlb_domain(did).encode()];
         self.enqueue_then(&raw, false, || self.drop_cached(did))
@@ -289,8 +289,13 @@ impl Unit {
             let was = sh.queue.recover(how)?;
             if was && how == QueueRecovery::Discard {
                 // The wait a pass stalled on may be gone with the rest: its
-                // drain's snapshot must not stand for a later wait's.
+                // drain's snapshot must not stand for a later wait's. And
+                // the next wait drains whatever was discarded: a waiter
+                // whose invalidation went with it (the cached translations
+                // were dropped when it was queued) still learns of no
+                // completion before the sections open now have ended.
                 p.drain = None;
+                p.dirty = true;
             }
             if let (true, QueueRecovery::Discard, Some(f)) = (was, how, fault) {
                 sh.fail_outstanding(f);
@@ -406,11 +411,23 @@ impl Unit {
     }
 
     /// Queues a ticketed wait and rings the doorbell without waiting for
-    /// it: see [`Unit::poll_ticket`]. How a deferred flush queues its
-    /// invalidation's completion and goes on (`dma::inflight`).
+    /// it: see [`Unit::poll_ticket`].
+    #[cfg(test)]
     pub(crate) fn queue_wait(&self) -> Result<u32, QiError> {
         // A wait was asked for, so a ticket comes back with an `Ok`.
         self.enqueue(&[], true)?.ok_or(QiError::ShutDown)
+    }
+
+    /// Queues a domain-selective IOTLB invalidation of `did` and a ticketed
+    /// wait behind it, in one submission (nothing can come between them,
+    /// not even a discard), dropping the domain's cached translations as
+    /// they are queued (see [`Unit::invalidate_domain`]); returns the
+    /// wait's ticket without waiting for it. A deferred flush's issue
+    /// (`dma::inflight`).
+    pub(crate) fn queue_domain_flush(&self, did: u16) -> Result<u32, QiError> {
+        let raw = [InvDescriptor::iotlb_domain(did).encode()];
+        self.enqueue_then(&raw, true, || self.drop_cached(did))?
+            .ok_or(QiError::ShutDown)
     }
 
     /// Whether ticket `t`'s wait has completed, without waiting for it: in
