@@ -57,11 +57,53 @@ pub(crate) const MAX_IN_FLIGHT: usize = 8;
 struct Flight {
     batch: Batch,
     /// Each unit the invalidation was queued on, with its wait's ticket.
-    tickets: Vec<(UnitId, u32)>,
+    tickets: Tickets,
     /// A unit's queue refused the invalidation or its wait: every unit of
     /// the batch is revoked around the queue at completion, as
     /// `DmaDomain::invalidate` does.
     bypass: bool,
+}
+
+/// The tickets of one flight: inline for the usual one or two units (an
+/// allocation per flush showed in the deferred pair's instruction count),
+/// on the heap past that.
+#[derive(Debug)]
+struct Tickets {
+    inline: [(UnitId, u32); INLINE_TICKETS],
+    len: usize,
+    more: Vec<(UnitId, u32)>,
+}
+
+const INLINE_TICKETS: usize = 2;
+
+impl Default for Tickets {
+    fn default() -> Self {
+        Self {
+            inline: [(UnitId(0), 0); INLINE_TICKETS],
+            len: 0,
+            more: Vec::new(),
+        }
+    }
+}
+
+impl Tickets {
+    fn push(&mut self, t: (UnitId, u32)) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => {
+                *slot = t;
+                self.len += 1;
+            }
+            None => self.more.push(t),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(UnitId, u32)> {
+        self.inline
+            .get(..self.len)
+            .unwrap_or_default()
+            .iter()
+            .chain(&self.more)
+    }
 }
 
 /// A domain's issued flushes, oldest first, and how many were issued and
@@ -118,7 +160,7 @@ impl DmaDomain {
             self.keep_pending(batch, &e);
             return Err(e);
         }
-        let mut tickets = Vec::new();
+        let mut tickets = Tickets::default();
         let mut bypass = false;
         for id in self.units.in_mask(batch.units) {
             let Some(unit) = self.system.unit(id) else {
@@ -225,7 +267,7 @@ impl DmaDomain {
         let mut waiting = None;
         while let Some(f) = l.q.front() {
             let mut failed = Vec::new();
-            for &(id, t) in &f.tickets {
+            for &(id, t) in f.tickets.iter() {
                 match self.system.unit(id).map(|u| u.poll_ticket(t)) {
                     Some(Ok(true)) | None => {}
                     Some(Ok(false)) => {
