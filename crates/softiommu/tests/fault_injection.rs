@@ -65,6 +65,14 @@ fn map_cached(p: &Platform, cpu: &mut softiommu::DmaCpu, t: &mut Translator, phy
 /// it, so whatever is queued next lands behind the error and its wait
 /// fails when the thread reaches it.
 fn stall_then_stop(unit: &Unit) {
+    slow_then_bad(unit);
+    unit.set_latency(LatencyModel::zero());
+}
+
+/// [`stall_then_stop`], leaving the 300 ms context-invalidation latency
+/// in force (so that the unit thread surely meets it) until the caller
+/// sets it back.
+fn slow_then_bad(unit: &Unit) {
     unit.set_latency(LatencyModel {
         context_invalidation: Duration::from_millis(300),
         ..LatencyModel::zero()
@@ -74,7 +82,6 @@ fn stall_then_stop(unit: &Unit) {
         [0x3, 0],
     ])
     .unwrap();
-    unit.set_latency(LatencyModel::zero());
 }
 
 fn stopped_on_bad_type(unit: &Unit) -> bool {
@@ -1184,15 +1191,7 @@ fn a_two_unit_batch_is_not_freed_while_one_unit_still_drains() {
             // Unit 0's thread spends 300 ms on a context invalidation with a
             // malformed descriptor behind it: the flush below queues behind
             // both, and its wait fails when the thread reaches the error.
-            u0.set_latency(LatencyModel {
-                context_invalidation: Duration::from_millis(300),
-                ..LatencyModel::zero()
-            });
-            u0.submit_raw(&[
-                InvDescriptor::context(ContextScope::Global).encode(),
-                [0x3, 0],
-            ])
-            .unwrap();
+            slow_then_bad(u0);
             let first = map4(&mut cpu, 0);
             for &a in &first {
                 cpu.unmap(&p.devices[0], a, 64, TO).unwrap();

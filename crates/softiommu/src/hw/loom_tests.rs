@@ -151,6 +151,17 @@ impl World {
     }
 }
 
+/// A device thread of slot 0 making two translations of `IOVA`, racing
+/// the driver.
+fn device_translating_twice(w: &Arc<World>) -> thread::JoinHandle<()> {
+    let w = w.clone();
+    spawn(move || {
+        let mut state = 0;
+        w.translate(0, &mut state);
+        w.translate(0, &mut state);
+    })
+}
+
 /// A reader racing a writer that fills, invalidates and refills one entry
 /// with a different tag never sees one fill's tag with another's value.
 #[test]
@@ -186,14 +197,7 @@ fn seqlock_readers_never_see_a_torn_entry() {
 fn page_invalidation_and_wait_leave_nothing_stale() {
     model("page_invalidation_and_wait_leave_nothing_stale", || {
         let w = World::new();
-        let dev = {
-            let w = w.clone();
-            spawn(move || {
-                let mut state = 0;
-                w.translate(0, &mut state);
-                w.translate(0, &mut state);
-            })
-        };
+        let dev = device_translating_twice(&w);
         w.unmap_and_wait(&mut 0, |t| {
             t.invalidate_pages(DID, IOVA, 0);
         });
@@ -207,14 +211,7 @@ fn page_invalidation_and_wait_leave_nothing_stale() {
 fn domain_invalidation_and_wait_leave_nothing_stale() {
     model("domain_invalidation_and_wait_leave_nothing_stale", || {
         let w = World::new();
-        let dev = {
-            let w = w.clone();
-            spawn(move || {
-                let mut state = 0;
-                w.translate(0, &mut state);
-                w.translate(0, &mut state);
-            })
-        };
+        let dev = device_translating_twice(&w);
         w.unmap_and_wait(&mut 0, |t| t.invalidate_domain(DID));
         dev.join().unwrap();
     });
@@ -257,14 +254,7 @@ fn a_drain_begun_by_one_pass_and_finished_by_another() {
         let proc: Arc<loom::sync::Mutex<Option<Vec<(usize, u64)>>>> =
             Arc::new(loom::sync::Mutex::new(None));
         let completed = Arc::new(AtomicU64::new(0));
-        let dev = {
-            let w = w.clone();
-            spawn(move || {
-                let mut state = 0;
-                w.translate(0, &mut state);
-                w.translate(0, &mut state);
-            })
-        };
+        let dev = device_translating_twice(&w);
         // The submitter: unmap, invalidate, and the pass that stalls.
         w.pte.store(0, Ordering::Relaxed);
         w.tlb.invalidate_domain(DID);
