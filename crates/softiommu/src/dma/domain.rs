@@ -392,18 +392,23 @@ impl DmaDomain {
         self.complete_flushes(cache, stats, true)
     }
 
-    /// The end of a flush whose `invalidations` have completed: records
-    /// the stale window and the flush, frees the IOVAs into `cache` and
-    /// the table pages.
+    /// The end of a flush whose `invalidations` completed at `done_at`:
+    /// records the stale window (from the oldest entry's unmap to the
+    /// completion, not to this call, which may come a poll later) and the
+    /// flush, frees the IOVAs into `cache` and the table pages.
     pub(crate) fn free_flushed(
         &self,
         batch: Batch,
         invalidations: u64,
+        done_at: Instant,
         cache: &mut IovaCpuCache,
         stats: &CpuStats,
     ) -> Result<(), DmaError> {
         if let Some(t) = batch.oldest {
-            self.stale.record(t.elapsed(), batch.entries.len() as u64);
+            self.stale.record(
+                done_at.saturating_duration_since(t),
+                batch.entries.len() as u64,
+            );
         }
         let mut result = cache
             .free_retired_all(batch.entries.iter().map(|e| (e.pfn, e.pages)))

@@ -39,6 +39,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
 use super::domain::DmaDomain;
 use super::error::DmaError;
@@ -267,10 +268,13 @@ impl DmaDomain {
         let mut waiting = None;
         while let Some(f) = l.q.front() {
             let mut failed = Vec::new();
+            // When the last of the waits completed (at the latest).
+            let mut done_at = None;
             for &(id, t) in f.tickets.iter() {
                 match self.system.unit(id).map(|u| u.poll_ticket(t)) {
-                    Some(Ok(true)) | None => {}
-                    Some(Ok(false)) => {
+                    Some(Ok(Some(at))) => done_at = done_at.max(Some(at)),
+                    None => {}
+                    Some(Ok(None)) => {
                         waiting.get_or_insert((id, t));
                     }
                     Some(Err(_)) => failed.push(id),
@@ -303,7 +307,13 @@ impl DmaDomain {
                 break;
             }
             let n = f.batch.units.count_ones().into();
-            if let Err(e) = self.free_flushed(f.batch, n, cache, stats) {
+            // A revocation completes now; waits when they completed.
+            let done_at = if revoke_all || !failed.is_empty() {
+                Instant::now()
+            } else {
+                done_at.unwrap_or_else(Instant::now)
+            };
+            if let Err(e) = self.free_flushed(f.batch, n, done_at, cache, stats) {
                 result = result.and(Err(e));
             }
         }

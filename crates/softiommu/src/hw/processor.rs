@@ -310,6 +310,11 @@ impl Shared {
                     word.store(data, Ordering::Release);
                 }
                 if let Some(t) = ticket {
+                    // Relaxed, ordered before the ticket's Release store
+                    // below: a waiter that sees the ticket sees this time
+                    // (or a later completion's).
+                    self.completed_at
+                        .store(nanos(self.born.elapsed()), Ordering::Relaxed);
                     // Release: pairs with `status_now`'s Acquire load; the
                     // drain above happens before a waiter sees its ticket.
                     self.completed.store(t, Ordering::Release);

@@ -430,20 +430,25 @@ impl Unit {
             .ok_or(QiError::ShutDown)
     }
 
-    /// Whether ticket `t`'s wait has completed, without waiting for it: in
-    /// inline mode this runs one pass first if no other pass is running
-    /// (a stalled drain is looked at again). Fails as
-    /// [`InvBatch::wait`] does: the ticket failed, the queue stopped, the
-    /// unit shut down.
-    pub(crate) fn poll_ticket(&self, t: u32) -> Result<bool, QiError> {
+    /// Whether ticket `t`'s wait has completed, without waiting for it,
+    /// and if so when (at the latest: the time of the unit's last
+    /// completion, which is `t`'s or a later ticket's). In inline mode this
+    /// runs one pass first if no other pass is running (a stalled drain is
+    /// looked at again). Fails as [`InvBatch::wait`] does: the ticket
+    /// failed, the queue stopped, the unit shut down.
+    pub(crate) fn poll_ticket(&self, t: u32) -> Result<Option<std::time::Instant>, QiError> {
         let sh = &*self.shared;
         let state = |sh: &Shared| match sh.ticket_state(t) {
-            TicketState::Done => Ok(Some(true)),
+            TicketState::Done => {
+                // After the Acquire load of `completed` in `ticket_state`.
+                let ns = sh.completed_at.load(Ordering::Relaxed);
+                Ok(Some(sh.born + Duration::from_nanos(ns)))
+            }
             TicketState::Failed(f) => Err(QiError::Stopped(f)),
             TicketState::Pending => Ok(None),
         };
-        if let Some(done) = state(sh)? {
-            return Ok(done);
+        if let Some(at) = state(sh)? {
+            return Ok(Some(at));
         }
         if sh.queue.stopped() {
             return Err(sh.stopped_error());
@@ -463,7 +468,7 @@ impl Unit {
                 sh.run_queue(&mut p);
             }
         }
-        Ok(state(sh)?.unwrap_or(false))
+        state(sh)
     }
 
     /// Returns when ticket `t`'s wait has completed, or fails.

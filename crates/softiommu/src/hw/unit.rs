@@ -257,6 +257,12 @@ pub(crate) struct Shared {
     /// (written by the processor at the ticket's wait; see `inv_queue` on
     /// why it is not in physical memory).
     pub(crate) completed: AtomicU32,
+    /// When the last ticket completed, nanoseconds after `born`: stored
+    /// before `completed` (whose Release store publishes it), so a waiter
+    /// that sees its ticket done reads its completion time or a later one.
+    pub(crate) completed_at: AtomicU64,
+    /// The origin of `completed_at`.
+    pub(crate) born: std::time::Instant,
     /// Ticket ranges (inclusive) that a queue error or a discard failed.
     pub(crate) failed: Mutex<Vec<(u32, u32, QueueFault)>>,
     /// The processing lock: whoever holds it owns the head.
@@ -328,6 +334,8 @@ impl Unit {
             submit: Mutex::new(()),
             next_ticket: AtomicU32::new(1),
             completed: AtomicU32::new(0),
+            completed_at: AtomicU64::new(0),
+            born: std::time::Instant::now(),
             failed: Mutex::new(Vec::new()),
             proc: Mutex::new(ProcState::default()),
             signal: Mutex::new(()),
@@ -725,7 +733,7 @@ mod tests {
                 entered_rx.recv().unwrap();
                 unit.invalidate_domain(3).unwrap();
                 let t = unit.queue_wait().unwrap();
-                assert_eq!(unit.poll_ticket(t), Ok(false), "{queue_mode:?}");
+                assert_eq!(unit.poll_ticket(t), Ok(None), "{queue_mode:?}");
                 // (In thread mode the unit thread gets there on its own.)
                 let t0 = std::time::Instant::now();
                 while unit.stats().drain_stalls == 0 {
@@ -735,15 +743,16 @@ mod tests {
                 // A submitter behind the stalled wait is not held by it.
                 unit.invalidate_pages(4, 0x1000, 0, false).unwrap();
                 let t2 = unit.queue_wait().unwrap();
-                assert_eq!(unit.poll_ticket(t2), Ok(false));
+                assert_eq!(unit.poll_ticket(t2), Ok(None));
                 let before = unit.stats();
                 assert_eq!(before.drains, 0, "{before:?}");
                 assert_eq!(before.iotlb_pages, 0, "behind the wait: {before:?}");
                 release_tx.send(()).unwrap();
                 device.join().unwrap();
                 unit.wait().unwrap();
-                assert_eq!(unit.poll_ticket(t), Ok(true));
-                assert_eq!(unit.poll_ticket(t2), Ok(true));
+                let released = std::time::Instant::now();
+                assert!(matches!(unit.poll_ticket(t), Ok(Some(at)) if at <= released));
+                assert!(matches!(unit.poll_ticket(t2), Ok(Some(_))));
                 let after = unit.stats();
                 assert_eq!(after.iotlb_pages, 1);
                 assert_eq!(after.drain_waited, 1, "{queue_mode:?} {after:?}");
