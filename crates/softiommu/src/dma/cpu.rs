@@ -807,9 +807,7 @@ impl Work {
                                 let _ = d.issue_flush(b);
                             }
                             drop(taker);
-                            // Frees what the issued flushes finished
-                            // (never waits, unless too many wait).
-                            let _ = d.complete_flushes(cache, &slot.stats, d.in_flight.is_full());
+                            d.reap_owned(cache, &slot.stats);
                         } else if slot
                             .fq
                             .oldest()
@@ -833,7 +831,7 @@ impl Work {
                             let _ = d.issue_flush(b);
                         }
                         drop(taker);
-                        let _ = d.complete_flushes(cache, &slot.stats, d.in_flight.is_full());
+                        d.reap_owned(cache, &slot.stats);
                     }
                 }
                 // Room was made above and only this CPU pushes.
@@ -901,14 +899,12 @@ impl Work {
         // a queue whose handle may be going away.
         let retried = self.domain.retry_pending(&mut self.cache, &slot.stats);
         let mut taker = slot.fq.taker();
-        match taker.take_all() {
-            Some(b) => self.domain.flush_batch(b, &mut self.cache, &slot.stats)?,
-            // Nothing queued: what this CPU issued earlier is freed all the
-            // same.
-            None => self
-                .domain
-                .complete_flushes(&mut self.cache, &slot.stats, true)?,
+        if let Some(b) = taker.take_all() {
+            self.domain.issue_flush(b)?;
         }
+        // What this CPU issued now or earlier, freed before the return.
+        self.domain
+            .complete_flushes(&mut self.cache, &slot.stats, true)?;
         retried
     }
 

@@ -142,8 +142,8 @@ pub struct DmaDomain {
     pub(crate) pending: Pending,
     /// Flushes issued and not yet complete.
     pub(crate) in_flight: InFlight,
-    /// Flushes completed by the timer's round or `flush_all` for whichever
-    /// CPU issued them.
+    /// Flushes completed by the timer's round, `flush_all` or a retry, for
+    /// whichever CPU issued them.
     pub(crate) completed_stats: CpuStats,
     pub(crate) switch: Mutex<()>,
     retired: Mutex<DmaStats>,
@@ -334,7 +334,6 @@ impl DmaDomain {
         slot.passthrough.move_into(&self.pt_retired);
         let mut r = lock(&self.retired);
         *r += slot.stats.snapshot();
-        *r += slot.timer_stats.snapshot();
     }
 
     /// Fails with `QiError::GuardHeld` if the calling thread holds a
@@ -489,9 +488,6 @@ impl DmaDomain {
         let mut cache_guard = lock(&self.timer_cache);
         let mut oldest: Option<Instant> = None;
         if let Some(cache) = cache_guard.as_mut() {
-            // The owners' issued flushes first: the round ends with them
-            // freed (a failed one is kept, and retried below).
-            let _ = self.complete_flushes(cache, &self.completed_stats, true);
             if self.retry_pending(cache, &self.completed_stats).is_err() {
                 oldest = Some(now);
             }
@@ -504,15 +500,18 @@ impl DmaDomain {
             // the next round drops it from the IOTLB if it ages.
             if let Some(mut taker) = slot.fq.try_taker() {
                 if let Some(batch) = taker.take_if_older(now, age) {
-                    if let Some(cache) = cache_guard.as_mut() {
-                        // A failed flush keeps its batch for the next round.
-                        let _ = self.flush_batch(batch, cache, &slot.timer_stats);
-                    }
+                    // A failed issue keeps its batch for the next round.
+                    let _ = self.issue_flush(batch);
                 }
             }
             if let Some(t) = slot.fq.oldest() {
                 oldest = Some(oldest.map_or(t, |o| o.min(t)));
             }
+        }
+        // Every flush issued, by this round or by the owners, completes in
+        // one wait (a batch that cannot be revoked is kept for the next).
+        if let Some(cache) = cache_guard.as_mut() {
+            let _ = self.complete_flushes(cache, &self.completed_stats, true);
         }
         if self.pending.count.load(Relaxed) > 0 || self.in_flight.len() > 0 {
             oldest = Some(oldest.map_or(now, |o| o.min(now)));
@@ -582,15 +581,16 @@ impl DmaDomain {
         let Some(cache) = cache_guard.as_mut() else {
             return Ok(());
         };
-        self.complete_flushes(cache, &self.completed_stats, true)?;
         self.retry_pending(cache, &self.completed_stats)?;
         for slot in &cpus {
             let mut taker = slot.fq.taker();
             if let Some(batch) = taker.take_all() {
-                self.flush_batch(batch, cache, &slot.timer_stats)?;
+                self.issue_flush(batch)?;
             }
         }
-        Ok(())
+        // Every queue's batch, and every flush the owners issued, in one
+        // wait.
+        self.complete_flushes(cache, &self.completed_stats, true)
     }
 
     /// Switches the policy at run time. Between strict, deferred and bounce
@@ -677,7 +677,6 @@ impl DmaDomain {
         s += self.completed_stats.snapshot();
         for slot in lock(&self.cpus).iter() {
             s += slot.stats.snapshot();
-            s += slot.timer_stats.snapshot();
         }
         s.flush_failures = self.pending.failures.load(Relaxed);
         s.pending_batches = self.pending.count.load(Relaxed) as u64;

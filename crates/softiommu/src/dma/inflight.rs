@@ -47,7 +47,7 @@ use super::flush_queue::Batch;
 use super::stats::CpuStats;
 use crate::hw::UnitId;
 use crate::iova::IovaCpuCache;
-use crate::sync::{lock_std as lock, Backoff};
+use crate::sync::{lock_std as lock, try_lock_std, Backoff};
 
 /// The most issued flushes a domain lets wait for their completion before
 /// an owner's flush waits for the oldest.
@@ -208,6 +208,15 @@ impl DmaDomain {
         self.complete_some(cache, stats, block)
     }
 
+    /// What an owner does after its unmap's push: frees what its issued
+    /// flushes finished, never waiting unless [`MAX_IN_FLIGHT`] wait.
+    #[inline]
+    pub(crate) fn reap_owned(&self, cache: &mut IovaCpuCache, stats: &CpuStats) {
+        // A batch that could not be revoked is kept for a retry and
+        // counted; the unmap that got here is done.
+        let _ = self.complete_flushes(cache, stats, self.in_flight.is_full());
+    }
+
     /// [`complete_flushes`](Self::complete_flushes) with something in
     /// flight.
     #[inline(never)]
@@ -218,15 +227,10 @@ impl DmaDomain {
         block: bool,
     ) -> Result<(), DmaError> {
         if !block {
-            let l = match self.in_flight.list.try_lock() {
-                Ok(l) => l,
-                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
+            let Some(l) = try_lock_std(&self.in_flight.list) else {
+                return Ok(());
             };
-            // Not from a thread in a section: a flight that needs a
-            // revocation is left to a blocking completer.
-            let revoke_ok = self.check_callers().is_ok();
-            return self.finish_ready(l, cache, stats, revoke_ok).map(|_| ());
+            return self.finish_ready(l, cache, stats, false).map(|_| ());
         }
         // Waiting for a drain from inside a section would wait for itself.
         self.check_callers()?;
@@ -252,7 +256,9 @@ impl DmaDomain {
 
     /// Frees the batches at the front of `l` whose waits have all
     /// completed (or, for those whose queue failed them, been revoked
-    /// around it, if `may_revoke`); returns the finished count and the
+    /// around it: by a blocking completer, which checked that it holds no
+    /// section, or by any caller that holds none); returns the finished
+    /// count and the
     /// oldest wait still pending. Stops at the first batch with a wait
     /// pending (a batch is freed only once *every* unit it touched is
     /// done with it), or at the first that cannot be revoked (kept for a
@@ -262,7 +268,7 @@ impl DmaDomain {
         mut l: MutexGuard<'_, Flights>,
         cache: &mut IovaCpuCache,
         stats: &CpuStats,
-        may_revoke: bool,
+        blocking: bool,
     ) -> Result<(u64, Option<(UnitId, u32)>), DmaError> {
         let mut result = Ok(());
         let mut waiting = None;
@@ -285,7 +291,10 @@ impl DmaDomain {
             }
             waiting = None;
             let revoke_all = f.bypass;
-            if (revoke_all || !failed.is_empty()) && !may_revoke {
+            // Asked only when a revocation is due (it scans the units'
+            // translator slots): a thread in a section leaves the flight to
+            // a blocking completer.
+            if (revoke_all || !failed.is_empty()) && !blocking && self.check_callers().is_err() {
                 break;
             }
             let Some(f) = l.q.pop_front() else { break };

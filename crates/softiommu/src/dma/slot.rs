@@ -15,8 +15,6 @@ pub(crate) struct CpuSlot {
     pub(crate) fq: FlushQueue,
     pub(crate) passthrough: PtRecord,
     pub(crate) stats: CpuStats,
-    /// Flushes the timer did of this CPU's queue.
-    pub(crate) timer_stats: CpuStats,
 }
 
 impl CpuSlot {
@@ -26,7 +24,6 @@ impl CpuSlot {
             fq: FlushQueue::new(fq_size),
             passthrough: PtRecord::default(),
             stats: CpuStats::default(),
-            timer_stats: CpuStats::default(),
         }
     }
 }

@@ -146,7 +146,7 @@ fn a_batch_held_by_a_stalled_taker_is_still_dropped_from_the_iotlb_at_its_age() 
     drop(taker);
     let mut cache = crate::sync::lock(&r.domain.timer_cache);
     r.domain
-        .flush_batch(batch, cache.as_mut().unwrap(), &slot.timer_stats)
+        .flush_batch(batch, cache.as_mut().unwrap(), &r.domain.completed_stats)
         .unwrap();
     drop(cache);
     assert!(slot.fq.oldest().is_none());
