@@ -133,6 +133,19 @@ impl Shared {
         Ok(())
     }
 
+    /// Whether ticket `t`'s wait has completed (`true`) or may still
+    /// (`false`); fails if it failed, or if the queue stopped or the unit
+    /// shut down first (no pass will complete it).
+    pub(crate) fn ticket_outcome(&self, t: u32) -> Result<bool, QiError> {
+        match self.ticket_state(t) {
+            TicketState::Done => Ok(true),
+            TicketState::Failed(f) => Err(QiError::Stopped(f)),
+            TicketState::Pending if self.queue.stopped() => Err(self.stopped_error()),
+            TicketState::Pending if self.shutdown.load(Ordering::Acquire) => Err(QiError::ShutDown),
+            TicketState::Pending => Ok(false),
+        }
+    }
+
     /// The error to report for a stopped queue.
     fn stopped_error(&self) -> QiError {
         QiError::Stopped(self.queue.fault().unwrap_or(QueueFault {
@@ -438,37 +451,22 @@ impl Unit {
     /// failed, the queue stopped, the unit shut down.
     pub(crate) fn poll_ticket(&self, t: u32) -> Result<Option<std::time::Instant>, QiError> {
         let sh = &*self.shared;
-        let state = |sh: &Shared| match sh.ticket_state(t) {
-            TicketState::Done => {
-                // After the Acquire load of `completed` in `ticket_state`.
-                let ns = sh.completed_at.load(Ordering::Relaxed);
-                Ok(Some(sh.born + Duration::from_nanos(ns)))
-            }
-            TicketState::Failed(f) => Err(QiError::Stopped(f)),
-            TicketState::Pending => Ok(None),
+        let done_at = |sh: &Shared| {
+            // After the Acquire load of `completed` in `ticket_state`.
+            let ns = sh.completed_at.load(Ordering::Relaxed);
+            sh.born + Duration::from_nanos(ns)
         };
-        if let Some(at) = state(sh)? {
-            return Ok(Some(at));
-        }
-        if sh.queue.stopped() {
-            return Err(sh.stopped_error());
-        }
-        if sh.shutdown.load(Ordering::Acquire) {
-            return Err(QiError::ShutDown);
+        if sh.ticket_outcome(t)? {
+            return Ok(Some(done_at(sh)));
         }
         // A thread in a section of this unit does not process: the drain
         // would only find itself.
         if sh.config.queue_mode == QueueMode::Inline && sh.check_caller().is_ok() {
-            let p = match sh.proc.try_lock() {
-                Ok(p) => Some(p),
-                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
-            };
-            if let Some(mut p) = p {
+            if let Some(mut p) = crate::sync::try_lock_std(&sh.proc) {
                 sh.run_queue(&mut p);
             }
         }
-        state(sh)
+        Ok(sh.ticket_outcome(t)?.then(|| done_at(sh)))
     }
 
     /// Returns when ticket `t`'s wait has completed, or fails.
@@ -477,16 +475,8 @@ impl Unit {
         let mut backoff = Backoff::default();
         let mut g = lock(&sh.signal);
         loop {
-            match sh.ticket_state(t) {
-                TicketState::Done => return Ok(()),
-                TicketState::Failed(f) => return Err(QiError::Stopped(f)),
-                TicketState::Pending => {}
-            }
-            if sh.queue.stopped() {
-                return Err(sh.stopped_error());
-            }
-            if sh.shutdown.load(Ordering::Acquire) {
-                return Err(QiError::ShutDown);
+            if sh.ticket_outcome(t)? {
+                return Ok(());
             }
             g = match sh.config.queue_mode {
                 QueueMode::Thread => sh.done.wait(g).unwrap_or_else(|e| e.into_inner()),
