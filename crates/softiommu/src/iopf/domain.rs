@@ -488,14 +488,20 @@ impl IopfDomain {
         units
     }
 
-    /// Whether the calling thread may wait for every unit of the domain
-    /// (it holds no translation section of any).
+    /// Fails if the calling thread holds a translation section of a unit
+    /// of the domain: a wait for that unit would wait for itself.
+    fn check_callers(&self) -> Result<(), IopfError> {
+        for u in self.units() {
+            if let Some(unit) = self.system.unit(u) {
+                unit.check_caller()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the calling thread may wait for every unit of the domain.
     fn may_wait(&self) -> bool {
-        self.units().into_iter().all(|u| {
-            self.system
-                .unit(u)
-                .is_none_or(|unit| unit.check_caller().is_ok())
-        })
+        self.check_callers().is_ok()
     }
 
     /// Invalidates `[iova, iova + len)` of the domain on every unit a
@@ -541,11 +547,7 @@ impl IopfDomain {
             .ok_or(IopfError::BeyondWidth { iova, len })?;
         // Check first: a caller holding a translation section would wait
         // for itself.
-        for (_, u) in self.devices() {
-            if let Some(unit) = self.system.unit(u) {
-                unit.check_caller()?;
-            }
-        }
+        self.check_callers()?;
         let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
         let mut gather = IotlbGather::new();
         let mut taken = Vec::new();
