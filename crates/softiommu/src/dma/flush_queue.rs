@@ -255,9 +255,14 @@ impl FlushQueue {
     /// When the entry in `slot`, the oldest queued, was pushed: its stamp,
     /// or `carry` if it has none (module doc).
     fn queued_at(&self, slot: &Slot) -> Instant {
+        self.instant(self.queued_stamp(slot))
+    }
+
+    /// [`queued_at`](Self::queued_at) as a stamp.
+    fn queued_stamp(&self, slot: &Slot) -> u64 {
         match slot.stamp.load(Ordering::Relaxed) {
-            0 => self.instant(self.carry.load(Ordering::Relaxed)),
-            s => self.instant(s),
+            0 => self.carry.load(Ordering::Relaxed),
+            s => s,
         }
     }
 
@@ -309,12 +314,12 @@ impl Taker<'_> {
             });
             batch.units |= s.units.load(Ordering::Relaxed);
             if i == h {
-                let at = q.queued_at(s);
-                batch.oldest = Some(at);
-                let stamp = at.saturating_duration_since(q.base).as_nanos() as u64;
+                let stamp = q.queued_stamp(s);
+                batch.oldest = Some(q.instant(stamp));
                 // Release: pairs with `oldest`'s Acquire; cleared when the
-                // taker is dropped, after its flush.
-                q.inflight.store(stamp.saturating_add(1), Ordering::Release);
+                // taker is dropped, after its flush. (Never 0, which means
+                // none.)
+                q.inflight.store(stamp.max(1), Ordering::Release);
             }
             i = i.wrapping_add(1);
         }
