@@ -463,12 +463,20 @@ impl IovaDomain {
     /// retire a block another kind holds, whose owner would later free
     /// whatever block reused its IOVA.
     pub fn retire_block_of(&self, pfn: u64, pages: u64, kind: BlockKind) -> Result<(), IovaError> {
+        self.move_block(pfn, pages, LIVE | kind.bits(), RETIRED)
+    }
+
+    /// Moves the block of `pages` at `pfn` from state `from` to `to` (one
+    /// compare-exchange); a block not in `from` is refused with the
+    /// reason `free_error` gives.
+    #[inline]
+    fn move_block(&self, pfn: u64, pages: u64, from: u16, to: u16) -> Result<(), IovaError> {
         let order = order_of(pages)?;
         if order >= 64 {
             return Err(self.free_error(pfn, order));
         }
         self.live
-            .compare_exchange(pfn, state(LIVE | kind.bits(), order), state(RETIRED, order))
+            .compare_exchange(pfn, state(from, order), state(to, order))
             .map_err(|_| self.free_error(pfn, order))
     }
 
@@ -497,17 +505,7 @@ impl IovaDomain {
         from: BlockKind,
         to: BlockKind,
     ) -> Result<(), IovaError> {
-        let order = order_of(pages)?;
-        if order >= 64 {
-            return Err(self.free_error(pfn, order));
-        }
-        self.live
-            .compare_exchange(
-                pfn,
-                state(LIVE | from.bits(), order),
-                state(LIVE | to.bits(), order),
-            )
-            .map_err(|_| self.free_error(pfn, order))
+        self.move_block(pfn, pages, LIVE | from.bits(), LIVE | to.bits())
     }
 
     /// Verifies that a live block of `order` starts at `pfn`.
