@@ -286,6 +286,12 @@ pub struct AgingPolicy {
     pub cached_iovas: u64,
     /// Linear-search steps of the Linux trees over the run.
     pub scan_steps: u64,
+    /// Allocations the tree served (the caches missed).
+    pub tree_allocs: u64,
+    /// Frees into the tree.
+    pub tree_frees: u64,
+    /// Magazines whose IOVAs went back to the tree (the depot was full).
+    pub magazines_freed: u64,
     /// The time line.
     pub windows: Vec<FioWindowOut>,
 }
@@ -587,6 +593,9 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
             peak_tree_nodes: r.iova.peak_tree_nodes,
             cached_iovas: r.iova.cached_iovas,
             scan_steps: r.iova.scan_steps,
+            tree_allocs: r.iova.tree_allocs,
+            tree_frees: r.iova.tree_frees,
+            magazines_freed: r.iova.magazines_freed,
             windows: windows_out(&r),
         });
     }

@@ -48,7 +48,7 @@ pub struct AgingArgs {
     /// Seconds per policy (0.01..=86400; default 8 with --quick, else 60).
     #[arg(long)]
     pub seconds: Option<Seconds>,
-    /// Windows in the time line (8..=1000; default 16 with --quick, else
+    /// Windows in the time line (8..=1000; default 32 with --quick, else
     /// 60). The aging figure discards a warm-up of at least 1 s and needs
     /// four windows after it.
     #[arg(long)]
@@ -176,11 +176,10 @@ impl FlushQueue {
     }
 
     fn flush(&mut self, cache: &mut IovaCpuCache) {
-        for (pfn, pages) in self.entries.drain(..) {
-            cache
-                .free(pfn, pages)
-                .expect("freeing an IOVA this lab allocated");
-        }
+        cache
+            .free_all(&self.entries)
+            .expect("freeing IOVAs this lab allocated");
+        self.entries.clear();
         self.oldest = None;
     }
 }
@@ -349,7 +348,7 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<P
         .collect();
     let windows = args
         .windows
-        .map_or(if args.quick { 16 } else { 60 }, Ranged::us);
+        .map_or(if args.quick { 32 } else { 60 }, Ranged::us);
     let window = Duration::from_secs_f64(seconds / windows as f64);
     let total = |sh: &Shared| sh.ops.iter().map(|c| c.load(Relaxed)).sum::<u64>();
     let mut timeline = Vec::with_capacity(windows);

@@ -410,7 +410,7 @@ impl DmaDomain {
             );
         }
         let mut result = cache
-            .free_retired_all(batch.entries.iter().map(|e| (e.pfn, e.pages)))
+            .free_retired_all(&batch.entries, |e| (e.pfn, e.pages))
             .map_err(DmaError::from);
         for &t in &batch.tables {
             if let Err(err) = self.mem.free_owned(t, 0, FrameOwner::Iommu) {

@@ -19,6 +19,11 @@ use super::IovaError;
 /// at about half the per-thread throughput of one thread.
 const REFILL_CHUNK_ORDER: u32 = 7;
 
+/// How far ahead a batch free prefetches state words: enough misses in
+/// flight to cover a memory latency of ~140 ns (measured on the lab's VM)
+/// at a few ns per free, within the ~20 outstanding misses a core tracks.
+const PREFETCH_AHEAD: usize = 16;
+
 #[derive(Debug)]
 struct Class {
     loaded: Magazine,
@@ -225,6 +230,23 @@ impl IovaCpuCache {
         self.free_checked(pfn, order)
     }
 
+    /// Frees every `(pfn, pages)` of `blocks`, as [`free`](Self::free)
+    /// does one by one, with the state of the blocks a few places ahead
+    /// already on its way into the cache (a flush queue's batch, say).
+    /// Every block is tried; the first error is returned.
+    pub fn free_all(&mut self, blocks: &[(u64, u64)]) -> Result<(), IovaError> {
+        let mut result = Ok(());
+        for (i, &(pfn, pages)) in blocks.iter().enumerate() {
+            if let Some(&(ahead, _)) = blocks.get(i + PREFETCH_AHEAD) {
+                self.domain.live.prefetch(ahead);
+            }
+            if let Err(e) = self.free(pfn, pages) {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    }
+
     /// Frees a block its user retired with [`IovaDomain::retire_block`],
     /// once the flush that covers it has completed.
     #[inline]
@@ -255,17 +277,23 @@ impl IovaCpuCache {
         Ok(())
     }
 
-    /// [`free_retired`](Self::free_retired) of every `(pfn, pages)` of
-    /// `blocks`, as a flush frees its batch: the epoch is checked and the
+    /// [`free_retired`](Self::free_retired) of every `(pfn, pages)` that
+    /// `block` reads from `blocks`, as a flush frees its batch (the state
+    /// of the blocks a few places ahead already on its way into the cache): the epoch is checked and the
     /// count published once for the batch, not per block. Every block is
     /// tried; the first error is returned.
-    pub(crate) fn free_retired_all(
+    pub(crate) fn free_retired_all<T>(
         &mut self,
-        blocks: impl Iterator<Item = (u64, u64)>,
+        blocks: &[T],
+        block: impl Fn(&T) -> (u64, u64),
     ) -> Result<(), IovaError> {
         self.check_epoch();
         let mut result = Ok(());
-        for (pfn, pages) in blocks {
+        for (i, b) in blocks.iter().enumerate() {
+            if let Some(ahead) = blocks.get(i + PREFETCH_AHEAD) {
+                self.domain.live.prefetch(block(ahead).0);
+            }
+            let (pfn, pages) = block(b);
             if let Err(e) = self.free_retired_one(pfn, pages) {
                 result = result.and(Err(e));
             }

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
+use super::depot::Depots;
 use super::gap_tree::GapTree;
 use super::linear_tree::LinearTree;
 use super::live_map::{order_in, state, LiveMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
@@ -97,16 +98,6 @@ impl TreeState {
             Tree::Linear(t) => t.is_free(pfn),
         }
     }
-}
-
-#[derive(Debug)]
-struct Depot {
-    /// Full magazines with the id of the cache that filled them.
-    /// (the owner that pushed it, the core it was pushed from, the
-    /// magazine), oldest first.
-    mags: Vec<(u32, u32, Magazine)>,
-    last_touch: Instant,
-    next_trim: Instant,
 }
 
 /// What kind of mapping holds a live block: unmaps name the kind they
@@ -217,7 +208,7 @@ pub struct IovaDomain {
     caches: Mutex<Vec<Weak<CacheShared>>>,
     pub(super) flush_epoch: CachePadded<AtomicU64>,
     tree: CachePadded<Mutex<TreeState>>,
-    depots: Box<[CachePadded<Mutex<Depot>>]>,
+    depots: Depots,
     counters: CachePadded<Counters>,
 }
 
@@ -225,7 +216,6 @@ pub struct IovaDomain {
 #[derive(Debug, Default)]
 struct Counters {
     next_cache_id: std::sync::atomic::AtomicU32,
-    depot_iovas: AtomicU64,
     cpu_caches: AtomicUsize,
     magazines_freed: AtomicU64,
     cache_flushes: AtomicU64,
@@ -265,16 +255,13 @@ impl IovaDomain {
         } else {
             Tree::Gap(GapTree::new(start_pfn, end_pfn))
         };
-        let now = Instant::now();
-        let depots = (0..=params.max_cached_order)
-            .map(|_| {
-                CachePadded::new(Mutex::new(Depot {
-                    mags: Vec::new(),
-                    last_touch: now,
-                    next_trim: now,
-                }))
-            })
-            .collect();
+        // Ours: a depot shard per core (see `depot`); Linux: one depot.
+        let shards = if params.affine_depot {
+            std::thread::available_parallelism().map_or(1, usize::from)
+        } else {
+            1
+        };
+        let depots = Depots::new(params.max_cached_order as usize + 1, shards, Instant::now());
         Ok(Arc::new(Self {
             start_pfn,
             end_pfn,
@@ -595,43 +582,29 @@ impl IovaDomain {
         self.counters.magazines_freed.fetch_add(1, Relaxed);
     }
 
-    /// Takes a full magazine from the depot of `order`, if any.
-    pub(super) fn depot_pop(&self, order: u32, owner: u32) -> Option<Magazine> {
-        let core = if self.params.affine_depot {
-            current_core()
+    /// The core the caller runs on, where the depot is sharded.
+    #[inline]
+    fn depot_core(&self) -> usize {
+        if self.depots.shards() > 1 {
+            current_core() as usize
         } else {
             0
-        };
-        // The clock is read before the lock: the critical section is a
-        // few loads and stores, and two threads trading magazines contend
-        // on it (a contended std mutex parks the loser in the kernel).
-        let now = Instant::now();
-        let mut d = lock(&self.depots[order as usize]);
-        // Affine: the cache's own magazine first, then one pushed from the
-        // core this thread runs on, then the newest. A magazine filled on
-        // another core holds IOVAs whose state lines that core last wrote:
-        // handing them to this one makes every alloc and free of them a
-        // cache-line transfer (measured, `lab iova-aging --policies
-        // softiommu` on 2 cores, 12 job and 4 interrupt caches on 2
-        // threads: runs flipped for seconds between ~80 and ~29 M ops/s
-        // as magazines wandered between the threads).
-        let pick = if self.params.affine_depot {
-            d.mags
-                .iter()
-                .rposition(|(o, _, _)| *o == owner)
-                .or_else(|| d.mags.iter().rposition(|(_, c, _)| *c == core))
-        } else {
-            None
-        };
-        let mag = match pick {
-            Some(i) => Some(d.mags.remove(i).2),
-            None => d.mags.pop().map(|(_, _, m)| m),
-        };
-        d.last_touch = now;
-        if let Some(m) = &mag {
-            self.counters.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
         }
-        drop(d);
+    }
+
+    /// Takes a full magazine from the depot of `order`, if any: one that
+    /// cache `owner` filled, else one filled on this core, else any. A
+    /// magazine filled on another core holds IOVAs whose state lines that
+    /// core last wrote: handing them to this one makes every alloc and free
+    /// of them a cache-line transfer (measured, `lab iova-aging --policies
+    /// softiommu` on 2 cores: runs flipped for seconds between ~80 and ~29
+    /// M ops/s as magazines wandered between the threads).
+    pub(super) fn depot_pop(&self, order: u32, owner: u32) -> Option<Magazine> {
+        let core = self.depot_core();
+        // The clock is read before the lock: the critical section is a
+        // few loads and stores.
+        let now = Instant::now();
+        let mag = self.depots.pop(order, core, owner, now);
         self.trim_on_touch(order);
         mag
     }
@@ -644,31 +617,23 @@ impl IovaDomain {
         owner: u32,
         mag: Magazine,
     ) -> Result<(), (Magazine, WhenFull)> {
-        let core = if self.params.affine_depot {
-            current_core()
-        } else {
-            0
-        };
+        let core = self.depot_core();
         let now = Instant::now();
-        let mut d = lock(&self.depots[order as usize]);
-        d.last_touch = now;
-        let res = match self.params.depot {
+        let (bound, when_full) = match self.params.depot {
             DepotRule::Bounded {
                 capacity,
                 per_cpu,
                 when_full,
-            } if d.mags.len() >= capacity.max(per_cpu * self.counters.cpu_caches.load(Relaxed)) => {
-                Err((mag, when_full))
-            }
-            _ => {
-                self.counters
-                    .depot_iovas
-                    .fetch_add(mag.len() as u64, Relaxed);
-                d.mags.push((owner, core, mag));
-                Ok(())
-            }
+            } => (
+                Some(capacity.max(per_cpu * self.counters.cpu_caches.load(Relaxed))),
+                when_full,
+            ),
+            DepotRule::TrimToCpus { .. } => (None, WhenFull::FreeMagazine),
         };
-        drop(d);
+        let res = self
+            .depots
+            .push(order, core, owner, mag, bound, now)
+            .map_err(|m| (m, when_full));
         self.trim_on_touch(order);
         res
     }
@@ -690,23 +655,16 @@ impl IovaDomain {
     /// Gives depot magazines back to the tree as the policy says: one every
     /// period past the CPU count (`linux-2023`), or all of an idle depot.
     fn maybe_trim(&self, order: u32) {
-        let now = Instant::now();
-        let mut d = lock(&self.depots[order as usize]);
-        let mut victim = None;
-        if let DepotRule::TrimToCpus { every } = self.params.depot {
-            if now >= d.next_trim && d.mags.len() > self.counters.cpu_caches.load(Relaxed).max(1) {
-                victim = d.mags.pop().map(|m| vec![m]);
-                d.next_trim = now + every;
+        let periodic = match self.params.depot {
+            DepotRule::TrimToCpus { every } => {
+                Some((every, self.counters.cpu_caches.load(Relaxed).max(1)))
             }
-        }
-        if let Some(idle) = self.params.idle_trim {
-            if victim.is_none() && !d.mags.is_empty() && now.duration_since(d.last_touch) >= idle {
-                victim = Some(std::mem::take(&mut d.mags));
-            }
-        }
-        drop(d);
-        for (_, _, mut m) in victim.into_iter().flatten() {
-            self.counters.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
+            DepotRule::Bounded { .. } => None,
+        };
+        let victims = self
+            .depots
+            .trim(order, periodic, self.params.idle_trim, Instant::now());
+        for mut m in victims {
             self.free_magazine(&mut m, order);
         }
     }
@@ -715,7 +673,7 @@ impl IovaDomain {
     /// and the idle trim. Call it from a timer (every ~100 ms) where threads
     /// may go quiet; the slow paths also run it.
     pub fn maintain(&self) {
-        for order in 0..self.depots.len() as u32 {
+        for order in 0..self.depots.classes() as u32 {
             self.maybe_trim(order);
         }
     }
@@ -725,10 +683,8 @@ impl IovaDomain {
     pub fn flush_caches(&self) {
         self.counters.cache_flushes.fetch_add(1, Relaxed);
         self.flush_epoch.fetch_add(1, Relaxed);
-        for order in 0..self.depots.len() as u32 {
-            let mags = std::mem::take(&mut lock(&self.depots[order as usize]).mags);
-            for (_, _, mut m) in mags {
-                self.counters.depot_iovas.fetch_sub(m.len() as u64, Relaxed);
+        for order in 0..self.depots.classes() as u32 {
+            for mut m in self.depots.take_all(order) {
                 self.free_magazine(&mut m, order);
             }
         }
@@ -820,12 +776,12 @@ impl IovaDomain {
             .filter_map(Weak::upgrade)
             .map(|c| c.cached.load(Relaxed))
             .sum();
-        let depot_magazines = self.depots.iter().map(|d| lock(d).mags.len() as u64).sum();
+        let (depot_magazines, depot_iovas) = self.depots.totals();
         IovaStats {
             tree_nodes,
             peak_tree_nodes: peak,
             tree_blocks: blocks,
-            cached_iovas: in_cpus + self.counters.depot_iovas.load(Relaxed),
+            cached_iovas: in_cpus + depot_iovas,
             depot_magazines,
             tree_allocs: allocs,
             tree_frees: frees,

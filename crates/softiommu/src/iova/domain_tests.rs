@@ -346,3 +346,39 @@ fn a_cached_block_must_end_within_the_limit() {
         );
     }
 }
+
+#[test]
+fn a_batch_free_frees_every_good_block_and_reports_the_first_bad_one() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1, END, policy).unwrap();
+        let mut c = d.cpu_cache();
+        let blocks: Vec<(u64, u64)> = (0..40)
+            .map(|i| (c.alloc(1 << (i % 3), END).unwrap(), 1 << (i % 3)))
+            .collect();
+        let (a, pa) = blocks[5];
+        c.free(a, pa).unwrap();
+        // A double free in the middle, a wrong size near the end.
+        let mut batch = blocks.clone();
+        let (b, _) = batch[30];
+        batch[30] = (b, 8);
+        assert_eq!(
+            c.free_all(&batch),
+            Err(IovaError::NotAllocated { pfn: a }),
+            "{policy}: the first error is reported"
+        );
+        // Every other block was freed: each refuses a second free, and the
+        // wrong-size one is still live and frees with its own size.
+        for (i, &(p, n)) in blocks.iter().enumerate() {
+            if i == 30 {
+                continue;
+            }
+            assert_eq!(
+                c.free(p, n),
+                Err(IovaError::NotAllocated { pfn: p }),
+                "{policy}"
+            );
+        }
+        let (p, n) = blocks[30];
+        c.free(p, n).unwrap();
+    }
+}

@@ -147,6 +147,17 @@ impl LiveMap {
         Some(unsafe { AtomicU16::from_ptr(base.add(off)) })
     }
 
+    /// Starts bringing the state word of `pfn` into the cache: a hint, for
+    /// the flat map only (a chunked map's lookup would cost more than the
+    /// hint saves). The address is only computed (`wrapping_add`, no bounds
+    /// needed) and handed to a prefetch, which never faults.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, pfn: u64) {
+        if !self.flat_base.is_null() {
+            crate::mem::prefetch::prefetch(self.flat_base.wrapping_add(pfn as usize));
+        }
+    }
+
     /// The raw state at `pfn` (0 when out of range or never claimed).
     #[inline]
     pub(crate) fn get(&self, pfn: u64) -> u16 {

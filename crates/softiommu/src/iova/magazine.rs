@@ -65,6 +65,14 @@ impl Magazine {
         true
     }
 
+    /// The entry `k` places below the top (0: the top), if there is one:
+    /// what the `k`-th pop from now takes, if nothing is pushed meanwhile.
+    #[cfg(test)]
+    pub(crate) fn peek_below(&self, k: usize) -> Option<u64> {
+        let i = self.len.checked_sub(1)?.checked_sub(k)?;
+        self.slots.get(PAD + i).copied()
+    }
+
     /// Pops an entry at or below `limit` (the highest start a block may have
     /// to end within the caller's limit): the top one if it qualifies (the
     /// common case), else the first that does, as Linux's magazine pop does.

@@ -32,6 +32,7 @@
 //! at most two magazines per size class.
 
 mod cpu_cache;
+mod depot;
 mod domain;
 mod gap_tree;
 mod linear_tree;

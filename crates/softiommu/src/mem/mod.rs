@@ -17,6 +17,7 @@
 
 mod arena;
 pub(crate) mod frames;
+pub(crate) mod prefetch;
 mod reservation;
 
 pub use arena::{PhysMemory, MAX_ARENA_BYTES};

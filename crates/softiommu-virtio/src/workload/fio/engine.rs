@@ -266,6 +266,8 @@ fn host_thread(
 /// asks for).
 pub fn sized_for(host: &BlkHostConfig, cfg: &FioConfig) -> BlkHostConfig {
     let mut h = host.clone();
+    let need = (cfg.jobs * cfg.slots()) as u64 * cfg.bs.max().next_multiple_of(4096) + (256 << 20);
+    h.mem_bytes = h.mem_bytes.max(need);
     let b = &mut h.device.blk;
     b.num_queues = b.num_queues.max(cfg.jobs as u16);
     let size = (3 * cfg.slots()).next_power_of_two().clamp(4, 32768) as u16;
