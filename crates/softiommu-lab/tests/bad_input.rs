@@ -210,7 +210,7 @@ fn sizes_and_counts_out_of_range_are_refused() {
         ),
         (
             &["lab", "fio-aging", "--slow-depth", "0"],
-            "0 is not in 1..=4096",
+            "0 is not in 1..=10000",
         ),
         (
             &["lab", "fio-aging", "--slow-pct", "101"],

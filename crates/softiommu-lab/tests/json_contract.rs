@@ -423,6 +423,29 @@ fn lab_fio_aging_reports_a_missing_file_in_one_line() {
 }
 
 #[test]
+fn lab_fio_aging_refuses_more_slots_than_a_virtqueue_holds() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_softiommu"))
+        .args([
+            "lab",
+            "fio-aging",
+            "--iodepth",
+            "1000",
+            "--slow-depth",
+            "10000",
+            "--seconds",
+            "0.5",
+        ])
+        .output()
+        .expect("the binary runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("iodepth + slow_depth"), "{err}");
+    assert!(err.contains("10922"), "{err}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
 fn bench_iova_on_two_threads_reports_scaling() {
     let v = bench_iova_on("2");
     assert_eq!(v["threads"], 2);

@@ -155,6 +155,28 @@ fn bad_settings_are_typed_errors() {
         }),
         "threads"
     );
+    let slow = |depth| {
+        Some(SlowTail {
+            pct: 1.0,
+            depth,
+            hold: Duration::from_millis(10),
+        })
+    };
+    assert_eq!(
+        field(FioConfig {
+            slow: slow(10_001),
+            ..quick()
+        }),
+        "slow_depth"
+    );
+    assert_eq!(
+        field(FioConfig {
+            iodepth: 1000,
+            slow: slow(10_000),
+            ..quick()
+        }),
+        "iodepth + slow_depth"
+    );
     assert!(matches!(
         run_fio(
             &h,

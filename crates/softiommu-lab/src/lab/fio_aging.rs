@@ -181,9 +181,10 @@ pub struct FioAgingArgs {
     /// part (0..=100; 0: no slow tail).
     #[arg(long, default_value = "2")]
     pub slow_pct: Percent,
-    /// Slow requests in flight per job at most (1..=4096).
+    /// Slow requests in flight per job at most (1..=10000; with
+    /// --iodepth at most 10,922, what a 32,768-entry virtqueue holds).
     #[arg(long, default_value = "256")]
-    pub slow_depth: Ranged<1, 4096>,
+    pub slow_depth: Ranged<1, 10_000>,
     /// Seconds the device holds a slow request (0.001..=86400; default: the
     /// aging run's length, so slow IOVAs stay pinned while others cycle).
     #[arg(long)]
@@ -518,6 +519,26 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
     let jobs = args.jobs.us();
     let dma = cost_policies(args);
 
+    // The aging part's configuration, checked before anything runs.
+    let aging_cfg = FioConfig {
+        jobs,
+        iodepth: args.iodepth.us(),
+        rw,
+        bs,
+        runtime: Duration::from_secs_f64(seconds),
+        window,
+        irq_cpus: Some(args.irq_cpus.us()),
+        slow: (args.slow_pct.get() > 0.0).then(|| SlowTail {
+            pct: args.slow_pct.get(),
+            depth: args.slow_depth.us(),
+            hold: Duration::from_secs_f64(slow_hold),
+        }),
+        ..FioConfig::default()
+    };
+    aging_cfg
+        .check()
+        .map_err(fio_err("fio-aging".to_string()))?;
+
     // Part 1: the cost of each DMA policy on the seed's 4 KiB random reads.
     let cost_cfg = FioConfig {
         jobs,
@@ -559,21 +580,6 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
     }
 
     // Part 2: aging per IOVA policy, deferred.
-    let aging_cfg = FioConfig {
-        jobs,
-        iodepth: args.iodepth.us(),
-        rw,
-        bs,
-        runtime: Duration::from_secs_f64(seconds),
-        window,
-        irq_cpus: Some(args.irq_cpus.us()),
-        slow: (args.slow_pct.get() > 0.0).then(|| SlowTail {
-            pct: args.slow_pct.get(),
-            depth: args.slow_depth.us(),
-            hold: Duration::from_secs_f64(slow_hold),
-        }),
-        ..FioConfig::default()
-    };
     let mut out = Vec::new();
     for ip in iova_policies(&args.policies) {
         let run = format!("fio-aging {}", ip.name());

@@ -11,7 +11,11 @@ pub const MAX_JOBS: usize = 64;
 /// The most I/Os in flight per job.
 pub const MAX_IODEPTH: usize = 1024;
 /// The most slow I/Os in flight per job.
-pub const MAX_SLOW_DEPTH: usize = 4096;
+pub const MAX_SLOW_DEPTH: usize = 10_000;
+/// The most requests in flight per job, fast and slow together: a request
+/// takes three descriptors (header, data merged by the IOMMU, status), and
+/// a split virtqueue holds at most 32,768 (virtio 1.2 §2.7, Queue Size).
+pub const MAX_SLOTS: usize = 32_768 / 3;
 /// The longest run: a day.
 pub const MAX_RUNTIME: Duration = Duration::from_secs(86_400);
 /// The shortest reporting window.
@@ -349,6 +353,12 @@ impl FioConfig {
         if let Some(s) = self.slow {
             range("slow_pct", s.pct, 0.0, 100.0)?;
             range("slow_depth", s.depth as f64, 1.0, MAX_SLOW_DEPTH as f64)?;
+            range(
+                "iodepth + slow_depth",
+                self.slots() as f64,
+                1.0,
+                MAX_SLOTS as f64,
+            )?;
             range(
                 "slow_hold_s",
                 s.hold.as_secs_f64(),

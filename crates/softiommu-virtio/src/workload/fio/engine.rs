@@ -266,8 +266,11 @@ fn host_thread(
 /// asks for).
 pub fn sized_for(host: &BlkHostConfig, cfg: &FioConfig) -> BlkHostConfig {
     let mut h = host.clone();
-    let need = (cfg.jobs * cfg.slots()) as u64 * cfg.bs.max().next_multiple_of(4096) + (256 << 20);
-    h.mem_bytes = h.mem_bytes.max(need);
+    // Memory for every slot's pages (full-size fast slots, one-page slow
+    // ones) and the rings, with room to spare.
+    let fast = (cfg.jobs * cfg.iodepth) as u64 * cfg.bs.max().next_multiple_of(4096);
+    let slow = (cfg.jobs * cfg.slow.map_or(0, |s| s.depth)) as u64 * 4096;
+    h.mem_bytes = h.mem_bytes.max((fast + slow) * 5 / 4 + (256 << 20));
     let b = &mut h.device.blk;
     b.num_queues = b.num_queues.max(cfg.jobs as u16);
     let size = (3 * cfg.slots()).next_power_of_two().clamp(4, 32768) as u16;
