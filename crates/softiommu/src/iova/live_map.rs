@@ -85,6 +85,7 @@ impl LiveMap {
     pub(crate) fn new(end_pfn: u64) -> Result<Self, MemError> {
         let mut m = Self::chunked(end_pfn)?;
         if let Ok(r) = Reservation::new(m.len.saturating_mul(2)) {
+            r.prefer_huge_pages();
             m.flat_base = r.base().cast();
             m.flat = Some(r);
             m.chunks = Box::new([]);
