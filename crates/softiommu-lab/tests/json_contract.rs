@@ -399,50 +399,50 @@ fn lab_fio_aging_refuses_a_file_that_is_too_small() {
     let _ = std::fs::remove_file(&path);
 }
 
-#[test]
-fn lab_fio_aging_reports_a_missing_file_in_one_line() {
+/// Runs the binary with `args`, which must fail with exit code 2, one line
+/// on stderr and nothing on stdout; returns that line.
+fn fails_in_one_line(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_softiommu"))
-        .args([
-            "lab",
-            "fio-aging",
-            "--backend",
-            "file",
-            "--file",
-            "/nonexistent/softiommu-disk",
-            "--seconds",
-            "0.5",
-            "--no-dma",
-        ])
+        .args(args)
         .output()
         .expect("the binary runs");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("/nonexistent/softiommu-disk"), "{err}");
     assert!(out.stdout.is_empty());
+    err
+}
+
+#[test]
+fn lab_fio_aging_reports_a_missing_file_in_one_line() {
+    let err = fails_in_one_line(&[
+        "lab",
+        "fio-aging",
+        "--backend",
+        "file",
+        "--file",
+        "/nonexistent/softiommu-disk",
+        "--seconds",
+        "0.5",
+        "--no-dma",
+    ]);
+    assert!(err.contains("/nonexistent/softiommu-disk"), "{err}");
 }
 
 #[test]
 fn lab_fio_aging_refuses_more_slots_than_a_virtqueue_holds() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_softiommu"))
-        .args([
-            "lab",
-            "fio-aging",
-            "--iodepth",
-            "1000",
-            "--slow-depth",
-            "10000",
-            "--seconds",
-            "0.5",
-        ])
-        .output()
-        .expect("the binary runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
+    let err = fails_in_one_line(&[
+        "lab",
+        "fio-aging",
+        "--iodepth",
+        "1000",
+        "--slow-depth",
+        "10000",
+        "--seconds",
+        "0.5",
+    ]);
     assert!(err.contains("iodepth + slow_depth"), "{err}");
     assert!(err.contains("10922"), "{err}");
-    assert!(out.stdout.is_empty());
 }
 
 #[test]
