@@ -63,6 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pct: env("FIO_SLOW_PCT", "2").parse()?,
             depth: env("FIO_SLOW_DEPTH", "256").parse()?,
             hold: Duration::from_secs_f64(secs),
+            mixed: false,
         }),
         window: Duration::from_millis(250),
         ..base

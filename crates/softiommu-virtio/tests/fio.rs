@@ -69,6 +69,7 @@ fn randrw_on_memory_with_a_slow_tail_runs_both_kinds() {
             pct: 5.0,
             depth: 4,
             hold: Duration::from_millis(50),
+            mixed: false,
         }),
         ..quick()
     };
@@ -83,6 +84,31 @@ fn randrw_on_memory_with_a_slow_tail_runs_both_kinds() {
     );
     assert!(r.jobs.iter().any(|j| j.slow_ops > 0));
     assert_eq!(r.verified, 0, "only null reads are checked");
+}
+
+#[test]
+fn a_slow_tail_of_the_mix_holds_full_size_requests_in_shared_pages() {
+    // Every request is 64 KiB: a one-page slow slot could not take one.
+    let cfg = FioConfig {
+        bs: BlockSizes::parse("64k").unwrap(),
+        slow: Some(SlowTail {
+            pct: 20.0,
+            depth: 16,
+            hold: Duration::from_millis(50),
+            mixed: true,
+        }),
+        ..quick()
+    };
+    let r = run_fio(&host(BackendConfig::default()), &cfg).expect("run");
+    assert_eq!(r.io_errors, 0, "{r:?}");
+    for j in &r.jobs {
+        assert!(j.slow_ops > 0, "{j:?}");
+        assert_eq!(j.bytes, j.ops * 65536, "slow requests are full size: {j:?}");
+    }
+    // Fast reads are still checked against the pattern; slow ones, whose
+    // pages other slow requests share, are not.
+    assert!(r.verified > 0);
+    assert_eq!(r.verify_failures, 0);
 }
 
 #[test]
@@ -160,6 +186,7 @@ fn bad_settings_are_typed_errors() {
             pct: 1.0,
             depth,
             hold: Duration::from_millis(10),
+            mixed: false,
         })
     };
     assert_eq!(

@@ -105,6 +105,19 @@ pub enum BackendName {
     File,
 }
 
+/// The sizes of the slow tail's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlowSizes {
+    /// One 4 KiB block each, in a page of its own (data checked).
+    #[default]
+    Small,
+    /// Drawn from the block-size mix, in slots sharing one set of pages
+    /// per queue: every size pinned, as a device's latency tail hits
+    /// requests of every size (their data is not checked).
+    Mix,
+}
+
 /// The read/write pattern (fio's `rw`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -185,6 +198,9 @@ pub struct FioAgingArgs {
     /// --iodepth at most 10,922, what a 32,768-entry virtqueue holds).
     #[arg(long, default_value = "256")]
     pub slow_depth: Ranged<1, 10_000>,
+    /// Sizes of the slow requests.
+    #[arg(long, value_enum, default_value = "small")]
+    pub slow_sizes: SlowSizes,
     /// Seconds the device holds a slow request (0.001..=86400; default: the
     /// aging run's length, so slow IOVAs stay pinned while others cycle).
     #[arg(long)]
@@ -234,6 +250,7 @@ impl Default for FioAgingArgs {
             irq_cpus: Ranged::new(4),
             slow_pct: Percent::new(2.0),
             slow_depth: Ranged::new(256),
+            slow_sizes: SlowSizes::Small,
             slow_hold: None,
             backend: BackendName::Null,
             file: None,
@@ -344,6 +361,8 @@ pub struct FioAgingReport {
     pub slow_depth: usize,
     /// Seconds a slow request is held.
     pub slow_hold_s: f64,
+    /// Sizes of the slow requests: "small" (4 KiB) or "mix".
+    pub slow_sizes: &'static str,
     /// Seconds of each aging run.
     pub seconds: f64,
     /// Seconds per window.
@@ -532,6 +551,7 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
             pct: args.slow_pct.get(),
             depth: args.slow_depth.us(),
             hold: Duration::from_secs_f64(slow_hold),
+            mixed: matches!(args.slow_sizes, SlowSizes::Mix),
         }),
         ..FioConfig::default()
     };
@@ -617,6 +637,10 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         slow_pct: args.slow_pct.get(),
         slow_depth: args.slow_depth.us(),
         slow_hold_s: slow_hold,
+        slow_sizes: match args.slow_sizes {
+            SlowSizes::Small => "small",
+            SlowSizes::Mix => "mix",
+        },
         seconds,
         window_s: window.as_secs_f64(),
         policies: out,

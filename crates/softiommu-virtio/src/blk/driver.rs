@@ -36,6 +36,12 @@ pub struct BlkDriverConfig {
     /// many small requests held long, without a large slot's memory each).
     /// `depth + small_slots` is at most `queue_size / 3`.
     pub small_slots: u16,
+    /// Whether the small slots share one set of `max_request_bytes` pages
+    /// per queue instead of owning a page each: then they take requests
+    /// up to the full size, whose data the queue's other small requests
+    /// in flight may overwrite (for loads that measure the IOMMU, not the
+    /// data: a slow tail of every size without a full slot's memory each).
+    pub shared_small: bool,
     /// The largest request the driver issues, in bytes: each slot owns
     /// this much data memory, as single pages (a request over several
     /// pages is a real scatter list). A multiple of 4 KiB, at most
@@ -50,6 +56,7 @@ impl Default for BlkDriverConfig {
             queue_size: 256,
             depth: 64,
             small_slots: 0,
+            shared_small: false,
             max_request_bytes: 128 << 10,
         }
     }
@@ -432,6 +439,7 @@ fn setup_queue(
         small: cfg
             .small_slots
             .min((size / 3).max(1).saturating_sub(cfg.depth)),
+        shared_small: cfg.shared_small,
         max_request_bytes: cfg.max_request_bytes,
         geometry: *g,
     })?;

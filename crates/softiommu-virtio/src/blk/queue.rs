@@ -49,6 +49,7 @@ pub(crate) struct QueueParts {
     pub(crate) layout: RingLayout,
     pub(crate) depth: u16,
     pub(crate) small: u16,
+    pub(crate) shared_small: bool,
     pub(crate) max_request_bytes: u64,
     pub(crate) geometry: BlkGeometry,
 }
@@ -88,6 +89,9 @@ pub struct BlkQueue {
     free_slots: Vec<u16>,
     /// Free one-page slots (ids from `large` on).
     free_small: Vec<u16>,
+    /// The pages every small slot uses when they are shared (see
+    /// `BlkDriverConfig::shared_small`); empty otherwise.
+    pool: Vec<PhysAddr>,
     large: u16,
     free_descs: Vec<u16>,
     /// Descriptor index → the slot whose chain starts there.
@@ -110,6 +114,7 @@ impl BlkQueue {
             layout,
             depth,
             small,
+            shared_small,
             max_request_bytes,
             geometry,
         } = p;
@@ -134,6 +139,7 @@ impl BlkQueue {
             slots: Vec::with_capacity(usize::from(total)),
             free_slots: (0..depth).rev().collect(),
             free_small: (depth..total).rev().collect(),
+            pool: Vec::new(),
             large: depth,
             free_descs: (0..layout.size).rev().collect(),
             by_head: vec![NONE; usize::from(layout.size)],
@@ -144,8 +150,25 @@ impl BlkQueue {
             unpublished: false,
             released: false,
         };
+        if shared_small && small > 0 {
+            for _ in 0..pages {
+                match q.mem.alloc_zeroed_frames(0) {
+                    Ok(a) => q.pool.push(a),
+                    Err(e) => {
+                        let _ = q.free_memory();
+                        q.released = true;
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
         for id in 0..total {
-            let pages = if id < depth { pages } else { 1 };
+            // A shared small slot owns no pages; its lists grow on use.
+            let pages = match (id < depth, shared_small) {
+                (true, _) => pages,
+                (false, false) => 1,
+                (false, true) => 0,
+            };
             let mut s = Slot {
                 pages: Vec::with_capacity(pages),
                 sg: Vec::with_capacity(pages),
@@ -289,7 +312,7 @@ impl BlkQueue {
             BlkOp::GetId => blk::ID_BYTES as u64,
             BlkOp::Flush => 0,
         };
-        let max = if small {
+        let max = if small && self.pool.is_empty() {
             PAGE_SIZE
         } else {
             self.max_request_bytes
@@ -317,11 +340,16 @@ impl BlkQueue {
         } else {
             DmaDirection::ToDevice
         };
-        // The data: a scatter list of the slot's pages.
+        // The data: a scatter list of the slot's pages (or the shared ones).
         let slot = &mut self.slots[si];
+        let pages = if small && !self.pool.is_empty() {
+            &self.pool[..]
+        } else {
+            &slot.pages[..]
+        };
         slot.sg.clear();
         let mut left = len;
-        for &p in &slot.pages {
+        for &p in pages {
             if left == 0 {
                 break;
             }
@@ -341,6 +369,10 @@ impl BlkQueue {
             }
         }
         let n = slot.sg.len();
+        if slot.dma.len() < n {
+            // A shared small slot's first request of this many segments.
+            slot.dma.resize(n, 0);
+        }
         let mapping = if n > 0 {
             Some(
                 self.cpu
@@ -622,6 +654,9 @@ impl BlkQueue {
             for p in s.pages.drain(..) {
                 keep(self.mem.free_frames(p, 0).map_err(Into::into));
             }
+        }
+        for p in self.pool.drain(..) {
+            keep(self.mem.free_frames(p, 0).map_err(Into::into));
         }
         let l = self.ring.layout();
         keep(

@@ -172,6 +172,10 @@ pub struct SlowTail {
     pub depth: usize,
     /// How long the device holds each.
     pub hold: Duration,
+    /// Whether slow I/Os draw their size from the job's block-size mix
+    /// (in slots sharing one set of pages per queue, their data not
+    /// checked) rather than being one 4 KiB block each.
+    pub mixed: bool,
 }
 
 /// A fio-like job set: `jobs` jobs, each on its own queue, `iodepth` I/Os

@@ -88,6 +88,8 @@ struct Plan {
     rw: RwMode,
     fast_end: u64,
     slow: Option<(u64, u64, u64, usize)>,
+    /// Slow I/Os are of the mix, in shared pages (their data unchecked).
+    slow_mixed: bool,
     verify_every: u32,
     verify: bool,
     stop: AtomicBool,
@@ -105,10 +107,10 @@ impl Job {
             &mut self.reads,
         );
         let n = self.q.reap(irq, |done, data| {
-            if slot_slow
+            let was_slow = slot_slow
                 .get_mut(usize::from(done.slot))
-                .is_some_and(std::mem::take)
-            {
+                .is_some_and(std::mem::take);
+            if was_slow {
                 *slow = slow.saturating_sub(1);
             } else {
                 *fast = fast.saturating_sub(1);
@@ -123,7 +125,9 @@ impl Job {
                 BlkOp::Read => {
                     bump(&c.reads, 1);
                     *reads = reads.wrapping_add(1);
-                    if p.verify && p.verify_every > 0 && *reads % p.verify_every == 0 {
+                    // A slow read in shared pages may hold another's data.
+                    let checkable = !(was_slow && p.slow_mixed);
+                    if checkable && p.verify && p.verify_every > 0 && *reads % p.verify_every == 0 {
                         bump(&c.verified, 1);
                         let bad = data
                             .pattern_mismatch(done.sector * SECTOR_SIZE)
@@ -151,8 +155,10 @@ impl Job {
             if !slow_pick && self.fast >= p.iodepth {
                 break;
             }
-            // A slow I/O is one 4 KiB block in a one-page slot.
-            let size = if slow_pick {
+            // A slow I/O is one 4 KiB block in a one-page slot, or a block
+            // of the mix in a slot sharing the queue's slow pages.
+            let mixed = p.slow_mixed;
+            let size = if slow_pick && !mixed {
                 SLOW_BS
             } else {
                 self.sizes[self.k]
@@ -183,7 +189,7 @@ impl Job {
             let Some(slot) = slot else {
                 break;
             };
-            if !slow_pick {
+            if !slow_pick || mixed {
                 self.k = (self.k + 1) % SIZES;
             }
             if slow_pick {
@@ -269,7 +275,11 @@ pub fn sized_for(host: &BlkHostConfig, cfg: &FioConfig) -> BlkHostConfig {
     // Memory for every slot's pages (full-size fast slots, one-page slow
     // ones) and the rings, with room to spare.
     let fast = (cfg.jobs * cfg.iodepth) as u64 * cfg.bs.max().next_multiple_of(4096);
-    let slow = (cfg.jobs * cfg.slow.map_or(0, |s| s.depth)) as u64 * 4096;
+    let slow = match cfg.slow {
+        Some(s) if s.mixed => cfg.jobs as u64 * cfg.bs.max().next_multiple_of(4096),
+        Some(s) => (cfg.jobs * s.depth) as u64 * 4096,
+        None => 0,
+    };
     h.mem_bytes = h.mem_bytes.max((fast + slow) * 5 / 4 + (256 << 20));
     let b = &mut h.device.blk;
     b.num_queues = b.num_queues.max(cfg.jobs as u16);
@@ -319,6 +329,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         queue_size,
         depth: cfg.iodepth as u16,
         small_slots: cfg.slow.map_or(0, |s| s.depth as u16),
+        shared_small: cfg.slow.is_some_and(|s| s.mixed),
         max_request_bytes: max_req,
     })?;
     let g = drv.geometry();
@@ -383,6 +394,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         slow: cfg
             .slow
             .map(|s| (fast_end, cap, (s.pct * 1e4).round() as u64, s.depth)),
+        slow_mixed: cfg.slow.is_some_and(|s| s.mixed),
         verify_every: cfg.verify_every,
         verify: host.device.backend().kind() == "null",
         stop: AtomicBool::new(false),
