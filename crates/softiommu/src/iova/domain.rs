@@ -1,7 +1,7 @@
 //! The IOVA domain: the tree, the depots, the state map, the statistics.
 
 use crate::sync::lock_std as lock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
@@ -9,7 +9,7 @@ use crossbeam_utils::CachePadded;
 
 use super::depot::Depots;
 use super::gap_tree::GapTree;
-use super::linear_tree::LinearTree;
+use super::linear_tree::{LinearTree, DMA_32BIT_PFN};
 use super::live_map::{order_in, state, LiveMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
 use super::magazine::Magazine;
 use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull};
@@ -30,6 +30,13 @@ struct TreeState {
     peak_nodes: u64,
     allocs: u64,
     frees: u64,
+    /// The last frame of the low window.
+    low_last: u64,
+    /// Ours only: the smallest order the low window was found to have no
+    /// room for, since the last free below its end (`u32::MAX`: none).
+    /// Read without the lock by [`IovaDomain::low_window_full`]; a stale
+    /// value only sends one allocation above the window or to the tree.
+    low_full: Arc<AtomicU32>,
 }
 
 impl TreeState {
@@ -41,10 +48,14 @@ impl TreeState {
     }
 
     fn alloc(&mut self, order: u32, limit: u64) -> Option<u64> {
-        let pfn = match &mut self.tree {
+        let got = match &mut self.tree {
             Tree::Gap(t) => t.alloc(order, limit),
             Tree::Linear(t) => t.alloc(order, limit),
-        }?;
+        };
+        let Some(pfn) = got else {
+            self.window_has_no_room(order, limit);
+            return None;
+        };
         self.allocs += 1;
         self.allocated_blocks += 1;
         self.peak_nodes = self.peak_nodes.max(self.nodes());
@@ -58,14 +69,34 @@ impl TreeState {
         let Tree::Gap(t) = &mut self.tree else {
             return None;
         };
-        let pfn = t.alloc(chunk, limit)?;
+        let Some(pfn) = t.alloc(chunk, limit) else {
+            self.window_has_no_room(chunk, limit);
+            return None;
+        };
         self.allocs += 1;
         self.allocated_blocks += 1 << (chunk - order);
         self.peak_nodes = self.peak_nodes.max(self.nodes());
         Some(pfn)
     }
 
+    /// Ours: a failed search over the whole low window means it has no
+    /// aligned block of 2^`order` pages (or larger) left.
+    fn window_has_no_room(&mut self, order: u32, limit: u64) {
+        if matches!(self.tree, Tree::Gap(_)) && limit == self.low_last {
+            self.low_full.fetch_min(order, Relaxed);
+        }
+    }
+
+    /// A range starting at `pfn` went back to the tree: below the low
+    /// window's end, it may make room there.
+    fn room_freed(&mut self, pfn: u64) {
+        if pfn <= self.low_last && self.low_full.load(Relaxed) != u32::MAX {
+            self.low_full.store(u32::MAX, Relaxed);
+        }
+    }
+
     fn free(&mut self, pfn: u64, order: u32) {
+        self.room_freed(pfn);
         let hi = pfn + (1u64 << order) - 1;
         let ok = match &mut self.tree {
             Tree::Gap(t) => t.free(pfn, hi),
@@ -81,6 +112,7 @@ impl TreeState {
     /// Frees `n` adjacent blocks of 2^`order` starting at `pfn` as one
     /// extent (the free-extent tree only).
     fn free_run(&mut self, pfn: u64, n: u64, order: u32) {
+        self.room_freed(pfn);
         let hi = pfn + (n << order) - 1;
         let ok = match &mut self.tree {
             Tree::Gap(t) => t.free(pfn, hi),
@@ -202,12 +234,15 @@ pub(super) struct CacheShared {
 pub struct IovaDomain {
     start_pfn: u64,
     end_pfn: u64,
+    low_window_end: u64,
     policy: Option<IovaPolicy>,
     params: CacheParams,
     pub(super) live: LiveMap,
     caches: Mutex<Vec<Weak<CacheShared>>>,
     pub(super) flush_epoch: CachePadded<AtomicU64>,
     tree: CachePadded<Mutex<TreeState>>,
+    /// `TreeState::low_full`, shared for lock-free reads.
+    low_full: Arc<AtomicU32>,
     depots: Depots,
     counters: CachePadded<Counters>,
 }
@@ -225,7 +260,33 @@ impl IovaDomain {
     /// A domain over page frames `[start_pfn, end_pfn]` with a named policy.
     /// `start_pfn` must be at least 1 (IOVA 0 is never handed out, as in Linux).
     pub fn new(start_pfn: u64, end_pfn: u64, policy: IovaPolicy) -> Result<Arc<Self>, IovaError> {
-        Self::build(start_pfn, end_pfn, Some(policy), policy.params())
+        Self::build(
+            start_pfn,
+            end_pfn,
+            DMA_32BIT_PFN,
+            Some(policy),
+            policy.params(),
+        )
+    }
+
+    /// As [`new`](Self::new), with the low window (the frames a Linux-style
+    /// tree keeps a cached node of its own for: 4 GiB, Linux's
+    /// `dma_32bit_pfn`, in [`new`](Self::new)) ending below frame
+    /// `low_window_end`. A lab shrinks it to fill it in seconds; it must
+    /// leave room above `start_pfn` ([`IovaError::InvalidRange`] if not).
+    pub fn with_low_window(
+        start_pfn: u64,
+        end_pfn: u64,
+        low_window_end: u64,
+        policy: IovaPolicy,
+    ) -> Result<Arc<Self>, IovaError> {
+        Self::build(
+            start_pfn,
+            end_pfn,
+            low_window_end,
+            Some(policy),
+            policy.params(),
+        )
     }
 
     /// A domain with hand-set cache parameters.
@@ -234,12 +295,13 @@ impl IovaDomain {
         end_pfn: u64,
         params: CacheParams,
     ) -> Result<Arc<Self>, IovaError> {
-        Self::build(start_pfn, end_pfn, None, params)
+        Self::build(start_pfn, end_pfn, DMA_32BIT_PFN, None, params)
     }
 
     fn build(
         start_pfn: u64,
         end_pfn: u64,
+        low_window_end: u64,
         policy: Option<IovaPolicy>,
         params: CacheParams,
     ) -> Result<Arc<Self>, IovaError> {
@@ -249,9 +311,19 @@ impl IovaDomain {
                 hi: end_pfn,
             });
         }
+        if low_window_end <= start_pfn {
+            return Err(IovaError::InvalidRange {
+                lo: start_pfn,
+                hi: low_window_end,
+            });
+        }
         params.check()?;
         let tree = if params.linear_tree {
-            Tree::Linear(LinearTree::new(start_pfn))
+            Tree::Linear(LinearTree::new(
+                start_pfn,
+                low_window_end,
+                params.linear_search,
+            ))
         } else {
             Tree::Gap(GapTree::new(start_pfn, end_pfn))
         };
@@ -262,9 +334,11 @@ impl IovaDomain {
             1
         };
         let depots = Depots::new(params.max_cached_order as usize + 1, shards, Instant::now());
+        let low_full = Arc::new(AtomicU32::new(u32::MAX));
         Ok(Arc::new(Self {
             start_pfn,
             end_pfn,
+            low_window_end,
             policy,
             params,
             live: LiveMap::new(end_pfn)?,
@@ -276,7 +350,10 @@ impl IovaDomain {
                 peak_nodes: 1,
                 allocs: 0,
                 frees: 0,
+                low_last: low_window_end.min(end_pfn + 1) - 1,
+                low_full: low_full.clone(),
             })),
+            low_full,
             depots,
             flush_epoch: CachePadded::new(AtomicU64::new(0)),
             counters: CachePadded::new(Counters::default()),
@@ -291,6 +368,21 @@ impl IovaDomain {
     /// The last page frame of the domain.
     pub fn end_pfn(&self) -> u64 {
         self.end_pfn
+    }
+
+    /// The first frame above the low window (see
+    /// [`with_low_window`](Self::with_low_window)).
+    pub fn low_window_end(&self) -> u64 {
+        self.low_window_end
+    }
+
+    /// Ours only: whether the tree is known to have no aligned block of
+    /// 2^`order` pages at or below `limit`, because a search of the whole
+    /// low window for one that small or smaller failed and nothing below
+    /// its end was freed since. A hint read without the lock.
+    #[inline]
+    pub(super) fn low_window_full(&self, order: u32, limit: u64) -> bool {
+        limit < self.low_window_end && order >= self.low_full.load(Relaxed)
     }
 
     /// The named policy, if the domain was built with one.
@@ -385,6 +477,24 @@ impl IovaDomain {
                     })?
             }
         };
+        self.claim_from_tree(pfn, order)
+    }
+
+    /// The tree path of an allocation that gives nothing back on
+    /// exhaustion: [`IovaError::NoSpace`] at once (Linux's
+    /// `alloc_iova_fast` with `flush_rcache` false).
+    pub(super) fn try_alloc_from_tree(&self, order: u32, limit: u64) -> Result<u64, IovaError> {
+        let pfn = lock(&self.tree)
+            .alloc(order, limit)
+            .ok_or(IovaError::NoSpace {
+                pages: 1 << order,
+                limit,
+            })?;
+        self.claim_from_tree(pfn, order)
+    }
+
+    /// Marks a block the tree just handed out live, or gives it back.
+    fn claim_from_tree(&self, pfn: u64, order: u32) -> Result<u64, IovaError> {
         if let Err(e) = self.live.claim(pfn, state(LIVE, order)) {
             lock(&self.tree).free(pfn, order);
             return Err(e.into());

@@ -382,3 +382,109 @@ fn a_batch_free_frees_every_good_block_and_reports_the_first_bad_one() {
         c.free(p, n).unwrap();
     }
 }
+
+#[test]
+fn a_first_try_gives_nothing_back_and_the_second_does() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(64, 127, policy).unwrap();
+        let mut c = d.cpu_cache();
+        let ones: Vec<u64> = (0..64).map(|_| c.alloc(1, 127).unwrap()).collect();
+        for p in ones {
+            c.free(p, 1).unwrap();
+        }
+        // Every page is cached: a 64-page first try finds no room and
+        // leaves the caches as they are...
+        let cached = d.stats().cached_iovas;
+        assert!(
+            matches!(c.try_alloc(64, 127), Err(IovaError::NoSpace { .. })),
+            "{policy}"
+        );
+        assert_eq!(d.stats().cached_iovas, cached, "{policy}");
+        assert_eq!(d.stats().cache_flushes, 0, "{policy}");
+        // ...and the second try gives them back.
+        assert_eq!(c.alloc(64, 127), Ok(64), "{policy}");
+    }
+}
+
+#[test]
+fn low_first_fills_the_window_then_goes_above_it() {
+    for policy in IovaPolicy::ALL {
+        // A window of 64 pages, [1, 64], below a domain of 2^20.
+        let d = IovaDomain::with_low_window(1, END, 65, policy).unwrap();
+        assert_eq!(d.low_window_end(), 65);
+        let mut c = d.cpu_cache();
+        let mut got = Vec::new();
+        for _ in 0..64 {
+            got.push(c.alloc_low_first(1, 64, END).unwrap());
+        }
+        assert!(got.iter().all(|&p| p <= 64), "{policy}: {got:?}");
+        // The window is full: the next ones come from above it.
+        for _ in 0..8 {
+            let p = c.alloc_low_first(1, 64, END).unwrap();
+            assert!(p > 64, "{policy}: {p:#x}");
+            got.push(p);
+        }
+        // A 4-page block does not fit either: above, whole.
+        let big = c.alloc_low_first(4, 64, END).unwrap();
+        assert!(big > 64 && big.is_multiple_of(4), "{policy}: {big:#x}");
+        // `low >= limit` is a plain first try at the limit.
+        assert!(
+            matches!(
+                c.alloc_low_first(1, END, 64),
+                Err(IovaError::NoSpace { .. })
+            ),
+            "{policy}"
+        );
+        for p in got {
+            c.free(p, 1).unwrap();
+        }
+        c.free(big, 4).unwrap();
+    }
+}
+
+#[test]
+fn ours_skips_a_window_it_knows_is_full_until_room_is_freed() {
+    let d = IovaDomain::with_low_window(1, END, 65, IovaPolicy::Softiommu).unwrap();
+    let mut c = d.cpu_cache();
+    let low: Vec<u64> = (0..64).map(|_| d.alloc(1, 64).unwrap()).collect();
+    assert!(!d.low_window_full(0, 64));
+    // The first failed search of the whole window is remembered...
+    assert!(matches!(c.try_alloc(1, 64), Err(IovaError::NoSpace { .. })));
+    assert!(d.low_window_full(0, 64));
+    assert!(d.low_window_full(3, 10), "a smaller limit lies inside");
+    assert!(!d.low_window_full(0, END), "above the window is not");
+    let high = c.alloc_low_first(1, 64, END).unwrap();
+    assert!(high > 64);
+    // A free to the tree below its end clears it: a cache with nothing
+    // cached finds the hole (`c` would hand out its magazine's top, from
+    // above: ours prefers the window only where it chooses space).
+    d.free(low[0], 1).unwrap();
+    assert!(!d.low_window_full(0, 64));
+    let mut fresh = d.cpu_cache();
+    assert_eq!(fresh.alloc_low_first(1, 64, END), Ok(low[0]));
+    fresh.free(low[0], 1).unwrap();
+    c.free(high, 1).unwrap();
+}
+
+#[test]
+fn a_linux_cache_with_only_high_blocks_searches_the_tree_not_the_depot() {
+    for policy in [IovaPolicy::Linux2016, IovaPolicy::Linux2020] {
+        let d = IovaDomain::new(1, END, policy).unwrap();
+        let mut c = d.cpu_cache();
+        // Three high blocks in the loaded magazine, a full one in the depot.
+        churn_frees(&d, 128);
+        let high: Vec<u64> = (0..3).map(|_| c.alloc(1, END).unwrap()).collect();
+        for &p in &high {
+            c.free(p, 1).unwrap();
+        }
+        let depot = d.stats().depot_magazines;
+        let tree_allocs = d.stats().tree_allocs;
+        // A request below all of them goes to the tree (as Linux's
+        // `__iova_rcache_get` with a loaded magazine that has none).
+        let low = c.alloc(1, 1000).unwrap();
+        assert!(low <= 1000, "{policy}");
+        assert_eq!(d.stats().depot_magazines, depot, "{policy}");
+        assert_eq!(d.stats().tree_allocs, tree_allocs + 1, "{policy}");
+        c.free(low, 1).unwrap();
+    }
+}

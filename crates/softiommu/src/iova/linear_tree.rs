@@ -1,20 +1,28 @@
 //! The Linux range allocator as a baseline: a tree of *allocated* ranges,
 //! searched linearly downwards from a cached node.
 //!
-//! Our own code, written from the behaviour of `drivers/iommu/iova.c`
-//! (v4.15 to v6.x): an allocation starts below the cached node (the last
-//! range allocated, one node for 32-bit limits and one for the rest, moved up when a range at or above it is freed) and walks
-//! the allocated ranges one by one towards lower addresses until the gap
-//! below one of them holds an aligned block; if it reaches the bottom it
-//! retries once from the limit. IOVAs held in the per-CPU caches stay in this
-//! tree, so the walk lengthens as the caches grow and fragment it: the
-//! mechanism behind seed `004`'s throughput cliff.
+//! Our own code, written from the behaviour of `drivers/iommu/iova.c`: an
+//! allocation starts below the cached node (the last range allocated,
+//! moved up when a range at or above it is freed) and walks the allocated
+//! ranges one by one towards lower addresses until the gap below one of
+//! them holds an aligned block. What else applies depends on the kernel
+//! ([`LinearSearch`]): v4.7 has a cached node only for allocations limited
+//! to the low window (the rest start at the top) and fails a walk that
+//! reaches the bottom; v5.10 has a second cached node, retries once above
+//! the cached node (v5.7's "retry from last rb tree node"), and remembers
+//! the size of a failed low-window allocation so that later ones at least
+//! that large fail at once until a low-window range at or above the cached
+//! node is freed (v5.0's `max32_alloc_size`). IOVAs held in the per-CPU
+//! caches stay in this tree, so the walk lengthens as the caches grow and
+//! fill it: the mechanism behind seed `004`'s throughput cliff.
 
 use std::collections::BTreeMap;
 
+use super::policy::LinearSearch;
+
 /// The first frame above 4 GiB: Linux keeps a separate cached node for
-/// allocations below it (`dma_32bit_pfn`).
-const DMA_32BIT_PFN: u64 = 1 << 20;
+/// allocations below it (`dma_32bit_pfn`, set by `init_iova_domain`).
+pub(crate) const DMA_32BIT_PFN: u64 = 1 << 20;
 
 /// Allocated ranges (`lo -> hi`, inclusive) with a Linux-style cached node.
 #[derive(Debug)]
@@ -24,20 +32,30 @@ pub(crate) struct LinearTree {
     /// `lo` of the cached node for allocations above 4 GiB; `None` stands
     /// for the anchor above the top.
     cached: Option<u64>,
-    /// The cached node for allocations limited to 32 bits.
+    /// The cached node for allocations limited to the low window.
     cached32: Option<u64>,
+    /// The first frame above the low window (Linux: 4 GiB).
+    dma32: u64,
+    /// Low-window allocations of at least this many pages fail without a
+    /// walk (Linux's `max32_alloc_size`; v5.10 only).
+    max32: u64,
+    rules: LinearSearch,
     /// Ranges stepped over by searches, in all (the cost that grows).
     pub(crate) scan_steps: u64,
 }
 
 impl LinearTree {
-    /// An empty tree over `[start, ...]`.
-    pub(crate) fn new(start: u64) -> Self {
+    /// An empty tree over `[start, ...]` whose low window ends below
+    /// frame `dma32` (Linux: [`DMA_32BIT_PFN`]), searched by `rules`.
+    pub(crate) fn new(start: u64, dma32: u64, rules: LinearSearch) -> Self {
         Self {
             start,
             ranges: BTreeMap::new(),
             cached: None,
             cached32: None,
+            dma32,
+            max32: dma32,
+            rules,
             scan_steps: 0,
         }
     }
@@ -48,45 +66,67 @@ impl LinearTree {
     }
 
     /// Walks down from `from` (exclusive) looking for an aligned block of
-    /// `size` pages at or below `limit`.
-    fn walk(&mut self, from: u64, limit: u64, size: u64) -> Option<u64> {
+    /// `size` pages at or below `limit` and at or above `low`.
+    fn walk(&mut self, from: u64, limit: u64, size: u64, low: u64) -> Option<u64> {
         let mut high = from.min(limit.saturating_add(1)); // exclusive end of the gap
         let fit = |high: u64| high.checked_sub(size).map(|h| h & !(size - 1));
         let mut steps = 0u64;
         let mut found = None;
         for (&lo, &hi) in self.ranges.range(..from).rev() {
             steps += 1;
-            if let Some(c) = fit(high) {
-                if c > hi && c >= self.start {
+            match fit(high) {
+                Some(c) if c < low => break,
+                Some(c) if c > hi => {
                     found = Some(c);
                     break;
                 }
+                None => break,
+                _ => {}
             }
             high = high.min(lo);
         }
         self.scan_steps += steps;
-        found.or_else(|| fit(high).filter(|&c| c >= self.start && high > c))
+        found.or_else(|| fit(high).filter(|&c| c >= low && high > c))
     }
 
     /// Allocates an aligned block of 2^`order` pages at or below `limit`.
     pub(crate) fn alloc(&mut self, order: u32, limit: u64) -> Option<u64> {
         let size = 1u64.checked_shl(order)?;
         let top = limit.saturating_add(1);
-        let cached = if limit < DMA_32BIT_PFN {
-            self.cached32
-        } else {
-            self.cached
+        let low_window = top <= self.dma32;
+        let v5 = self.rules == LinearSearch::Linux5_10;
+        if v5 && low_window && size >= self.max32 {
+            return None;
+        }
+        let cached = match (low_window, v5) {
+            (true, _) => self.cached32,
+            (false, true) => self.cached,
+            (false, false) => None,
         };
         let from = match cached {
             Some(c) if c <= top => c,
+            // v4.7 starts at the last node of the whole tree (`rb_last`)
+            // and steps over every range above the limit; v5.10 starts at
+            // the limit.
+            None if !v5 => u64::MAX,
             _ => top,
         };
-        let pfn = self.walk(from, limit, size).or_else(|| {
-            // Retry over the whole range below the limit, as Linux does.
-            (from < top).then(|| self.walk(top, limit, size)).flatten()
-        })?;
+        let start = self.start;
+        let found = self.walk(from, limit, size, start).or_else(|| {
+            // Retry once above the cached node, up to the limit.
+            let above = self.ranges.get(&from).map_or(top, |&hi| hi + 1);
+            (v5 && above < top)
+                .then(|| self.walk(top, limit, size, above))
+                .flatten()
+        });
+        let Some(pfn) = found else {
+            if low_window {
+                self.max32 = size;
+            }
+            return None;
+        };
         self.ranges.insert(pfn, pfn + size - 1);
-        if pfn + size - 1 < DMA_32BIT_PFN {
+        if pfn + size - 1 < self.dma32 {
             self.cached32 = Some(pfn);
         } else {
             self.cached = Some(pfn);
@@ -104,9 +144,10 @@ impl LinearTree {
         let next = self.ranges.range(lo..).next().map(|(&l, _)| l);
         if self
             .cached32
-            .is_none_or(|c| c == lo || (hi < DMA_32BIT_PFN && lo >= c))
+            .is_none_or(|c| c == lo || (hi < self.dma32 && lo >= c))
         {
             self.cached32 = next;
+            self.max32 = self.dma32;
         }
         if self.cached.is_none_or(|c| lo >= c) {
             self.cached = next;
@@ -140,7 +181,7 @@ mod tests {
 
     #[test]
     fn allocates_top_down_from_the_cached_node() {
-        let mut t = LinearTree::new(1);
+        let mut t = LinearTree::new(1, DMA_32BIT_PFN, LinearSearch::Linux5_10);
         assert_eq!(t.alloc(0, 1023), Some(1023));
         assert_eq!(t.alloc(2, 1023), Some(1016));
         assert_eq!(t.alloc(0, 1023), Some(1015));
@@ -154,7 +195,7 @@ mod tests {
 
     #[test]
     fn searches_step_over_every_range_in_the_way() {
-        let mut t = LinearTree::new(0);
+        let mut t = LinearTree::new(0, DMA_32BIT_PFN, LinearSearch::Linux5_10);
         for _ in 0..100 {
             t.alloc(0, 999).unwrap();
         }
@@ -169,5 +210,89 @@ mod tests {
             "walked {} ranges",
             t.scan_steps - before
         );
+    }
+
+    #[test]
+    fn v4_7_starts_above_everything_and_does_not_retry() {
+        // Low window ends at 1024: ranges above it are stepped over by a
+        // low-window search that has no cached node.
+        let mut t = LinearTree::new(1, 1024, LinearSearch::Linux4_7);
+        for _ in 0..50 {
+            t.alloc(0, 1 << 20).unwrap();
+        }
+        let before = t.scan_steps;
+        assert_eq!(t.alloc(0, 1023), Some(1023));
+        assert!(
+            t.scan_steps - before >= 50,
+            "stepped {}",
+            t.scan_steps - before
+        );
+        // A 64-bit search always starts at the top: 51 ranges to step over
+        // before the gap below the lowest high range.
+        let before = t.scan_steps;
+        assert_eq!(t.alloc(0, 1 << 20), Some((1 << 20) - 50));
+        assert!(
+            t.scan_steps - before >= 50,
+            "stepped {}",
+            t.scan_steps - before
+        );
+        // Free the top: v4.7 has no retry, but starts from the top anyway.
+        t.free((1 << 20) - 1, (1 << 20) - 1).unwrap();
+        assert_eq!(t.alloc(0, 1 << 20), Some((1 << 20) - 1));
+    }
+
+    #[test]
+    fn v5_10_remembers_a_full_window_until_room_is_freed() {
+        let mut t = LinearTree::new(1, 9, LinearSearch::Linux5_10);
+        // Fill the window [1, 8] with single pages (the cached node ends
+        // at 1), empty the top and fill it again (the cached node: 8).
+        for p in (1..=8).rev() {
+            assert_eq!(t.alloc(0, 8), Some(p));
+        }
+        t.free(8, 8).unwrap();
+        assert_eq!(t.alloc(0, 8), Some(8));
+        assert_eq!(t.alloc(0, 8), None);
+        // The failure is remembered: the next try does not walk.
+        let before = t.scan_steps;
+        assert_eq!(t.alloc(0, 8), None);
+        assert_eq!(t.scan_steps, before);
+        // A free below the cached node leaves the memory as it is (Linux's
+        // rule)...
+        t.free(3, 3).unwrap();
+        assert_eq!(t.alloc(0, 8), None);
+        assert_eq!(t.scan_steps, before);
+        // ...one at the cached node clears it, and both holes are found.
+        t.free(8, 8).unwrap();
+        assert_eq!(t.alloc(0, 8), Some(8));
+        assert_eq!(t.alloc(0, 8), Some(3));
+    }
+
+    #[test]
+    fn v5_10_retries_above_the_cached_node() {
+        let mut t = LinearTree::new(1, 1 << 20, LinearSearch::Linux5_10);
+        for p in (16..=31).rev() {
+            assert_eq!(t.alloc(0, 31), Some(p));
+        }
+        // A one-page hole at 20; a two-page block walks past it (to 14),
+        // and single pages then fill everything below.
+        t.free(20, 20).unwrap();
+        assert_eq!(t.alloc(1, 31), Some(14));
+        for p in (1..=13).rev() {
+            assert_eq!(t.alloc(0, 31), Some(p));
+        }
+        // Nothing below the cached node (1): the retry above it finds 20.
+        assert_eq!(t.alloc(0, 31), Some(20));
+        assert_eq!(t.alloc(0, 31), None);
+        // v4.7 has no retry: the same history leaves the hole unfound.
+        let mut t = LinearTree::new(1, 1 << 20, LinearSearch::Linux4_7);
+        for p in (16..=31).rev() {
+            assert_eq!(t.alloc(0, 31), Some(p));
+        }
+        t.free(20, 20).unwrap();
+        assert_eq!(t.alloc(1, 31), Some(14));
+        for p in (1..=13).rev() {
+            assert_eq!(t.alloc(0, 31), Some(p));
+        }
+        assert_eq!(t.alloc(0, 31), None);
     }
 }

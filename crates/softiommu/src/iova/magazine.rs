@@ -90,8 +90,22 @@ impl Magazine {
         self.pop_scan(limit)
     }
 
+    /// Pops the top entry if it is at or below `limit`.
+    #[inline]
+    pub(crate) fn pop_top_below(&mut self, limit: u64) -> Option<u64> {
+        let top = self.len.checked_sub(1)?;
+        // SAFETY: as in `pop_below`.
+        let pfn = unsafe { *self.slots.get_unchecked(PAD + top) };
+        if pfn <= limit {
+            self.len = top;
+            return Some(pfn);
+        }
+        None
+    }
+
+    /// Pops the first entry at or below `limit`, wherever it is.
     #[cold]
-    fn pop_scan(&mut self, limit: u64) -> Option<u64> {
+    pub(crate) fn pop_scan(&mut self, limit: u64) -> Option<u64> {
         let i = self.slots[PAD..PAD + self.len]
             .iter()
             .position(|&p| p <= limit)?;

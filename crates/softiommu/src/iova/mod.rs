@@ -43,7 +43,8 @@ mod policy;
 pub use cpu_cache::IovaCpuCache;
 pub use domain::{BlockKind, BlockState, IovaBlock, IovaDomain, IovaStats};
 pub use policy::{
-    CacheParams, DepotRule, IovaPolicy, WhenFull, MAX_CACHED_ORDER, MAX_DEPOT, MAX_MAGAZINE_SIZE,
+    CacheParams, DepotRule, IovaPolicy, LinearSearch, WhenFull, MAX_CACHED_ORDER, MAX_DEPOT,
+    MAX_MAGAZINE_SIZE,
 };
 
 use crate::mem::MemError;

@@ -65,6 +65,7 @@ impl IovaPolicy {
                 },
                 idle_trim: Some(Duration::from_secs(1)),
                 linear_tree: false,
+                linear_search: LinearSearch::Linux5_10,
                 affine_depot: true,
             },
             IovaPolicy::Linux2016 | IovaPolicy::Linux2020 => CacheParams {
@@ -81,6 +82,11 @@ impl IovaPolicy {
                 },
                 idle_trim: None,
                 linear_tree: true,
+                linear_search: if self == IovaPolicy::Linux2016 {
+                    LinearSearch::Linux4_7
+                } else {
+                    LinearSearch::Linux5_10
+                },
                 affine_depot: false,
             },
             IovaPolicy::Linux2023 => CacheParams {
@@ -91,6 +97,7 @@ impl IovaPolicy {
                 },
                 idle_trim: None,
                 linear_tree: true,
+                linear_search: LinearSearch::Linux5_10,
                 affine_depot: false,
             },
         }
@@ -117,6 +124,8 @@ pub struct CacheParams {
     pub idle_trim: Option<Duration>,
     /// The Linux tree of allocated ranges searched linearly, instead of ours.
     pub linear_tree: bool,
+    /// Which kernel's search that tree runs (with `linear_tree` only).
+    pub linear_search: LinearSearch,
     /// A cache taking a magazine from the depot prefers one it put there
     /// itself. Magazines that wander between CPUs interleave their IOVAs'
     /// state bytes in shared cache lines; measured on `bench iova --threads
@@ -177,6 +186,24 @@ impl CacheParams {
         }
         Ok(())
     }
+}
+
+/// The rules of the Linux tree's linear search, by kernel
+/// (`drivers/iommu/iova.c`, `__alloc_and_insert_iova_range`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearSearch {
+    /// v4.7 (the 2016 magazines): one cached node, for allocations limited
+    /// to the low window; others start at the top of the tree. A walk that
+    /// reaches the bottom fails; a failed low-window try (a device that
+    /// prefers 32-bit IOVAs, as `intel-iommu` gave every device unless
+    /// booted with `intel_iommu=forcedac`) walks the whole window every time.
+    Linux4_7,
+    /// v5.10 on: a cached node for each side of the low window (v4.15); a
+    /// walk that reaches the bottom retries once above the cached node
+    /// (v5.7); a failed low-window allocation's size is remembered and
+    /// larger ones fail without a walk until a range at or above the cached
+    /// node is freed (v5.0's `max32_alloc_size`).
+    Linux5_10,
 }
 
 /// How a size class's depot of full magazines is bounded.
