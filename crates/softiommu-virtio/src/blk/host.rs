@@ -35,6 +35,11 @@ pub struct BlkHostConfig {
     pub device: BlkDeviceConfig,
     /// Bytes of bounce pool (the bounce policy's copies go through it).
     pub bounce_bytes: u64,
+    /// The domain's low window (`DmaDomainConfig::low_window_bytes`).
+    pub low_window_bytes: u64,
+    /// Whether the controller gets IOVAs in the low window first, as Linux
+    /// gives a PCI device (`DmaDomainConfig::low_window_first`).
+    pub low_window_first: bool,
 }
 
 impl Default for BlkHostConfig {
@@ -48,6 +53,8 @@ impl Default for BlkHostConfig {
             sid: SourceId(0x0400),
             device: BlkDeviceConfig::default(),
             bounce_bytes: 64 << 20,
+            low_window_bytes: 1 << 32,
+            low_window_first: false,
         }
     }
 }
@@ -120,6 +127,8 @@ impl BlkHost {
                 iova_policy: cfg.iova_policy,
                 coherent: cfg.coherent,
                 bounce_bytes: cfg.bounce_bytes,
+                low_window_bytes: cfg.low_window_bytes,
+                low_window_first: cfg.low_window_first,
                 ..Default::default()
             },
         )?;

@@ -504,7 +504,13 @@ impl Work {
     // instructions a map.
     #[inline(always)]
     fn alloc_iova(&mut self, slot: &CpuSlot, dev: &DmaDevice, pages: u64) -> Result<u64, DmaError> {
-        match self.cache.alloc(pages, dev.limit_pfn) {
+        // The low window first, if the domain says so, then the mask; the
+        // caches are given back only for the second try, and a full space
+        // is the slow path's (a flush of the deferred queues).
+        match self
+            .cache
+            .alloc_within(pages, dev.limit_pfn, dev.mask_limit_pfn)
+        {
             Ok(pfn) => Ok(pfn),
             Err(e) => self.alloc_iova_slow(slot, dev, pages, e),
         }
@@ -557,7 +563,9 @@ impl Work {
             IovaError::NoSpace { .. } => {
                 self.flush_own(slot)?;
                 self.domain.flush_all()?;
-                self.cache.alloc(pages, dev.limit_pfn).map_err(no_space)
+                self.cache
+                    .alloc(pages, dev.mask_limit_pfn)
+                    .map_err(no_space)
             }
             e => Err(no_space(e)),
         }

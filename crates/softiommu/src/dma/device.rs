@@ -19,7 +19,12 @@ pub struct DmaDevice {
     pub(crate) domain: Arc<DmaDomain>,
     pub(crate) sid: SourceId,
     pub(crate) mask: u64,
+    /// The limit of the first try: the low window's end when the domain
+    /// puts devices there first, else the mask's.
     pub(crate) limit_pfn: u64,
+    /// The mask's limit: where an allocation goes when the first try found
+    /// no room (equal to `limit_pfn` when there is no low-window try).
+    pub(crate) mask_limit_pfn: u64,
     pub(crate) untrusted: bool,
     /// The domain's bounce pool this device reaches (below its mask).
     pub(crate) bounce: Option<usize>,
@@ -66,10 +71,15 @@ impl DmaDomain {
         mask: u64,
         untrusted: bool,
     ) -> Result<DmaDevice, DmaError> {
-        let limit_pfn = self.iova.limit_for_mask(mask);
-        if limit_pfn < self.iova.start_pfn() {
+        let mask_limit_pfn = self.iova.limit_for_mask(mask);
+        if mask_limit_pfn < self.iova.start_pfn() {
             return Err(DmaError::MaskTooSmall { mask });
         }
+        let limit_pfn = if self.low_window_first {
+            mask_limit_pfn.min(self.iova.low_window_end() - 1)
+        } else {
+            mask_limit_pfn
+        };
         let (unit, _) = self
             .system
             .unit_of(sid)
@@ -103,6 +113,7 @@ impl DmaDomain {
             sid,
             mask,
             limit_pfn,
+            mask_limit_pfn,
             untrusted,
             bounce,
         })

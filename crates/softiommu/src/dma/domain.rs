@@ -57,7 +57,21 @@ pub struct DmaDomainConfig {
     /// attach; 0: no bounce buffering possible). At most
     /// [`MAX_BOUNCE_BYTES`].
     pub bounce_bytes: u64,
+    /// Bytes of IOVA space from 0 that make the low window: 4 GiB, as in
+    /// Linux, unless a lab shrinks it so that caches fill it in seconds.
+    /// A multiple of the page size, from [`MIN_LOW_WINDOW_BYTES`] to the
+    /// whole IOVA space.
+    pub low_window_bytes: u64,
+    /// Devices whose mask reaches past the low window get IOVAs inside it
+    /// while it has room, and above it only when it has none, without
+    /// giving the caches back for the first try (Linux's
+    /// `iommu_dma_alloc_iova` does this for PCI devices unless booted with
+    /// `iommu.forcedac=1`).
+    pub low_window_first: bool,
 }
+
+/// The smallest low window: 1 MiB (256 pages).
+pub const MIN_LOW_WINDOW_BYTES: u64 = 1 << 20;
 
 impl Default for DmaDomainConfig {
     fn default() -> Self {
@@ -67,6 +81,8 @@ impl Default for DmaDomainConfig {
             iova_policy: IovaPolicy::Softiommu,
             coherent: true,
             bounce_bytes: 1 << 20,
+            low_window_bytes: 1 << 32,
+            low_window_first: false,
         }
     }
 }
@@ -133,6 +149,8 @@ pub struct DmaDomain {
     pub(super) timer_cache: Mutex<Option<IovaCpuCache>>,
     pub(crate) stale: StaleWindow,
     pub(crate) bounce_bytes: u64,
+    /// Devices try the low window first (`DmaDomainConfig::low_window_first`).
+    pub(crate) low_window_first: bool,
     pub(crate) bounce: BouncePools,
     pub(crate) bounce_live: AtomicU64,
     pub(crate) bounce_map: Mutex<HashMap<u64, BounceRecord>>,
@@ -168,9 +186,21 @@ impl DmaDomain {
             VtdConfig::non_coherent()
         };
         let table = VtdPageTable::new(mem.clone(), vtd)?;
-        let iova = IovaDomain::new(
+        let space = 1u64 << table.iova_bits();
+        if config.low_window_bytes < MIN_LOW_WINDOW_BYTES
+            || config.low_window_bytes > space
+            || !config.low_window_bytes.is_multiple_of(PAGE_SIZE)
+        {
+            return Err(DmaError::InvalidConfig {
+                name: "low_window_bytes",
+                value: config.low_window_bytes,
+                max: space,
+            });
+        }
+        let iova = IovaDomain::with_low_window(
             1,
-            (1 << (table.iova_bits() - PAGE_SHIFT)) - 1,
+            (space >> PAGE_SHIFT) - 1,
+            config.low_window_bytes >> PAGE_SHIFT,
             config.iova_policy,
         )?;
         let (msi_lo, msi_hi) = crate::iova::MSI_WINDOW_PFNS;
@@ -196,6 +226,7 @@ impl DmaDomain {
             timer_cache: Mutex::new(None),
             stale: StaleWindow::default(),
             bounce_bytes: config.bounce_bytes,
+            low_window_first: config.low_window_first,
             bounce: BouncePools::default(),
             bounce_live: AtomicU64::new(0),
             bounce_map: Mutex::new(HashMap::new()),

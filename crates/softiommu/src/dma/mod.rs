@@ -43,7 +43,8 @@ pub use bounce::BOUNCE_UNIT;
 pub use cpu::{DmaCpu, SgEntry, SgMapping};
 pub use device::DmaDevice;
 pub use domain::{
-    DmaDomain, DmaDomainConfig, MAX_BOUNCE_BYTES, MAX_FQ_SIZE, MAX_TIMEOUT, MIN_TIMEOUT,
+    DmaDomain, DmaDomainConfig, MAX_BOUNCE_BYTES, MAX_FQ_SIZE, MAX_TIMEOUT, MIN_LOW_WINDOW_BYTES,
+    MIN_TIMEOUT,
 };
 pub use error::DmaError;
 pub use policy::{

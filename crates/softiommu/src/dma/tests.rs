@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::hw::{Access, SourceId, Translator};
-use crate::mem::PhysMemory;
+use crate::mem::{PhysMemory, PAGE_SIZE};
 
 const SID: SourceId = SourceId(0x0100);
 
@@ -527,4 +527,95 @@ fn a_device_of_another_domain_is_refused() {
     a.cpu
         .unmap(&a.dev, addr, 64, DmaDirection::ToDevice)
         .unwrap();
+}
+
+/// A strict domain whose devices prefer a low window of `window` bytes.
+fn low_window_rig(window: u64, mask: u64) -> Result<crate::Platform, crate::Error> {
+    crate::Platform::builder()
+        .domain(DmaDomainConfig {
+            policy: DmaPolicy::Deferred,
+            low_window_bytes: window,
+            low_window_first: true,
+            ..DmaDomainConfig::default()
+        })
+        .device_spec(crate::DeviceSpec {
+            sid: SID,
+            unit: 0,
+            mask,
+            untrusted: false,
+        })
+        .build()
+}
+
+#[test]
+fn a_device_preferring_the_low_window_fills_it_then_goes_above() {
+    let window = MIN_LOW_WINDOW_BYTES; // 256 pages
+    let p = low_window_rig(window, u64::MAX).unwrap();
+    let dev = &p.devices[0];
+    let mut cpu = p.domain.cpu();
+    let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+    let mut low = 0;
+    let mut high = Vec::new();
+    let mut maps = Vec::new();
+    for _ in 0..300 {
+        let iova = cpu
+            .map(dev, buf, PAGE_SIZE, DmaDirection::ToDevice)
+            .unwrap();
+        if iova < window {
+            low += 1;
+        } else {
+            // Only once the window has no room left.
+            assert!(low >= 250, "{iova:#x} above the window after {low} below");
+            high.push(iova);
+        }
+        maps.push(iova);
+    }
+    assert!(
+        !high.is_empty() && low >= 250,
+        "{low} below, {} above",
+        high.len()
+    );
+    // Every one of them reaches the page, whichever side it lies on.
+    let mut tr = p.unit(0).unwrap().translator().unwrap();
+    for &iova in &maps {
+        assert!(
+            tr.translate(SID, iova, 1, Access::Read).is_ok(),
+            "{iova:#x}"
+        );
+    }
+    for iova in maps {
+        cpu.unmap(dev, iova, PAGE_SIZE, DmaDirection::ToDevice)
+            .unwrap();
+    }
+    // A device whose mask ends inside the window is held to its mask.
+    let p = low_window_rig(4 * window, window / 2 - 1).unwrap();
+    let mut cpu = p.domain.cpu();
+    let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+    for _ in 0..100 {
+        let iova = cpu
+            .map(&p.devices[0], buf, PAGE_SIZE, DmaDirection::ToDevice)
+            .unwrap();
+        assert!(iova < window / 2, "{iova:#x}");
+    }
+}
+
+#[test]
+fn a_low_window_out_of_range_is_refused() {
+    for bad in [
+        0,
+        MIN_LOW_WINDOW_BYTES - PAGE_SIZE,
+        MIN_LOW_WINDOW_BYTES + 1,
+        1 << 49,
+    ] {
+        assert!(
+            matches!(
+                low_window_rig(bad, u64::MAX),
+                Err(crate::Error::Dma(DmaError::InvalidConfig {
+                    name: "low_window_bytes",
+                    ..
+                }))
+            ),
+            "{bad:#x}"
+        );
+    }
 }
