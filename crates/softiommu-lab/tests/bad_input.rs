@@ -221,6 +221,18 @@ fn sizes_and_counts_out_of_range_are_refused() {
             "0 is not in 1..=64",
         ),
         (
+            &["lab", "fio-aging", "--low-window-mib", "0"],
+            "0 is not in 1..=4096",
+        ),
+        (
+            &["lab", "fio-aging", "--low-window-mib", "4097"],
+            "4097 is not in 1..=4096",
+        ),
+        (
+            &["lab", "iova-aging", "--low-window-mib", "0"],
+            "0 is not in 1..=4096",
+        ),
+        (
             &["lab", "fio-aging", "--disk-mib", "0"],
             "0 is not in 1..=65536",
         ),

@@ -335,6 +335,11 @@ fn lab_fio_aging() {
     assert_eq!(v["device"], "virtio-blk");
     assert_eq!(v["backend"], "null");
     assert_eq!(v["jobs"], 2);
+    // How aging is accelerated is part of the report.
+    assert_eq!(v["low_window_mib"], 1024);
+    assert_eq!(v["low_window_first"], true);
+    assert_eq!(v["slow_sizes"], "mix");
+    assert_eq!(v["slow_pct"], 30.0, "24 ÷ 0.8 s");
     let policies = v["policies"].as_array().expect("policies");
     assert_eq!(policies.len(), 2);
     assert_eq!(policies[0]["policy"], "linux-2016");

@@ -78,6 +78,13 @@ pub struct AgingArgs {
     /// warm-up, where the figure sees it.
     #[arg(long, default_value = "4000000")]
     pub slow_hold: Ranged<1, 1_000_000_000>,
+    /// Allocate in the low N MiB of IOVA space first and above it only
+    /// when it is full, as Linux's DMA layer does for a PCI device with
+    /// N = 4096 (1..=4096; default: no low window, every allocation at
+    /// the domain's limit, as the allocator is called by a driver that
+    /// asks for its whole mask).
+    #[arg(long)]
+    pub low_window_mib: Option<Ranged<1, 4096>>,
     /// Policies to run (default: all, baselines first).
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<IovaPolicyName>,
@@ -99,6 +106,7 @@ impl Default for AgingArgs {
             iodepth: Ranged::new(32),
             slow_pct: Percent::new(0.5),
             slow_hold: Ranged::new(4_000_000),
+            low_window_mib: None,
             policies: Vec::new(),
             json: false,
         }
@@ -144,6 +152,8 @@ pub struct AgingReport {
     pub irq_cpus: usize,
     /// Seconds per policy.
     pub seconds: f64,
+    /// MiB of the low window allocated in first (null: none).
+    pub low_window_mib: Option<u64>,
     /// One entry per policy.
     pub policies: Vec<PolicyResult>,
 }
@@ -156,6 +166,9 @@ struct Shared {
     iodepth: usize,
     slow_ppm: u64,
     slow_hold: u64,
+    /// The last frame of the first try (the low window's, or the domain's
+    /// without `--low-window-mib`).
+    first_limit: u64,
 }
 
 /// An interrupt CPU's flush queue: a fixed array filled then freed as one batch.
@@ -249,7 +262,7 @@ fn worker(sh: &Shared, job_ids: Vec<usize>, n_irq: usize) {
                     irqs[job.irq].inbound.push_back((pfn, pages));
                 }
                 let pages = job.sizes[job.ops as usize & 0xffff];
-                match job.cache.alloc(pages, limit) {
+                match job.cache.alloc_low_first(pages, sh.first_limit, limit) {
                     Ok(pfn) if job.rng.below(1_000_000) < sh.slow_ppm => {
                         job.slow.push_back((job.ops + sh.slow_hold, pfn, pages));
                     }
@@ -306,10 +319,23 @@ pub struct Window {
     pub scan_steps_per_op: f64,
 }
 
+/// The low window in MiB: `--low-window-mib`, or Linux's 4 GiB.
+fn low_window_mib(args: &AgingArgs) -> u64 {
+    args.low_window_mib.map_or(4096, Ranged::get)
+}
+
 fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<PolicyResult> {
     let jobs = args.jobs.us();
+    let window_end = low_window_mib(args) << (20 - 12);
+    let domain = IovaDomain::with_low_window(1, (1 << 36) - 1, window_end, policy)?;
+    let first_limit = if args.low_window_mib.is_some() {
+        window_end - 1
+    } else {
+        domain.end_pfn()
+    };
     let sh = Arc::new(Shared {
-        domain: IovaDomain::new(1, (1 << 36) - 1, policy)?,
+        domain,
+        first_limit,
         stop: AtomicBool::new(false),
         ops: (0..jobs)
             .map(|_| CachePadded::new(AtomicU64::new(0)))
@@ -427,6 +453,7 @@ pub fn run(args: &AgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Report
         jobs: args.jobs.us(),
         irq_cpus: args.irq_cpus.us(),
         seconds,
+        low_window_mib: args.low_window_mib.map(Ranged::get),
         policies: out,
     };
     Ok(report(&r, args))
