@@ -200,7 +200,10 @@ impl IovaCpuCache {
         if low < limit && self.domain.low_window_full(order, low) {
             return self.alloc_in::<true>(pages, limit);
         }
-        let first = if (order as usize) < self.classes.len() {
+        let first = if self.domain.params().flush_on_low_miss {
+            // Linux before v4.15: the 32-bit try flushes every cache first.
+            self.alloc_in::<true>(pages, low)
+        } else if (order as usize) < self.classes.len() {
             let last_start = (low + 1).saturating_sub(1 << order);
             self.alloc_slow::<false>(order, low, last_start)
         } else {

@@ -443,6 +443,37 @@ fn low_first_fills_the_window_then_goes_above_it() {
 }
 
 #[test]
+fn only_the_2016_design_flushes_every_cache_for_a_low_window_miss() {
+    for policy in IovaPolicy::ALL {
+        // A window of 64 pages, [1, 64], every page of it cached.
+        let d = IovaDomain::with_low_window(1, END, 65, policy).unwrap();
+        let mut c = d.cpu_cache();
+        let ones: Vec<u64> = (0..64)
+            .map(|_| c.alloc_low_first(1, 64, END).unwrap())
+            .collect();
+        assert!(ones.iter().all(|&p| p <= 64), "{policy}: {ones:?}");
+        for p in ones {
+            c.free(p, 1).unwrap();
+        }
+        // A 4-page block finds no room in the window. Linux before v4.15
+        // gives the caches back and finds it there; the others keep their
+        // caches and go above the window.
+        let p = c.alloc_low_first(4, 64, END).unwrap();
+        let flushes = d.stats().cache_flushes;
+        let linux_2016 = policy == IovaPolicy::Linux2016;
+        assert_eq!(policy.params().flush_on_low_miss, linux_2016);
+        if linux_2016 {
+            assert!(p <= 61 && p.is_multiple_of(4), "{policy}: {p:#x}");
+            assert!(flushes >= 1, "{policy}");
+        } else {
+            assert!(p > 64 && p.is_multiple_of(4), "{policy}: {p:#x}");
+            assert_eq!(flushes, 0, "{policy}");
+        }
+        c.free(p, 4).unwrap();
+    }
+}
+
+#[test]
 fn ours_skips_a_window_it_knows_is_full_until_room_is_freed() {
     let d = IovaDomain::with_low_window(1, END, 65, IovaPolicy::Softiommu).unwrap();
     let mut c = d.cpu_cache();

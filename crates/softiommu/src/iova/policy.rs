@@ -66,6 +66,7 @@ impl IovaPolicy {
                 idle_trim: Some(Duration::from_secs(1)),
                 linear_tree: false,
                 linear_search: LinearSearch::Linux5_10,
+                flush_on_low_miss: false,
                 affine_depot: true,
             },
             IovaPolicy::Linux2016 | IovaPolicy::Linux2020 => CacheParams {
@@ -87,6 +88,7 @@ impl IovaPolicy {
                 } else {
                     LinearSearch::Linux5_10
                 },
+                flush_on_low_miss: self == IovaPolicy::Linux2016,
                 affine_depot: false,
             },
             IovaPolicy::Linux2023 => CacheParams {
@@ -98,6 +100,7 @@ impl IovaPolicy {
                 idle_trim: None,
                 linear_tree: true,
                 linear_search: LinearSearch::Linux5_10,
+                flush_on_low_miss: false,
                 affine_depot: false,
             },
         }
@@ -126,6 +129,12 @@ pub struct CacheParams {
     pub linear_tree: bool,
     /// Which kernel's search that tree runs (with `linear_tree` only).
     pub linear_search: LinearSearch,
+    /// A first try below the low window that finds no room gives every
+    /// cache back to the tree before failing over to the full limit, as
+    /// `alloc_iova_fast` did until v4.15 ("iommu/iova: Make rcache flush
+    /// optional on IOVA allocation failure", 2017, which added the
+    /// `flush_rcache` argument that the 32-bit try passes as false).
+    pub flush_on_low_miss: bool,
     /// A cache taking a magazine from the depot prefers one it put there
     /// itself. Magazines that wander between CPUs interleave their IOVAs'
     /// state bytes in shared cache lines; measured on `bench iova --threads
