@@ -133,8 +133,11 @@ impl IovaCpuCache {
     /// Allocates below `low` while there is room there, else below `limit`
     /// (giving the caches back only for the second): a device that prefers
     /// the low window, as Linux's `iommu_dma_alloc_iova` tries 32 bits
-    /// first for a PCI device. With `low >= limit` this is
-    /// [`try_alloc`](Self::try_alloc) at `limit`.
+    /// first for a PCI device. With `low >= limit`, or `low` below the
+    /// domain's first frame, this is [`alloc`](Self::alloc) at `limit`:
+    /// one try, which gives the caches back if the tree has no room (as
+    /// Linux's single `alloc_iova_fast(.., true)` for a device without the
+    /// 32-bit preference).
     ///
     /// The Linux baselines do what Linux does: search the loaded magazine
     /// for a block below `low`, then the tree. Ours keeps the preference
@@ -147,6 +150,7 @@ impl IovaCpuCache {
     #[inline(always)]
     pub fn alloc_low_first(&mut self, pages: u64, low: u64, limit: u64) -> Result<u64, IovaError> {
         let limit = limit.min(self.end_pfn);
+        let low = if low < self.start_pfn { limit } else { low };
         self.alloc_within(pages, low.min(limit), limit)
     }
 
@@ -197,7 +201,11 @@ impl IovaCpuCache {
     ) -> Result<u64, IovaError> {
         let limit = limit.min(self.end_pfn);
         let low = low.min(limit);
-        if low < limit && self.domain.low_window_full(order, low) {
+        // One try only (no preference, or none left: the window is known
+        // to be full): the caches are given back if the tree has no room.
+        // The full-window memo is consulted only here, where the caller
+        // has a higher fallback; a caller without one searches its caches.
+        if low >= limit || self.domain.low_window_full(order, low) {
             return self.alloc_in::<true>(pages, limit);
         }
         let first = if self.domain.params().flush_on_low_miss {
@@ -247,9 +255,7 @@ impl IovaCpuCache {
     /// Linux, the rest of it is searched, and `prev` and then the depot
     /// are tried only for an empty loaded magazine: one that holds blocks
     /// only above a caller's limit sends that caller to the tree, and the
-    /// depot is not stirred for it. A first try (`!GIVE_BACK`) at a low
-    /// window that ours knows to be full fails at once: its caller goes
-    /// above the window, without a search of the magazine or the tree.
+    /// depot is not stirred for it.
     #[cold]
     fn alloc_slow<const GIVE_BACK: bool>(
         &mut self,
@@ -257,12 +263,6 @@ impl IovaCpuCache {
         limit: u64,
         last_start: u64,
     ) -> Result<u64, IovaError> {
-        if !GIVE_BACK && self.domain.low_window_full(order, limit) {
-            return Err(IovaError::NoSpace {
-                pages: 1 << order,
-                limit,
-            });
-        }
         let class = &mut self.classes[order as usize];
         let mut pfn = class.loaded.pop_scan(last_start);
         let mut both_empty = false;

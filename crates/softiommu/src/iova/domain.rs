@@ -34,8 +34,9 @@ struct TreeState {
     low_last: u64,
     /// Ours only: the smallest order the low window was found to have no
     /// room for, since the last free below its end (`u32::MAX`: none).
-    /// Read without the lock by [`IovaDomain::low_window_full`]; a stale
-    /// value only sends one allocation above the window or to the tree.
+    /// Read without the lock by [`IovaDomain::low_window_full`], and only
+    /// for a low-first try that has a higher limit to fall back to: a
+    /// stale value sends one allocation above the window, never fails one.
     low_full: Arc<AtomicU32>,
 }
 
@@ -256,6 +257,13 @@ struct Counters {
     cache_flushes: AtomicU64,
 }
 
+/// The low window of a domain built without one named: 4 GiB, or (for a
+/// space starting above 4 GiB) its first frame only, so that such a domain
+/// builds as it did before windows existed.
+fn default_low_window_end(start_pfn: u64) -> u64 {
+    DMA_32BIT_PFN.max(start_pfn.saturating_add(1))
+}
+
 impl IovaDomain {
     /// A domain over page frames `[start_pfn, end_pfn]` with a named policy.
     /// `start_pfn` must be at least 1 (IOVA 0 is never handed out, as in Linux).
@@ -263,7 +271,7 @@ impl IovaDomain {
         Self::build(
             start_pfn,
             end_pfn,
-            DMA_32BIT_PFN,
+            default_low_window_end(start_pfn),
             Some(policy),
             policy.params(),
         )
@@ -295,7 +303,13 @@ impl IovaDomain {
         end_pfn: u64,
         params: CacheParams,
     ) -> Result<Arc<Self>, IovaError> {
-        Self::build(start_pfn, end_pfn, DMA_32BIT_PFN, None, params)
+        Self::build(
+            start_pfn,
+            end_pfn,
+            default_low_window_end(start_pfn),
+            None,
+            params,
+        )
     }
 
     fn build(

@@ -519,3 +519,65 @@ fn a_linux_cache_with_only_high_blocks_searches_the_tree_not_the_depot() {
         c.free(low, 1).unwrap();
     }
 }
+
+#[test]
+fn a_single_try_searches_its_caches_even_when_the_window_is_full() {
+    for policy in IovaPolicy::ALL {
+        // The whole space is two magazines: one live, one in `b`'s `prev`.
+        let m = policy.params().magazine_size as u64;
+        let n = 2 * m;
+        let d = IovaDomain::new(1, n, policy).unwrap();
+        let mut a = d.cpu_cache();
+        let mut b = d.cpu_cache();
+        let all: Vec<u64> = (0..n).map(|_| b.alloc(1, n).unwrap()).collect();
+        for &p in &all {
+            b.free(p, 1).unwrap();
+        }
+        let live: Vec<u64> = (0..m).map(|_| b.alloc(1, n).unwrap()).collect();
+        // An empty cache's try finds no room: ours remembers the window
+        // (here the whole space) as full.
+        assert!(
+            matches!(a.try_alloc(1, n), Err(IovaError::NoSpace { .. })),
+            "{policy}"
+        );
+        // A device with no higher limit has one try, which the memo never
+        // fails: `b` finds its other magazine.
+        let p = b.alloc_low_first(1, n, n).unwrap();
+        assert!((1..=n).contains(&p) && !live.contains(&p), "{policy}: {p}");
+        b.free(p, 1).unwrap();
+        for p in live {
+            b.free(p, 1).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_low_limit_below_the_space_means_no_preference() {
+    let d = IovaDomain::new(16, END, IovaPolicy::Softiommu).unwrap();
+    let mut c = d.cpu_cache();
+    let p = c.alloc_low_first(1, 3, END).unwrap();
+    assert!((16..=END).contains(&p));
+    c.free(p, 1).unwrap();
+    // The limit itself still must reach the space.
+    assert!(matches!(
+        c.alloc_low_first(1, 3, 5),
+        Err(IovaError::LimitBelowStart { .. })
+    ));
+}
+
+#[test]
+fn a_space_above_4_gib_builds_with_the_default_window() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1 << 20, 1 << 30, policy).unwrap();
+        assert_eq!(d.low_window_end(), (1 << 20) + 1, "{policy}");
+        let mut c = d.cpu_cache();
+        let p = c.alloc(4, 1 << 30).unwrap();
+        assert!(p >= 1 << 20 && p.is_multiple_of(4), "{policy}: {p:#x}");
+        c.free(p, 4).unwrap();
+    }
+    // A window that leaves no room above the start is still refused.
+    assert!(matches!(
+        IovaDomain::with_low_window(1 << 20, 1 << 30, 1 << 20, IovaPolicy::Softiommu),
+        Err(IovaError::InvalidRange { .. })
+    ));
+}

@@ -98,7 +98,11 @@ impl LinearTree {
         if v5 && low_window && size >= self.max32 {
             return None;
         }
-        let cached = match (low_window, v5) {
+        // v4.7 uses (and later moves) its cached node only for a limit of
+        // exactly the window's last frame (`limit_pfn == dma_32bit_pfn`);
+        // v5.10 for any limit in the window.
+        let use32 = if v5 { low_window } else { top == self.dma32 };
+        let cached = match (use32, v5) {
             (true, _) => self.cached32,
             (false, true) => self.cached,
             (false, false) => None,
@@ -120,16 +124,20 @@ impl LinearTree {
                 .flatten()
         });
         let Some(pfn) = found else {
-            if low_window {
-                self.max32 = size;
-            }
+            // v5.10 records the size on any failed search, whatever the
+            // limit (only low-window allocations look at it).
+            self.max32 = size;
             return None;
         };
         self.ranges.insert(pfn, pfn + size - 1);
-        if pfn + size - 1 < self.dma32 {
+        if v5 {
+            if pfn + size - 1 < self.dma32 {
+                self.cached32 = Some(pfn);
+            } else {
+                self.cached = Some(pfn);
+            }
+        } else if use32 {
             self.cached32 = Some(pfn);
-        } else {
-            self.cached = Some(pfn);
         }
         Some(pfn)
     }
@@ -283,8 +291,9 @@ mod tests {
         // Nothing below the cached node (1): the retry above it finds 20.
         assert_eq!(t.alloc(0, 31), Some(20));
         assert_eq!(t.alloc(0, 31), None);
-        // v4.7 has no retry: the same history leaves the hole unfound.
-        let mut t = LinearTree::new(1, 1 << 20, LinearSearch::Linux4_7);
+        // v4.7 has no retry: the same history leaves the hole unfound (its
+        // cached node serves a limit of exactly the window's last frame).
+        let mut t = LinearTree::new(1, 32, LinearSearch::Linux4_7);
         for p in (16..=31).rev() {
             assert_eq!(t.alloc(0, 31), Some(p));
         }
