@@ -10,11 +10,18 @@
 //! caches and the depot fill, and the policies differ in what happens next.
 //!
 //! The jobs and interrupt CPUs are *logical* CPUs, each with its own
-//! per-CPU cache, run in slices of 32 I/Os on `--threads` OS threads (one per
-//! core by default), each thread hosting a share of the jobs and of the
+//! per-CPU cache, run in slices of 32 I/Os on `--threads` OS threads (one
+//! by default), each thread hosting a share of the jobs and of the
 //! interrupt CPUs that serve them. Sixteen OS threads on two cores would
 //! spend their time in the scheduler; this way the time goes to the
-//! allocator, shared by the threads for real (tree, depots, state map).
+//! allocator. One thread by default because the figure is about aging,
+//! and two threads' throughput moves in phases the allocator does not
+//! make: measured on the 2-vCPU machine this was built on, two threads
+//! ran 62-82 M ops/s in phases of seconds (how much the shared lines
+//! bounce between the cores), and two runs of one build disagreed by up
+//! to 0.19 on `retained`; one thread ran flat at 42-43 M ops/s (three
+//! runs: 1.011, 0.988, 0.992). `--threads 2` shares the allocator (tree,
+//! depots, state map) between cores for real.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -60,8 +67,10 @@ pub struct AgingArgs {
     /// least one per OS thread; 1..=256).
     #[arg(long, default_value = "4")]
     pub irq_cpus: Ranged<1, 256>,
-    /// OS threads hosting the logical CPUs (1..=256; default: the number
-    /// of cores).
+    /// OS threads hosting the logical CPUs (1..=256; default 1: the
+    /// figure is the allocator's aging, and on two cores the threads'
+    /// throughput moves in phases of seconds with how much the shared
+    /// lines bounce between them).
     #[arg(long)]
     pub threads: Option<Ranged<1, 256>>,
     /// I/Os in flight per job (1..=4096).
@@ -73,9 +82,9 @@ pub struct AgingArgs {
     pub slow_pct: Percent,
     /// How many of its job's I/Os a slow I/O stays in flight for
     /// (1..=1000000000). With the default 0.5 % this pins ~20,000 IOVAs
-    /// per job, and the first slow I/Os complete ~1.5 s into a run on a
-    /// 2-core machine: the Linux 2016 tree's cliff comes after the
-    /// warm-up, where the figure sees it.
+    /// per job, and the first slow I/Os complete ~1-2 s into a run: the
+    /// Linux 2020 and 2023 trees' cliff comes after the warm-up floor,
+    /// where the figure sees it.
     #[arg(long, default_value = "4000000")]
     pub slow_hold: Ranged<1, 1_000_000_000>,
     /// Allocate in the low N MiB of IOVA space first and above it only
@@ -262,17 +271,10 @@ fn worker(sh: &Shared, job_ids: Vec<usize>, n_irq: usize) {
                     irqs[job.irq].inbound.push_back((pfn, pages));
                 }
                 let pages = job.sizes[job.ops as usize & 0xffff];
-                // Without a low window a driver asks for its whole mask,
-                // giving the caches back if the tree is full (Linux's
-                // second try). Measured: routing these through
-                // `alloc_low_first` as well put ours into seconds-long
-                // phases at ~half throughput in 6 of 7 default runs (0 of
-                // 6 before, 0 of 2 after this), cause not pinned down.
-                let got = if sh.first_limit >= limit {
-                    job.cache.alloc(pages, limit)
-                } else {
-                    job.cache.alloc_low_first(pages, sh.first_limit, limit)
-                };
+                // Without a low window (`first_limit == limit`) this is
+                // one try at the whole mask, giving the caches back if the
+                // tree is full (Linux's second try).
+                let got = job.cache.alloc_low_first(pages, sh.first_limit, limit);
                 match got {
                     Ok(pfn) if job.rng.below(1_000_000) < sh.slow_ppm => {
                         job.slow.push_back((job.ops + sh.slow_hold, pfn, pages));
@@ -356,10 +358,7 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<P
         slow_ppm: (args.slow_pct.get() * 1e4) as u64,
         slow_hold: args.slow_hold.get(),
     });
-    let threads = args.threads.map_or_else(
-        || std::thread::available_parallelism().map_or(2, |n| n.get()),
-        Ranged::us,
-    );
+    let threads = args.threads.map_or(1, Ranged::us);
     let threads = threads.clamp(1, jobs);
     let irq_cpus = args.irq_cpus.us().max(threads);
     // Each OS thread on a CPU of its own (round robin over the allowed
