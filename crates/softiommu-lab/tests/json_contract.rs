@@ -339,7 +339,12 @@ fn lab_fio_aging() {
     assert_eq!(v["low_window_mib"], 1024);
     assert_eq!(v["low_window_first"], true);
     assert_eq!(v["slow_sizes"], "mix");
-    assert_eq!(v["slow_pct"], 30.0, "24 ÷ 0.8 s");
+    // The default tail is a rate: 1.5 low windows (1 GiB) over the hold
+    // (0.8 s) at the mix's mean size (21.6 KiB), per job (2).
+    assert!(v["slow_pct"].is_null());
+    let per_s = v["slow_per_s"].as_f64().expect("slow_per_s");
+    let want = 1.5 * (1u64 << 30) as f64 / (0.8 * 22_118.4 * 2.0);
+    assert!((per_s - want).abs() < 1e-6 * want, "{per_s} vs {want}");
     let policies = v["policies"].as_array().expect("policies");
     assert_eq!(policies.len(), 2);
     assert_eq!(policies[0]["policy"], "linux-2016");

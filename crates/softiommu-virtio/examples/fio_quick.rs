@@ -61,6 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         irq_cpus: Some(env("FIO_IRQ_CPUS", "4").parse()?),
         slow: Some(SlowTail {
             pct: env("FIO_SLOW_PCT", "2").parse()?,
+            per_s: None,
             depth: env("FIO_SLOW_DEPTH", "256").parse()?,
             hold: Duration::from_secs_f64(secs),
             mixed: false,

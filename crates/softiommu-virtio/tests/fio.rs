@@ -67,6 +67,7 @@ fn randrw_on_memory_with_a_slow_tail_runs_both_kinds() {
         rw: RwMode::RandRw { read_pct: 70 },
         slow: Some(SlowTail {
             pct: 5.0,
+            per_s: None,
             depth: 4,
             hold: Duration::from_millis(50),
             mixed: false,
@@ -93,6 +94,7 @@ fn a_slow_tail_of_the_mix_holds_full_size_requests_in_shared_pages() {
         bs: BlockSizes::parse("64k").unwrap(),
         slow: Some(SlowTail {
             pct: 20.0,
+            per_s: None,
             depth: 16,
             hold: Duration::from_millis(50),
             mixed: true,
@@ -109,6 +111,35 @@ fn a_slow_tail_of_the_mix_holds_full_size_requests_in_shared_pages() {
     // pages other slow requests share, are not.
     assert!(r.verified > 0);
     assert_eq!(r.verify_failures, 0);
+}
+
+#[test]
+fn a_rate_based_slow_tail_sends_its_rate_whatever_the_percentage() {
+    // 0 %: a percentage would send nothing; 250 a second per job does.
+    let rate = 250.0;
+    let cfg = FioConfig {
+        slow: Some(SlowTail {
+            pct: 0.0,
+            per_s: Some(rate),
+            depth: 1000,
+            hold: Duration::from_secs(5),
+            mixed: false,
+        }),
+        ..quick()
+    };
+    let r = run_fio(&host(BackendConfig::default()), &cfg).expect("run");
+    let secs = cfg.runtime.as_secs_f64();
+    for j in &r.jobs {
+        // At least half of what the run earns (a job can fall behind its
+        // budget only while its thread is descheduled), at most what the
+        // run and a second of set-up earn.
+        let sent = j.slow_ops as f64;
+        assert!(
+            sent >= 0.5 * rate * secs && sent <= rate * (secs + 1.0),
+            "{sent} slow requests in {secs} s at {rate}/s: {j:?}"
+        );
+    }
+    assert_eq!(r.io_errors, 0);
 }
 
 #[test]
@@ -184,6 +215,7 @@ fn bad_settings_are_typed_errors() {
     let slow = |depth| {
         Some(SlowTail {
             pct: 1.0,
+            per_s: None,
             depth,
             hold: Duration::from_millis(10),
             mixed: false,
@@ -204,6 +236,19 @@ fn bad_settings_are_typed_errors() {
         }),
         "iodepth + slow_depth"
     );
+    for bad in [-1.0, f64::NAN, 2e6] {
+        assert_eq!(
+            field(FioConfig {
+                slow: slow(16).map(|t| SlowTail {
+                    per_s: Some(bad),
+                    ..t
+                }),
+                ..quick()
+            }),
+            "slow_per_s",
+            "{bad}"
+        );
+    }
     assert!(matches!(
         run_fio(
             &h,

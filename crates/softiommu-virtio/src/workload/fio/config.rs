@@ -12,6 +12,8 @@ pub const MAX_JOBS: usize = 64;
 pub const MAX_IODEPTH: usize = 1024;
 /// The most slow I/Os in flight per job.
 pub const MAX_SLOW_DEPTH: usize = 10_000;
+/// The highest slow-I/O rate per job ([`SlowTail::per_s`]).
+pub const MAX_SLOW_PER_S: f64 = 1_000_000.0;
 /// The most requests in flight per job, fast and slow together: a request
 /// takes three descriptors (header, data merged by the IOMMU, status), and
 /// a split virtqueue holds at most 32,768 (virtio 1.2 §2.7, Queue Size).
@@ -65,6 +67,13 @@ impl BlockSizes {
     /// One size for every I/O.
     pub fn one(bytes: u64) -> Self {
         Self(vec![(bytes, 100)])
+    }
+
+    /// The mean size in bytes, weighted by the percentages.
+    pub fn mean_bytes(&self) -> f64 {
+        let total: u32 = self.0.iter().map(|&(_, p)| p).sum();
+        let sum: f64 = self.0.iter().map(|&(b, p)| b as f64 * f64::from(p)).sum();
+        sum / f64::from(total.max(1))
     }
 
     /// Parses `4k`, `128k`, `1m`, `512` or a mix `4k:60,16k:20,…` whose
@@ -165,8 +174,14 @@ fn parse_size(s: &str) -> Option<u64> {
 /// writes in one-page slots, so a deep budget costs a page each.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SlowTail {
-    /// Percent of I/Os sent to the slow region (0..=100).
+    /// Percent of I/Os sent to the slow region (0..=100), unless
+    /// [`per_s`](Self::per_s) is set.
     pub pct: f64,
+    /// Slow I/Os per second per job, instead of a percentage: each job
+    /// earns this many a second (a budget refilled from the clock, spent
+    /// as its queue has room), so the tail pins the same IOVAs by a given
+    /// time on a machine of any speed (0..=1,000,000).
+    pub per_s: Option<f64>,
     /// Slow I/Os in flight per job at most (beyond `iodepth`); a slow I/O
     /// drawn when the budget is spent goes to the fast region.
     pub depth: usize,
@@ -356,6 +371,9 @@ impl FioConfig {
         }
         if let Some(s) = self.slow {
             range("slow_pct", s.pct, 0.0, 100.0)?;
+            if let Some(r) = s.per_s {
+                range("slow_per_s", r, 0.0, MAX_SLOW_PER_S)?;
+            }
             range("slow_depth", s.depth as f64, 1.0, MAX_SLOW_DEPTH as f64)?;
             range(
                 "iodepth + slow_depth",

@@ -80,6 +80,8 @@ struct Job {
     slow: usize,
     slow_slot: Vec<bool>,
     reads: u32,
+    /// Slow I/Os sent so far (against a rate-based budget).
+    slow_sent: u64,
 }
 
 /// What every job thread reads.
@@ -88,6 +90,10 @@ struct Plan {
     rw: RwMode,
     fast_end: u64,
     slow: Option<(u64, u64, u64, usize)>,
+    /// Slow I/Os per second per job, instead of the percentage.
+    slow_per_s: Option<f64>,
+    /// When the jobs started (the rate's clock).
+    start: Instant,
     /// Slow I/Os are of the mix, in shared pages (their data unchecked).
     slow_mixed: bool,
     verify_every: u32,
@@ -148,9 +154,19 @@ impl Job {
     /// were submitted.
     fn submit(&mut self, p: &Plan) -> Result<usize, FioError> {
         let mut n = 0;
+        // A rate-based tail: what the clock has earned and not been sent
+        // (one clock read per call, not per I/O).
+        let mut earned = p.slow_per_s.map(|r| {
+            let due = (p.start.elapsed().as_secs_f64() * r) as u64;
+            due.saturating_sub(self.slow_sent)
+        });
         loop {
             let slow_pick = p.slow.is_some_and(|(_, _, ppm, depth)| {
-                self.slow < depth && self.rng.below(1_000_000) < ppm
+                self.slow < depth
+                    && match earned {
+                        Some(e) => e > 0,
+                        None => self.rng.below(1_000_000) < ppm,
+                    }
             });
             if !slow_pick && self.fast >= p.iodepth {
                 break;
@@ -194,6 +210,10 @@ impl Job {
             }
             if slow_pick {
                 self.slow += 1;
+                self.slow_sent += 1;
+                if let Some(e) = earned.as_mut() {
+                    *e -= 1;
+                }
                 bump(&self.c.slow, 1);
                 if let Some(s) = self.slow_slot.get_mut(usize::from(slot)) {
                     *s = true;
@@ -394,6 +414,8 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         slow: cfg
             .slow
             .map(|s| (fast_end, cap, (s.pct * 1e4).round() as u64, s.depth)),
+        slow_per_s: cfg.slow.and_then(|s| s.per_s),
+        start: Instant::now(),
         slow_mixed: cfg.slow.is_some_and(|s| s.mixed),
         verify_every: cfg.verify_every,
         verify: host.device.backend().kind() == "null",
@@ -427,6 +449,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             fast: 0,
             slow: 0,
             reads: 0,
+            slow_sent: 0,
         });
     }
     let dev_cpu0 = host.device.cpu_time();

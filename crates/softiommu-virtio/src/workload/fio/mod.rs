@@ -29,7 +29,7 @@ mod result;
 
 pub use config::{
     BlockSizes, FioConfig, FioError, RwMode, SlowTail, MAX_IODEPTH, MAX_JOBS, MAX_RUNTIME,
-    MAX_SLOTS, MAX_SLOW_DEPTH, MIN_WINDOW,
+    MAX_SLOTS, MAX_SLOW_DEPTH, MAX_SLOW_PER_S, MIN_WINDOW,
 };
 pub use engine::{fio, run_fio, sized_for};
 pub use result::{FioJobResult, FioResult, FioWindow};
