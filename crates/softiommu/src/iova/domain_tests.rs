@@ -236,15 +236,22 @@ fn a_retired_block_is_freed_only_by_free_retired() {
     );
 }
 
+/// A domain over `[64, 127]` whose every page sits in the returned
+/// cache's 1-page class.
+fn all_cached(policy: IovaPolicy) -> (std::sync::Arc<IovaDomain>, IovaCpuCache) {
+    let d = IovaDomain::new(64, 127, policy).unwrap();
+    let mut c = d.cpu_cache();
+    let ones: Vec<u64> = (0..64).map(|_| c.alloc(1, 127).unwrap()).collect();
+    for p in ones {
+        c.free(p, 1).unwrap();
+    }
+    (d, c)
+}
+
 #[test]
 fn exhaustion_recovers_what_the_caches_hold() {
     for policy in IovaPolicy::ALL {
-        let d = IovaDomain::new(64, 127, policy).unwrap();
-        let mut c = d.cpu_cache();
-        let ones: Vec<u64> = (0..64).map(|_| c.alloc(1, 127).unwrap()).collect();
-        for p in ones {
-            c.free(p, 1).unwrap();
-        }
+        let (_d, mut c) = all_cached(policy);
         // Every page sits in the 1-page cache; a 64-page request must still work.
         assert_eq!(c.alloc(64, 127), Ok(64), "{policy}");
     }
@@ -386,12 +393,7 @@ fn a_batch_free_frees_every_good_block_and_reports_the_first_bad_one() {
 #[test]
 fn a_first_try_gives_nothing_back_and_the_second_does() {
     for policy in IovaPolicy::ALL {
-        let d = IovaDomain::new(64, 127, policy).unwrap();
-        let mut c = d.cpu_cache();
-        let ones: Vec<u64> = (0..64).map(|_| c.alloc(1, 127).unwrap()).collect();
-        for p in ones {
-            c.free(p, 1).unwrap();
-        }
+        let (d, mut c) = all_cached(policy);
         // Every page is cached: a 64-page first try finds no room and
         // leaves the caches as they are...
         let cached = d.stats().cached_iovas;

@@ -275,33 +275,30 @@ mod tests {
         assert_eq!(t.alloc(0, 8), Some(3));
     }
 
-    #[test]
-    fn v5_10_retries_above_the_cached_node() {
-        let mut t = LinearTree::new(1, 1 << 20, LinearSearch::Linux5_10);
+    /// `[1, 31]` filled top-down but for a one-page hole at 20 that a
+    /// two-page block walked past (to 14): the cached node ends at 1.
+    fn filled_around_a_hole(dma32: u64, rules: LinearSearch) -> LinearTree {
+        let mut t = LinearTree::new(1, dma32, rules);
         for p in (16..=31).rev() {
             assert_eq!(t.alloc(0, 31), Some(p));
         }
-        // A one-page hole at 20; a two-page block walks past it (to 14),
-        // and single pages then fill everything below.
         t.free(20, 20).unwrap();
         assert_eq!(t.alloc(1, 31), Some(14));
         for p in (1..=13).rev() {
             assert_eq!(t.alloc(0, 31), Some(p));
         }
+        t
+    }
+
+    #[test]
+    fn v5_10_retries_above_the_cached_node() {
+        let mut t = filled_around_a_hole(1 << 20, LinearSearch::Linux5_10);
         // Nothing below the cached node (1): the retry above it finds 20.
         assert_eq!(t.alloc(0, 31), Some(20));
         assert_eq!(t.alloc(0, 31), None);
         // v4.7 has no retry: the same history leaves the hole unfound (its
         // cached node serves a limit of exactly the window's last frame).
-        let mut t = LinearTree::new(1, 32, LinearSearch::Linux4_7);
-        for p in (16..=31).rev() {
-            assert_eq!(t.alloc(0, 31), Some(p));
-        }
-        t.free(20, 20).unwrap();
-        assert_eq!(t.alloc(1, 31), Some(14));
-        for p in (1..=13).rev() {
-            assert_eq!(t.alloc(0, 31), Some(p));
-        }
+        let mut t = filled_around_a_hole(32, LinearSearch::Linux4_7);
         assert_eq!(t.alloc(0, 31), None);
     }
 }

@@ -180,7 +180,9 @@ pub struct SlowTail {
     /// Slow I/Os per second per job, instead of a percentage: each job
     /// earns this many a second (a budget refilled from the clock, spent
     /// as its queue has room), so the tail pins the same IOVAs by a given
-    /// time on a machine of any speed (0..=1,000,000).
+    /// time on a machine of any speed (0..=1,000,000), as long as slow
+    /// requests stay at most a quarter of the job's (past that the tail
+    /// thins rather than starve the fast requests).
     pub per_s: Option<f64>,
     /// Slow I/Os in flight per job at most (beyond `iodepth`); a slow I/O
     /// drawn when the budget is spent goes to the fast region.
