@@ -340,10 +340,12 @@ fn lab_fio_aging() {
     assert_eq!(v["low_window_first"], true);
     assert_eq!(v["slow_sizes"], "mix");
     // The default tail is a rate: 1.5 low windows (1 GiB) over the hold
-    // (0.8 s) at the mix's mean size (21.6 KiB), per job (2).
+    // (0.8 s) at the mix's mean size (21.6 KiB), per job (2), but no more
+    // than the slow depth (10,000) holds over the hold.
     assert!(v["slow_pct"].is_null());
+    assert_eq!(v["slow_depth"], 10_000);
     let per_s = v["slow_per_s"].as_f64().expect("slow_per_s");
-    let want = 1.5 * (1u64 << 30) as f64 / (0.8 * 22_118.4 * 2.0);
+    let want = (1.5 * (1u64 << 30) as f64 / (0.8 * 22_118.4 * 2.0)).min(10_000.0 / 0.8);
     assert!((per_s - want).abs() < 1e-6 * want, "{per_s} vs {want}");
     let policies = v["policies"].as_array().expect("policies");
     assert_eq!(policies.len(), 2);

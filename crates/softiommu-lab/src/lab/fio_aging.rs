@@ -207,7 +207,7 @@ pub struct FioAgingArgs {
     /// Sizes of the slow requests.
     #[arg(long, value_enum, default_value = "mix")]
     pub slow_sizes: SlowSizes,
-    /// Seconds the device holds a slow request (0.001..=86400; default: the
+    /// Seconds the device holds a slow request (0.01..=86400; default: the
     /// aging run's length, so slow IOVAs stay pinned while others cycle).
     #[arg(long)]
     pub slow_hold: Option<Seconds>,
@@ -457,7 +457,11 @@ fn slow_tail(
             let size = if mixed { bs.mean_bytes() } else { 4096.0 };
             let bytes = SLOW_FILL * (low_window_mib(args) << 20) as f64;
             let rate = bytes / (slow_hold * size.max(1.0) * jobs.max(1) as f64);
-            (0.0, Some(rate.min(MAX_SLOW_PER_S)))
+            // No faster than the depth can hold over the hold: with small
+            // slow requests or few jobs the tail pins less than the target
+            // (the window may not fill), and the report says what is sent.
+            let most = slow_depth(args) as f64 / slow_hold;
+            (0.0, Some(rate.min(most).min(MAX_SLOW_PER_S)))
         }
     };
     Some(SlowTail {

@@ -150,7 +150,13 @@ impl LinearTree {
         }
         self.ranges.remove(&lo);
         let next = self.ranges.range(lo..).next().map(|(&l, _)| l);
-        if self
+        if self.rules == LinearSearch::Linux4_7 {
+            // v4.7: no cached node stays none; a free at or above it moves
+            // it to the freed range's successor if that lies in the window.
+            if self.cached32.is_some_and(|c| lo >= c) {
+                self.cached32 = next.filter(|&n| n < self.dma32);
+            }
+        } else if self
             .cached32
             .is_none_or(|c| c == lo || (hi < self.dma32 && lo >= c))
         {

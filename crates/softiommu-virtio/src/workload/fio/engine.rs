@@ -165,9 +165,16 @@ impl Job {
         let mut n = 0;
         // A rate-based tail: what the clock has earned and not been sent
         // (one clock read per call, not per I/O).
+        // What could not be sent (the depth or the share was spent) is
+        // forgiven past one depth's worth, so it never comes as a burst.
         let mut earned = p.slow_per_s.map(|r| {
             let due = (p.start.elapsed().as_secs_f64() * r) as u64;
-            due.saturating_sub(self.slow_sent)
+            let cap = p.slow.map_or(0, |(_, _, _, depth)| depth as u64);
+            let backlog = due.saturating_sub(self.slow_sent);
+            if backlog > cap {
+                self.slow_sent = due - cap;
+            }
+            backlog.min(cap)
         });
         loop {
             let slow_pick = p.slow.is_some_and(|(_, _, ppm, depth)| {
