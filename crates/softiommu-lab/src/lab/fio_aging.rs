@@ -159,8 +159,8 @@ pub struct FioAgingArgs {
     /// A short run with the same shape (about 30 s in all).
     #[arg(long)]
     pub quick: bool,
-    /// Seconds of the aging run per IOVA policy (0.5..=86400; default 6
-    /// with --quick, else 60).
+    /// Seconds of the aging run per IOVA policy (0.08..=86400: eight
+    /// windows of at least 10 ms; default 6 with --quick, else 60).
     #[arg(long)]
     pub seconds: Option<Seconds>,
     /// Windows in each aging time line (8..=10000, at most one per 10 ms;
