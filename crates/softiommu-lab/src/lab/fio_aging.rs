@@ -450,6 +450,7 @@ fn slow_tail(
     bs: &BlockSizes,
 ) -> Option<SlowTail> {
     let mixed = matches!(args.slow_sizes, SlowSizes::Mix);
+    let depth = slow_depth(args);
     let (pct, per_s) = match args.slow_pct {
         Some(p) if p.get() <= 0.0 => return None,
         Some(p) => (p.get(), None),
@@ -460,14 +461,14 @@ fn slow_tail(
             // No faster than the depth can hold over the hold: with small
             // slow requests or few jobs the tail pins less than the target
             // (the window may not fill), and the report says what is sent.
-            let most = slow_depth(args) as f64 / slow_hold;
+            let most = depth as f64 / slow_hold;
             (0.0, Some(rate.min(most).min(MAX_SLOW_PER_S)))
         }
     };
     Some(SlowTail {
         pct,
         per_s,
-        depth: slow_depth(args),
+        depth,
         hold: Duration::from_secs_f64(slow_hold),
         mixed,
     })

@@ -82,6 +82,8 @@ struct Job {
     reads: u32,
     /// Slow I/Os sent so far (against a rate-based budget).
     slow_sent: u64,
+    /// Slow I/Os the rate earned but could not send, written off.
+    slow_forgiven: u64,
     /// Fast I/Os sent so far (a rate-based tail's share is bounded by it).
     fast_sent: u64,
 }
@@ -164,16 +166,15 @@ impl Job {
     fn submit(&mut self, p: &Plan) -> Result<usize, FioError> {
         let mut n = 0;
         // A rate-based tail: what the clock has earned and not been sent
-        // (one clock read per call, not per I/O).
-        // What could not be sent (the depth or the share was spent) is
-        // forgiven past one depth's worth, so it never comes as a burst.
+        // (one clock read per call, not per I/O). What could not be sent
+        // (the depth or the share was spent) is written off past one
+        // depth's worth, so it never comes as a burst; `slow_sent` stays
+        // the true count the share is checked against.
         let mut earned = p.slow_per_s.map(|r| {
             let due = (p.start.elapsed().as_secs_f64() * r) as u64;
             let cap = p.slow.map_or(0, |(_, _, _, depth)| depth as u64);
-            let backlog = due.saturating_sub(self.slow_sent);
-            if backlog > cap {
-                self.slow_sent = due - cap;
-            }
+            let backlog = due.saturating_sub(self.slow_sent + self.slow_forgiven);
+            self.slow_forgiven += backlog.saturating_sub(cap);
             backlog.min(cap)
         });
         loop {
@@ -467,6 +468,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             slow: 0,
             reads: 0,
             slow_sent: 0,
+            slow_forgiven: 0,
             fast_sent: 0,
         });
     }
