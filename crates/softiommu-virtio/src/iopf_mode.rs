@@ -99,11 +99,11 @@ pub(crate) fn may_fault(system: &System, sid: SourceId) -> bool {
         .is_some_and(|(_, u)| u.page_requests_enabled(sid))
 }
 
-/// The arena's runs of frames that are not the IOMMU's (its tables and
-/// queues), as (address, length): the RAM a guest would expose. Frames the
-/// IOMMU takes later (page-table pages mapped on demand) fall inside a run
-/// but stay out of the device's reach: every device access is checked
-/// against the arena's IOMMU frames after translation.
+/// The arena's runs of RAM a device may be given, as (address, length):
+/// the RAM a guest would expose, less any bounce pool. The IOMMU's tables
+/// and queues, including the page-table pages the fault handler takes
+/// later, come from the arena's IOMMU reserve outside RAM, so no run can
+/// ever hold them.
 fn guest_ram(mem: &PhysMemory) -> Vec<(u64, u64)> {
     let size = mem.size() & !(PAGE_SIZE - 1);
     let mut runs = Vec::new();

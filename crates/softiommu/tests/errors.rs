@@ -125,7 +125,7 @@ fn an_arena_the_os_will_not_reserve_is_a_reserve_error() {
     assert_eq!(
         PhysMemory::new(1 << 40).unwrap_err(),
         MemError::Reserve {
-            len: 1 << 40,
+            len: (1 << 40) + softiommu::mem::default_iommu_reserve(1 << 40),
             errno: libc::ENOMEM
         }
     );
@@ -432,6 +432,7 @@ fn a_pass_through_buffer_beyond_the_mask_is_refused_and_not_recorded() {
     let mask = 0xf_ffff;
     let p = platform(DmaPolicy::Passthrough, mask, 0);
     let dev = &p.devices[0];
+    let _low = p.mem.alloc_zeroed_frames(9).unwrap();
     let buf = p.mem.alloc_zeroed_frames(9).unwrap();
     assert!(buf > mask);
     let mut cpu = p.domain.cpu();
@@ -588,10 +589,7 @@ fn page_table_errors_reach_the_dma_api_typed_and_change_nothing() {
     );
     // The first map needs three table pages; none is left.
     let buf = p.mem.alloc_zeroed_frames(0).unwrap();
-    let mut taken = Vec::new();
-    while let Ok(f) = p.mem.alloc_frames(0) {
-        taken.push(f);
-    }
+    let taken = p.mem.hold_iommu_frames();
     let mut cpu = p.domain.cpu();
     let frames = p.mem.frame_stats();
     assert_eq!(
@@ -604,9 +602,7 @@ fn page_table_errors_reach_the_dma_api_typed_and_change_nothing() {
     assert_eq!(p.domain.table_stats().tables_allocated, 0);
     assert_eq!(p.mem.frame_stats(), frames, "no table page kept");
     // With frames back, the same map goes through.
-    for f in taken {
-        p.mem.free_frames(f, 0).unwrap();
-    }
+    p.mem.release_iommu_frames(taken).unwrap();
     let iova = cpu.map(dev, buf, 64, DmaDirection::ToDevice).unwrap();
     cpu.unmap(dev, iova, 64, DmaDirection::ToDevice).unwrap();
 }
@@ -745,13 +741,13 @@ fn detaching_a_device_not_attached_is_refused() {
 #[test]
 fn an_iopf_domain_on_full_memory_is_a_page_table_error() {
     let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
-    let all = mem.alloc_frames(8).unwrap();
+    let all = mem.hold_iommu_frames();
     let sys = Arc::new(System::new(mem.clone()));
     assert_eq!(
         IopfDomain::new(sys, IopfConfig::default()).unwrap_err(),
         IopfError::Pgtable(PgtableError::Mem(MemError::OutOfFrames { order: 0 }))
     );
-    mem.free_frames(all, 8).unwrap();
+    mem.release_iommu_frames(all).unwrap();
     assert_eq!(mem.frame_stats().allocated_frames, 0);
 }
 

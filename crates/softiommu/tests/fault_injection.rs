@@ -530,22 +530,24 @@ fn a_device_raising_more_page_requests_than_the_queue_holds_is_refused_at_once_n
 
 // ----- 5. Allocation failure in `mem` -----
 
-/// Takes every free frame of `mem`; give them back with [`give_back`].
-fn exhaust(mem: &PhysMemory) -> Vec<u64> {
+/// Takes every free frame of `mem`, RAM and the IOMMU's reserve alike;
+/// give them back with [`give_back`].
+fn exhaust(mem: &PhysMemory) -> (Vec<u64>, Vec<u64>) {
     let mut taken = Vec::new();
     loop {
         match mem.alloc_frames(0) {
             Ok(f) => taken.push(f),
-            Err(MemError::OutOfFrames { order: 0 }) => return taken,
+            Err(MemError::OutOfFrames { order: 0 }) => return (taken, mem.hold_iommu_frames()),
             Err(e) => panic!("{e:?}"),
         }
     }
 }
 
-fn give_back(mem: &PhysMemory, taken: Vec<u64>) {
+fn give_back(mem: &PhysMemory, (taken, held): (Vec<u64>, Vec<u64>)) {
     for f in taken {
         mem.free_frames(f, 0).unwrap();
     }
+    mem.release_iommu_frames(held).unwrap();
 }
 
 #[test]

@@ -29,7 +29,6 @@ struct Rig {
 /// `SLOW` (a modelled latency): a window in which the queue holds work.
 fn rig() -> Rig {
     let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
-    // The table first, so that the frame after the ring is plain memory.
     let table = VtdPageTable::new(mem.clone(), VtdConfig::default()).unwrap();
     let unit = Unit::new(
         mem.clone(),
@@ -74,12 +73,12 @@ fn map_and_cache(r: &Rig) -> softiommu::hw::Translator {
 fn a_forged_wait_cannot_complete_the_units_own_wait() {
     let r = rig();
     let mut t = map_and_cache(&r);
-    // A guest-written wait whose status write names the word right after
-    // the ring (where the unit kept its completion word), with a ticket
-    // far ahead, queued behind slow work and ahead of the driver's unmap.
-    let regs = r.unit.queue_registers();
-    let after_ring = regs.base + u64::from(regs.len) * DESCRIPTOR_BYTES;
-    let forged = InvDescriptor::wait_status(after_ring, 0x4000_0000).encode();
+    // A guest-written wait whose status write names a word of RAM (the
+    // unit's own words, after its ring, are in the IOMMU reserve, which
+    // no status write reaches), with a ticket far ahead, queued behind
+    // slow work and ahead of the driver's unmap.
+    let word = r.mem.alloc_zeroed_frames(0).unwrap();
+    let forged = InvDescriptor::wait_status(word, 0x4000_0000).encode();
     r.unit
         .submit_raw(&[slow().encode(), forged, slow().encode()])
         .unwrap();

@@ -348,10 +348,7 @@ fn a_reclaim_the_table_refuses_midway_finishes_what_it_cleared() {
         }
         // No frame left: region a's whole 2 MiB leaf unmaps, but the first
         // page of b needs its leaf split.
-        let mut hog = Vec::new();
-        while let Ok(f) = mem.alloc_frames(0) {
-            hog.push(f);
-        }
+        let hog = mem.hold_iommu_frames();
         let e = d.reclaim(a, b + PAGE_SIZE - a).unwrap_err();
         assert_eq!(
             e,
@@ -374,9 +371,7 @@ fn a_reclaim_the_table_refuses_midway_finishes_what_it_cleared() {
             pb
         );
         assert_eq!(d.stats().pages_reclaimed, 512);
-        for f in hog {
-            mem.free_frames(f, 0).unwrap();
-        }
+        mem.release_iommu_frames(hog).unwrap();
         assert_eq!(d.reclaim(b, PAGE_SIZE), Ok(1));
     });
 }

@@ -83,10 +83,11 @@ enum Pieces {
 /// margin for a reclaim racing the device.
 pub const PAGE_REQUEST_ROUNDS: u32 = 2 * 256 + 8;
 
-/// Checks that every piece lies in physical memory.
+/// Checks that every piece lies in RAM: never the IOMMU's reserve, whatever
+/// a table's leaf says.
 fn check_ranges(mem: &PhysMemory, ranges: &PhysRanges) -> Result<(), MemError> {
     for r in ranges {
-        mem.as_ptr(r.phys, r.len)?;
+        mem.device_ptr(r.phys, r.len)?;
     }
     Ok(())
 }
@@ -223,12 +224,12 @@ impl DmaAccessor {
             r.map_err(|source| AccessError::Memory { sid, iova, source })
         };
         if first.len >= len {
-            checked(mem.as_ptr(first.phys, len))?;
+            checked(mem.device_ptr(first.phys, len))?;
             return Ok(Pieces::One(first.phys));
         }
         let ranges = g.translate(sid, iova, len, access)?;
         for r in &ranges {
-            checked(mem.as_ptr(r.phys, r.len))?;
+            checked(mem.device_ptr(r.phys, r.len))?;
         }
         Ok(Pieces::Many(ranges))
     }
@@ -566,7 +567,7 @@ fn aligned_word(
 ) -> Result<Option<*mut u8>, AccessError> {
     let span = g.translate_page(sid, iova, access)?;
     let p = mem
-        .as_ptr(span.phys, size)
+        .device_ptr(span.phys, size)
         .map_err(|source| AccessError::Memory { sid, iova, source })?;
     Ok((span.len >= size && (p as usize).is_multiple_of(size as usize)).then_some(p))
 }

@@ -189,8 +189,8 @@ impl DmaMapping<'_> {
         }
         let mem = self.mem;
         Ok(self.ranges.iter().filter_map(move |r| {
-            let p = mem.as_ptr(r.phys, r.len).ok()?;
-            // SAFETY: `as_ptr` checked the piece lies in the arena, which
+            let p = mem.device_ptr(r.phys, r.len).ok()?;
+            // SAFETY: `device_ptr` checked the piece lies in the arena's RAM, which
             // lives as long as `mem` (borrowed for the slice's lifetime);
             // the slice cannot outlive `self`, whose open section keeps the
             // piece the device's; volatile slices are made for memory that

@@ -37,7 +37,7 @@ impl GuestMemoryRegion for PhysRegion {
 
     fn get_host_address(&self, addr: MemoryRegionAddress) -> vm_memory::GuestMemoryResult<*mut u8> {
         self.mem
-            .as_ptr(addr.0, 0)
+            .device_ptr(addr.0, 0)
             .ok()
             .filter(|_| addr.0 < self.mem.size())
             .ok_or(GuestMemoryError::InvalidBackendAddress)
@@ -50,10 +50,10 @@ impl GuestMemoryRegion for PhysRegion {
     ) -> vm_memory::GuestMemoryResult<VolatileSlice<'_, BS<'_, ()>>> {
         let p = self
             .mem
-            .as_ptr(offset.0, count as u64)
+            .device_ptr(offset.0, count as u64)
             .map_err(|_| GuestMemoryError::InvalidBackendAddress)?;
-        // SAFETY: `as_ptr` checked that `[offset, offset + count)` lies in
-        // the arena, which lives as long as `self.mem`, borrowed by the
+        // SAFETY: `device_ptr` checked that `[offset, offset + count)` lies
+        // in the arena's RAM (never the IOMMU's reserve), which lives as long as `self.mem`, borrowed by the
         // slice's lifetime. The arena is memory the guest, devices and the
         // unit share: exactly what volatile slices are for.
         Ok(unsafe { VolatileSlice::new(p, count) })

@@ -165,7 +165,7 @@ impl DmaDomain {
             let order = pages.ilog2();
             let limit = self.iova.limit_for_mask(mask);
             let pfn = self.iova.alloc(pages, limit)?;
-            let phys = match self.mem.alloc_zeroed_owned(order, FrameOwner::Iommu) {
+            let phys = match self.mem.alloc_zeroed_owned(order, FrameOwner::Bounce) {
                 Ok(p) => p,
                 Err(e) => {
                     let _ = self.iova.free(pfn, pages);
@@ -176,7 +176,7 @@ impl DmaDomain {
                 .table
                 .map(pfn << PAGE_SHIFT, phys, pages << PAGE_SHIFT, Perm::RW)
             {
-                let _ = self.mem.free_owned(phys, order, FrameOwner::Iommu);
+                let _ = self.mem.free_owned(phys, order, FrameOwner::Bounce);
                 let _ = self.iova.free(pfn, pages);
                 return Err(e.into());
             }

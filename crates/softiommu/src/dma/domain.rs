@@ -804,7 +804,7 @@ impl Drop for DmaDomain {
         for pool in self.bounce.iter() {
             let (phys, bytes) = pool.phys_range();
             let order = (bytes / PAGE_SIZE).ilog2();
-            let _ = self.mem.free_owned(phys, order, FrameOwner::Iommu);
+            let _ = self.mem.free_owned(phys, order, FrameOwner::Bounce);
         }
         for (phys, rec) in lock(&self.coherent).drain() {
             let _ = self.mem.free_owned(phys, rec.order, FrameOwner::Coherent);

@@ -411,11 +411,7 @@ impl Unit {
                     domains: sh.limits.domains,
                 });
             }
-            if root & (PAGE_SIZE - 1) != 0
-                || root
-                    .checked_add(PAGE_SIZE)
-                    .is_none_or(|e| e > sh.mem.size())
-            {
+            if root & (PAGE_SIZE - 1) != 0 || sh.mem.as_ptr(root, PAGE_SIZE).is_err() {
                 return Err(HwError::BadRoot { root });
             }
             match bindings.get(&did) {
@@ -694,7 +690,7 @@ mod tests {
                 }
             ));
         }
-        let tiny = Arc::new(PhysMemory::new(4096).unwrap());
+        let tiny = Arc::new(PhysMemory::with_iommu_reserve(4096, 4096).unwrap());
         let two_pages = UnitConfig {
             queue_order: 1,
             ..d

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use super::copy;
 use super::frames::{Buddy, FrameOwner, FrameStats};
 use super::reservation::Reservation;
 use super::{MemError, PhysAddr, PAGE_SHIFT, PAGE_SIZE};
@@ -18,61 +19,172 @@ const DISCARD_ORDER: u32 = 9;
 /// VT-d tables can name.
 pub const MAX_ARENA_BYTES: u64 = 1 << 42;
 
+/// The IOMMU reserve a [`PhysMemory::new`] arena gets: an eighth of its RAM,
+/// at least 16 MiB and at most 256 GiB. Address space only (nothing is
+/// committed until a table page is written). Page tables for RAM mapped
+/// wholly at 4 KiB take 1/512 of it per domain (one 4 KiB leaf table per
+/// 2 MiB), so an eighth holds 64 such domains; the 16 MiB floor holds
+/// 4,096 table pages, enough for small test arenas that map the same RAM
+/// many times.
+pub fn default_iommu_reserve(size: u64) -> u64 {
+    (size / 8).clamp(16 << 20, 256 << 30)
+}
+
+/// Where the IOMMU reserve starts: RAM rounded up to 2 MiB, so the
+/// reserve's blocks (ring buffers, table pages) are aligned in physical
+/// address as the buddy aligns them in the reserve.
+const RESERVE_ALIGN: u64 = 2 << 20;
+
 /// A sparse arena of physical memory with a page-frame allocator.
+///
+/// Physical addresses `[0, size)` are RAM: what callers allocate, map and
+/// give to devices. The IOMMU's own structures (root and context tables,
+/// page tables, invalidation, fault and page-request queues) live in a
+/// separate reserve above RAM, `[iommu_base, iommu_base + reserve)`, with a
+/// frame allocator of its own. No frame ever moves between the two, so a
+/// range that is RAM when a device is given it (a mapping, an I/O page-fault
+/// region) is RAM for ever: no device can reach IOMMU state, now or after
+/// frames are reused, by construction. Every device-side access checks its
+/// translated range against RAM ([`Self::check_device_range`], and the
+/// accessors' own bound), one comparison.
 ///
 /// Shared by reference (`Arc<PhysMemory>`) between driver threads, device
 /// threads and the emulated IOMMU. All methods take `&self`.
 #[derive(Debug)]
 pub struct PhysMemory {
     region: Reservation,
+    /// RAM: `[0, size)`.
     size: u64,
+    /// The IOMMU reserve's first byte (`size` rounded up to 2 MiB).
+    iommu_base: u64,
+    /// The IOMMU reserve's length in bytes.
+    iommu_len: u64,
     frames: Mutex<Buddy>,
-    /// One bit per frame, set while the frame belongs to the IOMMU
-    /// ([`FrameOwner::Iommu`]): read without a lock by the checks that keep
-    /// devices and descriptors off those frames.
-    iommu_frames: Reservation,
+    /// The reserve's allocator, over frame numbers relative to `iommu_base`.
+    iommu: Mutex<Buddy>,
+    /// One bit per RAM frame, set while the frame is a bounce pool's
+    /// ([`FrameOwner::Bounce`]): device-reachable through the pool's own
+    /// mappings, never mapped as a caller's buffer nor written by a wait
+    /// descriptor. Read without a lock.
+    bounce_frames: Reservation,
 }
 
 impl PhysMemory {
-    /// Reserves an arena of `size` bytes (rounded up to 4 KiB; at most
-    /// [`MAX_ARENA_BYTES`]). Nothing is committed until touched.
+    /// Reserves an arena of `size` bytes of RAM (rounded up to 4 KiB; at
+    /// most [`MAX_ARENA_BYTES`]) and an IOMMU reserve of
+    /// [`default_iommu_reserve`] above it. Nothing is committed until
+    /// touched.
     pub fn new(size: u64) -> Result<Self, MemError> {
-        let size = match size.max(PAGE_SIZE).checked_next_multiple_of(PAGE_SIZE) {
-            Some(s) if s <= MAX_ARENA_BYTES => s,
+        let ram = Self::ram_size(size)?;
+        Self::with_iommu_reserve(ram, default_iommu_reserve(ram))
+    }
+
+    /// As [`new`](Self::new), with an IOMMU reserve of `reserve` bytes
+    /// (rounded up to 4 KiB, at most [`MAX_ARENA_BYTES`]). A reserve too small
+    /// for the tables and queues the system builds makes those builds fail
+    /// with [`MemError::OutOfFrames`].
+    pub fn with_iommu_reserve(size: u64, reserve: u64) -> Result<Self, MemError> {
+        let size = Self::ram_size(size)?;
+        let reserve = match reserve.checked_next_multiple_of(PAGE_SIZE) {
+            Some(r) if r <= MAX_ARENA_BYTES => r,
             _ => {
                 return Err(MemError::TooLarge {
-                    size,
+                    size: reserve,
                     max: MAX_ARENA_BYTES,
                 })
             }
         };
-        let region = Reservation::new(size)?;
+        // Both at most 2^42 and `size` rounded to 2 MiB: no overflow.
+        let iommu_base = size.next_multiple_of(RESERVE_ALIGN);
+        let region = Reservation::new(iommu_base + reserve)?;
         let frames = size >> PAGE_SHIFT;
-        let iommu_frames = Reservation::new(frames.div_ceil(64) * 8)?;
+        let bounce_frames = Reservation::new(frames.div_ceil(64) * 8)?;
         Ok(Self {
             region,
             size,
+            iommu_base,
+            iommu_len: reserve,
             frames: Mutex::new(Buddy::new(frames)),
-            iommu_frames,
+            iommu: Mutex::new(Buddy::new(reserve >> PAGE_SHIFT)),
+            bounce_frames,
         })
     }
 
-    /// The arena's size in bytes.
+    fn ram_size(size: u64) -> Result<u64, MemError> {
+        match size.max(PAGE_SIZE).checked_next_multiple_of(PAGE_SIZE) {
+            Some(s) if s <= MAX_ARENA_BYTES => Ok(s),
+            _ => Err(MemError::TooLarge {
+                size,
+                max: MAX_ARENA_BYTES,
+            }),
+        }
+    }
+
+    /// The arena's RAM in bytes: physical addresses `[0, size)`.
     pub fn size(&self) -> u64 {
         self.size
     }
 
+    /// The IOMMU reserve, as (first byte, length): where the IOMMU's tables
+    /// and queues live, outside RAM.
+    pub fn iommu_reserve(&self) -> (PhysAddr, u64) {
+        (self.iommu_base, self.iommu_len)
+    }
+
+    /// Whether `[addr, addr + len)` lies in the IOMMU reserve.
+    fn in_reserve(&self, addr: PhysAddr, len: u64) -> bool {
+        addr >= self.iommu_base
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.iommu_base + self.iommu_len)
+    }
+
+    /// A pointer to `[addr, addr + len)` if it lies in RAM or in the IOMMU
+    /// reserve: what the host side (drivers, the unit) may touch.
     fn check(&self, addr: PhysAddr, len: u64) -> Result<*mut u8, MemError> {
-        match addr.checked_add(len) {
-            Some(end) if end <= self.size => {
-                // SAFETY: `addr < size`, so the offset stays inside the mapping.
-                Ok(unsafe { self.region.base().add(addr as usize) })
-            }
-            _ => Err(MemError::OutOfRange {
+        let ram = addr.checked_add(len).is_some_and(|end| end <= self.size);
+        if ram || self.in_reserve(addr, len) {
+            // SAFETY: the range lies inside the reservation (RAM, or the
+            // reserve, which ends at the reservation's end).
+            Ok(unsafe { self.region.base().add(addr as usize) })
+        } else {
+            Err(MemError::OutOfRange {
                 addr,
                 len,
                 size: self.size,
-            }),
+            })
+        }
+    }
+
+    /// A pointer to `[addr, addr + len)` if it lies wholly in RAM: the only
+    /// memory a device's access may touch once translated. A range reaching
+    /// into the IOMMU reserve is [`MemError::IommuFrame`], anything else
+    /// outside RAM [`MemError::OutOfRange`].
+    pub(crate) fn device_ptr(&self, addr: PhysAddr, len: u64) -> Result<*mut u8, MemError> {
+        match addr.checked_add(len) {
+            Some(end) if end <= self.size => {
+                // SAFETY: inside RAM, which starts the reservation.
+                Ok(unsafe { self.region.base().add(addr as usize) })
+            }
+            _ => Err(self.outside_ram(addr, len)),
+        }
+    }
+
+    /// The error for a device range that does not lie in RAM: one that
+    /// starts in the IOMMU reserve names its frame, any other (starting
+    /// past RAM, or running off its end) is out of range.
+    #[cold]
+    fn outside_ram(&self, addr: PhysAddr, len: u64) -> MemError {
+        if addr >= self.iommu_base && addr - self.iommu_base < self.iommu_len {
+            MemError::IommuFrame {
+                addr: addr & !(PAGE_SIZE - 1),
+            }
+        } else {
+            MemError::OutOfRange {
+                addr,
+                len,
+                size: self.size,
+            }
         }
     }
 
@@ -87,42 +199,47 @@ impl PhysMemory {
         Ok(unsafe { AtomicU64::from_ptr(p.cast()) })
     }
 
-    /// Copies `buf.len()` bytes at `addr` into `buf`.
+    /// Copies `buf.len()` bytes at `addr` into `buf`. Safe to race with
+    /// devices and other threads touching the same bytes (each byte or
+    /// aligned word is read atomically, `Relaxed`): the result then holds,
+    /// per word, either the old or the new value.
     pub fn read(&self, addr: PhysAddr, buf: &mut [u8]) -> Result<(), MemError> {
         let p = self.check(addr, buf.len() as u64)?;
-        // SAFETY: the source range is in bounds (checked); `buf` is a distinct
-        // Rust allocation, so the ranges do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: the range is in bounds (checked) and every shared access
+        // to the arena is atomic (this module's contract), so racing
+        // accesses are not data races.
+        unsafe { copy::read_shared(p, buf) };
         Ok(())
     }
 
-    /// Copies `buf` to `addr`.
+    /// Copies `buf` to `addr` (atomic per aligned word or byte, as
+    /// [`read`](Self::read)).
     pub fn write(&self, addr: PhysAddr, buf: &[u8]) -> Result<(), MemError> {
         let p = self.check(addr, buf.len() as u64)?;
-        // SAFETY: the destination range is in bounds (checked) and does not
-        // overlap `buf`, which is a Rust borrow outside the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), p, buf.len()) };
+        // SAFETY: as in `read`.
+        unsafe { copy::write_shared(p, buf) };
         Ok(())
     }
 
-    /// Sets `len` bytes at `addr` to `byte`.
+    /// Sets `len` bytes at `addr` to `byte` (atomic per aligned word or
+    /// byte, as [`read`](Self::read)).
     pub fn fill(&self, addr: PhysAddr, len: u64, byte: u8) -> Result<(), MemError> {
         let p = self.check(addr, len)?;
-        // SAFETY: the range is in bounds (checked).
-        unsafe { std::ptr::write_bytes(p, byte, len as usize) };
+        // SAFETY: as in `read`; `len` fits in the reservation, so in usize.
+        unsafe { copy::fill_shared(p, len as usize, byte) };
         Ok(())
     }
 
     /// Copies `len` bytes from `src` to `dst` inside the arena (the ranges
-    /// may overlap).
+    /// may overlap; atomic per aligned word or byte, as
+    /// [`read`](Self::read)).
     pub fn copy_within(&self, src: PhysAddr, dst: PhysAddr, len: u64) -> Result<(), MemError> {
         let s = self.check(src, len)?;
         let d = self.check(dst, len)?;
-        // SAFETY: both ranges are in bounds (checked); `copy` allows overlap.
-        unsafe { std::ptr::copy(s, d, len as usize) };
+        // SAFETY: both ranges are in bounds (checked); as in `read`.
+        unsafe { copy::copy_within_shared(s, d, len as usize) };
         Ok(())
     }
-
     /// Atomically loads the little-endian `u64` at `addr` (8-byte aligned).
     pub fn load_u64(&self, addr: PhysAddr, order: Ordering) -> Result<u64, MemError> {
         Ok(self.check_word(addr)?.load(order))
@@ -178,12 +295,17 @@ impl PhysMemory {
         self.free_owned(addr, order, FrameOwner::User)
     }
 
-    /// Allocates a block for `owner`.
+    /// Allocates a block for `owner`: the IOMMU's from its reserve, every
+    /// other owner's from RAM.
     pub(crate) fn alloc_owned(&self, order: u32, owner: FrameOwner) -> Result<PhysAddr, MemError> {
-        let mut frames = self.lock_frames();
-        let pfn = frames.alloc(order, owner)?;
         if owner == FrameOwner::Iommu {
-            self.mark_iommu(pfn, order, true);
+            let pfn = lock(&self.iommu).alloc(order, owner)?;
+            return Ok(self.iommu_base + (pfn << PAGE_SHIFT));
+        }
+        let mut frames = lock(&self.frames);
+        let pfn = frames.alloc(order, owner)?;
+        if owner == FrameOwner::Bounce {
+            self.mark_bounce(pfn, order, true);
         }
         Ok(pfn << PAGE_SHIFT)
     }
@@ -212,10 +334,22 @@ impl PhysMemory {
                 align: PAGE_SIZE,
             });
         }
-        let mut frames = self.lock_frames();
+        if addr >= self.iommu_base {
+            // Only the IOMMU's blocks live in the reserve.
+            let pfn = (addr - self.iommu_base) >> PAGE_SHIFT;
+            let mut iommu = lock(&self.iommu);
+            return match owner {
+                FrameOwner::Iommu => iommu.free(pfn, order, owner),
+                _ => Err(match iommu.free(pfn, order, FrameOwner::User) {
+                    Err(MemError::NotOwner { owner, .. }) => MemError::NotOwner { addr, owner },
+                    _ => MemError::NotAllocated { addr, order },
+                }),
+            };
+        }
+        let mut frames = lock(&self.frames);
         frames.free(addr >> PAGE_SHIFT, order, owner)?;
-        if owner == FrameOwner::Iommu {
-            self.mark_iommu(addr >> PAGE_SHIFT, order, false);
+        if owner == FrameOwner::Bounce {
+            self.mark_bounce(addr >> PAGE_SHIFT, order, false);
         }
         drop(frames);
         if order >= DISCARD_ORDER {
@@ -225,25 +359,48 @@ impl PhysMemory {
         Ok(())
     }
 
-    /// The word of the IOMMU-frame bitmap holding frame `pfn`'s bit.
-    fn iommu_word(&self, pfn: u64) -> Option<&AtomicU64> {
+    /// Takes every free frame of the IOMMU reserve, for tests of what a
+    /// table or queue build does when the reserve is exhausted; give them
+    /// back with [`release_iommu_frames`](Self::release_iommu_frames). The
+    /// frames stay the IOMMU's: nothing can map or free them otherwise.
+    pub fn hold_iommu_frames(&self) -> Vec<PhysAddr> {
+        let mut iommu = lock(&self.iommu);
+        let mut held = Vec::new();
+        while let Ok(pfn) = iommu.alloc(0, FrameOwner::Iommu) {
+            held.push(self.iommu_base + (pfn << PAGE_SHIFT));
+        }
+        held
+    }
+
+    /// Gives back frames taken by [`hold_iommu_frames`](Self::hold_iommu_frames);
+    /// an address it did not return is refused as a free of the IOMMU's
+    /// frames would be.
+    pub fn release_iommu_frames(&self, held: Vec<PhysAddr>) -> Result<(), MemError> {
+        for addr in held {
+            self.free_owned(addr, 0, FrameOwner::Iommu)?;
+        }
+        Ok(())
+    }
+
+    /// The word of the bounce bitmap holding RAM frame `pfn`'s bit.
+    fn bounce_word(&self, pfn: u64) -> Option<&AtomicU64> {
         let byte = (pfn / 64) * 8;
-        if byte + 8 > self.iommu_frames.len() {
+        if byte + 8 > self.bounce_frames.len() {
             return None;
         }
         // SAFETY: `byte + 8 <= len`, so the word lies inside the bitmap's
         // reservation, which is page aligned (so the word is 8-byte
         // aligned) and lives as long as `self`; every access is atomic.
-        Some(unsafe { AtomicU64::from_ptr(self.iommu_frames.base().add(byte as usize).cast()) })
+        Some(unsafe { AtomicU64::from_ptr(self.bounce_frames.base().add(byte as usize).cast()) })
     }
 
-    /// Sets or clears the IOMMU bits of a block (under the frame lock).
-    fn mark_iommu(&self, pfn: u64, order: u32, set: bool) {
+    /// Sets or clears the bounce bits of a block (under the frame lock).
+    fn mark_bounce(&self, pfn: u64, order: u32, set: bool) {
         for f in pfn..pfn + (1u64 << order) {
-            if let Some(w) = self.iommu_word(f) {
+            if let Some(w) = self.bounce_word(f) {
                 let bit = 1u64 << (f % 64);
-                // Release / Acquire in `is_iommu_frame`: the bit is seen
-                // set before anything written into the frame after.
+                // Release / Acquire in the checks: the bit is seen set
+                // before anything written into the frame after.
                 if set {
                     w.fetch_or(bit, Ordering::Release);
                 } else {
@@ -253,20 +410,24 @@ impl PhysMemory {
         }
     }
 
-    /// Whether the frame holding `addr` belongs to the IOMMU (an
-    /// invalidation ring, a page-table page, a bounce pool): memory no
-    /// device may be given and no descriptor may write.
+    /// Whether the frame holding `addr` belongs to the IOMMU: its reserve
+    /// (tables and queues) or a bounce pool. Memory no caller may map for a
+    /// device and no descriptor may write.
     pub fn is_iommu_frame(&self, addr: PhysAddr) -> bool {
+        if addr >= self.iommu_base {
+            return addr - self.iommu_base < self.iommu_len;
+        }
         let pfn = addr >> PAGE_SHIFT;
-        self.iommu_word(pfn)
+        self.bounce_word(pfn)
             .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (pfn % 64)) != 0)
     }
 
-    /// Checks that `[addr, addr + len)` lies in the arena and touches no
-    /// frame of the IOMMU: what may be handed to a device. One load per 64
-    /// frames.
+    /// Checks that `[addr, addr + len)` lies in RAM and touches no bounce
+    /// pool: what a caller may hand to a device. The IOMMU reserve is
+    /// [`MemError::IommuFrame`], as is a bounce pool's frame. One load per
+    /// 64 frames.
     pub fn check_device_range(&self, addr: PhysAddr, len: u64) -> Result<(), MemError> {
-        self.check(addr, len)?;
+        self.device_ptr(addr, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -280,7 +441,7 @@ impl PhysMemory {
             } else {
                 ((1u64 << span) - 1) << (pfn % 64)
             };
-            if let Some(w) = self.iommu_word(pfn) {
+            if let Some(w) = self.bounce_word(pfn) {
                 let hit = w.load(Ordering::Acquire) & mask;
                 if hit != 0 {
                     let at = (pfn & !63) + u64::from(hit.trailing_zeros());
@@ -294,17 +455,27 @@ impl PhysMemory {
         Ok(())
     }
 
-    /// Counts of the frame allocator.
+    /// Counts of the frame allocators, RAM and IOMMU reserve together.
     pub fn frame_stats(&self) -> FrameStats {
-        self.lock_frames().stats()
+        let (ram, iommu) = (lock(&self.frames).stats(), lock(&self.iommu).stats());
+        FrameStats {
+            total_frames: ram.total_frames + iommu.total_frames,
+            allocated_frames: ram.allocated_frames + iommu.allocated_frames,
+            allocated_blocks: ram.allocated_blocks + iommu.allocated_blocks,
+        }
     }
 
-    fn lock_frames(&self) -> std::sync::MutexGuard<'_, Buddy> {
-        // A panic while holding the lock cannot leave the buddy lists half
-        // updated in a way that matters more than losing the process, so a
-        // poisoned lock is taken over rather than propagated.
-        self.frames.lock().unwrap_or_else(|e| e.into_inner())
+    /// Counts of the IOMMU reserve's allocator alone.
+    pub fn iommu_frame_stats(&self) -> FrameStats {
+        lock(&self.iommu).stats()
     }
+}
+
+/// Takes an allocator's lock. A panic while holding it cannot leave the
+/// buddy lists half updated in a way that matters more than losing the
+/// process, so a poisoned lock is taken over rather than propagated.
+fn lock(m: &Mutex<Buddy>) -> std::sync::MutexGuard<'_, Buddy> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
@@ -405,8 +576,11 @@ mod tests {
     #[test]
     fn iommu_frames_are_neither_freed_nor_given_to_devices() {
         let m = PhysMemory::new(1 << 20).unwrap();
+        let (base, len) = m.iommu_reserve();
+        assert!(base >= m.size() && len >= 16 << 20);
         let user = m.alloc_frames(0).unwrap();
         let ring = m.alloc_zeroed_owned(1, FrameOwner::Iommu).unwrap();
+        assert!(ring >= base, "the IOMMU's frames come from its reserve");
         assert!(m.is_iommu_frame(ring + 4096 + 8) && !m.is_iommu_frame(user));
         assert_eq!(
             m.free_frames(ring, 1),
@@ -417,20 +591,120 @@ mod tests {
         );
         m.check_device_range(user, 4096).unwrap();
         assert_eq!(
-            m.check_device_range(ring - 4096, 3 * 4096),
+            m.check_device_range(ring, 4096),
             Err(MemError::IommuFrame { addr: ring })
         );
+        // RAM running into the reserve: refused.
+        assert!(matches!(
+            m.check_device_range(0, base + 4096),
+            Err(MemError::OutOfRange { .. })
+        ));
         assert_eq!(
-            m.check_device_range(0, 1 << 20),
-            Err(MemError::IommuFrame { addr: ring })
+            m.check_device_range(base + 4100, 8),
+            Err(MemError::IommuFrame { addr: base + 4096 })
         );
         assert!(matches!(
             m.check_device_range(1 << 20, 1),
             Err(MemError::OutOfRange { .. })
         ));
+        // The host side reads and writes the reserve (the unit's tables).
+        m.write(ring + 8, &[1, 2]).unwrap();
         m.free_owned(ring, 1, FrameOwner::Iommu).unwrap();
-        assert!(!m.is_iommu_frame(ring));
+        // Freed, the frames are still the reserve's: never RAM.
+        assert!(m.is_iommu_frame(ring));
+        assert_eq!(
+            m.check_device_range(ring, 1),
+            Err(MemError::IommuFrame { addr: ring })
+        );
         m.check_device_range(0, 1 << 20).unwrap();
+    }
+
+    #[test]
+    fn a_bounce_pool_is_ram_but_not_a_callers_buffer() {
+        let m = PhysMemory::new(1 << 20).unwrap();
+        let pool = m.alloc_zeroed_owned(2, FrameOwner::Bounce).unwrap();
+        assert!(pool < m.size() && m.is_iommu_frame(pool));
+        assert_eq!(
+            m.check_device_range(pool + 4096, 4096),
+            Err(MemError::IommuFrame { addr: pool + 4096 })
+        );
+        // The pool's own mappings reach it: it is RAM.
+        assert!(m.device_ptr(pool, 4 * 4096).is_ok());
+        assert_eq!(
+            m.free_frames(pool, 2),
+            Err(MemError::NotOwner {
+                addr: pool,
+                owner: FrameOwner::Bounce
+            })
+        );
+        m.free_owned(pool, 2, FrameOwner::Bounce).unwrap();
+        m.check_device_range(pool, 4 * 4096).unwrap();
+    }
+
+    #[test]
+    fn ram_is_never_the_reserve_however_frames_are_reused() {
+        // Take every RAM frame and give them back: none came from the
+        // reserve. Then exhaust the reserve: every table frame lies above
+        // RAM, so a device range checked once stays RAM for ever.
+        let m = PhysMemory::with_iommu_reserve(1 << 20, 64 << 10).unwrap();
+        let mut ram = Vec::new();
+        while let Ok(f) = m.alloc_frames(0) {
+            assert!(f < m.size());
+            ram.push(f);
+        }
+        assert_eq!(ram.len(), 256);
+        let held = m.hold_iommu_frames();
+        assert_eq!(held.len(), 16);
+        assert!(held.iter().all(|&f| f >= m.size() && m.is_iommu_frame(f)));
+        assert_eq!(
+            m.alloc_owned(0, FrameOwner::Iommu),
+            Err(MemError::OutOfFrames { order: 0 })
+        );
+        // A reserve frame is not a RAM block, whoever frees it.
+        assert_eq!(
+            m.free_frames(held[0], 0),
+            Err(MemError::NotOwner {
+                addr: held[0],
+                owner: FrameOwner::Iommu
+            })
+        );
+        m.release_iommu_frames(held).unwrap();
+        for f in ram {
+            m.free_frames(f, 0).unwrap();
+        }
+        assert_eq!(m.frame_stats().allocated_frames, 0);
+    }
+
+    #[test]
+    fn concurrent_copies_are_not_data_races() {
+        // Run under ThreadSanitizer to check: a writer, a filler and a
+        // word loader race a reader on the same bytes. Without it, the
+        // reader still sees only whole words that some writer stored.
+        let m = std::sync::Arc::new(PhysMemory::new(1 << 16).unwrap());
+        std::thread::scope(|s| {
+            let w = m.clone();
+            s.spawn(move || {
+                for i in 0..2000u32 {
+                    let b = [(i % 2) as u8 * 0xff; 64];
+                    w.write(64, &b).unwrap();
+                }
+            });
+            let f = m.clone();
+            s.spawn(move || {
+                for i in 0..2000u32 {
+                    f.fill(64, 64, (i % 2) as u8 * 0xff).unwrap();
+                    let _ = f.load_u64(64, Ordering::Relaxed).unwrap();
+                    f.copy_within(64, 256, 64).unwrap();
+                }
+            });
+            for _ in 0..2000 {
+                let mut b = [0u8; 64];
+                m.read(64, &mut b).unwrap();
+                for word in b.chunks(8) {
+                    assert!(word.iter().all(|&x| x == word[0]), "torn word {word:?}");
+                }
+            }
+        });
     }
 
     #[test]

@@ -23,10 +23,16 @@ pub enum FrameOwner {
     /// Taken through [`PhysMemory::alloc_frames`](super::PhysMemory::alloc_frames):
     /// the caller's to use and to free.
     User,
-    /// The IOMMU's own structures: invalidation rings, page-table pages,
-    /// bounce pools. Never freed through the public API, never mapped for a
-    /// device, never the target of a descriptor's status write.
+    /// The IOMMU's own structures: root and context tables, page-table
+    /// pages, invalidation, fault and page-request queues. They live in the
+    /// arena's IOMMU reserve, outside RAM: never freed through the public
+    /// API, never reachable by a device, never the target of a
+    /// descriptor's status write.
     Iommu,
+    /// A bounce pool of the DMA layer: RAM that devices reach through the
+    /// pool's own mappings, but that no caller may map as a buffer and no
+    /// descriptor may write. Freed only by the DMA layer.
+    Bounce,
     /// A DMA coherent allocation: freed only through the DMA API
     /// (`DmaCpu::free_coherent`).
     Coherent,

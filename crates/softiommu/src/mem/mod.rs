@@ -5,22 +5,27 @@
 //! it is touched, so a 64 GiB arena costs nothing up front. Physical
 //! addresses are offsets into it, starting at zero.
 //!
-//! The arena carries a page-frame allocator ([`PhysMemory::alloc_frames`])
-//! handing out naturally aligned blocks of 2^order 4 KiB frames: page-table
-//! pages, invalidation queues and DMA buffers all live here as real bytes.
+//! Physical addresses `[0, size)` are RAM, with a page-frame allocator
+//! ([`PhysMemory::alloc_frames`]) handing out naturally aligned blocks of
+//! 2^order 4 KiB frames for buffers. The IOMMU's own structures (tables,
+//! queues) come from a separate reserve above RAM that no device range can
+//! include, so a device can never reach them, however frames are reused.
 //!
 //! Byte access is bounds-checked and never panics on bad input: it returns
-//! [`MemError`]. Bulk copies are plain memory copies (like `vm-memory`'s
-//! volatile slices, they are not atomic); 64-bit words have atomic loads,
-//! stores and compare-exchange, which is what page-table entries and status
-//! words need when a walker and an updater run at once.
+//! [`MemError`]. Memory shared with devices is raced by design, so bulk
+//! copies move the arena's bytes with relaxed atomic accesses (a word at a
+//! time where aligned): never a data race, as `vm-memory`'s volatile
+//! slices mean to be; 64-bit words also have ordered atomic loads, stores
+//! and compare-exchange, which page-table entries and status words need
+//! when a walker and an updater run at once.
 
 mod arena;
+mod copy;
 pub(crate) mod frames;
 pub(crate) mod prefetch;
 mod reservation;
 
-pub use arena::{PhysMemory, MAX_ARENA_BYTES};
+pub use arena::{default_iommu_reserve, PhysMemory, MAX_ARENA_BYTES};
 pub use frames::{FrameOwner, FrameStats, MAX_FRAME_ORDER};
 pub(crate) use reservation::Reservation;
 

@@ -189,7 +189,7 @@ fn mapping_over_a_mapping_fails_and_leaves_no_partial_mapping() {
 #[test]
 fn running_out_of_frames_fails_before_anything_is_mapped() {
     // Room for the root, three tables and two more.
-    let m = Arc::new(PhysMemory::new(6 * PAGE_SIZE).unwrap());
+    let m = Arc::new(PhysMemory::with_iommu_reserve(6 * PAGE_SIZE, 6 * PAGE_SIZE).unwrap());
     let t = VtdPageTable::new(Arc::clone(&m), VtdConfig::coherent()).unwrap();
     t.map(0, 0, K4, Perm::RW).unwrap();
     assert_eq!(m.frame_stats().allocated_frames, 4);
@@ -516,7 +516,7 @@ fn entries_decode_by_the_spec() {
 
 #[test]
 fn a_map_needing_more_tables_than_memory_has_fails_fast() {
-    let m = Arc::new(PhysMemory::new(1 << 20).unwrap());
+    let m = Arc::new(PhysMemory::with_iommu_reserve(1 << 20, 1 << 20).unwrap());
     let t = VtdPageTable::new(Arc::clone(&m), VtdConfig::coherent()).unwrap();
     // 2^47 bytes of 4 KiB leaves would need 2^26 PTs.
     assert!(matches!(
@@ -524,15 +524,17 @@ fn a_map_needing_more_tables_than_memory_has_fails_fast() {
         Err(PgtableError::Mem(MemError::OutOfFrames { .. }))
     ));
     assert_eq!(m.frame_stats().allocated_frames, 1);
-    // Within the arena's size, but more than is free.
-    let hog = m.alloc_frames(7).unwrap(); // 128 of 256 frames
+    // Within the reserve's size, but more than is free: 128 of its 256
+    // frames held.
+    let mut hog = m.hold_iommu_frames();
+    m.release_iommu_frames(hog.split_off(128)).unwrap();
     assert!(matches!(
         t.map(0, K4, 200 * M2, Perm::RW),
         Err(PgtableError::Mem(MemError::OutOfFrames { .. }))
     ));
     assert_eq!(m.frame_stats().allocated_frames, 1 + 128);
     assert_eq!(tr(&t, 0), None);
-    m.free_frames(hog, 7).unwrap();
+    m.release_iommu_frames(hog).unwrap();
     t.map(0, K4, 200 * M2, Perm::RW).unwrap();
     assert_eq!(t.stats().table_pages, 1 + 1 + 1 + 200);
 }

@@ -97,7 +97,7 @@ impl VtdPageTable {
                 SlEntry::NotPresent if fits_leaf(level, cur, p, next - cur) => {}
                 SlEntry::NotPresent => {
                     *need += 1;
-                    if *need > self.mem.size() / PAGE_SIZE {
+                    if *need > self.mem.iommu_reserve().1 / PAGE_SIZE {
                         return Err(Stop::Mem(MemError::OutOfFrames { order: 0 }));
                     }
                     self.plan_map(None, level - 1, cur, next, p, need)?;
@@ -279,7 +279,7 @@ impl VtdPageTable {
             .map_err(|s| s.into_error(|at| PgtableError::AlreadyMapped { iova, len, at }))?;
         if need > 0 {
             // Fail fast rather than zero and free a whole arena of pages.
-            let f = self.mem.frame_stats();
+            let f = self.mem.iommu_frame_stats();
             if need > f.total_frames - f.allocated_frames {
                 return Err(MemError::OutOfFrames { order: 0 }.into());
             }

@@ -1,0 +1,205 @@
+//! No device reaches a frame that holds IOMMU state, in any mode, whether
+//! the frame held it when the mapping or region was made or came to hold
+//! it later: the IOMMU's tables and queues live in the arena's reserve,
+//! outside RAM, and every device range is RAM.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use softiommu::hw::{ContextEntry, UnitId};
+use softiommu::iopf::{IopfConfig, IopfDomain, IopfHandler, Region};
+use softiommu::mem::MemError;
+use softiommu::{
+    Access, AccessError, DmaAccessor, DmaAttrs, DmaDirection, DmaPolicy, Perm, PhysMemory,
+    Platform, SourceId, System, TranslateError, UnitConfig, PAGE_SIZE,
+};
+
+const DEV: SourceId = SourceId(0x0900);
+const O: DmaAttrs = DmaAttrs::ORDERED;
+
+/// The runs of the arena a guest would expose as RAM at the time of the
+/// call (what an I/O page-fault host gives its device): every frame a
+/// device may be given, as (address, length).
+fn guest_ram(mem: &PhysMemory) -> Vec<(u64, u64)> {
+    let size = mem.size();
+    let (mut runs, mut start) = (Vec::new(), 0);
+    while start < size {
+        match mem.check_device_range(start, size - start) {
+            Ok(()) => {
+                runs.push((start, size - start));
+                break;
+            }
+            Err(MemError::IommuFrame { addr }) => {
+                if addr > start {
+                    runs.push((start, addr - start));
+                }
+                start = addr + PAGE_SIZE;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    runs
+}
+
+/// The table pages on the walk of `iova` from `root` (root included), by
+/// the VT-d second-level format: address bits 12..52, R/W in bits 0..2.
+fn tables_on_walk(mem: &PhysMemory, root: u64, iova: u64) -> Vec<u64> {
+    let mut tables = vec![root];
+    let mut table = root;
+    for level in (2..=4).rev() {
+        let index = (iova >> (12 + 9 * (level - 1))) & 511;
+        let raw = mem.load_u64(table + index * 8, Ordering::Acquire).unwrap();
+        // Not present, or a large leaf (PS, bit 7): the walk ends.
+        if raw & 3 == 0 || raw & (1 << 7) != 0 {
+            break;
+        }
+        table = raw & 0x000f_ffff_ffff_f000;
+        tables.push(table);
+    }
+    tables
+}
+
+#[test]
+fn an_iopf_device_over_all_ram_never_reaches_the_tables_its_faults_build() {
+    let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
+    let mut sys = System::new(mem.clone());
+    let unit: UnitId = sys.add_unit(UnitConfig::default()).unwrap();
+    sys.assign(DEV, unit).unwrap();
+    let sys = Arc::new(sys);
+    let domain = IopfDomain::new(sys.clone(), IopfConfig::default()).unwrap();
+    // Guest RAM, identity mapped (IOVA = physical address), made while
+    // the domain's tables hold only a root.
+    let runs = guest_ram(&mem);
+    for &(at, len) in &runs {
+        domain
+            .add_region(Region {
+                iova: at,
+                phys: at,
+                len,
+                perm: Perm::RW,
+            })
+            .unwrap();
+    }
+    assert_eq!(runs, vec![(0, mem.size())], "all of RAM is the guest's");
+    domain.attach(DEV).unwrap();
+    let _h = IopfHandler::start(domain.clone(), unit, 1).unwrap();
+    let u = sys.unit(unit).unwrap();
+    let mut acc = DmaAccessor::new(u, DEV).unwrap();
+    // A fault at 40 MiB builds the tables for it.
+    let target = 40 << 20;
+    acc.write(target, b"data", O).unwrap();
+    let Some(ContextEntry::Translated { root, .. }) = u.context(DEV) else {
+        panic!("translated context")
+    };
+    let tables = tables_on_walk(&mem, root, target);
+    assert_eq!(tables.len(), 4, "root, PDPT, PD, PT");
+    for &t in &tables {
+        assert!(
+            t >= mem.size() && mem.is_iommu_frame(t),
+            "table page {t:#x} lies in RAM ({:#x} bytes)",
+            mem.size()
+        );
+        // The device names the table page's address: nothing maps it, and
+        // its bytes are untouched.
+        let before = mem.load_u64(t, Ordering::Acquire).unwrap();
+        assert!(matches!(
+            acc.write(t, &[0xff; 8], O),
+            Err(AccessError::Translate(
+                TranslateError::PageRequestDenied { .. }
+            ))
+        ));
+        let mut b = [0u8; 8];
+        assert!(matches!(
+            acc.read(t, &mut b, O),
+            Err(AccessError::Translate(
+                TranslateError::PageRequestDenied { .. }
+            ))
+        ));
+        assert_eq!(mem.load_u64(t, Ordering::Acquire).unwrap(), before);
+    }
+    // And the device still works on its RAM.
+    let mut b = [0u8; 4];
+    acc.read(target, &mut b, O).unwrap();
+    assert_eq!(&b, b"data");
+}
+
+#[test]
+fn frames_a_caller_maps_unallocated_never_become_page_tables() {
+    let p = Platform::builder()
+        .memory(64 << 20)
+        .policy(DmaPolicy::Strict)
+        .device(DEV)
+        .build()
+        .unwrap();
+    let dev = &p.devices[0];
+    let mut cpu = p.domain.cpu();
+    // The caller maps 16 MiB of frames nobody allocated, for the device
+    // to read and write: the very frames the allocator hands out next...
+    let free_at = p.mem.alloc_frames(0).unwrap();
+    p.mem.free_frames(free_at, 0).unwrap();
+    let free_len = 16 << 20;
+    let window = cpu
+        .map(dev, free_at, free_len, DmaDirection::Bidirectional)
+        .unwrap();
+    // ...then maps more buffers, so that the table grows.
+    let mut iovas = vec![(window, free_at)];
+    for _ in 0..64 {
+        let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+        iovas.push((cpu.map(dev, buf, 64, DmaDirection::ToDevice).unwrap(), buf));
+    }
+    let before = p.domain.table_stats();
+    assert!(before.tables_allocated >= 4);
+    // Every byte the device reaches through the window is RAM the caller
+    // named: no table page came to live there.
+    let u = p.unit(0).unwrap();
+    let Some(ContextEntry::Translated { root, .. }) = u.context(DEV) else {
+        panic!("translated context")
+    };
+    assert!(root >= p.mem.size());
+    for &(iova, _) in &iovas {
+        for t in tables_on_walk(&p.mem, root, iova) {
+            assert!(
+                !(free_at..free_at + free_len).contains(&t),
+                "table page {t:#x} inside the caller's window"
+            );
+            assert!(t >= p.mem.size() && p.mem.is_iommu_frame(t));
+        }
+    }
+    // The window is still the caller's memory, whole.
+    let mut tr = u.translator().unwrap();
+    let r = tr.translate(DEV, window, free_len.min(1 << 20), Access::Write);
+    assert!(r.is_ok());
+}
+
+#[test]
+fn a_pass_through_device_cannot_name_the_reserve() {
+    let p = Platform::builder()
+        .memory(64 << 20)
+        .policy(DmaPolicy::Passthrough)
+        .device(DEV)
+        .build()
+        .unwrap();
+    let u = p.unit(0).unwrap();
+    let ring = u.queue_registers().base;
+    let (base, _) = p.mem.iommu_reserve();
+    assert!(ring >= base);
+    let mut acc = DmaAccessor::new(u, DEV).unwrap();
+    let before = p.mem.load_u64(ring, Ordering::Acquire).unwrap();
+    assert_eq!(
+        acc.write(ring, &[0xaa; 16], O),
+        Err(AccessError::Memory {
+            sid: DEV,
+            iova: ring,
+            source: MemError::IommuFrame { addr: ring }
+        })
+    );
+    let mut b = [0u8; 8];
+    assert!(matches!(
+        acc.read(ring, &mut b, O),
+        Err(AccessError::Memory {
+            source: MemError::IommuFrame { .. },
+            ..
+        })
+    ));
+    assert_eq!(p.mem.load_u64(ring, Ordering::Acquire).unwrap(), before);
+}
