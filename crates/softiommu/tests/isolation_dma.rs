@@ -310,11 +310,11 @@ fn a_from_device_bounce_returns_the_callers_bytes_where_the_device_wrote_none() 
     let mut cpu = p.domain.cpu();
     let dev = &p.devices[0];
     let mut acc = DmaAccessor::for_device(dev).unwrap();
-    // A previous user leaves a secret in the slot.
+    // A previous user's device leaves a secret in the slot.
     let secret = p.mem.alloc_zeroed_frames(0).unwrap();
-    p.mem.write(secret, &[0x5e; 256]).unwrap();
-    let s = cpu.map(dev, secret, 256, DmaDirection::ToDevice).unwrap();
-    cpu.unmap(dev, s, 256, DmaDirection::ToDevice).unwrap();
+    let s = cpu.map(dev, secret, 256, DmaDirection::FromDevice).unwrap();
+    acc.write(s, &[0x5e; 256], O).unwrap();
+    cpu.unmap(dev, s, 256, DmaDirection::FromDevice).unwrap();
     // The next user's buffer: the device writes 4 of its 256 bytes.
     let buf = p.mem.alloc_zeroed_frames(0).unwrap();
     p.mem.write(buf, &[0xaa; 256]).unwrap();
@@ -628,4 +628,66 @@ fn a_hundred_threads_use_one_iommu_memory_at_once() {
             });
         }
     });
+}
+
+#[test]
+fn a_bounce_slot_has_its_directions_permission_only() {
+    for policy in [DmaPolicy::Bounce, DmaPolicy::Strict] {
+        let p = Platform::builder()
+            .memory(64 << 20)
+            .policy(policy)
+            .device_spec(DeviceSpec {
+                sid: NIC,
+                unit: 0,
+                mask: u64::MAX,
+                untrusted: true,
+            })
+            .build()
+            .unwrap();
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let mut acc = DmaAccessor::for_device(dev).unwrap();
+        let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+        p.mem.write(buf, b"to the device").unwrap();
+        // ToDevice: the device reads it, and cannot write the slot.
+        let tx = cpu.map(dev, buf, 13, DmaDirection::ToDevice).unwrap();
+        let mut got = [0u8; 13];
+        acc.read(tx, &mut got, O).unwrap();
+        assert_eq!(&got, b"to the device");
+        assert!(matches!(
+            acc.write(tx, b"forged", O),
+            Err(AccessError::Translate(TranslateError::PermissionDenied {
+                access: Access::Write,
+                ..
+            }))
+        ));
+        cpu.unmap(dev, tx, 13, DmaDirection::ToDevice).unwrap();
+        assert_eq!(
+            {
+                let mut b = [0u8; 13];
+                p.mem.read(buf, &mut b).unwrap();
+                b
+            },
+            *b"to the device"
+        );
+        // FromDevice: the device writes it, and cannot read the slot (the
+        // caller's bytes were copied in).
+        let rx = cpu.map(dev, buf, 13, DmaDirection::FromDevice).unwrap();
+        assert!(matches!(
+            acc.read(rx, &mut got, O),
+            Err(AccessError::Translate(TranslateError::PermissionDenied {
+                access: Access::Read,
+                ..
+            }))
+        ));
+        acc.write(rx, b"from the dev!", O).unwrap();
+        cpu.unmap(dev, rx, 13, DmaDirection::FromDevice).unwrap();
+        p.mem.read(buf, &mut got).unwrap();
+        assert_eq!(&got, b"from the dev!", "{policy}");
+        // Bidirectional: both.
+        let bi = cpu.map(dev, buf, 13, DmaDirection::Bidirectional).unwrap();
+        acc.read(bi, &mut got, O).unwrap();
+        acc.write(bi, b"both ways ok!", O).unwrap();
+        cpu.unmap(dev, bi, 13, DmaDirection::Bidirectional).unwrap();
+    }
 }

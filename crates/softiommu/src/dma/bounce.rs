@@ -30,6 +30,7 @@
 
 use std::sync::{Mutex, OnceLock};
 
+use super::policy::DmaDirection;
 use crate::mem::frames::{Buddy, FrameOwner};
 use crate::mem::{MemError, PhysAddr, PhysMemory};
 use crate::sync::lock_std as lock;
@@ -49,63 +50,106 @@ pub(crate) struct BounceSlot {
     pub(crate) phys: PhysAddr,
     /// log2 of the slot's size in units.
     pub(crate) order: u32,
+    /// The lane (direction) the slot belongs to.
+    pub(crate) lane: usize,
 }
 
-/// One pool of a domain.
+/// The lanes of a pool, one per direction, in this order: each mapped
+/// with its direction's permission only, so a device can neither write a
+/// `ToDevice` slot nor read a `FromDevice` one (slots of one direction
+/// share pages, never with another direction's).
+pub(crate) const LANES: [DmaDirection; 3] = [
+    DmaDirection::ToDevice,
+    DmaDirection::FromDevice,
+    DmaDirection::Bidirectional,
+];
+
+/// The lane of direction `dir`.
+pub(crate) fn lane_of(dir: DmaDirection) -> usize {
+    match dir {
+        DmaDirection::ToDevice => 0,
+        DmaDirection::FromDevice => 1,
+        DmaDirection::Bidirectional => 2,
+    }
+}
+
+/// One lane: pages mapped with one direction's permission.
 #[derive(Debug)]
-pub(crate) struct BouncePool {
+struct Lane {
     iova: u64,
     phys: PhysAddr,
-    bytes: u64,
     units: Mutex<Buddy>,
 }
 
+/// One pool of a domain: three lanes of `bytes` each.
+#[derive(Debug)]
+pub(crate) struct BouncePool {
+    lanes: [Lane; 3],
+    bytes: u64,
+}
+
 impl BouncePool {
-    /// A pool of `bytes` at physical `phys`, mapped at `iova`.
-    pub(crate) fn new(iova: u64, phys: PhysAddr, bytes: u64) -> Self {
+    /// A pool whose lanes (in [`LANES`] order) are `bytes` at physical
+    /// `phys`, mapped at `iova`, each.
+    pub(crate) fn new(lanes: [(u64, PhysAddr); 3], bytes: u64) -> Self {
         Self {
-            iova,
-            phys,
+            lanes: lanes.map(|(iova, phys)| Lane {
+                iova,
+                phys,
+                units: Mutex::new(Buddy::new(bytes / BOUNCE_UNIT)),
+            }),
             bytes,
-            units: Mutex::new(Buddy::new(bytes / BOUNCE_UNIT)),
         }
     }
 
     /// The last IOVA of the pool.
     pub(crate) fn last_iova(&self) -> u64 {
-        self.iova + self.bytes - 1
+        self.lanes
+            .iter()
+            .map(|l| l.iova + self.bytes - 1)
+            .max()
+            .unwrap_or(0)
     }
 
-    /// The pool's physical start and size.
-    pub(crate) fn phys_range(&self) -> (PhysAddr, u64) {
-        (self.phys, self.bytes)
+    /// The lanes' physical starts, and their size.
+    pub(crate) fn phys_ranges(&self) -> impl Iterator<Item = (PhysAddr, u64)> + '_ {
+        self.lanes.iter().map(|l| (l.phys, self.bytes))
     }
 
-    /// Takes a slot of at least `len` bytes, or `None` when the pool is
-    /// full (or `len` larger than the pool).
-    pub(crate) fn take(&self, len: u64) -> Option<BounceSlot> {
+    /// Takes a slot of at least `len` bytes in the lane of `dir`, or
+    /// `None` when that lane is full (or `len` larger than a lane).
+    pub(crate) fn take(&self, len: u64, dir: DmaDirection) -> Option<BounceSlot> {
         if len > self.bytes {
             return None;
         }
+        let lane = lane_of(dir);
+        let l = self.lanes.get(lane)?;
         let units = len.max(1).div_ceil(BOUNCE_UNIT);
         let order = 64 - (units - 1).leading_zeros();
-        let unit = lock(&self.units).alloc(order, FrameOwner::User).ok()?;
+        let unit = lock(&l.units).alloc(order, FrameOwner::User).ok()?;
         Some(BounceSlot {
-            iova: self.iova + unit * BOUNCE_UNIT,
-            phys: self.phys + unit * BOUNCE_UNIT,
+            iova: l.iova + unit * BOUNCE_UNIT,
+            phys: l.phys + unit * BOUNCE_UNIT,
             order,
+            lane,
         })
     }
 
     /// Returns a slot.
     pub(crate) fn give_back(&self, slot: BounceSlot) -> Result<(), MemError> {
-        let unit = (slot.phys - self.phys) / BOUNCE_UNIT;
-        lock(&self.units).free(unit, slot.order, FrameOwner::User)
+        let l = self.lanes.get(slot.lane).ok_or(MemError::NotAllocated {
+            addr: slot.phys,
+            order: slot.order,
+        })?;
+        let unit = (slot.phys - l.phys) / BOUNCE_UNIT;
+        lock(&l.units).free(unit, slot.order, FrameOwner::User)
     }
 
     /// Whether `iova` lies in the pool.
     pub(crate) fn contains(&self, iova: u64) -> bool {
-        iova >= self.iova && iova - self.iova < self.bytes
+        self.lanes
+            .iter()
+            .any(|l| iova >= l.iova && iova - l.iova < self.bytes)
     }
 
     /// Copies `len` bytes from the buffer at `buf` into the slot.
@@ -197,28 +241,53 @@ mod tests {
 
     #[test]
     fn slots_are_sub_page_and_recycled() {
-        let pool = BouncePool::new(0x10_0000, 0x4000, 4096);
-        let a = pool.take(100).unwrap();
-        let b = pool.take(300).unwrap();
+        let pool = BouncePool::new(
+            [
+                (0x10_0000, 0x4000),
+                (0x20_0000, 0x5000),
+                (0x30_0000, 0x6000),
+            ],
+            4096,
+        );
+        let a = pool.take(100, DmaDirection::ToDevice).unwrap();
+        let b = pool.take(300, DmaDirection::ToDevice).unwrap();
+        let c = pool.take(300, DmaDirection::FromDevice).unwrap();
+        assert_eq!((c.iova, c.phys, c.lane), (0x20_0000, 0x5000, 1));
+        pool.give_back(c).unwrap();
         assert_eq!(a.order, 0);
         assert_eq!(b.order, 1);
         assert_ne!(a.iova, b.iova);
         assert!(pool.contains(a.iova) && pool.contains(b.iova));
-        assert!(pool.take(8192).is_none(), "larger than the pool");
+        assert!(
+            pool.take(8192, DmaDirection::ToDevice).is_none(),
+            "larger than the pool"
+        );
         pool.give_back(a).unwrap();
         assert!(matches!(
             pool.give_back(a),
             Err(MemError::NotAllocated { .. })
         ));
         pool.give_back(b).unwrap();
-        assert_eq!(pool.take(4096).unwrap().iova, 0x10_0000, "all merged back");
-        assert!(pool.take(u64::MAX).is_none());
+        assert_eq!(
+            pool.take(4096, DmaDirection::ToDevice).unwrap().iova,
+            0x10_0000,
+            "all merged back"
+        );
+        assert!(pool.take(u64::MAX, DmaDirection::Bidirectional).is_none());
     }
 
     #[test]
     fn a_device_gets_a_pool_below_its_mask() {
         let pools = BouncePools::default();
-        let make = |iova: u64| move || Ok::<_, ()>(BouncePool::new(iova, 0, 1 << 20));
+        let make = |iova: u64| {
+            move || {
+                let l = 1 << 20;
+                Ok::<_, ()>(BouncePool::new(
+                    [(iova, 0), (iova + l, l), (iova + 2 * l, 2 * l)],
+                    l,
+                ))
+            }
+        };
         assert_eq!(pools.for_mask(u64::MAX, make(1 << 40)), Ok(Some(0)));
         assert_eq!(pools.for_mask(u64::MAX, make(0)), Ok(Some(0)), "reused");
         assert_eq!(
@@ -229,7 +298,7 @@ mod tests {
         assert_eq!(pools.for_mask(0xffff_ffff, make(0)), Ok(Some(1)));
         assert_eq!(
             pools.find((1 << 40) + 5).map(|p| p.last_iova()),
-            Some((1 << 40) + (1 << 20) - 1)
+            Some((1 << 40) + (3 << 20) - 1)
         );
         assert!(pools.find(5).is_none());
     }
@@ -237,9 +306,9 @@ mod tests {
     #[test]
     fn copies_go_both_ways() {
         let mem = PhysMemory::new(1 << 20).unwrap();
-        let pool = BouncePool::new(0, 0x8000, 4096);
+        let pool = BouncePool::new([(0, 0x8000), (0x1000, 0x9000), (0x2000, 0xa000)], 4096);
         mem.write(0x100, b"payload").unwrap();
-        let s = pool.take(7).unwrap();
+        let s = pool.take(7, DmaDirection::Bidirectional).unwrap();
         BouncePool::copy_in(&mem, &s, 0x100, 7).unwrap();
         mem.write(s.phys, b"PAY").unwrap();
         BouncePool::copy_out(&mem, &s, 0x100, 7).unwrap();

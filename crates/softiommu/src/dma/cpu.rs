@@ -678,7 +678,7 @@ impl Work {
             .bounce
             .and_then(|i| Some((i, d.bounce.get(i)?)))
             .ok_or(DmaError::BounceUnavailable { mask: dev.mask })?;
-        let slot = pool.take(len).ok_or(DmaError::BounceFull { len })?;
+        let slot = pool.take(len, dir).ok_or(DmaError::BounceFull { len })?;
         // Whatever the direction: a `FromDevice` slot starts as the
         // caller's buffer, so the copy back at unmap returns the caller's
         // own bytes where the device wrote none (module `bounce`).

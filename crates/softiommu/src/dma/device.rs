@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
-use super::bounce::BouncePool;
+use super::bounce::{BouncePool, LANES};
 use super::domain::DmaDomain;
 use super::error::DmaError;
+use super::policy::DmaDirection;
 use crate::hw::{HwError, SourceId};
 use crate::mem::{FrameOwner, PAGE_SHIFT, PAGE_SIZE};
-use crate::pgtable::{IoPageTable, Perm};
+use crate::pgtable::{IoPageTable, IotlbGather};
 use crate::sync::lock_std as lock;
 
 /// A device attached to a [`DmaDomain`]; made by [`DmaDomain::attach`].
@@ -162,35 +163,65 @@ impl DmaDomain {
         }
         let made = self.bounce.for_mask(mask, || {
             let pages = self.bounce_bytes.div_ceil(PAGE_SIZE).next_power_of_two();
-            let order = pages.ilog2();
-            let limit = self.iova.limit_for_mask(mask);
-            let pfn = self.iova.alloc(pages, limit)?;
-            let phys = match self.mem.alloc_zeroed_owned(order, FrameOwner::Bounce) {
-                Ok(p) => p,
-                Err(e) => {
-                    let _ = self.iova.free(pfn, pages);
-                    return Err(DmaError::from(e));
+            let mut lanes = [(0, 0); 3];
+            for (k, dir) in LANES.into_iter().enumerate() {
+                match self.bounce_lane(mask, pages, dir) {
+                    Ok(lane) => lanes[k] = lane,
+                    Err(e) => {
+                        for &(iova, phys) in &lanes[..k] {
+                            self.drop_bounce_lane(iova, phys, pages);
+                        }
+                        return Err(e);
+                    }
                 }
-            };
-            if let Err(e) = self
-                .table
-                .map(pfn << PAGE_SHIFT, phys, pages << PAGE_SHIFT, Perm::RW)
-            {
-                let _ = self.mem.free_owned(phys, order, FrameOwner::Bounce);
-                let _ = self.iova.free(pfn, pages);
-                return Err(e.into());
             }
-            Ok(BouncePool::new(
-                pfn << PAGE_SHIFT,
-                phys,
-                pages << PAGE_SHIFT,
-            ))
+            Ok(BouncePool::new(lanes, pages << PAGE_SHIFT))
         });
         match made {
             Ok(i) => Ok(i),
             // No room below the mask for a pool: no bouncing for it.
             Err(DmaError::Iova(_)) => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// One lane of a bounce pool: `pages` pages below `mask`, mapped with
+    /// `dir`'s permission only; (IOVA, physical address).
+    fn bounce_lane(
+        &self,
+        mask: u64,
+        pages: u64,
+        dir: DmaDirection,
+    ) -> Result<(u64, u64), DmaError> {
+        let order = pages.ilog2();
+        let limit = self.iova.limit_for_mask(mask);
+        let pfn = self.iova.alloc(pages, limit)?;
+        let phys = match self.mem.alloc_zeroed_owned(order, FrameOwner::Bounce) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.iova.free(pfn, pages);
+                return Err(DmaError::from(e));
+            }
+        };
+        if let Err(e) = self
+            .table
+            .map(pfn << PAGE_SHIFT, phys, pages << PAGE_SHIFT, dir.perm())
+        {
+            let _ = self.mem.free_owned(phys, order, FrameOwner::Bounce);
+            let _ = self.iova.free(pfn, pages);
+            return Err(e.into());
+        }
+        Ok((pfn << PAGE_SHIFT, phys))
+    }
+
+    /// Undoes a [`bounce_lane`](Self::bounce_lane) no device was given:
+    /// unmapped (nothing can have cached it), then freed.
+    fn drop_bounce_lane(&self, iova: u64, phys: u64, pages: u64) {
+        let mut g = IotlbGather::new();
+        if self.table.unmap(iova, pages << PAGE_SHIFT, &mut g).is_ok() {
+            let _ = g.complete();
+            let _ = self.mem.free_owned(phys, pages.ilog2(), FrameOwner::Bounce);
+            let _ = self.iova.free(iova >> PAGE_SHIFT, pages);
         }
     }
 }

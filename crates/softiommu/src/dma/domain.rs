@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::bounce::{BouncePools, BounceSlot};
+use super::bounce::{BouncePool, BouncePools, BounceSlot};
 use super::error::DmaError;
 use super::flush_queue::{Batch, TimerArm};
 use super::gate::Gate;
@@ -801,8 +801,7 @@ impl Drop for DmaDomain {
         if !revoked {
             return;
         }
-        for pool in self.bounce.iter() {
-            let (phys, bytes) = pool.phys_range();
+        for (phys, bytes) in self.bounce.iter().flat_map(BouncePool::phys_ranges) {
             let order = (bytes / PAGE_SIZE).ilog2();
             let _ = self.mem.free_owned(phys, order, FrameOwner::Bounce);
         }
