@@ -267,34 +267,24 @@ fuzz_target!(|input: Input| {
                 // model takes only single mappings below, so an accepted one
                 // stops the run (crash-32a79558 and the coherent twin).
                 let res = cpu.unmap(devs[l.dev], a2, n2, l.dir.api());
-                // Unmaps are page-granular, as Linux's: the address picks the
-                // IOVA block by its page, the length its page count. An
-                // unmap naming the same pages may be taken (pass-through
-                // and bounce records are exact and may refuse it).
-                let span =
-                    |a: u64, n: u64| (a / PAGE_SIZE, ((a % PAGE_SIZE) + n).div_ceil(PAGE_SIZE));
+                // Unmaps are exact, as DMA-API debug checks them: the
+                // address and length of a live mapping, to the byte, in
+                // every policy (the same pages with another start or
+                // length are refused).
                 if (a2, n2) == (a, n) {
                     assert!(res.is_ok(), "unmap of a live mapping: {res:?}");
                 }
                 if res.is_ok() {
-                    // The mapping taken: an exact record first (two bounce
-                    // slots in one page, two pass-through mappings), else one
-                    // with the same pages (any live one, not only `l`).
+                    // The mapping taken: one with exactly that address and
+                    // length (any live one, not only `l`).
                     let single = |o: &Live| matches!(o.kind, Kind::Single);
-                    let valid = n2 != 0 && a2.checked_add(n2).is_some();
                     let taken = m
                         .live
                         .iter()
-                        .position(|o| single(o) && o.pieces[0] == (a2, n2))
-                        .or_else(|| {
-                            m.live.iter().position(|o| {
-                                let (oa, on) = o.pieces[0];
-                                valid && single(o) && !o.bounced && span(oa, on) == span(a2, n2)
-                            })
-                        });
+                        .position(|o| single(o) && o.pieces[0] == (a2, n2));
                     let Some(j) = taken else {
                         panic!(
-                            "unmap of {a2:#x}+{n2:#x} accepted; no live mapping has those pages ({policy:?}, {l:?}); near: {:?}", m.live.iter().filter(|o| o.pieces.iter().any(|p| p.0 / PAGE_SIZE == a2 / PAGE_SIZE)).collect::<Vec<_>>()
+                            "unmap of {a2:#x}+{n2:#x} accepted; no live mapping is exactly that ({policy:?}, {l:?}); near: {:?}", m.live.iter().filter(|o| o.pieces.iter().any(|p| p.0 / PAGE_SIZE == a2 / PAGE_SIZE)).collect::<Vec<_>>()
                         );
                     };
                     let o = m.live.remove(j);

@@ -59,13 +59,12 @@ fn coherent_buffers_are_mapped_in_whole_runs_and_the_bounce_pool_from_attach() {
 }
 
 /// `dma_api_model`, `crash-b59a1960…`: an unmap at another offset in the
-/// same first page, with the same length, was taken. Unmaps are
-/// page-granular, as Linux's `iommu_dma_unmap_page`: the address names
-/// the IOVA block by its page and the length its page count. What was
-/// unmapped is exactly the mapping's pages, and a second unmap is
-/// refused.
+/// same first page, with the same length. Unmaps are exact, as DMA-API
+/// debug checks them: another start is refused (`NotMapped`) with nothing
+/// changed; the mapping's own address and length unmap exactly its pages,
+/// and a second unmap is refused.
 #[test]
-fn an_unmap_naming_the_same_pages_is_taken_and_unmaps_exactly_them() {
+fn an_unmap_naming_the_same_pages_at_another_start_is_refused() {
     let p = platform(DmaPolicy::Strict);
     let dev = &p.devices[1];
     let mut cpu = p.domain.cpu();
@@ -75,8 +74,15 @@ fn an_unmap_naming_the_same_pages_is_taken_and_unmaps_exactly_them() {
     let iova = cpu.map(dev, buf + 67, len, dir).unwrap();
     assert_eq!(iova % PAGE_SIZE, 67);
     acc.read(iova, &mut [0; 8], DmaAttrs::ORDERED).unwrap();
-    // Another offset in the first page, the same page count: taken.
-    cpu.unmap(dev, iova + 2560, len, dir).unwrap();
+    // Another offset in the first page, the same page count: refused,
+    // still mapped.
+    assert_eq!(
+        cpu.unmap(dev, iova + 2560, len, dir),
+        Err(DmaError::NotMapped { addr: iova + 2560 })
+    );
+    acc.read(iova + len - 8, &mut [0; 8], DmaAttrs::ORDERED)
+        .unwrap();
+    cpu.unmap(dev, iova, len, dir).unwrap();
     for page in 0..(67 + len).div_ceil(PAGE_SIZE) {
         let at = (iova & !(PAGE_SIZE - 1)) + page * PAGE_SIZE;
         assert!(matches!(
@@ -100,11 +106,10 @@ fn an_unmap_naming_the_same_pages_is_taken_and_unmaps_exactly_them() {
 }
 
 /// `dma_api_model`, `crash-a5ab66f7…` (deferred): an unmap built from one
-/// mapping's address plus 3 landed in the page of the mapping above it and
-/// was taken for that one. Page-granular again: the unmap names that
-/// mapping's block, so it is that mapping that goes, and only it.
+/// mapping's address plus 3 landed in the page of the mapping above it.
+/// Unmaps are exact: it names no mapping, so it is refused and both stay.
 #[test]
-fn an_unmap_at_another_offset_in_a_mappings_page_unmaps_that_mapping_only() {
+fn an_unmap_at_another_offset_in_a_mappings_page_is_refused() {
     let p = platform(DmaPolicy::Deferred);
     let dev = &p.devices[0];
     let mut cpu = p.domain.cpu();
@@ -113,17 +118,15 @@ fn an_unmap_at_another_offset_in_a_mappings_page_unmaps_that_mapping_only() {
     let dir = DmaDirection::Bidirectional;
     let c = cpu.map(dev, buf + 0xfff, 1, dir).unwrap();
     let d = cpu.map(dev, buf + 0xfff, 1, dir).unwrap();
-    cpu.unmap(dev, (c & !(PAGE_SIZE - 1)) + 2, 0xbe, dir)
-        .unwrap();
-    p.domain.flush_all().unwrap();
-    let r = acc.read(c, &mut [0; 1], DmaAttrs::ORDERED);
-    assert!(
-        matches!(r, Err(softiommu::AccessError::Translate(_))),
-        "{r:?}"
+    let off = (c & !(PAGE_SIZE - 1)) + 2;
+    assert_eq!(
+        cpu.unmap(dev, off, 0xbe, dir),
+        Err(DmaError::NotMapped { addr: off })
     );
+    p.domain.flush_all().unwrap();
+    acc.read(c, &mut [0; 1], DmaAttrs::ORDERED).unwrap();
     acc.read(d, &mut [0; 1], DmaAttrs::ORDERED).unwrap();
-    let r = cpu.unmap(dev, c, 1, dir);
-    assert!(matches!(r, Err(DmaError::NotMapped { .. })), "{r:?}");
+    cpu.unmap(dev, c, 1, dir).unwrap();
     cpu.unmap(dev, d, 1, dir).unwrap();
 }
 

@@ -691,3 +691,48 @@ fn a_bounce_slot_has_its_directions_permission_only() {
         cpu.unmap(dev, bi, 13, DmaDirection::Bidirectional).unwrap();
     }
 }
+
+#[test]
+fn an_unmap_must_name_the_maps_exact_bytes_not_just_its_pages() {
+    for policy in [
+        DmaPolicy::Strict,
+        DmaPolicy::Deferred,
+        DmaPolicy::Passthrough,
+    ] {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let buf = p.mem.alloc_zeroed_frames(1).unwrap() + 0x10;
+        let iova = cpu.map(dev, buf, 100, DmaDirection::ToDevice).unwrap();
+        // Same pages, other lengths: the wrong length.
+        for (addr, len) in [(iova, 64), (iova, 101), (iova, 4000)] {
+            assert_eq!(
+                cpu.unmap(dev, addr, len, DmaDirection::ToDevice),
+                Err(DmaError::WrongLength { addr, len }),
+                "{policy}: {addr:#x}+{len}"
+            );
+        }
+        // Another start in the same page: never mapped.
+        assert_eq!(
+            cpu.unmap(dev, iova + 8, 92, DmaDirection::ToDevice),
+            Err(DmaError::NotMapped { addr: iova + 8 }),
+            "{policy}"
+        );
+        // Nothing changed: still mapped, and the right unmap goes through.
+        assert_eq!(stats(&p).live(), 1, "{policy}");
+        let mut t = translator(&p);
+        assert!(policy == DmaPolicy::Passthrough || reaches(&mut t, iova));
+        cpu.unmap(dev, iova, 100, DmaDirection::ToDevice).unwrap();
+        // A two-page mapping: a length within the same two pages is refused.
+        let iova = cpu.map(dev, buf, 5000, DmaDirection::ToDevice).unwrap();
+        assert_eq!(
+            cpu.unmap(dev, iova, 4200, DmaDirection::ToDevice),
+            Err(DmaError::WrongLength {
+                addr: iova,
+                len: 4200
+            }),
+            "{policy}"
+        );
+        cpu.unmap(dev, iova, 5000, DmaDirection::ToDevice).unwrap();
+    }
+}

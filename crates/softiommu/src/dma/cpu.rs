@@ -649,7 +649,28 @@ impl Work {
             self.free_fresh(pfn, pages, kind)?;
             return Err(e.into());
         }
+        // Claimed with the block (the tag map shares the state map's
+        // chunks' layout): a store, the lock only on a chunk's first use.
+        if let Err(e) = self.domain.iova.set_tag(pfn, span_tag(phys, len)) {
+            self.unmap_fresh(iova, pages, kind)?;
+            return Err(e.into());
+        }
         Ok(iova | (phys & (PAGE_SIZE - 1)))
+    }
+
+    /// Undoes a [`map_pages`](Self::map_pages) whose address was never
+    /// handed out: the entries cleared and invalidated (a stray walk may
+    /// have cached them), then the block freed; if the invalidation fails
+    /// the block stays allocated (leaked), never reused under a stale
+    /// entry.
+    #[cold]
+    fn unmap_fresh(&mut self, iova: u64, pages: u64, kind: BlockKind) -> Result<(), DmaError> {
+        let len = pages << PAGE_SHIFT;
+        self.domain.table.unmap(iova, len, &mut self.gather)?;
+        let units = self.domain.unit_mask_after_clear();
+        self.domain.invalidate(units, iova, len)?;
+        self.gather.complete()?;
+        self.free_fresh(iova >> PAGE_SHIFT, pages, kind)
     }
 
     /// Gives back a block this thread allocated and marked `kind` but never
@@ -758,6 +779,18 @@ impl Work {
                 IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
                 _ => DmaError::NotMapped { addr },
             })?;
+        // The exact bytes (the pages were checked by the retire), as
+        // DMA-API debug checks an unmap against its map: another start in
+        // the page was never mapped, another end is the wrong length.
+        let (tag, want) = (d.iova.tag(pfn), span_tag(addr, len));
+        if kind == BlockKind::Plain && tag != want {
+            let _ = d.iova.unretire_block(pfn, pages, kind);
+            return Err(if (tag ^ want) & TAG_OFFSET != 0 {
+                DmaError::NotMapped { addr }
+            } else {
+                DmaError::WrongLength { addr, len }
+            });
+        }
         if let Err(e) = self.unmap_checks(slot, iova, pages, deferred) {
             // Nothing was changed: the block is the caller's again.
             let _ = self.domain.iova.unretire_block(pfn, pages, kind);
@@ -951,3 +984,19 @@ impl Drop for DmaCpu {
         self.w.domain.retire(&self.slot);
     }
 }
+
+/// The tag a translated mapping of `len` bytes at `addr` (physical or
+/// IOVA: the page offset is the same) leaves on its block: the offset of
+/// its first byte and of its end in their pages, and a bit that makes it
+/// non-zero. With the page count, which the block's state checks, it
+/// gives the length to the byte.
+#[inline]
+fn span_tag(addr: u64, len: u64) -> u32 {
+    const _: () = assert!(TAG_OFFSET == (PAGE_SIZE - 1) as u32);
+    let off = addr & (PAGE_SIZE - 1);
+    let end = off.wrapping_add(len) & (PAGE_SIZE - 1);
+    (1 << 31) | ((end as u32) << 12) | off as u32
+}
+
+/// The bits of a [`span_tag`] that hold the start's offset in its page.
+const TAG_OFFSET: u32 = 0xfff;

@@ -10,7 +10,7 @@ use crossbeam_utils::CachePadded;
 use super::depot::Depots;
 use super::gap_tree::GapTree;
 use super::linear_tree::{LinearTree, DMA_32BIT_PFN};
-use super::live_map::{order_in, state, LiveMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
+use super::live_map::{order_in, state, LiveMap, TagMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
 use super::magazine::Magazine;
 use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull};
 use super::{order_of, IovaError};
@@ -239,6 +239,9 @@ pub struct IovaDomain {
     policy: Option<IovaPolicy>,
     params: CacheParams,
     pub(super) live: LiveMap,
+    /// A word per frame its users may tag a block's first page with
+    /// ([`set_tag`](Self::set_tag)).
+    tags: TagMap,
     caches: Mutex<Vec<Weak<CacheShared>>>,
     pub(super) flush_epoch: CachePadded<AtomicU64>,
     tree: CachePadded<Mutex<TreeState>>,
@@ -356,6 +359,7 @@ impl IovaDomain {
             policy,
             params,
             live: LiveMap::new(end_pfn)?,
+            tags: TagMap::new(end_pfn)?,
             caches: Mutex::new(Vec::new()),
             tree: CachePadded::new(Mutex::new(TreeState {
                 tree,
@@ -566,6 +570,20 @@ impl IovaDomain {
     /// (`NotAllocated`): see [`retire_block_of`](Self::retire_block_of).
     pub fn retire_block(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         self.retire_block_of(pfn, pages, BlockKind::Plain)
+    }
+
+    /// Tags the block starting at `pfn` with `tag`, for its holder's own
+    /// checks (the DMA layer records the exact bytes a mapping covers). A
+    /// relaxed store; the tag is the holder's while it holds the block.
+    #[inline]
+    pub(crate) fn set_tag(&self, pfn: u64, tag: u32) -> Result<(), IovaError> {
+        self.tags.claim(pfn, tag).map_err(IovaError::from)
+    }
+
+    /// The tag last set at `pfn` (0 if none).
+    #[inline]
+    pub(crate) fn tag(&self, pfn: u64) -> u32 {
+        self.tags.get(pfn)
     }
 
     /// [`retire_block`](Self::retire_block) for a block held as `kind`: a

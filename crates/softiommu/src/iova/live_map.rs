@@ -31,7 +31,7 @@
 
 use std::ptr::null_mut;
 use std::sync::atomic::{
-    AtomicPtr, AtomicU16,
+    AtomicPtr, AtomicU16, AtomicU32,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 use std::sync::Mutex;
@@ -58,33 +58,95 @@ const CHUNK_SHIFT: u32 = 21;
 /// The most chunks a map may have (2^41 frames: an 8 PiB IOVA space).
 const MAX_CHUNKS: u64 = 1 << 20;
 
-/// The state map of one domain.
+/// An atomic word a [`WordMap`] holds per frame.
+pub(crate) trait Word: Sized {
+    /// The word's value type.
+    type V: Copy + Default;
+    /// The word's size in bytes.
+    const BYTES: u64;
+    /// The atomic at `p`.
+    ///
+    /// # Safety
+    /// `p` is aligned for `Self`, lies in memory that lives for `'a`, and
+    /// is accessed only atomically.
+    unsafe fn at<'a>(p: *mut u8) -> &'a Self;
+    /// A relaxed load.
+    fn get(&self) -> Self::V;
+    /// A relaxed store.
+    fn put(&self, v: Self::V);
+}
+
+impl Word for AtomicU16 {
+    type V = u16;
+    const BYTES: u64 = 2;
+    unsafe fn at<'a>(p: *mut u8) -> &'a Self {
+        // SAFETY: the caller's contract.
+        unsafe { AtomicU16::from_ptr(p.cast()) }
+    }
+    #[inline(always)]
+    fn get(&self) -> u16 {
+        self.load(Relaxed)
+    }
+    #[inline(always)]
+    fn put(&self, v: u16) {
+        self.store(v, Relaxed)
+    }
+}
+
+impl Word for AtomicU32 {
+    type V = u32;
+    const BYTES: u64 = 4;
+    unsafe fn at<'a>(p: *mut u8) -> &'a Self {
+        // SAFETY: the caller's contract.
+        unsafe { AtomicU32::from_ptr(p.cast()) }
+    }
+    #[inline(always)]
+    fn get(&self) -> u32 {
+        self.load(Relaxed)
+    }
+    #[inline(always)]
+    fn put(&self, v: u32) {
+        self.store(v, Relaxed)
+    }
+}
+
+/// The state map of one domain: a [`WordMap`] of 16-bit state words.
+pub(crate) type LiveMap = WordMap<AtomicU16>;
+
+/// The tag map of one domain: a 32-bit word per frame that the DMA layer
+/// writes at the first page of each translated mapping (the exact byte
+/// offset and end of what was mapped), so an unmap's length is checked to
+/// the byte, not just to the page.
+pub(crate) type TagMap = WordMap<AtomicU32>;
+
+/// One atomic word per page frame of a domain, lazily committed.
 #[derive(Debug)]
-pub(crate) struct LiveMap {
+pub(crate) struct WordMap<W> {
     /// The whole map as one reservation, when the process could reserve
     /// it: then an access is base + pfn, with no chunk to look up.
     flat: Option<Reservation>,
     /// `flat`'s base, or null: read on every access.
-    flat_base: *mut u16,
+    flat_base: *mut u8,
     /// Otherwise: each chunk's first byte, null until claimed (one more
     /// load per access; the reservations themselves sit in `owned`).
-    chunks: Box<[AtomicPtr<u16>]>,
+    chunks: Box<[AtomicPtr<u8>]>,
     owned: Mutex<Vec<Reservation>>,
     len: u64,
+    word: std::marker::PhantomData<W>,
 }
 
 // SAFETY: `flat_base` points into `flat`, which the map owns; every access
 // through it is atomic, as for the chunks.
-unsafe impl Send for LiveMap {}
+unsafe impl<W> Send for WordMap<W> {}
 // SAFETY: as above.
-unsafe impl Sync for LiveMap {}
+unsafe impl<W> Sync for WordMap<W> {}
 
-impl LiveMap {
+impl<W: Word> WordMap<W> {
     /// A map for frames `0..=end_pfn`: one flat reservation if the process
     /// can have it, else chunks reserved on first use.
     pub(crate) fn new(end_pfn: u64) -> Result<Self, MemError> {
         let mut m = Self::chunked(end_pfn)?;
-        if let Ok(r) = Reservation::new(m.len.saturating_mul(2)) {
+        if let Ok(r) = Reservation::new(m.len.saturating_mul(W::BYTES)) {
             r.prefer_huge_pages();
             m.flat_base = r.base().cast();
             m.flat = Some(r);
@@ -109,20 +171,21 @@ impl LiveMap {
             chunks: (0..n).map(|_| AtomicPtr::new(null_mut())).collect(),
             owned: Mutex::new(Vec::new()),
             len,
+            word: std::marker::PhantomData,
         })
     }
 
     #[inline(always)]
-    fn cell(&self, pfn: u64) -> Option<&AtomicU16> {
+    fn cell(&self, pfn: u64) -> Option<&W> {
         if pfn >= self.len {
             return None;
         }
         if !self.flat_base.is_null() {
             // SAFETY: `pfn < len` words, the flat reservation's length in
-            // words (2 * `len` bytes, page aligned, so every word is
+            // words (`BYTES * len` bytes, page aligned, so every word is
             // aligned); the word lives as long as `self`, and every access
             // to it is atomic.
-            return Some(unsafe { AtomicU16::from_ptr(self.flat_base.add(pfn as usize)) });
+            return Some(unsafe { W::at(self.flat_base.add((pfn * W::BYTES) as usize)) });
         }
         self.chunk_cell(pfn)
     }
@@ -131,7 +194,7 @@ impl LiveMap {
     /// the flat reservation is refused, and instruction counts taken there
     /// should not pay a call per access.)
     #[inline]
-    fn chunk_cell(&self, pfn: u64) -> Option<&AtomicU16> {
+    fn chunk_cell(&self, pfn: u64) -> Option<&W> {
         // Acquire: pairs with the claim's Release, so the chunk's mapping is
         // seen whole (it is fresh zeroed memory either way).
         let base = self
@@ -145,7 +208,7 @@ impl LiveMap {
         // SAFETY: `base` is a live, page-aligned reservation of
         // 2^CHUNK_SHIFT words owned by `owned` until `self` drops, and `off`
         // is below that length; every access to the word is atomic.
-        Some(unsafe { AtomicU16::from_ptr(base.add(off)) })
+        Some(unsafe { W::at(base.add(off * W::BYTES as usize)) })
     }
 
     /// Starts bringing the state word of `pfn` into the cache: a hint, for
@@ -155,26 +218,50 @@ impl LiveMap {
     #[inline(always)]
     pub(crate) fn prefetch(&self, pfn: u64) {
         if !self.flat_base.is_null() {
-            crate::mem::prefetch::prefetch(self.flat_base.wrapping_add(pfn as usize));
+            crate::mem::prefetch::prefetch(self.flat_base.wrapping_add((pfn * W::BYTES) as usize));
         }
     }
 
-    /// The raw state at `pfn` (0 when out of range or never claimed).
+    /// The raw word at `pfn` (0 when out of range or never claimed).
     #[inline]
-    pub(crate) fn get(&self, pfn: u64) -> u16 {
-        self.cell(pfn).map_or(0, |c| c.load(Relaxed))
+    pub(crate) fn get(&self, pfn: u64) -> W::V {
+        self.cell(pfn).map_or_else(W::V::default, |c| c.get())
     }
 
-    /// Sets the state at `pfn`, whose chunk a [`claim`](Self::claim) made
-    /// (every block a cache holds came from the tree, which claims).
+    /// Sets the word at `pfn`, whose chunk a [`claim`](Self::claim) made
+    /// (every block a cache holds came from the tree, which claims). An
+    /// unclaimed word is left as it is (it reads as 0).
     #[inline]
-    pub(crate) fn set(&self, pfn: u64, state: u16) {
-        match self.cell(pfn) {
-            Some(c) => c.store(state, Relaxed),
-            None => debug_assert!(state == 0, "pfn {pfn:#x} was never claimed"),
+    pub(crate) fn set(&self, pfn: u64, v: W::V) {
+        if let Some(c) = self.cell(pfn) {
+            c.put(v);
         }
     }
 
+    /// Sets the word at `pfn`, reserving its chunk first if need be: the
+    /// tree's paths call this when they hand out a block.
+    pub(crate) fn claim(&self, pfn: u64, v: W::V) -> Result<(), MemError> {
+        if !self.flat_base.is_null() {
+            self.set(pfn, v);
+            return Ok(());
+        }
+        if let Some(slot) = self.chunks.get((pfn >> CHUNK_SHIFT) as usize) {
+            if slot.load(Acquire).is_null() {
+                let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+                // Re-checked under the lock: one reservation per chunk.
+                if slot.load(Acquire).is_null() {
+                    let r = Reservation::new(W::BYTES << CHUNK_SHIFT)?;
+                    slot.store(r.base(), Release);
+                    owned.push(r);
+                }
+            }
+        }
+        self.set(pfn, v);
+        Ok(())
+    }
+}
+
+impl LiveMap {
     /// Replaces the state at `pfn` with `to` if it is `from`, atomically:
     /// of two threads racing to change one block, exactly one wins.
     /// Returns the state seen when it was not `from`.
@@ -186,28 +273,6 @@ impl LiveMap {
             Some(c) => c.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ()),
             None => Err(0),
         }
-    }
-
-    /// Sets the state at `pfn`, reserving its chunk first if need be: the
-    /// tree's paths call this when they hand out a block.
-    pub(crate) fn claim(&self, pfn: u64, state: u16) -> Result<(), MemError> {
-        if !self.flat_base.is_null() {
-            self.set(pfn, state);
-            return Ok(());
-        }
-        if let Some(slot) = self.chunks.get((pfn >> CHUNK_SHIFT) as usize) {
-            if slot.load(Acquire).is_null() {
-                let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-                // Re-checked under the lock: one reservation per chunk.
-                if slot.load(Acquire).is_null() {
-                    let r = Reservation::new(2 << CHUNK_SHIFT)?;
-                    slot.store(r.base().cast(), Release);
-                    owned.push(r);
-                }
-            }
-        }
-        self.set(pfn, state);
-        Ok(())
     }
 
     /// The block (start, order, where: live, cached or retired) that
