@@ -216,6 +216,23 @@ pub enum DeviceError {
         /// Device-writable bytes (saturated).
         writable: u64,
     },
+    /// A guest-supplied address whose area runs past the end of the 64-bit
+    /// address space: a ring whose last byte would be past `u64::MAX`
+    /// (found when the queue is made live), or a descriptor whose buffer
+    /// wraps (found when its chain is walked). Stops the queue, sets
+    /// `DEVICE_NEEDS_RESET`; the device computed no address from it.
+    #[error("queue {queue}: {what} at {addr:#x} of {len} bytes runs past the end of the 64-bit address space")]
+    AddressOverflow {
+        /// The queue.
+        queue: u16,
+        /// "descriptor table", "available ring", "used ring", or "buffer".
+        what: &'static str,
+        /// The address the driver gave.
+        addr: u64,
+        /// The bytes the area holds (a ring's whole size, a descriptor's
+        /// `len`).
+        len: u64,
+    },
     /// The IOMMU refused a DMA: an unmapped address, or a write to a
     /// read-only mapping. The unit has recorded the fault in its log; the
     /// device moved no byte. Stops the queue, sets `DEVICE_NEEDS_RESET`.
