@@ -535,7 +535,12 @@ fn a_mapping_revoked_under_a_request_in_flight_faults_without_writing() {
 /// The request queue's rings programmed where they would run past the end
 /// of the 64-bit IOVA space, one area at a time, as `(what, rewrite,
 /// address, bytes)`.
-type TopCase = (&'static str, fn((u64, u64, u64)) -> (u64, u64, u64), u64, u64);
+type TopCase = (
+    &'static str,
+    fn((u64, u64, u64)) -> (u64, u64, u64),
+    u64,
+    u64,
+);
 
 const TOP_CASES: [TopCase; 4] = [
     (

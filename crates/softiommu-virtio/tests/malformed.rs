@@ -322,7 +322,12 @@ fn a_revoked_ring_faults_and_stops_the_queue() {
 /// the 64-bit IOVA space, one area at a time, as `(what, rewrite, address,
 /// bytes)`: each is refused when the driver sets `DRIVER_OK`, before the
 /// device computes an address in it.
-type TopCase = (&'static str, fn((u64, u64, u64)) -> (u64, u64, u64), u64, u64);
+type TopCase = (
+    &'static str,
+    fn((u64, u64, u64)) -> (u64, u64, u64),
+    u64,
+    u64,
+);
 
 const TOP_CASES: [TopCase; 4] = [
     (
@@ -370,10 +375,7 @@ fn rings_past_the_top_of_the_iova_space_need_a_reset_and_the_device_serves_again
             ),
             "{what} at {addr:#x}: {e:?}"
         );
-        assert_ne!(
-            r.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET,
-            0
-        );
+        assert_ne!(r.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
         // Reset, valid rings: a frame is transmitted.
         assert_stopped_then_recovers(&mut r, TX);
     }

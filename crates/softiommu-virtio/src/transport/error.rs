@@ -171,8 +171,10 @@ pub enum DeviceError {
     },
     /// A chain whose bytes do not hold what the device needs: shorter than
     /// the header, a frame past the largest the device allows, or a
-    /// receive buffer too small for the frame (§5.1.6.3.1: buffers must hold
-    /// the largest packet). Stops the queue, sets `DEVICE_NEEDS_RESET`.
+    /// receive chain too small for the frame and shorter than the 1,526
+    /// bytes §5.1.6.3.1 asks a driver to post (a frame that does not fit
+    /// a chain of at least that size is the wire's doing: dropped and
+    /// counted, no error). Stops the queue, sets `DEVICE_NEEDS_RESET`.
     #[error("queue {queue}: chain from {head} has {len} bytes, needs {min}..={max}")]
     ChainLength {
         /// The queue.

@@ -90,10 +90,7 @@ impl Raw {
                 .unwrap();
             t.write(reg::QUEUE_SEL, q as u32);
             t.write(reg::QUEUE_NUM, u32::from(SIZE));
-            let (d, a, u) = rings(
-                q,
-                (iova, iova + self.layout.avail, iova + self.layout.used),
-            );
+            let (d, a, u) = rings(q, (iova, iova + self.layout.avail, iova + self.layout.used));
             for (lo, v) in [
                 (reg::QUEUE_DESC_LOW, d),
                 (reg::QUEUE_DRIVER_LOW, a),
