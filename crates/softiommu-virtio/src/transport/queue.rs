@@ -128,8 +128,10 @@ fn fault(
 
 impl DeviceQueue {
     /// A live queue with `layout` (already checked by the transport) and
-    /// the negotiated `features`. Refused (never with a checked layout)
-    /// if `virtio-queue` will not take it.
+    /// the negotiated `features`. Refused if a ring runs past the end of
+    /// the 64-bit address space ([`QueueLayout::check_extents`]), or
+    /// (never with a layout the transport checked) if `virtio-queue` will
+    /// not take it.
     pub fn new(layout: QueueLayout, features: u64) -> Result<Self, DeviceError> {
         layout.check_extents()?;
         let bad = |what, addr, align| DeviceError::QueueLayoutInvalid {
