@@ -198,6 +198,11 @@ pub mod net {
     /// The smallest MTU a device may offer with `VIRTIO_NET_F_MTU`
     /// (§5.1.4.1: "at least 68").
     pub const MIN_MTU: u16 = 68;
+    /// §5.1.6.3.1: without `VIRTIO_NET_F_MRG_RXBUF` and the guest
+    /// segmentation offloads, "the driver SHOULD populate the receive
+    /// queue(s) with buffers of at least 1526 bytes" (header, Ethernet
+    /// header, 1500 bytes of payload).
+    pub const RX_BUFFER_MIN: usize = HDR_LEN + ETH_HLEN + 1500;
 }
 
 /// §5.2 "Block Device": ids, feature bits, request types, status values

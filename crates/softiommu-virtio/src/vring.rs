@@ -17,6 +17,33 @@ use softiommu::mem::{MemError, PhysAddr, PhysMemory};
 
 use crate::spec::{desc, ring};
 
+/// Why a [`DriverRing`] could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RingError {
+    /// The layout is not [`RingLayout::new`] of a power-of-two size from
+    /// 1 to 32,768 (§2.7: "Queue Size value is always a power of 2"; the
+    /// ring's every offset is computed from it).
+    #[error("ring layout {layout:?} is not RingLayout::new of a power-of-two size up to 32768")]
+    BadLayout {
+        /// The layout given.
+        layout: RingLayout,
+    },
+    /// The ring's DMA address plus its size runs past the end of the
+    /// 64-bit address space: the addresses it would hand the device wrap.
+    #[error(
+        "ring at DMA address {dma:#x} of {bytes} bytes runs past the end of the address space"
+    )]
+    AddressOverflow {
+        /// The DMA address given.
+        dma: u64,
+        /// The ring's bytes.
+        bytes: u64,
+    },
+    /// The physical range is not inside the memory.
+    #[error(transparent)]
+    Memory(#[from] MemError),
+}
+
 /// Byte offsets of a split ring's three parts in one allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingLayout {
@@ -67,13 +94,26 @@ unsafe impl Send for DriverRing {}
 
 impl DriverRing {
     /// A ring over `layout.bytes` at physical `phys` (zeroed, owned by the
-    /// caller), which the device reaches at `dma`.
+    /// caller), which the device reaches at `dma`. Refused unless `layout`
+    /// is [`RingLayout::new`] of a valid size (every offset this ring
+    /// writes at is computed from it) and `dma + layout.bytes` fits in 64
+    /// bits.
     pub fn new(
         mem: Arc<PhysMemory>,
         phys: PhysAddr,
         dma: u64,
         layout: RingLayout,
-    ) -> Result<Self, MemError> {
+    ) -> Result<Self, RingError> {
+        let size_ok = layout.size.is_power_of_two() && layout.size <= ring::MAX_SIZE;
+        if !size_ok || layout != RingLayout::new(layout.size) {
+            return Err(RingError::BadLayout { layout });
+        }
+        if dma.checked_add(layout.bytes).is_none() {
+            return Err(RingError::AddressOverflow {
+                dma,
+                bytes: layout.bytes,
+            });
+        }
         let base = mem.as_ptr(phys, layout.bytes)?;
         Ok(Self {
             mem,
@@ -97,7 +137,7 @@ impl DriverRing {
     }
 
     /// The device's addresses of the descriptor table, the available ring
-    /// and the used ring.
+    /// and the used ring (no sum wraps: `new` checked `dma + bytes`).
     pub fn device_addresses(&self) -> (u64, u64, u64) {
         (
             self.dma,
@@ -225,6 +265,38 @@ mod tests {
         assert_eq!(l.bytes, l.used + 4 + 8 * 256 + 2);
         let s = RingLayout::new(1);
         assert_eq!((s.avail, s.used), (16, 24));
+    }
+
+    #[test]
+    fn a_ring_with_a_bad_layout_or_a_wrapping_address_is_refused() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let phys = mem.alloc_zeroed_frames(1).unwrap();
+        let l = RingLayout::new(4);
+        let e = DriverRing::new(mem.clone(), phys, u64::MAX - 64, l).unwrap_err();
+        assert!(
+            matches!(e, RingError::AddressOverflow { dma, bytes } if dma == u64::MAX - 64 && bytes == l.bytes),
+            "{e:?}"
+        );
+        for bad in [
+            RingLayout::new(0),
+            RingLayout::new(3),
+            RingLayout {
+                avail: 1 << 40,
+                ..l
+            },
+            RingLayout { bytes: 8, ..l },
+        ] {
+            let e = DriverRing::new(mem.clone(), phys, 0x1000, bad).unwrap_err();
+            assert!(
+                matches!(e, RingError::BadLayout { layout } if layout == bad),
+                "{e:?}"
+            );
+        }
+        let e = DriverRing::new(mem.clone(), 1 << 30, 0x1000, l).unwrap_err();
+        assert!(
+            matches!(e, RingError::Memory(MemError::OutOfRange { .. })),
+            "{e:?}"
+        );
     }
 
     #[test]

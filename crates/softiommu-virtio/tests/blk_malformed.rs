@@ -78,6 +78,14 @@ impl Raw {
     }
 
     fn init(&mut self, flush: bool) {
+        self.init_with(flush, |a| a);
+        assert_eq!(self.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
+    }
+
+    /// Resets and initialises the device with the queue's rings at
+    /// `rings((desc, avail, used))` instead of where they were allocated.
+    /// Asserts nothing about the outcome.
+    fn init_with(&mut self, flush: bool, rings: impl Fn((u64, u64, u64)) -> (u64, u64, u64)) {
         let t = &self.t;
         t.write(reg::STATUS, 0);
         t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
@@ -100,10 +108,11 @@ impl Raw {
             .unwrap();
         t.write(reg::QUEUE_SEL, 0);
         t.write(reg::QUEUE_NUM, u32::from(SIZE));
+        let (d, a, u) = rings((iova, iova + self.layout.avail, iova + self.layout.used));
         for (lo, v) in [
-            (reg::QUEUE_DESC_LOW, iova),
-            (reg::QUEUE_DRIVER_LOW, iova + self.layout.avail),
-            (reg::QUEUE_DEVICE_LOW, iova + self.layout.used),
+            (reg::QUEUE_DESC_LOW, d),
+            (reg::QUEUE_DRIVER_LOW, a),
+            (reg::QUEUE_DEVICE_LOW, u),
         ] {
             t.write(lo, v as u32);
             t.write(lo + 4, (v >> 32) as u32);
@@ -115,7 +124,6 @@ impl Raw {
             reg::STATUS,
             status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK,
         );
-        assert_eq!(t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
     }
 
     /// A zeroed page holding `data`, mapped `dir`: (phys, iova).
@@ -522,4 +530,89 @@ fn a_mapping_revoked_under_a_request_in_flight_faults_without_writing() {
     assert!(blk_common::complete(&mut q, 1)[0].0.is_ok());
     d.reset();
     q.release().unwrap();
+}
+
+/// The request queue's rings programmed where they would run past the end
+/// of the 64-bit IOVA space, one area at a time, as `(what, rewrite,
+/// address, bytes)`.
+type TopCase = (
+    &'static str,
+    fn((u64, u64, u64)) -> (u64, u64, u64),
+    u64,
+    u64,
+);
+
+const TOP_CASES: [TopCase; 4] = [
+    (
+        "descriptor table",
+        |(_, a, u)| (u64::MAX - 15, a, u),
+        u64::MAX - 15,
+        16 * SIZE as u64,
+    ),
+    (
+        "descriptor table",
+        |(_, a, u)| (0xffff_ffff_ffff_ff00, a, u),
+        0xffff_ffff_ffff_ff00,
+        16 * SIZE as u64,
+    ),
+    (
+        "available ring",
+        |(d, _, u)| (d, u64::MAX - 1, u),
+        u64::MAX - 1,
+        6 + 2 * SIZE as u64,
+    ),
+    (
+        "used ring",
+        |(d, a, _)| (d, a, u64::MAX - 3),
+        u64::MAX - 3,
+        6 + 8 * SIZE as u64,
+    ),
+];
+
+#[test]
+fn rings_past_the_top_of_the_iova_space_need_a_reset_and_the_device_serves_again() {
+    for (what, rewrite, addr, len) in TOP_CASES {
+        let mut r = Raw::new(true);
+        r.init_with(true, rewrite);
+        // A request whose chain starts at descriptor 1, so that a device
+        // that took the table would add 16 to its address.
+        let (hdr, _, si) = r.command(blk::T_IN, 0);
+        let (_, data) = r.buffer(&[], DmaDirection::FromDevice);
+        r.desc(1, hdr, 16, desc::F_NEXT, 2);
+        r.desc(2, data, 512, desc::F_WRITE | desc::F_NEXT, 3);
+        r.desc(3, si, 1, desc::F_WRITE, 0);
+        r.publish(1);
+        let e = r.errors_after_reset_request();
+        assert!(
+            matches!(
+                e[..],
+                [DeviceError::AddressOverflow { queue: 0, what: w, addr: a, len: l }]
+                    if w == what && a == addr && l == len
+            ),
+            "{what} at {addr:#x}: {e:?}"
+        );
+        assert_ne!(r.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
+        // Reset, valid rings: a read completes.
+        r.init(true);
+        r.assert_still_serves();
+        assert!(r.t.errors().drain().is_empty());
+    }
+}
+
+#[test]
+fn a_descriptor_whose_buffer_wraps_the_iova_space_breaks_the_queue() {
+    let mut r = Raw::new(true);
+    let (hdr, _, si) = r.command(blk::T_IN, 0);
+    r.chain(&[(hdr, 16, false), (u64::MAX - 255, 512, true), (si, 1, true)]);
+    let e = r.errors_after_reset_request();
+    assert!(
+        matches!(
+            e[..],
+            [DeviceError::AddressOverflow { queue: 0, what: "buffer", addr, len: 512 }]
+                if addr == u64::MAX - 255
+        ),
+        "{e:?}"
+    );
+    r.init(true);
+    r.assert_still_serves();
 }

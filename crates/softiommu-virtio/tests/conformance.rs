@@ -5,7 +5,8 @@
 //! its IOMMU unit, sees IOVAs as `VIRTIO_F_ACCESS_PLATFORM` requires —
 //! `virtio-drivers` 0.13 does not negotiate that bit itself, so the
 //! transport is built without requiring it). It sends a frame onto the
-//! wire and receives one from it.
+//! wire and receives one from it, and goes on receiving after its link
+//! partner sent a frame past the device's MTU.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -16,8 +17,8 @@ use std::time::{Duration, Instant};
 use softiommu::dma::{DmaCpu, DmaDevice, DmaDirection, DmaPolicy};
 use softiommu::mem::{PhysAddr, PhysMemory, PAGE_SIZE};
 use softiommu_virtio::host::{Host, HostConfig};
-use softiommu_virtio::net::{wire, NetDeviceConfig, WireConfig};
-use softiommu_virtio::spec::reg;
+use softiommu_virtio::net::{wire, NetDeviceConfig, WireConfig, WirePort, WireStats};
+use softiommu_virtio::spec::{reg, status};
 use softiommu_virtio::transport::{MmioTransport, TransportConfig};
 use virtio_drivers::device::net::VirtIONetRaw;
 use virtio_drivers::transport::{DeviceStatus, DeviceType, InterruptStatus, Transport};
@@ -242,9 +243,11 @@ fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-#[test]
-fn virtio_drivers_net_raw_sends_and_receives_through_our_device() {
-    let (pa, mut peer, stats) = wire(WireConfig::default());
+/// A strict host on a wire built from `w`, with the DMA context of the
+/// calling thread set for it: `(host, its config, the peer's port, the
+/// wire's counters)`.
+fn host(w: WireConfig) -> (Host, HostConfig, WirePort, WireStats) {
+    let (pa, peer, stats) = wire(w);
     let cfg = HostConfig {
         policy: DmaPolicy::Strict,
         mem_bytes: 64 << 20,
@@ -266,6 +269,12 @@ fn virtio_drivers_net_raw_sends_and_receives_through_our_device() {
             shared: HashMap::new(),
         })
     });
+    (host, cfg, peer, stats)
+}
+
+#[test]
+fn virtio_drivers_net_raw_sends_and_receives_through_our_device() {
+    let (host, cfg, mut peer, stats) = host(WireConfig::default());
     let transport = host.device.transport().clone();
     let mut net =
         VirtIONetRaw::<SoftHal, Regs, QUEUE>::new(Regs(transport.clone())).expect("probe");
@@ -311,6 +320,46 @@ fn virtio_drivers_net_raw_sends_and_receives_through_our_device() {
     assert!(host.take_faults().is_empty());
     assert_eq!(stats.a_to_b().sent, 1);
     assert_eq!(stats.b_to_a().delivered, 1);
+    drop(net);
+    CTX.with(|c| {
+        let ctx = c.borrow_mut().take().unwrap();
+        assert!(ctx.shared.is_empty(), "every share was unshared");
+    });
+}
+
+#[test]
+fn virtio_drivers_net_raw_keeps_receiving_after_a_jumbo_frame() {
+    let (host, _, mut peer, _) = host(WireConfig {
+        max_frame: 9014,
+        ..WireConfig::default()
+    });
+    let transport = host.device.transport().clone();
+    let mut net =
+        VirtIONetRaw::<SoftHal, Regs, QUEUE>::new(Regs(transport.clone())).expect("probe");
+    // What §5.1.6.3.1 asks for at MTU 1500.
+    let mut rx = vec![0u8; 1526];
+    // SAFETY: `rx` is not touched until the reception completes.
+    let token = unsafe { net.receive_begin(&mut rx) }.unwrap();
+    let jumbo = vec![0xaa; 9014];
+    let normal: Vec<u8> = (0..64u8).map(|i| i ^ 0x3c).collect();
+    for f in [&jumbo, &normal] {
+        let mut slot = peer.tx.reserve().unwrap();
+        slot.buf()[..f.len()].copy_from_slice(f);
+        slot.commit(f.len());
+    }
+    let got = wait_for(|| net.poll_receive());
+    assert_eq!(got, token);
+    // SAFETY: the same buffer as `receive_begin`.
+    let (hdr_len, pkt_len) = unsafe { net.receive_complete(token, &mut rx) }.unwrap();
+    assert_eq!((hdr_len, pkt_len), (12, normal.len()));
+    assert_eq!(&rx[12..12 + pkt_len], &normal[..]);
+    assert_eq!(host.device.stats().rx_oversize_drops, 1);
+    assert_eq!(transport.status() & status::DEVICE_NEEDS_RESET, 0);
+    assert!(
+        transport.errors().snapshot().is_empty(),
+        "{:?}",
+        transport.errors().snapshot()
+    );
     drop(net);
     CTX.with(|c| {
         let ctx = c.borrow_mut().take().unwrap();

@@ -11,7 +11,7 @@ use net_raw::{assert_stopped_then_recovers, packet, Raw, RX, SIZE, TX};
 use softiommu::dma::DmaDirection;
 use softiommu::hw::{Access, FaultReason};
 use softiommu_virtio::net::HDR_LEN;
-use softiommu_virtio::spec::{desc, reg};
+use softiommu_virtio::spec::{desc, reg, status};
 use softiommu_virtio::transport::DeviceError;
 
 #[test]
@@ -316,4 +316,104 @@ fn a_revoked_ring_faults_and_stops_the_queue() {
         .take_faults()
         .iter()
         .all(|f| f.reason == FaultReason::NotPresent));
+}
+
+/// Transmit-queue rings programmed where they would run past the end of
+/// the 64-bit IOVA space, one area at a time, as `(what, rewrite, address,
+/// bytes)`: each is refused when the driver sets `DRIVER_OK`, before the
+/// device computes an address in it.
+type TopCase = (
+    &'static str,
+    fn((u64, u64, u64)) -> (u64, u64, u64),
+    u64,
+    u64,
+);
+
+const TOP_CASES: [TopCase; 4] = [
+    (
+        "descriptor table",
+        |(_, a, u)| (u64::MAX - 15, a, u),
+        u64::MAX - 15,
+        16 * SIZE as u64,
+    ),
+    (
+        "descriptor table",
+        |(_, a, u)| (0xffff_ffff_ffff_ff00, a, u),
+        0xffff_ffff_ffff_ff00,
+        16 * SIZE as u64,
+    ),
+    (
+        "available ring",
+        |(d, _, u)| (d, u64::MAX - 1, u),
+        u64::MAX - 1,
+        6 + 2 * SIZE as u64,
+    ),
+    (
+        "used ring",
+        |(d, a, _)| (d, a, u64::MAX - 3),
+        u64::MAX - 3,
+        6 + 8 * SIZE as u64,
+    ),
+];
+
+#[test]
+fn rings_past_the_top_of_the_iova_space_need_a_reset_and_the_device_serves_again() {
+    for (what, rewrite, addr, len) in TOP_CASES {
+        let mut r = Raw::new();
+        r.init_with(|q, rings| if q == TX { rewrite(rings) } else { rings });
+        // A chain from descriptor 1, so that a device that took the table
+        // would add 16 to its address.
+        let (_, iova) = r.buffer(4096, &packet(), DmaDirection::ToDevice);
+        r.desc(TX, 1, iova, packet().len() as u32, 0, 0);
+        r.publish(TX, 1);
+        let e = r.errors_after_reset_request();
+        assert!(
+            matches!(
+                e[..],
+                [DeviceError::AddressOverflow { queue: 1, what: w, addr: a, len: l }]
+                    if w == what && a == addr && l == len
+            ),
+            "{what} at {addr:#x}: {e:?}"
+        );
+        assert_ne!(r.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
+        // Reset, valid rings: a frame is transmitted.
+        assert_stopped_then_recovers(&mut r, TX);
+    }
+}
+
+#[test]
+fn rings_at_the_top_of_the_iova_space_that_fit_fault_then_the_device_serves_again() {
+    // Inside the 64-bit space but past the unit's address width: the
+    // first ring access faults (the available index).
+    let mut r = Raw::new();
+    let top = 0xffff_ffff_ffff_f000;
+    r.init_with(|q, rings| if q == TX { (top, top, top) } else { rings });
+    r.publish(TX, 0);
+    let e = r.errors_after_reset_request();
+    assert!(
+        matches!(
+            e[..],
+            [DeviceError::DmaFault { queue: 1, what: "available ring", iova, access: Access::Read, .. }]
+                if iova == top + 2
+        ),
+        "{e:?}"
+    );
+    assert_stopped_then_recovers(&mut r, TX);
+}
+
+#[test]
+fn a_descriptor_whose_buffer_wraps_the_iova_space_is_refused() {
+    let mut r = Raw::new();
+    r.desc(TX, 0, u64::MAX - 7, packet().len() as u32, 0, 0);
+    r.publish(TX, 0);
+    let e = r.errors_after_reset_request();
+    assert!(
+        matches!(
+            e[..],
+            [DeviceError::AddressOverflow { queue: 1, what: "buffer", addr, len: 72 }]
+                if addr == u64::MAX - 7
+        ),
+        "{e:?}"
+    );
+    assert_stopped_then_recovers(&mut r, TX);
 }

@@ -110,6 +110,16 @@ pub enum NetDeviceError {
     /// The thread panicked (a bug, never a driver's doing).
     #[error("the device thread panicked")]
     Panicked,
+    /// The wire's frame slots are shorter than the largest frame the
+    /// device's MTU lets a driver send: a configuration that could not
+    /// carry what the device announces, refused before the thread starts.
+    #[error("the device's largest frame is {max_frame} bytes but the wire's slots hold {slot}")]
+    WireSlotTooSmall {
+        /// The device's largest frame (Ethernet header + MTU).
+        max_frame: usize,
+        /// Bytes a wire slot holds.
+        slot: usize,
+    },
 }
 
 /// A device's counters (one writer: the device thread).
@@ -118,6 +128,8 @@ struct Counters {
     tx_frames: AtomicU64,
     rx_frames: AtomicU64,
     tx_dropped: AtomicU64,
+    tx_oversize_drops: AtomicU64,
+    rx_oversize_drops: AtomicU64,
     batches: AtomicU64,
     sleeps: AtomicU64,
 }
@@ -135,6 +147,16 @@ pub struct NetDeviceStats {
     pub rx_frames: u64,
     /// Transmitted frames the wire dropped (its queue was full).
     pub tx_dropped: u64,
+    /// Transmitted frames longer than a wire slot, dropped (none once
+    /// [`NetDevice::spawn`] has checked the wire; the copy is bounded by
+    /// the slot whatever the configuration).
+    pub tx_oversize_drops: u64,
+    /// Frames from the wire that could not be delivered and were dropped,
+    /// the driver's buffers untouched and the queue going on: longer than
+    /// the device's largest frame (§5.1.6.4.1: the device passes no
+    /// packet past the MTU), or longer than a receive chain that holds at
+    /// least what §5.1.6.3.1 asks a driver to post.
+    pub rx_oversize_drops: u64,
     /// Turns of the loop that did work.
     pub batches: u64,
     /// Times the device parked for want of work.
@@ -153,8 +175,24 @@ pub struct NetDevice {
 
 impl NetDevice {
     /// Starts a device `sid` of `system` on its own thread, on wire port
-    /// `port`. Returns once the thread has made its translators.
+    /// `port`. Returns once the thread has made its translators. Refused
+    /// ([`NetDeviceError::WireSlotTooSmall`]) when the wire's slots cannot
+    /// hold the device's largest frame.
     pub fn spawn(
+        cfg: NetDeviceConfig,
+        system: Arc<System>,
+        sid: SourceId,
+        port: WirePort,
+    ) -> Result<Self, NetDeviceError> {
+        let (max_frame, slot) = (cfg.net.max_frame(), port.tx.max_frame());
+        if slot < max_frame {
+            return Err(NetDeviceError::WireSlotTooSmall { max_frame, slot });
+        }
+        Self::start(cfg, system, sid, port)
+    }
+
+    /// [`spawn`](Self::spawn) without the wire check.
+    fn start(
         cfg: NetDeviceConfig,
         system: Arc<System>,
         sid: SourceId,
@@ -223,6 +261,8 @@ impl NetDevice {
             tx_frames: c.tx_frames.load(Ordering::Relaxed),
             rx_frames: c.rx_frames.load(Ordering::Relaxed),
             tx_dropped: c.tx_dropped.load(Ordering::Relaxed),
+            tx_oversize_drops: c.tx_oversize_drops.load(Ordering::Relaxed),
+            rx_oversize_drops: c.rx_oversize_drops.load(Ordering::Relaxed),
             batches: c.batches.load(Ordering::Relaxed),
             sleeps: c.sleeps.load(Ordering::Relaxed),
         }
@@ -459,6 +499,7 @@ impl Worker {
 
     fn rx_batch(&mut self, end: &DeviceEnd) -> Batch {
         let mut b = Batch::default();
+        let mut dropped = 0u64;
         let mut slot = end.queue(net::RX_QUEUE);
         let Some(q) = slot.as_mut().and_then(|s| s.as_mut()) else {
             // Not live: frames wait on the wire (and drop there when it
@@ -477,6 +518,14 @@ impl Worker {
             if i == self.batch {
                 b.more = true;
                 break;
+            }
+            if frame.len() > self.max_frame {
+                // §5.1.6.4.1: no packet past the MTU reaches the driver.
+                // The link partner's doing, not the driver's: dropped
+                // before any buffer is taken.
+                self.port.rx.consume();
+                dropped += 1;
+                continue;
             }
             let head = match q.pop(&self.mem) {
                 Ok(Some(h)) => h,
@@ -500,7 +549,13 @@ impl Worker {
             );
             self.port.rx.consume();
             match r {
-                Ok(()) => b.used += 1,
+                Ok(Received::Delivered) => b.used += 1,
+                Ok(Received::NoRoom) => {
+                    // Nothing was written: the chain goes back for the
+                    // next frame.
+                    q.unpop();
+                    dropped += 1;
+                }
                 Err(e) => {
                     fail(end, q, e);
                     break;
@@ -508,6 +563,7 @@ impl Worker {
             }
         }
         bump(&self.counters.rx_frames, b.used as u64);
+        bump(&self.counters.rx_oversize_drops, dropped);
         interrupt(end, q, &self.mem, b.used);
         b
     }
@@ -647,30 +703,35 @@ fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), Device
             Ok(())
         }
     };
+    if frame_len > w.port.tx.max_frame() {
+        // Longer than a wire slot (a wire `spawn` would have refused):
+        // dropped, never copied past the slot nor cut.
+        bump(&w.counters.tx_oversize_drops, 1);
+        return q.add_used(&w.mem, head, 0);
+    }
     match w.port.tx.reserve() {
-        Some(mut slot) => {
-            let buf = slot.buf();
-            gather(
-                &mut w.dma,
-                w.attrs,
-                queue,
-                &w.chain,
-                &mut h,
-                &mut buf[..frame_len],
-            )?;
-            check(&h)?;
-            slot.commit(frame_len);
-        }
+        Some(mut slot) => match slot.buf().get_mut(..frame_len) {
+            Some(buf) => {
+                gather(&mut w.dma, w.attrs, queue, &w.chain, &mut h, buf)?;
+                check(&h)?;
+                slot.commit(frame_len);
+            }
+            // A slot shorter than the wire says: as above.
+            None => bump(&w.counters.tx_oversize_drops, 1),
+        },
         None => {
             // The wire's queue is full: the frame is read (a NIC fetches
-            // before it learns the port is congested) and dropped.
+            // before it learns the port is congested) and dropped. The
+            // scratch buffer holds `max_frame` bytes, at least the
+            // frame's (checked above).
+            let n = frame_len.min(w.scratch.len());
             gather(
                 &mut w.dma,
                 w.attrs,
                 queue,
                 &w.chain,
                 &mut h,
-                &mut w.scratch[..frame_len],
+                &mut w.scratch[..n],
             )?;
             check(&h)?;
             w.port.tx.drop_frame();
@@ -680,7 +741,21 @@ fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), Device
     q.add_used(&w.mem, head, 0)
 }
 
-/// Delivers `frame` into the chain at `head`.
+/// What became of a frame offered to a receive chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Received {
+    /// Written and returned on the used ring.
+    Delivered,
+    /// Longer than the chain, which holds at least what §5.1.6.3.1 asks a
+    /// driver to post: the frame is dropped, no byte written, and the
+    /// caller gives the chain back for the next frame.
+    NoRoom,
+}
+
+/// Delivers `frame` (at most the device's largest frame) into the chain at
+/// `head`. A chain too short for it is the driver's fault only when it is
+/// shorter than §5.1.6.3.1's minimum ([`DeviceError::ChainLength`]);
+/// otherwise the frame is what does not fit ([`Received::NoRoom`]).
 fn receive(
     mem: &DeviceMemory,
     dma: &mut DmaAccessor,
@@ -689,11 +764,14 @@ fn receive(
     q: &mut DeviceQueue,
     head: u16,
     frame: &[u8],
-) -> Result<(), DeviceError> {
+) -> Result<Received, DeviceError> {
     let queue = q.index();
     let total = q.walk(mem, head, ChainDir::Writable, chain)?;
     let need = (HDR_LEN + frame.len()) as u64;
     if total < need {
+        if total >= net::RX_BUFFER_MIN as u64 {
+            return Ok(Received::NoRoom);
+        }
         return Err(DeviceError::ChainLength {
             queue,
             head,
@@ -703,5 +781,77 @@ fn receive(
         });
     }
     scatter(dma, attrs, queue, chain, &hdr::plain(true), frame)?;
-    q.add_used(mem, head, need as u32)
+    q.add_used(mem, head, need as u32)?;
+    Ok(Received::Delivered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::{wire, NetConfig, NetDriver, NetDriverConfig, WireConfig};
+    use crate::spec::status;
+    use softiommu::dma::{DmaDomain, DmaDomainConfig};
+    use softiommu::hw::UnitConfig;
+    use softiommu::mem::PhysMemory;
+
+    /// A device started, past `spawn`'s check, on a wire whose slots are
+    /// shorter than its largest frame: a frame longer than a slot is
+    /// dropped and counted, never copied past the slot; the thread goes on
+    /// and the next frame is sent.
+    #[test]
+    fn a_frame_longer_than_the_wire_slot_is_dropped_and_counted() {
+        let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
+        let mut sys = System::new(mem);
+        let unit = sys.add_unit(UnitConfig::default()).unwrap();
+        let sid = SourceId(0x0300);
+        sys.assign(sid, unit).unwrap();
+        let system = Arc::new(sys);
+        let domain = DmaDomain::new(system.clone(), DmaDomainConfig::default()).unwrap();
+        let dev = domain.attach(sid, u64::MAX, false).unwrap();
+        let (pa, mut pb, _) = wire(WireConfig::default());
+        let cfg = NetDeviceConfig {
+            net: NetConfig {
+                mtu: 9000,
+                ..NetConfig::default()
+            },
+            ..NetDeviceConfig::default()
+        };
+        let device = NetDevice::start(cfg, system, sid, pa).unwrap();
+        let mut d = NetDriver::probe(
+            device.transport().clone(),
+            domain.cpu(),
+            dev,
+            NetDriverConfig {
+                mtu: 9000,
+                ..NetDriverConfig::default()
+            },
+        )
+        .unwrap();
+        assert!(d.transmit_with(9014, |b| b.fill(0x11)).unwrap());
+        assert!(d.transmit_with(60, |b| b.fill(0x22)).unwrap());
+        let t0 = Instant::now();
+        let got = loop {
+            if let Ok(f) = pb.rx.peek() {
+                break f.to_vec();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "nothing sent");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(got, vec![0x22; 60]);
+        while device.stats().tx_frames < 2 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "not used");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let st = device.stats();
+        assert_eq!((st.tx_oversize_drops, st.tx_dropped), (1, 0));
+        assert_eq!(device.transport().status() & status::DEVICE_NEEDS_RESET, 0);
+        assert!(device.transport().errors().drain().is_empty());
+        drop(d);
+        let stopped = device.stop();
+        assert!(
+            !matches!(stopped, Err(NetDeviceError::Panicked)),
+            "{stopped:?}"
+        );
+        stopped.unwrap();
+    }
 }

@@ -98,6 +98,10 @@ pub enum DriverError {
     /// Memory for buffers could not be had.
     #[error(transparent)]
     Memory(#[from] MemError),
+    /// A ring the driver could not make (a bad layout or DMA address, or
+    /// its memory).
+    #[error(transparent)]
+    Ring(#[from] crate::vring::RingError),
     /// The device set `DEVICE_NEEDS_RESET` (or the driver `FAILED`); the
     /// first error it recorded says why.
     #[error("device needs reset (status {status:#x}){}", .first.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]

@@ -6,7 +6,8 @@
 //! transmitting device copies a frame from guest memory straight into a
 //! slot, the receiving device copies it from the slot into a guest receive
 //! buffer. A full ring drops the frame and counts it, as a switch port
-//! whose queue overflows would: never an error, never a wait.
+//! whose queue overflows would: never an error, never a wait. A frame
+//! claimed longer than a slot is dropped and counted too, never cut.
 //!
 //! The line rate (bits per second, 0 for unlimited) is modelled as
 //! serialisation: each frame occupies the line for its bits (Ethernet's
@@ -108,6 +109,7 @@ struct Lane {
     tail: crossbeam_utils::CachePadded<AtomicUsize>,
     sent: AtomicU64,
     dropped: AtomicU64,
+    oversize: AtomicU64,
     delivered: AtomicU64,
     /// The receiving device's thread, woken per frame.
     receiver: OnceLock<Thread>,
@@ -151,6 +153,7 @@ impl Lane {
             tail: Default::default(),
             sent: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            oversize: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             receiver: OnceLock::new(),
             epoch,
@@ -170,6 +173,8 @@ pub struct LaneStats {
     pub sent: u64,
     /// Frames dropped because the line's queue was full.
     pub dropped: u64,
+    /// Frames dropped because they were committed longer than a slot.
+    pub oversize: u64,
     /// Frames taken off by the receiving device.
     pub delivered: u64,
 }
@@ -219,6 +224,7 @@ fn stats(l: &Lane) -> LaneStats {
     LaneStats {
         sent: l.sent.load(Ordering::Relaxed),
         dropped: l.dropped.load(Ordering::Relaxed),
+        oversize: l.oversize.load(Ordering::Relaxed),
         delivered: l.delivered.load(Ordering::Relaxed),
     }
 }
@@ -311,11 +317,18 @@ impl TxSlot<'_> {
         unsafe { &mut *slot.data.get() }
     }
 
-    /// Puts the first `len` bytes of the buffer on the line (`len` is
-    /// capped at the buffer's size) and wakes the receiver.
+    /// Puts the first `len` bytes of the buffer on the line and wakes the
+    /// receiver. A `len` past the buffer's size is a frame the slot does
+    /// not hold: it is dropped and counted ([`LaneStats::oversize`]),
+    /// never cut to the slot.
     pub fn commit(self, len: usize) {
         let tx = self.tx;
         let lane = &*tx.lane;
+        if len > lane.max_frame {
+            let o = &lane.oversize;
+            o.store(o.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            return;
+        }
         let n = lane.slots.len();
         let slot = &lane.slots[tx.tail % n];
         let now = lane.now_ns();
@@ -323,7 +336,7 @@ impl TxSlot<'_> {
         // SAFETY: as in `buf`: the slot is the producer's until the Release
         // store of `tail` below.
         unsafe {
-            *slot.len.get() = len.min(lane.max_frame);
+            *slot.len.get() = len;
             *slot.arrive_ns.get() = arrive;
         }
         tx.tail = tx.tail.wrapping_add(1);
@@ -415,6 +428,7 @@ mod tests {
             LaneStats {
                 sent: 2,
                 dropped: 3,
+                oversize: 0,
                 delivered: 0
             }
         );
@@ -430,15 +444,27 @@ mod tests {
     }
 
     #[test]
-    fn a_frame_longer_than_a_slot_is_cut_to_the_slot() {
-        let (mut a, mut b, _) = wire(WireConfig {
+    fn a_frame_longer_than_a_slot_is_dropped_and_counted_never_cut() {
+        let (mut a, mut b, st) = wire(WireConfig {
             capacity: 1,
             line_rate_bps: 0,
             max_frame: 4,
         });
         let s = a.tx.reserve().unwrap();
         s.commit(100);
-        assert_eq!(b.rx.peek().unwrap().len(), 4);
+        assert_eq!(b.rx.peek(), Err(None));
+        assert_eq!(
+            st.a_to_b(),
+            LaneStats {
+                oversize: 1,
+                ..LaneStats::default()
+            }
+        );
+        // The slot is still free: a frame that fits goes.
+        let mut s = a.tx.reserve().unwrap();
+        s.buf().copy_from_slice(&[1, 2, 3, 4]);
+        s.commit(4);
+        assert_eq!(b.rx.peek().unwrap(), &[1, 2, 3, 4]);
     }
 
     #[test]

@@ -171,8 +171,10 @@ pub enum DeviceError {
     },
     /// A chain whose bytes do not hold what the device needs: shorter than
     /// the header, a frame past the largest the device allows, or a
-    /// receive buffer too small for the frame (§5.1.6.3.1: buffers must hold
-    /// the largest packet). Stops the queue, sets `DEVICE_NEEDS_RESET`.
+    /// receive chain too small for the frame and shorter than the 1,526
+    /// bytes §5.1.6.3.1 asks a driver to post (a frame that does not fit
+    /// a chain of at least that size is the wire's doing: dropped and
+    /// counted, no error). Stops the queue, sets `DEVICE_NEEDS_RESET`.
     #[error("queue {queue}: chain from {head} has {len} bytes, needs {min}..={max}")]
     ChainLength {
         /// The queue.
@@ -215,6 +217,23 @@ pub enum DeviceError {
         readable: u64,
         /// Device-writable bytes (saturated).
         writable: u64,
+    },
+    /// A guest-supplied address whose area runs past the end of the 64-bit
+    /// address space: a ring whose last byte would be past `u64::MAX`
+    /// (found when the queue is made live), or a descriptor whose buffer
+    /// wraps (found when its chain is walked). Stops the queue, sets
+    /// `DEVICE_NEEDS_RESET`; the device computed no address from it.
+    #[error("queue {queue}: {what} at {addr:#x} of {len} bytes runs past the end of the 64-bit address space")]
+    AddressOverflow {
+        /// The queue.
+        queue: u16,
+        /// "descriptor table", "available ring", "used ring", or "buffer".
+        what: &'static str,
+        /// The address the driver gave.
+        addr: u64,
+        /// The bytes the area holds (a ring's whole size, a descriptor's
+        /// `len`).
+        len: u64,
     },
     /// The IOMMU refused a DMA: an unmapped address, or a write to a
     /// read-only mapping. The unit has recorded the fault in its log; the

@@ -517,7 +517,8 @@ impl MmioTransport {
         }
     }
 
-    /// Checks a queue's layout (§2.7's alignment table) before it goes live.
+    /// Checks a queue's layout (§2.7's alignment table, and every ring
+    /// inside the 64-bit address space) before it goes live.
     fn layout(index: u16, q: &QueueRegs) -> Result<QueueLayout, DeviceError> {
         let bad = |what, addr, align| DeviceError::QueueLayoutInvalid {
             queue: index,
@@ -537,13 +538,17 @@ impl MmioTransport {
                 return Err(bad(what, addr, align));
             }
         }
-        Ok(QueueLayout {
+        let layout = QueueLayout {
             index,
             size: q.num,
             desc: q.desc,
             avail: q.driver,
             used: q.device,
-        })
+        };
+        // A ring past the end of the address space: refused before the
+        // device computes a single address in it.
+        layout.check_extents()?;
+        Ok(layout)
     }
 
     fn queue_ready_write(&self, mut r: MutexGuard<'_, Regs>, value: u32, st: u32) {

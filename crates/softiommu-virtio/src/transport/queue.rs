@@ -34,6 +34,38 @@ pub struct QueueLayout {
     pub used: u64,
 }
 
+impl QueueLayout {
+    /// The queue's three areas as `(what, address, bytes)`: the
+    /// descriptor table (§2.7.5: 16 bytes an entry), the available ring
+    /// (§2.7.6) and the used ring (§2.7.8), event fields included.
+    pub fn areas(&self) -> [(&'static str, u64, u64); 3] {
+        let desc = desc::SIZE.saturating_mul(u64::from(self.size));
+        [
+            ("descriptor table", self.desc, desc),
+            ("available ring", self.avail, ring::avail_bytes(self.size)),
+            ("used ring", self.used, ring::used_bytes(self.size)),
+        ]
+    }
+
+    /// Checks that every area ends inside the 64-bit address space (the
+    /// address one past its last byte is representable), so that no
+    /// offset the device adds within an area can wrap:
+    /// [`DeviceError::AddressOverflow`] otherwise.
+    pub fn check_extents(&self) -> Result<(), DeviceError> {
+        for (what, addr, len) in self.areas() {
+            if addr.checked_add(len).is_none() {
+                return Err(DeviceError::AddressOverflow {
+                    queue: self.index,
+                    what,
+                    addr,
+                    len,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One descriptor of a walked chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChainDesc {
@@ -96,9 +128,12 @@ fn fault(
 
 impl DeviceQueue {
     /// A live queue with `layout` (already checked by the transport) and
-    /// the negotiated `features`. Refused (never with a checked layout)
-    /// if `virtio-queue` will not take it.
+    /// the negotiated `features`. Refused if a ring runs past the end of
+    /// the 64-bit address space ([`QueueLayout::check_extents`]), or
+    /// (never with a layout the transport checked) if `virtio-queue` will
+    /// not take it.
     pub fn new(layout: QueueLayout, features: u64) -> Result<Self, DeviceError> {
+        layout.check_extents()?;
         let bad = |what, addr, align| DeviceError::QueueLayoutInvalid {
             queue: layout.index,
             what,
@@ -128,6 +163,21 @@ impl DeviceQueue {
     /// The layout.
     pub fn layout(&self) -> QueueLayout {
         self.layout
+    }
+
+    /// `base + off`, the first of `len` bytes inside one of the queue's
+    /// areas. The extents were checked when the queue was made, so this
+    /// cannot fail for an offset inside an area; an overflow is still the
+    /// typed error, never a wrap.
+    fn at(&self, what: &'static str, base: u64, off: u64, len: u64) -> Result<u64, DeviceError> {
+        base.checked_add(off)
+            .filter(|a| a.checked_add(len).is_some())
+            .ok_or(DeviceError::AddressOverflow {
+                queue: self.layout.index,
+                what,
+                addr: base,
+                len: off.saturating_add(len),
+            })
     }
 
     /// A number no other queue made in this process has: a device that
@@ -162,10 +212,11 @@ impl DeviceQueue {
         let (i, size) = (self.layout.index, self.layout.size);
         let next = self.q.next_avail();
         if next == self.avail_seen {
+            let idx_at = self.at("available ring", self.layout.avail, 2, 2)?;
             let idx = self
                 .q
                 .avail_idx(mem, Ordering::Acquire)
-                .map_err(|e| fault(i, "available ring", self.layout.avail + 2, Access::Read, e))?
+                .map_err(|e| fault(i, "available ring", idx_at, Access::Read, e))?
                 .0;
             let ahead = idx.wrapping_sub(next);
             if ahead > size {
@@ -181,9 +232,13 @@ impl DeviceQueue {
                 return Ok(None);
             }
         }
-        // In bounds: `next % size < size`, and the ring was checked to fit
-        // when the translation succeeded (a fault otherwise).
-        let addr = self.layout.avail + ring::AVAIL_HEADER + 2 * u64::from(next % size);
+        // Inside the ring: `next % size < size`.
+        let addr = self.at(
+            "available ring",
+            self.layout.avail,
+            ring::AVAIL_HEADER + 2 * u64::from(next % size),
+            2,
+        )?;
         // Relaxed: ordered after the Acquire load of the index above.
         let head: u16 = mem
             .load(GuestAddress(addr), Ordering::Relaxed)
@@ -191,6 +246,14 @@ impl DeviceQueue {
             .map_err(|e| fault(i, "available ring", addr, Access::Read, e))?;
         self.q.set_next_avail(next.wrapping_add(1));
         Ok(Some(head))
+    }
+
+    /// Gives back the chain the last [`pop`](Self::pop) returned, unused
+    /// and untouched (a frame the device dropped): the next `pop` returns
+    /// it again. Call only right after a `pop` that returned a head.
+    pub(crate) fn unpop(&mut self) {
+        let prev = self.q.next_avail().wrapping_sub(1);
+        self.q.set_next_avail(prev);
     }
 
     /// Walks the chain from `head` into `out` (cleared first), checking
@@ -225,7 +288,13 @@ impl DeviceQueue {
                     size,
                 });
             }
-            let at = self.layout.desc + desc::SIZE * u64::from(index);
+            // Inside the table: `index < size`.
+            let at = self.at(
+                "descriptor table",
+                self.layout.desc,
+                desc::SIZE * u64::from(index),
+                desc::SIZE,
+            )?;
             let mut raw = [0u8; desc::SIZE as usize];
             mem.read_slice(&mut raw, GuestAddress(at))
                 .map_err(|e| fault(q, "descriptor", at, Access::Read, e))?;
@@ -255,6 +324,16 @@ impl DeviceQueue {
                     index,
                     found,
                     needed,
+                });
+            }
+            if addr.checked_add(u64::from(len)).is_none() {
+                // Every offset the device adds inside the buffer is below
+                // `len`, so none of them can wrap once this holds.
+                return Err(DeviceError::AddressOverflow {
+                    queue: q,
+                    what: "buffer",
+                    addr,
+                    len: u64::from(len),
                 });
             }
             total = total.saturating_add(u64::from(len));

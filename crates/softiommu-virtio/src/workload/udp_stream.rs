@@ -209,6 +209,7 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
                     LaneStats {
                         sent: w1.sent - w0.sent,
                         dropped: w1.dropped - w0.dropped,
+                        oversize: w1.oversize - w0.oversize,
                         delivered: w1.delivered - w0.delivered,
                     },
                     deferred,

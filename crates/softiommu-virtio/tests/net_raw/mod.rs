@@ -40,7 +40,12 @@ impl Raw {
 
     /// On a host built from `cfg`, initialised (both queues live).
     pub fn with(cfg: &HostConfig) -> Self {
-        let (pa, peer, _) = wire(WireConfig::default());
+        Self::with_wire(cfg, WireConfig::default())
+    }
+
+    /// On a host built from `cfg` on a wire built from `w`, initialised.
+    pub fn with_wire(cfg: &HostConfig, w: WireConfig) -> Self {
+        let (pa, peer, _) = wire(w);
         let host = Host::new(cfg, pa).unwrap();
         let cpu = host.domain.cpu();
         let t = host.device.transport().clone();
@@ -59,6 +64,15 @@ impl Raw {
     }
 
     pub fn init(&mut self) {
+        self.init_with(|_, a| a);
+        assert_eq!(self.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
+    }
+
+    /// Resets and initialises the device, programming queue `q`'s rings
+    /// at `rings(q, (desc, avail, used))` instead of where they were
+    /// allocated (a driver that hands the device bad ring addresses).
+    /// Asserts nothing about the outcome.
+    pub fn init_with(&mut self, rings: impl Fn(usize, (u64, u64, u64)) -> (u64, u64, u64)) {
         let t = &self.t;
         t.write(reg::STATUS, 0);
         t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
@@ -76,10 +90,11 @@ impl Raw {
                 .unwrap();
             t.write(reg::QUEUE_SEL, q as u32);
             t.write(reg::QUEUE_NUM, u32::from(SIZE));
+            let (d, a, u) = rings(q, (iova, iova + self.layout.avail, iova + self.layout.used));
             for (lo, v) in [
-                (reg::QUEUE_DESC_LOW, iova),
-                (reg::QUEUE_DRIVER_LOW, iova + self.layout.avail),
-                (reg::QUEUE_DEVICE_LOW, iova + self.layout.used),
+                (reg::QUEUE_DESC_LOW, d),
+                (reg::QUEUE_DRIVER_LOW, a),
+                (reg::QUEUE_DEVICE_LOW, u),
             ] {
                 t.write(lo, v as u32);
                 t.write(lo + 4, (v >> 32) as u32);
@@ -91,7 +106,6 @@ impl Raw {
             reg::STATUS,
             status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK,
         );
-        assert_eq!(t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
     }
 
     /// A buffer of `len` bytes holding `data`, mapped `dir`: (phys, iova).
