@@ -109,6 +109,7 @@ mod loom_tests;
 mod page_requests;
 mod processor;
 mod prq;
+mod prq_route;
 mod ranges;
 mod revoke;
 mod submit;

@@ -47,6 +47,27 @@
 //!
 //! Every other bit is reserved, and a descriptor with one set is refused by
 //! [`PageRequest::decode`].
+//!
+//! # What software may trust
+//!
+//! - **The requester id is the unit's.** As a PCIe root port stamps the
+//!   requester id of a page request message from the link it arrived on,
+//!   the unit writes the requester id of the device that raised the
+//!   request (the source id of the translation that missed); a raw request
+//!   a device sends ([`Unit::inject_page_request`](super::Unit::inject_page_request))
+//!   has its requester id field overwritten with the sender's (counted in
+//!   [`PrqStats::restamped`] when it named another). Groups are matched on
+//!   (requester, group index), so a device can name, answer, fail or
+//!   cancel only its own groups.
+//! - **The ring's bytes are not.** The unit keeps a private copy of every
+//!   descriptor it writes; taking a request returns that copy, so bytes a
+//!   device wrote into the ring (a device that reached the IOMMU's frames)
+//!   change nothing (counted in [`PrqStats::ring_tampered`]). Only
+//!   [`Unit::read_page_request`](super::Unit::read_page_request), software
+//!   reading the ring itself, sees the raw bytes.
+//! - **Requests reach their requester's owner** (`prq_route`): a handler
+//!   takes only the requests of devices its domain owns; a request of a
+//!   device nobody owns is answered `Invalid` by the unit at once.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -54,6 +75,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::context::SourceId;
+use super::prq_route::{Route, Routes};
 use crate::mem::{FrameOwner, MemError, PhysAddr, PhysMemory, PAGE_SIZE};
 use crate::sync::lock_std as lock;
 
@@ -267,6 +289,18 @@ pub struct PrqStats {
     /// Groups answered `Invalid` because their device was detached or its
     /// page requests disabled.
     pub cancelled: u64,
+    /// Raw requests a device sent naming a requester id other than its
+    /// own: the unit wrote the sender's id instead.
+    pub restamped: u64,
+    /// Requests taken whose bytes in the ring differed from what the unit
+    /// wrote (a device wrote the ring): the unit's copy was used.
+    pub ring_tampered: u64,
+    /// Requests a handler took for another owner's device and handed on
+    /// to that owner.
+    pub rerouted: u64,
+    /// Requests of a device no handler owns (or whose owner's inbox was
+    /// full), answered `Invalid` by the unit.
+    pub unrouted: u64,
 }
 
 /// Where an outstanding group stands: 0 waiting, else a response code + 1.
@@ -381,6 +415,10 @@ struct Counters {
     unknown: AtomicU64,
     timed_out: AtomicU64,
     cancelled: AtomicU64,
+    restamped: AtomicU64,
+    tampered: AtomicU64,
+    rerouted: AtomicU64,
+    unrouted: AtomicU64,
 }
 
 /// A unit's page request queue and its outstanding groups.
@@ -394,6 +432,11 @@ pub(crate) struct Prq {
     head: AtomicU32,
     /// Written by the unit, under `state`.
     tail: AtomicU32,
+    /// The unit's own copy of each slot, written with the ring and the
+    /// only copy software's `take` trusts.
+    shadow: Box<[[AtomicU64; 4]]>,
+    /// Which owner takes which requester's requests.
+    routes: Routes,
     overflow: AtomicBool,
     state: Mutex<PrqState>,
     /// Rung when a request is written (software waits on it with `state`).
@@ -429,6 +472,8 @@ impl Prq {
             len,
             head: AtomicU32::new(0),
             tail: AtomicU32::new(0),
+            shadow: (0..len).map(|_| Default::default()).collect(),
+            routes: Routes::new(len as usize),
             overflow: AtomicBool::new(false),
             state: Mutex::new(PrqState::default()),
             doorbell: Condvar::new(),
@@ -452,6 +497,7 @@ impl Prq {
         } else {
             st.enabled.remove(&sid);
             drop(st);
+            self.routes.set(sid, None);
             self.cancel(sid);
         }
     }
@@ -494,6 +540,12 @@ impl Prq {
             // Relaxed: published by the tail's Release store below.
             self.mem
                 .store_u64(at + 8 * i as u64, *w, Ordering::Relaxed)?;
+        }
+        if let Some(copy) = self.shadow.get((tail % self.len) as usize) {
+            for (c, w) in copy.iter().zip(raw) {
+                // Relaxed: published by the tail's Release store below.
+                c.store(w, Ordering::Relaxed);
+            }
         }
         self.tail.store((tail + 1) % self.len, Ordering::Release);
         Ok(true)
@@ -545,10 +597,17 @@ impl Prq {
         Ok(Raised::Queued { prgi })
     }
 
-    /// Writes a raw descriptor at the tail as a (hostile) device would
-    /// send it: nothing is checked and no group is registered. Returns
-    /// whether there was room.
-    pub(crate) fn inject(&self, raw: [u64; 4]) -> Result<bool, MemError> {
+    /// Writes a raw descriptor that device `from` sent at the tail: its
+    /// requester id field is overwritten with `from` (the unit stamps the
+    /// requester, as a root port does), nothing else is checked and no
+    /// group is registered. Returns whether there was room.
+    pub(crate) fn inject(&self, from: SourceId, mut raw: [u64; 4]) -> Result<bool, MemError> {
+        const RID: u64 = 0xffff << RID_SHIFT;
+        let stamped = raw[0] & !RID | u64::from(from.0) << RID_SHIFT;
+        if stamped != raw[0] {
+            self.counters.restamped.fetch_add(1, Ordering::Relaxed);
+        }
+        raw[0] = stamped;
         let _st = lock(&self.state);
         let queued = self.push(raw)?;
         if queued {
@@ -642,12 +701,13 @@ impl Prq {
         self.overflow.store(false, Ordering::Release);
     }
 
-    /// Takes the descriptor at the head, if any, moving the head past it.
-    /// Several takers may run at once (handler threads): each descriptor is
-    /// taken once. A taker reads the slot, then claims it by moving the
-    /// head with a compare-exchange; the unit cannot overwrite the slot
-    /// before the head has moved past it, so a successful claim read it
-    /// whole.
+    /// Takes the descriptor at the head, if any, moving the head past it:
+    /// the unit's own copy of it (a ring slot whose bytes differ is
+    /// counted as tampered with). Several takers may run at once (handler
+    /// threads): each descriptor is taken once. A taker reads the slot,
+    /// then claims it by moving the head with a compare-exchange; the unit
+    /// cannot overwrite the slot before the head has moved past it, so a
+    /// successful claim read it whole.
     pub(crate) fn take(&self) -> Option<Result<[u64; 4], MemError>> {
         loop {
             let head = self.head.load(Ordering::Acquire);
@@ -655,7 +715,14 @@ impl Prq {
             if head == self.tail.load(Ordering::Acquire) {
                 return None;
             }
-            let raw = self.read(head);
+            let ring = self.read(head);
+            let mut raw = [0u64; 4];
+            if let Some(copy) = self.shadow.get((head % self.len) as usize) {
+                for (w, c) in raw.iter_mut().zip(copy) {
+                    // Relaxed: after the tail's Acquire load above.
+                    *w = c.load(Ordering::Relaxed);
+                }
+            }
             // Release: the slot was read before the unit may reuse it.
             if self
                 .head
@@ -667,9 +734,71 @@ impl Prq {
                 )
                 .is_ok()
             {
-                return Some(raw);
+                if ring.is_ok_and(|r| r != raw) {
+                    self.counters.tampered.fetch_add(1, Ordering::Relaxed);
+                }
+                return Some(Ok(raw));
             }
         }
+    }
+
+    /// Makes `owner` the one software owner that takes `sid`'s requests
+    /// (`None`: nobody; its parked requests are dropped).
+    pub(crate) fn route(&self, sid: SourceId, owner: Option<u64>) {
+        self.routes.set(sid, owner);
+    }
+
+    /// Takes the next request for a device `owner` owns: one another owner
+    /// parked for it, or else from the head of the queue, where requests
+    /// of other owners' devices are parked for them (and they are woken)
+    /// and requests of devices nobody owns are answered `Invalid` at once.
+    pub(crate) fn take_for(&self, owner: u64) -> Option<Result<[u64; 4], MemError>> {
+        if let Some(raw) = self.routes.pop(owner) {
+            return Some(Ok(raw));
+        }
+        loop {
+            let raw = match self.take()? {
+                Ok(raw) => raw,
+                Err(e) => return Some(Err(e)),
+            };
+            match self.routes.sort(owner, raw) {
+                Route::Mine => return Some(Ok(raw)),
+                Route::Parked => {
+                    self.counters.rerouted.fetch_add(1, Ordering::Relaxed);
+                    self.kick();
+                }
+                Route::Full | Route::Unrouted => {
+                    self.counters.unrouted.fetch_add(1, Ordering::Relaxed);
+                    // A descriptor that does not decode names no group.
+                    if let Ok(r) = PageRequest::decode(raw) {
+                        if r.last {
+                            self.respond(r.sid, r.prgi, ResponseCode::Invalid);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// As [`wait_request`](Self::wait_request), also woken by a request
+    /// parked for `owner`.
+    pub(crate) fn wait_request_for(&self, owner: u64, timeout: Duration) -> bool {
+        let st = lock(&self.state);
+        // Under `state`: a request parked after this look rings the
+        // doorbell under `state`, so after this thread sleeps.
+        if self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
+            || self.routes.has(owner)
+        {
+            return true;
+        }
+        self.sleepers.fetch_add(1, Ordering::Relaxed);
+        let (_st, _) = self
+            .doorbell
+            .wait_timeout(st, timeout)
+            .unwrap_or_else(|e| e.into_inner());
+        self.sleepers.fetch_sub(1, Ordering::Relaxed);
+        self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
+            || self.routes.has(owner)
     }
 
     /// Waits until a request is in the queue or `timeout` passes.
@@ -704,6 +833,10 @@ impl Prq {
             unknown_responses: r(&c.unknown),
             timed_out: r(&c.timed_out),
             cancelled: r(&c.cancelled),
+            restamped: r(&c.restamped),
+            ring_tampered: r(&c.tampered),
+            rerouted: r(&c.rerouted),
+            unrouted: r(&c.unrouted),
         }
     }
 }

@@ -34,7 +34,10 @@ mod error;
 mod handler;
 mod histogram;
 
-pub use domain::{IopfConfig, IopfDomain, IopfStats, Region, MAX_PREMAP_PAGES, MAX_REGION_BYTES};
+pub use domain::{
+    IopfConfig, IopfDomain, IopfStats, Region, DEFAULT_FENCE_TIMEOUT, MAX_FENCE_TIMEOUT,
+    MAX_PREMAP_PAGES, MAX_REGION_BYTES,
+};
 pub use error::IopfError;
 pub use handler::{
     HandlerStats, IopfHandler, DEFAULT_SPIN_POLLS, MAX_HANDLER_THREADS, MAX_SPIN_POLLS,
