@@ -217,7 +217,7 @@ fn a_full_queue_answers_invalid_at_once_and_sets_overflow() {
     }
     .encode();
     let mut queued = 0;
-    while unit.inject_page_request(SourceId(0x0999), junk).unwrap() {
+    while unit.inject_page_request(junk).unwrap() {
         queued += 1;
     }
     assert_eq!(queued, 127);
@@ -512,9 +512,9 @@ fn bad_input_is_typed_or_answered_invalid_and_counted() {
         private: [0, 0],
     }
     .encode();
-    unit.inject_page_request(DEV, reserved).unwrap();
+    unit.inject_page_request(reserved).unwrap();
     reserved[0] |= 1 << 60;
-    unit.inject_page_request(DEV, reserved).unwrap();
+    unit.inject_page_request(reserved).unwrap();
     let t0 = Instant::now();
     while h.stats().requests + h.stats().malformed < 2 && t0.elapsed() < Duration::from_secs(5) {
         std::thread::yield_now();

@@ -118,35 +118,71 @@ fn wait_raised(r: &Rig, n: u64) {
     }
 }
 
+/// How the attacker sends its forged request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Forgery {
+    /// As itself (`inject_page_request_from`), before the victim faults.
+    Attributed,
+    /// Unattributed (`inject_page_request`), before the victim faults.
+    Before,
+    /// Unattributed, while the victim's group is outstanding.
+    While,
+}
+
 #[test]
 fn a_forged_request_cannot_answer_the_victims_group() {
-    let r = rig(&[VICTIM, ATTACKER]);
-    let (d, _) = domain(&r, 2, BASE, 4, &[VICTIM, ATTACKER]);
-    let unit = r.sys.unit(r.unit).unwrap();
-    // The attacker's request names the victim and the group its next
-    // fault will get (0), and is queued first.
-    assert!(unit
-        .inject_page_request(ATTACKER, forged(VICTIM, 0))
-        .unwrap());
-    let out = std::thread::scope(|s| {
-        let t = s.spawn(|| accessor(&r, VICTIM).read_u64(BASE, O));
-        wait_raised(&r, 1);
-        let h = IopfHandler::start(d.clone(), r.unit, 1).unwrap();
-        let out = t.join().unwrap();
-        drop(h);
-        out
-    });
-    assert_eq!(out, Ok(tag(2, 0)), "the victim's access succeeds");
-    let s = unit.page_request_stats();
-    assert_eq!(s.restamped, 1, "the forged requester id was overwritten");
-    assert_eq!(s.responses, 1, "only the victim's own group was answered");
-    assert_eq!(s.unknown_responses, 1, "the forged answer found no group");
-    assert_eq!(d.stats().served, 1);
-    assert_eq!(d.stats().refused, 1);
-    assert!(
-        unit.faults().drain().records.is_empty(),
-        "no fault recorded"
-    );
+    for how in [Forgery::Attributed, Forgery::Before, Forgery::While] {
+        let r = rig(&[VICTIM, ATTACKER]);
+        let (d, _) = domain(&r, 2, BASE, 4, &[VICTIM, ATTACKER]);
+        let unit = r.sys.unit(r.unit).unwrap();
+        // The attacker's request names the victim and the group its first
+        // fault gets (0), and is answered `Invalid` if served.
+        match how {
+            Forgery::Attributed => assert_eq!(
+                unit.inject_page_request_from(ATTACKER, forged(VICTIM, 0)),
+                Ok(true)
+            ),
+            Forgery::Before => assert_eq!(unit.inject_page_request(forged(VICTIM, 0)), Ok(true)),
+            Forgery::While => {}
+        }
+        let out = std::thread::scope(|s| {
+            let t = s.spawn(|| accessor(&r, VICTIM).read_u64(BASE, O));
+            wait_raised(&r, 1);
+            if how == Forgery::While {
+                assert_eq!(
+                    unit.inject_page_request(forged(VICTIM, 0)),
+                    Ok(false),
+                    "refused: it names the victim's outstanding group"
+                );
+            }
+            let h = IopfHandler::start(d.clone(), r.unit, 1).unwrap();
+            let out = t.join().unwrap();
+            drop(h);
+            out
+        });
+        assert_eq!(out, Ok(tag(2, 0)), "{how:?}: the victim's access succeeds");
+        let s = unit.page_request_stats();
+        let want = match how {
+            Forgery::Attributed => (1, 0, 1, 1),
+            Forgery::Before => (0, 0, 1, 1),
+            Forgery::While => (0, 1, 1, 0),
+        };
+        assert_eq!(
+            (s.restamped, s.forged, s.responses, s.unknown_responses),
+            want,
+            "{how:?}: (restamped, forged, responses, unknown): only the victim's own group answered"
+        );
+        let refused = u64::from(how != Forgery::While);
+        assert_eq!(
+            (d.stats().served, d.stats().refused),
+            (1, refused),
+            "{how:?}"
+        );
+        assert!(
+            unit.faults().drain().records.is_empty(),
+            "{how:?}: no fault"
+        );
+    }
 }
 
 #[test]

@@ -128,16 +128,31 @@ impl Unit {
         self.submit(&[InvDescriptor::page_group_response(sid, prgi, code)])
     }
 
-    /// Writes a raw page request descriptor that device `from` sends into
-    /// the queue (for tests and fuzzing of handlers: a hostile or broken
-    /// device). The requester id is the unit's to stamp, as a root port
-    /// stamps it from the link: the descriptor's requester id field is
-    /// overwritten with `from` (counted in
-    /// [`PrqStats::restamped`] when it named another); nothing else is
-    /// checked, and no group is registered. Returns whether there was room
-    /// (when not, the overflow flag is set and counted).
-    pub fn inject_page_request(&self, from: SourceId, raw: [u64; 4]) -> Result<bool, MemError> {
-        self.shared.prq.inject(from, raw)
+    /// Writes a raw page request descriptor into the queue as a device
+    /// would send it (for tests and fuzzing of handlers: a hostile or
+    /// broken device), its requester id as written — the sender is not
+    /// known; [`inject_page_request_from`](Self::inject_page_request_from)
+    /// stamps it. Either way a raw request cannot answer a group the unit
+    /// raised: one naming an outstanding group is refused (`Ok(false)`,
+    /// counted in [`PrqStats::forged`]), and one naming a free group
+    /// reserves it until it is answered, so no fault is given it. Nothing
+    /// else is checked. Returns whether it was queued (when the queue is
+    /// full, the overflow flag is set and counted).
+    pub fn inject_page_request(&self, raw: [u64; 4]) -> Result<bool, MemError> {
+        self.shared.prq.inject(None, raw)
+    }
+
+    /// As [`inject_page_request`](Self::inject_page_request), sent by
+    /// device `from`: the requester id is the unit's to stamp, as a root
+    /// port stamps it from the link, so the descriptor's requester id
+    /// field is overwritten with `from` (counted in
+    /// [`PrqStats::restamped`] when it named another).
+    pub fn inject_page_request_from(
+        &self,
+        from: SourceId,
+        raw: [u64; 4],
+    ) -> Result<bool, MemError> {
+        self.shared.prq.inject(Some(from), raw)
     }
 
     /// Answers every outstanding group of `sid` `Invalid` (its handler is

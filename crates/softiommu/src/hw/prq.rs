@@ -54,11 +54,20 @@
 //!   requester id of a page request message from the link it arrived on,
 //!   the unit writes the requester id of the device that raised the
 //!   request (the source id of the translation that missed); a raw request
-//!   a device sends ([`Unit::inject_page_request`](super::Unit::inject_page_request))
+//!   a known device sends ([`Unit::inject_page_request_from`](super::Unit::inject_page_request_from))
 //!   has its requester id field overwritten with the sender's (counted in
 //!   [`PrqStats::restamped`] when it named another). Groups are matched on
 //!   (requester, group index), so a device can name, answer, fail or
 //!   cancel only its own groups.
+//! - **A raw request never answers a group the unit raised.** A raw
+//!   request (from either injection call; the unattributed
+//!   [`Unit::inject_page_request`](super::Unit::inject_page_request)
+//!   keeps the requester id it names) that names an outstanding group is
+//!   refused and counted ([`PrqStats::forged`]); one that names a free
+//!   group *reserves* it until it is answered (or for the unit's
+//!   `page_response_timeout`), and the unit gives none of its own faults a
+//!   reserved group. So the answer to a raw request can only ever be an
+//!   answer to that request.
 //! - **The ring's bytes are not.** The unit keeps a private copy of every
 //!   descriptor it writes; taking a request returns that copy, so bytes a
 //!   device wrote into the ring (a device that reached the IOMMU's frames)
@@ -301,6 +310,10 @@ pub struct PrqStats {
     /// Requests of a device no handler owns (or whose owner's inbox was
     /// full), answered `Invalid` by the unit.
     pub unrouted: u64,
+    /// Raw requests refused because they named a group the unit had
+    /// raised and not yet retired (an answer to them would have answered
+    /// that group).
+    pub forged: u64,
 }
 
 /// Where an outstanding group stands: 0 waiting, else a response code + 1.
@@ -405,6 +418,20 @@ struct PrqState {
     groups: HashMap<(SourceId, u16), Arc<Group>>,
     /// Each requester's next group index to try.
     next: HashMap<SourceId, u16>,
+    /// Groups named by raw requests not yet answered, with how many and
+    /// until when: the unit raises none of its own in them.
+    reserved: HashMap<(SourceId, u16), (u32, Instant)>,
+}
+
+impl PrqState {
+    /// Whether `key` may be given to a fault the unit raises.
+    fn free(&self, key: (SourceId, u16), now: Instant) -> bool {
+        !self.groups.contains_key(&key)
+            && self
+                .reserved
+                .get(&key)
+                .is_none_or(|&(_, until)| until <= now)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -419,6 +446,7 @@ struct Counters {
     tampered: AtomicU64,
     rerouted: AtomicU64,
     unrouted: AtomicU64,
+    forged: AtomicU64,
 }
 
 /// A unit's page request queue and its outstanding groups.
@@ -447,6 +475,9 @@ pub(crate) struct Prq {
     sleepers: AtomicU32,
     counters: Counters,
     epoch: Instant,
+    /// How long a raw request's group stays reserved unanswered (the
+    /// unit's `page_response_timeout`).
+    reserve_for: Duration,
 }
 
 /// What raising a request did.
@@ -462,7 +493,11 @@ pub(crate) enum Raised {
 
 impl Prq {
     /// A zeroed ring of 2^`order` pages in `mem` (frames of the IOMMU).
-    pub(crate) fn new(mem: Arc<PhysMemory>, order: u32) -> Result<Self, MemError> {
+    pub(crate) fn new(
+        mem: Arc<PhysMemory>,
+        order: u32,
+        reserve_for: Duration,
+    ) -> Result<Self, MemError> {
         let base = mem.alloc_zeroed_owned(order, FrameOwner::Iommu)?;
         let len = ((PAGE_SIZE / PRQ_DESCRIPTOR_BYTES) as u32) << order;
         Ok(Self {
@@ -480,6 +515,7 @@ impl Prq {
             sleepers: AtomicU32::new(0),
             counters: Counters::default(),
             epoch: Instant::now(),
+            reserve_for,
         })
     }
 
@@ -511,6 +547,7 @@ impl Prq {
     pub(crate) fn cancel(&self, sid: SourceId) {
         let groups: Vec<Arc<Group>> = {
             let mut st = lock(&self.state);
+            st.reserved.retain(|k, _| k.0 != sid);
             let keys: Vec<_> = st.groups.keys().filter(|k| k.0 == sid).copied().collect();
             keys.iter().filter_map(|k| st.groups.remove(k)).collect()
         };
@@ -562,9 +599,10 @@ impl Prq {
     ) -> Result<Raised, MemError> {
         let mut st = lock(&self.state);
         let start = st.next.get(&sid).copied().unwrap_or(0);
+        let now = Instant::now();
         let Some(prgi) = (0..PRG_INDICES)
             .map(|i| (start + i) % PRG_INDICES)
-            .find(|p| !st.groups.contains_key(&(sid, *p)))
+            .find(|p| st.free((sid, *p), now))
         else {
             return Ok(Raised::NoGroup);
         };
@@ -597,19 +635,45 @@ impl Prq {
         Ok(Raised::Queued { prgi })
     }
 
-    /// Writes a raw descriptor that device `from` sent at the tail: its
+    /// Writes a raw descriptor a device sent at the tail. With `from`, its
     /// requester id field is overwritten with `from` (the unit stamps the
-    /// requester, as a root port does), nothing else is checked and no
-    /// group is registered. Returns whether there was room.
-    pub(crate) fn inject(&self, from: SourceId, mut raw: [u64; 4]) -> Result<bool, MemError> {
-        const RID: u64 = 0xffff << RID_SHIFT;
-        let stamped = raw[0] & !RID | u64::from(from.0) << RID_SHIFT;
-        if stamped != raw[0] {
-            self.counters.restamped.fetch_add(1, Ordering::Relaxed);
+    /// requester, as a root port does). A well-formed request that names
+    /// a group the unit raised and has not retired is refused (counted
+    /// `forged`, `Ok(false)`); one that names a free group, and will be
+    /// answered (LPIG), reserves it until answered. Nothing else is
+    /// checked and no group is registered. Returns whether it was queued
+    /// (`false` also for a full queue).
+    pub(crate) fn inject(
+        &self,
+        from: Option<SourceId>,
+        mut raw: [u64; 4],
+    ) -> Result<bool, MemError> {
+        if let Some(from) = from {
+            const RID: u64 = 0xffff << RID_SHIFT;
+            let stamped = raw[0] & !RID | u64::from(from.0) << RID_SHIFT;
+            if stamped != raw[0] {
+                self.counters.restamped.fetch_add(1, Ordering::Relaxed);
+            }
+            raw[0] = stamped;
         }
-        raw[0] = stamped;
-        let _st = lock(&self.state);
+        let mut st = lock(&self.state);
+        let key = PageRequest::decode(raw)
+            .ok()
+            .filter(|r| r.last)
+            .map(|r| (r.sid, r.prgi));
+        if let Some(k) = key {
+            if st.groups.contains_key(&k) {
+                self.counters.forged.fetch_add(1, Ordering::Relaxed);
+                return Ok(false);
+            }
+        }
         let queued = self.push(raw)?;
+        if let (true, Some(k)) = (queued, key) {
+            let until = Instant::now() + self.reserve_for;
+            let e = st.reserved.entry(k).or_insert((0, until));
+            *e = (e.0 + 1, until);
+        }
+        drop(st);
         if queued {
             self.doorbell.notify_all();
         } else {
@@ -624,7 +688,21 @@ impl Prq {
     /// group (unknown, another requester's index, answered already) is
     /// ignored and counted.
     pub(crate) fn respond(&self, sid: SourceId, prgi: u16, code: ResponseCode) {
-        let g = lock(&self.state).groups.get(&(sid, prgi)).cloned();
+        let g = {
+            let mut st = lock(&self.state);
+            let g = st.groups.get(&(sid, prgi)).cloned();
+            if g.is_none() {
+                // The answer to a raw request: it frees the group it
+                // reserved, and answers nothing.
+                if let Some(e) = st.reserved.get_mut(&(sid, prgi)) {
+                    e.0 -= 1;
+                    if e.0 == 0 {
+                        st.reserved.remove(&(sid, prgi));
+                    }
+                }
+            }
+            g
+        };
         match g {
             Some(g) if g.answer(code) => {
                 self.counters.responses.fetch_add(1, Ordering::Relaxed);
@@ -837,6 +915,7 @@ impl Prq {
             ring_tampered: r(&c.tampered),
             rerouted: r(&c.rerouted),
             unrouted: r(&c.unrouted),
+            forged: r(&c.forged),
         }
     }
 }
@@ -908,7 +987,7 @@ mod tests {
     #[test]
     fn requests_flow_and_a_full_queue_overflows_at_once() {
         let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
-        let q = Prq::new(mem.clone(), 0).unwrap();
+        let q = Prq::new(mem.clone(), 0, Duration::from_secs(1)).unwrap();
         assert_eq!(q.registers().len, 128);
         let sid = SourceId(9);
         for i in 0..127 {

@@ -325,7 +325,8 @@ impl Unit {
             Barrier::resolve(config.drain_barrier).ok_or(HwError::MembarrierUnavailable)?;
         let domains = 1usize << config.domain_bits;
         let queue = InvQueue::new(mem.clone(), config.queue_order)?;
-        let prq = super::prq::Prq::new(mem.clone(), config.prq_order)?;
+        let prq =
+            super::prq::Prq::new(mem.clone(), config.prq_order, config.page_response_timeout)?;
         let shared = Arc::new(Shared {
             config,
             barrier,
