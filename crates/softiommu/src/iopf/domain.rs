@@ -760,14 +760,17 @@ impl Drop for IopfDomain {
     fn drop(&mut self) {
         // No device may walk the table once it is freed: detach every
         // device (their requests are answered `Invalid`), or leak the
-        // table if that cannot be done from this thread.
+        // table if that cannot be done from this thread, or if a device
+        // still inside a section after `fence_timeout` had to be fenced
+        // (the wait for it is bounded; it may still be in the table).
         let devices = std::mem::take(&mut *lock(&self.devices));
         let mut revoked = true;
         for (sid, u) in devices {
             if let Some(unit) = self.system.unit(u) {
                 unit.disable_page_requests(sid);
                 revoked &= unit.set_context(sid, None).is_ok();
-                revoked &= unit.revoke(self.config.did, 0, 0).is_ok();
+                revoked &=
+                    unit.revoke_bounded(self.config.did, 0, 0, self.config.fence_timeout) == Ok(0);
             }
             self.system.release(sid, self.id);
         }
