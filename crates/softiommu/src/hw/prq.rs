@@ -1027,4 +1027,67 @@ mod tests {
         q.set_enabled(sid, false);
         assert_eq!(q.stats().cancelled, 125);
     }
+
+    #[test]
+    fn requests_reach_their_owner_and_unowned_ones_are_answered_by_the_unit() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let q = Prq::new(mem, 0, Duration::from_secs(1)).unwrap();
+        let (a, b, nobody) = (SourceId(1), SourceId(2), SourceId(3));
+        q.route(a, Some(10));
+        q.route(b, Some(20));
+        for (i, sid) in [a, b, nobody, b, a].into_iter().enumerate() {
+            assert!(matches!(
+                q.raise(sid, (i as u64) << 12, true, false),
+                Ok(Raised::Queued { .. })
+            ));
+        }
+        let sid = |raw: [u64; 4]| PageRequest::decode(raw).unwrap().sid;
+        // Owner 10 takes its two; b's are parked for 20 on the way; the
+        // unowned one is answered `Invalid` by the unit.
+        assert_eq!(sid(q.take_for(10).unwrap().unwrap()), a);
+        assert_eq!(sid(q.take_for(10).unwrap().unwrap()), a);
+        assert!(q.take_for(10).is_none());
+        let s = q.stats();
+        assert_eq!((s.rerouted, s.unrouted, s.responses), (2, 1, 1));
+        assert_eq!(q.wait(nobody, 0, Instant::now()), ResponseCode::Invalid);
+        assert!(q.wait_request_for(20, Duration::ZERO), "20 has mail");
+        assert!(!q.wait_request_for(10, Duration::ZERO));
+        assert_eq!(sid(q.take_for(20).unwrap().unwrap()), b);
+        // Removing a route drops what was parked for that device.
+        q.route(b, None);
+        assert!(q.take_for(20).is_none());
+        assert!(!q.wait_request_for(20, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_raw_request_reserves_its_group_and_cannot_take_a_raised_one() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let q = Prq::new(mem, 0, Duration::from_secs(60)).unwrap();
+        let (v, x) = (SourceId(7), SourceId(8));
+        let mut forged = req();
+        forged.pasid = None;
+        forged.sid = v;
+        forged.prgi = 0;
+        // Reserves v's group 0: v's fault gets group 1.
+        assert_eq!(q.inject(None, forged.encode()), Ok(true));
+        assert_eq!(q.raise(v, 0, true, false), Ok(Raised::Queued { prgi: 1 }));
+        // Naming the outstanding group 1: refused.
+        forged.prgi = 1;
+        assert_eq!(q.inject(None, forged.encode()), Ok(false));
+        assert_eq!(q.stats().forged, 1);
+        // Sent by x: stamped x, whatever it names.
+        assert_eq!(q.inject(Some(x), forged.encode()), Ok(true));
+        assert_eq!(q.stats().restamped, 1);
+        let taken: Vec<_> = (0..3)
+            .map(|_| PageRequest::decode(q.take().unwrap().unwrap()).unwrap())
+            .map(|r| (r.sid, r.prgi))
+            .collect();
+        assert_eq!(taken, vec![(v, 0), (v, 1), (x, 1)]);
+        // The raw request's answer frees its reservation, answering nothing.
+        q.respond(v, 0, ResponseCode::Invalid);
+        assert_eq!(q.stats().unknown_responses, 1);
+        q.respond(v, 1, ResponseCode::Success);
+        assert_eq!(q.wait(v, 1, Instant::now()), ResponseCode::Success);
+        assert_eq!(q.raise(v, 0, true, false), Ok(Raised::Queued { prgi: 2 }));
+    }
 }
