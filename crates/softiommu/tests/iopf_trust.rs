@@ -377,3 +377,61 @@ fn a_device_parked_in_a_section_is_fenced_and_stalls_nobody() {
     assert_eq!(d.reclaim(BASE, PAGE_SIZE), Ok(1));
     assert_eq!(d.stats().fenced_flushes, 2);
 }
+
+#[test]
+fn dropping_a_domain_while_a_device_is_parked_in_a_section_is_bounded() {
+    const STUCK: SourceId = SourceId(0x0a00);
+    let r = Arc::new(rig(&[STUCK]));
+    let d = IopfDomain::new(
+        r.sys.clone(),
+        IopfConfig {
+            did: 2,
+            fence_timeout: Duration::from_millis(50),
+            ..IopfConfig::default()
+        },
+    )
+    .unwrap();
+    let phys = r.mem.alloc_zeroed_frames(0).unwrap();
+    d.add_region(Region {
+        iova: BASE,
+        phys,
+        len: PAGE_SIZE,
+        perm: Perm::RW,
+    })
+    .unwrap();
+    d.attach(STUCK).unwrap();
+    assert_eq!(d.map_all(), Ok(1));
+    let (parked_tx, parked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let stuck = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let mut t = r.sys.unit(r.unit).unwrap().translator().unwrap();
+            t.section(|g| {
+                g.translate_page(STUCK, BASE, Access::Read).unwrap();
+                parked_tx.send(()).unwrap();
+                release_rx.recv().unwrap();
+            });
+            t.translate_page(STUCK, BASE, Access::Read)
+        })
+    };
+    parked_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        drop(d);
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the domain's drop waited for the parked device without end");
+    let unit = r.sys.unit(r.unit).unwrap();
+    assert_eq!(unit.stats().fenced_sections, 1);
+    assert_eq!(unit.fenced_sections_open(), 1);
+    release_tx.send(()).unwrap();
+    // Its context is gone: the next translation faults.
+    assert_eq!(
+        stuck.join().unwrap(),
+        Err(TranslateError::NoContext { sid: STUCK })
+    );
+    assert_eq!(unit.fenced_sections_open(), 0);
+}
