@@ -88,6 +88,11 @@
 //! ([`Translator::wait_page_response`]) for the page group response that
 //! software submits on the invalidation queue (type 9), and retries. See
 //! `prq` for the model, and the crate's `iopf` module for the handler.
+//! What a device cannot do there: the requester id is the unit's stamp,
+//! software takes the unit's own copy of each request (never the ring's
+//! bytes), a raw request never answers a group the unit raised, and each
+//! request reaches only the handler of the domain that owns its requester
+//! (`prq_route`).
 //!
 //! # Not modelled yet
 //!
@@ -109,6 +114,7 @@ mod loom_tests;
 mod page_requests;
 mod processor;
 mod prq;
+mod prq_route;
 mod ranges;
 mod revoke;
 mod submit;

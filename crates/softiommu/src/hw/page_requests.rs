@@ -52,17 +52,34 @@ impl Unit {
     }
 
     /// Takes the request at the head of the queue, if any, and moves the
-    /// head past it.
+    /// head past it: the descriptor as the unit wrote it (its requester id
+    /// the unit's stamp), whatever a device wrote into the ring since.
+    /// This is software reading the whole queue itself; handlers of an
+    /// [`IopfDomain`](crate::iopf::IopfDomain) take only their own
+    /// devices' requests, and a unit's requests are taken one way or the
+    /// other, not both.
     pub fn take_page_request(&self) -> Option<Result<Taken, MemError>> {
-        Some(
-            self.shared
-                .prq
-                .take()?
-                .map(|raw| match PageRequest::decode(raw) {
-                    Ok(r) => Taken::Request(r),
-                    Err(error) => Taken::Malformed { raw, error },
-                }),
-        )
+        Some(self.shared.prq.take()?.map(decode))
+    }
+
+    /// Makes `owner` (a domain's owner id, as [`System`](super::System)
+    /// records it) the one owner that takes `sid`'s requests; `None`: no
+    /// owner, and the unit answers its requests `Invalid`.
+    pub(crate) fn route_page_requests(&self, sid: SourceId, owner: Option<u64>) {
+        self.shared.prq.route(sid, owner);
+    }
+
+    /// Takes the next request of a device `owner` owns (see `prq_route`):
+    /// requests of other owners' devices met on the way are handed to
+    /// them, those of devices nobody owns answered `Invalid`.
+    pub(crate) fn take_routed_page_request(&self, owner: u64) -> Option<Result<Taken, MemError>> {
+        Some(self.shared.prq.take_for(owner)?.map(decode))
+    }
+
+    /// As [`wait_page_request`](Self::wait_page_request), also woken by a
+    /// request handed to `owner`.
+    pub(crate) fn wait_routed_page_request(&self, owner: u64, timeout: Duration) -> bool {
+        self.shared.prq.wait_request_for(owner, timeout)
     }
 
     /// Waits until the queue holds a request or `timeout` passes; returns
@@ -112,11 +129,30 @@ impl Unit {
     }
 
     /// Writes a raw page request descriptor into the queue as a device
-    /// would send it, unchecked (for tests and fuzzing of handlers: a
-    /// hostile or broken device). Returns whether there was room (when not,
-    /// the overflow flag is set and counted).
+    /// would send it (for tests and fuzzing of handlers: a hostile or
+    /// broken device), its requester id as written — the sender is not
+    /// known; [`inject_page_request_from`](Self::inject_page_request_from)
+    /// stamps it. Either way a raw request cannot answer a group the unit
+    /// raised: one naming an outstanding group is refused (`Ok(false)`,
+    /// counted in [`PrqStats::forged`]), and one naming a free group
+    /// reserves it until it is answered, so no fault is given it. Nothing
+    /// else is checked. Returns whether it was queued (when the queue is
+    /// full, the overflow flag is set and counted).
     pub fn inject_page_request(&self, raw: [u64; 4]) -> Result<bool, MemError> {
-        self.shared.prq.inject(raw)
+        self.shared.prq.inject(None, raw)
+    }
+
+    /// As [`inject_page_request`](Self::inject_page_request), sent by
+    /// device `from`: the requester id is the unit's to stamp, as a root
+    /// port stamps it from the link, so the descriptor's requester id
+    /// field is overwritten with `from` (counted in
+    /// [`PrqStats::restamped`] when it named another).
+    pub fn inject_page_request_from(
+        &self,
+        from: SourceId,
+        raw: [u64; 4],
+    ) -> Result<bool, MemError> {
+        self.shared.prq.inject(Some(from), raw)
     }
 
     /// Answers every outstanding group of `sid` `Invalid` (its handler is
@@ -135,5 +171,12 @@ impl Unit {
     /// The page request counts.
     pub fn page_request_stats(&self) -> PrqStats {
         self.shared.prq.stats()
+    }
+}
+
+fn decode(raw: [u64; 4]) -> Taken {
+    match PageRequest::decode(raw) {
+        Ok(r) => Taken::Request(r),
+        Err(error) => Taken::Malformed { raw, error },
     }
 }

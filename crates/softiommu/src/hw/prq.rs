@@ -47,6 +47,36 @@
 //!
 //! Every other bit is reserved, and a descriptor with one set is refused by
 //! [`PageRequest::decode`].
+//!
+//! # What software may trust
+//!
+//! - **The requester id is the unit's.** As a PCIe root port stamps the
+//!   requester id of a page request message from the link it arrived on,
+//!   the unit writes the requester id of the device that raised the
+//!   request (the source id of the translation that missed); a raw request
+//!   a known device sends ([`Unit::inject_page_request_from`](super::Unit::inject_page_request_from))
+//!   has its requester id field overwritten with the sender's (counted in
+//!   [`PrqStats::restamped`] when it named another). Groups are matched on
+//!   (requester, group index), so a device can name, answer, fail or
+//!   cancel only its own groups.
+//! - **A raw request never answers a group the unit raised.** A raw
+//!   request (from either injection call; the unattributed
+//!   [`Unit::inject_page_request`](super::Unit::inject_page_request)
+//!   keeps the requester id it names) that names an outstanding group is
+//!   refused and counted ([`PrqStats::forged`]); one that names a free
+//!   group *reserves* it until it is answered (or for the unit's
+//!   `page_response_timeout`), and the unit gives none of its own faults a
+//!   reserved group. So the answer to a raw request can only ever be an
+//!   answer to that request.
+//! - **The ring's bytes are not.** The unit keeps a private copy of every
+//!   descriptor it writes; taking a request returns that copy, so bytes a
+//!   device wrote into the ring (a device that reached the IOMMU's frames)
+//!   change nothing (counted in [`PrqStats::ring_tampered`]). Only
+//!   [`Unit::read_page_request`](super::Unit::read_page_request), software
+//!   reading the ring itself, sees the raw bytes.
+//! - **Requests reach their requester's owner** (`prq_route`): a handler
+//!   takes only the requests of devices its domain owns; a request of a
+//!   device nobody owns is answered `Invalid` by the unit at once.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -54,6 +84,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::context::SourceId;
+use super::prq_route::{Route, Routes};
 use crate::mem::{FrameOwner, MemError, PhysAddr, PhysMemory, PAGE_SIZE};
 use crate::sync::lock_std as lock;
 
@@ -267,6 +298,22 @@ pub struct PrqStats {
     /// Groups answered `Invalid` because their device was detached or its
     /// page requests disabled.
     pub cancelled: u64,
+    /// Raw requests a device sent naming a requester id other than its
+    /// own: the unit wrote the sender's id instead.
+    pub restamped: u64,
+    /// Requests taken whose bytes in the ring differed from what the unit
+    /// wrote (a device wrote the ring): the unit's copy was used.
+    pub ring_tampered: u64,
+    /// Requests a handler took for another owner's device and handed on
+    /// to that owner.
+    pub rerouted: u64,
+    /// Requests of a device no handler owns (or whose owner's inbox was
+    /// full), answered `Invalid` by the unit.
+    pub unrouted: u64,
+    /// Raw requests refused because they named a group the unit had
+    /// raised and not yet retired (an answer to them would have answered
+    /// that group).
+    pub forged: u64,
 }
 
 /// Where an outstanding group stands: 0 waiting, else a response code + 1.
@@ -371,6 +418,20 @@ struct PrqState {
     groups: HashMap<(SourceId, u16), Arc<Group>>,
     /// Each requester's next group index to try.
     next: HashMap<SourceId, u16>,
+    /// Groups named by raw requests not yet answered, with how many and
+    /// until when: the unit raises none of its own in them.
+    reserved: HashMap<(SourceId, u16), (u32, Instant)>,
+}
+
+impl PrqState {
+    /// Whether `key` may be given to a fault the unit raises.
+    fn free(&self, key: (SourceId, u16), now: Instant) -> bool {
+        !self.groups.contains_key(&key)
+            && self
+                .reserved
+                .get(&key)
+                .is_none_or(|&(_, until)| until <= now)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -381,6 +442,11 @@ struct Counters {
     unknown: AtomicU64,
     timed_out: AtomicU64,
     cancelled: AtomicU64,
+    restamped: AtomicU64,
+    tampered: AtomicU64,
+    rerouted: AtomicU64,
+    unrouted: AtomicU64,
+    forged: AtomicU64,
 }
 
 /// A unit's page request queue and its outstanding groups.
@@ -394,6 +460,11 @@ pub(crate) struct Prq {
     head: AtomicU32,
     /// Written by the unit, under `state`.
     tail: AtomicU32,
+    /// The unit's own copy of each slot, written with the ring and the
+    /// only copy software's `take` trusts.
+    shadow: Box<[[AtomicU64; 4]]>,
+    /// Which owner takes which requester's requests.
+    routes: Routes,
     overflow: AtomicBool,
     state: Mutex<PrqState>,
     /// Rung when a request is written (software waits on it with `state`).
@@ -404,6 +475,9 @@ pub(crate) struct Prq {
     sleepers: AtomicU32,
     counters: Counters,
     epoch: Instant,
+    /// How long a raw request's group stays reserved unanswered (the
+    /// unit's `page_response_timeout`).
+    reserve_for: Duration,
 }
 
 /// What raising a request did.
@@ -419,7 +493,11 @@ pub(crate) enum Raised {
 
 impl Prq {
     /// A zeroed ring of 2^`order` pages in `mem` (frames of the IOMMU).
-    pub(crate) fn new(mem: Arc<PhysMemory>, order: u32) -> Result<Self, MemError> {
+    pub(crate) fn new(
+        mem: Arc<PhysMemory>,
+        order: u32,
+        reserve_for: Duration,
+    ) -> Result<Self, MemError> {
         let base = mem.alloc_zeroed_owned(order, FrameOwner::Iommu)?;
         let len = ((PAGE_SIZE / PRQ_DESCRIPTOR_BYTES) as u32) << order;
         Ok(Self {
@@ -429,12 +507,15 @@ impl Prq {
             len,
             head: AtomicU32::new(0),
             tail: AtomicU32::new(0),
+            shadow: (0..len).map(|_| Default::default()).collect(),
+            routes: Routes::new(len as usize),
             overflow: AtomicBool::new(false),
             state: Mutex::new(PrqState::default()),
             doorbell: Condvar::new(),
             sleepers: AtomicU32::new(0),
             counters: Counters::default(),
             epoch: Instant::now(),
+            reserve_for,
         })
     }
 
@@ -452,6 +533,7 @@ impl Prq {
         } else {
             st.enabled.remove(&sid);
             drop(st);
+            self.routes.set(sid, None);
             self.cancel(sid);
         }
     }
@@ -465,6 +547,7 @@ impl Prq {
     pub(crate) fn cancel(&self, sid: SourceId) {
         let groups: Vec<Arc<Group>> = {
             let mut st = lock(&self.state);
+            st.reserved.retain(|k, _| k.0 != sid);
             let keys: Vec<_> = st.groups.keys().filter(|k| k.0 == sid).copied().collect();
             keys.iter().filter_map(|k| st.groups.remove(k)).collect()
         };
@@ -495,6 +578,12 @@ impl Prq {
             self.mem
                 .store_u64(at + 8 * i as u64, *w, Ordering::Relaxed)?;
         }
+        if let Some(copy) = self.shadow.get((tail % self.len) as usize) {
+            for (c, w) in copy.iter().zip(raw) {
+                // Relaxed: published by the tail's Release store below.
+                c.store(w, Ordering::Relaxed);
+            }
+        }
         self.tail.store((tail + 1) % self.len, Ordering::Release);
         Ok(true)
     }
@@ -510,9 +599,10 @@ impl Prq {
     ) -> Result<Raised, MemError> {
         let mut st = lock(&self.state);
         let start = st.next.get(&sid).copied().unwrap_or(0);
+        let now = Instant::now();
         let Some(prgi) = (0..PRG_INDICES)
             .map(|i| (start + i) % PRG_INDICES)
-            .find(|p| !st.groups.contains_key(&(sid, *p)))
+            .find(|p| st.free((sid, *p), now))
         else {
             return Ok(Raised::NoGroup);
         };
@@ -545,12 +635,45 @@ impl Prq {
         Ok(Raised::Queued { prgi })
     }
 
-    /// Writes a raw descriptor at the tail as a (hostile) device would
-    /// send it: nothing is checked and no group is registered. Returns
-    /// whether there was room.
-    pub(crate) fn inject(&self, raw: [u64; 4]) -> Result<bool, MemError> {
-        let _st = lock(&self.state);
+    /// Writes a raw descriptor a device sent at the tail. With `from`, its
+    /// requester id field is overwritten with `from` (the unit stamps the
+    /// requester, as a root port does). A well-formed request that names
+    /// a group the unit raised and has not retired is refused (counted
+    /// `forged`, `Ok(false)`); one that names a free group, and will be
+    /// answered (LPIG), reserves it until answered. Nothing else is
+    /// checked and no group is registered. Returns whether it was queued
+    /// (`false` also for a full queue).
+    pub(crate) fn inject(
+        &self,
+        from: Option<SourceId>,
+        mut raw: [u64; 4],
+    ) -> Result<bool, MemError> {
+        if let Some(from) = from {
+            const RID: u64 = 0xffff << RID_SHIFT;
+            let stamped = raw[0] & !RID | u64::from(from.0) << RID_SHIFT;
+            if stamped != raw[0] {
+                self.counters.restamped.fetch_add(1, Ordering::Relaxed);
+            }
+            raw[0] = stamped;
+        }
+        let mut st = lock(&self.state);
+        let key = PageRequest::decode(raw)
+            .ok()
+            .filter(|r| r.last)
+            .map(|r| (r.sid, r.prgi));
+        if let Some(k) = key {
+            if st.groups.contains_key(&k) {
+                self.counters.forged.fetch_add(1, Ordering::Relaxed);
+                return Ok(false);
+            }
+        }
         let queued = self.push(raw)?;
+        if let (true, Some(k)) = (queued, key) {
+            let until = Instant::now() + self.reserve_for;
+            let e = st.reserved.entry(k).or_insert((0, until));
+            *e = (e.0 + 1, until);
+        }
+        drop(st);
         if queued {
             self.doorbell.notify_all();
         } else {
@@ -565,7 +688,21 @@ impl Prq {
     /// group (unknown, another requester's index, answered already) is
     /// ignored and counted.
     pub(crate) fn respond(&self, sid: SourceId, prgi: u16, code: ResponseCode) {
-        let g = lock(&self.state).groups.get(&(sid, prgi)).cloned();
+        let g = {
+            let mut st = lock(&self.state);
+            let g = st.groups.get(&(sid, prgi)).cloned();
+            if g.is_none() {
+                // The answer to a raw request: it frees the group it
+                // reserved, and answers nothing.
+                if let Some(e) = st.reserved.get_mut(&(sid, prgi)) {
+                    e.0 -= 1;
+                    if e.0 == 0 {
+                        st.reserved.remove(&(sid, prgi));
+                    }
+                }
+            }
+            g
+        };
         match g {
             Some(g) if g.answer(code) => {
                 self.counters.responses.fetch_add(1, Ordering::Relaxed);
@@ -642,12 +779,13 @@ impl Prq {
         self.overflow.store(false, Ordering::Release);
     }
 
-    /// Takes the descriptor at the head, if any, moving the head past it.
-    /// Several takers may run at once (handler threads): each descriptor is
-    /// taken once. A taker reads the slot, then claims it by moving the
-    /// head with a compare-exchange; the unit cannot overwrite the slot
-    /// before the head has moved past it, so a successful claim read it
-    /// whole.
+    /// Takes the descriptor at the head, if any, moving the head past it:
+    /// the unit's own copy of it (a ring slot whose bytes differ is
+    /// counted as tampered with). Several takers may run at once (handler
+    /// threads): each descriptor is taken once. A taker reads the slot,
+    /// then claims it by moving the head with a compare-exchange; the unit
+    /// cannot overwrite the slot before the head has moved past it, so a
+    /// successful claim read it whole.
     pub(crate) fn take(&self) -> Option<Result<[u64; 4], MemError>> {
         loop {
             let head = self.head.load(Ordering::Acquire);
@@ -655,7 +793,14 @@ impl Prq {
             if head == self.tail.load(Ordering::Acquire) {
                 return None;
             }
-            let raw = self.read(head);
+            let ring = self.read(head);
+            let mut raw = [0u64; 4];
+            if let Some(copy) = self.shadow.get((head % self.len) as usize) {
+                for (w, c) in raw.iter_mut().zip(copy) {
+                    // Relaxed: after the tail's Acquire load above.
+                    *w = c.load(Ordering::Relaxed);
+                }
+            }
             // Release: the slot was read before the unit may reuse it.
             if self
                 .head
@@ -667,9 +812,71 @@ impl Prq {
                 )
                 .is_ok()
             {
-                return Some(raw);
+                if ring.is_ok_and(|r| r != raw) {
+                    self.counters.tampered.fetch_add(1, Ordering::Relaxed);
+                }
+                return Some(Ok(raw));
             }
         }
+    }
+
+    /// Makes `owner` the one software owner that takes `sid`'s requests
+    /// (`None`: nobody; its parked requests are dropped).
+    pub(crate) fn route(&self, sid: SourceId, owner: Option<u64>) {
+        self.routes.set(sid, owner);
+    }
+
+    /// Takes the next request for a device `owner` owns: one another owner
+    /// parked for it, or else from the head of the queue, where requests
+    /// of other owners' devices are parked for them (and they are woken)
+    /// and requests of devices nobody owns are answered `Invalid` at once.
+    pub(crate) fn take_for(&self, owner: u64) -> Option<Result<[u64; 4], MemError>> {
+        if let Some(raw) = self.routes.pop(owner) {
+            return Some(Ok(raw));
+        }
+        loop {
+            let raw = match self.take()? {
+                Ok(raw) => raw,
+                Err(e) => return Some(Err(e)),
+            };
+            match self.routes.sort(owner, raw) {
+                Route::Mine => return Some(Ok(raw)),
+                Route::Parked => {
+                    self.counters.rerouted.fetch_add(1, Ordering::Relaxed);
+                    self.kick();
+                }
+                Route::Full | Route::Unrouted => {
+                    self.counters.unrouted.fetch_add(1, Ordering::Relaxed);
+                    // A descriptor that does not decode names no group.
+                    if let Ok(r) = PageRequest::decode(raw) {
+                        if r.last {
+                            self.respond(r.sid, r.prgi, ResponseCode::Invalid);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// As [`wait_request`](Self::wait_request), also woken by a request
+    /// parked for `owner`.
+    pub(crate) fn wait_request_for(&self, owner: u64, timeout: Duration) -> bool {
+        let st = lock(&self.state);
+        // Under `state`: a request parked after this look rings the
+        // doorbell under `state`, so after this thread sleeps.
+        if self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
+            || self.routes.has(owner)
+        {
+            return true;
+        }
+        self.sleepers.fetch_add(1, Ordering::Relaxed);
+        let (_st, _) = self
+            .doorbell
+            .wait_timeout(st, timeout)
+            .unwrap_or_else(|e| e.into_inner());
+        self.sleepers.fetch_sub(1, Ordering::Relaxed);
+        self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
+            || self.routes.has(owner)
     }
 
     /// Waits until a request is in the queue or `timeout` passes.
@@ -704,6 +911,11 @@ impl Prq {
             unknown_responses: r(&c.unknown),
             timed_out: r(&c.timed_out),
             cancelled: r(&c.cancelled),
+            restamped: r(&c.restamped),
+            ring_tampered: r(&c.tampered),
+            rerouted: r(&c.rerouted),
+            unrouted: r(&c.unrouted),
+            forged: r(&c.forged),
         }
     }
 }
@@ -775,7 +987,7 @@ mod tests {
     #[test]
     fn requests_flow_and_a_full_queue_overflows_at_once() {
         let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
-        let q = Prq::new(mem.clone(), 0).unwrap();
+        let q = Prq::new(mem.clone(), 0, Duration::from_secs(1)).unwrap();
         assert_eq!(q.registers().len, 128);
         let sid = SourceId(9);
         for i in 0..127 {
@@ -814,5 +1026,68 @@ mod tests {
         assert!(q.enabled(sid));
         q.set_enabled(sid, false);
         assert_eq!(q.stats().cancelled, 125);
+    }
+
+    #[test]
+    fn requests_reach_their_owner_and_unowned_ones_are_answered_by_the_unit() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let q = Prq::new(mem, 0, Duration::from_secs(1)).unwrap();
+        let (a, b, nobody) = (SourceId(1), SourceId(2), SourceId(3));
+        q.route(a, Some(10));
+        q.route(b, Some(20));
+        for (i, sid) in [a, b, nobody, b, a].into_iter().enumerate() {
+            assert!(matches!(
+                q.raise(sid, (i as u64) << 12, true, false),
+                Ok(Raised::Queued { .. })
+            ));
+        }
+        let sid = |raw: [u64; 4]| PageRequest::decode(raw).unwrap().sid;
+        // Owner 10 takes its two; b's are parked for 20 on the way; the
+        // unowned one is answered `Invalid` by the unit.
+        assert_eq!(sid(q.take_for(10).unwrap().unwrap()), a);
+        assert_eq!(sid(q.take_for(10).unwrap().unwrap()), a);
+        assert!(q.take_for(10).is_none());
+        let s = q.stats();
+        assert_eq!((s.rerouted, s.unrouted, s.responses), (2, 1, 1));
+        assert_eq!(q.wait(nobody, 0, Instant::now()), ResponseCode::Invalid);
+        assert!(q.wait_request_for(20, Duration::ZERO), "20 has mail");
+        assert!(!q.wait_request_for(10, Duration::ZERO));
+        assert_eq!(sid(q.take_for(20).unwrap().unwrap()), b);
+        // Removing a route drops what was parked for that device.
+        q.route(b, None);
+        assert!(q.take_for(20).is_none());
+        assert!(!q.wait_request_for(20, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_raw_request_reserves_its_group_and_cannot_take_a_raised_one() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let q = Prq::new(mem, 0, Duration::from_secs(60)).unwrap();
+        let (v, x) = (SourceId(7), SourceId(8));
+        let mut forged = req();
+        forged.pasid = None;
+        forged.sid = v;
+        forged.prgi = 0;
+        // Reserves v's group 0: v's fault gets group 1.
+        assert_eq!(q.inject(None, forged.encode()), Ok(true));
+        assert_eq!(q.raise(v, 0, true, false), Ok(Raised::Queued { prgi: 1 }));
+        // Naming the outstanding group 1: refused.
+        forged.prgi = 1;
+        assert_eq!(q.inject(None, forged.encode()), Ok(false));
+        assert_eq!(q.stats().forged, 1);
+        // Sent by x: stamped x, whatever it names.
+        assert_eq!(q.inject(Some(x), forged.encode()), Ok(true));
+        assert_eq!(q.stats().restamped, 1);
+        let taken: Vec<_> = (0..3)
+            .map(|_| PageRequest::decode(q.take().unwrap().unwrap()).unwrap())
+            .map(|r| (r.sid, r.prgi))
+            .collect();
+        assert_eq!(taken, vec![(v, 0), (v, 1), (x, 1)]);
+        // The raw request's answer frees its reservation, answering nothing.
+        q.respond(v, 0, ResponseCode::Invalid);
+        assert_eq!(q.stats().unknown_responses, 1);
+        q.respond(v, 1, ResponseCode::Success);
+        assert_eq!(q.wait(v, 1, Instant::now()), ResponseCode::Success);
+        assert_eq!(q.raise(v, 0, true, false), Ok(Raised::Queued { prgi: 2 }));
     }
 }

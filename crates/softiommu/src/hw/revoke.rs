@@ -12,15 +12,38 @@
 //! translation section of this unit (the drain would wait for itself), a
 //! condition a driver checks before it clears anything
 //! ([`Unit::check_caller`]).
+//!
+//! **Bounded revocation** (`revoke_bounded`, used by the I/O page fault
+//! domain's reclaim and promotion): the same, but a section that is still
+//! open after the caller's timeout is *fenced* instead of waited for
+//! forever — recorded (slot and section), counted
+//! ([`UnitStats::fenced_sections`](super::UnitStats::fenced_sections)),
+//! and not waited for again by later bounded revocations. Its device's
+//! IOTLB entries for the range are gone and the table entries cleared, so
+//! once its section ends its next translation of the range misses and
+//! faults; but inside the section it may still use what it translated
+//! before. So the caller learns how many sections it did not wait for and
+//! must keep what they could reach (the domain keeps the backing, which
+//! it never frees, and leaks the table pages the change freed).
+//! Every other wait (the queue's, `revoke`) still waits for fenced
+//! sections. Like VT-d's invalidation time-out error (ITE), which ends a
+//! device-TLB invalidation a device does not complete in time, this is the
+//! unit giving up on a device, not a guarantee about it.
+//!
+//! No new ordering argument: the bounded drain is `Slots::drain` (the
+//! heavy fence, the snapshot, Acquire polls) with an early exit; a section
+//! it stops waiting for is promised nothing, and the caller is told.
 
 #![deny(clippy::indexing_slicing)]
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::descriptor::covering_mask;
 use super::error::QiError;
 use super::latency::spin_ns;
 use super::unit::{Counters, Shared, Unit};
+use crate::sync::lock_std as lock;
+use crate::sync::Backoff;
 
 impl Unit {
     /// Fails with [`QiError::GuardHeld`] if the calling thread holds a
@@ -38,23 +61,95 @@ impl Unit {
     pub(crate) fn revoke(&self, did: u16, iova: u64, len: u64) -> Result<(), QiError> {
         let sh = &*self.shared;
         sh.check_caller()?;
-        let page = if len == 0 {
-            None
-        } else {
-            covering_mask(iova, len, sh.limits.mamv)
-        };
-        match page {
-            Some((addr, am)) => {
-                sh.iotlb.invalidate_pages(did, addr, u32::from(am));
-            }
-            None => sh.iotlb.invalidate_domain(did),
-        }
+        sh.drop_entries(did, iova, len);
         sh.drain_direct();
         Ok(())
+    }
+
+    /// As [`revoke`](Self::revoke), but waits at most `timeout` for the
+    /// translation sections in flight: a section still open then is fenced
+    /// (see the module documentation). Returns the number of sections
+    /// that may still be open and were not waited for — fenced now, or
+    /// fenced by an earlier bounded revocation and still open — 0 when
+    /// this was a full revocation.
+    pub(crate) fn revoke_bounded(
+        &self,
+        did: u16,
+        iova: u64,
+        len: u64,
+        timeout: Duration,
+    ) -> Result<u64, QiError> {
+        let sh = &*self.shared;
+        sh.check_caller()?;
+        sh.drop_entries(did, iova, len);
+        let t0 = Instant::now();
+        let mut pending = sh.slots.drain_start(sh.barrier);
+        let waited = pending.len() as u64;
+        let skipped = {
+            let mut fenced = lock(&sh.fenced);
+            // Forget the fenced sections that have ended.
+            sh.slots.drain_poll(&mut fenced);
+            let before = pending.len();
+            pending.retain(|s| !fenced.contains(s));
+            (before - pending.len()) as u64
+        };
+        let mut backoff = Backoff::default();
+        while !sh.slots.drain_poll(&mut pending) {
+            if t0.elapsed() >= timeout {
+                break;
+            }
+            if backoff.is_spinning() {
+                backoff.snooze();
+            } else {
+                // A device parked in a section may stay there: sleep
+                // rather than burn the core it may need.
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        let fenced_now = pending.len() as u64;
+        if fenced_now > 0 {
+            lock(&sh.fenced).extend(pending);
+        }
+        let c = &sh.counters;
+        Counters::add(&c.fenced_sections, fenced_now);
+        Counters::add(&c.drains, 1);
+        Counters::add(&c.drain_waited, waited);
+        Counters::add(
+            &c.drain_ns,
+            u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
+        Counters::add(&c.modelled_ns, spin_ns(sh.latency.wait_completion_ns()));
+        Ok(skipped + fenced_now)
+    }
+
+    /// Sections fenced by a bounded revocation that are still open: while
+    /// this is not 0, a fenced device may still be using a translation
+    /// made before the revocation that fenced it.
+    pub fn fenced_sections_open(&self) -> usize {
+        let sh = &*self.shared;
+        let mut fenced = lock(&sh.fenced);
+        sh.slots.drain_poll(&mut fenced);
+        fenced.len()
     }
 }
 
 impl Shared {
+    /// Drops `did`'s IOTLB entries for `[iova, iova + len)` (the whole
+    /// domain when `len` is 0), without the queue.
+    fn drop_entries(&self, did: u16, iova: u64, len: u64) {
+        let page = if len == 0 {
+            None
+        } else {
+            covering_mask(iova, len, self.limits.mamv)
+        };
+        match page {
+            Some((addr, am)) => {
+                self.iotlb.invalidate_pages(did, addr, u32::from(am));
+            }
+            None => self.iotlb.invalidate_domain(did),
+        }
+    }
+
     /// Drains every translation in flight on the calling thread, without
     /// the queue, and charges and counts it as a revocation. The caller
     /// must have checked that it holds no section of this unit

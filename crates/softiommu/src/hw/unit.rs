@@ -159,6 +159,7 @@ pub(crate) struct Counters {
     pub(crate) modelled_ns: AtomicU64,
     pub(crate) queue_errors: AtomicU64,
     pub(crate) bypass_revocations: AtomicU64,
+    pub(crate) fenced_sections: AtomicU64,
 }
 
 impl Counters {
@@ -215,6 +216,12 @@ pub struct UnitStats {
     /// Revocations done without the queue, because it could not carry
     /// an unmap's invalidation (see `Unit::check_caller`).
     pub queue_bypass_revocations: u64,
+    /// Translation sections a bounded revocation (an I/O page fault
+    /// domain's reclaim or promotion) stopped waiting for after its
+    /// timeout: *fenced*. Later bounded revocations do not wait for them
+    /// again; every other wait still does. See
+    /// [`Unit::fenced_sections_open`].
+    pub fenced_sections: u64,
 }
 
 /// The processor's state, under the processing lock.
@@ -281,6 +288,9 @@ pub(crate) struct Shared {
     pub(crate) crash: AtomicBool,
     /// The queue thread has exited (set on its way out, however it ends).
     pub(crate) worker_gone: AtomicBool,
+    /// Sections fenced by a bounded revocation, as (slot, state) while
+    /// they may still be open (see `revoke`).
+    pub(crate) fenced: Mutex<Vec<(usize, u64)>>,
     bindings: Mutex<HashMap<u16, Binding>>,
 }
 
@@ -315,7 +325,8 @@ impl Unit {
             Barrier::resolve(config.drain_barrier).ok_or(HwError::MembarrierUnavailable)?;
         let domains = 1usize << config.domain_bits;
         let queue = InvQueue::new(mem.clone(), config.queue_order)?;
-        let prq = super::prq::Prq::new(mem.clone(), config.prq_order)?;
+        let prq =
+            super::prq::Prq::new(mem.clone(), config.prq_order, config.page_response_timeout)?;
         let shared = Arc::new(Shared {
             config,
             barrier,
@@ -344,6 +355,7 @@ impl Unit {
             shutdown: AtomicBool::new(false),
             crash: AtomicBool::new(false),
             worker_gone: AtomicBool::new(false),
+            fenced: Mutex::new(Vec::new()),
             bindings: Mutex::new(HashMap::new()),
             mem,
         });
@@ -608,6 +620,7 @@ impl Unit {
             iotlb_entries: self.shared.iotlb.occupancy() as u64,
             ring_tampered: self.shared.queue.tampered(),
             queue_bypass_revocations: r(&c.bypass_revocations),
+            fenced_sections: r(&c.fenced_sections),
         }
     }
 }

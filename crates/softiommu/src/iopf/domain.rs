@@ -5,6 +5,7 @@
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use super::error::IopfError;
 use crate::hw::{ContextEntry, HwError, PageRequest, ResponseCode, SourceId, System, UnitId};
@@ -23,6 +24,17 @@ pub const MAX_REGION_BYTES: u64 = 64 << 30;
 const BLOCK: u64 = 2 << 20;
 /// 4 KiB pages per block.
 const BLOCK_PAGES: u64 = BLOCK >> PAGE_SHIFT;
+/// The default [`IopfConfig::fence_timeout`]: 100 ms. A section's work is
+/// bounded (at most `max_access_bytes`, 1 MiB by default: well under a
+/// millisecond of copying), so a section open this long is a device
+/// thread that is parked or hostile, or one the host has descheduled for
+/// many of its time slices (a loaded Linux CPU runs each of its threads
+/// at least every 24 ms, CFS's default latency target at 8+ CPUs); 100
+/// ms keeps a merely descheduled device from being fenced on a busy
+/// machine while bounding what one device can hold a reclaim to.
+pub const DEFAULT_FENCE_TIMEOUT: Duration = Duration::from_millis(100);
+/// The longest [`IopfConfig::fence_timeout`]: 60 s.
+pub const MAX_FENCE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How an [`IopfDomain`] is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +60,12 @@ pub struct IopfConfig {
     /// Counted in [`IopfStats::promotions`]. Default `true`; `false` keeps
     /// 4 KiB leaves for whatever was faulted in page by page.
     pub promote: bool,
+    /// How long a reclaim (or a promotion) waits for the translation
+    /// sections in flight on a unit before it *fences* those still open
+    /// instead of waiting for them without end: see
+    /// [`IopfDomain::reclaim`]. Default [`DEFAULT_FENCE_TIMEOUT`] (100
+    /// ms); 1 ms to [`MAX_FENCE_TIMEOUT`].
+    pub fence_timeout: Duration,
 }
 
 impl Default for IopfConfig {
@@ -57,6 +75,7 @@ impl Default for IopfConfig {
             premap_pages: 1,
             coherent: true,
             promote: true,
+            fence_timeout: DEFAULT_FENCE_TIMEOUT,
         }
     }
 }
@@ -155,6 +174,11 @@ pub struct IopfStats {
     /// A block reclaimed in part (split back to 4 KiB leaves) and faulted
     /// in again is counted again.
     pub promotions: u64,
+    /// Reclaims and promotions that finished without waiting for a
+    /// translation section still open after
+    /// [`IopfConfig::fence_timeout`] (fenced; see
+    /// [`IopfDomain::reclaim`]): the table pages they freed were leaked.
+    pub fenced_flushes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -166,6 +190,7 @@ struct Counters {
     reclaims: AtomicU64,
     pages_reclaimed: AtomicU64,
     promotions: AtomicU64,
+    fenced_flushes: AtomicU64,
 }
 
 /// An address space mapped on demand. Share it as `Arc<IopfDomain>`;
@@ -197,6 +222,15 @@ impl IopfDomain {
                 max: MAX_PREMAP_PAGES,
             });
         }
+        let ms = config.fence_timeout.as_millis();
+        let max_ms = MAX_FENCE_TIMEOUT.as_millis() as u64;
+        if !(1..=u128::from(max_ms)).contains(&ms) {
+            return Err(IopfError::InvalidConfig {
+                name: "fence_timeout (ms)",
+                value: u64::try_from(ms).unwrap_or(u64::MAX),
+                max: max_ms,
+            });
+        }
         let vtd = if config.coherent {
             VtdConfig::coherent()
         } else {
@@ -222,6 +256,12 @@ impl IopfDomain {
     /// The system the domain lives in.
     pub fn system(&self) -> &Arc<System> {
         &self.system
+    }
+
+    /// The owner id `System` records for the domain's devices, by which
+    /// the units route their page requests to its handlers.
+    pub(crate) fn owner_id(&self) -> u64 {
+        self.id
     }
 
     /// Adds `[iova, iova + len)` backed by physical `phys` with rights
@@ -309,6 +349,7 @@ impl IopfDomain {
             }
             return Err(e.into());
         }
+        unit.route_page_requests(sid, Some(self.id));
         unit.enable_page_requests(sid);
         devices.retain(|&(s, _)| s != sid);
         devices.push((sid, id));
@@ -431,13 +472,13 @@ impl IopfDomain {
         // may run meanwhile; the old table page is freed only below.
         drop(regions);
         if let Some((start, end)) = gather.range() {
-            if self.flush_units(start, end - start + 1).is_ok() {
+            if self.flush_units(start, end - start + 1) == Ok(0) {
                 // Cannot fail for pages a collapse gathered.
                 let _ = gather.complete();
             }
-            // Otherwise the gather is dropped: its pages leak (counted by
-            // `leaked_table_pages`), never freed while a walker may be in
-            // them.
+            // Otherwise (a section fenced, or a failure) the gather is
+            // dropped: its pages leak (counted by `leaked_table_pages`),
+            // never freed while a walker may be in them.
         }
         if served {
             Ok(())
@@ -504,21 +545,27 @@ impl IopfDomain {
         self.check_callers().is_ok()
     }
 
-    /// Invalidates `[iova, iova + len)` of the domain on every unit a
-    /// device of it sits behind (IOTLB and paging-structure caches: the
-    /// hint is clear), then waits; a queue that cannot carry it is gone
-    /// around (`Unit::revoke`). Fails only for a caller
-    /// holding a section (checked beforehand by the callers).
-    fn flush_units(&self, iova: u64, len: u64) -> Result<(), IopfError> {
+    /// Revokes `[iova, iova + len)` of the domain on every unit a device
+    /// of it sits behind, without their invalidation queues, waiting at
+    /// most [`IopfConfig::fence_timeout`] per unit for the translation
+    /// sections in flight (`Unit::revoke_bounded`). Not through the queue:
+    /// a wait there holds the queue's head until every section it waits
+    /// for ends, and the page group responses that answer every other
+    /// device's faults are queued behind it. Returns the sections it did
+    /// not wait for (fenced), 0 when every unit drained. Fails only for a
+    /// caller holding a section (checked beforehand by the callers).
+    fn flush_units(&self, iova: u64, len: u64) -> Result<u64, IopfError> {
+        let mut fenced = 0;
         for u in self.units() {
             if let Some(unit) = self.system.unit(u) {
-                let queued = unit.invalidate_range(self.config.did, iova, len);
-                if queued.is_err() || unit.wait().is_err() {
-                    unit.revoke(self.config.did, iova, len)?;
-                }
+                fenced +=
+                    unit.revoke_bounded(self.config.did, iova, len, self.config.fence_timeout)?;
             }
         }
-        Ok(())
+        if fenced > 0 {
+            self.counters.fenced_flushes.fetch_add(1, Relaxed);
+        }
+        Ok(fenced)
     }
 
     /// Takes back `[iova, iova + len)` (an MMU notifier's invalidation:
@@ -538,6 +585,23 @@ impl IopfDomain {
     /// the rest of the range stay mapped and translating as before; then
     /// the error is returned. Every page ends reclaimed or untouched,
     /// never cleared while still marked mapped or cached.
+    ///
+    /// **Bounded.** The wait for translations in flight lasts at most
+    /// [`IopfConfig::fence_timeout`] per unit. A device still inside a
+    /// section that began before the invalidation is then *fenced*: not
+    /// waited for (counted in `UnitStats::fenced_sections` and
+    /// [`IopfStats::fenced_flushes`]). Its cached translations of the range
+    /// are gone and the entries cleared, so once it leaves its section
+    /// its next access to a reclaimed page faults (and is served afresh);
+    /// other devices' faults are answered meanwhile (nothing waits on the
+    /// invalidation queue). Inside the open section it may still use what
+    /// it translated before, so nothing it could reach is handed back: the
+    /// backing stays the region's (reclaim never frees it) and the table
+    /// pages the unmap freed are leaked, never reused. The call then
+    /// returns [`IopfError::SectionsFenced`], the reclaim otherwise
+    /// complete; [`Unit::fenced_sections_open`](crate::hw::Unit::fenced_sections_open)
+    /// says when the fenced sections have ended and the backing is out of
+    /// the device's reach.
     pub fn reclaim(&self, iova: u64, len: u64) -> Result<u64, IopfError> {
         if len == 0 || !(iova | len).is_multiple_of(PAGE_SIZE) {
             return Err(IopfError::Unaligned { iova, phys: 0, len });
@@ -601,13 +665,24 @@ impl IopfDomain {
         // without holding the handlers off.
         drop(regions);
         // Invalidate every unit a device of the domain sits behind, then
-        // wait. Only a caller holding a section can make this fail,
-        // checked above; the table pages stay unfreed (leaked) if it does.
-        self.flush_units(iova, len)?;
-        // Freed only now: no walker can hold them any more.
-        gather.complete()?;
+        // wait (bounded). Only a caller holding a section can make this
+        // fail, checked above; the table pages stay unfreed (leaked) if it
+        // does.
+        let fenced = self.flush_units(iova, len)?;
         self.counters.reclaims.fetch_add(1, Relaxed);
         self.counters.pages_reclaimed.fetch_add(pages, Relaxed);
+        if fenced > 0 {
+            // A fenced section may still be in a table page the unmap
+            // freed: dropping the gather leaks them (counted by
+            // `leaked_table_pages`).
+            drop(gather);
+            return Err(IopfError::SectionsFenced {
+                pages,
+                sections: fenced,
+            });
+        }
+        // Freed only now: no walker can hold them any more.
+        gather.complete()?;
         match failed {
             Some(e) => Err(e),
             None => Ok(pages),
@@ -676,6 +751,7 @@ impl IopfDomain {
             reclaims: c.reclaims.load(Relaxed),
             pages_reclaimed: c.pages_reclaimed.load(Relaxed),
             promotions: c.promotions.load(Relaxed),
+            fenced_flushes: c.fenced_flushes.load(Relaxed),
         }
     }
 }
@@ -684,14 +760,17 @@ impl Drop for IopfDomain {
     fn drop(&mut self) {
         // No device may walk the table once it is freed: detach every
         // device (their requests are answered `Invalid`), or leak the
-        // table if that cannot be done from this thread.
+        // table if that cannot be done from this thread, or if a device
+        // still inside a section after `fence_timeout` had to be fenced
+        // (the wait for it is bounded; it may still be in the table).
         let devices = std::mem::take(&mut *lock(&self.devices));
         let mut revoked = true;
         for (sid, u) in devices {
             if let Some(unit) = self.system.unit(u) {
                 unit.disable_page_requests(sid);
                 revoked &= unit.set_context(sid, None).is_ok();
-                revoked &= unit.revoke(self.config.did, 0, 0).is_ok();
+                revoked &=
+                    unit.revoke_bounded(self.config.did, 0, 0, self.config.fence_timeout) == Ok(0);
             }
             self.system.release(sid, self.id);
         }

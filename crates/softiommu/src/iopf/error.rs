@@ -10,7 +10,8 @@ use crate::pgtable::PgtableError;
 /// result: [`map_all`](super::IopfDomain::map_all) keeps the runs it mapped
 /// before running out of frames, and [`reclaim`](super::IopfDomain::reclaim)
 /// finishes the runs it cleared before the table refused one (each page
-/// ends reclaimed — unmapped, invalidated — or untouched).
+/// ends reclaimed — unmapped, invalidated — or untouched). A reclaim that
+/// fenced a device ([`SectionsFenced`](Self::SectionsFenced)) finished.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IopfError {
     /// A configuration value is out of range.
@@ -76,6 +77,24 @@ pub enum IopfError {
     NotAttached {
         /// The device.
         sid: SourceId,
+    },
+    /// A reclaim finished — its pages unmapped, every unit's cached
+    /// translations of them dropped — but `sections` translation sections
+    /// that began before it were still open after
+    /// [`IopfConfig::fence_timeout`](super::IopfConfig::fence_timeout) and
+    /// were fenced instead of waited for: their devices' next accesses to
+    /// the pages fault, but until those sections end they may still use
+    /// what they translated before. The backing stays the region's and the
+    /// freed table pages were leaked; `Unit::fenced_sections_open` says
+    /// when the sections have ended.
+    #[error(
+        "reclaimed {pages} pages, but {sections} translation section(s) still open after the fence timeout were fenced"
+    )]
+    SectionsFenced {
+        /// Pages reclaimed.
+        pages: u64,
+        /// Sections not waited for.
+        sections: u64,
     },
     /// The handler's threads could not be started.
     #[error("could not start a page request handler thread")]

@@ -37,7 +37,9 @@ pub struct HandlerStats {
     /// Groups answered `Invalid` (counted as the answer is sent).
     pub answered_invalid: u64,
     /// Requests from devices not attached to the domain (answered
-    /// `Invalid`).
+    /// `Invalid`): only a request routed here before its device was
+    /// detached; requests of other domains' devices go to their own
+    /// handlers.
     pub foreign: u64,
     /// Descriptors that did not decode (dropped; they name no group).
     pub malformed: u64,
@@ -66,7 +68,11 @@ struct Shared {
 }
 
 /// Serves the page requests of one unit for one [`IopfDomain`], on
-/// threads of its own, until stopped or dropped. Stopping answers every
+/// threads of its own, until stopped or dropped. It takes only the
+/// requests of the domain's own devices (the unit routes each request by
+/// its stamped requester id to the domain that owns the device), so
+/// several domains on one unit, each with a handler, never see or answer
+/// each other's requests. Stopping answers every
 /// outstanding group of the domain's devices `Invalid`.
 #[derive(Debug)]
 pub struct IopfHandler {
@@ -200,11 +206,14 @@ fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared, spin_polls: u32)
     let Some(unit) = system.unit(unit_id) else {
         return;
     };
+    let owner = domain.owner_id();
     // A thread spins after serving a request (the device's next fault may
     // follow at once), not before the first: it starts asleep.
     let mut idle = spin_polls;
     while !s.stop.load(Relaxed) {
-        let Some(taken) = unit.take_page_request() else {
+        // Only the requests of devices the domain owns: others are handed
+        // to their own domain's handler (see `hw::prq_route`).
+        let Some(taken) = unit.take_routed_page_request(owner) else {
             idle = idle.saturating_add(1);
             if idle < spin_polls.min(PAUSE_POLLS) {
                 std::hint::spin_loop();
@@ -214,7 +223,7 @@ fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared, spin_polls: u32)
                 // core runs at once instead of at the next tick.
                 std::thread::yield_now();
             } else {
-                unit.wait_page_request(Duration::from_millis(2));
+                unit.wait_routed_page_request(owner, Duration::from_millis(2));
             }
             continue;
         };

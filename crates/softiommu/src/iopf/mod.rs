@@ -12,8 +12,15 @@
 //! answers `Success`, or `Invalid` for a request outside the map; it
 //! measures how long each request waited. The memory is not pinned:
 //! [`IopfDomain::reclaim`] (an MMU notifier's invalidation) takes pages
-//! back — unmap, invalidate, wait — and the device's next access faults
-//! and is served again, the data intact.
+//! back — unmap, invalidate, wait at most [`IopfConfig::fence_timeout`] —
+//! and the device's next access faults and is served again, the data
+//! intact. A device still inside a translation section after the timeout
+//! is fenced, not waited for ([`IopfError::SectionsFenced`]).
+//!
+//! Trust: a request's requester id is stamped by the unit, and each unit
+//! routes requests to the domain that owns their requester, so a handler
+//! serves only its own domain's devices and a device can answer, fail or
+//! cancel only its own page request groups (see `hw`'s `prq`).
 //!
 //! Promotion ([`IopfConfig::promote`], on by default): a fault that leaves
 //! a 2 MiB-aligned 2 MiB block wholly mapped with 4 KiB leaves, inside one
@@ -34,7 +41,10 @@ mod error;
 mod handler;
 mod histogram;
 
-pub use domain::{IopfConfig, IopfDomain, IopfStats, Region, MAX_PREMAP_PAGES, MAX_REGION_BYTES};
+pub use domain::{
+    IopfConfig, IopfDomain, IopfStats, Region, DEFAULT_FENCE_TIMEOUT, MAX_FENCE_TIMEOUT,
+    MAX_PREMAP_PAGES, MAX_REGION_BYTES,
+};
 pub use error::IopfError;
 pub use handler::{
     HandlerStats, IopfHandler, DEFAULT_SPIN_POLLS, MAX_HANDLER_THREADS, MAX_SPIN_POLLS,
