@@ -123,6 +123,44 @@ pub enum LabError {
         /// Why.
         source: std::io::Error,
     },
+    /// An output file names the results database (by any path: the same
+    /// name, a link, a relative path); nothing was written.
+    #[error("refusing to write {out} ({flag}): it is the results database {db} (or its journal); nothing was written, choose another {flag}")]
+    OutputIsDatabase {
+        /// The option that named it.
+        flag: &'static str,
+        /// The output path as given.
+        out: PathBuf,
+        /// The database as given.
+        db: PathBuf,
+    },
+    /// Figures were printed but do not measure what they claim (I/O
+    /// errors, wrong data); the report marks them `"valid": false`.
+    #[error("{what}: the figures above are invalid: {why}")]
+    InvalidFigures {
+        /// The lab or run.
+        what: String,
+        /// Why.
+        why: String,
+    },
+    /// A suite ran but the database refused some of its writes for
+    /// longer than the write wait; the figures were printed.
+    #[error("results database {db} was held by another process for more than {wait_s} s at a time ({cause}): run {run_id}'s scenario(s) {scenarios} were not stored (their figures are printed above, the HTML report was not written); {row}")]
+    NotStored {
+        /// The database.
+        db: PathBuf,
+        /// The run.
+        run_id: i64,
+        /// The write wait in seconds.
+        wait_s: f64,
+        /// The scenarios not stored, comma-separated (empty: all were,
+        /// only the run's status was not).
+        scenarios: String,
+        /// What became of the run's row.
+        row: &'static str,
+        /// The database's words.
+        cause: String,
+    },
     /// The run was interrupted (Ctrl-C); what finished is kept.
     #[error("interrupted: run {run_id} kept {kept} finished scenario(s) in {db}, marked partial")]
     Interrupted {

@@ -3,6 +3,7 @@
 
 pub mod compare;
 pub mod history;
+pub mod out_path;
 pub mod report;
 pub mod run;
 

@@ -71,6 +71,30 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ),
 ];
 
+/// The built-in names, as a list for messages.
+fn valid_names() -> String {
+    BUILTIN
+        .iter()
+        .map(|(f, _)| f.trim_end_matches(".toml"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The built-in scenario named `name` for `run --scenarios`, which takes
+/// names only: a file there is refused pointing at `lab FILE`.
+pub fn suite_builtin(name: &str) -> Result<Scenario, ScenarioError> {
+    builtin(name).map_err(|e| match e {
+        ScenarioError::UnknownBuiltin { name, valid } => {
+            if Path::new(&name).is_file() {
+                ScenarioError::RunTakesNames { name, valid }
+            } else {
+                ScenarioError::UnknownRunScenario { name, valid }
+            }
+        }
+        e => e,
+    })
+}
+
 /// The built-in scenario named `name` (with or without `.toml`).
 pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
     let want = name.strip_suffix(".toml").unwrap_or(name);
@@ -81,11 +105,7 @@ pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
     }
     Err(ScenarioError::UnknownBuiltin {
         name: name.to_string(),
-        valid: BUILTIN
-            .iter()
-            .map(|(f, _)| f.trim_end_matches(".toml"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        valid: valid_names(),
     })
 }
 

@@ -13,8 +13,13 @@ use super::StoreError;
 /// Where results go unless `--db` says otherwise.
 pub const DEFAULT_DB: &str = "results/softiommu.db";
 
-/// How long to wait for another writer before calling the file locked.
-const BUSY_WAIT: Duration = Duration::from_secs(2);
+/// How long opening waits for another process holding the database
+/// before calling it locked (nothing has been measured yet, so refusing
+/// loses nothing).
+pub const OPEN_WAIT: Duration = Duration::from_secs(2);
+
+/// The tables every softiommu results database has (schema version 1).
+const OUR_TABLES: [&str; 4] = ["runs", "scenarios", "params", "metrics"];
 
 /// An open results database.
 #[derive(Debug)]
@@ -24,7 +29,9 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens `path` to write results, creating it and its directory.
+    /// Opens `path` to write results, creating it and its directory (an
+    /// empty file is given the schema; an SQLite file with tables of
+    /// another program's is refused, never migrated).
     pub fn create(path: &Path) -> Result<Store, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
@@ -35,38 +42,50 @@ impl Store {
         Self::open_with(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+            true,
         )
     }
 
-    /// Opens an existing `path` to read results.
+    /// Opens an existing `path` read-only (`SQLITE_OPEN_READ_ONLY`) to read
+    /// results: nothing is created, migrated or written, and a file that
+    /// is not a softiommu results database of this build's schema is
+    /// refused.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         if !path.exists() {
             return Err(StoreError::Missing {
                 path: path.to_path_buf(),
             });
         }
-        Self::open_with(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
+        Self::open_with(path, OpenFlags::SQLITE_OPEN_READ_ONLY, false)
     }
 
-    fn open_with(path: &Path, flags: OpenFlags) -> Result<Store, StoreError> {
+    /// How long each later write waits for another process holding the
+    /// database (SQLite's busy timeout) before it fails as locked.
+    pub fn set_write_wait(&self, wait: Duration) -> Result<(), StoreError> {
+        self.conn.busy_timeout(wait).map_err(|e| self.err(e))
+    }
+
+    fn open_with(path: &Path, flags: OpenFlags, writer: bool) -> Result<Store, StoreError> {
         let sql = |e| StoreError::sql(path, e);
+        let flags = flags | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let mut conn = Connection::open_with_flags(path, flags).map_err(sql)?;
-        conn.busy_timeout(BUSY_WAIT).map_err(sql)?;
+        conn.busy_timeout(OPEN_WAIT).map_err(sql)?;
         // Reading the header first: a file that is not a database, or one
         // locked by a writer, fails here, before anything is written.
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(sql)?;
-        conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .map_err(sql)?;
+        let tables = table_names(&conn).map_err(sql)?;
         if version > LATEST {
             return Err(StoreError::TooNew {
                 path: path.to_path_buf(),
                 found: version,
                 supported: LATEST,
             });
+        }
+        let fresh = version == 0 && tables.is_empty();
+        if !(fresh && writer) {
+            check_ours(path, version, &tables)?;
         }
         if version < LATEST {
             migrations().to_latest(&mut conn).map_err(|e| match e {
@@ -77,8 +96,10 @@ impl Store {
                 },
             })?;
         }
-        conn.execute_batch("PRAGMA foreign_keys = ON")
-            .map_err(sql)?;
+        if writer {
+            conn.execute_batch("PRAGMA foreign_keys = ON")
+                .map_err(sql)?;
+        }
         Ok(Store {
             conn,
             path: path.to_path_buf(),
@@ -88,6 +109,48 @@ impl Store {
     pub(super) fn err(&self, e: rusqlite::Error) -> StoreError {
         StoreError::sql(&self.path, e)
     }
+}
+
+/// The names of the tables in the database (SQLite's own left out).
+fn table_names(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut q = conn.prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
+    )?;
+    let names = q.query_map([], |r| r.get(0))?;
+    names.collect()
+}
+
+/// Refuses a database that is not softiommu's at this build's schema: no
+/// schema version (an empty file, another program's database), or our
+/// version without our tables. The message counts, never lists, what is
+/// there.
+fn check_ours(path: &Path, version: i64, tables: &[String]) -> Result<(), StoreError> {
+    let missing: Vec<&str> = OUR_TABLES
+        .iter()
+        .copied()
+        .filter(|t| !tables.iter().any(|x| x == t))
+        .collect();
+    let why = if version == 0 && tables.is_empty() {
+        "an empty SQLite database: no softiommu schema".to_string()
+    } else if version == 0 {
+        format!(
+            "an SQLite database with {} table(s) of another program's and no softiommu schema version",
+            tables.len()
+        )
+    } else if !missing.is_empty() {
+        format!(
+            "schema version {version} but no table {} of softiommu's",
+            missing.join(", ")
+        )
+    } else if version < LATEST {
+        format!("schema version {version}, older than this softiommu's {LATEST}; `softiommu run --db` upgrades it")
+    } else {
+        return Ok(());
+    };
+    Err(StoreError::NotOurs {
+        path: path.to_path_buf(),
+        why,
+    })
 }
 
 #[cfg(test)]
