@@ -162,7 +162,7 @@ pub enum LabError {
         cause: String,
     },
     /// The run was interrupted (Ctrl-C); what finished is kept.
-    #[error("interrupted: run {run_id} kept {kept} finished scenario(s) in {db}, marked partial")]
+    #[error("interrupted: run {run_id} kept {kept} finished scenario(s) in {db}, {row}")]
     Interrupted {
         /// The run.
         run_id: i64,
@@ -170,6 +170,8 @@ pub enum LabError {
         kept: usize,
         /// The database.
         db: PathBuf,
+        /// What became of the run's row: "marked partial", or why not.
+        row: &'static str,
     },
 }
 

@@ -76,7 +76,8 @@ enum BenchCmd {
 struct LabArgs {
     #[command(subcommand)]
     cmd: Option<LabCmd>,
-    /// A scenario file (TOML), or the name of a built-in scenario.
+    /// A scenario file (TOML, at most 1 MiB), or the name of a built-in
+    /// scenario.
     file: Option<std::path::PathBuf>,
     /// Override a field: KEY=VALUE (a field of the lab table, or
     /// `name`, `seed`, `about`); repeatable.

@@ -136,6 +136,32 @@ fn a_scenario_file_that_never_ends_is_refused_at_a_mebibyte_within_seconds() {
         .unwrap();
     let out = wait_within(child, Duration::from_secs(5), "lab FIFO");
     one_line(&out, 2, "no bench or lab table");
+    // One whose writer never finishes is given up after 2 s.
+    let writer = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    let child = bin()
+        .args(["lab", s(&fifo)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_within(
+        child,
+        Duration::from_secs(5),
+        "lab FIFO with a silent writer",
+    );
+    one_line(
+        &out,
+        2,
+        &format!(
+            "scenario {}: its writer sent no end of file within 2s; nothing was run",
+            s(&fifo)
+        ),
+    );
+    drop(writer);
     std::fs::remove_dir_all(d).unwrap();
 }
 

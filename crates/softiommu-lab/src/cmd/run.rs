@@ -166,12 +166,17 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
         match run_one(s, &progress) {
             None => {
                 progress.abandon("interrupted");
-                store_pending(&mut store, run_id, &mut done);
-                let _ = store.finish_run(run_id, RunStatus::Partial);
+                let unstored = store_pending(&mut store, run_id, &mut done);
+                let row = match (unstored, store.finish_run(run_id, RunStatus::Partial)) {
+                    (None, Ok(())) => "marked partial",
+                    (Some(_), Ok(())) => "marked partial (the database was held by another process: the other finished scenarios were not stored)",
+                    (_, Err(_)) => "not marked partial: the database was held by another process, its row still says running",
+                };
                 return Err(LabError::Interrupted {
                     run_id,
                     kept: done.iter().filter(|d| d.stored).count(),
                     db: a.db.db.clone(),
+                    row,
                 });
             }
             Some(Err(e)) => {

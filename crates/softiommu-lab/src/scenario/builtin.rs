@@ -122,6 +122,21 @@ mod tests {
     }
 
     #[test]
+    fn the_suite_takes_names_and_points_a_file_at_lab() {
+        let e = suite_builtin("Cargo.toml").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::RunTakesNames { name, valid } if name == "Cargo.toml" && valid.contains("udp-32")),
+            "{e}"
+        );
+        let e = suite_builtin("nope").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::UnknownRunScenario { name, .. } if name == "nope"),
+            "{e}"
+        );
+        assert!(suite_builtin("ring").is_ok());
+    }
+
+    #[test]
     fn an_unknown_builtin_lists_the_valid_names() {
         let e = builtin("nope").unwrap_err();
         assert!(

@@ -88,3 +88,26 @@ fn wait_readable(fd: i32, deadline: Instant, path: &Path) -> Result<(), Scenario
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_that_never_ends_is_too_large_after_the_cap() {
+        let e = read_scenario(Path::new("/dev/zero")).unwrap_err();
+        assert!(
+            matches!(e, ScenarioError::TooLarge { max, .. } if max == MAX_SCENARIO_BYTES),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_not_text_are_refused_with_their_offset() {
+        let p = std::env::temp_dir().join(format!("softiommu-nottext-{}", std::process::id()));
+        std::fs::write(&p, b"about = \"\xff\"\n").unwrap();
+        let e = read_scenario(&p).unwrap_err();
+        assert!(matches!(e, ScenarioError::NotText { offset: 9, .. }), "{e}");
+        std::fs::remove_file(&p).unwrap();
+    }
+}

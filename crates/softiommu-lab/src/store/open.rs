@@ -203,6 +203,61 @@ mod tests {
     }
 
     #[test]
+    fn a_foreign_or_empty_database_is_not_ours_and_left_unchanged() {
+        let p = tmp("foreign");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let c = Connection::open(&p).unwrap();
+        c.execute_batch("CREATE TABLE notes (t TEXT); INSERT INTO notes VALUES ('x');")
+            .unwrap();
+        drop(c);
+        let before = std::fs::read(&p).unwrap();
+        for e in [Store::open(&p).unwrap_err(), Store::create(&p).unwrap_err()] {
+            assert!(
+                matches!(&e, StoreError::NotOurs { why, .. } if why.contains("1 table(s) of another program's")),
+                "{e}"
+            );
+        }
+        assert_eq!(std::fs::read(&p).unwrap(), before);
+        // An empty file: readers refuse it; a writer gives it the schema.
+        std::fs::write(&p, b"").unwrap();
+        let e = Store::open(&p).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::NotOurs { why, .. } if why.contains("empty")),
+            "{e}"
+        );
+        assert!(std::fs::read(&p).unwrap().is_empty());
+        drop(Store::create(&p).unwrap());
+        let store = Store::open(&p).unwrap();
+        assert!(store.runs().unwrap().is_empty());
+        // Our version without our tables is not ours either.
+        let q = tmp("versioned");
+        std::fs::create_dir_all(q.parent().unwrap()).unwrap();
+        let c = Connection::open(&q).unwrap();
+        c.execute_batch("CREATE TABLE runs (id); PRAGMA user_version = 1;")
+            .unwrap();
+        drop(c);
+        let e = Store::open(&q).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::NotOurs { why, .. } if why.contains("no table scenarios, params, metrics")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn readers_open_read_only() {
+        let p = tmp("readonly");
+        drop(Store::create(&p).unwrap());
+        let store = Store::open(&p).unwrap();
+        let e = store
+            .begin_run("x", false, &crate::host::Host::detect(), "rev")
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Sql { source, .. } if source.sqlite_error_code() == Some(rusqlite::ErrorCode::ReadOnly)),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_missing_database_is_not_created_by_readers() {
         let p = tmp("missing");
         assert!(matches!(Store::open(&p), Err(StoreError::Missing { .. })));
