@@ -143,23 +143,18 @@ pub enum LabError {
         /// Why.
         why: String,
     },
-    /// A suite ran but the database refused some of its writes for
-    /// longer than the write wait; the figures were printed.
-    #[error("results database {db} was held by another process for more than {wait_s} s at a time ({cause}): run {run_id}'s scenario(s) {scenarios} were not stored (their figures are printed above, the HTML report was not written); {row}")]
+    /// A suite ran but the database refused some of its writes (held by
+    /// another process for longer than the write wait); the figures were
+    /// printed.
+    #[error("{why}: {lost}; {row}")]
     NotStored {
-        /// The database.
-        db: PathBuf,
-        /// The run.
-        run_id: i64,
-        /// The write wait in seconds.
-        wait_s: f64,
-        /// The scenarios not stored, comma-separated (empty: all were,
-        /// only the run's status was not).
-        scenarios: String,
+        /// What the database did: held past the wait, or its error.
+        why: String,
+        /// What was not stored: the run's scenarios by name, or only
+        /// its status.
+        lost: String,
         /// What became of the run's row.
         row: &'static str,
-        /// The database's words.
-        cause: String,
     },
     /// The run was interrupted (Ctrl-C); what finished is kept.
     #[error("interrupted: run {run_id} kept {kept} finished scenario(s) in {db}, {row}")]

@@ -121,6 +121,20 @@ fn store_pending(store: &mut Store, run_id: i64, done: &mut [Done]) -> Option<St
     None
 }
 
+/// What the database did to a write, in words for the user: held past
+/// the wait (SQLite's "locked" means only that here: the write was not
+/// made), or its own error.
+fn store_why(a: &RunArgs, err: &StoreError) -> String {
+    match err {
+        StoreError::Locked { .. } => format!(
+            "results database {} was held by another process for more than {} s at a time",
+            a.db.db.display(),
+            a.db_wait.get()
+        ),
+        e => format!("results database refused a write: {e}"),
+    }
+}
+
 /// What the end of a run could not store, as one error.
 fn not_stored(a: &RunArgs, run_id: i64, done: &[Done], err: &StoreError, marked: bool) -> LabError {
     let names: Vec<&str> = done
@@ -129,16 +143,20 @@ fn not_stored(a: &RunArgs, run_id: i64, done: &[Done], err: &StoreError, marked:
         .map(|d| d.report.scenario.as_str())
         .collect();
     LabError::NotStored {
-        db: a.db.db.clone(),
-        run_id,
-        wait_s: a.db_wait.get(),
-        scenarios: names.join(", "),
+        why: store_why(a, err),
+        lost: if names.is_empty() {
+            format!("run {run_id}'s scenarios were all stored, its status was not")
+        } else {
+            format!(
+                "run {run_id}'s scenario(s) {} were not stored (their figures are printed above, the HTML report was not written)",
+                names.join(", ")
+            )
+        },
         row: if marked {
             "the run is marked failed"
         } else {
             "its row could not be marked failed either and still says running"
         },
-        cause: err.to_string(),
     }
 }
 
@@ -245,7 +263,7 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
                 "seeds": seeds,
                 "scenarios": scen,
                 "stored": stored,
-                "store_error": store_err.as_ref().map(ToString::to_string),
+                "store_error": store_err.as_ref().map(|e| store_why(a, e)),
             })
         );
     } else {
