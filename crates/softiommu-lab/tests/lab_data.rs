@@ -384,7 +384,7 @@ fn read_only_commands_refuse_a_foreign_or_empty_file_and_never_change_it() {
     let out_html = d.join("o.html");
     for (f, why) in [
         (&foreign, "(an SQLite database with 1 table(s) of another program's and no softiommu schema version); it was left as it is"),
-        (&empty, "(an empty SQLite database: no softiommu schema)"),
+        (&empty, "(an empty file: no softiommu schema)"),
     ] {
         let before = std::fs::read(f).unwrap();
         for args in [

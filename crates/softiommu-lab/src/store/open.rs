@@ -56,6 +56,7 @@ impl Store {
                 path: path.to_path_buf(),
             });
         }
+        precheck_header(path)?;
         Self::open_with(path, OpenFlags::SQLITE_OPEN_READ_ONLY, false)
     }
 
@@ -109,6 +110,46 @@ impl Store {
     pub(super) fn err(&self, e: rusqlite::Error) -> StoreError {
         StoreError::sql(&self.path, e)
     }
+}
+
+/// The first bytes of every SQLite 3 database (sqlite.org/fileformat2.html,
+/// "The Database Header": offset 0, 16 bytes).
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// Looks at the header before SQLite opens the file for a reader: an
+/// empty file is refused, one without SQLite's magic is corrupt, and a
+/// WAL-mode database (header bytes 18 and 19 are 2) whose user version
+/// (offset 60, big-endian) is not ours is refused without being opened,
+/// since opening it would create its `-wal` and `-shm` files beside it.
+fn precheck_header(path: &Path) -> Result<(), StoreError> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(100);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(100).read_to_end(&mut head))
+        .map_err(|e| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+    if head.is_empty() {
+        return Err(StoreError::NotOurs {
+            path: path.to_path_buf(),
+            why: "an empty file: no softiommu schema".to_string(),
+        });
+    }
+    if head.len() < 100 || !head.starts_with(SQLITE_MAGIC) {
+        return Err(StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: "no SQLite header".to_string(),
+        });
+    }
+    let user_version = i64::from(i32::from_be_bytes([head[60], head[61], head[62], head[63]]));
+    if head[18] == 2 && head[19] == 2 && user_version != LATEST {
+        return Err(StoreError::NotOurs {
+            path: path.to_path_buf(),
+            why: format!("an SQLite database in WAL mode with schema version {user_version}, not softiommu's {LATEST}"),
+        });
+    }
+    Ok(())
 }
 
 /// The names of the tables in the database (SQLite's own left out).
@@ -241,6 +282,25 @@ mod tests {
             matches!(&e, StoreError::NotOurs { why, .. } if why.contains("no table scenarios, params, metrics")),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_foreign_wal_database_is_refused_unopened_and_gains_no_side_files() {
+        let p = tmp("wal");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let c = Connection::open(&p).unwrap();
+        c.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x);")
+            .unwrap();
+        drop(c);
+        let before = std::fs::read(&p).unwrap();
+        let e = Store::open(&p).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::NotOurs { why, .. } if why.contains("WAL mode with schema version 0")),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&p).unwrap(), before);
+        let shm = PathBuf::from(format!("{}-shm", p.display()));
+        assert!(!shm.exists());
     }
 
     #[test]
