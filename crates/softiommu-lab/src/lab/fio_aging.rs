@@ -941,7 +941,7 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
         }
     ));
     if let Some(why) = &rep.why {
-        out.notes.push(format!("INVALID figures: {why}"));
+        out.notes.insert(0, format!("INVALID figures: {why}"));
     }
     if !rep.dma.is_empty() {
         out.tables.push(cost);
