@@ -123,8 +123,41 @@ pub enum LabError {
         /// Why.
         source: std::io::Error,
     },
+    /// An output file names the results database (by any path: the same
+    /// name, a link, a relative path); nothing was written.
+    #[error("refusing to write {out} ({flag}): it is the results database {db} (or its journal); nothing was written, choose another {flag}")]
+    OutputIsDatabase {
+        /// The option that named it.
+        flag: &'static str,
+        /// The output path as given.
+        out: PathBuf,
+        /// The database as given.
+        db: PathBuf,
+    },
+    /// Figures were printed but do not measure what they claim (I/O
+    /// errors, wrong data); the report marks them `"valid": false`.
+    #[error("{what}: the figures above are invalid: {why}")]
+    InvalidFigures {
+        /// The lab or run.
+        what: String,
+        /// Why.
+        why: String,
+    },
+    /// A suite ran but the database refused some of its writes (held by
+    /// another process for longer than the write wait); the figures were
+    /// printed.
+    #[error("{why}: {lost}; {row}")]
+    NotStored {
+        /// What the database did: held past the wait, or its error.
+        why: String,
+        /// What was not stored: the run's scenarios by name, or only
+        /// its status.
+        lost: String,
+        /// What became of the run's row.
+        row: &'static str,
+    },
     /// The run was interrupted (Ctrl-C); what finished is kept.
-    #[error("interrupted: run {run_id} kept {kept} finished scenario(s) in {db}, marked partial")]
+    #[error("interrupted: run {run_id} kept {kept} finished scenario(s) in {db}, {row}")]
     Interrupted {
         /// The run.
         run_id: i64,
@@ -132,6 +165,8 @@ pub enum LabError {
         kept: usize,
         /// The database.
         db: PathBuf,
+        /// What became of the run's row: "marked partial", or why not.
+        row: &'static str,
     },
 }
 

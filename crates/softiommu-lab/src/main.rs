@@ -15,6 +15,7 @@ mod report;
 mod scenario;
 mod seeds;
 mod store;
+mod validity;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -75,7 +76,8 @@ enum BenchCmd {
 struct LabArgs {
     #[command(subcommand)]
     cmd: Option<LabCmd>,
-    /// A scenario file (TOML), or the name of a built-in scenario.
+    /// A scenario file (TOML, at most 1 MiB), or the name of a built-in
+    /// scenario.
     file: Option<std::path::PathBuf>,
     /// Override a field: KEY=VALUE (a field of the lab table, or
     /// `name`, `seed`, `about`); repeatable.
@@ -119,11 +121,18 @@ fn emit(report: LabResult<Report>, json: bool) -> LabResult<()> {
 }
 
 /// A report whose contract counts violations (`lab stress`) fails the
-/// command when it has any, naming the first in full.
+/// command when it has any, naming the first in full; one whose figures
+/// are marked invalid fails it saying why.
 fn violations(report: &Report) -> LabResult<()> {
     let count = report.contract["violations"].as_u64().unwrap_or(0);
     if count == 0 {
-        return Ok(());
+        return match validity::invalid(report) {
+            Some(why) => Err(error::LabError::InvalidFigures {
+                what: report.kind.clone(),
+                why,
+            }),
+            None => Ok(()),
+        };
     }
     let first = report.contract["first_violation"]
         .as_str()
@@ -234,7 +243,9 @@ fn main() -> std::process::ExitCode {
             eprintln!("softiommu: {e}");
             match e {
                 error::LabError::Interrupted { .. } => std::process::ExitCode::from(130),
-                error::LabError::Violations { .. } => std::process::ExitCode::from(1),
+                error::LabError::Violations { .. }
+                | error::LabError::InvalidFigures { .. }
+                | error::LabError::NotStored { .. } => std::process::ExitCode::from(1),
                 _ => std::process::ExitCode::from(2),
             }
         }

@@ -3,6 +3,7 @@
 
 pub mod compare;
 pub mod history;
+pub mod out_path;
 pub mod report;
 pub mod run;
 
@@ -11,7 +12,8 @@ use std::path::PathBuf;
 /// Where results are kept.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DbArgs {
-    /// The results database.
+    /// The results database (`run` writes it; `history`, `compare` and
+    /// `report` open it read-only).
     #[arg(long, default_value = crate::store::DEFAULT_DB)]
     pub db: PathBuf,
 }

@@ -12,7 +12,7 @@ use crate::store::Store;
 pub struct ReportArgs {
     /// The run (default: the newest with results).
     pub run: Option<i64>,
-    /// Where the HTML file goes.
+    /// Where the HTML file goes (never the database itself).
     #[arg(long, default_value = "results/report.html")]
     pub out: PathBuf,
     /// The results database.
@@ -22,6 +22,7 @@ pub struct ReportArgs {
 
 /// Writes the report; returns the run it shows.
 pub fn report(a: &ReportArgs) -> LabResult<i64> {
+    super::out_path::refuse_database_as_output(&a.out, "--out", &a.db.db)?;
     let store = Store::open(&a.db.db)?;
     let id = match a.run {
         Some(id) => store.run(id)?.id,

@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::DbArgs;
+use crate::args::Seconds;
 use crate::error::{LabError, LabResult};
 use crate::host::{git_revision, Host};
 use crate::progress::Progress;
 use crate::render::{render_report, render_table};
 use crate::report::{Column, Report, Table, Unit};
-use crate::scenario::{builtin, Scenario, BUILTIN};
+use crate::scenario::{suite_builtin, Scenario, BUILTIN};
 use crate::seeds::{summarise, SeedLine};
-use crate::store::{RunStatus, Store};
+use crate::store::{RunStatus, Store, StoreError};
 
 /// Options of `run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -29,12 +30,20 @@ pub struct RunArgs {
     /// scenarios) and nothing else on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Only these built-in scenarios (default: all).
+    /// Only these built-in scenarios, by name (default: all); a scenario
+    /// file is run with `softiommu lab FILE`.
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
-    /// Where the HTML report goes.
+    /// Where the HTML report goes (never the database itself).
     #[arg(long, default_value = "results/report.html")]
     pub report: PathBuf,
+    /// How long each write of results waits for another process holding
+    /// the database, seconds (0.01..=86400; opening waits 2 s). A
+    /// scenario not stored in time is kept and tried again after the
+    /// next one; what is never stored is still printed, and the run
+    /// exits 1 saying which.
+    #[arg(long, default_value = "60")]
+    pub db_wait: Seconds,
     /// The results database.
     #[command(flatten)]
     pub db: DbArgs,
@@ -86,64 +95,161 @@ fn selected(a: &RunArgs) -> LabResult<Vec<Scenario>> {
     names
         .iter()
         .map(|n| {
-            let s = builtin(n)?;
+            let s = suite_builtin(n)?;
             Ok(if a.quick { s.quick()? } else { s })
         })
         .collect()
 }
 
+/// A finished scenario: where it ran in the suite, its report, seconds.
+struct Done {
+    ord: usize,
+    report: Report,
+    secs: f64,
+    stored: bool,
+}
+
+/// Stores the finished scenarios not stored yet, in order, stopping at
+/// the first the database refuses (each waits at most the write wait).
+fn store_pending(store: &mut Store, run_id: i64, done: &mut [Done]) -> Option<StoreError> {
+    for d in done.iter_mut().filter(|d| !d.stored) {
+        match store.add_scenario(run_id, d.ord, &d.report, d.secs) {
+            Ok(()) => d.stored = true,
+            Err(e) => return Some(e),
+        }
+    }
+    None
+}
+
+/// What the database did to a write, in words for the user: held past
+/// the wait (SQLite's "locked" means only that here: the write was not
+/// made), or its own error.
+fn store_why(a: &RunArgs, err: &StoreError) -> String {
+    match err {
+        StoreError::Locked { .. } => format!(
+            "results database {} was held by another process for more than {} s at a time",
+            a.db.db.display(),
+            a.db_wait.get()
+        ),
+        e => format!("results database refused a write: {e}"),
+    }
+}
+
+/// What the end of a run could not store, as one error.
+fn not_stored(a: &RunArgs, run_id: i64, done: &[Done], err: &StoreError, marked: bool) -> LabError {
+    let names: Vec<&str> = done
+        .iter()
+        .filter(|d| !d.stored)
+        .map(|d| d.report.scenario.as_str())
+        .collect();
+    LabError::NotStored {
+        why: store_why(a, err),
+        lost: if names.is_empty() {
+            format!("run {run_id}'s scenarios were all stored, its status was not")
+        } else {
+            format!(
+                "run {run_id}'s scenario(s) {} were not stored (their figures are printed above, the HTML report was not written)",
+                names.join(", ")
+            )
+        },
+        row: if marked {
+            "the run is marked failed"
+        } else {
+            "its row could not be marked failed either and still says running"
+        },
+    }
+}
+
 /// Runs the suite.
 pub fn run(a: &RunArgs) -> LabResult<()> {
     let scenarios = selected(a)?;
+    super::out_path::refuse_database_as_output(&a.report, "--report", &a.db.db)?;
     // Open (or create) the database first: a bad --db fails in a moment,
     // not after minutes of work.
     let mut store = Store::create(&a.db.db)?;
     let host = Host::detect();
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let run_id = store.begin_run(&command, a.quick, &host, &git_revision())?;
+    // From here on a write waits longer for another process (a reader
+    // such as `history` holds the file while it reads): what was measured
+    // is not given up lightly.
+    store.set_write_wait(Duration::from_secs_f64(a.db_wait.get()))?;
     crate::interrupt::install();
     let mut progress = Progress::new(scenarios.len());
-    let mut reports = Vec::new();
+    let mut done: Vec<Done> = Vec::new();
+    let mut store_err: Option<StoreError> = None;
     for (i, s) in scenarios.iter().enumerate() {
         progress.start(i + 1, &s.name, &s.about);
         let t0 = Instant::now();
         match run_one(s, &progress) {
             None => {
                 progress.abandon("interrupted");
-                store.finish_run(run_id, RunStatus::Partial)?;
+                let unstored = store_pending(&mut store, run_id, &mut done);
+                let row = match (unstored, store.finish_run(run_id, RunStatus::Partial)) {
+                    (None, Ok(())) => "marked partial",
+                    (Some(_), Ok(())) => "marked partial (the database was held by another process: the other finished scenarios were not stored)",
+                    (_, Err(_)) => "not marked partial: the database was held by another process, its row still says running",
+                };
                 return Err(LabError::Interrupted {
                     run_id,
-                    kept: reports.len(),
+                    kept: done.iter().filter(|d| d.stored).count(),
                     db: a.db.db.clone(),
+                    row,
                 });
             }
             Some(Err(e)) => {
                 progress.abandon("failed");
-                store.finish_run(run_id, RunStatus::Failed)?;
+                store_pending(&mut store, run_id, &mut done);
+                let _ = store.finish_run(run_id, RunStatus::Failed);
                 return Err(e);
             }
             Some(Ok(r)) => {
                 let secs = t0.elapsed().as_secs_f64();
-                store.add_scenario(run_id, i, &r, secs)?;
+                done.push(Done {
+                    ord: i,
+                    report: r,
+                    secs,
+                    stored: false,
+                });
+                store_err = store_pending(&mut store, run_id, &mut done);
                 progress.done(secs);
-                reports.push((r, secs));
             }
         }
     }
-    store.finish_run(run_id, RunStatus::Complete)?;
-    let only: Vec<Report> = reports.iter().map(|(r, _)| r.clone()).collect();
+    if store_err.is_some() {
+        store_err = store_pending(&mut store, run_id, &mut done);
+    }
+    let status = if store_err.is_none() {
+        RunStatus::Complete
+    } else {
+        RunStatus::Failed
+    };
+    let marked = match store.finish_run(run_id, status) {
+        Ok(()) => true,
+        Err(e) => {
+            store_err.get_or_insert(e);
+            false
+        }
+    };
+    let only: Vec<Report> = done.iter().map(|d| d.report.clone()).collect();
     let seeds = summarise(&only);
-    crate::html::write(&store, run_id, &a.report)?;
+    // The HTML report shows what is stored: written only when all is.
+    let html = match &store_err {
+        None => crate::html::write(&store, run_id, &a.report),
+        Some(_) => Ok(()),
+    };
+    let stored = store_err.is_none();
     if a.json {
-        let scen: Vec<_> = reports
+        let scen: Vec<_> = done
             .iter()
-            .map(|(r, secs)| {
+            .map(|d| {
                 json!({
-                    "scenario": r.scenario,
-                    "kind": r.kind,
-                    "seed": r.seed,
-                    "seconds": secs,
-                    "result": r.contract,
+                    "scenario": d.report.scenario,
+                    "kind": d.report.kind,
+                    "seed": d.report.seed,
+                    "seconds": d.secs,
+                    "result": d.report.contract,
+                    "stored": d.stored,
                 })
             })
             .collect();
@@ -156,22 +262,47 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
                 "quick": a.quick,
                 "seeds": seeds,
                 "scenarios": scen,
+                "stored": stored,
+                "store_error": store_err.as_ref().map(|e| store_why(a, e)),
             })
         );
     } else {
         println!(
-            "softiommu run {run_id}{} on {}: {} scenarios stored in {}, report {}\n",
+            "softiommu run {run_id}{} on {}: {} scenarios {} {}, report {}\n",
             if a.quick { " (quick)" } else { "" },
             host.line(),
-            reports.len(),
+            done.len(),
+            if stored {
+                "stored in"
+            } else {
+                "run, NOT all stored in"
+            },
             a.db.db.display(),
-            a.report.display()
+            if stored {
+                a.report.display().to_string()
+            } else {
+                "not written".to_string()
+            }
         );
         print!("{}", render_table(&seed_table(&seeds)));
         println!();
-        for (r, _) in &reports {
-            println!("{}", render_report(r, &host));
+        for d in &done {
+            println!("{}", render_report(&d.report, &host));
         }
+    }
+    if let Some(e) = &store_err {
+        return Err(not_stored(a, run_id, &done, e, marked));
+    }
+    html?;
+    let bad: Vec<String> = only
+        .iter()
+        .filter_map(|r| crate::validity::invalid(r).map(|why| format!("{}: {why}", r.scenario)))
+        .collect();
+    if !bad.is_empty() {
+        return Err(LabError::InvalidFigures {
+            what: format!("run {run_id}"),
+            why: bad.join("; "),
+        });
     }
     Ok(())
 }

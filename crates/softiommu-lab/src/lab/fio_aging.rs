@@ -316,6 +316,11 @@ pub struct AgingPolicy {
     pub verified: u64,
     /// Reads whose data differed from the pattern (must be 0).
     pub verify_failures: u64,
+    /// Whether the figures measure the policy: false when the device
+    /// failed requests or returned wrong data.
+    pub valid: bool,
+    /// Why not (null when valid).
+    pub why: Option<String>,
     /// Most nodes ever in the allocator's tree.
     pub peak_tree_nodes: u64,
     /// IOVAs in caches and depots at the end.
@@ -352,6 +357,11 @@ pub struct DmaCost {
     pub io_errors: u64,
     /// Null-pattern reads that differed (must be 0).
     pub verify_failures: u64,
+    /// Whether the figures measure the policy: false when the device
+    /// failed requests or returned wrong data.
+    pub valid: bool,
+    /// Why not (null when valid).
+    pub why: Option<String>,
 }
 
 /// The JSON object of `lab fio-aging --json`.
@@ -396,6 +406,26 @@ pub struct FioAgingReport {
     pub policies: Vec<AgingPolicy>,
     /// One entry per DMA policy of the cost part.
     pub dma: Vec<DmaCost>,
+    /// Whether every figure stands (false: some run had I/O errors or
+    /// wrong data; the command then exits 1).
+    pub valid: bool,
+    /// Why not, naming each affected run (null when valid).
+    pub why: Option<String>,
+}
+
+/// Why a run's figures do not measure its policy: requests the device
+/// failed, or reads whose data was wrong. `None` when there were none.
+fn failed_work(io_errors: u64, verify_failures: u64) -> Option<String> {
+    let mut why = Vec::new();
+    if io_errors > 0 {
+        why.push(format!(
+            "{io_errors} I/O error(s): the back-end failed requests (a file that shrank or failed under the run), so throughput and aging are not the policy's"
+        ));
+    }
+    if verify_failures > 0 {
+        why.push(format!("{verify_failures} read(s) returned wrong data"));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
 }
 
 fn fio_err(run: String) -> impl FnOnce(softiommu_virtio::workload::fio::FioError) -> LabError {
@@ -563,6 +593,19 @@ impl AgingSummary {
         })
     }
 
+    /// No figure (every field NaN, null in JSON): the run failed too much
+    /// of its work to have one.
+    pub fn absent() -> Self {
+        Self {
+            warmup_s: f64::NAN,
+            settled: false,
+            retained: f64::NAN,
+            stability: f64::NAN,
+            iops_first: f64::NAN,
+            iops_last: f64::NAN,
+        }
+    }
+
     /// The cells under [`aging_columns`], rates divided by `scale`.
     pub fn cells(&self, scale: f64) -> [Cell; 5] {
         [
@@ -668,6 +711,8 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
             cpu_ratio_to_passthrough: None,
             io_errors: r.io_errors,
             verify_failures: r.verify_failures,
+            valid: failed_work(r.io_errors, r.verify_failures).is_none(),
+            why: failed_work(r.io_errors, r.verify_failures),
         });
     }
     let pt = costs
@@ -684,8 +729,18 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         let run = format!("fio-aging {}", ip.name());
         let r = run_fio(&host(args, DmaPolicy::Deferred, ip)?, &aging_cfg)
             .map_err(fio_err(run.clone()))?;
-        let aging = AgingSummary::of(&run, &r.iops_series(), r.window_s, r.runtime_s)?;
-        progress(&format!("{} retained {:.2}", ip.name(), aging.retained));
+        let why = failed_work(r.io_errors, r.verify_failures);
+        let aging = match AgingSummary::of(&run, &r.iops_series(), r.window_s, r.runtime_s) {
+            Ok(a) => a,
+            // Failed requests can leave no throughput to age: the figure
+            // is absent (null), and the run is marked invalid below.
+            Err(_) if why.is_some() => AgingSummary::absent(),
+            Err(e) => return Err(e),
+        };
+        match &why {
+            None => progress(&format!("{} retained {:.2}", ip.name(), aging.retained)),
+            Some(w) => progress(&format!("{} INVALID: {w}", ip.name())),
+        }
         out.push(AgingPolicy {
             policy: ip.name().to_string(),
             aging,
@@ -695,6 +750,8 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
             io_errors: r.io_errors,
             verified: r.verified,
             verify_failures: r.verify_failures,
+            valid: why.is_none(),
+            why,
             peak_tree_nodes: r.iova.peak_tree_nodes,
             cached_iovas: r.iova.cached_iovas,
             scan_steps: r.iova.scan_steps,
@@ -704,6 +761,14 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
             windows: windows_out(&r),
         });
     }
+    let why: Vec<String> = costs
+        .iter()
+        .filter_map(|c| c.why.as_ref().map(|w| format!("{} (cost): {w}", c.policy)))
+        .chain(
+            out.iter()
+                .filter_map(|p| p.why.as_ref().map(|w| format!("{} (aging): {w}", p.policy))),
+        )
+        .collect();
     let rep = FioAgingReport {
         lab: "fio-aging",
         device: "virtio-blk",
@@ -727,6 +792,8 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         window_s: window.as_secs_f64(),
         policies: out,
         dma: costs,
+        valid: why.is_empty(),
+        why: (!why.is_empty()).then(|| why.join("; ")),
     };
     Ok(report(&rep, args))
 }
@@ -873,6 +940,9 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
             "not preferred (--forcedac)"
         }
     ));
+    if let Some(why) = &rep.why {
+        out.notes.insert(0, format!("INVALID figures: {why}"));
+    }
     if !rep.dma.is_empty() {
         out.tables.push(cost);
     }
@@ -890,4 +960,24 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
         modelled: false,
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_with_failed_or_wrong_io_is_invalid_and_says_why() {
+        assert_eq!(failed_work(0, 0), None);
+        let why = failed_work(976_096, 0).unwrap();
+        assert!(why.starts_with("976096 I/O error(s): "), "{why}");
+        let why = failed_work(1, 2).unwrap();
+        assert!(why.ends_with("; 2 read(s) returned wrong data"), "{why}");
+        let a = AgingSummary::absent();
+        assert!(a.retained.is_nan() && !a.settled);
+        assert_eq!(
+            serde_json::to_value(a).unwrap()["retained"],
+            serde_json::Value::Null
+        );
+    }
 }

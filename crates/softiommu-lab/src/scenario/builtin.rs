@@ -71,6 +71,30 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ),
 ];
 
+/// The built-in names, as a list for messages.
+fn valid_names() -> String {
+    BUILTIN
+        .iter()
+        .map(|(f, _)| f.trim_end_matches(".toml"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The built-in scenario named `name` for `run --scenarios`, which takes
+/// names only: a file there is refused pointing at `lab FILE`.
+pub fn suite_builtin(name: &str) -> Result<Scenario, ScenarioError> {
+    builtin(name).map_err(|e| match e {
+        ScenarioError::UnknownBuiltin { name, valid } => {
+            if Path::new(&name).is_file() {
+                ScenarioError::RunTakesNames { name, valid }
+            } else {
+                ScenarioError::UnknownRunScenario { name, valid }
+            }
+        }
+        e => e,
+    })
+}
+
 /// The built-in scenario named `name` (with or without `.toml`).
 pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
     let want = name.strip_suffix(".toml").unwrap_or(name);
@@ -81,11 +105,7 @@ pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
     }
     Err(ScenarioError::UnknownBuiltin {
         name: name.to_string(),
-        valid: BUILTIN
-            .iter()
-            .map(|(f, _)| f.trim_end_matches(".toml"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        valid: valid_names(),
     })
 }
 
@@ -99,6 +119,21 @@ mod tests {
             let s = builtin(file).unwrap_or_else(|e| panic!("{file}: {e}"));
             s.quick().unwrap_or_else(|e| panic!("{file} quick: {e}"));
         }
+    }
+
+    #[test]
+    fn the_suite_takes_names_and_points_a_file_at_lab() {
+        let e = suite_builtin("Cargo.toml").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::RunTakesNames { name, valid } if name == "Cargo.toml" && valid.contains("udp-32")),
+            "{e}"
+        );
+        let e = suite_builtin("nope").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::UnknownRunScenario { name, .. } if name == "nope"),
+            "{e}"
+        );
+        assert!(suite_builtin("ring").is_ok());
     }
 
     #[test]

@@ -13,6 +13,31 @@ pub enum ScenarioError {
         /// Why.
         source: std::io::Error,
     },
+    /// The file is longer than a scenario may be (a device such as
+    /// `/dev/zero`, or not a scenario at all).
+    #[error("scenario {path} is larger than {max} bytes (1 MiB, the most a scenario file may hold); is it a scenario file?")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The cap in bytes.
+        max: u64,
+    },
+    /// A pipe or FIFO gave no end of file in time.
+    #[error("scenario {path}: its writer sent no end of file within {waited:?}; nothing was run")]
+    ReadTimeout {
+        /// The file.
+        path: PathBuf,
+        /// How long the read waited.
+        waited: std::time::Duration,
+    },
+    /// The file is not UTF-8 text.
+    #[error("scenario {path} is not UTF-8 text (byte {offset}); a scenario is a TOML file")]
+    NotText {
+        /// The file.
+        path: PathBuf,
+        /// The first byte that is not.
+        offset: usize,
+    },
     /// A field is unknown, ill-typed or out of range, or the TOML is
     /// malformed.
     #[error("{path}:{line}: {field}{message}")]
@@ -55,6 +80,22 @@ pub enum ScenarioError {
         set: String,
         /// What the parser said (names the field when it is unknown).
         message: String,
+    },
+    /// `run --scenarios` was given a file: it takes built-in names.
+    #[error("run --scenarios takes built-in scenario names, and {name:?} is a file; run a scenario file with `softiommu lab {name}` (built-in: {valid})")]
+    RunTakesNames {
+        /// The file named.
+        name: String,
+        /// The built-in names.
+        valid: String,
+    },
+    /// `run --scenarios` named no built-in scenario.
+    #[error("run --scenarios takes built-in scenario names: no built-in scenario {name:?} (built-in: {valid}); `softiommu lab FILE` runs a scenario file")]
+    UnknownRunScenario {
+        /// The name asked for.
+        name: String,
+        /// The built-in names.
+        valid: String,
     },
     /// No built-in scenario has this name.
     #[error("no scenario file {name:?} and no built-in scenario of that name (built-in: {valid})")]

@@ -192,12 +192,10 @@ pub struct Scenario {
 }
 
 impl Scenario {
-    /// Reads and checks a scenario file.
+    /// Reads (at most [`super::read::MAX_SCENARIO_BYTES`]) and checks a
+    /// scenario file.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = super::read::read_scenario(path)?;
         Self::parse(&text, path)
     }
 

@@ -26,8 +26,9 @@
 mod builtin;
 mod error;
 mod file;
+mod read;
 mod set;
 
-pub use builtin::{builtin, BUILTIN};
+pub use builtin::{builtin, suite_builtin, BUILTIN};
 pub use error::ScenarioError;
 pub use file::Scenario;

@@ -36,6 +36,16 @@ pub enum StoreError {
         /// SQLite's words.
         detail: String,
     },
+    /// An SQLite file that is not a softiommu results database (empty,
+    /// another program's, or without softiommu's tables); it is never
+    /// migrated or written.
+    #[error("{path} is not a softiommu results database ({why}); it was left as it is")]
+    NotOurs {
+        /// The path.
+        path: PathBuf,
+        /// What it is instead, in a few words (never its schema).
+        why: String,
+    },
     /// The database was written by a newer softiommu.
     #[error("results database {path} has schema version {found}, newer than this softiommu's {supported}; refusing to touch it (use a newer softiommu, or another --db)")]
     TooNew {

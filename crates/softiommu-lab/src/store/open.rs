@@ -13,8 +13,13 @@ use super::StoreError;
 /// Where results go unless `--db` says otherwise.
 pub const DEFAULT_DB: &str = "results/softiommu.db";
 
-/// How long to wait for another writer before calling the file locked.
-const BUSY_WAIT: Duration = Duration::from_secs(2);
+/// How long opening waits for another process holding the database
+/// before calling it locked (nothing has been measured yet, so refusing
+/// loses nothing).
+pub const OPEN_WAIT: Duration = Duration::from_secs(2);
+
+/// The tables every softiommu results database has (schema version 1).
+const OUR_TABLES: [&str; 4] = ["runs", "scenarios", "params", "metrics"];
 
 /// An open results database.
 #[derive(Debug)]
@@ -24,7 +29,9 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens `path` to write results, creating it and its directory.
+    /// Opens `path` to write results, creating it and its directory (an
+    /// empty file is given the schema; an SQLite file with tables of
+    /// another program's is refused, never migrated).
     pub fn create(path: &Path) -> Result<Store, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
@@ -35,38 +42,51 @@ impl Store {
         Self::open_with(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+            true,
         )
     }
 
-    /// Opens an existing `path` to read results.
+    /// Opens an existing `path` read-only (`SQLITE_OPEN_READ_ONLY`) to read
+    /// results: nothing is created, migrated or written, and a file that
+    /// is not a softiommu results database of this build's schema is
+    /// refused.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         if !path.exists() {
             return Err(StoreError::Missing {
                 path: path.to_path_buf(),
             });
         }
-        Self::open_with(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
+        precheck_header(path)?;
+        Self::open_with(path, OpenFlags::SQLITE_OPEN_READ_ONLY, false)
     }
 
-    fn open_with(path: &Path, flags: OpenFlags) -> Result<Store, StoreError> {
+    /// How long each later write waits for another process holding the
+    /// database (SQLite's busy timeout) before it fails as locked.
+    pub fn set_write_wait(&self, wait: Duration) -> Result<(), StoreError> {
+        self.conn.busy_timeout(wait).map_err(|e| self.err(e))
+    }
+
+    fn open_with(path: &Path, flags: OpenFlags, writer: bool) -> Result<Store, StoreError> {
         let sql = |e| StoreError::sql(path, e);
+        let flags = flags | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let mut conn = Connection::open_with_flags(path, flags).map_err(sql)?;
-        conn.busy_timeout(BUSY_WAIT).map_err(sql)?;
+        conn.busy_timeout(OPEN_WAIT).map_err(sql)?;
         // Reading the header first: a file that is not a database, or one
         // locked by a writer, fails here, before anything is written.
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(sql)?;
-        conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .map_err(sql)?;
+        let tables = table_names(&conn).map_err(sql)?;
         if version > LATEST {
             return Err(StoreError::TooNew {
                 path: path.to_path_buf(),
                 found: version,
                 supported: LATEST,
             });
+        }
+        let fresh = version == 0 && tables.is_empty();
+        if !(fresh && writer) {
+            check_ours(path, version, &tables)?;
         }
         if version < LATEST {
             migrations().to_latest(&mut conn).map_err(|e| match e {
@@ -77,8 +97,10 @@ impl Store {
                 },
             })?;
         }
-        conn.execute_batch("PRAGMA foreign_keys = ON")
-            .map_err(sql)?;
+        if writer {
+            conn.execute_batch("PRAGMA foreign_keys = ON")
+                .map_err(sql)?;
+        }
         Ok(Store {
             conn,
             path: path.to_path_buf(),
@@ -88,6 +110,88 @@ impl Store {
     pub(super) fn err(&self, e: rusqlite::Error) -> StoreError {
         StoreError::sql(&self.path, e)
     }
+}
+
+/// The first bytes of every SQLite 3 database (sqlite.org/fileformat2.html,
+/// "The Database Header": offset 0, 16 bytes).
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// Looks at the header before SQLite opens the file for a reader: an
+/// empty file is refused, one without SQLite's magic is corrupt, and a
+/// WAL-mode database (header bytes 18 and 19 are 2) whose user version
+/// (offset 60, big-endian) is not ours is refused without being opened,
+/// since opening it would create its `-wal` and `-shm` files beside it.
+fn precheck_header(path: &Path) -> Result<(), StoreError> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(100);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(100).read_to_end(&mut head))
+        .map_err(|e| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+    if head.is_empty() {
+        return Err(StoreError::NotOurs {
+            path: path.to_path_buf(),
+            why: "an empty file: no softiommu schema".to_string(),
+        });
+    }
+    if head.len() < 100 || !head.starts_with(SQLITE_MAGIC) {
+        return Err(StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: "no SQLite header".to_string(),
+        });
+    }
+    let user_version = i64::from(i32::from_be_bytes([head[60], head[61], head[62], head[63]]));
+    if head[18] == 2 && head[19] == 2 && user_version != LATEST {
+        return Err(StoreError::NotOurs {
+            path: path.to_path_buf(),
+            why: format!("an SQLite database in WAL mode with schema version {user_version}, not softiommu's {LATEST}"),
+        });
+    }
+    Ok(())
+}
+
+/// The names of the tables in the database (SQLite's own left out).
+fn table_names(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut q = conn.prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
+    )?;
+    let names = q.query_map([], |r| r.get(0))?;
+    names.collect()
+}
+
+/// Refuses a database that is not softiommu's at this build's schema: no
+/// schema version (an empty file, another program's database), or our
+/// version without our tables. The message counts, never lists, what is
+/// there.
+fn check_ours(path: &Path, version: i64, tables: &[String]) -> Result<(), StoreError> {
+    let missing: Vec<&str> = OUR_TABLES
+        .iter()
+        .copied()
+        .filter(|t| !tables.iter().any(|x| x == t))
+        .collect();
+    let why = if version == 0 && tables.is_empty() {
+        "an empty SQLite database: no softiommu schema".to_string()
+    } else if version == 0 {
+        format!(
+            "an SQLite database with {} table(s) of another program's and no softiommu schema version",
+            tables.len()
+        )
+    } else if !missing.is_empty() {
+        format!(
+            "schema version {version} but no table {} of softiommu's",
+            missing.join(", ")
+        )
+    } else if version < LATEST {
+        format!("schema version {version}, older than this softiommu's {LATEST}; `softiommu run --db` upgrades it")
+    } else {
+        return Ok(());
+    };
+    Err(StoreError::NotOurs {
+        path: path.to_path_buf(),
+        why,
+    })
 }
 
 #[cfg(test)]
@@ -137,6 +241,80 @@ mod tests {
         let e = Store::open(&p).unwrap_err();
         assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
         assert_eq!(std::fs::read(&p).unwrap(), junk);
+    }
+
+    #[test]
+    fn a_foreign_or_empty_database_is_not_ours_and_left_unchanged() {
+        let p = tmp("foreign");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let c = Connection::open(&p).unwrap();
+        c.execute_batch("CREATE TABLE notes (t TEXT); INSERT INTO notes VALUES ('x');")
+            .unwrap();
+        drop(c);
+        let before = std::fs::read(&p).unwrap();
+        for e in [Store::open(&p).unwrap_err(), Store::create(&p).unwrap_err()] {
+            assert!(
+                matches!(&e, StoreError::NotOurs { why, .. } if why.contains("1 table(s) of another program's")),
+                "{e}"
+            );
+        }
+        assert_eq!(std::fs::read(&p).unwrap(), before);
+        // An empty file: readers refuse it; a writer gives it the schema.
+        std::fs::write(&p, b"").unwrap();
+        let e = Store::open(&p).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::NotOurs { why, .. } if why.contains("empty")),
+            "{e}"
+        );
+        assert!(std::fs::read(&p).unwrap().is_empty());
+        drop(Store::create(&p).unwrap());
+        let store = Store::open(&p).unwrap();
+        assert!(store.runs().unwrap().is_empty());
+        // Our version without our tables is not ours either.
+        let q = tmp("versioned");
+        std::fs::create_dir_all(q.parent().unwrap()).unwrap();
+        let c = Connection::open(&q).unwrap();
+        c.execute_batch("CREATE TABLE runs (id); PRAGMA user_version = 1;")
+            .unwrap();
+        drop(c);
+        let e = Store::open(&q).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::NotOurs { why, .. } if why.contains("no table scenarios, params, metrics")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_foreign_wal_database_is_refused_unopened_and_gains_no_side_files() {
+        let p = tmp("wal");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let c = Connection::open(&p).unwrap();
+        c.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x);")
+            .unwrap();
+        drop(c);
+        let before = std::fs::read(&p).unwrap();
+        let e = Store::open(&p).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::NotOurs { why, .. } if why.contains("WAL mode with schema version 0")),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&p).unwrap(), before);
+        let shm = PathBuf::from(format!("{}-shm", p.display()));
+        assert!(!shm.exists());
+    }
+
+    #[test]
+    fn readers_open_read_only() {
+        let p = tmp("readonly");
+        drop(Store::create(&p).unwrap());
+        let store = Store::open(&p).unwrap();
+        let e = store
+            .begin_run("x", false, &crate::host::Host::detect(), "rev")
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Sql { source, .. } if source.sqlite_error_code() == Some(rusqlite::ErrorCode::ReadOnly)),
+            "{e}"
+        );
     }
 
     #[test]
