@@ -1,12 +1,14 @@
-//! Hostile bytes in page-table pages a guest controls.
+//! Hostile bytes in page-table pages a table owner controls.
 //!
-//! Device A's context points at a table whose every page is an ordinary
-//! frame the guest writes at will; device B's at a real `VtdPageTable`
-//! whose pages the guest also scribbles on. Entries point anywhere: at
-//! each other (loops), past memory, at the unit's own frames, with
-//! reserved bits. Every walk must end (four levels at most), every
-//! translation must land inside memory, device accesses and the table's software walk must answer
-//! with errors, never panic.
+//! Device A's context points at a table whose every page is a frame of
+//! the IOMMU reserve (tables live nowhere else) that the fuzzer writes at
+//! will; device B's at a real `VtdPageTable` whose pages it also
+//! scribbles on. Entries point anywhere: at each other (loops), into RAM
+//! (where no table may be followed), past memory, at the unit's own
+//! frames, with reserved bits. Every walk must end (four levels at most),
+//! every translation must land inside RAM (never in the reserve), device
+//! accesses and the table's software walk must answer with errors, never
+//! panic.
 
 #![no_main]
 
@@ -27,16 +29,16 @@ const MEM: u64 = 8 << 20;
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Value {
     Raw(u64),
-    /// An entry pointing at guest frame `frame`, with the low 12 bits and
+    /// An entry pointing at table frame `frame`, with the low 12 bits and
     /// the bits above the address as given.
     Guest {
         frame: u8,
         low: u16,
         high: u16,
     },
-    /// An entry pointing at the real table's root (an IOMMU frame: a leaf
-    /// there is the table owner's choice; the unit does not second-guess
-    /// leaves, so this only feeds walks odd tables).
+    /// An entry pointing at the real table's root (an IOMMU frame: as a
+    /// leaf it is refused, since leaves must lie in RAM; as a table it
+    /// feeds walks odd tables).
     TableRoot {
         low: u16,
     },
@@ -44,7 +46,7 @@ enum Value {
     Ring {
         low: u16,
     },
-    /// An entry pointing near the end of memory, or past it.
+    /// An entry pointing near the end of RAM, or past it.
     End {
         pages: i8,
         low: u16,
@@ -97,9 +99,15 @@ enum Op {
 fuzz_target!(|ops: Vec<Op>| {
     let mem = Arc::new(PhysMemory::new(MEM).expect("memory"));
     let unit = Unit::new(mem.clone(), UnitConfig::default()).expect("unit");
-    let guest = mem.alloc_zeroed_frames(3).expect("guest frames");
-    let data = mem.alloc_zeroed_frames(3).expect("data frames");
     let table = VtdPageTable::new(mem.clone(), VtdConfig::default()).expect("table");
+    // Eight consecutive frames of the reserve (its allocator hands out the
+    // lowest first); the rest go back, for the real table to grow into.
+    let mut held = mem.hold_iommu_frames();
+    let rest = held.split_off(GUEST_FRAMES as usize);
+    mem.release_iommu_frames(rest).expect("release");
+    let guest = held[0];
+    assert!(held.windows(2).all(|w| w[1] == w[0] + 4096), "consecutive");
+    let data = mem.alloc_zeroed_frames(3).expect("data frames");
     unit.attach(
         A,
         ContextEntry::Translated {

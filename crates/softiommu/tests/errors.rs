@@ -330,8 +330,9 @@ fn a_miss_of_a_fault_capable_device_raises_a_page_request_not_a_fault() {
 #[test]
 fn a_reserved_bit_in_a_table_entry_faults_with_its_level_and_bits() {
     let (mem, unit) = unit_with(UnitConfig::default());
-    // A table of our own whose top entry has PS set: reserved at level 4.
-    let root = mem.alloc_zeroed_frames(0).unwrap();
+    // A table of our own (in the IOMMU reserve, where tables live) whose
+    // top entry has PS set: reserved at level 4.
+    let root = reserve_frame(&mem);
     let raw = 0x2000 | 3 | 1 << 7;
     mem.store_u64(root, raw, Ordering::Release).unwrap();
     unit.attach(DEV, ContextEntry::Translated { did: DID, root })
@@ -360,7 +361,7 @@ fn blocked_contexts_and_bad_table_addresses_are_recorded_with_their_reasons() {
     let other = SourceId(0x0200);
     unit.attach(other, ContextEntry::Blocked).unwrap();
     // A top entry pointing far outside the 16 MiB arena.
-    let root = mem.alloc_zeroed_frames(0).unwrap();
+    let root = reserve_frame(&mem);
     mem.store_u64(root, (1 << 40) | 3, Ordering::Release)
         .unwrap();
     unit.attach(DEV, ContextEntry::Translated { did: DID, root })
@@ -901,4 +902,46 @@ mod vm {
             1
         );
     }
+}
+
+/// One frame of `mem`'s IOMMU reserve, zeroed, for a table of the test's
+/// own (tables live only there; a root in RAM is refused).
+fn reserve_frame(mem: &PhysMemory) -> u64 {
+    let mut held = mem.hold_iommu_frames();
+    let rest = held.split_off(1);
+    mem.release_iommu_frames(rest).unwrap();
+    mem.fill(held[0], PAGE_SIZE, 0).unwrap();
+    held[0]
+}
+
+#[test]
+fn a_root_or_a_table_in_ram_is_never_followed() {
+    let (mem, unit) = unit_with(UnitConfig::default());
+    // A root in RAM: a table a device could be given and write.
+    let ram = mem.alloc_zeroed_frames(0).unwrap();
+    assert_eq!(
+        unit.attach(
+            DEV,
+            ContextEntry::Translated {
+                did: DID,
+                root: ram
+            }
+        ),
+        Err(HwError::BadRoot { root: ram })
+    );
+    // A root in the reserve whose entry points at a table in RAM.
+    let root = reserve_frame(&mem);
+    mem.store_u64(root, ram | 3, Ordering::Release).unwrap();
+    unit.attach(DEV, ContextEntry::Translated { did: DID, root })
+        .unwrap();
+    let mut t = unit.translator().unwrap();
+    assert_eq!(
+        t.translate(DEV, 0, 8, Access::Read),
+        Err(TranslateError::BadTableAddress {
+            sid: DEV,
+            iova: 0,
+            level: 3,
+            table: ram
+        })
+    );
 }

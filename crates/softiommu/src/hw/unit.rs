@@ -423,7 +423,13 @@ impl Unit {
                     domains: sh.limits.domains,
                 });
             }
-            if root & (PAGE_SIZE - 1) != 0 || sh.mem.as_ptr(root, PAGE_SIZE).is_err() {
+            // Tables live only in the IOMMU reserve: a root in RAM is a
+            // table a device could be given, and write.
+            let (base, len) = sh.mem.iommu_reserve();
+            if root & (PAGE_SIZE - 1) != 0
+                || root < base
+                || root.checked_add(PAGE_SIZE).is_none_or(|e| e > base + len)
+            {
                 return Err(HwError::BadRoot { root });
             }
             match bindings.get(&did) {

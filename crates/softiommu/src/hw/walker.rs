@@ -36,7 +36,11 @@ pub(crate) enum WalkEnd {
         /// The raw entry.
         raw: u64,
     },
-    /// A table address lies outside physical memory.
+    /// An address an entry names lies outside the memory it may name: a
+    /// table (or the root) outside the IOMMU reserve, or a leaf outside
+    /// RAM. Tables live only in the reserve and devices reach only RAM, so
+    /// a table a device could write, or a leaf into IOMMU state, is never
+    /// followed (and never cached).
     BadTable {
         /// Its level.
         level: u32,
@@ -63,10 +67,11 @@ pub(crate) fn walk(mem: &PhysMemory, root: PhysAddr, iova: u64) -> Walk {
         let levels = read as u32 + 1;
         let at = table + level_index(iova, level) * 8;
         // Acquire: pairs with the Release store that linked this entry, so
-        // the table it points to is seen as written.
-        let raw = match mem.load_u64(at, Ordering::Acquire) {
-            Ok(raw) => raw,
-            Err(_) => {
+        // the table it points to is seen as written. Only the reserve holds
+        // tables.
+        let raw = match mem.iommu_load_u64(at, Ordering::Acquire) {
+            Some(raw) => raw,
+            None => {
                 return Walk {
                     end: WalkEnd::BadTable { level, table },
                     levels,
@@ -80,10 +85,13 @@ pub(crate) fn walk(mem: &PhysMemory, root: PhysAddr, iova: u64) -> Walk {
                 addr,
                 size,
                 perm: p,
-            } => WalkEnd::Leaf {
-                phys: addr,
-                size,
-                perm: perm & p,
+            } => match mem.device_ptr(addr, size.bytes()) {
+                Ok(_) => WalkEnd::Leaf {
+                    phys: addr,
+                    size,
+                    perm: perm & p,
+                },
+                Err(_) => WalkEnd::BadTable { level, table: addr },
             },
             SlEntry::Table { addr, perm: p } => {
                 table = addr;
@@ -145,7 +153,44 @@ mod tests {
     #[test]
     fn corrupt_tables_are_reported_not_followed() {
         let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
-        let root = mem.alloc_zeroed_frames(0).unwrap();
+        let root = mem
+            .alloc_zeroed_owned(0, crate::mem::FrameOwner::Iommu)
+            .unwrap();
+        // A root in RAM is never followed: only the reserve holds tables.
+        let ram = mem.alloc_zeroed_frames(0).unwrap();
+        assert_eq!(
+            walk(&mem, ram, 0).end,
+            WalkEnd::BadTable {
+                level: 4,
+                table: ram
+            }
+        );
+        // Nor a table pointer into RAM, nor a leaf into the reserve.
+        mem.store_u64(root, ram | 3, Ordering::Relaxed).unwrap();
+        assert_eq!(
+            walk(&mem, root, 0).end,
+            WalkEnd::BadTable {
+                level: 3,
+                table: ram
+            }
+        );
+        let mut at = root;
+        for _ in 0..3 {
+            let next = mem
+                .alloc_zeroed_owned(0, crate::mem::FrameOwner::Iommu)
+                .unwrap();
+            mem.store_u64(at, next | 3, Ordering::Relaxed).unwrap();
+            at = next;
+        }
+        // The last-level entry names the root itself.
+        mem.store_u64(at, root | 3, Ordering::Relaxed).unwrap();
+        assert_eq!(
+            walk(&mem, root, 0).end,
+            WalkEnd::BadTable {
+                level: 1,
+                table: root
+            }
+        );
         // A table pointer far outside the 1 MiB arena.
         mem.store_u64(root, (1 << 40) | 3, Ordering::Relaxed)
             .unwrap();

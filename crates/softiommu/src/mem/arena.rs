@@ -156,6 +156,18 @@ impl PhysMemory {
         }
     }
 
+    /// Atomically loads the word at `addr` if it lies in the IOMMU reserve
+    /// (8-byte aligned): what the unit's walker reads tables with, so that
+    /// no table outside the reserve — memory a device might write — is
+    /// ever followed.
+    #[inline]
+    pub(crate) fn iommu_load_u64(&self, addr: PhysAddr, order: Ordering) -> Option<u64> {
+        if !addr.is_multiple_of(8) || !self.in_reserve(addr, 8) {
+            return None;
+        }
+        self.check_word(addr).ok().map(|w| w.load(order))
+    }
+
     /// A pointer to `[addr, addr + len)` if it lies wholly in RAM: the only
     /// memory a device's access may touch once translated. A range reaching
     /// into the IOMMU reserve is [`MemError::IommuFrame`], anything else
