@@ -577,7 +577,7 @@ impl IovaDomain {
     /// relaxed store; the tag is the holder's while it holds the block.
     #[inline]
     pub(crate) fn set_tag(&self, pfn: u64, tag: u32) -> Result<(), IovaError> {
-        self.tags.claim(pfn, tag).map_err(IovaError::from)
+        self.tags.set_or_claim(pfn, tag).map_err(IovaError::from)
     }
 
     /// The tag last set at `pfn` (0 if none).

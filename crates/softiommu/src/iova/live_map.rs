@@ -238,6 +238,19 @@ impl<W: Word> WordMap<W> {
         }
     }
 
+    /// Sets the word at `pfn`: one lookup when its chunk exists (always, for
+    /// a flat map), else [`claim`](Self::claim)s it.
+    #[inline]
+    pub(crate) fn set_or_claim(&self, pfn: u64, v: W::V) -> Result<(), MemError> {
+        match self.cell(pfn) {
+            Some(c) => {
+                c.put(v);
+                Ok(())
+            }
+            None => self.claim(pfn, v),
+        }
+    }
+
     /// Sets the word at `pfn`, reserving its chunk first if need be: the
     /// tree's paths call this when they hand out a block.
     pub(crate) fn claim(&self, pfn: u64, v: W::V) -> Result<(), MemError> {
