@@ -132,6 +132,7 @@ impl PhysMemory {
     }
 
     /// Whether `[addr, addr + len)` lies in the IOMMU reserve.
+    #[inline]
     fn in_reserve(&self, addr: PhysAddr, len: u64) -> bool {
         addr >= self.iommu_base
             && addr
@@ -141,9 +142,18 @@ impl PhysMemory {
 
     /// A pointer to `[addr, addr + len)` if it lies in RAM or in the IOMMU
     /// reserve: what the host side (drivers, the unit) may touch.
+    #[inline]
     fn check(&self, addr: PhysAddr, len: u64) -> Result<*mut u8, MemError> {
-        let ram = addr.checked_add(len).is_some_and(|end| end <= self.size);
-        if ram || self.in_reserve(addr, len) {
+        // One end, two ranges: RAM `[0, size)`, the reserve
+        // `[iommu_base, iommu_base + iommu_len)` (both far below 2^64).
+        let ok = match addr.checked_add(len) {
+            Some(end) => {
+                end <= self.size
+                    || (addr >= self.iommu_base && end - self.iommu_base <= self.iommu_len)
+            }
+            None => false,
+        };
+        if ok {
             // SAFETY: the range lies inside the reservation (RAM, or the
             // reserve, which ends at the reservation's end).
             Ok(unsafe { self.region.base().add(addr as usize) })
