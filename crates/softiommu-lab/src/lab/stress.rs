@@ -27,10 +27,10 @@ use softiommu::dma::{DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaPol
 use softiommu::hw::{Access as HwAccess, SourceId, System, Translator, UnitConfig};
 use softiommu::mem::PhysMemory;
 
+use super::stress_bound;
 use super::stress_check::{
     classify, Access, DomainShadow, Entry, Life, Tag, TagKind, Verdict, Why, PAGE,
 };
-use super::stress_bound;
 use super::stress_extra;
 use crate::args::{dma_policies, DmaPolicyName, Ranged, Seconds};
 use crate::error::{join, LabError, LabResult};
@@ -262,13 +262,8 @@ fn measure(args: &StressArgs) -> LabResult<StressReport> {
         // Long enough for probes well past the bound whatever `seconds`.
         let secs = seconds.max(3.0 * bound.as_secs_f64());
         let seed = args.seed.get().wrapping_add((n + 1) * 0x1_0000);
-        let b = stress_bound::bound_phase(
-            secs,
-            timeout,
-            seed,
-            args.hogs.get(),
-            args.load_nice.get(),
-        )?;
+        let b =
+            stress_bound::bound_phase(secs, timeout, seed, args.hogs.get(), args.load_nice.get())?;
         bound_probes = b.probes_at_bound;
         bound_probe_max_age_us = b.max_probe_age_us;
         rows.push(b.row);
@@ -287,7 +282,11 @@ fn measure(args: &StressArgs) -> LabResult<StressReport> {
         bound_us: bound.as_micros() as u64,
         bound_probes,
         bound_probe_max_age_us,
-        hogs: if args.bound.get() == 1 { args.hogs.get() } else { 0 },
+        hogs: if args.bound.get() == 1 {
+            args.hogs.get()
+        } else {
+            0
+        },
         load_nice: args.load_nice.get(),
         quick: args.quick,
         first_violation: rows.iter().find_map(|r| r.first_violation.clone()),

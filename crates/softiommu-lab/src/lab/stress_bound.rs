@@ -307,10 +307,7 @@ mod tests {
         let b = bound(Duration::from_millis(10)).as_nanos() as u64;
         assert_eq!(b, 11_000_000);
         assert_eq!(judge_stale(b - 1, b), None);
-        assert_eq!(
-            judge_stale(b, b),
-            Some("a deferred access past the bound")
-        );
+        assert_eq!(judge_stale(b, b), Some("a deferred access past the bound"));
         assert_eq!(
             judge_stale(25 * 10_000_000, b),
             Some("a deferred access past the bound")

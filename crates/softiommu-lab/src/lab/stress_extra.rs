@@ -235,11 +235,17 @@ pub fn reclaim_phase(seconds: f64, seed: u64) -> LabResult<PhaseResult> {
                 let t_ret = ns();
                 if done {
                     for i in first..first + count {
-                        let Some(p) = pg.get(i as usize) else { continue };
+                        let Some(p) = pg.get(i as usize) else {
+                            continue;
+                        };
                         // A new content: what a stale translation reads
                         // from here on differs from before the reclaim.
                         let gen = p[0].load(Ordering::Relaxed) + 1;
-                        let _ = mem.store_u64(phys + i * PAGE_SIZE, page_tag(i, gen), Ordering::Relaxed);
+                        let _ = mem.store_u64(
+                            phys + i * PAGE_SIZE,
+                            page_tag(i, gen),
+                            Ordering::Relaxed,
+                        );
                         p[0].store(gen, Ordering::Release);
                         p[1].store(t_call, Ordering::Release);
                         p[2].store(t_ret, Ordering::Release);
@@ -358,14 +364,16 @@ mod tests {
     #[test]
     fn a_stale_read_of_a_reclaimed_page_is_caught() {
         let stale = read(page_tag(7, 0), false, 1_000);
-        assert!(judge_reclaim_read(&stale)
-            .is_some_and(|w| w.contains("without a fault")));
+        assert!(judge_reclaim_read(&stale).is_some_and(|w| w.contains("without a fault")));
         let stale_new_tag = read(page_tag(7, 1), false, 1_000);
         assert!(judge_reclaim_read(&stale_new_tag).is_some());
         // Faulted back in by this read, or by one that ended after the
         // reclaim was called: legal, with either tag.
         assert_eq!(judge_reclaim_read(&read(page_tag(7, 1), true, 1_000)), None);
-        assert_eq!(judge_reclaim_read(&read(page_tag(7, 0), false, 3_500)), None);
+        assert_eq!(
+            judge_reclaim_read(&read(page_tag(7, 0), false, 3_500)),
+            None
+        );
         // Another page's tag, or a generation not written yet.
         assert!(judge_reclaim_read(&read(page_tag(8, 1), true, 0)).is_some());
         assert!(judge_reclaim_read(&read(page_tag(7, 2), true, 0)).is_some());

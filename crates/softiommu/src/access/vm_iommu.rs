@@ -404,7 +404,7 @@ mod tests {
         p.domain.set_timeout(timeout).unwrap();
         p.domain.set_high_water(MAX_FQ_SIZE).unwrap();
         p.domain.arm.pause(true);
-        let dev = &p.devices[0];
+        let dev = p.devices.first().unwrap();
         let mut cpu = p.domain.cpu();
         let buf = p.mem.alloc_zeroed_frames(0).unwrap();
         let iova = cpu

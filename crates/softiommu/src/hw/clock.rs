@@ -60,10 +60,9 @@ fn tsc_trustworthy() -> bool {
     let max = core::arch::x86_64::__cpuid(0x8000_0000).eax;
     let invariant =
         max >= 0x8000_0007 && core::arch::x86_64::__cpuid(0x8000_0007).edx & (1 << 8) != 0;
-    let kernel_uses_it = std::fs::read_to_string(
-        "/sys/devices/system/clocksource/clocksource0/current_clocksource",
-    )
-    .is_ok_and(|s| s.trim() == "tsc");
+    let kernel_uses_it =
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .is_ok_and(|s| s.trim() == "tsc");
     invariant && kernel_uses_it
 }
 

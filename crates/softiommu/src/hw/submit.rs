@@ -266,7 +266,6 @@ impl Unit {
         tlb.force_deadline(did, tlb.clock().now());
     }
 
-
     /// Queues a page-selective IOTLB invalidation of the 2^`am` pages
     /// holding `iova` (no wait).
     pub fn invalidate_pages(&self, did: u16, iova: u64, am: u8, ih: bool) -> Result<(), QiError> {
