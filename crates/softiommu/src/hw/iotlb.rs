@@ -608,7 +608,7 @@ impl Iotlb {
     }
 
     /// Sets domain `did`'s deadline to `at` (tests only).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn force_deadline(&self, did: u16, at: u64) {
         self.domain(did).deadline.store(at, Ordering::Relaxed);
     }

@@ -223,7 +223,7 @@ impl Unit {
     }
 
     /// Whether domain `did` has an expiry deadline armed (one load).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn expiry_armed(&self, did: u16) -> bool {
         self.shared.iotlb.deadline(did) != 0
     }
@@ -260,7 +260,7 @@ impl Unit {
     }
 
     /// Makes domain `did`'s expiry deadline due now (tests only).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn force_expiry_due(&self, did: u16) {
         let tlb = &self.shared.iotlb;
         tlb.force_deadline(did, tlb.clock().now());
