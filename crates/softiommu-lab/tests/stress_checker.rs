@@ -23,6 +23,9 @@ fn an_unmap_recorded_before_it_revokes_is_reported_as_a_violation() {
             "strict",
             "--switching",
             "0",
+            // Strict only: the deferred bound phase has stale accesses.
+            "--bound",
+            "0",
             "--inject-late-unmap",
         ])
         .output()

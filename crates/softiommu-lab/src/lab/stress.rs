@@ -818,7 +818,7 @@ fn device_thread(
         };
         if op == Op::Aperture {
             // Anywhere below the device's 48-bit mask.
-            let x = 8 * rng.below(1 << 45);
+            let x = (rng.next_u64() >> 19) << 3;
             c.probe_anywhere(sh, &mut acc, &mut tr, domain, x);
             continue;
         }
