@@ -15,8 +15,11 @@ fn an_unmap_recorded_before_it_revokes_is_reported_as_a_violation() {
             "lab",
             "stress",
             "--json",
+            // Long enough for slots to reach the injected generations on
+            // a loaded machine (each success is also looked up once more
+            // for the frame it landed in).
             "--seconds",
-            "0.5",
+            "1.5",
             "--slots",
             "8",
             "--policies",
