@@ -43,6 +43,12 @@ const PAGES: usize = 512;
 const MAP_EVERY: Duration = Duration::from_micros(100);
 /// How long an unmapped buffer stays probed, in bounds.
 const PROBED_FOR: u64 = 3;
+/// Probes at or past the bound a run makes at least: the phase runs on
+/// past its length until it has them, for at most [`MAX_STRETCH`] times
+/// its length (a prober starved of CPU probes slowly).
+pub const MIN_PROBES_AT_BOUND: u64 = 10_000;
+/// See [`MIN_PROBES_AT_BOUND`].
+const MAX_STRETCH: u32 = 4;
 const SID: SourceId = SourceId(0x0300);
 
 /// The stale window's promised bound for flush timeout `timeout`.
@@ -122,7 +128,7 @@ pub fn bound_phase(
     nice: u64,
 ) -> LabResult<BoundResult> {
     let run_for = Duration::from_secs_f64(seconds);
-    let _hogs = Hogs::start(hogs, run_for)?;
+    let _hogs = Hogs::start(hogs, run_for * MAX_STRETCH)?;
     let handle = std::thread::spawn(move || {
         super::stress::run_as_load(nice);
         probe_thread(run_for, timeout, seed)
@@ -172,7 +178,9 @@ fn probe_thread(run_for: Duration, timeout: Duration, seed: u64) -> LabResult<Bo
     let t0 = Instant::now();
     let ns = || t0.elapsed().as_nanos() as u64;
     let mut next_map = 0u64;
-    while t0.elapsed() < run_for {
+    while t0.elapsed() < run_for
+        || (out.probes_at_bound < MIN_PROBES_AT_BOUND && t0.elapsed() < run_for * MAX_STRETCH)
+    {
         // Retire what has been probed long enough; its page is reused.
         while probed
             .front()
