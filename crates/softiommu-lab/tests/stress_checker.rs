@@ -15,13 +15,19 @@ fn an_unmap_recorded_before_it_revokes_is_reported_as_a_violation() {
             "lab",
             "stress",
             "--json",
+            // Long enough for slots to reach the injected generations on
+            // a loaded machine (each success is also looked up once more
+            // for the frame it landed in).
             "--seconds",
-            "0.5",
+            "1.5",
             "--slots",
             "8",
             "--policies",
             "strict",
             "--switching",
+            "0",
+            // Strict only: the deferred bound phase has stale accesses.
+            "--bound",
             "0",
             "--inject-late-unmap",
         ])

@@ -10,5 +10,6 @@ pub mod litmus_harness;
 pub mod netperf_udp;
 pub mod steal;
 pub mod stress;
+pub mod stress_bound;
 pub mod stress_check;
 pub mod stress_extra;

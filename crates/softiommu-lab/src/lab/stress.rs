@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use softiommu::access::{DmaAccessor, DmaAttrs};
 use softiommu::dma::{DmaDevice, DmaDirection, DmaDomain, DmaDomainConfig, DmaPolicy};
-use softiommu::hw::{SourceId, System, UnitConfig};
+use softiommu::hw::{Access as HwAccess, SourceId, System, Translator, UnitConfig};
 use softiommu::mem::PhysMemory;
 
+use super::stress_bound;
 use super::stress_check::{
     classify, Access, DomainShadow, Entry, Life, Tag, TagKind, Verdict, Why, PAGE,
 };
@@ -75,6 +76,15 @@ pub struct StressArgs {
     /// timer that fires Linux's flush queue. 0: every thread equal.
     #[arg(long, default_value = "10")]
     pub load_nice: Ranged<0, 19>,
+    /// Whether to run the bound phase (0 or 1): just-unmapped IOVAs of a
+    /// deferred domain probed at ages around the promised bound (flush
+    /// timeout + 1 ms); any success at or past it is a violation.
+    #[arg(long, default_value = "1")]
+    pub bound: Ranged<0, 1>,
+    /// Busy processes (`sh -c 'while :; do :; done'`, nice 0) run beside
+    /// the bound phase (0..=8), killed when it ends.
+    #[arg(long, default_value = "2")]
+    pub hogs: Ranged<0, 8>,
     /// Test only: the CPU threads record one unmap in 16 as done before
     /// calling `unmap`, and call it 64 operations later, as a library
     /// whose unmap returned before revoking would. The checker must
@@ -100,6 +110,8 @@ impl Default for StressArgs {
             devices: Ranged::new(1),
             seed: Ranged::new(15),
             load_nice: Ranged::new(10),
+            bound: Ranged::new(1),
+            hogs: Ranged::new(2),
             inject_late_unmap: false,
             json: false,
         }
@@ -193,6 +205,18 @@ pub struct StressReport {
     pub unjudged: u64,
     /// The deferred flush timeout in force, microseconds.
     pub flush_timeout_us: u64,
+    /// The promised bound on a deferred unmap's stale window (flush
+    /// timeout + 1 ms), microseconds: no access that begins later may
+    /// succeed through the unmapped translation.
+    pub bound_us: u64,
+    /// Probes of the bound phase that began at least `bound_us` after
+    /// their buffer's deferred unmap returned (0 without the phase).
+    pub bound_probes: u64,
+    /// The oldest probe of the bound phase, microseconds after its
+    /// buffer's unmap returned, at the probe's start.
+    pub bound_probe_max_age_us: u64,
+    /// Busy processes run beside the bound phase.
+    pub hogs: u64,
     /// The nice value the load threads ran at (`--load-nice`).
     pub load_nice: u64,
     /// Whether this was the quick form.
@@ -232,6 +256,18 @@ fn measure(args: &StressArgs) -> LabResult<StressReport> {
         rows.push(stress_extra::virtio_phase(seconds, timeout, seed)?);
         rows.push(stress_extra::reclaim_phase(seconds, seed ^ 0x5eed)?);
     }
+    let bound = stress_bound::bound(timeout);
+    let (mut bound_probes, mut bound_probe_max_age_us) = (0, 0);
+    if args.bound.get() == 1 {
+        // Long enough for probes well past the bound whatever `seconds`.
+        let secs = seconds.max(3.0 * bound.as_secs_f64());
+        let seed = args.seed.get().wrapping_add((n + 1) * 0x1_0000);
+        let b =
+            stress_bound::bound_phase(secs, timeout, seed, args.hogs.get(), args.load_nice.get())?;
+        bound_probes = b.probes_at_bound;
+        bound_probe_max_age_us = b.max_probe_age_us;
+        rows.push(b.row);
+    }
     let sum = |f: fn(&PhaseResult) -> u64| rows.iter().map(f).sum::<u64>();
     Ok(StressReport {
         lab: "stress",
@@ -243,6 +279,14 @@ fn measure(args: &StressArgs) -> LabResult<StressReport> {
         violations: sum(|r| r.violations),
         unjudged: sum(|r| r.unjudged),
         flush_timeout_us: timeout.as_micros() as u64,
+        bound_us: bound.as_micros() as u64,
+        bound_probes,
+        bound_probe_max_age_us,
+        hogs: if args.bound.get() == 1 {
+            args.hogs.get()
+        } else {
+            0
+        },
         load_nice: args.load_nice.get(),
         quick: args.quick,
         first_violation: rows.iter().find_map(|r| r.first_violation.clone()),
@@ -266,7 +310,8 @@ struct Shared {
     shadows: Vec<DomainShadow>,
     clock: Clock,
     stop: AtomicBool,
-    timeout_ns: u64,
+    /// The promised bound (flush timeout + 1 ms), nanoseconds.
+    bound_ns: u64,
     /// The policy of a fixed phase (None: switching).
     policy: Option<DmaPolicy>,
 }
@@ -309,7 +354,7 @@ fn run_phase(
         shadows: (0..2).map(|_| DomainShadow::new(slots)).collect(),
         clock: Clock(Instant::now()),
         stop: AtomicBool::new(false),
-        timeout_ns: timeout.as_nanos() as u64,
+        bound_ns: stress_bound::bound(timeout).as_nanos() as u64,
         policy,
     });
     // Learn each bounce pool's IOVA range before any device runs: the
@@ -464,6 +509,7 @@ fn cpu_thread(
                     len,
                     t_map_ns,
                     t_unmap_ns: 0,
+                    t_unmap_call_ns: 0,
                     life: Life::Mapping,
                     bounced: false,
                     deferred: false,
@@ -488,6 +534,7 @@ fn cpu_thread(
                     len,
                     t_map_ns,
                     t_unmap_ns: 0,
+                    t_unmap_call_ns: 0,
                     life: Life::Mapped,
                     bounced,
                     deferred: false,
@@ -499,7 +546,8 @@ fn cpu_thread(
                 if inject && e.gen % 16 == 0 {
                     // The injected fault: recorded as unmapped, still live.
                     e.life = Life::Unmapped;
-                    e.t_unmap_ns = sh.clock.ns();
+                    e.t_unmap_call_ns = sh.clock.ns();
+                    e.t_unmap_ns = e.t_unmap_call_ns;
                     slot.record(&e);
                     zombies.push(Zombie {
                         iova: e.iova,
@@ -508,11 +556,15 @@ fn cpu_thread(
                     });
                 } else {
                     e.life = Life::Unmapping;
+                    e.t_unmap_call_ns = sh.clock.ns();
                     slot.record(&e);
                     let before = dom.policy();
                     cpu.unmap(dev, e.iova, e.len, dir)?;
                     e.t_unmap_ns = sh.clock.ns();
                     let after = dom.policy();
+                    // Possibly made under deferred; the checker withdraws
+                    // the allowance if a switch away from deferred returned
+                    // after the call (`DomainShadow::left_deferred_ns`).
                     e.deferred = before == DmaPolicy::Deferred || after == DmaPolicy::Deferred;
                     e.life = Life::Unmapped;
                     slot.record(&e);
@@ -542,7 +594,7 @@ fn cpu_thread(
 /// priority (measured: flushes starting 23–38 ms after their oldest
 /// entry). Raising a thread's own nice value needs no privilege; a
 /// refusal leaves the thread as it was.
-fn run_as_load(nice: u64) {
+pub(crate) fn run_as_load(nice: u64) {
     if nice == 0 {
         return;
     }
@@ -595,7 +647,15 @@ fn switch_thread(sh: &Shared, doms: &[Arc<DmaDomain>]) -> LabResult<u64> {
     let mut n = 0u64;
     while !sh.stop.load(Ordering::Relaxed) {
         let p = CYCLE[(n as usize / doms.len()) % CYCLE.len()];
-        doms[n as usize % doms.len()].set_policy(p)?;
+        let i = n as usize % doms.len();
+        let was = doms[i].policy();
+        doms[i].set_policy(p)?;
+        if was == DmaPolicy::Deferred && p != DmaPolicy::Deferred {
+            // Every deferred queue was flushed before the switch returned.
+            sh.shadows[i]
+                .left_deferred_ns
+                .store(sh.clock.ns(), Ordering::Release);
+        }
         n += 1;
         std::thread::sleep(SWITCH_EVERY / doms.len() as u32);
     }
@@ -628,8 +688,10 @@ enum Op {
     Near,
     /// A read at an IOVA the other domain's device was given.
     OtherDomain,
-    /// A write through one of its read-only mappings.
+    /// A write through one of its read-only mappings (bounced or not).
     Write,
+    /// A read at a random IOVA anywhere in the domain's aperture.
+    Aperture,
 }
 
 impl DeviceCounts {
@@ -663,14 +725,48 @@ impl DeviceCounts {
                         .policy
                         .map_or(SWITCHING.to_string(), |p| p.name().to_string());
                     self.first_violation = Some(format!(
-                        "phase {what}, device {device} (domain {}), {op:?} access: {why:?}; \
-                         access {acc:?}, word {:?}; the shadow entry the device aimed at: {seen:?}",
+                        "phase {what}, device {device} (domain {}), {op:?} {} at IOVA {:#x}: \
+                         {why:?}; expected {}, seen {} (word {:?}); access {acc:?}; \
+                         the shadow entry the device aimed at: {seen:?}",
                         acc.domain,
+                        if acc.write { "write" } else { "read" },
+                        acc.iova,
+                        expected_of(&why, sh.bound_ns / 1000),
+                        if acc.write {
+                            "the write succeed".to_string()
+                        } else {
+                            format!("{:#x}", acc.value)
+                        },
                         Tag::decode(acc.value),
                     ));
                 }
             }
         }
+    }
+}
+
+/// What the checker expected instead of the access `why` condemns.
+fn expected_of(why: &Why, bound_us: u64) -> String {
+    match why {
+        Why::AfterUnmap { entry, age_us } => format!(
+            "a fault: begun {age_us} us after the unmap of IOVA {:#x} returned (deferred \
+             allowance: {}, bound {bound_us} us)",
+            entry.iova,
+            if entry.deferred { "possible" } else { "none" }
+        ),
+        Why::WrongData { expected } => format!("the buffer's word {expected:#x}"),
+        Why::LiveFault => "a live mapping's word, not a fault".into(),
+        Why::WriteThroughReadOnly => "a fault: every mapping is read-only for the device".into(),
+        Why::IommuFrame { phys } => {
+            format!("a fault: {phys:#x} is a frame holding IOMMU state")
+        }
+        Why::BounceNotOwner { entry } => format!(
+            "the bytes of the bounce slot's owners; that buffer's slot covered {:#x}..{:#x}",
+            entry.iova,
+            entry.iova.saturating_add(entry.len)
+        ),
+        Why::OtherDomain { owner } => format!("a fault: the word is domain {owner}'s"),
+        Why::Untagged | Why::NeverMapped => "a fault: no mapping of this device held it".into(),
     }
 }
 
@@ -683,12 +779,24 @@ fn device_thread(
     seed: u64,
 ) -> LabResult<DeviceCounts> {
     let mut acc = DmaAccessor::for_device(dev)?;
+    // A second look at where each successful access landed: no device
+    // may reach a frame holding IOMMU state, whatever IOVA it used.
+    let system = dev.domain().system().clone();
+    let (unit_id, _) = system
+        .unit_of(dev.source_id())
+        .ok_or(LabError::Setup("the stress device has no unit"))?;
+    let mut tr = system
+        .unit(unit_id)
+        .ok_or(LabError::Setup("the stress device's unit is gone"))?
+        .translator()?;
     let mut rng = Rng::new(seed);
     let mut c = DeviceCounts::default();
     let me = &sh.shadows[domain];
     let other = &sh.shadows[1 - domain];
     let protected = sh.policy != Some(DmaPolicy::Passthrough);
-    let writes = matches!(sh.policy, Some(DmaPolicy::Strict | DmaPolicy::Deferred));
+    // Every mapping is read-only for the device, bounced ones included:
+    // a write that succeeds anywhere is a violation.
+    let writes = protected;
     let attrs = DmaAttrs::RELAXED;
     let mut n = 0u64;
     loop {
@@ -703,10 +811,17 @@ fn device_thread(
             7..=10 => Op::JustUnmapped,
             11 => Op::Neighbour,
             12 => Op::Near,
-            13 | 14 => Op::OtherDomain,
+            13 => Op::OtherDomain,
+            14 => Op::Aperture,
             _ if writes => Op::Write,
             _ => Op::JustUnmapped,
         };
+        if op == Op::Aperture {
+            // Anywhere below the device's 48-bit mask.
+            let x = (rng.next_u64() >> 19) << 3;
+            c.probe_anywhere(sh, &mut acc, &mut tr, domain, x);
+            continue;
+        }
         let k = rng.below(slots as u64) as usize;
         let shadow = if op == Op::OtherDomain { other } else { me };
         let Some(newest) = shadow.slots[k].newest() else {
@@ -729,7 +844,9 @@ fn device_thread(
         };
         let word = |rng: &mut Rng| e.iova + 8 * rng.below(e.len / 8);
         let x = match op {
-            Op::Owned | Op::JustUnmapped | Op::OtherDomain | Op::Write => word(&mut rng),
+            Op::Owned | Op::JustUnmapped | Op::OtherDomain | Op::Write | Op::Aperture => {
+                word(&mut rng)
+            }
             Op::Neighbour if rng.below(2) == 0 => e.iova.wrapping_sub(8),
             Op::Neighbour => e.iova + e.len,
             Op::Near => {
@@ -739,6 +856,7 @@ fn device_thread(
             }
         };
         let flushed_upto_ns = me.flushed_upto_ns.load(Ordering::Acquire);
+        let left_deferred_ns = me.left_deferred_ns.load(Ordering::Acquire);
         let t_before_ns = sh.clock.ns();
         let res = if op == Op::Write {
             acc.write_u64(x, 0, attrs).map(|()| 0)
@@ -760,7 +878,21 @@ fn device_thread(
             t_before_ns,
             t_after_ns,
             flushed_upto_ns,
+            left_deferred_ns,
         };
+        if res.is_ok() && protected {
+            if let Some(phys) = iommu_frame_reached(sh, &mut tr, me, dev.source_id(), x) {
+                c.judge(
+                    sh,
+                    op,
+                    &access,
+                    Some(&e),
+                    domain,
+                    Verdict::Violation(Why::IommuFrame { phys }),
+                );
+                continue;
+            }
+        }
         match res {
             Err(_) if live_throughout => {
                 c.judge(
@@ -799,13 +931,77 @@ fn device_thread(
                             s.wait_mapped(t.gen, 100_000);
                         }
                     }
-                    classify(&access, &sh.shadows, sh.timeout_ns)
+                    classify(&access, &sh.shadows, sh.bound_ns)
                 };
                 c.judge(sh, op, &access, Some(&e), domain, verdict);
             }
         }
     }
     Ok(c)
+}
+
+/// Where a successful access at `x` landed, if that is a frame holding
+/// IOMMU state (page tables, queues; the domain's bounce pool is the
+/// IOMMU's too, and the device's by design, so it is left out).
+fn iommu_frame_reached(
+    sh: &Shared,
+    tr: &mut Translator,
+    me: &DomainShadow,
+    sid: SourceId,
+    x: u64,
+) -> Option<u64> {
+    if me.in_pool(x) {
+        return None;
+    }
+    iommu_state_at(&sh.mem, tr, sid, x)
+}
+
+/// The physical address device `sid` reaches at `x`, if the frame there
+/// holds IOMMU state.
+fn iommu_state_at(mem: &PhysMemory, tr: &mut Translator, sid: SourceId, x: u64) -> Option<u64> {
+    let span = tr.translate_page(sid, x, HwAccess::Read).ok()?;
+    mem.is_iommu_frame(span.phys).then_some(span.phys)
+}
+
+impl DeviceCounts {
+    /// A read at an arbitrary IOVA of the aperture: judged like any other
+    /// access (what it read, and where it landed).
+    fn probe_anywhere(
+        &mut self,
+        sh: &Shared,
+        acc: &mut DmaAccessor,
+        tr: &mut Translator,
+        domain: usize,
+        x: u64,
+    ) {
+        let me = &sh.shadows[domain];
+        let flushed_upto_ns = me.flushed_upto_ns.load(Ordering::Acquire);
+        let left_deferred_ns = me.left_deferred_ns.load(Ordering::Acquire);
+        let t_before_ns = sh.clock.ns();
+        let res = acc.read_u64(x, DmaAttrs::RELAXED);
+        let t_after_ns = sh.clock.ns();
+        self.accesses += 1;
+        let Ok(value) = res else {
+            self.faults += 1;
+            return;
+        };
+        let access = Access {
+            domain: domain as u8,
+            iova: x,
+            value,
+            write: false,
+            t_before_ns,
+            t_after_ns,
+            flushed_upto_ns,
+            left_deferred_ns,
+        };
+        let sid = acc.source_id();
+        let verdict = match iommu_frame_reached(sh, tr, me, sid, x) {
+            Some(phys) => Verdict::Violation(Why::IommuFrame { phys }),
+            None => classify(&access, &sh.shadows, sh.bound_ns),
+        };
+        self.judge(sh, Op::Aperture, &access, None, domain, verdict);
+    }
 }
 
 /// The typed report.
@@ -863,4 +1059,33 @@ fn report(r: &StressReport) -> Report {
         Some(v) => format!("{} violation(s); the first: {v}", r.violations),
     });
     rep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softiommu::hw::ContextEntry;
+    use softiommu::pgtable::{IoPageTable, VtdConfig, VtdPageTable};
+
+    /// The checker's frame look-up reports an access that lands in a
+    /// frame of IOMMU state (here a page-table root, reached by a
+    /// pass-through device, which reaches everything) and nothing for an
+    /// ordinary frame.
+    #[test]
+    fn an_access_landing_in_a_frame_of_iommu_state_is_reported() {
+        let mem = Arc::new(PhysMemory::new(16 << 20).unwrap());
+        let mut sys = System::new(mem.clone());
+        let unit = sys.add_unit(UnitConfig::default()).unwrap();
+        let sid = SourceId(0x0100);
+        sys.assign(sid, unit).unwrap();
+        let table = VtdPageTable::new(mem.clone(), VtdConfig::default()).unwrap();
+        let u = sys.unit(unit).unwrap();
+        u.attach(sid, ContextEntry::PassThrough).unwrap();
+        let mut tr = u.translator().unwrap();
+        let root = table.root();
+        assert!(mem.is_iommu_frame(root));
+        assert_eq!(iommu_state_at(&mem, &mut tr, sid, root + 8), Some(root + 8));
+        let plain = mem.alloc_zeroed_frames(0).unwrap();
+        assert_eq!(iommu_state_at(&mem, &mut tr, sid, plain), None);
+    }
 }

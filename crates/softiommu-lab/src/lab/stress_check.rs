@@ -19,10 +19,12 @@
 //! **Verdicts.** A successful access is [`Verdict::Legal`] when a mapping
 //! of the reached page at that IOVA was live at some time during the
 //! access (or, under bounce, when it reached the domain's own bounced data
-//! in the pool, which stays mapped by design); [`Verdict::Stale`] when
-//! the only such mapping was unmapped before the access began, under the
-//! deferred policy, no more than the flush timeout earlier, and no flush
-//! that covers it had completed; anything else is a [`Verdict::Violation`].
+//! in the pool, which stays mapped by design, at bytes that buffer's bounce
+//! slot covered); [`Verdict::Stale`] when the only such mapping was
+//! unmapped before the access began, possibly under the deferred policy,
+//! less than the promised bound (flush timeout + 1 ms) earlier, and no
+//! flush or switch away from deferred that covers it had completed;
+//! anything else is a [`Verdict::Violation`].
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -119,6 +121,8 @@ pub struct Entry {
     pub t_map_ns: u64,
     /// Nanoseconds when `unmap` returned (0 before).
     pub t_unmap_ns: u64,
+    /// Nanoseconds just before `unmap` was called (0 before).
+    pub t_unmap_call_ns: u64,
     /// Where it is in its life.
     pub life: Life,
     /// The mapping may have been bounced (the policy was bounce before or
@@ -145,6 +149,7 @@ struct Cell {
     len: AtomicU64,
     t_map: AtomicU64,
     t_unmap: AtomicU64,
+    t_call: AtomicU64,
     /// gen (32 bits) | life (2 bits) << 32 | bounced << 34 | deferred << 35.
     meta: AtomicU64,
 }
@@ -164,6 +169,7 @@ impl Cell {
         self.len.store(e.len, Ordering::Relaxed);
         self.t_map.store(e.t_map_ns, Ordering::Relaxed);
         self.t_unmap.store(e.t_unmap_ns, Ordering::Relaxed);
+        self.t_call.store(e.t_unmap_call_ns, Ordering::Relaxed);
         self.meta.store(
             u64::from(e.gen)
                 | life << 32
@@ -196,6 +202,7 @@ impl Cell {
             let len = self.len.load(Ordering::Relaxed);
             let t_map_ns = self.t_map.load(Ordering::Relaxed);
             let t_unmap_ns = self.t_unmap.load(Ordering::Relaxed);
+            let t_unmap_call_ns = self.t_call.load(Ordering::Relaxed);
             let meta = self.meta.load(Ordering::Relaxed);
             fence(Ordering::Acquire);
             if self.seq.load(Ordering::Relaxed) != s1 {
@@ -213,6 +220,7 @@ impl Cell {
                 len,
                 t_map_ns,
                 t_unmap_ns,
+                t_unmap_call_ns,
                 life,
                 bounced: meta >> 34 & 1 == 1,
                 deferred: meta >> 35 & 1 == 1,
@@ -303,6 +311,10 @@ pub struct DomainShadow {
     /// stored after that call returned `Ok`: every unmap that returned
     /// before it had been invalidated by then.
     pub flushed_upto_ns: AtomicU64,
+    /// Lab-clock time at which the newest switch *away from* deferred
+    /// returned (0: none): it flushed every deferred queue, so no unmap
+    /// called before it keeps a deferred allowance after it.
+    pub left_deferred_ns: AtomicU64,
 }
 
 impl DomainShadow {
@@ -313,10 +325,12 @@ impl DomainShadow {
             pool_lo: AtomicU64::new(u64::MAX),
             pool_hi: AtomicU64::new(0),
             flushed_upto_ns: AtomicU64::new(0),
+            left_deferred_ns: AtomicU64::new(0),
         }
     }
 
-    fn in_pool(&self, x: u64) -> bool {
+    /// Whether `x` lies in the bounce pool's IOVA range (once learnt).
+    pub fn in_pool(&self, x: u64) -> bool {
         let lo = self.pool_lo.load(Ordering::Acquire);
         let hi = self.pool_hi.load(Ordering::Acquire);
         lo <= x && x < hi
@@ -340,6 +354,8 @@ pub struct Access {
     pub t_after_ns: u64,
     /// The domain's `flushed_upto_ns`, read before the access.
     pub flushed_upto_ns: u64,
+    /// The domain's `left_deferred_ns`, read before the access.
+    pub left_deferred_ns: u64,
 }
 
 /// Why an access is a violation.
@@ -356,12 +372,12 @@ pub enum Why {
     /// pool, or a page word reached through an IOVA that never mapped it.
     NeverMapped,
     /// Reached after the unmap returned, outside what the policy permits
-    /// (not deferred, older than the flush timeout, or after a flush that
-    /// covered it).
+    /// (not made under deferred, begun at or past the bound, or after a
+    /// flush or a switch away from deferred that covered it).
     AfterUnmap {
         /// The mapping it reached through.
         entry: Entry,
-        /// Microseconds from the unmap's return to the end of the access.
+        /// Microseconds from the unmap's return to the start of the access.
         age_us: u64,
     },
     /// A write through a mapping the device was given read-only.
@@ -373,6 +389,17 @@ pub enum Why {
     },
     /// A live mapping of this device faulted.
     LiveFault,
+    /// A bounce-pool address returned the bytes of a buffer whose bounce
+    /// slot never covered it.
+    BounceNotOwner {
+        /// The buffer whose word was read.
+        entry: Entry,
+    },
+    /// A successful access landed in a frame that holds IOMMU state.
+    IommuFrame {
+        /// The physical address it reached.
+        phys: u64,
+    },
 }
 
 /// The checker's judgement of one successful access.
@@ -380,9 +407,10 @@ pub enum Why {
 pub enum Verdict {
     /// Through a live mapping (or the domain's own bounce pool).
     Legal,
-    /// A permitted stale access: deferred, before the covering flush.
+    /// A permitted stale access: deferred, before the covering flush,
+    /// begun less than the bound after the unmap returned.
     Stale {
-        /// Microseconds from the unmap's return to the end of the access.
+        /// Microseconds from the unmap's return to the start of the access.
         age_us: u64,
     },
     /// Not permitted.
@@ -393,10 +421,16 @@ pub enum Verdict {
 }
 
 /// Judges one successful access by `acc.domain`'s device against the
-/// shadows (`domains[i]` is domain `i`), with deferred flush timeout
-/// `timeout_ns`. Writes are never legal: every mapping the lab makes is
-/// read-only for the device.
-pub fn classify(acc: &Access, domains: &[DomainShadow], timeout_ns: u64) -> Verdict {
+/// shadows (`domains[i]` is domain `i`), with the deferred policy's
+/// promised bound `bound_ns` (flush timeout + 1 ms). Writes are never
+/// legal: every mapping the lab makes is read-only for the device.
+///
+/// A deferred allowance is given only to an unmap that may have run
+/// under deferred (the policy was deferred before or after the call) and
+/// that no switch away from deferred has flushed since it was called, to
+/// an access that began less than the bound after the unmap returned,
+/// before a flush the CPU thread saw complete.
+pub fn classify(acc: &Access, domains: &[DomainShadow], bound_ns: u64) -> Verdict {
     if acc.write {
         return Verdict::Violation(Why::WriteThroughReadOnly);
     }
@@ -415,16 +449,12 @@ pub fn classify(acc: &Access, domains: &[DomainShadow], timeout_ns: u64) -> Verd
     if tag.domain != acc.domain {
         return Verdict::Violation(Why::OtherDomain { owner: tag.domain });
     }
-    if me.in_pool(x) {
-        // Bounce: only bounced copies of this domain's buffers live there.
-        return match tag.kind {
-            TagKind::Buffer => Verdict::Legal,
-            TagKind::Neighbour => Verdict::Violation(Why::NeverMapped),
-        };
-    }
     let Some(slot) = me.slots.get(usize::from(tag.slot)) else {
         return Verdict::Violation(Why::Untagged);
     };
+    if me.in_pool(x) {
+        return judge_pool(acc, slot, tag);
+    }
     // The page was reached through `x`: find the generations of this
     // slot that mapped `x` to it, and take the kindest verdict.
     let judge = |e: &Entry| -> Verdict {
@@ -440,16 +470,14 @@ pub fn classify(acc: &Access, domains: &[DomainShadow], timeout_ns: u64) -> Verd
         if e.life != Life::Unmapped || acc.t_before_ns <= e.t_unmap_ns {
             return Verdict::Legal;
         }
-        let age_us = acc.t_after_ns.saturating_sub(e.t_unmap_ns) / 1000;
+        // The age at the access's start: a translation made later than
+        // the bound after the unmap must fail, whatever the access's end.
+        let age_ns = acc.t_before_ns - e.t_unmap_ns;
+        let age_us = age_ns / 1000;
         let flushed = e.t_unmap_ns < acc.flushed_upto_ns;
-        if e.deferred && !flushed && acc.t_after_ns - e.t_unmap_ns <= timeout_ns {
+        let switched_away = acc.left_deferred_ns > e.t_unmap_call_ns;
+        if e.deferred && !flushed && !switched_away && age_ns < bound_ns {
             Verdict::Stale { age_us }
-        } else if e.deferred && !flushed && acc.t_before_ns - e.t_unmap_ns < timeout_ns {
-            // Begun inside the window, ended past it: the device thread was
-            // off its CPU mid-access, and the translation (the moment that
-            // counts: a later one misses the dropped entry) lies somewhere
-            // in between. Not judged rather than guessed.
-            Verdict::Unknown
         } else {
             Verdict::Violation(Why::AfterUnmap { entry: *e, age_us })
         }
@@ -468,13 +496,39 @@ pub fn classify(acc: &Access, domains: &[DomainShadow], timeout_ns: u64) -> Verd
     }
     if matches!(best, Verdict::Violation(Why::NeverMapped)) && slot.forgot_any() {
         // Maybe a forgotten generation mapped `x`: judge it only if the
-        // oldest one remembered is older than the flush timeout.
+        // oldest one remembered is older than the bound.
         let oldest_map = slot.all().map(|e| e.t_map_ns).min().unwrap_or(0);
-        if oldest_map + timeout_ns > acc.t_before_ns {
+        if oldest_map + bound_ns > acc.t_before_ns {
             return Verdict::Unknown;
         }
     }
     best
+}
+
+/// A read inside the domain's bounce pool that returned `tag`'s word: the
+/// pool stays mapped by design, so a slot holds its current owner's bytes
+/// or, once freed, a past owner's. Legal only if generation `tag.gen` of
+/// that slot was bounced to bytes that cover `x`, mapped before the
+/// access ended; a neighbour word (never bounced) or a buffer's bytes at
+/// an address its bounce slot never covered is a violation. (The live
+/// owner's own reads are checked for its exact word by the device thread.)
+fn judge_pool(acc: &Access, slot: &SlotShadow, tag: Tag) -> Verdict {
+    let x = acc.iova;
+    if tag.kind == TagKind::Neighbour {
+        return Verdict::Violation(Why::NeverMapped);
+    }
+    let Some(e) = slot.get(tag.gen) else {
+        return Verdict::Unknown;
+    };
+    if e.life == Life::Mapping {
+        return Verdict::Unknown;
+    }
+    let covered = e.bounced && e.iova <= x && x < e.iova.saturating_add(e.len);
+    if covered && e.t_map_ns <= acc.t_after_ns {
+        Verdict::Legal
+    } else {
+        Verdict::Violation(Why::BounceNotOwner { entry: e })
+    }
 }
 
 fn kinder(a: Verdict, b: Verdict) -> Verdict {
@@ -513,7 +567,8 @@ fn kinder(a: Verdict, b: Verdict) -> Verdict {
 mod tests {
     use super::*;
 
-    const TIMEOUT: u64 = 10_000_000;
+    /// The promised bound: a 10 ms flush timeout + 1 ms.
+    const TIMEOUT: u64 = 11_000_000;
 
     fn tag(kind: TagKind, domain: u8, slot: u16, gen: u32) -> u64 {
         Tag {
@@ -532,6 +587,7 @@ mod tests {
             len: 64,
             t_map_ns: 1_000,
             t_unmap_ns,
+            t_unmap_call_ns: t_unmap_ns.saturating_sub(500),
             life,
             bounced: false,
             deferred,
@@ -551,6 +607,7 @@ mod tests {
             t_before_ns: t,
             t_after_ns: t + 100,
             flushed_upto_ns: 0,
+            left_deferred_ns: 0,
         }
     }
 
@@ -615,14 +672,21 @@ mod tests {
             Verdict::Violation(Why::AfterUnmap { .. })
         ));
         // Begun inside the window, ended past it (the device thread was
-        // descheduled mid-access): not judged.
+        // descheduled mid-access): it began inside the bound, which is
+        // what the promise is about; its age is taken at its start.
         let straddling = Access {
             t_after_ns: 1_000_000 + TIMEOUT + 5_000_000,
             ..young
         };
         assert!(matches!(
             classify(&straddling, &d, TIMEOUT),
-            Verdict::Unknown
+            Verdict::Stale { age_us: 2_000 }
+        ));
+        // Begun exactly at the bound: a violation.
+        let at_bound = read(1, 0x30_0008, v, 1_000_000 + TIMEOUT);
+        assert!(matches!(
+            classify(&at_bound, &d, TIMEOUT),
+            Verdict::Violation(Why::AfterUnmap { age_us: 11_000, .. })
         ));
         let flushed = Access {
             flushed_upto_ns: 2_000_000,
@@ -673,6 +737,9 @@ mod tests {
         let d = shadows();
         d[0].pool_lo.store(0x100_0000, Ordering::Release);
         d[0].pool_hi.store(0x110_0000, Ordering::Release);
+        let mut bounced = entry(9, 0x100_0100, Life::Mapped, 0, false);
+        bounced.bounced = true;
+        d[0].slots[1].record(&bounced);
         let own = tag(TagKind::Buffer, 0, 1, 9);
         assert!(matches!(
             classify(&read(0, 0x100_0100, own, 5_000), &d, TIMEOUT),
@@ -691,6 +758,70 @@ mod tests {
         assert!(matches!(
             classify(&read(0, 0x100_0100, theirs, 5_000), &d, TIMEOUT),
             Verdict::Violation(Why::OtherDomain { owner: 1 })
+        ));
+    }
+
+    /// A bounce slot is judged by whose bytes it may hold: a buffer's word
+    /// read at a pool address its slot never covered (another owner's
+    /// slot, say) is a violation. (The old checker took any own buffer
+    /// word anywhere in the pool as legal.)
+    #[test]
+    fn a_buffers_word_outside_its_bounce_slot_is_a_violation() {
+        let d = shadows();
+        d[0].pool_lo.store(0x100_0000, Ordering::Release);
+        d[0].pool_hi.store(0x110_0000, Ordering::Release);
+        let mut e = entry(4, 0x100_0200, Life::Mapped, 0, false);
+        e.bounced = true;
+        d[0].slots[2].record(&e);
+        let w = tag(TagKind::Buffer, 0, 2, 4);
+        assert!(matches!(
+            classify(&read(0, 0x100_0200 + 56, w, 5_000), &d, TIMEOUT),
+            Verdict::Legal
+        ));
+        assert!(matches!(
+            classify(&read(0, 0x100_0100, w, 5_000), &d, TIMEOUT),
+            Verdict::Violation(Why::BounceNotOwner { .. })
+        ));
+        // A translated mapping's word can never be in the pool.
+        d[0].slots[3].record(&entry(1, 0x100_0300, Life::Mapped, 0, false));
+        let t = tag(TagKind::Buffer, 0, 3, 1);
+        assert!(matches!(
+            classify(&read(0, 0x100_0300, t, 5_000), &d, TIMEOUT),
+            Verdict::Violation(Why::BounceNotOwner { .. })
+        ));
+    }
+
+    /// Switching: an unmap keeps a deferred allowance only if no switch
+    /// away from deferred returned after it was called (that switch
+    /// flushed it, or the unmap ran under the new policy). The old
+    /// checker gave it the allowance whenever the policy read before or
+    /// after the call was deferred.
+    #[test]
+    fn a_switch_away_from_deferred_ends_the_allowance() {
+        let d = shadows();
+        d[0].slots[0].record(&entry(2, 0x30_0000, Life::Unmapped, 1_000_000, true));
+        let v = tag(TagKind::Buffer, 0, 0, 2);
+        let a = read(0, 0x30_0000, v, 3_000_000);
+        assert!(matches!(
+            classify(&a, &d, TIMEOUT),
+            Verdict::Stale { age_us: 2_000 }
+        ));
+        let after_switch = Access {
+            left_deferred_ns: 2_000_000,
+            ..a
+        };
+        assert!(matches!(
+            classify(&after_switch, &d, TIMEOUT),
+            Verdict::Violation(Why::AfterUnmap { .. })
+        ));
+        // A switch that returned before the unmap was called says nothing.
+        let before = Access {
+            left_deferred_ns: 100_000,
+            ..a
+        };
+        assert!(matches!(
+            classify(&before, &d, TIMEOUT),
+            Verdict::Stale { .. }
         ));
     }
 

@@ -16,6 +16,11 @@
 //! translation once the wait has completed. Adding a mapping needs no
 //! invalidation; a cache miss then asks the unit.
 //!
+//! A deferred unmap's stale window ends here too: reading the epoch checks
+//! the domain's expiry deadline first, as every IOTLB hit does, so a cache
+//! of translations outlives a deferred unmap by no more than the deadline's
+//! period even if no flush runs.
+//!
 //! # The hook this needs from `hw`
 //!
 //! `hw` exposes no epoch, so this file reads the counters it is made of
@@ -27,7 +32,9 @@
 //! `sid` is carried out"). Everything else in `access` uses `hw`'s public
 //! API only.
 
+use crate::hw::iotlb::Iotlb;
 use crate::hw::{ContextEntry, SourceId, Unit};
+use crate::sync::barrier::Barrier;
 
 /// What a device's translations were derived from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +51,18 @@ pub(crate) fn device_epoch(unit: &Unit, sid: SourceId) -> DeviceEpoch {
     let inv = match ctx {
         Some(ContextEntry::Translated { did, .. }) => {
             let iotlb = &unit.shared.iotlb;
+            // The domain's expiry deadline, as the unit's own hit path
+            // checks it: past it, the domain's translations are dropped
+            // (a generation bump) and the epoch below moves, so a cache
+            // filled before it is not served from after it, whatever
+            // became of the deferred flush (see `Iotlb::expire`).
+            let dl = iotlb.deadline(did);
+            if dl != 0 {
+                let now = iotlb.clock().now();
+                if Iotlb::due(dl, now) {
+                    iotlb.expire(did, dl, now, Barrier::default_for_process());
+                }
+            }
             // Acquire loads both (see `Iotlb::gen` and `Iotlb::ticket`):
             // they pair with the invalidations' Release bumps. Each counter
             // only grows, so the sum moves whenever one of them does.

@@ -375,3 +375,62 @@ impl Iommu for UnitIommu {
         })
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryError, IommuMemory};
+
+    use super::*;
+    use crate::access::PhysGuestMemory;
+    use crate::dma::{DmaDirection, DmaPolicy, MAX_FQ_SIZE};
+
+    const SID: SourceId = SourceId(0x0100);
+
+    /// vm-memory's per-thread cache obeys the deferred bound as the unit's
+    /// IOTLB does: filled before a deferred unmap, it is not served from
+    /// once `flush_timeout + 1 ms` has passed, though no flush ran (the
+    /// timer paused). Before, only an invalidation moved the device's
+    /// epoch, and the stale translation was served until the flush.
+    #[test]
+    fn a_vm_memory_cache_is_not_served_past_the_deferred_bound() {
+        let p = crate::Platform::builder()
+            .policy(DmaPolicy::Deferred)
+            .device(SID)
+            .build()
+            .unwrap();
+        let timeout = Duration::from_millis(10);
+        p.domain.set_timeout(timeout).unwrap();
+        p.domain.set_high_water(MAX_FQ_SIZE).unwrap();
+        p.domain.arm.pause(true);
+        let dev = p.devices.first().unwrap();
+        let mut cpu = p.domain.cpu();
+        let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+        let iova = cpu
+            .map(dev, buf, 4096, DmaDirection::Bidirectional)
+            .unwrap();
+        let m = IommuMemory::new(
+            PhysGuestMemory::new(p.mem.clone()),
+            UnitIommu::for_device(dev).unwrap(),
+            true,
+            (),
+        );
+        m.write_obj(7u32, GuestAddress(iova)).unwrap();
+        assert_eq!(m.read_obj::<u32>(GuestAddress(iova)).unwrap(), 7);
+        cpu.unmap(dev, iova, 4096, DmaDirection::Bidirectional)
+            .unwrap();
+        std::thread::sleep(timeout + Duration::from_millis(2));
+        let e = m.read_obj::<u32>(GuestAddress(iova)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                GuestMemoryError::IommuError(IommuError::CannotResolve { .. })
+            ),
+            "{e:?}"
+        );
+        assert_eq!(p.domain.stats().flushes, 0, "no flush ran");
+        p.domain.arm.pause(false);
+        cpu.flush_own().unwrap();
+    }
+}

@@ -825,11 +825,12 @@ impl Work {
             let entry = FqEntry { pfn, pages };
             let (units, high_water) = (d.unit_mask_after_clear(), d.tunables.high_water());
             match slot.fq.push(entry, &tables, units, high_water) {
-                Pushed::Queued { was_empty } => {
+                Pushed::Queued { .. } => {
                     d.arm.on_push();
-                    if was_empty {
-                        d.arm_expiry(units);
-                    }
+                    // After `on_push`'s light fence: the deadline that
+                    // bounds this unmap's stale window is armed before it
+                    // returns (one load per unit when one is).
+                    d.cover_unmap(units);
                     // The owner enforces the age limit too, every few
                     // pushes, so the stale window holds while the timer
                     // thread waits for a core.
@@ -863,7 +864,7 @@ impl Work {
                 }
                 Pushed::Full => {
                     d.arm.on_push();
-                    d.arm_expiry(units);
+                    d.cover_unmap(units);
                     if let Some(mut taker) = slot.fq.try_taker() {
                         if let Some(b) = taker.take_all() {
                             // Issued, not waited for: its IOVAs are freed

@@ -22,7 +22,7 @@ use super::stale::{StaleReport, StaleWindow};
 use super::stats::{CpuStats, DmaStats};
 use super::timer::{self, TimerWork};
 use super::units::UnitList;
-use crate::hw::{ContextEntry, HwError, SourceId, System, Unit};
+use crate::hw::{ContextEntry, HwError, SourceId, System, Unit, UnitId};
 use crate::iova::{IovaCpuCache, IovaDomain, IovaPolicy, IovaStats};
 use crate::mem::{FrameOwner, PhysAddr, PhysMemory, PAGE_SHIFT, PAGE_SIZE};
 use crate::pgtable::{IoPageTable, Translation, VtdConfig, VtdPageTable};
@@ -557,30 +557,58 @@ impl DmaDomain {
             .filter_map(|id| self.system.unit(id))
     }
 
-    /// A deferred unmap went into an empty queue (or filled one): arms
-    /// the expiry deadline of this domain in each unit of `units` that has
-    /// none, at three quarters of the timeout, moving on by as much each
-    /// time a translator finds it passed (`Iotlb::expire_if_due`). The
-    /// stale window's bound then holds while the flush timer and the owner
-    /// are off their CPUs, as long as the device runs. The timer clears the
-    /// deadlines when it finds every queue empty, and arms them again in
-    /// each round that finds work (so an arming lost to that race is made
-    /// good within a round). Not on the per-unmap path: an empty queue's
-    /// first push, a full queue's, and the timer's rounds.
-    pub(crate) fn arm_expiry(&self, units: u64) {
-        let period = self.tunables.timeout() * 3 / 4;
+    /// How far past an unmap its expiry deadline falls: three quarters of
+    /// the flush timeout, so that the timer (due at half) goes first and a
+    /// translator's own check still ends the stale window inside it.
+    fn expiry_period(&self) -> Duration {
+        self.tunables.timeout() * 3 / 4
+    }
+
+    /// A deferred unmap was queued (after the push and its light fence,
+    /// `TimerArm::on_push`): in each unit of `units`, makes sure an expiry
+    /// deadline no later than [`expiry_period`](Self::expiry_period) from
+    /// now is armed before the unmap returns (one load per unit when one
+    /// is). A translator that finds it due drops the domain's cached
+    /// translations itself (`Iotlb::expire`), so the stale window's bound
+    /// holds while the flush timer and the owner are off their CPUs.
+    pub(crate) fn cover_unmap(&self, units: u64) {
+        let period = self.expiry_period();
         for unit in self.units_in(units) {
-            if !unit.expiry_armed(self.did) {
-                unit.arm_expiry(self.did, Instant::now() + period, period);
-            }
+            unit.cover_unmap(self.did, period);
         }
     }
 
-    /// Clears the expiry deadline in every unit (the timer found nothing
-    /// queued).
-    pub(crate) fn clear_expiry(&self) {
-        for unit in self.units_in(self.unit_mask()) {
-            unit.clear_expiry(self.did);
+    /// Arms the expiry deadline in every unit where none no later is
+    /// armed (the timer's rounds with work; never moves one later).
+    pub(crate) fn arm_expiry(&self, units: u64) {
+        let period = self.expiry_period();
+        for unit in self.units_in(units) {
+            unit.arm_expiry(self.did, period);
+        }
+    }
+
+    /// The timer found nothing queued: marks every unit's deadline as
+    /// being cleared (still in force); returns the marks, for
+    /// [`finish_clear_expiry`](Self::finish_clear_expiry) after the
+    /// timer's barrier and rescan.
+    pub(crate) fn begin_clear_expiry(&self) -> Vec<(UnitId, u64)> {
+        self.units
+            .in_mask(self.unit_mask())
+            .filter_map(|id| {
+                let marked = self.system.unit(id)?.begin_clear_expiry(self.did)?;
+                Some((id, marked))
+            })
+            .collect()
+    }
+
+    /// Clears the marked deadlines if `idle` (the rescan after the barrier
+    /// found nothing queued) and no unmap removed the mark meanwhile;
+    /// otherwise leaves them armed.
+    pub(crate) fn finish_clear_expiry(&self, marks: &[(UnitId, u64)], idle: bool) {
+        for &(id, marked) in marks {
+            if let Some(unit) = self.system.unit(id) {
+                unit.finish_clear_expiry(self.did, marked, idle);
+            }
         }
     }
 
@@ -593,12 +621,12 @@ impl DmaDomain {
         }
     }
 
-    /// Whether any queue holds an entry, or an issued or failed flush
-    /// waits.
+    /// Whether any queue holds an entry (or a batch a taker took and has
+    /// not issued yet), or an issued or failed flush waits.
     pub(crate) fn any_queued(&self) -> bool {
         self.pending.count.load(Relaxed) > 0
             || self.in_flight.len() > 0
-            || lock(&self.cpus).iter().any(|s| !s.fq.is_empty())
+            || lock(&self.cpus).iter().any(|s| s.fq.oldest().is_some())
     }
 
     /// Flushes every queue now (the timer's cache frees the IOVAs), and
@@ -756,8 +784,12 @@ impl TimerWork for DmaDomain {
         DmaDomain::arm_expiry(self, self.unit_mask());
     }
 
-    fn clear_expiry(&self) {
-        DmaDomain::clear_expiry(self);
+    fn begin_clear_expiry(&self) -> Vec<(UnitId, u64)> {
+        DmaDomain::begin_clear_expiry(self)
+    }
+
+    fn finish_clear_expiry(&self, marks: &[(UnitId, u64)], idle: bool) {
+        DmaDomain::finish_clear_expiry(self, marks, idle)
     }
 }
 

@@ -237,11 +237,15 @@ impl FlushQueue {
     /// A batch a taker took out and has not finished flushing counts (it
     /// is still reachable by its devices).
     pub fn oldest(&self) -> Option<Instant> {
+        // `head` before `inflight`: a taker stores `inflight` and then
+        // `head` (both Release), so a `head` that shows its take makes its
+        // `inflight` visible here; the other order could see the batch
+        // neither queued nor in flight.
+        let h = self.head.load(Ordering::Acquire);
         let inflight = match self.inflight.load(Ordering::Acquire) {
             0 => None,
             s => Some(self.instant(s)),
         };
-        let h = self.head.load(Ordering::Acquire);
         let t = self.tail.load(Ordering::Acquire);
         if h == t {
             return inflight;
@@ -273,6 +277,7 @@ impl FlushQueue {
     }
 
     /// Whether nothing is queued (a snapshot).
+    #[cfg(any(test, loom))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -343,6 +348,10 @@ impl Taker<'_> {
 #[derive(Debug)]
 pub struct TimerArm {
     armed: AtomicBool,
+    /// Tests only: the timer does nothing while set (a timer thread the
+    /// scheduler keeps off its CPU).
+    #[cfg(test)]
+    paused: AtomicBool,
     barrier: Barrier,
     wake: Mutex<bool>,
     cv: Condvar,
@@ -359,6 +368,8 @@ impl TimerArm {
     pub(crate) fn new(barrier: Barrier) -> Self {
         Self {
             armed: AtomicBool::new(false),
+            #[cfg(test)]
+            paused: AtomicBool::new(false),
             barrier,
             wake: Mutex::new(false),
             cv: Condvar::new(),
@@ -377,6 +388,25 @@ impl TimerArm {
         if !self.armed.load(Ordering::Relaxed) && !self.armed.swap(true, Ordering::Acquire) {
             *lock(&self.wake) = true;
             self.cv.notify_one();
+        }
+    }
+
+    /// Tests only: stops (or resumes) the timer's rounds, standing for a
+    /// timer thread starved of CPU.
+    #[cfg(test)]
+    pub(crate) fn pause(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
+    }
+
+    /// Whether the timer is paused (always `false` outside tests).
+    pub(crate) fn paused(&self) -> bool {
+        #[cfg(test)]
+        {
+            self.paused.load(Ordering::Relaxed)
+        }
+        #[cfg(not(test))]
+        {
+            false
         }
     }
 
@@ -596,13 +626,14 @@ mod loom_tests {
     }
 
     /// The expiry deadline across the timer's disarm: the owner pushes into
-    /// an empty queue, announces it (`on_push`) and arms the deadline if
-    /// none is armed, while the timer, having found nothing, clears the
-    /// deadline, disarms and looks once more (re-arming both if it finds
-    /// the entry). However they interleave, an entry left queued has a
-    /// deadline armed: a translator would otherwise have nothing to expire
-    /// its stale translations by. (Fails if the timer's rescan does not
-    /// arm the deadline again.)
+    /// an empty queue, announces it (`on_push`, its light fence) and makes
+    /// sure a deadline covers it, while the timer, having found nothing,
+    /// marks the deadline as being cleared, disarms (its heavy barrier),
+    /// looks once more and clears it only if it found nothing. However
+    /// they interleave, an entry left queued has a deadline armed: a
+    /// translator would otherwise have nothing to expire its stale
+    /// translations by. (Fails if the timer clears in one step, or if the
+    /// owner only arms when it finds the deadline cleared.)
     #[test]
     fn loom_an_unmap_queued_across_the_timers_disarm_keeps_its_deadline() {
         loom::model(|| {
@@ -610,30 +641,31 @@ mod loom_tests {
             let q = Arc::new(FlushQueue::new(4));
             let arm = Arc::new(TimerArm::new(Barrier::Fence));
             let tlb = Arc::new(Iotlb::new(IotlbConfig { sets: 1, ways: 1 }, 1));
-            let (at, period) = (Instant::now(), Duration::from_millis(1));
+            let period = Duration::from_millis(1);
+            // An earlier unmap's deadline, flushed since.
+            tlb.arm_deadline_at(0, 5, 7);
             arm.rearm(); // the timer is running, about to find nothing
             let owner = {
                 let (q, arm, tlb) = (q.clone(), arm.clone(), tlb.clone());
                 loom::thread::spawn(move || {
-                    let p = q.push(FqEntry { pfn: 7, pages: 1 }, &[], 1, 4);
+                    q.push(FqEntry { pfn: 7, pages: 1 }, &[], 1, 4);
                     arm.on_push();
-                    if p == (Pushed::Queued { was_empty: true }) && !tlb.deadline_armed(0) {
-                        tlb.arm_deadline(0, at, period);
-                    }
+                    tlb.cover_unmap(0, period);
                 })
             };
             // The timer's idle step.
-            tlb.clear_deadline(0);
+            let marked = tlb.begin_clear(0);
             arm.disarm();
-            if !q.is_empty() {
+            let busy = q.oldest().is_some();
+            if let Some(m) = marked {
+                tlb.finish_clear(0, m, !busy);
+            }
+            if busy {
                 arm.rearm();
-                if !tlb.deadline_armed(0) {
-                    tlb.arm_deadline(0, at, period);
-                }
             }
             owner.join().unwrap();
             assert!(
-                q.is_empty() || tlb.deadline_word_of(0) != 0,
+                q.is_empty() || tlb.deadline(0) != 0,
                 "an unmap is queued and no deadline would expire it"
             );
         });

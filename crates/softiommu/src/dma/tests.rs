@@ -231,12 +231,12 @@ fn an_owners_flush_behind_an_open_section_returns_and_frees_nothing_until_it_end
     assert_eq!((st.flushes, st.flushed_entries, st.live()), (2, 8, 0));
 }
 
-/// The device-side backstop: a deferred unmap into an empty queue arms
-/// its domain's expiry deadline in the unit, and a translator that finds
-/// it passed drops the domain's cached translations itself, though no
-/// flush ran (here the
-/// timeout is a minute and the deadline is moved into the past by hand,
-/// standing for a timer and an owner kept off their CPUs).
+/// The device-side backstop: a deferred unmap arms its domain's expiry
+/// deadline in the unit before it returns, and a translator that finds it
+/// due drops the domain's cached translations itself, at its next hit,
+/// though no flush ran (here the timeout is a minute and the deadline is
+/// made due by hand, standing for a timer and an owner kept off their
+/// CPUs).
 #[test]
 fn a_translator_expires_a_deferred_unmap_whose_deadline_passed() {
     let mut r = rig(DmaPolicy::Deferred, false);
@@ -260,19 +260,57 @@ fn a_translator_expires_a_deferred_unmap_whose_deadline_passed() {
         assert!(reachable(&mut r, a));
     }
     assert_eq!(r.tr.stats().expiries, 0);
-    // Past it (moved back by hand): within one check interval (64 hits)
-    // the device faults.
-    unit.force_expiry(did, std::time::Instant::now() - Duration::from_secs(1));
-    let mut hits = 0;
-    while reachable(&mut r, a) {
-        hits += 1;
-        assert!(hits <= 64, "the translator never looked at the deadline");
-    }
+    // Past it (made due by hand): the very next hit looks at it, drops
+    // the domain's cached translations and walks, and the device faults.
+    unit.force_expiry_due(did);
+    assert!(matches!(
+        r.tr.translate(SID, a, 1, Access::Read),
+        Err(crate::hw::TranslateError::NotPresent { .. })
+    ));
     assert_eq!(r.tr.stats().expiries, 1);
     assert!(
         unit.expiry_armed(did),
         "moved on by its period while the unmap is queued"
     );
+    r.cpu.flush_own().unwrap();
+}
+
+/// The deferred bound is the device's own: a device thread translates an
+/// IOVA (cached), the IOVA is deferred-unmapped, and the thread comes back
+/// after `flush_timeout + 1 ms` with no flush having run (the timer paused,
+/// standing for a starved timer thread; the high-water mark out of reach;
+/// one push, so the owner never checks its queue): its next access faults
+/// as not present, from its own hit path. (Before, the translator looked
+/// at the deadline only every 64 hits, and this access was served from
+/// the cache.)
+#[test]
+fn a_device_back_after_the_bound_faults_though_no_flush_ran() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    let timeout = Duration::from_millis(10);
+    r.domain.set_timeout(timeout).unwrap();
+    r.domain.set_high_water(super::domain::MAX_FQ_SIZE).unwrap();
+    r.domain.arm.pause(true);
+    let buf = r.mem.alloc_zeroed_frames(0).unwrap();
+    let a = r
+        .cpu
+        .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    assert!(reachable(&mut r, a));
+    assert!(reachable(&mut r, a));
+    let hits = r.tr.stats().hits;
+    assert!(hits >= 1, "cached");
+    r.cpu
+        .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    std::thread::sleep(timeout + Duration::from_millis(2));
+    let err = r.tr.translate(SID, a + 8, 8, Access::Read).unwrap_err();
+    assert!(
+        matches!(err, crate::hw::TranslateError::NotPresent { iova, .. } if iova == a + 8),
+        "{err:?}"
+    );
+    assert_eq!(r.tr.stats().expiries, 1);
+    assert_eq!(r.domain.stats().flushes, 0, "no flush ran");
+    r.domain.arm.pause(false);
     r.cpu.flush_own().unwrap();
 }
 

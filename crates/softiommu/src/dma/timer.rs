@@ -9,6 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::flush_queue::TimerArm;
+use crate::hw::UnitId;
 
 /// What the timer asks of the domain it serves.
 pub(crate) trait TimerWork: Send + Sync {
@@ -23,10 +24,14 @@ pub(crate) trait TimerWork: Send + Sync {
     fn flush_expired(&self, now: Instant, age: Duration) -> Option<Instant>;
     /// Whether anything waits for a flush.
     fn any_queued(&self) -> bool;
-    /// Arms the device-side expiry deadline where none is armed.
+    /// Arms the device-side expiry deadline where none no later is armed.
     fn arm_expiry(&self);
-    /// Clears the expiry deadline: nothing is queued.
-    fn clear_expiry(&self);
+    /// Marks the expiry deadlines as being cleared (still in force);
+    /// returns the marks.
+    fn begin_clear_expiry(&self) -> Vec<(UnitId, u64)>;
+    /// Clears the marked deadlines if `idle` and no unmap removed a mark;
+    /// else leaves them armed.
+    fn finish_clear_expiry(&self, marks: &[(UnitId, u64)], idle: bool);
 }
 
 /// The nice value the timer thread asks for. It stands for the kernel
@@ -59,6 +64,11 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
             return;
         }
         let arm = d.arm().clone();
+        if arm.paused() {
+            drop(d);
+            arm.nap(Duration::from_millis(1));
+            continue;
+        }
         if !arm.is_armed() {
             drop(d);
             arm.sleep();
@@ -80,12 +90,19 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
                 arm.nap(nap.min(after));
             }
             None => {
-                // Nothing queued: clear the expiry deadline and disarm,
-                // then look once more (a push may have raced the disarm; its
-                // owner or this scan catches it, and arms both again).
-                d.clear_expiry();
+                // Nothing queued: mark the expiry deadlines as being
+                // cleared and disarm (its heavy barrier orders both before
+                // the rescan), then look once more. A push that raced it
+                // is seen by the rescan (the deadlines stay), or its owner
+                // saw the mark and removed it (the clearing fails), or saw
+                // the deadline cleared and armed its own. Taken off the
+                // CPU anywhere in between, the timer leaves the deadlines
+                // in force, never an unmap uncovered.
+                let marks = d.begin_clear_expiry();
                 arm.disarm();
-                if d.any_queued() {
+                let busy = d.any_queued();
+                d.finish_clear_expiry(&marks, !busy);
+                if busy {
                     arm.rearm();
                     d.arm_expiry();
                 }

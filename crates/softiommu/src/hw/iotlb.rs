@@ -65,9 +65,9 @@
 //!
 //! Every concurrent piece above is model-checked with loom (`loom_tests`).
 
-use std::time::{Duration, Instant};
-
 use crossbeam_utils::CachePadded;
+
+use super::clock::DeadlineClock;
 
 use crate::mem::{PhysAddr, PAGE_SHIFT};
 use crate::pgtable::{PageSize, Perm, VTD_IOVA_BITS};
@@ -223,16 +223,16 @@ struct DomainGen {
     gen: AtomicU64,
     /// Bumped by each page-selective invalidation.
     psi: AtomicU64,
-    /// When the domain's cached translations must be gone by, as
-    /// nanoseconds since the IOTLB's `epoch` plus one; 0: no deadline.
-    /// Armed by the deferred policy when an unmap goes into an empty (or
-    /// full) queue and none is armed, and by its timer's rounds with work;
-    /// moved on by the translator that finds it passed (see
-    /// [`Iotlb::expire_if_due`]); cleared by the timer when nothing is
-    /// queued. On the line every hit reads for `gen`.
+    /// When the domain's cached translations must be gone by, a reading
+    /// of the IOTLB's [`DeadlineClock`]; 0: no deadline. Armed (or moved
+    /// earlier) by every deferred unmap that finds none armed, before the
+    /// unmap returns; moved on by each translator that finds it due (see
+    /// [`Iotlb::expire`]); cleared by the flush timer, in two steps, when
+    /// nothing is queued (see [`Iotlb::begin_clear`]). On the line every
+    /// hit reads for `gen`.
     deadline: AtomicU64,
-    /// How far a translator that finds the deadline passed moves it on
-    /// (nanoseconds; 0: it clears it instead). Set before each arming.
+    /// How far a translator that finds the deadline due moves it on, in
+    /// clock units (0: it clears it instead). Set before each arming.
     period: AtomicU64,
 }
 
@@ -262,9 +262,14 @@ pub(crate) struct Iotlb {
     global: CachePadded<AtomicU64>,
     /// Bit 0: a 2 MiB leaf was cached once; bit 1: a 1 GiB leaf.
     large: CachePadded<AtomicU64>,
-    /// The origin of the domains' deadlines.
-    epoch: Instant,
+    /// The clock the domains' deadlines are readings of.
+    clock: DeadlineClock,
 }
+
+/// A deadline word's mark: the flush timer is clearing it (it stays in
+/// force until the clearing finishes, and an unmap that meets the mark
+/// cancels it). Clock readings stay far below it.
+pub(crate) const DEADLINE_CLEARING: u64 = 1 << 63;
 
 impl Iotlb {
     /// An empty IOTLB of shape `cfg` (which must be valid) for
@@ -279,7 +284,7 @@ impl Iotlb {
             dom_mask: domains - 1,
             global: CachePadded::new(AtomicU64::new(0)),
             large: CachePadded::new(AtomicU64::new(0)),
-            epoch: Instant::now(),
+            clock: DeadlineClock::get(),
         }
     }
 
@@ -486,87 +491,157 @@ impl Iotlb {
         free.or_else(|| ways.get((rnd % ways.len().max(1) as u64) as usize))
     }
 
-    /// A deadline word for `at` (never 0).
-    fn deadline_word(&self, at: Instant) -> u64 {
-        let ns = at.saturating_duration_since(self.epoch).as_nanos();
-        u64::try_from(ns).unwrap_or(u64::MAX - 1).saturating_add(1)
+    /// The clock the domains' deadlines are read in.
+    #[inline(always)]
+    pub(crate) fn clock(&self) -> DeadlineClock {
+        self.clock
     }
 
-    /// Whether domain `did` has an expiry deadline armed (one relaxed load).
-    #[inline]
-    pub(crate) fn deadline_armed(&self, did: u16) -> bool {
-        self.domain(did).deadline.load(Ordering::Relaxed) != 0
+    /// Domain `did`'s deadline word: 0 if none is armed, else the reading
+    /// of [`clock`](Self::clock) it falls due at, possibly with
+    /// [`DEADLINE_CLEARING`] set. One load on the line the hit path reads
+    /// for the generation.
+    ///
+    /// Acquire: a translator that reads a deadline another one moved on
+    /// after expiring it (a Release compare-exchange, after its generation
+    /// bump) sees that bump.
+    #[inline(always)]
+    pub(crate) fn deadline(&self, did: u16) -> u64 {
+        self.domain(did).deadline.load(Ordering::Acquire)
     }
 
-    /// Arms domain `did`'s deadline at `at` unless one is armed already
-    /// (which is then no later: every deadline is an arming time, or a
-    /// translator's move, plus the same period); a translator that finds
-    /// it passed moves it on by `period` (see `expire_if_due`).
-    pub(crate) fn arm_deadline(&self, did: u16, at: Instant, period: Duration) {
+    /// Whether a deadline word read at clock reading `now` has fallen due.
+    #[inline(always)]
+    pub(crate) fn due(word: u64, now: u64) -> bool {
+        word != 0 && now >= word & !DEADLINE_CLEARING
+    }
+
+    /// Arms domain `did`'s deadline at clock reading `at` (nonzero, below
+    /// [`DEADLINE_CLEARING`]), or keeps the one armed if it is no later:
+    /// an armed deadline only ever moves earlier here. Also cancels a
+    /// clearing in progress (see [`begin_clear`](Self::begin_clear)).
+    pub(crate) fn arm_deadline_at(&self, did: u16, at: u64, period: u64) {
         let d = self.domain(did);
-        let p = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
-        d.period.store(p, Ordering::Relaxed);
-        let _ = d.deadline.compare_exchange(
-            0,
-            self.deadline_word(at),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        let at = at.clamp(1, DEADLINE_CLEARING - 1);
+        d.period.store(period, Ordering::Relaxed);
+        let mut cur = d.deadline.load(Ordering::Relaxed);
+        loop {
+            let next = match cur {
+                0 => at,
+                c => (c & !DEADLINE_CLEARING).min(at),
+            };
+            if next == cur {
+                return;
+            }
+            // Release: pairs with the hit path's Acquire load.
+            match d
+                .deadline
+                .compare_exchange(cur, next, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(c) => cur = c,
+            }
+        }
     }
 
-    /// Sets domain `did`'s deadline to `at`, armed or not (tests only).
-    #[cfg(test)]
-    pub(crate) fn force_deadline(&self, did: u16, at: Instant) {
-        let w = self.deadline_word(at);
-        self.domain(did).deadline.store(w, Ordering::Relaxed);
+    /// The unmap's side, after its entry is queued and its `Barrier::light`
+    /// fence: makes sure a deadline no later than `now() + period` covers
+    /// it. One load when a deadline is armed (any armed deadline is no
+    /// later: it was armed at an earlier reading, or moved on by a
+    /// translator to its reading, plus the same period); a clock read and
+    /// a compare-exchange only when none is, or when a clearing is in
+    /// progress (which this cancels, keeping the deadline).
+    #[inline]
+    pub(crate) fn cover_unmap(&self, did: u16, period: std::time::Duration) {
+        self.cover_unmap_with(did, || {
+            let p = self.clock.ticks(period);
+            (self.clock.now().saturating_add(p), p)
+        });
     }
 
-    /// The raw deadline word of domain `did` (0: none; models only).
-    #[cfg(loom)]
-    pub(crate) fn deadline_word_of(&self, did: u16) -> u64 {
-        self.domain(did).deadline.load(Ordering::Relaxed)
+    /// [`cover_unmap`](Self::cover_unmap), with `arm` giving the deadline
+    /// and period to arm when one is needed (the models' clock).
+    #[inline]
+    pub(crate) fn cover_unmap_with(&self, did: u16, arm: impl FnOnce() -> (u64, u64)) {
+        let w = self.domain(did).deadline.load(Ordering::Relaxed);
+        if w != 0 && w & DEADLINE_CLEARING == 0 {
+            return;
+        }
+        let (at, period) = arm();
+        self.arm_deadline_at(did, at, period);
     }
 
-    /// Clears domain `did`'s deadline: nothing of it waits for a flush.
-    pub(crate) fn clear_deadline(&self, did: u16) {
-        self.domain(did).deadline.store(0, Ordering::Relaxed);
-    }
-
-    /// The translator's side: if domain `did`'s deadline has passed, moves
-    /// it on by its period, issues the heavy barrier, and invalidates the
-    /// domain (a generation bump); returns whether it did. That lookup and
-    /// every later one miss, and their walks see every entry cleared
-    /// before the barrier; an entry cleared after it was unmapped after the
-    /// bump and is covered by the next one, a period later, if no flush
-    /// came first. So a queued unmap's cached translations live at most
-    /// about one period past their unmap while this device runs, whatever
-    /// became of the flush timer and the owner. Under the loom model
-    /// `loom_an_unmap_queued_across_the_timers_disarm_keeps_its_deadline`.
-    pub(crate) fn expire_if_due(&self, did: u16, barrier: Barrier) -> bool {
-        let dg = self.domain(did);
-        let w = dg.deadline.load(Ordering::Relaxed);
+    /// The clearer's first step (the flush timer, having found nothing
+    /// queued): marks the armed deadline as being cleared, leaving it in
+    /// force; returns the word marked. The caller then issues the heavy
+    /// barrier, looks at the queues again and calls
+    /// [`finish_clear`](Self::finish_clear). An unmap that meets the mark
+    /// removes it, which makes the clearing fail. So a clearer taken off
+    /// its CPU between the steps leaves the deadline armed, never an unmap
+    /// uncovered.
+    pub(crate) fn begin_clear(&self, did: u16) -> Option<u64> {
+        let d = self.domain(did);
+        let w = d.deadline.load(Ordering::Relaxed);
         if w == 0 {
-            return false;
+            return None;
         }
-        let now = self.deadline_word(Instant::now());
-        if now < w {
-            return false;
+        let marked = w | DEADLINE_CLEARING;
+        if w == marked {
+            return Some(marked);
         }
-        let next = match dg.period.load(Ordering::Relaxed) {
-            0 => 0,
-            p => now.saturating_add(p),
-        };
-        if dg
+        d.deadline
+            .compare_exchange(w, marked, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()
+            .map(|_| marked)
+    }
+
+    /// The clearer's last step: if the word is still `marked`, clears it
+    /// (`idle`: nothing was queued after the barrier) or removes the mark.
+    /// Returns whether it cleared.
+    pub(crate) fn finish_clear(&self, did: u16, marked: u64, idle: bool) -> bool {
+        let next = if idle { 0 } else { marked & !DEADLINE_CLEARING };
+        self.domain(did)
             .deadline
-            .compare_exchange(w, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            // Another translator moved it (and bumps), or it was cleared.
-            return false;
-        }
+            .compare_exchange(marked, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+            && idle
+    }
+
+    /// Sets domain `did`'s deadline to `at` (tests only).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn force_deadline(&self, did: u16, at: u64) {
+        self.domain(did).deadline.store(at, Ordering::Relaxed);
+    }
+
+    /// The translator's side, once it read deadline word `seen` and found
+    /// it due at clock reading `now`: issues the heavy barrier, invalidates
+    /// the domain (a generation bump), then moves the deadline on to
+    /// `now + period` if it still holds `seen`. The caller's lookup misses
+    /// (it walks after the bump), and so does every later one.
+    ///
+    /// Every translator that finds the deadline due bumps for itself,
+    /// before it uses the cache: one that lost the race to move it on would
+    /// otherwise hit entries the winner has not dropped yet. The order
+    /// (barrier, bump, move) is what makes the move safe: an unmap that
+    /// read the old word before the barrier has its cleared entries
+    /// visible to every walk after the bump; one that read it after the
+    /// barrier is covered by the new word, a period after a reading no
+    /// earlier than its own; and a translator that reads the new word
+    /// (Acquire) sees the bump. Loom: `loom_a_deadline_armed_by_an_unmap_stops_a_racing_hit`.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn expire(&self, did: u16, seen: u64, now: u64, barrier: Barrier) {
+        let dg = self.domain(did);
         barrier.heavy();
         self.invalidate_domain(did);
-        true
+        let next = match dg.period.load(Ordering::Relaxed) {
+            0 => 0,
+            p => now.saturating_add(p).min(DEADLINE_CLEARING - 1),
+        };
+        // Release: a translator that reads `next` sees the bump above.
+        let _ = dg
+            .deadline
+            .compare_exchange(seen, next, Ordering::Release, Ordering::Relaxed);
     }
 
     /// Global invalidation: every entry of every domain becomes stale.

@@ -297,3 +297,150 @@ fn a_drain_begun_by_one_pass_and_finished_by_another() {
         runner.join().unwrap();
     });
 }
+
+/// The expiry deadline's world: the IOTLB holding a cached translation of
+/// `IOVA`, its table entry, the deferred queue (one entry or none) and a
+/// clock.
+///
+/// Time is a counter read and moved only by read-modify-writes (AcqRel):
+/// that stands for real time carrying causality, as it does at the scale
+/// of the bound (milliseconds, against cache coherence's nanoseconds). An
+/// access that began at a reading later than an unmap's return reading
+/// then happens after that return, which is what "began later than the
+/// bound after the unmap returned" means in the memory model.
+struct Timed {
+    tlb: Iotlb,
+    pte: AtomicU64,
+    queued: AtomicU64,
+    clock: AtomicU64,
+}
+
+/// The deadline's period in the models' clock.
+const PERIOD: u64 = 10;
+
+impl Timed {
+    fn new(armed_at: Option<u64>) -> Arc<Self> {
+        let tlb = Iotlb::new(IotlbConfig { sets: 1, ways: 1 }, 1);
+        let gen = tlb.gen(DID);
+        let ticket = tlb.ticket(DID, gen);
+        tlb.fill(DID, IOVA, leaf(PHYS), ticket, 0);
+        if let Some(at) = armed_at {
+            tlb.arm_deadline_at(DID, at, PERIOD);
+        }
+        Arc::new(Timed {
+            tlb,
+            pte: AtomicU64::new(PHYS),
+            queued: AtomicU64::new(0),
+            clock: AtomicU64::new(0),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.fetch_add(0, Ordering::AcqRel)
+    }
+
+    /// A deferred unmap, as `DmaCpu::unmap_pages` + `DmaDomain::cover_unmap`:
+    /// clear the entry, queue it, the light fence (`TimerArm::on_push`),
+    /// cover it; returns the reading at its return.
+    fn unmap(&self) -> u64 {
+        self.pte.store(0, Ordering::Relaxed);
+        self.queued.store(1, Ordering::Release);
+        Barrier::Fence.light();
+        self.tlb
+            .cover_unmap_with(DID, || (self.now() + PERIOD, PERIOD));
+        self.now()
+    }
+
+    /// A device access that begins `after` clock units on: as
+    /// `Translator::hit` + `walk`. Returns whether it was served.
+    fn access(&self, after: u64) -> bool {
+        let now = self.clock.fetch_add(after, Ordering::AcqRel) + after;
+        let dl = self.tlb.deadline(DID);
+        if dl != 0 && Iotlb::due(dl, now) {
+            self.tlb.expire(DID, dl, now, Barrier::Fence);
+        } else if self.tlb.lookup(DID, IOVA, self.tlb.gen(DID)).is_some() {
+            return true;
+        }
+        self.pte.load(Ordering::Acquire) != 0
+    }
+}
+
+/// A deferred unmap arming the deadline (none armed before) races a
+/// device's hit that begins more than the bound later by the clock: if
+/// the unmap had returned by then, the hit is not served (the deadline it
+/// armed is seen, found due, and the domain's cached translations go
+/// first). Fails if the unmap arms only after it returns, or with a
+/// Relaxed deadline load on the hit path... and on the old design, whose
+/// hit path looked at the deadline only every 64 hits.
+#[test]
+fn loom_a_deadline_armed_by_an_unmap_stops_a_racing_hit() {
+    model("deadline armed by an unmap vs a hit", || {
+        let w = Timed::new(None);
+        let u = {
+            let w = w.clone();
+            spawn(move || w.unmap())
+        };
+        let served = w.access(2 * PERIOD + 1);
+        let returned_at = u.join().unwrap();
+        assert!(
+            !(served && returned_at == 0),
+            "served past the bound after the unmap returned"
+        );
+    });
+}
+
+/// The flush timer clears an idle domain's deadline (in two steps, around
+/// its heavy barrier and rescan) while an unmap relies on the deadline
+/// armed and a device comes back past the bound: however they interleave,
+/// a hit that begins past the bound after the unmap returned is not
+/// served. Fails with a one-step clear (the unmap saw the deadline armed,
+/// the timer then cleared it, and the hit found none).
+#[test]
+fn loom_the_timers_clear_never_uncovers_an_unmap() {
+    model("timer clear vs unmap vs hit", || {
+        let w = Timed::new(Some(PERIOD));
+        let u = {
+            let w = w.clone();
+            spawn(move || w.unmap())
+        };
+        let t = {
+            let w = w.clone();
+            spawn(move || {
+                let marked = w.tlb.begin_clear(DID);
+                Barrier::Fence.heavy();
+                let idle = w.queued.load(Ordering::Acquire) == 0;
+                if let Some(m) = marked {
+                    w.tlb.finish_clear(DID, m, idle);
+                }
+            })
+        };
+        let served = w.access(3 * PERIOD);
+        let returned_at = u.join().unwrap();
+        t.join().unwrap();
+        assert!(
+            !(served && returned_at == 0),
+            "served past the bound after the unmap returned"
+        );
+    });
+}
+
+/// Two device threads find one deadline due: the first moves it on, the
+/// second may read the moved (not yet due) deadline or lose the race to
+/// move it; neither is served the unmapped page. Fails if the expirer
+/// moves the deadline before its generation bump, or if a loser of the
+/// race uses the cache.
+#[test]
+fn loom_two_hits_at_a_due_deadline_both_miss() {
+    model("two hits at a due deadline", || {
+        let w = Timed::new(Some(1));
+        // Unmapped (and covered by the deadline at 1) before either began.
+        w.pte.store(0, Ordering::Relaxed);
+        w.queued.store(1, Ordering::Relaxed);
+        let a = {
+            let w = w.clone();
+            spawn(move || w.access(2))
+        };
+        let b = w.access(2);
+        assert!(!b && !a.join().unwrap(), "a stale hit past the deadline");
+    });
+}

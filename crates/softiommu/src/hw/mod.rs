@@ -101,6 +101,7 @@
 //! invalidation, interrupt remapping, and PASIDs (page requests carry none;
 //! one with a PASID is answered `Invalid` by the `iopf` handler).
 
+mod clock;
 mod context;
 mod descriptor;
 mod epoch;

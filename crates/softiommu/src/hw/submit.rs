@@ -222,30 +222,48 @@ impl Unit {
         self.shared.iotlb.invalidate_domain(did);
     }
 
-    /// Whether domain `did` has an expiry deadline armed (one relaxed
-    /// load): the deferred policy asks before it arms one.
-    #[inline]
+    /// Whether domain `did` has an expiry deadline armed (one load).
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn expiry_armed(&self, did: u16) -> bool {
-        self.shared.iotlb.deadline_armed(did)
+        self.shared.iotlb.deadline(did) != 0
     }
 
-    /// Arms domain `did`'s expiry deadline at `at` unless one is armed: a
-    /// translator that finds it passed drops the domain's cached
-    /// translations itself and moves it on by `period`, whatever became of
-    /// the flush that should have come (see `Iotlb::expire_if_due`).
-    pub(crate) fn arm_expiry(&self, did: u16, at: std::time::Instant, period: std::time::Duration) {
-        self.shared.iotlb.arm_deadline(did, at, period);
+    /// A deferred unmap of domain `did` was queued (call after the push and
+    /// a light fence of the unit's barrier): makes sure an expiry deadline
+    /// no later than `period` from now is armed before the unmap returns.
+    /// A translator that finds it due drops the domain's cached
+    /// translations itself, whatever became of the flush that should have
+    /// come (see `Iotlb::expire`). One load when one is armed.
+    #[inline]
+    pub(crate) fn cover_unmap(&self, did: u16, period: std::time::Duration) {
+        self.shared.iotlb.cover_unmap(did, period);
     }
 
-    /// Clears domain `did`'s expiry deadline (nothing of it is queued).
-    pub(crate) fn clear_expiry(&self, did: u16) {
-        self.shared.iotlb.clear_deadline(did);
+    /// Arms domain `did`'s expiry deadline at `period` from now, unless
+    /// one no later is armed (an armed deadline never moves later).
+    pub(crate) fn arm_expiry(&self, did: u16, period: std::time::Duration) {
+        let tlb = &self.shared.iotlb;
+        let p = tlb.clock().ticks(period);
+        tlb.arm_deadline_at(did, tlb.clock().now().saturating_add(p), p);
     }
 
-    /// Sets domain `did`'s expiry deadline to `at` (tests only).
-    #[cfg(test)]
-    pub(crate) fn force_expiry(&self, did: u16, at: std::time::Instant) {
-        self.shared.iotlb.force_deadline(did, at);
+    /// The clearer's first step (see `Iotlb::begin_clear`): the marked
+    /// word to hand to [`finish_clear_expiry`](Self::finish_clear_expiry).
+    pub(crate) fn begin_clear_expiry(&self, did: u16) -> Option<u64> {
+        self.shared.iotlb.begin_clear(did)
+    }
+
+    /// The clearer's last step: clears the deadline if it is still
+    /// `marked` and `idle`, else removes the mark; whether it cleared.
+    pub(crate) fn finish_clear_expiry(&self, did: u16, marked: u64, idle: bool) -> bool {
+        self.shared.iotlb.finish_clear(did, marked, idle)
+    }
+
+    /// Makes domain `did`'s expiry deadline due now (tests only).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn force_expiry_due(&self, did: u16) {
+        let tlb = &self.shared.iotlb;
+        tlb.force_deadline(did, tlb.clock().now());
     }
 
     /// Queues a page-selective IOTLB invalidation of the 2^`am` pages

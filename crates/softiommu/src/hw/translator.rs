@@ -28,7 +28,7 @@ use super::context::{self, ContextEntry, SourceId};
 use super::error::HwError;
 use super::error::TranslateError;
 use super::fault::{Access, FaultRecord};
-use super::iotlb::{FillOutcome, Leaf};
+use super::iotlb::{FillOutcome, Iotlb, Leaf};
 use super::latency::spin_ns;
 use super::prq::{Raised, ResponseCode};
 use super::ranges::{PhysRanges, PhysSpan};
@@ -58,15 +58,10 @@ pub struct TranslatorStats {
     pub modelled_ns: u64,
     /// Misses that raised a page request.
     pub page_requests: u64,
-    /// Times this translator found its domain's expiry deadline passed and
+    /// Times this translator found its domain's expiry deadline due and
     /// dropped the domain's cached translations (a deferred flush late).
     pub expiries: u64,
 }
-
-/// Hits between two looks at the domain's expiry deadline (a relaxed load
-/// on the line the hit reads anyway; a clock read only when one is armed):
-/// about 20 µs of a busy device thread. See `Iotlb::expire_if_due`.
-const EXPIRY_CHECK_EVERY: u32 = 64;
 
 /// A device thread's handle on a unit's translation. Made by
 /// [`Unit::translator`](super::Unit::translator).
@@ -82,8 +77,6 @@ pub struct Translator {
     stats: TranslatorStats,
     /// Lookups that took the slow path (`stats.lookups` is hits + these).
     slow: u64,
-    /// Hits left before the next look at the domain's expiry deadline.
-    check_in: u32,
     /// Neither `Send` nor `Sync`: bound to the thread that made it.
     _thread: PhantomData<*const ()>,
 }
@@ -161,7 +154,6 @@ impl Translator {
             rng: 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(slot as u64 + 1) | 1,
             stats: TranslatorStats::default(),
             slow: 0,
-            check_in: EXPIRY_CHECK_EVERY,
             _thread: PhantomData,
         }
     }
@@ -235,16 +227,14 @@ impl Translator {
         let sh = &*self.shared;
         match context::decode(sh.contexts.load(sid)) {
             Some(ContextEntry::Translated { did, .. }) if iova >> VTD_IOVA_BITS == 0 => {
-                self.check_in -= 1;
-                if self.check_in == 0 {
-                    self.check_in = EXPIRY_CHECK_EVERY;
-                    // A deferred unmap's deadline the flush timer missed
-                    // (its thread off its CPU): this device's cached
-                    // translations of the domain go now, and this lookup
-                    // misses.
-                    if sh.iotlb.expire_if_due(did, Barrier::default_for_process()) {
-                        self.stats.expiries += 1;
-                    }
+                // The domain's expiry deadline, on the line `gen` is read
+                // from below: 0 (strict, idle deferred) costs this one
+                // predictable branch. Armed, every hit compares the clock
+                // with it, so no access that begins past it is served from
+                // the cache, whatever became of the flush timer.
+                let dl = sh.iotlb.deadline(did);
+                if dl != 0 && Self::expired(sh, &mut self.stats, did, dl) {
+                    return None;
                 }
                 let leaf = sh.iotlb.lookup(did, iova, sh.iotlb.gen(did))?;
                 if !leaf.perm.contains(access.perm()) {
@@ -262,6 +252,22 @@ impl Translator {
             }),
             _ => None,
         }
+    }
+
+    /// Whether domain `did`'s armed deadline word `dl` has fallen due; if
+    /// so, drops the domain's cached translations (see `Iotlb::expire`)
+    /// and the caller's lookup misses.
+    #[cold]
+    #[inline(never)]
+    fn expired(sh: &Shared, stats: &mut TranslatorStats, did: u16, dl: u64) -> bool {
+        let tlb = &sh.iotlb;
+        let now = tlb.clock().now();
+        if !Iotlb::due(dl, now) {
+            return false;
+        }
+        tlb.expire(did, dl, now, Barrier::default_for_process());
+        stats.expiries += 1;
+        true
     }
 
     /// One page: the hit path, or else the slow path.
