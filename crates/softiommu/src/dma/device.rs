@@ -163,18 +163,21 @@ impl DmaDomain {
         }
         let made = self.bounce.for_mask(mask, || {
             let pages = self.bounce_bytes.div_ceil(PAGE_SIZE).next_power_of_two();
-            let mut lanes = [(0, 0); 3];
-            for (k, dir) in LANES.into_iter().enumerate() {
+            let mut made: Vec<(u64, u64)> = Vec::with_capacity(LANES.len());
+            for dir in LANES {
                 match self.bounce_lane(mask, pages, dir) {
-                    Ok(lane) => lanes[k] = lane,
+                    Ok(lane) => made.push(lane),
                     Err(e) => {
-                        for &(iova, phys) in &lanes[..k] {
+                        for &(iova, phys) in &made {
                             self.drop_bounce_lane(iova, phys, pages);
                         }
                         return Err(e);
                     }
                 }
             }
+            let lanes: [(u64, u64); 3] = made
+                .try_into()
+                .map_err(|_| DmaError::BounceUnavailable { mask })?;
             Ok(BouncePool::new(lanes, pages << PAGE_SHIFT))
         });
         match made {

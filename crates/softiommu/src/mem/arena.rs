@@ -132,7 +132,6 @@ impl PhysMemory {
     }
 
     /// Whether `[addr, addr + len)` lies in the IOMMU reserve.
-    #[inline]
     fn in_reserve(&self, addr: PhysAddr, len: u64) -> bool {
         addr >= self.iommu_base
             && addr
@@ -142,7 +141,6 @@ impl PhysMemory {
 
     /// A pointer to `[addr, addr + len)` if it lies in RAM or in the IOMMU
     /// reserve: what the host side (drivers, the unit) may touch.
-    #[inline]
     fn check(&self, addr: PhysAddr, len: u64) -> Result<*mut u8, MemError> {
         // One end, two ranges: RAM `[0, size)`, the reserve
         // `[iommu_base, iommu_base + iommu_len)` (both far below 2^64).
