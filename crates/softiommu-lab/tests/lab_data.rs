@@ -420,7 +420,11 @@ fn a_reader_holding_past_the_write_wait_is_outlasted_by_the_final_bound() {
 fn a_fifo_or_a_directory_as_the_database_is_one_line_for_every_command() {
     let d = dir("fifo");
     let fifo = d.join("f");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     let sub = d.join("sub");
     std::fs::create_dir_all(&sub).unwrap();
     let out_html = d.join("o.html");
@@ -430,7 +434,14 @@ fn a_fifo_or_a_directory_as_the_database_is_one_line_for_every_command() {
             vec!["history", "--json", "--db", s(f)],
             vec!["report", "--db", s(f), "--out", s(&out_html)],
             vec!["compare", "1", "2", "--db", s(f)],
-            vec!["run", "--quick", "--scenarios", "pgtable-flush", "--db", s(f)],
+            vec![
+                "run",
+                "--quick",
+                "--scenarios",
+                "pgtable-flush",
+                "--db",
+                s(f),
+            ],
         ] {
             let child = bin()
                 .args(&args)

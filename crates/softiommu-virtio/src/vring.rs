@@ -181,7 +181,8 @@ impl DriverRing {
         let off = desc::SIZE * u64::from(i % self.layout.size);
         self.u64_at(off).store(addr.to_le(), Ordering::Relaxed);
         self.u32_at(off + 8).store(len.to_le(), Ordering::Relaxed);
-        self.u16_at(off + 12).store(flags.to_le(), Ordering::Relaxed);
+        self.u16_at(off + 12)
+            .store(flags.to_le(), Ordering::Relaxed);
         self.u16_at(off + 14).store(next.to_le(), Ordering::Relaxed);
     }
 

@@ -98,7 +98,11 @@ fn the_stack_builds_a_frame_in_driver_memory_no_device_reaches() {
             in_arena = Some(find(&h.mem, &tag).len());
         })
         .unwrap());
-    assert_eq!(in_arena, Some(0), "the frame being built is not in DMA memory");
+    assert_eq!(
+        in_arena,
+        Some(0),
+        "the frame being built is not in DMA memory"
+    );
     let t0 = Instant::now();
     let sent = loop {
         if let Ok(s) = peer.rx.peek() {

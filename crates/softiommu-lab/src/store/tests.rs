@@ -75,7 +75,12 @@ fn recording_the_end_outlasts_a_reader_within_the_final_bound() {
     let holder = Connection::open(&p).unwrap();
     holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
     let e = store
-        .finish_run_why(id2, RunStatus::Failed, Some("x"), Duration::from_millis(300))
+        .finish_run_why(
+            id2,
+            RunStatus::Failed,
+            Some("x"),
+            Duration::from_millis(300),
+        )
         .unwrap_err();
     assert!(matches!(e, StoreError::Locked { .. }), "{e}");
     holder.execute_batch("ROLLBACK").unwrap();
@@ -91,13 +96,22 @@ fn the_next_writer_marks_a_running_row_whose_process_is_gone_failed() {
     let mut dead = std::process::Command::new("true").spawn().unwrap();
     let dead_pid = i64::from(dead.id());
     dead.wait().unwrap();
-    let mut live = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut live = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     let live_pid = i64::from(live.id());
     let c = Connection::open(&p).unwrap();
-    c.execute("UPDATE runs SET pid = ?1 WHERE id = ?2", [dead_pid, dead_id])
-        .unwrap();
-    c.execute("UPDATE runs SET pid = ?1 WHERE id = ?2", [live_pid, live_id])
-        .unwrap();
+    c.execute(
+        "UPDATE runs SET pid = ?1 WHERE id = ?2",
+        [dead_pid, dead_id],
+    )
+    .unwrap();
+    c.execute(
+        "UPDATE runs SET pid = ?1 WHERE id = ?2",
+        [live_pid, live_id],
+    )
+    .unwrap();
     drop(c);
     let next = begin(&store);
     live.kill().unwrap();
@@ -135,7 +149,11 @@ fn readers_read_a_version_1_database_as_it_is_and_run_migrates_it() {
         (runs.len(), runs[0].status.as_str(), runs[0].failure.clone()),
         (1, "complete", None)
     );
-    assert_eq!(std::fs::read(&p).unwrap(), before, "a reader never migrates");
+    assert_eq!(
+        std::fs::read(&p).unwrap(),
+        before,
+        "a reader never migrates"
+    );
     drop(Store::create(&p).unwrap());
     let c = Connection::open(&p).unwrap();
     let v: i64 = c
@@ -159,7 +177,10 @@ fn within_5s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Optio
 #[test]
 fn a_fifo_or_a_directory_is_refused_unopened() {
     let p = tmp("fifo");
-    let st = std::process::Command::new("mkfifo").arg(&p).status().unwrap();
+    let st = std::process::Command::new("mkfifo")
+        .arg(&p)
+        .status()
+        .unwrap();
     assert!(st.success());
     for writer in [false, true] {
         let q = p.clone();
@@ -181,7 +202,13 @@ fn a_fifo_or_a_directory_is_refused_unopened() {
     std::fs::create_dir_all(&d).unwrap();
     for e in [Store::open(&d).unwrap_err(), Store::create(&d).unwrap_err()] {
         assert!(
-            matches!(e, StoreError::NotAFile { kind: "a directory", .. }),
+            matches!(
+                e,
+                StoreError::NotAFile {
+                    kind: "a directory",
+                    ..
+                }
+            ),
             "{e}"
         );
     }

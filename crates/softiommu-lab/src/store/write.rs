@@ -218,9 +218,7 @@ impl Store {
                 other => break other,
             }
         };
-        self.conn
-            .busy_timeout(before)
-            .map_err(|e| self.err(e))?;
+        self.conn.busy_timeout(before).map_err(|e| self.err(e))?;
         r.map(|_| ())
     }
 }
