@@ -89,8 +89,10 @@ pub struct DriverRing {
 
 // SAFETY: `base` points into `mem`'s arena, which lives as long as the
 // `Arc` this ring holds; the ring is used by one thread at a time (it is
-// moved, never shared), and the device side reaches the same bytes only
-// through the IOMMU, with the orderings described in the module header.
+// moved, never shared), and every access this side makes to the shared
+// bytes is an atomic load or store (`u16_at`, `u32_at`, `u64_at`), so a
+// device touching them at the same time (through the IOMMU, or a hostile
+// one at any moment) is no data race.
 unsafe impl Send for DriverRing {}
 
 impl DriverRing {
