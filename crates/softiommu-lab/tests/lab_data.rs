@@ -333,7 +333,13 @@ fn a_scenario_not_stored_in_time_is_kept_and_stored_with_the_next() {
 fn a_database_held_past_the_bound_prints_the_figures_and_says_what_was_not_stored() {
     let d = dir("held");
     let db = d.join("r.db");
-    let (child, err) = start_run(&db, &d, "pgtable-flush", &["--db-wait", "0.5"]);
+    let (child, err) = start_run(
+        &db,
+        &d,
+        "pgtable-flush",
+        &["--db-wait", "0.5", "--db-final-wait", "1"],
+    );
+    let pid = child.id();
     let holder = Connection::open(&db).unwrap();
     holder.busy_timeout(Duration::from_secs(10)).unwrap();
     holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
@@ -346,7 +352,7 @@ fn a_database_held_past_the_bound_prints_the_figures_and_says_what_was_not_store
     let last = lines.last().unwrap();
     assert!(
         last.starts_with(&format!("softiommu: results database {} was held by another process for more than 0.5 s at a time: ", s(&db)))
-            && last.contains("run 1's scenario(s) pgtable-flush were not stored (their figures are printed above, the HTML report was not written); its row could not be marked failed either and still says running"),
+            && last.contains("run 1's scenario(s) pgtable-flush were not stored (their figures are printed above, the HTML report was not written); its row could not be marked failed either and still says running (the next `softiommu run` on this database marks it failed as abandoned)"),
         "{last}"
     );
     let v: Value = serde_json::from_slice(&child_out.stdout).expect("the JSON is still printed");
@@ -366,6 +372,95 @@ fn a_database_held_past_the_bound_prints_the_figures_and_says_what_was_not_store
     );
     // The row could not be changed while the lock was held, and says so.
     assert_eq!(run_state(&db), ("running".to_string(), 0));
+    // The next writer sees that the process is gone and marks the row
+    // failed with the reason; `history` shows it.
+    stored_run(&db, &d.join("next.html"));
+    let reason = format!("abandoned: process {pid} ended without finishing");
+    let h = softiommu(&["history", "--json", "--db", s(&db)]);
+    assert!(h.status.success());
+    let v: Value = serde_json::from_slice(&h.stdout).unwrap();
+    assert_eq!(v["runs"][0]["status"], "failed");
+    assert_eq!(v["runs"][0]["failure"], reason.as_str());
+    assert_eq!(v["runs"][1]["status"], "complete");
+    assert_eq!(v["runs"][1]["failure"], Value::Null);
+    let t = softiommu(&["history", "--db", s(&db)]);
+    assert!(String::from_utf8_lossy(&t.stdout).contains(&reason));
+    std::fs::remove_dir_all(d).unwrap();
+}
+
+#[test]
+fn a_reader_holding_past_the_write_wait_is_outlasted_by_the_final_bound() {
+    // A reader holds the database from before the scenario's store until
+    // well after the 0.5 s write wait: the store gives up once, then the
+    // end of the run retries within its final bound, stores the scenario
+    // and marks the run complete.
+    let d = dir("outlast");
+    let db = d.join("r.db");
+    let (child, err) = start_run(
+        &db,
+        &d,
+        "pgtable-flush",
+        &["--db-wait", "0.5", "--db-final-wait", "60"],
+    );
+    let reader = hold_as_reader(&db);
+    wait_for_blocked_write(&db);
+    std::thread::sleep(Duration::from_secs(4));
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    let out = wait_within(child, Duration::from_secs(120), "run");
+    let rest: Vec<String> = err.try_iter().collect();
+    assert_eq!(out.status.code(), Some(0), "{rest:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stored"], true);
+    assert_eq!(run_state(&db), ("complete".to_string(), 1));
+    std::fs::remove_dir_all(d).unwrap();
+}
+
+#[test]
+fn a_fifo_or_a_directory_as_the_database_is_one_line_for_every_command() {
+    let d = dir("fifo");
+    let fifo = d.join("f");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let sub = d.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    let out_html = d.join("o.html");
+    for (f, kind) in [(&fifo, "a FIFO"), (&sub, "a directory")] {
+        for args in [
+            vec!["history", "--db", s(f)],
+            vec!["history", "--json", "--db", s(f)],
+            vec!["report", "--db", s(f), "--out", s(&out_html)],
+            vec!["compare", "1", "2", "--db", s(f)],
+            vec![
+                "run",
+                "--quick",
+                "--scenarios",
+                "pgtable-flush",
+                "--db",
+                s(f),
+            ],
+        ] {
+            let child = bin()
+                .args(&args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let out = wait_within(child, Duration::from_secs(10), &format!("{args:?}"));
+            one_line(
+                &out,
+                2,
+                &format!(
+                    "{} is {kind}, not a results database file; it was left as it is",
+                    s(f)
+                ),
+            );
+        }
+    }
+    assert!(!out_html.exists());
     std::fs::remove_dir_all(d).unwrap();
 }
 

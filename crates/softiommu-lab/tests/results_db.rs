@@ -197,7 +197,7 @@ fn a_database_from_a_newer_schema_is_refused_and_never_altered() {
         one_line(
             &softiommu(&args),
             2,
-            "has schema version 7, newer than this softiommu's 1; refusing to touch it",
+            "has schema version 7, newer than this softiommu's 2; refusing to touch it",
         );
     }
     assert_eq!(std::fs::read(&db).unwrap(), before);

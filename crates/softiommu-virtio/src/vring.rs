@@ -1,7 +1,8 @@
 //! [`DriverRing`]: the driver's side of a split virtqueue (§2.7) in a
 //! coherent DMA allocation: it writes descriptors and the available ring
-//! and reads the used ring, the way Linux's `virtio_ring.c` does, with the
-//! CPU's own loads and stores on the shared bytes.
+//! and reads the used ring, every access to the shared bytes a single
+//! aligned atomic load or store of the field's width (a device can reach
+//! the ring at any time, so no plain copy touches it).
 //!
 //! Orderings (§2.7.13): descriptors and the available entry are written
 //! before the Release store of the available index; the used index is
@@ -10,7 +11,7 @@
 //! the load that re-checks for work (the store-load pair both sides need
 //! so that neither sleeps on work the other has published).
 
-use std::sync::atomic::{fence, AtomicU16, Ordering};
+use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use softiommu::mem::{MemError, PhysAddr, PhysMemory};
@@ -88,8 +89,10 @@ pub struct DriverRing {
 
 // SAFETY: `base` points into `mem`'s arena, which lives as long as the
 // `Arc` this ring holds; the ring is used by one thread at a time (it is
-// moved, never shared), and the device side reaches the same bytes only
-// through the IOMMU, with the orderings described in the module header.
+// moved, never shared), and every access this side makes to the shared
+// bytes is an atomic load or store (`u16_at`, `u32_at`, `u64_at`), so a
+// device touching them at the same time (through the IOMMU, or a hostile
+// one at any moment) is no data race.
 unsafe impl Send for DriverRing {}
 
 impl DriverRing {
@@ -155,23 +158,34 @@ impl DriverRing {
         unsafe { AtomicU16::from_ptr(self.base.add(off as usize).cast()) }
     }
 
+    fn u32_at(&self, off: u64) -> &AtomicU32 {
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.layout.bytes);
+        // SAFETY: as `u16_at`, with offsets that are multiples of 4 (fields
+        // of a descriptor at `16 * i`, of a used element at `used + 4 +
+        // 8 * slot` with `used` 4-aligned by the layout).
+        unsafe { AtomicU32::from_ptr(self.base.add(off as usize).cast()) }
+    }
+
+    fn u64_at(&self, off: u64) -> &AtomicU64 {
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.layout.bytes);
+        // SAFETY: as `u16_at`, with offsets that are multiples of 8 (a
+        // descriptor's address at `16 * i`).
+        unsafe { AtomicU64::from_ptr(self.base.add(off as usize).cast()) }
+    }
+
     /// Writes descriptor `i` (§2.7.5): `i` is reduced modulo the size.
+    ///
+    /// Each field is one relaxed atomic store: a device may read (or, if
+    /// hostile, write) the table at any time, so plain stores would race
+    /// with it; the device is meant to read the entry only after the
+    /// Release in `publish`, which orders these stores before it.
     pub fn set_desc(&mut self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let i = u64::from(i % self.layout.size);
-        let mut d = [0u8; desc::SIZE as usize];
-        d[..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..12].copy_from_slice(&len.to_le_bytes());
-        d[12..14].copy_from_slice(&flags.to_le_bytes());
-        d[14..].copy_from_slice(&next.to_le_bytes());
-        // SAFETY: descriptor `i < size` lies in `[0, 16 * size)`, inside the
-        // ring; the device reads it only after the Release in `publish`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                d.as_ptr(),
-                self.base.add((desc::SIZE * i) as usize),
-                d.len(),
-            );
-        }
+        let off = desc::SIZE * u64::from(i % self.layout.size);
+        self.u64_at(off).store(addr.to_le(), Ordering::Relaxed);
+        self.u32_at(off + 8).store(len.to_le(), Ordering::Relaxed);
+        self.u16_at(off + 12)
+            .store(flags.to_le(), Ordering::Relaxed);
+        self.u16_at(off + 14).store(next.to_le(), Ordering::Relaxed);
     }
 
     /// Puts chain `head` in the next available slot (not yet visible to the
@@ -210,17 +224,13 @@ impl DriverRing {
         }
         let slot = u64::from(self.last_used % self.layout.size);
         let off = self.layout.used + ring::USED_HEADER + ring::USED_ELEM * slot;
-        let mut e = [0u8; ring::USED_ELEM as usize];
-        // SAFETY: element `slot < size` lies inside the used ring; the
-        // Acquire above orders this read after the device's write.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.base.add(off as usize), e.as_mut_ptr(), e.len());
-        }
+        // Relaxed atomic loads, ordered after the device's writes by the
+        // Acquire above; a hostile device writing the element meanwhile
+        // yields some value, never a data race.
+        let id = u32::from_le(self.u32_at(off).load(Ordering::Relaxed));
+        let len = u32::from_le(self.u32_at(off + 4).load(Ordering::Relaxed));
         self.last_used = self.last_used.wrapping_add(1);
-        Some((
-            u32::from_le_bytes([e[0], e[1], e[2], e[3]]),
-            u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
-        ))
+        Some((id, len))
     }
 
     /// Whether a used element is waiting (without taking it).

@@ -183,10 +183,12 @@ fn a_receive_buffer_mapped_read_only_faults_on_the_write() {
 }
 
 #[test]
-fn a_receive_buffer_too_small_for_the_frame_is_refused() {
+fn a_receive_buffer_too_small_for_the_header_is_refused() {
+    // A chain that cannot hold even the virtio-net header could never
+    // receive any frame: that is the driver's fault.
     let mut r = Raw::new();
     let (_, iova) = r.buffer(4096, &[], DmaDirection::FromDevice);
-    r.desc(RX, 0, iova, 40, desc::F_WRITE, 0);
+    r.desc(RX, 0, iova, HDR_LEN as u32 - 1, desc::F_WRITE, 0);
     r.publish(RX, 0);
     r.inject(&packet()[HDR_LEN..]);
     let e = r.errors_after_reset_request();
@@ -196,14 +198,40 @@ fn a_receive_buffer_too_small_for_the_frame_is_refused() {
             [DeviceError::ChainLength {
                 queue: 0,
                 head: 0,
-                len: 40,
-                min: 72,
+                len: 11,
+                min: 12,
                 ..
             }]
         ),
         "{e:?}"
     );
     assert_stopped_then_recovers(&mut r, RX);
+}
+
+#[test]
+fn a_receive_buffer_too_small_for_the_frame_drops_the_frame() {
+    // A chain that holds the header but not this frame: the frame is the
+    // wire's, so it is dropped and counted, the chain kept unwritten, and
+    // the device neither stops nor asks for a reset.
+    let mut r = Raw::new();
+    let (phys, iova) = r.buffer(4096, &[], DmaDirection::FromDevice);
+    r.desc(RX, 0, iova, 40, desc::F_WRITE, 0);
+    r.publish(RX, 0);
+    r.inject(&packet()[HDR_LEN..]);
+    let t0 = std::time::Instant::now();
+    while r.host.device.stats().rx_oversize_drops == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "never dropped");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    let st = r.host.device.stats();
+    assert_eq!((st.rx_oversize_drops, st.rx_frames), (1, 0));
+    assert_eq!(r.used_idx(RX), 0, "the chain is still the driver's");
+    assert_eq!(r.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
+    assert!(r.t.errors().drain().is_empty());
+    let mut got = [0u8; 40];
+    r.mem.read(phys, &mut got).unwrap();
+    assert_eq!(got, [0u8; 40], "no byte of the dropped frame written");
 }
 
 #[test]

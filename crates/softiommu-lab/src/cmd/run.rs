@@ -44,6 +44,12 @@ pub struct RunArgs {
     /// exits 1 saying which.
     #[arg(long, default_value = "60")]
     pub db_wait: Seconds,
+    /// How long the end of a run keeps retrying, seconds (0.01..=86400):
+    /// storing what is left and recording how the run ended (with the
+    /// reason when it failed). Past it the row still says running, and
+    /// the next `run` marks it failed as abandoned.
+    #[arg(long, default_value = "60")]
+    pub db_final_wait: Seconds,
     /// The results database.
     #[command(flatten)]
     pub db: DbArgs,
@@ -153,9 +159,9 @@ fn not_stored(a: &RunArgs, run_id: i64, done: &[Done], err: &StoreError, marked:
             )
         },
         row: if marked {
-            "the run is marked failed"
+            "the run is marked failed, with the reason (see `softiommu history`)"
         } else {
-            "its row could not be marked failed either and still says running"
+            "its row could not be marked failed either and still says running (the next `softiommu run` on this database marks it failed as abandoned)"
         },
     }
 }
@@ -174,6 +180,7 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
     // such as `history` holds the file while it reads): what was measured
     // is not given up lightly.
     store.set_write_wait(Duration::from_secs_f64(a.db_wait.get()))?;
+    let final_wait = Duration::from_secs_f64(a.db_final_wait.get());
     crate::interrupt::install();
     let mut progress = Progress::new(scenarios.len());
     let mut done: Vec<Done> = Vec::new();
@@ -185,7 +192,10 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
             None => {
                 progress.abandon("interrupted");
                 let unstored = store_pending(&mut store, run_id, &mut done);
-                let row = match (unstored, store.finish_run(run_id, RunStatus::Partial)) {
+                let row = match (
+                    unstored,
+                    store.finish_run_why(run_id, RunStatus::Partial, Some("interrupted"), final_wait),
+                ) {
                     (None, Ok(())) => "marked partial",
                     (Some(_), Ok(())) => "marked partial (the database was held by another process: the other finished scenarios were not stored)",
                     (_, Err(_)) => "not marked partial: the database was held by another process, its row still says running",
@@ -200,7 +210,8 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
             Some(Err(e)) => {
                 progress.abandon("failed");
                 store_pending(&mut store, run_id, &mut done);
-                let _ = store.finish_run(run_id, RunStatus::Failed);
+                let why = format!("scenario {} failed: {e}", s.name);
+                let _ = store.finish_run_why(run_id, RunStatus::Failed, Some(&why), final_wait);
                 return Err(e);
             }
             Some(Ok(r)) => {
@@ -216,15 +227,20 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
             }
         }
     }
+    // The end of the run: what is left to store, and how it ended, are
+    // retried within the final bound (what was measured is not given up
+    // for a reader that holds the file a little longer).
+    let t_final = Instant::now();
     if store_err.is_some() {
+        store.set_write_wait(final_wait)?;
         store_err = store_pending(&mut store, run_id, &mut done);
     }
-    let status = if store_err.is_none() {
-        RunStatus::Complete
-    } else {
-        RunStatus::Failed
+    let (status, why) = match &store_err {
+        None => (RunStatus::Complete, None),
+        Some(e) => (RunStatus::Failed, Some(store_why(a, e))),
     };
-    let marked = match store.finish_run(run_id, status) {
+    let left = final_wait.saturating_sub(t_final.elapsed());
+    let marked = match store.finish_run_why(run_id, status, why.as_deref(), left) {
         Ok(()) => true,
         Err(e) => {
             store_err.get_or_insert(e);

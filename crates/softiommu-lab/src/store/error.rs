@@ -46,6 +46,15 @@ pub enum StoreError {
         /// What it is instead, in a few words (never its schema).
         why: String,
     },
+    /// The path is not a regular file (a FIFO, a directory, a device): it
+    /// is refused before anything opens it.
+    #[error("{path} is {kind}, not a results database file; it was left as it is")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is, in a few words ("a FIFO", "a directory").
+        kind: &'static str,
+    },
     /// The database was written by a newer softiommu.
     #[error("results database {path} has schema version {found}, newer than this softiommu's {supported}; refusing to touch it (use a newer softiommu, or another --db)")]
     TooNew {

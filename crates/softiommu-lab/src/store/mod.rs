@@ -14,3 +14,6 @@ pub use error::StoreError;
 pub use open::{Store, DEFAULT_DB};
 pub use read::{RunRow, StoredScenario};
 pub use write::RunStatus;
+
+#[cfg(test)]
+mod tests;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
-use super::schema::{migrations, LATEST};
+use super::schema::{migrations, LATEST, OLDEST_READABLE};
 use super::StoreError;
 
 /// Where results go unless `--db` says otherwise.
@@ -26,6 +26,11 @@ const OUR_TABLES: [&str; 4] = ["runs", "scenarios", "params", "metrics"];
 pub struct Store {
     pub(super) conn: Connection,
     pub(super) path: PathBuf,
+    /// The schema version of the file as opened (a reader reads an older
+    /// one as it is).
+    pub(super) version: i64,
+    /// SQLite's busy timeout as last set.
+    pub(super) write_wait: Duration,
 }
 
 impl Store {
@@ -33,6 +38,7 @@ impl Store {
     /// empty file is given the schema; an SQLite file with tables of
     /// another program's is refused, never migrated).
     pub fn create(path: &Path) -> Result<Store, StoreError> {
+        refuse_non_regular(path)?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
                 dir: dir.to_path_buf(),
@@ -56,14 +62,17 @@ impl Store {
                 path: path.to_path_buf(),
             });
         }
+        refuse_non_regular(path)?;
         precheck_header(path)?;
         Self::open_with(path, OpenFlags::SQLITE_OPEN_READ_ONLY, false)
     }
 
     /// How long each later write waits for another process holding the
     /// database (SQLite's busy timeout) before it fails as locked.
-    pub fn set_write_wait(&self, wait: Duration) -> Result<(), StoreError> {
-        self.conn.busy_timeout(wait).map_err(|e| self.err(e))
+    pub fn set_write_wait(&mut self, wait: Duration) -> Result<(), StoreError> {
+        self.conn.busy_timeout(wait).map_err(|e| self.err(e))?;
+        self.write_wait = wait;
+        Ok(())
     }
 
     fn open_with(path: &Path, flags: OpenFlags, writer: bool) -> Result<Store, StoreError> {
@@ -88,7 +97,7 @@ impl Store {
         if !(fresh && writer) {
             check_ours(path, version, &tables)?;
         }
-        if version < LATEST {
+        if writer && version < LATEST {
             migrations().to_latest(&mut conn).map_err(|e| match e {
                 rusqlite_migration::Error::RusqliteError { err, .. } => StoreError::sql(path, err),
                 source => StoreError::Migrate {
@@ -101,9 +110,12 @@ impl Store {
             conn.execute_batch("PRAGMA foreign_keys = ON")
                 .map_err(sql)?;
         }
+        let version = if writer { LATEST } else { version };
         Ok(Store {
             conn,
             path: path.to_path_buf(),
+            version,
+            write_wait: OPEN_WAIT,
         })
     }
 
@@ -143,13 +155,46 @@ fn precheck_header(path: &Path) -> Result<(), StoreError> {
         });
     }
     let user_version = i64::from(i32::from_be_bytes([head[60], head[61], head[62], head[63]]));
-    if head[18] == 2 && head[19] == 2 && user_version != LATEST {
+    if head[18] == 2 && head[19] == 2 && !(OLDEST_READABLE..=LATEST).contains(&user_version) {
         return Err(StoreError::NotOurs {
             path: path.to_path_buf(),
-            why: format!("an SQLite database in WAL mode with schema version {user_version}, not softiommu's {LATEST}"),
+            why: format!("an SQLite database in WAL mode with schema version {user_version}, not softiommu's {OLDEST_READABLE} to {LATEST}"),
         });
     }
     Ok(())
+}
+
+/// Refuses a path that exists and is not a regular file (a FIFO, a
+/// directory, a device, a socket; a symbolic link is followed) before
+/// anything opens it: opening a FIFO would block until a writer came.
+/// Looked at with `metadata`, which never opens the file.
+fn refuse_non_regular(path: &Path) -> Result<(), StoreError> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        // Missing (or unreadable): the open that follows says which.
+        return Ok(());
+    };
+    let t = meta.file_type();
+    if t.is_file() {
+        return Ok(());
+    }
+    let kind = {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_dir() {
+            "a directory"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        }
+    };
+    Err(StoreError::NotAFile {
+        path: path.to_path_buf(),
+        kind,
+    })
 }
 
 /// The names of the tables in the database (SQLite's own left out).
@@ -183,8 +228,6 @@ fn check_ours(path: &Path, version: i64, tables: &[String]) -> Result<(), StoreE
             "schema version {version} but no table {} of softiommu's",
             missing.join(", ")
         )
-    } else if version < LATEST {
-        format!("schema version {version}, older than this softiommu's {LATEST}; `softiommu run --db` upgrades it")
     } else {
         return Ok(());
     };

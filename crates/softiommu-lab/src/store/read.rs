@@ -28,6 +28,9 @@ pub struct RunRow {
     pub host: Host,
     /// Scenarios stored.
     pub scenarios: i64,
+    /// Why it did not complete, if that was stored (never in a database
+    /// of schema version 1).
+    pub failure: Option<String>,
 }
 
 /// A stored scenario.
@@ -39,10 +42,16 @@ pub struct StoredScenario {
     pub report: Report,
 }
 
-const RUN_COLUMNS: &str =
-    "r.id, r.started_at, r.finished_at, r.status, r.command, r.quick, r.git_rev,
-     r.hostname, r.cpu_model, r.cores, r.kernel,
-     (SELECT count(*) FROM scenarios s WHERE s.run_id = r.id)";
+/// The columns of a run row, for a database of schema `version` (version
+/// 1 has no failure reason: NULL is read in its place).
+fn run_columns(version: i64) -> String {
+    let failure = if version >= 2 { "r.failure" } else { "NULL" };
+    format!(
+        "r.id, r.started_at, r.finished_at, r.status, r.command, r.quick, r.git_rev,
+         r.hostname, r.cpu_model, r.cores, r.kernel,
+         (SELECT count(*) FROM scenarios s WHERE s.run_id = r.id), {failure}"
+    )
+}
 
 fn run_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
     Ok(RunRow {
@@ -60,6 +69,7 @@ fn run_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
             kernel: r.get(10)?,
         },
         scenarios: r.get(11)?,
+        failure: r.get(12)?,
     })
 }
 
@@ -68,7 +78,10 @@ impl Store {
     pub fn runs(&self) -> Result<Vec<RunRow>, StoreError> {
         let mut q = self
             .conn
-            .prepare(&format!("SELECT {RUN_COLUMNS} FROM runs r ORDER BY r.id"))
+            .prepare(&format!(
+                "SELECT {} FROM runs r ORDER BY r.id",
+                run_columns(self.version)
+            ))
             .map_err(|e| self.err(e))?;
         let rows = q
             .query_map([], run_row)
@@ -83,7 +96,10 @@ impl Store {
         let found = self
             .conn
             .query_row(
-                &format!("SELECT {RUN_COLUMNS} FROM runs r WHERE r.id = ?1"),
+                &format!(
+                    "SELECT {} FROM runs r WHERE r.id = ?1",
+                    run_columns(self.version)
+                ),
                 params![id],
                 run_row,
             )

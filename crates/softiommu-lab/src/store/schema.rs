@@ -5,7 +5,7 @@ use rusqlite_migration::{Migrations, M};
 
 /// Version 1: runs (with their host), scenarios (with the whole typed
 /// report as JSON), and every parameter and figure as rows.
-const V1: &str = "
+pub(super) const V1: &str = "
 CREATE TABLE runs (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     started_at  TEXT NOT NULL,
@@ -48,10 +48,22 @@ CREATE TABLE metrics (
 CREATE INDEX metrics_by_scenario ON metrics(scenario_id);
 ";
 
+/// Version 2: why a run failed (`failure`, shown by `history`), and the
+/// process that writes it (`pid`, on `hostname`), so that the next writer
+/// can tell a `running` row whose process is gone and mark it failed.
+const V2: &str = "
+ALTER TABLE runs ADD COLUMN failure TEXT;
+ALTER TABLE runs ADD COLUMN pid INTEGER;
+";
+
 /// The migrations, oldest first.
 pub(super) fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![M::up(V1)])
+    Migrations::new(vec![M::up(V1), M::up(V2)])
 }
 
 /// The schema version this build writes.
-pub(super) const LATEST: i64 = 1;
+pub(super) const LATEST: i64 = 2;
+
+/// The oldest schema version readers accept (read as it is, never
+/// migrated: a run row of version 1 has no failure reason).
+pub(super) const OLDEST_READABLE: i64 = 1;

@@ -154,8 +154,9 @@ pub struct NetDeviceStats {
     /// Frames from the wire that could not be delivered and were dropped,
     /// the driver's buffers untouched and the queue going on: longer than
     /// the device's largest frame (§5.1.6.4.1: the device passes no
-    /// packet past the MTU), or longer than a receive chain that holds at
-    /// least what §5.1.6.3.1 asks a driver to post.
+    /// packet past the MTU), or longer than the receive chain offered
+    /// (any chain that holds at least the virtio-net header; the chain is
+    /// given back unwritten for the next frame).
     pub rx_oversize_drops: u64,
     /// Turns of the loop that did work.
     pub batches: u64,
@@ -746,16 +747,17 @@ fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), Device
 enum Received {
     /// Written and returned on the used ring.
     Delivered,
-    /// Longer than the chain, which holds at least what §5.1.6.3.1 asks a
-    /// driver to post: the frame is dropped, no byte written, and the
-    /// caller gives the chain back for the next frame.
+    /// Longer than the chain, which holds at least the virtio-net header:
+    /// the frame is dropped, no byte written, and the caller gives the
+    /// chain back for the next frame.
     NoRoom,
 }
 
 /// Delivers `frame` (at most the device's largest frame) into the chain at
-/// `head`. A chain too short for it is the driver's fault only when it is
-/// shorter than §5.1.6.3.1's minimum ([`DeviceError::ChainLength`]);
-/// otherwise the frame is what does not fit ([`Received::NoRoom`]).
+/// `head`. A chain too short for it is the driver's fault only when it
+/// cannot hold even the virtio-net header ([`DeviceError::ChainLength`]);
+/// otherwise the frame is what does not fit ([`Received::NoRoom`]),
+/// whatever the chain's size relative to §5.1.6.3.1's SHOULD.
 fn receive(
     mem: &DeviceMemory,
     dma: &mut DmaAccessor,
@@ -768,17 +770,22 @@ fn receive(
     let queue = q.index();
     let total = q.walk(mem, head, ChainDir::Writable, chain)?;
     let need = (HDR_LEN + frame.len()) as u64;
-    if total < need {
-        if total >= net::RX_BUFFER_MIN as u64 {
-            return Ok(Received::NoRoom);
-        }
+    if total < HDR_LEN as u64 {
+        // Not even the header fits: no frame could ever be delivered
+        // here, whatever the wire sends. That is the driver's doing.
         return Err(DeviceError::ChainLength {
             queue,
             head,
             len: total,
-            min: need,
+            min: HDR_LEN as u64,
             max: u64::from(u32::MAX),
         });
+    }
+    if total < need {
+        // The frame is the link partner's: whether it fits a buffer the
+        // driver sized (§5.1.6.3.1's 1,526 bytes is only a SHOULD) must
+        // never decide whether the NIC goes down.
+        return Ok(Received::NoRoom);
     }
     scatter(dma, attrs, queue, chain, &hdr::plain(true), frame)?;
     q.add_used(mem, head, need as u32)?;

@@ -236,8 +236,13 @@ pub struct NetDriver {
     refill: Vec<u16>,
     /// Transmit buffers free to fill.
     free: Vec<u16>,
-    /// Where a frame goes when no transmit buffer is free.
+    /// Driver-owned bytes the stack writes a frame into before it is
+    /// copied into a transmit buffer (or dropped when none is free);
+    /// allocated once, at the largest buffer's size.
     scratch: Vec<u8>,
+    /// Driver-owned bytes a received frame is copied into before the
+    /// stack sees it; allocated once, at the largest buffer's size.
+    rx_copy: Vec<u8>,
     mac: [u8; 6],
     mtu: u16,
     buf_len: u64,
@@ -350,6 +355,7 @@ impl NetDriver {
             refill: (0..size).collect(),
             free: (0..tx_size).rev().collect(),
             scratch: vec![0u8; buf_len as usize],
+            rx_copy: vec![0u8; buf_len as usize],
             mac,
             mtu,
             buf_len,
@@ -567,9 +573,10 @@ impl NetDriver {
         Ok(self.free.is_empty())
     }
 
-    /// The next received frame, if any: its buffer is unmapped and handed
-    /// to `f` (the frame only, header stripped), then queued for
-    /// re-posting.
+    /// The next received frame, if any: its buffer is unmapped, the frame
+    /// (header stripped) copied out into a driver-owned buffer and handed
+    /// to `f` there (a device may still reach the DMA buffer), then the
+    /// buffer is queued for re-posting.
     pub fn receive_with<R>(
         &mut self,
         f: impl FnOnce(&[u8]) -> R,
@@ -577,7 +584,8 @@ impl NetDriver {
         let Some((id, len)) = self.next_rx()? else {
             return Ok(None);
         };
-        let r = f(self.rx_frame(id, len));
+        let frame = rx_frame(&self.mem, &self.rx.pool, id, len, &mut self.rx_copy);
+        let r = f(frame);
         self.refill.push(id);
         Ok(Some(r))
     }
@@ -601,13 +609,10 @@ impl NetDriver {
         Ok(Some((id, len as usize - HDR_LEN)))
     }
 
-    /// The frame in receive buffer `id` (unmapped: the CPU's).
-    fn rx_frame(&self, id: u16, len: usize) -> &[u8] {
-        rx_frame(&self.mem, &self.rx.pool, id, len)
-    }
-
-    /// Sends one frame of `len` bytes that `f` writes in place (into the
-    /// transmit buffer, after the header). Returns `false`, calling
+    /// Sends one frame of `len` bytes that `f` writes into a driver-owned
+    /// buffer, then copied into a transmit buffer (after the header) with
+    /// `PhysMemory::write`: `f` never holds a reference into memory a
+    /// device can reach. Returns `false`, calling
     /// nothing, when every transmit buffer is in flight.
     pub fn transmit_with(
         &mut self,
@@ -621,15 +626,11 @@ impl NetDriver {
             self.stats.tx_ring_full += 1;
             return Ok(false);
         };
-        let len = len.min(self.max_frame());
-        // SAFETY: `id` was just taken from the free list: not posted, and
-        // no other slice of it exists.
-        match unsafe { tx_buffer(&self.mem, &self.tx.pool, id, len) } {
-            Ok(buf) => f(buf),
-            Err(e) => {
-                self.free.push(id);
-                return Err(e.into());
-            }
+        let len = len.min(self.max_frame()).min(self.scratch.len());
+        f(&mut self.scratch[..len]);
+        if let Err(e) = tx_fill(&self.mem, &self.tx.pool, id, &self.scratch[..len]) {
+            self.free.push(id);
+            return Err(e.into());
         }
         self.post_tx(id, len)?;
         Ok(true)
@@ -732,40 +733,40 @@ impl Drop for NetDriver {
     }
 }
 
-/// The frame in receive buffer `id` (after its header).
-fn rx_frame<'a>(mem: &'a PhysMemory, pool: &Pool, id: u16, len: usize) -> &'a [u8] {
+/// Copies the frame in receive buffer `id` (after its header) into
+/// `copy`, driver-owned, and returns it there.
+///
+/// The buffer is unmapped, but a device may still reach it (always under
+/// pass-through, until the flush under deferred): a reference into it
+/// would be raced by the device's writes, so the stack never gets one.
+/// `PhysMemory::read` copies with relaxed atomic loads, which a device's
+/// concurrent writes cannot turn into a data race. A frame that does not
+/// lie in the arena or fit `copy` reads as empty.
+fn rx_frame<'c>(
+    mem: &PhysMemory,
+    pool: &Pool,
+    id: u16,
+    len: usize,
+    copy: &'c mut [u8],
+) -> &'c [u8] {
     let at = pool.phys(id) + HDR_LEN as u64;
-    match mem.as_ptr(at, len as u64) {
-        // SAFETY: the buffer lies in the arena (checked by `as_ptr`), which
-        // outlives the borrow of `mem`; it is unmapped, so no device can
-        // write it while the slice lives, and the driver writes it only
-        // after the slice is gone (the stack's token consumes it first).
-        Ok(p) => unsafe { std::slice::from_raw_parts(p, len) },
+    let Some(dst) = copy.get_mut(..len) else {
+        return &[];
+    };
+    match mem.read(at, dst) {
+        Ok(()) => dst,
         Err(_) => &[],
     }
 }
 
-/// The frame area of transmit buffer `id` (after its header).
+/// Copies `frame` into transmit buffer `id` (after its header).
 ///
-/// # Safety
-///
-/// Buffer `id` must be free (not posted, so no device can reach it) and
-/// no other slice of it may be alive while the returned one is.
-// The arena is shared memory reached through raw pointers (as an
-// `UnsafeCell`); exclusivity comes from the free list, hence `unsafe`.
-#[allow(clippy::mut_from_ref)]
-unsafe fn tx_buffer<'a>(
-    mem: &'a PhysMemory,
-    pool: &Pool,
-    id: u16,
-    len: usize,
-) -> Result<&'a mut [u8], MemError> {
-    let at = pool.phys(id) + HDR_LEN as u64;
-    let p = mem.as_ptr(at, len as u64)?;
-    // SAFETY: the buffer lies in the arena (checked by `as_ptr`), which
-    // outlives the borrow of `mem`; the caller guarantees nothing else
-    // reads or writes it while the slice lives.
-    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+/// The stack built `frame` in driver-owned memory; the copy into the DMA
+/// buffer is `PhysMemory::write` (relaxed atomic stores), so a device that
+/// reaches the buffer while it is being filled (a hostile one under
+/// pass-through) races no plain store.
+fn tx_fill(mem: &PhysMemory, pool: &Pool, id: u16, frame: &[u8]) -> Result<(), MemError> {
+    mem.write(pool.phys(id) + HDR_LEN as u64, frame)
 }
 
 // smoltcp's `phy::Device` over the driver.
@@ -775,6 +776,7 @@ unsafe fn tx_buffer<'a>(
 pub struct NetRxToken<'a> {
     mem: &'a PhysMemory,
     pool: &'a Pool,
+    copy: &'a mut Vec<u8>,
     refill: &'a mut Vec<u16>,
     id: u16,
     len: usize,
@@ -805,7 +807,7 @@ impl phy::RxToken for NetRxToken<'_> {
     where
         F: FnOnce(&[u8]) -> R,
     {
-        let r = f(rx_frame(self.mem, self.pool, self.id, self.len));
+        let r = f(rx_frame(self.mem, self.pool, self.id, self.len, self.copy));
         self.refill.push(self.id);
         r
     }
@@ -847,7 +849,7 @@ impl phy::TxToken for NetTxToken<'_> {
         F: FnOnce(&mut [u8]) -> R,
     {
         let mut d = self.drv;
-        let slot = if len <= d.max_frame {
+        let slot = if len <= d.max_frame && len <= d.scratch.len() {
             d.free.pop()
         } else {
             None
@@ -861,17 +863,15 @@ impl phy::TxToken for NetTxToken<'_> {
             }
             return f(&mut vec![0u8; len]);
         };
-        // SAFETY: `id` was just taken from the free list: not posted, and
-        // no other slice of it exists.
-        let r = match unsafe { tx_buffer(d.mem, &d.tx.pool, id, len) } {
-            Ok(buf) => f(buf),
-            Err(e) => {
-                d.free.push(id);
-                *d.error = Some(e.into());
-                d.stats.tx_dropped += 1;
-                return f(&mut vec![0u8; len]);
-            }
-        };
+        // The stack writes driver-owned bytes; only the finished frame is
+        // copied into the DMA buffer.
+        let r = f(&mut d.scratch[..len]);
+        if let Err(e) = tx_fill(d.mem, &d.tx.pool, id, &d.scratch[..len]) {
+            d.free.push(id);
+            *d.error = Some(e.into());
+            d.stats.tx_dropped += 1;
+            return r;
+        }
         if let Err(e) = d.post(id, len) {
             *d.error = Some(e);
         }
@@ -933,6 +933,7 @@ impl phy::Device for NetDriver {
         let rx = NetRxToken {
             mem: &self.mem,
             pool: &self.rx.pool,
+            copy: &mut self.rx_copy,
             refill: &mut self.refill,
             id,
             len,
