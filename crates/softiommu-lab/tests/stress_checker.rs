@@ -45,5 +45,12 @@ fn an_unmap_recorded_before_it_revokes_is_reported_as_a_violation() {
         lines[0].contains("violation(s); the first: phase strict"),
         "{stderr}"
     );
-    assert!(lines[0].contains("AfterUnmap"), "{stderr}");
+    // The injected late unmap shows either as an access after the unmap
+    // returned, or as a read of the page once its owner rewrote it (no
+    // longer a tag): which the device met first depends on scheduling.
+    // Strict without the injection has neither (`lab stress`'s own runs).
+    assert!(
+        lines[0].contains("AfterUnmap") || lines[0].contains("Untagged"),
+        "{stderr}"
+    );
 }
