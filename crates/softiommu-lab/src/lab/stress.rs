@@ -429,8 +429,10 @@ fn run_phase(
     Ok(row)
 }
 
-/// Maps one small buffer under bounce and derives the pool's IOVA range
-/// from it: the pool is one size-aligned IOVA range of [`POOL_BYTES`].
+/// Maps one small buffer per direction under bounce and derives the
+/// pool's IOVA range from them: the pool has one lane per direction, each
+/// one size-aligned IOVA range of [`POOL_BYTES`], made together (so
+/// adjacent; anything else is refused rather than judged wrongly).
 fn learn_pool(
     d: &Arc<DmaDomain>,
     dev: &DmaDevice,
@@ -441,11 +443,25 @@ fn learn_pool(
     d.set_policy(DmaPolicy::Bounce)?;
     let mut cpu = d.cpu();
     let page = mem.alloc_zeroed_frames(0)?;
-    let iova = cpu.map(dev, page, 8, DmaDirection::ToDevice)?;
-    cpu.unmap(dev, iova, 8, DmaDirection::ToDevice)?;
-    let lo = iova & !(POOL_BYTES - 1);
+    let mut lanes = Vec::new();
+    for dir in [
+        DmaDirection::ToDevice,
+        DmaDirection::FromDevice,
+        DmaDirection::Bidirectional,
+    ] {
+        let iova = cpu.map(dev, page, 8, dir)?;
+        cpu.unmap(dev, iova, 8, dir)?;
+        lanes.push(iova & !(POOL_BYTES - 1));
+    }
+    lanes.sort_unstable();
+    let (lo, hi) = (lanes[0], lanes[lanes.len() - 1] + POOL_BYTES);
+    if hi - lo != POOL_BYTES * lanes.len() as u64 {
+        return Err(LabError::Measure(format!(
+            "the bounce pool's lanes are not adjacent ({lanes:#x?}): its range cannot be judged"
+        )));
+    }
     sh.pool_lo.store(lo, Ordering::Release);
-    sh.pool_hi.store(lo + POOL_BYTES, Ordering::Release);
+    sh.pool_hi.store(hi, Ordering::Release);
     d.set_policy(back_to)?;
     Ok(())
 }
