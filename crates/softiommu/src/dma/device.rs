@@ -29,6 +29,8 @@ pub struct DmaDevice {
     pub(crate) untrusted: bool,
     /// The domain's bounce pool this device reaches (below its mask).
     pub(crate) bounce: Option<usize>,
+    /// The device's owner index in the domain (see `owner`).
+    pub(crate) owner: u32,
 }
 
 impl DmaDevice {
@@ -109,6 +111,8 @@ impl DmaDomain {
         if !devices.contains(&sid) {
             devices.push(sid);
         }
+        drop(devices);
+        let owner = super::owner::owner_index(&mut lock(&self.owners), sid);
         Ok(DmaDevice {
             domain: self.clone(),
             sid,
@@ -117,6 +121,7 @@ impl DmaDomain {
             mask_limit_pfn,
             untrusted,
             bounce,
+            owner,
         })
     }
 
@@ -166,9 +171,13 @@ impl DmaDomain {
             let mut lanes = [(0, 0); 3];
             for (k, dir) in LANES.into_iter().enumerate() {
                 match self.bounce_lane(mask, pages, dir) {
-                    Ok(lane) => lanes[k] = lane,
+                    Ok(lane) => {
+                        if let Some(l) = lanes.get_mut(k) {
+                            *l = lane;
+                        }
+                    }
                     Err(e) => {
-                        for &(iova, phys) in &lanes[..k] {
+                        for &(iova, phys) in lanes.get(..k).unwrap_or_default() {
                             self.drop_bounce_lane(iova, phys, pages);
                         }
                         return Err(e);

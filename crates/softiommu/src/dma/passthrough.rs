@@ -5,8 +5,8 @@
 //! unmap against, yet an unmap of something never mapped must be refused,
 //! and a switch out of pass-through must know exactly which mappings are
 //! live (the device's context changes under them). Each CPU keeps the
-//! mappings it made, keyed by (address, length) with a count (a buffer
-//! may be mapped twice), in a map behind its own lock: the owner is the
+//! mappings it made, keyed by (address, length, owner: the mapping
+//! device and direction) with a count (a buffer may be mapped twice), in a map behind its own lock: the owner is the
 //! only one to take it unless another CPU unmaps what this one mapped (a
 //! completion handled elsewhere), which then searches every CPU's record.
 //! So the usual map and unmap cost an uncontended lock and a short probe,
@@ -17,6 +17,9 @@
 use std::sync::Mutex;
 
 use super::error::DmaError;
+use super::owner::{dir_bits, dir_of};
+use super::policy::DmaDirection;
+use crate::hw::SourceId;
 use crate::sync::lock_std as lock;
 
 /// One recorded mapping: `len == 0` marks a free slot (no mapping has
@@ -25,6 +28,8 @@ use crate::sync::lock_std as lock;
 struct Slot {
     addr: u64,
     len: u64,
+    /// The mapping's owner (see [`pt_owner`]).
+    owner: u32,
     count: u64,
 }
 
@@ -57,9 +62,10 @@ impl Table {
         self.slots.len() - 1
     }
 
-    /// The slot of (addr, len), or the free slot where it would go.
+    /// The slot of (addr, len, owner), or the free slot where it would go
+    /// (the owner is not hashed: one key's owners share a probe run).
     #[inline]
-    fn find(&self, addr: u64, len: u64) -> (usize, bool) {
+    fn find(&self, addr: u64, len: u64, owner: u32) -> (usize, bool) {
         let mask = self.mask();
         let mut i = self.home(addr, len);
         // The table is never full (3/4 at most), so a free slot ends the
@@ -67,18 +73,18 @@ impl Table {
         loop {
             match self.slots.get(i) {
                 Some(s) if s.len == 0 => return (i, false),
-                Some(s) if s.addr == addr && s.len == len => return (i, true),
+                Some(s) if s.addr == addr && s.len == len && s.owner == owner => return (i, true),
                 Some(_) => i = (i + 1) & mask,
                 None => return (i, false), // unreachable: `i <= mask`
             }
         }
     }
 
-    fn add(&mut self, addr: u64, len: u64, n: u64) {
+    fn add(&mut self, addr: u64, len: u64, owner: u32, n: u64) {
         if (self.used + 1) * 4 > self.slots.len() * 3 {
             self.grow();
         }
-        let (i, found) = self.find(addr, len);
+        let (i, found) = self.find(addr, len, owner);
         if let Some(s) = self.slots.get_mut(i) {
             if found {
                 s.count += n;
@@ -86,6 +92,7 @@ impl Table {
                 *s = Slot {
                     addr,
                     len,
+                    owner,
                     count: n,
                 };
                 self.used += 1;
@@ -99,15 +106,15 @@ impl Table {
         let old = std::mem::replace(&mut self.slots, vec![Slot::default(); size]);
         self.used = 0;
         for s in old.into_iter().filter(|s| s.len != 0) {
-            self.add(s.addr, s.len, s.count);
+            self.add(s.addr, s.len, s.owner, s.count);
         }
     }
 
-    fn take(&mut self, addr: u64, len: u64) -> bool {
+    fn take(&mut self, addr: u64, len: u64, owner: u32) -> bool {
         if self.slots.is_empty() {
             return false;
         }
-        let (i, found) = self.find(addr, len);
+        let (i, found) = self.find(addr, len, owner);
         if !found {
             return false;
         }
@@ -163,21 +170,55 @@ pub(crate) struct PtRecord {
 }
 
 impl PtRecord {
-    /// Records a mapping of `len` bytes (not 0) at `addr`.
+    /// Records a mapping of `len` bytes (not 0) at `addr` for `owner`.
     #[inline]
-    pub(crate) fn add(&self, addr: u64, len: u64) {
+    pub(crate) fn add(&self, addr: u64, len: u64, owner: u32) {
         debug_assert!(len != 0, "map refuses length 0");
         // A zero length would read as a free slot; it is never recorded
         // (and so never found by an unmap).
         if len != 0 {
-            lock(&self.live).add(addr, len, 1);
+            lock(&self.live).add(addr, len, owner, 1);
         }
     }
 
-    /// Removes one mapping of `len` bytes at `addr`, if recorded here.
+    /// Removes one mapping of `len` bytes at `addr` for `owner`, if
+    /// recorded here.
     #[inline]
-    pub(crate) fn take(&self, addr: u64, len: u64) -> bool {
-        len != 0 && lock(&self.live).take(addr, len)
+    pub(crate) fn take(&self, addr: u64, len: u64, owner: u32) -> bool {
+        len != 0 && lock(&self.live).take(addr, len, owner)
+    }
+
+    /// The owner of some mapping of exactly `len` bytes at `addr`
+    /// (whichever owner: to tell a wrong device or direction).
+    fn owner_of(&self, addr: u64, len: u64) -> Option<u32> {
+        lock(&self.live)
+            .iter()
+            .find(|s| s.addr == addr && s.len == len)
+            .map(|s| s.owner)
+    }
+
+    /// How well a recorded mapping covers `[addr, end)`: `Some(true)` if
+    /// one holds it whole, `Some(false)` if one holds `addr` only, `None`
+    /// if none holds `addr`. A scan: syncs in pass-through are not the
+    /// path a device's throughput rides on.
+    pub(crate) fn covers(&self, addr: u64, end: u64) -> Option<bool> {
+        let t = lock(&self.live);
+        let mut best = None;
+        for s in t.iter() {
+            if s.addr <= addr && addr - s.addr < s.len {
+                if end - s.addr <= s.len {
+                    return Some(true);
+                }
+                best = Some(false);
+            }
+        }
+        best
+    }
+
+    /// Whether a mapping of `len` bytes at `addr` for `owner` is recorded.
+    pub(crate) fn holds(&self, addr: u64, len: u64, owner: u32) -> bool {
+        let t = lock(&self.live);
+        !t.slots.is_empty() && t.find(addr, len, owner).1
     }
 
     /// Whether a mapping at `addr` of any length is recorded (to tell a
@@ -192,7 +233,7 @@ impl PtRecord {
         let taken = std::mem::take(&mut *lock(&self.live));
         let mut dst = lock(&into.live);
         for s in taken.iter() {
-            dst.add(s.addr, s.len, s.count);
+            dst.add(s.addr, s.len, s.owner, s.count);
         }
     }
 
@@ -203,17 +244,39 @@ impl PtRecord {
     }
 }
 
-/// Removes one mapping of `len` bytes at `addr` from the first record of
-/// `records` (`own` first) that has it: `NotMapped` or `WrongLength` if
-/// none does.
+/// Removes one mapping of `len` bytes at `addr` made by device `sid` in
+/// direction `dir` from the first record of `records` (`own` first) that
+/// has it. If none does, nothing changes and the reason is given:
+/// `WrongDevice` or `WrongDirection` (the exact mapping is another
+/// device's or direction's), `WrongLength` (one of another length starts
+/// there), else `NotMapped`.
 pub(crate) fn take_any<'a>(
     own: &PtRecord,
     others: impl Iterator<Item = &'a PtRecord> + Clone,
     addr: u64,
     len: u64,
+    sid: SourceId,
+    dir: DmaDirection,
 ) -> Result<(), DmaError> {
-    if own.take(addr, len) || others.clone().any(|r| r.take(addr, len)) {
+    let owner = pt_owner(sid, dir);
+    if own.take(addr, len, owner) || others.clone().any(|r| r.take(addr, len, owner)) {
         return Ok(());
+    }
+    let other = own
+        .owner_of(addr, len)
+        .or_else(|| others.clone().find_map(|r| r.owner_of(addr, len)));
+    if let Some(o) = other {
+        return Err(if o >> 2 != owner >> 2 {
+            DmaError::WrongDevice {
+                sid: sid.to_string(),
+            }
+        } else {
+            DmaError::WrongDirection {
+                addr,
+                mapped: dir_of(o),
+                asked: dir,
+            }
+        });
     }
     if own.has_addr(addr) || others.into_iter().any(|r| r.has_addr(addr)) {
         Err(DmaError::WrongLength { addr, len })
@@ -222,10 +285,22 @@ pub(crate) fn take_any<'a>(
     }
 }
 
+/// A pass-through mapping's owner key: the device's source id and the
+/// direction's bits.
+#[inline]
+pub(crate) fn pt_owner(sid: SourceId, dir: DmaDirection) -> u32 {
+    (u32::from(sid.0) << 2) | dir_bits(dir)
+}
+
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
+
+    const S: SourceId = SourceId(1);
+    const D: DmaDirection = DmaDirection::ToDevice;
+    /// The owner key of `S` mapping in `D`.
+    const O: u32 = (1 << 2) | 1;
 
     /// The table against a model (a multiset), through growth and many
     /// removals that shift probe runs back.
@@ -243,7 +318,7 @@ mod tests {
             let addr = (x % 700) * 0x40;
             let len = 1 + (x >> 20) % 3;
             if (x >> 40).is_multiple_of(3) {
-                r.add(addr, len);
+                r.add(addr, len, O);
                 *model.entry((addr, len)).or_insert(0) += 1;
             } else {
                 let want = match model.get_mut(&(addr, len)) {
@@ -257,15 +332,15 @@ mod tests {
                     }
                     None => false,
                 };
-                assert_eq!(r.take(addr, len), want, "step {step}");
+                assert_eq!(r.take(addr, len, O), want, "step {step}");
             }
         }
         assert_eq!(r.len(), model.values().sum::<u64>());
         for (&(addr, len), &n) in &model {
             for _ in 0..n {
-                assert!(r.take(addr, len));
+                assert!(r.take(addr, len, O));
             }
-            assert!(!r.take(addr, len));
+            assert!(!r.take(addr, len, O));
         }
         assert_eq!(r.len(), 0);
     }
@@ -273,28 +348,28 @@ mod tests {
     #[test]
     fn mappings_are_counted_and_taken_exactly() {
         let (a, b) = (PtRecord::default(), PtRecord::default());
-        a.add(0x1000, 64);
-        a.add(0x1000, 64);
-        b.add(0x9000, 8);
-        assert_eq!(take_any(&b, [&a].into_iter(), 0x1000, 64), Ok(()));
+        a.add(0x1000, 64, O);
+        a.add(0x1000, 64, O);
+        b.add(0x9000, 8, O);
+        assert_eq!(take_any(&b, [&a].into_iter(), 0x1000, 64, S, D), Ok(()));
         assert_eq!(
-            take_any(&b, [&a].into_iter(), 0x1000, 65),
+            take_any(&b, [&a].into_iter(), 0x1000, 65, S, D),
             Err(DmaError::WrongLength {
                 addr: 0x1000,
                 len: 65
             })
         );
         assert_eq!(
-            take_any(&a, [&b].into_iter(), 0x5000, 1),
+            take_any(&a, [&b].into_iter(), 0x5000, 1, S, D),
             Err(DmaError::NotMapped { addr: 0x5000 })
         );
         assert_eq!(a.len(), 1);
         b.move_into(&a);
         assert_eq!(a.len(), 2);
-        assert_eq!(take_any(&a, std::iter::empty(), 0x9000, 8), Ok(()));
-        assert_eq!(take_any(&a, std::iter::empty(), 0x1000, 64), Ok(()));
+        assert_eq!(take_any(&a, std::iter::empty(), 0x9000, 8, S, D), Ok(()));
+        assert_eq!(take_any(&a, std::iter::empty(), 0x1000, 64, S, D), Ok(()));
         assert_eq!(
-            take_any(&a, std::iter::empty(), 0x1000, 64),
+            take_any(&a, std::iter::empty(), 0x1000, 64, S, D),
             Err(DmaError::NotMapped { addr: 0x1000 })
         );
     }
