@@ -357,3 +357,39 @@ fn a_sync_of_a_scatter_list_entry_is_accepted() {
             .unwrap();
     }
 }
+
+#[test]
+fn a_per_entry_unmap_sg_checks_every_entry_before_the_first_goes() {
+    // Pass-through and bounce map a list entry by entry: an entry unmapped
+    // on its own meanwhile makes the whole `unmap_sg` refused, with the
+    // other entries still mapped.
+    for policy in [DmaPolicy::Passthrough, DmaPolicy::Bounce] {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let a = p.mem.alloc_zeroed_frames(0).unwrap();
+        let b = p.mem.alloc_zeroed_frames(0).unwrap();
+        let sg = [SgEntry { phys: a, len: 512 }, SgEntry { phys: b, len: 100 }];
+        let mut out = [0u64; 2];
+        let m = cpu
+            .map_sg(dev, &sg, DmaDirection::ToDevice, &mut out)
+            .unwrap();
+        assert_eq!(
+            cpu.unmap(dev, out[1], 100, DmaDirection::ToDevice),
+            Ok(()),
+            "{policy}"
+        );
+        let live = p.domain.stats().live();
+        let r = cpu.unmap_sg(dev, &m, &sg, &out, DmaDirection::ToDevice);
+        assert!(
+            matches!(r, Err(DmaError::NotMapped { addr }) if addr == out[1]),
+            "{policy}: {r:?}"
+        );
+        assert_eq!(p.domain.stats().live(), live, "{policy}: entry 0 kept");
+        assert_eq!(
+            cpu.unmap(dev, out[0], 512, DmaDirection::ToDevice),
+            Ok(()),
+            "{policy}: entry 0 still mapped"
+        );
+    }
+}

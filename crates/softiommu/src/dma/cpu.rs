@@ -11,7 +11,7 @@ use super::device::DmaDevice;
 use super::domain::{BounceRecord, CoherentRecord, DmaDomain};
 use super::error::DmaError;
 use super::flush_queue::{FqEntry, Pushed};
-use super::owner::{owner_tag, tag_dir, TAG_DIR, TAG_OWNER};
+use super::owner::{dir_bits, owner_tag, perm_bits, tag_dir, TAG_DIR, TAG_OWNER};
 use super::passthrough::{pt_owner, take_any};
 use super::policy::{DmaDirection, DmaPolicy};
 use super::slot::CpuSlot;
@@ -210,7 +210,9 @@ impl DmaCpu {
                 addr,
                 len,
                 policy == DmaPolicy::Deferred,
-                Owner::Plain(dev, dir),
+                BlockKind::Plain,
+                dev,
+                owner_tag(dev.owner, dir_bits(dir)),
             )?,
         }
         slot.stats.unmap();
@@ -382,7 +384,9 @@ impl DmaCpu {
             start,
             m.pages << PAGE_SHIFT,
             deferred,
-            Owner::Other(BlockKind::ScatterList),
+            BlockKind::ScatterList,
+            dev,
+            0,
         )?;
         slot.stats.unmap();
         Ok(())
@@ -506,7 +510,9 @@ impl DmaCpu {
                     dma,
                     PAGE_SIZE << order,
                     p == DmaPolicy::Deferred,
-                    Owner::Other(BlockKind::Coherent),
+                    BlockKind::Coherent,
+                    dev,
+                    0,
                 )?,
             }
         }
@@ -710,7 +716,7 @@ impl Work {
         }
         // Claimed with the block (the tag map shares the state map's
         // chunks' layout): a store, the lock only on a chunk's first use.
-        let tag = span_tag(phys, len) | owner_tag(dev.owner, perm_dir(perm));
+        let tag = span_tag(phys, len) | owner_tag(dev.owner, perm_bits(perm));
         if let Err(e) = self.domain.iova.set_tag(pfn, tag) {
             self.unmap_fresh(iova, pages, kind)?;
             return Err(e.into());
@@ -784,6 +790,7 @@ impl Work {
     }
 
     /// Unmaps a bounce slot if `addr` is one: copies the device's data back.
+    #[inline]
     fn try_bounce_unmap(
         &mut self,
         cpu: &CpuSlot,
@@ -792,10 +799,24 @@ impl Work {
         sid: SourceId,
         dir: DmaDirection,
     ) -> Result<bool, DmaError> {
-        let d = &self.domain;
-        if d.bounce.find(addr).is_none() {
+        if self.domain.bounce.find(addr).is_none() {
             return Ok(false);
         }
+        self.bounce_unmap(cpu, addr, len, sid, dir).map(|()| true)
+    }
+
+    /// Unmaps the bounce slot at `addr` (in a pool): checked against its
+    /// record, then the device's data copied back and the slot freed.
+    #[inline(never)]
+    fn bounce_unmap(
+        &mut self,
+        cpu: &CpuSlot,
+        addr: u64,
+        len: u64,
+        sid: SourceId,
+        dir: DmaDirection,
+    ) -> Result<(), DmaError> {
+        let d = &self.domain;
         let mut map = lock(&d.bounce_map);
         let rec = match map.get(&addr) {
             Some(r) => *r,
@@ -812,7 +833,7 @@ impl Work {
             pool.give_back(rec.slot)?;
         }
         d.bounce_live.fetch_sub(1, Relaxed);
-        Ok(true)
+        Ok(())
     }
 
     /// Unmaps a translated mapping: strict (revoked before returning) or
@@ -820,16 +841,21 @@ impl Work {
     /// first *retired* with one compare-exchange, so that of two unmaps of
     /// one mapping racing each other exactly one proceeds, and every check
     /// that can fail runs before an entry is cleared: a failed unmap leaves
-    /// the mapping as it was.
+    /// the mapping as it was. A streaming (`Plain`) block's tag must be
+    /// exactly the unmap's `span_tag` with `owner` (the device's and the
+    /// direction's bits); other kinds' owners are checked by their callers
+    /// (`owner` unused).
+    #[allow(clippy::too_many_arguments)]
     fn unmap_pages(
         &mut self,
         slot: &CpuSlot,
         addr: u64,
         len: u64,
         deferred: bool,
-        owner: Owner<'_>,
+        kind: BlockKind,
+        dev: &DmaDevice,
+        owner: u32,
     ) -> Result<(), DmaError> {
-        let kind = owner.kind();
         let d = &*self.domain;
         let iova = addr & !(PAGE_SIZE - 1);
         let pfn = iova >> PAGE_SHIFT;
@@ -852,15 +878,10 @@ impl Work {
         // device and the direction, as DMA-API debug checks an unmap
         // against its map: another start in the page was never mapped,
         // another end is the wrong length.
-        if let Owner::Plain(dev, dir) = owner {
-            let (tag, want) = (
-                d.iova.tag(pfn),
-                span_tag(addr, len) | owner_tag(dev.owner, dir),
-            );
-            if tag != want {
-                let _ = d.iova.unretire_block(pfn, pages, kind);
-                return Err(tag_mismatch(tag, want, addr, len, dev.sid, dir));
-            }
+        let (tag, want) = (d.iova.tag(pfn), span_tag(addr, len) | owner);
+        if kind == BlockKind::Plain && tag != want {
+            let _ = d.iova.unretire_block(pfn, pages, kind);
+            return Err(tag_mismatch(tag, want, addr, len, dev.sid));
         }
         if let Err(e) = self.unmap_checks(slot, iova, pages, deferred) {
             // Nothing was changed: the block is the caller's again.
@@ -1178,10 +1199,12 @@ impl Work {
         dir: DmaDirection,
     ) -> Result<(), DmaError> {
         let d = &*self.domain;
+        // In `unmap`'s order: a bounce pool's address is a slot or nothing.
         if d.bounce.find(addr).is_some() {
-            if let Some(rec) = lock(&d.bounce_map).get(&addr) {
-                return check_bounce_owner(rec, addr, len, dev.sid, dir);
-            }
+            return match lock(&d.bounce_map).get(&addr) {
+                Some(rec) => check_bounce_owner(rec, addr, len, dev.sid, dir),
+                None => Err(DmaError::NotMapped { addr }),
+            };
         }
         if d.policy() == DmaPolicy::Passthrough {
             let owner = pt_owner(dev.sid, dir);
@@ -1228,14 +1251,7 @@ fn check_bounce_owner(
 /// The reason an unmap's tag `want` differs from its block's `tag`, in
 /// DMA-API debug's order: the start, the length, the device, the direction.
 #[cold]
-fn tag_mismatch(
-    tag: u32,
-    want: u32,
-    addr: u64,
-    len: u64,
-    sid: SourceId,
-    dir: DmaDirection,
-) -> DmaError {
+fn tag_mismatch(tag: u32, want: u32, addr: u64, len: u64, sid: SourceId) -> DmaError {
     let diff = tag ^ want;
     if diff & TAG_OFFSET != 0 {
         DmaError::NotMapped { addr }
@@ -1249,7 +1265,7 @@ fn tag_mismatch(
         DmaError::WrongDirection {
             addr,
             mapped: tag_dir(tag),
-            asked: dir,
+            asked: tag_dir(want),
         }
     }
 }
@@ -1285,34 +1301,6 @@ fn fingerprint(sg: &[SgEntry], dma: &[u64]) -> Fingerprint {
 /// The largest block order a streaming sync looks for (blocks are at most
 /// this many pages, as a power of two: far more than any mapping).
 const MAX_BLOCK_ORDER: u32 = 40;
-
-/// Who an unmap of a translated block must match: a streaming mapping's
-/// device and direction (checked against its tag), or a block of another
-/// kind, whose owner its caller checked.
-#[derive(Clone, Copy)]
-enum Owner<'a> {
-    Plain(&'a DmaDevice, DmaDirection),
-    Other(BlockKind),
-}
-
-impl Owner<'_> {
-    fn kind(self) -> BlockKind {
-        match self {
-            Owner::Plain(..) => BlockKind::Plain,
-            Owner::Other(k) => k,
-        }
-    }
-}
-
-/// The direction a page permission stands for.
-#[inline]
-fn perm_dir(perm: Perm) -> DmaDirection {
-    match (perm.read(), perm.write()) {
-        (true, false) => DmaDirection::ToDevice,
-        (false, true) => DmaDirection::FromDevice,
-        _ => DmaDirection::Bidirectional,
-    }
-}
 
 impl Drop for DmaCpu {
     fn drop(&mut self) {

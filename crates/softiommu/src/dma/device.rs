@@ -29,7 +29,7 @@ pub struct DmaDevice {
     pub(crate) untrusted: bool,
     /// The domain's bounce pool this device reaches (below its mask).
     pub(crate) bounce: Option<usize>,
-    /// The device's owner index in the domain (see `owner`).
+    /// The device's owner index in the domain, as tag bits (see `owner`).
     pub(crate) owner: u32,
 }
 
@@ -112,7 +112,8 @@ impl DmaDomain {
             devices.push(sid);
         }
         drop(devices);
-        let owner = super::owner::owner_index(&mut lock(&self.owners), sid);
+        let owner =
+            super::owner::device_tag(super::owner::owner_index(&mut lock(&self.owners), sid));
         Ok(DmaDevice {
             domain: self.clone(),
             sid,

@@ -30,14 +30,19 @@ pub(crate) const TAG_DIR: u32 = 0b11 << DIR_SHIFT;
 /// The tag's owner bits.
 pub(crate) const TAG_OWNER: u32 = (OWNER_SLOTS - 1) << OWNER_SHIFT;
 
-/// The direction's two bits (never 0: a set direction is told from none).
+/// The direction's two bits (never 0: a set direction is told from none):
+/// `ToDevice` 1, `FromDevice` 2, `Bidirectional` 3 — the declaration order
+/// plus one, so no branch (checked by a test below).
 #[inline]
 pub(crate) fn dir_bits(dir: DmaDirection) -> u32 {
-    match dir {
-        DmaDirection::ToDevice => 1,
-        DmaDirection::FromDevice => 2,
-        DmaDirection::Bidirectional => 3,
-    }
+    dir as u32 + 1
+}
+
+/// The direction bits of a page permission: read 1, write 2, both 3 (the
+/// direction whose `perm()` it is).
+#[inline]
+pub(crate) fn perm_bits(perm: crate::pgtable::Perm) -> u32 {
+    u32::from(perm.read()) | (u32::from(perm.write()) << 1)
 }
 
 /// The direction whose bits are `bits` (`Bidirectional` for anything else).
@@ -49,11 +54,18 @@ pub(crate) fn dir_of(bits: u32) -> DmaDirection {
     }
 }
 
-/// The owner part of a translated mapping's tag: device `owner`,
-/// direction `dir`.
+/// The device part of a translated mapping's tag for owner index `owner`
+/// (kept in the device handle, computed once at attach).
+pub(crate) fn device_tag(owner: u32) -> u32 {
+    (owner & (OWNER_SLOTS - 1)) << OWNER_SHIFT
+}
+
+/// The owner part of a translated mapping's tag: the device's
+/// [`device_tag`], direction bits `dir_bits` (see [`dir_bits`],
+/// [`perm_bits`]).
 #[inline]
-pub(crate) fn owner_tag(owner: u32, dir: DmaDirection) -> u32 {
-    ((owner & (OWNER_SLOTS - 1)) << OWNER_SHIFT) | (dir_bits(dir) << DIR_SHIFT)
+pub(crate) fn owner_tag(device_tag: u32, dir_bits: u32) -> u32 {
+    device_tag | (dir_bits << DIR_SHIFT)
 }
 
 /// The direction a tag records.
@@ -87,10 +99,12 @@ mod tests {
             DmaDirection::FromDevice,
             DmaDirection::Bidirectional,
         ] {
+            assert_eq!(perm_bits(dir.perm()), dir_bits(dir));
             for owner in 0..OWNER_SLOTS {
-                let t = owner_tag(owner, dir);
+                let t = owner_tag(device_tag(owner), dir_bits(dir));
                 assert_eq!(t & 0x80ff_ffff, 0);
                 assert_eq!(tag_dir(t), dir);
+                assert_eq!((t & TAG_OWNER) >> OWNER_SHIFT, owner);
             }
         }
     }

@@ -6,8 +6,10 @@
 //! and a switch out of pass-through must know exactly which mappings are
 //! live (the device's context changes under them). Each CPU keeps the
 //! mappings it made, keyed by (address, length, owner: the mapping
-//! device and direction) with a count (a buffer may be mapped twice), in a map behind its own lock: the owner is the
-//! only one to take it unless another CPU unmaps what this one mapped (a
+//! device and direction, packed above the length in one word) with a
+//! count (a buffer may be mapped twice), in a map behind its own lock:
+//! the owner is the only one to take it unless another CPU unmaps what
+//! this one mapped (a
 //! completion handled elsewhere), which then searches every CPU's record.
 //! So the usual map and unmap cost an uncontended lock and a short probe,
 //! and nothing is shared between CPUs on that path.
@@ -23,13 +25,12 @@ use crate::hw::SourceId;
 use crate::sync::lock_std as lock;
 
 /// One recorded mapping: `len == 0` marks a free slot (no mapping has
-/// length 0: `map` refuses it).
+/// length 0: `map` refuses it). `len` is the record's key length: the
+/// mapping's length with its owner above it (see [`key`]).
 #[derive(Debug, Default, Clone, Copy)]
 struct Slot {
     addr: u64,
     len: u64,
-    /// The mapping's owner (see [`pt_owner`]).
-    owner: u32,
     count: u64,
 }
 
@@ -62,10 +63,9 @@ impl Table {
         self.slots.len() - 1
     }
 
-    /// The slot of (addr, len, owner), or the free slot where it would go
-    /// (the owner is not hashed: one key's owners share a probe run).
+    /// The slot of (addr, len), or the free slot where it would go.
     #[inline]
-    fn find(&self, addr: u64, len: u64, owner: u32) -> (usize, bool) {
+    fn find(&self, addr: u64, len: u64) -> (usize, bool) {
         let mask = self.mask();
         let mut i = self.home(addr, len);
         // The table is never full (3/4 at most), so a free slot ends the
@@ -73,18 +73,18 @@ impl Table {
         loop {
             match self.slots.get(i) {
                 Some(s) if s.len == 0 => return (i, false),
-                Some(s) if s.addr == addr && s.len == len && s.owner == owner => return (i, true),
+                Some(s) if s.addr == addr && s.len == len => return (i, true),
                 Some(_) => i = (i + 1) & mask,
                 None => return (i, false), // unreachable: `i <= mask`
             }
         }
     }
 
-    fn add(&mut self, addr: u64, len: u64, owner: u32, n: u64) {
+    fn add(&mut self, addr: u64, len: u64, n: u64) {
         if (self.used + 1) * 4 > self.slots.len() * 3 {
             self.grow();
         }
-        let (i, found) = self.find(addr, len, owner);
+        let (i, found) = self.find(addr, len);
         if let Some(s) = self.slots.get_mut(i) {
             if found {
                 s.count += n;
@@ -92,7 +92,6 @@ impl Table {
                 *s = Slot {
                     addr,
                     len,
-                    owner,
                     count: n,
                 };
                 self.used += 1;
@@ -106,15 +105,15 @@ impl Table {
         let old = std::mem::replace(&mut self.slots, vec![Slot::default(); size]);
         self.used = 0;
         for s in old.into_iter().filter(|s| s.len != 0) {
-            self.add(s.addr, s.len, s.owner, s.count);
+            self.add(s.addr, s.len, s.count);
         }
     }
 
-    fn take(&mut self, addr: u64, len: u64, owner: u32) -> bool {
+    fn take(&mut self, addr: u64, len: u64) -> bool {
         if self.slots.is_empty() {
             return false;
         }
-        let (i, found) = self.find(addr, len, owner);
+        let (i, found) = self.find(addr, len);
         if !found {
             return false;
         }
@@ -169,6 +168,20 @@ pub(crate) struct PtRecord {
     live: Mutex<Table>,
 }
 
+/// Bits of a record's key length that hold the mapping's length; its
+/// owner (see [`pt_owner`], 18 bits) sits above them. A mapping lies in
+/// the arena, so its length fits.
+const LEN_BITS: u32 = 44;
+const LEN_MASK: u64 = (1 << LEN_BITS) - 1;
+const _: () = assert!(crate::mem::MAX_ARENA_BYTES <= LEN_MASK);
+
+/// The key length of a mapping of `len` bytes for `owner`: one word, so
+/// the table's probe compares what it compared before owners were kept.
+#[inline]
+fn key(len: u64, owner: u32) -> u64 {
+    (len & LEN_MASK) | (u64::from(owner) << LEN_BITS)
+}
+
 impl PtRecord {
     /// Records a mapping of `len` bytes (not 0) at `addr` for `owner`.
     #[inline]
@@ -177,7 +190,7 @@ impl PtRecord {
         // A zero length would read as a free slot; it is never recorded
         // (and so never found by an unmap).
         if len != 0 {
-            lock(&self.live).add(addr, len, owner, 1);
+            lock(&self.live).add(addr, key(len, owner), 1);
         }
     }
 
@@ -185,7 +198,13 @@ impl PtRecord {
     /// recorded here.
     #[inline]
     pub(crate) fn take(&self, addr: u64, len: u64, owner: u32) -> bool {
-        len != 0 && lock(&self.live).take(addr, len, owner)
+        len != 0 && len <= LEN_MASK && lock(&self.live).take(addr, key(len, owner))
+    }
+
+    /// Whether a mapping of `len` bytes at `addr` for `owner` is recorded.
+    pub(crate) fn holds(&self, addr: u64, len: u64, owner: u32) -> bool {
+        let t = lock(&self.live);
+        len != 0 && len <= LEN_MASK && !t.slots.is_empty() && t.find(addr, key(len, owner)).1
     }
 
     /// The owner of some mapping of exactly `len` bytes at `addr`
@@ -193,8 +212,8 @@ impl PtRecord {
     fn owner_of(&self, addr: u64, len: u64) -> Option<u32> {
         lock(&self.live)
             .iter()
-            .find(|s| s.addr == addr && s.len == len)
-            .map(|s| s.owner)
+            .find(|s| s.addr == addr && s.len & LEN_MASK == len)
+            .map(|s| (s.len >> LEN_BITS) as u32)
     }
 
     /// How well a recorded mapping covers `[addr, end)`: `Some(true)` if
@@ -205,20 +224,15 @@ impl PtRecord {
         let t = lock(&self.live);
         let mut best = None;
         for s in t.iter() {
-            if s.addr <= addr && addr - s.addr < s.len {
-                if end - s.addr <= s.len {
+            let len = s.len & LEN_MASK;
+            if s.addr <= addr && addr - s.addr < len {
+                if end - s.addr <= len {
                     return Some(true);
                 }
                 best = Some(false);
             }
         }
         best
-    }
-
-    /// Whether a mapping of `len` bytes at `addr` for `owner` is recorded.
-    pub(crate) fn holds(&self, addr: u64, len: u64, owner: u32) -> bool {
-        let t = lock(&self.live);
-        !t.slots.is_empty() && t.find(addr, len, owner).1
     }
 
     /// Whether a mapping at `addr` of any length is recorded (to tell a
@@ -233,7 +247,7 @@ impl PtRecord {
         let taken = std::mem::take(&mut *lock(&self.live));
         let mut dst = lock(&into.live);
         for s in taken.iter() {
-            dst.add(s.addr, s.len, s.owner, s.count);
+            dst.add(s.addr, s.len, s.count);
         }
     }
 
@@ -301,6 +315,40 @@ mod tests {
     const D: DmaDirection = DmaDirection::ToDevice;
     /// The owner key of `S` mapping in `D`.
     const O: u32 = (1 << 2) | 1;
+
+    #[test]
+    fn owners_and_lengths_past_the_key_are_told_apart() {
+        let r = PtRecord::default();
+        r.add(0x1000, 100, O);
+        // A length that would alias in the packed key is refused.
+        assert!(!r.take(0x1000, 100 | 1 << LEN_BITS, O));
+        assert!(!r.take(0x1000, 100, O ^ 1));
+        assert_eq!(
+            take_any(&r, std::iter::empty(), 0x1000, 100, SourceId(2), D),
+            Err(DmaError::WrongDevice {
+                sid: SourceId(2).to_string()
+            })
+        );
+        assert_eq!(
+            take_any(
+                &r,
+                std::iter::empty(),
+                0x1000,
+                100,
+                S,
+                DmaDirection::FromDevice
+            ),
+            Err(DmaError::WrongDirection {
+                addr: 0x1000,
+                mapped: D,
+                asked: DmaDirection::FromDevice
+            })
+        );
+        assert_eq!(r.covers(0x1010, 0x1064), Some(true));
+        assert_eq!(r.covers(0x1010, 0x1065), Some(false));
+        assert_eq!(r.covers(0x2000, 0x2001), None);
+        assert!(r.take(0x1000, 100, O));
+    }
 
     /// The table against a model (a multiset), through growth and many
     /// removals that shift probe runs back.
