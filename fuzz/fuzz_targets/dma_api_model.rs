@@ -21,7 +21,7 @@ use softiommu::{
 
 const DATA_PAGES: u64 = 16;
 
-#[derive(Arbitrary, Debug, Clone, Copy)]
+#[derive(Arbitrary, Debug, Clone, Copy, PartialEq, Eq)]
 enum Dir {
     To,
     From,
@@ -89,12 +89,29 @@ enum Op {
     UnmapSg {
         idx: u8,
     },
+    /// An unmap of a live single mapping through the other device
+    /// (`other_dev`) and/or in another direction (`dir`): refused unless
+    /// another live mapping is exactly that, as DMA-API debug checks.
+    UnmapAs {
+        idx: u8,
+        other_dev: bool,
+        dir: Dir,
+    },
+    /// A sync of `len` bytes at `off` into a live single mapping (past its
+    /// end when `off + len` runs over: refused).
+    Sync {
+        idx: u8,
+        off: u16,
+        len: u16,
+        for_device: bool,
+    },
     AllocCoherent {
         dev: bool,
         len: u16,
     },
     /// 0: correct; 1: the other device; 2: a wrong DMA address; 3: a wrong
-    /// length; 4: memory that is not coherent.
+    /// length of another page order; 4: memory that is not coherent; 5:
+    /// another length in the same order.
     FreeCoherent {
         idx: u8,
         how: u8,
@@ -278,10 +295,9 @@ fuzz_target!(|input: Input| {
                     // The mapping taken: one with exactly that address and
                     // length (any live one, not only `l`).
                     let single = |o: &Live| matches!(o.kind, Kind::Single);
-                    let taken = m
-                        .live
-                        .iter()
-                        .position(|o| single(o) && o.pieces[0] == (a2, n2));
+                    let taken = m.live.iter().position(|o| {
+                        single(o) && o.pieces[0] == (a2, n2) && o.dev == l.dev && o.dir == l.dir
+                    });
                     let Some(j) = taken else {
                         panic!(
                             "unmap of {a2:#x}+{n2:#x} accepted; no live mapping is exactly that ({policy:?}, {l:?}); near: {:?}", m.live.iter().filter(|o| o.pieces.iter().any(|p| p.0 / PAGE_SIZE == a2 / PAGE_SIZE)).collect::<Vec<_>>()
@@ -290,6 +306,72 @@ fuzz_target!(|input: Input| {
                     let o = m.live.remove(j);
                     m.retire(&o, policy == DmaPolicy::Deferred);
                 }
+            }
+            Op::UnmapAs {
+                idx,
+                other_dev,
+                dir,
+            } => {
+                let Some(i) = pick(&m.live, idx, |l| matches!(l.kind, Kind::Single)) else {
+                    continue;
+                };
+                let l = m.live[i].clone();
+                let dev = if other_dev { 1 - l.dev } else { l.dev };
+                let (a, n) = l.pieces[0];
+                let res = cpu.unmap(devs[dev], a, n, dir.api());
+                let exact = m.live.iter().position(|o| {
+                    matches!(o.kind, Kind::Single)
+                        && o.pieces[0] == (a, n)
+                        && o.dev == dev
+                        && o.dir == dir
+                });
+                match exact {
+                    Some(j) => {
+                        assert!(res.is_ok(), "unmap of a live mapping: {res:?}");
+                        let o = m.live.remove(j);
+                        m.retire(&o, policy == DmaPolicy::Deferred);
+                    }
+                    None if dev != l.dev => {
+                        assert!(
+                            matches!(res, Err(DmaError::WrongDevice { .. })),
+                            "unmap of {l:?} through the other device: {res:?}"
+                        );
+                    }
+                    None => {
+                        assert!(
+                            matches!(res, Err(DmaError::WrongDirection { .. })),
+                            "unmap of {l:?} as {dir:?}: {res:?}"
+                        );
+                    }
+                }
+            }
+            Op::Sync {
+                idx,
+                off,
+                len,
+                for_device,
+            } => {
+                let Some(i) = pick(&m.live, idx, |l| matches!(l.kind, Kind::Single)) else {
+                    continue;
+                };
+                let (a, n) = m.live[i].pieces[0];
+                let (off, len) = (u64::from(off) % n, u64::from(len).max(1));
+                let res = if for_device {
+                    cpu.sync_for_device(a + off, len)
+                } else {
+                    cpu.sync_for_cpu(a + off, len)
+                };
+                // Another live mapping may hold the range (pass-through
+                // maps the same bytes twice): only a range inside this one
+                // is sure to be accepted.
+                if off + len <= n {
+                    assert!(res.is_ok(), "sync inside {a:#x}+{n:#x}: {res:?}");
+                }
+                assert!(
+                    matches!(res, Ok(()) | Err(DmaError::WrongLength { .. })),
+                    "sync at {:#x}+{len:#x} of {a:#x}+{n:#x}: {res:?}",
+                    a + off
+                );
             }
             Op::MapSg { dev, entries, dir } => {
                 let sg: Vec<SgEntry> = entries
@@ -349,7 +431,12 @@ fuzz_target!(|input: Input| {
                 let a = l.pieces[0].0;
                 let dev = devs[l.dev];
                 let other = devs[1 - l.dev];
-                match how % 5 {
+                match how % 6 {
+                    5 => {
+                        // Another length in the same page order.
+                        let r = cpu.free_coherent(dev, phys, a, len + 1);
+                        assert!(matches!(r, Err(DmaError::WrongLength { .. })), "{r:?}");
+                    }
                     1 => {
                         let r = cpu.free_coherent(other, phys, a, len);
                         assert!(matches!(r, Err(DmaError::WrongDevice { .. })), "{r:?}");

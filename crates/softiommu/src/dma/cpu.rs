@@ -11,9 +11,11 @@ use super::device::DmaDevice;
 use super::domain::{BounceRecord, CoherentRecord, DmaDomain};
 use super::error::DmaError;
 use super::flush_queue::{FqEntry, Pushed};
-use super::passthrough::take_any;
+use super::owner::{dir_bits, owner_tag, perm_bits, tag_dir, TAG_DIR, TAG_OWNER};
+use super::passthrough::{pt_owner, take_any};
 use super::policy::{DmaDirection, DmaPolicy};
 use super::slot::CpuSlot;
+use crate::hw::SourceId;
 use crate::iova::{BlockKind, IovaCpuCache, IovaError};
 use crate::mem::{FrameOwner, PhysAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::pgtable::{IoPageTable, IotlbGather, LeafHint, Perm, PgtableError};
@@ -43,6 +45,13 @@ pub struct SgMapping {
     pub contiguous: bool,
     pages: u64,
     entries: usize,
+    /// The device and direction it was mapped for.
+    sid: SourceId,
+    dir: DmaDirection,
+    /// Fingerprints of the entries' DMA addresses and of their physical
+    /// addresses and lengths, so an unmap naming other entries is refused
+    /// before anything changes.
+    fingerprint: Fingerprint,
 }
 
 /// A thread's handle on a [`DmaDomain`]: map, unmap, scatter lists,
@@ -149,7 +158,7 @@ impl DmaCpu {
                         mask: dev.mask,
                     });
                 }
-                slot.passthrough.add(phys, len);
+                slot.passthrough.add(phys, len, pt_owner(dev.sid, dir));
                 phys
             }
             DmaPolicy::Bounce => w.bounce_map(slot, dev, phys, len, dir)?,
@@ -175,16 +184,15 @@ impl DmaCpu {
         if len == 0 {
             return Err(DmaError::ZeroLength);
         }
-        let _ = dir;
         let (slot, w) = (&*self.slot, &mut self.w);
         let _op = w.domain.gate.enter(&slot.active);
-        if w.try_bounce_unmap(slot, addr, len)? {
+        if w.try_bounce_unmap(slot, addr, len, dev.sid, dir)? {
             slot.stats.unmap();
             return Ok(());
         }
         match w.domain.policy() {
             DmaPolicy::Passthrough => {
-                if !slot.passthrough.take(addr, len) {
+                if !slot.passthrough.take(addr, len, pt_owner(dev.sid, dir)) {
                     // Mapped on another CPU (or on one whose handle went).
                     let cpus = lock(&w.domain.cpus).clone();
                     take_any(
@@ -192,6 +200,8 @@ impl DmaCpu {
                         cpus.iter().map(|s| &s.passthrough),
                         addr,
                         len,
+                        dev.sid,
+                        dir,
                     )?;
                 }
             }
@@ -201,6 +211,8 @@ impl DmaCpu {
                 len,
                 policy == DmaPolicy::Deferred,
                 BlockKind::Plain,
+                dev,
+                owner_tag(dev.owner, dir_bits(dir)),
             )?,
         }
         slot.stats.unmap();
@@ -273,6 +285,9 @@ impl DmaCpu {
                     contiguous,
                     pages,
                     entries: sg.len(),
+                    sid: dev.sid,
+                    dir,
+                    fingerprint: fingerprint(sg, out),
                 });
             }
         }
@@ -295,6 +310,9 @@ impl DmaCpu {
             contiguous: false,
             pages: 0,
             entries: sg.len(),
+            sid: dev.sid,
+            dir,
+            fingerprint: fingerprint(sg, out),
         })
     }
 
@@ -309,14 +327,50 @@ impl DmaCpu {
         dir: DmaDirection,
     ) -> Result<(), DmaError> {
         self.check_device(dev)?;
+        if sg.len() < m.entries || dma.len() < m.entries {
+            return Err(DmaError::OutputTooShort {
+                needed: m.entries,
+                given: sg.len().min(dma.len()),
+            });
+        }
+        // Everything the map recorded is checked before anything changes:
+        // a refused call leaves every entry mapped.
+        let (sg, dma) = (
+            sg.get(..m.entries).unwrap_or(sg),
+            dma.get(..m.entries).unwrap_or(dma),
+        );
+        let fp = fingerprint(sg, dma);
+        if fp.dma != m.fingerprint.dma {
+            // Other DMA addresses: not this mapping.
+            let at = dma.first().copied().unwrap_or(m.dma);
+            return Err(DmaError::NotMapped { addr: at });
+        }
+        if dev.sid != m.sid {
+            return Err(DmaError::WrongDevice {
+                sid: dev.sid.to_string(),
+            });
+        }
+        if dir != m.dir {
+            return Err(DmaError::WrongDirection {
+                addr: m.dma,
+                mapped: m.dir,
+                asked: dir,
+            });
+        }
+        if fp.entries != m.fingerprint.entries {
+            let total = sg.iter().fold(0u64, |t, e| t.saturating_add(e.len));
+            return Err(DmaError::WrongLength {
+                addr: m.dma,
+                len: total,
+            });
+        }
         if m.pages == 0 {
-            if sg.len() < m.entries || dma.len() < m.entries {
-                return Err(DmaError::OutputTooShort {
-                    needed: m.entries,
-                    given: sg.len().min(dma.len()),
-                });
+            // One mapping per entry: each must still be live as mapped
+            // (not unmapped on its own meanwhile) before the first goes.
+            for (e, &a) in sg.iter().zip(dma) {
+                self.w.check_entry_live(&self.slot, dev, a, e.len, dir)?;
             }
-            for (e, &a) in sg.iter().zip(dma).take(m.entries) {
+            for (e, &a) in sg.iter().zip(dma) {
                 self.unmap(dev, a, e.len, dir)?;
             }
             return Ok(());
@@ -331,6 +385,8 @@ impl DmaCpu {
             m.pages << PAGE_SHIFT,
             deferred,
             BlockKind::ScatterList,
+            dev,
+            0,
         )?;
         slot.stats.unmap();
         Ok(())
@@ -387,6 +443,7 @@ impl DmaCpu {
                     CoherentRecord {
                         dma,
                         order,
+                        len,
                         sid: dev.sid,
                     },
                 );
@@ -427,6 +484,7 @@ impl DmaCpu {
                         == CoherentRecord {
                             dma,
                             order,
+                            len,
                             sid: dev.sid,
                         } => {}
                 Some(r) if r.sid != dev.sid => {
@@ -453,6 +511,8 @@ impl DmaCpu {
                     PAGE_SIZE << order,
                     p == DmaPolicy::Deferred,
                     BlockKind::Coherent,
+                    dev,
+                    0,
                 )?,
             }
         }
@@ -467,14 +527,19 @@ impl DmaCpu {
     }
 
     /// Makes the CPU's writes to a streaming buffer visible to the device
-    /// (bounce mappings: copied in again; others: nothing to do, memory is
-    /// coherent).
+    /// (bounce mappings: the bytes `[addr, addr + len)` copied in again;
+    /// others: nothing to do, memory is coherent). The range may start
+    /// anywhere inside a live mapping but must end inside it: an address no
+    /// live mapping holds is `NotMapped`, a range running past its mapping's
+    /// end `WrongLength`, a zero length `ZeroLength`; a refused sync copies
+    /// nothing.
     pub fn sync_for_device(&mut self, addr: u64, len: u64) -> Result<(), DmaError> {
         self.w.sync(&self.slot, addr, len, true)
     }
 
-    /// Makes the device's writes visible to the CPU (bounce mappings: copied
-    /// out; others: nothing to do).
+    /// Makes the device's writes visible to the CPU (bounce mappings: the
+    /// bytes `[addr, addr + len)` copied out; others: nothing to do).
+    /// Checked as [`sync_for_device`](Self::sync_for_device) is.
     pub fn sync_for_cpu(&mut self, addr: u64, len: u64) -> Result<(), DmaError> {
         self.w.sync(&self.slot, addr, len, false)
     }
@@ -651,7 +716,8 @@ impl Work {
         }
         // Claimed with the block (the tag map shares the state map's
         // chunks' layout): a store, the lock only on a chunk's first use.
-        if let Err(e) = self.domain.iova.set_tag(pfn, span_tag(phys, len)) {
+        let tag = span_tag(phys, len) | owner_tag(dev.owner, perm_bits(perm));
+        if let Err(e) = self.domain.iova.set_tag(pfn, tag) {
             self.unmap_fresh(iova, pages, kind)?;
             return Err(e.into());
         }
@@ -716,6 +782,7 @@ impl Work {
                 buf: phys,
                 len,
                 dir,
+                sid: dev.sid,
             },
         );
         d.bounce_live.fetch_add(1, Relaxed);
@@ -723,17 +790,39 @@ impl Work {
     }
 
     /// Unmaps a bounce slot if `addr` is one: copies the device's data back.
-    fn try_bounce_unmap(&mut self, cpu: &CpuSlot, addr: u64, len: u64) -> Result<bool, DmaError> {
-        let d = &self.domain;
-        if d.bounce.find(addr).is_none() {
+    #[inline]
+    fn try_bounce_unmap(
+        &mut self,
+        cpu: &CpuSlot,
+        addr: u64,
+        len: u64,
+        sid: SourceId,
+        dir: DmaDirection,
+    ) -> Result<bool, DmaError> {
+        if self.domain.bounce.find(addr).is_none() {
             return Ok(false);
         }
+        self.bounce_unmap(cpu, addr, len, sid, dir).map(|()| true)
+    }
+
+    /// Unmaps the bounce slot at `addr` (in a pool): checked against its
+    /// record, then the device's data copied back and the slot freed.
+    #[inline(never)]
+    fn bounce_unmap(
+        &mut self,
+        cpu: &CpuSlot,
+        addr: u64,
+        len: u64,
+        sid: SourceId,
+        dir: DmaDirection,
+    ) -> Result<(), DmaError> {
+        let d = &self.domain;
         let mut map = lock(&d.bounce_map);
         let rec = match map.get(&addr) {
-            Some(r) if r.len == len => *r,
-            Some(_) => return Err(DmaError::WrongLength { addr, len }),
+            Some(r) => *r,
             None => return Err(DmaError::NotMapped { addr }),
         };
+        check_bounce_owner(&rec, addr, len, sid, dir)?;
         map.remove(&addr);
         drop(map);
         if rec.dir != DmaDirection::ToDevice {
@@ -744,7 +833,7 @@ impl Work {
             pool.give_back(rec.slot)?;
         }
         d.bounce_live.fetch_sub(1, Relaxed);
-        Ok(true)
+        Ok(())
     }
 
     /// Unmaps a translated mapping: strict (revoked before returning) or
@@ -752,7 +841,11 @@ impl Work {
     /// first *retired* with one compare-exchange, so that of two unmaps of
     /// one mapping racing each other exactly one proceeds, and every check
     /// that can fail runs before an entry is cleared: a failed unmap leaves
-    /// the mapping as it was.
+    /// the mapping as it was. A streaming (`Plain`) block's tag must be
+    /// exactly the unmap's `span_tag` with `owner` (the device's and the
+    /// direction's bits); other kinds' owners are checked by their callers
+    /// (`owner` unused).
+    #[allow(clippy::too_many_arguments)]
     fn unmap_pages(
         &mut self,
         slot: &CpuSlot,
@@ -760,6 +853,8 @@ impl Work {
         len: u64,
         deferred: bool,
         kind: BlockKind,
+        dev: &DmaDevice,
+        owner: u32,
     ) -> Result<(), DmaError> {
         let d = &*self.domain;
         let iova = addr & !(PAGE_SIZE - 1);
@@ -779,17 +874,14 @@ impl Work {
                 IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
                 _ => DmaError::NotMapped { addr },
             })?;
-        // The exact bytes (the pages were checked by the retire), as
-        // DMA-API debug checks an unmap against its map: another start in
-        // the page was never mapped, another end is the wrong length.
-        let (tag, want) = (d.iova.tag(pfn), span_tag(addr, len));
+        // The exact bytes (the pages were checked by the retire), the
+        // device and the direction, as DMA-API debug checks an unmap
+        // against its map: another start in the page was never mapped,
+        // another end is the wrong length.
+        let (tag, want) = (d.iova.tag(pfn), span_tag(addr, len) | owner);
         if kind == BlockKind::Plain && tag != want {
             let _ = d.iova.unretire_block(pfn, pages, kind);
-            return Err(if (tag ^ want) & TAG_OFFSET != 0 {
-                DmaError::NotMapped { addr }
-            } else {
-                DmaError::WrongLength { addr, len }
-            });
+            return Err(tag_mismatch(tag, want, addr, len, dev.sid));
         }
         if let Err(e) = self.unmap_checks(slot, iova, pages, deferred) {
             // Nothing was changed: the block is the caller's again.
@@ -957,25 +1049,259 @@ impl Work {
         len: u64,
         to_device: bool,
     ) -> Result<(), DmaError> {
-        let d = &self.domain;
-        if d.bounce_live.load(Relaxed) == 0 {
-            return Ok(());
+        if len == 0 {
+            return Err(DmaError::ZeroLength);
         }
-        let Some(rec) = lock(&d.bounce_map).get(&addr).copied() else {
-            return Ok(());
+        let end = addr
+            .checked_add(len)
+            .ok_or(DmaError::WrongLength { addr, len })?;
+        let d = &*self.domain;
+        let _op = d.gate.enter(&slot.active);
+        if d.policy() == DmaPolicy::Passthrough {
+            let own = slot.passthrough.covers(addr, end);
+            let found = match own {
+                Some(true) => Some(true),
+                _ => {
+                    let cpus = lock(&d.cpus).clone();
+                    cpus.iter()
+                        .map(|s| &s.passthrough)
+                        .chain(std::iter::once(&d.pt_retired))
+                        .filter_map(|r| r.covers(addr, end))
+                        .max()
+                        .or(own)
+                }
+            };
+            return match found {
+                Some(true) => Ok(()),
+                Some(false) => Err(DmaError::WrongLength { addr, len }),
+                None => Err(DmaError::NotMapped { addr }),
+            };
+        }
+        // A pool's lanes are live blocks of the table too: an address in
+        // one is a slot's or nothing.
+        if d.bounce.find(addr).is_some() {
+            return self.bounce_sync(slot, addr, len, end, to_device);
+        }
+        self.translated_covers(addr, len, end)
+    }
+
+    /// A bounce sync: the slot holding `addr` found, the range checked
+    /// against it, exactly `[addr, end)` copied.
+    #[cold]
+    fn bounce_sync(
+        &mut self,
+        slot: &CpuSlot,
+        addr: u64,
+        len: u64,
+        end: u64,
+        to_device: bool,
+    ) -> Result<(), DmaError> {
+        let d = &*self.domain;
+        let rec = {
+            let map = lock(&d.bounce_map);
+            match map.get(&addr) {
+                Some(r) => *r,
+                None => *map
+                    .values()
+                    .find(|r| r.slot.iova <= addr && addr - r.slot.iova < r.len)
+                    .ok_or(DmaError::NotMapped { addr })?,
+            }
         };
-        if len > rec.len {
+        // `addr` lies in the record: no subtraction underflows.
+        let off = addr - rec.slot.iova;
+        if end - rec.slot.iova > rec.len {
             return Err(DmaError::WrongLength { addr, len });
         }
+        let (buf, at) = (rec.buf + off, rec.slot.phys + off);
         if to_device {
-            BouncePool::copy_in(&d.mem, &rec.slot, rec.buf, len)?;
+            d.mem.copy_within(buf, at, len)?;
         } else {
-            BouncePool::copy_out(&d.mem, &rec.slot, rec.buf, len)?;
+            d.mem.copy_within(at, buf, len)?;
         }
         slot.stats.bounced(len);
         Ok(())
     }
+
+    /// Whether a live translated mapping holds `[addr, end)`, lock-free:
+    /// the streaming block holding `addr` is found by its state word
+    /// (naturally aligned, so one candidate per order), its tag gives the
+    /// mapping's first byte and end offset, and the page table whether
+    /// the range's last page is the mapping's last. A scatter list's or a
+    /// coherent buffer's block (no per-byte tag) falls back to the
+    /// allocator's lookup and the table: every page of the range mapped
+    /// in that block.
+    fn translated_covers(&self, addr: u64, len: u64, end: u64) -> Result<(), DmaError> {
+        let d = &*self.domain;
+        let mapped = |iova: u64| {
+            d.table
+                .iova_to_phys(iova & !(PAGE_SIZE - 1))
+                .map(|t| t.is_some())
+        };
+        let (first, last) = (addr >> PAGE_SHIFT, (end - 1) >> PAGE_SHIFT);
+        let block = (0..MAX_BLOCK_ORDER)
+            .map(|k| (first & !((1u64 << k) - 1), k))
+            .find(|&(start, k)| d.iova.check_live_block(start, 1 << k).is_ok());
+        let Some((start, k)) = block else {
+            return self.other_block_covers(addr, len, first, last);
+        };
+        let tag = d.iova.tag(start);
+        let begin = (start << PAGE_SHIFT) | u64::from(tag & TAG_OFFSET);
+        if addr < begin || !mapped(addr)? {
+            return Err(DmaError::NotMapped { addr });
+        }
+        let wrong = DmaError::WrongLength { addr, len };
+        if last - start >= 1 << k || !mapped(last << PAGE_SHIFT)? {
+            return Err(wrong);
+        }
+        let more = last + 1 - start < 1 << k && mapped((last + 1) << PAGE_SHIFT)?;
+        let end_off = u64::from((tag >> 12) & TAG_OFFSET);
+        if !more && end_off != 0 && end > (last << PAGE_SHIFT) + end_off {
+            return Err(wrong);
+        }
+        Ok(())
+    }
+
+    /// [`translated_covers`](Self::translated_covers) for an address no
+    /// streaming block holds.
+    #[cold]
+    fn other_block_covers(
+        &self,
+        addr: u64,
+        len: u64,
+        first: u64,
+        last: u64,
+    ) -> Result<(), DmaError> {
+        let d = &*self.domain;
+        let b = d
+            .iova
+            .find(first)
+            .filter(|b| b.state == crate::iova::BlockState::Live)
+            .ok_or(DmaError::NotMapped { addr })?;
+        if d.table.iova_to_phys(first << PAGE_SHIFT)?.is_none() {
+            return Err(DmaError::NotMapped { addr });
+        }
+        for p in first + 1..=last {
+            if p - b.pfn >= b.pages || d.table.iova_to_phys(p << PAGE_SHIFT)?.is_none() {
+                return Err(DmaError::WrongLength { addr, len });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a per-entry scatter-list unmap of `[addr, addr + len)`
+    /// would find its mapping (nothing changed): a bounce slot's record
+    /// or a pass-through record, of this device and direction.
+    fn check_entry_live(
+        &self,
+        slot: &CpuSlot,
+        dev: &DmaDevice,
+        addr: u64,
+        len: u64,
+        dir: DmaDirection,
+    ) -> Result<(), DmaError> {
+        let d = &*self.domain;
+        // In `unmap`'s order: a bounce pool's address is a slot or nothing.
+        if d.bounce.find(addr).is_some() {
+            return match lock(&d.bounce_map).get(&addr) {
+                Some(rec) => check_bounce_owner(rec, addr, len, dev.sid, dir),
+                None => Err(DmaError::NotMapped { addr }),
+            };
+        }
+        if d.policy() == DmaPolicy::Passthrough {
+            let owner = pt_owner(dev.sid, dir);
+            let own = slot.passthrough.holds(addr, len, owner);
+            let any = own || {
+                let cpus = lock(&d.cpus).clone();
+                d.pt_retired.holds(addr, len, owner)
+                    || cpus.iter().any(|s| s.passthrough.holds(addr, len, owner))
+            };
+            if !any {
+                return Err(DmaError::NotMapped { addr });
+            }
+        }
+        Ok(())
+    }
 }
+
+/// Checks an unmap of `[addr, addr + len)` by `sid` in `dir` against the
+/// bounce slot's record.
+fn check_bounce_owner(
+    rec: &BounceRecord,
+    addr: u64,
+    len: u64,
+    sid: SourceId,
+    dir: DmaDirection,
+) -> Result<(), DmaError> {
+    if rec.len != len {
+        Err(DmaError::WrongLength { addr, len })
+    } else if rec.sid != sid {
+        Err(DmaError::WrongDevice {
+            sid: sid.to_string(),
+        })
+    } else if rec.dir != dir {
+        Err(DmaError::WrongDirection {
+            addr,
+            mapped: rec.dir,
+            asked: dir,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// The reason an unmap's tag `want` differs from its block's `tag`, in
+/// DMA-API debug's order: the start, the length, the device, the direction.
+#[cold]
+fn tag_mismatch(tag: u32, want: u32, addr: u64, len: u64, sid: SourceId) -> DmaError {
+    let diff = tag ^ want;
+    if diff & TAG_OFFSET != 0 {
+        DmaError::NotMapped { addr }
+    } else if diff & !(TAG_DIR | TAG_OWNER) != 0 {
+        DmaError::WrongLength { addr, len }
+    } else if diff & TAG_OWNER != 0 {
+        DmaError::WrongDevice {
+            sid: sid.to_string(),
+        }
+    } else {
+        DmaError::WrongDirection {
+            addr,
+            mapped: tag_dir(tag),
+            asked: tag_dir(want),
+        }
+    }
+}
+
+/// A scatter list's fingerprints (see [`fingerprint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    /// Of the entries' DMA addresses.
+    dma: u64,
+    /// Of their physical addresses and lengths.
+    entries: u64,
+}
+
+/// A scatter list's fingerprints as mapped: its DMA addresses, and its
+/// entries' physical addresses and lengths, each folded in order through
+/// a 64-bit mixer (splitmix64's finaliser, Steele et al., "Fast
+/// splittable pseudorandom number generators", OOPSLA 2014).
+fn fingerprint(sg: &[SgEntry], dma: &[u64]) -> Fingerprint {
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let n = sg.len() as u64;
+    Fingerprint {
+        dma: dma.iter().take(sg.len()).fold(n, |h, &a| mix(h ^ a)),
+        entries: sg
+            .iter()
+            .fold(n, |h, e| mix(mix(h ^ e.phys).wrapping_add(e.len))),
+    }
+}
+
+/// The largest block order a streaming sync looks for (blocks are at most
+/// this many pages, as a power of two: far more than any mapping).
+const MAX_BLOCK_ORDER: u32 = 40;
 
 impl Drop for DmaCpu {
     fn drop(&mut self) {

@@ -29,6 +29,8 @@ pub struct DmaDevice {
     pub(crate) untrusted: bool,
     /// The domain's bounce pool this device reaches (below its mask).
     pub(crate) bounce: Option<usize>,
+    /// The device's owner index in the domain, as tag bits (see `owner`).
+    pub(crate) owner: u32,
 }
 
 impl DmaDevice {
@@ -109,6 +111,9 @@ impl DmaDomain {
         if !devices.contains(&sid) {
             devices.push(sid);
         }
+        drop(devices);
+        let owner =
+            super::owner::device_tag(super::owner::owner_index(&mut lock(&self.owners), sid));
         Ok(DmaDevice {
             domain: self.clone(),
             sid,
@@ -117,6 +122,7 @@ impl DmaDomain {
             mask_limit_pfn,
             untrusted,
             bounce,
+            owner,
         })
     }
 

@@ -95,6 +95,9 @@ pub(crate) struct BounceRecord {
     pub(crate) buf: PhysAddr,
     pub(crate) len: u64,
     pub(crate) dir: DmaDirection,
+    /// The device the slot was mapped for (an unmap or sync through
+    /// another device of the domain is refused).
+    pub(crate) sid: SourceId,
 }
 
 /// A live coherent allocation.
@@ -102,6 +105,9 @@ pub(crate) struct BounceRecord {
 pub(crate) struct CoherentRecord {
     pub(crate) dma: u64,
     pub(crate) order: u32,
+    /// The exact length asked for (a free must give the same, as
+    /// DMA-API debug checks, not merely one of the same page order).
+    pub(crate) len: u64,
     pub(crate) sid: SourceId,
 }
 
@@ -136,6 +142,11 @@ pub struct DmaDomain {
     /// Units with attached devices; bit `i` of a flush's unit mask is entry `i`.
     pub(crate) units: UnitList,
     pub(crate) devices: Mutex<Vec<SourceId>>,
+    /// Every device ever attached, in order, at most
+    /// [`OWNER_SLOTS`](super::owner::OWNER_SLOTS) of them: a device's
+    /// position is the owner index its translated mappings record in
+    /// their tag (append-only, so an index never changes meaning).
+    pub(crate) owners: Mutex<Vec<SourceId>>,
     pub(crate) tunables: Tunables,
     pub(crate) cpus: Mutex<Vec<Arc<CpuSlot>>>,
     pub(crate) arm: Arc<TimerArm>,
@@ -216,6 +227,7 @@ impl DmaDomain {
             iova,
             units: UnitList::default(),
             devices: Mutex::new(Vec::new()),
+            owners: Mutex::new(Vec::new()),
             tunables: Tunables::new(config.policy),
             cpus: Mutex::new(Vec::new()),
             arm: Arc::new(TimerArm::new(barrier)),

@@ -1,5 +1,6 @@
 //! Errors of the DMA API.
 
+use super::policy::DmaDirection;
 use crate::hw::{HwError, QiError};
 use crate::iova::IovaError;
 use crate::mem::MemError;
@@ -84,11 +85,24 @@ pub enum DmaError {
         /// The device's source id, as text.
         sid: String,
     },
-    /// The device is not the one the allocation was made for.
-    #[error("the coherent allocation belongs to another device than {sid}")]
+    /// The device is not the one the allocation or mapping was made for
+    /// (a coherent free, or an unmap or sync of a streaming mapping or
+    /// scatter list, through another device of the domain).
+    #[error("the allocation or mapping belongs to another device than {sid}")]
     WrongDevice {
         /// The device given, as text.
         sid: String,
+    },
+    /// An unmap (or scatter-list unmap) names another direction than the
+    /// map did, as DMA-API debug reports; nothing was unmapped.
+    #[error("DMA address {addr:#x} was mapped {mapped:?}, not {asked:?}")]
+    WrongDirection {
+        /// The address.
+        addr: u64,
+        /// The direction it was mapped in.
+        mapped: DmaDirection,
+        /// The direction given.
+        asked: DmaDirection,
     },
     /// The physical address is not a live coherent allocation of this
     /// domain (never allocated, freed already, or other memory).

@@ -28,6 +28,7 @@ mod error;
 mod flush_queue;
 mod gate;
 mod inflight;
+mod owner;
 mod passthrough;
 mod policy;
 mod slot;

@@ -5,9 +5,11 @@
 //! unmap against, yet an unmap of something never mapped must be refused,
 //! and a switch out of pass-through must know exactly which mappings are
 //! live (the device's context changes under them). Each CPU keeps the
-//! mappings it made, keyed by (address, length) with a count (a buffer
-//! may be mapped twice), in a map behind its own lock: the owner is the
-//! only one to take it unless another CPU unmaps what this one mapped (a
+//! mappings it made, keyed by (address, length, owner: the mapping
+//! device and direction, packed above the length in one word) with a
+//! count (a buffer may be mapped twice), in a map behind its own lock:
+//! the owner is the only one to take it unless another CPU unmaps what
+//! this one mapped (a
 //! completion handled elsewhere), which then searches every CPU's record.
 //! So the usual map and unmap cost an uncontended lock and a short probe,
 //! and nothing is shared between CPUs on that path.
@@ -17,10 +19,14 @@
 use std::sync::Mutex;
 
 use super::error::DmaError;
+use super::owner::{dir_bits, dir_of};
+use super::policy::DmaDirection;
+use crate::hw::SourceId;
 use crate::sync::lock_std as lock;
 
 /// One recorded mapping: `len == 0` marks a free slot (no mapping has
-/// length 0: `map` refuses it).
+/// length 0: `map` refuses it). `len` is the record's key length: the
+/// mapping's length with its owner above it (see [`key`]).
 #[derive(Debug, Default, Clone, Copy)]
 struct Slot {
     addr: u64,
@@ -162,22 +168,71 @@ pub(crate) struct PtRecord {
     live: Mutex<Table>,
 }
 
+/// Bits of a record's key length that hold the mapping's length; its
+/// owner (see [`pt_owner`], 18 bits) sits above them. A mapping lies in
+/// the arena, so its length fits.
+const LEN_BITS: u32 = 44;
+const LEN_MASK: u64 = (1 << LEN_BITS) - 1;
+const _: () = assert!(crate::mem::MAX_ARENA_BYTES <= LEN_MASK);
+
+/// The key length of a mapping of `len` bytes for `owner`: one word, so
+/// the table's probe compares what it compared before owners were kept.
+#[inline]
+fn key(len: u64, owner: u32) -> u64 {
+    (len & LEN_MASK) | (u64::from(owner) << LEN_BITS)
+}
+
 impl PtRecord {
-    /// Records a mapping of `len` bytes (not 0) at `addr`.
+    /// Records a mapping of `len` bytes (not 0) at `addr` for `owner`.
     #[inline]
-    pub(crate) fn add(&self, addr: u64, len: u64) {
+    pub(crate) fn add(&self, addr: u64, len: u64, owner: u32) {
         debug_assert!(len != 0, "map refuses length 0");
         // A zero length would read as a free slot; it is never recorded
         // (and so never found by an unmap).
         if len != 0 {
-            lock(&self.live).add(addr, len, 1);
+            lock(&self.live).add(addr, key(len, owner), 1);
         }
     }
 
-    /// Removes one mapping of `len` bytes at `addr`, if recorded here.
+    /// Removes one mapping of `len` bytes at `addr` for `owner`, if
+    /// recorded here.
     #[inline]
-    pub(crate) fn take(&self, addr: u64, len: u64) -> bool {
-        len != 0 && lock(&self.live).take(addr, len)
+    pub(crate) fn take(&self, addr: u64, len: u64, owner: u32) -> bool {
+        len != 0 && len <= LEN_MASK && lock(&self.live).take(addr, key(len, owner))
+    }
+
+    /// Whether a mapping of `len` bytes at `addr` for `owner` is recorded.
+    pub(crate) fn holds(&self, addr: u64, len: u64, owner: u32) -> bool {
+        let t = lock(&self.live);
+        len != 0 && len <= LEN_MASK && !t.slots.is_empty() && t.find(addr, key(len, owner)).1
+    }
+
+    /// The owner of some mapping of exactly `len` bytes at `addr`
+    /// (whichever owner: to tell a wrong device or direction).
+    fn owner_of(&self, addr: u64, len: u64) -> Option<u32> {
+        lock(&self.live)
+            .iter()
+            .find(|s| s.addr == addr && s.len & LEN_MASK == len)
+            .map(|s| (s.len >> LEN_BITS) as u32)
+    }
+
+    /// How well a recorded mapping covers `[addr, end)`: `Some(true)` if
+    /// one holds it whole, `Some(false)` if one holds `addr` only, `None`
+    /// if none holds `addr`. A scan: syncs in pass-through are not the
+    /// path a device's throughput rides on.
+    pub(crate) fn covers(&self, addr: u64, end: u64) -> Option<bool> {
+        let t = lock(&self.live);
+        let mut best = None;
+        for s in t.iter() {
+            let len = s.len & LEN_MASK;
+            if s.addr <= addr && addr - s.addr < len {
+                if end - s.addr <= len {
+                    return Some(true);
+                }
+                best = Some(false);
+            }
+        }
+        best
     }
 
     /// Whether a mapping at `addr` of any length is recorded (to tell a
@@ -203,17 +258,39 @@ impl PtRecord {
     }
 }
 
-/// Removes one mapping of `len` bytes at `addr` from the first record of
-/// `records` (`own` first) that has it: `NotMapped` or `WrongLength` if
-/// none does.
+/// Removes one mapping of `len` bytes at `addr` made by device `sid` in
+/// direction `dir` from the first record of `records` (`own` first) that
+/// has it. If none does, nothing changes and the reason is given:
+/// `WrongDevice` or `WrongDirection` (the exact mapping is another
+/// device's or direction's), `WrongLength` (one of another length starts
+/// there), else `NotMapped`.
 pub(crate) fn take_any<'a>(
     own: &PtRecord,
     others: impl Iterator<Item = &'a PtRecord> + Clone,
     addr: u64,
     len: u64,
+    sid: SourceId,
+    dir: DmaDirection,
 ) -> Result<(), DmaError> {
-    if own.take(addr, len) || others.clone().any(|r| r.take(addr, len)) {
+    let owner = pt_owner(sid, dir);
+    if own.take(addr, len, owner) || others.clone().any(|r| r.take(addr, len, owner)) {
         return Ok(());
+    }
+    let other = own
+        .owner_of(addr, len)
+        .or_else(|| others.clone().find_map(|r| r.owner_of(addr, len)));
+    if let Some(o) = other {
+        return Err(if o >> 2 != owner >> 2 {
+            DmaError::WrongDevice {
+                sid: sid.to_string(),
+            }
+        } else {
+            DmaError::WrongDirection {
+                addr,
+                mapped: dir_of(o),
+                asked: dir,
+            }
+        });
     }
     if own.has_addr(addr) || others.into_iter().any(|r| r.has_addr(addr)) {
         Err(DmaError::WrongLength { addr, len })
@@ -222,10 +299,56 @@ pub(crate) fn take_any<'a>(
     }
 }
 
+/// A pass-through mapping's owner key: the device's source id and the
+/// direction's bits.
+#[inline]
+pub(crate) fn pt_owner(sid: SourceId, dir: DmaDirection) -> u32 {
+    (u32::from(sid.0) << 2) | dir_bits(dir)
+}
+
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
+
+    const S: SourceId = SourceId(1);
+    const D: DmaDirection = DmaDirection::ToDevice;
+    /// The owner key of `S` mapping in `D`.
+    const O: u32 = (1 << 2) | 1;
+
+    #[test]
+    fn owners_and_lengths_past_the_key_are_told_apart() {
+        let r = PtRecord::default();
+        r.add(0x1000, 100, O);
+        // A length that would alias in the packed key is refused.
+        assert!(!r.take(0x1000, 100 | 1 << LEN_BITS, O));
+        assert!(!r.take(0x1000, 100, O ^ 1));
+        assert_eq!(
+            take_any(&r, std::iter::empty(), 0x1000, 100, SourceId(2), D),
+            Err(DmaError::WrongDevice {
+                sid: SourceId(2).to_string()
+            })
+        );
+        assert_eq!(
+            take_any(
+                &r,
+                std::iter::empty(),
+                0x1000,
+                100,
+                S,
+                DmaDirection::FromDevice
+            ),
+            Err(DmaError::WrongDirection {
+                addr: 0x1000,
+                mapped: D,
+                asked: DmaDirection::FromDevice
+            })
+        );
+        assert_eq!(r.covers(0x1010, 0x1064), Some(true));
+        assert_eq!(r.covers(0x1010, 0x1065), Some(false));
+        assert_eq!(r.covers(0x2000, 0x2001), None);
+        assert!(r.take(0x1000, 100, O));
+    }
 
     /// The table against a model (a multiset), through growth and many
     /// removals that shift probe runs back.
@@ -243,7 +366,7 @@ mod tests {
             let addr = (x % 700) * 0x40;
             let len = 1 + (x >> 20) % 3;
             if (x >> 40).is_multiple_of(3) {
-                r.add(addr, len);
+                r.add(addr, len, O);
                 *model.entry((addr, len)).or_insert(0) += 1;
             } else {
                 let want = match model.get_mut(&(addr, len)) {
@@ -257,15 +380,15 @@ mod tests {
                     }
                     None => false,
                 };
-                assert_eq!(r.take(addr, len), want, "step {step}");
+                assert_eq!(r.take(addr, len, O), want, "step {step}");
             }
         }
         assert_eq!(r.len(), model.values().sum::<u64>());
         for (&(addr, len), &n) in &model {
             for _ in 0..n {
-                assert!(r.take(addr, len));
+                assert!(r.take(addr, len, O));
             }
-            assert!(!r.take(addr, len));
+            assert!(!r.take(addr, len, O));
         }
         assert_eq!(r.len(), 0);
     }
@@ -273,28 +396,28 @@ mod tests {
     #[test]
     fn mappings_are_counted_and_taken_exactly() {
         let (a, b) = (PtRecord::default(), PtRecord::default());
-        a.add(0x1000, 64);
-        a.add(0x1000, 64);
-        b.add(0x9000, 8);
-        assert_eq!(take_any(&b, [&a].into_iter(), 0x1000, 64), Ok(()));
+        a.add(0x1000, 64, O);
+        a.add(0x1000, 64, O);
+        b.add(0x9000, 8, O);
+        assert_eq!(take_any(&b, [&a].into_iter(), 0x1000, 64, S, D), Ok(()));
         assert_eq!(
-            take_any(&b, [&a].into_iter(), 0x1000, 65),
+            take_any(&b, [&a].into_iter(), 0x1000, 65, S, D),
             Err(DmaError::WrongLength {
                 addr: 0x1000,
                 len: 65
             })
         );
         assert_eq!(
-            take_any(&a, [&b].into_iter(), 0x5000, 1),
+            take_any(&a, [&b].into_iter(), 0x5000, 1, S, D),
             Err(DmaError::NotMapped { addr: 0x5000 })
         );
         assert_eq!(a.len(), 1);
         b.move_into(&a);
         assert_eq!(a.len(), 2);
-        assert_eq!(take_any(&a, std::iter::empty(), 0x9000, 8), Ok(()));
-        assert_eq!(take_any(&a, std::iter::empty(), 0x1000, 64), Ok(()));
+        assert_eq!(take_any(&a, std::iter::empty(), 0x9000, 8, S, D), Ok(()));
+        assert_eq!(take_any(&a, std::iter::empty(), 0x1000, 64, S, D), Ok(()));
         assert_eq!(
-            take_any(&a, std::iter::empty(), 0x1000, 64),
+            take_any(&a, std::iter::empty(), 0x1000, 64, S, D),
             Err(DmaError::NotMapped { addr: 0x1000 })
         );
     }

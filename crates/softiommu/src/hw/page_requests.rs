@@ -128,6 +128,23 @@ impl Unit {
         self.submit(&[InvDescriptor::page_group_response(sid, prgi, code)])
     }
 
+    /// Answers request `r` as software took it: a request the unit raised
+    /// is answered as [`respond_page_group`](Self::respond_page_group)
+    /// does; one the unit marked raw ([`PageRequest::is_raw`]) only
+    /// releases the group its own raw request reserved, at once, and
+    /// answers no group the unit raised (counted in
+    /// [`PrqStats::raw_answers`]). Handlers answer this way.
+    pub fn answer_page_request(&self, r: &PageRequest, code: ResponseCode) -> Result<(), QiError> {
+        if r.is_raw() {
+            if r.prgi >= PRG_INDICES {
+                return Err(QiError::GroupIndexTooLarge { prgi: r.prgi });
+            }
+            self.shared.prq.answer_raw(r.sid, r.prgi);
+            return Ok(());
+        }
+        self.respond_page_group(r.sid, r.prgi, code)
+    }
+
     /// Writes a raw page request descriptor into the queue as a device
     /// would send it (for tests and fuzzing of handlers: a hostile or
     /// broken device), its requester id as written — the sender is not

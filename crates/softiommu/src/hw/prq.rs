@@ -314,6 +314,10 @@ pub struct PrqStats {
     /// raised and not yet retired (an answer to them would have answered
     /// that group).
     pub forged: u64,
+    /// Answers to raw requests (marked by the unit, see
+    /// [`PageRequest::is_raw`]): each released its own reservation and
+    /// answered no group (counted in `unknown_responses` too).
+    pub raw_answers: u64,
 }
 
 /// Where an outstanding group stands: 0 waiting, else a response code + 1.
@@ -418,9 +422,24 @@ struct PrqState {
     groups: HashMap<(SourceId, u16), Arc<Group>>,
     /// Each requester's next group index to try.
     next: HashMap<SourceId, u16>,
-    /// Groups named by raw requests not yet answered, with how many and
-    /// until when: the unit raises none of its own in them.
-    reserved: HashMap<(SourceId, u16), (u32, Instant)>,
+    /// Groups named by raw requests not yet answered: the unit raises
+    /// none of its own in them.
+    reserved: HashMap<(SourceId, u16), Reservation>,
+}
+
+/// The raw requests naming one group: a group stays reserved while any
+/// is still in the queue, and after the last left it until it is
+/// answered or `until` (the unit's `page_response_timeout` after it left)
+/// — never while one is queued, so the answer to a raw request a handler
+/// was slow to take cannot land on a group the unit raised meanwhile.
+#[derive(Debug, Clone, Copy)]
+struct Reservation {
+    /// Still in the queue.
+    queued: u32,
+    /// Taken by software and not answered.
+    taken: u32,
+    /// When the taken ones stop reserving the group.
+    until: Instant,
 }
 
 impl PrqState {
@@ -430,7 +449,35 @@ impl PrqState {
             && self
                 .reserved
                 .get(&key)
-                .is_none_or(|&(_, until)| until <= now)
+                .is_none_or(|r| r.queued == 0 && (r.taken == 0 || r.until <= now))
+    }
+
+    /// One raw request naming `key` was answered (or its device's
+    /// requests cancelled): it reserves the group no longer.
+    fn release(&mut self, key: (SourceId, u16)) {
+        if let Some(r) = self.reserved.get_mut(&key) {
+            r.taken = r.taken.saturating_sub(1);
+            if r.queued == 0 && r.taken == 0 {
+                self.reserved.remove(&key);
+            }
+        }
+    }
+}
+
+/// The unit's mark on a raw request in the copy software takes (bit 63 of
+/// private qword 3; a request the unit raised has that qword 0): its
+/// answer goes to [`Prq::answer_raw`], which releases its reservation and
+/// answers no group.
+pub(crate) const RAW_MARK: u64 = 1 << 63;
+
+impl PageRequest {
+    /// Whether the unit marked this request raw: sent as bytes by a device
+    /// ([`Unit::inject_page_request`](super::Unit::inject_page_request)),
+    /// not raised by the unit for a miss. Its answer
+    /// ([`Unit::answer_page_request`](super::Unit::answer_page_request))
+    /// answers no group.
+    pub fn is_raw(&self) -> bool {
+        self.private[1] & RAW_MARK != 0
     }
 }
 
@@ -447,6 +494,7 @@ struct Counters {
     rerouted: AtomicU64,
     unrouted: AtomicU64,
     forged: AtomicU64,
+    raw_answers: AtomicU64,
 }
 
 /// A unit's page request queue and its outstanding groups.
@@ -463,6 +511,8 @@ pub(crate) struct Prq {
     /// The unit's own copy of each slot, written with the ring and the
     /// only copy software's `take` trusts.
     shadow: Box<[[AtomicU64; 4]]>,
+    /// Whether each slot holds a raw request (written with the shadow).
+    raw: Box<[AtomicBool]>,
     /// Which owner takes which requester's requests.
     routes: Routes,
     overflow: AtomicBool,
@@ -508,6 +558,7 @@ impl Prq {
             head: AtomicU32::new(0),
             tail: AtomicU32::new(0),
             shadow: (0..len).map(|_| Default::default()).collect(),
+            raw: (0..len).map(|_| AtomicBool::new(false)).collect(),
             routes: Routes::new(len as usize),
             overflow: AtomicBool::new(false),
             state: Mutex::new(PrqState::default()),
@@ -547,7 +598,14 @@ impl Prq {
     pub(crate) fn cancel(&self, sid: SourceId) {
         let groups: Vec<Arc<Group>> = {
             let mut st = lock(&self.state);
-            st.reserved.retain(|k, _| k.0 != sid);
+            // Its taken raw requests reserve nothing any more; queued ones
+            // still do, until they leave the queue.
+            st.reserved.retain(|k, r| {
+                if k.0 == sid {
+                    r.taken = 0;
+                }
+                r.queued > 0 || r.taken > 0
+            });
             let keys: Vec<_> = st.groups.keys().filter(|k| k.0 == sid).copied().collect();
             keys.iter().filter_map(|k| st.groups.remove(k)).collect()
         };
@@ -562,8 +620,9 @@ impl Prq {
         self.base + u64::from(index % self.len) * PRQ_DESCRIPTOR_BYTES
     }
 
-    /// Writes `raw` at the tail, if there is room; under `state`.
-    fn push(&self, raw: [u64; 4]) -> Result<bool, MemError> {
+    /// Writes `raw` at the tail, if there is room (a raw request if
+    /// `is_raw`); under `state`.
+    fn push(&self, raw: [u64; 4], is_raw: bool) -> Result<bool, MemError> {
         // Acquire: pairs with software's Release store of the head, so the
         // slots it freed are no longer read.
         let head = self.head.load(Ordering::Acquire);
@@ -583,6 +642,10 @@ impl Prq {
                 // Relaxed: published by the tail's Release store below.
                 c.store(w, Ordering::Relaxed);
             }
+        }
+        if let Some(f) = self.raw.get((tail % self.len) as usize) {
+            // Relaxed: published by the tail's Release store below.
+            f.store(is_raw, Ordering::Relaxed);
         }
         self.tail.store((tail + 1) % self.len, Ordering::Release);
         Ok(true)
@@ -618,7 +681,7 @@ impl Prq {
             addr: iova & PAGE_MASK,
             private: [self.now_ns(), 0],
         };
-        if !self.push(req.encode())? {
+        if !self.push(req.encode(), false)? {
             self.counters.overflows.fetch_add(1, Ordering::Relaxed);
             return Ok(Raised::Overflow);
         }
@@ -667,11 +730,17 @@ impl Prq {
                 return Ok(false);
             }
         }
-        let queued = self.push(raw)?;
+        let queued = self.push(raw, true)?;
         if let (true, Some(k)) = (queued, key) {
-            let until = Instant::now() + self.reserve_for;
-            let e = st.reserved.entry(k).or_insert((0, until));
-            *e = (e.0 + 1, until);
+            let now = Instant::now();
+            st.reserved
+                .entry(k)
+                .or_insert(Reservation {
+                    queued: 0,
+                    taken: 0,
+                    until: now,
+                })
+                .queued += 1;
         }
         drop(st);
         if queued {
@@ -694,12 +763,7 @@ impl Prq {
             if g.is_none() {
                 // The answer to a raw request: it frees the group it
                 // reserved, and answers nothing.
-                if let Some(e) = st.reserved.get_mut(&(sid, prgi)) {
-                    e.0 -= 1;
-                    if e.0 == 0 {
-                        st.reserved.remove(&(sid, prgi));
-                    }
-                }
+                st.release((sid, prgi));
             }
             g
         };
@@ -710,6 +774,35 @@ impl Prq {
             _ => {
                 self.counters.unknown.fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// The answer to a request the unit marked raw ([`RAW_MARK`]): its
+    /// reservation is released and nothing else happens; no group the
+    /// unit raised is answered, whatever it names.
+    pub(crate) fn answer_raw(&self, sid: SourceId, prgi: u16) {
+        lock(&self.state).release((sid, prgi));
+        // It answered no outstanding group, as an unknown response does.
+        self.counters.unknown.fetch_add(1, Ordering::Relaxed);
+        self.counters.raw_answers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A raw request (the unit's copy `raw`) left the queue: the group it
+    /// names stays reserved for `reserve_for` from now, or until answered.
+    #[cold]
+    fn raw_left(&self, raw: [u64; 4]) {
+        let Some(key) = PageRequest::decode(raw)
+            .ok()
+            .filter(|r| r.last)
+            .map(|r| (r.sid, r.prgi))
+        else {
+            return;
+        };
+        let until = Instant::now() + self.reserve_for;
+        if let Some(r) = lock(&self.state).reserved.get_mut(&key) {
+            r.queued = r.queued.saturating_sub(1);
+            r.taken += 1;
+            r.until = until;
         }
     }
 
@@ -764,14 +857,42 @@ impl Prq {
         Ok(raw)
     }
 
-    /// Software's `PQH_REG` write; a head past the ring is refused.
+    /// Software's `PQH_REG` write; a head past the ring is refused. Raw
+    /// requests the head moves past have left the queue (their groups'
+    /// reservations start to age).
     pub(crate) fn set_head(&self, head: u32) -> bool {
         if head >= self.len {
             return false;
         }
         // Release: the slots before `head` were read.
-        self.head.store(head, Ordering::Release);
+        let old = self.head.swap(head, Ordering::AcqRel);
+        let tail = self.tail.load(Ordering::Acquire);
+        let mut i = old;
+        // Only the slots that held requests (old head to the tail), at
+        // most the ring's length.
+        while i != head && i != tail {
+            self.left_queue(i);
+            i = (i + 1) % self.len;
+        }
         true
+    }
+
+    /// The slot at `index` left the queue: if it held a raw request, its
+    /// reservation starts to age. Returns the unit's copy, marked
+    /// ([`RAW_MARK`]) if raw.
+    fn left_queue(&self, index: u32) -> [u64; 4] {
+        let i = (index % self.len) as usize;
+        let mut raw = [0u64; 4];
+        if let Some(copy) = self.shadow.get(i) {
+            for (w, c) in raw.iter_mut().zip(copy) {
+                *w = c.load(Ordering::Relaxed);
+            }
+        }
+        if self.raw.get(i).is_some_and(|f| f.load(Ordering::Relaxed)) {
+            self.raw_left(raw);
+            raw[3] |= RAW_MARK;
+        }
+        raw
     }
 
     /// Clears `PRS_REG.PRO`.
@@ -801,6 +922,11 @@ impl Prq {
                     *w = c.load(Ordering::Relaxed);
                 }
             }
+            let is_raw = self
+                .raw
+                .get((head % self.len) as usize)
+                // Relaxed: after the tail's Acquire load above.
+                .is_some_and(|f| f.load(Ordering::Relaxed));
             // Release: the slot was read before the unit may reuse it.
             if self
                 .head
@@ -814,6 +940,10 @@ impl Prq {
             {
                 if ring.is_ok_and(|r| r != raw) {
                     self.counters.tampered.fetch_add(1, Ordering::Relaxed);
+                }
+                if is_raw {
+                    self.raw_left(raw);
+                    raw[3] |= RAW_MARK;
                 }
                 return Some(Ok(raw));
             }
@@ -847,9 +977,12 @@ impl Prq {
                 }
                 Route::Full | Route::Unrouted => {
                     self.counters.unrouted.fetch_add(1, Ordering::Relaxed);
-                    // A descriptor that does not decode names no group.
+                    // A descriptor that does not decode names no group;
+                    // a raw one answers only itself.
                     if let Ok(r) = PageRequest::decode(raw) {
-                        if r.last {
+                        if r.last && r.is_raw() {
+                            self.answer_raw(r.sid, r.prgi);
+                        } else if r.last {
                             self.respond(r.sid, r.prgi, ResponseCode::Invalid);
                         }
                     }
@@ -916,6 +1049,7 @@ impl Prq {
             rerouted: r(&c.rerouted),
             unrouted: r(&c.unrouted),
             forged: r(&c.forged),
+            raw_answers: r(&c.raw_answers),
         }
     }
 }

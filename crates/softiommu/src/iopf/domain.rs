@@ -325,6 +325,14 @@ impl IopfDomain {
     /// is (`Ok`, its unit, nothing done). A failed attach changes nothing:
     /// the unit checks its queue and the caller before it writes the
     /// context, and the device is given back.
+    ///
+    /// **Bounded.** The context is written around the unit's queue (a
+    /// queue wait would wait without limit for every translation section
+    /// in flight, a parked device's too). A device that had no context
+    /// has no translation in flight to wait for; otherwise the sections
+    /// are drained as [`reclaim`](Self::reclaim) drains them, at most
+    /// [`IopfConfig::fence_timeout`], and if one had to be fenced the
+    /// attach, otherwise complete, returns [`IopfError::ContextFenced`].
     pub fn attach(&self, sid: SourceId) -> Result<UnitId, IopfError> {
         let (id, unit) = self
             .system
@@ -338,29 +346,69 @@ impl IopfDomain {
                 return Ok(id);
             }
         }
+        // A stopped queue is refused as before (the unit could not carry
+        // this domain's invalidations), though the attach itself goes
+        // around it.
+        unit.check_queue().map_err(HwError::Queue)?;
         self.system.claim(sid, self.id)?;
         let ctx = ContextEntry::Translated {
             did: self.config.did,
             root: self.table.root(),
         };
-        if let Err(e) = unit.attach(sid, ctx) {
-            if !devices.iter().any(|&(s, _)| s == sid) {
-                self.system.release(sid, self.id);
+        let old = match unit.set_context(sid, Some(ctx)) {
+            Ok(old) => old,
+            Err(e) => {
+                if !devices.iter().any(|&(s, _)| s == sid) {
+                    self.system.release(sid, self.id);
+                }
+                return Err(e.into());
             }
-            return Err(e.into());
-        }
+        };
         unit.route_page_requests(sid, Some(self.id));
         unit.enable_page_requests(sid);
         devices.retain(|&(s, _)| s != sid);
         devices.push((sid, id));
+        drop(devices);
+        // Translations in flight under the old context (if any) end, or
+        // are fenced, before this returns.
+        let fenced = match old {
+            None => 0,
+            Some(ContextEntry::Translated { did, .. }) => self.drain_unit(unit, did)?,
+            Some(_) => self.drain_unit(unit, self.config.did)?,
+        };
+        if fenced > 0 {
+            return Err(IopfError::ContextFenced {
+                sid,
+                attached: true,
+                sections: fenced,
+            });
+        }
         Ok(id)
     }
 
+    /// Drops `did`'s cached translations on `unit` and drains its
+    /// translation sections, waiting at most
+    /// [`IopfConfig::fence_timeout`]; the sections fenced (counted in
+    /// [`IopfStats::fenced_flushes`]).
+    fn drain_unit(&self, unit: &crate::hw::Unit, did: u16) -> Result<u64, IopfError> {
+        let fenced = unit
+            .revoke_bounded(did, 0, 0, self.config.fence_timeout)
+            .map_err(HwError::Queue)?;
+        if fenced > 0 {
+            self.counters.fenced_flushes.fetch_add(1, Relaxed);
+        }
+        Ok(fenced)
+    }
+
     /// Detaches `sid`: its outstanding page requests are answered
-    /// `Invalid`, its context removed and drained (around the unit's queue
-    /// if it is stopped). Fails only for a caller holding a section of the
-    /// device's unit (`Hw(Queue(GuardHeld))`), checked before anything
-    /// changes.
+    /// `Invalid`, its context removed and drained (around the unit's
+    /// queue). Fails only for a caller holding a section of the device's
+    /// unit (`Hw(Queue(GuardHeld))`), checked before anything changes.
+    ///
+    /// **Bounded**, as [`attach`](Self::attach): the drain waits at most
+    /// [`IopfConfig::fence_timeout`]; if a section had to be fenced the
+    /// detach, otherwise complete (the device released), returns
+    /// [`IopfError::ContextFenced`].
     pub fn detach(&self, sid: SourceId) -> Result<(), IopfError> {
         let mut devices = lock(&self.devices);
         let Some(i) = devices.iter().position(|&(s, _)| s == sid) else {
@@ -369,16 +417,33 @@ impl IopfDomain {
         let Some(&(_, unit_id)) = devices.get(i) else {
             return Err(IopfError::NotAttached { sid });
         };
+        let mut drain = None;
         if let Some(unit) = self.system.unit(unit_id) {
             unit.check_caller().map_err(HwError::Queue)?;
             unit.disable_page_requests(sid);
-            if unit.context(sid).is_some() {
-                unit.replace_context_around_queue(sid, None)?;
+            if let Some(old) = unit.set_context(sid, None)? {
+                drain = Some((unit, old));
             }
         }
         devices.swap_remove(i);
+        drop(devices);
+        let fenced = match drain {
+            None => Ok(0),
+            Some((unit, ContextEntry::Translated { did, .. })) => self.drain_unit(unit, did),
+            Some((unit, _)) => self.drain_unit(unit, self.config.did),
+        };
+        // Released whatever the drain said: the context is gone, and a
+        // fenced section can only reach this domain's table, which lives
+        // as long as the domain.
         self.system.release(sid, self.id);
-        Ok(())
+        match fenced? {
+            0 => Ok(()),
+            sections => Err(IopfError::ContextFenced {
+                sid,
+                attached: false,
+                sections,
+            }),
+        }
     }
 
     /// The attached devices and their units.

@@ -96,6 +96,26 @@ pub enum IopfError {
         /// Sections not waited for.
         sections: u64,
     },
+    /// An attach or detach finished — `sid`'s context set (`attached`) or
+    /// removed, its page requests routed or cancelled — but `sections`
+    /// translation sections of its unit still open after
+    /// [`IopfConfig::fence_timeout`](super::IopfConfig::fence_timeout)
+    /// were fenced instead of waited for (a device parked in one cannot
+    /// hold the call up without limit). Until they end, a device inside
+    /// one may still use what it translated under the old context;
+    /// `Unit::fenced_sections_open` says when they have ended.
+    #[error(
+        "the context of device {sid} was {}, but {sections} translation section(s) still open after the fence timeout were fenced",
+        if *attached { "set" } else { "removed" }
+    )]
+    ContextFenced {
+        /// The device attached or detached.
+        sid: SourceId,
+        /// Whether it was an attach (else a detach).
+        attached: bool,
+        /// Sections not waited for.
+        sections: u64,
+    },
     /// The handler's threads could not be started.
     #[error("could not start a page request handler thread")]
     Spawn,

@@ -253,7 +253,8 @@ fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared, spin_polls: u32)
             ResponseCode::Success => s.success.fetch_add(1, Relaxed),
             _ => s.invalid.fetch_add(1, Relaxed),
         };
-        if unit.respond_page_group(r.sid, r.prgi, code).is_err() {
+        // A raw request's answer releases only its own reservation.
+        if unit.answer_page_request(&r, code).is_err() {
             s.respond_errors.fetch_add(1, Relaxed);
             continue;
         }

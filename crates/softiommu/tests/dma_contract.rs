@@ -1,0 +1,395 @@
+//! The DMA API's contract as the Linux documentation states it
+//! (Documentation/core-api/dma-api.rst) and DMA-API debug checks it: a
+//! free or unmap must name exactly what was allocated or mapped (length,
+//! device, direction, every scatter-list entry), a refused call changes
+//! nothing, and a sync must lie inside a live mapping (it may start at an
+//! offset in it) and, when bounced, copies exactly its range.
+
+use softiommu::dma::SgEntry;
+use softiommu::{
+    DeviceSpec, DmaAccessor, DmaAttrs, DmaDirection, DmaError, DmaPolicy, Platform, SourceId,
+};
+
+const NIC: SourceId = SourceId(0x0100);
+const DISK: SourceId = SourceId(0x0101);
+
+fn platform(policy: DmaPolicy) -> Platform {
+    Platform::builder()
+        .memory(64 << 20)
+        .policy(policy)
+        .device(NIC)
+        .device(DISK)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn free_coherent_with_another_length_in_the_same_order_is_refused() {
+    for policy in DmaPolicy::ALL {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let (phys, dma) = cpu.alloc_coherent(dev, 100).unwrap();
+        let r = cpu.free_coherent(dev, phys, dma, 200);
+        assert!(
+            matches!(r, Err(DmaError::WrongLength { addr, len: 200 }) if addr == dma),
+            "{policy}: {r:?}"
+        );
+        // Nothing changed: the right free still works, once.
+        assert_eq!(cpu.free_coherent(dev, phys, dma, 100), Ok(()), "{policy}");
+        assert_eq!(p.domain.stats().live(), 0, "{policy}");
+    }
+}
+
+#[test]
+fn unmap_sg_with_another_entry_length_is_refused_and_changes_nothing() {
+    for policy in DmaPolicy::ALL {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let a = p.mem.alloc_zeroed_frames(0).unwrap();
+        let b = p.mem.alloc_zeroed_frames(0).unwrap();
+        let sg = [
+            SgEntry { phys: a, len: 4096 },
+            SgEntry { phys: b, len: 100 },
+        ];
+        let mut out = [0u64; 2];
+        let m = cpu
+            .map_sg(dev, &sg, DmaDirection::ToDevice, &mut out)
+            .unwrap();
+        let live = p.domain.stats().live();
+        let bad = [
+            SgEntry { phys: a, len: 4096 },
+            SgEntry { phys: b, len: 300 },
+        ];
+        let r = cpu.unmap_sg(dev, &m, &bad, &out, DmaDirection::ToDevice);
+        assert!(
+            matches!(r, Err(DmaError::WrongLength { addr, .. }) if addr == out[0]),
+            "{policy}: {r:?}"
+        );
+        // A shorter first entry, other addresses: refused too.
+        let short = [
+            SgEntry { phys: a, len: 4000 },
+            SgEntry { phys: b, len: 100 },
+        ];
+        let r = cpu.unmap_sg(dev, &m, &short, &out, DmaDirection::ToDevice);
+        assert!(
+            matches!(r, Err(DmaError::WrongLength { .. })),
+            "{policy}: {r:?}"
+        );
+        let other = [out[0], out[1] + 8];
+        let r = cpu.unmap_sg(dev, &m, &sg, &other, DmaDirection::ToDevice);
+        assert!(
+            matches!(r, Err(DmaError::NotMapped { .. })),
+            "{policy}: {r:?}"
+        );
+        assert_eq!(p.domain.stats().live(), live, "{policy}: nothing changed");
+        assert_eq!(
+            cpu.unmap_sg(dev, &m, &sg, &out, DmaDirection::ToDevice),
+            Ok(()),
+            "{policy}: the right unmap_sg after the refused ones"
+        );
+        assert_eq!(p.domain.stats().live(), 0, "{policy}: nothing left live");
+    }
+}
+
+#[test]
+fn unmap_sg_by_another_device_or_direction_is_refused() {
+    for policy in DmaPolicy::ALL {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let a = p.mem.alloc_zeroed_frames(0).unwrap();
+        let sg = [SgEntry { phys: a, len: 512 }];
+        let mut out = [0u64; 1];
+        let m = cpu
+            .map_sg(&p.devices[0], &sg, DmaDirection::FromDevice, &mut out)
+            .unwrap();
+        let r = cpu.unmap_sg(&p.devices[1], &m, &sg, &out, DmaDirection::FromDevice);
+        assert!(
+            matches!(r, Err(DmaError::WrongDevice { .. })),
+            "{policy}: {r:?}"
+        );
+        let r = cpu.unmap_sg(&p.devices[0], &m, &sg, &out, DmaDirection::ToDevice);
+        assert!(
+            matches!(
+                r,
+                Err(DmaError::WrongDirection {
+                    mapped: DmaDirection::FromDevice,
+                    asked: DmaDirection::ToDevice,
+                    ..
+                })
+            ),
+            "{policy}: {r:?}"
+        );
+        assert_eq!(
+            cpu.unmap_sg(&p.devices[0], &m, &sg, &out, DmaDirection::FromDevice),
+            Ok(()),
+            "{policy}"
+        );
+        assert_eq!(p.domain.stats().live(), 0, "{policy}");
+    }
+}
+
+#[test]
+fn unmap_in_another_direction_is_refused_and_changes_nothing() {
+    for policy in DmaPolicy::ALL {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+        let iova = cpu.map(dev, buf, 100, DmaDirection::ToDevice).unwrap();
+        let r = cpu.unmap(dev, iova, 100, DmaDirection::FromDevice);
+        assert!(
+            matches!(
+                r,
+                Err(DmaError::WrongDirection {
+                    addr,
+                    mapped: DmaDirection::ToDevice,
+                    asked: DmaDirection::FromDevice,
+                }) if addr == iova
+            ),
+            "{policy}: {r:?}"
+        );
+        assert_eq!(p.domain.stats().live(), 1, "{policy}");
+        assert_eq!(
+            cpu.unmap(dev, iova, 100, DmaDirection::ToDevice),
+            Ok(()),
+            "{policy}"
+        );
+    }
+}
+
+#[test]
+fn unmap_through_another_device_of_the_domain_is_refused() {
+    for policy in DmaPolicy::ALL {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+        let iova = cpu
+            .map(&p.devices[0], buf, 100, DmaDirection::ToDevice)
+            .unwrap();
+        let r = cpu.unmap(&p.devices[1], iova, 100, DmaDirection::ToDevice);
+        assert!(
+            matches!(&r, Err(DmaError::WrongDevice { sid }) if *sid == DISK.to_string()),
+            "{policy}: {r:?}"
+        );
+        assert_eq!(p.domain.stats().live(), 1, "{policy}");
+        assert_eq!(
+            cpu.unmap(&p.devices[0], iova, 100, DmaDirection::ToDevice),
+            Ok(()),
+            "{policy}"
+        );
+    }
+}
+
+#[test]
+fn a_buffer_mapped_by_two_devices_is_unmapped_by_each_its_own() {
+    for policy in DmaPolicy::ALL {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+        let a = cpu
+            .map(&p.devices[0], buf, 64, DmaDirection::ToDevice)
+            .unwrap();
+        let b = cpu
+            .map(&p.devices[1], buf, 64, DmaDirection::FromDevice)
+            .unwrap();
+        assert_eq!(
+            cpu.unmap(&p.devices[1], b, 64, DmaDirection::FromDevice),
+            Ok(()),
+            "{policy}"
+        );
+        assert_eq!(
+            cpu.unmap(&p.devices[0], a, 64, DmaDirection::ToDevice),
+            Ok(()),
+            "{policy}"
+        );
+        assert_eq!(p.domain.stats().live(), 0, "{policy}");
+    }
+}
+
+#[test]
+fn a_partial_bounce_sync_at_an_offset_copies_exactly_its_range() {
+    let p = Platform::builder()
+        .memory(64 << 20)
+        .policy(DmaPolicy::Bounce)
+        .device_spec(DeviceSpec {
+            sid: NIC,
+            unit: 0,
+            mask: u64::MAX,
+            untrusted: true,
+        })
+        .build()
+        .unwrap();
+    let mut cpu = p.domain.cpu();
+    let dev = &p.devices[0];
+    let mut acc = DmaAccessor::for_device(dev).unwrap();
+    let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+    let iova = cpu.map(dev, buf, 256, DmaDirection::FromDevice).unwrap();
+    acc.write(iova + 120, &[0xab; 32], DmaAttrs::ORDERED)
+        .unwrap();
+    assert_eq!(cpu.sync_for_cpu(iova + 128, 16), Ok(()));
+    let mut got = [0u8; 32];
+    p.mem.read(buf + 120, &mut got).unwrap();
+    let mut want = [0u8; 32];
+    want[8..24].fill(0xab);
+    assert_eq!(got, want, "exactly [iova + 128, iova + 144) was copied");
+    // sync_for_device copies exactly the CPU's bytes of the sub-range in:
+    // the CPU's buffer is zero at 120..128, the device wrote 0xab there,
+    // and the copy back at unmap keeps what the device wrote.
+    p.mem.write(buf + 124, &[0x5a; 4]).unwrap();
+    assert_eq!(cpu.sync_for_device(iova + 124, 4), Ok(()));
+    assert_eq!(cpu.sync_for_cpu(iova + 120, 8), Ok(()));
+    let mut head = [0u8; 8];
+    p.mem.read(buf + 120, &mut head).unwrap();
+    assert_eq!(head, [0xab, 0xab, 0xab, 0xab, 0x5a, 0x5a, 0x5a, 0x5a]);
+    // Past the mapping's end: refused, nothing copied.
+    let r = cpu.sync_for_cpu(iova + 250, 16);
+    assert!(
+        matches!(r, Err(DmaError::WrongLength { addr, len: 16 }) if addr == iova + 250),
+        "{r:?}"
+    );
+    // Never mapped (past the slot, inside the pool).
+    let r = cpu.sync_for_cpu(iova + 0x10_0000, 16);
+    assert!(matches!(r, Err(DmaError::NotMapped { .. })), "{r:?}");
+    assert_eq!(cpu.unmap(dev, iova, 256, DmaDirection::FromDevice), Ok(()));
+    // Unmapped now: refused.
+    let r = cpu.sync_for_cpu(iova, 16);
+    assert!(matches!(r, Err(DmaError::NotMapped { .. })), "{r:?}");
+}
+
+#[test]
+fn a_sync_of_an_address_never_mapped_is_refused() {
+    for policy in DmaPolicy::ALL {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        for r in [
+            cpu.sync_for_cpu(0xdead_0000, 64),
+            cpu.sync_for_device(0xdead_0000, 64),
+        ] {
+            assert!(
+                matches!(r, Err(DmaError::NotMapped { addr: 0xdead_0000 })),
+                "{policy}: {r:?}"
+            );
+        }
+        let r = cpu.sync_for_cpu(0x1000, 0);
+        assert!(matches!(r, Err(DmaError::ZeroLength)), "{policy}: {r:?}");
+    }
+}
+
+#[test]
+fn a_sync_longer_than_its_mapping_is_refused_and_one_inside_it_accepted() {
+    for policy in DmaPolicy::ALL {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let buf = p.mem.alloc_zeroed_frames(2).unwrap();
+        // 100 bytes at offset 0x40 of a page.
+        let iova = cpu
+            .map(dev, buf + 0x40, 100, DmaDirection::FromDevice)
+            .unwrap();
+        let r = cpu.sync_for_cpu(iova, 5000);
+        assert!(
+            matches!(r, Err(DmaError::WrongLength { addr, len: 5000 }) if addr == iova),
+            "{policy}: {r:?}"
+        );
+        let r = cpu.sync_for_cpu(iova, 101);
+        assert!(
+            matches!(r, Err(DmaError::WrongLength { .. })),
+            "{policy}: {r:?}"
+        );
+        assert_eq!(cpu.sync_for_cpu(iova, 100), Ok(()), "{policy}");
+        assert_eq!(cpu.sync_for_cpu(iova + 10, 90), Ok(()), "{policy}");
+        assert_eq!(cpu.sync_for_device(iova + 99, 1), Ok(()), "{policy}");
+        // Before the mapping's first byte, in its page: never mapped.
+        if policy != DmaPolicy::Passthrough {
+            let r = cpu.sync_for_cpu(iova - 1, 1);
+            assert!(
+                matches!(r, Err(DmaError::NotMapped { .. })),
+                "{policy}: {r:?}"
+            );
+        }
+        // A mapping of three pages and a bit: a sync of its whole, and one
+        // running past the end of its last page's bytes.
+        let big = cpu
+            .map(dev, buf, 3 * 4096 + 10, DmaDirection::Bidirectional)
+            .unwrap();
+        assert_eq!(cpu.sync_for_cpu(big, 3 * 4096 + 10), Ok(()), "{policy}");
+        assert_eq!(cpu.sync_for_cpu(big + 4096, 8192), Ok(()), "{policy}");
+        let r = cpu.sync_for_cpu(big + 4096, 8192 + 11);
+        assert!(
+            matches!(r, Err(DmaError::WrongLength { .. })),
+            "{policy}: {r:?}"
+        );
+        assert_eq!(
+            cpu.unmap(dev, big, 3 * 4096 + 10, DmaDirection::Bidirectional),
+            Ok(())
+        );
+        assert_eq!(cpu.unmap(dev, iova, 100, DmaDirection::FromDevice), Ok(()));
+        // Unmapped (under deferred: retired until its flush): refused.
+        let r = cpu.sync_for_cpu(iova, 10);
+        assert!(
+            matches!(r, Err(DmaError::NotMapped { .. })),
+            "{policy}: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn a_sync_of_a_scatter_list_entry_is_accepted() {
+    for policy in DmaPolicy::ALL {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let a = p.mem.alloc_zeroed_frames(0).unwrap();
+        let b = p.mem.alloc_zeroed_frames(0).unwrap();
+        let sg = [
+            SgEntry { phys: a, len: 4096 },
+            SgEntry { phys: b, len: 100 },
+        ];
+        let mut out = [0u64; 2];
+        let m = cpu
+            .map_sg(dev, &sg, DmaDirection::FromDevice, &mut out)
+            .unwrap();
+        assert_eq!(cpu.sync_for_cpu(out[0], 4096), Ok(()), "{policy}");
+        assert_eq!(cpu.sync_for_cpu(out[1], 100), Ok(()), "{policy}");
+        cpu.unmap_sg(dev, &m, &sg, &out, DmaDirection::FromDevice)
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_per_entry_unmap_sg_checks_every_entry_before_the_first_goes() {
+    // Pass-through and bounce map a list entry by entry: an entry unmapped
+    // on its own meanwhile makes the whole `unmap_sg` refused, with the
+    // other entries still mapped.
+    for policy in [DmaPolicy::Passthrough, DmaPolicy::Bounce] {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let a = p.mem.alloc_zeroed_frames(0).unwrap();
+        let b = p.mem.alloc_zeroed_frames(0).unwrap();
+        let sg = [SgEntry { phys: a, len: 512 }, SgEntry { phys: b, len: 100 }];
+        let mut out = [0u64; 2];
+        let m = cpu
+            .map_sg(dev, &sg, DmaDirection::ToDevice, &mut out)
+            .unwrap();
+        assert_eq!(
+            cpu.unmap(dev, out[1], 100, DmaDirection::ToDevice),
+            Ok(()),
+            "{policy}"
+        );
+        let live = p.domain.stats().live();
+        let r = cpu.unmap_sg(dev, &m, &sg, &out, DmaDirection::ToDevice);
+        assert!(
+            matches!(r, Err(DmaError::NotMapped { addr }) if addr == out[1]),
+            "{policy}: {r:?}"
+        );
+        assert_eq!(p.domain.stats().live(), live, "{policy}: entry 0 kept");
+        assert_eq!(
+            cpu.unmap(dev, out[0], 512, DmaDirection::ToDevice),
+            Ok(()),
+            "{policy}: entry 0 still mapped"
+        );
+    }
+}
