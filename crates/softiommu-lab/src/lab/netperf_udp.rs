@@ -62,12 +62,13 @@ pub struct NetperfArgs {
     pub seconds: Option<Seconds>,
     /// Rounds: every row runs once per round, rounds interleaved, and each
     /// row's median round (by service demand) is reported with the spread
-    /// of all (1..=100; default 3). Both passes (full speed, paced) run
-    /// this many rounds.
+    /// of all (1..=100; default 5, so one round a co-runner disturbed
+    /// moves neither the median nor the verdict). Both passes (full
+    /// speed, paced) run this many rounds.
     #[arg(long)]
     pub rounds: Option<Ranged<1, 100>>,
     /// The paced pass's common rate, percent of the slowest policy's
-    /// maximum delivered rate in the full-speed pass (10..=95; default 50:
+    /// maximum delivered rate in the full-speed pass (10..=95; default 40:
     /// headroom for a machine shared with other work).
     #[arg(long)]
     pub pace_percent: Option<Ranged<10, 95>>,
@@ -271,7 +272,7 @@ pub fn run(args: &NetperfArgs) -> LabResult<Report> {
     let seconds = args
         .seconds
         .map_or(if args.quick { 1.2 } else { 6.0 }, Seconds::get);
-    let rounds = args.rounds.map_or(3, Ranged::us);
+    let rounds = args.rounds.map_or(5, Ranged::us);
     let per_round = seconds / rounds as f64;
     let cpus = args.placement.pair_cpus(&allowed_cpus());
     let cells: Vec<(DmaPolicy, OrderMode)> = orderings
@@ -311,7 +312,7 @@ pub fn run(args: &NetperfArgs) -> LabResult<Report> {
         Ok(rows)
     };
     let full_speed = pass(None)?;
-    let pace_percent = args.pace_percent.map_or(50, |p| p.get());
+    let pace_percent = args.pace_percent.map_or(40, |p| p.get());
     let offered = common_rate(&full_speed, pace_percent);
     let mut rows = pass(Some(offered))?;
     mark_unequal(&mut rows, offered);
