@@ -166,9 +166,13 @@ impl DmaDomain {
             let mut lanes = [(0, 0); 3];
             for (k, dir) in LANES.into_iter().enumerate() {
                 match self.bounce_lane(mask, pages, dir) {
-                    Ok(lane) => lanes[k] = lane,
+                    Ok(lane) => {
+                        if let Some(slot) = lanes.get_mut(k) {
+                            *slot = lane;
+                        }
+                    }
                     Err(e) => {
-                        for &(iova, phys) in &lanes[..k] {
+                        for &(iova, phys) in lanes.iter().take(k) {
                             self.drop_bounce_lane(iova, phys, pages);
                         }
                         return Err(e);
