@@ -170,10 +170,8 @@ fn lab_netperf_udp() {
             number(spread, "max"),
         );
         assert!(0.0 < lo && lo <= med && med <= hi && med == sd, "{r}");
-        assert!(
-            sd >= number(r, "driver_cpu_us_per_pkt"),
-            "the timers add: {r}"
-        );
+        // The timers' share is inside it.
+        assert!(sd >= number(r, "flush_cpu_us_per_pkt"), "{r}");
         assert!(number(r, "flush_cpu_us_per_pkt") >= 0.0, "{r}");
         assert_eq!(r["offered_pps"], v["offered_pps"], "one rate for all: {r}");
         assert!(r["valid"].is_boolean(), "{r}");
