@@ -350,6 +350,8 @@ struct Tally {
 /// flight: a quiet spell ends it, and a hard cap bounds it.
 const DRAIN_QUIET: Duration = Duration::from_millis(50);
 const DRAIN_MAX: Duration = Duration::from_secs(2);
+/// Empty polls a quiet spell must hold.
+const DRAIN_EMPTY_POLLS: u32 = 20;
 
 /// Sleeps until `due` (no-op when it has passed).
 fn sleep_until(due: Instant) {
@@ -537,10 +539,12 @@ fn drain(
     got: u64,
 ) -> Result<u64, crate::net::DriverError> {
     let t0 = Instant::now();
-    let (mut n, mut last) = (0u64, Instant::now());
+    let (mut n, mut last, mut empty) = (0u64, Instant::now(), 0u32);
     loop {
         let done = tally.sender_done.load(Ordering::Acquire);
-        if t0.elapsed() >= DRAIN_MAX || (done && last.elapsed() >= DRAIN_QUIET) {
+        // Quiet means polled and found empty, not merely off the CPU.
+        let quiet = last.elapsed() >= DRAIN_QUIET && empty >= DRAIN_EMPTY_POLLS;
+        if t0.elapsed() >= DRAIN_MAX || (done && quiet) {
             break;
         }
         if done && got + n >= tally.sent.load(Ordering::Acquire) {
@@ -554,7 +558,9 @@ fn drain(
         }
         if n > before {
             last = Instant::now();
+            empty = 0;
         } else {
+            empty = empty.saturating_add(1);
             std::thread::sleep(Duration::from_micros(200));
         }
     }
