@@ -115,7 +115,7 @@ fn bench_ring() {
     assert_eq!(policies, ["passthrough", "strict", "deferred", "bounce"]);
 }
 
-/// Issue 11's fields of a `lab netperf-udp` row.
+/// The fields every `lab netperf-udp` row has carried.
 const NETPERF_ROW: [&str; 9] = [
     "policy",
     "ordering",
@@ -161,8 +161,34 @@ fn lab_netperf_udp() {
         assert!(r["drops"].is_u64(), "drops is a count: {r}");
         let deferred = r["policy"] == "deferred";
         assert_eq!(r.get("stale_window_ms_max").is_some(), deferred, "{r}");
+        // Service demand as netperf defines it, at one common rate.
+        let sd = number(r, "service_demand_us_per_pkt");
+        let spread = &r["service_demand_spread"];
+        let (lo, med, hi) = (
+            number(spread, "min"),
+            number(spread, "median"),
+            number(spread, "max"),
+        );
+        assert!(0.0 < lo && lo <= med && med <= hi && med == sd, "{r}");
+        // The timers' share is inside it.
+        assert!(sd >= number(r, "flush_cpu_us_per_pkt"), "{r}");
+        assert!(number(r, "flush_cpu_us_per_pkt") >= 0.0, "{r}");
+        assert_eq!(r["offered_pps"], v["offered_pps"], "one rate for all: {r}");
+        assert!(r["valid"].is_boolean(), "{r}");
+        assert_eq!(r.get("why").is_some(), r["valid"] == false, "{r}");
     }
+    assert!(number(&v, "offered_pps") > 0.0);
+    assert!(number(&v, "pace_period_ms") > 0.0);
     assert_eq!(rows[0]["service_demand_vs_passthrough"], 1.0);
+    // The full-speed pass: each policy's maximum, apart.
+    let full = v["full_speed"].as_array().expect("full_speed");
+    let policies: Vec<_> = full.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(policies, ["passthrough", "strict", "deferred", "bounce"]);
+    for r in full {
+        assert!(r["offered_pps"].is_null(), "{r}");
+        assert!(number(r, "rx_pps_max") >= number(&v, "offered_pps"), "{r}");
+        assert!(number(r, "service_demand_us_per_pkt") > 0.0, "{r}");
+    }
 }
 
 #[test]

@@ -61,3 +61,33 @@ fn a_tcp_stream_arrives_whole_and_counts_flushed_lines_when_not_coherent() {
         }
     }
 }
+
+#[test]
+fn a_paced_udp_stream_offers_its_rate_and_counts_the_flush_timers() {
+    let r = udp_stream(&UdpStreamConfig {
+        policy: DmaPolicy::Deferred,
+        duration: Duration::from_millis(300),
+        warmup: Duration::from_millis(100),
+        // Low enough for a debug build on a loaded machine.
+        offered_pps: Some(2_000.0),
+        ..UdpStreamConfig::default()
+    })
+    .unwrap();
+    assert_eq!(r.offered_pps, Some(2_000.0));
+    // A low rate: every datagram of the run arrives once the receiver has
+    // drained what was in flight.
+    assert_eq!(r.drops, 0, "{r:?}");
+    // Paced, not flooding: within a batch or two of the rate (a loaded
+    // machine may delay a thread's window edge by a period).
+    assert!(r.tx_pps > 1_000.0 && r.tx_pps < 3_000.0, "{r:?}");
+    // Service demand counts the flush timers beside the driver threads.
+    assert!(r.flush_cpu_us_per_pkt >= 0.0, "{r:?}");
+    let parts = (r.tx_driver_cpu_us_per_pkt * r.tx_packets as f64
+        + r.rx_driver_cpu_us_per_pkt * r.rx_packets as f64)
+        / r.rx_packets as f64
+        + r.flush_cpu_us_per_pkt;
+    assert!(
+        (r.service_demand_us_per_pkt - parts).abs() < 1e-6 * parts.max(1.0),
+        "{r:?}"
+    );
+}

@@ -8,6 +8,7 @@ pub mod iperf_tcp;
 pub mod litmus;
 pub mod litmus_harness;
 pub mod netperf_udp;
+pub mod policy_physics;
 pub mod steal;
 pub mod stress;
 pub mod stress_bound;

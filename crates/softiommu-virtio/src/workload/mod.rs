@@ -32,7 +32,7 @@ mod udp_stream;
 pub use hash::StreamHash;
 pub use side::Cpus;
 pub use tcp_stream::{flush_cost_per_line, tcp_stream, TcpStreamConfig, TcpStreamResult};
-pub use udp_stream::{udp_stream, UdpStreamConfig, UdpStreamResult};
+pub use udp_stream::{pace_period, udp_stream, UdpStreamConfig, UdpStreamResult, PACE_BATCH};
 
 use crate::host::HostError;
 use crate::net::DriverError;

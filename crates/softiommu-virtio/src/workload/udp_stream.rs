@@ -10,7 +10,19 @@
 //! The sender sleeps on the transmit-completion interrupt when its ring is
 //! full, the receiver on the receive interrupt when it has nothing to do,
 //! so their CPU time is their work, not their waiting.
+//!
+//! Paced ([`UdpStreamConfig::offered_pps`]): the sender offers a fixed rate
+//! in batches, one batch per pacing period (about [`PACE_BATCH`]
+//! datagrams), and sleeps between them; the receiver polls its queues
+//! NAPI-style on a timer of the same period, half a period later (the
+//! interrupt coalescing a NIC does), draining everything that arrived, and
+//! sleeps between polls with the device's interrupts off. A wake-up is
+//! then paid once per batch, not once per datagram, so the CPU per
+//! datagram is the stack's, driver's and IOMMU's work. At the end the
+//! receiver drains what is still in flight, so `drops` counts every
+//! datagram of the run that never arrived.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -60,6 +72,33 @@ pub struct UdpStreamConfig {
     /// The deferred policy's flush timeout on both hosts (`None`: the
     /// library's default, 10 ms).
     pub flush_timeout: Option<Duration>,
+    /// `None`: as fast as the sender goes. `Some(rate)`: the sender offers
+    /// `rate` datagrams per second in batches and both sides poll per
+    /// batch (see the module's documentation). Rates below 1 are taken
+    /// as 1.
+    pub offered_pps: Option<f64>,
+}
+
+/// Datagrams per batch the paced mode aims at: below the rings' 256
+/// entries, so a batch fits A's transmit ring and B's receive ring whole
+/// and neither side waits inside a batch.
+pub const PACE_BATCH: f64 = 192.0;
+
+/// The paced sender's token bucket, in batches: the most it sends at once
+/// after it was held off its CPU.
+const PACE_BUCKET: f64 = 4.0;
+
+/// The wire's queue in paced mode, frames. The device threads stand for
+/// hardware, which another load never holds off its CPU; on a shared
+/// machine they are held off, and this queue (about 0.2 s at 80 kpps)
+/// absorbs it, so the paced run measures the hosts' CPU per datagram
+/// rather than the co-runners' scheduling (full speed keeps 1,024).
+const PACED_WIRE_FRAMES: usize = 16_384;
+
+/// The pacing period at `rate` datagrams per second: [`PACE_BATCH`]
+/// datagrams' worth, between 0.25 ms and 8 ms.
+pub fn pace_period(rate: f64) -> Duration {
+    Duration::from_secs_f64((PACE_BATCH / rate.max(1.0)).clamp(0.000_25, 0.008))
 }
 
 impl Default for UdpStreamConfig {
@@ -78,6 +117,7 @@ impl Default for UdpStreamConfig {
             cpus: Cpus::default(),
             flush_high_water: None,
             flush_timeout: None,
+            offered_pps: None,
         }
     }
 }
@@ -101,8 +141,10 @@ pub struct UdpStreamResult {
     pub tx_pps: f64,
     /// Datagrams received per second.
     pub rx_pps: f64,
-    /// Datagrams lost (sent less received; some may be in flight at the
-    /// window's edges).
+    /// Datagrams lost. Full speed: sent less received in the window (some
+    /// may be in flight at its edges). Paced: every datagram of the run
+    /// (warm-up included) that was sent and, after the receiver drained
+    /// what was in flight, never delivered.
     pub drops: u64,
     /// Frames the wire dropped (its queue full because B was behind).
     pub wire_drops: u64,
@@ -123,6 +165,16 @@ pub struct UdpStreamResult {
     pub stale_window_ms_max: f64,
     /// Deferred flushes in the window, both hosts.
     pub flushes: u64,
+    /// The rate offered (paced), datagrams per second; `None` at full
+    /// speed.
+    pub offered_pps: Option<f64>,
+    /// Service demand as netperf defines it: the CPU of every software
+    /// thread the traffic makes work — both hosts' driver+stack threads
+    /// and both domains' flush timer threads — per datagram delivered,
+    /// microseconds. The device threads (hardware) are not in it.
+    pub service_demand_us_per_pkt: f64,
+    /// The flush timer threads' part of `service_demand_us_per_pkt`.
+    pub flush_cpu_us_per_pkt: f64,
 }
 
 /// Runs a UDP stream.
@@ -141,7 +193,11 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
         &common.host(1),
         &common.host(2),
         WireConfig {
-            capacity: 1024,
+            capacity: if cfg.offered_pps.is_some() {
+                PACED_WIRE_FRAMES
+            } else {
+                1024
+            },
             line_rate_bps: cfg.line_rate_bps,
             max_frame: 0,
         },
@@ -157,17 +213,25 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
         }
     }
     let flushes = || hosts.a.domain.stats().flushes + hosts.b.domain.stats().flushes;
+    // Both flush timers' CPU (a thread whose clock the kernel will not
+    // give counts zero).
+    let timers = || {
+        hosts.a.domain.timer_cpu_time().unwrap_or_default()
+            + hosts.b.domain.timer_cpu_time().unwrap_or_default()
+    };
+    let pace = cfg.offered_pps.map(|r| r.max(1.0));
+    let tally = Tally::default();
     let phase = Phase::default();
     let (ready_tx, ready_rx) = mpsc::channel::<&'static str>();
     let out = std::thread::scope(|s| {
         let rx_ready = ready_tx.clone();
         let receiver = s.spawn(|| {
             pin(common.cpus.receiver);
-            receive(&hosts.b, &common, &phase, rx_ready)
+            receive(&hosts.b, &common, &phase, pace, &tally, rx_ready)
         });
         let sender = s.spawn(|| {
             pin(common.cpus.sender);
-            send(&hosts.a, &common, msg, &phase, ready_tx)
+            send(&hosts.a, &common, msg, &phase, pace, &tally, ready_tx)
         });
         let conduct =
             || -> Result<(Duration, Duration, Duration, LaneStats, Deferred), WorkloadError> {
@@ -182,6 +246,7 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
                 }
                 std::thread::sleep(cfg.warmup);
                 let dev0 = (hosts.a.device.cpu_time(), hosts.b.device.cpu_time());
+                let timer0 = timers();
                 let w0 = hosts.wire.a_to_b();
                 hosts.a.domain.reset_stale_window();
                 hosts.b.domain.reset_stale_window();
@@ -192,6 +257,7 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
                 phase.set(STOP);
                 let wall = t0.elapsed();
                 let dev1 = (hosts.a.device.cpu_time(), hosts.b.device.cpu_time());
+                let timer1 = timers();
                 let w1 = hosts.wire.a_to_b();
                 let deferred = Deferred {
                     stale_max: hosts
@@ -201,6 +267,7 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
                         .max
                         .max(hosts.b.domain.stale_window().max),
                     flushes: flushes().saturating_sub(f0),
+                    timer_cpu: timer1.saturating_sub(timer0),
                 };
                 Ok((
                     wall,
@@ -227,6 +294,13 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
     let secs = wall.as_secs_f64().max(1e-9);
     let tx_us = us_per(a.cpu, a.count);
     let rx_us = us_per(b.cpu, b.count);
+    let drops = match pace {
+        None => a.count.saturating_sub(b.count),
+        Some(_) => tally
+            .sent
+            .load(Ordering::Acquire)
+            .saturating_sub(tally.received.load(Ordering::Acquire)),
+    };
     Ok(UdpStreamResult {
         policy: cfg.policy,
         ordering: cfg.ordering,
@@ -236,7 +310,7 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
         rx_packets: b.count,
         tx_pps: a.count as f64 / secs,
         rx_pps: b.count as f64 / secs,
-        drops: a.count.saturating_sub(b.count),
+        drops,
         wire_drops: wire.dropped,
         driver_cpu_us_per_pkt: tx_us + rx_us,
         tx_driver_cpu_us_per_pkt: tx_us,
@@ -249,6 +323,9 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
         },
         stale_window_ms_max: deferred.stale_max.as_secs_f64() * 1e3,
         flushes: deferred.flushes,
+        offered_pps: pace,
+        service_demand_us_per_pkt: us_per(a.cpu + b.cpu + deferred.timer_cpu, b.count),
+        flush_cpu_us_per_pkt: us_per(deferred.timer_cpu, b.count),
     })
 }
 
@@ -256,6 +333,32 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
 struct Deferred {
     stale_max: Duration,
     flushes: u64,
+    /// Both flush timer threads' CPU.
+    timer_cpu: Duration,
+}
+
+/// The paced run's totals, warm-up included: what the sender sent, and
+/// what the receiver got once it drained the rest.
+#[derive(Default)]
+struct Tally {
+    sent: AtomicU64,
+    sender_done: AtomicBool,
+    received: AtomicU64,
+}
+
+/// How long the receiver waits, after the run, for datagrams still in
+/// flight: a quiet spell ends it, and a hard cap bounds it.
+const DRAIN_QUIET: Duration = Duration::from_millis(50);
+const DRAIN_MAX: Duration = Duration::from_secs(2);
+/// Empty polls a quiet spell must hold.
+const DRAIN_EMPTY_POLLS: u32 = 20;
+
+/// Sleeps until `due` (no-op when it has passed).
+fn sleep_until(due: Instant) {
+    let now = Instant::now();
+    if due > now {
+        std::thread::sleep(due - now);
+    }
 }
 
 /// A tunable a domain refused (out of the library's range).
@@ -275,6 +378,8 @@ fn send(
     common: &Common,
     msg: usize,
     phase: &Phase,
+    pace: Option<f64>,
+    tally: &Tally,
     ready: mpsc::Sender<&'static str>,
 ) -> Result<Window, WorkloadError> {
     let side = "a";
@@ -292,11 +397,44 @@ fn send(
     // IPv4 header (20) + UDP header (8) past the MTU: IPv4 fragments it.
     let fragmented = msg + 28 > usize::from(common.mtu);
     let (mut sent, mut meter) = (0u64, Meter::default());
+    let period = pace.map(pace_period);
+    let mut next_batch = Instant::now();
+    // Paced: a token bucket of at most `PACE_BUCKET` batches, so a sender
+    // held off its CPU resumes at the rate instead of bursting its debt
+    // into the receiver.
+    let (mut tokens, mut filled) = (0.0f64, Instant::now());
     loop {
         if meter.observe(phase, sent, sent * msg as u64) {
+            if pace.is_some() {
+                // Everything counted as sent goes out before the count is
+                // published: what is in the socket and A's ring.
+                let t0 = Instant::now();
+                while t0.elapsed() < DRAIN_MAX {
+                    st.poll().map_err(drv)?;
+                    st.driver.reclaim_tx().map_err(drv)?;
+                    let queued = st.sockets.get_mut::<udp::Socket>(h).send_queue() > 0;
+                    if !queued && st.driver.tx_in_flight() == 0 {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+            tally.sent.store(sent, Ordering::Release);
+            tally.sender_done.store(true, Ordering::Release);
             return Ok(meter.window);
         }
-        if fragmented {
+        // Paced: what the rate allows by now; at full speed, no bound.
+        let due = match pace {
+            None => u64::MAX,
+            Some(r) => {
+                let now = Instant::now();
+                tokens = (tokens + r * (now - filled).as_secs_f64()).min(PACE_BUCKET * PACE_BATCH);
+                filled = now;
+                sent + tokens as u64
+            }
+        };
+        let before = sent;
+        if fragmented && sent < due {
             // smoltcp 0.14 fragments one datagram at a time and does not
             // hold a socket back while its fragmenter is busy (a second
             // datagram overwrites the first's remaining fragments), so a
@@ -310,14 +448,24 @@ fn send(
             }
         } else {
             let s = st.sockets.get_mut::<udp::Socket>(h);
-            while s.can_send() {
+            while sent < due && s.can_send() {
                 if s.send_slice(&payload, to).is_err() {
                     break;
                 }
                 sent += 1;
             }
         }
+        tokens -= (sent - before) as f64;
         st.poll().map_err(drv)?;
+        if let Some(p) = period {
+            let queued = st.sockets.get_mut::<udp::Socket>(h).send_queue() > 0;
+            if sent >= due && !queued {
+                // The batch is with the driver: sleep to the next one.
+                next_batch = (next_batch + p).max(Instant::now());
+                sleep_until(next_batch);
+                continue;
+            }
+        }
         if st.driver.tx_ring_full().map_err(drv)? {
             // Sleep until the device completes a transmission.
             st.driver.wait(Duration::from_millis(1)).map_err(drv)?;
@@ -329,6 +477,8 @@ fn receive(
     host: &Host,
     common: &Common,
     phase: &Phase,
+    pace: Option<f64>,
+    tally: &Tally,
     ready: mpsc::Sender<&'static str>,
 ) -> Result<Window, WorkloadError> {
     let side = "b";
@@ -345,8 +495,15 @@ fn receive(
     let h = st.sockets.add(sock);
     let _ = ready.send(side);
     let (mut got, mut bytes, mut meter) = (0u64, 0u64, Meter::default());
+    let period = pace.map(pace_period);
+    // Half a period behind the sender's batches.
+    let mut next_poll = Instant::now() + period.unwrap_or_default() / 2;
     loop {
         if meter.observe(phase, got, bytes) {
+            if period.is_some() {
+                got += drain(&mut st, h, tally, got).map_err(drv)?;
+                tally.received.store(got, Ordering::Release);
+            }
             return Ok(meter.window);
         }
         let changed = st.poll().map_err(drv)?;
@@ -358,7 +515,54 @@ fn receive(
         }
         got += n;
         if n == 0 && !changed {
-            st.wait(Duration::from_millis(1)).map_err(drv)?;
+            match period {
+                // The queues are empty: sleep to the next poll, the
+                // device's interrupts off.
+                Some(p) => {
+                    next_poll = (next_poll + p).max(Instant::now());
+                    sleep_until(next_poll);
+                }
+                None => st.wait(Duration::from_millis(1)).map_err(drv)?,
+            }
         }
     }
+}
+
+/// After the run: receives what is still in flight until the sender has
+/// stopped and everything it sent has arrived, or the sender has stopped
+/// and a quiet spell of [`DRAIN_QUIET`] passes, or [`DRAIN_MAX`]. Returns
+/// the datagrams received.
+fn drain(
+    st: &mut crate::net::NetStack,
+    h: smoltcp::iface::SocketHandle,
+    tally: &Tally,
+    got: u64,
+) -> Result<u64, crate::net::DriverError> {
+    let t0 = Instant::now();
+    let (mut n, mut last, mut empty) = (0u64, Instant::now(), 0u32);
+    loop {
+        let done = tally.sender_done.load(Ordering::Acquire);
+        // Quiet means polled and found empty, not merely off the CPU.
+        let quiet = last.elapsed() >= DRAIN_QUIET && empty >= DRAIN_EMPTY_POLLS;
+        if t0.elapsed() >= DRAIN_MAX || (done && quiet) {
+            break;
+        }
+        if done && got + n >= tally.sent.load(Ordering::Acquire) {
+            break;
+        }
+        st.poll()?;
+        let s = st.sockets.get_mut::<udp::Socket>(h);
+        let before = n;
+        while s.recv().is_ok() {
+            n += 1;
+        }
+        if n > before {
+            last = Instant::now();
+            empty = 0;
+        } else {
+            empty = empty.saturating_add(1);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    Ok(n)
 }

@@ -652,3 +652,38 @@ fn a_low_window_out_of_range_is_refused() {
         );
     }
 }
+
+/// The timer thread's CPU clock is readable from the domain and counts
+/// the timer's own work: flushing a lone deferred unmap by its age costs
+/// it CPU time that no mapping thread's clock shows.
+#[test]
+fn the_flush_timers_cpu_time_is_read_from_its_own_clock() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    let t0 = r
+        .domain
+        .timer_cpu_time()
+        .expect("a live timer thread has a CPU clock");
+    r.domain.set_timeout(Duration::from_millis(2)).unwrap();
+    let buf = r.mem.alloc_zeroed_frames(1).unwrap();
+    for _ in 0..20 {
+        let a = r
+            .cpu
+            .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
+            .unwrap();
+        r.cpu
+            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+            .unwrap();
+        // Below the high-water mark: only the timer flushes it.
+        let t = std::time::Instant::now();
+        let before = r.domain.stats().flushes;
+        while r.domain.stats().flushes == before && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    assert!(r.domain.stats().flushes >= 20, "the timer flushed each");
+    let t1 = r.domain.timer_cpu_time().expect("still running");
+    assert!(
+        t1 > t0,
+        "the timer's flushes show on its clock: {t0:?} -> {t1:?}"
+    );
+}

@@ -1,0 +1,174 @@
+//! Spreads over rounds and the checks a policy's cost must pass: a
+//! deferred map+unmap does everything pass-through does and more, and a
+//! strict one everything deferred does and more (it waits for each
+//! invalidation), so a figure that puts deferred below pass-through, or
+//! strict below deferred, beyond the spread of the rounds, is a
+//! measurement error, not a finding.
+
+use serde::Serialize;
+
+/// A figure's spread over rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    /// The lowest round.
+    pub min: f64,
+    /// The median round (the lower middle one of an even count).
+    pub median: f64,
+    /// The highest round.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values` (all zero when there are none).
+    pub fn of(values: &[f64]) -> Self {
+        let mut v: Vec<f64> = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => Spread {
+                min: 0.0,
+                median: 0.0,
+                max: 0.0,
+            },
+            n => Spread {
+                min: v[0],
+                median: v[(n - 1) / 2],
+                max: v[n - 1],
+            },
+        }
+    }
+
+    /// `self` over `base`, its spread the widest the two allow: the lowest
+    /// round over the highest and the highest over the lowest. `None` when
+    /// `base` has a round at or below zero.
+    pub fn ratio(&self, base: &Spread) -> Option<Spread> {
+        (base.min > 0.0).then(|| Spread {
+            min: self.min / base.max,
+            median: self.median / base.median,
+            max: self.max / base.min,
+        })
+    }
+
+    /// Whether every round of `self` is below every round of `other`.
+    pub fn wholly_below(&self, other: &Spread) -> bool {
+        self.max < other.min
+    }
+}
+
+/// One policy's cost per unit of work, as the checks see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyCost<'a> {
+    /// The policy's name (`passthrough`, `deferred`, `strict`, ...).
+    pub policy: &'a str,
+    /// What else must match for two rows to be compared (an ordering).
+    pub group: &'a str,
+    /// The cost's spread over rounds.
+    pub cost: Spread,
+}
+
+/// The cheaper policy each policy must not undercut, and why.
+const MUST_COST_MORE: [(&str, &str, &str); 2] = [
+    (
+        "deferred",
+        "passthrough",
+        "a deferred map+unmap does all a pass-through one does and more",
+    ),
+    (
+        "strict",
+        "deferred",
+        "a strict unmap does all a deferred one does and waits for its invalidation",
+    ),
+];
+
+/// For each row, why its figure contradicts what its policy must cost
+/// (`None`: it stands). A row is invalid when every round of it is below
+/// every round of the policy it must cost more than, in its group.
+pub fn check(rows: &[PolicyCost<'_>], what: &str) -> Vec<Option<String>> {
+    rows.iter()
+        .map(|r| {
+            MUST_COST_MORE
+                .iter()
+                .filter(|(dearer, _, _)| *dearer == r.policy)
+                .find_map(|(dearer, cheaper, because)| {
+                    let base = rows
+                        .iter()
+                        .find(|b| b.policy == *cheaper && b.group == r.group)?;
+                    r.cost.wholly_below(&base.cost).then(|| {
+                        format!(
+                            "measurement invalid: {dearer}'s {what} (at most {:.3} over the rounds) is below {cheaper}'s (at least {:.3}), but {because}",
+                            r.cost.max, base.cost.min
+                        )
+                    })
+                })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cost<'a>(policy: &'a str, values: &[f64]) -> PolicyCost<'a> {
+        PolicyCost {
+            policy,
+            group: "ordered",
+            cost: Spread::of(values),
+        }
+    }
+
+    #[test]
+    fn a_spread_is_min_median_max_and_a_ratio_takes_the_widest() {
+        let s = Spread::of(&[3.0, 1.0, 2.0]);
+        assert_eq!((s.min, s.median, s.max), (1.0, 2.0, 3.0));
+        let r = Spread::of(&[2.0, 4.0, 6.0]).ratio(&s).unwrap();
+        assert_eq!((r.min, r.median, r.max), (2.0 / 3.0, 2.0, 6.0));
+        assert_eq!(Spread::of(&[1.0]).ratio(&Spread::of(&[0.0])), None);
+    }
+
+    #[test]
+    fn deferred_below_passthrough_beyond_the_spread_is_invalid() {
+        let rows = [
+            cost("passthrough", &[2.4, 2.5, 2.6]),
+            cost("deferred", &[2.1, 2.2, 2.3]),
+            cost("strict", &[7.0, 7.2, 7.4]),
+        ];
+        let why = check(&rows, "service demand");
+        assert_eq!(why[0], None);
+        assert!(
+            matches!(&why[1], Some(w) if w.starts_with("measurement invalid: deferred's service demand") && w.contains("below passthrough's")),
+            "{why:?}"
+        );
+        assert_eq!(why[2], None, "strict is above deferred");
+    }
+
+    #[test]
+    fn deferred_below_passthrough_within_the_spread_stands() {
+        let rows = [
+            cost("passthrough", &[2.3, 2.5, 2.7]),
+            cost("deferred", &[2.2, 2.4, 2.6]),
+        ];
+        assert_eq!(check(&rows, "service demand"), vec![None, None]);
+    }
+
+    #[test]
+    fn strict_below_deferred_beyond_the_spread_is_invalid() {
+        let rows = [
+            cost("passthrough", &[2.0, 2.1, 2.2]),
+            cost("deferred", &[3.0, 3.1, 3.2]),
+            cost("strict", &[2.5, 2.6, 2.7]),
+        ];
+        let why = check(&rows, "service demand");
+        assert_eq!(why[..2], [None, None]);
+        assert!(
+            matches!(&why[2], Some(w) if w.starts_with("measurement invalid: strict's service demand") && w.contains("below deferred's")),
+            "{why:?}"
+        );
+    }
+
+    #[test]
+    fn rows_of_another_group_are_not_compared() {
+        let mut pt = cost("passthrough", &[5.0]);
+        pt.group = "relaxed";
+        let rows = [pt, cost("deferred", &[1.0])];
+        assert_eq!(check(&rows, "service demand"), vec![None, None]);
+    }
+}
