@@ -105,7 +105,7 @@ enum LabCmd {
     Iopf(lab::iopf::IopfArgs),
     /// Seed 001: message-passing and store-buffering litmus tests, device vs CPU.
     Litmus(lab::litmus::LitmusArgs),
-    /// Issue 15: a soak with an independent checker; any violation exits non-zero.
+    /// A soak with an independent checker and a probe of the deferred bound; any violation exits non-zero.
     Stress(lab::stress::StressArgs),
 }
 

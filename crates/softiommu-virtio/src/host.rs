@@ -38,7 +38,7 @@ pub struct HostConfig {
     pub device: NetDeviceConfig,
     /// Bytes of bounce pool (the bounce policy's copies go through it).
     pub bounce_bytes: u64,
-    /// IOPF mode (issue 13): `Some` builds the host as
+    /// IOPF mode: `Some` builds the host as
     /// [`BlkHost::new_iopf`](crate::blk::BlkHost::new_iopf) builds a disk
     /// host. The driver maps through a pass-through domain (its maps hand
     /// out physical addresses and map nothing; `policy` is ignored), and

@@ -1,4 +1,4 @@
-//! IOPF mode (issue 13 part 4), shared by every host of this crate
+//! IOPF mode, shared by every host of this crate
 //! (`BlkHost::new_iopf`, `HostConfig::iopf`): a device whose memory is not
 //! pre-mapped. Its first touch of each page faults and a handler maps it
 //! on demand.

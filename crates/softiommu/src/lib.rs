@@ -67,7 +67,7 @@
 
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
-// No panics across the API (issue 15): a broken internal invariant fails
+// No panics across the API: a broken internal invariant fails
 // closed with an error or `None`, never by unwinding through a caller.
 // Tests may unwrap.
 #![cfg_attr(

@@ -1,6 +1,6 @@
 //! `bench dma --instructions`: the instructions one map+unmap pair costs,
 //! counted by callgrind (valgrind's instruction-level simulator), the way
-//! issue 11 measures the deferred hot path against pass-through.
+//! the lab measures the deferred hot path against pass-through.
 //!
 //! For each policy the bench runs itself twice under
 //! `valgrind --tool=callgrind`, one thread, `--latency zero` (the latency

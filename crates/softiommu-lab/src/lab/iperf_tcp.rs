@@ -89,7 +89,7 @@ impl Default for IperfTcpArgs {
     }
 }
 
-/// One walk × policy: issue 11's fields first.
+/// One walk × policy: the contract's fields first.
 #[derive(Debug, Clone, Serialize)]
 pub struct IperfTcpRow {
     /// "coherent" or "non-coherent".

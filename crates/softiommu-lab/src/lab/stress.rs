@@ -1,5 +1,4 @@
-//! `softiommu lab stress`: a soak with an independent checker (issue 15,
-//! part 1).
+//! `softiommu lab stress`: a soak with an independent checker.
 //!
 //! Two DMA domains, each with one device behind one unit. In each domain a
 //! CPU thread maps and unmaps sub-page buffers of its slots (one page per

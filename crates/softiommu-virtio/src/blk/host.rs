@@ -79,7 +79,7 @@ pub enum BlkHostError {
     Iopf(#[from] IopfError),
 }
 
-/// IOPF mode (issue 13): the controller's memory is not pre-mapped; its
+/// IOPF mode: the controller's memory is not pre-mapped; its
 /// first touch of each page faults and a handler maps it on demand (the
 /// block host's name for the shared [`IopfModeConfig`]).
 pub type BlkIopfConfig = IopfModeConfig;
@@ -145,7 +145,7 @@ impl BlkHost {
         })
     }
 
-    /// Builds the host in IOPF mode (issue 13): the driver maps through a
+    /// Builds the host in IOPF mode: the driver maps through a
     /// pass-through DMA domain, so its "map" is a registration that hands
     /// the device physical addresses and maps nothing; the controller is
     /// attached instead to an [`IopfDomain`](softiommu::iopf::IopfDomain)
