@@ -532,13 +532,11 @@ fn cpu_thread(
                 let before = dom.policy();
                 let iova = cpu.map(dev, pages[k] + off, len, dir)?;
                 let after = dom.policy();
-                let bounced = before == DmaPolicy::Bounce || after == DmaPolicy::Bounce;
-                if before == DmaPolicy::Bounce
-                    && after == DmaPolicy::Bounce
-                    && !(shadow.pool_lo.load(Ordering::Relaxed)
-                        ..shadow.pool_hi.load(Ordering::Relaxed))
-                        .contains(&iova)
-                {
+                // The pool's IOVAs are the pool's alone: an address there
+                // was bounced, whatever policy this thread saw around the
+                // call (two switches may pass while it is descheduled).
+                let bounced = shadow.in_pool(iova);
+                if before == DmaPolicy::Bounce && after == DmaPolicy::Bounce && !bounced {
                     return Err(LabError::Setup(
                         "a bounced buffer's IOVA lies outside the pool's derived range",
                     ));
