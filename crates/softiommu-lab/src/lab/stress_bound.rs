@@ -48,7 +48,7 @@ const PROBED_FOR: u64 = 3;
 /// its length (a prober starved of CPU probes slowly).
 pub const MIN_PROBES_AT_BOUND: u64 = 10_000;
 /// See [`MIN_PROBES_AT_BOUND`].
-const MAX_STRETCH: u32 = 4;
+const MAX_STRETCH: u32 = 10;
 const SID: SourceId = SourceId(0x0300);
 
 /// The stale window's promised bound for flush timeout `timeout`.
