@@ -602,9 +602,10 @@ impl DmaDomain {
     /// translations itself (`Iotlb::expire`), so the stale window's bound
     /// holds while the flush timer and the owner are off their CPUs.
     pub(crate) fn cover_unmap(&self, units: u64) {
-        let period = self.expiry_period();
+        // The period is worked out only where a deadline must be armed:
+        // an unmap that finds one armed pays a load, no clock arithmetic.
         for unit in self.units_in(units) {
-            unit.cover_unmap(self.did, period);
+            unit.cover_unmap(self.did, || self.expiry_period());
         }
     }
 

@@ -650,7 +650,7 @@ mod loom_tests {
                 loom::thread::spawn(move || {
                     q.push(FqEntry { pfn: 7, pages: 1 }, &[], 1, 4);
                     arm.on_push();
-                    tlb.cover_unmap(0, period);
+                    tlb.cover_unmap(0, || period);
                 })
             };
             // The timer's idle step.

@@ -552,9 +552,9 @@ impl Iotlb {
     /// a compare-exchange only when none is, or when a clearing is in
     /// progress (which this cancels, keeping the deadline).
     #[inline]
-    pub(crate) fn cover_unmap(&self, did: u16, period: std::time::Duration) {
+    pub(crate) fn cover_unmap(&self, did: u16, period: impl FnOnce() -> std::time::Duration) {
         self.cover_unmap_with(did, || {
-            let p = self.clock.ticks(period);
+            let p = self.clock.ticks(period());
             (self.clock.now().saturating_add(p), p)
         });
     }

@@ -235,7 +235,7 @@ impl Unit {
     /// translations itself, whatever became of the flush that should have
     /// come (see `Iotlb::expire`). One load when one is armed.
     #[inline]
-    pub(crate) fn cover_unmap(&self, did: u16, period: std::time::Duration) {
+    pub(crate) fn cover_unmap(&self, did: u16, period: impl FnOnce() -> std::time::Duration) {
         self.shared.iotlb.cover_unmap(did, period);
     }
 
