@@ -122,13 +122,13 @@ fn an_arena_the_os_will_not_reserve_is_a_reserve_error() {
     // SAFETY: `setrlimit` reads the struct it is given, which lives across
     // the call; it changes only this (child) process's limit.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
-    assert_eq!(
+    assert!(matches!(
         PhysMemory::new(1 << 40).unwrap_err(),
         MemError::Reserve {
-            len: (1 << 40) + softiommu::mem::default_iommu_reserve(1 << 40),
+            len,
             errno: libc::ENOMEM
-        }
-    );
+        } if len > 1 << 40
+    ));
     // Nothing was kept: a smaller arena still fits.
     assert_eq!(PhysMemory::new(1 << 20).unwrap().size(), 1 << 20);
 }

@@ -30,17 +30,25 @@ pub fn default_iommu_reserve(size: u64) -> u64 {
     (size / 8).clamp(16 << 20, 256 << 30)
 }
 
-/// Where the IOMMU reserve starts: RAM rounded up to 2 MiB, so the
-/// reserve's blocks (ring buffers, table pages) are aligned in physical
-/// address as the buddy aligns them in the reserve.
+/// The IOMMU reserve starts on a 2 MiB boundary, so its blocks (ring
+/// buffers, table pages) are aligned in physical address as the buddy
+/// aligns them in the reserve.
 const RESERVE_ALIGN: u64 = 2 << 20;
+
+/// The unmapped gap between RAM and the reserve: as large as RAM, and at
+/// least 1 GiB. An access that runs past the end of RAM is out of range
+/// however far it runs within reason, as it was before the reserve
+/// existed, and never lands in IOMMU state by accident. Address space
+/// only, never touched.
+const MIN_GUARD: u64 = 1 << 30;
 
 /// A sparse arena of physical memory with a page-frame allocator.
 ///
 /// Physical addresses `[0, size)` are RAM: what callers allocate, map and
 /// give to devices. The IOMMU's own structures (root and context tables,
 /// page tables, invalidation, fault and page-request queues) live in a
-/// separate reserve above RAM, `[iommu_base, iommu_base + reserve)`, with a
+/// separate reserve above RAM and a guard gap, `[iommu_base, iommu_base +
+/// reserve)`, with a
 /// frame allocator of its own. No frame ever moves between the two, so a
 /// range that is RAM when a device is given it (a mapping, an I/O page-fault
 /// region) is RAM for ever: no device can reach IOMMU state, now or after
@@ -94,8 +102,8 @@ impl PhysMemory {
                 })
             }
         };
-        // Both at most 2^42 and `size` rounded to 2 MiB: no overflow.
-        let iommu_base = size.next_multiple_of(RESERVE_ALIGN);
+        // All at most 2^43 or so: no overflow.
+        let iommu_base = (size + size.max(MIN_GUARD)).next_multiple_of(RESERVE_ALIGN);
         let region = Reservation::new(iommu_base + reserve)?;
         let frames = size >> PAGE_SHIFT;
         let bounce_frames = Reservation::new(frames.div_ceil(64) * 8)?;
@@ -637,6 +645,27 @@ mod tests {
             Err(MemError::IommuFrame { addr: ring })
         );
         m.check_device_range(0, 1 << 20).unwrap();
+    }
+
+    #[test]
+    fn past_the_end_of_ram_is_out_of_range_whatever_the_size() {
+        // RAM a multiple of 2 MiB, and not: the reserve lies a guard gap
+        // away, so a host access running off RAM is refused as before.
+        for size in [64 << 20, (1 << 20) + 4096] {
+            let m = PhysMemory::new(size).unwrap();
+            let mut b = [0u8; 8];
+            for (addr, len) in [(size, 1), (size - 2, 4), (size + (1 << 20), 8)] {
+                assert!(
+                    matches!(m.write(addr, &b[..len]), Err(MemError::OutOfRange { .. })),
+                    "{size:#x}: {addr:#x}+{len}"
+                );
+            }
+            assert!(matches!(
+                m.read(size - 2, &mut b[..4]),
+                Err(MemError::OutOfRange { .. })
+            ));
+            assert!(m.iommu_reserve().0 >= size + size.max(1 << 30));
+        }
     }
 
     #[test]
