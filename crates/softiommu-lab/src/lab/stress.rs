@@ -576,8 +576,8 @@ fn cpu_thread(
                     e.t_unmap_ns = sh.clock.ns();
                     let after = dom.policy();
                     // Possibly made under deferred; the checker withdraws
-                    // the allowance if a switch away from deferred returned
-                    // after the call (`DomainShadow::left_deferred_ns`).
+                    // the allowance if a switch away from deferred is
+                    // recorded after the return (`DomainShadow::left_deferred_ns`).
                     e.deferred = before == DmaPolicy::Deferred || after == DmaPolicy::Deferred;
                     e.life = Life::Unmapped;
                     slot.record(&e);

@@ -475,7 +475,13 @@ pub fn classify(acc: &Access, domains: &[DomainShadow], bound_ns: u64) -> Verdic
         let age_ns = acc.t_before_ns - e.t_unmap_ns;
         let age_us = age_ns / 1000;
         let flushed = e.t_unmap_ns < acc.flushed_upto_ns;
-        let switched_away = acc.left_deferred_ns > e.t_unmap_call_ns;
+        // A switch away from deferred recorded after the unmap returned
+        // either flushed its entry (queued before the switch closed the
+        // gate) or the unmap ran under the new policy: no allowance. One
+        // recorded between the call and the return may have ended before
+        // the unmap ran at all (an unmap held at the gate, or off its CPU,
+        // across a switch away and back to deferred), so it proves nothing.
+        let switched_away = acc.left_deferred_ns > e.t_unmap_ns;
         if e.deferred && !flushed && !switched_away && age_ns < bound_ns {
             Verdict::Stale { age_us }
         } else {
@@ -792,7 +798,7 @@ mod tests {
     }
 
     /// Switching: an unmap keeps a deferred allowance only if no switch
-    /// away from deferred returned after it was called (that switch
+    /// away from deferred is recorded after it returned (that switch
     /// flushed it, or the unmap ran under the new policy). The old
     /// checker gave it the allowance whenever the policy read before or
     /// after the call was deferred.
@@ -814,15 +820,19 @@ mod tests {
             classify(&after_switch, &d, TIMEOUT),
             Verdict::Violation(Why::AfterUnmap { .. })
         ));
-        // A switch that returned before the unmap was called says nothing.
-        let before = Access {
-            left_deferred_ns: 100_000,
-            ..a
-        };
-        assert!(matches!(
-            classify(&before, &d, TIMEOUT),
-            Verdict::Stale { .. }
-        ));
+        // A switch that returned before the unmap was called says nothing,
+        // nor one recorded while the call was under way: the unmap may
+        // have run after it, once the policy was deferred again.
+        for left in [100_000, 999_800] {
+            let before = Access {
+                left_deferred_ns: left,
+                ..a
+            };
+            assert!(matches!(
+                classify(&before, &d, TIMEOUT),
+                Verdict::Stale { .. }
+            ));
+        }
     }
 
     #[test]
