@@ -23,6 +23,7 @@
 //!   guest's RAM, and its first touch of each page faults.
 //! - [`workload`]: the lab's engines (a UDP stream, a TCP stream) returning
 //!   plain typed results.
+//! - [`viommu`]: a virtio-iommu device (§5.13) backed by a unit.
 //! - [`spec`]: the virtio 1.2 constants, each with its section.
 //! - [`cpu_clock`], [`affinity`]: thread CPU clocks, and pinning threads
 //!   to CPUs.
@@ -38,5 +39,6 @@ pub mod iopf_mode;
 pub mod net;
 pub mod spec;
 pub mod transport;
+pub mod viommu;
 pub mod vring;
 pub mod workload;

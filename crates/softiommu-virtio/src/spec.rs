@@ -268,3 +268,149 @@ pub mod blk {
     /// (the fields past it belong to features we do not offer).
     pub const CONFIG_LEN: usize = CFG_NUM_QUEUES + size_of::<u16>();
 }
+
+/// §5.13 "IOMMU Device": id, feature bits, request types, status values,
+/// flags and the layouts of the configuration, requests, PROBE properties
+/// and fault reports. `virtio-bindings` has no `virtio_iommu` module, so
+/// the values below are written from §5.13 itself (the same numbers as
+/// Linux's `include/uapi/linux/virtio_iommu.h`); each cites its section.
+pub mod iommu {
+    use super::virtio_ids;
+
+    /// §5.13.1: device id of an IOMMU.
+    pub const DEVICE_ID: u32 = virtio_ids::VIRTIO_ID_IOMMU;
+    /// §5.13.2: queue 0 is the request queue.
+    pub const REQUEST_QUEUE: u16 = 0;
+    /// §5.13.2: queue 1 is the event queue.
+    pub const EVENT_QUEUE: u16 = 1;
+
+    /// §5.13.3: `input_range` is valid.
+    pub const F_INPUT_RANGE: u32 = 0;
+    /// §5.13.3: `domain_range` is valid.
+    pub const F_DOMAIN_RANGE: u32 = 1;
+    /// §5.13.3: MAP and UNMAP requests are available.
+    pub const F_MAP_UNMAP: u32 = 2;
+    /// §5.13.3: unattached endpoints bypass (superseded; not offered).
+    pub const F_BYPASS: u32 = 3;
+    /// §5.13.3: the PROBE request is available.
+    pub const F_PROBE: u32 = 4;
+    /// §5.13.3: the `VIRTIO_IOMMU_MAP_F_MMIO` flag is available.
+    pub const F_MMIO: u32 = 5;
+    /// §5.13.3: `bypass` in the config space, and
+    /// `VIRTIO_IOMMU_ATTACH_F_BYPASS`.
+    pub const F_BYPASS_CONFIG: u32 = 6;
+
+    /// §5.13.4: offset of `page_size_mask` (le64).
+    pub const CFG_PAGE_SIZE_MASK: usize = 0;
+    /// §5.13.4: offset of `input_range.start` (le64).
+    pub const CFG_INPUT_START: usize = 8;
+    /// §5.13.4: offset of `input_range.end` (le64, inclusive).
+    pub const CFG_INPUT_END: usize = 16;
+    /// §5.13.4: offset of `domain_range.start` (le32).
+    pub const CFG_DOMAIN_START: usize = 24;
+    /// §5.13.4: offset of `domain_range.end` (le32, inclusive).
+    pub const CFG_DOMAIN_END: usize = 28;
+    /// §5.13.4: offset of `probe_size` (le32).
+    pub const CFG_PROBE_SIZE: usize = 32;
+    /// §5.13.4: offset of `bypass` (u8, 0 or 1).
+    pub const CFG_BYPASS: usize = 36;
+    /// §5.13.4: bytes of `struct virtio_iommu_config` (`reserved[3]`
+    /// included).
+    pub const CONFIG_LEN: usize = 40;
+
+    /// §5.13.6: request types.
+    pub const T_ATTACH: u8 = 1;
+    /// §5.13.6: DETACH.
+    pub const T_DETACH: u8 = 2;
+    /// §5.13.6: MAP.
+    pub const T_MAP: u8 = 3;
+    /// §5.13.6: UNMAP.
+    pub const T_UNMAP: u8 = 4;
+    /// §5.13.6: PROBE.
+    pub const T_PROBE: u8 = 5;
+
+    /// §5.13.6: all good.
+    pub const S_OK: u8 = 0;
+    /// §5.13.6: virtio communication error.
+    pub const S_IOERR: u8 = 1;
+    /// §5.13.6: unsupported request.
+    pub const S_UNSUPP: u8 = 2;
+    /// §5.13.6: internal device error.
+    pub const S_DEVERR: u8 = 3;
+    /// §5.13.6: invalid parameters.
+    pub const S_INVAL: u8 = 4;
+    /// §5.13.6: out-of-range parameters.
+    pub const S_RANGE: u8 = 5;
+    /// §5.13.6: entry not found.
+    pub const S_NOENT: u8 = 6;
+    /// §5.13.6: bad address.
+    pub const S_FAULT: u8 = 7;
+    /// §5.13.6: insufficient resources.
+    pub const S_NOMEM: u8 = 8;
+
+    /// §5.13.6: `struct virtio_iommu_req_head` (type, reserved[3]).
+    pub const HEAD_LEN: usize = 4;
+    /// §5.13.6: `struct virtio_iommu_req_tail` (status, reserved[3]).
+    pub const TAIL_LEN: usize = 4;
+    /// §5.13.6.1: device-readable bytes of an ATTACH request (head,
+    /// domain, endpoint, flags, reserved[4]).
+    pub const ATTACH_LEN: usize = HEAD_LEN + 16;
+    /// §5.13.6.2: device-readable bytes of a DETACH request (head,
+    /// domain, endpoint, reserved[8]).
+    pub const DETACH_LEN: usize = HEAD_LEN + 16;
+    /// §5.13.6.3: device-readable bytes of a MAP request (head, domain,
+    /// virt_start, virt_end, phys_start, flags).
+    pub const MAP_LEN: usize = HEAD_LEN + 32;
+    /// §5.13.6.4: device-readable bytes of an UNMAP request (head,
+    /// domain, virt_start, virt_end, reserved[4]).
+    pub const UNMAP_LEN: usize = HEAD_LEN + 24;
+    /// §5.13.6.5: device-readable bytes of a PROBE request (head,
+    /// endpoint, reserved[64]).
+    pub const PROBE_LEN: usize = HEAD_LEN + 68;
+
+    /// §5.13.6.1: `VIRTIO_IOMMU_ATTACH_F_BYPASS`.
+    pub const ATTACH_F_BYPASS: u32 = 1 << 0;
+    /// §5.13.6.3: `VIRTIO_IOMMU_MAP_F_READ`.
+    pub const MAP_F_READ: u32 = 1 << 0;
+    /// §5.13.6.3: `VIRTIO_IOMMU_MAP_F_WRITE`.
+    pub const MAP_F_WRITE: u32 = 1 << 1;
+    /// §5.13.6.3: `VIRTIO_IOMMU_MAP_F_MMIO`.
+    pub const MAP_F_MMIO: u32 = 1 << 2;
+
+    /// §5.13.6.5: `struct virtio_iommu_probe_property` header bytes.
+    pub const PROBE_PROP_HEAD: usize = 4;
+    /// §5.13.6.5: the `type` field's 12 bits.
+    pub const PROBE_TYPE_MASK: u16 = 0x0fff;
+    /// §5.13.6.6: `VIRTIO_IOMMU_PROBE_T_RESV_MEM`.
+    pub const PROBE_T_RESV_MEM: u16 = 1;
+    /// §5.13.6.6.1: bytes of a RESV_MEM property after its header
+    /// (subtype, reserved[3], start, end): its `length`.
+    pub const RESV_MEM_LEN: usize = 20;
+    /// §5.13.6.6.1: `VIRTIO_IOMMU_RESV_MEM_T_RESERVED`.
+    pub const RESV_MEM_T_RESERVED: u8 = 0;
+    /// §5.13.6.6.1: `VIRTIO_IOMMU_RESV_MEM_T_MSI`.
+    pub const RESV_MEM_T_MSI: u8 = 1;
+
+    /// §5.13.6.7: bytes of `struct virtio_iommu_fault`.
+    pub const FAULT_LEN: usize = 24;
+    /// §5.13.6.7: `VIRTIO_IOMMU_FAULT_R_UNKNOWN`.
+    pub const FAULT_R_UNKNOWN: u8 = 0;
+    /// §5.13.6.7: `VIRTIO_IOMMU_FAULT_R_DOMAIN`: not attached.
+    pub const FAULT_R_DOMAIN: u8 = 1;
+    /// §5.13.6.7: `VIRTIO_IOMMU_FAULT_R_MAPPING`: not mapped, or not
+    /// with this access.
+    pub const FAULT_R_MAPPING: u8 = 2;
+    /// §5.13.6.7: `VIRTIO_IOMMU_FAULT_F_READ`.
+    pub const FAULT_F_READ: u32 = 1 << 0;
+    /// §5.13.6.7: `VIRTIO_IOMMU_FAULT_F_WRITE`.
+    pub const FAULT_F_WRITE: u32 = 1 << 1;
+    /// §5.13.6.7: `VIRTIO_IOMMU_FAULT_F_ADDRESS`: `address` is valid.
+    pub const FAULT_F_ADDRESS: u32 = 1 << 8;
+
+    /// The x86 MSI doorbell window, `0xfee00000..=0xfeefffff` (Intel SDM
+    /// vol. 3, §11.11.1 "Message Address Register Format"), reported as a
+    /// `RESV_MEM_T_MSI` region.
+    pub const MSI_START: u64 = 0xfee0_0000;
+    /// Last byte of the MSI window (inclusive, as RESV_MEM's `end`).
+    pub const MSI_END: u64 = 0xfeef_ffff;
+}

@@ -129,6 +129,8 @@ struct Ring {
     capacity: usize,
     overflowed: bool,
     dropped: u64,
+    /// Records ever pushed (not dropped): the sequence number of the next.
+    recorded: u64,
 }
 
 /// A bounded ring of fault records.
@@ -148,6 +150,7 @@ impl FaultLog {
                 capacity,
                 overflowed: false,
                 dropped: 0,
+                recorded: 0,
             }),
             total: AtomicU64::new(0),
         }
@@ -165,6 +168,7 @@ impl FaultLog {
         let mut r = self.lock();
         if r.records.len() < r.capacity {
             r.records.push_back(rec);
+            r.recorded += 1;
         } else {
             r.overflowed = true;
             r.dropped += 1;
@@ -183,6 +187,24 @@ impl FaultLog {
         r.overflowed = false;
         r.dropped = 0;
         batch
+    }
+
+    /// Copies, without taking them, the records still held whose sequence
+    /// numbers are at least `from` (records are numbered from 0 in the
+    /// order they were recorded; dropped faults get none, and a drain does
+    /// not renumber), oldest first, at most `max` of them, into `out`.
+    /// Returns the number to pass as `from` next time and how many records
+    /// at or after `from` were drained before this look and so missed. For
+    /// an observer (a paravirtual IOMMU reporting faults to its guest) that
+    /// must leave the log to its owner.
+    pub fn copy_since(&self, from: u64, max: usize, out: &mut Vec<FaultRecord>) -> (u64, u64) {
+        let r = self.lock();
+        let oldest = r.recorded - r.records.len() as u64;
+        let start = from.clamp(oldest, r.recorded);
+        let skip = usize::try_from(start - oldest).unwrap_or(usize::MAX);
+        let n = r.records.iter().skip(skip).take(max).count();
+        out.extend(r.records.iter().skip(skip).take(n).copied());
+        (start + n as u64, start.saturating_sub(from))
     }
 
     /// Records waiting to be drained.
@@ -244,6 +266,35 @@ mod tests {
         log.record(rec(9));
         let b = log.drain();
         assert_eq!((b.records.len(), b.overflowed, b.dropped), (1, false, 0));
+    }
+
+    #[test]
+    fn copy_since_reads_without_taking_and_counts_what_a_drain_took() {
+        let log = FaultLog::new(3);
+        let mut out = Vec::new();
+        assert_eq!(log.copy_since(0, 8, &mut out), (0, 0));
+        for i in 0..2 {
+            log.record(rec(i));
+        }
+        assert_eq!(log.copy_since(0, 1, &mut out), (1, 0));
+        assert_eq!(log.copy_since(1, 8, &mut out), (2, 0));
+        assert_eq!(out.iter().map(|r| r.iova).collect::<Vec<_>>(), [0, 1]);
+        // The records stay for the log's owner.
+        assert_eq!(log.len(), 2);
+        log.record(rec(2));
+        assert_eq!(log.drain().records.len(), 3);
+        log.record(rec(3));
+        out.clear();
+        // Record 2 was drained before this look: missed, and counted.
+        assert_eq!(log.copy_since(2, 8, &mut out), (4, 1));
+        assert_eq!(out.iter().map(|r| r.iova).collect::<Vec<_>>(), [3]);
+        // Dropped faults get no sequence number.
+        for i in 4..9 {
+            log.record(rec(i));
+        }
+        out.clear();
+        assert_eq!(log.copy_since(4, 8, &mut out), (6, 0));
+        assert_eq!(out.iter().map(|r| r.iova).collect::<Vec<_>>(), [4, 5]);
     }
 
     #[test]

@@ -1,0 +1,177 @@
+//! [`ViommuConfig`]: what a virtio-iommu device manages and advertises, its
+//! checks, and the configuration space it presents (§5.13.4).
+
+use std::time::Duration;
+
+use softiommu::hw::{HwError, SourceId, System, UnitId};
+use softiommu::pgtable::VTD_IOVA_BITS;
+
+use crate::spec::iommu as s;
+use crate::transport::TransportConfig;
+
+/// The page sizes the device maps (§5.13.4 `page_size_mask`): the unit's
+/// VT-d leaves, 4 KiB (the granularity), 2 MiB and 1 GiB.
+pub const PAGE_SIZE_MASK: u64 = (1 << 12) | (1 << 21) | (1 << 30);
+/// The page granularity: the least significant bit of [`PAGE_SIZE_MASK`].
+pub const GRANULE: u64 = 1 << 12;
+/// The last IOVA the unit translates: its tables take
+/// [`VTD_IOVA_BITS`]-bit addresses (`input_range.end`).
+pub const INPUT_END: u64 = (1 << VTD_IOVA_BITS) - 1;
+/// Bytes of one RESV_MEM property, header included.
+pub const RESV_MEM_PROP: usize = s::PROBE_PROP_HEAD + s::RESV_MEM_LEN;
+
+/// How to build a virtio-iommu device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViommuConfig {
+    /// The endpoints the device manages: endpoint id = the PCI requester
+    /// id (`SourceId.0`), as platforms describe PCI endpoints to a
+    /// virtio-iommu. Each must be in the unit's scope; ids not listed are
+    /// `NOENT`.
+    pub endpoints: Vec<SourceId>,
+    /// `domain_range` (inclusive). Domain `d` is the unit's domain id
+    /// `d`: every id in the range belongs to the device. At least 1 (the
+    /// unit's id 0 stays unused) and below the unit's domain count.
+    pub domain_range: (u32, u32),
+    /// `probe_size`: bytes of PROBE properties (room for the MSI window
+    /// and every reserved region, a multiple of 4).
+    pub probe_size: u32,
+    /// `bypass` at creation (and after a system reset; a device reset
+    /// keeps the driver's value, §5.13.4.2).
+    pub bypass: bool,
+    /// Reserved IOVA regions reported by PROBE as
+    /// `VIRTIO_IOMMU_RESV_MEM_T_RESERVED` (inclusive bounds) and refused
+    /// to MAP, beside the MSI window.
+    pub reserved: Vec<(u64, u64)>,
+    /// `QueueNumMax` of both queues (a power of two).
+    pub queue_max: u16,
+    /// Chains taken from the request queue per round: the device's work
+    /// per notification round is bounded by it.
+    pub batch: usize,
+    /// Faults taken from the unit's log per round.
+    pub fault_batch: usize,
+    /// How long the idle device sleeps before it looks at the fault log
+    /// again (a fault wakes nobody: the unit's log is polled).
+    pub idle_wait: Duration,
+    /// Transport policy. The device's own rings and requests are in guest
+    /// RAM, reached directly (the device is not behind an IOMMU), so
+    /// `VIRTIO_F_ACCESS_PLATFORM` is not required by default.
+    pub transport: TransportConfig,
+}
+
+impl Default for ViommuConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: Vec::new(),
+            domain_range: (1, 1023),
+            probe_size: 512,
+            bypass: false,
+            reserved: Vec::new(),
+            queue_max: 256,
+            batch: 64,
+            fault_batch: 64,
+            idle_wait: Duration::from_millis(1),
+            transport: TransportConfig {
+                require_access_platform: false,
+            },
+        }
+    }
+}
+
+/// Why a device could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ViommuError {
+    /// The unit does not exist.
+    #[error("no unit {0:?} in the system")]
+    NoUnit(UnitId),
+    /// An endpoint is not in the unit's scope.
+    #[error("endpoint {sid} is not in the scope of unit {unit:?}")]
+    EndpointNotInUnit {
+        /// The endpoint.
+        sid: SourceId,
+        /// The device's unit.
+        unit: UnitId,
+    },
+    /// A field of the configuration is out of range.
+    #[error("virtio-iommu configuration: {field} = {value:#x} is out of range")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// The unit refused to give an endpoint its initial context.
+    #[error(transparent)]
+    Hw(#[from] HwError),
+    /// The device thread could not be started.
+    #[error("the device thread could not be started (errno {0})")]
+    Spawn(i32),
+}
+
+impl ViommuConfig {
+    /// Checks the configuration against `system`'s unit `unit`.
+    pub fn check(&self, system: &System, unit: UnitId) -> Result<(), ViommuError> {
+        let bad = |field, value: u64| Err(ViommuError::InvalidConfig { field, value });
+        let u = system.unit(unit).ok_or(ViommuError::NoUnit(unit))?;
+        let (lo, hi) = self.domain_range;
+        if lo == 0 || lo > hi {
+            return bad("domain_range.start", u64::from(lo));
+        }
+        if hi >= u.domains() {
+            return bad("domain_range.end", u64::from(hi));
+        }
+        for &sid in &self.endpoints {
+            if system.unit_of(sid).map(|(id, _)| id) != Some(unit) {
+                return Err(ViommuError::EndpointNotInUnit { sid, unit });
+            }
+        }
+        let props = self.reserved.len().saturating_add(1);
+        let need = props.saturating_mul(RESV_MEM_PROP);
+        if (self.probe_size as usize) < need || self.probe_size % 4 != 0 {
+            return bad("probe_size", u64::from(self.probe_size));
+        }
+        for &(a, b) in &self.reserved {
+            if a > b || a % GRANULE != 0 || b.wrapping_add(1) % GRANULE != 0 {
+                return bad("reserved", a);
+            }
+        }
+        if !self.queue_max.is_power_of_two() {
+            return bad("queue_max", u64::from(self.queue_max));
+        }
+        if self.batch == 0 {
+            return bad("batch", 0);
+        }
+        if self.fault_batch == 0 {
+            return bad("fault_batch", 0);
+        }
+        Ok(())
+    }
+
+    /// The features offered (§5.13.3): every one but the superseded
+    /// `VIRTIO_IOMMU_F_BYPASS` (§5.13.3.2: not with `BYPASS_CONFIG`).
+    pub fn features(&self) -> u64 {
+        [
+            s::F_INPUT_RANGE,
+            s::F_DOMAIN_RANGE,
+            s::F_MAP_UNMAP,
+            s::F_PROBE,
+            s::F_MMIO,
+            s::F_BYPASS_CONFIG,
+        ]
+        .iter()
+        .fold(0, |f, b| f | 1 << b)
+    }
+
+    /// The configuration space (§5.13.4), little-endian.
+    pub fn config_space(&self) -> Vec<u8> {
+        let mut c = vec![0u8; s::CONFIG_LEN];
+        let mut put = |at: usize, b: &[u8]| c[at..at + b.len()].copy_from_slice(b);
+        put(s::CFG_PAGE_SIZE_MASK, &PAGE_SIZE_MASK.to_le_bytes());
+        put(s::CFG_INPUT_START, &0u64.to_le_bytes());
+        put(s::CFG_INPUT_END, &INPUT_END.to_le_bytes());
+        put(s::CFG_DOMAIN_START, &self.domain_range.0.to_le_bytes());
+        put(s::CFG_DOMAIN_END, &self.domain_range.1.to_le_bytes());
+        put(s::CFG_PROBE_SIZE, &self.probe_size.to_le_bytes());
+        put(s::CFG_BYPASS, &[u8::from(self.bypass)]);
+        c
+    }
+}

@@ -1,0 +1,157 @@
+//! [`ViommuDevice`]: a virtio-iommu device (virtio 1.2 §5.13) on the
+//! virtio-mmio transport, on a thread of its own, backed by one unit.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use softiommu::access::PhysGuestMemory;
+use softiommu::hw::{System, UnitId};
+
+use super::config::{ViommuConfig, ViommuError};
+use super::domain::MappingRecord;
+use super::events::Reporter;
+use super::serve::Server;
+use super::state::State;
+use super::stats::{Counters, ViommuStats};
+use crate::spec::iommu as s;
+use crate::transport::{DeviceEnd, DeviceInfo, MmioTransport};
+
+/// What the device thread and the handle share.
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    counters: Counters,
+    stop: AtomicBool,
+}
+
+fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A running virtio-iommu device. Dropping it stops its thread.
+#[derive(Debug)]
+pub struct ViommuDevice {
+    transport: MmioTransport,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ViommuDevice {
+    /// Builds the device over `system`'s unit `unit` and starts its
+    /// thread. Every endpoint is given its unattached context (bypass or
+    /// none, as `cfg.bypass` says).
+    pub fn spawn(
+        cfg: ViommuConfig,
+        system: Arc<System>,
+        unit: UnitId,
+    ) -> Result<Self, ViommuError> {
+        cfg.check(&system, unit)?;
+        let info = DeviceInfo {
+            device_id: s::DEVICE_ID,
+            features: cfg.features(),
+            queues: 2,
+            queue_max: cfg.queue_max,
+            config: cfg.config_space(),
+        };
+        let transport = MmioTransport::new(info, cfg.transport);
+        let state = State::new(system.clone(), unit, &cfg)?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+        });
+        let end = DeviceEnd::new(&transport);
+        let mem = PhysGuestMemory::new(system.memory().clone());
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("virtio-iommu".into())
+            .spawn(move || run(&cfg, &end, &mem, &sh))
+            .map_err(|e| ViommuError::Spawn(e.raw_os_error().unwrap_or(0)))?;
+        Ok(Self {
+            transport,
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The register block a driver programs.
+    pub fn transport(&self) -> &MmioTransport {
+        &self.transport
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ViommuStats {
+        self.shared.counters.snapshot()
+    }
+
+    /// The mappings of `domain` as MAP requests created them (`None`:
+    /// the domain does not exist).
+    pub fn mappings(&self, domain: u32) -> Option<Vec<MappingRecord>> {
+        lock(&self.shared.state).mappings(domain)
+    }
+
+    /// The domain `endpoint` is attached to.
+    pub fn attached(&self, endpoint: u32) -> Option<u32> {
+        lock(&self.shared.state).attached(endpoint)
+    }
+
+    /// Stops the thread (the endpoints keep their contexts).
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ViommuDevice {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// The device thread: each pass applies a reset or a new `bypass`, serves
+/// one round of requests and reports faults; it sleeps at most
+/// `idle_wait` when neither had work.
+fn run(cfg: &ViommuConfig, end: &DeviceEnd, mem: &PhysGuestMemory, sh: &Shared) {
+    end.register_thread();
+    let transport = end.transport();
+    let mut server = Server::default();
+    let mut reporter = Reporter::new(lock(&sh.state).unit());
+    let mut generation = None;
+    while !sh.stop.load(Ordering::Acquire) {
+        let _ = end.take_notified();
+        let mut busy = false;
+        {
+            let mut state = lock(&sh.state);
+            let mut b = [0u8];
+            transport.read_config(s::CFG_BYPASS as u64, &mut b);
+            let _ = state.set_bypass(b[0] & 1 != 0);
+            if end.features() == 0 && state.is_dirty() {
+                let _ = state.reset();
+                generation = None;
+            }
+            if let Some(mut g) = end.queue(s::REQUEST_QUEUE) {
+                if let Some(q) = g.as_mut() {
+                    let gen = q.generation();
+                    if generation.is_some_and(|old| old != gen) {
+                        // A reset made new queues since the last round.
+                        let _ = state.reset();
+                    }
+                    generation = Some(gen);
+                    busy |= server.round(q, &mut state, cfg, end, mem, &sh.counters);
+                }
+            }
+            busy |= reporter.poll(&state, end, mem, &sh.counters, cfg.fault_batch);
+        }
+        if !busy {
+            std::thread::park_timeout(cfg.idle_wait);
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! [`Pending`]: the IOTLB invalidations one round of requests owes the
+//! unit, coalesced — one span per domain id, however many UNMAPs the
+//! round held — and the table pages to free once they have completed.
+
+use softiommu::hw::{QiError, Unit};
+use softiommu::pgtable::IotlbGather;
+
+/// What the UNMAPs of one round left to invalidate.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    /// `(did, first, last)`: the span of every range unmapped in `did`.
+    spans: Vec<(u16, u64, u64)>,
+    /// Table pages the unmaps unlinked.
+    pub(crate) gather: IotlbGather,
+}
+
+impl Pending {
+    /// Adds `[first, last]` of `did`, widening that domain's span.
+    pub(crate) fn add(&mut self, did: u16, first: u64, last: u64) {
+        match self.spans.iter_mut().find(|s| s.0 == did) {
+            Some(s) => {
+                s.1 = s.1.min(first);
+                s.2 = s.2.max(last);
+            }
+            None => self.spans.push((did, first, last)),
+        }
+    }
+
+    /// Whether nothing is owed.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Invalidates every span (one descriptor per domain: page-selective
+    /// with a covering mask, or domain-selective if none fits) and waits
+    /// for the wait descriptor behind them; then frees the gathered pages.
+    /// Returns the descriptors submitted. On a queue error the pages are
+    /// kept (leaked, never freed early) and the error returned.
+    pub(crate) fn flush(&mut self, unit: &Unit) -> Result<u64, QiError> {
+        if self.spans.is_empty() {
+            return Ok(0);
+        }
+        let mut batch = unit.batch();
+        for &(did, first, last) in &self.spans {
+            // `last - first + 1` cannot wrap: spans lie inside the 48-bit
+            // input range.
+            batch.range(did, first, last - first + 1);
+        }
+        let n = batch.len() as u64;
+        self.spans.clear();
+        match batch.wait() {
+            Ok(()) => {
+                let _ = self.gather.complete();
+                Ok(n)
+            }
+            Err(e) => {
+                // No proof the invalidation completed: hand the pages to a
+                // fresh gather's drop, which leaks them.
+                let _ = self.gather.defer();
+                Err(e)
+            }
+        }
+    }
+}

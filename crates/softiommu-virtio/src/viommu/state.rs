@@ -1,0 +1,435 @@
+//! [`State`]: the device's endpoints and domains, and what each request
+//! does to them and to the unit (§5.13.6). Every rule that decides a
+//! status is checked before anything changes, so a refused request
+//! leaves the state — records, tables, contexts — as it was.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use softiommu::hw::{ContextEntry, SourceId, System, Unit, UnitId};
+use softiommu::mem::PhysMemory;
+use softiommu::pgtable::Perm;
+
+use super::config::{ViommuConfig, GRANULE, INPUT_END};
+use super::domain::{Domain, MappingRecord};
+use super::pending::Pending;
+use super::status::Status;
+use crate::spec::iommu as s;
+
+/// What the driver negotiated that changes how requests are judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Negotiated {
+    /// `VIRTIO_IOMMU_F_MAP_UNMAP`.
+    pub(crate) map_unmap: bool,
+    /// `VIRTIO_IOMMU_F_MMIO`.
+    pub(crate) mmio: bool,
+    /// `VIRTIO_IOMMU_F_BYPASS_CONFIG`.
+    pub(crate) bypass_config: bool,
+    /// `VIRTIO_IOMMU_F_PROBE`.
+    pub(crate) probe: bool,
+}
+
+impl Negotiated {
+    /// From the transport's feature word.
+    pub(crate) fn from_features(f: u64) -> Self {
+        let has = |b: u32| f & 1 << b != 0;
+        Self {
+            map_unmap: has(s::F_MAP_UNMAP),
+            mmio: has(s::F_MMIO),
+            bypass_config: has(s::F_BYPASS_CONFIG),
+            probe: has(s::F_PROBE),
+        }
+    }
+}
+
+/// The device's endpoints and domains over one unit.
+#[derive(Debug)]
+pub(crate) struct State {
+    system: Arc<System>,
+    unit: UnitId,
+    mem: Arc<PhysMemory>,
+    domain_range: (u32, u32),
+    /// Reserved regions (inclusive), the MSI window first.
+    resv: Vec<(u64, u64, u8)>,
+    /// Endpoint id → (requester id, domain attached to).
+    endpoints: BTreeMap<u32, (SourceId, Option<u32>)>,
+    domains: BTreeMap<u32, Domain>,
+    /// `bypass` as the device applies it now.
+    bypass: bool,
+    /// Invalidations this round owes.
+    pub(crate) pending: Pending,
+}
+
+impl State {
+    /// The state of a device just built (or reset): no endpoint attached,
+    /// each given the unattached context `bypass` calls for.
+    pub(crate) fn new(
+        system: Arc<System>,
+        unit: UnitId,
+        cfg: &ViommuConfig,
+    ) -> Result<Self, softiommu::hw::HwError> {
+        let mut resv = vec![(s::MSI_START, s::MSI_END, s::RESV_MEM_T_MSI)];
+        resv.extend(
+            cfg.reserved
+                .iter()
+                .map(|&(a, b)| (a, b, s::RESV_MEM_T_RESERVED)),
+        );
+        let endpoints = cfg
+            .endpoints
+            .iter()
+            .map(|&sid| (u32::from(sid.0), (sid, None)))
+            .collect();
+        let mem = system.memory().clone();
+        let st = Self {
+            system,
+            unit,
+            mem,
+            domain_range: cfg.domain_range,
+            resv,
+            endpoints,
+            domains: BTreeMap::new(),
+            bypass: cfg.bypass,
+            pending: Pending::default(),
+        };
+        for &(sid, _) in st.endpoints.values() {
+            st.set_unattached(sid)?;
+        }
+        Ok(st)
+    }
+
+    /// The unit.
+    pub(crate) fn unit(&self) -> &Unit {
+        // Checked at creation; a system's units are never removed.
+        self.system
+            .unit(self.unit)
+            .expect("the device's unit exists for the system's life")
+    }
+
+    /// Issues the invalidations this round owes and waits for them
+    /// ([`Pending::flush`]).
+    pub(crate) fn flush_pending(&mut self) -> Result<u64, softiommu::hw::QiError> {
+        let unit = self
+            .system
+            .unit(self.unit)
+            .expect("the device's unit exists for the system's life");
+        self.pending.flush(unit)
+    }
+
+    /// The reserved regions `(start, end, subtype)` PROBE reports.
+    pub(crate) fn reserved_regions(&self) -> &[(u64, u64, u8)] {
+        &self.resv
+    }
+
+    /// The endpoint id of `sid`, if the device manages it.
+    pub(crate) fn endpoint_of(&self, sid: SourceId) -> Option<u32> {
+        let id = u32::from(sid.0);
+        self.endpoints.contains_key(&id).then_some(id)
+    }
+
+    /// Mappings of `domain`, in IOVA order (`None`: no such domain).
+    pub(crate) fn mappings(&self, domain: u32) -> Option<Vec<MappingRecord>> {
+        self.domains
+            .get(&domain)
+            .map(|d| d.maps.values().copied().collect())
+    }
+
+    /// The domain `endpoint` is attached to.
+    pub(crate) fn attached(&self, endpoint: u32) -> Option<u32> {
+        self.endpoints.get(&endpoint).and_then(|e| e.1)
+    }
+
+    fn in_range(&self, domain: u32) -> bool {
+        (self.domain_range.0..=self.domain_range.1).contains(&domain)
+    }
+
+    /// The context of an endpoint attached to no domain (§5.13.6: bypass
+    /// mode is identity; otherwise no access reaches guest memory).
+    fn set_unattached(&self, sid: SourceId) -> Result<(), softiommu::hw::HwError> {
+        if self.bypass {
+            self.unit().attach(sid, ContextEntry::PassThrough)
+        } else {
+            self.unit().detach(sid)
+        }
+    }
+
+    /// Applies a new `bypass` to every unattached endpoint.
+    pub(crate) fn set_bypass(&mut self, on: bool) -> Result<(), softiommu::hw::HwError> {
+        if self.bypass == on {
+            return Ok(());
+        }
+        self.bypass = on;
+        for &(sid, dom) in self.endpoints.values() {
+            if dom.is_none() {
+                self.set_unattached(sid)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Device reset (§5.13.5: "endpoints are not attached to any
+    /// domain"): every endpoint detached, every domain gone. `bypass`
+    /// keeps its value (§5.13.4.2).
+    pub(crate) fn reset(&mut self) -> Result<(), softiommu::hw::HwError> {
+        let mut first = Ok(());
+        let sids: Vec<SourceId> = self.endpoints.values().map(|e| e.0).collect();
+        for sid in sids {
+            if let Err(e) = self.set_unattached(sid) {
+                first = first.and(Err(e));
+            }
+        }
+        for e in self.endpoints.values_mut() {
+            e.1 = None;
+        }
+        // Contexts are switched and drained: no walker reaches a table.
+        self.domains.clear();
+        first
+    }
+
+    /// Whether anything is attached (a reset has work to do).
+    pub(crate) fn is_dirty(&self) -> bool {
+        !self.domains.is_empty()
+    }
+
+    /// ATTACH (§5.13.6.1.2).
+    pub(crate) fn attach(
+        &mut self,
+        domain: u32,
+        endpoint: u32,
+        flags: u32,
+        reserved_set: bool,
+        neg: Negotiated,
+    ) -> Status {
+        if reserved_set {
+            return Status::Inval;
+        }
+        let known = if neg.bypass_config {
+            s::ATTACH_F_BYPASS
+        } else {
+            0
+        };
+        if flags & !known != 0 {
+            return Status::Inval;
+        }
+        if !self.in_range(domain) {
+            return Status::Range;
+        }
+        let Some(&(sid, old)) = self.endpoints.get(&endpoint) else {
+            return Status::NoEnt;
+        };
+        let bypass = flags & s::ATTACH_F_BYPASS != 0;
+        if let Some(d) = self.domains.get(&domain) {
+            if d.table.is_none() != bypass {
+                return Status::Inval;
+            }
+        }
+        if old == Some(domain) {
+            return Status::Ok;
+        }
+        // The new domain first: running out of frames changes nothing.
+        let created = !self.domains.contains_key(&domain);
+        if created {
+            // In range, so below the unit's domain count (checked at
+            // creation), so a u16.
+            let did = domain as u16;
+            match Domain::new(did, bypass, &self.mem) {
+                Ok(d) => {
+                    self.domains.insert(domain, d);
+                }
+                Err(st) => return st,
+            }
+        }
+        let d = &self.domains[&domain];
+        let ctx = match &d.table {
+            Some(t) => ContextEntry::Translated {
+                did: d.did,
+                root: softiommu::pgtable::IoPageTable::root(t),
+            },
+            None => ContextEntry::PassThrough,
+        };
+        // One context write replaces the old domain's: once it has
+        // drained, the endpoint reaches nothing of the old domain, as if
+        // DETACH had run first.
+        if self.unit().attach(sid, ctx).is_err() {
+            if created {
+                self.domains.remove(&domain);
+            }
+            return Status::DevErr;
+        }
+        if let Some(o) = old {
+            self.drop_endpoint(o);
+        }
+        if let Some(d) = self.domains.get_mut(&domain) {
+            d.endpoints += 1;
+        }
+        if let Some(e) = self.endpoints.get_mut(&endpoint) {
+            e.1 = Some(domain);
+        }
+        Status::Ok
+    }
+
+    /// One endpoint fewer in `domain`; the last one takes the domain with
+    /// it (§5.13.6.2: it "ceases to exist"). Its endpoints' contexts are
+    /// already switched and drained, so dropping its table is safe.
+    fn drop_endpoint(&mut self, domain: u32) {
+        if let Some(d) = self.domains.get_mut(&domain) {
+            d.endpoints = d.endpoints.saturating_sub(1);
+            if d.endpoints == 0 {
+                self.domains.remove(&domain);
+            }
+        }
+    }
+
+    /// DETACH (§5.13.6.2.2).
+    pub(crate) fn detach(&mut self, domain: u32, endpoint: u32) -> Status {
+        let Some(&(sid, cur)) = self.endpoints.get(&endpoint) else {
+            return Status::NoEnt;
+        };
+        if !self.in_range(domain) {
+            return Status::Range;
+        }
+        if cur != Some(domain) {
+            return Status::Inval;
+        }
+        if self.set_unattached(sid).is_err() {
+            return Status::DevErr;
+        }
+        if let Some(e) = self.endpoints.get_mut(&endpoint) {
+            e.1 = None;
+        }
+        self.drop_endpoint(domain);
+        Status::Ok
+    }
+
+    /// Whether `[start, end]` meets a reserved region.
+    fn hits_reserved(&self, start: u64, end: u64) -> bool {
+        self.resv.iter().any(|&(a, b, _)| a <= end && start <= b)
+    }
+
+    /// Whether `[phys, phys + len)` may be mapped: guest RAM (never the
+    /// unit's reserve nor a bounce pool); with `MMIO`, a range wholly
+    /// outside RAM and the reserve (device registers), below 2^52.
+    fn phys_ok(&self, phys: u64, len: u64, mmio: bool) -> bool {
+        if self.mem.check_device_range(phys, len).is_ok() {
+            return true;
+        }
+        if !mmio {
+            return false;
+        }
+        let Some(last) = phys.checked_add(len - 1) else {
+            return false;
+        };
+        let (rb, rl) = self.mem.iommu_reserve();
+        let in_ram = phys < self.mem.size();
+        let in_reserve = phys <= rb.saturating_add(rl).saturating_sub(1) && rb <= last;
+        !in_ram && !in_reserve && last < 1 << 52
+    }
+
+    /// MAP (§5.13.6.3.2).
+    pub(crate) fn map(
+        &mut self,
+        domain: u32,
+        start: u64,
+        end: u64,
+        phys: u64,
+        flags: u32,
+        neg: Negotiated,
+    ) -> Status {
+        if !self.in_range(domain) {
+            return Status::Range;
+        }
+        let mut known = s::MAP_F_READ | s::MAP_F_WRITE;
+        if neg.mmio {
+            known |= s::MAP_F_MMIO;
+        }
+        if flags & !known != 0 {
+            return Status::Inval;
+        }
+        let mut perm = Perm::NONE;
+        if flags & s::MAP_F_READ != 0 {
+            perm = perm | Perm::READ;
+        }
+        if flags & s::MAP_F_WRITE != 0 {
+            perm = perm | Perm::WRITE;
+        }
+        if perm.is_empty() {
+            return Status::Inval;
+        }
+        if end < start {
+            return Status::Inval;
+        }
+        // `end + 1` of `u64::MAX` is 2^64, aligned; the range check below
+        // refuses it.
+        let aligned = |x: u64| x % GRANULE == 0;
+        if !aligned(start) || !aligned(phys) || !aligned(end.wrapping_add(1)) {
+            return Status::Range;
+        }
+        if end > INPUT_END {
+            return Status::Range;
+        }
+        // `end <= INPUT_END < u64::MAX` and `start <= end`: no wrap.
+        let len = end - start + 1;
+        if !self.phys_ok(phys, len, flags & s::MAP_F_MMIO != 0) {
+            return Status::Range;
+        }
+        let reserved = self.hits_reserved(start, end);
+        let Some(d) = self.domains.get_mut(&domain) else {
+            return Status::NoEnt;
+        };
+        if d.table.is_none() || reserved || d.overlaps(start, end) {
+            return Status::Inval;
+        }
+        let rec = MappingRecord {
+            start,
+            end,
+            phys,
+            flags,
+        };
+        match d.map(rec, perm) {
+            Ok(()) => Status::Ok,
+            Err(st) => st,
+        }
+    }
+
+    /// UNMAP (§5.13.6.4.2). What it removes is owed an invalidation, in
+    /// [`pending`](Self::pending): the caller completes the request only
+    /// after that invalidation has completed.
+    pub(crate) fn unmap(
+        &mut self,
+        domain: u32,
+        start: u64,
+        end: u64,
+        reserved_set: bool,
+    ) -> Status {
+        if !self.in_range(domain) {
+            return Status::Range;
+        }
+        if reserved_set || end < start {
+            return Status::Inval;
+        }
+        let Some(d) = self.domains.get_mut(&domain) else {
+            return Status::NoEnt;
+        };
+        if d.table.is_none() {
+            return Status::Inval;
+        }
+        let Ok(victims) = d.covered(start, end) else {
+            return Status::Range;
+        };
+        for m in &victims {
+            if let Err(st) = d.unmap(m, &mut self.pending.gather) {
+                return st;
+            }
+            self.pending.add(d.did, m.start, m.end);
+        }
+        Status::Ok
+    }
+
+    /// Whether PROBE may describe `endpoint`.
+    pub(crate) fn probe_ok(&self, endpoint: u32) -> Status {
+        if self.endpoints.contains_key(&endpoint) {
+            Status::Ok
+        } else {
+            Status::NoEnt
+        }
+    }
+}
