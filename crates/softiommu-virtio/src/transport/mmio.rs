@@ -147,6 +147,9 @@ pub(crate) struct Shared {
     queue_irq: Vec<Mutex<Option<Thread>>>,
     pub(crate) interrupts: AtomicU64,
     pub(crate) notifies: AtomicU64,
+    /// The config bytes a driver may write: `(offset, per-byte bit mask)`
+    /// (unset: none, the config space is read-only).
+    config_writable: OnceLock<(u64, Vec<u8>)>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -243,6 +246,7 @@ impl MmioTransport {
                 queue_irq: (0..n).map(|_| Mutex::new(None)).collect(),
                 interrupts: AtomicU64::new(0),
                 notifies: AtomicU64::new(0),
+                config_writable: OnceLock::new(),
             }),
         }
     }
@@ -299,6 +303,49 @@ impl MmioTransport {
             r.config_generation = r.config_generation.wrapping_add(1);
         }
         self.shared.interrupt(isr::CONFIG_CHANGE);
+    }
+
+    /// Lets the driver write the bits of `mask[i]` in config byte
+    /// `offset + i` (a device with a writable field, e.g. a virtio-iommu's
+    /// `bypass`); other bits of those bytes keep their value. Set once,
+    /// before the driver runs; returns whether this call set it.
+    pub fn allow_config_writes(&self, offset: u64, mask: Vec<u8>) -> bool {
+        self.shared.config_writable.set((offset, mask)).is_ok()
+    }
+
+    /// A driver's write of `bytes` at config `offset` (§4.2.2: the device
+    /// configuration space takes 8-, 16- and 32-bit accesses). Refused,
+    /// wholly, and recorded as [`DeviceError::ConfigWrite`] unless every
+    /// byte lies in the window [`allow_config_writes`](Self::allow_config_writes)
+    /// opened; bits outside a byte's mask are left as they were. Wakes the
+    /// device thread, which applies the new value.
+    pub fn write_config(&self, offset: u64, bytes: &[u8]) {
+        let s = &*self.shared;
+        let inside = s.config_writable.get().filter(|(at, mask)| {
+            offset >= *at
+                && offset
+                    .checked_add(bytes.len() as u64)
+                    .is_some_and(|e| e <= at.saturating_add(mask.len() as u64))
+        });
+        let Some((at, mask)) = inside else {
+            s.report(DeviceError::ConfigWrite { offset });
+            return;
+        };
+        {
+            let mut r = lock(&s.regs);
+            for (i, &b) in bytes.iter().enumerate() {
+                // Inside the window, so inside `mask`; the window lies in
+                // the config space or the byte is skipped.
+                let o = (offset - at) as usize + i;
+                let m = mask[o];
+                if let Some(c) = r.config.get_mut(at.saturating_add(o as u64) as usize) {
+                    *c = (*c & !m) | (b & m);
+                }
+            }
+        }
+        if let Some(t) = s.device_thread.get() {
+            t.unpark();
+        }
     }
 
     /// Reads `buf.len()` bytes of config space at `offset` (bytes past its
@@ -387,9 +434,7 @@ impl MmioTransport {
             _ => {}
         }
         if offset >= reg::CONFIG {
-            s.report(DeviceError::ConfigWrite {
-                offset: offset - reg::CONFIG,
-            });
+            self.write_config(offset - reg::CONFIG, &value.to_le_bytes());
             return;
         }
         let mut r = lock(&s.regs);

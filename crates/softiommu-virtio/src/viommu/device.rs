@@ -55,6 +55,9 @@ impl ViommuDevice {
             config: cfg.config_space(),
         };
         let transport = MmioTransport::new(info, cfg.transport);
+        // §5.13.4.1: the driver may write `bypass`, 0 or 1; bits 1-7 are
+        // masked off, so the device never presents another value.
+        transport.allow_config_writes(s::CFG_BYPASS as u64, vec![0x01]);
         let state = State::new(system.clone(), unit, &cfg)?;
         let shared = Arc::new(Shared {
             state: Mutex::new(state),

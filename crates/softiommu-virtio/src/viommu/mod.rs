@@ -36,7 +36,9 @@ mod chain;
 mod config;
 mod device;
 mod domain;
+mod driver;
 mod events;
+mod ops;
 mod pending;
 mod probe;
 mod request;
@@ -50,6 +52,11 @@ pub use config::{
 };
 pub use device::ViommuDevice;
 pub use domain::MappingRecord;
+pub use driver::{
+    Completion, FaultEvent, RawDesc, ViommuDriver, ViommuDriverConfig, ViommuDriverError,
+    ViommuGeometry,
+};
 pub use events::fault_bytes;
+pub use ops::encode;
 pub use stats::ViommuStats;
 pub use status::Status;

@@ -1,0 +1,615 @@
+//! [`ViommuDriver`]: the guest side of a virtio-iommu device — probe,
+//! feature negotiation, the request and event queues in guest RAM, and
+//! requests sent one at a time (strict: notify and wait for each) or
+//! queued without notifying and sent together by [`sync`](ViommuDriver::sync)
+//! (lazy: one notification and one wait per batch, as Linux since 6.8).
+//!
+//! Every wait on the device is bounded by [`ViommuDriverConfig::wait`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softiommu::mem::{MemError, PhysAddr, PhysMemory, PAGE_SIZE};
+
+use super::status::Status;
+use crate::spec::{self, desc, iommu as s, reg, status};
+use crate::transport::MmioTransport;
+use crate::vring::{DriverRing, RingError, RingLayout};
+
+/// Bytes of one request slot: the readable part at 0, the writable part
+/// at [`SLOT_WRITABLE`].
+const SLOT: u64 = PAGE_SIZE;
+/// Offset of a slot's writable part.
+const SLOT_WRITABLE: u64 = 256;
+/// Bytes of one event buffer.
+const EVENT_BUF: u64 = 64;
+
+/// How to drive the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViommuDriverConfig {
+    /// Request queue entries (a power of two; cut to the device's max).
+    pub queue_size: u16,
+    /// Event buffers posted (a power of two, at most 64).
+    pub events: u16,
+    /// Features to accept, among those offered (`VERSION_1` is added).
+    pub accept: u64,
+    /// The longest wait for the device.
+    pub wait: Duration,
+}
+
+impl Default for ViommuDriverConfig {
+    fn default() -> Self {
+        Self {
+            queue_size: 64,
+            events: 16,
+            accept: u64::MAX,
+            wait: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why the driver failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ViommuDriverError {
+    /// The transport is not a virtio-iommu.
+    #[error("not a virtio-iommu: magic {magic:#x}, version {version}, device id {device_id}")]
+    NotViommu {
+        /// `MagicValue`.
+        magic: u32,
+        /// `Version`.
+        version: u32,
+        /// `DeviceID`.
+        device_id: u32,
+    },
+    /// The device refused `FEATURES_OK`.
+    #[error("the device refused features {wanted:#x}")]
+    FeaturesRefused {
+        /// What was asked for.
+        wanted: u64,
+    },
+    /// A queue could not be set up.
+    #[error("queue {queue} unavailable (QueueNumMax {max})")]
+    QueueUnavailable {
+        /// The queue.
+        queue: u16,
+        /// `QueueNumMax`.
+        max: u32,
+    },
+    /// A configuration value is out of range.
+    #[error("driver configuration: {field} = {value}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// A raw chain is longer than the queue, or a request than a slot.
+    #[error("a chain of {descs} descriptors / {bytes} bytes does not fit")]
+    TooLarge {
+        /// Descriptors asked for.
+        descs: usize,
+        /// Bytes asked for.
+        bytes: u64,
+    },
+    /// The device did not return a request within the bound.
+    #[error("the device returned nothing within {0:?}")]
+    Timeout(Duration),
+    /// The device asked for a reset (`DEVICE_NEEDS_RESET`).
+    #[error("the device needs a reset (status {0:#x})")]
+    NeedsReset(u32),
+    /// The device returned a chain the driver did not have in flight.
+    #[error("the device returned unknown chain {0}")]
+    BadUsed(u32),
+    /// Guest memory refused.
+    #[error(transparent)]
+    Memory(#[from] MemError),
+    /// A ring could not be made.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+}
+
+/// One returned request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The used length the device wrote.
+    pub used: u32,
+    /// The whole writable part as the device left it.
+    pub writable: Vec<u8>,
+}
+
+impl Completion {
+    /// The status in the tail (the last 4 writable bytes), `None` if the
+    /// device wrote nothing (used length below the tail, §5.13.6: a
+    /// failure) or a byte §5.13.6 does not define.
+    pub fn status(&self) -> Option<Status> {
+        let n = self.writable.len();
+        if (self.used as usize) < s::TAIL_LEN || n < s::TAIL_LEN {
+            return None;
+        }
+        Status::from_code(self.writable[n - s::TAIL_LEN])
+    }
+}
+
+/// One descriptor of a raw chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawDesc {
+    /// Guest-physical address.
+    pub addr: u64,
+    /// Length.
+    pub len: u32,
+    /// Device-writable.
+    pub writable: bool,
+}
+
+/// A fault report from the event queue (§5.13.6.7), decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultEvent {
+    /// `reason`.
+    pub reason: u8,
+    /// `flags`.
+    pub flags: u32,
+    /// `endpoint`.
+    pub endpoint: u32,
+    /// `address` (meaningful with `FAULT_F_ADDRESS`).
+    pub address: u64,
+    /// Whether `reserved` and `reserved1` were zero (§5.13.6.7.1: a
+    /// driver ignores a report otherwise).
+    pub reserved_zero: bool,
+}
+
+impl FaultEvent {
+    /// Decodes the 24 bytes of a `virtio_iommu_fault`.
+    pub fn decode(b: &[u8; s::FAULT_LEN]) -> Self {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[16..24]);
+        Self {
+            reason: b[0],
+            flags: u32_at(4),
+            endpoint: u32_at(8),
+            address: u64::from_le_bytes(a),
+            reserved_zero: b[1..4] == [0, 0, 0] && u32_at(12) == 0,
+        }
+    }
+}
+
+/// What the device's configuration space says (§5.13.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViommuGeometry {
+    /// `page_size_mask`.
+    pub page_size_mask: u64,
+    /// `input_range` (inclusive).
+    pub input_range: (u64, u64),
+    /// `domain_range` (inclusive).
+    pub domain_range: (u32, u32),
+    /// `probe_size`.
+    pub probe_size: u32,
+    /// `bypass`.
+    pub bypass: u8,
+}
+
+/// The driver of one virtio-iommu device. Use it from one thread: it
+/// binds the transport's interrupts to the thread that probed.
+#[derive(Debug)]
+pub struct ViommuDriver {
+    transport: MmioTransport,
+    mem: Arc<PhysMemory>,
+    req: DriverRing,
+    evt: DriverRing,
+    /// Request slots (two descriptors each), `SLOT` bytes apart.
+    slots: PhysAddr,
+    slot_order: u32,
+    free: Vec<u16>,
+    /// Per slot: the writable length of the request in it.
+    wlen: Vec<u32>,
+    /// Slots queued but not yet notified.
+    queued: Vec<u16>,
+    events: PhysAddr,
+    ring_orders: (u32, u32),
+    features: u64,
+    geometry: ViommuGeometry,
+    wait: Duration,
+    kicks: u64,
+}
+
+fn order_of(bytes: u64) -> u32 {
+    let pages = bytes.div_ceil(PAGE_SIZE).max(1);
+    pages.next_power_of_two().trailing_zeros()
+}
+
+fn config_u32(t: &MmioTransport, at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    t.read_config(at as u64, &mut b);
+    u32::from_le_bytes(b)
+}
+
+fn config_u64(t: &MmioTransport, at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    t.read_config(at as u64, &mut b);
+    u64::from_le_bytes(b)
+}
+
+impl ViommuDriver {
+    /// Initialises the device behind `transport` (§3.1.1) with its queues
+    /// in `mem`'s RAM, and posts the event buffers.
+    pub fn probe(
+        transport: MmioTransport,
+        mem: Arc<PhysMemory>,
+        cfg: ViommuDriverConfig,
+    ) -> Result<Self, ViommuDriverError> {
+        let t = &transport;
+        let (magic, version, device_id) = (
+            t.read(reg::MAGIC_VALUE),
+            t.read(reg::VERSION),
+            t.read(reg::DEVICE_ID),
+        );
+        if magic != spec::MMIO_MAGIC || version != spec::MMIO_VERSION || device_id != s::DEVICE_ID
+        {
+            return Err(ViommuDriverError::NotViommu {
+                magic,
+                version,
+                device_id,
+            });
+        }
+        let bad = |field, value: u64| Err(ViommuDriverError::InvalidConfig { field, value });
+        if !cfg.queue_size.is_power_of_two() || cfg.queue_size < 2 {
+            return bad("queue_size", u64::from(cfg.queue_size));
+        }
+        if !cfg.events.is_power_of_two() || cfg.events > 64 {
+            return bad("events", u64::from(cfg.events));
+        }
+        t.bind_interrupt(std::thread::current());
+        t.write(reg::STATUS, 0);
+        t.write(reg::STATUS, status::ACKNOWLEDGE);
+        t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
+        t.write(reg::DEVICE_FEATURES_SEL, 0);
+        let lo = u64::from(t.read(reg::DEVICE_FEATURES));
+        t.write(reg::DEVICE_FEATURES_SEL, 1);
+        let offered = u64::from(t.read(reg::DEVICE_FEATURES)) << 32 | lo;
+        let platform = 1u64 << spec::feature::ACCESS_PLATFORM;
+        // Not behind an IOMMU: the rings hold guest-physical addresses,
+        // which is what the platform's translation of this device is.
+        let wanted = (offered & cfg.accept & !platform) | 1 << spec::feature::VERSION_1;
+        t.write(reg::DRIVER_FEATURES_SEL, 0);
+        t.write(reg::DRIVER_FEATURES, wanted as u32);
+        t.write(reg::DRIVER_FEATURES_SEL, 1);
+        t.write(reg::DRIVER_FEATURES, (wanted >> 32) as u32);
+        let st = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+        t.write(reg::STATUS, st);
+        if t.read(reg::STATUS) & status::FEATURES_OK == 0 {
+            t.write(reg::STATUS, status::FAILED);
+            return Err(ViommuDriverError::FeaturesRefused { wanted });
+        }
+        let geometry = ViommuGeometry {
+            page_size_mask: config_u64(t, s::CFG_PAGE_SIZE_MASK),
+            input_range: (
+                config_u64(t, s::CFG_INPUT_START),
+                config_u64(t, s::CFG_INPUT_END),
+            ),
+            domain_range: (
+                config_u32(t, s::CFG_DOMAIN_START),
+                config_u32(t, s::CFG_DOMAIN_END),
+            ),
+            probe_size: config_u32(t, s::CFG_PROBE_SIZE),
+            bypass: {
+                let mut b = [0u8];
+                t.read_config(s::CFG_BYPASS as u64, &mut b);
+                b[0]
+            },
+        };
+        if u64::from(geometry.probe_size) + s::TAIL_LEN as u64 > SLOT - SLOT_WRITABLE {
+            t.write(reg::STATUS, status::FAILED);
+            return bad("probe_size", u64::from(geometry.probe_size));
+        }
+        let fail = |e: ViommuDriverError| {
+            t.write(reg::STATUS, status::FAILED);
+            e
+        };
+        let req_size = Self::queue_size(t, s::REQUEST_QUEUE, cfg.queue_size).map_err(fail)?;
+        let evt_size = Self::queue_size(t, s::EVENT_QUEUE, cfg.events).map_err(fail)?;
+        let (rl, el) = (RingLayout::new(req_size), RingLayout::new(evt_size));
+        let ring_orders = (order_of(rl.bytes), order_of(el.bytes));
+        let rp = mem.alloc_zeroed_frames(ring_orders.0).map_err(|e| fail(e.into()))?;
+        let ep = mem.alloc_zeroed_frames(ring_orders.1).map_err(|e| fail(e.into()))?;
+        let nslots = req_size / 2;
+        let slot_order = order_of(SLOT * u64::from(nslots));
+        let slots = mem.alloc_zeroed_frames(slot_order).map_err(|e| fail(e.into()))?;
+        let events = mem.alloc_zeroed_frames(0).map_err(|e| fail(e.into()))?;
+        let req = DriverRing::new(mem.clone(), rp, rp, rl).map_err(|e| fail(e.into()))?;
+        let mut evt = DriverRing::new(mem.clone(), ep, ep, el).map_err(|e| fail(e.into()))?;
+        for (q, ring) in [(s::REQUEST_QUEUE, &req), (s::EVENT_QUEUE, &evt)] {
+            let (d, a, u) = ring.device_addresses();
+            t.write(reg::QUEUE_SEL, u32::from(q));
+            t.write(reg::QUEUE_NUM, u32::from(ring.layout().size));
+            for (lo, v) in [
+                (reg::QUEUE_DESC_LOW, d),
+                (reg::QUEUE_DRIVER_LOW, a),
+                (reg::QUEUE_DEVICE_LOW, u),
+            ] {
+                t.write(lo, v as u32);
+                t.write(lo + 4, (v >> 32) as u32);
+            }
+            t.write(reg::QUEUE_READY, 1);
+        }
+        for i in 0..evt_size {
+            evt.set_desc(
+                i,
+                events + EVENT_BUF * u64::from(i),
+                EVENT_BUF as u32,
+                desc::F_WRITE,
+                0,
+            );
+            evt.push_avail(i);
+        }
+        evt.publish();
+        t.write(reg::STATUS, st | status::DRIVER_OK);
+        t.write(reg::QUEUE_NOTIFY, u32::from(s::EVENT_QUEUE));
+        Ok(Self {
+            transport,
+            mem,
+            req,
+            evt,
+            slots,
+            slot_order,
+            free: (0..nslots).rev().collect(),
+            wlen: vec![0; usize::from(nslots)],
+            queued: Vec::new(),
+            events,
+            ring_orders: (ring_orders.0, ring_orders.1),
+            features: wanted,
+            geometry,
+            wait: cfg.wait,
+            kicks: 1,
+        })
+    }
+
+    fn queue_size(t: &MmioTransport, q: u16, want: u16) -> Result<u16, ViommuDriverError> {
+        t.write(reg::QUEUE_SEL, u32::from(q));
+        let max = t.read(reg::QUEUE_NUM_MAX);
+        if max < 2 || t.read(reg::QUEUE_READY) != 0 {
+            return Err(ViommuDriverError::QueueUnavailable { queue: q, max });
+        }
+        let max = u16::try_from(max).unwrap_or(spec::ring::MAX_SIZE);
+        let size = want.min(max);
+        Ok(1u16 << size.ilog2())
+    }
+
+    /// The features negotiated.
+    pub fn features(&self) -> u64 {
+        self.features
+    }
+
+    /// The device's configuration as read at probe.
+    pub fn geometry(&self) -> ViommuGeometry {
+        self.geometry
+    }
+
+    /// The register block.
+    pub fn transport(&self) -> &MmioTransport {
+        &self.transport
+    }
+
+    /// The memory the queues live in.
+    pub fn memory(&self) -> &Arc<PhysMemory> {
+        &self.mem
+    }
+
+    /// `QueueNotify` writes this driver made.
+    pub fn notifications(&self) -> u64 {
+        self.kicks
+    }
+
+    /// Requests queued and not yet sent ([`sync`](Self::sync) sends them).
+    pub fn queued(&self) -> usize {
+        self.queued.len()
+    }
+
+    fn slot_addr(&self, slot: u16) -> PhysAddr {
+        self.slots + SLOT * u64::from(slot)
+    }
+
+    /// Puts one request in a slot and the available ring, without
+    /// publishing or notifying; syncs first when no slot is free.
+    fn enqueue(&mut self, readable: &[u8], wlen: u32) -> Result<u16, ViommuDriverError> {
+        if readable.len() as u64 > SLOT_WRITABLE || u64::from(wlen) > SLOT - SLOT_WRITABLE {
+            return Err(ViommuDriverError::TooLarge {
+                descs: 2,
+                bytes: readable.len() as u64 + u64::from(wlen),
+            });
+        }
+        if self.free.is_empty() {
+            self.sync()?;
+        }
+        let slot = self.free.pop().ok_or(ViommuDriverError::TooLarge {
+            descs: 2,
+            bytes: 0,
+        })?;
+        let base = self.slot_addr(slot);
+        self.mem.write(base, readable)?;
+        self.mem
+            .fill(base + SLOT_WRITABLE, u64::from(wlen), 0)
+            .map_err(ViommuDriverError::from)?;
+        let (d0, d1) = (2 * slot, 2 * slot + 1);
+        self.req
+            .set_desc(d0, base, readable.len() as u32, desc::F_NEXT, d1);
+        self.req
+            .set_desc(d1, base + SLOT_WRITABLE, wlen, desc::F_WRITE, 0);
+        self.req.push_avail(d0);
+        self.wlen[usize::from(slot)] = wlen;
+        self.queued.push(slot);
+        Ok(slot)
+    }
+
+    fn kick(&mut self) {
+        self.req.publish();
+        if self.req.needs_kick() {
+            self.transport
+                .write(reg::QUEUE_NOTIFY, u32::from(s::REQUEST_QUEUE));
+            self.kicks += 1;
+        }
+    }
+
+    /// Waits until every chain in flight has come back; returns each
+    /// `(head, used)` in the order used.
+    fn wait_all(&mut self, mut out: impl FnMut(u16, u32)) -> Result<(), ViommuDriverError> {
+        let deadline = Instant::now() + self.wait;
+        while self.req.outstanding() > 0 {
+            match self.req.pop_used() {
+                Some((id, len)) => {
+                    let head = u16::try_from(id).map_err(|_| ViommuDriverError::BadUsed(id))?;
+                    out(head, len);
+                }
+                None => {
+                    let st = self.transport.status();
+                    if st & status::DEVICE_NEEDS_RESET != 0 {
+                        return Err(ViommuDriverError::NeedsReset(st));
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(ViommuDriverError::Timeout(self.wait));
+                    }
+                    std::thread::park_timeout(Duration::from_micros(50));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends every queued request with one notification and waits for
+    /// all of them; returns their completions in the order queued.
+    pub fn sync(&mut self) -> Result<Vec<Completion>, ViommuDriverError> {
+        if self.queued.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.kick();
+        let mut used = vec![None; self.wlen.len()];
+        self.wait_all(|head, len| {
+            if let Some(u) = used.get_mut(usize::from(head / 2)) {
+                *u = Some(len);
+            }
+        })?;
+        let queued = std::mem::take(&mut self.queued);
+        let mut out = Vec::with_capacity(queued.len());
+        for slot in queued {
+            let wlen = self.wlen[usize::from(slot)];
+            let mut writable = vec![0u8; wlen as usize];
+            self.mem
+                .read(self.slot_addr(slot) + SLOT_WRITABLE, &mut writable)?;
+            out.push(Completion {
+                used: used[usize::from(slot)].unwrap_or(0),
+                writable,
+            });
+            self.free.push(slot);
+        }
+        Ok(out)
+    }
+
+    /// Sends one request (readable bytes, writable length) and waits for
+    /// it, after whatever was queued before it.
+    pub fn call(&mut self, readable: &[u8], wlen: u32) -> Result<Completion, ViommuDriverError> {
+        self.enqueue(readable, wlen)?;
+        let mut all = self.sync()?;
+        all.pop().ok_or(ViommuDriverError::Timeout(self.wait))
+    }
+
+    /// Queues one request without notifying (lazy mode): it is sent by
+    /// the next [`sync`](Self::sync) or [`call`](Self::call).
+    pub fn queue(&mut self, readable: &[u8], wlen: u32) -> Result<(), ViommuDriverError> {
+        self.enqueue(readable, wlen).map(|_| ())
+    }
+
+    /// Sends one chain of exactly `descs` (after syncing what was
+    /// queued) and waits for it: for tests of malformed chains. Returns
+    /// the used length.
+    pub fn raw(&mut self, descs: &[RawDesc]) -> Result<u32, ViommuDriverError> {
+        self.sync()?;
+        let size = self.req.layout().size;
+        if descs.is_empty() || descs.len() > usize::from(size) {
+            return Err(ViommuDriverError::TooLarge {
+                descs: descs.len(),
+                bytes: 0,
+            });
+        }
+        for (i, d) in descs.iter().enumerate() {
+            let last = i + 1 == descs.len();
+            let mut flags = if d.writable { desc::F_WRITE } else { 0 };
+            if !last {
+                flags |= desc::F_NEXT;
+            }
+            self.req
+                .set_desc(i as u16, d.addr, d.len, flags, (i + 1) as u16);
+        }
+        self.req.push_avail(0);
+        self.kick();
+        let mut used = 0;
+        self.wait_all(|_, len| used = len)?;
+        Ok(used)
+    }
+
+    /// A page of guest RAM for a test's raw chains (the last request
+    /// slot's; do not mix with queued requests).
+    pub fn scratch(&self) -> PhysAddr {
+        self.slot_addr((self.wlen.len() - 1) as u16)
+    }
+
+    /// Takes the fault reports the device has written, reposting their
+    /// buffers.
+    pub fn take_events(&mut self) -> Vec<FaultEvent> {
+        let mut out = Vec::new();
+        let mut repost = Vec::new();
+        while let Some((id, len)) = self.evt.pop_used() {
+            let Ok(i) = u16::try_from(id) else { continue };
+            if i >= self.evt.layout().size {
+                continue;
+            }
+            if len as usize >= s::FAULT_LEN {
+                let mut b = [0u8; s::FAULT_LEN];
+                if self
+                    .mem
+                    .read(self.events + EVENT_BUF * u64::from(i), &mut b)
+                    .is_ok()
+                {
+                    out.push(FaultEvent::decode(&b));
+                }
+            }
+            repost.push(i);
+        }
+        if !repost.is_empty() {
+            for i in repost {
+                self.evt.push_avail(i);
+            }
+            self.evt.publish();
+            self.transport
+                .write(reg::QUEUE_NOTIFY, u32::from(s::EVENT_QUEUE));
+        }
+        out
+    }
+
+    /// Waits (bounded by the driver's wait) until at least `n` fault
+    /// reports have been taken, and returns them.
+    pub fn wait_events(&mut self, n: usize) -> Vec<FaultEvent> {
+        let deadline = Instant::now() + self.wait;
+        let mut out = self.take_events();
+        while out.len() < n && Instant::now() < deadline {
+            std::thread::park_timeout(Duration::from_micros(200));
+            out.extend(self.take_events());
+        }
+        out
+    }
+
+    /// Writes `bypass` (§5.13.4.1: only with `BYPASS_CONFIG`).
+    pub fn set_bypass(&self, on: bool) {
+        self.transport
+            .write_config(s::CFG_BYPASS as u64, &[u8::from(on)]);
+    }
+}
+
+impl Drop for ViommuDriver {
+    fn drop(&mut self) {
+        // Reset first: the device no longer uses the rings once it returns.
+        self.transport.write(reg::STATUS, 0);
+        let _ = self.mem.free_frames(self.slots, self.slot_order);
+        let _ = self.mem.free_frames(self.events, 0);
+        let _ = self.mem.free_frames(self.req.phys(), self.ring_orders.0);
+        let _ = self.mem.free_frames(self.evt.phys(), self.ring_orders.1);
+    }
+}

@@ -1,0 +1,104 @@
+//! A virtio-iommu rig the viommu tests share: memory, a system with one
+//! unit, two endpoints in its scope, the device and its driver.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use softiommu::hw::{Access, PhysRanges, SourceId, System, TranslateError, UnitConfig, UnitId};
+use softiommu::mem::PhysMemory;
+use softiommu_virtio::spec::iommu as s;
+use softiommu_virtio::viommu::{
+    Status, ViommuConfig, ViommuDevice, ViommuDriver, ViommuDriverConfig,
+};
+
+/// Endpoint A: requester 00:01.0.
+pub const A: SourceId = SourceId(0x0008);
+/// Endpoint B: requester 00:02.0.
+pub const B: SourceId = SourceId(0x0010);
+/// Their endpoint ids.
+pub const EA: u32 = 0x0008;
+pub const EB: u32 = 0x0010;
+/// Read and write.
+pub const RW: u32 = s::MAP_F_READ | s::MAP_F_WRITE;
+/// Guest RAM of the rig.
+pub const RAM: u64 = 64 << 20;
+
+pub struct Rig {
+    pub mem: Arc<PhysMemory>,
+    pub system: Arc<System>,
+    pub unit: UnitId,
+    pub dev: ViommuDevice,
+    pub drv: ViommuDriver,
+}
+
+pub fn config() -> ViommuConfig {
+    ViommuConfig {
+        endpoints: vec![A, B],
+        ..ViommuConfig::default()
+    }
+}
+
+pub fn rig() -> Rig {
+    rig_with(config(), ViommuDriverConfig::default())
+}
+
+pub fn rig_with(cfg: ViommuConfig, dcfg: ViommuDriverConfig) -> Rig {
+    let mem = Arc::new(PhysMemory::new(RAM).expect("memory"));
+    let mut sys = System::new(mem.clone());
+    let unit = sys.add_unit(UnitConfig::default()).expect("unit");
+    for sid in [A, B] {
+        sys.assign(sid, unit).expect("assign");
+    }
+    let system = Arc::new(sys);
+    let dev = ViommuDevice::spawn(cfg, system.clone(), unit).expect("device");
+    let drv = ViommuDriver::probe(dev.transport().clone(), mem.clone(), dcfg).expect("driver");
+    Rig {
+        mem,
+        system,
+        unit,
+        dev,
+        drv,
+    }
+}
+
+impl Rig {
+    /// What endpoint `sid` reaches at `iova` (a device's translation).
+    pub fn reach(
+        &self,
+        sid: SourceId,
+        iova: u64,
+        access: Access,
+    ) -> Result<PhysRanges, TranslateError> {
+        let unit = self.system.unit(self.unit).expect("unit");
+        let mut t = unit.translator().expect("translator");
+        t.translate(sid, iova, 8, access)
+    }
+
+    /// A page-aligned physical buffer of `pages` pages in guest RAM.
+    pub fn ram(&self, order: u32) -> u64 {
+        self.mem.alloc_zeroed_frames(order).expect("frames")
+    }
+
+    /// ATTACH that must succeed.
+    pub fn attach_ok(&mut self, domain: u32, ep: u32) {
+        assert_eq!(self.drv.attach(domain, ep, 0).unwrap(), Some(Status::Ok));
+    }
+
+    /// MAP that must succeed.
+    pub fn map_ok(&mut self, domain: u32, start: u64, end: u64, phys: u64) {
+        assert_eq!(
+            self.drv.map(domain, start, end, phys, RW).unwrap(),
+            Some(Status::Ok)
+        );
+    }
+
+    /// The mappings of `domain` as `(start, end)`.
+    pub fn ranges(&self, domain: u32) -> Vec<(u64, u64)> {
+        self.dev
+            .mappings(domain)
+            .unwrap_or_default()
+            .iter()
+            .map(|m| (m.start, m.end))
+            .collect()
+    }
+}
