@@ -144,14 +144,24 @@ impl Server {
         let tail_at = wlen - s::TAIL_LEN as u64;
         let rlen = usize::try_from(self.parts.readable_len()).unwrap_or(usize::MAX);
         let mut buf = [0u8; MAX_REQUEST];
-        let status = match self.parts.read(mem, &mut buf) {
-            Err(()) => Status::Fault,
+        let parsed = match self.parts.read(mem, &mut buf) {
+            Err(()) => Err(Status::Fault),
             Ok(got) => match Request::parse(&buf[..got], rlen) {
                 // §5.13.6.2: an unknown type is returned unwritten.
                 Err(ParseError::UnknownType(_)) => return unwritten,
-                Err(ParseError::NoHead | ParseError::Short { .. }) => Status::Inval,
-                Ok(req) => self.execute(req, state, cfg, neg, mem, tail_at, c),
+                Err(ParseError::NoHead | ParseError::Short { .. }) => Err(Status::Inval),
+                Ok(req) => Ok(req),
             },
+        };
+        // The tail must be writable before anything is done: a request the
+        // device cannot answer is not carried out either.
+        let provisional = [Status::DevErr.code(), 0, 0, 0];
+        if self.parts.write(mem, tail_at, &provisional).is_err() {
+            return unwritten;
+        }
+        let status = match parsed {
+            Err(st) => st,
+            Ok(req) => self.execute(req, state, cfg, neg, mem, tail_at, c),
         };
         let used = u32::try_from(wlen).unwrap_or(u32::MAX);
         let tail = [status.code(), 0, 0, 0];
