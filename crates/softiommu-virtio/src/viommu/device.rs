@@ -59,6 +59,9 @@ impl ViommuDevice {
         // masked off, so the device never presents another value.
         transport.allow_config_writes(s::CFG_BYPASS as u64, vec![0x01]);
         let state = State::new(system.clone(), unit, &cfg)?;
+        // From here on, not from whenever the thread first runs: a fault
+        // in between is reported.
+        let reporter = Reporter::new(state.unit());
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             counters: Counters::default(),
@@ -69,7 +72,7 @@ impl ViommuDevice {
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("virtio-iommu".into())
-            .spawn(move || run(&cfg, &end, &mem, &sh))
+            .spawn(move || run(&cfg, &end, &mem, &sh, reporter))
             .map_err(|e| ViommuError::Spawn(e.raw_os_error().unwrap_or(0)))?;
         Ok(Self {
             transport,
@@ -122,11 +125,16 @@ impl Drop for ViommuDevice {
 /// The device thread: each pass applies a reset or a new `bypass`, serves
 /// one round of requests and reports faults; it sleeps at most
 /// `idle_wait` when neither had work.
-fn run(cfg: &ViommuConfig, end: &DeviceEnd, mem: &PhysGuestMemory, sh: &Shared) {
+fn run(
+    cfg: &ViommuConfig,
+    end: &DeviceEnd,
+    mem: &PhysGuestMemory,
+    sh: &Shared,
+    mut reporter: Reporter,
+) {
     end.register_thread();
     let transport = end.transport();
     let mut server = Server::default();
-    let mut reporter = Reporter::new(lock(&sh.state).unit());
     let mut generation = None;
     while !sh.stop.load(Ordering::Acquire) {
         let _ = end.take_notified();

@@ -1,0 +1,124 @@
+//! Faults reach the guest: an endpoint's translation fault in the unit is
+//! reported on the virtio-iommu's event queue in the `virtio_iommu_fault`
+//! layout (§5.13.6.7), the unit's fault log keeps its record, and a full
+//! event queue drops and counts events without stopping the device.
+
+mod viommu_common;
+
+use std::time::{Duration, Instant};
+
+use softiommu::hw::{Access, FaultReason, SourceId};
+use softiommu_virtio::spec::iommu as s;
+use softiommu_virtio::viommu::{FaultEvent, Status, ViommuDriverConfig};
+use viommu_common::*;
+
+fn expect(ev: &FaultEvent, reason: u8, dir: u32, ep: u32, addr: u64) {
+    assert_eq!(
+        (ev.reason, ev.flags, ev.endpoint, ev.address, ev.reserved_zero),
+        (reason, dir | s::FAULT_F_ADDRESS, ep, addr, true)
+    );
+}
+
+#[test]
+fn endpoint_touching_an_unmapped_iova_is_reported_as_mapping() {
+    let mut r = rig();
+    let phys = r.ram(0);
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0x1000, 0x1fff, phys);
+    assert!(r.reach(A, 0x5000, Access::Read).is_err());
+    let evs = r.drv.wait_events(1);
+    assert_eq!(evs.len(), 1);
+    expect(&evs[0], s::FAULT_R_MAPPING, s::FAULT_F_READ, EA, 0x5000);
+    // The unit's log keeps the record for its owner.
+    let log = r.system.unit(r.unit).unwrap().faults().drain();
+    assert_eq!(log.records.len(), 1);
+    assert_eq!(log.records[0].reason, FaultReason::NotPresent);
+    assert_eq!(log.records[0].iova, 0x5000);
+}
+
+#[test]
+fn write_to_a_read_only_mapping_is_reported_with_the_write_flag() {
+    let mut r = rig();
+    let phys = r.ram(0);
+    r.attach_ok(1, EA);
+    assert_eq!(
+        r.drv.map(1, 0x1000, 0x1fff, phys, s::MAP_F_READ).unwrap(),
+        Some(Status::Ok)
+    );
+    assert!(r.reach(A, 0x1008, Access::Write).is_err());
+    let evs = r.drv.wait_events(1);
+    assert_eq!(evs.len(), 1);
+    expect(&evs[0], s::FAULT_R_MAPPING, s::FAULT_F_WRITE, EA, 0x1008);
+}
+
+#[test]
+fn unattached_endpoint_is_reported_as_domain() {
+    let mut r = rig();
+    assert!(r.reach(B, 0x7000, Access::Write).is_err());
+    let evs = r.drv.wait_events(1);
+    assert_eq!(evs.len(), 1);
+    expect(&evs[0], s::FAULT_R_DOMAIN, s::FAULT_F_WRITE, EB, 0x7000);
+}
+
+#[test]
+fn access_after_a_completed_unmap_faults_and_is_reported() {
+    let mut r = rig();
+    let phys = r.ram(0);
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0x3000, 0x3fff, phys);
+    assert!(r.reach(A, 0x3000, Access::Read).is_ok());
+    assert_eq!(r.drv.unmap(1, 0x3000, 0x3fff).unwrap(), Some(Status::Ok));
+    assert!(r.reach(A, 0x3000, Access::Read).is_err());
+    let evs = r.drv.wait_events(1);
+    assert_eq!(evs.len(), 1);
+    expect(&evs[0], s::FAULT_R_MAPPING, s::FAULT_F_READ, EA, 0x3000);
+}
+
+#[test]
+fn faults_of_endpoints_the_device_does_not_manage_are_not_reported() {
+    let mut r = rig();
+    let other = SourceId(0x0100);
+    r.system.assign(other, r.unit).unwrap();
+    assert!(r.reach(other, 0x1000, Access::Read).is_err());
+    assert!(r.reach(A, 0x2000, Access::Read).is_err());
+    // Reports follow the log's order: once A's is in, the other's would
+    // have come first.
+    let evs = r.drv.wait_events(1);
+    assert_eq!(evs.len(), 1);
+    assert_eq!(evs[0].endpoint, EA);
+    assert_eq!(r.dev.stats().events_dropped, 0);
+}
+
+#[test]
+fn a_full_event_queue_drops_and_counts_and_never_blocks() {
+    let mut r = rig_with(
+        config(),
+        ViommuDriverConfig {
+            events: 2,
+            ..Default::default()
+        },
+    );
+    r.attach_ok(1, EA);
+    for i in 0..5u64 {
+        assert!(r.reach(A, 0x10_0000 + i * 0x1000, Access::Read).is_err());
+    }
+    let t0 = Instant::now();
+    while r.dev.stats().events + r.dev.stats().events_dropped < 5 {
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", r.dev.stats());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let st = r.dev.stats();
+    assert_eq!((st.events, st.events_dropped), (2, 3));
+    // The device still serves requests.
+    assert_eq!(r.drv.detach(1, EA).unwrap(), Some(Status::Ok));
+    let evs = r.drv.take_events();
+    assert_eq!(evs.len(), 2);
+    assert_eq!(evs[1].address, 0x10_1000);
+    // Buffers reposted: the next fault is reported again.
+    assert!(r.reach(A, 0x9000, Access::Read).is_err());
+    let evs = r.drv.wait_events(1);
+    assert_eq!(evs.len(), 1);
+    expect(&evs[0], s::FAULT_R_DOMAIN, s::FAULT_F_READ, EA, 0x9000);
+    // Every fault is in the unit's log.
+    assert_eq!(r.system.unit(r.unit).unwrap().faults().len(), 6);
+}
