@@ -399,6 +399,11 @@ impl ViommuDriver {
         self.kicks
     }
 
+    /// Request slots free for [`queue`](Self::queue) before it must sync.
+    pub fn free_slots(&self) -> usize {
+        self.free.len()
+    }
+
     /// Requests queued and not yet sent ([`sync`](Self::sync) sends them).
     pub fn queued(&self) -> usize {
         self.queued.len()

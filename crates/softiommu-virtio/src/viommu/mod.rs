@@ -35,6 +35,7 @@
 mod chain;
 mod config;
 mod device;
+mod dma;
 mod domain;
 mod driver;
 mod events;
@@ -51,6 +52,9 @@ pub use config::{
     ViommuConfig, ViommuError, GRANULE, INPUT_END, PAGE_SIZE_MASK, RESV_MEM_PROP,
 };
 pub use device::ViommuDevice;
+pub use dma::{
+    resv_regions, ViommuDma, ViommuDmaError, ViommuDmaStats, ViommuMapping, ViommuMode,
+};
 pub use domain::MappingRecord;
 pub use driver::{
     Completion, FaultEvent, RawDesc, ViommuDriver, ViommuDriverConfig, ViommuDriverError,

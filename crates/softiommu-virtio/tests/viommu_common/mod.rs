@@ -61,6 +61,20 @@ pub fn rig_with(cfg: ViommuConfig, dcfg: ViommuDriverConfig) -> Rig {
     }
 }
 
+/// What endpoint `sid` reaches at `iova` through `system`'s `unit` (a
+/// device's translation of 8 bytes).
+pub fn reach_in(
+    system: &System,
+    unit: UnitId,
+    sid: SourceId,
+    iova: u64,
+    access: Access,
+) -> Result<PhysRanges, TranslateError> {
+    let unit = system.unit(unit).expect("unit");
+    let mut t = unit.translator().expect("translator");
+    t.translate(sid, iova, 8, access)
+}
+
 impl Rig {
     /// What endpoint `sid` reaches at `iova` (a device's translation).
     pub fn reach(
@@ -69,9 +83,7 @@ impl Rig {
         iova: u64,
         access: Access,
     ) -> Result<PhysRanges, TranslateError> {
-        let unit = self.system.unit(self.unit).expect("unit");
-        let mut t = unit.translator().expect("translator");
-        t.translate(sid, iova, 8, access)
+        reach_in(&self.system, self.unit, sid, iova, access)
     }
 
     /// A page-aligned physical buffer of `pages` pages in guest RAM.

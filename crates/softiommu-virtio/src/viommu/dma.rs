@@ -1,0 +1,350 @@
+//! [`ViommuDma`]: the DMA API over a virtio-iommu — a domain whose map
+//! and unmap are MAP and UNMAP requests instead of page-table writes.
+//!
+//! - **Strict**: each map sends its MAPs and waits; each unmap sends its
+//!   UNMAP and waits, so when it returns the device has invalidated the
+//!   unit's IOTLB and the IOVA is free for reuse.
+//! - **Lazy** (Linux's virtio-iommu driver since 6.8): requests are
+//!   queued on the request ring without a notification. A map is made
+//!   usable by one notification and one wait for all the MAPs of the call
+//!   (`iotlb_sync_map`); an unmap queues its UNMAP and puts the IOVA on a
+//!   flush queue, and a full flush queue (or [`flush`](ViommuDma::flush))
+//!   sends everything queued with one notification and one wait
+//!   (`flush_iotlb_all`) before freeing those IOVAs. An IOVA is never
+//!   handed out again before the UNMAP that covers it has completed.
+
+use std::sync::Arc;
+
+use softiommu::dma::DmaDirection;
+use softiommu::iova::{IovaDomain, IovaError, IovaPolicy};
+use softiommu::mem::{PAGE_SHIFT, PAGE_SIZE};
+
+use super::driver::{ViommuDriver, ViommuDriverError};
+use super::ops::encode;
+use super::status::Status;
+use crate::spec::iommu as s;
+
+/// How unmaps reach the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViommuMode {
+    /// UNMAP and wait before an unmap returns.
+    Strict,
+    /// Queue requests; one notification and wait per map sync or per
+    /// flush of `flush_queue` unmaps.
+    Lazy {
+        /// Unmaps held before a flush (Linux: 256 per CPU).
+        flush_queue: usize,
+    },
+}
+
+/// Why a DMA call over the virtio-iommu failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ViommuDmaError {
+    /// The transport or the device.
+    #[error(transparent)]
+    Driver(#[from] ViommuDriverError),
+    /// IOVA space.
+    #[error(transparent)]
+    Iova(#[from] IovaError),
+    /// The device refused a request (`None`: returned unwritten).
+    #[error("the device answered {op} with {status:?}")]
+    Refused {
+        /// The request.
+        op: &'static str,
+        /// Its status.
+        status: Option<Status>,
+    },
+    /// A length of zero, or one whose pages overflow.
+    #[error("bad DMA length {len:#x}")]
+    BadLength {
+        /// The length.
+        len: u64,
+    },
+}
+
+/// Counts of a [`ViommuDma`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ViommuDmaStats {
+    /// Maps made.
+    pub maps: u64,
+    /// Unmaps made.
+    pub unmaps: u64,
+    /// Requests sent (MAP and UNMAP).
+    pub requests: u64,
+    /// Flushes of the lazy flush queue.
+    pub flushes: u64,
+}
+
+/// One mapping handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViommuMapping {
+    /// The DMA address of the buffer's first byte.
+    pub iova: u64,
+    /// The buffer's length.
+    pub len: u64,
+    /// First page of the IOVA block.
+    pfn: u64,
+    /// Pages of the block (a power of two).
+    pages: u64,
+    /// Pages mapped (the buffer's).
+    mapped: u64,
+}
+
+/// A DMA domain over a virtio-iommu device.
+#[derive(Debug)]
+pub struct ViommuDma {
+    drv: ViommuDriver,
+    domain: u32,
+    mode: ViommuMode,
+    iova: Arc<IovaDomain>,
+    /// Unmapped in lazy mode, their UNMAP queued or sent, IOVA not freed.
+    fq: Vec<ViommuMapping>,
+    stats: ViommuDmaStats,
+}
+
+impl ViommuDma {
+    /// Attaches `endpoints` to domain `domain` through `drv` and builds
+    /// an IOVA space over the device's input range, less every reserved
+    /// region PROBE reports.
+    pub fn new(
+        mut drv: ViommuDriver,
+        domain: u32,
+        endpoints: &[u32],
+        mode: ViommuMode,
+    ) -> Result<Self, ViommuDmaError> {
+        let g = drv.geometry();
+        let end_pfn = g.input_range.1 >> PAGE_SHIFT;
+        let start_pfn = (g.input_range.0 >> PAGE_SHIFT).max(1);
+        let iova = IovaDomain::new(start_pfn, end_pfn, IovaPolicy::Softiommu)?;
+        for &ep in endpoints {
+            let (st, props) = drv.probe_endpoint(ep)?;
+            if st != Some(Status::Ok) {
+                return Err(ViommuDmaError::Refused { op: "PROBE", status: st });
+            }
+            for (lo, hi) in resv_regions(&props) {
+                let (a, b) = (lo >> PAGE_SHIFT, hi >> PAGE_SHIFT);
+                if a <= end_pfn && b >= start_pfn {
+                    // A region already reserved (the MSI window, which
+                    // the IOVA space keeps out itself) is fine.
+                    let _ = iova.reserve(a.max(start_pfn), b.min(end_pfn));
+                }
+            }
+            let st = drv.attach(domain, ep, 0)?;
+            if st != Some(Status::Ok) {
+                return Err(ViommuDmaError::Refused { op: "ATTACH", status: st });
+            }
+        }
+        Ok(Self {
+            drv,
+            domain,
+            mode,
+            iova,
+            fq: Vec::new(),
+            stats: ViommuDmaStats::default(),
+        })
+    }
+
+    /// The driver underneath.
+    pub fn driver(&self) -> &ViommuDriver {
+        &self.drv
+    }
+
+    /// Counts so far.
+    pub fn stats(&self) -> ViommuDmaStats {
+        self.stats
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> ViommuMode {
+        self.mode
+    }
+
+    /// Maps each `(phys, len)` for `dir` and makes the mappings usable
+    /// before returning: strict sends and waits per MAP; lazy queues
+    /// them all and sends them with one notification and one wait.
+    pub fn map_sg(
+        &mut self,
+        sg: &[(u64, u64)],
+        dir: DmaDirection,
+    ) -> Result<Vec<ViommuMapping>, ViommuDmaError> {
+        let flags = match dir {
+            DmaDirection::ToDevice => s::MAP_F_READ,
+            DmaDirection::FromDevice => s::MAP_F_WRITE,
+            DmaDirection::Bidirectional => s::MAP_F_READ | s::MAP_F_WRITE,
+        };
+        let mut out = Vec::with_capacity(sg.len());
+        for &(phys, len) in sg {
+            let off = phys % PAGE_SIZE;
+            let bytes = off
+                .checked_add(len)
+                .filter(|_| len != 0)
+                .ok_or(ViommuDmaError::BadLength { len })?;
+            let mapped = bytes.div_ceil(PAGE_SIZE);
+            let pages = mapped.next_power_of_two();
+            let pfn = match self.iova.alloc(pages, u64::MAX) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.undo(&out);
+                    return Err(e.into());
+                }
+            };
+            let start = pfn << PAGE_SHIFT;
+            let req = encode::map(
+                self.domain,
+                start,
+                start + mapped * PAGE_SIZE - 1,
+                phys - off,
+                flags,
+            );
+            let m = ViommuMapping {
+                iova: start + off,
+                len,
+                pfn,
+                pages,
+                mapped,
+            };
+            self.stats.requests += 1;
+            let sent = match self.mode {
+                ViommuMode::Strict => self.expect_ok("MAP", &req),
+                ViommuMode::Lazy { .. } => {
+                    if self.drv.free_slots() == 0 {
+                        self.sync()?;
+                    }
+                    self.drv
+                        .queue(&req, s::TAIL_LEN as u32)
+                        .map_err(ViommuDmaError::from)
+                }
+            };
+            if let Err(e) = sent {
+                let _ = self.iova.free(pfn, pages);
+                self.undo(&out);
+                return Err(e);
+            }
+            out.push(m);
+        }
+        if matches!(self.mode, ViommuMode::Lazy { .. }) {
+            // `iotlb_sync_map`: the MAPs (and any UNMAPs queued before
+            // them) with one notification.
+            self.sync()?;
+        }
+        self.stats.maps += out.len() as u64;
+        Ok(out)
+    }
+
+    /// Maps one buffer (see [`map_sg`](Self::map_sg)).
+    pub fn map(
+        &mut self,
+        phys: u64,
+        len: u64,
+        dir: DmaDirection,
+    ) -> Result<ViommuMapping, ViommuDmaError> {
+        let mut v = self.map_sg(&[(phys, len)], dir)?;
+        v.pop().ok_or(ViommuDmaError::BadLength { len })
+    }
+
+    /// Unmaps `m`. Strict: the UNMAP has completed (the unit's IOTLB is
+    /// invalidated) and the IOVA is free when this returns. Lazy: the
+    /// UNMAP is queued and the IOVA held until the flush that sends it.
+    pub fn unmap(&mut self, m: ViommuMapping) -> Result<(), ViommuDmaError> {
+        let start = m.pfn << PAGE_SHIFT;
+        let req = encode::unmap(self.domain, start, start + m.mapped * PAGE_SIZE - 1);
+        self.stats.requests += 1;
+        self.stats.unmaps += 1;
+        match self.mode {
+            ViommuMode::Strict => {
+                self.expect_ok("UNMAP", &req)?;
+                self.iova.free(m.pfn, m.pages)?;
+            }
+            ViommuMode::Lazy { flush_queue } => {
+                if self.drv.free_slots() == 0 {
+                    // The ring is full of queued requests: flush them
+                    // (and check them) before queueing more.
+                    self.flush()?;
+                }
+                self.drv.queue(&req, s::TAIL_LEN as u32)?;
+                self.fq.push(m);
+                if self.fq.len() >= flush_queue.max(1) {
+                    self.flush()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends every queued request with one notification, waits for them,
+    /// and frees the IOVAs of the unmaps among them.
+    pub fn flush(&mut self) -> Result<(), ViommuDmaError> {
+        if self.fq.is_empty() && self.drv.queued() == 0 {
+            return Ok(());
+        }
+        self.stats.flushes += 1;
+        self.sync()
+    }
+
+    /// Sends what is queued and checks every status; then frees the
+    /// IOVAs whose UNMAPs have completed (all of them: they were queued
+    /// before this sync).
+    fn sync(&mut self) -> Result<(), ViommuDmaError> {
+        let done = self.drv.sync()?;
+        let bad = done
+            .iter()
+            .map(|c| c.status())
+            .find(|st| *st != Some(Status::Ok));
+        if let Some(status) = bad {
+            // IOVAs of unmaps whose fate is unknown stay allocated.
+            return Err(ViommuDmaError::Refused { op: "queued request", status });
+        }
+        for m in std::mem::take(&mut self.fq) {
+            self.iova.free(m.pfn, m.pages)?;
+        }
+        Ok(())
+    }
+
+    fn expect_ok(&mut self, op: &'static str, req: &[u8]) -> Result<(), ViommuDmaError> {
+        match self.drv.request(req)? {
+            Some(Status::Ok) => Ok(()),
+            status => Err(ViommuDmaError::Refused { op, status }),
+        }
+    }
+
+    /// Gives back the mappings of a failed `map_sg` (best effort: each
+    /// UNMAP sent and waited for, then its IOVA freed).
+    fn undo(&mut self, done: &[ViommuMapping]) {
+        for m in done {
+            let start = m.pfn << PAGE_SHIFT;
+            let req = encode::unmap(self.domain, start, start + m.mapped * PAGE_SIZE - 1);
+            if matches!(self.drv.request(&req), Ok(Some(Status::Ok))) {
+                let _ = self.iova.free(m.pfn, m.pages);
+            }
+        }
+    }
+}
+
+/// The RESV_MEM regions `(start, end)` of a PROBE's properties
+/// (§5.13.6.5: each `length + 4` bytes after the last; an empty type
+/// ends the list; a property with reserved bits set is ignored).
+pub fn resv_regions(props: &[u8]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while let Some(h) = props.get(at..at + s::PROBE_PROP_HEAD) {
+        let word = u16::from_le_bytes([h[0], h[1]]);
+        let len = usize::from(u16::from_le_bytes([h[2], h[3]]));
+        let ty = word & s::PROBE_TYPE_MASK;
+        if ty == 0 {
+            break;
+        }
+        let body = at + s::PROBE_PROP_HEAD;
+        if word & !s::PROBE_TYPE_MASK == 0 && ty == s::PROBE_T_RESV_MEM && len >= s::RESV_MEM_LEN {
+            if let Some(b) = props.get(body..body + s::RESV_MEM_LEN) {
+                let le64 = |i: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&b[i..i + 8]);
+                    u64::from_le_bytes(w)
+                };
+                out.push((le64(4), le64(12)));
+            }
+        }
+        at = body.saturating_add(len);
+    }
+    out
+}

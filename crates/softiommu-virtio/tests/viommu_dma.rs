@@ -1,0 +1,119 @@
+//! The DMA API over the virtio-iommu: strict (UNMAP and wait before an
+//! unmap returns) and lazy (queued requests, one notification and one
+//! wait per map sync or flush), and the device coalescing one
+//! notification's UNMAPs into one invalidation per domain and one wait.
+
+mod viommu_common;
+
+use softiommu::dma::DmaDirection;
+use std::sync::Arc;
+
+use softiommu::hw::{Access, PhysRanges, SourceId, System, TranslateError, UnitId};
+use softiommu_virtio::viommu::{resv_regions, ViommuDevice, ViommuDma, ViommuMode};
+use viommu_common::*;
+
+/// The rig with its driver moved into a DMA domain over the device.
+struct DmaRig {
+    system: Arc<System>,
+    unit: UnitId,
+    dev: ViommuDevice,
+}
+
+impl DmaRig {
+    fn reach(&self, sid: SourceId, iova: u64, access: Access) -> Result<PhysRanges, TranslateError> {
+        reach_in(&self.system, self.unit, sid, iova, access)
+    }
+}
+
+fn dma(mode: ViommuMode) -> (DmaRig, ViommuDma, u64) {
+    let r = rig();
+    let phys = r.ram(6);
+    let Rig {
+        system,
+        unit,
+        dev,
+        drv,
+        ..
+    } = r;
+    let d = ViommuDma::new(drv, 1, &[EA], mode).expect("domain");
+    (DmaRig { system, unit, dev }, d, phys)
+}
+
+#[test]
+fn strict_unmap_has_invalidated_when_it_returns() {
+    let (r, mut d, phys) = dma(ViommuMode::Strict);
+    let before = d.driver().notifications();
+    let m = d.map(phys + 0x10, 0x2000, DmaDirection::Bidirectional).unwrap();
+    assert_eq!(m.iova % 0x1000, 0x10);
+    let got = r.reach(A, m.iova, Access::Write).unwrap();
+    assert_eq!(got.as_slice()[0].phys, phys + 0x10);
+    d.unmap(m).unwrap();
+    assert!(matches!(
+        r.reach(A, m.iova, Access::Write),
+        Err(TranslateError::NotPresent { .. })
+    ));
+    // One notification per request.
+    assert_eq!(d.driver().notifications() - before, 2);
+    let st = r.dev.stats();
+    assert_eq!((st.unmaps, st.invalidation_waits), (1, 1));
+}
+
+#[test]
+fn lazy_sends_one_notification_per_flush_and_the_device_one_invalidation() {
+    let (r, mut d, phys) = dma(ViommuMode::Lazy { flush_queue: 32 });
+    let mut maps = Vec::new();
+    for i in 0..32u64 {
+        maps.push(d.map(phys + i * 0x1000, 0x1000, DmaDirection::FromDevice).unwrap());
+    }
+    let st0 = r.dev.stats();
+    let n0 = d.driver().notifications();
+    for m in &maps[..31] {
+        d.unmap(*m).unwrap();
+    }
+    // Queued, not sent: the endpoint still reaches them (the lazy window).
+    assert_eq!(d.driver().notifications(), n0);
+    assert!(r.reach(A, maps[0].iova, Access::Write).is_ok());
+    d.unmap(maps[31]).unwrap();
+    // The 32nd filled the flush queue: one notification for all.
+    assert_eq!(d.driver().notifications(), n0 + 1);
+    let st = r.dev.stats();
+    assert_eq!(st.unmaps - st0.unmaps, 32);
+    assert_eq!(st.invalidation_waits - st0.invalidation_waits, 1);
+    assert_eq!(st.invalidations - st0.invalidations, 1);
+    for m in &maps {
+        assert!(r.reach(A, m.iova, Access::Write).is_err());
+    }
+    assert_eq!(d.stats().flushes, 1);
+}
+
+#[test]
+fn lazy_never_hands_out_an_iova_whose_unmap_is_not_done() {
+    let (_r, mut d, phys) = dma(ViommuMode::Lazy { flush_queue: 64 });
+    let a = d.map(phys, 0x1000, DmaDirection::ToDevice).unwrap();
+    d.unmap(a).unwrap();
+    let b = d.map(phys, 0x1000, DmaDirection::ToDevice).unwrap();
+    assert_ne!(a.iova, b.iova);
+    d.flush().unwrap();
+    d.unmap(b).unwrap();
+    d.flush().unwrap();
+}
+
+#[test]
+fn map_sg_in_lazy_mode_is_one_notification() {
+    let (r, mut d, phys) = dma(ViommuMode::Lazy { flush_queue: 64 });
+    let n0 = d.driver().notifications();
+    let sg: Vec<(u64, u64)> = (0..8).map(|i| (phys + i * 0x2000, 0x1000)).collect();
+    let ms = d.map_sg(&sg, DmaDirection::ToDevice).unwrap();
+    assert_eq!(d.driver().notifications(), n0 + 1);
+    for m in &ms {
+        assert!(r.reach(A, m.iova, Access::Read).is_ok());
+        assert!(r.reach(A, m.iova, Access::Write).is_err());
+    }
+}
+
+#[test]
+fn probe_properties_parse_back() {
+    let mut r = rig();
+    let (_, props) = r.drv.probe_endpoint(EA).unwrap();
+    assert_eq!(resv_regions(&props), [(0xfee0_0000, 0xfeef_ffff)]);
+}
