@@ -46,7 +46,11 @@ fn short_request_is_inval() {
     let map = encode::map(1, 0x1000, 0x1fff, 0x1000, RW);
     for len in [s::HEAD_LEN, s::MAP_LEN - 1] {
         let (used, w) = raw(&mut r, &map[..len], &[4]);
-        assert_eq!((used, w[0], &w[1..]), (4, s::S_INVAL, &[0u8, 0, 0][..]), "{len}");
+        assert_eq!(
+            (used, w[0], &w[1..]),
+            (4, s::S_INVAL, &[0u8, 0, 0][..]),
+            "{len}"
+        );
     }
     assert_eq!(r.ranges(1), []);
 }
@@ -168,7 +172,10 @@ fn domain_out_of_range_is_range() {
     let phys = r.ram(0);
     for d in [0u32, 1024, u32::MAX] {
         assert_eq!(r.drv.attach(d, EA, 0).unwrap(), Some(Status::Range), "{d}");
-        assert_eq!(r.drv.map(d, 0x1000, 0x1fff, phys, RW).unwrap(), Some(Status::Range));
+        assert_eq!(
+            r.drv.map(d, 0x1000, 0x1fff, phys, RW).unwrap(),
+            Some(Status::Range)
+        );
         assert_eq!(r.drv.unmap(d, 0x1000, 0x1fff).unwrap(), Some(Status::Range));
         assert_eq!(r.drv.detach(d, EA).unwrap(), Some(Status::Range));
     }
@@ -179,7 +186,11 @@ fn domain_out_of_range_is_range() {
 fn endpoint_out_of_range_or_unknown_is_noent() {
     let mut r = rig();
     for ep in [0x0018u32, 0x1_0008, u32::MAX] {
-        assert_eq!(r.drv.attach(1, ep, 0).unwrap(), Some(Status::NoEnt), "{ep:#x}");
+        assert_eq!(
+            r.drv.attach(1, ep, 0).unwrap(),
+            Some(Status::NoEnt),
+            "{ep:#x}"
+        );
         assert_eq!(r.drv.detach(1, ep).unwrap(), Some(Status::NoEnt));
         assert_eq!(r.drv.probe_endpoint(ep).unwrap().0, Some(Status::NoEnt));
     }
@@ -191,7 +202,10 @@ fn endpoint_out_of_range_or_unknown_is_noent() {
 fn unknown_domain_is_noent() {
     let mut r = rig();
     let phys = r.ram(0);
-    assert_eq!(r.drv.map(7, 0x1000, 0x1fff, phys, RW).unwrap(), Some(Status::NoEnt));
+    assert_eq!(
+        r.drv.map(7, 0x1000, 0x1fff, phys, RW).unwrap(),
+        Some(Status::NoEnt)
+    );
     assert_eq!(r.drv.unmap(7, 0x1000, 0x1fff).unwrap(), Some(Status::NoEnt));
 }
 
@@ -200,7 +214,10 @@ fn map_with_no_permission_flag_is_inval() {
     let mut r = rig();
     let phys = r.ram(0);
     r.attach_ok(1, EA);
-    assert_eq!(r.drv.map(1, 0x1000, 0x1fff, phys, 0).unwrap(), Some(Status::Inval));
+    assert_eq!(
+        r.drv.map(1, 0x1000, 0x1fff, phys, 0).unwrap(),
+        Some(Status::Inval)
+    );
     assert_eq!(
         r.drv.map(1, 0x1000, 0x1fff, phys, s::MAP_F_MMIO).unwrap(),
         Some(Status::Inval)
@@ -232,7 +249,9 @@ fn map_mmio_flag_without_the_feature_is_inval() {
     let phys = r.ram(0);
     r.attach_ok(1, EA);
     assert_eq!(
-        r.drv.map(1, 0x1000, 0x1fff, phys, RW | s::MAP_F_MMIO).unwrap(),
+        r.drv
+            .map(1, 0x1000, 0x1fff, phys, RW | s::MAP_F_MMIO)
+            .unwrap(),
         Some(Status::Inval)
     );
     assert_eq!(r.ranges(1), []);
@@ -248,7 +267,11 @@ fn map_beyond_the_input_range_is_range() {
         (INPUT_END - 0xfff, INPUT_END + 0x1000),
         (u64::MAX - 0xfff, u64::MAX),
     ] {
-        assert_eq!(r.drv.map(1, a, b, phys, RW).unwrap(), Some(Status::Range), "{a:#x}");
+        assert_eq!(
+            r.drv.map(1, a, b, phys, RW).unwrap(),
+            Some(Status::Range),
+            "{a:#x}"
+        );
     }
     assert_eq!(r.ranges(1), []);
 }
@@ -264,7 +287,11 @@ fn unaligned_addresses_are_range() {
         (0x1000, 0x2000, phys),
         (0x1000, 0x1fff, phys + 8),
     ] {
-        assert_eq!(r.drv.map(1, a, b, p, RW).unwrap(), Some(Status::Range), "{a:#x} {b:#x} {p:#x}");
+        assert_eq!(
+            r.drv.map(1, a, b, p, RW).unwrap(),
+            Some(Status::Range),
+            "{a:#x} {b:#x} {p:#x}"
+        );
     }
     assert_eq!(r.ranges(1), []);
 }
@@ -274,7 +301,10 @@ fn map_end_before_start_is_inval() {
     let mut r = rig();
     let phys = r.ram(0);
     r.attach_ok(1, EA);
-    assert_eq!(r.drv.map(1, 0x2000, 0xfff, phys, RW).unwrap(), Some(Status::Inval));
+    assert_eq!(
+        r.drv.map(1, 0x2000, 0xfff, phys, RW).unwrap(),
+        Some(Status::Inval)
+    );
     assert_eq!(r.drv.unmap(1, 0x2000, 0xfff).unwrap(), Some(Status::Inval));
 }
 
@@ -292,7 +322,11 @@ fn map_of_memory_outside_guest_ram_is_range() {
         (RAM - 0x1000, RW),
     ] {
         let end = if p == RAM - 0x1000 { 0x2fff } else { 0x1fff };
-        assert_eq!(r.drv.map(1, 0x1000, end, p, f).unwrap(), Some(Status::Range), "{p:#x}");
+        assert_eq!(
+            r.drv.map(1, 0x1000, end, p, f).unwrap(),
+            Some(Status::Range),
+            "{p:#x}"
+        );
     }
     assert_eq!(r.ranges(1), []);
 }

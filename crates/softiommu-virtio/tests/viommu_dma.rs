@@ -20,7 +20,12 @@ struct DmaRig {
 }
 
 impl DmaRig {
-    fn reach(&self, sid: SourceId, iova: u64, access: Access) -> Result<PhysRanges, TranslateError> {
+    fn reach(
+        &self,
+        sid: SourceId,
+        iova: u64,
+        access: Access,
+    ) -> Result<PhysRanges, TranslateError> {
         reach_in(&self.system, self.unit, sid, iova, access)
     }
 }
@@ -43,7 +48,9 @@ fn dma(mode: ViommuMode) -> (DmaRig, ViommuDma, u64) {
 fn strict_unmap_has_invalidated_when_it_returns() {
     let (r, mut d, phys) = dma(ViommuMode::Strict);
     let before = d.driver().notifications();
-    let m = d.map(phys + 0x10, 0x2000, DmaDirection::Bidirectional).unwrap();
+    let m = d
+        .map(phys + 0x10, 0x2000, DmaDirection::Bidirectional)
+        .unwrap();
     assert_eq!(m.iova % 0x1000, 0x10);
     let got = r.reach(A, m.iova, Access::Write).unwrap();
     assert_eq!(got.as_slice()[0].phys, phys + 0x10);
@@ -63,7 +70,10 @@ fn lazy_sends_one_notification_per_flush_and_the_device_one_invalidation() {
     let (r, mut d, phys) = dma(ViommuMode::Lazy { flush_queue: 32 });
     let mut maps = Vec::new();
     for i in 0..32u64 {
-        maps.push(d.map(phys + i * 0x1000, 0x1000, DmaDirection::FromDevice).unwrap());
+        maps.push(
+            d.map(phys + i * 0x1000, 0x1000, DmaDirection::FromDevice)
+                .unwrap(),
+        );
     }
     let st0 = r.dev.stats();
     let n0 = d.driver().notifications();

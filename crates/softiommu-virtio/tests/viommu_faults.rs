@@ -14,7 +14,13 @@ use viommu_common::*;
 
 fn expect(ev: &FaultEvent, reason: u8, dir: u32, ep: u32, addr: u64) {
     assert_eq!(
-        (ev.reason, ev.flags, ev.endpoint, ev.address, ev.reserved_zero),
+        (
+            ev.reason,
+            ev.flags,
+            ev.endpoint,
+            ev.address,
+            ev.reserved_zero
+        ),
         (reason, dir | s::FAULT_F_ADDRESS, ep, addr, true)
     );
 }

@@ -34,7 +34,10 @@ fn device_id_features_and_config() {
     assert_eq!(g.domain_range, (1, 1023));
     assert_eq!(g.bypass, 0);
     assert!(g.probe_size >= 48);
-    assert_eq!(t.read(reg::STATUS) & spec::status::DRIVER_OK, spec::status::DRIVER_OK);
+    assert_eq!(
+        t.read(reg::STATUS) & spec::status::DRIVER_OK,
+        spec::status::DRIVER_OK
+    );
 }
 
 #[test]
@@ -51,12 +54,18 @@ fn attach_map_reach_unmap_fault() {
     r.map_ok(1, 0x10_0000, 0x10_0fff, phys);
     let got = r.reach(A, 0x10_0010, Access::Write).expect("mapped");
     assert_eq!(got.as_slice()[0].phys, phys + 0x10);
-    assert_eq!(r.drv.unmap(1, 0x10_0000, 0x10_0fff).unwrap(), Some(Status::Ok));
+    assert_eq!(
+        r.drv.unmap(1, 0x10_0000, 0x10_0fff).unwrap(),
+        Some(Status::Ok)
+    );
     // The UNMAP completed: the unit's invalidation has completed too, so
     // the endpoint faults (an IOTLB entry filled above is gone).
     assert!(matches!(
         r.reach(A, 0x10_0010, Access::Write),
-        Err(TranslateError::NotPresent { iova: 0x10_0010, .. })
+        Err(TranslateError::NotPresent {
+            iova: 0x10_0010,
+            ..
+        })
     ));
     let st = r.dev.stats();
     assert_eq!((st.maps, st.unmaps, st.invalidation_waits), (1, 1, 1));
@@ -84,7 +93,12 @@ fn map_overlapping_an_existing_mapping_is_inval_and_changes_nothing() {
     let phys = r.ram(4);
     r.attach_ok(1, EA);
     r.map_ok(1, 0x4000, 0x7fff, phys);
-    for (a, b) in [(0x4000, 0x4fff), (0x3000, 0x4fff), (0x7000, 0x8fff), (0x0, 0xffff)] {
+    for (a, b) in [
+        (0x4000, 0x4fff),
+        (0x3000, 0x4fff),
+        (0x7000, 0x8fff),
+        (0x0, 0xffff),
+    ] {
         assert_eq!(
             r.drv.map(1, a, b, phys + 0x8000, RW).unwrap(),
             Some(Status::Inval),
@@ -97,7 +111,10 @@ fn map_overlapping_an_existing_mapping_is_inval_and_changes_nothing() {
         r.reach(A, 0x3000, Access::Read),
         Err(TranslateError::NotPresent { .. })
     ));
-    assert_eq!(r.reach(A, 0x4000, Access::Read).unwrap().as_slice()[0].phys, phys);
+    assert_eq!(
+        r.reach(A, 0x4000, Access::Read).unwrap().as_slice()[0].phys,
+        phys
+    );
 }
 
 #[test]
@@ -154,8 +171,14 @@ fn large_pages_map_and_unmap_whole() {
         r.reach(A, 0x4010_0000, Access::Read).unwrap().as_slice()[0].phys,
         phys + 0x10_0000
     );
-    assert_eq!(r.drv.unmap(1, 0x4000_0000, 0x4000_0fff).unwrap(), Some(Status::Range));
-    assert_eq!(r.drv.unmap(1, 0x4000_0000, 0x401f_ffff).unwrap(), Some(Status::Ok));
+    assert_eq!(
+        r.drv.unmap(1, 0x4000_0000, 0x4000_0fff).unwrap(),
+        Some(Status::Range)
+    );
+    assert_eq!(
+        r.drv.unmap(1, 0x4000_0000, 0x401f_ffff).unwrap(),
+        Some(Status::Ok)
+    );
     assert!(r.reach(A, 0x4010_0000, Access::Read).is_err());
 }
 
@@ -178,7 +201,10 @@ fn two_endpoints_share_a_domain_and_detach_ends_reach() {
     assert_eq!(r.drv.detach(3, EB).unwrap(), Some(Status::Ok));
     // The last endpoint gone, the domain ceased to exist (§5.13.6.2).
     assert_eq!(r.dev.mappings(3), None);
-    assert_eq!(r.drv.map(3, 0x1000, 0x1fff, phys, RW).unwrap(), Some(Status::NoEnt));
+    assert_eq!(
+        r.drv.map(3, 0x1000, 0x1fff, phys, RW).unwrap(),
+        Some(Status::NoEnt)
+    );
 }
 
 #[test]
@@ -222,19 +248,39 @@ fn probe_reports_the_msi_window_and_reserved_regions() {
     };
     assert_eq!(
         prop(0),
-        (s::PROBE_T_RESV_MEM, 20, s::RESV_MEM_T_MSI, &[0u8, 0, 0][..], 0xfee0_0000, 0xfeef_ffff)
+        (
+            s::PROBE_T_RESV_MEM,
+            20,
+            s::RESV_MEM_T_MSI,
+            &[0u8, 0, 0][..],
+            0xfee0_0000,
+            0xfeef_ffff
+        )
     );
     // The next property starts `length + 4` bytes after the first.
     assert_eq!(
         prop(24),
-        (s::PROBE_T_RESV_MEM, 20, s::RESV_MEM_T_RESERVED, &[0u8, 0, 0][..], 0x8000_0000, 0x8000_ffff)
+        (
+            s::PROBE_T_RESV_MEM,
+            20,
+            s::RESV_MEM_T_RESERVED,
+            &[0u8, 0, 0][..],
+            0x8000_0000,
+            0x8000_ffff
+        )
     );
     assert!(props[48..].iter().all(|&b| b == 0));
     // MAP into either region is refused.
     r.attach_ok(1, EA);
     let phys = r.ram(0);
-    assert_eq!(r.drv.map(1, 0xfee0_0000, 0xfee0_0fff, phys, RW).unwrap(), Some(Status::Inval));
-    assert_eq!(r.drv.map(1, 0x8000_f000, 0x8001_0fff, phys, RW).unwrap(), Some(Status::Inval));
+    assert_eq!(
+        r.drv.map(1, 0xfee0_0000, 0xfee0_0fff, phys, RW).unwrap(),
+        Some(Status::Inval)
+    );
+    assert_eq!(
+        r.drv.map(1, 0x8000_f000, 0x8001_0fff, phys, RW).unwrap(),
+        Some(Status::Inval)
+    );
     assert_eq!(r.ranges(1), []);
 }
 
@@ -257,23 +303,40 @@ fn bypass_config_lets_unattached_endpoints_through() {
     r.drv.set_bypass(true);
     let t0 = std::time::Instant::now();
     while r.reach(A, 0x1000, Access::Read).is_err() {
-        assert!(t0.elapsed() < std::time::Duration::from_secs(2), "bypass not applied");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(2),
+            "bypass not applied"
+        );
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    assert_eq!(r.reach(A, 0x1000, Access::Read).unwrap().as_slice()[0].phys, 0x1000);
+    assert_eq!(
+        r.reach(A, 0x1000, Access::Read).unwrap().as_slice()[0].phys,
+        0x1000
+    );
     // Attached endpoints are translated whatever bypass says.
     r.attach_ok(1, EA);
     assert!(r.reach(A, 0x1000, Access::Read).is_err());
     // A bypass domain (ATTACH_F_BYPASS) passes its endpoints through.
-    assert_eq!(r.drv.attach(2, EB, s::ATTACH_F_BYPASS).unwrap(), Some(Status::Ok));
+    assert_eq!(
+        r.drv.attach(2, EB, s::ATTACH_F_BYPASS).unwrap(),
+        Some(Status::Ok)
+    );
     assert!(r.reach(B, 0x3000, Access::Read).is_ok());
-    assert_eq!(r.drv.map(2, 0x1000, 0x1fff, 0x1000, RW).unwrap(), Some(Status::Inval));
+    assert_eq!(
+        r.drv.map(2, 0x1000, 0x1fff, 0x1000, RW).unwrap(),
+        Some(Status::Inval)
+    );
     assert_eq!(r.drv.unmap(2, 0x1000, 0x1fff).unwrap(), Some(Status::Inval));
     // Inconsistent bypass flag for an existing domain.
     assert_eq!(r.drv.attach(2, EA, 0).unwrap(), Some(Status::Inval));
-    assert_eq!(r.drv.attach(1, EB, s::ATTACH_F_BYPASS).unwrap(), Some(Status::Inval));
+    assert_eq!(
+        r.drv.attach(1, EB, s::ATTACH_F_BYPASS).unwrap(),
+        Some(Status::Inval)
+    );
     // The config byte only ever reads 0 or 1.
-    r.drv.transport().write_config(s::CFG_BYPASS as u64, &[0xfe]);
+    r.drv
+        .transport()
+        .write_config(s::CFG_BYPASS as u64, &[0xfe]);
     let mut b = [0u8];
     r.drv.transport().read_config(s::CFG_BYPASS as u64, &mut b);
     assert_eq!(b[0], 0);
@@ -288,7 +351,10 @@ fn device_reset_detaches_every_endpoint() {
     r.dev.transport().write(reg::STATUS, 0);
     let t0 = std::time::Instant::now();
     while r.dev.attached(EA).is_some() {
-        assert!(t0.elapsed() < std::time::Duration::from_secs(2), "not reset");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(2),
+            "not reset"
+        );
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     assert!(matches!(

@@ -128,11 +128,11 @@ impl ViommuConfig {
         }
         let props = self.reserved.len().saturating_add(1);
         let need = props.saturating_mul(RESV_MEM_PROP);
-        if (self.probe_size as usize) < need || self.probe_size % 4 != 0 {
+        if (self.probe_size as usize) < need || !self.probe_size.is_multiple_of(4) {
             return bad("probe_size", u64::from(self.probe_size));
         }
         for &(a, b) in &self.reserved {
-            if a > b || a % GRANULE != 0 || b.wrapping_add(1) % GRANULE != 0 {
+            if a > b || !a.is_multiple_of(GRANULE) || !b.wrapping_add(1).is_multiple_of(GRANULE) {
                 return bad("reserved", a);
             }
         }

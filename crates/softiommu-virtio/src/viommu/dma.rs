@@ -119,7 +119,10 @@ impl ViommuDma {
         for &ep in endpoints {
             let (st, props) = drv.probe_endpoint(ep)?;
             if st != Some(Status::Ok) {
-                return Err(ViommuDmaError::Refused { op: "PROBE", status: st });
+                return Err(ViommuDmaError::Refused {
+                    op: "PROBE",
+                    status: st,
+                });
             }
             for (lo, hi) in resv_regions(&props) {
                 let (a, b) = (lo >> PAGE_SHIFT, hi >> PAGE_SHIFT);
@@ -131,7 +134,10 @@ impl ViommuDma {
             }
             let st = drv.attach(domain, ep, 0)?;
             if st != Some(Status::Ok) {
-                return Err(ViommuDmaError::Refused { op: "ATTACH", status: st });
+                return Err(ViommuDmaError::Refused {
+                    op: "ATTACH",
+                    status: st,
+                });
             }
         }
         Ok(Self {
@@ -292,7 +298,10 @@ impl ViommuDma {
             .find(|st| *st != Some(Status::Ok));
         if let Some(status) = bad {
             // IOVAs of unmaps whose fate is unknown stay allocated.
-            return Err(ViommuDmaError::Refused { op: "queued request", status });
+            return Err(ViommuDmaError::Refused {
+                op: "queued request",
+                status,
+            });
         }
         for m in std::mem::take(&mut self.fq) {
             self.iova.free(m.pfn, m.pages)?;

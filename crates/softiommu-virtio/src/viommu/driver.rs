@@ -243,8 +243,7 @@ impl ViommuDriver {
             t.read(reg::VERSION),
             t.read(reg::DEVICE_ID),
         );
-        if magic != spec::MMIO_MAGIC || version != spec::MMIO_VERSION || device_id != s::DEVICE_ID
-        {
+        if magic != spec::MMIO_MAGIC || version != spec::MMIO_VERSION || device_id != s::DEVICE_ID {
             return Err(ViommuDriverError::NotViommu {
                 magic,
                 version,
@@ -309,11 +308,17 @@ impl ViommuDriver {
         let evt_size = Self::queue_size(t, s::EVENT_QUEUE, cfg.events).map_err(fail)?;
         let (rl, el) = (RingLayout::new(req_size), RingLayout::new(evt_size));
         let ring_orders = (order_of(rl.bytes), order_of(el.bytes));
-        let rp = mem.alloc_zeroed_frames(ring_orders.0).map_err(|e| fail(e.into()))?;
-        let ep = mem.alloc_zeroed_frames(ring_orders.1).map_err(|e| fail(e.into()))?;
+        let rp = mem
+            .alloc_zeroed_frames(ring_orders.0)
+            .map_err(|e| fail(e.into()))?;
+        let ep = mem
+            .alloc_zeroed_frames(ring_orders.1)
+            .map_err(|e| fail(e.into()))?;
         let nslots = req_size / 2;
         let slot_order = order_of(SLOT * u64::from(nslots));
-        let slots = mem.alloc_zeroed_frames(slot_order).map_err(|e| fail(e.into()))?;
+        let slots = mem
+            .alloc_zeroed_frames(slot_order)
+            .map_err(|e| fail(e.into()))?;
         let events = mem.alloc_zeroed_frames(0).map_err(|e| fail(e.into()))?;
         let req = DriverRing::new(mem.clone(), rp, rp, rl).map_err(|e| fail(e.into()))?;
         let mut evt = DriverRing::new(mem.clone(), ep, ep, el).map_err(|e| fail(e.into()))?;
@@ -425,10 +430,10 @@ impl ViommuDriver {
         if self.free.is_empty() {
             self.sync()?;
         }
-        let slot = self.free.pop().ok_or(ViommuDriverError::TooLarge {
-            descs: 2,
-            bytes: 0,
-        })?;
+        let slot = self
+            .free
+            .pop()
+            .ok_or(ViommuDriverError::TooLarge { descs: 2, bytes: 0 })?;
         let base = self.slot_addr(slot);
         self.mem.write(base, readable)?;
         self.mem

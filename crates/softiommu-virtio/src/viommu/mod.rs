@@ -48,13 +48,9 @@ mod state;
 mod stats;
 mod status;
 
-pub use config::{
-    ViommuConfig, ViommuError, GRANULE, INPUT_END, PAGE_SIZE_MASK, RESV_MEM_PROP,
-};
+pub use config::{ViommuConfig, ViommuError, GRANULE, INPUT_END, PAGE_SIZE_MASK, RESV_MEM_PROP};
 pub use device::ViommuDevice;
-pub use dma::{
-    resv_regions, ViommuDma, ViommuDmaError, ViommuDmaStats, ViommuMapping, ViommuMode,
-};
+pub use dma::{resv_regions, ViommuDma, ViommuDmaError, ViommuDmaStats, ViommuMapping, ViommuMode};
 pub use domain::MappingRecord;
 pub use driver::{
     Completion, FaultEvent, RawDesc, ViommuDriver, ViommuDriverConfig, ViommuDriverError,

@@ -60,8 +60,12 @@ impl Server {
                     break;
                 }
             };
-            if let Err(e) = q.walk(mem, head, ChainDir::ReadableThenWritable, &mut self.parts.descs)
-            {
+            if let Err(e) = q.walk(
+                mem,
+                head,
+                ChainDir::ReadableThenWritable,
+                &mut self.parts.descs,
+            ) {
                 q.stop();
                 end.report(e);
                 break;
@@ -83,11 +87,8 @@ impl Server {
                         if let Some(at) = d.unmap_status_at.take() {
                             d.status = Some(Status::DevErr);
                             let b = [Status::DevErr.code()];
-                            let _ = vm_memory::Bytes::write_slice(
-                                mem,
-                                &b,
-                                vm_memory::GuestAddress(at),
-                            );
+                            let _ =
+                                vm_memory::Bytes::write_slice(mem, &b, vm_memory::GuestAddress(at));
                         }
                     }
                 }

@@ -359,7 +359,7 @@ impl State {
         }
         // `end + 1` of `u64::MAX` is 2^64, aligned; the range check below
         // refuses it.
-        let aligned = |x: u64| x % GRANULE == 0;
+        let aligned = |x: u64| x.is_multiple_of(GRANULE);
         if !aligned(start) || !aligned(phys) || !aligned(end.wrapping_add(1)) {
             return Status::Range;
         }
