@@ -363,3 +363,70 @@ fn device_reset_detaches_every_endpoint() {
     ));
     assert_eq!(r.dev.mappings(1), None);
 }
+
+#[test]
+fn a_configuration_the_unit_cannot_serve_is_refused() {
+    use softiommu::hw::{System, UnitConfig};
+    use softiommu_virtio::viommu::{ViommuConfig, ViommuDevice, ViommuError};
+    use std::sync::Arc;
+    let mem = Arc::new(softiommu::mem::PhysMemory::new(16 << 20).unwrap());
+    let mut sys = System::new(mem);
+    let unit = sys.add_unit(UnitConfig::default()).unwrap();
+    sys.assign(A, unit).unwrap();
+    let sys = Arc::new(sys);
+    let spawn = |cfg: ViommuConfig| ViommuDevice::spawn(cfg, sys.clone(), unit).map(|_| ());
+    assert_eq!(
+        spawn(ViommuConfig {
+            domain_range: (0, 9),
+            ..config()
+        }),
+        Err(ViommuError::InvalidConfig {
+            field: "domain_range.start",
+            value: 0
+        })
+    );
+    assert_eq!(
+        spawn(ViommuConfig {
+            domain_range: (1, 1 << 16),
+            ..config()
+        }),
+        Err(ViommuError::InvalidConfig {
+            field: "domain_range.end",
+            value: 1 << 16
+        })
+    );
+    assert_eq!(
+        spawn(ViommuConfig {
+            probe_size: 20,
+            endpoints: vec![A],
+            ..config()
+        }),
+        Err(ViommuError::InvalidConfig {
+            field: "probe_size",
+            value: 20
+        })
+    );
+    // B is not in the unit's scope here.
+    assert_eq!(
+        spawn(config()),
+        Err(ViommuError::EndpointNotInUnit { sid: B, unit })
+    );
+    assert_eq!(
+        ViommuDevice::spawn(config(), sys.clone(), softiommu::hw::UnitId(3)).map(|_| ()),
+        Err(ViommuError::NoUnit(softiommu::hw::UnitId(3)))
+    );
+}
+
+#[test]
+fn a_dma_domain_over_an_endpoint_the_device_refuses_is_an_error() {
+    use softiommu_virtio::viommu::{ViommuDma, ViommuDmaError, ViommuMode};
+    let r = rig();
+    let err = ViommuDma::new(r.drv, 1, &[0x0018], ViommuMode::Strict).unwrap_err();
+    assert_eq!(
+        err,
+        ViommuDmaError::Refused {
+            op: "PROBE",
+            status: Some(Status::NoEnt)
+        }
+    );
+}
