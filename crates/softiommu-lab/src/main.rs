@@ -107,6 +107,8 @@ enum LabCmd {
     Litmus(lab::litmus::LitmusArgs),
     /// A soak with an independent checker and a probe of the deferred bound; any violation exits non-zero.
     Stress(lab::stress::StressArgs),
+    /// The storage path through a virtio-iommu: no IOMMU, guest strict, guest lazy.
+    Viommu(lab::viommu::ViommuArgs),
 }
 
 /// Prints a report: its contract object under `--json`, else its tables.
@@ -220,10 +222,14 @@ fn main() -> std::process::ExitCode {
             cmd: Some(LabCmd::IperfTcp(a)),
             ..
         }) => emit(lab::iperf_tcp::run(&a), a.json),
+        Cmd::Lab(LabArgs {
+            cmd: Some(LabCmd::Viommu(a)),
+            ..
+        }) => emit(lab::viommu::run(&a), a.json),
         Cmd::Lab(a) => match &a.file {
             Some(f) => lab_file(&a, f),
             None => {
-                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus, stress, iopf) or a scenario FILE");
+                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus, stress, iopf, viommu) or a scenario FILE");
                 return std::process::ExitCode::from(2);
             }
         },

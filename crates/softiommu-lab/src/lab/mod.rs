@@ -14,3 +14,4 @@ pub mod stress;
 pub mod stress_bound;
 pub mod stress_check;
 pub mod stress_extra;
+pub mod viommu;

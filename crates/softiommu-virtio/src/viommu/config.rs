@@ -52,6 +52,11 @@ pub struct ViommuConfig {
     /// How long the idle device sleeps before it looks at the fault log
     /// again (a fault wakes nobody: the unit's log is polled).
     pub idle_wait: Duration,
+    /// After a round with work, how long the device keeps looking for
+    /// the next notification before it sleeps (busy polling, as vhost's
+    /// `poll-us`): a driver waiting on each request then pays no thread
+    /// wake-up. Zero: sleep at once.
+    pub poll: Duration,
     /// Transport policy. The device's own rings and requests are in guest
     /// RAM, reached directly (the device is not behind an IOMMU), so
     /// `VIRTIO_F_ACCESS_PLATFORM` is not required by default.
@@ -72,6 +77,7 @@ impl Default for ViommuConfig {
             batch: 256,
             fault_batch: 64,
             idle_wait: Duration::from_millis(1),
+            poll: Duration::from_micros(50),
             transport: TransportConfig {
                 require_access_platform: false,
             },

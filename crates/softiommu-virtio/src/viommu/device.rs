@@ -136,6 +136,7 @@ fn run(
     let transport = end.transport();
     let mut server = Server::default();
     let mut generation = None;
+    let mut last_work = std::time::Instant::now();
     while !sh.stop.load(Ordering::Acquire) {
         let _ = end.take_notified();
         let mut busy = false;
@@ -161,7 +162,12 @@ fn run(
             }
             busy |= reporter.poll(&state, end, mem, &sh.counters, cfg.fault_batch);
         }
-        if !busy {
+        if busy {
+            last_work = std::time::Instant::now();
+        } else if last_work.elapsed() < cfg.poll {
+            // Busy polling, bounded by `poll` since the last work.
+            std::thread::yield_now();
+        } else {
             std::thread::park_timeout(cfg.idle_wait);
         }
     }

@@ -173,13 +173,25 @@ impl ViommuDma {
         sg: &[(u64, u64)],
         dir: DmaDirection,
     ) -> Result<Vec<ViommuMapping>, ViommuDmaError> {
-        let flags = match dir {
-            DmaDirection::ToDevice => s::MAP_F_READ,
-            DmaDirection::FromDevice => s::MAP_F_WRITE,
-            DmaDirection::Bidirectional => s::MAP_F_READ | s::MAP_F_WRITE,
-        };
+        let segs: Vec<(u64, u64, DmaDirection)> = sg.iter().map(|&(p, l)| (p, l, dir)).collect();
+        self.map_segments(&segs)
+    }
+
+    /// As [`map_sg`](Self::map_sg) with a direction per segment: the
+    /// buffers of one request (a block request's header to the device,
+    /// data and status from it), made usable together — in lazy mode
+    /// with one notification.
+    pub fn map_segments(
+        &mut self,
+        sg: &[(u64, u64, DmaDirection)],
+    ) -> Result<Vec<ViommuMapping>, ViommuDmaError> {
         let mut out = Vec::with_capacity(sg.len());
-        for &(phys, len) in sg {
+        for &(phys, len, dir) in sg {
+            let flags = match dir {
+                DmaDirection::ToDevice => s::MAP_F_READ,
+                DmaDirection::FromDevice => s::MAP_F_WRITE,
+                DmaDirection::Bidirectional => s::MAP_F_READ | s::MAP_F_WRITE,
+            };
             let off = phys % PAGE_SIZE;
             let bytes = off
                 .checked_add(len)

@@ -35,6 +35,9 @@ pub struct ViommuDriverConfig {
     pub accept: u64,
     /// The longest wait for the device.
     pub wait: Duration,
+    /// How long a wait polls the used ring before it sleeps between
+    /// looks (a request the device answers within it costs no wake-up).
+    pub spin: Duration,
 }
 
 impl Default for ViommuDriverConfig {
@@ -44,6 +47,7 @@ impl Default for ViommuDriverConfig {
             events: 16,
             accept: u64::MAX,
             wait: Duration::from_secs(2),
+            spin: Duration::from_micros(50),
         }
     }
 }
@@ -209,6 +213,7 @@ pub struct ViommuDriver {
     features: u64,
     geometry: ViommuGeometry,
     wait: Duration,
+    spin: Duration,
     kicks: u64,
 }
 
@@ -364,6 +369,7 @@ impl ViommuDriver {
             features: wanted,
             geometry,
             wait: cfg.wait,
+            spin: cfg.spin,
             kicks: 1,
         })
     }
@@ -462,7 +468,8 @@ impl ViommuDriver {
     /// Waits until every chain in flight has come back; returns each
     /// `(head, used)` in the order used.
     fn wait_all(&mut self, mut out: impl FnMut(u16, u32)) -> Result<(), ViommuDriverError> {
-        let deadline = Instant::now() + self.wait;
+        let start = Instant::now();
+        let deadline = start + self.wait;
         while self.req.outstanding() > 0 {
             match self.req.pop_used() {
                 Some((id, len)) => {
@@ -474,10 +481,17 @@ impl ViommuDriver {
                     if st & status::DEVICE_NEEDS_RESET != 0 {
                         return Err(ViommuDriverError::NeedsReset(st));
                     }
-                    if Instant::now() >= deadline {
+                    let now = Instant::now();
+                    if now >= deadline {
                         return Err(ViommuDriverError::Timeout(self.wait));
                     }
-                    std::thread::park_timeout(Duration::from_micros(50));
+                    if now - start < self.spin {
+                        // Poll, but give the CPU to the device thread if
+                        // it is waiting for one.
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::park_timeout(Duration::from_micros(50));
+                    }
                 }
             }
         }
