@@ -1,0 +1,74 @@
+//! `softiommu lab viommu --json`: the contract object the issue fixes
+//! (`lab`, and per row `device`, `mode`, `pct_of_none`,
+//! `driver_cpu_us_per_io`, `requests_per_io`, `notifications_per_io`,
+//! `invalidations_per_io`), on a short run: the shape and the counts a
+//! mode implies, not the timings.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn softiommu(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_softiommu"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+#[test]
+fn lab_viommu_json_has_the_contract_fields() {
+    let out = softiommu(&[
+        "lab", "viommu", "--json", "--ios", "200", "--rounds", "1", "--depth", "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["lab"], "viommu");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 6);
+    for r in rows {
+        for key in [
+            "pct_of_none",
+            "driver_cpu_us_per_io",
+            "requests_per_io",
+            "notifications_per_io",
+            "invalidations_per_io",
+        ] {
+            assert!(r[key].as_f64().is_some(), "{key} in {r}");
+        }
+        let device = r["device"].as_str().expect("device");
+        assert!(device == "virtio-blk/null" || device == "virtio-blk/ssd-80us");
+        let per = |k: &str| r[k].as_f64().unwrap();
+        match r["mode"].as_str().expect("mode") {
+            "none" => {
+                assert_eq!(per("pct_of_none"), 100.0);
+                assert_eq!(per("requests_per_io"), 0.0);
+            }
+            // Three buffers per read: three MAPs and three UNMAPs, each
+            // its own notification; three invalidations.
+            "strict" => {
+                assert_eq!(per("requests_per_io"), 6.0);
+                assert_eq!(per("notifications_per_io"), 6.0);
+                assert_eq!(per("invalidations_per_io"), 3.0);
+            }
+            // One notification per read's map sync (and the final flush).
+            "lazy" => {
+                assert_eq!(per("requests_per_io"), 6.0);
+                assert!(per("notifications_per_io") < 1.1, "{r}");
+                assert!(per("invalidations_per_io") <= 1.0, "{r}");
+            }
+            m => panic!("mode {m}"),
+        }
+    }
+}
+
+#[test]
+fn lab_viommu_refuses_a_bad_depth_in_one_line() {
+    let out = softiommu(&["lab", "viommu", "--depth", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
