@@ -333,13 +333,29 @@ fn bypass_config_lets_unattached_endpoints_through() {
         r.drv.attach(1, EB, s::ATTACH_F_BYPASS).unwrap(),
         Some(Status::Inval)
     );
-    // The config byte only ever reads 0 or 1.
-    r.drv
-        .transport()
-        .write_config(s::CFG_BYPASS as u64, &[0xfe]);
-    let mut b = [0u8];
-    r.drv.transport().read_config(s::CFG_BYPASS as u64, &mut b);
-    assert_eq!(b[0], 0);
+    // The config byte only ever reads 0 or 1: bits 1-7 are not the
+    // driver's (a write changing them is refused and recorded).
+    let t = r.drv.transport().clone();
+    let bypass = |t: &softiommu_virtio::transport::MmioTransport| {
+        let mut b = [0u8];
+        t.read_config(s::CFG_BYPASS as u64, &mut b);
+        b[0]
+    };
+    assert_eq!(bypass(&t), 1);
+    let errors = t.errors().total();
+    t.write_config(s::CFG_BYPASS as u64, &[0xfe]);
+    assert_eq!(bypass(&t), 1);
+    assert_eq!(t.errors().total(), errors + 1);
+    // A 32-bit write carrying `bypass` and the reserved bytes unchanged
+    // is taken; one changing `probe_size` is refused whole.
+    t.write(reg::CONFIG + s::CFG_BYPASS as u64, 0);
+    assert_eq!(bypass(&t), 0);
+    assert_eq!(t.errors().total(), errors + 1);
+    t.write(reg::CONFIG + s::CFG_PROBE_SIZE as u64, 1);
+    assert_eq!(t.errors().total(), errors + 2);
+    let mut b = [0u8; 4];
+    t.read_config(s::CFG_PROBE_SIZE as u64, &mut b);
+    assert_eq!(u32::from_le_bytes(b), r.drv.geometry().probe_size);
 }
 
 #[test]

@@ -314,33 +314,45 @@ impl MmioTransport {
     }
 
     /// A driver's write of `bytes` at config `offset` (§4.2.2: the device
-    /// configuration space takes 8-, 16- and 32-bit accesses). Refused,
-    /// wholly, and recorded as [`DeviceError::ConfigWrite`] unless every
-    /// byte lies in the window [`allow_config_writes`](Self::allow_config_writes)
-    /// opened; bits outside a byte's mask are left as they were. Wakes the
-    /// device thread, which applies the new value.
+    /// configuration space takes 8-, 16- and 32-bit accesses). Each byte
+    /// inside the window [`allow_config_writes`](Self::allow_config_writes)
+    /// opened takes the bits of its mask (the others keep their value); a
+    /// byte outside it must leave the config space as it is (a 32-bit
+    /// write that carries a writable byte and its read-only neighbours
+    /// unchanged). Otherwise — no window, a byte past the config space, or
+    /// a read-only byte changed — nothing is written and the write is
+    /// recorded as [`DeviceError::ConfigWrite`]. Wakes the device thread,
+    /// which applies the new value.
     pub fn write_config(&self, offset: u64, bytes: &[u8]) {
         let s = &*self.shared;
-        let inside = s.config_writable.get().filter(|(at, mask)| {
-            offset >= *at
-                && offset
-                    .checked_add(bytes.len() as u64)
-                    .is_some_and(|e| e <= at.saturating_add(mask.len() as u64))
-        });
-        let Some((at, mask)) = inside else {
-            s.report(DeviceError::ConfigWrite { offset });
-            return;
+        let refuse = || s.report(DeviceError::ConfigWrite { offset });
+        let Some((at, mask)) = s.config_writable.get() else {
+            return refuse();
         };
         {
             let mut r = lock(&s.regs);
+            // The new value of each byte, or `None` for a refused write.
+            let mut new = Vec::with_capacity(bytes.len());
             for (i, &b) in bytes.iter().enumerate() {
-                // Inside the window, so inside `mask`; the window lies in
-                // the config space or the byte is skipped.
-                let o = (offset - at) as usize + i;
-                let m = mask[o];
-                if let Some(c) = r.config.get_mut(at.saturating_add(o as u64) as usize) {
-                    *c = (*c & !m) | (b & m);
+                let o = offset.checked_add(i as u64);
+                let cur = o.and_then(|o| r.config.get(usize::try_from(o).ok()?).copied());
+                let (Some(o), Some(cur)) = (o, cur) else {
+                    drop(r);
+                    return refuse();
+                };
+                let m = o
+                    .checked_sub(*at)
+                    .and_then(|k| mask.get(usize::try_from(k).ok()?))
+                    .copied()
+                    .unwrap_or(0);
+                if (b ^ cur) & !m != 0 {
+                    drop(r);
+                    return refuse();
                 }
+                new.push((o as usize, (cur & !m) | (b & m)));
+            }
+            for (o, v) in new {
+                r.config[o] = v;
             }
         }
         if let Some(t) = s.device_thread.get() {
