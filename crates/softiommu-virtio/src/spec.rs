@@ -348,24 +348,24 @@ pub mod iommu {
     /// §5.13.6: insufficient resources.
     pub const S_NOMEM: u8 = 8;
 
-    /// §5.13.6: `struct virtio_iommu_req_head` (type, reserved[3]).
+    /// §5.13.6: `struct virtio_iommu_req_head` (type, `reserved[3]`).
     pub const HEAD_LEN: usize = 4;
-    /// §5.13.6: `struct virtio_iommu_req_tail` (status, reserved[3]).
+    /// §5.13.6: `struct virtio_iommu_req_tail` (status, `reserved[3]`).
     pub const TAIL_LEN: usize = 4;
     /// §5.13.6.1: device-readable bytes of an ATTACH request (head,
-    /// domain, endpoint, flags, reserved[4]).
+    /// domain, endpoint, flags, `reserved[4]`).
     pub const ATTACH_LEN: usize = HEAD_LEN + 16;
     /// §5.13.6.2: device-readable bytes of a DETACH request (head,
-    /// domain, endpoint, reserved[8]).
+    /// domain, endpoint, `reserved[8]`).
     pub const DETACH_LEN: usize = HEAD_LEN + 16;
     /// §5.13.6.3: device-readable bytes of a MAP request (head, domain,
     /// virt_start, virt_end, phys_start, flags).
     pub const MAP_LEN: usize = HEAD_LEN + 32;
     /// §5.13.6.4: device-readable bytes of an UNMAP request (head,
-    /// domain, virt_start, virt_end, reserved[4]).
+    /// domain, virt_start, virt_end, `reserved[4]`).
     pub const UNMAP_LEN: usize = HEAD_LEN + 24;
     /// §5.13.6.5: device-readable bytes of a PROBE request (head,
-    /// endpoint, reserved[64]).
+    /// endpoint, `reserved[64]`).
     pub const PROBE_LEN: usize = HEAD_LEN + 68;
 
     /// §5.13.6.1: `VIRTIO_IOMMU_ATTACH_F_BYPASS`.
@@ -384,7 +384,7 @@ pub mod iommu {
     /// §5.13.6.6: `VIRTIO_IOMMU_PROBE_T_RESV_MEM`.
     pub const PROBE_T_RESV_MEM: u16 = 1;
     /// §5.13.6.6.1: bytes of a RESV_MEM property after its header
-    /// (subtype, reserved[3], start, end): its `length`.
+    /// (subtype, `reserved[3]`, start, end): its `length`.
     pub const RESV_MEM_LEN: usize = 20;
     /// §5.13.6.6.1: `VIRTIO_IOMMU_RESV_MEM_T_RESERVED`.
     pub const RESV_MEM_T_RESERVED: u8 = 0;
