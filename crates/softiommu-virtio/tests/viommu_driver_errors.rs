@@ -1,0 +1,90 @@
+//! The guest-side driver's and DMA domain's own errors: each refused
+//! with its typed error, nothing sent or mapped.
+
+mod viommu_common;
+
+use std::time::Duration;
+
+use softiommu::dma::DmaDirection;
+use softiommu_virtio::transport::{DeviceInfo, MmioTransport, TransportConfig};
+use softiommu_virtio::viommu::{
+    encode, ViommuDma, ViommuDmaError, ViommuDriver, ViommuDriverConfig, ViommuDriverError,
+    ViommuMode,
+};
+use viommu_common::*;
+
+#[test]
+fn probing_another_device_type_is_not_viommu() {
+    let r = rig();
+    let blk = MmioTransport::new(
+        DeviceInfo {
+            device_id: 2,
+            features: 0,
+            queues: 1,
+            queue_max: 64,
+            config: vec![0; 8],
+        },
+        TransportConfig::default(),
+    );
+    let e = ViommuDriver::probe(blk, r.mem.clone(), ViommuDriverConfig::default()).unwrap_err();
+    assert!(matches!(
+        e,
+        ViommuDriverError::NotViommu { device_id: 2, .. }
+    ));
+}
+
+#[test]
+fn a_queue_size_that_is_no_power_of_two_is_refused() {
+    let r = rig();
+    let e = ViommuDriver::probe(
+        r.dev.transport().clone(),
+        r.mem.clone(),
+        ViommuDriverConfig {
+            queue_size: 3,
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        ViommuDriverError::InvalidConfig {
+            field: "queue_size",
+            value: 3
+        }
+    );
+}
+
+#[test]
+fn a_request_larger_than_a_slot_is_too_large() {
+    let mut r = rig();
+    let e = r.drv.call(&[0u8; 300], 4).unwrap_err();
+    assert!(matches!(e, ViommuDriverError::TooLarge { descs: 2, .. }));
+    assert_eq!(r.dev.stats().requests, 0);
+}
+
+#[test]
+fn a_device_that_stopped_answering_times_out() {
+    let r = rig_with(
+        config(),
+        ViommuDriverConfig {
+            wait: Duration::from_millis(50),
+            ..Default::default()
+        },
+    );
+    let Rig { dev, mut drv, .. } = r;
+    dev.stop();
+    let e = drv.request(&encode::attach(1, EA, 0)).unwrap_err();
+    assert_eq!(e, ViommuDriverError::Timeout(Duration::from_millis(50)));
+}
+
+#[test]
+fn a_zero_length_map_is_bad_length_and_maps_nothing() {
+    let r = rig();
+    let phys = r.ram(0);
+    let Rig { dev, drv, .. } = r;
+    let mut d = ViommuDma::new(drv, 1, &[EA], ViommuMode::Strict).unwrap();
+    let e = d.map(phys, 0, DmaDirection::ToDevice).unwrap_err();
+    assert_eq!(e, ViommuDmaError::BadLength { len: 0 });
+    assert_eq!(dev.mappings(1).unwrap(), []);
+    assert_eq!(d.stats().requests, 0);
+}
