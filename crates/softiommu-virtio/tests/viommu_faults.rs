@@ -128,3 +128,42 @@ fn a_full_event_queue_drops_and_counts_and_never_blocks() {
     // Every fault is in the unit's log.
     assert_eq!(r.system.unit(r.unit).unwrap().faults().len(), 6);
 }
+
+#[test]
+fn faults_a_full_unit_log_dropped_are_counted_as_missed() {
+    use softiommu::hw::{System, UnitConfig};
+    use softiommu::mem::PhysMemory;
+    use softiommu_virtio::viommu::{ViommuDevice, ViommuDriver};
+    use std::sync::Arc;
+    let mem = Arc::new(PhysMemory::new(RAM).unwrap());
+    let mut sys = System::new(mem.clone());
+    let unit = sys
+        .add_unit(UnitConfig {
+            fault_log_capacity: 2,
+            ..UnitConfig::default()
+        })
+        .unwrap();
+    sys.assign(A, unit).unwrap();
+    let system = Arc::new(sys);
+    let mut cfg = config();
+    cfg.endpoints = vec![A];
+    let dev = ViommuDevice::spawn(cfg, system.clone(), unit).unwrap();
+    let mut drv = ViommuDriver::probe(dev.transport().clone(), mem, Default::default()).unwrap();
+    for i in 0..5u64 {
+        assert!(reach_in(&system, unit, A, 0x1000 * (i + 1), Access::Read).is_err());
+    }
+    let t0 = Instant::now();
+    while dev.stats().events + dev.stats().faults_missed < 5 {
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", dev.stats());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Two recorded and reported; three the log had no room for.
+    assert_eq!((dev.stats().events, dev.stats().faults_missed), (2, 3));
+    assert_eq!(drv.take_events().len(), 2);
+    // The owner drains the log: reporting goes on.
+    assert_eq!(system.unit(unit).unwrap().faults().drain().dropped, 3);
+    assert!(reach_in(&system, unit, A, 0x9000, Access::Write).is_err());
+    let evs = drv.wait_events(1);
+    assert_eq!(evs.len(), 1);
+    assert_eq!(evs[0].address, 0x9000);
+}

@@ -42,6 +42,8 @@ pub fn fault_bytes(rec: &FaultRecord, endpoint: u32) -> [u8; s::FAULT_LEN] {
 #[derive(Debug)]
 pub(crate) struct Reporter {
     next: u64,
+    /// The log's lifetime drop count at the last look.
+    dropped_ever: u64,
     seen_total: u64,
     buf: Vec<FaultRecord>,
     parts: Parts,
@@ -51,9 +53,10 @@ impl Reporter {
     /// Starts after every fault recorded so far.
     pub(crate) fn new(unit: &Unit) -> Self {
         let mut buf = Vec::new();
-        let (next, _) = unit.faults().copy_since(u64::MAX, 0, &mut buf);
+        let at = unit.faults().copy_since(u64::MAX, 0, &mut buf);
         Self {
-            next,
+            next: at.next,
+            dropped_ever: at.dropped_ever,
             seen_total: unit.faults().total(),
             buf,
             parts: Parts::default(),
@@ -75,9 +78,13 @@ impl Reporter {
             return false;
         }
         self.buf.clear();
-        let (next, missed) = unit.faults().copy_since(self.next, max, &mut self.buf);
-        self.next = next;
-        bump(&c.faults_missed, missed);
+        let at = unit.faults().copy_since(self.next, max, &mut self.buf);
+        self.next = at.next;
+        // Drained before this look, or dropped by a full log: the device
+        // never sees them (of any endpoint: the log keeps no record).
+        let dropped = at.dropped_ever.saturating_sub(self.dropped_ever);
+        self.dropped_ever = at.dropped_ever;
+        bump(&c.faults_missed, at.drained.saturating_add(dropped));
         let more = self.buf.len() == max;
         if !more {
             self.seen_total = total;

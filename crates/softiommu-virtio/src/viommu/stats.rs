@@ -33,8 +33,9 @@ pub struct ViommuStats {
     /// buffer, was not live, or the buffer was too small (§5.13.6.7: the
     /// device may drop an event rather than wait).
     pub events_dropped: u64,
-    /// Fault records another reader drained from the unit's log before the
-    /// device saw them.
+    /// Faults the device could not see: records another reader drained
+    /// from the unit's log first, and faults the log dropped when full
+    /// (`FSTS.PFO`: whoever owns the log must drain it), of any endpoint.
     pub faults_missed: u64,
 }
 

@@ -131,6 +131,20 @@ struct Ring {
     dropped: u64,
     /// Records ever pushed (not dropped): the sequence number of the next.
     recorded: u64,
+    /// Faults ever dropped for want of room (never reset by a drain).
+    dropped_ever: u64,
+}
+
+/// What [`FaultLog::copy_since`] returns, read under one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultsSince {
+    /// The `from` to pass next time.
+    pub next: u64,
+    /// Records at or after `from` that a drain took before this look.
+    pub drained: u64,
+    /// Faults dropped for want of room over the log's life (no sequence
+    /// number, so no reader sees them; a drain does not reset this).
+    pub dropped_ever: u64,
 }
 
 /// A bounded ring of fault records.
@@ -151,6 +165,7 @@ impl FaultLog {
                 overflowed: false,
                 dropped: 0,
                 recorded: 0,
+                dropped_ever: 0,
             }),
             total: AtomicU64::new(0),
         }
@@ -172,6 +187,7 @@ impl FaultLog {
         } else {
             r.overflowed = true;
             r.dropped += 1;
+            r.dropped_ever += 1;
         }
     }
 
@@ -192,19 +208,22 @@ impl FaultLog {
     /// Copies, without taking them, the records still held whose sequence
     /// numbers are at least `from` (records are numbered from 0 in the
     /// order they were recorded; dropped faults get none, and a drain does
-    /// not renumber), oldest first, at most `max` of them, into `out`.
-    /// Returns the number to pass as `from` next time and how many records
-    /// at or after `from` were drained before this look and so missed. For
+    /// not renumber), oldest first, at most `max` of them, into `out`. For
     /// an observer (a paravirtual IOMMU reporting faults to its guest) that
-    /// must leave the log to its owner.
-    pub fn copy_since(&self, from: u64, max: usize, out: &mut Vec<FaultRecord>) -> (u64, u64) {
+    /// must leave the log to its owner; see [`FaultsSince`] for what it
+    /// returns.
+    pub fn copy_since(&self, from: u64, max: usize, out: &mut Vec<FaultRecord>) -> FaultsSince {
         let r = self.lock();
         let oldest = r.recorded - r.records.len() as u64;
         let start = from.clamp(oldest, r.recorded);
         let skip = usize::try_from(start - oldest).unwrap_or(usize::MAX);
         let n = r.records.iter().skip(skip).take(max).count();
         out.extend(r.records.iter().skip(skip).take(n).copied());
-        (start + n as u64, start.saturating_sub(from))
+        FaultsSince {
+            next: start + n as u64,
+            drained: start.saturating_sub(from),
+            dropped_ever: r.dropped_ever,
+        }
     }
 
     /// Records waiting to be drained.
@@ -268,16 +287,21 @@ mod tests {
         assert_eq!((b.records.len(), b.overflowed, b.dropped), (1, false, 0));
     }
 
+    fn since(log: &FaultLog, from: u64, max: usize, out: &mut Vec<FaultRecord>) -> (u64, u64, u64) {
+        let f = log.copy_since(from, max, out);
+        (f.next, f.drained, f.dropped_ever)
+    }
+
     #[test]
     fn copy_since_reads_without_taking_and_counts_what_a_drain_took() {
         let log = FaultLog::new(3);
         let mut out = Vec::new();
-        assert_eq!(log.copy_since(0, 8, &mut out), (0, 0));
+        assert_eq!(since(&log, 0, 8, &mut out), (0, 0, 0));
         for i in 0..2 {
             log.record(rec(i));
         }
-        assert_eq!(log.copy_since(0, 1, &mut out), (1, 0));
-        assert_eq!(log.copy_since(1, 8, &mut out), (2, 0));
+        assert_eq!(since(&log, 0, 1, &mut out), (1, 0, 0));
+        assert_eq!(since(&log, 1, 8, &mut out), (2, 0, 0));
         assert_eq!(out.iter().map(|r| r.iova).collect::<Vec<_>>(), [0, 1]);
         // The records stay for the log's owner.
         assert_eq!(log.len(), 2);
@@ -286,14 +310,17 @@ mod tests {
         log.record(rec(3));
         out.clear();
         // Record 2 was drained before this look: missed, and counted.
-        assert_eq!(log.copy_since(2, 8, &mut out), (4, 1));
+        assert_eq!(since(&log, 2, 8, &mut out), (4, 1, 0));
         assert_eq!(out.iter().map(|r| r.iova).collect::<Vec<_>>(), [3]);
         // Dropped faults get no sequence number.
         for i in 4..9 {
             log.record(rec(i));
         }
         out.clear();
-        assert_eq!(log.copy_since(4, 8, &mut out), (6, 0));
+        assert_eq!(since(&log, 4, 8, &mut out), (6, 0, 3));
+        // A drain resets the drop count it reports, not the lifetime one.
+        assert_eq!(log.drain().dropped, 3);
+        assert_eq!(since(&log, 6, 8, &mut out).2, 3);
         assert_eq!(out.iter().map(|r| r.iova).collect::<Vec<_>>(), [4, 5]);
     }
 

@@ -131,7 +131,7 @@ pub use descriptor::{
     DESCRIPTOR_BYTES,
 };
 pub use error::{HwError, QiError, TranslateError};
-pub use fault::{Access, FaultBatch, FaultLog, FaultReason, FaultRecord};
+pub use fault::{Access, FaultBatch, FaultLog, FaultReason, FaultRecord, FaultsSince};
 pub use inv_queue::{QueueFault, QueueRecovery, QueueRegisters, MAX_QUEUE_ORDER};
 pub use iotlb::IotlbConfig;
 pub use latency::{
