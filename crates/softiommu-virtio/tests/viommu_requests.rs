@@ -446,3 +446,30 @@ fn a_dma_domain_over_an_endpoint_the_device_refuses_is_an_error() {
         }
     );
 }
+
+#[test]
+fn mmio_flag_is_recorded_and_the_range_must_still_be_guest_ram() {
+    let mut r = rig();
+    let phys = r.ram(0);
+    r.attach_ok(1, EA);
+    let (base, len) = r.mem.iommu_reserve();
+    // Outside guest RAM the unit reaches nothing: RANGE with MMIO too.
+    let regs = (base + len + 0x1000_0000) & !0xfff;
+    assert_eq!(
+        r.drv
+            .map(1, 0x5000, 0x5fff, regs, RW | s::MAP_F_MMIO)
+            .unwrap(),
+        Some(Status::Range)
+    );
+    assert_eq!(
+        r.drv
+            .map(1, 0x5000, 0x5fff, phys, RW | s::MAP_F_MMIO)
+            .unwrap(),
+        Some(Status::Ok)
+    );
+    assert_eq!(
+        r.reach(A, 0x5008, Access::Write).unwrap().as_slice()[0].phys,
+        phys + 8
+    );
+    assert_eq!(r.dev.mappings(1).unwrap()[0].flags, RW | s::MAP_F_MMIO);
+}

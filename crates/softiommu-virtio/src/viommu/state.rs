@@ -305,23 +305,13 @@ impl State {
         self.resv.iter().any(|&(a, b, _)| a <= end && start <= b)
     }
 
-    /// Whether `[phys, phys + len)` may be mapped: guest RAM (never the
-    /// unit's reserve nor a bounce pool); with `MMIO`, a range wholly
-    /// outside RAM and the reserve (device registers), below 2^52.
-    fn phys_ok(&self, phys: u64, len: u64, mmio: bool) -> bool {
-        if self.mem.check_device_range(phys, len).is_ok() {
-            return true;
-        }
-        if !mmio {
-            return false;
-        }
-        let Some(last) = phys.checked_add(len - 1) else {
-            return false;
-        };
-        let (rb, rl) = self.mem.iommu_reserve();
-        let in_ram = phys < self.mem.size();
-        let in_reserve = phys <= rb.saturating_add(rl).saturating_sub(1) && rb <= last;
-        !in_ram && !in_reserve && last < 1 << 52
+    /// Whether `[phys, phys + len)` may be mapped: guest RAM, never the
+    /// unit's reserve nor a bounce pool. That holds with `MMIO` too: the
+    /// guest-physical space is the arena's RAM (the unit reaches nothing
+    /// else, so a mapping elsewhere could only fault), and `MMIO` is the
+    /// memory type of a mapping, recorded, not a licence to leave it.
+    fn phys_ok(&self, phys: u64, len: u64) -> bool {
+        self.mem.check_device_range(phys, len).is_ok()
     }
 
     /// MAP (§5.13.6.3.2).
@@ -368,7 +358,7 @@ impl State {
         }
         // `end <= INPUT_END < u64::MAX` and `start <= end`: no wrap.
         let len = end - start + 1;
-        if !self.phys_ok(phys, len, flags & s::MAP_F_MMIO != 0) {
+        if !self.phys_ok(phys, len) {
             return Status::Range;
         }
         let reserved = self.hits_reserved(start, end);
