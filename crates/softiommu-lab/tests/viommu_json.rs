@@ -1,4 +1,4 @@
-//! `softiommu lab viommu --json`: the contract object the issue fixes
+//! `softiommu lab viommu --json`: the contract object of the lab
 //! (`lab`, and per row `device`, `mode`, `pct_of_none`,
 //! `driver_cpu_us_per_io`, `requests_per_io`, `notifications_per_io`,
 //! `invalidations_per_io`), on a short run: the shape and the counts a
