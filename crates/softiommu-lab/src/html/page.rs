@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::escape::esc;
 use super::svg::{plot, sparkline, COLOURS};
 use crate::error::LabResult;
-use crate::render::format_value;
+use crate::render::format_cell;
 use crate::report::{
     Axis, Cell, Plot, PlotKind, Provenance, Report, Series, Table, Unit, MODELLED_MARK,
 };
@@ -98,6 +98,9 @@ th{background:var(--soft);text-align:left;font-weight:600;white-space:normal;min
 td.n,th.n{text-align:right}
 td.wrap{white-space:normal;min-width:14em}
 tr.theirs td{color:#444}
+tr.invalid td{background:#fdecea;color:#8a1c1c}
+.badge{display:inline-block;background:#a4400b;color:#fff;border-radius:3px;padding:0 .35em;font-size:.75rem;font-weight:600}
+p.invalid{background:#fdecea;border-left:4px solid #d1495b;padding:.4em .8em;font-size:.9rem;color:#8a1c1c}
 .pair{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,460px),1fr));gap:8px 28px;align-items:start}
 .plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,520px),1fr));gap:12px 28px}
 figure{margin:.4em 0 1em;max-width:660px}
@@ -108,6 +111,7 @@ svg.plot .axis{font-size:15px;fill:#222}
 svg.plot .val{font-size:13px;fill:#222}
 svg.plot .grid{stroke:#e7eaee}
 svg.plot .frame{stroke:#999}
+svg.plot .whisker line{stroke:#222;stroke-width:1.4}
 svg.spark{width:120px;height:28px;vertical-align:middle}
 .legend{font-size:.82rem;display:flex;flex-wrap:wrap;gap:4px 14px}
 .legend i{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px;border-radius:2px}
@@ -126,13 +130,14 @@ table.summary td[data-label]::before{content:attr(data-label) ': ';color:var(--m
 
 fn cell(c: &Cell, unit: Option<Unit>, decimals: u8) -> String {
     match c {
-        Cell::Num(v) => format_value(*v, unit, decimals),
-        Cell::Text(t) => t.clone(),
         Cell::Missing => "–".into(),
+        c => format_cell(c, unit, decimals),
     }
 }
 
-/// A table as HTML, units and modelled marks in the headers.
+/// A table as HTML, units and modelled marks in the headers, a figure's
+/// spread over rounds beside it, and each row marked invalid set apart:
+/// tinted, badged "measurement invalid" and explained under the table.
 pub fn table(t: &Table, out: &mut String) {
     let theirs = t.columns.iter().any(|c| c.provenance == Provenance::Theirs);
     let _ = write!(
@@ -145,9 +150,20 @@ pub fn table(t: &Table, out: &mut String) {
         let _ = write!(out, "<th{cls}>{}</th>", esc(&c.header()));
     }
     out.push_str("</tr></thead><tbody>");
-    for r in &t.rows {
-        let _ = write!(out, "<tr{}>", if theirs { " class=\"theirs\"" } else { "" });
-        for (c, col) in r.iter().zip(&t.columns) {
+    for (i, r) in t.rows.iter().enumerate() {
+        let bad = t.invalid_why(&t.row_key(i)).is_some();
+        let class = match (bad, theirs) {
+            (true, _) => " class=\"invalid\"",
+            (false, true) => " class=\"theirs\"",
+            (false, false) => "",
+        };
+        let _ = write!(out, "<tr{class}>");
+        for (j, (c, col)) in r.iter().zip(&t.columns).enumerate() {
+            let badge = if bad && j == 0 {
+                "<span class=\"badge\">measurement invalid</span> "
+            } else {
+                ""
+            };
             let cls = if col.unit.is_some() {
                 " class=\"n\""
             } else if col.key == "verdict" || col.key == "claim" {
@@ -157,13 +173,24 @@ pub fn table(t: &Table, out: &mut String) {
             };
             let _ = write!(
                 out,
-                "<td{cls}>{}</td>",
+                "<td{cls}>{badge}{}</td>",
                 esc(&cell(c, col.unit, col.decimals))
             );
         }
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>");
+    for (i, _) in t.rows.iter().enumerate() {
+        let key = t.row_key(i);
+        if let Some(why) = t.invalid_why(&key) {
+            let _ = write!(
+                out,
+                "<p class=\"invalid\"><b>Measurement invalid: {}</b> — {} (no verdict is drawn from this row)</p>",
+                esc(&key),
+                esc(&why)
+            );
+        }
+    }
 }
 
 fn figure(p: &Plot, out: &mut String) {
@@ -279,6 +306,7 @@ pub fn tradeoff(scenarios: &[StoredScenario]) -> Option<Plot> {
             label: "deferred, 32-byte UDP through smoltcp".into(),
             points: pts.iter().map(|p| (p.0, p.1)).collect(),
             point_labels: pts.into_iter().map(|p| p.2).collect(),
+            spreads: Vec::new(),
         }],
         modelled,
     })
