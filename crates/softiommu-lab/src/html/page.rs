@@ -277,10 +277,12 @@ pub fn tradeoff(scenarios: &[StoredScenario]) -> Option<Plot> {
         let Some(t) = r.table("results") else {
             continue;
         };
-        let (Some(stale), Some(us)) = (
-            t.get("deferred/ordered", "stale_window_ms_max"),
-            t.get("deferred/ordered", "driver_us_per_pkt"),
-        ) else {
+        // Service demand; a report stored before it was named so called
+        // it driver_us_per_pkt.
+        let us = t
+            .get("deferred/ordered", "service_demand_us_per_pkt")
+            .or_else(|| t.get("deferred/ordered", "driver_us_per_pkt"));
+        let (Some(stale), Some(us)) = (t.get("deferred/ordered", "stale_window_ms_max"), us) else {
             continue;
         };
         let hw = r
@@ -364,7 +366,7 @@ pub fn render(d: &PageData) -> String {
     }
     o.push_str("<a href=\"#other\">other benches</a><a href=\"#runs\">runs</a></p>");
     // The seed summary, with each seed's figure across the stored runs.
-    o.push_str("<h2 id=\"summary\">Seed summary</h2><p class=\"cap\">their figure, ours, and the verdict; the sparkline is ours across the stored runs (latest in red)</p><div class=\"scroll\"><table class=\"summary\"><thead><tr><th>seed</th><th>claim</th><th class=\"n\">theirs</th><th class=\"n\">ours</th><th>history</th><th>verdict</th></tr></thead><tbody>");
+    o.push_str("<h2 id=\"summary\">Seed summary</h2><p class=\"cap\">their figure, ours (with the spread of its rounds in brackets, lowest to highest, where it was measured in rounds), and the verdict, given only where our rounds all lie on one side of the figure judged against and no row it rests on is marked invalid; the sparkline is ours across the stored runs (latest in red)</p><div class=\"scroll\"><table class=\"summary\"><thead><tr><th>seed</th><th>claim</th><th class=\"n\">theirs</th><th class=\"n\">ours</th><th>history</th><th>verdict</th></tr></thead><tbody>");
     for s in &d.seeds {
         let spark = d
             .sparks
@@ -373,6 +375,10 @@ pub fn render(d: &PageData) -> String {
             .map(|k| sparkline(&k.values.iter().map(|v| v.1).collect::<Vec<_>>()))
             .unwrap_or_default();
         let f = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.2} {}", s.unit));
+        let ours = match (s.ours, s.ours_spread) {
+            (Some(v), Some(w)) => format!("{v:.2} {} [{:.2}–{:.2}]", s.unit, w.min, w.max),
+            (v, _) => f(v),
+        };
         let _ = write!(
             o,
             "<tr><td><a href=\"#seed-{}\">seed {}</a></td><td class=\"wrap\">{}<br><span class=\"meta\">{}</span></td><td class=\"n\" data-label=\"theirs\">{}</td><td class=\"n\" data-label=\"ours\">{}</td><td data-label=\"history\">{spark}</td><td class=\"wrap verdict\">{}</td></tr>",
@@ -381,7 +387,7 @@ pub fn render(d: &PageData) -> String {
             esc(&s.claim),
             esc(&s.detail),
             esc(&f(s.theirs)),
-            esc(&f(s.ours)),
+            esc(&ours),
             esc(&s.verdict)
         );
     }

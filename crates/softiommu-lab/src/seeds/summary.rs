@@ -376,3 +376,100 @@ fn seed_004(reports: &[Report]) -> SeedLine {
 fn fmt(v: Option<f64>, unit: &str) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}{unit}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Column, Unit};
+
+    /// A report of `scenario` whose `table` has one row `row` (label
+    /// cells split on `/`) with figure `key`.
+    fn one(scenario: &str, table: &str, row: &str, key: &str, cell: Cell) -> Report {
+        let labels: Vec<&str> = row.split('/').collect();
+        let mut cols: Vec<Column> = (0..labels.len())
+            .map(|i| Column::label(&format!("l{i}")))
+            .collect();
+        cols.push(Column::metric(key, key, Unit::Ratio, 2));
+        let mut t = Table::new(table, "t", cols);
+        let mut cells: Vec<Cell> = labels.iter().map(|l| (*l).into()).collect();
+        cells.push(cell);
+        t.row(cells);
+        let mut r = Report::new("x", "x", serde_json::json!({}));
+        r.scenario = scenario.into();
+        r.tables.push(t);
+        r
+    }
+
+    #[test]
+    fn ours_is_judged_only_where_every_round_lies_on_one_side() {
+        let s = Spread::of(&[1.1, 1.2, 1.3]);
+        assert_eq!(side(1.2, Some(s), 1.0), Some(Ordering::Greater));
+        assert_eq!(side(1.2, Some(s), 1.5), Some(Ordering::Less));
+        assert_eq!(side(1.2, Some(s), 1.25), None, "straddles");
+        assert_eq!(
+            side(1.2, None, 1.25),
+            Some(Ordering::Less),
+            "one round: a point"
+        );
+    }
+
+    #[test]
+    fn seed_000_straddling_their_figure_is_within_the_spread() {
+        // Theirs is 1.517: our rounds from 1.40 to 1.60 straddle it.
+        let spread = Spread::of(&[1.40, 1.50, 1.60]);
+        let r = one(
+            "udp-32",
+            "results",
+            "deferred/ordered",
+            "vs_passthrough",
+            Cell::median(spread),
+        );
+        let l = summarise(&[r]).remove(0);
+        assert_eq!(
+            l.verdict,
+            format!("deferred against the seed's batching: {WITHIN_THE_SPREAD}")
+        );
+        assert_eq!((l.ours, l.ours_spread), (Some(1.5), Some(spread)));
+    }
+
+    #[test]
+    fn a_seed_whose_headline_row_is_marked_invalid_gets_no_verdict() {
+        // Seed 003's line follows tcp-64k's non-coherent/deferred row.
+        let mut r = one(
+            "tcp-64k",
+            "results",
+            "non-coherent/deferred",
+            "vs_coherent",
+            Cell::Num(1.08),
+        );
+        r.tables[0].mark_invalid(
+            "non-coherent/deferred",
+            "measurement invalid: non-coherent's CPU per GB is below coherent's",
+        );
+        let l = summarise(&[r]).remove(3);
+        assert_eq!(l.seed, "003");
+        assert_eq!(
+            l.verdict,
+            "no verdict: non-coherent/deferred: measurement invalid: non-coherent's CPU per GB is below coherent's"
+        );
+    }
+
+    #[test]
+    fn a_figure_of_one_round_has_no_spread_and_says_so() {
+        let r = one(
+            "page-faults",
+            "results",
+            "1 MiB/1/1",
+            "ratio_pct",
+            Cell::Num(40.0),
+        );
+        let l = summarise(&[r]).remove(2);
+        assert_eq!((l.ours, l.ours_spread), (Some(40.0), None));
+        assert!(
+            l.detail
+                .ends_with("each figure from one round, so it has no spread"),
+            "{}",
+            l.detail
+        );
+    }
+}
