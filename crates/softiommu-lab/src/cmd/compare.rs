@@ -168,14 +168,15 @@ pub fn compare(a: &CompareArgs) -> LabResult<Report> {
                 let Some(vb) = tb.get(&m.row, m.name) else {
                     continue;
                 };
-                let hist: Vec<f64> = store
-                    .metric_history(&x.report.scenario, &ta.name, &m.row, m.name)?
-                    .into_iter()
-                    .map(|(_, v)| v)
-                    .collect();
-                let band = noise(&hist);
-                let sb = tb.spread(&m.row, m.name);
-                let c = call((m.value, m.spread), (vb, sb), band, m.unit);
+                // The figure across the stored runs, with the spread each
+                // stored (none in a database older than schema 3).
+                let hist =
+                    store.metric_spread_history(&x.report.scenario, &ta.name, &m.row, m.name)?;
+                let band = noise(&hist.iter().map(|h| h.1).collect::<Vec<_>>());
+                let stored = |run: i64| hist.iter().find(|h| h.0 == run).and_then(|h| h.2);
+                let sa = stored(ra.id).or(m.spread);
+                let sb = stored(rb.id).or_else(|| tb.spread(&m.row, m.name));
+                let c = call((m.value, sa), (vb, sb), band, m.unit);
                 let f = c.flag;
                 let dec = ta
                     .columns
@@ -188,7 +189,7 @@ pub fn compare(a: &CompareArgs) -> LabResult<Report> {
                     m.row.clone().into(),
                     m.name.into(),
                     m.unit.symbol().into(),
-                    format_cell(&Cell::figure(m.value, m.spread), Some(m.unit), dec).into(),
+                    format_cell(&Cell::figure(m.value, sa), Some(m.unit), dec).into(),
                     format_cell(&Cell::figure(vb, sb), Some(m.unit), dec).into(),
                     ratio.into(),
                     Cell::Num(band * 100.0),
@@ -198,7 +199,7 @@ pub fn compare(a: &CompareArgs) -> LabResult<Report> {
                 rows.push(json!({
                     "scenario": x.report.scenario, "table": ta.name, "row": m.row,
                     "figure": m.name, "unit": m.unit, "a": m.value, "b": vb,
-                    "a_spread": m.spread, "b_spread": sb,
+                    "a_spread": sa, "b_spread": sb,
                     "ratio": ratio, "noise": band, "basis": c.basis, "flag": f,
                 }));
             }
@@ -303,5 +304,77 @@ mod tests {
         assert_eq!(flag(100.0, 50.0, 0.05, Unit::Ns), "better");
         assert_eq!(flag(1.0, 2.0, 0.05, Unit::Mpps), "better");
         assert_eq!(flag(10.0, 20.0, 0.05, Unit::Count), "changed");
+    }
+
+    /// A database with two runs of one scenario: `a` overlaps B's rounds,
+    /// `b` moves beyond them, `c` has no spread (one round).
+    fn fixture(name: &str) -> std::path::PathBuf {
+        use crate::report::{Column, Table};
+        let dir = std::env::temp_dir().join(format!("softiommu-cmp-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("r.db");
+        let mut store = Store::create(&path).unwrap();
+        let host = crate::host::Host::detect();
+        for (k, rounds) in [(0.0, [100.0, 104.0, 110.0]), (1.0, [108.0, 115.0, 120.0])] {
+            let id = store.begin_run("softiommu run", true, &host, "r").unwrap();
+            let mut t = Table::new(
+                "results",
+                "x",
+                vec![
+                    Column::label("row"),
+                    Column::metric("a", "a", Unit::Ns, 1),
+                    Column::metric("b", "b", Unit::Ns, 1),
+                    Column::metric("c", "c", Unit::Ns, 1),
+                ],
+            );
+            let moved = Spread::of(&rounds.map(|v| v + 50.0 * k));
+            t.row(vec![
+                "r".into(),
+                Cell::median(Spread::of(&rounds)),
+                Cell::median(moved),
+                Cell::Num(100.0 + 50.0 * k),
+            ]);
+            let mut r = Report::new("bench x", "x", json!({}));
+            r.scenario = "sc".into();
+            r.tables.push(t);
+            store.add_scenario(id, 0, &r, 1.0).unwrap();
+        }
+        path
+    }
+
+    #[test]
+    fn compare_reads_the_stored_spreads_and_falls_back_to_noise_without() {
+        let db = fixture("stored");
+        let rep = compare(&CompareArgs {
+            a: 1,
+            b: 2,
+            json: true,
+            db: DbArgs { db: db.clone() },
+        })
+        .unwrap();
+        let rows = rep.contract["rows"].as_array().unwrap();
+        let by = |f: &str| rows.iter().find(|r| r["figure"] == f).unwrap();
+        // a: medians 104 -> 115 (+11 %, past the 10 % default band), but
+        // the rounds overlap (100..110 and 108..120).
+        assert_eq!(
+            (&by("a")["flag"], &by("a")["basis"]),
+            (&"within the spread".into(), &"spread".into())
+        );
+        assert_eq!(by("a")["b_spread"]["max"], 120.0);
+        assert_eq!(
+            (&by("b")["flag"], &by("b")["basis"]),
+            (&"worse".into(), &"spread".into())
+        );
+        assert_eq!(
+            (&by("c")["flag"], &by("c")["basis"]),
+            (&"worse".into(), &"noise".into())
+        );
+        assert!(
+            rep.title
+                .ends_with("3 figures, 2 changed beyond their spread or noise"),
+            "{}",
+            rep.title
+        );
+        std::fs::remove_dir_all(db.parent().unwrap()).unwrap();
     }
 }

@@ -65,9 +65,9 @@ pub fn check(rows: &[PolicyCost<'_>], what: &str) -> Vec<Option<String>> {
 /// For each row, why its figure contradicts one of `rules` (`None`: it
 /// stands): every round of it below every round of the row it must cost
 /// more than, in its group. `cost` must be a cost per unit of work (time
-/// or CPU per operation, lower is cheaper): pass a throughput as
-/// [`Spread::inverse`]. A row measured once has a point spread
-/// (`Spread::of(&[v])`), compared as such.
+/// or CPU per operation or per byte, lower is cheaper): a throughput's
+/// rounds are passed as their reciprocals. A row measured once has a
+/// point spread (`Spread::of(&[v])`), compared as such.
 pub fn check_by(
     rows: &[PolicyCost<'_>],
     rules: &[MustCostMore],
@@ -168,17 +168,19 @@ mod tests {
             matches!(&why[1], Some(w) if w.starts_with("measurement invalid: non-coherent's time per map+unmap") && w.contains("below coherent's")),
             "{why:?}"
         );
-        // A throughput is checked as its inverse: more throughput, less cost.
+        // A throughput is checked as its reciprocal: more throughput,
+        // less cost per byte.
+        let per_byte = |mbit: &[f64]| Spread::of(&mbit.iter().map(|m| 1.0 / m).collect::<Vec<_>>());
         let tput = [
             PolicyCost {
                 policy: "coherent",
                 group: "",
-                cost: Spread::of(&[1000.0, 1010.0]).inverse(),
+                cost: per_byte(&[1000.0, 1010.0]),
             },
             PolicyCost {
                 policy: "non-coherent",
                 group: "",
-                cost: Spread::of(&[1080.0, 1090.0]).inverse(),
+                cost: per_byte(&[1080.0, 1090.0]),
             },
         ];
         assert!(check_by(&tput, &WALKS, "time per byte")[1].is_some());

@@ -52,16 +52,6 @@ impl Spread {
         })
     }
 
-    /// The spread of the reciprocal (a throughput's as a cost per unit of
-    /// work): `1/max`, `1/median`, `1/min`.
-    pub fn inverse(&self) -> Spread {
-        Spread {
-            min: 1.0 / self.max,
-            median: 1.0 / self.median,
-            max: 1.0 / self.min,
-        }
-    }
-
     /// Whether every round of `self` is below every round of `other`.
     pub fn wholly_below(&self, other: &Spread) -> bool {
         self.max < other.min

@@ -10,7 +10,7 @@ use std::cmp::Ordering;
 
 use serde::Serialize;
 
-use crate::report::{Cell, Place, Report, Spread, Table};
+use crate::report::{Place, Report, Spread, Table};
 
 /// The verdict where ours' rounds straddle the figure it is judged by.
 pub const WITHIN_THE_SPREAD: &str =
@@ -380,7 +380,7 @@ fn fmt(v: Option<f64>, unit: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{Column, Unit};
+    use crate::report::{Cell, Column, Unit};
 
     /// A report of `scenario` whose `table` has one row `row` (label
     /// cells split on `/`) with figure `key`.
