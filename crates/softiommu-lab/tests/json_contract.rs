@@ -618,7 +618,7 @@ fn lab_litmus() {
     }
 }
 
-/// Issue 15's fields of `lab stress`: a short run of every phase, with a
+/// The fields of `lab stress`: a short run of every phase, with a
 /// flush timeout long enough that no machine's scheduler can overrun it.
 #[test]
 fn lab_stress() {
