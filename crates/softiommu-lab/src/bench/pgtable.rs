@@ -249,7 +249,7 @@ fn report(r: &PgtableBenchReport, args: &PgtableBenchArgs) -> Report {
         let coherent = r.results.iter().find(|c| c.coherent && c.size == x.size);
         // The rate over the coherent walker's: its spread the widest the
         // two allow.
-        let rate_spread = coherent.and_then(|c| {
+        let rate_spread = coherent.filter(|_| !x.coherent).and_then(|c| {
             c.ns_per_map_unmap_spread?
                 .ratio(&x.ns_per_map_unmap_spread?)
         });

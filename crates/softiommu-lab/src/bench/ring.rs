@@ -679,7 +679,10 @@ fn report(r: &RingReport, args: &RingArgs) -> Report {
         ],
     );
     for x in &r.rows {
-        let vs_spread = base_row.and_then(|b| x.us_per_pkt_spread?.ratio(&b.us_per_pkt_spread?));
+        // The base over itself is 1 exactly: no spread.
+        let vs_spread = base_row
+            .filter(|b| b.policy != x.policy)
+            .and_then(|b| x.us_per_pkt_spread?.ratio(&b.us_per_pkt_spread?));
         t.row(vec![
             x.policy.clone().into(),
             x.mpps.into(),

@@ -288,7 +288,10 @@ fn report(r: &TranslateBenchReport, args: &TranslateBenchArgs) -> Report {
             Cell::figure(x.ns_per_lookup, x.ns_per_lookup_spread),
             vm.map_or(Cell::Missing, |v| {
                 let spread =
-                    vm_row.and_then(|b| b.ns_per_lookup_spread?.ratio(&x.ns_per_lookup_spread?));
+                    // vm-memory over itself is 1 exactly: no spread.
+                    vm_row
+                        .filter(|b| b.name != x.name || b.case != x.case)
+                        .and_then(|b| b.ns_per_lookup_spread?.ratio(&x.ns_per_lookup_spread?));
                 Cell::figure(v / x.ns_per_lookup, spread)
             }),
         ]);

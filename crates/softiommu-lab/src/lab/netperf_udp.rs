@@ -515,10 +515,14 @@ fn report(r: &NetperfReport, args: &NetperfArgs, pinning: &str) -> Report {
         ],
     );
     let rounds = |s: Spread| (r.rounds > 1).then_some(s);
+    // Pass-through over itself is 1 exactly: no spread in the table.
     let vs_cell = |x: &NetperfRow| {
-        x.service_demand_vs_passthrough.map_or(Cell::Missing, |v| {
-            Cell::figure(v, x.vs_passthrough_spread.and_then(rounds))
-        })
+        let spread = x
+            .vs_passthrough_spread
+            .filter(|_| x.policy != "passthrough")
+            .and_then(rounds);
+        x.service_demand_vs_passthrough
+            .map_or(Cell::Missing, |v| Cell::figure(v, spread))
     };
     for x in &r.rows {
         t.row(vec![
