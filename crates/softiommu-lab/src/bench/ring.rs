@@ -662,8 +662,16 @@ fn report(r: &RingReport, args: &RingArgs) -> Report {
     let mut t = Table::new(
         "results",
         format!(
-            "hand-built UDP frames, {} byte messages, {:.1} s per policy in {} interleaved rounds (median round shown, [lowest–highest round] beside it), placement {}",
-            r.msg_size, r.seconds, r.rounds, r.placement.name()
+            "hand-built UDP frames, {} byte messages, {:.1} s per policy in {} interleaved rounds ({}), placement {}",
+            r.msg_size,
+            r.seconds,
+            r.rounds,
+            if r.rounds > 1 {
+                "median round shown, [lowest–highest round] beside it"
+            } else {
+                "one round, so no spread"
+            },
+            r.placement.name()
         ),
         vec![
             Column::label("policy"),
