@@ -1,0 +1,111 @@
+//! The virtio-iommu's own rings are guest RAM, reached directly: rings a
+//! driver places in the unit's reserve (where the page tables live) are
+//! never read or written, and a malformed chain stops the queue without
+//! a panic; after a reset the device serves again.
+
+mod viommu_common;
+
+use std::time::{Duration, Instant};
+
+use softiommu::mem::PhysMemory;
+use softiommu_virtio::spec::{self, desc, iommu as s, reg, status};
+use softiommu_virtio::transport::{DeviceError, MmioTransport};
+use softiommu_virtio::viommu::{encode, Status, ViommuDriver};
+use softiommu_virtio::vring::{DriverRing, RingLayout};
+use viommu_common::*;
+
+/// Takes the device to `DRIVER_OK` with queue 0 at `(desc, avail, used)`
+/// of `size` entries.
+fn live_with_queue(t: &MmioTransport, size: u16, rings: (u64, u64, u64)) {
+    t.write(reg::STATUS, 0);
+    t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
+    let f = 1u64 << spec::feature::VERSION_1 | 1 << s::F_MAP_UNMAP;
+    t.write(reg::DRIVER_FEATURES_SEL, 0);
+    t.write(reg::DRIVER_FEATURES, f as u32);
+    t.write(reg::DRIVER_FEATURES_SEL, 1);
+    t.write(reg::DRIVER_FEATURES, (f >> 32) as u32);
+    let st = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+    t.write(reg::STATUS, st);
+    t.write(reg::QUEUE_SEL, 0);
+    t.write(reg::QUEUE_NUM, u32::from(size));
+    for (lo, v) in [
+        (reg::QUEUE_DESC_LOW, rings.0),
+        (reg::QUEUE_DRIVER_LOW, rings.1),
+        (reg::QUEUE_DEVICE_LOW, rings.2),
+    ] {
+        t.write(lo, v as u32);
+        t.write(lo + 4, (v >> 32) as u32);
+    }
+    t.write(reg::QUEUE_READY, 1);
+    t.write(reg::STATUS, st | status::DRIVER_OK);
+}
+
+fn wait_needs_reset(t: &MmioTransport) {
+    let t0 = Instant::now();
+    while t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(2), "no reset asked");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn snapshot(mem: &PhysMemory, at: u64, len: usize) -> Vec<u8> {
+    // The reserve is not readable through the RAM accessors; its bytes
+    // are read as the unit reads them.
+    let mut v = vec![0u8; len];
+    mem.read(at, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn rings_in_the_units_reserve_are_never_touched() {
+    let r = rig();
+    let Rig { mem, dev, drv, .. } = r;
+    drop(drv);
+    let (base, _) = mem.iommu_reserve();
+    let before = snapshot(&mem, base, 8192);
+    let t = dev.transport().clone();
+    live_with_queue(&t, 16, (base, base + 0x400, base + 0x800));
+    t.write(reg::QUEUE_NOTIFY, 0);
+    wait_needs_reset(&t);
+    assert!(t
+        .errors()
+        .snapshot()
+        .iter()
+        .any(|e| matches!(e, DeviceError::DmaFault { queue: 0, .. })));
+    assert_eq!(snapshot(&mem, base, 8192), before);
+    assert_eq!(dev.stats().requests, 0);
+    // A reset and a proper driver: served again.
+    let mut drv = ViommuDriver::probe(t, mem, Default::default()).unwrap();
+    assert_eq!(drv.attach(1, EA, 0).unwrap(), Some(Status::Ok));
+}
+
+#[test]
+fn a_chain_that_loops_stops_the_queue_and_a_reset_recovers() {
+    let r = rig();
+    let Rig { mem, dev, drv, .. } = r;
+    drop(drv);
+    let layout = RingLayout::new(8);
+    let phys = mem.alloc_zeroed_frames(0).unwrap();
+    let mut ring = DriverRing::new(mem.clone(), phys, phys, layout).unwrap();
+    let t = dev.transport().clone();
+    let (d, a, u) = ring.device_addresses();
+    live_with_queue(&t, 8, (d, a, u));
+    let buf = mem.alloc_zeroed_frames(0).unwrap();
+    mem.write(buf, &encode::attach(1, EA, 0)).unwrap();
+    // 0 -> 1 -> 0 -> ...
+    ring.set_desc(0, buf, s::ATTACH_LEN as u32, desc::F_NEXT, 1);
+    ring.set_desc(1, buf, s::ATTACH_LEN as u32, desc::F_NEXT, 0);
+    ring.push_avail(0);
+    ring.publish();
+    t.write(reg::QUEUE_NOTIFY, 0);
+    wait_needs_reset(&t);
+    assert!(t
+        .errors()
+        .snapshot()
+        .iter()
+        .any(|e| matches!(e, DeviceError::ChainLoop { queue: 0, .. })));
+    assert_eq!(dev.attached(EA), None);
+    drop(ring);
+    let mut drv = ViommuDriver::probe(t, mem, Default::default()).unwrap();
+    assert_eq!(drv.attach(1, EA, 0).unwrap(), Some(Status::Ok));
+}
