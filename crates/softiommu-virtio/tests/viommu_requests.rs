@@ -473,3 +473,28 @@ fn mmio_flag_is_recorded_and_the_range_must_still_be_guest_ram() {
     );
     assert_eq!(r.dev.mappings(1).unwrap()[0].flags, RW | s::MAP_F_MMIO);
 }
+
+#[test]
+fn dropping_the_device_detaches_its_endpoints_before_freeing_tables() {
+    let mut r = rig();
+    let phys = r.ram(0);
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0x1000, 0x1fff, phys);
+    assert!(r.reach(A, 0x1000, Access::Read).is_ok());
+    let Rig {
+        system,
+        unit,
+        dev,
+        drv,
+        ..
+    } = r;
+    // No driver reset first (that would detach them too): the device
+    // alone goes away.
+    std::mem::forget(drv);
+    drop(dev);
+    assert_eq!(system.unit(unit).unwrap().context(A), None);
+    assert!(matches!(
+        reach_in(&system, unit, A, 0x1000, Access::Read),
+        Err(TranslateError::NoContext { .. })
+    ));
+}

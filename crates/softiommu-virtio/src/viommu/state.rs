@@ -423,3 +423,21 @@ impl State {
         }
     }
 }
+
+impl Drop for State {
+    /// The device goes away: every endpoint loses its context (its DMA
+    /// faults) before the domains' tables are freed, so no walker can
+    /// reach a freed table page. An endpoint the unit would not detach
+    /// keeps the tables alive: they are leaked, never freed early.
+    fn drop(&mut self) {
+        let mut all_detached = true;
+        for &(sid, _) in self.endpoints.values() {
+            all_detached &= self.unit().detach(sid).is_ok();
+        }
+        if !all_detached {
+            for (_, d) in std::mem::take(&mut self.domains) {
+                std::mem::forget(d);
+            }
+        }
+    }
+}
