@@ -180,8 +180,16 @@ impl State {
         for e in self.endpoints.values_mut() {
             e.1 = None;
         }
-        // Contexts are switched and drained: no walker reaches a table.
-        self.domains.clear();
+        let domains = std::mem::take(&mut self.domains);
+        if first.is_ok() {
+            // Contexts are switched and drained: no walker reaches a table.
+            drop(domains);
+        } else {
+            // An endpoint may still point at a table: leak, never free early.
+            for (_, d) in domains {
+                std::mem::forget(d);
+            }
+        }
         first
     }
 
