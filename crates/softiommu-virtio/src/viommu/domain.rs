@@ -84,9 +84,16 @@ impl Domain {
         Ok(())
     }
 
-    /// The mappings wholly inside `[start, end]`, or [`Split::Crosses`]
-    /// if one crosses an edge of it (then nothing is to be removed).
-    pub(crate) fn covered(&self, start: u64, end: u64) -> Result<Vec<MappingRecord>, Split> {
+    /// The mappings wholly inside `[start, end]`, into `out` (cleared
+    /// first), or [`Split::Crosses`] if one crosses an edge of it (then
+    /// nothing is to be removed).
+    pub(crate) fn covered(
+        &self,
+        start: u64,
+        end: u64,
+        out: &mut Vec<MappingRecord>,
+    ) -> Result<(), Split> {
+        out.clear();
         if let Some((_, m)) = self.maps.range(..start).next_back() {
             if m.end >= start {
                 return Err(Split::Crosses);
@@ -97,11 +104,12 @@ impl Domain {
                 return Err(Split::Crosses);
             }
         }
-        Ok(self
-            .maps
-            .range((Bound::Included(start), Bound::Included(end)))
-            .map(|(_, m)| *m)
-            .collect())
+        out.extend(
+            self.maps
+                .range((Bound::Included(start), Bound::Included(end)))
+                .map(|(_, m)| *m),
+        );
+        Ok(())
     }
 
     /// Unmaps `m` (a recorded mapping) from the table into `gather` and

@@ -58,6 +58,9 @@ pub(crate) struct State {
     bypass: bool,
     /// Invalidations this round owes.
     pub(crate) pending: Pending,
+    /// The mappings one UNMAP removes (kept: no allocation per UNMAP once
+    /// it has grown).
+    victims: Vec<MappingRecord>,
 }
 
 impl State {
@@ -90,6 +93,7 @@ impl State {
             domains: BTreeMap::new(),
             bypass: cfg.bypass,
             pending: Pending::default(),
+            victims: Vec::new(),
         };
         for &(sid, _) in st.endpoints.values() {
             st.set_unattached(sid)?;
@@ -410,10 +414,10 @@ impl State {
         if d.table.is_none() {
             return Status::Inval;
         }
-        let Ok(victims) = d.covered(start, end) else {
+        if d.covered(start, end, &mut self.victims).is_err() {
             return Status::Range;
-        };
-        for m in &victims {
+        }
+        for m in &self.victims {
             if let Err(st) = d.unmap(m, &mut self.pending.gather) {
                 return st;
             }
