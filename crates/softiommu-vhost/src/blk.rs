@@ -256,7 +256,10 @@ impl Worker {
             return Ok(0);
         }
         let mut h = [0u8; HDR_LEN];
-        let (status, written) = match self.space.read_bytes(AddrKind::Buffer, chain[0].addr, &mut h) {
+        let (status, written) = match self
+            .space
+            .read_bytes(AddrKind::Buffer, chain[0].addr, &mut h)
+        {
             Err(e @ AccessError::Cancelled { .. }) => return Err(e),
             Err(_) => (sb::S_IOERR, 0),
             Ok(()) => self.request(BlkHeader::decode(&h), &chain[1..n - 1])?,
@@ -290,11 +293,17 @@ impl Worker {
         };
         let total: u64 = data.iter().map(|d| u64::from(d.len)).sum();
         let want_write = op.device_writes();
-        if data.iter().any(|d| (d.flags & desc::F_WRITE != 0) != want_write) {
+        if data
+            .iter()
+            .any(|d| (d.flags & desc::F_WRITE != 0) != want_write)
+        {
             return Ok((sb::S_IOERR, 0));
         }
         let r = match op {
-            BlkOp::Flush => self.disk.flush().map_err(|e| AccessError::Io(e.to_string())),
+            BlkOp::Flush => self
+                .disk
+                .flush()
+                .map_err(|e| AccessError::Io(e.to_string())),
             BlkOp::GetId => {
                 let mut left = DEVICE_ID;
                 let mut r = Ok(());
@@ -311,7 +320,9 @@ impl Worker {
             BlkOp::Read | BlkOp::Write => {
                 let start = h.sector.checked_mul(SECTOR_SIZE);
                 match start.and_then(|s| s.checked_add(total)) {
-                    Some(end) if end <= self.disk.bytes() => self.transfer(op, start.unwrap_or(0), data),
+                    Some(end) if end <= self.disk.bytes() => {
+                        self.transfer(op, start.unwrap_or(0), data)
+                    }
                     _ => return Ok((sb::S_IOERR, 0)),
                 }
             }
@@ -336,17 +347,18 @@ impl Worker {
             let len = u64::from(d.len);
             let disk = &self.disk;
             let base = pos;
-            self.space.access(AddrKind::Buffer, d.addr, len, read, &mut |p, n, off| {
-                let at = base + off;
-                let r = if read {
-                    // SAFETY: p is valid for n bytes of shared guest memory.
-                    disk.read_at(unsafe { std::slice::from_raw_parts_mut(p, n) }, at)
-                } else {
-                    // SAFETY: as above.
-                    disk.write_at(unsafe { std::slice::from_raw_parts(p, n) }, at)
-                };
-                r.map_err(|e| AccessError::Io(e.to_string()))
-            })?;
+            self.space
+                .access(AddrKind::Buffer, d.addr, len, read, &mut |p, n, off| {
+                    let at = base + off;
+                    let r = if read {
+                        // SAFETY: p is valid for n bytes of shared guest memory.
+                        disk.read_at(unsafe { std::slice::from_raw_parts_mut(p, n) }, at)
+                    } else {
+                        // SAFETY: as above.
+                        disk.write_at(unsafe { std::slice::from_raw_parts(p, n) }, at)
+                    };
+                    r.map_err(|e| AccessError::Io(e.to_string()))
+                })?;
             pos += len;
             let ctr = if read {
                 &self.counters.bytes_read

@@ -36,7 +36,10 @@ impl Disk {
             })?
             .len();
         if bytes == 0 || bytes % SECTOR_SIZE != 0 {
-            return Err(ConfigError::DiskSize { path: shown, size: bytes });
+            return Err(ConfigError::DiskSize {
+                path: shown,
+                size: bytes,
+            });
         }
         Ok(Self { file, bytes })
     }

@@ -185,7 +185,13 @@ impl DeviceIotlb {
             self.map.remove(&e.iova);
             if e.iova < first {
                 // The part below the hole: [e.iova, first - 1].
-                self.map.insert(e.iova, Entry { last: first - 1, ..*e });
+                self.map.insert(
+                    e.iova,
+                    Entry {
+                        last: first - 1,
+                        ..*e
+                    },
+                );
             }
             if e.last > last {
                 // The part above: [last + 1, e.last]; last < e.last so last + 1 fits.
@@ -234,15 +240,24 @@ mod tests {
         t.update(0x1000, 0x1000, 0x7000_0000, RW).unwrap();
         assert!(matches!(
             t.update(0x2000, 0, 0, RW),
-            Err(IotlbError::ZeroLength { op: "update", iova: 0x2000 })
+            Err(IotlbError::ZeroLength {
+                op: "update",
+                iova: 0x2000
+            })
         ));
         assert!(matches!(
             t.invalidate(0x1000, 0),
-            Err(IotlbError::ZeroLength { op: "invalidate", iova: 0x1000 })
+            Err(IotlbError::ZeroLength {
+                op: "invalidate",
+                iova: 0x1000
+            })
         ));
         assert!(matches!(
             t.invalidate(0x1000, u64::MAX),
-            Err(IotlbError::IovaWraps { op: "invalidate", .. })
+            Err(IotlbError::IovaWraps {
+                op: "invalidate",
+                ..
+            })
         ));
         assert!(matches!(
             t.update(u64::MAX, 2, 0, RW),
@@ -252,7 +267,10 @@ mod tests {
             t.update(0, 0x1000, u64::MAX, RW),
             Err(IotlbError::UaddrWraps { .. })
         ));
-        assert!(matches!(t.update(0, 0x1000, 0, 7), Err(IotlbError::BadPerm { perm: 7 })));
+        assert!(matches!(
+            t.update(0, 0x1000, 0, 7),
+            Err(IotlbError::BadPerm { perm: 7 })
+        ));
         assert_eq!(t.len(), 1);
         assert_eq!(t.lookup(0x1fff).unwrap().uaddr, 0x7000_0000);
         // The whole address space in one update ends at 2^64 - 1 inclusive.
@@ -279,7 +297,10 @@ mod tests {
         }
         assert_eq!(
             t.update(0x9000, 0x1000, 0, RW).unwrap(),
-            IotlbOutcome::Updated { replaced: 0, evicted: true }
+            IotlbOutcome::Updated {
+                replaced: 0,
+                evicted: true
+            }
         );
         assert_eq!(t.len(), 1);
     }

@@ -100,7 +100,11 @@ impl MemTable {
             let map_len = offset
                 .checked_add(size)
                 .and_then(|l| usize::try_from(l).ok())
-                .ok_or_else(|| bad(format!("region {i}: offset {offset:#x} + size {size:#x} overflows")))?;
+                .ok_or_else(|| {
+                    bad(format!(
+                        "region {i}: offset {offset:#x} + size {size:#x} overflows"
+                    ))
+                })?;
             // SAFETY: a fresh shared mapping of the descriptor; checked below.
             let base = unsafe {
                 libc::mmap(

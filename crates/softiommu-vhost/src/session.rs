@@ -132,7 +132,10 @@ impl BlkBackend {
         let mut s = Session {
             disk: self.disk.clone(),
             sock: &sock,
-            space: Arc::new(DmaSpace::new(self.cfg.iotlb_capacity, self.cfg.miss_timeout)),
+            space: Arc::new(DmaSpace::new(
+                self.cfg.iotlb_capacity,
+                self.cfg.miss_timeout,
+            )),
             counters: Arc::new(BlkCounters::default()),
             acked: 0,
             protocol: 0,
@@ -192,7 +195,11 @@ fn state_of(name: &'static str, p: &[u8]) -> Result<(u32, u32), MsgError> {
 
 fn queue(name: &'static str, index: u32) -> Result<(), MsgError> {
     if index != 0 {
-        return Err(MsgError::BadQueue { name, index, queues: 1 });
+        return Err(MsgError::BadQueue {
+            name,
+            index,
+            queues: 1,
+        });
     }
     Ok(())
 }
@@ -222,7 +229,10 @@ impl Session<'_> {
             };
             if let Err(e) = r {
                 self.rejected += 1;
-                eprintln!("softiommu-vhost: refused {}: {e}", proto::request_name(code));
+                eprintln!(
+                    "softiommu-vhost: refused {}: {e}",
+                    proto::request_name(code)
+                );
                 self.last_rejection = Some(e);
             }
             if let Err(e) = sent {
@@ -233,7 +243,10 @@ impl Session<'_> {
 
     fn handle(&mut self, msg: Msg) -> Result<Option<Vec<u8>>, MsgError> {
         let Msg {
-            request, payload: p, mut fds, ..
+            request,
+            payload: p,
+            mut fds,
+            ..
         } = msg;
         let name = proto::request_name(request);
         let reply = |v: u64| Ok(Some(v.to_le_bytes().to_vec()));
@@ -241,12 +254,20 @@ impl Session<'_> {
             if fds.is_empty() {
                 Ok(())
             } else {
-                Err(MsgError::BadFds { name, got: fds.len(), want: 0 })
+                Err(MsgError::BadFds {
+                    name,
+                    got: fds.len(),
+                    want: 0,
+                })
             }
         };
         if !matches!(
             request,
-            req::SET_MEM_TABLE | req::SET_BACKEND_REQ_FD | req::SET_VRING_KICK | req::SET_VRING_CALL | req::SET_VRING_ERR
+            req::SET_MEM_TABLE
+                | req::SET_BACKEND_REQ_FD
+                | req::SET_VRING_KICK
+                | req::SET_VRING_CALL
+                | req::SET_VRING_ERR
         ) {
             no_fds(&fds)?;
         }
@@ -278,7 +299,10 @@ impl Session<'_> {
                 if f & !PROTOCOL_FEATURES != 0 {
                     return Err(MsgError::Invalid {
                         name,
-                        what: format!("protocol features {:#x} not offered", f & !PROTOCOL_FEATURES),
+                        what: format!(
+                            "protocol features {:#x} not offered",
+                            f & !PROTOCOL_FEATURES
+                        ),
                     });
                 }
                 self.protocol = f;
@@ -287,9 +311,14 @@ impl Session<'_> {
             req::GET_QUEUE_NUM => reply(1),
             req::SET_BACKEND_REQ_FD => {
                 if fds.len() != 1 {
-                    return Err(MsgError::BadFds { name, got: fds.len(), want: 1 });
+                    return Err(MsgError::BadFds {
+                        name,
+                        got: fds.len(),
+                        want: 1,
+                    });
                 }
-                self.space.set_channel(Some(UnixStream::from(fds.remove(0))));
+                self.space
+                    .set_channel(Some(UnixStream::from(fds.remove(0))));
                 Ok(None)
             }
             req::SET_MEM_TABLE => {
@@ -311,7 +340,11 @@ impl Session<'_> {
             }
             req::SET_VRING_ADDR => {
                 if p.len() != 40 {
-                    return Err(MsgError::BadSize { name, size: p.len(), want: "40".into() });
+                    return Err(MsgError::BadSize {
+                        name,
+                        size: p.len(),
+                        want: "40".into(),
+                    });
                 }
                 let i = u32::from_le_bytes(p[0..4].try_into().expect("4"));
                 queue(name, i)?;
@@ -330,7 +363,10 @@ impl Session<'_> {
                 let (i, base) = state_of(name, &p)?;
                 queue(name, i)?;
                 if base > 0xffff {
-                    return Err(MsgError::Invalid { name, what: format!("base {base} > 65535") });
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: format!("base {base} > 65535"),
+                    });
                 }
                 self.ring.base = base as u16;
                 Ok(None)
@@ -350,7 +386,11 @@ impl Session<'_> {
                 let nofd = v & 0x100 != 0;
                 let want = usize::from(!nofd);
                 if fds.len() != want {
-                    return Err(MsgError::BadFds { name, got: fds.len(), want });
+                    return Err(MsgError::BadFds {
+                        name,
+                        got: fds.len(),
+                        want,
+                    });
                 }
                 let fd = fds.pop();
                 match request {
@@ -359,12 +399,10 @@ impl Session<'_> {
                         self.ring.kick = Some(fd);
                         self.start_ring()?;
                     }
-                    req::SET_VRING_CALL => {
-                        match &self.ring.running {
-                            Some((_, sh)) => *sh.call.lock().unwrap_or_else(|p| p.into_inner()) = fd,
-                            None => self.ring.call = fd,
-                        }
-                    }
+                    req::SET_VRING_CALL => match &self.ring.running {
+                        Some((_, sh)) => *sh.call.lock().unwrap_or_else(|p| p.into_inner()) = fd,
+                        None => self.ring.call = fd,
+                    },
                     _ => {}
                 }
                 Ok(None)
@@ -373,7 +411,10 @@ impl Session<'_> {
                 let (i, on) = state_of(name, &p)?;
                 queue(name, i)?;
                 if on > 1 {
-                    return Err(MsgError::Invalid { name, what: format!("enable value {on}") });
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: format!("enable value {on}"),
+                    });
                 }
                 self.ring.enabled = on == 1;
                 if let Some((_, sh)) = &self.ring.running {
@@ -382,11 +423,12 @@ impl Session<'_> {
                 Ok(None)
             }
             req::IOTLB_MSG => {
-                let b: &[u8; m::MSG_LEN] = p.as_slice().try_into().map_err(|_| MsgError::BadSize {
-                    name,
-                    size: p.len(),
-                    want: m::MSG_LEN.to_string(),
-                })?;
+                let b: &[u8; m::MSG_LEN] =
+                    p.as_slice().try_into().map_err(|_| MsgError::BadSize {
+                        name,
+                        size: p.len(),
+                        want: m::MSG_LEN.to_string(),
+                    })?;
                 self.space.iotlb_message(b)?;
                 Ok(None)
             }
@@ -399,18 +441,26 @@ impl Session<'_> {
     fn get_config(&self, p: &[u8]) -> Result<Option<Vec<u8>>, MsgError> {
         let name = "GET_CONFIG";
         if p.len() < 12 {
-            return Err(MsgError::BadSize { name, size: p.len(), want: "12 + size".into() });
+            return Err(MsgError::BadSize {
+                name,
+                size: p.len(),
+                want: "12 + size".into(),
+            });
         }
         let off = u32::from_le_bytes(p[0..4].try_into().expect("4")) as usize;
         let size = u32::from_le_bytes(p[4..8].try_into().expect("4")) as usize;
         if p.len() != 12 + size || off.checked_add(size).is_none_or(|e| e > CONFIG_MAX) {
             return Err(MsgError::Invalid {
                 name,
-                what: format!("offset {off} size {size} (payload {}, space {CONFIG_MAX})", p.len()),
+                what: format!(
+                    "offset {off} size {size} (payload {}, space {CONFIG_MAX})",
+                    p.len()
+                ),
             });
         }
         let mut cfg = [0u8; CONFIG_MAX];
-        cfg[sb::CFG_CAPACITY..sb::CFG_CAPACITY + 8].copy_from_slice(&self.disk.sectors().to_le_bytes());
+        cfg[sb::CFG_CAPACITY..sb::CFG_CAPACITY + 8]
+            .copy_from_slice(&self.disk.sectors().to_le_bytes());
         cfg[sb::CFG_SEG_MAX..sb::CFG_SEG_MAX + 4].copy_from_slice(&SEG_MAX.to_le_bytes());
         cfg[sb::CFG_BLK_SIZE..sb::CFG_BLK_SIZE + 4].copy_from_slice(&512u32.to_le_bytes());
         cfg[sb::CFG_NUM_QUEUES..sb::CFG_NUM_QUEUES + 2].copy_from_slice(&1u16.to_le_bytes());
@@ -447,7 +497,12 @@ impl Session<'_> {
         let w = Worker {
             space: self.space.clone(),
             disk: self.disk.clone(),
-            ring: RingAddrs { num: r.num, desc, avail, used },
+            ring: RingAddrs {
+                num: r.num,
+                desc,
+                avail,
+                used,
+            },
             kick: kick.take(),
             shared: shared.clone(),
             counters: self.counters.clone(),
@@ -484,6 +539,10 @@ impl Session<'_> {
 fn is_get(code: u32) -> bool {
     matches!(
         code,
-        req::GET_FEATURES | req::GET_PROTOCOL_FEATURES | req::GET_QUEUE_NUM | req::GET_VRING_BASE | req::GET_CONFIG
+        req::GET_FEATURES
+            | req::GET_PROTOCOL_FEATURES
+            | req::GET_QUEUE_NUM
+            | req::GET_VRING_BASE
+            | req::GET_CONFIG
     )
 }

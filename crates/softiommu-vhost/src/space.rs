@@ -4,7 +4,7 @@
 //! # The invalidation contract
 //! A device access translates and copies under the read side of one
 //! lock; an update, an invalidation or a flush changes the table under its
-//! write side. So once [`DmaSpace::iotlb_message`] has returned for an
+//! write side. So once [`DmaSpace::invalidate`] has returned for an
 //! invalidation (and the back-end acknowledged it), every access that
 //! could have used the removed translation has finished, and every later
 //! access looks the range up afresh: it misses, and without a new update
@@ -209,7 +209,13 @@ impl DmaSpace {
     }
 
     /// Inserts a translation and wakes the accesses waiting for one.
-    pub fn update(&self, iova: u64, size: u64, uaddr: u64, perm: u8) -> Result<IotlbOutcome, IotlbError> {
+    pub fn update(
+        &self,
+        iova: u64,
+        size: u64,
+        uaddr: u64,
+        perm: u8,
+    ) -> Result<IotlbOutcome, IotlbError> {
         let out = self.write().iotlb.update(iova, size, uaddr, perm)?;
         self.counters.updates.fetch_add(1, Ordering::Relaxed);
         if let IotlbOutcome::Updated { evicted: true, .. } = out {
@@ -218,7 +224,8 @@ impl DmaSpace {
         self.generation.fetch_add(1, Ordering::AcqRel);
         let mut st = self.miss_state();
         let last = iova.saturating_add(size - 1);
-        st.outstanding.retain(|&pg, _| pg < iova & !(PAGE - 1) || pg > last);
+        st.outstanding
+            .retain(|&pg, _| pg < iova & !(PAGE - 1) || pg > last);
         drop(st);
         self.wake.notify_all();
         Ok(out)
@@ -268,7 +275,8 @@ impl DmaSpace {
         if len == 0 {
             return Ok(());
         }
-        addr.checked_add(len - 1).ok_or(AccessError::Wraps { iova: addr, len })?;
+        addr.checked_add(len - 1)
+            .ok_or(AccessError::Wraps { iova: addr, len })?;
         let mut done = 0u64;
         let mut deadline: Option<Instant> = None;
         while done < len {
@@ -297,7 +305,14 @@ impl DmaSpace {
         Ok(())
     }
 
-    fn translate(&self, t: &Tables, kind: AddrKind, a: u64, left: u64, write: bool) -> Result<Step, AccessError> {
+    fn translate(
+        &self,
+        t: &Tables,
+        kind: AddrKind,
+        a: u64,
+        left: u64,
+        write: bool,
+    ) -> Result<Step, AccessError> {
         let (space, target, n) = if self.iommu.load(Ordering::Acquire) {
             let Some(e) = t.iotlb.lookup(a) else {
                 return Ok(Step::Miss(a));
@@ -320,7 +335,10 @@ impl DmaSpace {
         };
         match t.mem.host(space, target, n) {
             Some((p, n)) => Ok(Step::Hit(p, n)),
-            None => Err(AccessError::OutsideMemory { iova: a, uaddr: target }),
+            None => Err(AccessError::OutsideMemory {
+                iova: a,
+                uaddr: target,
+            }),
         }
     }
 
@@ -413,7 +431,9 @@ impl DmaSpace {
             iova: pages[0],
             reason: e.to_string(),
         })?;
-        self.counters.misses.fetch_add(pages.len() as u64, Ordering::Relaxed);
+        self.counters
+            .misses
+            .fetch_add(pages.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -440,9 +460,11 @@ impl DmaSpace {
     pub(crate) fn load_u16_acquire(&self, kind: AddrKind, addr: u64) -> Result<u16, AccessError> {
         let mut b = [0u8; 2];
         self.access(kind, addr, 2, false, &mut |p, n, off| {
-            if n == 2 && (p as usize) % 2 == 0 {
+            if n == 2 && (p as usize).is_multiple_of(2) {
                 // SAFETY: aligned, valid for 2 bytes; the atomic view of shared memory.
-                let v = unsafe { (*(p as *const std::sync::atomic::AtomicU16)).load(Ordering::Acquire) };
+                let v = unsafe {
+                    (*(p as *const std::sync::atomic::AtomicU16)).load(Ordering::Acquire)
+                };
                 b = v.to_ne_bytes();
             } else {
                 // SAFETY: valid for n bytes.
@@ -455,13 +477,21 @@ impl DmaSpace {
     }
 
     /// Publishes a le16 ring index after every write before it.
-    pub(crate) fn store_u16_release(&self, kind: AddrKind, addr: u64, v: u16) -> Result<(), AccessError> {
+    pub(crate) fn store_u16_release(
+        &self,
+        kind: AddrKind,
+        addr: u64,
+        v: u16,
+    ) -> Result<(), AccessError> {
         std::sync::atomic::fence(Ordering::Release);
         let b = v.to_le_bytes();
         self.access(kind, addr, 2, true, &mut |p, n, off| {
-            if n == 2 && (p as usize) % 2 == 0 {
+            if n == 2 && (p as usize).is_multiple_of(2) {
                 // SAFETY: aligned, valid for 2 bytes.
-                unsafe { (*(p as *const std::sync::atomic::AtomicU16)).store(u16::from_ne_bytes(b), Ordering::Release) };
+                unsafe {
+                    (*(p as *const std::sync::atomic::AtomicU16))
+                        .store(u16::from_ne_bytes(b), Ordering::Release)
+                };
             } else {
                 // SAFETY: valid for n bytes.
                 unsafe { std::ptr::copy_nonoverlapping(b[off as usize..].as_ptr(), p, n) };

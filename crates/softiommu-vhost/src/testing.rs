@@ -10,7 +10,13 @@ use crate::wire;
 
 /// Sends one front-end message (version 1, with `NEED_REPLY` if `need_reply`)
 /// with `fds` attached.
-pub fn send(sock: &UnixStream, request: u32, payload: &[u8], fds: &[RawFd], need_reply: bool) -> std::io::Result<()> {
+pub fn send(
+    sock: &UnixStream,
+    request: u32,
+    payload: &[u8],
+    fds: &[RawFd],
+    need_reply: bool,
+) -> std::io::Result<()> {
     let flags = VERSION | if need_reply { FLAG_NEED_REPLY } else { 0 };
     wire::send_with_fds(sock, &wire::encode(request, flags, payload), fds)
 }

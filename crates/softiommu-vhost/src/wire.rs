@@ -124,7 +124,7 @@ pub(crate) fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[i32]) -> io:
     if fds.is_empty() {
         return (&*sock).write_all(bytes);
     }
-    let payload = fds.len() * size_of::<libc::c_int>();
+    let payload = std::mem::size_of_val(fds);
     // SAFETY: pure size computations.
     let space = unsafe { libc::CMSG_SPACE(payload as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];

@@ -34,7 +34,10 @@ fn zero_length_wrapping_and_malformed_iotlb_messages_are_refused_and_serving_goe
     let fe = FrontEnd::start("iotlb", Duration::from_secs(2));
     // A global device-IOTLB flush as QEMU sends it: the second range ends at 2^64.
     assert_eq!(fe.iotlb(m::INVALIDATE, 0, 0xfef0_0000, 0, 0), 0);
-    assert_eq!(fe.iotlb(m::INVALIDATE, 0xfef0_0000, 0xffff_ffff_0110_0000, 0, 0), 0);
+    assert_eq!(
+        fe.iotlb(m::INVALIDATE, 0xfef0_0000, 0xffff_ffff_0110_0000, 0, 0),
+        0
+    );
     // Zero-length update and invalidation, a wrapping range, a bad perm, a
     // type only a back-end sends, a short payload: each acked with failure.
     assert_eq!(fe.iotlb(m::UPDATE, 0x1000, 0, UA, RW), 1);
@@ -55,13 +58,42 @@ fn zero_length_wrapping_and_malformed_iotlb_messages_are_refused_and_serving_goe
     assert_eq!(r.iotlb.invalidations, 2);
     assert!(matches!(
         r.last_rejection,
-        Some(MsgError::BadSize { name: "IOTLB_MSG", size: 31, .. })
+        Some(MsgError::BadSize {
+            name: "IOTLB_MSG",
+            size: 31,
+            ..
+        })
     ));
     // Each refusal's exact variant, one session per message.
     let cases: [(u8, u64, u64, u8, IotlbError); 3] = [
-        (m::UPDATE, 0x1000, 0, RW, IotlbError::ZeroLength { op: "update", iova: 0x1000 }),
-        (m::INVALIDATE, 2, u64::MAX, 0, IotlbError::IovaWraps { op: "invalidate", iova: 2, size: u64::MAX }),
-        (m::MISS, 0x1000, 0x1000, RW, IotlbError::BadType { kind: m::MISS }),
+        (
+            m::UPDATE,
+            0x1000,
+            0,
+            RW,
+            IotlbError::ZeroLength {
+                op: "update",
+                iova: 0x1000,
+            },
+        ),
+        (
+            m::INVALIDATE,
+            2,
+            u64::MAX,
+            0,
+            IotlbError::IovaWraps {
+                op: "invalidate",
+                iova: 2,
+                size: u64::MAX,
+            },
+        ),
+        (
+            m::MISS,
+            0x1000,
+            0x1000,
+            RW,
+            IotlbError::BadType { kind: m::MISS },
+        ),
     ];
     for (kind, iova, size, perm, want) in cases {
         let fe = FrontEnd::start("iotlb-one", Duration::from_secs(2));
@@ -84,11 +116,18 @@ fn access_to_an_iova_whose_invalidation_was_acknowledged_is_refused_counted_and_
     fe.submit_read(4096);
     // The device asks for the page (and never gets it)...
     let (code, iova, perm, kind) = fe.read_miss();
-    assert_eq!((code, iova, perm, kind), (1, DATA_IOVA, m::ACCESS_WO, m::MISS));
+    assert_eq!(
+        (code, iova, perm, kind),
+        (1, DATA_IOVA, m::ACCESS_WO, m::MISS)
+    );
     // ...gives up within its bound and completes the request with IOERR.
     assert!(fe.wait_used(1, Duration::from_secs(10)));
     assert_eq!(fe.peek(STATUS_IOVA, 1), [1], "VIRTIO_BLK_S_IOERR");
-    assert_eq!(fe.peek(DATA_IOVA, 4096), vec![0xaa; 4096], "the invalidated page was written");
+    assert_eq!(
+        fe.peek(DATA_IOVA, 4096),
+        vec![0xaa; 4096],
+        "the invalidated page was written"
+    );
     drop(fe.sock);
     let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(r.iotlb.miss_timeouts, 1);
@@ -105,7 +144,11 @@ fn an_unanswered_miss_is_a_bounded_wait_and_the_next_request_is_served() {
     let t = Instant::now();
     fe.submit_read(8192);
     assert!(fe.wait_used(1, Duration::from_secs(10)));
-    assert!(t.elapsed() < Duration::from_secs(5), "bounded: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "bounded: {:?}",
+        t.elapsed()
+    );
     assert_eq!(fe.peek(STATUS_IOVA, 1), [1]);
     // Two pages asked in one go, each once.
     assert_eq!(fe.read_miss().1, DATA_IOVA);
@@ -143,7 +186,9 @@ fn the_front_end_disconnecting_mid_request_stops_the_back_end_cleanly() {
     let t = Instant::now();
     let FrontEnd { sock, report, .. } = &fe;
     sock.shutdown(std::net::Shutdown::Both).unwrap();
-    let r = report.recv_timeout(Duration::from_secs(10)).expect("session ends");
+    let r = report
+        .recv_timeout(Duration::from_secs(10))
+        .expect("session ends");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert!(matches!(r.end, SessionEnd::Disconnected));
     assert_eq!(r.iotlb.cancelled, 1);
@@ -157,12 +202,21 @@ fn unreadable_headers_end_the_session_with_a_framing_error() {
         // Version 2.
         [1u32.to_le_bytes(), 2u32.to_le_bytes(), 0u32.to_le_bytes()].concat(),
         // A payload larger than any message.
-        [1u32.to_le_bytes(), 1u32.to_le_bytes(), 1_000_000u32.to_le_bytes()].concat(),
+        [
+            1u32.to_le_bytes(),
+            1u32.to_le_bytes(),
+            1_000_000u32.to_le_bytes(),
+        ]
+        .concat(),
     ] {
         let fe = FrontEnd::start("framing", Duration::from_secs(1));
         testing::send_raw(&fe.sock, &bytes).unwrap();
         let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert!(matches!(r.end, SessionEnd::Failed(SessionError::Framing(_))), "{:?}", r.end);
+        assert!(
+            matches!(r.end, SessionEnd::Failed(SessionError::Framing(_))),
+            "{:?}",
+            r.end
+        );
     }
 }
 
@@ -177,5 +231,67 @@ fn bad_ring_and_table_messages_are_refused_with_their_reason() {
     drop(fe.sock);
     let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(r.rejected_messages, 4);
-    assert!(matches!(r.last_rejection, Some(MsgError::Unsupported { code: 99 })));
+    assert!(matches!(
+        r.last_rejection,
+        Some(MsgError::Unsupported { code: 99 })
+    ));
+    // Each refusal's exact variant, one session per message.
+    type Check = fn(&MsgError) -> bool;
+    let cases: [(u32, Vec<u8>, Check); 4] = [
+        (req::SET_VRING_NUM, state(0, 3).to_vec(), |e| {
+            matches!(
+                e,
+                MsgError::Invalid {
+                    name: "SET_VRING_NUM",
+                    ..
+                }
+            )
+        }),
+        (req::SET_VRING_NUM, state(1, 8).to_vec(), |e| {
+            matches!(
+                e,
+                MsgError::BadQueue {
+                    index: 1,
+                    queues: 1,
+                    ..
+                }
+            )
+        }),
+        (
+            req::SET_MEM_TABLE,
+            [1u32.to_le_bytes(), [0; 4]]
+                .concat()
+                .into_iter()
+                .chain([0u8; 32])
+                .collect(),
+            |e| {
+                matches!(
+                    e,
+                    MsgError::BadFds {
+                        name: "SET_MEM_TABLE",
+                        got: 0,
+                        want: 1
+                    }
+                )
+            },
+        ),
+        (req::SET_VRING_KICK, 0u64.to_le_bytes().to_vec(), |e| {
+            matches!(
+                e,
+                MsgError::BadFds {
+                    name: "SET_VRING_KICK",
+                    got: 0,
+                    want: 1
+                }
+            )
+        }),
+    ];
+    for (code, payload, check) in cases {
+        let fe = FrontEnd::start("ring-one", Duration::from_secs(1));
+        assert_eq!(fe.ack(code, &payload, &[]), 1);
+        drop(fe.sock);
+        let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
+        let e = r.last_rejection.expect("refused");
+        assert!(check(&e), "{e:?}");
+    }
 }

@@ -53,12 +53,20 @@ fn kit() -> Option<PathBuf> {
 
 /// The fields of the guest's result line.
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace().find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
 
 fn sha256_file(p: &Path) -> String {
-    let out = Command::new("sha256sum").arg(p).output().expect("sha256sum runs");
-    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or("").to_string()
+    let out = Command::new("sha256sum")
+        .arg(p)
+        .output()
+        .expect("sha256sum runs");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string()
 }
 
 struct Run {
@@ -69,11 +77,15 @@ struct Run {
 }
 
 fn run_guest(kit: &Path, strict: bool) -> Run {
-    let dir = std::env::temp_dir().join(format!("softiommu-guest-{}-{}", std::process::id(), strict));
+    let dir =
+        std::env::temp_dir().join(format!("softiommu-guest-{}-{}", std::process::id(), strict));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let disk = dir.join("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(DISK_MIB << 20).unwrap();
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(DISK_MIB << 20)
+        .unwrap();
     let sock = dir.join("vhost.sock");
     let backend = BlkBackend::open(BlkBackendConfig::new(&disk)).expect("backend opens");
     let listener = UnixListener::bind(&sock).unwrap();
@@ -83,7 +95,11 @@ fn run_guest(kit: &Path, strict: bool) -> Run {
             let _ = rep_tx.send(backend.serve(s));
         }
     });
-    let mode = if strict { "iommu.strict=1" } else { "iommu.strict=0" };
+    let mode = if strict {
+        "iommu.strict=1"
+    } else {
+        "iommu.strict=0"
+    };
     let append = format!(
         "console=ttyS0 quiet intel_iommu=on {mode} softiommu.test=blk softiommu.mib={DISK_MIB} panic=-1"
     );
@@ -120,7 +136,10 @@ fn run_guest(kit: &Path, strict: bool) -> Run {
     });
     let err = qemu.stderr.take().unwrap();
     let errs = std::thread::spawn(move || {
-        BufReader::new(err).lines().map_while(Result::ok).collect::<Vec<_>>()
+        BufReader::new(err)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
     });
     let mut result = None;
     let mut console = Vec::new();
@@ -189,14 +208,33 @@ fn check(strict: bool) {
         r.report.rejected_messages
     ));
     assert_eq!(field(&r.result, "ok"), Some("1"), "{}", r.result);
-    assert_eq!(field(&r.result, "dmar"), Some("1"), "DMAR: IOMMU enabled missing: {}", r.result);
+    assert_eq!(
+        field(&r.result, "dmar"),
+        Some("1"),
+        "DMAR: IOMMU enabled missing: {}",
+        r.result
+    );
     assert_eq!(field(&r.result, "policy"), Some(mode), "{}", r.result);
     let written = field(&r.result, "written").unwrap();
     assert_eq!(field(&r.result, "read"), Some(written), "{}", r.result);
-    assert_eq!(r.disk_sha, written, "the backing file differs from what the guest wrote");
-    assert!(matches!(r.report.end, SessionEnd::Disconnected), "{:?}", r.report.end);
-    assert_eq!(r.report.rejected_messages, 0, "{:?}", r.report.last_rejection);
-    assert!(s.updates > 0 && s.misses > 0 && s.invalidations > 0, "{s:?}");
+    assert_eq!(
+        r.disk_sha, written,
+        "the backing file differs from what the guest wrote"
+    );
+    assert!(
+        matches!(r.report.end, SessionEnd::Disconnected),
+        "{:?}",
+        r.report.end
+    );
+    assert_eq!(
+        r.report.rejected_messages, 0,
+        "{:?}",
+        r.report.last_rejection
+    );
+    assert!(
+        s.updates > 0 && s.misses > 0 && s.invalidations > 0,
+        "{s:?}"
+    );
     assert_eq!(s.miss_timeouts, 0, "{s:?}");
     assert_eq!(r.report.blk.io_errors, 0, "{:?}", r.report.blk);
 }

@@ -76,13 +76,19 @@ fn main() -> ExitCode {
         }
     };
     if args.socket.exists() {
-        eprintln!("softiommu-vhost-user-blk: {} exists; remove it first", args.socket.display());
+        eprintln!(
+            "softiommu-vhost-user-blk: {} exists; remove it first",
+            args.socket.display()
+        );
         return ExitCode::from(2);
     }
     let listener = match UnixListener::bind(&args.socket) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("softiommu-vhost-user-blk: cannot listen on {}: {e}", args.socket.display());
+            eprintln!(
+                "softiommu-vhost-user-blk: cannot listen on {}: {e}",
+                args.socket.display()
+            );
             return ExitCode::from(2);
         }
     };

@@ -51,7 +51,8 @@ impl FrontEnd {
     /// A back-end on a fresh disk (filled with 0x5c) and a connected front-end
     /// that negotiated ACCESS_PLATFORM and shared 1 MiB of memory.
     pub fn start(name: &str, miss_timeout: Duration) -> Self {
-        let dir = std::env::temp_dir().join(format!("softiommu-vhost-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("softiommu-vhost-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let disk = dir.join("disk.img");
@@ -84,7 +85,7 @@ impl FrontEnd {
             (OwnedFd::from_raw_fd(fd), p as *mut u8)
         };
         let (chan, be_chan) = UnixStream::pair().unwrap();
-        let mut fe = FrontEnd {
+        let fe = FrontEnd {
             sock,
             chan,
             mem,
@@ -95,7 +96,9 @@ impl FrontEnd {
             _dir: dir,
             next_avail: 0,
         };
-        fe.chan.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        fe.chan
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         testing::send(&fe.sock, req::GET_FEATURES, &[], &[], false).unwrap();
         let (_, _, f) = testing::recv(&fe.sock).unwrap();
         let offered = u64::from_le_bytes(f.try_into().unwrap());
@@ -103,8 +106,14 @@ impl FrontEnd {
         let want = vf::VERSION_1 | vf::ACCESS_PLATFORM | vf::PROTOCOL_FEATURES;
         assert_eq!(fe.ack(req::SET_FEATURES, &want.to_le_bytes(), &[]), 0);
         let pf = (1u64 << 3) | (1 << 5) | (1 << 9);
-        assert_eq!(fe.ack(req::SET_PROTOCOL_FEATURES, &pf.to_le_bytes(), &[]), 0);
-        assert_eq!(fe.ack(req::SET_BACKEND_REQ_FD, &[], &[be_chan.as_raw_fd()]), 0);
+        assert_eq!(
+            fe.ack(req::SET_PROTOCOL_FEATURES, &pf.to_le_bytes(), &[]),
+            0
+        );
+        assert_eq!(
+            fe.ack(req::SET_BACKEND_REQ_FD, &[], &[be_chan.as_raw_fd()]),
+            0
+        );
         drop(be_chan);
         let mut t = Vec::new();
         t.extend_from_slice(&1u32.to_le_bytes());
@@ -136,7 +145,10 @@ impl FrontEnd {
 
     /// Maps `[iova, +size)` onto the same offsets of the memfd.
     pub fn map(&self, iova: u64, size: u64) {
-        assert_eq!(self.iotlb(m::UPDATE, iova, size, UA + iova, m::ACCESS_RW), 0);
+        assert_eq!(
+            self.iotlb(m::UPDATE, iova, size, UA + iova, m::ACCESS_RW),
+            0
+        );
     }
 
     /// Sets the ring up and starts it.
@@ -151,15 +163,31 @@ impl FrontEnd {
             a.extend_from_slice(&v.to_le_bytes());
         }
         assert_eq!(self.ack(req::SET_VRING_ADDR, &a, &[]), 0);
-        assert_eq!(self.ack(req::SET_VRING_CALL, &0u64.to_le_bytes(), &[self.call.as_raw_fd()]), 0);
-        assert_eq!(self.ack(req::SET_VRING_KICK, &0u64.to_le_bytes(), &[self.kick.as_raw_fd()]), 0);
+        assert_eq!(
+            self.ack(
+                req::SET_VRING_CALL,
+                &0u64.to_le_bytes(),
+                &[self.call.as_raw_fd()]
+            ),
+            0
+        );
+        assert_eq!(
+            self.ack(
+                req::SET_VRING_KICK,
+                &0u64.to_le_bytes(),
+                &[self.kick.as_raw_fd()]
+            ),
+            0
+        );
         assert_eq!(self.ack(req::SET_VRING_ENABLE, &state(0, 1), &[]), 0);
     }
 
     pub fn poke(&self, off: u64, bytes: &[u8]) {
         assert!(off as usize + bytes.len() <= MEM_BYTES);
         // SAFETY: inside the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.add(off as usize), bytes.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.add(off as usize), bytes.len())
+        };
     }
 
     pub fn peek(&self, off: u64, len: usize) -> Vec<u8> {
@@ -213,6 +241,11 @@ impl FrontEnd {
     /// Reads one back-end request (a miss): `(request, iova, perm, type)`.
     pub fn read_miss(&self) -> (u32, u64, u8, u8) {
         let (code, _, p) = testing::recv(&self.chan).unwrap();
-        (code, u64::from_le_bytes(p[0..8].try_into().unwrap()), p[24], p[25])
+        (
+            code,
+            u64::from_le_bytes(p[0..8].try_into().unwrap()),
+            p[24],
+            p[25],
+        )
     }
 }
