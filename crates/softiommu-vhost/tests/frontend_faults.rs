@@ -295,3 +295,39 @@ fn bad_ring_and_table_messages_are_refused_with_their_reason() {
         assert!(check(&e), "{e:?}");
     }
 }
+
+#[test]
+fn an_invalidation_acknowledged_mid_request_is_never_reached_through_after() {
+    let mut fe = FrontEnd::start("midrequest", Duration::from_millis(300));
+    fe.map(RING_IOVA, 0x10000);
+    let (first, second) = (DATA_IOVA, DATA_IOVA + 0x4000);
+    // The second segment is mapped, the first is not: the device stops on
+    // the first's miss with the request under way.
+    fe.map(second, 0x1000);
+    fe.poke(first, &[0xaa; 4096]);
+    fe.poke(second, &[0xbb; 4096]);
+    fe.start_ring();
+    fe.submit_read_segs(&[(first, 4096), (second, 4096)]);
+    assert_eq!(fe.read_miss().1, first);
+    // Mid-request, the front-end withdraws the second segment (acked),
+    // then answers the first's miss.
+    assert_eq!(fe.iotlb(m::INVALIDATE, second, 0x1000, 0, 0), 0);
+    assert_eq!(fe.iotlb(m::UPDATE, first, 0x1000, UA + first, RW), 0);
+    // The device fills the first segment, misses on the second, is never
+    // answered, and fails the request without touching the second.
+    assert_eq!(fe.read_miss().1, second);
+    assert!(fe.wait_used(1, Duration::from_secs(10)));
+    assert_eq!(fe.peek(STATUS_IOVA, 1), [1], "VIRTIO_BLK_S_IOERR");
+    assert_eq!(fe.peek(first, 4096), vec![0x5c; 4096]);
+    assert_eq!(
+        fe.peek(second, 4096),
+        vec![0xbb; 4096],
+        "written after the invalidation was acked"
+    );
+    drop(fe.sock);
+    let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (r.iotlb.miss_timeouts, r.iotlb.refused, r.blk.io_errors),
+        (1, 1, 1)
+    );
+}

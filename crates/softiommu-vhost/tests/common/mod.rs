@@ -200,6 +200,11 @@ impl FrontEnd {
 
     /// Queues a read of `len` bytes from sector 0 into DATA_IOVA and kicks.
     pub fn submit_read(&mut self, len: u32) {
+        self.submit_read_segs(&[(DATA_IOVA, len)]);
+    }
+
+    /// Queues a read from sector 0 into the given data segments and kicks.
+    pub fn submit_read_segs(&mut self, segs: &[(u64, u32)]) {
         let mut hdr = [0u8; 16];
         hdr[0..4].copy_from_slice(&0u32.to_le_bytes()); // VIRTIO_BLK_T_IN
         self.poke(HDR_IOVA, &hdr);
@@ -212,9 +217,14 @@ impl FrontEnd {
             b[14..16].copy_from_slice(&next.to_le_bytes());
             b
         };
+        assert!(segs.len() + 2 <= usize::from(NUM));
         self.poke(DESC, &d(HDR_IOVA, 16, 1, 1));
-        self.poke(DESC + 16, &d(DATA_IOVA, len, 1 | 2, 2));
-        self.poke(DESC + 32, &d(STATUS_IOVA, 1, 2, 0));
+        for (i, &(iova, len)) in segs.iter().enumerate() {
+            let i = i as u16 + 1;
+            self.poke(DESC + 16 * u64::from(i), &d(iova, len, 1 | 2, i + 1));
+        }
+        let st = segs.len() as u64 + 1;
+        self.poke(DESC + 16 * st, &d(STATUS_IOVA, 1, 2, 0));
         let slot = u64::from(self.next_avail % NUM);
         self.poke(AVAIL + 4 + 2 * slot, &0u16.to_le_bytes());
         self.next_avail = self.next_avail.wrapping_add(1);
