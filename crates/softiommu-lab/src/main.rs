@@ -107,6 +107,8 @@ enum LabCmd {
     Litmus(lab::litmus::LitmusArgs),
     /// A soak with an independent checker and a probe of the deferred bound; any violation exits non-zero.
     Stress(lab::stress::StressArgs),
+    /// Seed 000 in the guest's own code: a Debian guest under QEMU drives our vhost-user-blk back-end's IOTLB, strict vs lazy, beside QEMU's own virtio-blk.
+    Guest(lab::guest::GuestArgs),
 }
 
 /// Prints a report: its contract object under `--json`, else its tables.
@@ -220,10 +222,14 @@ fn main() -> std::process::ExitCode {
             cmd: Some(LabCmd::IperfTcp(a)),
             ..
         }) => emit(lab::iperf_tcp::run(&a), a.json),
+        Cmd::Lab(LabArgs {
+            cmd: Some(LabCmd::Guest(a)),
+            ..
+        }) => lab::guest::run(&a),
         Cmd::Lab(a) => match &a.file {
             Some(f) => lab_file(&a, f),
             None => {
-                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus, stress, iopf) or a scenario FILE");
+                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus, stress, iopf, guest) or a scenario FILE");
                 return std::process::ExitCode::from(2);
             }
         },

@@ -21,6 +21,7 @@
 pub mod blk;
 pub mod disk;
 pub mod error;
+pub mod guest;
 pub mod iotlb;
 pub(crate) mod memtable;
 pub mod proto;

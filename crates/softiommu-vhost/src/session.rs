@@ -91,6 +91,9 @@ pub struct SessionReport {
     pub last_rejection: Option<MsgError>,
     /// The virtio features the front-end acknowledged.
     pub acked_features: u64,
+    /// CPU time of the session's message handling, nanoseconds (the
+    /// queue threads' is in `blk.worker_cpu_ns`).
+    pub session_cpu_ns: u64,
 }
 
 /// A vhost-user-blk back-end over one disk; serves sessions one at a time.
@@ -129,6 +132,7 @@ impl BlkBackend {
 
     /// Serves one front-end until it goes away; the back-end is reusable after.
     pub fn serve(&self, sock: UnixStream) -> SessionReport {
+        let cpu0 = crate::blk::thread_cpu_ns();
         let mut s = Session {
             disk: self.disk.clone(),
             sock: &sock,
@@ -152,6 +156,7 @@ impl BlkBackend {
             rejected_messages: s.rejected,
             last_rejection: s.last_rejection,
             acked_features: s.acked,
+            session_cpu_ns: crate::blk::thread_cpu_ns().saturating_sub(cpu0),
         }
     }
 }

@@ -36,6 +36,10 @@ use crate::wire;
 /// Pages asked of the front-end for one miss, ahead of the one missed,
 /// from the access's range (QEMU answers a miss with one 4 KiB page).
 pub const MISS_PREFETCH_PAGES: u64 = 32;
+/// Pages a whole request may ask for ahead, before its first access
+/// ([`DmaSpace::prefetch`]): a request's segments are mostly single pages,
+/// so asking them one access at a time would cost a round trip each.
+pub const REQUEST_PREFETCH_PAGES: usize = 512;
 const PAGE: u64 = 4096;
 
 /// What a ring or buffer address is, which decides how it translates.
@@ -406,6 +410,61 @@ impl DmaSpace {
                 .wait_timeout(st, deadline - now)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+        }
+    }
+
+    /// Asks the front-end, without waiting, for the pages of `segs` that
+    /// have no translation and are not already asked (at most
+    /// [`REQUEST_PREFETCH_PAGES`]); the accesses that follow wait for them
+    /// without asking again. Does nothing without an IOMMU; a failure to
+    /// send is left for those accesses to report.
+    pub(crate) fn prefetch(&self, segs: &mut dyn Iterator<Item = (u64, u64)>, write: bool) {
+        if !self.iommu.load(Ordering::Acquire) {
+            return;
+        }
+        let mut missing = Vec::new();
+        {
+            let t = self.read();
+            'segs: for (a, len) in segs {
+                let Some(last) = len.checked_sub(1).and_then(|l| a.checked_add(l)) else {
+                    continue;
+                };
+                let mut pg = a & !(PAGE - 1);
+                loop {
+                    if t.iotlb.lookup(pg.max(a)).is_none() {
+                        missing.push(pg);
+                        if missing.len() >= REQUEST_PREFETCH_PAGES {
+                            break 'segs;
+                        }
+                    }
+                    match pg.checked_add(PAGE) {
+                        Some(n) if n <= last => pg = n,
+                        _ => break,
+                    }
+                }
+            }
+        }
+        if missing.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut st = self.miss_state();
+        if st.cancelled {
+            return;
+        }
+        missing.retain(|pg| {
+            let fresh = st
+                .outstanding
+                .get(pg)
+                .is_some_and(|t| now.duration_since(*t) < self.miss_timeout);
+            if !fresh {
+                st.outstanding.insert(*pg, now);
+            }
+            !fresh
+        });
+        drop(st);
+        if !missing.is_empty() {
+            let _ = self.send_misses(&missing, write);
         }
     }
 
