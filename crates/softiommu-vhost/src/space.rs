@@ -192,8 +192,14 @@ impl DmaSpace {
         !self.read().mem.is_empty()
     }
 
-    /// Sets the back-end channel misses go out on.
+    /// Sets the back-end channel misses go out on. A send blocks at most
+    /// the miss bound (a front-end that stops reading the channel — QEMU
+    /// does while it waits for a reply on the main one — cannot hang the
+    /// device).
     pub(crate) fn set_channel(&self, s: Option<UnixStream>) {
+        if let Some(s) = &s {
+            let _ = s.set_write_timeout(Some(self.miss_timeout));
+        }
         *self.channel.lock().unwrap_or_else(|p| p.into_inner()) = s;
     }
 
@@ -228,8 +234,16 @@ impl DmaSpace {
         self.generation.fetch_add(1, Ordering::AcqRel);
         let mut st = self.miss_state();
         let last = iova.saturating_add(size - 1);
-        st.outstanding
-            .retain(|&pg, _| pg < iova & !(PAGE - 1) || pg > last);
+        let first = iova & !(PAGE - 1);
+        let pages = (last - first) / PAGE + 1;
+        if pages <= 64 {
+            // The common answer to a miss: one page; no walk of the whole set.
+            for k in 0..pages {
+                st.outstanding.remove(&(first + k * PAGE));
+            }
+        } else {
+            st.outstanding.retain(|&pg, _| pg < first || pg > last);
+        }
         drop(st);
         self.wake.notify_all();
         Ok(out)

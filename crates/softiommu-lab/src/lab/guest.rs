@@ -83,7 +83,10 @@ pub fn run(a: &GuestArgs) -> LabResult<()> {
     let mib = if a.quick { 16 } else { a.mib.get() };
     let mut rows = Vec::new();
     for mode in [IommuMode::Strict, IommuMode::Lazy] {
-        eprintln!("lab guest: {} on our vhost-user-blk ({mib} MiB)...", mode.name());
+        eprintln!(
+            "lab guest: {} on our vhost-user-blk ({mib} MiB)...",
+            mode.name()
+        );
         let run = run_blk(&kit, GuestDevice::VhostBlk, mode, mib, DEADLINE)?;
         rows.push(Row { mode, run });
     }
@@ -94,8 +97,12 @@ pub fn run(a: &GuestArgs) -> LabResult<()> {
         .field("kernel")
         .map(str::to_string)
         .or_else(|| kit.kernel_release());
-    let strict_inv = rows[0].json()["invalidations_per_io"].as_f64().unwrap_or(0.0);
-    let lazy_inv = rows[1].json()["invalidations_per_io"].as_f64().unwrap_or(0.0);
+    let strict_inv = rows[0].json()["invalidations_per_io"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let lazy_inv = rows[1].json()["invalidations_per_io"]
+        .as_f64()
+        .unwrap_or(0.0);
     let ours = rows[0].run.read_seconds();
     let anchor_s = anchor.read_seconds();
     let ratio = match (ours, anchor_s) {
@@ -127,7 +134,16 @@ pub fn run(a: &GuestArgs) -> LabResult<()> {
     );
     println!(
         "{:<7} {:<16} {:>6} {:>9} {:>9} {:>9} {:>8} {:>10} {:>11} {:>8}",
-        "mode", "device", "ios", "updates", "invals", "misses", "inv/io", "cpu us/io", "read s ‡", "checksum"
+        "mode",
+        "device",
+        "ios",
+        "updates",
+        "invals",
+        "misses",
+        "inv/io",
+        "cpu us/io",
+        "read s ‡",
+        "checksum"
     );
     for r in &rows {
         let j = r.json();
@@ -135,13 +151,15 @@ pub fn run(a: &GuestArgs) -> LabResult<()> {
             "{:<7} {:<16} {:>6} {:>9} {:>9} {:>9} {:>8.2} {:>10.1} {:>11} {:>8}",
             r.mode.name(),
             "virtio-blk",
-            j["ios"],
-            j["iotlb_updates"],
-            j["iotlb_invalidations"],
-            j["iotlb_misses"],
+            j["ios"].as_u64().unwrap_or(0),
+            j["iotlb_updates"].as_u64().unwrap_or(0),
+            j["iotlb_invalidations"].as_u64().unwrap_or(0),
+            j["iotlb_misses"].as_u64().unwrap_or(0),
             j["invalidations_per_io"].as_f64().unwrap_or(0.0),
             j["device_cpu_us_per_io"].as_f64().unwrap_or(0.0),
-            r.run.read_seconds().map_or("-".into(), |s| format!("{s:.2}")),
+            r.run
+                .read_seconds()
+                .map_or("-".into(), |s| format!("{s:.2}")),
             if r.run.checksum_ok() { "ok" } else { "BAD" }
         );
     }
@@ -162,7 +180,10 @@ pub fn run(a: &GuestArgs) -> LabResult<()> {
         println!("our strict read time / anchor's: {r:.2} ‡");
     }
     if strict_inv > 0.0 {
-        println!("lazy / strict invalidations per I/O: {:.3}", lazy_inv / strict_inv);
+        println!(
+            "lazy / strict invalidations per I/O: {:.3}",
+            lazy_inv / strict_inv
+        );
     }
     Ok(())
 }
