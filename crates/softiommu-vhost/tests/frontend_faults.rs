@@ -331,3 +331,52 @@ fn an_invalidation_acknowledged_mid_request_is_never_reached_through_after() {
         (1, 1, 1)
     );
 }
+
+#[test]
+fn racing_invalidations_nothing_is_written_after_the_ack() {
+    let mut fe = FrontEnd::start("race", Duration::from_millis(50));
+    fe.map(RING_IOVA, 0x10000);
+    fe.start_ring();
+    let mut done = 0u16;
+    let (mut before, mut after) = (0, 0);
+    for round in 0..40u32 {
+        fe.map(DATA_IOVA, 0x1000);
+        fe.poke(DATA_IOVA, &[0xaa; 4096]);
+        fe.submit_read(4096);
+        // Let the device get a head start on some rounds, none on others.
+        if round % 2 == 1 {
+            std::thread::sleep(Duration::from_micros(u64::from(round) * 20));
+        }
+        assert_eq!(fe.iotlb(m::INVALIDATE, DATA_IOVA, 0x1000, 0, 0), 0);
+        let at_ack = fe.peek(DATA_IOVA, 4096);
+        done += 1;
+        assert!(fe.wait_used(done, Duration::from_secs(10)));
+        // Whatever the device did before the ack stays; nothing after it.
+        assert_eq!(
+            fe.peek(DATA_IOVA, 4096),
+            at_ack,
+            "round {round}: written after the ack"
+        );
+        match fe.peek(STATUS_IOVA, 1)[0] {
+            0 => {
+                assert_eq!(
+                    at_ack,
+                    vec![0x5c; 4096],
+                    "round {round}: OK status without the data"
+                );
+                before += 1;
+            }
+            1 => {
+                assert_eq!(
+                    at_ack,
+                    vec![0xaa; 4096],
+                    "round {round}: IOERR after a partial write"
+                );
+                after += 1;
+            }
+            s => panic!("round {round}: status {s}"),
+        }
+    }
+    eprintln!("served before the ack: {before}, refused after it: {after}");
+    assert_eq!(before + after, 40);
+}
