@@ -37,7 +37,7 @@ use crate::wire;
 /// from the access's range (QEMU answers a miss with one 4 KiB page).
 pub const MISS_PREFETCH_PAGES: u64 = 32;
 /// Pages a whole request may ask for ahead, before its first access
-/// ([`DmaSpace::prefetch`]): a request's segments are mostly single pages,
+/// (`DmaSpace::prefetch`): a request's segments are mostly single pages,
 /// so asking them one access at a time would cost a round trip each.
 pub const REQUEST_PREFETCH_PAGES: usize = 512;
 const PAGE: u64 = 4096;
