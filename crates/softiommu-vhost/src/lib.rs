@@ -13,7 +13,8 @@
 //! - [`iotlb`]: the device IOTLB, which takes every range the protocol allows;
 //! - [`space`]: translation, misses and the invalidation contract;
 //! - [`blk`]: virtio-blk on one split ring;
-//! - [`session`]: the message handling and the ring lifecycle.
+//! - [`session`]: the message handling and the ring lifecycle;
+//! - [`guest`]: a real Linux guest under QEMU for tests and the lab.
 
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
