@@ -61,6 +61,8 @@ impl Row {
             "updates_per_io": self.per_io(s.updates),
             "misses_per_io": self.per_io(s.misses),
             "device_cpu_us_per_io": self.per_io(cpu_ns) / 1000.0,
+            "queue_cpu_us_per_io": self.per_io(r.map_or(0, |r| r.blk.worker_cpu_ns)) / 1000.0,
+            "messages_cpu_us_per_io": self.per_io(r.map_or(0, |r| r.session_cpu_ns)) / 1000.0,
             "guest_seconds": self.run.read_seconds(),
             "checksum_ok": self.run.checksum_ok(),
         })
