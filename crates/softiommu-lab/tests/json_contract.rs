@@ -65,6 +65,7 @@ fn bench_iova() {
     assert!(names.contains(&"softiommu") && names.contains(&"offset-allocator"));
     for r in results {
         assert!(number(r, "ns_per_pair") > 0.0);
+        assert!(r["ns_per_pair_spread"].is_null(), "one round: no spread");
     }
 }
 
@@ -80,6 +81,8 @@ fn bench_dma() {
         .iter()
         .map(|r| {
             assert!(number(r, "map_ns") > 0.0 && number(r, "unmap_ns") > 0.0);
+            assert!(r["valid"].is_boolean(), "{r}");
+            assert_eq!(r.get("why").is_some(), r["valid"] == false, "{r}");
             r["policy"].as_str().unwrap().to_string()
         })
         .collect();
@@ -110,6 +113,8 @@ fn bench_ring() {
         let deferred = r["policy"] == "deferred";
         assert_eq!(r.get("stale_window_ms_max").is_some(), deferred, "{r}");
         assert_eq!(r.get("flushes").is_some(), deferred, "{r}");
+        assert!(r["us_per_pkt_spread"].is_null(), "one round: no spread");
+        assert!(r["valid"].is_boolean(), "{r}");
     }
     let policies: Vec<_> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
     assert_eq!(policies, ["passthrough", "strict", "deferred", "bounce"]);
@@ -500,7 +505,7 @@ fn bench_pgtable() {
         "--seconds",
         "0.05",
         "--rounds",
-        "1",
+        "2",
     ]);
     assert_eq!(v["bench"], "pgtable");
     assert!(v["flush_method"].is_string());
@@ -508,6 +513,12 @@ fn bench_pgtable() {
     assert_eq!(results.len(), 6);
     for r in results {
         assert!(number(r, "ns_per_map_unmap") > 0.0);
+        let s = &r["ns_per_map_unmap_spread"];
+        assert!(
+            number(s, "min") <= number(s, "median") && number(s, "median") <= number(s, "max"),
+            "{s}"
+        );
+        assert!(r["valid"].is_boolean(), "{r}");
         for k in [
             "size",
             "lines_flushed_per_op",
@@ -545,6 +556,7 @@ fn bench_translate() {
         .iter()
         .map(|r| {
             assert!(number(r, "ns_per_lookup") > 0.0);
+            assert!(r["ns_per_lookup_spread"].is_null(), "one round: no spread");
             (
                 r["impl"].as_str().unwrap().into(),
                 r["case"].as_str().unwrap().into(),
@@ -584,6 +596,8 @@ fn bench_access() {
             ] {
                 number(r, k);
             }
+            assert!(r["ns_per_op_spread"].is_null() && r["vs_relaxed_spread"].is_null());
+            assert!(r["valid"].is_boolean(), "{r}");
             r["mode"].as_str().unwrap()
         })
         .collect();
@@ -604,7 +618,7 @@ fn lab_litmus() {
     }
 }
 
-/// Issue 15's fields of `lab stress`: a short run of every phase, with a
+/// The fields of `lab stress`: a short run of every phase, with a
 /// flush timeout long enough that no machine's scheduler can overrun it.
 #[test]
 fn lab_stress() {

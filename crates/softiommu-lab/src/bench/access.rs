@@ -33,7 +33,10 @@ use vm_memory::{Bytes, GuestAddress, IommuMemory};
 
 use crate::args::{Ranged, Seconds};
 use crate::error::{LabError, LabResult};
-use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
+use crate::lab::policy_physics::{self, MustCostMore, PolicyCost};
+use crate::report::{
+    contract, Axis, Cell, Column, Param, Plot, PlotKind, Report, Series, Spread, Table, Unit,
+};
 
 /// Options of `bench access` (and of a `[bench-access]` scenario table).
 #[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
@@ -92,6 +95,47 @@ pub struct AccessResult {
     /// Full fences per descriptor (store-load fences in `ordered`); none
     /// are counted for `vm-memory`, which issues none.
     pub full_fences_per_op: f64,
+    /// `ns_per_op` over the rounds (min, median, max); `null` with one
+    /// round.
+    pub ns_per_op_spread: Option<Spread>,
+    /// `vs_relaxed` over the rounds (each round's paired ratio); `null`
+    /// with one round.
+    pub vs_relaxed_spread: Option<Spread>,
+    /// Whether the mode's time is physically possible: a full barrier per
+    /// access must not cost less than relaxed access beyond the spread.
+    pub valid: bool,
+    /// Why not, when `valid` is false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// The ordering modes' order: a full barrier per access does all a
+/// relaxed access does and fences.
+pub const MODES: [MustCostMore; 1] = [MustCostMore {
+    dearer: "full",
+    cheaper: "relaxed",
+    because: "a full barrier per access does all a relaxed access does and fences",
+}];
+
+/// Marks the modes whose time contradicts [`MODES`] beyond the spread.
+fn check_modes(results: &mut [AccessResult]) {
+    let costs: Vec<PolicyCost<'_>> = results
+        .iter()
+        .map(|x| PolicyCost {
+            policy: &x.mode,
+            group: "",
+            cost: x
+                .ns_per_op_spread
+                .unwrap_or_else(|| Spread::of(&[x.ns_per_op])),
+        })
+        .collect();
+    let why = policy_physics::check_by(&costs, &MODES, "time per descriptor");
+    for (x, w) in results.iter_mut().zip(why) {
+        if let Some(w) = w {
+            x.valid = false;
+            x.why = Some(w);
+        }
+    }
 }
 
 /// The JSON object `bench access --json` prints.
@@ -306,17 +350,24 @@ fn measure(args: &AccessBenchArgs) -> LabResult<AccessBenchReport> {
             let (lo, hi) = v
                 .iter()
                 .fold((f64::MAX, 0f64), |(lo, hi), x| (lo.min(x.0), hi.max(x.0)));
-            let ratios = v.iter().zip(&per[0]).map(|(x, r)| x.0 / r.0).collect();
+            let ratios: Vec<f64> = v.iter().zip(&per[0]).map(|(x, r)| x.0 / r.0).collect();
+            let ns: Vec<f64> = v.iter().map(|x| x.0).collect();
             AccessResult {
                 mode: d.name().to_string(),
-                ns_per_op: median(v.iter().map(|x| x.0).collect()),
+                ns_per_op: median(ns.clone()),
                 min_ns_per_op: lo,
                 max_ns_per_op: hi,
-                vs_relaxed: median(ratios),
+                vs_relaxed: median(ratios.clone()),
                 full_fences_per_op: fences as f64 / ops.max(1) as f64,
+                ns_per_op_spread: Spread::of_rounds(&ns),
+                vs_relaxed_spread: Spread::of_rounds(&ratios),
+                valid: true,
+                why: None,
             }
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let mut results = results;
+    check_modes(&mut results);
     Ok(AccessBenchReport {
         bench: "access",
         arch: std::env::consts::ARCH,
@@ -334,27 +385,32 @@ fn report(r: &AccessBenchReport, args: &AccessBenchArgs) -> Report {
     let mut t = Table::new(
         "results",
         format!(
-            "NIC ring (read descriptor, read {} B buffer, write it back, write status), {} descriptors, {} ({} drain barrier), median of {} rounds",
+            "NIC ring (read descriptor, read {} B buffer, write it back, write status), {} descriptors, {} ({} drain barrier), median of {} rounds [lowest–highest round]",
             r.buf_bytes, r.ring, r.arch, r.drain_barrier, r.rounds
         ),
         vec![
             Column::label("mode"),
             Column::metric("ns_per_op", "per descriptor", Unit::Ns, 1),
             Column::metric("vs_relaxed", "vs relaxed", Unit::Ratio, 3),
-            Column::metric("min_ns_per_op", "min", Unit::Ns, 1),
-            Column::metric("max_ns_per_op", "max", Unit::Ns, 1),
             Column::metric("full_fences_per_op", "full fences", Unit::FencesPerOp, 2),
+            Column::text("valid"),
         ],
     );
     for x in &r.results {
         t.row(vec![
             x.mode.clone().into(),
-            x.ns_per_op.into(),
-            x.vs_relaxed.into(),
-            x.min_ns_per_op.into(),
-            x.max_ns_per_op.into(),
+            Cell::figure(x.ns_per_op, x.ns_per_op_spread),
+            // Relaxed over itself is 1 exactly: no spread.
+            Cell::figure(
+                x.vs_relaxed,
+                x.vs_relaxed_spread.filter(|_| x.mode != "relaxed"),
+            ),
             x.full_fences_per_op.into(),
+            if x.valid { "yes" } else { "NO" }.into(),
         ]);
+        if let Some(why) = &x.why {
+            t.mark_invalid(x.mode.clone(), why.clone());
+        }
     }
     let mut rep = Report::new(
         "bench access",
@@ -378,15 +434,84 @@ fn report(r: &AccessBenchReport, args: &AccessBenchArgs) -> Report {
         x: Axis::new("mode", Unit::Count),
         y: Axis::new("per descriptor", Unit::Ns),
         categories: r.results.iter().map(|x| x.mode.clone()).collect(),
-        series: vec![Series::new(
-            "median round",
-            r.results
+        series: vec![Series {
+            spreads: r
+                .results
                 .iter()
-                .enumerate()
-                .map(|(i, x)| (i as f64, x.ns_per_op))
+                .map(|x| x.ns_per_op_spread.map(|s| (s.min, s.max)))
                 .collect(),
-        )],
+            ..Series::new(
+                "median round",
+                r.results
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| (i as f64, x.ns_per_op))
+                    .collect(),
+            )
+        }],
         modelled: false,
     });
     rep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(name: &str, rounds: &[f64]) -> AccessResult {
+        let s = Spread::of(rounds);
+        AccessResult {
+            mode: name.into(),
+            ns_per_op: s.median,
+            min_ns_per_op: s.min,
+            max_ns_per_op: s.max,
+            vs_relaxed: 1.0,
+            full_fences_per_op: 0.0,
+            ns_per_op_spread: Some(s),
+            vs_relaxed_spread: None,
+            valid: true,
+            why: None,
+        }
+    }
+
+    #[test]
+    fn a_full_barrier_cheaper_than_relaxed_access_is_invalid_and_gets_no_verdict() {
+        let mut results = vec![
+            mode("relaxed", &[40.0, 41.0, 42.0]),
+            mode("ordered", &[41.0, 42.0, 43.0]),
+            mode("full", &[30.0, 31.0, 32.0]),
+        ];
+        check_modes(&mut results);
+        assert!(results[0].valid && results[1].valid);
+        assert!(
+            matches!(&results[2].why, Some(w) if w.starts_with("measurement invalid: full's time per descriptor") && w.contains("below relaxed's")),
+            "{:?}",
+            results[2].why
+        );
+        let r = AccessBenchReport {
+            bench: "access",
+            arch: "x86_64",
+            drain_barrier: "membarrier",
+            ring: 256,
+            buf_bytes: 64,
+            rounds: 3,
+            measured: "all",
+            results,
+        };
+        let mut rep = report(&r, &AccessBenchArgs::default());
+        assert_eq!(rep.contract["results"][2]["valid"], false);
+        assert!(rep.tables[0].invalid_why("full").is_some());
+        rep.scenario = "access-ordering".into();
+        let seed = crate::seeds::summarise(&[rep]).remove(1);
+        assert!(
+            seed.verdict
+                .starts_with("no verdict: full: measurement invalid: full's time per descriptor"),
+            "{}",
+            seed.verdict
+        );
+        assert_eq!(
+            seed.ours_spread, None,
+            "vs_relaxed was given no spread here"
+        );
+    }
 }

@@ -21,7 +21,10 @@ use super::dma_instructions;
 use crate::args::{dma_policies, DmaPolicyName, Latency, Ranged, Seconds};
 use crate::dma_rig::{modelled, modelled_figures, DmaRig};
 use crate::error::{join, LabError, LabResult};
-use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
+use crate::lab::policy_physics::{self, MustCostMore, PolicyCost, POLICIES};
+use crate::report::{
+    contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Spread, Table, Unit,
+};
 
 /// Options of `bench dma` (and of a `[bench-dma]` scenario table).
 #[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
@@ -307,8 +310,67 @@ pub fn run(args: &DmaBenchArgs) -> LabResult<Report> {
     Ok(report(&r, args, &hists))
 }
 
+/// Why each policy's figures contradict what it must cost (`None`: they
+/// stand): its map+unmap time below the policy it does more than, or
+/// (when counted) deferred's instructions per pair below pass-through's.
+/// One measurement per policy, so the figures are compared as points (no
+/// spread).
+fn physics(r: &DmaBenchReport) -> Vec<Option<String>> {
+    let cost = |f: &dyn Fn(&DmaResult) -> Option<f64>, rules: &[MustCostMore], what: &str| {
+        let costs: Vec<PolicyCost<'_>> = r
+            .results
+            .iter()
+            .filter_map(|x| {
+                Some(PolicyCost {
+                    policy: &x.policy,
+                    group: "",
+                    cost: Spread::of(&[f(x)?]),
+                })
+            })
+            .collect();
+        let why = policy_physics::check_by(&costs, rules, what);
+        r.results
+            .iter()
+            .map(|x| {
+                let i = costs.iter().position(|c| c.policy == x.policy)?;
+                why[i].clone()
+            })
+            .collect::<Vec<_>>()
+    };
+    let time = cost(
+        &|x| Some(x.map_ns + x.unmap_ns),
+        &POLICIES,
+        "time per map+unmap",
+    );
+    // A strict unmap trades deferred's queue for a synchronous wait, so
+    // only deferred's count has a floor.
+    let instr = cost(
+        &|x| x.instructions_per_pair,
+        &POLICIES[..1],
+        "instructions per map+unmap",
+    );
+    time.into_iter().zip(instr).map(|(a, b)| a.or(b)).collect()
+}
+
+/// The contract object with each result's `valid` and, when false, `why`.
+fn contract_with_physics(r: &DmaBenchReport, why: &[Option<String>]) -> serde_json::Value {
+    let mut c = contract(r);
+    if let Some(rows) = c.get_mut("results").and_then(|v| v.as_array_mut()) {
+        for (row, w) in rows.iter_mut().zip(why) {
+            if let Some(o) = row.as_object_mut() {
+                o.insert("valid".into(), w.is_none().into());
+                if let Some(w) = w {
+                    o.insert("why".into(), w.clone().into());
+                }
+            }
+        }
+    }
+    c
+}
+
 /// The typed report: the table and the unmap latency histograms.
 fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKETS])]) -> Report {
+    let why = physics(r);
     let modelled = modelled_figures(&r.modelled);
     let wait_modelled = !modelled.is_empty();
     let mut t = Table::new(
@@ -333,6 +395,7 @@ fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKE
                 Unit::Count,
                 0,
             ),
+            Column::text("valid"),
         ],
     );
     for x in &r.results {
@@ -346,7 +409,16 @@ fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKE
             x.cycles_per_pair.into(),
             x.instructions_per_pair.into(),
             x.instructions_over_passthrough.into(),
+            "yes".into(),
         ]);
+    }
+    for (i, w) in why.iter().enumerate() {
+        if let Some(w) = w {
+            if let Some(c) = t.rows[i].last_mut() {
+                *c = "NO".into();
+            }
+            t.mark_invalid(t.row_key(i), w.clone());
+        }
     }
     let series = hists
         .iter()
@@ -365,7 +437,7 @@ fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKE
     let mut rep = Report::new(
         "bench dma",
         "DMA map+unmap per policy, as Linux's dma_map_benchmark (seed 000)",
-        contract(r),
+        contract_with_physics(r, &why),
     );
     rep.params = vec![
         Param::new("threads", r.threads, Unit::Threads),
@@ -392,6 +464,13 @@ fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKE
          estimate of cycles: reference, not core, cycles; includes the loop's clock reads)"
             .into(),
     );
+    rep.notes.push(
+        "Each policy is measured once (one run of --seconds), so its figures carry no spread; \
+         a policy whose map+unmap time or instruction count falls below that of a policy it \
+         does more than (deferred below pass-through, strict below deferred) is marked \
+         measurement invalid."
+            .into(),
+    );
     rep.tables.push(t);
     rep.plots.push(Plot {
         name: "unmap_latency".into(),
@@ -404,4 +483,79 @@ fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKE
         modelled: wait_modelled,
     });
     rep
+}
+
+#[cfg(test)]
+mod physics_tests {
+    use super::*;
+
+    fn result(policy: &str, map_ns: f64, unmap_ns: f64, instr: Option<f64>) -> DmaResult {
+        DmaResult {
+            policy: policy.into(),
+            map_ns,
+            unmap_ns,
+            pairs: 1000,
+            flushes: 0,
+            stale_window_ms_max: 0.0,
+            instructions_per_pair: instr,
+            instructions_over_passthrough: None,
+            cycles_per_pair: None,
+        }
+    }
+
+    fn bench(results: Vec<DmaResult>) -> DmaBenchReport {
+        DmaBenchReport {
+            bench: "dma",
+            threads: 1,
+            granule: 1,
+            modelled: Vec::new(),
+            instructions_source: "none",
+            results,
+        }
+    }
+
+    #[test]
+    fn deferred_below_passthrough_in_bench_dma_is_invalid() {
+        let r = bench(vec![
+            result("passthrough", 20.0, 20.0, None),
+            result("strict", 100.0, 800.0, None),
+            result("deferred", 10.0, 15.0, None),
+        ]);
+        let rep = report(&r, &DmaBenchArgs::default(), &[]);
+        let rows = rep.contract["results"].as_array().unwrap();
+        assert_eq!(
+            (&rows[0]["valid"], &rows[1]["valid"], &rows[2]["valid"]),
+            (&true.into(), &true.into(), &false.into())
+        );
+        assert!(
+            rows[2]["why"].as_str().is_some_and(
+                |w| w.starts_with("measurement invalid: deferred's time per map+unmap")
+            ),
+            "{}",
+            rows[2]
+        );
+        assert!(rows[0].get("why").is_none());
+        let t = &rep.tables[0];
+        assert!(t.invalid_why("deferred").is_some() && t.invalid_why("strict").is_none());
+        assert!(crate::render::render_table(t).contains("MEASUREMENT INVALID deferred: "));
+    }
+
+    #[test]
+    fn strict_below_deferred_in_time_or_deferred_below_passthrough_in_instructions_is_invalid() {
+        let r = bench(vec![
+            result("passthrough", 20.0, 20.0, Some(800.0)),
+            result("deferred", 60.0, 60.0, Some(700.0)),
+            result("strict", 50.0, 60.0, Some(600.0)),
+        ]);
+        let why = physics(&r);
+        assert_eq!(why[0], None);
+        assert!(
+            matches!(&why[1], Some(w) if w.starts_with("measurement invalid: deferred's instructions per map+unmap")),
+            "{why:?}"
+        );
+        assert!(
+            matches!(&why[2], Some(w) if w.starts_with("measurement invalid: strict's time per map+unmap")),
+            "{why:?}"
+        );
+    }
 }

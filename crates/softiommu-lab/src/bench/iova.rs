@@ -18,7 +18,7 @@ use super::iova_peers::{
 };
 use crate::args::{Ranged, Seconds};
 use crate::error::LabResult;
-use crate::report::{contract, Column, Param, Report, Table, Unit};
+use crate::report::{contract, Cell, Column, Param, Report, Spread, Table, Unit};
 use crate::workload::{Rng, DMA_MIX};
 
 /// Options of `bench iova` (and of a `[bench-iova]` scenario table).
@@ -106,6 +106,9 @@ pub struct ImplResult {
     pub ns_per_pair: f64,
     /// Pairs done in all threads and rounds.
     pub pairs: u64,
+    /// `ns_per_pair` over the rounds (min, median, max); `null` with one
+    /// round.
+    pub ns_per_pair_spread: Option<Spread>,
 }
 
 /// The JSON object `bench iova --json` prints.
@@ -204,6 +207,7 @@ fn measure<A: PairAlloc + 'static>(
         name: name.to_string(),
         ns_per_pair: ns,
         pairs,
+        ns_per_pair_spread: None,
     }
 }
 
@@ -321,6 +325,9 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
             let pairs = v.iter().map(|r| r.pairs).sum();
             ImplResult {
                 pairs,
+                ns_per_pair_spread: Spread::of_rounds(
+                    &v.iter().map(|r| r.ns_per_pair).collect::<Vec<_>>(),
+                ),
                 ..v[v.len() / 2].clone()
             }
         })
@@ -346,10 +353,11 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
 /// The typed report.
 fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
     let ours = r.results[0].ns_per_pair;
+    let ours_spread = r.results[0].ns_per_pair_spread;
     let mut t = Table::new(
         "results",
         format!(
-            "alloc+free pairs, DMA size mix, {} live per thread, {} thread(s), median of {} rounds",
+            "alloc+free pairs, DMA size mix, {} live per thread, {} thread(s), median of {} rounds [lowest–highest round]",
             r.live, r.threads, r.rounds
         ),
         vec![
@@ -359,11 +367,18 @@ fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
             Column::metric("pairs", "pairs", Unit::Count, 0),
         ],
     );
-    for x in &r.results {
+    for (i, x) in r.results.iter().enumerate() {
         t.row(vec![
             x.name.clone().into(),
-            x.ns_per_pair.into(),
-            (x.ns_per_pair / ours).into(),
+            Cell::figure(x.ns_per_pair, x.ns_per_pair_spread),
+            Cell::figure(
+                x.ns_per_pair / ours,
+                // Ours over itself is 1 exactly: no spread.
+                x.ns_per_pair_spread
+                    .zip(ours_spread)
+                    .filter(|_| i > 0)
+                    .and_then(|(a, b)| a.ratio(&b)),
+            ),
             x.pairs.into(),
         ]);
     }

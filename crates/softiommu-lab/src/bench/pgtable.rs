@@ -15,8 +15,11 @@ use softiommu::pgtable::{IoPageTable, IotlbGather, OpStats, Perm, VtdConfig, Vtd
 
 use crate::args::{Ranged, Seconds};
 use crate::error::LabResult;
+use crate::lab::policy_physics::{self, PolicyCost, WALKS};
 use crate::report::Axis;
-use crate::report::{contract, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
+use crate::report::{
+    contract, Cell, Column, Param, Plot, PlotKind, Report, Series, Spread, Table, Unit,
+};
 
 /// Options of `bench pgtable` (and of a `[bench-pgtable]` scenario table).
 #[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
@@ -59,6 +62,39 @@ pub struct PgtableResult {
     pub lines_written_per_op: f64,
     /// Flush batches (one fence each) per map+unmap.
     pub fences_per_op: f64,
+    /// `ns_per_map_unmap` over the rounds (min, median, max); `null` with
+    /// one round.
+    pub ns_per_map_unmap_spread: Option<Spread>,
+    /// Whether the time is physically possible: a non-coherent walker's
+    /// map+unmap must not take less than a coherent one's of the same
+    /// size beyond the spread.
+    pub valid: bool,
+    /// Why not, when `valid` is false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// Marks the cases whose time contradicts [`WALKS`] beyond the spread.
+fn check_walks(results: &mut [PgtableResult]) {
+    let groups: Vec<String> = results.iter().map(|x| x.size.to_string()).collect();
+    let costs: Vec<PolicyCost<'_>> = results
+        .iter()
+        .zip(&groups)
+        .map(|(x, g)| PolicyCost {
+            policy: walker(x.coherent),
+            group: g,
+            cost: x
+                .ns_per_map_unmap_spread
+                .unwrap_or_else(|| Spread::of(&[x.ns_per_map_unmap])),
+        })
+        .collect();
+    let why = policy_physics::check_by(&costs, &WALKS, "time per map+unmap");
+    for (x, w) in results.iter_mut().zip(why) {
+        if let Some(w) = w {
+            x.valid = false;
+            x.why = Some(w);
+        }
+    }
 }
 
 /// The JSON object `bench pgtable --json` prints.
@@ -164,9 +200,16 @@ fn measure(args: &PgtableBenchArgs) -> LabResult<PgtableBenchReport> {
                 lines_flushed_per_op: per(total.lines_flushed),
                 lines_written_per_op: per(total.lines_written),
                 fences_per_op: per(total.flush_batches),
+                ns_per_map_unmap_spread: Spread::of_rounds(
+                    &v.iter().map(|r| r.0).collect::<Vec<_>>(),
+                ),
+                valid: true,
+                why: None,
             }
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let mut results = results;
+    check_walks(&mut results);
     Ok(PgtableBenchReport {
         bench: "pgtable",
         flush_method,
@@ -188,7 +231,7 @@ fn report(r: &PgtableBenchReport, args: &PgtableBenchArgs) -> Report {
     let mut t = Table::new(
         "results",
         format!(
-            "VT-d second-level map+unmap, flush instruction {} (non-coherent), median of {} rounds",
+            "VT-d second-level map+unmap, flush instruction {} (non-coherent), median of {} rounds [lowest–highest round]",
             r.flush_method, r.rounds
         ),
         vec![
@@ -199,35 +242,49 @@ fn report(r: &PgtableBenchReport, args: &PgtableBenchArgs) -> Report {
             Column::metric("lines_flushed_per_op", "flushed", Unit::LinesPerOp, 2),
             Column::metric("lines_written_per_op", "written", Unit::LinesPerOp, 2),
             Column::metric("fences_per_op", "fences", Unit::FencesPerOp, 2),
+            Column::text("valid"),
         ],
     );
     for x in &r.results {
+        let coherent = r.results.iter().find(|c| c.coherent && c.size == x.size);
+        // The rate over the coherent walker's: its spread the widest the
+        // two allow.
+        let rate_spread = coherent.filter(|_| !x.coherent).and_then(|c| {
+            c.ns_per_map_unmap_spread?
+                .ratio(&x.ns_per_map_unmap_spread?)
+        });
         t.row(vec![
             format!("{} KiB", x.size >> 10).into(),
             walker(x.coherent).into(),
-            x.ns_per_map_unmap.into(),
-            r.results
-                .iter()
-                .find(|c| c.coherent && c.size == x.size)
-                .map(|c| c.ns_per_map_unmap / x.ns_per_map_unmap)
-                .into(),
+            Cell::figure(x.ns_per_map_unmap, x.ns_per_map_unmap_spread),
+            coherent.map_or(Cell::Missing, |c| {
+                Cell::figure(c.ns_per_map_unmap / x.ns_per_map_unmap, rate_spread)
+            }),
             x.lines_flushed_per_op.into(),
             x.lines_written_per_op.into(),
             x.fences_per_op.into(),
+            if x.valid { "yes" } else { "NO" }.into(),
         ]);
+        if let Some(why) = &x.why {
+            t.mark_invalid(t.row_key(t.rows.len() - 1), why.clone());
+        }
     }
     let bars = [true, false]
         .into_iter()
         .map(|coherent| {
-            Series::new(
-                walker(coherent),
-                r.results
-                    .iter()
-                    .filter(|x| x.coherent == coherent)
-                    .enumerate()
-                    .map(|(i, x)| (i as f64, x.ns_per_map_unmap))
+            let of = r.results.iter().filter(|x| x.coherent == coherent);
+            Series {
+                spreads: of
+                    .clone()
+                    .map(|x| x.ns_per_map_unmap_spread.map(|s| (s.min, s.max)))
                     .collect(),
-            )
+                ..Series::new(
+                    walker(coherent),
+                    of.enumerate()
+                        .map(|(i, x)| (i as f64, x.ns_per_map_unmap))
+                        .collect(),
+                )
+            }
         })
         .collect();
     let mut rep = Report::new(
@@ -253,4 +310,62 @@ fn report(r: &PgtableBenchReport, args: &PgtableBenchArgs) -> Report {
         modelled: false,
     });
     rep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(coherent: bool, rounds: &[f64]) -> PgtableResult {
+        let s = Spread::of(rounds);
+        PgtableResult {
+            size: 4096,
+            coherent,
+            ns_per_map_unmap: s.median,
+            lines_flushed_per_op: 0.0,
+            lines_written_per_op: 0.0,
+            fences_per_op: 0.0,
+            ns_per_map_unmap_spread: Some(s),
+            valid: true,
+            why: None,
+        }
+    }
+
+    #[test]
+    fn a_non_coherent_walk_faster_than_a_coherent_one_is_invalid() {
+        let mut results = vec![
+            case(true, &[100.0, 102.0, 104.0]),
+            case(false, &[80.0, 82.0, 84.0]),
+        ];
+        check_walks(&mut results);
+        assert!(results[0].valid);
+        assert!(
+            matches!(&results[1].why, Some(w) if w.starts_with("measurement invalid: non-coherent's time per map+unmap") && w.contains("below coherent's")),
+            "{:?}",
+            results[1].why
+        );
+        let r = PgtableBenchReport {
+            bench: "pgtable",
+            flush_method: "clflushopt".into(),
+            rounds: 3,
+            results,
+        };
+        let rep = report(&r, &PgtableBenchArgs::default());
+        assert_eq!(rep.contract["results"][1]["valid"], false);
+        let t = &rep.tables[0];
+        assert!(t.invalid_why("4 KiB/non-coherent").is_some());
+        assert!(t.invalid_why("4 KiB/coherent").is_none());
+        let rate = t.spread("4 KiB/non-coherent", "rate_vs_coherent").unwrap();
+        assert_eq!((rate.min, rate.max), (100.0 / 84.0, 104.0 / 80.0));
+    }
+
+    #[test]
+    fn a_non_coherent_walk_within_the_spread_of_a_coherent_one_stands() {
+        let mut results = vec![
+            case(true, &[100.0, 102.0, 104.0]),
+            case(false, &[99.0, 110.0, 120.0]),
+        ];
+        check_walks(&mut results);
+        assert!(results.iter().all(|x| x.valid));
+    }
 }

@@ -40,7 +40,10 @@ use crate::args::{dma_policies, DmaPolicyName, Latency, Placement, Ranged, Secon
 use crate::dma_rig::{modelled, modelled_figures, DmaRig};
 use crate::error::{join, LabError, LabResult};
 use crate::lab::cpu_clock;
-use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
+use crate::lab::policy_physics::{self, PolicyCost};
+use crate::report::{
+    contract, Axis, Cell, Column, Param, Plot, PlotKind, Report, Series, Spread, Table, Unit,
+};
 use softiommu_virtio::affinity;
 
 /// Options of `bench ring` (and of a `[bench-ring]` scenario table).
@@ -143,6 +146,16 @@ pub struct RingRow {
     /// something else. High steal stretches any latency, a flush's too.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_steal_pct: Option<f64>,
+    /// `us_per_pkt` over the rounds (min, median, max); `null` with one
+    /// round.
+    pub us_per_pkt_spread: Option<Spread>,
+    /// Whether the row's service demand is physically possible: deferred
+    /// must not cost less than pass-through, nor strict less than
+    /// deferred, beyond the spread (a single round compared as a point).
+    pub valid: bool,
+    /// Why not, when `valid` is false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 /// The JSON object of `bench ring --json`.
@@ -558,6 +571,9 @@ fn run_policy(
         stale_window_ms_max: deferred.then_some(stale.max.as_secs_f64() * 1e3),
         flushes: deferred.then_some(stats.flushes),
         host_steal_pct,
+        us_per_pkt_spread: None,
+        valid: true,
+        why: None,
     })
 }
 
@@ -577,7 +593,8 @@ pub fn run(args: &RingArgs) -> LabResult<Report> {
             runs[i].push(run_policy(p, args, seconds / rounds as f64, model)?);
         }
     }
-    let rows = runs.into_iter().map(median_round).collect();
+    let mut rows: Vec<RingRow> = runs.into_iter().map(median_round).collect();
+    check_policies(&mut rows);
     let r = RingReport {
         bench: "ring",
         msg_size: args.msg_size.us(),
@@ -603,29 +620,58 @@ fn median_round(mut runs: Vec<RingRow>) -> RingRow {
         .iter()
         .filter_map(|r| r.host_steal_pct)
         .reduce(f64::max);
+    let spread = Spread::of_rounds(&runs.iter().map(|r| r.us_per_pkt).collect::<Vec<_>>());
     runs.sort_by(|a, b| a.us_per_pkt.total_cmp(&b.us_per_pkt));
     let mut row = runs.swap_remove(runs.len() / 2);
+    row.us_per_pkt_spread = spread;
     row.stale_window_ms_max = stale;
     row.flushes = flushes;
     row.host_steal_pct = steal;
     row
 }
 
+/// Marks the rows whose service demand contradicts what the policy must
+/// cost, beyond the spread.
+fn check_policies(rows: &mut [RingRow]) {
+    let costs: Vec<PolicyCost<'_>> = rows
+        .iter()
+        .map(|x| PolicyCost {
+            policy: &x.policy,
+            group: "",
+            cost: x
+                .us_per_pkt_spread
+                .unwrap_or_else(|| Spread::of(&[x.us_per_pkt])),
+        })
+        .collect();
+    let why = policy_physics::check(&costs, "service demand");
+    for (x, w) in rows.iter_mut().zip(why) {
+        if let Some(w) = w {
+            x.valid = false;
+            x.why = Some(w);
+        }
+    }
+}
+
 /// The typed report, seed-style: per policy, throughput, CPU and service
 /// demand beside pass-through's.
 fn report(r: &RingReport, args: &RingArgs) -> Report {
-    let base = r
-        .rows
-        .iter()
-        .find(|x| x.policy == "passthrough")
-        .map(|x| x.us_per_pkt);
+    let base_row = r.rows.iter().find(|x| x.policy == "passthrough");
+    let base = base_row.map(|x| x.us_per_pkt);
     let modelled = modelled_figures(&r.modelled);
     let m = !modelled.is_empty();
     let mut t = Table::new(
         "results",
         format!(
-            "hand-built UDP frames, {} byte messages, {:.1} s per policy in {} interleaved rounds (median round shown), placement {}",
-            r.msg_size, r.seconds, r.rounds, r.placement.name()
+            "hand-built UDP frames, {} byte messages, {:.1} s per policy in {} interleaved rounds ({}), placement {}",
+            r.msg_size,
+            r.seconds,
+            r.rounds,
+            if r.rounds > 1 {
+                "median round shown, [lowest–highest round] beside it"
+            } else {
+                "one round, so no spread"
+            },
+            r.placement.name()
         ),
         vec![
             Column::label("policy"),
@@ -637,20 +683,29 @@ fn report(r: &RingReport, args: &RingArgs) -> Report {
             Column::metric("stale_window_ms_max", "stale max", Unit::Ms, 2).modelled_if(m),
             Column::metric("flushes", "flushes", Unit::Count, 0),
             Column::metric("host_steal_pct", "host steal", Unit::Percent, 1),
+            Column::text("valid"),
         ],
     );
     for x in &r.rows {
+        // The base over itself is 1 exactly: no spread.
+        let vs_spread = base_row
+            .filter(|b| b.policy != x.policy)
+            .and_then(|b| x.us_per_pkt_spread?.ratio(&b.us_per_pkt_spread?));
         t.row(vec![
             x.policy.clone().into(),
             x.mpps.into(),
             x.cpu_pct.into(),
-            x.us_per_pkt.into(),
-            base.map(|b| x.us_per_pkt / b).into(),
+            Cell::figure(x.us_per_pkt, x.us_per_pkt_spread),
+            base.map_or(Cell::Missing, |b| Cell::figure(x.us_per_pkt / b, vs_spread)),
             x.device_busy_pct.into(),
             x.stale_window_ms_max.into(),
             x.flushes.map(|f| f as f64).into(),
             x.host_steal_pct.into(),
+            if x.valid { "yes" } else { "NO" }.into(),
         ]);
+        if let Some(why) = &x.why {
+            t.mark_invalid(x.policy.clone(), why.clone());
+        }
     }
     let mut rep = Report::new(
         "bench ring",
@@ -690,15 +745,88 @@ fn report(r: &RingReport, args: &RingArgs) -> Report {
         x: Axis::new("policy", Unit::Count),
         y: Axis::new("service demand", Unit::UsPerPkt),
         categories: r.rows.iter().map(|x| x.policy.clone()).collect(),
-        series: vec![Series::new(
-            "median round",
-            r.rows
+        series: vec![Series {
+            spreads: r
+                .rows
                 .iter()
-                .enumerate()
-                .map(|(i, x)| (i as f64, x.us_per_pkt))
+                .map(|x| x.us_per_pkt_spread.map(|s| (s.min, s.max)))
                 .collect(),
-        )],
+            ..Series::new(
+                "median round",
+                r.rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| (i as f64, x.us_per_pkt))
+                    .collect(),
+            )
+        }],
         modelled: m,
     });
     rep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(policy: &str, rounds: &[f64]) -> RingRow {
+        let s = Spread::of(rounds);
+        RingRow {
+            policy: policy.into(),
+            mpps: 1.0,
+            cpu_pct: 100.0,
+            us_per_pkt: s.median,
+            device_busy_pct: 50.0,
+            packets: 1000,
+            device_errors: 0,
+            stale_window_ms_max: None,
+            flushes: None,
+            host_steal_pct: None,
+            us_per_pkt_spread: Spread::of_rounds(rounds),
+            valid: true,
+            why: None,
+        }
+    }
+
+    #[test]
+    fn deferred_below_passthrough_on_the_ring_is_invalid() {
+        let mut rows = vec![
+            row("passthrough", &[0.50, 0.52, 0.54]),
+            row("strict", &[1.9, 2.0, 2.1]),
+            row("deferred", &[0.40, 0.42, 0.44]),
+        ];
+        check_policies(&mut rows);
+        assert!(rows[0].valid && rows[1].valid);
+        assert!(
+            matches!(&rows[2].why, Some(w) if w.starts_with("measurement invalid: deferred's service demand") && w.contains("below passthrough's")),
+            "{:?}",
+            rows[2].why
+        );
+        let r = RingReport {
+            bench: "ring",
+            msg_size: 32,
+            seconds: 1.0,
+            placement: Placement::Split,
+            rounds: 3,
+            modelled: Vec::new(),
+            rows,
+        };
+        let rep = report(&r, &RingArgs::default());
+        assert_eq!(rep.contract["rows"][2]["valid"], false);
+        let t = &rep.tables[0];
+        assert!(t.invalid_why("deferred").is_some() && t.invalid_why("strict").is_none());
+        let vs = t.spread("deferred", "vs_passthrough").unwrap();
+        assert_eq!((vs.min, vs.max), (0.40 / 0.54, 0.44 / 0.50));
+    }
+
+    #[test]
+    fn one_round_compares_points_and_carries_no_spread() {
+        let mut rows = vec![row("passthrough", &[0.5]), row("deferred", &[0.6])];
+        check_policies(&mut rows);
+        assert!(rows.iter().all(|x| x.valid));
+        assert_eq!(rows[1].us_per_pkt_spread, None);
+        rows[1].us_per_pkt = 0.4;
+        check_policies(&mut rows);
+        assert!(!rows[1].valid);
+    }
 }

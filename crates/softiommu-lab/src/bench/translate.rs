@@ -21,7 +21,7 @@ use vm_memory::{GuestAddress, Permissions};
 
 use crate::args::{Ranged, Seconds};
 use crate::error::{LabError, LabResult};
-use crate::report::{contract, Column, Param, Report, Table, Unit};
+use crate::report::{contract, Cell, Column, Param, Report, Spread, Table, Unit};
 use crate::workload::Rng;
 
 /// Options of `bench translate` (and of a `[bench-translate]` scenario
@@ -70,6 +70,9 @@ pub struct TranslateResult {
     pub case: String,
     /// Nanoseconds per 64-byte lookup (median round).
     pub ns_per_lookup: f64,
+    /// `ns_per_lookup` over the rounds (min, median, max); `null` with
+    /// one round.
+    pub ns_per_lookup_spread: Option<Spread>,
 }
 
 /// The JSON object of `bench translate --json`.
@@ -232,16 +235,19 @@ fn measure(args: &TranslateBenchArgs) -> LabResult<TranslateBenchReport> {
             TranslateResult {
                 name: "softiommu".into(),
                 case: "hit".into(),
+                ns_per_lookup_spread: Spread::of_rounds(&ours_hit),
                 ns_per_lookup: median(ours_hit),
             },
             TranslateResult {
                 name: "vm-memory".into(),
                 case: "hit".into(),
+                ns_per_lookup_spread: Spread::of_rounds(&vm_hit),
                 ns_per_lookup: median(vm_hit),
             },
             TranslateResult {
                 name: "softiommu".into(),
                 case: "walk".into(),
+                ns_per_lookup_spread: Spread::of_rounds(&ours_walk),
                 ns_per_lookup: median(ours_walk),
             },
         ],
@@ -260,15 +266,12 @@ fn hit_rate(a: softiommu::hw::TranslatorStats, b: softiommu::hw::TranslatorStats
 
 /// The typed report.
 fn report(r: &TranslateBenchReport, args: &TranslateBenchArgs) -> Report {
-    let vm = r
-        .results
-        .iter()
-        .find(|x| x.name == "vm-memory")
-        .map(|x| x.ns_per_lookup);
+    let vm_row = r.results.iter().find(|x| x.name == "vm-memory");
+    let vm = vm_row.map(|x| x.ns_per_lookup);
     let mut t = Table::new(
         "results",
         format!(
-            "64-byte lookups at random addresses; hit: {} scattered pages (our IOTLB hit rate {:.3}), walk: {} pages (hit rate {:.3})",
+            "64-byte lookups at random addresses, median round [lowest–highest round]; hit: {} scattered pages (our IOTLB hit rate {:.3}), walk: {} pages (hit rate {:.3})",
             r.hit_pages, r.softiommu_hit_rate[0], r.walk_pages, r.softiommu_hit_rate[1]
         ),
         vec![
@@ -282,8 +285,15 @@ fn report(r: &TranslateBenchReport, args: &TranslateBenchArgs) -> Report {
         t.row(vec![
             x.name.clone().into(),
             x.case.clone().into(),
-            x.ns_per_lookup.into(),
-            vm.map(|v| v / x.ns_per_lookup).into(),
+            Cell::figure(x.ns_per_lookup, x.ns_per_lookup_spread),
+            vm.map_or(Cell::Missing, |v| {
+                let spread =
+                    // vm-memory over itself is 1 exactly: no spread.
+                    vm_row
+                        .filter(|b| b.name != x.name || b.case != x.case)
+                        .and_then(|b| b.ns_per_lookup_spread?.ratio(&x.ns_per_lookup_spread?));
+                Cell::figure(v / x.ns_per_lookup, spread)
+            }),
         ]);
     }
     let mut rep = Report::new(

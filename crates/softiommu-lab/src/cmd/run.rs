@@ -15,7 +15,7 @@ use crate::error::{LabError, LabResult};
 use crate::host::{git_revision, Host};
 use crate::progress::Progress;
 use crate::render::{render_report, render_table};
-use crate::report::{Column, Report, Table, Unit};
+use crate::report::{Cell, Column, Report, Table, Unit};
 use crate::scenario::{suite_builtin, Scenario, BUILTIN};
 use crate::seeds::{summarise, SeedLine};
 use crate::store::{RunStatus, Store, StoreError};
@@ -342,7 +342,8 @@ pub fn seed_table(seeds: &[SeedLine]) -> Table {
             s.seed.into(),
             s.claim.clone().into(),
             s.theirs.into(),
-            s.ours.into(),
+            s.ours
+                .map_or(Cell::Missing, |v| Cell::figure(v, s.ours_spread)),
             s.unit.into(),
             s.verdict.clone().into(),
         ]);

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::escape::esc;
 use super::svg::{plot, sparkline, COLOURS};
 use crate::error::LabResult;
-use crate::render::format_value;
+use crate::render::format_cell;
 use crate::report::{
     Axis, Cell, Plot, PlotKind, Provenance, Report, Series, Table, Unit, MODELLED_MARK,
 };
@@ -98,6 +98,9 @@ th{background:var(--soft);text-align:left;font-weight:600;white-space:normal;min
 td.n,th.n{text-align:right}
 td.wrap{white-space:normal;min-width:14em}
 tr.theirs td{color:#444}
+tr.invalid td{background:#fdecea;color:#8a1c1c}
+.badge{display:inline-block;background:#a4400b;color:#fff;border-radius:3px;padding:0 .35em;font-size:.75rem;font-weight:600}
+p.invalid{background:#fdecea;border-left:4px solid #d1495b;padding:.4em .8em;font-size:.9rem;color:#8a1c1c}
 .pair{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,460px),1fr));gap:8px 28px;align-items:start}
 .plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,520px),1fr));gap:12px 28px}
 figure{margin:.4em 0 1em;max-width:660px}
@@ -108,6 +111,7 @@ svg.plot .axis{font-size:15px;fill:#222}
 svg.plot .val{font-size:13px;fill:#222}
 svg.plot .grid{stroke:#e7eaee}
 svg.plot .frame{stroke:#999}
+svg.plot .whisker line{stroke:#222;stroke-width:1.4}
 svg.spark{width:120px;height:28px;vertical-align:middle}
 .legend{font-size:.82rem;display:flex;flex-wrap:wrap;gap:4px 14px}
 .legend i{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px;border-radius:2px}
@@ -126,13 +130,14 @@ table.summary td[data-label]::before{content:attr(data-label) ': ';color:var(--m
 
 fn cell(c: &Cell, unit: Option<Unit>, decimals: u8) -> String {
     match c {
-        Cell::Num(v) => format_value(*v, unit, decimals),
-        Cell::Text(t) => t.clone(),
         Cell::Missing => "–".into(),
+        c => format_cell(c, unit, decimals),
     }
 }
 
-/// A table as HTML, units and modelled marks in the headers.
+/// A table as HTML, units and modelled marks in the headers, a figure's
+/// spread over rounds beside it, and each row marked invalid set apart:
+/// tinted, badged "measurement invalid" and explained under the table.
 pub fn table(t: &Table, out: &mut String) {
     let theirs = t.columns.iter().any(|c| c.provenance == Provenance::Theirs);
     let _ = write!(
@@ -145,9 +150,20 @@ pub fn table(t: &Table, out: &mut String) {
         let _ = write!(out, "<th{cls}>{}</th>", esc(&c.header()));
     }
     out.push_str("</tr></thead><tbody>");
-    for r in &t.rows {
-        let _ = write!(out, "<tr{}>", if theirs { " class=\"theirs\"" } else { "" });
-        for (c, col) in r.iter().zip(&t.columns) {
+    for (i, r) in t.rows.iter().enumerate() {
+        let bad = t.invalid_why(&t.row_key(i)).is_some();
+        let class = match (bad, theirs) {
+            (true, _) => " class=\"invalid\"",
+            (false, true) => " class=\"theirs\"",
+            (false, false) => "",
+        };
+        let _ = write!(out, "<tr{class}>");
+        for (j, (c, col)) in r.iter().zip(&t.columns).enumerate() {
+            let badge = if bad && j == 0 {
+                "<span class=\"badge\">measurement invalid</span> "
+            } else {
+                ""
+            };
             let cls = if col.unit.is_some() {
                 " class=\"n\""
             } else if col.key == "verdict" || col.key == "claim" {
@@ -157,13 +173,24 @@ pub fn table(t: &Table, out: &mut String) {
             };
             let _ = write!(
                 out,
-                "<td{cls}>{}</td>",
+                "<td{cls}>{badge}{}</td>",
                 esc(&cell(c, col.unit, col.decimals))
             );
         }
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>");
+    for (i, _) in t.rows.iter().enumerate() {
+        let key = t.row_key(i);
+        if let Some(why) = t.invalid_why(&key) {
+            let _ = write!(
+                out,
+                "<p class=\"invalid\"><b>Measurement invalid: {}</b> — {} (no verdict is drawn from this row)</p>",
+                esc(&key),
+                esc(&why)
+            );
+        }
+    }
 }
 
 fn figure(p: &Plot, out: &mut String) {
@@ -250,10 +277,12 @@ pub fn tradeoff(scenarios: &[StoredScenario]) -> Option<Plot> {
         let Some(t) = r.table("results") else {
             continue;
         };
-        let (Some(stale), Some(us)) = (
-            t.get("deferred/ordered", "stale_window_ms_max"),
-            t.get("deferred/ordered", "driver_us_per_pkt"),
-        ) else {
+        // Service demand; a report stored before it was named so called
+        // it driver_us_per_pkt.
+        let us = t
+            .get("deferred/ordered", "service_demand_us_per_pkt")
+            .or_else(|| t.get("deferred/ordered", "driver_us_per_pkt"));
+        let (Some(stale), Some(us)) = (t.get("deferred/ordered", "stale_window_ms_max"), us) else {
             continue;
         };
         let hw = r
@@ -279,6 +308,7 @@ pub fn tradeoff(scenarios: &[StoredScenario]) -> Option<Plot> {
             label: "deferred, 32-byte UDP through smoltcp".into(),
             points: pts.iter().map(|p| (p.0, p.1)).collect(),
             point_labels: pts.into_iter().map(|p| p.2).collect(),
+            spreads: Vec::new(),
         }],
         modelled,
     })
@@ -336,7 +366,7 @@ pub fn render(d: &PageData) -> String {
     }
     o.push_str("<a href=\"#other\">other benches</a><a href=\"#runs\">runs</a></p>");
     // The seed summary, with each seed's figure across the stored runs.
-    o.push_str("<h2 id=\"summary\">Seed summary</h2><p class=\"cap\">their figure, ours, and the verdict; the sparkline is ours across the stored runs (latest in red)</p><div class=\"scroll\"><table class=\"summary\"><thead><tr><th>seed</th><th>claim</th><th class=\"n\">theirs</th><th class=\"n\">ours</th><th>history</th><th>verdict</th></tr></thead><tbody>");
+    o.push_str("<h2 id=\"summary\">Seed summary</h2><p class=\"cap\">their figure, ours (with the spread of its rounds in brackets, lowest to highest, where it was measured in rounds), and the verdict, given only where our rounds all lie on one side of the figure judged against and no row it rests on is marked invalid; the sparkline is ours across the stored runs (latest in red)</p><div class=\"scroll\"><table class=\"summary\"><thead><tr><th>seed</th><th>claim</th><th class=\"n\">theirs</th><th class=\"n\">ours</th><th>history</th><th>verdict</th></tr></thead><tbody>");
     for s in &d.seeds {
         let spark = d
             .sparks
@@ -345,6 +375,10 @@ pub fn render(d: &PageData) -> String {
             .map(|k| sparkline(&k.values.iter().map(|v| v.1).collect::<Vec<_>>()))
             .unwrap_or_default();
         let f = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.2} {}", s.unit));
+        let ours = match (s.ours, s.ours_spread) {
+            (Some(v), Some(w)) => format!("{v:.2} {} [{:.2}–{:.2}]", s.unit, w.min, w.max),
+            (v, _) => f(v),
+        };
         let _ = write!(
             o,
             "<tr><td><a href=\"#seed-{}\">seed {}</a></td><td class=\"wrap\">{}<br><span class=\"meta\">{}</span></td><td class=\"n\" data-label=\"theirs\">{}</td><td class=\"n\" data-label=\"ours\">{}</td><td data-label=\"history\">{spark}</td><td class=\"wrap verdict\">{}</td></tr>",
@@ -353,7 +387,7 @@ pub fn render(d: &PageData) -> String {
             esc(&s.claim),
             esc(&s.detail),
             esc(&f(s.theirs)),
-            esc(&f(s.ours)),
+            esc(&ours),
             esc(&s.verdict)
         );
     }

@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use super::escape::esc;
-use crate::report::{Plot, PlotKind, Unit, MODELLED_MARK};
+use crate::report::{Plot, PlotKind, Series, Unit, MODELLED_MARK};
 
 /// Series colours (distinguishable in colour-blind palettes).
 pub const COLOURS: [&str; 6] = [
@@ -133,10 +133,32 @@ fn y_max(p: &Plot) -> f64 {
     let m = p
         .series
         .iter()
-        .flat_map(|s| s.points.iter().map(|q| q.1))
+        .flat_map(|s| {
+            s.points
+                .iter()
+                .map(|q| q.1)
+                .chain(s.spreads.iter().flatten().map(|w| w.1))
+        })
         .filter(|v| v.is_finite())
         .fold(0.0f64, f64::max);
     nice_ceiling(m * 1.08)
+}
+
+/// A whisker at `x` from `lo` to `hi` (a figure's spread over rounds),
+/// capped at both ends.
+fn whisker(f: &Frame, x: f64, (lo, hi): (f64, f64), label: &str, out: &mut String) {
+    let (y0, y1) = (f.y(lo), f.y(hi));
+    let _ = write!(
+        out,
+        "<g class=\"whisker\"><title>{}: rounds {} to {}</title><line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{y0:.1}\" y2=\"{y1:.1}\"/><line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{y0:.1}\" y2=\"{y0:.1}\"/><line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{y1:.1}\" y2=\"{y1:.1}\"/></g>",
+        esc(label),
+        num(lo),
+        num(hi),
+        x - 4.0,
+        x + 4.0,
+        x - 4.0,
+        x + 4.0
+    );
 }
 
 fn lines(p: &Plot, out: &mut String) {
@@ -176,7 +198,7 @@ fn lines(p: &Plot, out: &mut String) {
             pts.join(" "),
             esc(&s.label)
         );
-        for &(x, y) in &s.points {
+        for (j, &(x, y)) in s.points.iter().enumerate() {
             let _ = write!(
                 out,
                 "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.6\" fill=\"{c}\"><title>{}: {}</title></circle>",
@@ -185,11 +207,17 @@ fn lines(p: &Plot, out: &mut String) {
                 esc(&s.label),
                 num(y)
             );
+            if let Some(w) = s.spreads.get(j).copied().flatten() {
+                whisker(&f, f.x(x), w, &s.label, out);
+            }
         }
     }
 }
 
-fn bars(p: &Plot, categories: &[String], values: &[Vec<Option<f64>>], out: &mut String) {
+/// A bar's value and, when measured in rounds, its spread.
+type Bar = Option<(f64, Option<(f64, f64)>)>;
+
+fn bars(p: &Plot, categories: &[String], values: &[Vec<Bar>], out: &mut String) {
     let f = Frame {
         x0: 0.0,
         x1: 1.0,
@@ -204,7 +232,7 @@ fn bars(p: &Plot, categories: &[String], values: &[Vec<Option<f64>>], out: &mut 
     for (ci, cat) in categories.iter().enumerate() {
         let gx = L + group * ci as f64 + (group - bar * k) / 2.0;
         for (si, vals) in values.iter().enumerate() {
-            let Some(v) = vals.get(ci).copied().flatten() else {
+            let Some((v, spread)) = vals.get(ci).copied().flatten() else {
                 continue;
             };
             let x = gx + bar * si as f64;
@@ -219,12 +247,19 @@ fn bars(p: &Plot, categories: &[String], values: &[Vec<Option<f64>>], out: &mut 
                 esc(cat),
                 num(v)
             );
+            let top = match spread {
+                Some(w) => {
+                    whisker(&f, x + bar / 2.0, w, &p.series[si].label, out);
+                    f.y(w.1).min(y)
+                }
+                None => y,
+            };
             if k <= 2.0 || bar >= 22.0 {
                 let _ = write!(
                     out,
                     "<text x=\"{:.1}\" y=\"{:.1}\" class=\"val\" text-anchor=\"middle\">{}</text>",
                     x + bar / 2.0,
-                    y - 3.0,
+                    top - 3.0,
                     num(v)
                 );
             }
@@ -271,15 +306,10 @@ fn histogram(p: &Plot, out: &mut String) {
             }
         })
         .collect();
-    let values: Vec<Vec<Option<f64>>> = p
+    let values: Vec<Vec<Bar>> = p
         .series
         .iter()
-        .map(|s| {
-            edges
-                .iter()
-                .map(|e| s.points.iter().find(|q| q.0 == *e).map(|q| q.1))
-                .collect()
-        })
+        .map(|s| edges.iter().map(|e| bar_at(s, *e)).collect())
         .collect();
     bars(p, &cats, &values, out);
 }
@@ -333,7 +363,14 @@ fn scatter(p: &Plot, out: &mut String) {
     }
 }
 
-/// A plot as an SVG element.
+/// The series' bar at `x`: its value and spread.
+fn bar_at(s: &Series, x: f64) -> Bar {
+    let j = s.points.iter().position(|q| q.0 == x)?;
+    Some((s.points[j].1, s.spreads.get(j).copied().flatten()))
+}
+
+/// A plot as an SVG element; a point measured in rounds carries a
+/// whisker from its lowest to its highest round.
 pub fn plot(p: &Plot) -> String {
     let mut out = String::new();
     open(p, &mut out);
@@ -348,12 +385,12 @@ pub fn plot(p: &Plot) -> String {
     match p.kind {
         PlotKind::Lines => lines(p, &mut out),
         PlotKind::Bars => {
-            let values: Vec<Vec<Option<f64>>> = p
+            let values: Vec<Vec<Bar>> = p
                 .series
                 .iter()
                 .map(|s| {
                     (0..p.categories.len())
-                        .map(|i| s.points.iter().find(|q| q.0 == i as f64).map(|q| q.1))
+                        .map(|i| bar_at(s, i as f64))
                         .collect()
                 })
                 .collect();

@@ -230,3 +230,105 @@ fn the_report_is_written_to_a_file() {
     drop(store);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Seed 000's scenario as netperf-udp makes it now: figures with their
+/// spread over rounds, and deferred's row marked invalid.
+fn netperf_invalid() -> Report {
+    use crate::report::Spread;
+    let mut t = Table::new(
+        "results",
+        "UDP_STREAM through smoltcp, 32 byte datagrams",
+        vec![
+            Column::label("policy"),
+            Column::label("ordering"),
+            Column::metric(
+                "service_demand_us_per_pkt",
+                "service demand",
+                Unit::UsPerPkt,
+                3,
+            ),
+            Column::metric("vs_passthrough", "vs passthrough", Unit::Ratio, 2),
+            Column::text("valid"),
+        ],
+    );
+    let pt = Spread::of(&[2.4, 2.5, 2.6]);
+    let def = Spread::of(&[2.0, 2.1, 2.2]);
+    t.row(vec![
+        "passthrough".into(),
+        "ordered".into(),
+        Cell::median(pt),
+        Cell::median(pt.ratio(&pt).unwrap()),
+        "yes".into(),
+    ]);
+    t.row(vec![
+        "deferred".into(),
+        "ordered".into(),
+        Cell::median(def),
+        Cell::median(def.ratio(&pt).unwrap()),
+        "NO".into(),
+    ]);
+    t.mark_invalid(
+        "deferred/ordered",
+        "measurement invalid: deferred's service demand (at most 2.200 over the rounds) is below passthrough's (at least 2.400)",
+    );
+    let mut r = Report::new("lab netperf-udp", "udp", json!({"lab": "netperf-udp"})).seed("000");
+    r.scenario = "udp-32".into();
+    r.tables.push(t);
+    r.plots.push(Plot {
+        name: "service_demand".into(),
+        title: "service demand per policy with spreads".into(),
+        kind: PlotKind::Bars,
+        x: Axis::new("policy", Unit::Count),
+        y: Axis::new("service demand", Unit::UsPerPkt),
+        categories: vec!["passthrough".into(), "deferred".into()],
+        series: vec![Series::with_spreads("ordered", vec![(0.0, pt), (1.0, def)])],
+        modelled: false,
+    });
+    r
+}
+
+#[test]
+fn an_invalid_row_is_set_apart_and_spreads_are_drawn() {
+    let dir = std::env::temp_dir().join(format!("softiommu-html-{}-invalid", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut store = Store::create(&dir.join("r.db")).unwrap();
+    let host = Host {
+        hostname: "fixture".into(),
+        cpu_model: "Test CPU".into(),
+        cores: 2,
+        kernel: "6.0".into(),
+    };
+    let id = store
+        .begin_run("softiommu run", true, &host, "abc")
+        .unwrap();
+    store.add_scenario(id, 0, &netperf_invalid(), 1.0).unwrap();
+    store.finish_run(id, RunStatus::Complete).unwrap();
+    let h = render(&PageData::load(&store, id).unwrap());
+    // The invalid row: tinted, badged, explained; the valid one is not.
+    assert_eq!(
+        count(&h, "<tr class=\"invalid\">"),
+        2,
+        "ours (headline) and the scenario's table"
+    );
+    assert!(h.contains(
+        "<tr class=\"invalid\"><td><span class=\"badge\">measurement invalid</span> deferred</td>"
+    ));
+    assert!(h.contains("<p class=\"invalid\"><b>Measurement invalid: deferred/ordered</b> — measurement invalid: deferred&#39;s service demand"));
+    assert!(!h.contains("<span class=\"badge\">measurement invalid</span> passthrough"));
+    // The seed summary draws no verdict from it.
+    assert!(
+        h.contains("no verdict: deferred: measurement invalid: deferred&#39;s service demand"),
+        "seed 000's verdict"
+    );
+    // Figures carry their spread in the tables and the summary, and the
+    // bars their whiskers.
+    assert!(h.contains("<td class=\"n\">2.100 [2.000–2.200]</td>"));
+    assert!(
+        h.contains("0.84 × [0.77–0.92]"),
+        "ours in the summary with its spread"
+    );
+    assert_eq!(count(&h, "<g class=\"whisker\">"), 2);
+    assert!(h.contains("<title>ordered: rounds 2.00 to 2.20</title>"));
+    drop(store);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -40,7 +40,9 @@ use crate::args::{
 use crate::dma_rig::{modelled, modelled_figures};
 use crate::error::{LabError, LabResult};
 use crate::lab::policy_physics::{self, PolicyCost, Spread};
-use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
+use crate::report::{
+    contract, Axis, Cell, Column, Param, Plot, PlotKind, Report, Series, Table, Unit,
+};
 
 /// Options of `lab netperf-udp` (and of a `[lab-netperf-udp]` scenario
 /// table).
@@ -444,6 +446,36 @@ fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
     row
 }
 
+/// The closing note: deferred over pass-through and strict over deferred
+/// (ordered DMA, the paced pass), each with the spread of its rounds.
+fn closing_note(rows: &[NetperfRow]) -> Option<String> {
+    let find = |p: &str| {
+        rows.iter()
+            .find(|x| x.policy == p && x.ordering == "ordered")
+            .map(|x| x.service_demand_spread)
+    };
+    let ratio = |a: &str, b: &str| -> Option<String> {
+        let s = find(a)?.ratio(&find(b)?)?;
+        Some(format!(
+            "{a}/{b} {:.2}× (rounds {:.2}× to {:.2}×)",
+            s.median, s.min, s.max
+        ))
+    };
+    let parts: Vec<String> = [
+        ratio("deferred", "passthrough"),
+        ratio("strict", "deferred"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!parts.is_empty()).then(|| {
+        format!(
+            "At the common rate, service demand (ordered DMA): {}.",
+            parts.join(", ")
+        )
+    })
+}
+
 /// The typed report, seed-style: per policy and ordering, at the common
 /// rate, datagrams each way, drops, service demand with its spread beside
 /// pass-through's, the flush timer's share, the device's CPU apart, the
@@ -455,7 +487,7 @@ fn report(r: &NetperfReport, args: &NetperfArgs, pinning: &str) -> Report {
     let mut t = Table::new(
         "results",
         format!(
-            "UDP_STREAM through smoltcp, virtio-net and two IOMMUs, {} byte datagrams, every policy offered {:.1} kpps ({} % of the slowest policy's maximum) in batches every {:.2} ms, {:.1} s per row in {} interleaved rounds (median round shown, min and max beside); service demand = CPU of both hosts' driver+stack threads and both flush timers per datagram delivered",
+            "UDP_STREAM through smoltcp, virtio-net and two IOMMUs, {} byte datagrams, every policy offered {:.1} kpps ({} % of the slowest policy's maximum) in batches every {:.2} ms, {:.1} s per row in {} interleaved rounds (median round shown, [lowest–highest round] beside it); service demand = CPU of both hosts' driver+stack threads and both flush timers per datagram delivered",
             r.msg_size,
             r.offered_pps / 1e3,
             r.pace_percent,
@@ -471,11 +503,7 @@ fn report(r: &NetperfReport, args: &NetperfArgs, pinning: &str) -> Report {
             Column::metric("drops", "drops", Unit::Count, 0),
             Column::metric("service_demand_us_per_pkt", "service demand", Unit::UsPerPkt, 3)
                 .modelled_if(m),
-            Column::metric("service_demand_min", "min", Unit::UsPerPkt, 3).modelled_if(m),
-            Column::metric("service_demand_max", "max", Unit::UsPerPkt, 3).modelled_if(m),
             Column::metric("vs_passthrough", "vs passthrough", Unit::Ratio, 2).modelled_if(m),
-            Column::metric("vs_passthrough_min", "min", Unit::Ratio, 2).modelled_if(m),
-            Column::metric("vs_passthrough_max", "max", Unit::Ratio, 2).modelled_if(m),
             Column::metric("flush_us_per_pkt", "flush timer", Unit::UsPerPkt, 3).modelled_if(m),
             Column::metric("tx_us_per_pkt", "sender", Unit::UsPerPkt, 3).modelled_if(m),
             Column::metric("rx_us_per_pkt", "receiver", Unit::UsPerPkt, 3).modelled_if(m),
@@ -486,20 +514,25 @@ fn report(r: &NetperfReport, args: &NetperfArgs, pinning: &str) -> Report {
             Column::text("valid"),
         ],
     );
+    let rounds = |s: Spread| (r.rounds > 1).then_some(s);
+    // Pass-through over itself is 1 exactly: no spread in the table.
+    let vs_cell = |x: &NetperfRow| {
+        let spread = x
+            .vs_passthrough_spread
+            .filter(|_| x.policy != "passthrough")
+            .and_then(rounds);
+        x.service_demand_vs_passthrough
+            .map_or(Cell::Missing, |v| Cell::figure(v, spread))
+    };
     for x in &r.rows {
-        let vs = x.vs_passthrough_spread;
         t.row(vec![
             x.policy.clone().into(),
             x.ordering.clone().into(),
             (x.tx_pps / 1e3).into(),
             (x.rx_pps / 1e3).into(),
             x.drops.into(),
-            x.service_demand_us_per_pkt.into(),
-            x.service_demand_spread.min.into(),
-            x.service_demand_spread.max.into(),
-            x.service_demand_vs_passthrough.into(),
-            vs.map(|s| s.min).into(),
-            vs.map(|s| s.max).into(),
+            Cell::figure(x.service_demand_us_per_pkt, rounds(x.service_demand_spread)),
+            vs_cell(x),
             x.flush_cpu_us_per_pkt.into(),
             x.tx_driver_cpu_us_per_pkt.into(),
             x.rx_driver_cpu_us_per_pkt.into(),
@@ -540,8 +573,8 @@ fn report(r: &NetperfReport, args: &NetperfArgs, pinning: &str) -> Report {
             (x.rx_pps / 1e3).into(),
             (x.rx_pps_max / 1e3).into(),
             x.drops.into(),
-            x.service_demand_us_per_pkt.into(),
-            x.service_demand_vs_passthrough.into(),
+            Cell::figure(x.service_demand_us_per_pkt, rounds(x.service_demand_spread)),
+            vs_cell(x),
             x.flush_cpu_us_per_pkt.into(),
             x.device_cpu_us_per_pkt.into(),
             x.flushes.map(|f| f as f64).into(),
@@ -596,17 +629,19 @@ fn report(r: &NetperfReport, args: &NetperfArgs, pinning: &str) -> Report {
     );
     for x in r.rows.iter().filter(|x| !x.valid) {
         if let Some(why) = &x.why {
-            rep.notes
-                .push(format!("INVALID {}/{}: {why}", x.policy, x.ordering));
+            t.mark_invalid(format!("{}/{}", x.policy, x.ordering), why.clone());
         }
     }
     for x in r.full_speed.iter().filter(|x| !x.valid) {
         if let Some(why) = &x.why {
-            rep.notes.push(format!(
-                "INVALID at full speed {}/{}: {why} (at full speed the policies deliver different rates and one that outruns its receiver pays for the overload; the paced table compares them)",
-                x.policy, x.ordering
-            ));
+            full.mark_invalid(
+                format!("{}/{}", x.policy, x.ordering),
+                format!("{why} (at full speed the policies deliver different rates and one that outruns its receiver pays for the overload; the paced table compares them)"),
+            );
         }
+    }
+    if let Some(n) = closing_note(&r.rows) {
+        rep.notes.push(n);
     }
     rep.tables.push(t);
     rep.tables.push(full);
@@ -627,15 +662,15 @@ fn report(r: &NetperfReport, args: &NetperfArgs, pinning: &str) -> Report {
             .filter(|x| x.ordering == o.name())
             .filter_map(|x| {
                 let i = categories.iter().position(|c| *c == x.policy)?;
-                Some((i as f64, x.service_demand_us_per_pkt))
+                Some((i as f64, x.service_demand_spread))
             })
             .collect();
-        series.push(Series::new(o.name(), points));
+        series.push(Series::with_spreads(o.name(), points));
     }
     rep.plots.push(Plot {
         name: "service_demand".into(),
         title: format!(
-            "service demand per policy at {:.1} kpps each, {} byte datagrams through smoltcp (driver+stack and flush timer CPU µs per datagram delivered; lower is better)",
+            "service demand per policy at {:.1} kpps each, {} byte datagrams through smoltcp (driver+stack and flush timer CPU µs per datagram delivered, median round, whiskers from the lowest to the highest round; lower is better)",
             r.offered_pps / 1e3,
             r.msg_size
         ),
@@ -727,10 +762,15 @@ mod tests {
             (&true.into(), &true.into())
         );
         assert!(rows[0].get("why").is_none());
-        assert!(rep
-            .notes
-            .iter()
-            .any(|n| n.starts_with("INVALID deferred/ordered: ")));
+        let results = rep.table("results").unwrap();
+        assert!(results
+            .invalid_why("deferred/ordered")
+            .is_some_and(|w| w.starts_with("measurement invalid: deferred's service demand")));
+        let shown = crate::render::render_table(results);
+        assert!(
+            shown.contains("MEASUREMENT INVALID deferred/ordered: measurement invalid: deferred's"),
+            "{shown}"
+        );
         let seed = summarise(&[rep]).remove(0);
         assert_eq!(seed.seed, "000");
         assert!(

@@ -5,54 +5,7 @@
 //! strict below deferred, beyond the spread of the rounds, is a
 //! measurement error, not a finding.
 
-use serde::Serialize;
-
-/// A figure's spread over rounds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Spread {
-    /// The lowest round.
-    pub min: f64,
-    /// The median round (the lower middle one of an even count).
-    pub median: f64,
-    /// The highest round.
-    pub max: f64,
-}
-
-impl Spread {
-    /// The spread of `values` (all zero when there are none).
-    pub fn of(values: &[f64]) -> Self {
-        let mut v: Vec<f64> = values.to_vec();
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => Spread {
-                min: 0.0,
-                median: 0.0,
-                max: 0.0,
-            },
-            n => Spread {
-                min: v[0],
-                median: v[(n - 1) / 2],
-                max: v[n - 1],
-            },
-        }
-    }
-
-    /// `self` over `base`, its spread the widest the two allow: the lowest
-    /// round over the highest and the highest over the lowest. `None` when
-    /// `base` has a round at or below zero.
-    pub fn ratio(&self, base: &Spread) -> Option<Spread> {
-        (base.min > 0.0).then(|| Spread {
-            min: self.min / base.max,
-            median: self.median / base.median,
-            max: self.max / base.min,
-        })
-    }
-
-    /// Whether every round of `self` is below every round of `other`.
-    pub fn wholly_below(&self, other: &Spread) -> bool {
-        self.max < other.min
-    }
-}
+pub use crate::report::Spread;
 
 /// One policy's cost per unit of work, as the checks see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,37 +18,74 @@ pub struct PolicyCost<'a> {
     pub cost: Spread,
 }
 
-/// The cheaper policy each policy must not undercut, and why.
-const MUST_COST_MORE: [(&str, &str, &str); 2] = [
-    (
-        "deferred",
-        "passthrough",
-        "a deferred map+unmap does all a pass-through one does and more",
-    ),
-    (
-        "strict",
-        "deferred",
-        "a strict unmap does all a deferred one does and waits for its invalidation",
-    ),
+/// A rule of physics between two rows of one group: `dearer` does all
+/// `cheaper` does and more, so it must not cost less.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MustCostMore {
+    /// The row that does more work (a policy, a walk).
+    pub dearer: &'static str,
+    /// The row it must not undercut.
+    pub cheaper: &'static str,
+    /// Why, in words.
+    pub because: &'static str,
+}
+
+/// The DMA policies' order: pass-through <= deferred <= strict.
+pub const POLICIES: [MustCostMore; 2] = [
+    MustCostMore {
+        dearer: "deferred",
+        cheaper: "passthrough",
+        because: "a deferred map+unmap does all a pass-through one does and more",
+    },
+    MustCostMore {
+        dearer: "strict",
+        cheaper: "deferred",
+        because: "a strict unmap does all a deferred one does and waits for its invalidation",
+    },
 ];
 
-/// For each row, why its figure contradicts what its policy must cost
-/// (`None`: it stands). A row is invalid when every round of it is below
-/// every round of the policy it must cost more than, in its group.
+/// The page walks' order: a walker that is not cache-coherent costs at
+/// least what a coherent one does (every page-table write is flushed
+/// from the CPU cache besides).
+pub const WALKS: [MustCostMore; 1] = [MustCostMore {
+    dearer: "non-coherent",
+    cheaper: "coherent",
+    because:
+        "with a non-coherent walker every page-table update is also flushed from the CPU cache",
+}];
+
+/// For each row, why its figure contradicts what its DMA policy must cost
+/// ([`POLICIES`]; `None`: it stands). A row is invalid when every round of
+/// it is below every round of the policy it must cost more than, in its
+/// group.
 pub fn check(rows: &[PolicyCost<'_>], what: &str) -> Vec<Option<String>> {
+    check_by(rows, &POLICIES, what)
+}
+
+/// For each row, why its figure contradicts one of `rules` (`None`: it
+/// stands): every round of it below every round of the row it must cost
+/// more than, in its group. `cost` must be a cost per unit of work (time
+/// or CPU per operation or per byte, lower is cheaper): a throughput's
+/// rounds are passed as their reciprocals. A row measured once has a
+/// point spread (`Spread::of(&[v])`), compared as such.
+pub fn check_by(
+    rows: &[PolicyCost<'_>],
+    rules: &[MustCostMore],
+    what: &str,
+) -> Vec<Option<String>> {
     rows.iter()
         .map(|r| {
-            MUST_COST_MORE
+            rules
                 .iter()
-                .filter(|(dearer, _, _)| *dearer == r.policy)
-                .find_map(|(dearer, cheaper, because)| {
+                .filter(|rule| rule.dearer == r.policy)
+                .find_map(|rule| {
                     let base = rows
                         .iter()
-                        .find(|b| b.policy == *cheaper && b.group == r.group)?;
+                        .find(|b| b.policy == rule.cheaper && b.group == r.group)?;
                     r.cost.wholly_below(&base.cost).then(|| {
                         format!(
-                            "measurement invalid: {dearer}'s {what} (at most {:.3} over the rounds) is below {cheaper}'s (at least {:.3}), but {because}",
-                            r.cost.max, base.cost.min
+                            "measurement invalid: {}'s {what} (at most {:.3} over the rounds) is below {}'s (at least {:.3}), but {}",
+                            rule.dearer, r.cost.max, rule.cheaper, base.cost.min, rule.because
                         )
                     })
                 })
@@ -162,6 +152,38 @@ mod tests {
             matches!(&why[2], Some(w) if w.starts_with("measurement invalid: strict's service demand") && w.contains("below deferred's")),
             "{why:?}"
         );
+    }
+
+    #[test]
+    fn a_non_coherent_walk_cheaper_than_a_coherent_one_is_invalid() {
+        let mut rows = [
+            cost("coherent", &[100.0, 101.0]),
+            cost("non-coherent", &[90.0, 92.0]),
+        ];
+        rows[0].group = "4k";
+        rows[1].group = "4k";
+        let why = check_by(&rows, &WALKS, "time per map+unmap");
+        assert_eq!(why[0], None);
+        assert!(
+            matches!(&why[1], Some(w) if w.starts_with("measurement invalid: non-coherent's time per map+unmap") && w.contains("below coherent's")),
+            "{why:?}"
+        );
+        // A throughput is checked as its reciprocal: more throughput,
+        // less cost per byte.
+        let per_byte = |mbit: &[f64]| Spread::of(&mbit.iter().map(|m| 1.0 / m).collect::<Vec<_>>());
+        let tput = [
+            PolicyCost {
+                policy: "coherent",
+                group: "",
+                cost: per_byte(&[1000.0, 1010.0]),
+            },
+            PolicyCost {
+                policy: "non-coherent",
+                group: "",
+                cost: per_byte(&[1080.0, 1090.0]),
+            },
+        ];
+        assert!(check_by(&tput, &WALKS, "time per byte")[1].is_some());
     }
 
     #[test]

@@ -17,28 +17,60 @@ pub fn format_value(v: f64, unit: Option<Unit>, decimals: u8) -> String {
     }
 }
 
-/// One table.
+/// A cell as shown: a figure with its spread over rounds reads
+/// `median [min–max]`; a figure measured once, a plain number.
+pub fn format_cell(cell: &Cell, unit: Option<Unit>, decimals: u8) -> String {
+    match cell {
+        Cell::Num(v) => format_value(*v, unit, decimals),
+        Cell::Spread(f) => format!(
+            "{} [{}–{}]",
+            format_value(f.value, unit, decimals),
+            format_value(f.spread.min, unit, decimals),
+            format_value(f.spread.max, unit, decimals)
+        ),
+        Cell::Text(s) => s.clone(),
+        Cell::Missing => "-".to_string(),
+    }
+}
+
+/// The line printed under a table for each row marked invalid.
+pub fn invalid_line(row: &str, why: &str) -> String {
+    format!("MEASUREMENT INVALID {row}: {why}")
+}
+
+/// One table; a figure with a spread shows it, and each row marked
+/// invalid is flagged in its first cell and explained under the table.
 pub fn render_table(t: &Table) -> String {
     let mut c = Comfy::new();
     c.load_style(UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Disabled)
         .set_header(t.columns.iter().map(|c| c.header()));
-    for row in &t.rows {
-        c.add_row(row.iter().zip(&t.columns).map(|(cell, col)| {
-            let text = match cell {
-                Cell::Num(v) => format_value(*v, col.unit, col.decimals),
-                Cell::Text(s) => s.clone(),
-                Cell::Missing => "-".to_string(),
-            };
-            let cell = comfy_table::Cell::new(text);
-            if col.unit.is_some() {
-                cell.set_alignment(CellAlignment::Right)
-            } else {
-                cell
-            }
-        }));
+    for (i, row) in t.rows.iter().enumerate() {
+        let bad = t.invalid_why(&t.row_key(i)).is_some();
+        c.add_row(
+            row.iter()
+                .zip(&t.columns)
+                .enumerate()
+                .map(|(j, (cell, col))| {
+                    let mut text = format_cell(cell, col.unit, col.decimals);
+                    if bad && j == 0 {
+                        text = format!("INVALID {text}");
+                    }
+                    let cell = comfy_table::Cell::new(text);
+                    if col.unit.is_some() {
+                        cell.set_alignment(CellAlignment::Right)
+                    } else {
+                        cell
+                    }
+                }),
+        );
     }
-    format!("{}\n{c}\n", t.title)
+    let mut out = format!("{}\n{c}\n", t.title);
+    for x in &t.invalid {
+        out.push_str(&invalid_line(&x.row, &x.why));
+        out.push('\n');
+    }
+    out
 }
 
 /// A whole report: a heading naming scenario, host and parameters, the

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Unit;
+use super::{Spread, Unit};
 
 /// One experiment's result: what ran, with which parameters, and what it
 /// measured, as data. The terminal table, the JSON printer, the database
@@ -176,6 +176,12 @@ impl Column {
 }
 
 /// A cell: text in label columns, a number (or nothing) in metric columns.
+///
+/// A figure measured in rounds is a [`Cell::Spread`]: its value (the
+/// median round, or a figure taken from it) with the spread of the rounds.
+/// Every renderer, the database and `compare` read the spread from there;
+/// a figure measured once is a plain [`Cell::Num`] (no spread is invented
+/// for it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Cell {
@@ -185,6 +191,57 @@ pub enum Cell {
     Text(String),
     /// No figure (not applicable to this row).
     Missing,
+    /// A figure with its spread over rounds.
+    Spread(Figure),
+}
+
+/// A figure with its spread over rounds (JSON: `{"value", "spread":
+/// {"min", "median", "max"}}`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Figure {
+    /// The value shown (the median round, or a figure of it).
+    pub value: f64,
+    /// The rounds' spread.
+    pub spread: Spread,
+}
+
+impl Cell {
+    /// A figure with its spread when it has one (`None`: measured once).
+    pub fn figure(value: f64, spread: Option<Spread>) -> Cell {
+        match spread {
+            Some(spread) => Cell::Spread(Figure { value, spread }),
+            None => Cell::Num(value),
+        }
+    }
+
+    /// A figure of rounds whose value is the spread's median.
+    pub fn median(spread: Spread) -> Cell {
+        Cell::figure(spread.median, Some(spread))
+    }
+
+    /// The figure, with or without a spread.
+    pub fn value(&self) -> Option<f64> {
+        match self {
+            Cell::Num(v) => Some(*v),
+            Cell::Spread(f) => Some(f.value),
+            Cell::Text(_) | Cell::Missing => None,
+        }
+    }
+
+    /// The spread, for a figure that has one.
+    pub fn spread(&self) -> Option<Spread> {
+        match self {
+            Cell::Spread(f) => Some(f.spread),
+            _ => None,
+        }
+    }
+}
+
+impl From<Option<Spread>> for Cell {
+    /// The median of the rounds with their spread, or no figure.
+    fn from(v: Option<Spread>) -> Self {
+        v.map_or(Cell::Missing, Cell::median)
+    }
 }
 
 impl From<f64> for Cell {
@@ -232,6 +289,20 @@ pub struct Table {
     /// `compare` and the report's summaries.
     #[serde(default)]
     pub detail: bool,
+    /// The rows whose figures are a measurement error (a physics check
+    /// failed, or the row was not taken as the comparison needs): shown
+    /// as "measurement invalid" with why everywhere, and given no verdict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invalid: Vec<InvalidRow>,
+}
+
+/// A row marked "measurement invalid", and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InvalidRow {
+    /// The row's key ([`Table::row_key`]).
+    pub row: String,
+    /// Why its figures cannot stand.
+    pub why: String,
 }
 
 /// One figure of a table, as the database stores it.
@@ -247,6 +318,8 @@ pub struct Metric<'a> {
     pub unit: Unit,
     /// The value.
     pub value: f64,
+    /// Its spread over rounds, when it was measured in rounds.
+    pub spread: Option<Spread>,
     /// Whether it includes modelled time.
     pub modelled: bool,
 }
@@ -260,6 +333,7 @@ impl Table {
             columns,
             rows: Vec::new(),
             detail: false,
+            invalid: Vec::new(),
         }
     }
 
@@ -280,6 +354,7 @@ impl Table {
                     .map(|(cell, _)| match cell {
                         Cell::Text(t) => t.clone(),
                         Cell::Num(v) => format!("{v}"),
+                        Cell::Spread(f) => format!("{}", f.value),
                         Cell::Missing => "-".to_string(),
                     })
                     .collect::<Vec<_>>()
@@ -294,13 +369,14 @@ impl Table {
         for (i, r) in self.rows.iter().enumerate() {
             let key = self.row_key(i);
             for (cell, col) in r.iter().zip(&self.columns) {
-                if let (Cell::Num(v), Some(unit)) = (cell, col.unit) {
+                if let (Some(v), Some(unit)) = (cell.value(), col.unit) {
                     out.push(Metric {
                         table: &self.name,
                         row: key.clone(),
                         name: &col.key,
                         unit,
-                        value: *v,
+                        value: v,
+                        spread: cell.spread(),
                         modelled: col.provenance == Provenance::IncludesModelled,
                     });
                 }
@@ -309,12 +385,39 @@ impl Table {
         out
     }
 
-    /// The figure in the row labelled `row` and the column `key`.
-    pub fn get(&self, row: &str, key: &str) -> Option<f64> {
+    /// The cell in the row labelled `row` and the column `key`.
+    pub fn cell(&self, row: &str, key: &str) -> Option<&Cell> {
         let c = self.columns.iter().position(|c| c.key == key)?;
         let i = (0..self.rows.len()).find(|&i| self.row_key(i) == row)?;
-        match self.rows[i].get(c) {
-            Some(Cell::Num(v)) => Some(*v),
+        self.rows[i].get(c)
+    }
+
+    /// The figure in the row labelled `row` and the column `key`.
+    pub fn get(&self, row: &str, key: &str) -> Option<f64> {
+        self.cell(row, key).and_then(Cell::value)
+    }
+
+    /// The spread of that figure, when it was measured in rounds.
+    pub fn spread(&self, row: &str, key: &str) -> Option<Spread> {
+        self.cell(row, key).and_then(Cell::spread)
+    }
+
+    /// Marks the row labelled `row` "measurement invalid", with why.
+    pub fn mark_invalid(&mut self, row: impl Into<String>, why: impl Into<String>) {
+        self.invalid.push(InvalidRow {
+            row: row.into(),
+            why: why.into(),
+        });
+    }
+
+    /// Why the row labelled `row` is invalid, if it is: marked so, or (a
+    /// report stored before rows were marked) its `valid` column says NO.
+    pub fn invalid_why(&self, row: &str) -> Option<String> {
+        if let Some(x) = self.invalid.iter().find(|x| x.row == row) {
+            return Some(x.why.clone());
+        }
+        match self.cell(row, "valid") {
+            Some(Cell::Text(t)) if t == "NO" => Some("measurement invalid".to_string()),
             _ => None,
         }
     }
@@ -363,6 +466,10 @@ pub struct Series {
     /// Per-point labels (scatter), or empty.
     #[serde(default)]
     pub point_labels: Vec<String>,
+    /// Per-point spread over rounds (lowest, highest), drawn as whiskers;
+    /// empty, or `None` for a point measured once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spreads: Vec<Option<(f64, f64)>>,
 }
 
 impl Series {
@@ -371,6 +478,18 @@ impl Series {
         Self {
             label: label.into(),
             points,
+            point_labels: Vec::new(),
+            spreads: Vec::new(),
+        }
+    }
+
+    /// A series of points with their spreads over rounds (x, spread): each
+    /// point is the median, its whisker the lowest to the highest round.
+    pub fn with_spreads(label: impl Into<String>, points: Vec<(f64, Spread)>) -> Self {
+        Self {
+            label: label.into(),
+            spreads: points.iter().map(|(_, s)| Some((s.min, s.max))).collect(),
+            points: points.iter().map(|(x, s)| (*x, s.median)).collect(),
             point_labels: Vec::new(),
         }
     }

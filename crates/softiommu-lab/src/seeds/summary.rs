@@ -1,8 +1,20 @@
 //! One line per seed: their figure, ours, and a verdict.
+//!
+//! Verdicts are drawn only from figures that stand: a seed whose headline
+//! row is marked "measurement invalid" gets none, and where ours was
+//! measured in rounds and is compared with their published figure (a
+//! point), a verdict is given only when every round lies on one side of
+//! it; where the rounds straddle it the line says "within the spread".
+
+use std::cmp::Ordering;
 
 use serde::Serialize;
 
-use crate::report::{Cell, Report, Table};
+use crate::report::{Place, Report, Spread, Table};
+
+/// The verdict where ours' rounds straddle the figure it is judged by.
+pub const WITHIN_THE_SPREAD: &str =
+    "within the spread: our rounds lie on both sides of the figure judged against, so no verdict";
 
 /// A seed's line of the summary.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -15,6 +27,10 @@ pub struct SeedLine {
     pub theirs: Option<f64>,
     /// Ours, when the run has it.
     pub ours: Option<f64>,
+    /// Ours' spread over rounds (lowest, median, highest round), when it
+    /// was measured in rounds; absent for a figure measured once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ours_spread: Option<Spread>,
     /// The unit of both.
     pub unit: &'static str,
     /// Our figure in words, with the others it depends on.
@@ -37,15 +53,64 @@ fn find<'a>(reports: &'a [Report], scenario: &str, table: &str) -> Option<&'a Ta
 }
 
 /// The summary of a run's reports; a seed whose scenario did not run says
-/// so.
+/// so. Each line's figure carries its spread (from the stored figure it
+/// follows), and a line whose headline row is marked invalid gets no
+/// verdict.
 pub fn summarise(reports: &[Report]) -> Vec<SeedLine> {
-    vec![
+    let mut lines = vec![
         seed_000(reports),
         seed_001(reports),
         seed_002(reports),
         seed_003(reports),
         seed_004(reports),
-    ]
+    ];
+    for l in &mut lines {
+        let Some((sc, table, row, _)) = l.spark else {
+            continue;
+        };
+        let Some(t) = find(reports, sc, table) else {
+            continue;
+        };
+        if l.ours_spread.is_none() {
+            l.ours_spread = spread_of(l.ours, t, row, l.spark.map_or("", |s| s.3));
+        }
+        if let Some(why) = t.invalid_why(row) {
+            if !l.verdict.starts_with("no verdict") {
+                l.verdict = format!("no verdict: {row}: {why}");
+            }
+        }
+    }
+    lines
+}
+
+/// The spread of the figure `key` of `row`, when its value is `ours` (the
+/// line follows that very figure).
+fn spread_of(ours: Option<f64>, t: &Table, row: &str, key: &str) -> Option<Spread> {
+    let c = t.cell(row, key)?;
+    (c.value() == ours).then(|| c.spread()).flatten()
+}
+
+/// Ours against `threshold` (a published figure, or a line the verdict
+/// is drawn at, taken as a point): `Some(Less)` when every round of ours
+/// lies below it, `Some(Greater)` when every round lies above, `None` when
+/// the rounds straddle it (say [`WITHIN_THE_SPREAD`], give no verdict). A
+/// figure measured once (`spread` `None`) is compared as a point. Seeds'
+/// verdicts call this rather than comparing medians.
+pub fn side(ours: f64, spread: Option<Spread>, threshold: f64) -> Option<Ordering> {
+    match spread {
+        Some(s) => match s.place(threshold) {
+            Place::Above => Some(Ordering::Less),
+            Place::Below => Some(Ordering::Greater),
+            Place::Within => None,
+        },
+        None => ours.partial_cmp(&threshold),
+    }
+}
+
+/// Why the first of `rows` of `t` is marked invalid, as `row: why`.
+pub fn invalid_among(t: &Table, rows: &[&str]) -> Option<String> {
+    rows.iter()
+        .find_map(|r| t.invalid_why(r).map(|w| format!("{r}: {w}")))
 }
 
 fn missing(
@@ -60,21 +125,12 @@ fn missing(
         claim: claim.to_string(),
         theirs: Some(theirs),
         ours: None,
+        ours_spread: None,
         unit,
         detail: format!("scenario {scenario} did not run"),
         verdict: "not measured in this run".to_string(),
         scenario: None,
         spark: None,
-    }
-}
-
-/// The text in the row labelled `row` and the column `key`.
-fn text<'a>(t: &'a Table, row: &str, key: &str) -> Option<&'a str> {
-    let c = t.columns.iter().position(|c| c.key == key)?;
-    let i = (0..t.rows.len()).find(|&i| t.row_key(i) == row)?;
-    match t.rows[i].get(c) {
-        Some(Cell::Text(v)) => Some(v),
-        _ => None,
     }
 }
 
@@ -110,43 +166,47 @@ fn seed_000(reports: &[Report]) -> SeedLine {
         return missing("000", claim, theirs, "×", "udp-32");
     };
     let ours = t.get("deferred/ordered", "vs_passthrough");
-    let (lo, hi) = (
-        t.get("deferred/ordered", "vs_passthrough_min"),
-        t.get("deferred/ordered", "vs_passthrough_max"),
-    );
+    // A report stored before figures carried their spread kept it in
+    // `_min` and `_max` columns.
+    let spread = t.spread("deferred/ordered", "vs_passthrough").or_else(|| {
+        Some(Spread {
+            min: t.get("deferred/ordered", "vs_passthrough_min")?,
+            median: ours?,
+            max: t.get("deferred/ordered", "vs_passthrough_max")?,
+        })
+    });
     let strict = t.get("strict/ordered", "vs_passthrough");
     let bounce = t.get("bounce/ordered", "vs_passthrough");
-    let invalid = ["passthrough", "deferred", "strict"]
-        .iter()
-        .any(|p| text(t, &format!("{p}/ordered"), "valid") == Some("NO"));
-    let why = invalid
-        .then(|| invalid_row(reports, "udp-32", &["passthrough", "deferred", "strict"]))
-        .flatten()
-        .unwrap_or_else(|| "a row is marked invalid".into());
+    let rows = ["passthrough/ordered", "deferred/ordered", "strict/ordered"];
+    let invalid = invalid_row(reports, "udp-32", &["passthrough", "deferred", "strict"])
+        .or_else(|| invalid_among(t, &rows).map(|w| w.replacen("/ordered", "", 1)));
     SeedLine {
         seed: "000",
         claim: claim.into(),
         theirs: Some(theirs),
         ours,
+        ours_spread: spread,
         unit: "×",
         detail: format!(
             "smoltcp over virtio-net, every policy paced to one rate with no drops; CPU of both hosts' driver+stack threads and flush timers per datagram delivered: deferred {} pass-through's (rounds {} to {}); strict {} (theirs 1.81×), bounce {}",
             fmt(ours, "×"),
-            fmt(lo, "×"),
-            fmt(hi, "×"),
+            fmt(spread.map(|s| s.min), "×"),
+            fmt(spread.map(|s| s.max), "×"),
             fmt(strict, "×"),
             fmt(bounce, "×")
         ),
-        verdict: match (ours, lo, hi) {
-            _ if invalid => format!("no verdict: {why}"),
-            (Some(_), _, Some(h)) if h < theirs => {
-                "deferred costs less over no-IOMMU than the seed's batching, beyond the spread".into()
-            }
-            (Some(_), Some(l), _) if l > theirs => {
-                "deferred costs more over no-IOMMU than the seed's batching, beyond the spread".into()
-            }
-            (Some(_), _, _) => "deferred costs what the seed's batching costs, within the spread of the rounds".into(),
-            (None, _, _) => "no deferred or pass-through row".into(),
+        verdict: match (invalid, ours) {
+            (Some(why), _) => format!("no verdict: {why}"),
+            (None, None) => "no deferred or pass-through row".into(),
+            (None, Some(o)) => match side(o, spread, theirs) {
+                Some(Ordering::Less) => {
+                    "deferred costs less over no-IOMMU than the seed's batching, beyond the spread".into()
+                }
+                Some(Ordering::Greater) => {
+                    "deferred costs more over no-IOMMU than the seed's batching, beyond the spread".into()
+                }
+                _ => format!("deferred against the seed's batching: {WITHIN_THE_SPREAD}"),
+            },
         },
         scenario: Some("udp-32".into()),
         spark: Some(("udp-32", "results", "deferred/ordered", "vs_passthrough")),
@@ -172,6 +232,7 @@ fn seed_001(reports: &[Report]) -> SeedLine {
         claim: claim.into(),
         theirs: Some(theirs),
         ours: full,
+        ours_spread: t.spread("full", "vs_relaxed"),
         unit: "×",
         detail: format!(
             "device ns per descriptor over relaxed: full {}, ordered (our default) {}; theirs is TCP throughput through a whole guest",
@@ -202,19 +263,27 @@ fn seed_002(reports: &[Report]) -> SeedLine {
     let long = last.as_deref().and_then(|k| t.get(k, "ratio_pct"));
     let f1 = t.get("10 MiB/1/1", "faults");
     let f512 = t.get("10 MiB/512/1", "faults");
-    let lat = reports
-        .iter()
-        .find(|r| r.scenario == "page-faults")
+    let rep = reports.iter().find(|r| r.scenario == "page-faults");
+    let lat = rep
         .and_then(|r| r.contract.pointer("/fault_latency_us/p50"))
         .and_then(|v| v.as_f64());
+    let repeats = rep
+        .and_then(|r| r.params.iter().find(|p| p.name == "repeats"))
+        .map_or("1", |p| p.value.as_str());
+    let rounds = if repeats == "1" {
+        "each figure from one round, so it has no spread".to_string()
+    } else {
+        format!("each figure the fastest of {repeats} repeats, no spread kept")
+    };
     SeedLine {
         seed: "002",
         claim: claim.into(),
         theirs: Some(36.6),
         ours,
+        ours_spread: None,
         unit: "%",
         detail: format!(
-            "an accelerator reading through the unit, premap 1: one send {}, {} sends {} (theirs 99.1 % at 5000); 10 MiB faults premap 1 {} vs 512 {}; fault raise -> answer p50 {} (theirs ~1.6 µs handler time)",
+            "an accelerator reading through the unit, premap 1: one send {}, {} sends {} (theirs 99.1 % at 5000); 10 MiB faults premap 1 {} vs 512 {}; fault raise -> answer p50 {} (theirs ~1.6 µs handler time); {rounds}",
             fmt(ours, " %"),
             last.as_deref().and_then(|k| k.rsplit('/').next()).unwrap_or("?"),
             fmt(long, " %"),
@@ -249,6 +318,7 @@ fn seed_003(reports: &[Report]) -> SeedLine {
         claim: claim.into(),
         theirs: Some(theirs),
         ours,
+        ours_spread: None,
         unit: "×",
         detail: format!(
             "one smoltcp TCP stream, deferred: non-coherent {} of coherent's Mbit/s, {} lines flushed per GB, flush share {} of driver CPU (estimated; theirs 5.86 %); strict {}",
@@ -280,6 +350,7 @@ fn seed_004(reports: &[Report]) -> SeedLine {
         claim: claim.into(),
         theirs: Some(theirs),
         ours,
+        ours_spread: None,
         unit: "×",
         detail: format!(
             "softiommu {}, linux-2016 baseline {}; theirs after 16 h, ours after a short run",
@@ -304,4 +375,101 @@ fn seed_004(reports: &[Report]) -> SeedLine {
 
 fn fmt(v: Option<f64>, unit: &str) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}{unit}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Cell, Column, Unit};
+
+    /// A report of `scenario` whose `table` has one row `row` (label
+    /// cells split on `/`) with figure `key`.
+    fn one(scenario: &str, table: &str, row: &str, key: &str, cell: Cell) -> Report {
+        let labels: Vec<&str> = row.split('/').collect();
+        let mut cols: Vec<Column> = (0..labels.len())
+            .map(|i| Column::label(&format!("l{i}")))
+            .collect();
+        cols.push(Column::metric(key, key, Unit::Ratio, 2));
+        let mut t = Table::new(table, "t", cols);
+        let mut cells: Vec<Cell> = labels.iter().map(|l| (*l).into()).collect();
+        cells.push(cell);
+        t.row(cells);
+        let mut r = Report::new("x", "x", serde_json::json!({}));
+        r.scenario = scenario.into();
+        r.tables.push(t);
+        r
+    }
+
+    #[test]
+    fn ours_is_judged_only_where_every_round_lies_on_one_side() {
+        let s = Spread::of(&[1.1, 1.2, 1.3]);
+        assert_eq!(side(1.2, Some(s), 1.0), Some(Ordering::Greater));
+        assert_eq!(side(1.2, Some(s), 1.5), Some(Ordering::Less));
+        assert_eq!(side(1.2, Some(s), 1.25), None, "straddles");
+        assert_eq!(
+            side(1.2, None, 1.25),
+            Some(Ordering::Less),
+            "one round: a point"
+        );
+    }
+
+    #[test]
+    fn seed_000_straddling_their_figure_is_within_the_spread() {
+        // Theirs is 1.517: our rounds from 1.40 to 1.60 straddle it.
+        let spread = Spread::of(&[1.40, 1.50, 1.60]);
+        let r = one(
+            "udp-32",
+            "results",
+            "deferred/ordered",
+            "vs_passthrough",
+            Cell::median(spread),
+        );
+        let l = summarise(&[r]).remove(0);
+        assert_eq!(
+            l.verdict,
+            format!("deferred against the seed's batching: {WITHIN_THE_SPREAD}")
+        );
+        assert_eq!((l.ours, l.ours_spread), (Some(1.5), Some(spread)));
+    }
+
+    #[test]
+    fn a_seed_whose_headline_row_is_marked_invalid_gets_no_verdict() {
+        // Seed 003's line follows tcp-64k's non-coherent/deferred row.
+        let mut r = one(
+            "tcp-64k",
+            "results",
+            "non-coherent/deferred",
+            "vs_coherent",
+            Cell::Num(1.08),
+        );
+        r.tables[0].mark_invalid(
+            "non-coherent/deferred",
+            "measurement invalid: non-coherent's CPU per GB is below coherent's",
+        );
+        let l = summarise(&[r]).remove(3);
+        assert_eq!(l.seed, "003");
+        assert_eq!(
+            l.verdict,
+            "no verdict: non-coherent/deferred: measurement invalid: non-coherent's CPU per GB is below coherent's"
+        );
+    }
+
+    #[test]
+    fn a_figure_of_one_round_has_no_spread_and_says_so() {
+        let r = one(
+            "page-faults",
+            "results",
+            "1 MiB/1/1",
+            "ratio_pct",
+            Cell::Num(40.0),
+        );
+        let l = summarise(&[r]).remove(2);
+        assert_eq!((l.ours, l.ours_spread), (Some(40.0), None));
+        assert!(
+            l.detail
+                .ends_with("each figure from one round, so it has no spread"),
+            "{}",
+            l.detail
+        );
+    }
 }

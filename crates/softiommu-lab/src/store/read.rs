@@ -5,7 +5,7 @@ use rusqlite::{params, OptionalExtension, Row};
 
 use super::{Store, StoreError};
 use crate::host::Host;
-use crate::report::Report;
+use crate::report::{Report, Spread};
 
 /// A run as listed.
 #[derive(Debug, Clone, PartialEq)]
@@ -169,6 +169,45 @@ impl Store {
                 Ok(StoredScenario { seconds, report })
             })
             .collect()
+    }
+
+    /// One figure across every run that has it, oldest first: (run id,
+    /// value, its spread over rounds). The spread is `None` for a figure
+    /// measured once and for every figure of a database older than
+    /// schema version 3, read as it is.
+    pub fn metric_spread_history(
+        &self,
+        scenario: &str,
+        table: &str,
+        row: &str,
+        name: &str,
+    ) -> Result<Vec<(i64, f64, Option<Spread>)>, StoreError> {
+        let cols = if self.version >= 3 {
+            "m.spread_min, m.spread_median, m.spread_max"
+        } else {
+            "NULL, NULL, NULL"
+        };
+        let mut q = self
+            .conn
+            .prepare(&format!(
+                "SELECT s.run_id, m.value, {cols} FROM metrics m JOIN scenarios s ON s.id = m.scenario_id
+                 WHERE s.name = ?1 AND m.tbl = ?2 AND m.row = ?3 AND m.name = ?4 ORDER BY s.run_id"
+            ))
+            .map_err(|e| self.err(e))?;
+        let rows = q
+            .query_map(params![scenario, table, row, name], |r| {
+                let (lo, mid, hi): (Option<f64>, Option<f64>, Option<f64>) =
+                    (r.get(2)?, r.get(3)?, r.get(4)?);
+                let spread = match (lo, mid, hi) {
+                    (Some(min), Some(median), Some(max)) => Some(Spread { min, median, max }),
+                    _ => None,
+                };
+                Ok((r.get(0)?, r.get(1)?, spread))
+            })
+            .map_err(|e| self.err(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err(e))?;
+        Ok(rows)
     }
 
     /// One figure across every run that has it, oldest first: (run id,

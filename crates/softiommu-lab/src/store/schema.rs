@@ -51,19 +51,29 @@ CREATE INDEX metrics_by_scenario ON metrics(scenario_id);
 /// Version 2: why a run failed (`failure`, shown by `history`), and the
 /// process that writes it (`pid`, on `hostname`), so that the next writer
 /// can tell a `running` row whose process is gone and mark it failed.
-const V2: &str = "
+pub(super) const V2: &str = "
 ALTER TABLE runs ADD COLUMN failure TEXT;
 ALTER TABLE runs ADD COLUMN pid INTEGER;
 ";
 
+/// Version 3: a figure's spread over rounds (`spread_min`,
+/// `spread_median`, `spread_max`), NULL for a figure measured once and
+/// for every figure stored before version 3.
+pub(super) const V3: &str = "
+ALTER TABLE metrics ADD COLUMN spread_min REAL;
+ALTER TABLE metrics ADD COLUMN spread_median REAL;
+ALTER TABLE metrics ADD COLUMN spread_max REAL;
+";
+
 /// The migrations, oldest first.
 pub(super) fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![M::up(V1), M::up(V2)])
+    Migrations::new(vec![M::up(V1), M::up(V2), M::up(V3)])
 }
 
 /// The schema version this build writes.
-pub(super) const LATEST: i64 = 2;
+pub(super) const LATEST: i64 = 3;
 
 /// The oldest schema version readers accept (read as it is, never
-/// migrated: a run row of version 1 has no failure reason).
+/// migrated: a run row of version 1 has no failure reason, a figure of
+/// version 1 or 2 no spread).
 pub(super) const OLDEST_READABLE: i64 = 1;

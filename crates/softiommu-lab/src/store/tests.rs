@@ -162,7 +162,67 @@ fn readers_read_a_version_1_database_as_it_is_and_run_migrates_it() {
     let failure: Option<String> = c
         .query_row("SELECT failure FROM runs WHERE id = 1", [], |r| r.get(0))
         .unwrap();
-    assert_eq!((v, failure), (2, None));
+    assert_eq!((v, failure), (super::schema::LATEST, None));
+}
+
+#[test]
+fn a_version_2_database_is_read_as_it_is_and_spreads_are_stored_from_version_3() {
+    use crate::report::{Cell, Column, Report, Spread, Table, Unit};
+    let p = tmp("v2");
+    let c = Connection::open(&p).unwrap();
+    c.execute_batch(V1).unwrap();
+    c.execute_batch(super::schema::V2).unwrap();
+    c.execute_batch(
+        "INSERT INTO runs (started_at, status, command, quick, git_rev, hostname, cpu_model, cores, kernel)
+         VALUES ('2026-01-01T00:00:00Z', 'complete', 'softiommu run', 1, 'r', 'h', 'c', 2, 'k');
+         INSERT INTO scenarios (run_id, ord, name, kind, seed, seconds, report)
+         VALUES (1, 0, 'sc', 'bench x', NULL, 1.0, '{}');
+         INSERT INTO metrics (scenario_id, tbl, row, name, unit, value, modelled)
+         VALUES (1, 'results', 'a', 'ns', 'ns', 10.0, 0);
+         PRAGMA user_version = 2;",
+    )
+    .unwrap();
+    drop(c);
+    let before = std::fs::read(&p).unwrap();
+    let old = Store::open(&p)
+        .unwrap()
+        .metric_spread_history("sc", "results", "a", "ns")
+        .unwrap();
+    assert_eq!(old, vec![(1, 10.0, None)]);
+    assert_eq!(
+        std::fs::read(&p).unwrap(),
+        before,
+        "a reader never migrates"
+    );
+    // A writer migrates it to version 3; a figure of rounds keeps its spread.
+    let mut store = Store::create(&p).unwrap();
+    let id = begin(&store);
+    let mut t = Table::new(
+        "results",
+        "x",
+        vec![
+            Column::label("row"),
+            Column::metric("ns", "ns", Unit::Ns, 1),
+        ],
+    );
+    let spread = Spread::of(&[9.0, 11.0, 12.0]);
+    t.row(vec!["a".into(), Cell::median(spread)]);
+    let mut r = Report::new("bench x", "x", serde_json::json!({}));
+    r.scenario = "sc".into();
+    r.tables.push(t);
+    store.add_scenario(id, 0, &r, 1.0).unwrap();
+    drop(store);
+    let c = Connection::open(&p).unwrap();
+    let v: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, 3);
+    drop(c);
+    let h = Store::open(&p)
+        .unwrap()
+        .metric_spread_history("sc", "results", "a", "ns")
+        .unwrap();
+    assert_eq!(h, vec![(1, 10.0, None), (id, 11.0, Some(spread))]);
 }
 
 /// Runs `f` on a thread; `None` if it has not returned within 5 s.

@@ -157,7 +157,7 @@ impl Store {
             }
             let mut m = tx
                 .prepare(
-                    "INSERT INTO metrics (scenario_id, tbl, row, name, unit, value, modelled) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    "INSERT INTO metrics (scenario_id, tbl, row, name, unit, value, modelled, spread_min, spread_median, spread_max) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                 )
                 .map_err(err)?;
             for t in &report.tables {
@@ -169,7 +169,10 @@ impl Store {
                         x.name,
                         x.unit.symbol(),
                         x.value,
-                        x.modelled
+                        x.modelled,
+                        x.spread.map(|s| s.min),
+                        x.spread.map(|s| s.median),
+                        x.spread.map(|s| s.max)
                     ])
                     .map_err(err)?;
                 }
