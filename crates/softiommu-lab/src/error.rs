@@ -168,6 +168,9 @@ pub enum LabError {
         /// What became of the run's row: "marked partial", or why not.
         row: &'static str,
     },
+    /// A real-guest run (`lab guest`) could not be set up or gave no result.
+    #[error("guest: {0}")]
+    Guest(#[from] softiommu_vhost::guest::GuestError),
 }
 
 /// The lab's result type.

@@ -109,6 +109,8 @@ enum LabCmd {
     Stress(lab::stress::StressArgs),
     /// The storage path through a virtio-iommu: no IOMMU, guest strict, guest lazy.
     Viommu(lab::viommu::ViommuArgs),
+    /// Seed 000 in the guest's own code: a Debian guest under QEMU drives our vhost-user-blk back-end's IOTLB, strict vs lazy, beside QEMU's own virtio-blk.
+    Guest(lab::guest::GuestArgs),
 }
 
 /// Prints a report: its contract object under `--json`, else its tables.
@@ -226,10 +228,14 @@ fn main() -> std::process::ExitCode {
             cmd: Some(LabCmd::Viommu(a)),
             ..
         }) => emit(lab::viommu::run(&a), a.json),
+        Cmd::Lab(LabArgs {
+            cmd: Some(LabCmd::Guest(a)),
+            ..
+        }) => lab::guest::run(&a),
         Cmd::Lab(a) => match &a.file {
             Some(f) => lab_file(&a, f),
             None => {
-                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus, stress, iopf, viommu) or a scenario FILE");
+                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus, stress, iopf, viommu, guest) or a scenario FILE");
                 return std::process::ExitCode::from(2);
             }
         },

@@ -2,6 +2,7 @@
 
 pub mod cpu_clock;
 pub mod fio_aging;
+pub mod guest;
 pub mod iopf;
 pub mod iova_aging;
 pub mod iperf_tcp;

@@ -1,0 +1,328 @@
+//! A real Linux guest under QEMU (TCG) for our vhost-user-blk back-end, or
+//! for QEMU's own virtio-blk as the anchor: the guest kit
+//! (`scripts/guest-kit.sh`) located, QEMU started with the topology a
+//! vhost back-end needs behind an intel-iommu (device behind a
+//! `pcie-root-port`, `ats=on`, `device-iotlb=on`, memfd-backed shared
+//! memory), the guest's one result line read from the serial console, all
+//! within a bound.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::session::{BlkBackend, BlkBackendConfig, SessionReport};
+
+/// The prefix of the guest's result line.
+pub const RESULT_PREFIX: &str = "SOFTIOMMU-GUEST-RESULT";
+/// The prefix of the guest's echoed kernel log lines (version, DMAR, policy).
+pub const DMESG_PREFIX: &str = "guest-dmesg:";
+
+/// Why a guest run did not happen or gave no result.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    /// No kit at the place looked.
+    #[error("no guest kit at {dir} (run scripts/guest-kit.sh as root to install QEMU, a Debian kernel and busybox)")]
+    NotInstalled {
+        /// Where it was looked for.
+        dir: String,
+    },
+    /// QEMU, the back-end or the disk could not be set up.
+    #[error("guest set-up failed: {0}")]
+    Setup(String),
+    /// The guest printed no result line within the bound.
+    #[error("no result line from the guest within {seconds} s; console tail:\n{console}\nqemu stderr:\n{stderr}")]
+    NoResult {
+        /// The bound.
+        seconds: u64,
+        /// The last console lines.
+        console: String,
+        /// QEMU's standard error.
+        stderr: String,
+    },
+}
+
+/// The guest kit: a kernel and an initramfs built by `scripts/guest-kit.sh`.
+#[derive(Debug, Clone)]
+pub struct GuestKit {
+    /// Its directory.
+    pub dir: PathBuf,
+}
+
+impl GuestKit {
+    /// The kit at `$SOFTIOMMU_GUEST_KIT`, else `target/guest-kit` of this
+    /// checkout, if its files are there and `qemu-system-x86_64` runs.
+    pub fn find() -> Result<Self, GuestError> {
+        let dir = std::env::var_os("SOFTIOMMU_GUEST_KIT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/guest-kit")
+            });
+        let have = dir.join("vmlinuz").is_file()
+            && dir.join("initramfs.cpio.gz").is_file()
+            && Command::new("qemu-system-x86_64")
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        if have {
+            Ok(Self { dir })
+        } else {
+            Err(GuestError::NotInstalled {
+                dir: dir.display().to_string(),
+            })
+        }
+    }
+
+    /// The kernel release the kit was built with.
+    pub fn kernel_release(&self) -> Option<String> {
+        std::fs::read_to_string(self.dir.join("kernel-release"))
+            .ok()
+            .map(|s| s.trim().to_string())
+    }
+}
+
+/// Which device serves the guest's disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestDevice {
+    /// Our vhost-user-blk back-end, in this process.
+    VhostBlk,
+    /// QEMU's own virtio-blk (the anchor).
+    QemuBlk,
+}
+
+/// The guest IOMMU driver's invalidation mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IommuMode {
+    /// `iommu.strict=1`: an invalidation per unmap.
+    Strict,
+    /// `iommu.strict=0`: flush queues, batched invalidations.
+    Lazy,
+}
+
+impl IommuMode {
+    /// `"strict"` or `"lazy"`, as the guest kernel names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            IommuMode::Strict => "strict",
+            IommuMode::Lazy => "lazy",
+        }
+    }
+}
+
+/// One guest run's outcome.
+#[derive(Debug)]
+pub struct GuestBlkRun {
+    /// The guest's result line.
+    pub result: String,
+    /// Its `key=value` fields.
+    pub fields: BTreeMap<String, String>,
+    /// The kernel log lines the guest echoed (version, DMAR, policy).
+    pub dmesg: Vec<String>,
+    /// The back-end's session report (our device only).
+    pub report: Option<SessionReport>,
+    /// SHA-256 of the backing file after the run.
+    pub disk_sha256: String,
+    /// Wall time of the whole run (boot to power-off), seconds.
+    pub wall_seconds: f64,
+}
+
+impl GuestBlkRun {
+    /// A field of the result line.
+    pub fn field(&self, key: &str) -> Option<&str> {
+        self.fields.get(key).map(String::as_str)
+    }
+
+    /// Whether the guest read back what it wrote and the backing file holds it.
+    pub fn checksum_ok(&self) -> bool {
+        let w = self.field("written");
+        self.field("ok") == Some("1")
+            && w.is_some()
+            && self.field("read") == w
+            && w == Some(self.disk_sha256.as_str())
+    }
+
+    /// The guest's read time (TCG guest time), seconds.
+    pub fn read_seconds(&self) -> Option<f64> {
+        self.field("read_ms")?
+            .parse::<f64>()
+            .ok()
+            .map(|ms| ms / 1000.0)
+    }
+}
+
+fn sha256_file(p: &Path) -> Result<String, GuestError> {
+    let out = Command::new("sha256sum")
+        .arg(p)
+        .output()
+        .map_err(|e| GuestError::Setup(format!("sha256sum: {e}")))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string())
+}
+
+/// Boots the kit's guest with a `disk_mib` MiB disk on `device`, the guest
+/// IOMMU driver in `mode`; the guest writes a random pattern, drops its
+/// caches and reads it back. Bounded by `deadline`.
+pub fn run_blk(
+    kit: &GuestKit,
+    device: GuestDevice,
+    mode: IommuMode,
+    disk_mib: u64,
+    deadline: Duration,
+) -> Result<GuestBlkRun, GuestError> {
+    let setup = |e: std::io::Error| GuestError::Setup(e.to_string());
+    let dir = std::env::temp_dir().join(format!(
+        "softiommu-guest-{}-{:?}-{}",
+        std::process::id(),
+        device,
+        mode.name()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(setup)?;
+    let disk = dir.join("disk.img");
+    std::fs::File::create(&disk)
+        .and_then(|f| f.set_len(disk_mib << 20))
+        .map_err(setup)?;
+    let sock = dir.join("vhost.sock");
+    let mut session = None;
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args([
+        "-accel",
+        "tcg",
+        "-m",
+        "512M",
+        "-smp",
+        "1",
+        "-nodefaults",
+        "-no-user-config",
+    ])
+    .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
+    .args(["-M", "q35,memory-backend=mem"])
+    .args(["-device", "intel-iommu,intremap=off,device-iotlb=on"])
+    .args(["-device", "pcie-root-port,id=rp1,bus=pcie.0,chassis=1"]);
+    match device {
+        GuestDevice::VhostBlk => {
+            let backend = BlkBackend::open(BlkBackendConfig::new(&disk))
+                .map_err(|e| GuestError::Setup(e.to_string()))?;
+            let listener = UnixListener::bind(&sock).map_err(setup)?;
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                if let Ok((s, _)) = listener.accept() {
+                    let _ = tx.send(backend.serve(s));
+                }
+            });
+            session = Some(rx);
+            qemu.arg("-chardev")
+                .arg(format!("socket,id=vu0,path={}", sock.display()))
+                .args([
+                    "-device",
+                    "vhost-user-blk-pci,chardev=vu0,bus=rp1,num-queues=1,iommu_platform=on,ats=on,disable-legacy=on",
+                ]);
+        }
+        GuestDevice::QemuBlk => {
+            qemu.arg("-drive")
+                .arg(format!("file={},if=none,id=d0,format=raw,cache=none,aio=threads", disk.display()))
+                .args([
+                    "-device",
+                    "virtio-blk-pci,drive=d0,bus=rp1,num-queues=1,iommu_platform=on,ats=on,disable-legacy=on",
+                ]);
+        }
+    }
+    let strict = match mode {
+        IommuMode::Strict => "iommu.strict=1",
+        IommuMode::Lazy => "iommu.strict=0",
+    };
+    let append = format!(
+        "console=ttyS0 quiet intel_iommu=on {strict} softiommu.test=blk softiommu.mib={disk_mib} panic=-1"
+    );
+    qemu.arg("-kernel")
+        .arg(kit.dir.join("vmlinuz"))
+        .arg("-initrd")
+        .arg(kit.dir.join("initramfs.cpio.gz"))
+        .args(["-append", &append])
+        .args([
+            "-display",
+            "none",
+            "-serial",
+            "stdio",
+            "-monitor",
+            "none",
+            "-no-reboot",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let started = Instant::now();
+    let mut child = qemu
+        .spawn()
+        .map_err(|e| GuestError::Setup(format!("qemu-system-x86_64: {e}")))?;
+    let (line_tx, line_rx) = mpsc::channel::<String>();
+    let out = child.stdout.take().expect("piped");
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = line_tx.send(l);
+        }
+    });
+    let err = child.stderr.take().expect("piped");
+    let errs = std::thread::spawn(move || {
+        BufReader::new(err)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    let mut result = None;
+    let mut console = Vec::new();
+    let mut dmesg = Vec::new();
+    while result.is_none() {
+        let left = deadline.saturating_sub(started.elapsed());
+        let Ok(l) = line_rx.recv_timeout(left) else {
+            break;
+        };
+        if l.starts_with(DMESG_PREFIX) {
+            dmesg.push(l.clone());
+        }
+        if l.starts_with(RESULT_PREFIX) {
+            result = Some(l.clone());
+        }
+        console.push(l);
+    }
+    // The guest powers off after its line; a guest that does not is killed.
+    let exit_by = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().ok().flatten().is_none() && Instant::now() < exit_by {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let stderr = errs.join().unwrap_or_default().join("\n");
+    let report = session.and_then(|rx| rx.recv_timeout(Duration::from_secs(30)).ok());
+    let disk_sha256 = sha256_file(&disk)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let Some(result) = result else {
+        return Err(GuestError::NoResult {
+            seconds: deadline.as_secs(),
+            console: console[console.len().saturating_sub(40)..].join("\n"),
+            stderr,
+        });
+    };
+    let fields = result
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Ok(GuestBlkRun {
+        result,
+        fields,
+        dmesg,
+        report,
+        disk_sha256,
+        wall_seconds,
+    })
+}

@@ -1,0 +1,37 @@
+//! softiommu's devices as vhost-user back-ends behind a front-end's IOMMU.
+//!
+//! A front-end (QEMU) with a virtual IOMMU hands the back-end its guest
+//! memory (`SET_MEM_TABLE`, shared file descriptors), the rings (as IOVAs
+//! once `VIRTIO_F_ACCESS_PLATFORM` is negotiated) and IOTLB updates and
+//! invalidations (`IOTLB_MSG`); the back-end asks for what it misses on the
+//! back-end channel. This crate implements the back-end side of that
+//! protocol itself ([`session`]), because the `vhost` and
+//! `vhost-user-backend` crates do not carry IOTLB messages, cannot send a
+//! miss, and translate ring addresses as front-end virtual addresses even
+//! when they are IOVAs.
+//!
+//! - [`iotlb`]: the device IOTLB, which takes every range the protocol allows;
+//! - [`space`]: translation, misses and the invalidation contract;
+//! - [`blk`]: virtio-blk on one split ring;
+//! - [`session`]: the message handling and the ring lifecycle;
+//! - [`guest`]: a real Linux guest under QEMU for tests and the lab.
+
+#![warn(missing_docs)]
+#![warn(missing_debug_implementations)]
+
+pub mod blk;
+pub mod disk;
+pub mod error;
+pub mod guest;
+pub mod iotlb;
+pub(crate) mod memtable;
+pub mod proto;
+pub mod session;
+pub mod space;
+pub mod testing;
+pub(crate) mod wire;
+
+pub use blk::BlkStats;
+pub use error::{AccessError, ConfigError, IotlbError, MsgError, SessionError};
+pub use session::{BlkBackend, BlkBackendConfig, SessionEnd, SessionReport};
+pub use space::{DmaSpace, IotlbStats};

@@ -1,0 +1,553 @@
+//! One front-end session: the vhost-user messages QEMU sends a block
+//! back-end, each checked, answered (with a reply-ack where asked), and
+//! turned into the ring's lifecycle: the worker starts when the ring has
+//! its size, addresses and kick; `GET_VRING_BASE`, a reset or the
+//! front-end going away stops it (waiting misses cancelled, worker joined)
+//! and drops the device IOTLB — the firmware's identity entries from
+//! before the guest enabled its IOMMU must not outlive the rings.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use softiommu_virtio::spec::blk as sb;
+
+use crate::blk::{BlkCounters, BlkStats, RingAddrs, Worker, WorkerShared};
+use crate::disk::Disk;
+use crate::error::{ConfigError, MsgError, SessionError};
+use crate::memtable::MemTable;
+use crate::proto::{self, iotlb as m, pf, req, vf, FLAG_NEED_REPLY};
+use crate::space::{DmaSpace, IotlbStats};
+use crate::wire::{self, Msg};
+
+/// Largest ring this back-end takes (virtio 1.2 §2.7: at most 32768).
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// The virtio features offered.
+pub const FEATURES: u64 = vf::VERSION_1
+    | vf::ACCESS_PLATFORM
+    | vf::PROTOCOL_FEATURES
+    | (1 << sb::F_SEG_MAX)
+    | (1 << sb::F_BLK_SIZE)
+    | (1 << sb::F_FLUSH);
+/// The protocol features offered (an IOMMU needs reply-ack and the back-end channel).
+pub const PROTOCOL_FEATURES: u64 = pf::REPLY_ACK | pf::BACKEND_REQ | pf::CONFIG | pf::RESET_DEVICE;
+/// Segments per request announced in `seg_max`.
+const SEG_MAX: u32 = 126;
+/// Largest config space read answered.
+const CONFIG_MAX: usize = 256;
+
+/// How a block back-end is set up.
+#[derive(Debug, Clone)]
+pub struct BlkBackendConfig {
+    /// The backing file (read-write, a positive multiple of 512 bytes).
+    pub disk: PathBuf,
+    /// How long a device access waits for the front-end to answer a miss.
+    pub miss_timeout: Duration,
+    /// Entries the device IOTLB holds before it is emptied.
+    pub iotlb_capacity: usize,
+}
+
+impl BlkBackendConfig {
+    /// Bounds of `miss_timeout`, in milliseconds.
+    pub const MISS_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 1..=60_000;
+    /// Bounds of `iotlb_capacity`.
+    pub const IOTLB_CAPACITY: std::ops::RangeInclusive<usize> = 1..=1 << 20;
+
+    /// Defaults for `disk`: a 2 s miss bound, 16,384 entries.
+    pub fn new(disk: impl Into<PathBuf>) -> Self {
+        Self {
+            disk: disk.into(),
+            miss_timeout: Duration::from_secs(2),
+            iotlb_capacity: 16384,
+        }
+    }
+}
+
+/// How a session ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// The front-end closed the socket.
+    Disconnected,
+    /// The stream became unreadable or the socket failed.
+    Failed(SessionError),
+}
+
+/// What a session did.
+#[derive(Debug)]
+pub struct SessionReport {
+    /// How it ended (the rings are stopped and the worker joined either way).
+    pub end: SessionEnd,
+    /// The device IOTLB's counters.
+    pub iotlb: IotlbStats,
+    /// The block device's counters.
+    pub blk: BlkStats,
+    /// Messages refused (answered with a failure ack where one was asked).
+    pub rejected_messages: u64,
+    /// The last refusal, for the log.
+    pub last_rejection: Option<MsgError>,
+    /// The virtio features the front-end acknowledged.
+    pub acked_features: u64,
+    /// CPU time of the session's message handling, nanoseconds (the
+    /// queue threads' is in `blk.worker_cpu_ns`).
+    pub session_cpu_ns: u64,
+}
+
+/// A vhost-user-blk back-end over one disk; serves sessions one at a time.
+#[derive(Debug)]
+pub struct BlkBackend {
+    cfg: BlkBackendConfig,
+    disk: Arc<Disk>,
+}
+
+impl BlkBackend {
+    /// Checks the configuration and opens the disk.
+    pub fn open(cfg: BlkBackendConfig) -> Result<Self, ConfigError> {
+        let ms = cfg.miss_timeout.as_millis() as u64;
+        if !BlkBackendConfig::MISS_TIMEOUT_MS.contains(&ms) {
+            return Err(ConfigError::Range {
+                option: "miss timeout (ms)",
+                range: "1..=60000",
+                value: ms,
+            });
+        }
+        if !BlkBackendConfig::IOTLB_CAPACITY.contains(&cfg.iotlb_capacity) {
+            return Err(ConfigError::Range {
+                option: "IOTLB capacity",
+                range: "1..=1048576",
+                value: cfg.iotlb_capacity as u64,
+            });
+        }
+        let disk = Arc::new(Disk::open(&cfg.disk)?);
+        Ok(Self { cfg, disk })
+    }
+
+    /// The disk's capacity in sectors.
+    pub fn sectors(&self) -> u64 {
+        self.disk.sectors()
+    }
+
+    /// Serves one front-end until it goes away; the back-end is reusable after.
+    pub fn serve(&self, sock: UnixStream) -> SessionReport {
+        let cpu0 = crate::blk::thread_cpu_ns();
+        let mut s = Session {
+            disk: self.disk.clone(),
+            sock: &sock,
+            space: Arc::new(DmaSpace::new(
+                self.cfg.iotlb_capacity,
+                self.cfg.miss_timeout,
+            )),
+            counters: Arc::new(BlkCounters::default()),
+            acked: 0,
+            protocol: 0,
+            ring: Ring::default(),
+            rejected: 0,
+            last_rejection: None,
+        };
+        let end = s.run();
+        s.stop_ring();
+        SessionReport {
+            end,
+            iotlb: s.space.stats(),
+            blk: s.counters.snapshot(),
+            rejected_messages: s.rejected,
+            last_rejection: s.last_rejection,
+            acked_features: s.acked,
+            session_cpu_ns: crate::blk::thread_cpu_ns().saturating_sub(cpu0),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Ring {
+    num: u16,
+    addrs: Option<(u64, u64, u64)>,
+    base: u16,
+    kick: Option<Option<OwnedFd>>,
+    call: Option<OwnedFd>,
+    enabled: bool,
+    running: Option<(JoinHandle<u16>, Arc<WorkerShared>)>,
+}
+
+struct Session<'a> {
+    disk: Arc<Disk>,
+    sock: &'a UnixStream,
+    space: Arc<DmaSpace>,
+    counters: Arc<BlkCounters>,
+    acked: u64,
+    protocol: u64,
+    ring: Ring,
+    rejected: u64,
+    last_rejection: Option<MsgError>,
+}
+
+fn u64_of(name: &'static str, p: &[u8]) -> Result<u64, MsgError> {
+    let b: [u8; 8] = p.try_into().map_err(|_| MsgError::BadSize {
+        name,
+        size: p.len(),
+        want: "8".into(),
+    })?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn state_of(name: &'static str, p: &[u8]) -> Result<(u32, u32), MsgError> {
+    let v = u64_of(name, p)?;
+    Ok((v as u32, (v >> 32) as u32))
+}
+
+fn queue(name: &'static str, index: u32) -> Result<(), MsgError> {
+    if index != 0 {
+        return Err(MsgError::BadQueue {
+            name,
+            index,
+            queues: 1,
+        });
+    }
+    Ok(())
+}
+
+impl Session<'_> {
+    fn run(&mut self) -> SessionEnd {
+        loop {
+            let msg = match wire::recv(self.sock) {
+                Ok(Some(m)) => m,
+                Ok(None) => return SessionEnd::Disconnected,
+                Err(SessionError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return SessionEnd::Disconnected
+                }
+                Err(SessionError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return SessionEnd::Disconnected
+                }
+                Err(e) => return SessionEnd::Failed(e),
+            };
+            let (code, need) = (msg.request, msg.flags & FLAG_NEED_REPLY != 0);
+            let r = self.handle(msg);
+            let sent = match &r {
+                Ok(Some(payload)) => wire::reply(self.sock, code, payload),
+                Ok(None) if need => wire::reply(self.sock, code, &0u64.to_le_bytes()),
+                Ok(None) => Ok(()),
+                Err(_) if need || is_get(code) => wire::reply(self.sock, code, &1u64.to_le_bytes()),
+                Err(_) => Ok(()),
+            };
+            if let Err(e) = r {
+                self.rejected += 1;
+                eprintln!(
+                    "softiommu-vhost: refused {}: {e}",
+                    proto::request_name(code)
+                );
+                self.last_rejection = Some(e);
+            }
+            if let Err(e) = sent {
+                return SessionEnd::Failed(SessionError::Io(e));
+            }
+        }
+    }
+
+    fn handle(&mut self, msg: Msg) -> Result<Option<Vec<u8>>, MsgError> {
+        let Msg {
+            request,
+            payload: p,
+            mut fds,
+            ..
+        } = msg;
+        let name = proto::request_name(request);
+        let reply = |v: u64| Ok(Some(v.to_le_bytes().to_vec()));
+        let no_fds = |fds: &Vec<OwnedFd>| -> Result<(), MsgError> {
+            if fds.is_empty() {
+                Ok(())
+            } else {
+                Err(MsgError::BadFds {
+                    name,
+                    got: fds.len(),
+                    want: 0,
+                })
+            }
+        };
+        if !matches!(
+            request,
+            req::SET_MEM_TABLE
+                | req::SET_BACKEND_REQ_FD
+                | req::SET_VRING_KICK
+                | req::SET_VRING_CALL
+                | req::SET_VRING_ERR
+        ) {
+            no_fds(&fds)?;
+        }
+        match request {
+            req::GET_FEATURES => reply(FEATURES),
+            req::SET_FEATURES => {
+                let f = u64_of(name, &p)?;
+                if f & !FEATURES != 0 {
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: format!("features {:#x} not offered", f & !FEATURES),
+                    });
+                }
+                self.acked = f;
+                self.space.set_iommu(f & vf::ACCESS_PLATFORM != 0);
+                Ok(None)
+            }
+            req::SET_OWNER => Ok(None),
+            req::RESET_OWNER | req::RESET_DEVICE => {
+                self.stop_ring();
+                self.ring = Ring::default();
+                self.acked = 0;
+                self.space.set_iommu(false);
+                Ok(None)
+            }
+            req::GET_PROTOCOL_FEATURES => reply(PROTOCOL_FEATURES),
+            req::SET_PROTOCOL_FEATURES => {
+                let f = u64_of(name, &p)?;
+                if f & !PROTOCOL_FEATURES != 0 {
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: format!(
+                            "protocol features {:#x} not offered",
+                            f & !PROTOCOL_FEATURES
+                        ),
+                    });
+                }
+                self.protocol = f;
+                Ok(None)
+            }
+            req::GET_QUEUE_NUM => reply(1),
+            req::SET_BACKEND_REQ_FD => {
+                if fds.len() != 1 {
+                    return Err(MsgError::BadFds {
+                        name,
+                        got: fds.len(),
+                        want: 1,
+                    });
+                }
+                self.space
+                    .set_channel(Some(UnixStream::from(fds.remove(0))));
+                Ok(None)
+            }
+            req::SET_MEM_TABLE => {
+                let t = MemTable::map(&p, &fds)?;
+                self.space.set_memory(t);
+                Ok(None)
+            }
+            req::SET_VRING_NUM => {
+                let (i, num) = state_of(name, &p)?;
+                queue(name, i)?;
+                if num == 0 || num > u32::from(MAX_QUEUE_SIZE) || !num.is_power_of_two() {
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: format!("ring size {num} (a power of two in 1..={MAX_QUEUE_SIZE})"),
+                    });
+                }
+                self.ring.num = num as u16;
+                Ok(None)
+            }
+            req::SET_VRING_ADDR => {
+                if p.len() != 40 {
+                    return Err(MsgError::BadSize {
+                        name,
+                        size: p.len(),
+                        want: "40".into(),
+                    });
+                }
+                let i = u32::from_le_bytes(p[0..4].try_into().expect("4"));
+                queue(name, i)?;
+                let f = |k: usize| u64::from_le_bytes(p[k..k + 8].try_into().expect("8"));
+                let (d, u, a) = (f(8), f(16), f(24));
+                if d % 16 != 0 || a % 2 != 0 || u % 4 != 0 {
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: format!("misaligned ring: desc {d:#x}, avail {a:#x}, used {u:#x}"),
+                    });
+                }
+                self.ring.addrs = Some((d, a, u));
+                Ok(None)
+            }
+            req::SET_VRING_BASE => {
+                let (i, base) = state_of(name, &p)?;
+                queue(name, i)?;
+                if base > 0xffff {
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: format!("base {base} > 65535"),
+                    });
+                }
+                self.ring.base = base as u16;
+                Ok(None)
+            }
+            req::GET_VRING_BASE => {
+                let (i, _) = state_of(name, &p)?;
+                queue(name, i)?;
+                self.stop_ring();
+                self.ring.kick = None;
+                self.ring.enabled = false;
+                let v = u64::from(self.ring.base) << 32;
+                Ok(Some(v.to_le_bytes().to_vec()))
+            }
+            req::SET_VRING_KICK | req::SET_VRING_CALL | req::SET_VRING_ERR => {
+                let v = u64_of(name, &p)?;
+                queue(name, (v & 0xff) as u32)?;
+                let nofd = v & 0x100 != 0;
+                let want = usize::from(!nofd);
+                if fds.len() != want {
+                    return Err(MsgError::BadFds {
+                        name,
+                        got: fds.len(),
+                        want,
+                    });
+                }
+                let fd = fds.pop();
+                match request {
+                    req::SET_VRING_KICK => {
+                        self.stop_ring();
+                        self.ring.kick = Some(fd);
+                        self.start_ring()?;
+                    }
+                    req::SET_VRING_CALL => match &self.ring.running {
+                        Some((_, sh)) => *sh.call.lock().unwrap_or_else(|p| p.into_inner()) = fd,
+                        None => self.ring.call = fd,
+                    },
+                    _ => {}
+                }
+                Ok(None)
+            }
+            req::SET_VRING_ENABLE => {
+                let (i, on) = state_of(name, &p)?;
+                queue(name, i)?;
+                if on > 1 {
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: format!("enable value {on}"),
+                    });
+                }
+                self.ring.enabled = on == 1;
+                if let Some((_, sh)) = &self.ring.running {
+                    sh.enabled.store(on == 1, Ordering::Release);
+                }
+                Ok(None)
+            }
+            req::IOTLB_MSG => {
+                let b: &[u8; m::MSG_LEN] =
+                    p.as_slice().try_into().map_err(|_| MsgError::BadSize {
+                        name,
+                        size: p.len(),
+                        want: m::MSG_LEN.to_string(),
+                    })?;
+                self.space.iotlb_message(b)?;
+                Ok(None)
+            }
+            req::GET_CONFIG => self.get_config(&p),
+            req::SET_CONFIG => Ok(None),
+            code => Err(MsgError::Unsupported { code }),
+        }
+    }
+
+    fn get_config(&self, p: &[u8]) -> Result<Option<Vec<u8>>, MsgError> {
+        let name = "GET_CONFIG";
+        if p.len() < 12 {
+            return Err(MsgError::BadSize {
+                name,
+                size: p.len(),
+                want: "12 + size".into(),
+            });
+        }
+        let off = u32::from_le_bytes(p[0..4].try_into().expect("4")) as usize;
+        let size = u32::from_le_bytes(p[4..8].try_into().expect("4")) as usize;
+        if p.len() != 12 + size || off.checked_add(size).is_none_or(|e| e > CONFIG_MAX) {
+            return Err(MsgError::Invalid {
+                name,
+                what: format!(
+                    "offset {off} size {size} (payload {}, space {CONFIG_MAX})",
+                    p.len()
+                ),
+            });
+        }
+        let mut cfg = [0u8; CONFIG_MAX];
+        cfg[sb::CFG_CAPACITY..sb::CFG_CAPACITY + 8]
+            .copy_from_slice(&self.disk.sectors().to_le_bytes());
+        cfg[sb::CFG_SEG_MAX..sb::CFG_SEG_MAX + 4].copy_from_slice(&SEG_MAX.to_le_bytes());
+        cfg[sb::CFG_BLK_SIZE..sb::CFG_BLK_SIZE + 4].copy_from_slice(&512u32.to_le_bytes());
+        cfg[sb::CFG_NUM_QUEUES..sb::CFG_NUM_QUEUES + 2].copy_from_slice(&1u16.to_le_bytes());
+        let mut out = p[..12].to_vec();
+        out.extend_from_slice(&cfg[off..off + size]);
+        Ok(Some(out))
+    }
+
+    /// Starts the worker once the ring has everything it needs.
+    fn start_ring(&mut self) -> Result<(), MsgError> {
+        let r = &mut self.ring;
+        let (Some((desc, avail, used)), Some(kick)) = (r.addrs, r.kick.as_mut()) else {
+            return Ok(());
+        };
+        if r.num == 0 {
+            return Err(MsgError::Invalid {
+                name: "SET_VRING_KICK",
+                what: "ring started before SET_VRING_NUM".into(),
+            });
+        }
+        if !self.space.has_memory() {
+            return Err(MsgError::Invalid {
+                name: "SET_VRING_KICK",
+                what: "ring started before SET_MEM_TABLE".into(),
+            });
+        }
+        // Without protocol features a ring starts enabled (vhost-user.rst, "Ring states").
+        let enabled = r.enabled || self.acked & vf::PROTOCOL_FEATURES == 0;
+        let shared = Arc::new(WorkerShared {
+            stop: AtomicBool::new(false),
+            enabled: AtomicBool::new(enabled),
+            call: Mutex::new(r.call.take()),
+        });
+        let w = Worker {
+            space: self.space.clone(),
+            disk: self.disk.clone(),
+            ring: RingAddrs {
+                num: r.num,
+                desc,
+                avail,
+                used,
+            },
+            kick: kick.take(),
+            shared: shared.clone(),
+            counters: self.counters.clone(),
+            last_avail: r.base,
+        };
+        self.space.resume();
+        let h = std::thread::Builder::new()
+            .name("vhost-blk-queue0".into())
+            .spawn(move || w.run())
+            .map_err(|e| MsgError::Invalid {
+                name: "SET_VRING_KICK",
+                what: format!("cannot start the queue thread: {e}"),
+            })?;
+        r.running = Some((h, shared));
+        Ok(())
+    }
+
+    /// Stops the worker (waiting misses cancelled), keeps its avail index
+    /// as the ring's base, and drops the device IOTLB.
+    fn stop_ring(&mut self) {
+        if let Some((h, shared)) = self.ring.running.take() {
+            shared.stop.store(true, Ordering::Release);
+            self.space.cancel();
+            match h.join() {
+                Ok(last) => self.ring.base = last,
+                Err(_) => eprintln!("softiommu-vhost: queue thread panicked"),
+            }
+            self.ring.call = shared.call.lock().unwrap_or_else(|p| p.into_inner()).take();
+            self.space.flush();
+        }
+    }
+}
+
+fn is_get(code: u32) -> bool {
+    matches!(
+        code,
+        req::GET_FEATURES
+            | req::GET_PROTOCOL_FEATURES
+            | req::GET_QUEUE_NUM
+            | req::GET_VRING_BASE
+            | req::GET_CONFIG
+    )
+}

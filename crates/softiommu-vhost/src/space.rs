@@ -1,0 +1,575 @@
+//! Where the device's DMA is translated: the device IOTLB and the shared
+//! memory behind it, the misses asked of the front-end, and the counters.
+//!
+//! # The invalidation contract
+//! A device access translates and copies under the read side of one
+//! lock; an update, an invalidation or a flush changes the table under its
+//! write side. So once [`DmaSpace::invalidate`] has returned for an
+//! invalidation (and the back-end acknowledged it), every access that
+//! could have used the removed translation has finished, and every later
+//! access looks the range up afresh: it misses, and without a new update
+//! from the front-end it fails with [`AccessError::MissTimeout`] — no byte
+//! of the range is read or written after the acknowledgement.
+//!
+//! # Misses
+//! A miss registers the pages of the access that are not already
+//! outstanding (at most [`MISS_PREFETCH_PAGES`]) and sends one
+//! `BACKEND_IOTLB_MSG` per page on the back-end channel, then waits,
+//! without holding the table's lock, until an update arrives (any update
+//! wakes it to retry), the rings stop ([`AccessError::Cancelled`]), or the
+//! access's bound passes ([`AccessError::MissTimeout`]). An outstanding page
+//! is not asked again until the bound has passed since it was asked.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::error::{AccessError, IotlbError};
+use crate::iotlb::{DeviceIotlb, IotlbOutcome};
+use crate::memtable::{MemTable, Space};
+use crate::proto::{backend_req, iotlb as m, VERSION};
+use crate::wire;
+
+/// Pages asked of the front-end for one miss, ahead of the one missed,
+/// from the access's range (QEMU answers a miss with one 4 KiB page).
+pub const MISS_PREFETCH_PAGES: u64 = 32;
+/// Pages a whole request may ask for ahead, before its first access
+/// (`DmaSpace::prefetch`): a request's segments are mostly single pages,
+/// so asking them one access at a time would cost a round trip each.
+pub const REQUEST_PREFETCH_PAGES: usize = 512;
+const PAGE: u64 = 4096;
+
+/// What a ring or buffer address is, which decides how it translates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddrKind {
+    /// A ring address (`SET_VRING_ADDR`): an IOVA under
+    /// `ACCESS_PLATFORM`, else a front-end virtual address.
+    Ring,
+    /// A buffer address from a descriptor: an IOVA under
+    /// `ACCESS_PLATFORM`, else a guest-physical address.
+    Buffer,
+}
+
+/// The counters of one [`DmaSpace`], as a snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IotlbStats {
+    /// Updates taken.
+    pub updates: u64,
+    /// Invalidations taken.
+    pub invalidations: u64,
+    /// IOTLB messages refused (zero-length, wrapping, bad perm or type).
+    pub rejected: u64,
+    /// Misses sent to the front-end (pages asked).
+    pub misses: u64,
+    /// Accesses that gave up waiting for a miss.
+    pub miss_timeouts: u64,
+    /// Accesses refused: no translation after the bound, a translation
+    /// without the permission, or one outside the shared memory.
+    pub refused: u64,
+    /// Accesses cancelled while waiting because the rings stopped.
+    pub cancelled: u64,
+    /// Whole-table drops (rings stopped, reset).
+    pub flushes: u64,
+    /// Table emptied because it was full.
+    pub evictions: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    updates: AtomicU64,
+    invalidations: AtomicU64,
+    rejected: AtomicU64,
+    misses: AtomicU64,
+    miss_timeouts: AtomicU64,
+    refused: AtomicU64,
+    cancelled: AtomicU64,
+    flushes: AtomicU64,
+    evictions: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct MissState {
+    /// Page -> when it was asked.
+    outstanding: HashMap<u64, Instant>,
+    cancelled: bool,
+}
+
+#[derive(Debug)]
+struct Tables {
+    iotlb: DeviceIotlb,
+    mem: MemTable,
+}
+
+/// The device's view of guest memory through the front-end's IOMMU.
+#[derive(Debug)]
+pub struct DmaSpace {
+    tables: RwLock<Tables>,
+    iommu: AtomicBool,
+    /// Bumped after every update: a waiter that saw it change retries.
+    generation: AtomicU64,
+    misses: Mutex<MissState>,
+    wake: Condvar,
+    channel: Mutex<Option<UnixStream>>,
+    miss_timeout: Duration,
+    counters: Counters,
+}
+
+/// Outcome of one translation attempt.
+enum Step {
+    Hit(*mut u8, u64),
+    Miss(u64),
+}
+
+impl DmaSpace {
+    /// An empty space: no memory, an empty IOTLB of `capacity` entries,
+    /// misses bounded by `miss_timeout`.
+    pub fn new(capacity: usize, miss_timeout: Duration) -> Self {
+        Self {
+            tables: RwLock::new(Tables {
+                iotlb: DeviceIotlb::new(capacity),
+                mem: MemTable::default(),
+            }),
+            iommu: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            misses: Mutex::new(MissState::default()),
+            wake: Condvar::new(),
+            channel: Mutex::new(None),
+            miss_timeout,
+            counters: Counters::default(),
+        }
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> IotlbStats {
+        let c = &self.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        IotlbStats {
+            updates: l(&c.updates),
+            invalidations: l(&c.invalidations),
+            rejected: l(&c.rejected),
+            misses: l(&c.misses),
+            miss_timeouts: l(&c.miss_timeouts),
+            refused: l(&c.refused),
+            cancelled: l(&c.cancelled),
+            flushes: l(&c.flushes),
+            evictions: l(&c.evictions),
+        }
+    }
+
+    /// Entries in the device IOTLB now.
+    pub fn iotlb_len(&self) -> usize {
+        self.read().iotlb.len()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Tables> {
+        self.tables.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Tables> {
+        self.tables.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn miss_state(&self) -> std::sync::MutexGuard<'_, MissState> {
+        self.misses.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether addresses go through the IOTLB (`ACCESS_PLATFORM` negotiated).
+    pub(crate) fn set_iommu(&self, on: bool) {
+        self.iommu.store(on, Ordering::Release);
+    }
+
+    /// Replaces the shared memory (the old mappings go once no access uses them).
+    pub(crate) fn set_memory(&self, mem: MemTable) {
+        let old = std::mem::replace(&mut self.write().mem, mem);
+        drop(old);
+    }
+
+    /// Whether any memory is shared.
+    pub(crate) fn has_memory(&self) -> bool {
+        !self.read().mem.is_empty()
+    }
+
+    /// Sets the back-end channel misses go out on. A send blocks at most
+    /// the miss bound (a front-end that stops reading the channel — QEMU
+    /// does while it waits for a reply on the main one — cannot hang the
+    /// device).
+    pub(crate) fn set_channel(&self, s: Option<UnixStream>) {
+        if let Some(s) = &s {
+            let _ = s.set_write_timeout(Some(self.miss_timeout));
+        }
+        *self.channel.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+
+    /// Takes one IOTLB message payload (`struct vhost_iotlb_msg`) from the front-end.
+    pub(crate) fn iotlb_message(&self, p: &[u8; m::MSG_LEN]) -> Result<IotlbOutcome, IotlbError> {
+        let f = |k: usize| u64::from_le_bytes(p[k * 8..k * 8 + 8].try_into().expect("8 bytes"));
+        let (iova, size, uaddr, perm, kind) = (f(0), f(1), f(2), p[24], p[25]);
+        let r = match kind {
+            m::UPDATE => self.update(iova, size, uaddr, perm),
+            m::INVALIDATE => self.invalidate(iova, size),
+            _ => Err(IotlbError::BadType { kind }),
+        };
+        if r.is_err() {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Inserts a translation and wakes the accesses waiting for one.
+    pub fn update(
+        &self,
+        iova: u64,
+        size: u64,
+        uaddr: u64,
+        perm: u8,
+    ) -> Result<IotlbOutcome, IotlbError> {
+        let out = self.write().iotlb.update(iova, size, uaddr, perm)?;
+        self.counters.updates.fetch_add(1, Ordering::Relaxed);
+        if let IotlbOutcome::Updated { evicted: true, .. } = out {
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        let mut st = self.miss_state();
+        let last = iova.saturating_add(size - 1);
+        let first = iova & !(PAGE - 1);
+        let pages = (last - first) / PAGE + 1;
+        if pages <= 64 {
+            // The common answer to a miss: one page; no walk of the whole set.
+            for k in 0..pages {
+                st.outstanding.remove(&(first + k * PAGE));
+            }
+        } else {
+            st.outstanding.retain(|&pg, _| pg < first || pg > last);
+        }
+        drop(st);
+        self.wake.notify_all();
+        Ok(out)
+    }
+
+    /// Removes the translations of a range; when it returns, no access
+    /// through them is under way and none will start.
+    pub fn invalidate(&self, iova: u64, size: u64) -> Result<IotlbOutcome, IotlbError> {
+        let out = self.write().iotlb.invalidate(iova, size)?;
+        self.counters.invalidations.fetch_add(1, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// Drops the whole IOTLB (the rings stopped).
+    pub fn flush(&self) {
+        self.write().iotlb.clear();
+        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Wakes every access waiting for a miss with [`AccessError::Cancelled`],
+    /// and makes later misses fail so until [`DmaSpace::resume`].
+    pub fn cancel(&self) {
+        let mut st = self.miss_state();
+        st.cancelled = true;
+        st.outstanding.clear();
+        drop(st);
+        self.wake.notify_all();
+    }
+
+    /// Lets misses wait again (the rings start).
+    pub fn resume(&self) {
+        self.miss_state().cancelled = false;
+    }
+
+    /// Runs `f` over the host memory of `[addr, +len)` in pieces, each
+    /// under the table's read lock (`f` gets the pointer, its length and the
+    /// offset into the access). Missing translations are asked of the
+    /// front-end and waited for, within the bound.
+    pub(crate) fn access(
+        &self,
+        kind: AddrKind,
+        addr: u64,
+        len: u64,
+        write: bool,
+        f: &mut dyn FnMut(*mut u8, usize, u64) -> Result<(), AccessError>,
+    ) -> Result<(), AccessError> {
+        if len == 0 {
+            return Ok(());
+        }
+        addr.checked_add(len - 1)
+            .ok_or(AccessError::Wraps { iova: addr, len })?;
+        let mut done = 0u64;
+        let mut deadline: Option<Instant> = None;
+        while done < len {
+            let a = addr + done;
+            let left = len - done;
+            let gen = self.generation.load(Ordering::Acquire);
+            let step = {
+                let t = self.read();
+                match self.translate(&t, kind, a, left, write) {
+                    Ok(Step::Hit(p, n)) => {
+                        f(p, n as usize, done)?;
+                        done += n;
+                        continue;
+                    }
+                    Ok(miss) => miss,
+                    Err(e) => {
+                        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+            };
+            if let Step::Miss(iova) = step {
+                self.wait_miss(iova, left, write, gen, &mut deadline)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn translate(
+        &self,
+        t: &Tables,
+        kind: AddrKind,
+        a: u64,
+        left: u64,
+        write: bool,
+    ) -> Result<Step, AccessError> {
+        let (space, target, n) = if self.iommu.load(Ordering::Acquire) {
+            let Some(e) = t.iotlb.lookup(a) else {
+                return Ok(Step::Miss(a));
+            };
+            if !e.perm.allows(write) {
+                return Err(AccessError::Denied {
+                    iova: a,
+                    want: if write { "write" } else { "read" },
+                });
+            }
+            // (left - 1).min(last - a) + 1 cannot overflow, even for an entry ending at 2^64.
+            let n = (left - 1).min(e.last - a) + 1;
+            (Space::Uaddr, e.uaddr.wrapping_add(a - e.iova), n)
+        } else {
+            let space = match kind {
+                AddrKind::Ring => Space::Uaddr,
+                AddrKind::Buffer => Space::Gpa,
+            };
+            (space, a, left)
+        };
+        match t.mem.host(space, target, n) {
+            Some((p, n)) => Ok(Step::Hit(p, n)),
+            None => Err(AccessError::OutsideMemory {
+                iova: a,
+                uaddr: target,
+            }),
+        }
+    }
+
+    fn wait_miss(
+        &self,
+        iova: u64,
+        left: u64,
+        write: bool,
+        gen: u64,
+        deadline: &mut Option<Instant>,
+    ) -> Result<(), AccessError> {
+        let now = Instant::now();
+        let deadline = *deadline.get_or_insert(now + self.miss_timeout);
+        let first = iova & !(PAGE - 1);
+        let last = iova.saturating_add(left - 1);
+        let mut st = self.miss_state();
+        if st.cancelled {
+            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            return Err(AccessError::Cancelled { iova });
+        }
+        if self.generation.load(Ordering::Acquire) != gen {
+            return Ok(());
+        }
+        let mut ask = Vec::new();
+        let mut pg = first;
+        for _ in 0..MISS_PREFETCH_PAGES {
+            let fresh = st
+                .outstanding
+                .get(&pg)
+                .is_some_and(|t| now.duration_since(*t) < self.miss_timeout);
+            if !fresh {
+                st.outstanding.insert(pg, now);
+                ask.push(pg);
+            }
+            match pg.checked_add(PAGE) {
+                Some(n) if n <= last => pg = n,
+                _ => break,
+            }
+        }
+        if !ask.is_empty() {
+            drop(st);
+            self.send_misses(&ask, write)?;
+            st = self.miss_state();
+        }
+        loop {
+            if st.cancelled {
+                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                return Err(AccessError::Cancelled { iova });
+            }
+            if self.generation.load(Ordering::Acquire) != gen {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                st.outstanding.remove(&first);
+                self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(AccessError::MissTimeout {
+                    iova,
+                    waited_ms: self.miss_timeout.as_millis() as u64,
+                });
+            }
+            st = self
+                .wake
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Asks the front-end, without waiting, for the pages of `segs` that
+    /// have no translation and are not already asked (at most
+    /// [`REQUEST_PREFETCH_PAGES`]); the accesses that follow wait for them
+    /// without asking again. Does nothing without an IOMMU; a failure to
+    /// send is left for those accesses to report.
+    pub(crate) fn prefetch(&self, segs: &mut dyn Iterator<Item = (u64, u64)>, write: bool) {
+        if !self.iommu.load(Ordering::Acquire) {
+            return;
+        }
+        let mut missing = Vec::new();
+        {
+            let t = self.read();
+            'segs: for (a, len) in segs {
+                let Some(last) = len.checked_sub(1).and_then(|l| a.checked_add(l)) else {
+                    continue;
+                };
+                let mut pg = a & !(PAGE - 1);
+                loop {
+                    if t.iotlb.lookup(pg.max(a)).is_none() {
+                        missing.push(pg);
+                        if missing.len() >= REQUEST_PREFETCH_PAGES {
+                            break 'segs;
+                        }
+                    }
+                    match pg.checked_add(PAGE) {
+                        Some(n) if n <= last => pg = n,
+                        _ => break,
+                    }
+                }
+            }
+        }
+        if missing.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut st = self.miss_state();
+        if st.cancelled {
+            return;
+        }
+        missing.retain(|pg| {
+            let fresh = st
+                .outstanding
+                .get(pg)
+                .is_some_and(|t| now.duration_since(*t) < self.miss_timeout);
+            if !fresh {
+                st.outstanding.insert(*pg, now);
+            }
+            !fresh
+        });
+        drop(st);
+        if !missing.is_empty() {
+            let _ = self.send_misses(&missing, write);
+        }
+    }
+
+    fn send_misses(&self, pages: &[u64], write: bool) -> Result<(), AccessError> {
+        let mut ch = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(s) = ch.as_mut() else {
+            return Err(AccessError::NoChannel {
+                iova: pages[0],
+                reason: "no back-end channel (SET_BACKEND_REQ_FD not received)".into(),
+            });
+        };
+        let perm = if write { m::ACCESS_WO } else { m::ACCESS_RO };
+        let mut buf = Vec::with_capacity(pages.len() * (12 + m::MSG_LEN));
+        for &pg in pages {
+            let mut p = [0u8; m::MSG_LEN];
+            p[0..8].copy_from_slice(&pg.to_le_bytes());
+            p[8..16].copy_from_slice(&PAGE.to_le_bytes());
+            p[24] = perm;
+            p[25] = m::MISS;
+            buf.extend_from_slice(&wire::encode(backend_req::IOTLB_MSG, VERSION, &p));
+        }
+        s.write_all(&buf).map_err(|e| AccessError::NoChannel {
+            iova: pages[0],
+            reason: e.to_string(),
+        })?;
+        self.counters
+            .misses
+            .fetch_add(pages.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at `addr` as the device (a DMA read), waiting for misses within the bound.
+    pub fn read_bytes(&self, kind: AddrKind, addr: u64, buf: &mut [u8]) -> Result<(), AccessError> {
+        self.access(kind, addr, buf.len() as u64, false, &mut |p, n, off| {
+            // SAFETY: p is valid for n bytes of shared memory (the translation's contract).
+            unsafe { std::ptr::copy_nonoverlapping(p, buf[off as usize..].as_mut_ptr(), n) };
+            Ok(())
+        })
+    }
+
+    /// Writes `buf` at `addr` as the device (a DMA write), waiting for misses within the bound.
+    pub fn write_bytes(&self, kind: AddrKind, addr: u64, buf: &[u8]) -> Result<(), AccessError> {
+        self.access(kind, addr, buf.len() as u64, true, &mut |p, n, off| {
+            // SAFETY: as in read_bytes.
+            unsafe { std::ptr::copy_nonoverlapping(buf[off as usize..].as_ptr(), p, n) };
+            Ok(())
+        })
+    }
+
+    /// Reads a le16 ring index with one load when aligned, ordered before
+    /// the reads that follow it.
+    pub(crate) fn load_u16_acquire(&self, kind: AddrKind, addr: u64) -> Result<u16, AccessError> {
+        let mut b = [0u8; 2];
+        self.access(kind, addr, 2, false, &mut |p, n, off| {
+            if n == 2 && (p as usize).is_multiple_of(2) {
+                // SAFETY: aligned, valid for 2 bytes; the atomic view of shared memory.
+                let v = unsafe {
+                    (*(p as *const std::sync::atomic::AtomicU16)).load(Ordering::Acquire)
+                };
+                b = v.to_ne_bytes();
+            } else {
+                // SAFETY: valid for n bytes.
+                unsafe { std::ptr::copy_nonoverlapping(p, b[off as usize..].as_mut_ptr(), n) };
+            }
+            Ok(())
+        })?;
+        std::sync::atomic::fence(Ordering::Acquire);
+        Ok(u16::from_le_bytes(b))
+    }
+
+    /// Publishes a le16 ring index after every write before it.
+    pub(crate) fn store_u16_release(
+        &self,
+        kind: AddrKind,
+        addr: u64,
+        v: u16,
+    ) -> Result<(), AccessError> {
+        std::sync::atomic::fence(Ordering::Release);
+        let b = v.to_le_bytes();
+        self.access(kind, addr, 2, true, &mut |p, n, off| {
+            if n == 2 && (p as usize).is_multiple_of(2) {
+                // SAFETY: aligned, valid for 2 bytes.
+                unsafe {
+                    (*(p as *const std::sync::atomic::AtomicU16))
+                        .store(u16::from_ne_bytes(b), Ordering::Release)
+                };
+            } else {
+                // SAFETY: valid for n bytes.
+                unsafe { std::ptr::copy_nonoverlapping(b[off as usize..].as_ptr(), p, n) };
+            }
+            Ok(())
+        })
+    }
+}

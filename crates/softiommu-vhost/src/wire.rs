@@ -1,0 +1,157 @@
+//! Message framing on a vhost-user socket: a 12-byte header, a payload of
+//! at most [`MAX_PAYLOAD`] bytes, and file descriptors passed as
+//! `SCM_RIGHTS` ancillary data with the header.
+
+use std::io::{self, Read, Write};
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use crate::error::SessionError;
+use crate::proto::{FLAG_REPLY, HEADER_LEN, MAX_FDS, MAX_PAYLOAD, VERSION, VERSION_MASK};
+
+/// One received message.
+#[derive(Debug)]
+pub(crate) struct Msg {
+    pub(crate) request: u32,
+    pub(crate) flags: u32,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) fds: Vec<OwnedFd>,
+}
+
+/// Reads one message; `Ok(None)` at end of stream before a header.
+pub(crate) fn recv(sock: &UnixStream) -> Result<Option<Msg>, SessionError> {
+    let mut hdr = [0u8; HEADER_LEN];
+    let (got, fds) = recv_with_fds(sock, &mut hdr)?;
+    if got == 0 {
+        return Ok(None);
+    }
+    if got < HEADER_LEN {
+        (&*sock).read_exact(&mut hdr[got..])?;
+    }
+    let le = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
+    let (request, flags, size) = (le(0), le(4), le(8) as usize);
+    if flags & VERSION_MASK != VERSION {
+        return Err(SessionError::Framing(format!(
+            "request {request}: header version {} (expected {VERSION})",
+            flags & VERSION_MASK
+        )));
+    }
+    if size > MAX_PAYLOAD {
+        return Err(SessionError::Framing(format!(
+            "request {request}: payload of {size} bytes (at most {MAX_PAYLOAD})"
+        )));
+    }
+    let mut payload = vec![0u8; size];
+    (&*sock).read_exact(&mut payload)?;
+    Ok(Some(Msg {
+        request,
+        flags,
+        payload,
+        fds,
+    }))
+}
+
+/// Encodes a header and payload into one buffer.
+pub(crate) fn encode(request: u32, flags: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&request.to_le_bytes());
+    out.extend_from_slice(&flags.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Sends a reply to `request` (`flags` = version | reply).
+pub(crate) fn reply(sock: &UnixStream, request: u32, payload: &[u8]) -> io::Result<()> {
+    (&*sock).write_all(&encode(request, VERSION | FLAG_REPLY, payload))
+}
+
+/// `recvmsg` of up to `buf.len()` bytes with room for [`MAX_FDS`]
+/// descriptors; every descriptor received is owned by the result (closed
+/// on drop), including when the control data was truncated.
+fn recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), SessionError> {
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * size_of::<libc::c_int>()) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is valid; the pointers set below outlive the call.
+    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+    mh.msg_iov = &mut iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf.as_mut_ptr().cast();
+    mh.msg_controllen = space as _;
+    let n = loop {
+        // SAFETY: mh describes live buffers of the stated sizes.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut mh, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e.into());
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walking the control buffer the kernel filled, with the libc macros.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&mh);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const libc::c_int;
+                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..bytes / size_of::<libc::c_int>() {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&mh, c);
+        }
+    }
+    if mh.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(SessionError::Framing(format!(
+            "more than {MAX_FDS} file descriptors with one message"
+        )));
+    }
+    Ok((n, fds))
+}
+
+/// Sends `bytes` with `fds` attached (used by tests' fake front-ends
+/// through [`crate::testing`]).
+pub(crate) fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[i32]) -> io::Result<()> {
+    if fds.is_empty() {
+        return (&*sock).write_all(bytes);
+    }
+    let payload = std::mem::size_of_val(fds);
+    // SAFETY: pure size computations.
+    let space = unsafe { libc::CMSG_SPACE(payload as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut _,
+        iov_len: bytes.len(),
+    };
+    // SAFETY: as in recv_with_fds; the control buffer holds one SCM_RIGHTS cmsg.
+    let n = unsafe {
+        let mut mh: libc::msghdr = std::mem::zeroed();
+        mh.msg_iov = &mut iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf.as_mut_ptr().cast();
+        mh.msg_controllen = space as _;
+        let c = libc::CMSG_FIRSTHDR(&mh);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(payload as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut i32, fds.len());
+        libc::sendmsg(sock.as_raw_fd(), &mh, libc::MSG_NOSIGNAL)
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n as usize;
+    if n < bytes.len() {
+        (&*sock).write_all(&bytes[n..])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,382 @@
+//! What a front-end can get wrong, driven by a fake front-end over socket
+//! pairs: each case ends in a typed refusal, a bounded wait, or a clean
+//! stop — never a panic, a hang, or guest memory reached that should not be.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use softiommu_vhost::proto::{iotlb as m, req};
+use softiommu_vhost::{testing, IotlbError, MsgError, SessionEnd, SessionError};
+
+const RW: u8 = m::ACCESS_RW;
+
+#[test]
+fn a_read_through_mapped_buffers_completes_ok() {
+    let mut fe = FrontEnd::start("ok", Duration::from_secs(2));
+    fe.map(RING_IOVA, 0x10000);
+    fe.map(DATA_IOVA, 0x1000);
+    fe.start_ring();
+    fe.submit_read(4096);
+    assert!(fe.wait_used(1, Duration::from_secs(10)));
+    assert_eq!(fe.peek(STATUS_IOVA, 1), [0]);
+    assert_eq!(fe.peek(DATA_IOVA, 4096), vec![0x5c; 4096]);
+    drop(fe.sock);
+    let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(matches!(r.end, SessionEnd::Disconnected));
+    assert_eq!(r.blk.requests, 1);
+    assert_eq!(r.blk.bytes_read, 4096);
+}
+
+#[test]
+fn zero_length_wrapping_and_malformed_iotlb_messages_are_refused_and_serving_goes_on() {
+    let fe = FrontEnd::start("iotlb", Duration::from_secs(2));
+    // A global device-IOTLB flush as QEMU sends it: the second range ends at 2^64.
+    assert_eq!(fe.iotlb(m::INVALIDATE, 0, 0xfef0_0000, 0, 0), 0);
+    assert_eq!(
+        fe.iotlb(m::INVALIDATE, 0xfef0_0000, 0xffff_ffff_0110_0000, 0, 0),
+        0
+    );
+    // Zero-length update and invalidation, a wrapping range, a bad perm, a
+    // type only a back-end sends, a short payload: each acked with failure.
+    assert_eq!(fe.iotlb(m::UPDATE, 0x1000, 0, UA, RW), 1);
+    assert_eq!(fe.iotlb(m::INVALIDATE, 0x1000, 0, 0, 0), 1);
+    assert_eq!(fe.iotlb(m::UPDATE, u64::MAX - 0xfff, 0x2000, UA, RW), 1);
+    assert_eq!(fe.iotlb(m::INVALIDATE, 2, u64::MAX, 0, 0), 1);
+    assert_eq!(fe.iotlb(m::UPDATE, 0x1000, 0x1000, UA, 9), 1);
+    assert_eq!(fe.iotlb(m::MISS, 0x1000, 0x1000, UA, RW), 1);
+    assert_eq!(fe.ack(req::IOTLB_MSG, &[0u8; 31], &[]), 1);
+    // The session still serves.
+    testing::send(&fe.sock, req::GET_FEATURES, &[], &[], false).unwrap();
+    assert_eq!(testing::recv(&fe.sock).unwrap().0, req::GET_FEATURES);
+    drop(fe.sock);
+    let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(matches!(r.end, SessionEnd::Disconnected));
+    assert_eq!(r.rejected_messages, 7);
+    assert_eq!(r.iotlb.rejected, 6);
+    assert_eq!(r.iotlb.invalidations, 2);
+    assert!(matches!(
+        r.last_rejection,
+        Some(MsgError::BadSize {
+            name: "IOTLB_MSG",
+            size: 31,
+            ..
+        })
+    ));
+    // Each refusal's exact variant, one session per message.
+    let cases: [(u8, u64, u64, u8, IotlbError); 3] = [
+        (
+            m::UPDATE,
+            0x1000,
+            0,
+            RW,
+            IotlbError::ZeroLength {
+                op: "update",
+                iova: 0x1000,
+            },
+        ),
+        (
+            m::INVALIDATE,
+            2,
+            u64::MAX,
+            0,
+            IotlbError::IovaWraps {
+                op: "invalidate",
+                iova: 2,
+                size: u64::MAX,
+            },
+        ),
+        (
+            m::MISS,
+            0x1000,
+            0x1000,
+            RW,
+            IotlbError::BadType { kind: m::MISS },
+        ),
+    ];
+    for (kind, iova, size, perm, want) in cases {
+        let fe = FrontEnd::start("iotlb-one", Duration::from_secs(2));
+        assert_eq!(fe.iotlb(kind, iova, size, UA, perm), 1);
+        drop(fe.sock);
+        let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(r.last_rejection, Some(MsgError::Iotlb(want)));
+    }
+}
+
+#[test]
+fn access_to_an_iova_whose_invalidation_was_acknowledged_is_refused_counted_and_memory_untouched() {
+    let mut fe = FrontEnd::start("inval", Duration::from_millis(300));
+    fe.map(RING_IOVA, 0x10000);
+    fe.map(DATA_IOVA, 0x1000);
+    fe.poke(DATA_IOVA, &[0xaa; 4096]);
+    // The front-end withdraws the data page; the ack means the device is done with it.
+    assert_eq!(fe.iotlb(m::INVALIDATE, DATA_IOVA, 0x1000, 0, 0), 0);
+    fe.start_ring();
+    fe.submit_read(4096);
+    // The device asks for the page (and never gets it)...
+    let (code, iova, perm, kind) = fe.read_miss();
+    assert_eq!(
+        (code, iova, perm, kind),
+        (1, DATA_IOVA, m::ACCESS_WO, m::MISS)
+    );
+    // ...gives up within its bound and completes the request with IOERR.
+    assert!(fe.wait_used(1, Duration::from_secs(10)));
+    assert_eq!(fe.peek(STATUS_IOVA, 1), [1], "VIRTIO_BLK_S_IOERR");
+    assert_eq!(
+        fe.peek(DATA_IOVA, 4096),
+        vec![0xaa; 4096],
+        "the invalidated page was written"
+    );
+    drop(fe.sock);
+    let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(r.iotlb.miss_timeouts, 1);
+    assert_eq!(r.iotlb.refused, 1);
+    assert_eq!(r.blk.io_errors, 1);
+    assert_eq!(r.blk.bytes_read, 0);
+}
+
+#[test]
+fn an_unanswered_miss_is_a_bounded_wait_and_the_next_request_is_served() {
+    let mut fe = FrontEnd::start("miss", Duration::from_millis(200));
+    fe.map(RING_IOVA, 0x10000);
+    fe.start_ring();
+    let t = Instant::now();
+    fe.submit_read(8192);
+    assert!(fe.wait_used(1, Duration::from_secs(10)));
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "bounded: {:?}",
+        t.elapsed()
+    );
+    assert_eq!(fe.peek(STATUS_IOVA, 1), [1]);
+    // Two pages asked in one go, each once.
+    assert_eq!(fe.read_miss().1, DATA_IOVA);
+    assert_eq!(fe.read_miss().1, DATA_IOVA + 0x1000);
+    // Answered now: the same request shape succeeds.
+    fe.map(DATA_IOVA, 0x2000);
+    fe.submit_read(8192);
+    assert!(fe.wait_used(2, Duration::from_secs(10)));
+    assert_eq!(fe.peek(STATUS_IOVA, 1), [0]);
+    assert_eq!(fe.peek(DATA_IOVA, 8192), vec![0x5c; 8192]);
+}
+
+#[test]
+fn a_miss_answered_by_an_update_completes_the_request() {
+    let mut fe = FrontEnd::start("answer", Duration::from_secs(5));
+    fe.map(RING_IOVA, 0x10000);
+    fe.start_ring();
+    fe.submit_read(4096);
+    let (_, iova, _, _) = fe.read_miss();
+    assert_eq!(fe.iotlb(m::UPDATE, iova, 0x1000, UA + iova, RW), 0);
+    assert!(fe.wait_used(1, Duration::from_secs(10)));
+    assert_eq!(fe.peek(STATUS_IOVA, 1), [0]);
+    assert_eq!(fe.peek(DATA_IOVA, 4096), vec![0x5c; 4096]);
+}
+
+#[test]
+fn the_front_end_disconnecting_mid_request_stops_the_back_end_cleanly() {
+    let mut fe = FrontEnd::start("disconnect", Duration::from_secs(30));
+    fe.map(RING_IOVA, 0x10000);
+    fe.poke(DATA_IOVA, &[0xaa; 4096]);
+    fe.start_ring();
+    fe.submit_read(4096);
+    // The device is now waiting for a miss it will not get within 30 s.
+    assert_eq!(fe.read_miss().1, DATA_IOVA);
+    let t = Instant::now();
+    let FrontEnd { sock, report, .. } = &fe;
+    sock.shutdown(std::net::Shutdown::Both).unwrap();
+    let r = report
+        .recv_timeout(Duration::from_secs(10))
+        .expect("session ends");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(matches!(r.end, SessionEnd::Disconnected));
+    assert_eq!(r.iotlb.cancelled, 1);
+    assert_eq!(r.blk.bytes_read, 0);
+    assert_eq!(fe.peek(DATA_IOVA, 4096), vec![0xaa; 4096]);
+}
+
+#[test]
+fn unreadable_headers_end_the_session_with_a_framing_error() {
+    for bytes in [
+        // Version 2.
+        [1u32.to_le_bytes(), 2u32.to_le_bytes(), 0u32.to_le_bytes()].concat(),
+        // A payload larger than any message.
+        [
+            1u32.to_le_bytes(),
+            1u32.to_le_bytes(),
+            1_000_000u32.to_le_bytes(),
+        ]
+        .concat(),
+    ] {
+        let fe = FrontEnd::start("framing", Duration::from_secs(1));
+        testing::send_raw(&fe.sock, &bytes).unwrap();
+        let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(
+            matches!(r.end, SessionEnd::Failed(SessionError::Framing(_))),
+            "{:?}",
+            r.end
+        );
+    }
+}
+
+#[test]
+fn bad_ring_and_table_messages_are_refused_with_their_reason() {
+    let fe = FrontEnd::start("ring", Duration::from_secs(1));
+    let state = |i: u32, v: u32| (u64::from(i) | (u64::from(v) << 32)).to_le_bytes();
+    assert_eq!(fe.ack(req::SET_VRING_NUM, &state(0, 3), &[]), 1);
+    assert_eq!(fe.ack(req::SET_VRING_NUM, &state(1, 8), &[]), 1);
+    assert_eq!(fe.ack(req::SET_MEM_TABLE, &[0u8; 8], &[]), 1);
+    assert_eq!(fe.ack(99, &[], &[]), 1);
+    drop(fe.sock);
+    let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(r.rejected_messages, 4);
+    assert!(matches!(
+        r.last_rejection,
+        Some(MsgError::Unsupported { code: 99 })
+    ));
+    // Each refusal's exact variant, one session per message.
+    type Check = fn(&MsgError) -> bool;
+    let cases: [(u32, Vec<u8>, Check); 4] = [
+        (req::SET_VRING_NUM, state(0, 3).to_vec(), |e| {
+            matches!(
+                e,
+                MsgError::Invalid {
+                    name: "SET_VRING_NUM",
+                    ..
+                }
+            )
+        }),
+        (req::SET_VRING_NUM, state(1, 8).to_vec(), |e| {
+            matches!(
+                e,
+                MsgError::BadQueue {
+                    index: 1,
+                    queues: 1,
+                    ..
+                }
+            )
+        }),
+        (
+            req::SET_MEM_TABLE,
+            [1u32.to_le_bytes(), [0; 4]]
+                .concat()
+                .into_iter()
+                .chain([0u8; 32])
+                .collect(),
+            |e| {
+                matches!(
+                    e,
+                    MsgError::BadFds {
+                        name: "SET_MEM_TABLE",
+                        got: 0,
+                        want: 1
+                    }
+                )
+            },
+        ),
+        (req::SET_VRING_KICK, 0u64.to_le_bytes().to_vec(), |e| {
+            matches!(
+                e,
+                MsgError::BadFds {
+                    name: "SET_VRING_KICK",
+                    got: 0,
+                    want: 1
+                }
+            )
+        }),
+    ];
+    for (code, payload, check) in cases {
+        let fe = FrontEnd::start("ring-one", Duration::from_secs(1));
+        assert_eq!(fe.ack(code, &payload, &[]), 1);
+        drop(fe.sock);
+        let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
+        let e = r.last_rejection.expect("refused");
+        assert!(check(&e), "{e:?}");
+    }
+}
+
+#[test]
+fn an_invalidation_acknowledged_mid_request_is_never_reached_through_after() {
+    let mut fe = FrontEnd::start("midrequest", Duration::from_millis(300));
+    fe.map(RING_IOVA, 0x10000);
+    let (first, second) = (DATA_IOVA, DATA_IOVA + 0x4000);
+    // The second segment is mapped, the first is not: the device stops on
+    // the first's miss with the request under way.
+    fe.map(second, 0x1000);
+    fe.poke(first, &[0xaa; 4096]);
+    fe.poke(second, &[0xbb; 4096]);
+    fe.start_ring();
+    fe.submit_read_segs(&[(first, 4096), (second, 4096)]);
+    assert_eq!(fe.read_miss().1, first);
+    // Mid-request, the front-end withdraws the second segment (acked),
+    // then answers the first's miss.
+    assert_eq!(fe.iotlb(m::INVALIDATE, second, 0x1000, 0, 0), 0);
+    assert_eq!(fe.iotlb(m::UPDATE, first, 0x1000, UA + first, RW), 0);
+    // The device fills the first segment, misses on the second, is never
+    // answered, and fails the request without touching the second.
+    assert_eq!(fe.read_miss().1, second);
+    assert!(fe.wait_used(1, Duration::from_secs(10)));
+    assert_eq!(fe.peek(STATUS_IOVA, 1), [1], "VIRTIO_BLK_S_IOERR");
+    assert_eq!(fe.peek(first, 4096), vec![0x5c; 4096]);
+    assert_eq!(
+        fe.peek(second, 4096),
+        vec![0xbb; 4096],
+        "written after the invalidation was acked"
+    );
+    drop(fe.sock);
+    let r = fe.report.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (r.iotlb.miss_timeouts, r.iotlb.refused, r.blk.io_errors),
+        (1, 1, 1)
+    );
+}
+
+#[test]
+fn racing_invalidations_nothing_is_written_after_the_ack() {
+    let mut fe = FrontEnd::start("race", Duration::from_millis(50));
+    fe.map(RING_IOVA, 0x10000);
+    fe.start_ring();
+    let mut done = 0u16;
+    let (mut before, mut after) = (0, 0);
+    for round in 0..40u32 {
+        fe.map(DATA_IOVA, 0x1000);
+        fe.poke(DATA_IOVA, &[0xaa; 4096]);
+        fe.submit_read(4096);
+        // Let the device get a head start on some rounds, none on others.
+        if round % 2 == 1 {
+            std::thread::sleep(Duration::from_micros(u64::from(round) * 20));
+        }
+        assert_eq!(fe.iotlb(m::INVALIDATE, DATA_IOVA, 0x1000, 0, 0), 0);
+        let at_ack = fe.peek(DATA_IOVA, 4096);
+        done += 1;
+        assert!(fe.wait_used(done, Duration::from_secs(10)));
+        // Whatever the device did before the ack stays; nothing after it.
+        assert_eq!(
+            fe.peek(DATA_IOVA, 4096),
+            at_ack,
+            "round {round}: written after the ack"
+        );
+        match fe.peek(STATUS_IOVA, 1)[0] {
+            0 => {
+                assert_eq!(
+                    at_ack,
+                    vec![0x5c; 4096],
+                    "round {round}: OK status without the data"
+                );
+                before += 1;
+            }
+            1 => {
+                assert_eq!(
+                    at_ack,
+                    vec![0xaa; 4096],
+                    "round {round}: IOERR after a partial write"
+                );
+                after += 1;
+            }
+            s => panic!("round {round}: status {s}"),
+        }
+    }
+    eprintln!("served before the ack: {before}, refused after it: {after}");
+    assert_eq!(before + after, 40);
+}
