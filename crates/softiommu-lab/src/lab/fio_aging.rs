@@ -18,7 +18,23 @@
 //!    share of requests held by the device for seconds, each pinning its
 //!    IOVA while many others come and go). The time line is fio's status
 //!    line; the figure is `workload::aging`'s (warm-up discarded, medians
-//!    of the first and last quarter, 5th percentile over median).
+//!    of the first and last quarter, 5th percentile over median), taken
+//!    on the driver side's requests per CPU-second (`retained`,
+//!    `stability`) and, beside it, on wall-clock IOPS (`retained_wall`,
+//!    `stability_wall`).
+//!
+//! # Which CPU ages
+//!
+//! The allocator runs on the driver side: the job threads (submission and
+//! `map_sg`; the interrupt CPUs' completions, `unmap_sg` and the flush
+//! queue's frees into the caches, where the Linux trees walk), the DMA
+//! domain's flush timer (frees of queues that aged out), and the
+//! allocator's background work the conductor runs every 100 ms (timed on
+//! its own clock). Their CPU clocks, summed, window by window, less what
+//! the job threads spent waiting for the device (arming interrupts,
+//! sleeping, waking: an amount that follows the device's pace, not the
+//! allocator's state), are the figure's CPU time. The device threads
+//! stand for hardware and are not counted.
 //!
 //! Everything is real work of this process; the unit's hardware latencies
 //! are the zero model (nothing is modelled in this lab's figures).
@@ -30,7 +46,9 @@ use serde::{Deserialize, Serialize};
 use softiommu::dma::DmaPolicy;
 use softiommu::iova::IovaPolicy;
 use softiommu_virtio::blk::{BackendConfig, BlkHostConfig};
-use softiommu_virtio::workload::aging::{aging_figure, AgingParams};
+use softiommu_virtio::workload::aging::{
+    aging_figure, cpu_rates, AgingParams, WorkWindow, CPU_FLOOR_FRACTION,
+};
 use softiommu_virtio::workload::fio::{
     run_fio, BlockSizes, FioConfig, FioResult, RwMode, SlowTail, MAX_SLOTS, MAX_SLOW_DEPTH,
     MAX_SLOW_PER_S, MIN_WINDOW,
@@ -287,8 +305,16 @@ impl Default for FioAgingArgs {
 pub struct FioWindowOut {
     /// Seconds since the run started, at the window's end.
     pub t_s: f64,
-    /// Requests completed per second in the window.
+    /// Requests completed per second (wall clock) in the window.
     pub iops: f64,
+    /// CPU seconds the driver side worked in the window (job threads less
+    /// their waits for the device, flush timer, the allocator's background
+    /// work; not the device threads).
+    pub driver_cpu_s: f64,
+    /// Requests completed per driver CPU-second in the window, as the
+    /// aging figure takes it (windows below the CPU floor carry their
+    /// merged group's rate).
+    pub iops_per_cpu_s: f64,
     /// Gigabytes (10^9) moved per second.
     pub gbps: f64,
     /// Requests the device failed in the window.
@@ -300,8 +326,8 @@ pub struct FioWindowOut {
 pub struct AgingPolicy {
     /// The IOVA policy.
     pub policy: String,
-    /// The aging figure (warm-up, settled, retained, stability, first and
-    /// last quarter's median IOPS).
+    /// The aging figure: retained and stability per driver CPU-second,
+    /// and on wall-clock IOPS beside them.
     #[serde(flatten)]
     pub aging: AgingSummary,
     /// Mean IOPS over the run.
@@ -519,12 +545,15 @@ fn host(args: &FioAgingArgs, policy: DmaPolicy, iova: IovaPolicy) -> LabResult<B
     Ok(h)
 }
 
-fn windows_out(r: &FioResult) -> Vec<FioWindowOut> {
+fn windows_out(r: &FioResult, rates: &[f64]) -> Vec<FioWindowOut> {
     r.windows
         .iter()
-        .map(|w| FioWindowOut {
+        .zip(rates)
+        .map(|(w, &rate)| FioWindowOut {
             t_s: w.t_s,
             iops: w.iops,
+            driver_cpu_s: w.driver_cpu_s,
+            iops_per_cpu_s: rate,
             gbps: w.gbps,
             errors: w.errors,
         })
@@ -542,55 +571,104 @@ fn aging_params(seconds: f64) -> AgingParams {
 }
 
 /// The aging figure's columns, as both aging labs show them: warm-up, the
-/// first and last quarter's median rate (in `rate`), retained, stability.
-pub fn aging_columns(rate: Unit, decimals: u8) -> [Column; 5] {
+/// first and last quarter's median work per CPU-second (in `rate`: ops
+/// per CPU-second), retained and stability on CPU time, then on wall
+/// time.
+pub fn aging_columns(rate: Unit, decimals: u8) -> [Column; 7] {
     [
         Column::metric("warmup_s", "warm-up", Unit::S, 2),
-        Column::metric("iops_first", "first quarter", rate, decimals),
-        Column::metric("iops_last", "last quarter", rate, decimals),
-        Column::metric("retained", "retained", Unit::Ratio, 2),
-        Column::metric("stability", "stability", Unit::Ratio, 2),
+        Column::metric("ops_per_cpu_s_first", "first qtr per CPU-s", rate, decimals),
+        Column::metric("ops_per_cpu_s_last", "last qtr per CPU-s", rate, decimals),
+        Column::metric("retained", "retained (CPU)", Unit::Ratio, 2),
+        Column::metric("stability", "stability (CPU)", Unit::Ratio, 2),
+        Column::metric("retained_wall", "retained (wall)", Unit::Ratio, 2),
+        Column::metric("stability_wall", "stability (wall)", Unit::Ratio, 2),
     ]
 }
 
 /// The aging figure as both aging labs report it, flattened into each
-/// policy's row (the JSON keys are these fields' names).
+/// policy's row (the JSON keys are these fields' names). The headline
+/// figures (`warmup_s`, `settled`, `retained`, `stability`) are taken on
+/// work per CPU-second of the measured threads
+/// (`softiommu_virtio::workload::aging::cpu_rates`), so a co-runner taking
+/// a core is not aging; the `_wall` ones on the wall-clock rate.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct AgingSummary {
-    /// Seconds discarded as warm-up (until throughput stopped rising; at
-    /// least 1 s, `softiommu_virtio::workload::aging`).
+    /// Seconds discarded as warm-up (until work per CPU-second stopped
+    /// rising; at least 1 s, `softiommu_virtio::workload::aging`).
     pub warmup_s: f64,
-    /// Whether throughput settled within the first half of the run.
+    /// Whether work per CPU-second settled within the first half of the
+    /// run.
     pub settled: bool,
-    /// Median of the last quarter of post-warm-up windows ÷ median of
-    /// their first quarter.
+    /// Work per CPU-second: median of the last quarter of post-warm-up
+    /// windows ÷ median of their first quarter.
     pub retained: f64,
-    /// 5th-percentile window ÷ median window after the warm-up.
+    /// Work per CPU-second: 5th-percentile window ÷ median window after
+    /// the warm-up.
     pub stability: f64,
-    /// Median I/Os per second of the first quarter after the warm-up.
+    /// Median wall-clock I/Os per second of the first quarter after the
+    /// wall figure's warm-up.
     pub iops_first: f64,
-    /// Median I/Os per second of the last quarter.
+    /// Median wall-clock I/Os per second of the last quarter.
     pub iops_last: f64,
+    /// Median I/Os per CPU-second of the first quarter after the warm-up.
+    pub ops_per_cpu_s_first: f64,
+    /// Median I/Os per CPU-second of the last quarter.
+    pub ops_per_cpu_s_last: f64,
+    /// `retained` on the wall-clock rate (what a co-runner also moves).
+    pub retained_wall: f64,
+    /// `stability` on the wall-clock rate.
+    pub stability_wall: f64,
+    /// The wall figure's warm-up, seconds.
+    pub warmup_wall_s: f64,
+    /// Whether the wall-clock rate settled within the first half.
+    pub settled_wall: bool,
+    /// The CPU floor: windows with less CPU time than this (a quarter of
+    /// the run's median window) are merged with their neighbours.
+    pub cpu_floor_s: f64,
+    /// Windows below the CPU floor (merged, not counted on their own).
+    pub cpu_merged_windows: usize,
 }
 
 impl AgingSummary {
-    /// The figure of `series` (I/Os per second, one value per window of
-    /// `window_s` seconds, `seconds` in all); `run` names it in an error.
-    pub fn of(run: &str, series: &[f64], window_s: f64, seconds: f64) -> LabResult<Self> {
-        let f = aging_figure(series, window_s, &aging_params(seconds)).map_err(|source| {
-            LabError::Aging {
-                run: run.to_string(),
-                source,
-            }
-        })?;
-        Ok(Self {
-            warmup_s: f.warmup_s,
-            settled: f.settled,
-            retained: f.retained,
-            stability: f.stability,
-            iops_first: f.first,
-            iops_last: f.last,
-        })
+    /// The figure of a run of `seconds` in windows of `window_s` seconds:
+    /// `wall` is each window's wall-clock rate (I/Os per second), `work`
+    /// its operations and the measured threads' CPU time; `run` names it
+    /// in an error. Returns it with each window's rate per CPU-second.
+    pub fn of(
+        run: &str,
+        wall: &[f64],
+        work: &[WorkWindow],
+        window_s: f64,
+        seconds: f64,
+    ) -> LabResult<(Self, Vec<f64>)> {
+        let err = |source| LabError::Aging {
+            run: run.to_string(),
+            source,
+        };
+        let p = aging_params(seconds);
+        let w = aging_figure(wall, window_s, &p).map_err(err)?;
+        let r = cpu_rates(work, CPU_FLOOR_FRACTION).map_err(err)?;
+        let c = aging_figure(&r.rates, window_s, &p).map_err(err)?;
+        Ok((
+            Self {
+                warmup_s: c.warmup_s,
+                settled: c.settled,
+                retained: c.retained,
+                stability: c.stability,
+                iops_first: w.first,
+                iops_last: w.last,
+                ops_per_cpu_s_first: c.first,
+                ops_per_cpu_s_last: c.last,
+                retained_wall: w.retained,
+                stability_wall: w.stability,
+                warmup_wall_s: w.warmup_s,
+                settled_wall: w.settled,
+                cpu_floor_s: r.floor_s,
+                cpu_merged_windows: r.merged,
+            },
+            r.rates,
+        ))
     }
 
     /// No figure (every field NaN, null in JSON): the run failed too much
@@ -603,17 +681,27 @@ impl AgingSummary {
             stability: f64::NAN,
             iops_first: f64::NAN,
             iops_last: f64::NAN,
+            ops_per_cpu_s_first: f64::NAN,
+            ops_per_cpu_s_last: f64::NAN,
+            retained_wall: f64::NAN,
+            stability_wall: f64::NAN,
+            warmup_wall_s: f64::NAN,
+            settled_wall: false,
+            cpu_floor_s: f64::NAN,
+            cpu_merged_windows: 0,
         }
     }
 
     /// The cells under [`aging_columns`], rates divided by `scale`.
-    pub fn cells(&self, scale: f64) -> [Cell; 5] {
+    pub fn cells(&self, scale: f64) -> [Cell; 7] {
         [
             self.warmup_s.into(),
-            (self.iops_first / scale).into(),
-            (self.iops_last / scale).into(),
+            (self.ops_per_cpu_s_first / scale).into(),
+            (self.ops_per_cpu_s_last / scale).into(),
             self.retained.into(),
             self.stability.into(),
+            self.retained_wall.into(),
+            self.stability_wall.into(),
         ]
     }
 }
@@ -730,15 +818,23 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         let r = run_fio(&host(args, DmaPolicy::Deferred, ip)?, &aging_cfg)
             .map_err(fio_err(run.clone()))?;
         let why = failed_work(r.io_errors, r.verify_failures);
-        let aging = match AgingSummary::of(&run, &r.iops_series(), r.window_s, r.runtime_s) {
-            Ok(a) => a,
-            // Failed requests can leave no throughput to age: the figure
-            // is absent (null), and the run is marked invalid below.
-            Err(_) if why.is_some() => AgingSummary::absent(),
-            Err(e) => return Err(e),
-        };
+        let work = r.work_windows();
+        let (aging, rates) =
+            match AgingSummary::of(&run, &r.iops_series(), &work, r.window_s, r.runtime_s) {
+                Ok(a) => a,
+                // Failed requests can leave no throughput to age: the
+                // figure is absent (null), and the run is marked invalid
+                // below.
+                Err(_) if why.is_some() => (AgingSummary::absent(), vec![f64::NAN; work.len()]),
+                Err(e) => return Err(e),
+            };
         match &why {
-            None => progress(&format!("{} retained {:.2}", ip.name(), aging.retained)),
+            None => progress(&format!(
+                "{} retained {:.2} per CPU-s, {:.2} wall",
+                ip.name(),
+                aging.retained,
+                aging.retained_wall
+            )),
             Some(w) => progress(&format!("{} INVALID: {w}", ip.name())),
         }
         out.push(AgingPolicy {
@@ -758,7 +854,7 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
             tree_allocs: r.iova.tree_allocs,
             tree_frees: r.iova.tree_frees,
             magazines_freed: r.iova.magazines_freed,
-            windows: windows_out(&r),
+            windows: windows_out(&r, &rates),
         });
     }
     let why: Vec<String> = costs
@@ -836,7 +932,7 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
     let mut t = Table::new(
         "summary",
         format!(
-            "aging, deferred: {} jobs, {} interrupt CPUs, bs {}, slow tail {} held {:.1} s, {:.0} s per policy",
+            "aging, deferred: {} jobs, {} interrupt CPUs, bs {}, slow tail {} held {:.1} s, {:.0} s per policy; retained and stability per driver CPU-second, wall beside",
             rep.jobs,
             rep.irq_cpus,
             rep.bs,
@@ -866,12 +962,15 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
         vec![
             Column::label("policy"),
             Column::metric("t_s", "t", Unit::S, 2),
-            Column::metric("iops", "IOPS", Unit::Kiops, 1),
+            Column::metric("iops", "IOPS (wall)", Unit::Kiops, 1),
+            Column::metric("driver_cpu_s", "driver CPU", Unit::S, 3),
+            Column::metric("iops_per_cpu_s", "per CPU-s", Unit::Kiops, 1),
             Column::metric("gbps", "throughput", Unit::GbPerS, 3),
             Column::metric("errors", "errors", Unit::Count, 0),
         ],
     );
     let mut lines = Vec::new();
+    let mut cpu_lines = Vec::new();
     for r in &rep.policies {
         t.row(
             [r.policy.clone().into()]
@@ -891,6 +990,8 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
                 r.policy.clone().into(),
                 w.t_s.into(),
                 (w.iops / 1e3).into(),
+                w.driver_cpu_s.into(),
+                (w.iops_per_cpu_s / 1e3).into(),
                 w.gbps.into(),
                 w.errors.into(),
             ]);
@@ -898,6 +999,13 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
         lines.push(Series::new(
             r.policy.clone(),
             r.windows.iter().map(|w| (w.t_s, w.iops / 1e3)).collect(),
+        ));
+        cpu_lines.push(Series::new(
+            r.policy.clone(),
+            r.windows
+                .iter()
+                .map(|w| (w.t_s, w.iops_per_cpu_s / 1e3))
+                .collect(),
         ));
     }
     let mut out = Report::new(
@@ -931,6 +1039,16 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
          quarter."
             .into(),
     );
+    out.notes.push(
+        "retained and stability are taken on requests per CPU-second of the driver side (job \
+         threads less their waits for the device, flush timer, the allocator's background \
+         work; thread CPU clocks summed per window; the device threads stand for hardware \
+         and are not counted), so a co-runner \
+         taking a core is not aging; a window with under a quarter of the run's median CPU \
+         time is merged with its neighbours. The wall-clock figures stand beside them \
+         (retained_wall, stability_wall)."
+            .into(),
+    );
     out.notes.push(format!(
         "low window {} MiB, {}",
         rep.low_window_mib,
@@ -951,12 +1069,23 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
     out.tables.push(tl);
     out.plots.push(Plot {
         name: "iops".into(),
-        title: "IOPS over time per IOVA policy (a cliff is the seed's bug)".into(),
+        title: "wall-clock IOPS over time per IOVA policy (a cliff is the seed's bug)".into(),
         kind: PlotKind::Lines,
         x: Axis::new("time", Unit::S),
         y: Axis::new("IOPS", Unit::Kiops),
         categories: Vec::new(),
         series: lines,
+        modelled: false,
+    });
+    out.plots.push(Plot {
+        name: "iops_per_cpu_s".into(),
+        title: "requests per driver CPU-second over time per IOVA policy (the aging figure's input)"
+            .into(),
+        kind: PlotKind::Lines,
+        x: Axis::new("time", Unit::S),
+        y: Axis::new("k requests per CPU-second", Unit::Kiops),
+        categories: Vec::new(),
+        series: cpu_lines,
         modelled: false,
     });
     out

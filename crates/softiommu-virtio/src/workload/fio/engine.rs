@@ -14,13 +14,40 @@ use super::result::{FioJobResult, FioResult, FioWindow};
 use crate::blk::{
     BlkDriverConfig, BlkHost, BlkHostConfig, BlkOp, BlkQueue, SlowRegion, MAX_DRIVER_REQUEST,
 };
-use crate::cpu_clock;
+use crate::cpu_clock::{self, ThreadClock};
 use crate::spec::blk::SECTOR_SIZE;
 
 /// How often the conductor runs the allocator's background work: Linux's
 /// IOVA depot trim runs from delayed work about every 100 ms
 /// (`IOVA_DEPOT_DELAY`, drivers/iommu/iova.c, 2023).
 const MAINTAIN_EVERY: Duration = Duration::from_millis(100);
+
+/// The name prefix of a DMA domain's flush-timer thread
+/// (`softiommu::dma`): driver-side software whose CPU the traffic causes.
+const FLUSH_TIMER_THREAD: &str = "dma-fq-timer";
+
+/// CPU time of a set of threads, summed; a thread that has exited keeps
+/// the last value read.
+struct CpuSum {
+    clocks: Vec<ThreadClock>,
+    last: Vec<Duration>,
+}
+
+impl CpuSum {
+    fn new(clocks: Vec<ThreadClock>) -> Self {
+        let last = vec![Duration::ZERO; clocks.len()];
+        Self { clocks, last }
+    }
+
+    fn read(&mut self) -> Duration {
+        for (c, last) in self.clocks.iter().zip(&mut self.last) {
+            if let Some(d) = c.read() {
+                *last = d;
+            }
+        }
+        self.last.iter().sum()
+    }
+}
 
 /// A job's counters: written by its hosting thread (plain stores), read
 /// by the conductor.
@@ -248,12 +275,15 @@ impl Job {
 
 /// One OS thread: its jobs and interrupt CPUs, until the stop flag, then a
 /// drain of the fast I/Os. Returns the jobs' queues and the thread's CPU
-/// time over the measured run.
+/// time over the measured run. `idle_ns` is kept at the CPU time (ns) the
+/// thread has spent waiting for the device: arming interrupts, sleeping,
+/// waking (two clock reads per wait, none on the I/O path).
 fn host_thread(
     mut jobs: Vec<Job>,
     irq_cpus: usize,
     domain: Arc<DmaDomain>,
     p: Arc<Plan>,
+    idle_ns: Arc<CachePadded<AtomicU64>>,
 ) -> Result<(Vec<BlkQueue>, Duration), FioError> {
     let mut irqs: Vec<DmaCpu> = (0..irq_cpus).map(|_| domain.cpu()).collect();
     for j in &jobs {
@@ -282,6 +312,7 @@ fn host_thread(
             break;
         }
         if progress == 0 {
+            let c0 = cpu_clock::thread();
             // Idle: ask for interrupts, look once more, sleep.
             // Every queue is armed (no short circuit) before the look.
             let mut waiting = false;
@@ -297,6 +328,8 @@ fn host_thread(
             if let Some(j) = jobs.first() {
                 j.q.check_device()?;
             }
+            let waited = cpu_clock::thread().saturating_sub(c0).as_nanos() as u64;
+            bump(&idle_ns, waited);
         }
     }
     let cpu = cpu_end
@@ -473,17 +506,35 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         });
     }
     let dev_cpu0 = host.device.cpu_time();
+    // The driver side's CPU, window by window: the job threads (each
+    // job's submission, `map_sg`, completion and `unmap_sg`, and the
+    // interrupt CPUs' completions and flush-queue frees) less their waits
+    // for the device, the domain's flush timer, and the allocator's
+    // background work the conductor runs (timed on its own clock around
+    // each call). The device threads stand for hardware and are not in it.
+    let mut timers = CpuSum::new(ThreadClock::threads_named(FLUSH_TIMER_THREAD));
+    let mut maintain_cpu = Duration::ZERO;
+    let idle: Vec<Arc<CachePadded<AtomicU64>>> = (0..threads)
+        .map(|_| Arc::new(CachePadded::new(AtomicU64::new(0))))
+        .collect();
     let handles: Vec<_> = per_thread
         .into_iter()
         .enumerate()
         .map(|(t, jobs)| {
             let (domain, p) = (host.domain.clone(), plan.clone());
             let n_irq = (t..irq_total).step_by(threads).count();
+            let idle = idle[t].clone();
             std::thread::Builder::new()
                 .name(format!("fio t{t}"))
-                .spawn(move || host_thread(jobs, n_irq, domain, p))
+                .spawn(move || host_thread(jobs, n_irq, domain, p, idle))
         })
         .collect();
+    let mut jobs_cpu = CpuSum::new(
+        handles
+            .iter()
+            .filter_map(|h| h.as_ref().ok().and_then(ThreadClock::of))
+            .collect(),
+    );
     // The conductor: one sample per window, and the allocator's
     // background work between samples.
     let total = |c: &[Arc<CachePadded<Counters>>]| {
@@ -502,6 +553,14 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
     let mut windows = Vec::with_capacity(n_windows);
     let t0 = Instant::now();
     let mut last = total(&counters);
+    // The driver side's working CPU: what the job threads spent waiting for
+    // the device (its pace is the hardware's, which a co-runner slowing
+    // the device threads sets) is left out.
+    let mut driver_cpu_now = |maintain: Duration| {
+        let waited: u64 = idle.iter().map(|i| i.load(Ordering::Relaxed)).sum();
+        (jobs_cpu.read() + timers.read() + maintain).saturating_sub(Duration::from_nanos(waited))
+    };
+    let mut last_cpu = driver_cpu_now(maintain_cpu);
     let mut last_t = t0;
     let mut last_maintain = t0;
     let spawn_failed = handles.iter().any(|h| h.is_err());
@@ -521,15 +580,20 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             // The allocator's background work (depot and idle trim), as
             // Linux's workqueue runs it about every 100 ms.
             if last_maintain.elapsed() >= MAINTAIN_EVERY {
+                let c0 = cpu_clock::thread();
                 host.domain.maintain_iova();
+                maintain_cpu += cpu_clock::thread().saturating_sub(c0);
                 last_maintain = Instant::now();
             }
         }
         let now = Instant::now();
         let cur = total(&counters);
+        let cpu = driver_cpu_now(maintain_cpu);
         let dt = now.duration_since(last_t).as_secs_f64().max(1e-9);
         windows.push(FioWindow {
             t_s: now.duration_since(t0).as_secs_f64(),
+            ops: cur.0 - last.0,
+            driver_cpu_s: cpu.saturating_sub(last_cpu).as_secs_f64(),
             iops: (cur.0 - last.0) as f64 / dt,
             gbps: (cur.1 - last.1) as f64 / dt / 1e9,
             read_iops: (cur.2 - last.2) as f64 / dt,
@@ -537,6 +601,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             errors: cur.4 - last.4,
         });
         last = cur;
+        last_cpu = cpu;
         last_t = now;
     }
     let runtime_s = t0.elapsed().as_secs_f64();

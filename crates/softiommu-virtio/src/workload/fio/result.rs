@@ -3,6 +3,8 @@
 
 use softiommu::iova::IovaStats;
 
+use crate::workload::aging::WorkWindow;
+
 /// One reporting window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FioWindow {
@@ -18,6 +20,14 @@ pub struct FioWindow {
     pub write_iops: f64,
     /// I/Os completed with an error status in the window.
     pub errors: u64,
+    /// I/Os completed in the window.
+    pub ops: u64,
+    /// CPU seconds the driver side worked in the window: the job threads
+    /// (less the CPU they spent waiting for the device: arming
+    /// interrupts, sleeping, waking), the DMA domain's flush timer and the
+    /// allocator's background work (the device threads, which stand for
+    /// hardware, are not in it).
+    pub driver_cpu_s: f64,
 }
 
 /// One job's totals.
@@ -92,5 +102,17 @@ impl FioResult {
     /// The time line's IOPS, window by window (the aging figure's input).
     pub fn iops_series(&self) -> Vec<f64> {
         self.windows.iter().map(|w| w.iops).collect()
+    }
+
+    /// The time line as work and driver CPU time, window by window (the
+    /// CPU-time aging figure's input, [`crate::workload::aging::cpu_rates`]).
+    pub fn work_windows(&self) -> Vec<WorkWindow> {
+        self.windows
+            .iter()
+            .map(|w| WorkWindow {
+                ops: w.ops as f64,
+                cpu_s: w.driver_cpu_s,
+            })
+            .collect()
     }
 }
