@@ -32,8 +32,9 @@
 //! allocator's background work the conductor runs every 100 ms (timed on
 //! its own clock). Their CPU clocks, summed, window by window, less what
 //! the job threads spent waiting for the device (arming interrupts,
-//! sleeping, waking: an amount that follows the device's pace, not the
-//! allocator's state), are the figure's CPU time. The device threads
+//! sleeping, waking, and doorbells that wake a device thread: an amount
+//! that follows the device's pace, not the allocator's state), are the
+//! figure's CPU time. The device threads
 //! stand for hardware and are not counted.
 //!
 //! Everything is real work of this process; the unit's hardware latencies
@@ -763,6 +764,7 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         window,
         irq_cpus: Some(args.irq_cpus.us()),
         slow: tail,
+        time_waits: true,
         ..FioConfig::default()
     };
     aging_cfg
@@ -1079,8 +1081,9 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
     });
     out.plots.push(Plot {
         name: "iops_per_cpu_s".into(),
-        title: "requests per driver CPU-second over time per IOVA policy (the aging figure's input)"
-            .into(),
+        title:
+            "requests per driver CPU-second over time per IOVA policy (the aging figure's input)"
+                .into(),
         kind: PlotKind::Lines,
         x: Axis::new("time", Unit::S),
         y: Axis::new("k requests per CPU-second", Unit::Kiops),

@@ -622,8 +622,7 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
     out.tables.push(tl);
     out.plots.push(Plot {
         name: "throughput".into(),
-        title: "wall-clock throughput over time per IOVA policy (a cliff is the seed's bug)"
-            .into(),
+        title: "wall-clock throughput over time per IOVA policy (a cliff is the seed's bug)".into(),
         kind: PlotKind::Lines,
         x: Axis::new("time", Unit::S),
         y: Axis::new("throughput", Unit::MopsPerS),

@@ -486,14 +486,12 @@ mod tests {
         // operation costs twice the CPU (a tree walk): that is aging.
         let mut ws = windows(16, 0.25, 1e6, 1.0);
         ws.extend(windows(16, 0.25, 0.5e6, 1.0));
-        let f = aging_figure(&cpu_rates(&ws, CPU_FLOOR_FRACTION).unwrap().rates, 0.25, &P)
-            .unwrap();
+        let f = aging_figure(&cpu_rates(&ws, CPU_FLOOR_FRACTION).unwrap().rates, 0.25, &P).unwrap();
         assert!((f.retained - 0.5).abs() < 1e-9, "{f:?}");
         // And a co-runner on top of it does not hide it or deepen it.
         let mut ws = windows(16, 0.25, 1e6, 0.6);
         ws.extend(windows(16, 0.25, 0.5e6, 0.45));
-        let f = aging_figure(&cpu_rates(&ws, CPU_FLOOR_FRACTION).unwrap().rates, 0.25, &P)
-            .unwrap();
+        let f = aging_figure(&cpu_rates(&ws, CPU_FLOOR_FRACTION).unwrap().rates, 0.25, &P).unwrap();
         assert!((f.retained - 0.5).abs() < 1e-9, "{f:?}");
     }
 
@@ -558,6 +556,9 @@ mod tests {
             cpu_rates(&[w(0.0, 0.0); 4], 0.25),
             Err(AgingError::NoThroughput)
         ));
-        assert!(matches!(cpu_rates(&[], 0.25), Err(AgingError::NoThroughput)));
+        assert!(matches!(
+            cpu_rates(&[], 0.25),
+            Err(AgingError::NoThroughput)
+        ));
     }
 }

@@ -230,6 +230,12 @@ pub struct FioConfig {
     pub slow: Option<SlowTail>,
     /// Seed of the jobs' random streams.
     pub seed: u64,
+    /// Time the job threads' waits for the device (sleeping for its
+    /// completions, and doorbells that wake a device thread) on their CPU
+    /// clocks and leave them out of each window's driver CPU
+    /// ([`FioWindow::driver_cpu_s`](super::FioWindow)): two clock reads
+    /// per wait and per submitted batch, so off for cost runs.
+    pub time_waits: bool,
 }
 
 impl Default for FioConfig {
@@ -246,6 +252,7 @@ impl Default for FioConfig {
             verify_every: 64,
             slow: None,
             seed: 0x5eed_0004,
+            time_waits: false,
         }
     }
 }

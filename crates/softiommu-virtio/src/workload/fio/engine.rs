@@ -136,6 +136,7 @@ struct Plan {
     slow_mixed: bool,
     verify_every: u32,
     verify: bool,
+    time_waits: bool,
     stop: AtomicBool,
 }
 
@@ -189,8 +190,9 @@ impl Job {
     }
 
     /// Fills the queue up to its depth (and slow budget); returns how many
-    /// were submitted.
-    fn submit(&mut self, p: &Plan) -> Result<usize, FioError> {
+    /// were submitted. With `p.time_waits`, the CPU of a doorbell that
+    /// woke the device is added to `waited`.
+    fn submit(&mut self, p: &Plan, waited: &mut Duration) -> Result<usize, FioError> {
         let mut n = 0;
         // A rate-based tail: what the clock has earned and not been sent
         // (one clock read per call, not per I/O). What could not be sent
@@ -268,16 +270,21 @@ impl Job {
             }
             n += 1;
         }
-        self.q.commit();
+        let c0 = (p.time_waits && n > 0).then(cpu_clock::thread);
+        let kicked = self.q.commit();
+        if let (true, Some(c0)) = (kicked, c0) {
+            *waited += cpu_clock::thread().saturating_sub(c0);
+        }
         Ok(n)
     }
 }
 
 /// One OS thread: its jobs and interrupt CPUs, until the stop flag, then a
 /// drain of the fast I/Os. Returns the jobs' queues and the thread's CPU
-/// time over the measured run. `idle_ns` is kept at the CPU time (ns) the
-/// thread has spent waiting for the device: arming interrupts, sleeping,
-/// waking (two clock reads per wait, none on the I/O path).
+/// time over the measured run. With `p.time_waits`, `idle_ns` is kept at
+/// the CPU time (ns) the thread has spent waiting for the device: arming
+/// interrupts, sleeping and waking, and doorbells that woke a device
+/// thread (two clock reads per wait and per submitted batch).
 fn host_thread(
     mut jobs: Vec<Job>,
     irq_cpus: usize,
@@ -293,6 +300,7 @@ fn host_thread(
     let mut cpu_end = None;
     let drain_until = |t: Instant| t + Duration::from_secs(2);
     let mut deadline = None;
+    let mut waited = Duration::ZERO;
     loop {
         let stopping = p.stop.load(Ordering::Acquire);
         if stopping && cpu_end.is_none() {
@@ -303,7 +311,7 @@ fn host_thread(
         for j in &mut jobs {
             progress += j.reap(&mut irqs, &p)?;
             if !stopping {
-                progress += j.submit(&p)?;
+                progress += j.submit(&p, &mut waited)?;
             }
         }
         if stopping
@@ -312,7 +320,7 @@ fn host_thread(
             break;
         }
         if progress == 0 {
-            let c0 = cpu_clock::thread();
+            let c0 = p.time_waits.then(cpu_clock::thread);
             // Idle: ask for interrupts, look once more, sleep.
             // Every queue is armed (no short circuit) before the look.
             let mut waiting = false;
@@ -328,8 +336,12 @@ fn host_thread(
             if let Some(j) = jobs.first() {
                 j.q.check_device()?;
             }
-            let waited = cpu_clock::thread().saturating_sub(c0).as_nanos() as u64;
-            bump(&idle_ns, waited);
+            if let Some(c0) = c0 {
+                waited += cpu_clock::thread().saturating_sub(c0);
+            }
+        }
+        if p.time_waits {
+            idle_ns.store(waited.as_nanos() as u64, Ordering::Relaxed);
         }
     }
     let cpu = cpu_end
@@ -470,6 +482,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         slow_mixed: cfg.slow.is_some_and(|s| s.mixed),
         verify_every: cfg.verify_every,
         verify: host.device.backend().kind() == "null",
+        time_waits: cfg.time_waits,
         stop: AtomicBool::new(false),
     });
     let threads = cfg
@@ -553,9 +566,11 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
     let mut windows = Vec::with_capacity(n_windows);
     let t0 = Instant::now();
     let mut last = total(&counters);
-    // The driver side's working CPU: what the job threads spent waiting for
-    // the device (its pace is the hardware's, which a co-runner slowing
-    // the device threads sets) is left out.
+    // The driver side's working CPU: what the job threads spent waiting
+    // for the device or waking it (with `time_waits`: its pace is the
+    // hardware's, which a co-runner slowing the device threads sets, and
+    // a doorbell here is a thread wake-up where hardware has a posted
+    // write) is left out.
     let mut driver_cpu_now = |maintain: Duration| {
         let waited: u64 = idle.iter().map(|i| i.load(Ordering::Relaxed)).sum();
         (jobs_cpu.read() + timers.read() + maintain).saturating_sub(Duration::from_nanos(waited))

@@ -23,8 +23,9 @@ pub struct FioWindow {
     /// I/Os completed in the window.
     pub ops: u64,
     /// CPU seconds the driver side worked in the window: the job threads
-    /// (less the CPU they spent waiting for the device: arming
-    /// interrupts, sleeping, waking), the DMA domain's flush timer and the
+    /// (less, with `FioConfig::time_waits`, the CPU they spent waiting for
+    /// the device: arming interrupts, sleeping, waking, doorbells that
+    /// woke a device thread), the DMA domain's flush timer and the
     /// allocator's background work (the device threads, which stand for
     /// hardware, are not in it).
     pub driver_cpu_s: f64,
