@@ -70,9 +70,12 @@ impl ThreadClock {
             .filter_map(|e| {
                 let tid: libc::pid_t = e.file_name().to_str()?.parse().ok()?;
                 let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+                // CLOCK_IDFIELD_SIZE 3, CPUCLOCK_PERTHREAD_MASK 4,
+                // CPUCLOCK_SCHED 2.
+                let id = (!tid << 3) | 4 | 2;
                 comm.trim_end()
                     .starts_with(prefix)
-                    .then(|| ThreadClock((!tid << 3) | 4 | 2))
+                    .then_some(ThreadClock(id))
             })
             .filter(|c| c.read().is_some())
             .collect()
