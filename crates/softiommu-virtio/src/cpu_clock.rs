@@ -53,33 +53,6 @@ impl ThreadClock {
     pub fn read(&self) -> Option<Duration> {
         read(self.0)
     }
-
-    /// The clocks of this process's live threads whose name (as the
-    /// kernel keeps it, at most 15 bytes) starts with `prefix`: threads a
-    /// library spawned and does not hand out, such as a DMA domain's flush
-    /// timer. Found in `/proc/self/task/*/comm`; the clock id is the one
-    /// `pthread_getcpuclockid` builds from a thread id (Linux's
-    /// per-thread scheduler clock, `include/linux/posix-timers.h`:
-    /// `(~tid << 3) | CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED`). Empty
-    /// where `/proc` cannot be read.
-    pub fn threads_named(prefix: &str) -> Vec<Self> {
-        let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-            return Vec::new();
-        };
-        dir.filter_map(Result::ok)
-            .filter_map(|e| {
-                let tid: libc::pid_t = e.file_name().to_str()?.parse().ok()?;
-                let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-                // CLOCK_IDFIELD_SIZE 3, CPUCLOCK_PERTHREAD_MASK 4,
-                // CPUCLOCK_SCHED 2.
-                let id = (!tid << 3) | 4 | 2;
-                comm.trim_end()
-                    .starts_with(prefix)
-                    .then_some(ThreadClock(id))
-            })
-            .filter(|c| c.read().is_some())
-            .collect()
-    }
 }
 
 #[cfg(test)]
@@ -113,33 +86,5 @@ mod tests {
         go_tx.send(()).unwrap();
         h.join().unwrap();
         assert!(ThreadClock::current().read().is_some());
-    }
-
-    #[test]
-    fn a_named_threads_clock_is_found_and_read() {
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let h = std::thread::Builder::new()
-            .name("clk-named-test".into())
-            .spawn(move || {
-                let mut x = 0u64;
-                for i in 0..5_000_000u64 {
-                    x = x.wrapping_mul(31).wrapping_add(i);
-                }
-                std::hint::black_box(x);
-                let _ = go_rx.recv_timeout(Duration::from_secs(10));
-            })
-            .unwrap();
-        let by_handle = ThreadClock::of(&h).unwrap();
-        // The thread names itself as it starts: wait (bounded) for it.
-        let t0 = std::time::Instant::now();
-        let mut found = Vec::new();
-        while found.is_empty() && t0.elapsed() < Duration::from_secs(10) {
-            found = ThreadClock::threads_named("clk-named-test");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(found, vec![by_handle], "the same clock id glibc builds");
-        assert!(ThreadClock::threads_named("no-such-thread-x").is_empty());
-        go_tx.send(()).unwrap();
-        h.join().unwrap();
     }
 }

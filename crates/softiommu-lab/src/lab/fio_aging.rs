@@ -9,7 +9,8 @@
 //! 1. **Cost per DMA policy** (pass-through, strict, deferred): the seed's
 //!    twelve jobs of 4 KiB random reads; IOPS, GB/s and the driver side's
 //!    CPU per request (thread CPU clocks of the job threads: submission,
-//!    `map_sg`, completion, `unmap_sg`), the device threads' apart (they
+//!    `map_sg`, completion, `unmap_sg`; and of the DMA domain's flush
+//!    timer, whose share stands beside), the device threads' apart (they
 //!    stand for hardware).
 //! 2. **Aging per IOVA allocator design** (ours and the Linux 2016 / 2020 /
 //!    2023 baselines) in deferred mode, with the two conditions that age
@@ -25,17 +26,22 @@
 //!
 //! # Which CPU ages
 //!
-//! The allocator runs on the driver side: the job threads (submission and
-//! `map_sg`; the interrupt CPUs' completions, `unmap_sg` and the flush
-//! queue's frees into the caches, where the Linux trees walk), the DMA
-//! domain's flush timer (frees of queues that aged out), and the
-//! allocator's background work the conductor runs every 100 ms (timed on
-//! its own clock). Their CPU clocks, summed, window by window, less what
-//! the job threads spent waiting for the device (arming interrupts,
-//! sleeping, waking, and doorbells that wake a device thread: an amount
-//! that follows the device's pace, not the allocator's state), are the
-//! figure's CPU time. The device threads
-//! stand for hardware and are not counted.
+//! The allocator runs on the driver side: the job threads' submissions
+//! (`map_sg`) and completions (on the interrupt CPUs: `unmap_sg` and the
+//! flush queue's frees into the caches, where the Linux trees walk), the
+//! DMA domain's flush timer (frees of queues that aged out), and the
+//! allocator's background work the conductor runs every 100 ms. The
+//! figure's CPU time per window is the window's requests × the job
+//! threads' CPU per request, measured on their own calls (every
+//! submitting or reaping call timed on the thread's CPU clock,
+//! `softiommu_virtio::workload::fio`'s `sample` module), plus the flush
+//! timer's CPU clock and the background work's (timed on the conductor's
+//! own clock). What the job threads spend between those calls — polls of
+//! queues that had nothing, arming interrupts, sleeping and waking,
+//! doorbells that wake a device thread — is left out: how much of it
+//! comes per request follows the device threads' pace, which a co-runner
+//! sets, not the allocator's state. The device threads stand for
+//! hardware and are not counted.
 //!
 //! Everything is real work of this process; the unit's hardware latencies
 //! are the zero model (nothing is modelled in this lab's figures).
@@ -62,6 +68,20 @@ use crate::error::{LabError, LabResult};
 use crate::report::{
     contract, Axis, Cell, Column, Param, Plot, PlotKind, Report, Series, Table, Unit,
 };
+
+/// The deferred-flush timeout of the aging part, the longest the domain
+/// takes (`softiommu::dma::MAX_TIMEOUT`, 60 s): each interrupt CPU's
+/// flush queue is flushed when it holds 256 entries (Linux's
+/// `IOVA_FQ_SIZE`), inside the completion that filled it, at any request
+/// rate the lab sees (an interrupt CPU completing 1,000 requests a second
+/// fills its queue in a quarter of a second). With Linux's 10 ms a queue
+/// is flushed by the timer when its oldest entry ages out, with fewer
+/// entries the slower the requests come, so the flush's fixed cost per
+/// request follows the device's pace; measured, the driver's CPU per
+/// request moved 0.7-2.7 µs with it (9 k-33 k IOPS) while the allocator's
+/// state did not change. With 2 s the timer still flushed every second,
+/// 2-10 ms of CPU in one window of four, beside 7 ms of request work.
+pub const AGING_FLUSH_TIMEOUT: Duration = softiommu::dma::MAX_TIMEOUT;
 
 /// The seed's block-size mix for the aging part: mostly 4 KiB with larger
 /// transfers, so IOVAs of several orders come and go.
@@ -308,10 +328,14 @@ pub struct FioWindowOut {
     pub t_s: f64,
     /// Requests completed per second (wall clock) in the window.
     pub iops: f64,
-    /// CPU seconds the driver side worked in the window (job threads less
-    /// their waits for the device, flush timer, the allocator's background
-    /// work; not the device threads).
+    /// CPU seconds the driver side worked in the window (requests × the
+    /// job threads' sampled CPU per request, flush timer, the allocator's
+    /// background work; not the device threads).
     pub driver_cpu_s: f64,
+    /// The job threads' CPU µs per request sampled in the window.
+    pub work_cpu_us_per_req: f64,
+    /// The flush timer's CPU seconds in the window.
+    pub timer_cpu_s: f64,
     /// Requests completed per driver CPU-second in the window, as the
     /// aging figure takes it (windows below the CPU floor carry their
     /// merged group's rate).
@@ -335,8 +359,15 @@ pub struct AgingPolicy {
     pub iops: f64,
     /// Mean GB/s over the run.
     pub gbps: f64,
-    /// Driver-side CPU µs per request.
+    /// Driver-side CPU µs per request over the run: the job threads'
+    /// clocks (polls and waits included) and the flush timer's.
     pub driver_cpu_us_per_req: f64,
+    /// The flush timer's share of `driver_cpu_us_per_req`, µs per request.
+    pub flush_timer_cpu_us_per_req: f64,
+    /// The job threads' CPU µs per request measured on samples of their
+    /// submitting and reaping calls (what the aging figure divides by,
+    /// with the timer and background work).
+    pub work_cpu_us_per_req: f64,
     /// Requests the device failed (back-end errors).
     pub io_errors: u64,
     /// Reads checked against the null pattern, and how many differed.
@@ -373,8 +404,11 @@ pub struct DmaCost {
     pub iops: f64,
     /// Gigabytes (10^9) per second.
     pub gbps: f64,
-    /// Driver-side CPU µs per request (job threads' CPU clocks).
+    /// Driver-side CPU µs per request (the job threads' CPU clocks and
+    /// the flush timer's).
     pub driver_cpu_us_per_req: f64,
+    /// The flush timer's share of `driver_cpu_us_per_req`, µs per request.
+    pub flush_timer_cpu_us_per_req: f64,
     /// Device threads' CPU µs per request (they stand for hardware).
     pub device_cpu_us_per_req: f64,
     /// Driver CPU per request ÷ pass-through's (null without a
@@ -554,6 +588,8 @@ fn windows_out(r: &FioResult, rates: &[f64]) -> Vec<FioWindowOut> {
             t_s: w.t_s,
             iops: w.iops,
             driver_cpu_s: w.driver_cpu_s,
+            work_cpu_us_per_req: w.work_cpu_us_per_req,
+            timer_cpu_s: w.timer_cpu_s,
             iops_per_cpu_s: rate,
             gbps: w.gbps,
             errors: w.errors,
@@ -764,7 +800,8 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         window,
         irq_cpus: Some(args.irq_cpus.us()),
         slow: tail,
-        time_waits: true,
+        sample_work: true,
+        flush_timeout: Some(AGING_FLUSH_TIMEOUT),
         ..FioConfig::default()
     };
     aging_cfg
@@ -797,6 +834,7 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
             iops: r.iops,
             gbps: r.gbps,
             driver_cpu_us_per_req: r.driver_cpu_us_per_req,
+            flush_timer_cpu_us_per_req: r.flush_timer_cpu_us_per_req,
             device_cpu_us_per_req: r.device_cpu_us_per_req,
             cpu_ratio_to_passthrough: None,
             io_errors: r.io_errors,
@@ -845,6 +883,8 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
             iops: r.iops,
             gbps: r.gbps,
             driver_cpu_us_per_req: r.driver_cpu_us_per_req,
+            flush_timer_cpu_us_per_req: r.flush_timer_cpu_us_per_req,
+            work_cpu_us_per_req: r.work_cpu_us_per_req,
             io_errors: r.io_errors,
             verified: r.verified,
             verify_failures: r.verify_failures,
@@ -910,6 +950,12 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
             Column::metric("iops", "IOPS", Unit::Kiops, 1),
             Column::metric("gbps", "throughput", Unit::GbPerS, 3),
             Column::metric("driver_cpu_us_per_req", "driver CPU", Unit::UsPerReq, 2),
+            Column::metric(
+                "flush_timer_cpu_us_per_req",
+                "of it flush timer",
+                Unit::UsPerReq,
+                2,
+            ),
             Column::metric("device_cpu_us_per_req", "device CPU", Unit::UsPerReq, 2),
             Column::metric(
                 "cpu_ratio_to_passthrough",
@@ -926,6 +972,7 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
             (c.iops / 1e3).into(),
             c.gbps.into(),
             c.driver_cpu_us_per_req.into(),
+            c.flush_timer_cpu_us_per_req.into(),
             c.device_cpu_us_per_req.into(),
             c.cpu_ratio_to_passthrough.unwrap_or(f64::NAN).into(),
             c.io_errors.into(),
@@ -951,6 +998,13 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
             .chain(aging_columns(Unit::Kiops, 1))
         .chain([
             Column::metric("driver_cpu_us_per_req", "driver CPU", Unit::UsPerReq, 2),
+            Column::metric(
+                "flush_timer_cpu_us_per_req",
+                "of it flush timer",
+                Unit::UsPerReq,
+                2,
+            ),
+            Column::metric("work_cpu_us_per_req", "sampled work", Unit::UsPerReq, 2),
             Column::metric("peak_tree_nodes", "peak tree nodes", Unit::Count, 0),
             Column::metric("cached_iovas", "cached", Unit::Count, 0),
             Column::metric("scan_steps", "scan steps", Unit::Count, 0),
@@ -966,6 +1020,12 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
             Column::metric("t_s", "t", Unit::S, 2),
             Column::metric("iops", "IOPS (wall)", Unit::Kiops, 1),
             Column::metric("driver_cpu_s", "driver CPU", Unit::S, 3),
+            Column::metric(
+                "work_cpu_us_per_req",
+                "per req (sampled)",
+                Unit::UsPerReq,
+                2,
+            ),
             Column::metric("iops_per_cpu_s", "per CPU-s", Unit::Kiops, 1),
             Column::metric("gbps", "throughput", Unit::GbPerS, 3),
             Column::metric("errors", "errors", Unit::Count, 0),
@@ -980,6 +1040,8 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
                 .chain(r.aging.cells(1e3))
                 .chain([
                     r.driver_cpu_us_per_req.into(),
+                    r.flush_timer_cpu_us_per_req.into(),
+                    r.work_cpu_us_per_req.into(),
                     r.peak_tree_nodes.into(),
                     r.cached_iovas.into(),
                     r.scan_steps.into(),
@@ -993,6 +1055,7 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
                 w.t_s.into(),
                 (w.iops / 1e3).into(),
                 w.driver_cpu_s.into(),
+                w.work_cpu_us_per_req.into(),
                 (w.iops_per_cpu_s / 1e3).into(),
                 w.gbps.into(),
                 w.errors.into(),
@@ -1042,11 +1105,12 @@ fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
             .into(),
     );
     out.notes.push(
-        "retained and stability are taken on requests per CPU-second of the driver side (job \
-         threads less their waits for the device, flush timer, the allocator's background \
-         work; thread CPU clocks summed per window; the device threads stand for hardware \
-         and are not counted), so a co-runner \
-         taking a core is not aging; a window with under a quarter of the run's median CPU \
+        "retained and stability are taken on requests per CPU-second of the driver side: each \
+         window's requests × the job threads' CPU per request, measured on every submitting or \
+         reaping call (thread CPU clock; polls, waits and doorbells between the calls \
+         left out, as their number per request follows the device's pace), plus the flush \
+         timer's CPU clock and the allocator's background work; the device threads stand for \
+         hardware and are not counted. So a co-runner taking a core is not aging; a window with under a quarter of the run's median CPU \
          time is merged with its neighbours. The wall-clock figures stand beside them \
          (retained_wall, stability_wall)."
             .into(),

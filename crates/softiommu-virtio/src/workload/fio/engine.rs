@@ -11,43 +11,17 @@ use softiommu::dma::{DmaCpu, DmaDomain};
 
 use super::config::{FioConfig, FioError, RwMode};
 use super::result::{FioJobResult, FioResult, FioWindow};
+use super::sample::{Call, SampledWork, Sampler, WorkTotals};
 use crate::blk::{
     BlkDriverConfig, BlkHost, BlkHostConfig, BlkOp, BlkQueue, SlowRegion, MAX_DRIVER_REQUEST,
 };
-use crate::cpu_clock::{self, ThreadClock};
+use crate::cpu_clock;
 use crate::spec::blk::SECTOR_SIZE;
 
 /// How often the conductor runs the allocator's background work: Linux's
 /// IOVA depot trim runs from delayed work about every 100 ms
 /// (`IOVA_DEPOT_DELAY`, drivers/iommu/iova.c, 2023).
 const MAINTAIN_EVERY: Duration = Duration::from_millis(100);
-
-/// The name prefix of a DMA domain's flush-timer thread
-/// (`softiommu::dma`): driver-side software whose CPU the traffic causes.
-const FLUSH_TIMER_THREAD: &str = "dma-fq-timer";
-
-/// CPU time of a set of threads, summed; a thread that has exited keeps
-/// the last value read.
-struct CpuSum {
-    clocks: Vec<ThreadClock>,
-    last: Vec<Duration>,
-}
-
-impl CpuSum {
-    fn new(clocks: Vec<ThreadClock>) -> Self {
-        let last = vec![Duration::ZERO; clocks.len()];
-        Self { clocks, last }
-    }
-
-    fn read(&mut self) -> Duration {
-        for (c, last) in self.clocks.iter().zip(&mut self.last) {
-            if let Some(d) = c.read() {
-                *last = d;
-            }
-        }
-        self.last.iter().sum()
-    }
-}
 
 /// A job's counters: written by its hosting thread (plain stores), read
 /// by the conductor.
@@ -136,7 +110,7 @@ struct Plan {
     slow_mixed: bool,
     verify_every: u32,
     verify: bool,
-    time_waits: bool,
+    sample_work: bool,
     stop: AtomicBool,
 }
 
@@ -189,10 +163,26 @@ impl Job {
         Ok(n)
     }
 
-    /// Fills the queue up to its depth (and slow budget); returns how many
-    /// were submitted. With `p.time_waits`, the CPU of a doorbell that
-    /// woke the device is added to `waited`.
-    fn submit(&mut self, p: &Plan, waited: &mut Duration) -> Result<usize, FioError> {
+    /// Whether [`fill`](Self::fill) may find room for a request.
+    fn has_room(&self, p: &Plan) -> bool {
+        self.fast < p.iodepth || p.slow.is_some_and(|(_, _, _, depth)| self.slow < depth)
+    }
+
+    /// Fills the queue up to its depth (and slow budget), then rings the
+    /// doorbell; returns how many were submitted. With a sampler, the
+    /// filling (not the doorbell) is one of its calls.
+    fn submit(&mut self, p: &Plan, sampler: Option<&mut Sampler>) -> Result<usize, FioError> {
+        let n = match sampler {
+            Some(s) if self.has_room(p) => s.run(Call::Submit, || self.fill(p))?,
+            _ => self.fill(p)?,
+        };
+        self.q.commit();
+        Ok(n)
+    }
+
+    /// Builds and posts requests up to the depth (and slow budget);
+    /// returns how many.
+    fn fill(&mut self, p: &Plan) -> Result<usize, FioError> {
         let mut n = 0;
         // A rate-based tail: what the clock has earned and not been sent
         // (one clock read per call, not per I/O). What could not be sent
@@ -270,37 +260,31 @@ impl Job {
             }
             n += 1;
         }
-        let c0 = (p.time_waits && n > 0).then(cpu_clock::thread);
-        let kicked = self.q.commit();
-        if let (true, Some(c0)) = (kicked, c0) {
-            *waited += cpu_clock::thread().saturating_sub(c0);
-        }
         Ok(n)
     }
 }
 
 /// One OS thread: its jobs and interrupt CPUs, until the stop flag, then a
 /// drain of the fast I/Os. Returns the jobs' queues and the thread's CPU
-/// time over the measured run. With `p.time_waits`, `idle_ns` is kept at
-/// the CPU time (ns) the thread has spent waiting for the device: arming
-/// interrupts, sleeping and waking, and doorbells that woke a device
-/// thread (two clock reads per wait and per submitted batch).
+/// time over the measured run. With `p.sample_work`, one submitting or
+/// reaping call in [`SAMPLE_EVERY`](super::sample::SAMPLE_EVERY) (every one) is timed
+/// into `work` (see [`super::sample`]).
 fn host_thread(
     mut jobs: Vec<Job>,
     irq_cpus: usize,
     domain: Arc<DmaDomain>,
     p: Arc<Plan>,
-    idle_ns: Arc<CachePadded<AtomicU64>>,
+    work: Arc<CachePadded<SampledWork>>,
 ) -> Result<(Vec<BlkQueue>, Duration), FioError> {
     let mut irqs: Vec<DmaCpu> = (0..irq_cpus).map(|_| domain.cpu()).collect();
     for j in &jobs {
         j.q.bind_interrupt();
     }
+    let mut sampler = p.sample_work.then(|| Sampler::new(work));
     let cpu0 = cpu_clock::thread();
     let mut cpu_end = None;
     let drain_until = |t: Instant| t + Duration::from_secs(2);
     let mut deadline = None;
-    let mut waited = Duration::ZERO;
     loop {
         let stopping = p.stop.load(Ordering::Acquire);
         if stopping && cpu_end.is_none() {
@@ -309,9 +293,14 @@ fn host_thread(
         }
         let mut progress = 0;
         for j in &mut jobs {
-            progress += j.reap(&mut irqs, &p)?;
+            progress += match sampler.as_mut() {
+                Some(s) if !stopping && j.q.has_completions() => {
+                    s.run(Call::Reap, || j.reap(&mut irqs, &p))?
+                }
+                _ => j.reap(&mut irqs, &p)?,
+            };
             if !stopping {
-                progress += j.submit(&p, &mut waited)?;
+                progress += j.submit(&p, sampler.as_mut())?;
             }
         }
         if stopping
@@ -320,7 +309,6 @@ fn host_thread(
             break;
         }
         if progress == 0 {
-            let c0 = p.time_waits.then(cpu_clock::thread);
             // Idle: ask for interrupts, look once more, sleep.
             // Every queue is armed (no short circuit) before the look.
             let mut waiting = false;
@@ -336,12 +324,6 @@ fn host_thread(
             if let Some(j) = jobs.first() {
                 j.q.check_device()?;
             }
-            if let Some(c0) = c0 {
-                waited += cpu_clock::thread().saturating_sub(c0);
-            }
-        }
-        if p.time_waits {
-            idle_ns.store(waited.as_nanos() as u64, Ordering::Relaxed);
         }
     }
     let cpu = cpu_end
@@ -470,6 +452,12 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             },
         );
     }
+    if let Some(t) = cfg.flush_timeout {
+        // In range (`check`); a refusal is the domain's own.
+        if let Err(e) = host.domain.set_timeout(t) {
+            return fail(&drv, FioError::Host(e.into()));
+        }
+    }
     let plan = Arc::new(Plan {
         iodepth: cfg.iodepth,
         rw: cfg.rw,
@@ -482,7 +470,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         slow_mixed: cfg.slow.is_some_and(|s| s.mixed),
         verify_every: cfg.verify_every,
         verify: host.device.backend().kind() == "null",
-        time_waits: cfg.time_waits,
+        sample_work: cfg.sample_work,
         stop: AtomicBool::new(false),
     });
     let threads = cfg
@@ -519,16 +507,14 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         });
     }
     let dev_cpu0 = host.device.cpu_time();
-    // The driver side's CPU, window by window: the job threads (each
-    // job's submission, `map_sg`, completion and `unmap_sg`, and the
-    // interrupt CPUs' completions and flush-queue frees) less their waits
-    // for the device, the domain's flush timer, and the allocator's
-    // background work the conductor runs (timed on its own clock around
-    // each call). The device threads stand for hardware and are not in it.
-    let mut timers = CpuSum::new(ThreadClock::threads_named(FLUSH_TIMER_THREAD));
+    // The DMA domain's flush timer frees on the job threads' behalf: its
+    // CPU is the driver side's (a timer the kernel gives no clock for
+    // counts zero).
+    let timer_cpu = || host.domain.timer_cpu_time().unwrap_or_default();
+    let timer0 = timer_cpu();
     let mut maintain_cpu = Duration::ZERO;
-    let idle: Vec<Arc<CachePadded<AtomicU64>>> = (0..threads)
-        .map(|_| Arc::new(CachePadded::new(AtomicU64::new(0))))
+    let work: Vec<Arc<CachePadded<SampledWork>>> = (0..threads)
+        .map(|_| Arc::new(CachePadded::new(SampledWork::default())))
         .collect();
     let handles: Vec<_> = per_thread
         .into_iter()
@@ -536,18 +522,12 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         .map(|(t, jobs)| {
             let (domain, p) = (host.domain.clone(), plan.clone());
             let n_irq = (t..irq_total).step_by(threads).count();
-            let idle = idle[t].clone();
+            let work = work[t].clone();
             std::thread::Builder::new()
                 .name(format!("fio t{t}"))
-                .spawn(move || host_thread(jobs, n_irq, domain, p, idle))
+                .spawn(move || host_thread(jobs, n_irq, domain, p, work))
         })
         .collect();
-    let mut jobs_cpu = CpuSum::new(
-        handles
-            .iter()
-            .filter_map(|h| h.as_ref().ok().and_then(ThreadClock::of))
-            .collect(),
-    );
     // The conductor: one sample per window, and the allocator's
     // background work between samples.
     let total = |c: &[Arc<CachePadded<Counters>>]| {
@@ -566,16 +546,15 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
     let mut windows = Vec::with_capacity(n_windows);
     let t0 = Instant::now();
     let mut last = total(&counters);
-    // The driver side's working CPU: what the job threads spent waiting
-    // for the device or waking it (with `time_waits`: its pace is the
-    // hardware's, which a co-runner slowing the device threads sets, and
-    // a doorbell here is a thread wake-up where hardware has a posted
-    // write) is left out.
-    let mut driver_cpu_now = |maintain: Duration| {
-        let waited: u64 = idle.iter().map(|i| i.load(Ordering::Relaxed)).sum();
-        (jobs_cpu.read() + timers.read() + maintain).saturating_sub(Duration::from_nanos(waited))
-    };
-    let mut last_cpu = driver_cpu_now(maintain_cpu);
+    // The driver side's work, window by window (with `sample_work`): the
+    // requests completed × the sampled CPU per request (submission with
+    // `map_sg`, completion with `unmap_sg` and the flush queue's frees),
+    // the flush timer's CPU and the allocator's background work the
+    // conductor runs (timed on its own clock around each call). The
+    // device threads stand for hardware and are not in it.
+    let mut last_work = WorkTotals::read(&work);
+    let mut last_timer = timer0;
+    let mut last_maintain_cpu = maintain_cpu;
     let mut last_t = t0;
     let mut last_maintain = t0;
     let spawn_failed = handles.iter().any(|h| h.is_err());
@@ -603,26 +582,37 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         }
         let now = Instant::now();
         let cur = total(&counters);
-        let cpu = driver_cpu_now(maintain_cpu);
+        let cur_work = WorkTotals::read(&work);
+        let cur_timer = timer_cpu();
+        let ops = cur.0 - last.0;
+        let timer_s = cur_timer.saturating_sub(last_timer).as_secs_f64();
+        let maintain_s = maintain_cpu.saturating_sub(last_maintain_cpu).as_secs_f64();
+        let per_req_s = cur_work.per_request_s(&last_work);
         let dt = now.duration_since(last_t).as_secs_f64().max(1e-9);
         windows.push(FioWindow {
             t_s: now.duration_since(t0).as_secs_f64(),
-            ops: cur.0 - last.0,
-            driver_cpu_s: cpu.saturating_sub(last_cpu).as_secs_f64(),
-            iops: (cur.0 - last.0) as f64 / dt,
+            ops,
+            driver_cpu_s: ops as f64 * per_req_s + timer_s + maintain_s,
+            work_cpu_us_per_req: per_req_s * 1e6,
+            timer_cpu_s: timer_s,
+            iops: ops as f64 / dt,
             gbps: (cur.1 - last.1) as f64 / dt / 1e9,
             read_iops: (cur.2 - last.2) as f64 / dt,
             write_iops: (cur.3 - last.3) as f64 / dt,
             errors: cur.4 - last.4,
         });
         last = cur;
-        last_cpu = cpu;
+        last_work = cur_work;
+        last_timer = cur_timer;
+        last_maintain_cpu = maintain_cpu;
         last_t = now;
     }
     let runtime_s = t0.elapsed().as_secs_f64();
     let ops_at_stop = total(&counters);
     plan.stop.store(true, Ordering::Release);
     let dev_cpu = host.device.cpu_time().saturating_sub(dev_cpu0);
+    let run_timer_cpu = timer_cpu().saturating_sub(timer0);
+    let run_work = WorkTotals::read(&work);
     let mut queues = Vec::new();
     let mut driver_cpu = Duration::ZERO;
     let mut first_err = None;
@@ -694,7 +684,9 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         io_errors: jobs.iter().map(|j| j.io_errors).sum(),
         verified: jobs.iter().map(|j| j.verified).sum(),
         verify_failures: jobs.iter().map(|j| j.verify_failures).sum(),
-        driver_cpu_us_per_req: per(driver_cpu),
+        driver_cpu_us_per_req: per(driver_cpu + run_timer_cpu),
+        flush_timer_cpu_us_per_req: per(run_timer_cpu),
+        work_cpu_us_per_req: run_work.per_request_s(&WorkTotals::default()) * 1e6,
         device_cpu_us_per_req: per(dev_cpu),
         abandoned,
         iova: host.domain.iova_stats(),

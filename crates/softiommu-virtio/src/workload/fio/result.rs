@@ -22,13 +22,19 @@ pub struct FioWindow {
     pub errors: u64,
     /// I/Os completed in the window.
     pub ops: u64,
-    /// CPU seconds the driver side worked in the window: the job threads
-    /// (less, with `FioConfig::time_waits`, the CPU they spent waiting for
-    /// the device: arming interrupts, sleeping, waking, doorbells that
-    /// woke a device thread), the DMA domain's flush timer and the
-    /// allocator's background work (the device threads, which stand for
-    /// hardware, are not in it).
+    /// CPU seconds the driver side worked in the window: with
+    /// `FioConfig::sample_work`, the window's requests × the CPU per
+    /// request sampled in the window ([`work_cpu_us_per_req`](Self::work_cpu_us_per_req)),
+    /// plus the DMA domain's flush timer and the allocator's background
+    /// work (the device threads, which stand for hardware, are not in it).
     pub driver_cpu_s: f64,
+    /// The job threads' CPU µs per request sampled in the window: per
+    /// request submitted (chains, `map_sg`) plus per request reaped
+    /// (`unmap_sg`, the flush queue's frees, the status); 0 without
+    /// `FioConfig::sample_work` or without samples.
+    pub work_cpu_us_per_req: f64,
+    /// The flush timer's CPU seconds in the window.
+    pub timer_cpu_s: f64,
 }
 
 /// One job's totals.
@@ -86,9 +92,16 @@ pub struct FioResult {
     pub verified: u64,
     /// Checked reads whose data was wrong.
     pub verify_failures: u64,
-    /// CPU microseconds of the job threads (driver side: submission,
-    /// `map_sg`, completion, `unmap_sg`) per I/O, from thread CPU clocks.
+    /// CPU microseconds of the driver side per I/O, from thread CPU
+    /// clocks over the run: the job threads (submission, `map_sg`,
+    /// completion, `unmap_sg`, and their polls and waits) and the DMA
+    /// domain's flush timer (its frees on their behalf).
     pub driver_cpu_us_per_req: f64,
+    /// The flush timer's share of that, µs per I/O.
+    pub flush_timer_cpu_us_per_req: f64,
+    /// The driver's CPU µs per request measured on samples of its own
+    /// calls over the run (with `FioConfig::sample_work`; else 0).
+    pub work_cpu_us_per_req: f64,
     /// CPU microseconds of the device threads per I/O (they stand for the
     /// hardware).
     pub device_cpu_us_per_req: f64,
