@@ -39,7 +39,7 @@ use super::packet::{self, Flow, HEADERS};
 use crate::args::{dma_policies, DmaPolicyName, Latency, Placement, Ranged, Seconds};
 use crate::dma_rig::{modelled, modelled_figures, DmaRig};
 use crate::error::{join, LabError, LabResult};
-use crate::lab::cpu_clock;
+use crate::metrics::cpu_clock;
 use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 use softiommu_virtio::affinity;
 

@@ -44,12 +44,12 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use serde::{Deserialize, Serialize};
 use softiommu::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
-use softiommu_virtio::cpu_clock::{self, ThreadClock};
-use softiommu_virtio::workload::aging::WorkWindow;
 
 use crate::args::{iova_policies, IovaPolicyName, Percent, Ranged, Seconds};
 use crate::error::{join, LabResult};
-use crate::lab::fio_aging::{aging_columns, AgingSummary};
+use crate::metrics::aging::{aging_columns, AgingSummary, WorkWindow};
+use crate::metrics::cpu_clock::{self, ThreadClock};
+use crate::metrics::pinning;
 use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 use crate::workload::DMA_MIX;
 
@@ -390,7 +390,7 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<P
     // between caches and throughput triples (measured on 2 cores: windows
     // of ~26 and ~75 M ops/s in one run, `retained` 0.43 to 2.57 over four
     // runs), which is the scheduler's figure, not the allocator's.
-    let cpus = softiommu_virtio::affinity::allowed_cpus();
+    let cpus = pinning::allowed_cpus();
     let workers: Vec<std::thread::JoinHandle<()>> = (0..threads)
         .map(|w| {
             let sh = sh.clone();
@@ -399,7 +399,7 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<P
             let cpu = (!cpus.is_empty()).then(|| cpus[w % cpus.len()]);
             std::thread::spawn(move || {
                 if let Some(c) = cpu {
-                    softiommu_virtio::affinity::pin_current(c);
+                    pinning::pin_current(c);
                 }
                 worker(&sh, ids, n_irq)
             })

@@ -37,13 +37,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use softiommu::dma::DmaPolicy;
-use softiommu_virtio::affinity::allowed_cpus;
 use softiommu_virtio::workload::{tcp_stream, TcpStreamConfig, TcpStreamResult};
 
 use crate::args::{DmaPolicyName, Latency, Placement, Ranged, Seconds, Walk};
 use crate::dma_rig::{modelled, modelled_figures};
 use crate::error::{LabError, LabResult};
 use crate::lab::policy_physics::{check_walks, Spread, WalkCost};
+use crate::metrics::pinning::allowed_cpus;
 use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 
 /// How `flush_cpu_share` is obtained, as the report and its JSON say.
