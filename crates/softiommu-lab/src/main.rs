@@ -9,6 +9,7 @@ mod host;
 mod html;
 mod interrupt;
 mod lab;
+mod metrics;
 mod progress;
 mod render;
 mod report;

@@ -337,10 +337,37 @@ fn lab_iova_aging() {
         }
         assert!(number(p, "stability") <= 1.0, "{p}");
         assert!(p["settled"].is_boolean());
+        cpu_time_aging_fields(p);
         let w = p["windows"].as_array().expect("windows");
         assert_eq!(w.len(), 8);
         assert!(number(&w[0], "iops") >= 0.0);
+        for w in w {
+            assert!(number(w, "cpu_s") >= 0.0, "{w}");
+            assert!(number(w, "mops_per_cpu_s") >= 0.0, "{w}");
+        }
     }
+}
+
+/// The aging figure on CPU time (`retained`, `stability`) and on the
+/// wall clock beside it, as both aging labs report it per policy.
+fn cpu_time_aging_fields(p: &Value) {
+    for k in [
+        "ops_per_cpu_s_first",
+        "ops_per_cpu_s_last",
+        "retained_wall",
+        "stability_wall",
+        "warmup_wall_s",
+        "cpu_floor_s",
+        "cpu_merged_windows",
+    ] {
+        assert!(number(p, k) >= 0.0, "{k} in {p}");
+    }
+    assert!(number(p, "ops_per_cpu_s_first") > 0.0, "{p}");
+    assert!(number(p, "stability_wall") <= 1.0, "{p}");
+    assert!(p["settled_wall"].is_boolean(), "{p}");
+    // `retained` is the CPU-time figure: last ÷ first quarter per CPU-second.
+    let ratio = number(p, "ops_per_cpu_s_last") / number(p, "ops_per_cpu_s_first");
+    assert!((number(p, "retained") - ratio).abs() < 1e-9, "{p}");
 }
 
 #[test]
@@ -394,9 +421,14 @@ fn lab_fio_aging() {
         assert!(number(p, "iops_first") > 0.0, "{p}");
         assert_eq!(p["verify_failures"], 0);
         assert_eq!(p["io_errors"], 0);
+        cpu_time_aging_fields(p);
         let w = p["windows"].as_array().expect("windows");
         assert_eq!(w.len(), 8);
         assert!(number(&w[0], "iops") >= 0.0);
+        for w in w {
+            assert!(number(w, "driver_cpu_s") >= 0.0, "{w}");
+            assert!(number(w, "iops_per_cpu_s") >= 0.0, "{w}");
+        }
     }
     let dma = v["dma"].as_array().expect("dma");
     let names: Vec<&str> = dma.iter().map(|d| d["policy"].as_str().unwrap()).collect();

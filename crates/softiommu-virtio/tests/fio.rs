@@ -185,6 +185,20 @@ fn bad_settings_are_typed_errors() {
     assert_eq!(field(FioConfig { jobs: 0, ..quick() }), "jobs");
     assert_eq!(
         field(FioConfig {
+            flush_timeout: Some(Duration::from_secs(61)),
+            ..quick()
+        }),
+        "flush_timeout_s"
+    );
+    assert_eq!(
+        field(FioConfig {
+            flush_timeout: Some(Duration::from_micros(99)),
+            ..quick()
+        }),
+        "flush_timeout_s"
+    );
+    assert_eq!(
+        field(FioConfig {
             jobs: 65,
             ..quick()
         }),
@@ -309,4 +323,43 @@ fn bad_settings_are_typed_errors() {
         Err(FioError::DiskTooSmall { capacity: 8192, .. })
     ));
     let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn sampled_work_gives_each_window_its_cpu_per_request_and_the_flush_timer_is_driver_cpu() {
+    let cfg = FioConfig {
+        bs: BlockSizes::parse("4k:60,16k:20,64k:15,128k:5").unwrap(),
+        irq_cpus: Some(2),
+        sample_work: true,
+        flush_timeout: Some(Duration::from_secs(2)),
+        ..quick()
+    };
+    let r = run_fio(&host(BackendConfig::default()), &cfg).expect("run");
+    assert_eq!(r.io_errors, 0);
+    assert!(r.work_cpu_us_per_req > 0.0, "{r:?}");
+    // The flush timer's CPU is inside the driver's, and reported apart.
+    assert!(r.flush_timer_cpu_us_per_req >= 0.0);
+    assert!(
+        r.flush_timer_cpu_us_per_req < r.driver_cpu_us_per_req,
+        "{r:?}"
+    );
+    for w in r.windows.iter().filter(|w| w.ops > 0) {
+        assert!(w.work_cpu_us_per_req > 0.0, "{w:?}");
+        // Requests at their sampled cost, the timer's CPU, and the
+        // allocator's background work (never negative).
+        let work = w.ops as f64 * w.work_cpu_us_per_req / 1e6;
+        assert!(w.driver_cpu_s >= work + w.timer_cpu_s - 1e-12, "{w:?}");
+        assert!(w.driver_cpu_s < work + w.timer_cpu_s + 0.05, "{w:?}");
+    }
+    // Without sampling the windows carry no per-request figure.
+    let r = run_fio(
+        &host(BackendConfig::default()),
+        &FioConfig {
+            sample_work: false,
+            ..cfg
+        },
+    )
+    .expect("run");
+    assert!(r.windows.iter().all(|w| w.work_cpu_us_per_req == 0.0));
+    assert_eq!(r.work_cpu_us_per_req, 0.0);
 }

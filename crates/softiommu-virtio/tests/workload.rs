@@ -63,6 +63,22 @@ fn a_tcp_stream_arrives_whole_and_counts_flushed_lines_when_not_coherent() {
 }
 
 #[test]
+fn a_deferred_tcp_stream_counts_its_flush_timers_in_the_driver_cpu() {
+    let r = tcp_stream(&TcpStreamConfig {
+        policy: DmaPolicy::Deferred,
+        duration: Duration::from_millis(300),
+        warmup: Duration::from_millis(100),
+        ..TcpStreamConfig::default()
+    })
+    .unwrap();
+    assert!(r.checksum_ok, "{r:?}");
+    // The timers flush and free on the drivers' behalf: their CPU is
+    // reported and is part of the driver side's.
+    assert!(r.flush_timer_cpu_s_per_gb > 0.0, "{r:?}");
+    assert!(r.flush_timer_cpu_s_per_gb < r.cpu_s_per_gb, "{r:?}");
+}
+
+#[test]
 fn a_paced_udp_stream_offers_its_rate_and_counts_the_flush_timers() {
     let r = udp_stream(&UdpStreamConfig {
         policy: DmaPolicy::Deferred,

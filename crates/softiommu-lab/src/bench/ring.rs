@@ -39,8 +39,8 @@ use super::packet::{self, Flow, HEADERS};
 use crate::args::{dma_policies, DmaPolicyName, Latency, Placement, Ranged, Seconds};
 use crate::dma_rig::{modelled, modelled_figures, DmaRig};
 use crate::error::{join, LabError, LabResult};
-use crate::lab::cpu_clock;
 use crate::lab::policy_physics::{self, PolicyCost};
+use crate::metrics::cpu_clock;
 use crate::report::{
     contract, Axis, Cell, Column, Param, Plot, PlotKind, Report, Series, Spread, Table, Unit,
 };

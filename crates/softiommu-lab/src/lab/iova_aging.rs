@@ -22,6 +22,19 @@
 //! to 0.19 on `retained`; one thread ran flat at 42-43 M ops/s (three
 //! runs: 1.011, 0.988, 0.992). `--threads 2` shares the allocator (tree,
 //! depots, state map) between cores for real.
+//!
+//! # Aging on CPU time
+//!
+//! `retained` and `stability` are taken on I/Os per CPU-second of the
+//! worker threads (each one's CPU clock, `pthread_getcpuclockid`, read by
+//! the conductor at every window's end and summed, plus the CPU the
+//! conductor spends in the allocator's background work, timed on its own
+//! clock around each call): the allocator's work, so a co-runner taking
+//! the core for part of a window lowers the I/Os and the CPU time alike.
+//! A Linux tree's cliff is CPU work (walks of a grown tree), so it still
+//! shows. The wall-clock figures stand beside them (`retained_wall`,
+//! `stability_wall`); see `softiommu_virtio::workload::aging` for the
+//! CPU floor below which a window is merged with its neighbours.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -34,7 +47,9 @@ use softiommu::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
 
 use crate::args::{iova_policies, IovaPolicyName, Percent, Ranged, Seconds};
 use crate::error::{join, LabResult};
-use crate::lab::fio_aging::{aging_columns, AgingSummary};
+use crate::metrics::aging::{aging_columns, AgingSummary, WorkWindow};
+use crate::metrics::cpu_clock::{self, ThreadClock};
+use crate::metrics::pinning;
 use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 use crate::workload::DMA_MIX;
 
@@ -130,7 +145,8 @@ pub struct PolicyResult {
     /// The aging figure, as `lab fio-aging` reports it.
     #[serde(flatten)]
     pub aging: AgingSummary,
-    /// Throughput of the first window, million I/Os per second (cold).
+    /// Throughput of the first window, million I/Os per second (wall
+    /// clock; cold).
     pub first_window_mops: f64,
     /// Throughput of the last window.
     pub last_window_mops: f64,
@@ -320,10 +336,17 @@ fn worker(sh: &Shared, job_ids: Vec<usize>, n_irq: usize) {
 pub struct Window {
     /// Seconds since the run started, at the window's end.
     pub t_s: f64,
-    /// I/Os per second in this window.
+    /// I/Os per second (wall clock) in this window.
     pub iops: f64,
-    /// Million I/Os per second in this window.
+    /// Million I/Os per second (wall clock) in this window.
     pub mops: f64,
+    /// CPU seconds the workers (and the allocator's background work) used
+    /// in this window.
+    pub cpu_s: f64,
+    /// Million I/Os per CPU-second in this window, as the aging figure
+    /// takes it (windows below the CPU floor carry their merged group's
+    /// rate).
+    pub mops_per_cpu_s: f64,
     /// Tree nodes at the end of the window.
     pub tree_nodes: u64,
     /// IOVAs in caches and depots at the end of the window.
@@ -367,8 +390,8 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<P
     // between caches and throughput triples (measured on 2 cores: windows
     // of ~26 and ~75 M ops/s in one run, `retained` 0.43 to 2.57 over four
     // runs), which is the scheduler's figure, not the allocator's.
-    let cpus = softiommu_virtio::affinity::allowed_cpus();
-    let workers: Vec<_> = (0..threads)
+    let cpus = pinning::allowed_cpus();
+    let workers: Vec<std::thread::JoinHandle<()>> = (0..threads)
         .map(|w| {
             let sh = sh.clone();
             let ids: Vec<usize> = (w..jobs).step_by(threads).collect();
@@ -376,12 +399,24 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<P
             let cpu = (!cpus.is_empty()).then(|| cpus[w % cpus.len()]);
             std::thread::spawn(move || {
                 if let Some(c) = cpu {
-                    softiommu_virtio::affinity::pin_current(c);
+                    pinning::pin_current(c);
                 }
                 worker(&sh, ids, n_irq)
             })
         })
         .collect();
+    // The workers' CPU clocks, read (and summed) at each window's end.
+    let clocks: Vec<ThreadClock> = workers.iter().filter_map(ThreadClock::of).collect();
+    let mut clock_last = vec![Duration::ZERO; clocks.len()];
+    let mut maintain_cpu = Duration::ZERO;
+    let mut worker_cpu = |maintain: Duration| {
+        for (c, last) in clocks.iter().zip(&mut clock_last) {
+            if let Some(d) = c.read() {
+                *last = d;
+            }
+        }
+        clock_last.iter().sum::<Duration>() + maintain
+    };
     let windows = args
         .windows
         .map_or(if args.quick { 32 } else { 60 }, Ranged::us);
@@ -390,6 +425,8 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<P
     let mut timeline = Vec::with_capacity(windows);
     let mut peak_cached = 0u64;
     let mut last = total(&sh);
+    let mut last_cpu = worker_cpu(maintain_cpu);
+    let mut work = Vec::with_capacity(windows);
     let mut last_steps = 0u64;
     let mut t0 = Instant::now();
     let start = t0;
@@ -402,23 +439,34 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<P
             std::thread::sleep(
                 Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())),
             );
+            let c0 = cpu_clock::thread();
             sh.domain.maintain();
+            maintain_cpu += cpu_clock::thread().saturating_sub(c0);
             s = sh.domain.stats();
             peak_cached = peak_cached.max(s.cached_iovas);
         }
         let now_ops = total(&sh);
+        let cpu = worker_cpu(maintain_cpu);
         let now = Instant::now();
         let done = now_ops - last;
+        let cpu_s = cpu.saturating_sub(last_cpu).as_secs_f64();
+        work.push(WorkWindow {
+            ops: done as f64,
+            cpu_s,
+        });
         let rate = done as f64 / now.duration_since(t0).as_secs_f64().max(1e-9);
         timeline.push(Window {
             t_s: now.duration_since(start).as_secs_f64(),
             iops: rate,
             mops: rate / 1e6,
+            cpu_s,
+            mops_per_cpu_s: 0.0,
             tree_nodes: s.tree_nodes,
             cached_iovas: s.cached_iovas,
             scan_steps_per_op: (s.scan_steps - last_steps) as f64 / done.max(1) as f64,
         });
         last = now_ops;
+        last_cpu = cpu;
         last_steps = s.scan_steps;
         t0 = now;
     }
@@ -431,7 +479,10 @@ fn run_policy(policy: IovaPolicy, args: &AgingArgs, seconds: f64) -> LabResult<P
     let lastw = timeline.last().map_or(0.0, |w| w.mops);
     let series: Vec<f64> = timeline.iter().map(|w| w.iops).collect();
     let run = format!("iova-aging {}", policy.name());
-    let aging = AgingSummary::of(&run, &series, window.as_secs_f64(), seconds)?;
+    let (aging, rates) = AgingSummary::of(&run, &series, &work, window.as_secs_f64(), seconds)?;
+    for (w, r) in timeline.iter_mut().zip(rates) {
+        w.mops_per_cpu_s = r / 1e6;
+    }
     Ok(PolicyResult {
         policy: policy.name().to_string(),
         aging,
@@ -455,7 +506,10 @@ pub fn run(args: &AgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Report
     let mut out = Vec::new();
     for p in iova_policies(&args.policies) {
         let r = run_policy(p, args, seconds)?;
-        progress(&format!("{} retained {:.2}", r.policy, r.aging.retained));
+        progress(&format!(
+            "{} retained {:.2} per CPU-s, {:.2} wall",
+            r.policy, r.aging.retained, r.aging.retained_wall
+        ));
         out.push(r);
     }
     let r = AgingReport {
@@ -474,7 +528,7 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
     let mut t = Table::new(
         "summary",
         format!(
-            "{} jobs, {} interrupt CPUs, {:.0} s per policy: warm-up discarded, medians of the first and last quarter",
+            "{} jobs, {} interrupt CPUs, {:.0} s per policy: warm-up discarded, medians of the first and last quarter; retained and stability per worker CPU-second, wall beside",
             rep.jobs, rep.irq_cpus, rep.seconds
         ),
         [Column::label("policy")]
@@ -495,7 +549,9 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
         vec![
             Column::label("policy"),
             Column::label("window"),
-            Column::metric("mops", "throughput", Unit::MopsPerS, 3),
+            Column::metric("mops", "throughput (wall)", Unit::MopsPerS, 3),
+            Column::metric("cpu_s", "worker CPU", Unit::S, 3),
+            Column::metric("mops_per_cpu_s", "per CPU-s", Unit::MopsPerS, 3),
             Column::metric("tree_nodes", "tree nodes", Unit::Count, 0),
             Column::metric("cached_iovas", "cached", Unit::Count, 0),
             Column::metric("scan_steps_per_op", "scan", Unit::StepsPerOp, 1),
@@ -503,6 +559,7 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
     );
     let window_s = rep.seconds / rep.policies.first().map_or(1, |p| p.windows.len()) as f64;
     let mut lines = Vec::new();
+    let mut cpu_lines = Vec::new();
     for r in &rep.policies {
         t.row(
             [r.policy.clone().into()]
@@ -522,6 +579,8 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
                 r.policy.clone().into(),
                 (i + 1).to_string().into(),
                 w.mops.into(),
+                w.cpu_s.into(),
+                w.mops_per_cpu_s.into(),
                 w.tree_nodes.into(),
                 w.cached_iovas.into(),
                 w.scan_steps_per_op.into(),
@@ -533,6 +592,14 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
                 .iter()
                 .enumerate()
                 .map(|(i, w)| ((i + 1) as f64 * window_s, w.mops))
+                .collect(),
+        ));
+        cpu_lines.push(Series::new(
+            r.policy.clone(),
+            r.windows
+                .iter()
+                .enumerate()
+                .map(|(i, w)| ((i + 1) as f64 * window_s, w.mops_per_cpu_s))
                 .collect(),
         ));
     }
@@ -555,7 +622,7 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
     out.tables.push(tl);
     out.plots.push(Plot {
         name: "throughput".into(),
-        title: "throughput over time per IOVA policy (a cliff is the seed's bug)".into(),
+        title: "wall-clock throughput over time per IOVA policy (a cliff is the seed's bug)".into(),
         kind: PlotKind::Lines,
         x: Axis::new("time", Unit::S),
         y: Axis::new("throughput", Unit::MopsPerS),
@@ -563,5 +630,24 @@ fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
         series: lines,
         modelled: false,
     });
+    out.plots.push(Plot {
+        name: "throughput_per_cpu_s".into(),
+        title: "I/Os per worker CPU-second over time per IOVA policy (the aging figure's input)"
+            .into(),
+        kind: PlotKind::Lines,
+        x: Axis::new("time", Unit::S),
+        y: Axis::new("M I/Os per CPU-second", Unit::MopsPerS),
+        categories: Vec::new(),
+        series: cpu_lines,
+        modelled: false,
+    });
+    out.notes.push(
+        "retained and stability are taken on I/Os per CPU-second of the worker threads (their \
+         thread CPU clocks summed per window, with the allocator's background work), so a \
+         co-runner taking the core is not aging; a window with under a quarter of the run's \
+         median CPU time is merged with its neighbours. The wall-clock figures stand beside \
+         them (retained_wall, stability_wall)."
+            .into(),
+    );
     out
 }

@@ -1,6 +1,5 @@
 //! Lab scenarios: workloads over the library, with seed-shaped output.
 
-pub mod cpu_clock;
 pub mod fio_aging;
 pub mod guest;
 pub mod iopf;

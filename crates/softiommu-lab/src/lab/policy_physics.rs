@@ -93,6 +93,42 @@ pub fn check_by(
         .collect()
 }
 
+/// One page walk's cost per unit of work under one DMA policy, as
+/// [`check_walks`] sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WalkCost<'a> {
+    /// "coherent" or "non-coherent".
+    pub walk: &'a str,
+    /// The DMA policy: only rows of one policy are compared.
+    pub policy: &'a str,
+    /// The cost's spread over rounds.
+    pub cost: Spread,
+}
+
+/// For each row, why its figure contradicts what its page walk must cost
+/// (`None`: it stands): a non-coherent walk does all a coherent one does
+/// and flushes each page-table line it writes, so a non-coherent row
+/// whose every round is below every round of the coherent row of its
+/// policy is a measurement error.
+pub fn check_walks(rows: &[WalkCost<'_>], what: &str) -> Vec<Option<String>> {
+    rows.iter()
+        .map(|r| {
+            if r.walk != "non-coherent" {
+                return None;
+            }
+            let base = rows
+                .iter()
+                .find(|b| b.walk == "coherent" && b.policy == r.policy)?;
+            r.cost.wholly_below(&base.cost).then(|| {
+                format!(
+                    "measurement invalid: the non-coherent walk's {what} under {} (at most {:.3} over the rounds) is below the coherent walk's (at least {:.3}), but a non-coherent walk does all a coherent one does and flushes the lines it writes",
+                    r.policy, r.cost.max, base.cost.min
+                )
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +228,37 @@ mod tests {
         pt.group = "relaxed";
         let rows = [pt, cost("deferred", &[1.0])];
         assert_eq!(check(&rows, "service demand"), vec![None, None]);
+    }
+
+    fn walk<'a>(walk: &'a str, policy: &'a str, values: &[f64]) -> WalkCost<'a> {
+        WalkCost {
+            walk,
+            policy,
+            cost: Spread::of(values),
+        }
+    }
+
+    #[test]
+    fn a_non_coherent_walk_cheaper_than_a_coherent_one_beyond_the_spread_is_invalid() {
+        let rows = [
+            walk("coherent", "strict", &[2.0, 2.1, 2.2]),
+            walk("coherent", "deferred", &[1.6, 1.64, 1.7]),
+            walk("non-coherent", "strict", &[2.6, 2.7, 2.8]),
+            walk("non-coherent", "deferred", &[1.4, 1.45, 1.5]),
+        ];
+        let why = check_walks(&rows, "driver CPU per GB");
+        assert_eq!(why[..3], [None, None, None]);
+        assert!(
+            matches!(&why[3], Some(w) if w.starts_with("measurement invalid: the non-coherent walk's driver CPU per GB under deferred") && w.contains("(at least 1.600)")),
+            "{why:?}"
+        );
+        // Within the spread it stands; another policy's coherent row is
+        // not its base.
+        let rows = [
+            walk("coherent", "deferred", &[1.6, 1.7, 1.8]),
+            walk("non-coherent", "deferred", &[1.5, 1.65, 1.75]),
+            walk("non-coherent", "strict", &[0.1]),
+        ];
+        assert_eq!(check_walks(&rows, "x"), vec![None, None, None]);
     }
 }

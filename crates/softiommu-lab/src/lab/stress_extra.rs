@@ -57,6 +57,8 @@ pub fn virtio_phase(seconds: f64, timeout: Duration, seed: u64) -> LabResult<Pha
         verify_every: 1,
         slow: None,
         seed,
+        sample_work: false,
+        flush_timeout: None,
     };
     // The device sized for the jobs, as `run_fio` sizes it.
     let hc = sized_for(

@@ -31,6 +31,26 @@
 //!    the post-warm-up run (nearest rank: the `ceil(0.05 n)`-th smallest).
 //!
 //! Pure arithmetic, no clock: the tests feed it synthetic series.
+//!
+//! # On CPU time
+//!
+//! Both labs feed it two series. The headline one is **work per
+//! CPU-second** ([`cpu_rates`]): in each window, the operations the
+//! measured threads completed ÷ the CPU time those threads used (their
+//! thread CPU clocks), summed over the threads, so that a co-runner
+//! taking a core away for part of a window lowers both and leaves the
+//! rate, and only a real slowdown of the work (a tree walk, a cache
+//! miss) lowers it. The other is the wall-clock rate (operations ÷ wall
+//! seconds), kept beside it, which a shared machine's other load moves.
+//!
+//! A window in which the threads hardly ran has too little CPU time for
+//! a rate (a few operations over a few microseconds): a window whose CPU
+//! time is below [`CPU_FLOOR_FRACTION`] of the run's median window CPU
+//! time is merged with the windows after it (with the one before, at the
+//! run's end) until the group's CPU time reaches that floor, and every
+//! window of the group carries the group's rate, so the series keeps one
+//! value per wall-clock window and the warm-up floor and quarters stay in
+//! wall seconds.
 
 /// How the warm-up is found.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -199,6 +219,92 @@ pub fn aging_figure(
     })
 }
 
+/// The share of the run's median per-window CPU time below which a
+/// window is merged with its neighbours (see the module docs): a quarter,
+/// so a window in which the threads got a quarter of their usual CPU still
+/// stands alone (a co-runner on every core leaves them a half or more),
+/// and one in which they were off the CPU nearly the whole window does
+/// not.
+pub const CPU_FLOOR_FRACTION: f64 = 0.25;
+
+/// One window of work as the CPU-time figure sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkWindow {
+    /// Operations the measured threads completed in the window.
+    pub ops: f64,
+    /// CPU seconds those threads used in the window, summed.
+    pub cpu_s: f64,
+}
+
+/// Work per CPU-second, window by window, with the windows below the CPU
+/// floor merged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuRates {
+    /// Operations per CPU-second, one value per input window.
+    pub rates: Vec<f64>,
+    /// Windows whose CPU time was below the floor (merged with others).
+    pub merged: usize,
+    /// The floor, in CPU seconds.
+    pub floor_s: f64,
+}
+
+/// Operations per CPU-second of `windows` (see the module docs), windows
+/// with less than `floor_fraction` of the median window CPU time merged.
+pub fn cpu_rates(windows: &[WorkWindow], floor_fraction: f64) -> Result<CpuRates, AgingError> {
+    for (index, w) in windows.iter().enumerate() {
+        for value in [w.ops, w.cpu_s] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(AgingError::BadValue { index, value });
+            }
+        }
+    }
+    if !(floor_fraction.is_finite() && (0.0..=1.0).contains(&floor_fraction)) {
+        return Err(AgingError::BadValue {
+            index: usize::MAX,
+            value: floor_fraction,
+        });
+    }
+    let cpu: Vec<f64> = windows.iter().map(|w| w.cpu_s).collect();
+    let floor = floor_fraction * median(&sorted(&cpu));
+    if windows.is_empty() || median(&sorted(&cpu)) <= 0.0 {
+        return Err(AgingError::NoThroughput);
+    }
+    // Groups of consecutive windows, each reaching the floor (but a
+    // trailing one, folded into the group before it).
+    let mut groups: Vec<(usize, usize)> = Vec::new();
+    let mut start = 0;
+    let mut acc = 0.0;
+    for (i, w) in windows.iter().enumerate() {
+        acc += w.cpu_s;
+        if acc >= floor && acc > 0.0 {
+            groups.push((start, i + 1));
+            start = i + 1;
+            acc = 0.0;
+        }
+    }
+    if start < windows.len() {
+        match groups.last_mut() {
+            Some(last) => last.1 = windows.len(),
+            None => groups.push((0, windows.len())),
+        }
+    }
+    let mut rates = vec![0.0; windows.len()];
+    let mut merged = 0;
+    for &(a, b) in &groups {
+        let g = &windows[a..b];
+        let ops: f64 = g.iter().map(|w| w.ops).sum();
+        let cpu_s: f64 = g.iter().map(|w| w.cpu_s).sum();
+        let rate = if cpu_s > 0.0 { ops / cpu_s } else { 0.0 };
+        rates[a..b].fill(rate);
+        merged += g.iter().filter(|w| w.cpu_s < floor).count();
+    }
+    Ok(CpuRates {
+        rates,
+        merged,
+        floor_s: floor,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +442,122 @@ mod tests {
         ));
         assert!(matches!(
             aging_figure(&[0.0; 8], 1.0, &P),
+            Err(AgingError::NoThroughput)
+        ));
+    }
+
+    /// `n` windows of `wall_s` each in which the threads did `rate` ops per
+    /// CPU-second while on the CPU a `share` of the time.
+    fn windows(n: usize, wall_s: f64, rate: f64, share: f64) -> Vec<WorkWindow> {
+        (0..n)
+            .map(|_| WorkWindow {
+                ops: rate * wall_s * share,
+                cpu_s: wall_s * share,
+            })
+            .collect()
+    }
+
+    fn wall(ws: &[WorkWindow], wall_s: f64) -> Vec<f64> {
+        ws.iter().map(|w| w.ops / wall_s).collect()
+    }
+
+    #[test]
+    fn a_descheduled_window_keeps_its_rate_per_cpu_second_and_is_not_aging() {
+        // 32 windows of 0.25 s at 1 M ops per CPU-second; from window 16 a
+        // co-runner takes half the core (the threads run half of each
+        // window, at the same speed while they run).
+        let mut ws = windows(16, 0.25, 1e6, 1.0);
+        ws.extend(windows(16, 0.25, 1e6, 0.5));
+        // The wall-clock figure (the old one) calls that aging: 0.5.
+        let old = aging_figure(&wall(&ws, 0.25), 0.25, &P).unwrap();
+        assert!((old.retained - 0.5).abs() < 1e-9, "{old:?}");
+        // Per CPU-second nothing changed.
+        let r = cpu_rates(&ws, CPU_FLOOR_FRACTION).unwrap();
+        assert_eq!(r.merged, 0, "half a window is above the floor");
+        assert!(r.rates.iter().all(|&x| (x - 1e6).abs() < 1e-3), "{r:?}");
+        let f = aging_figure(&r.rates, 0.25, &P).unwrap();
+        assert!((f.retained - 1.0).abs() < 1e-9, "{f:?}");
+        assert!((f.stability - 1.0).abs() < 1e-9, "{f:?}");
+    }
+
+    #[test]
+    fn a_slowdown_per_cpu_second_is_aging() {
+        // The threads keep the whole core, but from window 16 each
+        // operation costs twice the CPU (a tree walk): that is aging.
+        let mut ws = windows(16, 0.25, 1e6, 1.0);
+        ws.extend(windows(16, 0.25, 0.5e6, 1.0));
+        let f = aging_figure(&cpu_rates(&ws, CPU_FLOOR_FRACTION).unwrap().rates, 0.25, &P).unwrap();
+        assert!((f.retained - 0.5).abs() < 1e-9, "{f:?}");
+        // And a co-runner on top of it does not hide it or deepen it.
+        let mut ws = windows(16, 0.25, 1e6, 0.6);
+        ws.extend(windows(16, 0.25, 0.5e6, 0.45));
+        let f = aging_figure(&cpu_rates(&ws, CPU_FLOOR_FRACTION).unwrap().rates, 0.25, &P).unwrap();
+        assert!((f.retained - 0.5).abs() < 1e-9, "{f:?}");
+    }
+
+    #[test]
+    fn windows_below_the_cpu_floor_are_merged_not_noise() {
+        // Two windows in which the threads hardly ran, and whose few
+        // operations, counted a moment apart from the clocks, make a wild
+        // rate (10x and 0) on their own.
+        let mut ws = windows(32, 0.25, 1e6, 1.0);
+        ws[20] = WorkWindow {
+            ops: 2_000.0,
+            cpu_s: 0.0002,
+        };
+        ws[21] = WorkWindow {
+            ops: 0.0,
+            cpu_s: 0.0001,
+        };
+        let r = cpu_rates(&ws, CPU_FLOOR_FRACTION).unwrap();
+        assert_eq!(r.merged, 2);
+        assert!((r.floor_s - 0.0625).abs() < 1e-12);
+        // Windows 20 and 21 merge with 22: one group, one rate, close to
+        // the run's own.
+        assert_eq!(r.rates[20], r.rates[22]);
+        assert_eq!(r.rates[21], r.rates[22]);
+        assert!((r.rates[22] / 1e6 - 1.0).abs() < 0.01, "{r:?}");
+        let f = aging_figure(&r.rates, 0.25, &P).unwrap();
+        assert!(f.stability > 0.99, "{f:?}");
+        // Without the floor window 21 alone would read 0 and window 20 10x.
+        let raw = cpu_rates(&ws, 0.0).unwrap();
+        assert_eq!(raw.rates[21], 0.0);
+        assert!(raw.rates[20] > 9e6);
+        // A trailing window below the floor joins the group before it.
+        let mut ws = windows(8, 0.25, 1e6, 1.0);
+        ws.push(WorkWindow {
+            ops: 1.0,
+            cpu_s: 1e-6,
+        });
+        let r = cpu_rates(&ws, CPU_FLOOR_FRACTION).unwrap();
+        assert_eq!(r.merged, 1);
+        assert_eq!(r.rates[8], r.rates[7]);
+    }
+
+    #[test]
+    fn bad_work_windows_are_refused() {
+        let w = |ops, cpu_s| WorkWindow { ops, cpu_s };
+        assert!(matches!(
+            cpu_rates(&[w(1.0, 1.0), w(f64::NAN, 1.0)], 0.25),
+            Err(AgingError::BadValue { index: 1, .. })
+        ));
+        assert!(matches!(
+            cpu_rates(&[w(1.0, -1.0)], 0.25),
+            Err(AgingError::BadValue { index: 0, .. })
+        ));
+        assert!(matches!(
+            cpu_rates(&[w(1.0, 1.0)], 2.0),
+            Err(AgingError::BadValue {
+                index: usize::MAX,
+                ..
+            })
+        ));
+        assert!(matches!(
+            cpu_rates(&[w(0.0, 0.0); 4], 0.25),
+            Err(AgingError::NoThroughput)
+        ));
+        assert!(matches!(
+            cpu_rates(&[], 0.25),
             Err(AgingError::NoThroughput)
         ));
     }

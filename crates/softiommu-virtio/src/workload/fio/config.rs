@@ -230,6 +230,21 @@ pub struct FioConfig {
     pub slow: Option<SlowTail>,
     /// Seed of the jobs' random streams.
     pub seed: u64,
+    /// Measure the driver's CPU per request on samples of its own work
+    /// (every submitting or reaping call timed on the thread's CPU
+    /// clock, see the engine's `sample` module) and give each window's
+    /// driver CPU ([`FioWindow::driver_cpu_s`](super::FioWindow)) as the
+    /// window's requests at that cost, plus the flush timer and the
+    /// allocator's background work. Off: the windows' driver CPU is
+    /// those two only (cost runs, which read the job threads' clocks over
+    /// the whole run instead).
+    pub sample_work: bool,
+    /// The DMA domain's deferred-flush timeout for the run (`None`: the
+    /// domain's, Linux's 10 ms). A long one leaves the flushing to the
+    /// flush queues' high-water mark (256 entries, Linux's
+    /// `IOVA_FQ_SIZE`), so every flush frees the same batch whatever the
+    /// request rate, inside the completion that filled the queue.
+    pub flush_timeout: Option<Duration>,
 }
 
 impl Default for FioConfig {
@@ -246,6 +261,8 @@ impl Default for FioConfig {
             verify_every: 64,
             slow: None,
             seed: 0x5eed_0004,
+            sample_work: false,
+            flush_timeout: None,
         }
     }
 }
@@ -367,6 +384,14 @@ impl FioConfig {
         )?;
         if let Some(t) = self.threads {
             range("threads", t as f64, 1.0, self.jobs as f64)?;
+        }
+        if let Some(t) = self.flush_timeout {
+            range(
+                "flush_timeout_s",
+                t.as_secs_f64(),
+                softiommu::dma::MIN_TIMEOUT.as_secs_f64(),
+                softiommu::dma::MAX_TIMEOUT.as_secs_f64(),
+            )?;
         }
         if let Some(n) = self.irq_cpus {
             range("irq_cpus", n as f64, 1.0, MAX_JOBS as f64)?;

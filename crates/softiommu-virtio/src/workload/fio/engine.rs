@@ -11,6 +11,7 @@ use softiommu::dma::{DmaCpu, DmaDomain};
 
 use super::config::{FioConfig, FioError, RwMode};
 use super::result::{FioJobResult, FioResult, FioWindow};
+use super::sample::{Call, SampledWork, Sampler, WorkTotals};
 use crate::blk::{
     BlkDriverConfig, BlkHost, BlkHostConfig, BlkOp, BlkQueue, SlowRegion, MAX_DRIVER_REQUEST,
 };
@@ -109,6 +110,7 @@ struct Plan {
     slow_mixed: bool,
     verify_every: u32,
     verify: bool,
+    sample_work: bool,
     stop: AtomicBool,
 }
 
@@ -161,9 +163,26 @@ impl Job {
         Ok(n)
     }
 
-    /// Fills the queue up to its depth (and slow budget); returns how many
-    /// were submitted.
-    fn submit(&mut self, p: &Plan) -> Result<usize, FioError> {
+    /// Whether [`fill`](Self::fill) may find room for a request.
+    fn has_room(&self, p: &Plan) -> bool {
+        self.fast < p.iodepth || p.slow.is_some_and(|(_, _, _, depth)| self.slow < depth)
+    }
+
+    /// Fills the queue up to its depth (and slow budget), then rings the
+    /// doorbell; returns how many were submitted. With a sampler, the
+    /// filling (not the doorbell) is one of its calls.
+    fn submit(&mut self, p: &Plan, sampler: Option<&mut Sampler>) -> Result<usize, FioError> {
+        let n = match sampler {
+            Some(s) if self.has_room(p) => s.run(Call::Submit, || self.fill(p))?,
+            _ => self.fill(p)?,
+        };
+        self.q.commit();
+        Ok(n)
+    }
+
+    /// Builds and posts requests up to the depth (and slow budget);
+    /// returns how many.
+    fn fill(&mut self, p: &Plan) -> Result<usize, FioError> {
         let mut n = 0;
         // A rate-based tail: what the clock has earned and not been sent
         // (one clock read per call, not per I/O). What could not be sent
@@ -241,24 +260,27 @@ impl Job {
             }
             n += 1;
         }
-        self.q.commit();
         Ok(n)
     }
 }
 
 /// One OS thread: its jobs and interrupt CPUs, until the stop flag, then a
 /// drain of the fast I/Os. Returns the jobs' queues and the thread's CPU
-/// time over the measured run.
+/// time over the measured run. With `p.sample_work`, one submitting or
+/// reaping call in [`SAMPLE_EVERY`](super::sample::SAMPLE_EVERY) (every one) is timed
+/// into `work` (see [`super::sample`]).
 fn host_thread(
     mut jobs: Vec<Job>,
     irq_cpus: usize,
     domain: Arc<DmaDomain>,
     p: Arc<Plan>,
+    work: Arc<CachePadded<SampledWork>>,
 ) -> Result<(Vec<BlkQueue>, Duration), FioError> {
     let mut irqs: Vec<DmaCpu> = (0..irq_cpus).map(|_| domain.cpu()).collect();
     for j in &jobs {
         j.q.bind_interrupt();
     }
+    let mut sampler = p.sample_work.then(|| Sampler::new(work));
     let cpu0 = cpu_clock::thread();
     let mut cpu_end = None;
     let drain_until = |t: Instant| t + Duration::from_secs(2);
@@ -271,9 +293,14 @@ fn host_thread(
         }
         let mut progress = 0;
         for j in &mut jobs {
-            progress += j.reap(&mut irqs, &p)?;
+            progress += match sampler.as_mut() {
+                Some(s) if !stopping && j.q.has_completions() => {
+                    s.run(Call::Reap, || j.reap(&mut irqs, &p))?
+                }
+                _ => j.reap(&mut irqs, &p)?,
+            };
             if !stopping {
-                progress += j.submit(&p)?;
+                progress += j.submit(&p, sampler.as_mut())?;
             }
         }
         if stopping
@@ -425,6 +452,12 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             },
         );
     }
+    if let Some(t) = cfg.flush_timeout {
+        // In range (`check`); a refusal is the domain's own.
+        if let Err(e) = host.domain.set_timeout(t) {
+            return fail(&drv, FioError::Host(e.into()));
+        }
+    }
     let plan = Arc::new(Plan {
         iodepth: cfg.iodepth,
         rw: cfg.rw,
@@ -437,6 +470,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         slow_mixed: cfg.slow.is_some_and(|s| s.mixed),
         verify_every: cfg.verify_every,
         verify: host.device.backend().kind() == "null",
+        sample_work: cfg.sample_work,
         stop: AtomicBool::new(false),
     });
     let threads = cfg
@@ -473,15 +507,25 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         });
     }
     let dev_cpu0 = host.device.cpu_time();
+    // The DMA domain's flush timer frees on the job threads' behalf: its
+    // CPU is the driver side's (a timer the kernel gives no clock for
+    // counts zero).
+    let timer_cpu = || host.domain.timer_cpu_time().unwrap_or_default();
+    let timer0 = timer_cpu();
+    let mut maintain_cpu = Duration::ZERO;
+    let work: Vec<Arc<CachePadded<SampledWork>>> = (0..threads)
+        .map(|_| Arc::new(CachePadded::new(SampledWork::default())))
+        .collect();
     let handles: Vec<_> = per_thread
         .into_iter()
         .enumerate()
         .map(|(t, jobs)| {
             let (domain, p) = (host.domain.clone(), plan.clone());
             let n_irq = (t..irq_total).step_by(threads).count();
+            let work = work[t].clone();
             std::thread::Builder::new()
                 .name(format!("fio t{t}"))
-                .spawn(move || host_thread(jobs, n_irq, domain, p))
+                .spawn(move || host_thread(jobs, n_irq, domain, p, work))
         })
         .collect();
     // The conductor: one sample per window, and the allocator's
@@ -502,6 +546,15 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
     let mut windows = Vec::with_capacity(n_windows);
     let t0 = Instant::now();
     let mut last = total(&counters);
+    // The driver side's work, window by window (with `sample_work`): the
+    // requests completed × the sampled CPU per request (submission with
+    // `map_sg`, completion with `unmap_sg` and the flush queue's frees),
+    // the flush timer's CPU and the allocator's background work the
+    // conductor runs (timed on its own clock around each call). The
+    // device threads stand for hardware and are not in it.
+    let mut last_work = WorkTotals::read(&work);
+    let mut last_timer = timer0;
+    let mut last_maintain_cpu = maintain_cpu;
     let mut last_t = t0;
     let mut last_maintain = t0;
     let spawn_failed = handles.iter().any(|h| h.is_err());
@@ -521,28 +574,45 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             // The allocator's background work (depot and idle trim), as
             // Linux's workqueue runs it about every 100 ms.
             if last_maintain.elapsed() >= MAINTAIN_EVERY {
+                let c0 = cpu_clock::thread();
                 host.domain.maintain_iova();
+                maintain_cpu += cpu_clock::thread().saturating_sub(c0);
                 last_maintain = Instant::now();
             }
         }
         let now = Instant::now();
         let cur = total(&counters);
+        let cur_work = WorkTotals::read(&work);
+        let cur_timer = timer_cpu();
+        let ops = cur.0 - last.0;
+        let timer_s = cur_timer.saturating_sub(last_timer).as_secs_f64();
+        let maintain_s = maintain_cpu.saturating_sub(last_maintain_cpu).as_secs_f64();
+        let per_req_s = cur_work.per_request_s(&last_work);
         let dt = now.duration_since(last_t).as_secs_f64().max(1e-9);
         windows.push(FioWindow {
             t_s: now.duration_since(t0).as_secs_f64(),
-            iops: (cur.0 - last.0) as f64 / dt,
+            ops,
+            driver_cpu_s: ops as f64 * per_req_s + timer_s + maintain_s,
+            work_cpu_us_per_req: per_req_s * 1e6,
+            timer_cpu_s: timer_s,
+            iops: ops as f64 / dt,
             gbps: (cur.1 - last.1) as f64 / dt / 1e9,
             read_iops: (cur.2 - last.2) as f64 / dt,
             write_iops: (cur.3 - last.3) as f64 / dt,
             errors: cur.4 - last.4,
         });
         last = cur;
+        last_work = cur_work;
+        last_timer = cur_timer;
+        last_maintain_cpu = maintain_cpu;
         last_t = now;
     }
     let runtime_s = t0.elapsed().as_secs_f64();
     let ops_at_stop = total(&counters);
     plan.stop.store(true, Ordering::Release);
     let dev_cpu = host.device.cpu_time().saturating_sub(dev_cpu0);
+    let run_timer_cpu = timer_cpu().saturating_sub(timer0);
+    let run_work = WorkTotals::read(&work);
     let mut queues = Vec::new();
     let mut driver_cpu = Duration::ZERO;
     let mut first_err = None;
@@ -614,7 +684,9 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         io_errors: jobs.iter().map(|j| j.io_errors).sum(),
         verified: jobs.iter().map(|j| j.verified).sum(),
         verify_failures: jobs.iter().map(|j| j.verify_failures).sum(),
-        driver_cpu_us_per_req: per(driver_cpu),
+        driver_cpu_us_per_req: per(driver_cpu + run_timer_cpu),
+        flush_timer_cpu_us_per_req: per(run_timer_cpu),
+        work_cpu_us_per_req: run_work.per_request_s(&WorkTotals::default()) * 1e6,
         device_cpu_us_per_req: per(dev_cpu),
         abandoned,
         iova: host.domain.iova_stats(),

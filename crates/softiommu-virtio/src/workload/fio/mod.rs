@@ -8,8 +8,11 @@
 //! job and the run goes on.
 //!
 //! Costs: the job threads' CPU (driver side: submission, `map_sg`,
-//! completion, `unmap_sg`) and the device threads' CPU are read from
-//! thread CPU clocks over the measured run, per I/O. Every figure is real
+//! completion, `unmap_sg`) with the DMA domain's flush timer's, and the
+//! device threads' CPU apart, are read from thread CPU clocks over the
+//! measured run, per I/O; with [`FioConfig::sample_work`] the time line
+//! also carries the driver's CPU per request measured on samples of its
+//! own calls (the aging figure's input, see `sample.rs`). Every figure is real
 //! work of this process; the only modelled cost is whatever
 //! [`LatencyModel`](softiommu::hw::LatencyModel) the host was built with.
 //!
@@ -26,6 +29,7 @@
 mod config;
 mod engine;
 mod result;
+mod sample;
 
 pub use config::{
     BlockSizes, FioConfig, FioError, RwMode, SlowTail, MAX_IODEPTH, MAX_JOBS, MAX_RUNTIME,

@@ -3,6 +3,8 @@
 
 use softiommu::iova::IovaStats;
 
+use crate::workload::aging::WorkWindow;
+
 /// One reporting window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FioWindow {
@@ -18,6 +20,21 @@ pub struct FioWindow {
     pub write_iops: f64,
     /// I/Os completed with an error status in the window.
     pub errors: u64,
+    /// I/Os completed in the window.
+    pub ops: u64,
+    /// CPU seconds the driver side worked in the window: with
+    /// `FioConfig::sample_work`, the window's requests × the CPU per
+    /// request sampled in the window ([`work_cpu_us_per_req`](Self::work_cpu_us_per_req)),
+    /// plus the DMA domain's flush timer and the allocator's background
+    /// work (the device threads, which stand for hardware, are not in it).
+    pub driver_cpu_s: f64,
+    /// The job threads' CPU µs per request sampled in the window: per
+    /// request submitted (chains, `map_sg`) plus per request reaped
+    /// (`unmap_sg`, the flush queue's frees, the status); 0 without
+    /// `FioConfig::sample_work` or without samples.
+    pub work_cpu_us_per_req: f64,
+    /// The flush timer's CPU seconds in the window.
+    pub timer_cpu_s: f64,
 }
 
 /// One job's totals.
@@ -75,9 +92,16 @@ pub struct FioResult {
     pub verified: u64,
     /// Checked reads whose data was wrong.
     pub verify_failures: u64,
-    /// CPU microseconds of the job threads (driver side: submission,
-    /// `map_sg`, completion, `unmap_sg`) per I/O, from thread CPU clocks.
+    /// CPU microseconds of the driver side per I/O, from thread CPU
+    /// clocks over the run: the job threads (submission, `map_sg`,
+    /// completion, `unmap_sg`, and their polls and waits) and the DMA
+    /// domain's flush timer (its frees on their behalf).
     pub driver_cpu_us_per_req: f64,
+    /// The flush timer's share of that, µs per I/O.
+    pub flush_timer_cpu_us_per_req: f64,
+    /// The driver's CPU µs per request measured on samples of its own
+    /// calls over the run (with `FioConfig::sample_work`; else 0).
+    pub work_cpu_us_per_req: f64,
     /// CPU microseconds of the device threads per I/O (they stand for the
     /// hardware).
     pub device_cpu_us_per_req: f64,
@@ -92,5 +116,17 @@ impl FioResult {
     /// The time line's IOPS, window by window (the aging figure's input).
     pub fn iops_series(&self) -> Vec<f64> {
         self.windows.iter().map(|w| w.iops).collect()
+    }
+
+    /// The time line as work and driver CPU time, window by window (the
+    /// CPU-time aging figure's input, [`crate::workload::aging::cpu_rates`]).
+    pub fn work_windows(&self) -> Vec<WorkWindow> {
+        self.windows
+            .iter()
+            .map(|w| WorkWindow {
+                ops: w.ops as f64,
+                cpu_s: w.driver_cpu_s,
+            })
+            .collect()
     }
 }

@@ -1,0 +1,64 @@
+//! How the lab measures, one copy of each, for every lab to use: CPU
+//! clocks, thread pinning and the aging figure.
+//!
+//! - [`cpu_clock`]: the calling thread's, another live thread's
+//!   (`pthread_getcpuclockid`) and the process's CPU time. The device
+//!   crate's device threads and workloads read the same clocks, so the
+//!   one copy lives there and is used from here.
+//! - [`pinning`]: the CPUs this process may run on and pinning the
+//!   calling thread to one (the device crate pins its device threads with
+//!   it too).
+//! - [`aging`]: seed `004`'s aging figure as both aging labs report it,
+//!   on work per CPU-second with the wall-clock figure beside it.
+//!
+//! The spreads over rounds and the checks of what a policy must cost are
+//! `lab::policy_physics`.
+
+pub mod aging;
+pub use softiommu_virtio::affinity as pinning;
+pub use softiommu_virtio::cpu_clock;
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// Every `.rs` file under `dir`, with its text.
+    fn sources(dir: &Path, out: &mut Vec<(String, String)>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                sources(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push((
+                    p.display().to_string(),
+                    std::fs::read_to_string(&p).unwrap(),
+                ));
+            }
+        }
+    }
+
+    #[test]
+    fn the_lab_reads_cpu_clocks_from_one_place_and_labs_share_through_metrics() {
+        let mut files = Vec::new();
+        sources(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut files,
+        );
+        assert!(files.len() > 20, "{}", files.len());
+        let call = ["clock", "_gettime("].concat();
+        for (path, text) in &files {
+            assert!(!text.contains(&call), "{path} reads a clock of its own");
+        }
+        for (name, imports) in [("iova_aging", "fio_aging"), ("fio_aging", "iova_aging")] {
+            let (_, text) = files
+                .iter()
+                .find(|(p, _)| p.ends_with(&format!("lab/{name}.rs")))
+                .unwrap();
+            assert!(
+                !text.contains(&format!("crate::lab::{imports}")),
+                "{name} imports from {imports}"
+            );
+            assert!(text.contains("crate::metrics::aging"), "{name}");
+        }
+    }
+}
