@@ -344,7 +344,10 @@ fn seed_003(reports: &[Report]) -> SeedLine {
         .iter()
         .any(|r| t.invalid_why(r).is_some());
     let why = invalid
-        .then(|| invalid_walk(reports, "tcp-64k"))
+        .then(|| {
+            invalid_walk(reports, "tcp-64k")
+                .or_else(|| invalid_among(t, &["coherent/deferred", row]))
+        })
         .flatten()
         .unwrap_or_else(|| "a row is marked invalid".into());
     SeedLine {
