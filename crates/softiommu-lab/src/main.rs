@@ -11,6 +11,7 @@ mod interrupt;
 mod lab;
 mod metrics;
 mod progress;
+mod registry;
 mod render;
 mod report;
 mod scenario;
@@ -41,10 +42,10 @@ struct Cli {
 enum Cmd {
     /// Micro-benchmarks, side by side with peer implementations.
     #[command(subcommand)]
-    Bench(BenchCmd),
+    Bench(registry::BenchCmd),
     /// Lab scenarios that reproduce the seeds' experiments; or
     /// `lab FILE`: run a scenario file (or a built-in scenario by name).
-    Lab(LabArgs),
+    Lab(LabCli),
     /// The headline suite: every built-in scenario, stored, with the HTML
     /// report and a seed summary.
     Run(cmd::run::RunArgs),
@@ -56,27 +57,11 @@ enum Cmd {
     Report(cmd::report::ReportArgs),
 }
 
-#[derive(Debug, Subcommand)]
-enum BenchCmd {
-    /// IOVA alloc+free pairs: ours vs vm-allocator, range-alloc, offset-allocator, linux-2016.
-    Iova(bench::iova::IovaBenchArgs),
-    /// VT-d page-table map+unmap, coherent and not (seed 003).
-    Pgtable(bench::pgtable::PgtableBenchArgs),
-    /// DMA map+unmap per policy, as Linux's dma_map_benchmark (seed 000).
-    Dma(bench::dma::DmaBenchArgs),
-    /// Device-side translation: IOTLB hits vs vm-memory's Iotlb, and walks.
-    Translate(bench::translate::TranslateBenchArgs),
-    /// Seed 001: a NIC ring per DMA access ordering (relaxed, ordered, full, vm-memory).
-    Access(bench::access::AccessBenchArgs),
-    /// Seed 000's floor: hand-built UDP frames on a bare NIC ring per DMA policy, no stack.
-    Ring(bench::ring::RingArgs),
-}
-
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
-struct LabArgs {
+struct LabCli {
     #[command(subcommand)]
-    cmd: Option<LabCmd>,
+    cmd: Option<registry::LabCmd>,
     /// A scenario file (TOML, at most 1 MiB), or the name of a built-in
     /// scenario.
     file: Option<std::path::PathBuf>,
@@ -90,28 +75,6 @@ struct LabArgs {
     /// Print the report's JSON object instead of tables.
     #[arg(long)]
     json: bool,
-}
-
-#[derive(Debug, Subcommand)]
-enum LabCmd {
-    /// Seed 004: IOVA cache growth over a long storage run, per policy.
-    IovaAging(lab::iova_aging::AgingArgs),
-    /// Seed 004 on the storage path: twelve fio jobs on virtio-blk, cost per DMA policy, aging per IOVA policy.
-    FioAging(lab::fio_aging::FioAgingArgs),
-    /// Seed 000: a UDP stream through smoltcp, virtio-net and two IOMMUs, per policy and ordering.
-    NetperfUdp(lab::netperf_udp::NetperfArgs),
-    /// Seed 003: one TCP stream through smoltcp, coherent vs non-coherent page walk, per policy.
-    IperfTcp(lab::iperf_tcp::IperfTcpArgs),
-    /// Seed 002: an accelerator's messages pinned vs mapped on demand (I/O page faults), per pre-map window.
-    Iopf(lab::iopf::IopfArgs),
-    /// Seed 001: message-passing and store-buffering litmus tests, device vs CPU.
-    Litmus(lab::litmus::LitmusArgs),
-    /// A soak with an independent checker and a probe of the deferred bound; any violation exits non-zero.
-    Stress(lab::stress::StressArgs),
-    /// The storage path through a virtio-iommu: no IOMMU, guest strict, guest lazy.
-    Viommu(lab::viommu::ViommuArgs),
-    /// Seed 000 in the guest's own code: a Debian guest under QEMU drives our vhost-user-blk back-end's IOTLB, strict vs lazy, beside QEMU's own virtio-blk.
-    Guest(lab::guest::GuestArgs),
 }
 
 /// Prints a report: its contract object under `--json`, else its tables.
@@ -146,8 +109,14 @@ fn violations(report: &Report) -> LabResult<()> {
     Err(error::LabError::Violations { count, first })
 }
 
+/// Runs a registered bench or lab from its command and prints it.
+fn run_lab(lab: registry::LabArgs) -> LabResult<()> {
+    let json = lab.json();
+    emit(lab.run(&mut |_| {}), json)
+}
+
 /// Runs a scenario file, or a built-in scenario by that name.
-fn lab_file(a: &LabArgs, file: &std::path::Path) -> LabResult<()> {
+fn lab_file(a: &LabCli, file: &std::path::Path) -> LabResult<()> {
     let s = if file.exists() {
         scenario::Scenario::load(file)?
     } else {
@@ -191,52 +160,18 @@ fn main() -> std::process::ExitCode {
         Err(code) => return code,
     };
     let res = match cli.cmd {
-        Cmd::Bench(BenchCmd::Iova(a)) => emit(bench::iova::run(&a), a.json),
-        Cmd::Bench(BenchCmd::Pgtable(a)) => emit(bench::pgtable::run(&a), a.json),
-        Cmd::Bench(BenchCmd::Dma(a)) => emit(bench::dma::run(&a), a.json),
-        Cmd::Bench(BenchCmd::Translate(a)) => emit(bench::translate::run(&a), a.json),
-        Cmd::Bench(BenchCmd::Access(a)) => emit(bench::access::run(&a), a.json),
-        Cmd::Bench(BenchCmd::Ring(a)) => emit(bench::ring::run(&a), a.json),
-        Cmd::Lab(LabArgs {
-            cmd: Some(LabCmd::Litmus(a)),
-            ..
-        }) => emit(lab::litmus::run(&a), a.json),
-        Cmd::Lab(LabArgs {
-            cmd: Some(LabCmd::Stress(a)),
-            ..
-        }) => emit(lab::stress::run(&a), a.json),
-        Cmd::Lab(LabArgs {
-            cmd: Some(LabCmd::Iopf(a)),
-            ..
-        }) => emit(lab::iopf::run(&a), a.json),
-        Cmd::Lab(LabArgs {
-            cmd: Some(LabCmd::IovaAging(a)),
-            ..
-        }) => emit(lab::iova_aging::run(&a, |_| {}), a.json),
-        Cmd::Lab(LabArgs {
-            cmd: Some(LabCmd::FioAging(a)),
-            ..
-        }) => emit(lab::fio_aging::run(&a, |_| {}), a.json),
-        Cmd::Lab(LabArgs {
-            cmd: Some(LabCmd::NetperfUdp(a)),
-            ..
-        }) => emit(lab::netperf_udp::run(&a), a.json),
-        Cmd::Lab(LabArgs {
-            cmd: Some(LabCmd::IperfTcp(a)),
-            ..
-        }) => emit(lab::iperf_tcp::run(&a), a.json),
-        Cmd::Lab(LabArgs {
-            cmd: Some(LabCmd::Viommu(a)),
-            ..
-        }) => emit(lab::viommu::run(&a), a.json),
-        Cmd::Lab(LabArgs {
-            cmd: Some(LabCmd::Guest(a)),
-            ..
-        }) => lab::guest::run(&a),
+        Cmd::Bench(b) => run_lab(b.into()),
+        Cmd::Lab(LabCli { cmd: Some(c), .. }) => match c.into_lab() {
+            Ok(lab) => run_lab(lab),
+            Err(guest) => lab::guest::run(&guest),
+        },
         Cmd::Lab(a) => match &a.file {
             Some(f) => lab_file(&a, f),
             None => {
-                eprintln!("softiommu: lab needs a subcommand (iova-aging, fio-aging, netperf-udp, iperf-tcp, litmus, stress, iopf, viommu, guest) or a scenario FILE");
+                eprintln!(
+                    "softiommu: lab needs a subcommand ({}) or a scenario FILE",
+                    registry::lab_names()
+                );
                 return std::process::ExitCode::from(2);
             }
         },

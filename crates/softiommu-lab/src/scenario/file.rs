@@ -3,179 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use super::set::apply_sets;
 use super::ScenarioError;
-use crate::bench::access::AccessBenchArgs;
-use crate::bench::dma::DmaBenchArgs;
-use crate::bench::iova::IovaBenchArgs;
-use crate::bench::pgtable::PgtableBenchArgs;
-use crate::bench::ring::RingArgs;
-use crate::bench::translate::TranslateBenchArgs;
 use crate::error::LabResult;
-use crate::lab::fio_aging::FioAgingArgs;
-use crate::lab::iopf::IopfArgs;
-use crate::lab::iova_aging::AgingArgs;
-use crate::lab::iperf_tcp::IperfTcpArgs;
-use crate::lab::litmus::LitmusArgs;
-use crate::lab::netperf_udp::NetperfArgs;
-use crate::lab::stress::StressArgs;
+pub use crate::registry::LabArgs;
+pub(super) use crate::registry::{ScenarioFile, LAB_TABLES};
 use crate::report::Report;
-
-/// The file as written: a header and exactly one bench or lab table.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ScenarioFile {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<String>,
-    #[serde(default)]
-    pub about: String,
-    #[serde(
-        rename = "bench-iova",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bench_iova: Option<IovaBenchArgs>,
-    #[serde(
-        rename = "bench-pgtable",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bench_pgtable: Option<PgtableBenchArgs>,
-    #[serde(rename = "bench-dma", default, skip_serializing_if = "Option::is_none")]
-    pub bench_dma: Option<DmaBenchArgs>,
-    #[serde(
-        rename = "bench-translate",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bench_translate: Option<TranslateBenchArgs>,
-    #[serde(
-        rename = "bench-access",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bench_access: Option<AccessBenchArgs>,
-    #[serde(
-        rename = "bench-ring",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bench_ring: Option<RingArgs>,
-    #[serde(
-        rename = "lab-netperf-udp",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub lab_netperf_udp: Option<NetperfArgs>,
-    #[serde(
-        rename = "lab-iperf-tcp",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub lab_iperf_tcp: Option<IperfTcpArgs>,
-    #[serde(
-        rename = "lab-iova-aging",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub lab_iova_aging: Option<AgingArgs>,
-    #[serde(
-        rename = "lab-fio-aging",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub lab_fio_aging: Option<FioAgingArgs>,
-    #[serde(
-        rename = "lab-litmus",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub lab_litmus: Option<LitmusArgs>,
-    #[serde(
-        rename = "lab-stress",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub lab_stress: Option<StressArgs>,
-    #[serde(rename = "lab-iopf", default, skip_serializing_if = "Option::is_none")]
-    pub lab_iopf: Option<IopfArgs>,
-    /// Overrides `run --quick` applies, as `--set`s of the lab table.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quick: Option<toml::Table>,
-}
-
-/// The table names a scenario may use, in the schema's order.
-pub(super) const LAB_TABLES: [&str; 13] = [
-    "bench-iova",
-    "bench-pgtable",
-    "bench-dma",
-    "bench-translate",
-    "bench-access",
-    "bench-ring",
-    "lab-netperf-udp",
-    "lab-iperf-tcp",
-    "lab-iova-aging",
-    "lab-fio-aging",
-    "lab-litmus",
-    "lab-stress",
-    "lab-iopf",
-];
-
-/// The bench or lab a scenario runs, with its options.
-#[derive(Debug, Clone)]
-pub enum LabArgs {
-    /// `bench iova`.
-    BenchIova(IovaBenchArgs),
-    /// `bench pgtable`.
-    BenchPgtable(PgtableBenchArgs),
-    /// `bench dma`.
-    BenchDma(DmaBenchArgs),
-    /// `bench translate`.
-    BenchTranslate(TranslateBenchArgs),
-    /// `bench access`.
-    BenchAccess(AccessBenchArgs),
-    /// `bench ring`.
-    BenchRing(RingArgs),
-    /// `lab netperf-udp`.
-    NetperfUdp(NetperfArgs),
-    /// `lab iperf-tcp`.
-    IperfTcp(IperfTcpArgs),
-    /// `lab iova-aging`.
-    IovaAging(AgingArgs),
-    /// `lab fio-aging`.
-    FioAging(FioAgingArgs),
-    /// `lab litmus`.
-    Litmus(LitmusArgs),
-    /// `lab stress`.
-    Stress(StressArgs),
-    /// `lab iopf`.
-    Iopf(IopfArgs),
-}
-
-impl LabArgs {
-    /// Runs it; `progress` hears of steps within a long lab.
-    pub fn run(&self, progress: &mut dyn FnMut(&str)) -> LabResult<Report> {
-        match self {
-            LabArgs::BenchIova(a) => crate::bench::iova::run(a),
-            LabArgs::BenchPgtable(a) => crate::bench::pgtable::run(a),
-            LabArgs::BenchDma(a) => crate::bench::dma::run(a),
-            LabArgs::BenchTranslate(a) => crate::bench::translate::run(a),
-            LabArgs::BenchAccess(a) => crate::bench::access::run(a),
-            LabArgs::BenchRing(a) => crate::bench::ring::run(a),
-            LabArgs::NetperfUdp(a) => crate::lab::netperf_udp::run(a),
-            LabArgs::IperfTcp(a) => crate::lab::iperf_tcp::run(a),
-            LabArgs::IovaAging(a) => crate::lab::iova_aging::run(a, progress),
-            LabArgs::FioAging(a) => crate::lab::fio_aging::run(a, progress),
-            LabArgs::Litmus(a) => crate::lab::litmus::run(a),
-            LabArgs::Stress(a) => crate::lab::stress::run(a),
-            LabArgs::Iopf(a) => crate::lab::iopf::run(a),
-        }
-    }
-}
 
 /// A scenario ready to run.
 #[derive(Debug, Clone)]
@@ -206,11 +39,7 @@ impl Scenario {
     }
 
     fn from_file(file: ScenarioFile, path: &Path) -> Result<Scenario, ScenarioError> {
-        let found: Vec<&str> = LAB_TABLES
-            .iter()
-            .copied()
-            .filter(|t| lab_table_present(&file, t))
-            .collect();
+        let found = file.tables();
         match found.len() {
             0 => {
                 return Err(ScenarioError::NoLab {
@@ -241,11 +70,7 @@ impl Scenario {
 
     /// The name of the scenario's bench or lab table.
     pub fn lab_table(&self) -> &'static str {
-        LAB_TABLES
-            .iter()
-            .copied()
-            .find(|t| lab_table_present(&self.file, t))
-            .unwrap_or("?")
+        self.file.tables().first().copied().unwrap_or("?")
     }
 
     /// The scenario with `KEY=VALUE` overrides applied (a key names a
@@ -273,36 +98,12 @@ impl Scenario {
         Ok(s)
     }
 
-    /// The bench or lab and its options.
+    /// The bench or lab and its options (a scenario holds exactly one
+    /// table: [`Scenario::parse`] refuses any other).
     pub fn lab(&self) -> LabArgs {
-        let f = &self.file;
-        if let Some(a) = &f.bench_iova {
-            LabArgs::BenchIova(a.clone())
-        } else if let Some(a) = &f.bench_pgtable {
-            LabArgs::BenchPgtable(a.clone())
-        } else if let Some(a) = &f.bench_dma {
-            LabArgs::BenchDma(a.clone())
-        } else if let Some(a) = &f.bench_translate {
-            LabArgs::BenchTranslate(a.clone())
-        } else if let Some(a) = &f.bench_access {
-            LabArgs::BenchAccess(a.clone())
-        } else if let Some(a) = &f.bench_ring {
-            LabArgs::BenchRing(a.clone())
-        } else if let Some(a) = &f.lab_netperf_udp {
-            LabArgs::NetperfUdp(a.clone())
-        } else if let Some(a) = &f.lab_iperf_tcp {
-            LabArgs::IperfTcp(a.clone())
-        } else if let Some(a) = &f.lab_iova_aging {
-            LabArgs::IovaAging(a.clone())
-        } else if let Some(a) = &f.lab_fio_aging {
-            LabArgs::FioAging(a.clone())
-        } else if let Some(a) = &f.lab_stress {
-            LabArgs::Stress(a.clone())
-        } else if let Some(a) = &f.lab_iopf {
-            LabArgs::Iopf(a.clone())
-        } else {
-            LabArgs::Litmus(f.lab_litmus.clone().unwrap_or_default())
-        }
+        self.file
+            .lab()
+            .unwrap_or_else(|| LabArgs::Litmus(Default::default()))
     }
 
     /// Runs the scenario; the report carries its name and seed.
@@ -316,25 +117,6 @@ impl Scenario {
             r.title = self.about.clone();
         }
         Ok(r)
-    }
-}
-
-fn lab_table_present(f: &ScenarioFile, table: &str) -> bool {
-    match table {
-        "bench-iova" => f.bench_iova.is_some(),
-        "bench-pgtable" => f.bench_pgtable.is_some(),
-        "bench-dma" => f.bench_dma.is_some(),
-        "bench-translate" => f.bench_translate.is_some(),
-        "bench-access" => f.bench_access.is_some(),
-        "bench-ring" => f.bench_ring.is_some(),
-        "lab-netperf-udp" => f.lab_netperf_udp.is_some(),
-        "lab-iperf-tcp" => f.lab_iperf_tcp.is_some(),
-        "lab-iova-aging" => f.lab_iova_aging.is_some(),
-        "lab-fio-aging" => f.lab_fio_aging.is_some(),
-        "lab-litmus" => f.lab_litmus.is_some(),
-        "lab-stress" => f.lab_stress.is_some(),
-        "lab-iopf" => f.lab_iopf.is_some(),
-        _ => false,
     }
 }
 
