@@ -1265,7 +1265,16 @@ impl Work {
         dir: DmaDirection,
     ) -> Result<(), DmaError> {
         let d = &*self.domain;
-        // In `unmap`'s order: a bounce pool's address is a slot or nothing.
+        // In `unmap`'s order: in pass-through this CPU's record first (no
+        // bounce slot is live there), then a bounce pool's address is a
+        // slot or nothing.
+        if d.policy() == DmaPolicy::Passthrough
+            && slot
+                .passthrough
+                .take_keyed_probe(addr, len, dev.pt_key(dir))
+        {
+            return Ok(());
+        }
         if d.bounce.find(addr).is_some() {
             return match lock(&d.bounce_map).get(&addr) {
                 Some(rec) => check_bounce_owner(rec, addr, len, dev.sid, dir),

@@ -227,6 +227,12 @@ impl PtRecord {
         len != 0 && len <= LEN_MASK && self.live.with(|t| t.take(addr, len | owner_key))
     }
 
+    /// Whether [`take_keyed`](Self::take_keyed) would find the mapping
+    /// (nothing changed).
+    pub(crate) fn take_keyed_probe(&self, addr: u64, len: u64, owner_key: u64) -> bool {
+        len != 0 && len <= LEN_MASK && self.live.with(|t| t.find(addr, len | owner_key).is_some())
+    }
+
     #[inline(always)]
     #[cfg(test)]
     pub(crate) fn add(&self, addr: u64, len: u64, owner: u32) {
