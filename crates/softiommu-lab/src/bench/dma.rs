@@ -235,24 +235,25 @@ fn run_policy(
                         }
                         let half = start.elapsed().as_nanos() / 2;
                         (map_ns, unmap_ns) = (half, half);
-                    }
-                    while !untimed {
-                        let t0 = Instant::now();
-                        let a = cpu.map(&dev, buf, len, dir)?;
-                        let t1 = Instant::now();
-                        spin(trans);
-                        let t2 = Instant::now();
-                        cpu.unmap(&dev, a, len, dir)?;
-                        let t3 = Instant::now();
-                        map_ns += (t1 - t0).as_nanos();
-                        let u = (t3 - t2).as_nanos();
-                        unmap_ns += u;
-                        hist[(u.max(1).ilog2() as usize).min(BUCKETS - 1)] += 1;
-                        n += 1;
-                        match iters {
-                            Some(k) if n >= k => break,
-                            None if n % 64 == 0 && start.elapsed() >= budget => break,
-                            _ => {}
+                    } else {
+                        loop {
+                            let t0 = Instant::now();
+                            let a = cpu.map(&dev, buf, len, dir)?;
+                            let t1 = Instant::now();
+                            spin(trans);
+                            let t2 = Instant::now();
+                            cpu.unmap(&dev, a, len, dir)?;
+                            let t3 = Instant::now();
+                            map_ns += (t1 - t0).as_nanos();
+                            let u = (t3 - t2).as_nanos();
+                            unmap_ns += u;
+                            hist[(u.max(1).ilog2() as usize).min(BUCKETS - 1)] += 1;
+                            n += 1;
+                            match iters {
+                                Some(k) if n >= k => break,
+                                None if n % 64 == 0 && start.elapsed() >= budget => break,
+                                _ => {}
+                            }
                         }
                     }
                     // Minus the transfer spins, which are not the pair's work.
