@@ -465,3 +465,33 @@ fn report(r: &DmaBenchReport, args: &DmaBenchArgs, hists: &[(String, [u64; BUCKE
     });
     rep
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--untimed` runs exactly `--iters` pairs with no clock read per
+    /// call: no histogram, the mean pair time split evenly; the mapping
+    /// is gone after each pair.
+    #[test]
+    fn an_untimed_run_makes_exactly_its_pairs_and_no_histogram() {
+        let args = DmaBenchArgs {
+            iters: Some(Ranged::new(1000)),
+            untimed: true,
+            latency: Latency::Zero,
+            ..DmaBenchArgs::default()
+        };
+        for policy in [DmaPolicy::Passthrough, DmaPolicy::Deferred] {
+            let (r, hist) = run_policy(
+                policy,
+                &args,
+                DmaDirection::Bidirectional,
+                LatencyModel::zero(),
+            )
+            .unwrap();
+            assert_eq!(r.pairs, 1000, "{policy:?}");
+            assert_eq!(hist, [0u64; BUCKETS], "{policy:?}");
+            assert_eq!(r.map_ns, r.unmap_ns, "{policy:?}");
+        }
+    }
+}
