@@ -115,9 +115,7 @@ impl DmaCpu {
         if Arc::ptr_eq(&dev.domain, &self.w.domain) {
             Ok(())
         } else {
-            Err(DmaError::WrongDomain {
-                sid: dev.sid.to_string(),
-            })
+            Err(wrong_domain(dev.sid))
         }
     }
 
@@ -134,6 +132,10 @@ impl DmaCpu {
     /// Maps `len` bytes at `phys` for `dev`, moving in direction `dir`;
     /// returns the address the device must use. The buffer must lie in
     /// physical memory and outside the IOMMU's own frames.
+    ///
+    /// Inlined into its caller: the pass-through map is a few dozen
+    /// instructions, which a call's saves and restores would add to.
+    #[inline(always)]
     pub fn map(
         &mut self,
         dev: &DmaDevice,
@@ -146,33 +148,28 @@ impl DmaCpu {
             return Err(DmaError::ZeroLength);
         }
         let (slot, w) = (&*self.slot, &mut self.w);
-        w.domain.mem.check_device_range(phys, len)?;
-        let _op = w.domain.gate.enter(&slot.active);
-        let addr = match w.domain.policy() {
-            DmaPolicy::Passthrough => {
-                // In the arena (checked above), so no sum can wrap.
-                if phys + (len - 1) > dev.mask {
-                    return Err(DmaError::BeyondMask {
-                        addr: phys,
-                        len,
-                        mask: dev.mask,
-                    });
-                }
-                slot.passthrough.add(phys, len, pt_owner(dev.sid, dir));
-                phys
-            }
-            DmaPolicy::Bounce => w.bounce_map(slot, dev, phys, len, dir)?,
-            _ if dev.untrusted => w.bounce_map(slot, dev, phys, len, dir)?,
-            _ => w.map_pages(slot, dev, phys, len, dir.perm(), BlockKind::Plain)?,
-        };
-        slot.stats.map();
-        Ok(addr)
+        if let Err(e) = w.domain.mem.check_device_range(phys, len) {
+            return Err(range_error(e));
+        }
+        let op = w.domain.gate.enter(&slot.active);
+        // The pass-through map inline (a probe of this CPU's record); the
+        // rest out of line. In the arena (checked above), so no sum wraps.
+        if w.domain.tunables.is_passthrough() && phys + (len - 1) <= dev.mask {
+            slot.passthrough.add_keyed(phys, len, dev.pt_key(dir));
+            slot.stats.map();
+            return Ok(phys);
+        }
+        let r = w.map_entered(slot, dev, phys, len, dir);
+        drop(op);
+        r
     }
 
     /// Unmaps what [`map`](Self::map) returned: the same address and length.
     /// Anything else — an address never mapped or unmapped already, a
     /// wrong length — is refused with nothing changed, in every policy
     /// and under concurrency (of two unmaps of one mapping, one fails).
+    /// Inlined into its caller, as [`map`](Self::map) is.
+    #[inline(always)]
     pub fn unmap(
         &mut self,
         dev: &DmaDevice,
@@ -185,38 +182,20 @@ impl DmaCpu {
             return Err(DmaError::ZeroLength);
         }
         let (slot, w) = (&*self.slot, &mut self.w);
-        let _op = w.domain.gate.enter(&slot.active);
-        if w.try_bounce_unmap(slot, addr, len, dev.sid, dir)? {
+        let op = w.domain.gate.enter(&slot.active);
+        // In pass-through no bounce slot is live (a switch waits for every
+        // mapping to go, and pass-through never bounces), so a mapping this
+        // CPU recorded is the answer the bounce check would not change:
+        // the usual unmap is one probe, inline; the rest out of line.
+        if w.domain.tunables.is_passthrough()
+            && slot.passthrough.take_keyed(addr, len, dev.pt_key(dir))
+        {
             slot.stats.unmap();
             return Ok(());
         }
-        match w.domain.policy() {
-            DmaPolicy::Passthrough => {
-                if !slot.passthrough.take(addr, len, pt_owner(dev.sid, dir)) {
-                    // Mapped on another CPU (or on one whose handle went).
-                    let cpus = lock(&w.domain.cpus).clone();
-                    take_any(
-                        &w.domain.pt_retired,
-                        cpus.iter().map(|s| &s.passthrough),
-                        addr,
-                        len,
-                        dev.sid,
-                        dir,
-                    )?;
-                }
-            }
-            policy => w.unmap_pages(
-                slot,
-                addr,
-                len,
-                policy == DmaPolicy::Deferred,
-                BlockKind::Plain,
-                dev,
-                owner_tag(dev.owner, dir_bits(dir)),
-            )?,
-        }
-        slot.stats.unmap();
-        Ok(())
+        let r = w.unmap_entered(slot, dev, addr, len, dir);
+        drop(op);
+        r
     }
 
     /// Flushes this CPU's deferred queue now, and retries any flush that
@@ -789,6 +768,92 @@ impl Work {
         Ok(slot.iova)
     }
 
+    /// [`DmaCpu::map`] past its pass-through fast path, inside the gate.
+    #[inline(never)]
+    fn map_entered(
+        &mut self,
+        slot: &CpuSlot,
+        dev: &DmaDevice,
+        phys: PhysAddr,
+        len: u64,
+        dir: DmaDirection,
+    ) -> Result<u64, DmaError> {
+        let addr = match self.domain.policy() {
+            DmaPolicy::Passthrough => {
+                // The fast path took every pass-through map within the
+                // mask.
+                return Err(DmaError::BeyondMask {
+                    addr: phys,
+                    len,
+                    mask: dev.mask,
+                });
+            }
+            DmaPolicy::Bounce => self.bounce_map(slot, dev, phys, len, dir)?,
+            _ if dev.untrusted => self.bounce_map(slot, dev, phys, len, dir)?,
+            _ => self.map_pages(slot, dev, phys, len, dir.perm(), BlockKind::Plain)?,
+        };
+        slot.stats.map();
+        Ok(addr)
+    }
+
+    /// [`DmaCpu::unmap`] past its pass-through fast path, inside the gate.
+    #[inline(never)]
+    fn unmap_entered(
+        &mut self,
+        slot: &CpuSlot,
+        dev: &DmaDevice,
+        addr: u64,
+        len: u64,
+        dir: DmaDirection,
+    ) -> Result<(), DmaError> {
+        let policy = self.domain.policy();
+        if self.try_bounce_unmap(slot, addr, len, dev.sid, dir)? {
+            slot.stats.unmap();
+            return Ok(());
+        }
+        match policy {
+            DmaPolicy::Passthrough => {
+                // Mapped on another CPU (or on one whose handle went).
+                self.take_other_pt(slot, addr, len, dev.sid, dir)?;
+            }
+            policy => self.unmap_pages(
+                slot,
+                addr,
+                len,
+                policy == DmaPolicy::Deferred,
+                BlockKind::Plain,
+                dev,
+                owner_tag(dev.owner, dir_bits(dir)),
+            )?,
+        }
+        slot.stats.unmap();
+        Ok(())
+    }
+
+    /// A pass-through unmap this CPU's record did not hold: taken from
+    /// another CPU's (or the retired handles') record, or refused with the
+    /// reason.
+    #[cold]
+    #[inline(never)]
+    fn take_other_pt(
+        &mut self,
+        _slot: &CpuSlot,
+        addr: u64,
+        len: u64,
+        sid: SourceId,
+        dir: DmaDirection,
+    ) -> Result<(), DmaError> {
+        let cpus = lock(&self.domain.cpus).clone();
+        take_any(
+            &self.domain.pt_retired,
+            cpus.iter().map(|s| &s.passthrough),
+            addr,
+            len,
+            sid,
+            dir,
+        )
+    }
+
     /// Unmaps a bounce slot if `addr` is one: copies the device's data back.
     #[inline]
     fn try_bounce_unmap(
@@ -1200,7 +1265,16 @@ impl Work {
         dir: DmaDirection,
     ) -> Result<(), DmaError> {
         let d = &*self.domain;
-        // In `unmap`'s order: a bounce pool's address is a slot or nothing.
+        // In `unmap`'s order: in pass-through this CPU's record first (no
+        // bounce slot is live there), then a bounce pool's address is a
+        // slot or nothing.
+        if d.policy() == DmaPolicy::Passthrough
+            && slot
+                .passthrough
+                .take_keyed_probe(addr, len, dev.pt_key(dir))
+        {
+            return Ok(());
+        }
         if d.bounce.find(addr).is_some() {
             return match lock(&d.bounce_map).get(&addr) {
                 Some(rec) => check_bounce_owner(rec, addr, len, dev.sid, dir),
@@ -1221,6 +1295,24 @@ impl Work {
         }
         Ok(())
     }
+}
+
+/// The error of a device of another domain (out of line: the map and
+/// unmap fast paths are inlined into their callers).
+#[cold]
+#[inline(never)]
+fn wrong_domain(sid: SourceId) -> DmaError {
+    DmaError::WrongDomain {
+        sid: sid.to_string(),
+    }
+}
+
+/// A memory error of a map's range, as the map returns it (out of line,
+/// as [`wrong_domain`]).
+#[cold]
+#[inline(never)]
+fn range_error(e: crate::mem::MemError) -> DmaError {
+    e.into()
 }
 
 /// Checks an unmap of `[addr, addr + len)` by `sid` in `dir` against the

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::bounce::{BouncePool, LANES};
 use super::domain::DmaDomain;
 use super::error::DmaError;
+use super::passthrough::{owner_key, pt_owner};
 use super::policy::DmaDirection;
 use crate::hw::{HwError, SourceId};
 use crate::mem::{FrameOwner, PAGE_SHIFT, PAGE_SIZE};
@@ -31,9 +32,19 @@ pub struct DmaDevice {
     pub(crate) bounce: Option<usize>,
     /// The device's owner index in the domain, as tag bits (see `owner`).
     pub(crate) owner: u32,
+    /// Its pass-through owner keys, one per direction (see
+    /// `passthrough::owner_key`), made once here.
+    pt_keys: [u64; 3],
 }
 
 impl DmaDevice {
+    /// Its pass-through owner key for direction `dir`.
+    #[inline(always)]
+    pub(crate) fn pt_key(&self, dir: DmaDirection) -> u64 {
+        // `dir as usize` is below 3: no bound is checked.
+        self.pt_keys.get(dir as usize).copied().unwrap_or(0)
+    }
+
     /// The device's PCI source id.
     pub fn source_id(&self) -> SourceId {
         self.sid
@@ -123,6 +134,12 @@ impl DmaDomain {
             untrusted,
             bounce,
             owner,
+            pt_keys: [
+                DmaDirection::ToDevice,
+                DmaDirection::FromDevice,
+                DmaDirection::Bidirectional,
+            ]
+            .map(|d| owner_key(pt_owner(sid, d))),
         })
     }
 

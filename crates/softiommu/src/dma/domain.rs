@@ -320,6 +320,7 @@ impl DmaDomain {
     }
 
     /// The policy in force.
+    #[inline]
     pub fn policy(&self) -> DmaPolicy {
         self.tunables.policy()
     }

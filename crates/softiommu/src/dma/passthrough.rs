@@ -6,8 +6,9 @@
 //! and a switch out of pass-through must know exactly which mappings are
 //! live (the device's context changes under them). Each CPU keeps the
 //! mappings it made, keyed by (address, length, owner: the mapping
-//! device and direction, packed above the length in one word) with a
-//! count (a buffer may be mapped twice), in a map behind its own lock:
+//! device and direction, packed above the length in one word), one entry
+//! per mapping (a buffer may be mapped twice), in a table behind its own
+//! spin lock ([`SpinLock`]: one compare-exchange and one store per call):
 //! the owner is the only one to take it unless another CPU unmaps what
 //! this one mapped (a
 //! completion handled elsewhere), which then searches every CPU's record.
@@ -16,123 +17,152 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use std::sync::Mutex;
-
 use super::error::DmaError;
 use super::owner::{dir_bits, dir_of};
 use super::policy::DmaDirection;
 use crate::hw::SourceId;
-use crate::sync::lock_std as lock;
+use crate::sync::spin::SpinLock;
 
 /// One recorded mapping: `len == 0` marks a free slot (no mapping has
 /// length 0: `map` refuses it). `len` is the record's key length: the
-/// mapping's length with its owner above it (see [`key`]).
+/// mapping's length with its owner above it (see [`key`]). A buffer mapped
+/// twice has two slots.
 #[derive(Debug, Default, Clone, Copy)]
 struct Slot {
     addr: u64,
     len: u64,
-    count: u64,
 }
 
 /// An open-addressing table of mappings, keyed by (address, length), with
 /// linear probing and deletion by backward shift (Knuth, TAOCP vol. 3,
 /// §6.4, Algorithm R), so no tombstones build up. Its size is a power of
-/// two, grown (doubled) past 3/4 full: an allocation only on growth, never
+/// two, at least [`FIRST_SLOTS`] from the start, doubled at 3/4 full: an
+/// allocation only when a CPU's first handle is made and on growth, never
 /// on an ordinary map or unmap. The hash is Fibonacci hashing (same
 /// section): the keys are addresses and lengths the CPU's own caller
-/// mapped, not attacker-chosen strings a flood could aim at.
-#[derive(Debug, Default)]
+/// mapped, not attacker-chosen strings a flood could aim at. Equal keys
+/// (a buffer mapped twice) are separate entries of one probe run: an add
+/// stops at the first free slot, a take at the first equal key.
+#[derive(Debug)]
 struct Table {
+    /// Never empty, a power of two long (every index is taken `& mask`).
     slots: Vec<Slot>,
     used: usize,
+    /// `used` at which the next add grows the table (3/4 of its size).
+    limit: usize,
+    /// 64 minus log2 of the size: the hash's top bits index the table.
+    shift: u32,
 }
 
 /// The table's first size.
 const FIRST_SLOTS: usize = 64;
 
+impl Default for Table {
+    fn default() -> Self {
+        Self::with_size(FIRST_SLOTS)
+    }
+}
+
 impl Table {
-    #[inline]
-    fn home(&self, addr: u64, len: u64) -> usize {
-        let h = (addr ^ len.rotate_left(40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        // The top bits, as many as the size has (a power of two >= 64).
-        (h >> (64 - self.slots.len().trailing_zeros())) as usize
+    /// An empty table of `size` slots (a power of two, at least 2).
+    fn with_size(size: usize) -> Self {
+        debug_assert!(size.is_power_of_two() && size >= 2);
+        Self {
+            slots: vec![Slot::default(); size],
+            used: 0,
+            limit: size / 4 * 3,
+            shift: 64 - size.trailing_zeros(),
+        }
     }
 
-    #[inline]
+    /// The home slot of a key.
+    #[inline(always)]
+    fn home(&self, addr: u64, len: u64) -> usize {
+        let h = (addr ^ len.rotate_left(40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> self.shift) as usize & self.mask()
+    }
+
+    #[inline(always)]
     fn mask(&self) -> usize {
         self.slots.len() - 1
     }
 
-    /// The slot of (addr, len), or the free slot where it would go.
-    #[inline]
-    fn find(&self, addr: u64, len: u64) -> (usize, bool) {
-        let mask = self.mask();
+    /// Slot `i & mask`.
+    #[inline(always)]
+    fn at(&self, i: usize) -> &Slot {
+        let i = i & self.mask();
+        // SAFETY: `slots` is never empty and a power of two long, so
+        // `i & (len - 1) < len`.
+        unsafe { self.slots.get_unchecked(i) }
+    }
+
+    /// Slot `i & mask`, to write.
+    #[inline(always)]
+    fn at_mut(&mut self, i: usize) -> &mut Slot {
+        let i = i & self.mask();
+        // SAFETY: as in `at`.
+        unsafe { self.slots.get_unchecked_mut(i) }
+    }
+
+    /// The slot of (addr, len), if recorded.
+    #[inline(always)]
+    fn find(&self, addr: u64, len: u64) -> Option<usize> {
         let mut i = self.home(addr, len);
         // The table is never full (3/4 at most), so a free slot ends the
         // probe.
         loop {
-            match self.slots.get(i) {
-                Some(s) if s.len == 0 => return (i, false),
-                Some(s) if s.addr == addr && s.len == len => return (i, true),
-                Some(_) => i = (i + 1) & mask,
-                None => return (i, false), // unreachable: `i <= mask`
+            let s = self.at(i);
+            if s.addr == addr && s.len == len {
+                return Some(i & self.mask());
             }
+            if s.len == 0 {
+                return None;
+            }
+            i += 1;
         }
     }
 
-    fn add(&mut self, addr: u64, len: u64, n: u64) {
-        if (self.used + 1) * 4 > self.slots.len() * 3 {
+    #[inline(always)]
+    fn add(&mut self, addr: u64, len: u64) {
+        if self.used >= self.limit {
             self.grow();
         }
-        let (i, found) = self.find(addr, len);
-        if let Some(s) = self.slots.get_mut(i) {
-            if found {
-                s.count += n;
-            } else {
-                *s = Slot {
-                    addr,
-                    len,
-                    count: n,
-                };
-                self.used += 1;
-            }
+        let mut i = self.home(addr, len);
+        while self.at(i).len != 0 {
+            i += 1;
         }
+        *self.at_mut(i) = Slot { addr, len };
+        self.used += 1;
     }
 
     #[cold]
     fn grow(&mut self) {
-        let size = (self.slots.len() * 2).max(FIRST_SLOTS);
-        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); size]);
-        self.used = 0;
-        for s in old.into_iter().filter(|s| s.len != 0) {
-            self.add(s.addr, s.len, s.count);
+        let old = std::mem::replace(self, Self::with_size(self.slots.len() * 2));
+        for s in old.iter() {
+            self.add(s.addr, s.len);
         }
     }
 
+    #[inline(always)]
     fn take(&mut self, addr: u64, len: u64) -> bool {
-        if self.slots.is_empty() {
-            return false;
+        match self.find(addr, len) {
+            Some(i) => {
+                self.remove_at(i);
+                true
+            }
+            None => false,
         }
-        let (i, found) = self.find(addr, len);
-        if !found {
-            return false;
-        }
-        match self.slots.get_mut(i) {
-            Some(s) if s.count > 1 => s.count -= 1,
-            Some(_) => self.remove_at(i),
-            None => return false,
-        }
-        true
     }
 
     /// Frees slot `i` and moves later entries of its probe run back, so
     /// every entry stays reachable from its home slot.
+    #[inline(always)]
     fn remove_at(&mut self, mut hole: usize) {
         let mask = self.mask();
         let mut j = hole;
         loop {
             j = (j + 1) & mask;
-            let Some(&s) = self.slots.get(j) else { break };
+            let s = *self.at(j);
             if s.len == 0 {
                 break;
             }
@@ -145,15 +175,11 @@ impl Table {
                 home <= hole && home > j
             };
             if moves {
-                if let Some(h) = self.slots.get_mut(hole) {
-                    *h = s;
-                }
+                *self.at_mut(hole) = s;
                 hole = j;
             }
         }
-        if let Some(h) = self.slots.get_mut(hole) {
-            *h = Slot::default();
-        }
+        self.at_mut(hole).len = 0;
         self.used -= 1;
     }
 
@@ -165,7 +191,7 @@ impl Table {
 /// One CPU's (or the retired CPUs') pass-through mappings.
 #[derive(Debug, Default)]
 pub(crate) struct PtRecord {
-    live: Mutex<Table>,
+    live: SpinLock<Table>,
 }
 
 /// Bits of a record's key length that hold the mapping's length; its
@@ -184,36 +210,60 @@ fn key(len: u64, owner: u32) -> u64 {
 
 impl PtRecord {
     /// Records a mapping of `len` bytes (not 0) at `addr` for `owner`.
-    #[inline]
+    /// As [`add`](Self::add), with the owner as [`owner_key`] made it
+    /// (the device keeps it, so the fast path does not build it).
+    #[inline(always)]
+    pub(crate) fn add_keyed(&self, addr: u64, len: u64, owner_key: u64) {
+        debug_assert!(len != 0 && len <= LEN_MASK, "map checks the range");
+        if len != 0 {
+            self.live
+                .with(|t| t.add(addr, (len & LEN_MASK) | owner_key));
+        }
+    }
+
+    /// As [`take`](Self::take), with the owner as [`owner_key`] made it.
+    #[inline(always)]
+    pub(crate) fn take_keyed(&self, addr: u64, len: u64, owner_key: u64) -> bool {
+        len != 0 && len <= LEN_MASK && self.live.with(|t| t.take(addr, len | owner_key))
+    }
+
+    /// Whether [`take_keyed`](Self::take_keyed) would find the mapping
+    /// (nothing changed).
+    pub(crate) fn take_keyed_probe(&self, addr: u64, len: u64, owner_key: u64) -> bool {
+        len != 0 && len <= LEN_MASK && self.live.with(|t| t.find(addr, len | owner_key).is_some())
+    }
+
+    #[inline(always)]
+    #[cfg(test)]
     pub(crate) fn add(&self, addr: u64, len: u64, owner: u32) {
         debug_assert!(len != 0, "map refuses length 0");
         // A zero length would read as a free slot; it is never recorded
         // (and so never found by an unmap).
         if len != 0 {
-            lock(&self.live).add(addr, key(len, owner), 1);
+            self.live.with(|t| t.add(addr, key(len, owner)));
         }
     }
 
     /// Removes one mapping of `len` bytes at `addr` for `owner`, if
     /// recorded here.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take(&self, addr: u64, len: u64, owner: u32) -> bool {
-        len != 0 && len <= LEN_MASK && lock(&self.live).take(addr, key(len, owner))
+        len != 0 && len <= LEN_MASK && self.live.with(|t| t.take(addr, key(len, owner)))
     }
 
     /// Whether a mapping of `len` bytes at `addr` for `owner` is recorded.
     pub(crate) fn holds(&self, addr: u64, len: u64, owner: u32) -> bool {
-        let t = lock(&self.live);
-        len != 0 && len <= LEN_MASK && !t.slots.is_empty() && t.find(addr, key(len, owner)).1
+        len != 0 && len <= LEN_MASK && self.live.with(|t| t.find(addr, key(len, owner)).is_some())
     }
 
     /// The owner of some mapping of exactly `len` bytes at `addr`
     /// (whichever owner: to tell a wrong device or direction).
     fn owner_of(&self, addr: u64, len: u64) -> Option<u32> {
-        lock(&self.live)
-            .iter()
-            .find(|s| s.addr == addr && s.len & LEN_MASK == len)
-            .map(|s| (s.len >> LEN_BITS) as u32)
+        self.live.with(|t| {
+            t.iter()
+                .find(|s| s.addr == addr && s.len & LEN_MASK == len)
+                .map(|s| (s.len >> LEN_BITS) as u32)
+        })
     }
 
     /// How well a recorded mapping covers `[addr, end)`: `Some(true)` if
@@ -221,40 +271,42 @@ impl PtRecord {
     /// if none holds `addr`. A scan: syncs in pass-through are not the
     /// path a device's throughput rides on.
     pub(crate) fn covers(&self, addr: u64, end: u64) -> Option<bool> {
-        let t = lock(&self.live);
-        let mut best = None;
-        for s in t.iter() {
-            let len = s.len & LEN_MASK;
-            if s.addr <= addr && addr - s.addr < len {
-                if end - s.addr <= len {
-                    return Some(true);
+        self.live.with(|t| {
+            let mut best = None;
+            for s in t.iter() {
+                let len = s.len & LEN_MASK;
+                if s.addr <= addr && addr - s.addr < len {
+                    if end - s.addr <= len {
+                        return Some(true);
+                    }
+                    best = Some(false);
                 }
-                best = Some(false);
             }
-        }
-        best
+            best
+        })
     }
 
     /// Whether a mapping at `addr` of any length is recorded (to tell a
     /// wrong length from an address never mapped).
     pub(crate) fn has_addr(&self, addr: u64) -> bool {
-        lock(&self.live).iter().any(|s| s.addr == addr)
+        self.live.with(|t| t.iter().any(|s| s.addr == addr))
     }
 
     /// Moves every record into `into` (a CPU's handle is going away; its
     /// mappings stay live).
     pub(crate) fn move_into(&self, into: &PtRecord) {
-        let taken = std::mem::take(&mut *lock(&self.live));
-        let mut dst = lock(&into.live);
-        for s in taken.iter() {
-            dst.add(s.addr, s.len, s.count);
-        }
+        let taken = self.live.with(std::mem::take);
+        into.live.with(|dst| {
+            for s in taken.iter() {
+                dst.add(s.addr, s.len);
+            }
+        });
     }
 
     /// Mappings recorded.
     #[cfg(test)]
     pub(crate) fn len(&self) -> u64 {
-        lock(&self.live).iter().map(|s| s.count).sum()
+        self.live.with(|t| t.iter().count() as u64)
     }
 }
 
@@ -299,7 +351,13 @@ pub(crate) fn take_any<'a>(
     }
 }
 
-/// A pass-through mapping's owner key: the device's source id and the
+/// The bits an owner sets in a record's key length (see [`key`]).
+#[inline]
+pub(crate) fn owner_key(owner: u32) -> u64 {
+    u64::from(owner) << LEN_BITS
+}
+
+/// A pass-through mapping's owner: the device's source id and the
 /// direction's bits.
 #[inline]
 pub(crate) fn pt_owner(sid: SourceId, dir: DmaDirection) -> u32 {

@@ -51,10 +51,12 @@ impl DmaPolicy {
         self != DmaPolicy::Passthrough
     }
 
-    pub(crate) fn to_u8(self) -> u8 {
+    #[inline]
+    pub(crate) const fn to_u8(self) -> u8 {
         self as u8
     }
 
+    #[inline]
     pub(crate) fn from_u8(v: u8) -> Self {
         match v {
             0 => DmaPolicy::Passthrough,
@@ -123,8 +125,16 @@ impl Tunables {
     }
 
     /// The policy in force.
+    #[inline]
     pub fn policy(&self) -> DmaPolicy {
         DmaPolicy::from_u8(self.policy.load(Relaxed))
+    }
+
+    /// Whether the policy in force is pass-through (one load and compare:
+    /// the map and unmap fast paths ask it).
+    #[inline]
+    pub(crate) fn is_passthrough(&self) -> bool {
+        self.policy.load(Relaxed) == DmaPolicy::Passthrough.to_u8()
     }
 
     /// Entries that trigger a flush of a CPU's queue.

@@ -687,3 +687,40 @@ fn the_flush_timers_cpu_time_is_read_from_its_own_clock() {
         "the timer's flushes show on its clock: {t0:?} -> {t1:?}"
     );
 }
+
+/// Pass-through never bounces, and a switch waits for every mapping to go,
+/// so no bounce slot is live in pass-through: a buffer whose physical
+/// address is also an IOVA of a bounce pool's lane (RAM reaching past the
+/// pool of a 32-bit device) is unmapped from the record like any other.
+/// The unmap once asked the pools first and refused it `NotMapped`,
+/// leaving its record live.
+#[test]
+fn a_passthrough_buffer_at_a_bounce_pool_iova_unmaps() {
+    let p = crate::Platform::builder()
+        .memory(6 << 30)
+        .policy(DmaPolicy::Passthrough)
+        .device_spec(crate::DeviceSpec {
+            sid: SID,
+            unit: 0,
+            mask: u32::MAX as u64,
+            untrusted: false,
+        })
+        .build()
+        .unwrap();
+    let dev = p.devices.into_iter().next().unwrap();
+    let mut cpu = p.domain.cpu();
+    let d = &p.domain;
+    let ram = p.mem.size();
+    let addr = (0..ram / PAGE_SIZE)
+        .map(|f| f * PAGE_SIZE)
+        .find(|&a| d.bounce.find(a).is_some() && p.mem.check_device_range(a, 64).is_ok())
+        .expect("a pool's IOVA lies in RAM (below 4 GiB, RAM 6 GiB)");
+    let dir = DmaDirection::ToDevice;
+    assert_eq!(cpu.map(&dev, addr, 64, dir).unwrap(), addr);
+    assert_eq!(cpu.unmap(&dev, addr, 64, dir), Ok(()));
+    assert_eq!(d.stats().live(), 0);
+    assert_eq!(
+        cpu.unmap(&dev, addr, 64, dir),
+        Err(DmaError::NotMapped { addr })
+    );
+}

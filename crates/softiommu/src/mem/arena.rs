@@ -188,6 +188,7 @@ impl PhysMemory {
     /// memory a device's access may touch once translated. A range reaching
     /// into the IOMMU reserve is [`MemError::IommuFrame`], anything else
     /// outside RAM [`MemError::OutOfRange`].
+    #[inline]
     pub(crate) fn device_ptr(&self, addr: PhysAddr, len: u64) -> Result<*mut u8, MemError> {
         match addr.checked_add(len) {
             Some(end) if end <= self.size => {
@@ -422,6 +423,21 @@ impl PhysMemory {
         Some(unsafe { AtomicU64::from_ptr(self.bounce_frames.base().add(byte as usize).cast()) })
     }
 
+    /// The bounce word of RAM frame `pfn`, which the caller found below
+    /// `size >> PAGE_SHIFT` (a range ending at most at `size`): no bound
+    /// to check.
+    #[inline(always)]
+    fn ram_bounce_word(&self, pfn: u64) -> &AtomicU64 {
+        debug_assert!(pfn < self.size >> PAGE_SHIFT);
+        let byte = (pfn / 64) * 8;
+        // SAFETY: the bitmap holds `frames.div_ceil(64)` words for RAM's
+        // `frames = size >> PAGE_SHIFT` frames (`size` is a page multiple)
+        // and `pfn < frames`, so the word lies inside its reservation,
+        // which is page aligned (so the word is 8-byte aligned) and lives
+        // as long as `self`; every access is atomic.
+        unsafe { AtomicU64::from_ptr(self.bounce_frames.base().add(byte as usize).cast()) }
+    }
+
     /// Sets or clears the bounce bits of a block (under the frame lock).
     fn mark_bounce(&self, pfn: u64, order: u32, set: bool) {
         for f in pfn..pfn + (1u64 << order) {
@@ -454,12 +470,33 @@ impl PhysMemory {
     /// pool: what a caller may hand to a device. The IOMMU reserve is
     /// [`MemError::IommuFrame`], as is a bounce pool's frame. One load per
     /// 64 frames.
+    #[inline]
     pub fn check_device_range(&self, addr: PhysAddr, len: u64) -> Result<(), MemError> {
         self.device_ptr(addr, len)?;
         if len == 0 {
             return Ok(());
         }
         let (first, last) = (addr >> PAGE_SHIFT, (addr + len - 1) >> PAGE_SHIFT);
+        // The usual buffer's frames share one word of the bitmap: one load.
+        if first >> 6 == last >> 6 {
+            // `last - first < 64`: the shift stays in range.
+            let mask = (u64::MAX >> (63 - (last - first))) << (first % 64);
+            let hit = self.ram_bounce_word(last).load(Ordering::Acquire) & mask;
+            if hit != 0 {
+                let at = (first & !63) + u64::from(hit.trailing_zeros());
+                return Err(MemError::IommuFrame {
+                    addr: at << PAGE_SHIFT,
+                });
+            }
+            return Ok(());
+        }
+        self.check_frames_of_device_range(first, last)
+    }
+
+    /// [`check_device_range`](Self::check_device_range)'s bitmap check of
+    /// frames `first..=last` spanning several words.
+    #[inline(never)]
+    fn check_frames_of_device_range(&self, first: u64, last: u64) -> Result<(), MemError> {
         let mut pfn = first;
         while pfn <= last {
             let hi = (pfn | 63).min(last);

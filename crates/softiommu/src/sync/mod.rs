@@ -8,6 +8,7 @@
 //! crate takes a lock.
 
 pub(crate) mod barrier;
+pub(crate) mod spin;
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
