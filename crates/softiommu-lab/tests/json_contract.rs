@@ -311,8 +311,11 @@ fn lab_iova_aging() {
         "lab",
         "iova-aging",
         "--json",
+        // Long enough that each window holds the allocator's CPU time on
+        // a loaded machine (at 0.4 s in 8 windows, a loaded run left no
+        // window past the warm-up with any).
         "--seconds",
-        "0.4",
+        "1.2",
         "--windows",
         "8",
         "--policies",
