@@ -122,15 +122,17 @@ pub struct Completion {
 }
 
 impl Completion {
-    /// The status in the tail (the last 4 writable bytes), `None` if the
-    /// device wrote nothing (used length below the tail, §5.13.6: a
-    /// failure) or a byte §5.13.6 does not define.
+    /// The status in the tail — the last 4 bytes the device wrote (the
+    /// used length ends right after the tail, wherever the request's
+    /// structure puts it) — `None` if the device wrote nothing (used
+    /// length below the tail, §5.13.6: a failure), claimed more than the
+    /// writable part, or wrote a byte §5.13.6 does not define.
     pub fn status(&self) -> Option<Status> {
-        let n = self.writable.len();
-        if (self.used as usize) < s::TAIL_LEN || n < s::TAIL_LEN {
+        let used = self.used as usize;
+        if used < s::TAIL_LEN || used > self.writable.len() {
             return None;
         }
-        Status::from_code(self.writable[n - s::TAIL_LEN])
+        Status::from_code(self.writable[used - s::TAIL_LEN])
     }
 }
 
