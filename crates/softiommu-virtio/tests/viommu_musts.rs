@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use softiommu::hw::{Access, TranslateError};
 use softiommu_virtio::spec::{iommu as s, reg, status};
 use softiommu_virtio::transport::DeviceError;
-use softiommu_virtio::viommu::{encode, RawDesc, Status, ViommuDriverError};
+use softiommu_virtio::viommu::{encode, RawDesc, Status, ViommuDriverConfig, ViommuDriverError};
 use viommu_common::*;
 
 /// Sends `readable` (one descriptor) and writable descriptors of
@@ -205,12 +205,15 @@ fn an_unmap_tail_reads_ok_only_after_its_invalidation_completed() {
     // The invalidation count when OK was first seen in the tail.
     let seen = std::thread::scope(|sc| {
         let w = sc.spawn(|| loop {
+            // Read after `done` is seen, so the last look is after the
+            // request was used.
+            let last = done.load(std::sync::atomic::Ordering::Acquire);
             let mut b = [0u8];
             mem.read(tail, &mut b).unwrap();
             if b[0] == s::S_OK {
                 return Some(dev.stats().invalidations);
             }
-            if done.load(std::sync::atomic::Ordering::Acquire) {
+            if last {
                 return None;
             }
             std::hint::spin_loop();
@@ -228,4 +231,37 @@ fn an_unmap_tail_reads_ok_only_after_its_invalidation_completed() {
         seen > before,
         "OK visible before the invalidation completed"
     );
+}
+
+// ----- bypass without BYPASS_CONFIG -----
+
+#[test]
+fn a_bypass_write_without_bypass_config_is_ignored_and_put_back() {
+    let mut r = rig_with(
+        config(),
+        ViommuDriverConfig {
+            accept: !(1 << s::F_BYPASS_CONFIG),
+            ..Default::default()
+        },
+    );
+    let t = r.dev.transport().clone();
+    let bypass = || {
+        let mut b = [0u8];
+        t.read_config(s::CFG_BYPASS as u64, &mut b);
+        b[0]
+    };
+    t.write_config(s::CFG_BYPASS as u64, &[1]);
+    // The device puts back the value it applies (bounded wait).
+    let t0 = Instant::now();
+    while bypass() != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(2), "bypass kept");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // And never applied it: the unattached endpoint reaches nothing.
+    assert!(matches!(
+        r.reach(A, 0x1000, Access::Read),
+        Err(TranslateError::NoContext { .. })
+    ));
+    // Requests still work.
+    r.attach_ok(1, EA);
 }

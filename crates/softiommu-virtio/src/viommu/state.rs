@@ -189,6 +189,11 @@ impl State {
         }
     }
 
+    /// `bypass` as the device applies it now.
+    pub(crate) fn bypass(&self) -> bool {
+        self.bypass
+    }
+
     /// Applies a new `bypass` to every unattached endpoint.
     pub(crate) fn set_bypass(&mut self, on: bool) -> Result<(), softiommu::hw::HwError> {
         if self.bypass == on {
