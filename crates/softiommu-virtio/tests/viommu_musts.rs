@@ -265,3 +265,32 @@ fn a_bypass_write_without_bypass_config_is_ignored_and_put_back() {
     // Requests still work.
     r.attach_ok(1, EA);
 }
+
+// ----- device reset -----
+
+#[test]
+fn once_status_reads_zero_no_endpoint_is_attached() {
+    // A device thread that sleeps long once idle: a reset it would only
+    // notice on its next pass is visibly late.
+    let cfg = softiommu_virtio::viommu::ViommuConfig {
+        idle_wait: Duration::from_secs(10),
+        poll: Duration::ZERO,
+        ..config()
+    };
+    let mut r = rig_with(cfg, ViommuDriverConfig::default());
+    let phys = r.ram(0);
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0x1000, 0x1fff, phys);
+    assert!(r.reach(A, 0x1000, Access::Read).is_ok());
+    std::thread::sleep(Duration::from_millis(20));
+    let t = r.dev.transport();
+    t.write(reg::STATUS, 0);
+    assert_eq!(t.read(reg::STATUS), 0);
+    // No wait: the reset was complete when status read 0.
+    assert_eq!(r.dev.attached(EA), None);
+    assert_eq!(r.dev.mappings(1), None);
+    assert!(matches!(
+        r.reach(A, 0x1000, Access::Read),
+        Err(TranslateError::NoContext { .. })
+    ));
+}

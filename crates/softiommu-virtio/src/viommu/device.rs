@@ -67,6 +67,19 @@ impl ViommuDevice {
             counters: Counters::default(),
             stop: AtomicBool::new(false),
         });
+        // §2.4 and §5.13.5: once the driver reads status 0, no endpoint
+        // is attached — the reset is done in the status write itself.
+        // Weak: the transport (which a driver may keep) does not keep the
+        // device's state alive past the device.
+        let weak = Arc::downgrade(&shared);
+        transport.set_reset_hook(move || {
+            if let Some(sh) = weak.upgrade() {
+                let mut state = lock(&sh.state);
+                if state.is_dirty() {
+                    let _ = state.reset();
+                }
+            }
+        });
         let end = DeviceEnd::new(&transport);
         let mem = PhysGuestMemory::new(system.memory().clone());
         let sh = shared.clone();
