@@ -294,3 +294,32 @@ fn once_status_reads_zero_no_endpoint_is_attached() {
         Err(TranslateError::NoContext { .. })
     ));
 }
+
+// ----- event queue -----
+
+#[test]
+fn an_event_buffer_too_short_is_returned_and_the_next_one_takes_the_event() {
+    let mut r = rig_with(
+        config(),
+        ViommuDriverConfig {
+            events: 2,
+            short_events: 1,
+            ..Default::default()
+        },
+    );
+    let phys = r.ram(0);
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0x1000, 0x1fff, phys);
+    assert!(r.reach(A, 0x5000, Access::Read).is_err());
+    let evs = r.drv.wait_events(1);
+    assert_eq!(evs.len(), 1);
+    assert_eq!(
+        (evs[0].reason, evs[0].endpoint, evs[0].address),
+        (s::FAULT_R_MAPPING, EA, 0x5000)
+    );
+    let st = r.dev.stats();
+    assert_eq!(
+        (st.events, st.events_dropped, st.event_buffers_refused),
+        (1, 0, 1)
+    );
+}

@@ -31,6 +31,9 @@ pub struct ViommuDriverConfig {
     pub queue_size: u16,
     /// Event buffers posted (a power of two, at most 64).
     pub events: u16,
+    /// Of the event buffers, how many (the first ones) are posted too
+    /// short for a fault report: a broken driver, for tests. 0 normally.
+    pub short_events: u16,
     /// Features to accept, among those offered (`VERSION_1` is added).
     pub accept: u64,
     /// The longest wait for the device.
@@ -45,6 +48,7 @@ impl Default for ViommuDriverConfig {
         Self {
             queue_size: 64,
             events: 16,
+            short_events: 0,
             accept: u64::MAX,
             wait: Duration::from_secs(2),
             spin: Duration::from_micros(50),
@@ -344,13 +348,12 @@ impl ViommuDriver {
             t.write(reg::QUEUE_READY, 1);
         }
         for i in 0..evt_size {
-            evt.set_desc(
-                i,
-                events + EVENT_BUF * u64::from(i),
-                EVENT_BUF as u32,
-                desc::F_WRITE,
-                0,
-            );
+            let len = if i < cfg.short_events {
+                s::FAULT_LEN as u32 - 1
+            } else {
+                EVENT_BUF as u32
+            };
+            evt.set_desc(i, events + EVENT_BUF * u64::from(i), len, desc::F_WRITE, 0);
             evt.push_avail(i);
         }
         evt.publish();
