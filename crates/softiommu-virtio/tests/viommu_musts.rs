@@ -323,3 +323,50 @@ fn an_event_buffer_too_short_is_returned_and_the_next_one_takes_the_event() {
         (1, 0, 1)
     );
 }
+
+// ----- the DMA domain over the device -----
+
+#[test]
+fn a_dma_domain_outside_the_domain_range_is_refused_before_any_request() {
+    let r = rig();
+    let requests = r.dev.stats().requests;
+    let e = softiommu_virtio::viommu::ViommuDma::new(
+        r.drv,
+        1024,
+        &[EA],
+        softiommu_virtio::viommu::ViommuMode::Strict,
+    )
+    .unwrap_err();
+    assert!(matches!(
+        e,
+        softiommu_virtio::viommu::ViommuDmaError::DomainOutOfRange {
+            domain: 1024,
+            range: (1, 1023)
+        }
+    ));
+    assert_eq!(r.dev.stats().requests, requests);
+    assert_eq!(r.dev.attached(EA), None);
+}
+
+#[test]
+fn a_dma_domain_without_map_unmap_is_refused() {
+    let r = rig_with(
+        config(),
+        ViommuDriverConfig {
+            accept: !(1 << s::F_MAP_UNMAP),
+            ..Default::default()
+        },
+    );
+    let e = softiommu_virtio::viommu::ViommuDma::new(
+        r.drv,
+        1,
+        &[EA],
+        softiommu_virtio::viommu::ViommuMode::Strict,
+    )
+    .unwrap_err();
+    assert!(matches!(
+        e,
+        softiommu_virtio::viommu::ViommuDmaError::NoMapUnmap
+    ));
+    assert_eq!(r.dev.attached(EA), None);
+}

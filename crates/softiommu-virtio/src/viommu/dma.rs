@@ -54,6 +54,28 @@ pub enum ViommuDmaError {
         /// Its status.
         status: Option<Status>,
     },
+    /// The domain is outside the device's `domain_range`: refused before
+    /// any request.
+    #[error("domain {domain} outside the device's domain range {range:?}")]
+    DomainOutOfRange {
+        /// The domain asked for.
+        domain: u32,
+        /// `domain_range` (inclusive).
+        range: (u32, u32),
+    },
+    /// The device's granule (the least page of `page_size_mask`) is
+    /// larger than the CPU page this domain maps in, or it has none.
+    #[error(
+        "the device's page_size_mask {page_size_mask:#x} has no granule of at most one CPU page"
+    )]
+    Granule {
+        /// `page_size_mask`.
+        page_size_mask: u64,
+    },
+    /// The device did not offer (or the driver did not accept)
+    /// `VIRTIO_IOMMU_F_MAP_UNMAP`: its domains cannot be mapped by request.
+    #[error("VIRTIO_IOMMU_F_MAP_UNMAP not negotiated")]
+    NoMapUnmap,
     /// A length of zero, or one whose pages overflow.
     #[error("bad DMA length {len:#x}")]
     BadLength {
@@ -113,6 +135,24 @@ impl ViommuDma {
         mode: ViommuMode,
     ) -> Result<Self, ViommuDmaError> {
         let g = drv.geometry();
+        // Everything the device's configuration decides, before any
+        // request: a domain the device would refuse RANGE, a granule our
+        // page-sized mappings would not be a multiple of, no MAP/UNMAP.
+        if !(g.domain_range.0..=g.domain_range.1).contains(&domain) {
+            return Err(ViommuDmaError::DomainOutOfRange {
+                domain,
+                range: g.domain_range,
+            });
+        }
+        let mask = g.page_size_mask;
+        if mask == 0 || 1u64 << mask.trailing_zeros() > PAGE_SIZE {
+            return Err(ViommuDmaError::Granule {
+                page_size_mask: mask,
+            });
+        }
+        if drv.features() & 1 << s::F_MAP_UNMAP == 0 {
+            return Err(ViommuDmaError::NoMapUnmap);
+        }
         let end_pfn = g.input_range.1 >> PAGE_SHIFT;
         let start_pfn = (g.input_range.0 >> PAGE_SHIFT).max(1);
         let iova = IovaDomain::new(start_pfn, end_pfn, IovaPolicy::Softiommu)?;
