@@ -370,3 +370,72 @@ fn a_dma_domain_without_map_unmap_is_refused() {
     ));
     assert_eq!(r.dev.attached(EA), None);
 }
+
+// ----- the device's own accesses -----
+
+#[test]
+fn a_request_in_a_bounce_pool_is_never_read_or_answered() {
+    use softiommu::dma::{DmaDomain, DmaDomainConfig};
+    let mut r = rig();
+    // A DMA domain of the same unit (its own domain id) whose untrusted
+    // device (endpoint B, which the test leaves to it) gets a bounce pool
+    // in guest RAM.
+    let dom = DmaDomain::new(
+        r.system.clone(),
+        DmaDomainConfig {
+            did: 4000,
+            bounce_bytes: 1 << 16,
+            ..DmaDomainConfig::default()
+        },
+    )
+    .unwrap();
+    let _dev = dom.attach(B, u64::MAX, true).unwrap();
+    // Find a bounce frame: RAM the device view must refuse.
+    let pool = (0..RAM)
+        .step_by(4096)
+        .find(|&p| r.mem.check_device_range(p, 4096).is_err())
+        .expect("a bounce frame in RAM");
+    // An ATTACH placed there, the tail in ordinary RAM.
+    r.mem.write(pool, &encode::attach(1, EA, 0)).unwrap();
+    let tail = r.drv.scratch() + 0x800;
+    r.mem.fill(tail, 4, 0xaa).unwrap();
+    let used = r
+        .drv
+        .raw(&[
+            RawDesc {
+                addr: pool,
+                len: s::ATTACH_LEN as u32,
+                writable: false,
+            },
+            RawDesc {
+                addr: tail,
+                len: 4,
+                writable: true,
+            },
+        ])
+        .unwrap();
+    let mut b = [0u8; 4];
+    r.mem.read(tail, &mut b).unwrap();
+    assert_eq!((used, b), (4, [s::S_FAULT, 0, 0, 0]));
+    assert_eq!(r.dev.attached(EA), None);
+    // A tail there: not written, the request not carried out.
+    let req = r.drv.scratch();
+    r.mem.write(req, &encode::attach(1, EA, 0)).unwrap();
+    let used = r
+        .drv
+        .raw(&[
+            RawDesc {
+                addr: req,
+                len: s::ATTACH_LEN as u32,
+                writable: false,
+            },
+            RawDesc {
+                addr: pool + 0x100,
+                len: 4,
+                writable: true,
+            },
+        ])
+        .unwrap();
+    assert_eq!(used, 0);
+    assert_eq!(r.dev.attached(EA), None);
+}
