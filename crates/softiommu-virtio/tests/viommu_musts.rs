@@ -439,3 +439,32 @@ fn a_request_in_a_bounce_pool_is_never_read_or_answered() {
     assert_eq!(used, 0);
     assert_eq!(r.dev.attached(EA), None);
 }
+
+#[test]
+fn a_lazy_map_sg_with_a_refused_segment_leaves_nothing_mapped() {
+    use softiommu::dma::DmaDirection;
+    use softiommu_virtio::viommu::{ViommuDma, ViommuDmaError, ViommuMode};
+    let r = rig();
+    let phys = r.ram(0);
+    let Rig { dev, drv, .. } = r;
+    let mut d = ViommuDma::new(drv, 1, &[EA], ViommuMode::Lazy { flush_queue: 32 }).unwrap();
+    // The second segment lies past guest RAM: its MAP is refused RANGE.
+    let e = d
+        .map_sg(&[(phys, 0x1000), (RAM, 0x1000)], DmaDirection::ToDevice)
+        .unwrap_err();
+    // The first segment's MAP succeeded, and was undone: the caller got
+    // no mapping, so none may stay.
+    assert_eq!(dev.mappings(1), Some(vec![]));
+    assert!(matches!(
+        e,
+        ViommuDmaError::Refused {
+            op: "MAP",
+            status: Some(Status::Range)
+        }
+    ));
+    // The domain goes on working.
+    let m = d.map(phys, 0x1000, DmaDirection::ToDevice).unwrap();
+    let again = dev.mappings(1).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].start, m.iova);
+}
