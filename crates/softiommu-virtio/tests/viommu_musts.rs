@@ -468,3 +468,35 @@ fn a_lazy_map_sg_with_a_refused_segment_leaves_nothing_mapped() {
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].start, m.iova);
 }
+
+#[test]
+fn a_bypass_switch_the_unit_refused_is_retried_until_it_holds() {
+    let cfg = softiommu_virtio::viommu::ViommuConfig {
+        bypass: true,
+        ..config()
+    };
+    let r = rig_with(cfg, ViommuDriverConfig::default());
+    // Unattached and bypass: pass-through.
+    assert!(r.reach(A, 0x1000, Access::Read).is_ok());
+    // The unit cannot detach now: the switch to "no bypass" fails.
+    stop_queue(&r);
+    r.drv.set_bypass(false);
+    std::thread::sleep(Duration::from_millis(20));
+    let unit = r.system.unit(r.unit).unwrap();
+    assert!(unit
+        .recover_queue(softiommu::hw::QueueRecovery::Skip)
+        .unwrap());
+    // Once the unit can, the device finishes the switch.
+    let t0 = Instant::now();
+    while r.reach(A, 0x1000, Access::Read).is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "endpoint left in pass-through"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(matches!(
+        r.reach(A, 0x1000, Access::Read),
+        Err(TranslateError::NoContext { .. })
+    ));
+}

@@ -56,6 +56,8 @@ pub(crate) struct State {
     domains: BTreeMap<u32, Domain>,
     /// `bypass` as the device applies it now.
     bypass: bool,
+    /// A `bypass` switch the unit refused for some endpoint: to retry.
+    bypass_pending: bool,
     /// Invalidations this round owes.
     pub(crate) pending: Pending,
     /// An invalidation the device owed did not complete: the endpoints
@@ -96,6 +98,7 @@ impl State {
             endpoints,
             domains: BTreeMap::new(),
             bypass: cfg.bypass,
+            bypass_pending: false,
             pending: Pending::default(),
             broken: false,
             victims: Vec::new(),
@@ -194,18 +197,31 @@ impl State {
         self.bypass
     }
 
-    /// Applies a new `bypass` to every unattached endpoint.
+    /// Applies a new `bypass` to every unattached endpoint. `bypass`
+    /// takes the new value only once every endpoint has it: a switch the
+    /// unit refused part-way is tried again whole on the next call (a
+    /// switch to "no bypass" must never leave an endpoint in
+    /// pass-through). Until then, the stricter of the two values holds for
+    /// endpoints that become unattached.
     pub(crate) fn set_bypass(&mut self, on: bool) -> Result<(), softiommu::hw::HwError> {
-        if self.bypass == on {
+        if self.bypass == on && !self.bypass_pending {
             return Ok(());
         }
+        let old = self.bypass;
         self.bypass = on;
+        let mut first = Ok(());
         for &(sid, dom) in self.endpoints.values() {
             if dom.is_none() {
-                self.set_unattached(sid)?;
+                if let Err(e) = self.set_unattached(sid) {
+                    first = first.and(Err(e));
+                }
             }
         }
-        Ok(())
+        self.bypass_pending = first.is_err();
+        if self.bypass_pending {
+            self.bypass = old && on;
+        }
+        first
     }
 
     /// Device reset (§5.13.5: "endpoints are not attached to any
