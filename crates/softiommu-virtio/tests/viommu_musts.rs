@@ -244,6 +244,8 @@ fn a_bypass_write_without_bypass_config_is_ignored_and_put_back() {
             ..Default::default()
         },
     );
+    // The driver does not write it without the feature.
+    assert!(!r.drv.set_bypass(true));
     let t = r.dev.transport().clone();
     let bypass = || {
         let mut b = [0u8];
@@ -480,7 +482,7 @@ fn a_bypass_switch_the_unit_refused_is_retried_until_it_holds() {
     assert!(r.reach(A, 0x1000, Access::Read).is_ok());
     // The unit cannot detach now: the switch to "no bypass" fails.
     stop_queue(&r);
-    r.drv.set_bypass(false);
+    assert!(r.drv.set_bypass(false));
     std::thread::sleep(Duration::from_millis(20));
     let unit = r.system.unit(r.unit).unwrap();
     assert!(unit

@@ -625,10 +625,16 @@ impl ViommuDriver {
         out
     }
 
-    /// Writes `bypass` (§5.13.4.1: only with `BYPASS_CONFIG`).
-    pub fn set_bypass(&self, on: bool) {
+    /// Writes `bypass` if `VIRTIO_IOMMU_F_BYPASS_CONFIG` was negotiated
+    /// (§5.13.4.1: the driver must not write it otherwise); returns
+    /// whether it wrote.
+    pub fn set_bypass(&self, on: bool) -> bool {
+        if self.features() & 1 << s::F_BYPASS_CONFIG == 0 {
+            return false;
+        }
         self.transport
             .write_config(s::CFG_BYPASS as u64, &[u8::from(on)]);
+        true
     }
 }
 
