@@ -300,7 +300,7 @@ fn bypass_config_lets_unattached_endpoints_through() {
         r.reach(A, 0x1000, Access::Read),
         Err(TranslateError::NoContext { .. })
     ));
-    r.drv.set_bypass(true);
+    assert!(r.drv.set_bypass(true));
     let t0 = std::time::Instant::now();
     while r.reach(A, 0x1000, Access::Read).is_err() {
         assert!(

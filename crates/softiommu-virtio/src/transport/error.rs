@@ -235,6 +235,15 @@ pub enum DeviceError {
         /// `len`).
         len: u64,
     },
+    /// The device's back-end failed in a way no request's status can
+    /// answer (an IOMMU unit that could not complete an invalidation the
+    /// device owed): the device is unusable until reset. Sets
+    /// `DEVICE_NEEDS_RESET`.
+    #[error("the device's back-end failed: {what}")]
+    BackendFailed {
+        /// What failed.
+        what: &'static str,
+    },
     /// The IOMMU refused a DMA: an unmapped address, or a write to a
     /// read-only mapping. The unit has recorded the fault in its log; the
     /// device moved no byte. Stops the queue, sets `DEVICE_NEEDS_RESET`.

@@ -150,6 +150,17 @@ pub(crate) struct Shared {
     /// The config bytes a driver may write: `(offset, per-byte bit mask)`
     /// (unset: none, the config space is read-only).
     config_writable: OnceLock<(u64, Vec<u8>)>,
+    /// What the device does, synchronously, when the driver resets it.
+    reset_hook: OnceLock<ResetHook>,
+}
+
+/// A device's reset work, run by the driver's status write of 0.
+struct ResetHook(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for ResetHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResetHook")
+    }
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -247,6 +258,7 @@ impl MmioTransport {
                 interrupts: AtomicU64::new(0),
                 notifies: AtomicU64::new(0),
                 config_writable: OnceLock::new(),
+                reset_hook: OnceLock::new(),
             }),
         }
     }
@@ -311,6 +323,19 @@ impl MmioTransport {
     /// before the driver runs; returns whether this call set it.
     pub fn allow_config_writes(&self, offset: u64, mask: Vec<u8>) -> bool {
         self.shared.config_writable.set((offset, mask)).is_ok()
+    }
+
+    /// Sets the work a device must finish within a reset (§2.4: the
+    /// driver reads `status` 0 only once the reset is complete): `hook`
+    /// runs in the driver's status write of 0, after every queue has
+    /// stopped (each batch in flight has ended) and before `status` reads
+    /// 0. It runs with no transport lock held; it must not wait for the
+    /// driver. Set once; returns whether this call set it.
+    pub fn set_reset_hook(&self, hook: impl Fn() + Send + Sync + 'static) -> bool {
+        self.shared
+            .reset_hook
+            .set(ResetHook(Box::new(hook)))
+            .is_ok()
     }
 
     /// A driver's write of `bytes` at config `offset` (§4.2.2: the device
@@ -691,6 +716,13 @@ impl MmioTransport {
             r.queue_sel = 0;
             s.notify.store(0, Ordering::Release);
             s.isr.store(0, Ordering::Release);
+            if let Some(h) = s.reset_hook.get() {
+                // The queues are stopped: the device's reset work runs
+                // before `status` reads 0, without the register lock (the
+                // device may read its config space meanwhile).
+                drop(r);
+                (h.0)();
+            }
             s.status.store(0, Ordering::Release);
             return;
         }

@@ -1,7 +1,9 @@
 //! Reading a request's device-readable bytes and writing into its
 //! device-writable part, across however many descriptors the driver used.
 //! Guest RAM only: the device is not behind an IOMMU, and the view it is
-//! given ([`PhysGuestMemory`]) refuses the unit's reserve.
+//! given ([`PhysGuestMemory`]) refuses the unit's reserve; each buffer is
+//! also checked against the bounce pools (RAM, but the DMA layer's own:
+//! never a driver's request buffer).
 
 use softiommu::access::PhysGuestMemory;
 use vm_memory::{Bytes, GuestAddress};
@@ -43,6 +45,7 @@ impl Parts {
                 break;
             }
             let n = (d.len as usize).min(out.len() - got);
+            device_range(mem, d.addr, n)?;
             mem.read_slice(&mut out[got..got + n], GuestAddress(d.addr))
                 .map_err(|_| ())?;
             got += n;
@@ -66,6 +69,7 @@ impl Parts {
             }
             // `skip < len <= u32::MAX`; the walk checked `addr + len` fits.
             let n = ((len - skip) as usize).min(rest.len());
+            device_range(mem, d.addr + skip, n)?;
             mem.write_slice(&rest[..n], GuestAddress(d.addr + skip))
                 .map_err(|_| ())?;
             rest = &rest[n..];
@@ -77,4 +81,12 @@ impl Parts {
             Err(())
         }
     }
+}
+
+/// `Err` unless `[addr, addr + len)` is RAM a caller may hand a device:
+/// not the unit's reserve, not a bounce pool.
+fn device_range(mem: &PhysGuestMemory, addr: u64, len: usize) -> Result<(), ()> {
+    mem.memory()
+        .check_device_range(addr, len as u64)
+        .map_err(|_| ())
 }

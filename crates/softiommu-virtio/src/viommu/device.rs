@@ -12,7 +12,7 @@ use super::config::{ViommuConfig, ViommuError};
 use super::domain::MappingRecord;
 use super::events::Reporter;
 use super::serve::Server;
-use super::state::State;
+use super::state::{Negotiated, State};
 use super::stats::{Counters, ViommuStats};
 use crate::spec::iommu as s;
 use crate::transport::{DeviceEnd, DeviceInfo, MmioTransport};
@@ -66,6 +66,19 @@ impl ViommuDevice {
             state: Mutex::new(state),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
+        });
+        // §2.4 and §5.13.5: once the driver reads status 0, no endpoint
+        // is attached — the reset is done in the status write itself.
+        // Weak: the transport (which a driver may keep) does not keep the
+        // device's state alive past the device.
+        let weak = Arc::downgrade(&shared);
+        transport.set_reset_hook(move || {
+            if let Some(sh) = weak.upgrade() {
+                let mut state = lock(&sh.state);
+                if state.is_dirty() {
+                    let _ = state.reset();
+                }
+            }
         });
         let end = DeviceEnd::new(&transport);
         let mem = PhysGuestMemory::new(system.memory().clone());
@@ -142,9 +155,7 @@ fn run(
         let mut busy = false;
         {
             let mut state = lock(&sh.state);
-            let mut b = [0u8];
-            transport.read_config(s::CFG_BYPASS as u64, &mut b);
-            let _ = state.set_bypass(b[0] & 1 != 0);
+            apply_bypass(&transport, end, &mut state);
             if end.features() == 0 && state.is_dirty() {
                 let _ = state.reset();
                 generation = None;
@@ -170,5 +181,25 @@ fn run(
         } else {
             std::thread::park_timeout(cfg.idle_wait);
         }
+    }
+}
+
+/// Applies the driver's `bypass` (§5.13.4.2) — only if it negotiated
+/// `VIRTIO_IOMMU_F_BYPASS_CONFIG`. A live device that did not negotiate it
+/// ignores the write, and puts back the value it applies, so the config
+/// space never shows a mode the device is not in. Before `DRIVER_OK` the
+/// features are not known yet: a value written then waits.
+fn apply_bypass(transport: &MmioTransport, end: &DeviceEnd, state: &mut State) {
+    let mut b = [0u8];
+    transport.read_config(s::CFG_BYPASS as u64, &mut b);
+    let asked = b[0] & 1 != 0;
+    let features = end.features();
+    if Negotiated::from_features(features).bypass_config {
+        let _ = state.set_bypass(asked);
+    } else if features != 0 && asked != state.bypass() {
+        let mut cfg = vec![0u8; s::CONFIG_LEN];
+        transport.read_config(0, &mut cfg);
+        cfg[s::CFG_BYPASS] = u8::from(state.bypass());
+        transport.update_config(&cfg);
     }
 }

@@ -19,7 +19,7 @@ use softiommu::dma::DmaDirection;
 use softiommu::iova::{IovaDomain, IovaError, IovaPolicy};
 use softiommu::mem::{PAGE_SHIFT, PAGE_SIZE};
 
-use super::driver::{ViommuDriver, ViommuDriverError};
+use super::driver::{Completion, ViommuDriver, ViommuDriverError};
 use super::ops::encode;
 use super::status::Status;
 use crate::spec::iommu as s;
@@ -54,6 +54,28 @@ pub enum ViommuDmaError {
         /// Its status.
         status: Option<Status>,
     },
+    /// The domain is outside the device's `domain_range`: refused before
+    /// any request.
+    #[error("domain {domain} outside the device's domain range {range:?}")]
+    DomainOutOfRange {
+        /// The domain asked for.
+        domain: u32,
+        /// `domain_range` (inclusive).
+        range: (u32, u32),
+    },
+    /// The device's granule (the least page of `page_size_mask`) is
+    /// larger than the CPU page this domain maps in, or it has none.
+    #[error(
+        "the device's page_size_mask {page_size_mask:#x} has no granule of at most one CPU page"
+    )]
+    Granule {
+        /// `page_size_mask`.
+        page_size_mask: u64,
+    },
+    /// The device did not offer (or the driver did not accept)
+    /// `VIRTIO_IOMMU_F_MAP_UNMAP`: its domains cannot be mapped by request.
+    #[error("VIRTIO_IOMMU_F_MAP_UNMAP not negotiated")]
+    NoMapUnmap,
     /// A length of zero, or one whose pages overflow.
     #[error("bad DMA length {len:#x}")]
     BadLength {
@@ -97,9 +119,27 @@ pub struct ViommuDma {
     domain: u32,
     mode: ViommuMode,
     iova: Arc<IovaDomain>,
-    /// Unmapped in lazy mode, their UNMAP queued or sent, IOVA not freed.
-    fq: Vec<ViommuMapping>,
+    /// Lazy mode: the requests queued on the driver, in its order (its
+    /// completions come back in the same order). An IOVA is freed only
+    /// when its UNMAP's completion says `OK` (or its MAP's says it mapped
+    /// nothing).
+    queued: Vec<Queued>,
+    /// UNMAPs among `queued` (the flush queue's fill).
+    unmaps_queued: usize,
+    /// Serial of the next MAP queued.
+    serial: u64,
+    /// Serials of queued MAPs the device refused (nothing mapped).
+    refused_maps: Vec<u64>,
     stats: ViommuDmaStats,
+}
+
+/// A request queued in lazy mode.
+#[derive(Debug, Clone, Copy)]
+enum Queued {
+    /// A MAP, with its serial.
+    Map(ViommuMapping, u64),
+    /// An UNMAP.
+    Unmap(ViommuMapping),
 }
 
 impl ViommuDma {
@@ -113,6 +153,24 @@ impl ViommuDma {
         mode: ViommuMode,
     ) -> Result<Self, ViommuDmaError> {
         let g = drv.geometry();
+        // Everything the device's configuration decides, before any
+        // request: a domain the device would refuse RANGE, a granule our
+        // page-sized mappings would not be a multiple of, no MAP/UNMAP.
+        if !(g.domain_range.0..=g.domain_range.1).contains(&domain) {
+            return Err(ViommuDmaError::DomainOutOfRange {
+                domain,
+                range: g.domain_range,
+            });
+        }
+        let mask = g.page_size_mask;
+        if mask == 0 || 1u64 << mask.trailing_zeros() > PAGE_SIZE {
+            return Err(ViommuDmaError::Granule {
+                page_size_mask: mask,
+            });
+        }
+        if drv.features() & 1 << s::F_MAP_UNMAP == 0 {
+            return Err(ViommuDmaError::NoMapUnmap);
+        }
         let end_pfn = g.input_range.1 >> PAGE_SHIFT;
         let start_pfn = (g.input_range.0 >> PAGE_SHIFT).max(1);
         let iova = IovaDomain::new(start_pfn, end_pfn, IovaPolicy::Softiommu)?;
@@ -145,7 +203,10 @@ impl ViommuDma {
             domain,
             mode,
             iova,
-            fq: Vec::new(),
+            queued: Vec::new(),
+            unmaps_queued: 0,
+            serial: 0,
+            refused_maps: Vec::new(),
             stats: ViommuDmaStats::default(),
         })
     }
@@ -186,6 +247,9 @@ impl ViommuDma {
         sg: &[(u64, u64, DmaDirection)],
     ) -> Result<Vec<ViommuMapping>, ViommuDmaError> {
         let mut out = Vec::with_capacity(sg.len());
+        // Lazy: the serial of each MAP in `out`.
+        let mut serials = Vec::with_capacity(sg.len());
+        self.refused_maps.clear();
         for &(phys, len, dir) in sg {
             let flags = match dir {
                 DmaDirection::ToDevice => s::MAP_F_READ,
@@ -202,7 +266,7 @@ impl ViommuDma {
             let pfn = match self.iova.alloc(pages, u64::MAX) {
                 Ok(p) => p,
                 Err(e) => {
-                    self.undo(&out);
+                    self.abandon(&out, &serials);
                     return Err(e.into());
                 }
             };
@@ -225,25 +289,39 @@ impl ViommuDma {
             let sent = match self.mode {
                 ViommuMode::Strict => self.expect_ok("MAP", &req),
                 ViommuMode::Lazy { .. } => {
-                    if self.drv.free_slots() == 0 {
-                        self.sync()?;
-                    }
-                    self.drv
-                        .queue(&req, s::TAIL_LEN as u32)
-                        .map_err(ViommuDmaError::from)
+                    let synced = if self.drv.free_slots() == 0 {
+                        self.sync()
+                    } else {
+                        Ok(())
+                    };
+                    synced.and_then(|()| {
+                        self.drv
+                            .queue(&req, s::TAIL_LEN as u32)
+                            .map_err(ViommuDmaError::from)
+                    })
                 }
             };
             if let Err(e) = sent {
                 let _ = self.iova.free(pfn, pages);
-                self.undo(&out);
+                self.abandon(&out, &serials);
                 return Err(e);
+            }
+            if matches!(self.mode, ViommuMode::Lazy { .. }) {
+                self.queued.push(Queued::Map(m, self.serial));
+                serials.push(self.serial);
+                self.serial += 1;
             }
             out.push(m);
         }
         if matches!(self.mode, ViommuMode::Lazy { .. }) {
             // `iotlb_sync_map`: the MAPs (and any UNMAPs queued before
-            // them) with one notification.
-            self.sync()?;
+            // them) with one notification. A refused MAP fails the whole
+            // call, and the MAPs that succeeded are undone: nothing the
+            // caller was not given stays mapped.
+            if let Err(e) = self.sync() {
+                self.abandon(&out, &serials);
+                return Err(e);
+            }
         }
         self.stats.maps += out.len() as u64;
         Ok(out)
@@ -280,8 +358,9 @@ impl ViommuDma {
                     self.flush()?;
                 }
                 self.drv.queue(&req, s::TAIL_LEN as u32)?;
-                self.fq.push(m);
-                if self.fq.len() >= flush_queue.max(1) {
+                self.queued.push(Queued::Unmap(m));
+                self.unmaps_queued += 1;
+                if self.unmaps_queued >= flush_queue.max(1) {
                     self.flush()?;
                 }
             }
@@ -292,33 +371,71 @@ impl ViommuDma {
     /// Sends every queued request with one notification, waits for them,
     /// and frees the IOVAs of the unmaps among them.
     pub fn flush(&mut self) -> Result<(), ViommuDmaError> {
-        if self.fq.is_empty() && self.drv.queued() == 0 {
+        if self.queued.is_empty() && self.drv.queued() == 0 {
             return Ok(());
         }
         self.stats.flushes += 1;
         self.sync()
     }
 
-    /// Sends what is queued and checks every status; then frees the
-    /// IOVAs whose UNMAPs have completed (all of them: they were queued
-    /// before this sync).
+    /// Sends what is queued and judges each completion against the
+    /// request it answers (never discarding one): an UNMAP's IOVA is freed
+    /// only on `OK` (a refused UNMAP may leave the range mapped: its IOVA
+    /// is never reused); a MAP refused with a status mapped nothing (its
+    /// IOVA is freed, its serial kept in `refused_maps`); a MAP with no
+    /// status may have mapped, and is left to the caller's undo. A driver
+    /// error (timeout, reset) judges nothing and frees nothing.
     fn sync(&mut self) -> Result<(), ViommuDmaError> {
         let done = self.drv.sync()?;
-        let bad = done
-            .iter()
-            .map(|c| c.status())
-            .find(|st| *st != Some(Status::Ok));
-        if let Some(status) = bad {
-            // IOVAs of unmaps whose fate is unknown stay allocated.
-            return Err(ViommuDmaError::Refused {
-                op: "queued request",
-                status,
-            });
+        let queued = std::mem::take(&mut self.queued);
+        self.unmaps_queued = 0;
+        let mut first: Option<ViommuDmaError> = None;
+        for (i, q) in queued.into_iter().enumerate() {
+            let st = done.get(i).and_then(Completion::status);
+            let err = match (q, st) {
+                (Queued::Unmap(m), Some(Status::Ok)) => {
+                    self.iova.free(m.pfn, m.pages).err().map(Into::into)
+                }
+                (Queued::Unmap(_), status) => Some(ViommuDmaError::Refused {
+                    op: "UNMAP",
+                    status,
+                }),
+                (Queued::Map(..), Some(Status::Ok)) => None,
+                (Queued::Map(m, serial), status) => {
+                    if status.is_some() {
+                        let _ = self.iova.free(m.pfn, m.pages);
+                        self.refused_maps.push(serial);
+                    }
+                    Some(ViommuDmaError::Refused { op: "MAP", status })
+                }
+            };
+            if let Some(e) = err {
+                first.get_or_insert(e);
+            }
         }
-        for m in std::mem::take(&mut self.fq) {
-            self.iova.free(m.pfn, m.pages)?;
+        first.map_or(Ok(()), Err)
+    }
+
+    /// A `map_segments` that fails undoes what it did: in lazy mode the
+    /// queue is synced first (its statuses judged, not lost), then every
+    /// MAP of `out` not refused is unmapped.
+    fn abandon(&mut self, out: &[ViommuMapping], serials: &[u64]) {
+        let mut live: Vec<ViommuMapping> = out.to_vec();
+        if matches!(self.mode, ViommuMode::Lazy { .. }) {
+            let _ = self.sync();
+            if !self.queued.is_empty() {
+                // The driver failed: nothing could be judged, so nothing
+                // is undone or freed (the IOVAs stay taken).
+                return;
+            }
+            live = out
+                .iter()
+                .zip(serials)
+                .filter(|(_, s)| !self.refused_maps.contains(s))
+                .map(|(m, _)| *m)
+                .collect();
         }
-        Ok(())
+        self.undo(&live);
     }
 
     fn expect_ok(&mut self, op: &'static str, req: &[u8]) -> Result<(), ViommuDmaError> {

@@ -31,6 +31,9 @@ pub struct ViommuDriverConfig {
     pub queue_size: u16,
     /// Event buffers posted (a power of two, at most 64).
     pub events: u16,
+    /// Of the event buffers, how many (the first ones) are posted too
+    /// short for a fault report: a broken driver, for tests. 0 normally.
+    pub short_events: u16,
     /// Features to accept, among those offered (`VERSION_1` is added).
     pub accept: u64,
     /// The longest wait for the device.
@@ -45,6 +48,7 @@ impl Default for ViommuDriverConfig {
         Self {
             queue_size: 64,
             events: 16,
+            short_events: 0,
             accept: u64::MAX,
             wait: Duration::from_secs(2),
             spin: Duration::from_micros(50),
@@ -122,15 +126,17 @@ pub struct Completion {
 }
 
 impl Completion {
-    /// The status in the tail (the last 4 writable bytes), `None` if the
-    /// device wrote nothing (used length below the tail, §5.13.6: a
-    /// failure) or a byte §5.13.6 does not define.
+    /// The status in the tail — the last 4 bytes the device wrote (the
+    /// used length ends right after the tail, wherever the request's
+    /// structure puts it) — `None` if the device wrote nothing (used
+    /// length below the tail, §5.13.6: a failure), claimed more than the
+    /// writable part, or wrote a byte §5.13.6 does not define.
     pub fn status(&self) -> Option<Status> {
-        let n = self.writable.len();
-        if (self.used as usize) < s::TAIL_LEN || n < s::TAIL_LEN {
+        let used = self.used as usize;
+        if used < s::TAIL_LEN || used > self.writable.len() {
             return None;
         }
-        Status::from_code(self.writable[n - s::TAIL_LEN])
+        Status::from_code(self.writable[used - s::TAIL_LEN])
     }
 }
 
@@ -342,13 +348,12 @@ impl ViommuDriver {
             t.write(reg::QUEUE_READY, 1);
         }
         for i in 0..evt_size {
-            evt.set_desc(
-                i,
-                events + EVENT_BUF * u64::from(i),
-                EVENT_BUF as u32,
-                desc::F_WRITE,
-                0,
-            );
+            let len = if i < cfg.short_events {
+                s::FAULT_LEN as u32 - 1
+            } else {
+                EVENT_BUF as u32
+            };
+            evt.set_desc(i, events + EVENT_BUF * u64::from(i), len, desc::F_WRITE, 0);
             evt.push_avail(i);
         }
         evt.publish();
@@ -620,10 +625,16 @@ impl ViommuDriver {
         out
     }
 
-    /// Writes `bypass` (§5.13.4.1: only with `BYPASS_CONFIG`).
-    pub fn set_bypass(&self, on: bool) {
+    /// Writes `bypass` if `VIRTIO_IOMMU_F_BYPASS_CONFIG` was negotiated
+    /// (§5.13.4.1: the driver must not write it otherwise); returns
+    /// whether it wrote.
+    pub fn set_bypass(&self, on: bool) -> bool {
+        if self.features() & 1 << s::F_BYPASS_CONFIG == 0 {
+            return false;
+        }
         self.transport
             .write_config(s::CFG_BYPASS as u64, &[u8::from(on)]);
+        true
     }
 }
 

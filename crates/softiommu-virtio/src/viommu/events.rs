@@ -93,7 +93,7 @@ impl Reporter {
         let recs = std::mem::take(&mut self.buf);
         for rec in &recs {
             if let Some(ep) = state.endpoint_of(rec.sid) {
-                if self.send(end, mem, &fault_bytes(rec, ep)) {
+                if self.send(end, mem, &fault_bytes(rec, ep), c) {
                     bump(&c.events, 1);
                     sent = true;
                 } else {
@@ -103,54 +103,77 @@ impl Reporter {
         }
         self.buf = recs;
         if sent {
-            self.interrupt(end, mem);
+            self.interrupt_after_send(end, mem);
         }
         more
     }
 
-    /// Writes one event into the next event buffer; `false` if none was
-    /// usable (the event is dropped).
-    fn send(&mut self, end: &DeviceEnd, mem: &PhysGuestMemory, ev: &[u8]) -> bool {
+    /// Writes one event into the next event buffer that can hold it;
+    /// `false` if none could (the event is dropped). A buffer too short
+    /// for an event is returned with used length 0 (the driver gets it
+    /// back, and is interrupted for it) and the next one is tried: at
+    /// most the queue's size of them, so the work is bounded.
+    fn send(&mut self, end: &DeviceEnd, mem: &PhysGuestMemory, ev: &[u8], c: &Counters) -> bool {
         let Some(mut g) = end.queue(s::EVENT_QUEUE) else {
             return false;
         };
         let Some(q) = g.as_mut() else {
             return false;
         };
-        let head = match q.pop(mem) {
-            Ok(Some(h)) => h,
-            Ok(None) => return false,
-            Err(e) => {
+        let mut returned = false;
+        let mut wrote = false;
+        for _ in 0..q.layout().size {
+            let head = match q.pop(mem) {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(e) => {
+                    q.stop();
+                    end.report(e);
+                    return false;
+                }
+            };
+            if let Err(e) = q.walk(mem, head, ChainDir::Writable, &mut self.parts.descs) {
                 q.stop();
                 end.report(e);
                 return false;
             }
-        };
-        if let Err(e) = q.walk(mem, head, ChainDir::Writable, &mut self.parts.descs) {
-            q.stop();
-            end.report(e);
-            return false;
+            let fits = self.parts.writable_len() >= ev.len() as u64;
+            wrote = fits && self.parts.write(mem, 0, ev).is_ok();
+            let len = if wrote { ev.len() as u32 } else { 0 };
+            if let Err(e) = q.add_used(mem, head, len) {
+                q.stop();
+                end.report(e);
+                return false;
+            }
+            if wrote {
+                break;
+            }
+            bump(&c.event_buffers_refused, 1);
+            returned = true;
         }
-        let fits = self.parts.writable_len() >= ev.len() as u64;
-        let wrote = fits && self.parts.write(mem, 0, ev).is_ok();
-        let len = if wrote { ev.len() as u32 } else { 0 };
-        if let Err(e) = q.add_used(mem, head, len) {
-            q.stop();
-            end.report(e);
-            return false;
+        if returned && !wrote {
+            // The driver's buffers came back without an event: tell it,
+            // as a sent event would.
+            Self::interrupt(q, end, mem);
         }
         wrote
     }
 
-    fn interrupt(&self, end: &DeviceEnd, mem: &PhysGuestMemory) {
+    /// Interrupts the driver for the event queue if it wants one, with
+    /// the queue's guard held: a reset (which waits for the guard) cannot
+    /// slip between the used entries and their interrupt.
+    fn interrupt(q: &mut crate::transport::DeviceQueue, end: &DeviceEnd, mem: &PhysGuestMemory) {
+        if q.interrupt_wanted(mem).unwrap_or(true) {
+            end.queue_interrupt(s::EVENT_QUEUE);
+        }
+    }
+
+    fn interrupt_after_send(&self, end: &DeviceEnd, mem: &PhysGuestMemory) {
         let Some(mut g) = end.queue(s::EVENT_QUEUE) else {
             return;
         };
         if let Some(q) = g.as_mut() {
-            if q.interrupt_wanted(mem).unwrap_or(true) {
-                drop(g);
-                end.queue_interrupt(s::EVENT_QUEUE);
-            }
+            Self::interrupt(q, end, mem);
         }
     }
 }

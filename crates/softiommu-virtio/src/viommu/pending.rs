@@ -12,6 +12,9 @@ pub(crate) struct Pending {
     spans: Vec<(u16, u64, u64)>,
     /// Table pages the unmaps unlinked.
     pub(crate) gather: IotlbGather,
+    /// The domain ids of the last flush that failed: their endpoints may
+    /// still reach what was unmapped.
+    pub(crate) failed: Vec<u16>,
 }
 
 impl Pending {
@@ -35,7 +38,8 @@ impl Pending {
     /// with a covering mask, or domain-selective if none fits) and waits
     /// for the wait descriptor behind them; then frees the gathered pages.
     /// Returns the descriptors submitted. On a queue error the pages are
-    /// kept (leaked, never freed early) and the error returned.
+    /// kept (leaked, never freed early), the domain ids are left in
+    /// [`failed`](Self::failed) and the error returned.
     pub(crate) fn flush(&mut self, unit: &Unit) -> Result<u64, QiError> {
         if self.spans.is_empty() {
             return Ok(0);
@@ -47,9 +51,12 @@ impl Pending {
             batch.range(did, first, last - first + 1);
         }
         let n = batch.len() as u64;
+        self.failed.clear();
+        self.failed.extend(self.spans.iter().map(|s| s.0));
         self.spans.clear();
         match batch.wait() {
             Ok(()) => {
+                self.failed.clear();
                 let _ = self.gather.complete();
                 Ok(n)
             }

@@ -14,7 +14,7 @@ use super::state::{Negotiated, State};
 use super::stats::{bump, Counters};
 use super::status::Status;
 use crate::spec::iommu as s;
-use crate::transport::{ChainDir, DeviceEnd, DeviceQueue};
+use crate::transport::{ChainDir, DeviceEnd, DeviceError, DeviceQueue};
 
 /// A chain taken this round, returned at its end.
 #[derive(Debug, Clone, Copy)]
@@ -23,8 +23,9 @@ struct Done {
     used: u32,
     /// The status written, if any.
     status: Option<Status>,
-    /// Guest addresses of the tail's status byte (re-written if the
-    /// round's invalidation fails), for a successful UNMAP.
+    /// For an UNMAP carried out: the guest address of its tail's status
+    /// byte, which holds `DEVERR` until the round's invalidation has
+    /// completed and `OK` is written there.
     unmap_status_at: Option<u64>,
 }
 
@@ -77,19 +78,28 @@ impl Server {
             return false;
         }
         bump(&c.rounds, 1);
+        let mut invalidated = true;
         if !state.pending.is_empty() {
             bump(&c.invalidation_waits, 1);
             match state.flush_pending() {
                 Ok(n) => bump(&c.invalidations, n),
                 Err(_) => {
+                    invalidated = false;
+                    // The UNMAPs keep their DEVERR; the state has blocked
+                    // the endpoints that could still reach the ranges and
+                    // refuses every request until the device is reset.
                     bump(&c.invalidation_errors, 1);
-                    for d in &mut self.done {
-                        if let Some(at) = d.unmap_status_at.take() {
-                            d.status = Some(Status::DevErr);
-                            let b = [Status::DevErr.code()];
-                            let _ =
-                                vm_memory::Bytes::write_slice(mem, &b, vm_memory::GuestAddress(at));
-                        }
+                }
+            }
+        }
+        // The UNMAPs whose invalidation completed: `OK` now.
+        if invalidated {
+            for d in &mut self.done {
+                if let Some(at) = d.unmap_status_at.take() {
+                    let ok = [Status::Ok.code()];
+                    if vm_memory::Bytes::write_slice(mem, &ok, vm_memory::GuestAddress(at)).is_ok()
+                    {
+                        d.status = Some(Status::Ok);
                     }
                 }
             }
@@ -118,10 +128,30 @@ impl Server {
                 end.report(e);
             }
         }
+        if !invalidated {
+            // After the round's chains are used: the driver learns each
+            // UNMAP's DEVERR, then that the device needs a reset.
+            end.report(DeviceError::BackendFailed {
+                what: "an UNMAP's IOTLB invalidation did not complete",
+            });
+        }
         true
     }
 
     /// Carries out the request in `self.parts` and writes its tail.
+    ///
+    /// The tail goes where the request's structure puts it (§5.13.6):
+    /// right after the writable fields — at 0, or at `probe_size` for a
+    /// PROBE whose writable part holds the properties — and every byte
+    /// before it is written (properties, or zeroes), so the used length,
+    /// which ends with the tail, claims no byte the device did not write
+    /// (§2.7.8). Bytes past the tail are left alone. A PROBE whose
+    /// writable part is too short for `probe_size` has its tail at the
+    /// end, its properties area zeroed (no property written).
+    ///
+    /// A successful UNMAP's `OK` is not written here: its tail keeps the
+    /// provisional `DEVERR` until the round's invalidation has completed
+    /// ([`round`](Self::round) writes `OK` then).
     fn one(
         &mut self,
         head: u16,
@@ -142,39 +172,64 @@ impl Server {
             // No room for the tail: returned without writing (§5.13.6).
             return unwritten;
         }
-        let tail_at = wlen - s::TAIL_LEN as u64;
         let rlen = usize::try_from(self.parts.readable_len()).unwrap_or(usize::MAX);
         let mut buf = [0u8; MAX_REQUEST];
+        let mut ty = None;
         let parsed = match self.parts.read(mem, &mut buf) {
             Err(()) => Err(Status::Fault),
-            Ok(got) => match Request::parse(&buf[..got], rlen) {
-                // §5.13.6.2: an unknown type is returned unwritten.
-                Err(ParseError::UnknownType(_)) => return unwritten,
-                Err(ParseError::NoHead | ParseError::Short { .. }) => Err(Status::Inval),
-                Ok(req) => Ok(req),
-            },
+            Ok(got) => {
+                ty = (got > 0).then_some(buf[0]);
+                match Request::parse(&buf[..got], rlen) {
+                    // §5.13.6.2: an unknown type is returned unwritten.
+                    Err(ParseError::UnknownType(_)) => return unwritten,
+                    Err(ParseError::NoHead | ParseError::Short { .. }) => Err(Status::Inval),
+                    Ok(req) => Ok(req),
+                }
+            }
         };
-        // The tail must be writable before anything is done: a request the
-        // device cannot answer is not carried out either.
-        let provisional = [Status::DevErr.code(), 0, 0, 0];
-        if self.parts.write(mem, tail_at, &provisional).is_err() {
+        let tail_at = if ty == Some(s::T_PROBE) {
+            // `wlen >= 4`; the properties area is `probe_size` bytes, or
+            // all there is before a tail at the end.
+            u64::from(cfg.probe_size).min(wlen - s::TAIL_LEN as u64)
+        } else {
+            0
+        };
+        // The tail (and everything before it) must be writable before
+        // anything is done: a request the device cannot answer is not
+        // carried out either. `tail_at <= probe_size`: bounded.
+        self.probe.clear();
+        self.probe.resize(tail_at as usize, 0);
+        self.probe
+            .extend_from_slice(&[Status::DevErr.code(), 0, 0, 0]);
+        if self.parts.write(mem, 0, &self.probe).is_err() {
             return unwritten;
         }
         let status = match parsed {
             Err(st) => st,
             Ok(req) => self.execute(req, state, cfg, neg, mem, tail_at, c),
         };
-        let used = u32::try_from(wlen).unwrap_or(u32::MAX);
+        // `tail_at <= probe_size`, which the configuration bounds far
+        // below `u32::MAX - 4`.
+        let used = u32::try_from(tail_at + s::TAIL_LEN as u64).unwrap_or(u32::MAX);
+        let is_unmap = ty == Some(s::T_UNMAP) && status == Status::Ok;
+        if is_unmap {
+            // `OK` only once the invalidation has completed.
+            return Done {
+                head,
+                used,
+                status: Some(Status::DevErr),
+                unmap_status_at: self.byte_addr(tail_at),
+            };
+        }
         let tail = [status.code(), 0, 0, 0];
         if self.parts.write(mem, tail_at, &tail).is_err() {
             return unwritten;
         }
-        let is_unmap = buf[0] == s::T_UNMAP && status == Status::Ok;
         Done {
             head,
             used,
             status: Some(status),
-            unmap_status_at: is_unmap.then(|| self.byte_addr(tail_at)).flatten(),
+            unmap_status_at: None,
         }
     }
 
@@ -201,6 +256,11 @@ impl Server {
         tail_at: u64,
         c: &Counters,
     ) -> Status {
+        if state.is_broken() {
+            // An invalidation the device owed did not complete: nothing
+            // more is done until the driver resets the device.
+            return Status::DevErr;
+        }
         match req {
             Request::Attach {
                 domain,

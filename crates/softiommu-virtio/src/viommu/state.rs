@@ -56,8 +56,14 @@ pub(crate) struct State {
     domains: BTreeMap<u32, Domain>,
     /// `bypass` as the device applies it now.
     bypass: bool,
+    /// A `bypass` switch the unit refused for some endpoint: to retry.
+    bypass_pending: bool,
     /// Invalidations this round owes.
     pub(crate) pending: Pending,
+    /// An invalidation the device owed did not complete: the endpoints
+    /// that could reach the ranges are blocked, and every request is
+    /// refused until a reset.
+    broken: bool,
     /// The mappings one UNMAP removes (kept: no allocation per UNMAP once
     /// it has grown).
     victims: Vec<MappingRecord>,
@@ -92,7 +98,9 @@ impl State {
             endpoints,
             domains: BTreeMap::new(),
             bypass: cfg.bypass,
+            bypass_pending: false,
             pending: Pending::default(),
+            broken: false,
             victims: Vec::new(),
         };
         for &(sid, _) in st.endpoints.values() {
@@ -111,12 +119,40 @@ impl State {
 
     /// Issues the invalidations this round owes and waits for them
     /// ([`Pending::flush`]).
+    ///
+    /// If they fail, the unit's IOTLB may still serve the unmapped ranges
+    /// (a stopped queue drops nothing): every endpoint attached to a
+    /// domain of the failed flush loses its context at once — a context
+    /// write needs no queue, and a translation reads its context afresh —
+    /// so none of them reaches the ranges; the domain id's binding is then
+    /// released, and its cached translations can never hit again. The
+    /// device is then broken ([`is_broken`](Self::is_broken)) until a
+    /// reset; the tables stay alive (a walk begun before the context
+    /// write may still read them).
     pub(crate) fn flush_pending(&mut self) -> Result<u64, softiommu::hw::QiError> {
         let unit = self
             .system
             .unit(self.unit)
             .expect("the device's unit exists for the system's life");
-        self.pending.flush(unit)
+        let r = self.pending.flush(unit);
+        if r.is_err() {
+            self.broken = true;
+            for &(sid, dom) in self.endpoints.values() {
+                let did = dom.and_then(|d| self.domains.get(&d)).map(|d| d.did);
+                if did.is_some_and(|did| self.pending.failed.contains(&did)) {
+                    // `None` is refused by nothing but a caller inside a
+                    // section, which the device thread never is.
+                    let _ = self.unit().set_context(sid, None);
+                }
+            }
+        }
+        r
+    }
+
+    /// Whether an invalidation failed since the last reset (every request
+    /// is then refused `DEVERR`).
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken
     }
 
     /// The reserved regions `(start, end, subtype)` PROBE reports.
@@ -156,18 +192,36 @@ impl State {
         }
     }
 
-    /// Applies a new `bypass` to every unattached endpoint.
+    /// `bypass` as the device applies it now.
+    pub(crate) fn bypass(&self) -> bool {
+        self.bypass
+    }
+
+    /// Applies a new `bypass` to every unattached endpoint. `bypass`
+    /// takes the new value only once every endpoint has it: a switch the
+    /// unit refused part-way is tried again whole on the next call (a
+    /// switch to "no bypass" must never leave an endpoint in
+    /// pass-through). Until then, the stricter of the two values holds for
+    /// endpoints that become unattached.
     pub(crate) fn set_bypass(&mut self, on: bool) -> Result<(), softiommu::hw::HwError> {
-        if self.bypass == on {
+        if self.bypass == on && !self.bypass_pending {
             return Ok(());
         }
+        let old = self.bypass;
         self.bypass = on;
+        let mut first = Ok(());
         for &(sid, dom) in self.endpoints.values() {
             if dom.is_none() {
-                self.set_unattached(sid)?;
+                if let Err(e) = self.set_unattached(sid) {
+                    first = first.and(Err(e));
+                }
             }
         }
-        Ok(())
+        self.bypass_pending = first.is_err();
+        if self.bypass_pending {
+            self.bypass = old && on;
+        }
+        first
     }
 
     /// Device reset (§5.13.5: "endpoints are not attached to any
@@ -185,6 +239,9 @@ impl State {
             e.1 = None;
         }
         let domains = std::mem::take(&mut self.domains);
+        // A reset whose detaches all succeeded starts afresh; one that
+        // failed stays broken, and the next pass tries again.
+        self.broken = first.is_err();
         if first.is_ok() {
             // Contexts are switched and drained: no walker reaches a table.
             drop(domains);
@@ -199,7 +256,7 @@ impl State {
 
     /// Whether anything is attached (a reset has work to do).
     pub(crate) fn is_dirty(&self) -> bool {
-        !self.domains.is_empty()
+        !self.domains.is_empty() || self.broken
     }
 
     /// ATTACH (§5.13.6.1.2).
@@ -222,12 +279,14 @@ impl State {
         if flags & !known != 0 {
             return Status::Inval;
         }
-        if !self.in_range(domain) {
-            return Status::Range;
-        }
+        // §5.13.6.1.2 lists the endpoint's NOENT before the domain's
+        // RANGE: an unknown endpoint is NOENT whatever the domain.
         let Some(&(sid, old)) = self.endpoints.get(&endpoint) else {
             return Status::NoEnt;
         };
+        if !self.in_range(domain) {
+            return Status::Range;
+        }
         let bypass = flags & s::ATTACH_F_BYPASS != 0;
         if let Some(d) = self.domains.get(&domain) {
             if d.table.is_none() != bypass {
@@ -336,15 +395,18 @@ impl State {
         flags: u32,
         neg: Negotiated,
     ) -> Status {
-        if !self.in_range(domain) {
-            return Status::Range;
-        }
+        // Flags first: §5.13.6.3.2 "If the device doesn't recognize a
+        // flags bit, it MUST reject the request" with INVAL, whatever the
+        // domain.
         let mut known = s::MAP_F_READ | s::MAP_F_WRITE;
         if neg.mmio {
             known |= s::MAP_F_MMIO;
         }
         if flags & !known != 0 {
             return Status::Inval;
+        }
+        if !self.in_range(domain) {
+            return Status::Range;
         }
         let mut perm = Perm::NONE;
         if flags & s::MAP_F_READ != 0 {
@@ -353,6 +415,10 @@ impl State {
         if flags & s::MAP_F_WRITE != 0 {
             perm = perm | Perm::WRITE;
         }
+        // Deliberate, beyond §5.13.6.3 (which has no such rule; QEMU
+        // answers OK): a MAP granting no access is refused INVAL, as the
+        // device's specification asks, rather than recorded as a mapping
+        // no endpoint can use.
         if perm.is_empty() {
             return Status::Inval;
         }

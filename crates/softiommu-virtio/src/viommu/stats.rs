@@ -33,6 +33,9 @@ pub struct ViommuStats {
     /// buffer, was not live, or the buffer was too small (§5.13.6.7: the
     /// device may drop an event rather than wait).
     pub events_dropped: u64,
+    /// Event buffers returned unwritten because they were too short for
+    /// a fault report (the next buffer was tried for the event).
+    pub event_buffers_refused: u64,
     /// Faults the device could not see: records another reader drained
     /// from the unit's log first, and faults the log dropped when full
     /// (`FSTS.PFO`: whoever owns the log must drain it), of any endpoint.
@@ -53,6 +56,7 @@ pub(crate) struct Counters {
     pub(crate) invalidation_errors: AtomicU64,
     pub(crate) events: AtomicU64,
     pub(crate) events_dropped: AtomicU64,
+    pub(crate) event_buffers_refused: AtomicU64,
     pub(crate) faults_missed: AtomicU64,
 }
 
@@ -77,6 +81,7 @@ impl Counters {
             invalidation_errors: l(&self.invalidation_errors),
             events: l(&self.events),
             events_dropped: l(&self.events_dropped),
+            event_buffers_refused: l(&self.event_buffers_refused),
             faults_missed: l(&self.faults_missed),
         }
     }
