@@ -13,6 +13,7 @@
 //! - [`iotlb`]: the device IOTLB, which takes every range the protocol allows;
 //! - [`space`]: translation, misses and the invalidation contract;
 //! - [`blk`]: virtio-blk on one split ring;
+//! - [`net`]: virtio-net on a receive and a transmit ring, frames on a wire;
 //! - [`session`]: the message handling and the ring lifecycle;
 //! - [`guest`]: a real Linux guest under QEMU for tests and the lab.
 
@@ -24,14 +25,17 @@ pub mod disk;
 pub mod error;
 pub mod guest;
 pub mod iotlb;
+pub mod net;
 pub(crate) mod memtable;
 pub mod proto;
 pub mod session;
 pub mod space;
 pub mod testing;
+pub(crate) mod vring;
 pub(crate) mod wire;
 
 pub use blk::BlkStats;
+pub use net::{NetBackend, NetBackendConfig, NetStats};
 pub use error::{AccessError, ConfigError, IotlbError, MsgError, SessionError};
 pub use session::{BlkBackend, BlkBackendConfig, SessionEnd, SessionReport};
 pub use space::{DmaSpace, IotlbStats};
