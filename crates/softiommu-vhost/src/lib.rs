@@ -15,6 +15,7 @@
 //! - [`blk`]: virtio-blk on one split ring;
 //! - [`net`]: virtio-net on a receive and a transmit ring, frames on a wire;
 //! - [`session`]: the message handling and the ring lifecycle;
+//! - [`peer`]: a smoltcp TCP peer on the net back-end's wire;
 //! - [`guest`]: a real Linux guest under QEMU for tests and the lab.
 
 #![warn(missing_docs)]
@@ -26,6 +27,7 @@ pub mod error;
 pub mod guest;
 pub mod iotlb;
 pub mod net;
+pub mod peer;
 pub(crate) mod memtable;
 pub mod proto;
 pub mod session;

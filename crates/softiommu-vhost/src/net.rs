@@ -27,7 +27,7 @@ use softiommu_virtio::spec::net as sn;
 
 use crate::blk::thread_cpu_ns;
 use crate::error::{AccessError, ConfigError};
-use crate::proto::vf;
+use crate::proto::{pf, vf};
 use crate::session::{serve_device, SessionReport, VhostDevice, CONFIG_MAX};
 use crate::space::AddrKind;
 use crate::vring::{chain_len, Chain, Desc, Pop, Queue};
@@ -37,6 +37,9 @@ pub const F_MAC: u32 = 5;
 /// The virtio features offered.
 pub const FEATURES: u64 =
     vf::VERSION_1 | vf::ACCESS_PLATFORM | vf::PROTOCOL_FEATURES | (1 << F_MAC);
+/// The protocol features offered: an IOMMU needs reply-ack and the
+/// back-end channel; QEMU's net front-end refuses `CONFIG`.
+pub const PROTOCOL_FEATURES: u64 = pf::REPLY_ACK | pf::BACKEND_REQ | pf::RESET_DEVICE;
 /// How long an idle worker waits for a kick (or, receiving, for the wire)
 /// before looking at its stop flag and the wire again.
 const IDLE_WAIT: Duration = Duration::from_millis(1);
@@ -199,6 +202,10 @@ fn put<T>(m: &Mutex<Option<T>>, v: T) {
 impl VhostDevice for NetDevice {
     fn features(&self) -> u64 {
         FEATURES
+    }
+
+    fn protocol_features(&self) -> u64 {
+        PROTOCOL_FEATURES
     }
 
     fn queues(&self) -> u32 {

@@ -46,6 +46,10 @@ pub(crate) const CONFIG_MAX: usize = 256;
 pub(crate) trait VhostDevice: Sync {
     /// The virtio features offered.
     fn features(&self) -> u64;
+    /// The protocol features offered (QEMU refuses `CONFIG` from a net back-end).
+    fn protocol_features(&self) -> u64 {
+        PROTOCOL_FEATURES
+    }
     /// The number of queues.
     fn queues(&self) -> u32;
     /// The config space (at most [`CONFIG_MAX`] bytes; the rest reads 0).
@@ -373,16 +377,14 @@ impl Session<'_> {
                 self.space.set_iommu(false);
                 Ok(None)
             }
-            req::GET_PROTOCOL_FEATURES => reply(PROTOCOL_FEATURES),
+            req::GET_PROTOCOL_FEATURES => reply(self.dev.protocol_features()),
             req::SET_PROTOCOL_FEATURES => {
                 let f = u64_of(name, &p)?;
-                if f & !PROTOCOL_FEATURES != 0 {
+                let offered = self.dev.protocol_features();
+                if f & !offered != 0 {
                     return Err(MsgError::Invalid {
                         name,
-                        what: format!(
-                            "protocol features {:#x} not offered",
-                            f & !PROTOCOL_FEATURES
-                        ),
+                        what: format!("protocol features {:#x} not offered", f & !offered),
                     });
                 }
                 self.protocol = f;
