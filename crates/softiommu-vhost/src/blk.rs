@@ -195,15 +195,16 @@ impl Worker {
             true,
         );
         let mut h = [0u8; HDR_LEN];
-        let (status, written) = match self
-            .q
-            .space
-            .read_bytes(AddrKind::Buffer, chain[0].addr, &mut h)
-        {
-            Err(e @ AccessError::Cancelled { .. }) => return Err(e),
-            Err(_) => (sb::S_IOERR, 0),
-            Ok(()) => self.request(BlkHeader::decode(&h), &chain[1..n - 1])?,
-        };
+        let (status, written) =
+            match self
+                .q
+                .space
+                .read_bytes(AddrKind::Buffer, chain[0].addr, &mut h)
+            {
+                Err(e @ AccessError::Cancelled { .. }) => return Err(e),
+                Err(_) => (sb::S_IOERR, 0),
+                Ok(()) => self.request(BlkHeader::decode(&h), &chain[1..n - 1])?,
+            };
         let at = st.addr.checked_add(u64::from(st.len) - 1);
         let wrote = match at {
             Some(a) => self.q.space.write_bytes(AddrKind::Buffer, a, &[status]),
@@ -249,7 +250,10 @@ impl Worker {
                 let mut r = Ok(());
                 for d in data {
                     let k = left.len().min(d.len as usize);
-                    r = self.q.space.write_bytes(AddrKind::Buffer, d.addr, &left[..k]);
+                    r = self
+                        .q
+                        .space
+                        .write_bytes(AddrKind::Buffer, d.addr, &left[..k]);
                     left = &left[k..];
                     if r.is_err() || left.is_empty() {
                         break;

@@ -228,7 +228,13 @@ pub fn run_blk(
                 ]);
         }
     }
-    let b = boot(kit, qemu, mode, &format!("softiommu.test=blk softiommu.mib={disk_mib}"), deadline)?;
+    let b = boot(
+        kit,
+        qemu,
+        mode,
+        &format!("softiommu.test=blk softiommu.mib={disk_mib}"),
+        deadline,
+    )?;
     let report = session.and_then(|rx| rx.recv_timeout(Duration::from_secs(30)).ok());
     let disk_sha256 = sha256_file(&disk)?;
     let _ = std::fs::remove_dir_all(&dir);
@@ -311,9 +317,7 @@ fn boot(
         IommuMode::Strict => "iommu.strict=1",
         IommuMode::Lazy => "iommu.strict=0",
     };
-    let append = format!(
-        "console=ttyS0 quiet intel_iommu=on {strict} {test_args} panic=-1"
-    );
+    let append = format!("console=ttyS0 quiet intel_iommu=on {strict} {test_args} panic=-1");
     qemu.arg("-kernel")
         .arg(kit.dir.join("vmlinuz"))
         .arg("-initrd")

@@ -260,7 +260,8 @@ fn gather(q: &Queue, chain: &[Desc], skip: u64, out: &mut [u8]) -> Result<(), Ac
                 iova: d.addr,
                 len: u64::from(d.len),
             })?;
-            q.space.read_bytes(AddrKind::Buffer, a, &mut out[o..o + n])?;
+            q.space
+                .read_bytes(AddrKind::Buffer, a, &mut out[o..o + n])?;
         }
         pos = end;
     }
@@ -388,7 +389,12 @@ impl TxWorker {
             bump(&c.tx_wire_full, 1);
             return Ok(());
         };
-        match gather(&self.q, &chain, HDR_LEN as u64, &mut slot.buf()[..frame_len]) {
+        match gather(
+            &self.q,
+            &chain,
+            HDR_LEN as u64,
+            &mut slot.buf()[..frame_len],
+        ) {
             Ok(()) => {}
             // The slot is not committed: nothing goes on the wire.
             Err(e @ AccessError::Cancelled { .. }) => return Err(e),

@@ -282,9 +282,7 @@ pub fn run_peer(
                 chunk_at = 0;
             }
             let left = (cfg.bytes - rep.sent).min((chunk.len() - chunk_at) as u64) as usize;
-            let n = s
-                .send_slice(&chunk[chunk_at..chunk_at + left])
-                .unwrap_or(0);
+            let n = s.send_slice(&chunk[chunk_at..chunk_at + left]).unwrap_or(0);
             if n == 0 {
                 break;
             }

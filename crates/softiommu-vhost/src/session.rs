@@ -17,13 +17,13 @@ use std::time::Duration;
 use softiommu_virtio::spec::blk as sb;
 
 use crate::blk::{BlkCounters, BlkStats, Worker};
-use crate::net::NetStats;
-use crate::vring::{Queue, RingAddrs, WorkerShared};
 use crate::disk::Disk;
 use crate::error::{ConfigError, MsgError, SessionError};
 use crate::memtable::MemTable;
+use crate::net::NetStats;
 use crate::proto::{self, iotlb as m, pf, req, vf, FLAG_NEED_REPLY};
 use crate::space::{DmaSpace, IotlbStats};
+use crate::vring::{Queue, RingAddrs, WorkerShared};
 use crate::wire::{self, Msg};
 
 /// Largest ring this back-end takes (virtio 1.2 §2.7: at most 32768).
@@ -57,7 +57,6 @@ pub(crate) trait VhostDevice: Sync {
     /// Starts the worker of queue `index` on `q`; it returns its next avail index.
     fn spawn(&self, index: u32, q: Queue) -> std::io::Result<JoinHandle<u16>>;
 }
-
 
 /// How a block back-end is set up.
 #[derive(Debug, Clone)]
@@ -158,12 +157,7 @@ impl BlkBackend {
             disk: self.disk.clone(),
             counters: counters.clone(),
         };
-        let mut r = serve_device(
-            &dev,
-            sock,
-            self.cfg.iotlb_capacity,
-            self.cfg.miss_timeout,
-        );
+        let mut r = serve_device(&dev, sock, self.cfg.iotlb_capacity, self.cfg.miss_timeout);
         r.blk = counters.snapshot();
         r
     }

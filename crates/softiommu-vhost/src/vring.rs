@@ -188,7 +188,8 @@ impl Queue {
         }
         self.pending_signal = 0;
         let mut f = [0u8; 2];
-        self.space.read_bytes(AddrKind::Ring, self.ring.avail, &mut f)?;
+        self.space
+            .read_bytes(AddrKind::Ring, self.ring.avail, &mut f)?;
         if u16::from_le_bytes(f) & ring::AVAIL_F_NO_INTERRUPT == 0 {
             let call = self.shared.call.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(c) = call.as_ref() {

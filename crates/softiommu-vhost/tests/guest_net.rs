@@ -89,12 +89,7 @@ fn check(mode: IommuMode) {
     assert_eq!(r.field("policy"), Some(mode.name()), "{}", r.result);
     assert_eq!(r.peer.received, MIB << 20, "{:?}", r.peer);
     assert_eq!(r.peer.sent, MIB << 20, "{:?}", r.peer);
-    assert!(
-        r.checksum_ok(),
-        "guest {} / peer {:?}",
-        r.result,
-        r.peer
-    );
+    assert!(r.checksum_ok(), "guest {} / peer {:?}", r.result, r.peer);
     assert!(matches!(rep.end, SessionEnd::Disconnected), "{:?}", rep.end);
     assert_eq!(rep.rejected_messages, 0, "{:?}", rep.last_rejection);
     assert!(
