@@ -53,21 +53,18 @@ impl phy::TxToken for TxTok<'_> {
         F: FnOnce(&mut [u8]) -> R,
     {
         let max = self.tx.max_frame();
-        match self.tx.reserve() {
-            Some(mut slot) if len <= max => {
+        if len <= max {
+            if let Some(mut slot) = self.tx.reserve() {
                 let r = f(&mut slot.buf()[..len]);
                 slot.commit(len);
-                r
-            }
-            other => {
-                // Full wire (or a frame past the slot): dropped and counted,
-                // as a switch port would.
-                drop(other);
-                self.tx.drop_frame();
-                let mut scratch = vec![0u8; len];
-                f(&mut scratch)
+                return r;
             }
         }
+        // Full wire (or a frame past the slot): dropped and counted, as a
+        // switch port would.
+        self.tx.drop_frame();
+        let mut scratch = vec![0u8; len];
+        f(&mut scratch)
     }
 }
 
