@@ -156,7 +156,7 @@ impl Worker {
     /// Serves one chain; returns the used length. Only a cancelled access
     /// (the rings stopping) is an error: every other failure completes the
     /// request.
-    fn serve(&self, head: u16) -> Result<u32, AccessError> {
+    fn serve(&mut self, head: u16) -> Result<u32, AccessError> {
         let c = &self.counters;
         let chain = match self.q.walk(head) {
             Ok(Chain::Ok(d)) => d,
@@ -170,6 +170,14 @@ impl Worker {
                 return Ok(0);
             }
         };
+        let r = self.serve_chain(&chain);
+        self.q.recycle(chain);
+        r
+    }
+
+    /// Serves one walked chain (see [`Worker::serve`]).
+    fn serve_chain(&self, chain: &[Desc]) -> Result<u32, AccessError> {
+        let c = &self.counters;
         let n = chain.len();
         let hdr_ok = chain[0].flags & desc::F_WRITE == 0 && chain[0].len as usize >= HDR_LEN;
         let st = &chain[n - 1];

@@ -343,20 +343,27 @@ impl TxWorker {
     /// Puts one chain's frame on the wire, or drops and counts it. Only a
     /// cancelled access is an error.
     fn send(&mut self, head: u16) -> Result<(), AccessError> {
-        let c = &self.counters;
         let chain = match self.q.walk(head) {
             Ok(Chain::Ok(d)) => d,
             Ok(Chain::Bad) => {
-                bump(&c.tx_bad, 1);
+                bump(&self.counters.tx_bad, 1);
                 return Ok(());
             }
             Err(e @ AccessError::Cancelled { .. }) => return Err(e),
             Err(_) => {
-                bump(&c.tx_faults, 1);
+                bump(&self.counters.tx_faults, 1);
                 return Ok(());
             }
         };
-        let total = chain_len(&chain);
+        let r = self.send_chain(&chain);
+        self.q.recycle(chain);
+        r
+    }
+
+    /// Puts one walked chain's frame on the wire (see [`TxWorker::send`]).
+    fn send_chain(&mut self, chain: &[Desc]) -> Result<(), AccessError> {
+        let c = &self.counters;
+        let total = chain_len(chain);
         let max = self.tx.max_frame() as u64;
         let frame_len = match total {
             Some(t)
@@ -372,7 +379,7 @@ impl TxWorker {
             }
         };
         let mut hdr = [0u8; HDR_LEN];
-        match gather(&self.q, &chain, 0, &mut hdr) {
+        match gather(&self.q, chain, 0, &mut hdr) {
             Ok(()) => {}
             Err(e @ AccessError::Cancelled { .. }) => return Err(e),
             Err(_) => {
@@ -500,7 +507,13 @@ fn deliver(q: &mut Queue, c: &NetCounters, frame: &[u8]) -> Result<Delivered, Ac
     };
     let chain = match q.walk(head) {
         Ok(Chain::Ok(d)) if d.iter().all(Desc::writable) => d,
-        Ok(_) => {
+        Ok(Chain::Ok(d)) => {
+            q.recycle(d);
+            bump(&c.rx_bad, 1);
+            q.push_used(head, 0)?;
+            return Ok(Delivered::Kept);
+        }
+        Ok(Chain::Bad) => {
             bump(&c.rx_bad, 1);
             q.push_used(head, 0)?;
             return Ok(Delivered::Kept);
@@ -515,14 +528,27 @@ fn deliver(q: &mut Queue, c: &NetCounters, frame: &[u8]) -> Result<Delivered, Ac
             return Ok(Delivered::Kept);
         }
     };
+    let r = deliver_chain(q, c, head, &chain, frame);
+    q.recycle(chain);
+    r
+}
+
+/// Puts `frame` into the walked, device-writable chain of `head`.
+fn deliver_chain(
+    q: &mut Queue,
+    c: &NetCounters,
+    head: u16,
+    chain: &[Desc],
+    frame: &[u8],
+) -> Result<Delivered, AccessError> {
     let need = (HDR_LEN + frame.len()) as u64;
-    if chain_len(&chain).is_none_or(|t| t < need) {
+    if chain_len(chain).is_none_or(|t| t < need) {
         bump(&c.rx_dropped, 1);
         q.push_used(head, 0)?;
         return Ok(Delivered::Consumed);
     }
-    let r = scatter(q, &chain, 0, &plain_header(true))
-        .and_then(|()| scatter(q, &chain, HDR_LEN as u64, frame));
+    let r = scatter(q, chain, 0, &plain_header(true))
+        .and_then(|()| scatter(q, chain, HDR_LEN as u64, frame));
     match r {
         Ok(()) => {
             bump(&c.rx_frames, 1);

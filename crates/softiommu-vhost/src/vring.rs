@@ -82,6 +82,8 @@ pub(crate) struct Queue {
     pub(crate) used_idx: u16,
     /// Used entries published since the last signal.
     pending_signal: u32,
+    /// The vector the next walk fills.
+    spare: Vec<Desc>,
 }
 
 impl Queue {
@@ -100,6 +102,7 @@ impl Queue {
             last_avail: base,
             used_idx: base,
             pending_signal: 0,
+            spare: Vec::with_capacity(usize::from(ring.num.min(64))),
         }
     }
 
@@ -116,7 +119,9 @@ impl Queue {
     /// The next available head, if any.
     pub(crate) fn pop(&mut self) -> Result<Pop, AccessError> {
         let r = self.ring;
-        let avail_idx = self.space.load_u16_acquire(AddrKind::Ring, r.avail + 2)?;
+        let avail_idx = self
+            .space
+            .load_u16_acquire(AddrKind::Ring, at(r.avail, 2)?)?;
         if avail_idx == self.last_avail {
             return Ok(Pop::Empty);
         }
@@ -126,7 +131,7 @@ impl Queue {
         let slot = u64::from(self.last_avail % r.num);
         let mut h = [0u8; 2];
         self.space
-            .read_bytes(AddrKind::Ring, r.avail + 4 + 2 * slot, &mut h)?;
+            .read_bytes(AddrKind::Ring, at(r.avail, 4 + 2 * slot)?, &mut h)?;
         self.last_avail = self.last_avail.wrapping_add(1);
         Ok(Pop::Head(u16::from_le_bytes(h)))
     }
@@ -137,23 +142,31 @@ impl Queue {
         self.last_avail = self.last_avail.wrapping_sub(1);
     }
 
-    /// Walks a chain; a loop or an out-of-range index makes it bad.
-    pub(crate) fn walk(&self, head: u16) -> Result<Chain, AccessError> {
+    /// Walks a chain; a loop or an out-of-range index makes it bad. The
+    /// chain's vector is the queue's spare one (no allocation per chain once
+    /// it has grown), to be handed back with [`Queue::recycle`].
+    pub(crate) fn walk(&mut self, head: u16) -> Result<Chain, AccessError> {
         let r = self.ring;
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.spare);
+        out.clear();
         let mut i = head;
         loop {
             if i >= r.num || out.len() >= usize::from(r.num) {
+                self.spare = out;
                 return Ok(Chain::Bad);
             }
             let mut d = [0u8; 16];
-            self.space
-                .read_bytes(AddrKind::Ring, r.desc + 16 * u64::from(i), &mut d)?;
+            let a = at(r.desc, 16 * u64::from(i));
+            if let Err(e) = a.and_then(|a| self.space.read_bytes(AddrKind::Ring, a, &mut d)) {
+                self.spare = out;
+                return Err(e);
+            }
             let addr = u64::from_le_bytes(d[0..8].try_into().expect("8"));
             let len = u32::from_le_bytes(d[8..12].try_into().expect("4"));
             let flags = u16::from_le_bytes([d[12], d[13]]);
             let next = u16::from_le_bytes([d[14], d[15]]);
             if flags & desc::F_INDIRECT != 0 {
+                self.spare = out;
                 return Ok(Chain::Bad);
             }
             out.push(Desc { addr, len, flags });
@@ -164,6 +177,11 @@ impl Queue {
         }
     }
 
+    /// Hands a walked chain's vector back for the next walk.
+    pub(crate) fn recycle(&mut self, v: Vec<Desc>) {
+        self.spare = v;
+    }
+
     /// Publishes `(head, len)` as the next used entry.
     pub(crate) fn push_used(&mut self, head: u16, len: u32) -> Result<(), AccessError> {
         let r = self.ring;
@@ -172,10 +190,10 @@ impl Queue {
         e[0..4].copy_from_slice(&u32::from(head).to_le_bytes());
         e[4..8].copy_from_slice(&len.to_le_bytes());
         self.space
-            .write_bytes(AddrKind::Ring, r.used + 4 + 8 * uslot, &e)?;
+            .write_bytes(AddrKind::Ring, at(r.used, 4 + 8 * uslot)?, &e)?;
         self.used_idx = self.used_idx.wrapping_add(1);
         self.space
-            .store_u16_release(AddrKind::Ring, r.used + 2, self.used_idx)?;
+            .store_u16_release(AddrKind::Ring, at(r.used, 2)?, self.used_idx)?;
         self.pending_signal += 1;
         Ok(())
     }
@@ -223,6 +241,15 @@ impl Queue {
         }
         false
     }
+}
+
+/// `base + off` of a ring address the front-end supplied, or the typed
+/// error for a ring that wraps past 2^64.
+fn at(base: u64, off: u64) -> Result<u64, AccessError> {
+    base.checked_add(off).ok_or(AccessError::Wraps {
+        iova: base,
+        len: off,
+    })
 }
 
 /// The total length of a chain's descriptors, `None` if it overflows.

@@ -395,3 +395,41 @@ fn a_frame_whose_buffer_invalidation_was_acknowledged_is_never_sent() {
     assert_eq!(r.iotlb.miss_timeouts, 1, "{:?}", r.iotlb);
     assert_eq!(wire.sent, 1);
 }
+
+#[test]
+fn a_descriptor_table_wrapping_past_2_pow_64_is_a_counted_fault_not_a_panic() {
+    let mut fe = Fe::start(Duration::from_millis(100));
+    // Stop the transmit ring and move its descriptor table to the top of
+    // the address space (16-byte aligned, so the session takes it).
+    let state = |i: u32, v: u32| (u64::from(i) | (u64::from(v) << 32)).to_le_bytes();
+    testing::send(&fe.sock, req::GET_VRING_BASE, &state(1, 0), &[], false).unwrap();
+    let (code, _, _) = testing::recv(&fe.sock).unwrap();
+    assert_eq!(code, req::GET_VRING_BASE);
+    let mut a = Vec::new();
+    a.extend_from_slice(&1u32.to_le_bytes());
+    a.extend_from_slice(&0u32.to_le_bytes());
+    for v in [u64::MAX - 15, RING[1] + 0x200, RING[1] + 0x100, 0] {
+        a.extend_from_slice(&v.to_le_bytes());
+    }
+    assert_eq!(fe.ack(req::SET_VRING_ADDR, &a, &[]), 0);
+    let idx = 1u64.to_le_bytes();
+    assert_eq!(
+        fe.ack(req::SET_VRING_KICK, &idx, &[fe.kick[1].as_raw_fd()]),
+        0
+    );
+    assert_eq!(fe.ack(req::SET_VRING_ENABLE, &state(1, 1), &[]), 0);
+    // The ring's stop dropped the IOTLB: map the memory again.
+    fe.iotlb(m::UPDATE, 0, MEM_BYTES as u64, UA);
+    // Head 1: its descriptor would be at (2^64 - 16) + 16.
+    fe.poke(RING[1] + 0x100 + 4, &1u16.to_le_bytes());
+    fe.next_avail[1] = 1;
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    fe.poke(RING[1] + 0x100 + 2, &1u16.to_le_bytes());
+    let one = 1u64;
+    // SAFETY: 8 bytes to an eventfd.
+    unsafe { libc::write(fe.kick[1].as_raw_fd(), (&one as *const u64).cast(), 8) };
+    assert_eq!(fe.wait_used(1, 1), 0);
+    assert!(fe.peer_frames().is_empty());
+    let n = fe.finish().net;
+    assert_eq!((n.tx_faults, n.tx_frames), (1, 0), "{n:?}");
+}
