@@ -1,6 +1,6 @@
 //! The virtio-blk device as a vhost-user back-end: one split virtqueue
 //! (virtio 1.2 §2.7) served by a worker thread whose every ring and buffer
-//! access goes through the [`DmaSpace`], the request decoded with
+//! access goes through the [`DmaSpace`](crate::space::DmaSpace), the request decoded with
 //! `softiommu-virtio`'s [`BlkHeader`]/[`BlkOp`].
 //!
 //! A chain whose shape is wrong (no readable 16-byte header first, no

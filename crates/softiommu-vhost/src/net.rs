@@ -1,7 +1,7 @@
 //! The virtio-net device as a vhost-user back-end (virtio 1.2 §5.1): queue
 //! 0 receives, queue 1 transmits, each served by its own worker over the
-//! shared split-ring code ([`crate::vring`]), every ring and buffer access
-//! through the [`DmaSpace`]'s device IOTLB. Frames travel on one end of
+//! shared split-ring code (`vring`), every ring and buffer access
+//! through the [`DmaSpace`](crate::space::DmaSpace)'s device IOTLB. Frames travel on one end of
 //! `softiommu-virtio`'s wire ([`WirePort`]); the other end is the peer's
 //! (a smoltcp stack in the tests).
 //!
