@@ -396,12 +396,7 @@ impl TxWorker {
             bump(&c.tx_wire_full, 1);
             return Ok(());
         };
-        match gather(
-            &self.q,
-            &chain,
-            HDR_LEN as u64,
-            &mut slot.buf()[..frame_len],
-        ) {
+        match gather(&self.q, chain, HDR_LEN as u64, &mut slot.buf()[..frame_len]) {
             Ok(()) => {}
             // The slot is not committed: nothing goes on the wire.
             Err(e @ AccessError::Cancelled { .. }) => return Err(e),
