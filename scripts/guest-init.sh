@@ -2,7 +2,7 @@
 # The init of the softiommu guest kit's initramfs (built by
 # scripts/guest-kit.sh): mounts the pseudo file systems, loads the virtio
 # modules, runs the guest side of the test named on the kernel command line
-# (softiommu.test=blk, softiommu.mib=N) and prints exactly one line that
+# (softiommu.test=blk|net, softiommu.mib=N) and prints exactly one line that
 # starts with SOFTIOMMU-GUEST-RESULT on the serial console, then powers off.
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -60,6 +60,31 @@ blk)
     ok=0
     [ "$werr" = 0 ] && [ "$want" = "$got" ] && ok=1
     echo "SOFTIOMMU-GUEST-RESULT test=blk ok=$ok kernel=$kernel dmar=$dmar policy=$policy mib=$mib written=$want read=$got write_ms=$((t1 - t0)) read_ms=$((t3 - t2))"
+  fi
+  ;;
+net)
+  # The host's smoltcp peer is 10.0.2.2: its sink on 5555 takes mib MiB
+  # and closes; its source on 5556 sends mib MiB and closes.
+  mib=$(arg mib 4)
+  i=0
+  while [ $i -lt 100 ] && [ ! -e /sys/class/net/eth0 ]; do sleep 0.1; i=$((i + 1)); done
+  if [ ! -e /sys/class/net/eth0 ]; then
+    echo "SOFTIOMMU-GUEST-RESULT test=net ok=0 kernel=$kernel dmar=$dmar policy=$policy error=no-eth0"
+  else
+    ifconfig lo 127.0.0.1 up
+    ifconfig eth0 10.0.2.15 netmask 255.255.255.0 up
+    dd if=/dev/urandom of=/tmp/pattern bs=1M count="$mib" 2>/dev/null
+    sent=$(sha256sum /tmp/pattern | cut -d' ' -f1)
+    t0=$(ms)
+    timeout 300 nc 10.0.2.2 5555 </tmp/pattern >/dev/null
+    serr=$?
+    t1=$(ms)
+    got=$(timeout 300 nc 10.0.2.2 5556 </dev/null | sha256sum | cut -d' ' -f1)
+    t2=$(ms)
+    rm -f /tmp/pattern
+    ok=0
+    [ "$serr" = 0 ] && ok=1
+    echo "SOFTIOMMU-GUEST-RESULT test=net ok=$ok kernel=$kernel dmar=$dmar policy=$policy mib=$mib sent=$sent got=$got send_ms=$((t1 - t0)) recv_ms=$((t2 - t1))"
   fi
   ;;
 *)

@@ -9,7 +9,7 @@
 #
 # The kit lands in $SOFTIOMMU_GUEST_KIT (default: target/guest-kit of this
 # checkout): vmlinuz, initramfs.cpio.gz, kernel-release. The guest tests
-# (crates/softiommu-vhost/tests/guest_blk.rs) look there.
+# (crates/softiommu-vhost/tests/guest_blk.rs, guest_net.rs) look there.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 kit="${SOFTIOMMU_GUEST_KIT:-$root/target/guest-kit}"
@@ -46,8 +46,8 @@ fi
 cp "kernel/boot/vmlinuz-$release" vmlinuz
 echo "$release" >kernel-release
 
-# The initramfs: static busybox, the virtio modules with their dependencies
-# in modules.dep order, the init.
+# The initramfs: static busybox, the virtio modules (virtio_net with its
+# dependencies net_failover and failover) in modules.dep order, the init.
 mods="kernel/lib/modules/$release"
 rm -rf initramfs && mkdir -p initramfs/bin initramfs/modules initramfs/proc initramfs/sys initramfs/dev initramfs/tmp
 cp "$(command -v busybox)" initramfs/bin/busybox

@@ -1,6 +1,6 @@
 //! The virtio-blk device as a vhost-user back-end: one split virtqueue
 //! (virtio 1.2 §2.7) served by a worker thread whose every ring and buffer
-//! access goes through the [`DmaSpace`], the request decoded with
+//! access goes through the [`DmaSpace`](crate::space::DmaSpace), the request decoded with
 //! `softiommu-virtio`'s [`BlkHeader`]/[`BlkOp`].
 //!
 //! A chain whose shape is wrong (no readable 16-byte header first, no
@@ -10,18 +10,18 @@
 //! direction, an access the IOTLB refuses) completes with
 //! `VIRTIO_BLK_S_IOERR`, and the queue goes on.
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use softiommu_virtio::blk::{BlkHeader, BlkOp};
 use softiommu_virtio::spec::blk::{self as sb, HDR_LEN, SECTOR_SIZE};
-use softiommu_virtio::spec::{desc, ring};
+use softiommu_virtio::spec::desc;
 
 use crate::disk::Disk;
 use crate::error::AccessError;
-use crate::space::{AddrKind, DmaSpace};
+use crate::space::AddrKind;
+use crate::vring::{Chain, Desc, Pop, Queue};
 
 /// The id string `VIRTIO_BLK_T_GET_ID` answers.
 pub const DEVICE_ID: &[u8] = b"softiommu-vhost-blk";
@@ -93,172 +93,72 @@ impl BlkCounters {
     }
 }
 
-/// Where a ring is (validated by the session).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RingAddrs {
-    pub(crate) num: u16,
-    pub(crate) desc: u64,
-    pub(crate) avail: u64,
-    pub(crate) used: u64,
-}
-
-/// What the worker shares with the session.
-#[derive(Debug)]
-pub(crate) struct WorkerShared {
-    pub(crate) stop: AtomicBool,
-    pub(crate) enabled: AtomicBool,
-    pub(crate) call: Mutex<Option<OwnedFd>>,
-}
-
 pub(crate) struct Worker {
-    pub(crate) space: Arc<DmaSpace>,
+    pub(crate) q: Queue,
     pub(crate) disk: Arc<Disk>,
-    pub(crate) ring: RingAddrs,
-    pub(crate) kick: Option<OwnedFd>,
-    pub(crate) shared: Arc<WorkerShared>,
     pub(crate) counters: Arc<BlkCounters>,
-    pub(crate) last_avail: u16,
-}
-
-struct Desc {
-    addr: u64,
-    len: u32,
-    flags: u16,
-}
-
-enum Chain {
-    Bad,
-    Ok(Vec<Desc>),
 }
 
 impl Worker {
     /// Serves the ring until told to stop; returns the next avail index.
     pub(crate) fn run(mut self) -> u16 {
-        let mut used_idx = self.last_avail;
-        while !self.shared.stop.load(Ordering::Acquire) {
-            if self.shared.enabled.load(Ordering::Acquire) {
-                match self.drain(&mut used_idx) {
-                    Ok(()) => {}
-                    Err(AccessError::Cancelled { .. }) => break,
+        while !self.q.stopping() {
+            if self.q.enabled() {
+                match self.drain() {
+                    // Misses cancelled: the rings are stopping (the stop
+                    // flag ends the loop) or another ring stopped.
+                    Ok(()) | Err(AccessError::Cancelled { .. }) => {}
                     Err(e) => {
                         self.counters.ring_faults.fetch_add(1, Ordering::Relaxed);
                         eprintln!("softiommu-vhost: ring access failed: {e}");
                     }
                 }
             }
-            self.wait_kick();
+            self.q.wait_kick(KICK_POLL);
         }
         self.counters
             .worker_cpu_ns
             .fetch_add(thread_cpu_ns(), Ordering::Relaxed);
-        self.last_avail
-    }
-
-    fn wait_kick(&self) {
-        let Some(k) = &self.kick else {
-            std::thread::sleep(Duration::from_millis(1));
-            return;
-        };
-        let mut p = libc::pollfd {
-            fd: k.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, KICK_POLL.as_millis() as i32) };
-        if n > 0 && p.revents & libc::POLLIN != 0 {
-            let mut v = 0u64;
-            // SAFETY: reads 8 bytes into v from the eventfd.
-            unsafe { libc::read(k.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-        }
+        self.q.last_avail
     }
 
     /// Serves every available chain, then signals the driver once.
-    fn drain(&mut self, used_idx: &mut u16) -> Result<(), AccessError> {
-        let r = self.ring;
-        let mut done = 0u32;
-        loop {
-            let avail_idx = self.space.load_u16_acquire(AddrKind::Ring, r.avail + 2)?;
-            if avail_idx == self.last_avail || self.shared.stop.load(Ordering::Acquire) {
-                break;
+    fn drain(&mut self) -> Result<(), AccessError> {
+        let r = loop {
+            if self.q.stopping() {
+                break Ok(());
             }
-            if avail_idx.wrapping_sub(self.last_avail) > r.num {
-                // A driver that published more than the ring holds: leave it.
-                self.counters.ring_faults.fetch_add(1, Ordering::Relaxed);
-                break;
+            match self.q.pop() {
+                Ok(Pop::Head(head)) => {
+                    let len = match self.serve(head) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            self.q.unpop();
+                            break Err(e);
+                        }
+                    };
+                    if let Err(e) = self.q.push_used(head, len) {
+                        break Err(e);
+                    }
+                }
+                Ok(Pop::Empty) => break Ok(()),
+                Ok(Pop::Overrun) => {
+                    self.counters.ring_faults.fetch_add(1, Ordering::Relaxed);
+                    break Ok(());
+                }
+                Err(e) => break Err(e),
             }
-            while self.last_avail != avail_idx {
-                let slot = u64::from(self.last_avail % r.num);
-                let mut h = [0u8; 2];
-                self.space
-                    .read_bytes(AddrKind::Ring, r.avail + 4 + 2 * slot, &mut h)?;
-                let head = u16::from_le_bytes(h);
-                let len = self.serve(head)?;
-                let uslot = u64::from(*used_idx % r.num);
-                let mut e = [0u8; 8];
-                e[0..4].copy_from_slice(&u32::from(head).to_le_bytes());
-                e[4..8].copy_from_slice(&len.to_le_bytes());
-                self.space
-                    .write_bytes(AddrKind::Ring, r.used + 4 + 8 * uslot, &e)?;
-                *used_idx = used_idx.wrapping_add(1);
-                self.space
-                    .store_u16_release(AddrKind::Ring, r.used + 2, *used_idx)?;
-                self.last_avail = self.last_avail.wrapping_add(1);
-                done += 1;
-            }
-        }
-        if done > 0 {
-            let mut f = [0u8; 2];
-            self.space.read_bytes(AddrKind::Ring, r.avail, &mut f)?;
-            if u16::from_le_bytes(f) & ring::AVAIL_F_NO_INTERRUPT == 0 {
-                self.signal();
-            }
-        }
-        Ok(())
-    }
-
-    fn signal(&self) {
-        let call = self.shared.call.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = call.as_ref() {
-            let v = 1u64;
-            // SAFETY: writes 8 bytes to the eventfd.
-            unsafe { libc::write(c.as_raw_fd(), (&v as *const u64).cast(), 8) };
-        }
-    }
-
-    /// Walks a chain; a loop or an out-of-range index makes it bad.
-    fn walk(&self, head: u16) -> Result<Chain, AccessError> {
-        let r = self.ring;
-        let mut out = Vec::new();
-        let mut i = head;
-        loop {
-            if i >= r.num || out.len() >= usize::from(r.num) {
-                return Ok(Chain::Bad);
-            }
-            let mut d = [0u8; 16];
-            self.space
-                .read_bytes(AddrKind::Ring, r.desc + 16 * u64::from(i), &mut d)?;
-            let addr = u64::from_le_bytes(d[0..8].try_into().expect("8"));
-            let len = u32::from_le_bytes(d[8..12].try_into().expect("4"));
-            let flags = u16::from_le_bytes([d[12], d[13]]);
-            let next = u16::from_le_bytes([d[14], d[15]]);
-            if flags & desc::F_INDIRECT != 0 {
-                return Ok(Chain::Bad);
-            }
-            out.push(Desc { addr, len, flags });
-            if flags & desc::F_NEXT == 0 {
-                return Ok(Chain::Ok(out));
-            }
-            i = next;
-        }
+        };
+        self.q.signal_if_wanted()?;
+        r
     }
 
     /// Serves one chain; returns the used length. Only a cancelled access
     /// (the rings stopping) is an error: every other failure completes the
     /// request.
-    fn serve(&self, head: u16) -> Result<u32, AccessError> {
+    fn serve(&mut self, head: u16) -> Result<u32, AccessError> {
         let c = &self.counters;
-        let chain = match self.walk(head) {
+        let chain = match self.q.walk(head) {
             Ok(Chain::Ok(d)) => d,
             Ok(Chain::Bad) => {
                 c.bad_chains.fetch_add(1, Ordering::Relaxed);
@@ -270,6 +170,14 @@ impl Worker {
                 return Ok(0);
             }
         };
+        let r = self.serve_chain(&chain);
+        self.q.recycle(chain);
+        r
+    }
+
+    /// Serves one walked chain (see [`Worker::serve`]).
+    fn serve_chain(&self, chain: &[Desc]) -> Result<u32, AccessError> {
+        let c = &self.counters;
         let n = chain.len();
         let hdr_ok = chain[0].flags & desc::F_WRITE == 0 && chain[0].len as usize >= HDR_LEN;
         let st = &chain[n - 1];
@@ -280,14 +188,14 @@ impl Worker {
         // Ask for every missing page of the request at once: the header and
         // device-read data, then the device-written data and status.
         let seg = |d: &Desc| (d.addr, u64::from(d.len));
-        self.space.prefetch(
+        self.q.space.prefetch(
             &mut chain
                 .iter()
                 .filter(|d| d.flags & desc::F_WRITE == 0)
                 .map(seg),
             false,
         );
-        self.space.prefetch(
+        self.q.space.prefetch(
             &mut chain
                 .iter()
                 .filter(|d| d.flags & desc::F_WRITE != 0)
@@ -295,17 +203,19 @@ impl Worker {
             true,
         );
         let mut h = [0u8; HDR_LEN];
-        let (status, written) = match self
-            .space
-            .read_bytes(AddrKind::Buffer, chain[0].addr, &mut h)
-        {
-            Err(e @ AccessError::Cancelled { .. }) => return Err(e),
-            Err(_) => (sb::S_IOERR, 0),
-            Ok(()) => self.request(BlkHeader::decode(&h), &chain[1..n - 1])?,
-        };
+        let (status, written) =
+            match self
+                .q
+                .space
+                .read_bytes(AddrKind::Buffer, chain[0].addr, &mut h)
+            {
+                Err(e @ AccessError::Cancelled { .. }) => return Err(e),
+                Err(_) => (sb::S_IOERR, 0),
+                Ok(()) => self.request(BlkHeader::decode(&h), &chain[1..n - 1])?,
+            };
         let at = st.addr.checked_add(u64::from(st.len) - 1);
         let wrote = match at {
-            Some(a) => self.space.write_bytes(AddrKind::Buffer, a, &[status]),
+            Some(a) => self.q.space.write_bytes(AddrKind::Buffer, a, &[status]),
             None => Err(AccessError::Wraps {
                 iova: st.addr,
                 len: u64::from(st.len),
@@ -348,7 +258,10 @@ impl Worker {
                 let mut r = Ok(());
                 for d in data {
                     let k = left.len().min(d.len as usize);
-                    r = self.space.write_bytes(AddrKind::Buffer, d.addr, &left[..k]);
+                    r = self
+                        .q
+                        .space
+                        .write_bytes(AddrKind::Buffer, d.addr, &left[..k]);
                     left = &left[k..];
                     if r.is_err() || left.is_empty() {
                         break;
@@ -386,7 +299,8 @@ impl Worker {
             let len = u64::from(d.len);
             let disk = &self.disk;
             let base = pos;
-            self.space
+            self.q
+                .space
                 .access(AddrKind::Buffer, d.addr, len, read, &mut |p, n, off| {
                     let at = base + off;
                     let r = if read {

@@ -14,6 +14,13 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use softiommu_virtio::net::{wire, WireConfig, WireStats};
+
+use crate::net::{NetBackend, NetBackendConfig};
+use crate::peer::{run_peer, PeerConfig, PeerReport};
 use crate::session::{BlkBackend, BlkBackendConfig, SessionReport};
 
 /// The prefix of the guest's result line.
@@ -192,21 +199,7 @@ pub fn run_blk(
         .map_err(setup)?;
     let sock = dir.join("vhost.sock");
     let mut session = None;
-    let mut qemu = Command::new("qemu-system-x86_64");
-    qemu.args([
-        "-accel",
-        "tcg",
-        "-m",
-        "512M",
-        "-smp",
-        "1",
-        "-nodefaults",
-        "-no-user-config",
-    ])
-    .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
-    .args(["-M", "q35,memory-backend=mem"])
-    .args(["-device", "intel-iommu,intremap=off,device-iotlb=on"])
-    .args(["-device", "pcie-root-port,id=rp1,bus=pcie.0,chassis=1"]);
+    let mut qemu = machine();
     match device {
         GuestDevice::VhostBlk => {
             let backend = BlkBackend::open(BlkBackendConfig::new(&disk))
@@ -235,13 +228,96 @@ pub fn run_blk(
                 ]);
         }
     }
+    let b = boot(
+        kit,
+        qemu,
+        mode,
+        &format!("softiommu.test=blk softiommu.mib={disk_mib}"),
+        deadline,
+    )?;
+    let report = session.and_then(|rx| rx.recv_timeout(Duration::from_secs(30)).ok());
+    let disk_sha256 = sha256_file(&disk)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let (result, fields, dmesg, wall_seconds) = b.into_result(deadline)?;
+    Ok(GuestBlkRun {
+        result,
+        fields,
+        dmesg,
+        report,
+        disk_sha256,
+        wall_seconds,
+    })
+}
+
+/// QEMU's machine: TCG, 512 MiB of memfd-backed shared memory, an
+/// intel-iommu with device IOTLBs, and a `pcie-root-port` `rp1` for the
+/// device under test (on `pcie.0` it would be conventional PCI, without ATS).
+fn machine() -> Command {
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args([
+        "-accel",
+        "tcg",
+        "-m",
+        "512M",
+        "-smp",
+        "1",
+        "-nodefaults",
+        "-no-user-config",
+    ])
+    .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
+    .args(["-M", "q35,memory-backend=mem"])
+    .args(["-device", "intel-iommu,intremap=off,device-iotlb=on"])
+    .args(["-device", "pcie-root-port,id=rp1,bus=pcie.0,chassis=1"]);
+    qemu
+}
+
+/// The console of one finished guest run.
+struct Booted {
+    result: Option<String>,
+    console: Vec<String>,
+    dmesg: Vec<String>,
+    wall_seconds: f64,
+    stderr: String,
+}
+
+impl Booted {
+    /// The result line and its fields, or why there is none.
+    #[allow(clippy::type_complexity)]
+    fn into_result(
+        self,
+        deadline: Duration,
+    ) -> Result<(String, BTreeMap<String, String>, Vec<String>, f64), GuestError> {
+        let Some(result) = self.result else {
+            return Err(GuestError::NoResult {
+                seconds: deadline.as_secs(),
+                console: self.console[self.console.len().saturating_sub(40)..].join("\n"),
+                stderr: self.stderr,
+            });
+        };
+        let fields = result
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Ok((result, fields, self.dmesg, self.wall_seconds))
+    }
+}
+
+/// Starts `qemu` (its machine and device arguments given) with the kit's
+/// kernel and `test_args` on the command line, and reads the console until
+/// the result line or `deadline`; the guest is killed if it does not power off.
+fn boot(
+    kit: &GuestKit,
+    mut qemu: Command,
+    mode: IommuMode,
+    test_args: &str,
+    deadline: Duration,
+) -> Result<Booted, GuestError> {
     let strict = match mode {
         IommuMode::Strict => "iommu.strict=1",
         IommuMode::Lazy => "iommu.strict=0",
     };
-    let append = format!(
-        "console=ttyS0 quiet intel_iommu=on {strict} softiommu.test=blk softiommu.mib={disk_mib} panic=-1"
-    );
+    let append = format!("console=ttyS0 quiet intel_iommu=on {strict} {test_args} panic=-1");
     qemu.arg("-kernel")
         .arg(kit.dir.join("vmlinuz"))
         .arg("-initrd")
@@ -302,27 +378,121 @@ pub fn run_blk(
     let _ = child.wait();
     let wall_seconds = started.elapsed().as_secs_f64();
     let stderr = errs.join().unwrap_or_default().join("\n");
-    let report = session.and_then(|rx| rx.recv_timeout(Duration::from_secs(30)).ok());
-    let disk_sha256 = sha256_file(&disk)?;
+    Ok(Booted {
+        result,
+        console,
+        dmesg,
+        wall_seconds,
+        stderr,
+    })
+}
+
+/// One guest network run's outcome.
+#[derive(Debug)]
+pub struct GuestNetRun {
+    /// The guest's result line.
+    pub result: String,
+    /// Its `key=value` fields.
+    pub fields: BTreeMap<String, String>,
+    /// The kernel log lines the guest echoed (version, DMAR, policy).
+    pub dmesg: Vec<String>,
+    /// The back-end's session report.
+    pub report: Option<SessionReport>,
+    /// What the host's TCP peer saw.
+    pub peer: PeerReport,
+    /// The wire's counters (A: the back-end, B: the peer).
+    pub wire: WireStats,
+    /// Wall time of the whole run (boot to power-off), seconds.
+    pub wall_seconds: f64,
+}
+
+impl GuestNetRun {
+    /// A field of the result line.
+    pub fn field(&self, key: &str) -> Option<&str> {
+        self.fields.get(key).map(String::as_str)
+    }
+
+    /// Whether the peer received exactly what the guest sent and the guest
+    /// received exactly what the peer sent (SHA-256 both ways).
+    pub fn checksum_ok(&self) -> bool {
+        let sent = self.field("sent");
+        let got = self.field("got");
+        self.field("ok") == Some("1")
+            && sent.is_some()
+            && sent == self.peer.received_sha256.as_deref()
+            && got.is_some()
+            && got == self.peer.sent_sha256.as_deref()
+    }
+}
+
+/// Boots the kit's guest with our vhost-user-net back-end on a wire whose
+/// other end is a smoltcp TCP peer (10.0.2.2); the guest (10.0.2.15) sends
+/// `mib` MiB of a random pattern to the peer's sink and receives `mib` MiB
+/// of the peer's pattern, checksumming both. Bounded by `deadline`.
+pub fn run_net(
+    kit: &GuestKit,
+    mode: IommuMode,
+    mib: u64,
+    deadline: Duration,
+) -> Result<GuestNetRun, GuestError> {
+    let setup = |e: std::io::Error| GuestError::Setup(e.to_string());
+    let dir = std::env::temp_dir().join(format!(
+        "softiommu-guest-{}-net-{}",
+        std::process::id(),
+        mode.name()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
-    let Some(result) = result else {
-        return Err(GuestError::NoResult {
-            seconds: deadline.as_secs(),
-            console: console[console.len().saturating_sub(40)..].join("\n"),
-            stderr,
-        });
+    std::fs::create_dir_all(&dir).map_err(setup)?;
+    let sock = dir.join("vhost-net.sock");
+    let (a, b, wire_stats) = wire(WireConfig::default());
+    let ncfg = NetBackendConfig::default();
+    let mac = ncfg.mac;
+    let backend = NetBackend::new(ncfg, a).map_err(|e| GuestError::Setup(e.to_string()))?;
+    let listener = UnixListener::bind(&sock).map_err(setup)?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        if let Ok((s, _)) = listener.accept() {
+            let _ = tx.send(backend.serve(s));
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let pcfg = PeerConfig::new(mib << 20, deadline);
+    let peer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || run_peer(&pcfg, b, stop))
     };
-    let fields = result
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    Ok(GuestBlkRun {
+    let mut qemu = machine();
+    let m = mac;
+    qemu.arg("-chardev")
+        .arg(format!("socket,id=vu0,path={}", sock.display()))
+        .args(["-netdev", "vhost-user,id=n0,chardev=vu0"])
+        .arg("-device")
+        .arg(format!(
+            "virtio-net-pci,netdev=n0,bus=rp1,iommu_platform=on,ats=on,disable-legacy=on,vectors=0,mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        ));
+    let booted = boot(
+        kit,
+        qemu,
+        mode,
+        &format!("softiommu.test=net softiommu.mib={mib}"),
+        deadline,
+    );
+    stop.store(true, Ordering::Release);
+    let peer = peer
+        .join()
+        .map_err(|_| GuestError::Setup("the TCP peer panicked".into()))?
+        .map_err(setup)?;
+    let report = rx.recv_timeout(Duration::from_secs(30)).ok();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (result, fields, dmesg, wall_seconds) = booted?.into_result(deadline)?;
+    Ok(GuestNetRun {
         result,
         fields,
         dmesg,
         report,
-        disk_sha256,
+        peer,
+        wire: wire_stats,
         wall_seconds,
     })
 }

@@ -13,7 +13,9 @@
 //! - [`iotlb`]: the device IOTLB, which takes every range the protocol allows;
 //! - [`space`]: translation, misses and the invalidation contract;
 //! - [`blk`]: virtio-blk on one split ring;
+//! - [`net`]: virtio-net on a receive and a transmit ring, frames on a wire;
 //! - [`session`]: the message handling and the ring lifecycle;
+//! - [`peer`]: a smoltcp TCP peer on the net back-end's wire;
 //! - [`guest`]: a real Linux guest under QEMU for tests and the lab.
 
 #![warn(missing_docs)]
@@ -25,13 +27,17 @@ pub mod error;
 pub mod guest;
 pub mod iotlb;
 pub(crate) mod memtable;
+pub mod net;
+pub mod peer;
 pub mod proto;
 pub mod session;
 pub mod space;
 pub mod testing;
+pub(crate) mod vring;
 pub(crate) mod wire;
 
 pub use blk::BlkStats;
 pub use error::{AccessError, ConfigError, IotlbError, MsgError, SessionError};
+pub use net::{NetBackend, NetBackendConfig, NetStats};
 pub use session::{BlkBackend, BlkBackendConfig, SessionEnd, SessionReport};
 pub use space::{DmaSpace, IotlbStats};

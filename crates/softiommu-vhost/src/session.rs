@@ -16,12 +16,14 @@ use std::time::Duration;
 
 use softiommu_virtio::spec::blk as sb;
 
-use crate::blk::{BlkCounters, BlkStats, RingAddrs, Worker, WorkerShared};
+use crate::blk::{BlkCounters, BlkStats, Worker};
 use crate::disk::Disk;
 use crate::error::{ConfigError, MsgError, SessionError};
 use crate::memtable::MemTable;
+use crate::net::NetStats;
 use crate::proto::{self, iotlb as m, pf, req, vf, FLAG_NEED_REPLY};
 use crate::space::{DmaSpace, IotlbStats};
+use crate::vring::{Queue, RingAddrs, WorkerShared};
 use crate::wire::{self, Msg};
 
 /// Largest ring this back-end takes (virtio 1.2 §2.7: at most 32768).
@@ -38,7 +40,23 @@ pub const PROTOCOL_FEATURES: u64 = pf::REPLY_ACK | pf::BACKEND_REQ | pf::CONFIG 
 /// Segments per request announced in `seg_max`.
 const SEG_MAX: u32 = 126;
 /// Largest config space read answered.
-const CONFIG_MAX: usize = 256;
+pub(crate) const CONFIG_MAX: usize = 256;
+
+/// What a session needs of the device behind it.
+pub(crate) trait VhostDevice: Sync {
+    /// The virtio features offered.
+    fn features(&self) -> u64;
+    /// The protocol features offered (QEMU refuses `CONFIG` from a net back-end).
+    fn protocol_features(&self) -> u64 {
+        PROTOCOL_FEATURES
+    }
+    /// The number of queues.
+    fn queues(&self) -> u32;
+    /// The config space (at most [`CONFIG_MAX`] bytes; the rest reads 0).
+    fn config(&self, cfg: &mut [u8; CONFIG_MAX]);
+    /// Starts the worker of queue `index` on `q`; it returns its next avail index.
+    fn spawn(&self, index: u32, q: Queue) -> std::io::Result<JoinHandle<u16>>;
+}
 
 /// How a block back-end is set up.
 #[derive(Debug, Clone)]
@@ -83,8 +101,10 @@ pub struct SessionReport {
     pub end: SessionEnd,
     /// The device IOTLB's counters.
     pub iotlb: IotlbStats,
-    /// The block device's counters.
+    /// The block device's counters (zero for a net back-end).
     pub blk: BlkStats,
+    /// The net device's counters (zero for a block back-end).
+    pub net: NetStats,
     /// Messages refused (answered with a failure ack where one was asked).
     pub rejected_messages: u64,
     /// The last refusal, for the log.
@@ -132,32 +152,81 @@ impl BlkBackend {
 
     /// Serves one front-end until it goes away; the back-end is reusable after.
     pub fn serve(&self, sock: UnixStream) -> SessionReport {
-        let cpu0 = crate::blk::thread_cpu_ns();
-        let mut s = Session {
+        let counters = Arc::new(BlkCounters::default());
+        let dev = BlkDevice {
             disk: self.disk.clone(),
-            sock: &sock,
-            space: Arc::new(DmaSpace::new(
-                self.cfg.iotlb_capacity,
-                self.cfg.miss_timeout,
-            )),
-            counters: Arc::new(BlkCounters::default()),
-            acked: 0,
-            protocol: 0,
-            ring: Ring::default(),
-            rejected: 0,
-            last_rejection: None,
+            counters: counters.clone(),
         };
-        let end = s.run();
-        s.stop_ring();
-        SessionReport {
-            end,
-            iotlb: s.space.stats(),
-            blk: s.counters.snapshot(),
-            rejected_messages: s.rejected,
-            last_rejection: s.last_rejection,
-            acked_features: s.acked,
-            session_cpu_ns: crate::blk::thread_cpu_ns().saturating_sub(cpu0),
-        }
+        let mut r = serve_device(&dev, sock, self.cfg.iotlb_capacity, self.cfg.miss_timeout);
+        r.blk = counters.snapshot();
+        r
+    }
+}
+
+struct BlkDevice {
+    disk: Arc<Disk>,
+    counters: Arc<BlkCounters>,
+}
+
+impl VhostDevice for BlkDevice {
+    fn features(&self) -> u64 {
+        FEATURES
+    }
+
+    fn queues(&self) -> u32 {
+        1
+    }
+
+    fn config(&self, cfg: &mut [u8; CONFIG_MAX]) {
+        cfg[sb::CFG_CAPACITY..sb::CFG_CAPACITY + 8]
+            .copy_from_slice(&self.disk.sectors().to_le_bytes());
+        cfg[sb::CFG_SEG_MAX..sb::CFG_SEG_MAX + 4].copy_from_slice(&SEG_MAX.to_le_bytes());
+        cfg[sb::CFG_BLK_SIZE..sb::CFG_BLK_SIZE + 4].copy_from_slice(&512u32.to_le_bytes());
+        cfg[sb::CFG_NUM_QUEUES..sb::CFG_NUM_QUEUES + 2].copy_from_slice(&1u16.to_le_bytes());
+    }
+
+    fn spawn(&self, _index: u32, q: Queue) -> std::io::Result<JoinHandle<u16>> {
+        let w = Worker {
+            q,
+            disk: self.disk.clone(),
+            counters: self.counters.clone(),
+        };
+        std::thread::Builder::new()
+            .name("vhost-blk-queue0".into())
+            .spawn(move || w.run())
+    }
+}
+
+/// Serves one front-end session for `dev` until it goes away; the device
+/// counters are the caller's to add.
+pub(crate) fn serve_device(
+    dev: &dyn VhostDevice,
+    sock: UnixStream,
+    iotlb_capacity: usize,
+    miss_timeout: Duration,
+) -> SessionReport {
+    let cpu0 = crate::blk::thread_cpu_ns();
+    let mut s = Session {
+        dev,
+        sock: &sock,
+        space: Arc::new(DmaSpace::new(iotlb_capacity, miss_timeout)),
+        acked: 0,
+        protocol: 0,
+        rings: (0..dev.queues()).map(|_| Ring::default()).collect(),
+        rejected: 0,
+        last_rejection: None,
+    };
+    let end = s.run();
+    s.stop_all();
+    SessionReport {
+        end,
+        iotlb: s.space.stats(),
+        blk: BlkStats::default(),
+        net: NetStats::default(),
+        rejected_messages: s.rejected,
+        last_rejection: s.last_rejection,
+        acked_features: s.acked,
+        session_cpu_ns: crate::blk::thread_cpu_ns().saturating_sub(cpu0),
     }
 }
 
@@ -173,13 +242,12 @@ struct Ring {
 }
 
 struct Session<'a> {
-    disk: Arc<Disk>,
+    dev: &'a dyn VhostDevice,
     sock: &'a UnixStream,
     space: Arc<DmaSpace>,
-    counters: Arc<BlkCounters>,
     acked: u64,
     protocol: u64,
-    ring: Ring,
+    rings: Vec<Ring>,
     rejected: u64,
     last_rejection: Option<MsgError>,
 }
@@ -198,18 +266,20 @@ fn state_of(name: &'static str, p: &[u8]) -> Result<(u32, u32), MsgError> {
     Ok((v as u32, (v >> 32) as u32))
 }
 
-fn queue(name: &'static str, index: u32) -> Result<(), MsgError> {
-    if index != 0 {
-        return Err(MsgError::BadQueue {
-            name,
-            index,
-            queues: 1,
-        });
-    }
-    Ok(())
-}
-
 impl Session<'_> {
+    /// The ring `index` names, if the device has it.
+    fn queue(&self, name: &'static str, index: u32) -> Result<usize, MsgError> {
+        let queues = self.rings.len() as u32;
+        if index >= queues {
+            return Err(MsgError::BadQueue {
+                name,
+                index,
+                queues,
+            });
+        }
+        Ok(index as usize)
+    }
+
     fn run(&mut self) -> SessionEnd {
         loop {
             let msg = match wire::recv(self.sock) {
@@ -277,13 +347,14 @@ impl Session<'_> {
             no_fds(&fds)?;
         }
         match request {
-            req::GET_FEATURES => reply(FEATURES),
+            req::GET_FEATURES => reply(self.dev.features()),
             req::SET_FEATURES => {
                 let f = u64_of(name, &p)?;
-                if f & !FEATURES != 0 {
+                let offered = self.dev.features();
+                if f & !offered != 0 {
                     return Err(MsgError::Invalid {
                         name,
-                        what: format!("features {:#x} not offered", f & !FEATURES),
+                        what: format!("features {:#x} not offered", f & !offered),
                     });
                 }
                 self.acked = f;
@@ -292,28 +363,28 @@ impl Session<'_> {
             }
             req::SET_OWNER => Ok(None),
             req::RESET_OWNER | req::RESET_DEVICE => {
-                self.stop_ring();
-                self.ring = Ring::default();
+                self.stop_all();
+                for r in &mut self.rings {
+                    *r = Ring::default();
+                }
                 self.acked = 0;
                 self.space.set_iommu(false);
                 Ok(None)
             }
-            req::GET_PROTOCOL_FEATURES => reply(PROTOCOL_FEATURES),
+            req::GET_PROTOCOL_FEATURES => reply(self.dev.protocol_features()),
             req::SET_PROTOCOL_FEATURES => {
                 let f = u64_of(name, &p)?;
-                if f & !PROTOCOL_FEATURES != 0 {
+                let offered = self.dev.protocol_features();
+                if f & !offered != 0 {
                     return Err(MsgError::Invalid {
                         name,
-                        what: format!(
-                            "protocol features {:#x} not offered",
-                            f & !PROTOCOL_FEATURES
-                        ),
+                        what: format!("protocol features {:#x} not offered", f & !offered),
                     });
                 }
                 self.protocol = f;
                 Ok(None)
             }
-            req::GET_QUEUE_NUM => reply(1),
+            req::GET_QUEUE_NUM => reply(u64::from(self.dev.queues())),
             req::SET_BACKEND_REQ_FD => {
                 if fds.len() != 1 {
                     return Err(MsgError::BadFds {
@@ -333,14 +404,14 @@ impl Session<'_> {
             }
             req::SET_VRING_NUM => {
                 let (i, num) = state_of(name, &p)?;
-                queue(name, i)?;
+                let q = self.queue(name, i)?;
                 if num == 0 || num > u32::from(MAX_QUEUE_SIZE) || !num.is_power_of_two() {
                     return Err(MsgError::Invalid {
                         name,
                         what: format!("ring size {num} (a power of two in 1..={MAX_QUEUE_SIZE})"),
                     });
                 }
-                self.ring.num = num as u16;
+                self.rings[q].num = num as u16;
                 Ok(None)
             }
             req::SET_VRING_ADDR => {
@@ -352,7 +423,7 @@ impl Session<'_> {
                     });
                 }
                 let i = u32::from_le_bytes(p[0..4].try_into().expect("4"));
-                queue(name, i)?;
+                let q = self.queue(name, i)?;
                 let f = |k: usize| u64::from_le_bytes(p[k..k + 8].try_into().expect("8"));
                 let (d, u, a) = (f(8), f(16), f(24));
                 if d % 16 != 0 || a % 2 != 0 || u % 4 != 0 {
@@ -361,33 +432,33 @@ impl Session<'_> {
                         what: format!("misaligned ring: desc {d:#x}, avail {a:#x}, used {u:#x}"),
                     });
                 }
-                self.ring.addrs = Some((d, a, u));
+                self.rings[q].addrs = Some((d, a, u));
                 Ok(None)
             }
             req::SET_VRING_BASE => {
                 let (i, base) = state_of(name, &p)?;
-                queue(name, i)?;
+                let q = self.queue(name, i)?;
                 if base > 0xffff {
                     return Err(MsgError::Invalid {
                         name,
                         what: format!("base {base} > 65535"),
                     });
                 }
-                self.ring.base = base as u16;
+                self.rings[q].base = base as u16;
                 Ok(None)
             }
             req::GET_VRING_BASE => {
                 let (i, _) = state_of(name, &p)?;
-                queue(name, i)?;
-                self.stop_ring();
-                self.ring.kick = None;
-                self.ring.enabled = false;
-                let v = u64::from(self.ring.base) << 32;
+                let q = self.queue(name, i)?;
+                self.stop_ring(q);
+                self.rings[q].kick = None;
+                self.rings[q].enabled = false;
+                let v = u64::from(i) | u64::from(self.rings[q].base) << 32;
                 Ok(Some(v.to_le_bytes().to_vec()))
             }
             req::SET_VRING_KICK | req::SET_VRING_CALL | req::SET_VRING_ERR => {
                 let v = u64_of(name, &p)?;
-                queue(name, (v & 0xff) as u32)?;
+                let q = self.queue(name, (v & 0xff) as u32)?;
                 let nofd = v & 0x100 != 0;
                 let want = usize::from(!nofd);
                 if fds.len() != want {
@@ -400,13 +471,13 @@ impl Session<'_> {
                 let fd = fds.pop();
                 match request {
                     req::SET_VRING_KICK => {
-                        self.stop_ring();
-                        self.ring.kick = Some(fd);
-                        self.start_ring()?;
+                        self.stop_ring(q);
+                        self.rings[q].kick = Some(fd);
+                        self.start_ring(q)?;
                     }
-                    req::SET_VRING_CALL => match &self.ring.running {
+                    req::SET_VRING_CALL => match &self.rings[q].running {
                         Some((_, sh)) => *sh.call.lock().unwrap_or_else(|p| p.into_inner()) = fd,
-                        None => self.ring.call = fd,
+                        None => self.rings[q].call = fd,
                     },
                     _ => {}
                 }
@@ -414,15 +485,15 @@ impl Session<'_> {
             }
             req::SET_VRING_ENABLE => {
                 let (i, on) = state_of(name, &p)?;
-                queue(name, i)?;
+                let q = self.queue(name, i)?;
                 if on > 1 {
                     return Err(MsgError::Invalid {
                         name,
                         what: format!("enable value {on}"),
                     });
                 }
-                self.ring.enabled = on == 1;
-                if let Some((_, sh)) = &self.ring.running {
+                self.rings[q].enabled = on == 1;
+                if let Some((_, sh)) = &self.rings[q].running {
                     sh.enabled.store(on == 1, Ordering::Release);
                 }
                 Ok(None)
@@ -464,19 +535,15 @@ impl Session<'_> {
             });
         }
         let mut cfg = [0u8; CONFIG_MAX];
-        cfg[sb::CFG_CAPACITY..sb::CFG_CAPACITY + 8]
-            .copy_from_slice(&self.disk.sectors().to_le_bytes());
-        cfg[sb::CFG_SEG_MAX..sb::CFG_SEG_MAX + 4].copy_from_slice(&SEG_MAX.to_le_bytes());
-        cfg[sb::CFG_BLK_SIZE..sb::CFG_BLK_SIZE + 4].copy_from_slice(&512u32.to_le_bytes());
-        cfg[sb::CFG_NUM_QUEUES..sb::CFG_NUM_QUEUES + 2].copy_from_slice(&1u16.to_le_bytes());
+        self.dev.config(&mut cfg);
         let mut out = p[..12].to_vec();
         out.extend_from_slice(&cfg[off..off + size]);
         Ok(Some(out))
     }
 
-    /// Starts the worker once the ring has everything it needs.
-    fn start_ring(&mut self) -> Result<(), MsgError> {
-        let r = &mut self.ring;
+    /// Starts ring `q`'s worker once the ring has everything it needs.
+    fn start_ring(&mut self, q: usize) -> Result<(), MsgError> {
+        let r = &mut self.rings[q];
         let (Some((desc, avail, used)), Some(kick)) = (r.addrs, r.kick.as_mut()) else {
             return Ok(());
         };
@@ -499,44 +566,53 @@ impl Session<'_> {
             enabled: AtomicBool::new(enabled),
             call: Mutex::new(r.call.take()),
         });
-        let w = Worker {
-            space: self.space.clone(),
-            disk: self.disk.clone(),
-            ring: RingAddrs {
+        let queue = Queue::new(
+            self.space.clone(),
+            RingAddrs {
                 num: r.num,
                 desc,
                 avail,
                 used,
             },
-            kick: kick.take(),
-            shared: shared.clone(),
-            counters: self.counters.clone(),
-            last_avail: r.base,
-        };
+            kick.take(),
+            shared.clone(),
+            r.base,
+        );
         self.space.resume();
-        let h = std::thread::Builder::new()
-            .name("vhost-blk-queue0".into())
-            .spawn(move || w.run())
+        let h = self
+            .dev
+            .spawn(q as u32, queue)
             .map_err(|e| MsgError::Invalid {
                 name: "SET_VRING_KICK",
                 what: format!("cannot start the queue thread: {e}"),
             })?;
-        r.running = Some((h, shared));
+        self.rings[q].running = Some((h, shared));
         Ok(())
     }
 
-    /// Stops the worker (waiting misses cancelled), keeps its avail index
-    /// as the ring's base, and drops the device IOTLB.
-    fn stop_ring(&mut self) {
-        if let Some((h, shared)) = self.ring.running.take() {
+    /// Stops ring `q`'s worker (waiting misses cancelled), keeps its avail
+    /// index as the ring's base, and drops the device IOTLB. Another ring's
+    /// worker whose miss was cancelled meanwhile retries it.
+    fn stop_ring(&mut self, q: usize) {
+        if let Some((h, shared)) = self.rings[q].running.take() {
             shared.stop.store(true, Ordering::Release);
             self.space.cancel();
             match h.join() {
-                Ok(last) => self.ring.base = last,
+                Ok(last) => self.rings[q].base = last,
                 Err(_) => eprintln!("softiommu-vhost: queue thread panicked"),
             }
-            self.ring.call = shared.call.lock().unwrap_or_else(|p| p.into_inner()).take();
+            self.rings[q].call = shared.call.lock().unwrap_or_else(|p| p.into_inner()).take();
             self.space.flush();
+            if self.rings.iter().any(|r| r.running.is_some()) {
+                self.space.resume();
+            }
+        }
+    }
+
+    /// Stops every ring.
+    fn stop_all(&mut self) {
+        for q in 0..self.rings.len() {
+            self.stop_ring(q);
         }
     }
 }

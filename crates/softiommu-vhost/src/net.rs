@@ -1,0 +1,563 @@
+//! The virtio-net device as a vhost-user back-end (virtio 1.2 §5.1): queue
+//! 0 receives, queue 1 transmits, each served by its own worker over the
+//! shared split-ring code (`vring`), every ring and buffer access
+//! through the [`DmaSpace`](crate::space::DmaSpace)'s device IOTLB. Frames travel on one end of
+//! `softiommu-virtio`'s wire ([`WirePort`]); the other end is the peer's
+//! (a smoltcp stack in the tests).
+//!
+//! Offered: `VERSION_1` (12-byte header), `ACCESS_PLATFORM`, `MAC`; no
+//! offloads and no mergeable buffers, so every packet is one plain header
+//! and one Ethernet frame of at most the wire's frame size.
+//!
+//! Bad input is dropped and counted, never an error that stops a queue: a
+//! transmit chain of the wrong shape (a loop, an indirect or writable
+//! descriptor, shorter than header plus Ethernet header, longer than the
+//! wire's frame, lengths that overflow) or with an offload in its header is
+//! completed unsent; a receive chain of the wrong shape is completed with
+//! length 0 and the frame kept for the next buffer; a frame larger than the
+//! buffer is dropped. A full wire drops the frame (the wire counts it).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use softiommu_virtio::net::{offloads, plain_header, WirePort, WireRx, WireTx, HDR_LEN};
+use softiommu_virtio::spec::net as sn;
+
+use crate::blk::thread_cpu_ns;
+use crate::error::{AccessError, ConfigError};
+use crate::proto::{pf, vf};
+use crate::session::{serve_device, SessionReport, VhostDevice, CONFIG_MAX};
+use crate::space::AddrKind;
+use crate::vring::{chain_len, Chain, Desc, Pop, Queue};
+
+/// `VIRTIO_NET_F_MAC` (virtio 1.2 §5.1.3): the device has a MAC address.
+pub const F_MAC: u32 = 5;
+/// The virtio features offered.
+pub const FEATURES: u64 =
+    vf::VERSION_1 | vf::ACCESS_PLATFORM | vf::PROTOCOL_FEATURES | (1 << F_MAC);
+/// The protocol features offered: an IOMMU needs reply-ack and the
+/// back-end channel; QEMU's net front-end refuses `CONFIG`.
+pub const PROTOCOL_FEATURES: u64 = pf::REPLY_ACK | pf::BACKEND_REQ | pf::RESET_DEVICE;
+/// How long an idle worker waits for a kick (or, receiving, for the wire)
+/// before looking at its stop flag and the wire again.
+const IDLE_WAIT: Duration = Duration::from_millis(1);
+/// How long a transmit worker sleeps on its kick descriptor.
+const KICK_POLL: Duration = Duration::from_millis(50);
+/// Frames delivered before the receive worker signals the driver anyway.
+const RX_SIGNAL_BATCH: u32 = 64;
+
+/// How a net back-end is set up.
+#[derive(Debug, Clone)]
+pub struct NetBackendConfig {
+    /// How long a device access waits for the front-end to answer a miss.
+    pub miss_timeout: Duration,
+    /// Entries the device IOTLB holds before it is emptied.
+    pub iotlb_capacity: usize,
+    /// The MAC address in the config space.
+    pub mac: [u8; 6],
+}
+
+impl Default for NetBackendConfig {
+    /// A 2 s miss bound, 16,384 entries, MAC 52:54:00:12:34:56.
+    fn default() -> Self {
+        Self {
+            miss_timeout: Duration::from_secs(2),
+            iotlb_capacity: 16384,
+            mac: [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
+        }
+    }
+}
+
+/// The net device's counters, as a snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Frames the guest sent, put on the wire.
+    pub tx_frames: u64,
+    /// Their bytes (Ethernet frames, header excluded).
+    pub tx_bytes: u64,
+    /// Transmit chains dropped for their shape or header.
+    pub tx_bad: u64,
+    /// Transmit frames dropped because the wire's queue was full.
+    pub tx_wire_full: u64,
+    /// Transmit frames dropped because a buffer access failed.
+    pub tx_faults: u64,
+    /// Frames delivered into guest receive buffers.
+    pub rx_frames: u64,
+    /// Their bytes (Ethernet frames, header excluded).
+    pub rx_bytes: u64,
+    /// Receive chains of the wrong shape (completed with length 0).
+    pub rx_bad: u64,
+    /// Received frames dropped: larger than the buffer, or a buffer access failed.
+    pub rx_dropped: u64,
+    /// Ring accesses that failed, or an avail index past the ring.
+    pub ring_faults: u64,
+    /// CPU time of the queue threads, nanoseconds (summed over ring starts).
+    pub worker_cpu_ns: u64,
+}
+
+#[derive(Debug, Default)]
+struct NetCounters {
+    tx_frames: AtomicU64,
+    tx_bytes: AtomicU64,
+    tx_bad: AtomicU64,
+    tx_wire_full: AtomicU64,
+    tx_faults: AtomicU64,
+    rx_frames: AtomicU64,
+    rx_bytes: AtomicU64,
+    rx_bad: AtomicU64,
+    rx_dropped: AtomicU64,
+    ring_faults: AtomicU64,
+    worker_cpu_ns: AtomicU64,
+}
+
+fn bump(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Relaxed);
+}
+
+impl NetCounters {
+    fn snapshot(&self) -> NetStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        NetStats {
+            tx_frames: l(&self.tx_frames),
+            tx_bytes: l(&self.tx_bytes),
+            tx_bad: l(&self.tx_bad),
+            tx_wire_full: l(&self.tx_wire_full),
+            tx_faults: l(&self.tx_faults),
+            rx_frames: l(&self.rx_frames),
+            rx_bytes: l(&self.rx_bytes),
+            rx_bad: l(&self.rx_bad),
+            rx_dropped: l(&self.rx_dropped),
+            ring_faults: l(&self.ring_faults),
+            worker_cpu_ns: l(&self.worker_cpu_ns),
+        }
+    }
+}
+
+/// A vhost-user-net back-end on one end of a wire; serves sessions one at
+/// a time (the wire's ends stay with the back-end between sessions).
+#[derive(Debug)]
+pub struct NetBackend {
+    cfg: NetBackendConfig,
+    tx: Arc<Mutex<Option<WireTx>>>,
+    rx: Arc<Mutex<Option<WireRx>>>,
+}
+
+impl NetBackend {
+    /// Checks the configuration; frames go out on `port.tx` and come in
+    /// from `port.rx`.
+    pub fn new(cfg: NetBackendConfig, port: WirePort) -> Result<Self, ConfigError> {
+        let ms = cfg.miss_timeout.as_millis() as u64;
+        if !crate::BlkBackendConfig::MISS_TIMEOUT_MS.contains(&ms) {
+            return Err(ConfigError::Range {
+                option: "miss timeout (ms)",
+                range: "1..=60000",
+                value: ms,
+            });
+        }
+        if !crate::BlkBackendConfig::IOTLB_CAPACITY.contains(&cfg.iotlb_capacity) {
+            return Err(ConfigError::Range {
+                option: "IOTLB capacity",
+                range: "1..=1048576",
+                value: cfg.iotlb_capacity as u64,
+            });
+        }
+        Ok(Self {
+            cfg,
+            tx: Arc::new(Mutex::new(Some(port.tx))),
+            rx: Arc::new(Mutex::new(Some(port.rx))),
+        })
+    }
+
+    /// Serves one front-end until it goes away; the back-end is reusable after.
+    pub fn serve(&self, sock: std::os::unix::net::UnixStream) -> SessionReport {
+        let dev = NetDevice {
+            mac: self.cfg.mac,
+            tx: self.tx.clone(),
+            rx: self.rx.clone(),
+            counters: Arc::new(NetCounters::default()),
+        };
+        let mut r = serve_device(&dev, sock, self.cfg.iotlb_capacity, self.cfg.miss_timeout);
+        r.net = dev.counters.snapshot();
+        r
+    }
+}
+
+struct NetDevice {
+    mac: [u8; 6],
+    tx: Arc<Mutex<Option<WireTx>>>,
+    rx: Arc<Mutex<Option<WireRx>>>,
+    counters: Arc<NetCounters>,
+}
+
+fn take<T>(m: &Mutex<Option<T>>) -> Option<T> {
+    m.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
+fn put<T>(m: &Mutex<Option<T>>, v: T) {
+    *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+}
+
+impl VhostDevice for NetDevice {
+    fn features(&self) -> u64 {
+        FEATURES
+    }
+
+    fn protocol_features(&self) -> u64 {
+        PROTOCOL_FEATURES
+    }
+
+    fn queues(&self) -> u32 {
+        2
+    }
+
+    fn config(&self, cfg: &mut [u8; CONFIG_MAX]) {
+        cfg[..6].copy_from_slice(&self.mac);
+    }
+
+    fn spawn(&self, index: u32, q: Queue) -> std::io::Result<JoinHandle<u16>> {
+        let busy = || std::io::Error::other("the wire's end is held by another worker");
+        let counters = self.counters.clone();
+        if index == u32::from(sn::RX_QUEUE) {
+            let slot = self.rx.clone();
+            let rx = take(&slot).ok_or_else(busy)?;
+            let w = RxWorker { q, rx, counters };
+            std::thread::Builder::new()
+                .name("vhost-net-rx".into())
+                .spawn(move || {
+                    let (last, rx) = w.run();
+                    put(&slot, rx);
+                    last
+                })
+        } else {
+            let slot = self.tx.clone();
+            let tx = take(&slot).ok_or_else(busy)?;
+            let w = TxWorker { q, tx, counters };
+            std::thread::Builder::new()
+                .name("vhost-net-tx".into())
+                .spawn(move || {
+                    let (last, tx) = w.run();
+                    put(&slot, tx);
+                    last
+                })
+        }
+    }
+}
+
+/// Copies `[skip, skip + out.len())` of the chain's bytes into `out`.
+fn gather(q: &Queue, chain: &[Desc], skip: u64, out: &mut [u8]) -> Result<(), AccessError> {
+    let mut pos = 0u64; // chain offset of the descriptor's start
+    let want_end = skip + out.len() as u64;
+    for d in chain {
+        let end = pos + u64::from(d.len);
+        let lo = pos.max(skip);
+        let hi = end.min(want_end);
+        if lo < hi {
+            let o = (lo - skip) as usize;
+            let n = (hi - lo) as usize;
+            let a = d.addr.checked_add(lo - pos).ok_or(AccessError::Wraps {
+                iova: d.addr,
+                len: u64::from(d.len),
+            })?;
+            q.space
+                .read_bytes(AddrKind::Buffer, a, &mut out[o..o + n])?;
+        }
+        pos = end;
+    }
+    Ok(())
+}
+
+/// Copies `data` into the chain's bytes from offset `at` on.
+fn scatter(q: &Queue, chain: &[Desc], at: u64, data: &[u8]) -> Result<(), AccessError> {
+    let mut pos = 0u64;
+    let want_end = at + data.len() as u64;
+    for d in chain {
+        let end = pos + u64::from(d.len);
+        let lo = pos.max(at);
+        let hi = end.min(want_end);
+        if lo < hi {
+            let o = (lo - at) as usize;
+            let n = (hi - lo) as usize;
+            let a = d.addr.checked_add(lo - pos).ok_or(AccessError::Wraps {
+                iova: d.addr,
+                len: u64::from(d.len),
+            })?;
+            q.space.write_bytes(AddrKind::Buffer, a, &data[o..o + n])?;
+        }
+        pos = end;
+    }
+    Ok(())
+}
+
+struct TxWorker {
+    q: Queue,
+    tx: WireTx,
+    counters: Arc<NetCounters>,
+}
+
+impl TxWorker {
+    fn run(mut self) -> (u16, WireTx) {
+        while !self.q.stopping() {
+            if self.q.enabled() {
+                if let Err(e) = self.drain() {
+                    if !matches!(e, AccessError::Cancelled { .. }) {
+                        bump(&self.counters.ring_faults, 1);
+                        eprintln!("softiommu-vhost: net tx ring access failed: {e}");
+                    }
+                }
+            }
+            self.q.wait_kick(KICK_POLL);
+        }
+        bump(&self.counters.worker_cpu_ns, thread_cpu_ns());
+        (self.q.last_avail, self.tx)
+    }
+
+    fn drain(&mut self) -> Result<(), AccessError> {
+        let r = loop {
+            if self.q.stopping() {
+                break Ok(());
+            }
+            match self.q.pop() {
+                Ok(Pop::Head(h)) => {
+                    if let Err(e) = self.send(h) {
+                        self.q.unpop();
+                        break Err(e);
+                    }
+                    if let Err(e) = self.q.push_used(h, 0) {
+                        break Err(e);
+                    }
+                }
+                Ok(Pop::Empty) => break Ok(()),
+                Ok(Pop::Overrun) => {
+                    bump(&self.counters.ring_faults, 1);
+                    break Ok(());
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.q.signal_if_wanted()?;
+        r
+    }
+
+    /// Puts one chain's frame on the wire, or drops and counts it. Only a
+    /// cancelled access is an error.
+    fn send(&mut self, head: u16) -> Result<(), AccessError> {
+        let chain = match self.q.walk(head) {
+            Ok(Chain::Ok(d)) => d,
+            Ok(Chain::Bad) => {
+                bump(&self.counters.tx_bad, 1);
+                return Ok(());
+            }
+            Err(e @ AccessError::Cancelled { .. }) => return Err(e),
+            Err(_) => {
+                bump(&self.counters.tx_faults, 1);
+                return Ok(());
+            }
+        };
+        let r = self.send_chain(&chain);
+        self.q.recycle(chain);
+        r
+    }
+
+    /// Puts one walked chain's frame on the wire (see [`TxWorker::send`]).
+    fn send_chain(&mut self, chain: &[Desc]) -> Result<(), AccessError> {
+        let c = &self.counters;
+        let total = chain_len(chain);
+        let max = self.tx.max_frame() as u64;
+        let frame_len = match total {
+            Some(t)
+                if !chain.iter().any(Desc::writable)
+                    && t >= (HDR_LEN + sn::ETH_HLEN) as u64
+                    && t - HDR_LEN as u64 <= max =>
+            {
+                (t - HDR_LEN as u64) as usize
+            }
+            _ => {
+                bump(&c.tx_bad, 1);
+                return Ok(());
+            }
+        };
+        let mut hdr = [0u8; HDR_LEN];
+        match gather(&self.q, chain, 0, &mut hdr) {
+            Ok(()) => {}
+            Err(e @ AccessError::Cancelled { .. }) => return Err(e),
+            Err(_) => {
+                bump(&c.tx_faults, 1);
+                return Ok(());
+            }
+        }
+        if offloads(&hdr) != (0, sn::GSO_NONE) {
+            bump(&c.tx_bad, 1);
+            return Ok(());
+        }
+        let Some(mut slot) = self.tx.reserve() else {
+            self.tx.drop_frame();
+            bump(&c.tx_wire_full, 1);
+            return Ok(());
+        };
+        match gather(&self.q, chain, HDR_LEN as u64, &mut slot.buf()[..frame_len]) {
+            Ok(()) => {}
+            // The slot is not committed: nothing goes on the wire.
+            Err(e @ AccessError::Cancelled { .. }) => return Err(e),
+            Err(_) => {
+                bump(&c.tx_faults, 1);
+                return Ok(());
+            }
+        }
+        slot.commit(frame_len);
+        bump(&c.tx_frames, 1);
+        bump(&c.tx_bytes, frame_len as u64);
+        Ok(())
+    }
+}
+
+struct RxWorker {
+    q: Queue,
+    rx: WireRx,
+    counters: Arc<NetCounters>,
+}
+
+/// What delivering one frame did.
+enum Delivered {
+    /// The frame was used (delivered or dropped): take the next.
+    Consumed,
+    /// The buffer was bad: the frame waits for the next buffer.
+    Kept,
+    /// No buffer available.
+    NoBuffer,
+}
+
+impl RxWorker {
+    fn run(mut self) -> (u16, WireRx) {
+        while !self.q.stopping() {
+            if !self.q.enabled() {
+                self.q.wait_kick(KICK_POLL);
+                continue;
+            }
+            match self.pump() {
+                Ok(wait) => {
+                    if let Err(e) = self.q.signal_if_wanted() {
+                        self.fault(e);
+                    }
+                    if let Some(w) = wait {
+                        self.q.wait_kick(w);
+                    }
+                }
+                Err(e) => {
+                    self.fault(e);
+                    self.q.wait_kick(IDLE_WAIT);
+                }
+            }
+        }
+        bump(&self.counters.worker_cpu_ns, thread_cpu_ns());
+        (self.q.last_avail, self.rx)
+    }
+
+    fn fault(&self, e: AccessError) {
+        if !matches!(e, AccessError::Cancelled { .. }) {
+            bump(&self.counters.ring_faults, 1);
+            eprintln!("softiommu-vhost: net rx ring access failed: {e}");
+        }
+    }
+
+    /// Delivers arrived frames while there are buffers; returns how long to
+    /// wait before the next try (`None`: go again now).
+    fn pump(&mut self) -> Result<Option<Duration>, AccessError> {
+        let mut n = 0u32;
+        loop {
+            if self.q.stopping() {
+                return Ok(None);
+            }
+            if n >= RX_SIGNAL_BATCH {
+                return Ok(None);
+            }
+            let frame = match self.rx.peek() {
+                Ok(f) => f,
+                Err(None) => return Ok(Some(IDLE_WAIT)),
+                Err(Some(d)) => return Ok(Some(d.min(IDLE_WAIT))),
+            };
+            match deliver(&mut self.q, &self.counters, frame)? {
+                Delivered::Consumed => {
+                    self.rx.consume();
+                    n += 1;
+                }
+                Delivered::Kept => {}
+                Delivered::NoBuffer => return Ok(Some(IDLE_WAIT)),
+            }
+        }
+    }
+}
+
+/// Puts `frame` into the next receive buffer. Only a cancelled access or a
+/// failed ring access is an error.
+fn deliver(q: &mut Queue, c: &NetCounters, frame: &[u8]) -> Result<Delivered, AccessError> {
+    let head = match q.pop()? {
+        Pop::Head(h) => h,
+        Pop::Empty => return Ok(Delivered::NoBuffer),
+        Pop::Overrun => {
+            bump(&c.ring_faults, 1);
+            return Ok(Delivered::NoBuffer);
+        }
+    };
+    let chain = match q.walk(head) {
+        Ok(Chain::Ok(d)) if d.iter().all(Desc::writable) => d,
+        Ok(Chain::Ok(d)) => {
+            q.recycle(d);
+            bump(&c.rx_bad, 1);
+            q.push_used(head, 0)?;
+            return Ok(Delivered::Kept);
+        }
+        Ok(Chain::Bad) => {
+            bump(&c.rx_bad, 1);
+            q.push_used(head, 0)?;
+            return Ok(Delivered::Kept);
+        }
+        Err(e @ AccessError::Cancelled { .. }) => {
+            q.unpop();
+            return Err(e);
+        }
+        Err(_) => {
+            bump(&c.rx_bad, 1);
+            q.push_used(head, 0)?;
+            return Ok(Delivered::Kept);
+        }
+    };
+    let r = deliver_chain(q, c, head, &chain, frame);
+    q.recycle(chain);
+    r
+}
+
+/// Puts `frame` into the walked, device-writable chain of `head`.
+fn deliver_chain(
+    q: &mut Queue,
+    c: &NetCounters,
+    head: u16,
+    chain: &[Desc],
+    frame: &[u8],
+) -> Result<Delivered, AccessError> {
+    let need = (HDR_LEN + frame.len()) as u64;
+    if chain_len(chain).is_none_or(|t| t < need) {
+        bump(&c.rx_dropped, 1);
+        q.push_used(head, 0)?;
+        return Ok(Delivered::Consumed);
+    }
+    let r = scatter(q, chain, 0, &plain_header(true))
+        .and_then(|()| scatter(q, chain, HDR_LEN as u64, frame));
+    match r {
+        Ok(()) => {
+            bump(&c.rx_frames, 1);
+            bump(&c.rx_bytes, frame.len() as u64);
+            q.push_used(head, need as u32)?;
+        }
+        Err(e @ AccessError::Cancelled { .. }) => {
+            q.unpop();
+            return Err(e);
+        }
+        Err(_) => {
+            bump(&c.rx_dropped, 1);
+            q.push_used(head, 0)?;
+        }
+    }
+    Ok(Delivered::Consumed)
+}

@@ -1,0 +1,112 @@
+//! A real Linux guest under QEMU (TCG) drives our vhost-user-net back-end
+//! with its own virtio_net driver, through its own intel-iommu driver: the
+//! guest sends a random pattern over TCP to a smoltcp peer on our wire,
+//! which checksums it, and receives the peer's pattern and checksums it;
+//! both checksums are compared on the host. Strict and lazy invalidation.
+//!
+//! Needs the guest kit (`scripts/guest-kit.sh`); without it each test
+//! prints one line saying how to get it and is skipped — unless
+//! `SOFTIOMMU_GUEST_REQUIRED=1` (as CI sets), which makes a missing kit fail.
+
+use std::io::Write;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use softiommu_vhost::guest::{run_net, GuestKit, IommuMode};
+use softiommu_vhost::SessionEnd;
+
+/// One guest at a time: the machine has few cores and TCG is CPU-bound.
+static ONE_GUEST: Mutex<()> = Mutex::new(());
+const MIB: u64 = 4;
+const GUEST_DEADLINE: Duration = Duration::from_secs(600);
+
+/// Writes past the test harness's capture, so the log shows it.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+fn kit() -> Option<GuestKit> {
+    match GuestKit::find() {
+        Ok(k) => Some(k),
+        Err(e) => {
+            if std::env::var("SOFTIOMMU_GUEST_REQUIRED").is_ok_and(|v| v == "1") {
+                panic!("{e} — and SOFTIOMMU_GUEST_REQUIRED=1");
+            }
+            say(&format!("SKIPPED guest test: {e}"));
+            None
+        }
+    }
+}
+
+fn check(mode: IommuMode) {
+    let _one = ONE_GUEST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(kit) = kit() else { return };
+    let r = run_net(&kit, mode, MIB, GUEST_DEADLINE).unwrap_or_else(|e| panic!("{e}"));
+    for l in &r.dmesg {
+        say(l);
+    }
+    say(&r.result);
+    let rep = r
+        .report
+        .as_ref()
+        .expect("the back-end's session ends when QEMU exits");
+    let (s, n) = (&rep.iotlb, &rep.net);
+    say(&format!(
+        "guest-net {}: {:.1} s wall; peer received={} sha={:?} sent={} sha={:?} timed_out={}",
+        mode.name(),
+        r.wall_seconds,
+        r.peer.received,
+        r.peer.received_sha256,
+        r.peer.sent,
+        r.peer.sent_sha256,
+        r.peer.timed_out
+    ));
+    say(&format!(
+        "guest-net {}: back-end {n:?}; iotlb updates={} invalidations={} misses={} miss_timeouts={} refused={} flushes={} evictions={} rejected_messages={}; wire {:?} / {:?}",
+        mode.name(),
+        s.updates,
+        s.invalidations,
+        s.misses,
+        s.miss_timeouts,
+        s.refused,
+        s.flushes,
+        s.evictions,
+        rep.rejected_messages,
+        r.wire.a_to_b(),
+        r.wire.b_to_a(),
+    ));
+    assert!(
+        r.dmesg.iter().any(|l| l.contains("Linux version")),
+        "{:?}",
+        r.dmesg
+    );
+    assert!(
+        r.dmesg.iter().any(|l| l.contains("DMAR: IOMMU enabled")),
+        "{:?}",
+        r.dmesg
+    );
+    assert_eq!(r.field("dmar"), Some("1"), "{}", r.result);
+    assert_eq!(r.field("policy"), Some(mode.name()), "{}", r.result);
+    assert_eq!(r.peer.received, MIB << 20, "{:?}", r.peer);
+    assert_eq!(r.peer.sent, MIB << 20, "{:?}", r.peer);
+    assert!(r.checksum_ok(), "guest {} / peer {:?}", r.result, r.peer);
+    assert!(matches!(rep.end, SessionEnd::Disconnected), "{:?}", rep.end);
+    assert_eq!(rep.rejected_messages, 0, "{:?}", rep.last_rejection);
+    assert!(
+        s.updates > 0 && s.misses > 0 && s.invalidations > 0,
+        "{s:?}"
+    );
+    assert_eq!(s.miss_timeouts, 0, "{s:?}");
+    assert!(n.tx_frames > 0 && n.rx_frames > 0, "{n:?}");
+    assert_eq!((n.tx_bad, n.rx_bad, n.ring_faults), (0, 0, 0), "{n:?}");
+}
+
+#[test]
+fn guest_net_strict_tcp_checksums_match() {
+    check(IommuMode::Strict);
+}
+
+#[test]
+fn guest_net_lazy_tcp_checksums_match() {
+    check(IommuMode::Lazy);
+}
