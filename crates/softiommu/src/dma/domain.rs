@@ -602,6 +602,7 @@ impl DmaDomain {
     /// is). A translator that finds it due drops the domain's cached
     /// translations itself (`Iotlb::expire`), so the stale window's bound
     /// holds while the flush timer and the owner are off their CPUs.
+    #[inline(always)]
     pub(crate) fn cover_unmap(&self, units: u64) {
         // The period is worked out only where a deadline must be armed:
         // an unmap that finds one armed pays a load, no clock arithmetic.

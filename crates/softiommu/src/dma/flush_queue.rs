@@ -311,21 +311,29 @@ impl Taker<'_> {
             oldest: None,
         };
         let mut i = h;
-        while i != t {
+        let read = |i: usize, batch: &mut Batch| {
             let s = q.slot(i);
             batch.entries.push(FqEntry {
                 pfn: s.pfn.load(Ordering::Relaxed),
                 pages: s.pages.load(Ordering::Relaxed),
             });
             batch.units |= s.units.load(Ordering::Relaxed);
-            if i == h {
-                let stamp = q.queued_stamp(s);
-                batch.oldest = Some(q.instant(stamp));
-                // Release: pairs with `oldest`'s Acquire; cleared when the
-                // taker is dropped, after its flush. (Never 0, which means
-                // none.)
-                q.inflight.store(stamp.max(1), Ordering::Release);
-            }
+            s
+        };
+        // The oldest entry (read first, as before) stamps the batch; the
+        // rest are read without the per-entry check for it.
+        if i != t {
+            let s = read(i, &mut batch);
+            let stamp = q.queued_stamp(s);
+            batch.oldest = Some(q.instant(stamp));
+            // Release: pairs with `oldest`'s Acquire; cleared when the
+            // taker is dropped, after its flush. (Never 0, which means
+            // none.)
+            q.inflight.store(stamp.max(1), Ordering::Release);
+            i = i.wrapping_add(1);
+        }
+        while i != t {
+            read(i, &mut batch);
             i = i.wrapping_add(1);
         }
         q.carry.store(now, Ordering::Relaxed);

@@ -91,9 +91,21 @@ impl UnitList {
     /// The units whose bits are set in `mask`, in bit order.
     pub(crate) fn in_mask(&self, mask: u64) -> impl Iterator<Item = UnitId> + '_ {
         let n = self.len.load(Acquire);
-        (0..n)
-            .filter(move |&i| mask & (1 << i) != 0)
-            .map(|i| UnitId(self.ids[i].load(Relaxed)))
+        // Walks the set bits only (one step per unit, not per slot): the
+        // deferred unmap's deadline cover runs this on every unmap.
+        let mut left = if n >= MAX_UNITS {
+            mask
+        } else {
+            mask & ((1u64 << n) - 1)
+        };
+        std::iter::from_fn(move || {
+            if left == 0 {
+                return None;
+            }
+            let i = left.trailing_zeros() as usize;
+            left &= left - 1;
+            self.ids.get(i).map(|id| UnitId(id.load(Relaxed)))
+        })
     }
 }
 
