@@ -106,18 +106,8 @@ impl Raw {
             .cpu
             .alloc_coherent(&self.host.dev, self.layout.bytes)
             .unwrap();
-        t.write(reg::QUEUE_SEL, 0);
-        t.write(reg::QUEUE_NUM, u32::from(SIZE));
-        let (d, a, u) = rings((iova, iova + self.layout.avail, iova + self.layout.used));
-        for (lo, v) in [
-            (reg::QUEUE_DESC_LOW, d),
-            (reg::QUEUE_DRIVER_LOW, a),
-            (reg::QUEUE_DEVICE_LOW, u),
-        ] {
-            t.write(lo, v as u32);
-            t.write(lo + 4, (v >> 32) as u32);
-        }
-        t.write(reg::QUEUE_READY, 1);
+        let areas = rings((iova, iova + self.layout.avail, iova + self.layout.used));
+        t.program_queue(0, SIZE, areas);
         self.ring = (phys, iova);
         self.avail = 0;
         t.write(

@@ -412,18 +412,7 @@ impl BlkQueue {
         // The ring is a coherent allocation: mapped once, for the run.
         let (addrs, ring_maps) = dma.map(&[(phys, layout.bytes, DmaDirection::Bidirectional)])?;
         let ring = DriverRing::new(mem.clone(), phys, addrs[0], layout).map_err(err)?;
-        let (d, a, u) = ring.device_addresses();
-        t.write(reg::QUEUE_SEL, 0);
-        t.write(reg::QUEUE_NUM, u32::from(size));
-        for (lo, v) in [
-            (reg::QUEUE_DESC_LOW, d),
-            (reg::QUEUE_DRIVER_LOW, a),
-            (reg::QUEUE_DEVICE_LOW, u),
-        ] {
-            t.write(lo, v as u32);
-            t.write(lo + 4, (v >> 32) as u32);
-        }
-        t.write(reg::QUEUE_READY, 1);
+        t.program_queue(0, size, ring.device_addresses());
         t.write(reg::STATUS, st | status::DRIVER_OK);
         let mut slots = Vec::with_capacity(depth);
         for _ in 0..depth {

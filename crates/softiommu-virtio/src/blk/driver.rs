@@ -447,16 +447,6 @@ fn setup_queue(
         max_request_bytes: cfg.max_request_bytes,
         geometry: *g,
     })?;
-    let (d, a, u) = q.ring_addresses();
-    t.write(reg::QUEUE_NUM, u32::from(size));
-    for (lo, v) in [
-        (reg::QUEUE_DESC_LOW, d),
-        (reg::QUEUE_DRIVER_LOW, a),
-        (reg::QUEUE_DEVICE_LOW, u),
-    ] {
-        t.write(lo, v as u32);
-        t.write(lo + 4, (v >> 32) as u32);
-    }
-    t.write(reg::QUEUE_READY, 1);
+    t.program_queue(index, size, q.ring_addresses());
     Ok(q)
 }

@@ -422,17 +422,7 @@ impl NetDriver {
         let (phys, ring_dma) = dma.cpu.alloc_coherent(&dma.dev, layout.bytes)?;
         let ring = DriverRing::new(mem.clone(), phys, ring_dma, layout)?;
         let pool = Pool::new(mem, size, buf_len)?;
-        let (d, a, u) = ring.device_addresses();
-        t.write(reg::QUEUE_NUM, u32::from(size));
-        for (lo, v) in [
-            (reg::QUEUE_DESC_LOW, d),
-            (reg::QUEUE_DRIVER_LOW, a),
-            (reg::QUEUE_DEVICE_LOW, u),
-        ] {
-            t.write(lo, v as u32);
-            t.write(lo + 4, (v >> 32) as u32);
-        }
-        t.write(reg::QUEUE_READY, 1);
+        t.program_queue(index, size, ring.device_addresses());
         Ok(Queue {
             index,
             ring,

@@ -457,6 +457,25 @@ impl MmioTransport {
         }
     }
 
+    /// The driver's queue set-up (§4.2.3.2): selects `queue`, writes its
+    /// size and the descriptor, driver and device areas' addresses
+    /// `(desc, avail, used)` as 32-bit halves, then sets `QueueReady`. The
+    /// one path every driver here programs a queue by; what the device
+    /// makes of bad values is the register writes' business.
+    pub fn program_queue(&self, queue: u16, size: u16, (desc, avail, used): (u64, u64, u64)) {
+        self.write(reg::QUEUE_SEL, u32::from(queue));
+        self.write(reg::QUEUE_NUM, u32::from(size));
+        for (lo, v) in [
+            (reg::QUEUE_DESC_LOW, desc),
+            (reg::QUEUE_DRIVER_LOW, avail),
+            (reg::QUEUE_DEVICE_LOW, used),
+        ] {
+            self.write(lo, v as u32);
+            self.write(lo + 4, (v >> 32) as u32);
+        }
+        self.write(reg::QUEUE_READY, 1);
+    }
+
     /// A 32-bit write of `value` to the register at `offset` (§4.2.2).
     /// Bad writes are recorded (see [`DeviceError`]); none panics.
     pub fn write(&self, offset: u64, value: u32) {

@@ -334,18 +334,7 @@ impl ViommuDriver {
         let req = DriverRing::new(mem.clone(), rp, rp, rl).map_err(|e| fail(e.into()))?;
         let mut evt = DriverRing::new(mem.clone(), ep, ep, el).map_err(|e| fail(e.into()))?;
         for (q, ring) in [(s::REQUEST_QUEUE, &req), (s::EVENT_QUEUE, &evt)] {
-            let (d, a, u) = ring.device_addresses();
-            t.write(reg::QUEUE_SEL, u32::from(q));
-            t.write(reg::QUEUE_NUM, u32::from(ring.layout().size));
-            for (lo, v) in [
-                (reg::QUEUE_DESC_LOW, d),
-                (reg::QUEUE_DRIVER_LOW, a),
-                (reg::QUEUE_DEVICE_LOW, u),
-            ] {
-                t.write(lo, v as u32);
-                t.write(lo + 4, (v >> 32) as u32);
-            }
-            t.write(reg::QUEUE_READY, 1);
+            t.program_queue(q, ring.layout().size, ring.device_addresses());
         }
         for i in 0..evt_size {
             let len = if i < cfg.short_events {

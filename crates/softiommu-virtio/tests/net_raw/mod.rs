@@ -88,18 +88,8 @@ impl Raw {
                 .cpu
                 .alloc_coherent(&self.host.dev, self.layout.bytes)
                 .unwrap();
-            t.write(reg::QUEUE_SEL, q as u32);
-            t.write(reg::QUEUE_NUM, u32::from(SIZE));
-            let (d, a, u) = rings(q, (iova, iova + self.layout.avail, iova + self.layout.used));
-            for (lo, v) in [
-                (reg::QUEUE_DESC_LOW, d),
-                (reg::QUEUE_DRIVER_LOW, a),
-                (reg::QUEUE_DEVICE_LOW, u),
-            ] {
-                t.write(lo, v as u32);
-                t.write(lo + 4, (v >> 32) as u32);
-            }
-            t.write(reg::QUEUE_READY, 1);
+            let areas = rings(q, (iova, iova + self.layout.avail, iova + self.layout.used));
+            t.program_queue(q as u16, SIZE, areas);
             self.rings[q] = (phys, iova, 0);
         }
         t.write(
