@@ -8,35 +8,13 @@
 //! prints one line saying how to get it and is skipped — unless
 //! `SOFTIOMMU_GUEST_REQUIRED=1` (as CI sets), which makes a missing kit fail.
 
-use std::io::Write;
-use std::sync::Mutex;
-use std::time::Duration;
+mod guest_common;
 
-use softiommu_vhost::guest::{run_net, GuestKit, IommuMode};
+use guest_common::{kit, say, GUEST_DEADLINE, ONE_GUEST};
+use softiommu_vhost::guest::{run_net, IommuMode};
 use softiommu_vhost::SessionEnd;
 
-/// One guest at a time: the machine has few cores and TCG is CPU-bound.
-static ONE_GUEST: Mutex<()> = Mutex::new(());
 const MIB: u64 = 4;
-const GUEST_DEADLINE: Duration = Duration::from_secs(600);
-
-/// Writes past the test harness's capture, so the log shows it.
-fn say(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-fn kit() -> Option<GuestKit> {
-    match GuestKit::find() {
-        Ok(k) => Some(k),
-        Err(e) => {
-            if std::env::var("SOFTIOMMU_GUEST_REQUIRED").is_ok_and(|v| v == "1") {
-                panic!("{e} — and SOFTIOMMU_GUEST_REQUIRED=1");
-            }
-            say(&format!("SKIPPED guest test: {e}"));
-            None
-        }
-    }
-}
 
 fn check(mode: IommuMode) {
     let _one = ONE_GUEST.lock().unwrap_or_else(|p| p.into_inner());
