@@ -12,35 +12,6 @@ use softiommu_virtio::transport::DeviceError;
 use softiommu_virtio::viommu::{encode, RawDesc, Status, ViommuDriverConfig, ViommuDriverError};
 use viommu_common::*;
 
-/// Sends `readable` (one descriptor) and writable descriptors of
-/// `wlens` bytes, pre-filled with 0xaa; returns the used length and the
-/// writable bytes as the device left them.
-fn raw(r: &mut Rig, readable: &[u8], wlens: &[u32]) -> (u32, Vec<u8>) {
-    let base = r.drv.scratch();
-    let wbase = base + 0x800;
-    r.mem.write(base, readable).unwrap();
-    let total: u32 = wlens.iter().sum();
-    r.mem.fill(wbase, u64::from(total), 0xaa).unwrap();
-    let mut descs = vec![RawDesc {
-        addr: base,
-        len: readable.len() as u32,
-        writable: false,
-    }];
-    let mut at = wbase;
-    for &l in wlens {
-        descs.push(RawDesc {
-            addr: at,
-            len: l,
-            writable: true,
-        });
-        at += u64::from(l);
-    }
-    let used = r.drv.raw(&descs).unwrap();
-    let mut w = vec![0u8; total as usize];
-    r.mem.read(wbase, &mut w).unwrap();
-    (used, w)
-}
-
 // ----- check order -----
 
 #[test]

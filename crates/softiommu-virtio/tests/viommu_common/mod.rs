@@ -8,7 +8,7 @@ use softiommu::hw::{Access, PhysRanges, SourceId, System, TranslateError, UnitCo
 use softiommu::mem::PhysMemory;
 use softiommu_virtio::spec::iommu as s;
 use softiommu_virtio::viommu::{
-    Status, ViommuConfig, ViommuDevice, ViommuDriver, ViommuDriverConfig,
+    RawDesc, Status, ViommuConfig, ViommuDevice, ViommuDriver, ViommuDriverConfig,
 };
 
 /// Endpoint A: requester 00:01.0.
@@ -113,4 +113,33 @@ impl Rig {
             .map(|m| (m.start, m.end))
             .collect()
     }
+}
+
+/// Sends `readable` (one descriptor) and writable descriptors of
+/// `wlens` bytes, pre-filled with 0xaa; returns the used length and the
+/// writable bytes as the device left them.
+pub fn raw(r: &mut Rig, readable: &[u8], wlens: &[u32]) -> (u32, Vec<u8>) {
+    let base = r.drv.scratch();
+    let wbase = base + 0x800;
+    r.mem.write(base, readable).unwrap();
+    let total: u32 = wlens.iter().sum();
+    r.mem.fill(wbase, u64::from(total), 0xaa).unwrap();
+    let mut descs = vec![RawDesc {
+        addr: base,
+        len: readable.len() as u32,
+        writable: false,
+    }];
+    let mut at = wbase;
+    for &l in wlens {
+        descs.push(RawDesc {
+            addr: at,
+            len: l,
+            writable: true,
+        });
+        at += u64::from(l);
+    }
+    let used = r.drv.raw(&descs).unwrap();
+    let mut w = vec![0u8; total as usize];
+    r.mem.read(wbase, &mut w).unwrap();
+    (used, w)
 }
