@@ -362,9 +362,17 @@ impl Iotlb {
         #[cfg(loom)]
         let mut candidates = (1u32 << ways.len()) - 1;
         #[cfg(not(loom))]
-        let mut candidates = ways.iter().enumerate().fold(0u32, |c, (i, e)| {
-            c | u32::from(e.key.load(Ordering::Relaxed) == key) << i
-        });
+        let mut candidates = {
+            let hit = |e: &Entry| u32::from(e.key.load(Ordering::Relaxed) == key);
+            match <&[Entry; 4]>::try_from(ways) {
+                // The default shape, unrolled: four loads and no loop.
+                Ok([a, b, c, d]) => hit(a) | hit(b) << 1 | hit(c) << 2 | hit(d) << 3,
+                Err(_) => ways
+                    .iter()
+                    .enumerate()
+                    .fold(0u32, |c, (i, e)| c | hit(e) << i),
+            }
+        };
         while candidates != 0 {
             let e = &ways[candidates.trailing_zeros() as usize];
             candidates &= candidates - 1;
