@@ -26,8 +26,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::context::{self, ContextEntry, SourceId};
-use super::error::HwError;
 use super::epoch::Slots;
+use super::error::HwError;
 use super::error::TranslateError;
 use super::fault::{Access, FaultRecord};
 use super::iotlb::{FillOutcome, Iotlb, Leaf};
