@@ -769,6 +769,28 @@ mod tests {
     }
 
     #[test]
+    fn every_way_of_a_full_set_hits_in_every_shape() {
+        // One set, so every page lands in it: the probe must find each way,
+        // through the unrolled four-way compare and the general loop alike.
+        for ways in 1..=8 {
+            let t = Iotlb::new(IotlbConfig { sets: 1, ways }, 4);
+            for p in 0..ways as u64 {
+                let l = leaf(0x10_0000 + p * K4, PageSize::Size4K, Perm::RW);
+                assert_eq!(fill(&t, 1, p * K4, l), FillOutcome::Filled, "{ways}");
+            }
+            assert_eq!(t.occupancy(), ways, "no fill evicted another");
+            let g = t.gen(1);
+            for p in 0..ways as u64 {
+                assert_eq!(
+                    t.lookup(1, p * K4 + 0x40, g).map(|l| l.phys),
+                    Some(0x10_0000 + p * K4),
+                    "way of page {p} in a {ways}-way set"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn hits_are_tagged_by_domain_and_cover_large_leaves() {
         let t = Iotlb::new(IotlbConfig { sets: 16, ways: 2 }, 4);
         assert_eq!(
