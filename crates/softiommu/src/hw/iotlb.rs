@@ -313,6 +313,23 @@ impl Iotlb {
             .wrapping_add(self.domain(did).gen.load(Ordering::Acquire))
     }
 
+    /// Domain `did`'s deadline word and then the generation its entries
+    /// must carry, as [`deadline`](Self::deadline) and [`gen`](Self::gen)
+    /// read them (same loads, same order), indexing the domain array once:
+    /// the hit path's pair.
+    #[inline(always)]
+    pub(crate) fn deadline_then_gen(&self, did: u16) -> (u64, impl Fn() -> u64 + '_) {
+        let d = self.domain(did);
+        // Acquire: as in `deadline`.
+        let dl = d.deadline.load(Ordering::Acquire);
+        // Acquire, both: as in `gen`.
+        (dl, move || {
+            self.global
+                .load(Ordering::Acquire)
+                .wrapping_add(d.gen.load(Ordering::Acquire))
+        })
+    }
+
     /// The ticket a fill needs: read before the walk.
     #[inline]
     pub(crate) fn ticket(&self, did: u16, gen: u64) -> Ticket {

@@ -261,11 +261,11 @@ impl Translator {
                 // predictable branch. Armed, every hit compares the clock
                 // with it, so no access that begins past it is served from
                 // the cache, whatever became of the flush timer.
-                let dl = sh.iotlb.deadline(did);
+                let (dl, gen) = sh.iotlb.deadline_then_gen(did);
                 if dl != 0 && Self::expired(sh, &mut self.stats, did, dl) {
                     return None;
                 }
-                let leaf = sh.iotlb.lookup(did, iova, sh.iotlb.gen(did))?;
+                let leaf = sh.iotlb.lookup(did, iova, gen())?;
                 if !leaf.perm.contains(access.perm()) {
                     // Walk, in case the mapping was upgraded (hardware
                     // re-walks on a permission miss before faulting).
