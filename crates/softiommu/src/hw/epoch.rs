@@ -172,10 +172,27 @@ impl Slots {
         }
     }
 
+    /// The state word of slot `i`, if its chunk exists. A claimed slot's
+    /// word lives (at a fixed address) as long as `self`: a translator
+    /// keeps a pointer to it so that its hit path reaches its slot with no
+    /// chunk lookup.
+    pub(crate) fn state_cell(&self, i: usize) -> Option<&AtomicU64> {
+        self.slot(i).map(|s| &s.state)
+    }
+
     /// Marks slot `i` (a claimed one) active with the odd value `state`,
     /// then fences.
-    #[inline(always)]
+    #[cfg(any(test, loom))]
     pub(crate) fn enter(&self, i: usize, state: u64, barrier: Barrier) {
+        if let Some(cell) = self.state_cell(i) {
+            Self::enter_cell(cell, state, barrier);
+        }
+    }
+
+    /// [`enter`](Self::enter) on a slot's state word (from
+    /// [`state_cell`](Self::state_cell)).
+    #[inline(always)]
+    pub(crate) fn enter_cell(cell: &AtomicU64, state: u64, barrier: Barrier) {
         debug_assert_eq!(state & 1, 1);
         // The fence below orders this store before the translation's loads
         // (the light half of the fence pair; see the module documentation).
@@ -183,21 +200,25 @@ impl Slots {
         // see this store rather than that section's `exit`: it must then
         // synchronize with everything that section did too. (A plain store
         // on x86; loom found the gap with Relaxed.)
-        if let Some(s) = self.slot(i) {
-            s.state.store(state, Ordering::Release);
-        }
+        cell.store(state, Ordering::Release);
         barrier.light();
     }
 
     /// Marks slot `i` quiescent with the even value `state`.
-    #[inline(always)]
+    #[cfg(any(test, loom))]
     pub(crate) fn exit(&self, i: usize, state: u64) {
+        if let Some(cell) = self.state_cell(i) {
+            Self::exit_cell(cell, state);
+        }
+    }
+
+    /// [`exit`](Self::exit) on a slot's state word.
+    #[inline(always)]
+    pub(crate) fn exit_cell(cell: &AtomicU64, state: u64) {
         debug_assert_eq!(state & 1, 0);
         // Release: pairs with the Acquire loads in `drain`, so everything
         // done under the translation happens before the drain returns.
-        if let Some(s) = self.slot(i) {
-            s.state.store(state, Ordering::Release);
-        }
+        cell.store(state, Ordering::Release);
     }
 
     /// Whether a slot owned by `owner` is active: a thread that holds a

@@ -313,6 +313,23 @@ impl Iotlb {
             .wrapping_add(self.domain(did).gen.load(Ordering::Acquire))
     }
 
+    /// Domain `did`'s deadline word and then the generation its entries
+    /// must carry, as [`deadline`](Self::deadline) and [`gen`](Self::gen)
+    /// read them (same loads, same order), indexing the domain array once:
+    /// the hit path's pair.
+    #[inline(always)]
+    pub(crate) fn deadline_then_gen(&self, did: u16) -> (u64, impl Fn() -> u64 + '_) {
+        let d = self.domain(did);
+        // Acquire: as in `deadline`.
+        let dl = d.deadline.load(Ordering::Acquire);
+        // Acquire, both: as in `gen`.
+        (dl, move || {
+            self.global
+                .load(Ordering::Acquire)
+                .wrapping_add(d.gen.load(Ordering::Acquire))
+        })
+    }
+
     /// The ticket a fill needs: read before the walk.
     #[inline]
     pub(crate) fn ticket(&self, did: u16, gen: u64) -> Ticket {
@@ -362,9 +379,17 @@ impl Iotlb {
         #[cfg(loom)]
         let mut candidates = (1u32 << ways.len()) - 1;
         #[cfg(not(loom))]
-        let mut candidates = ways.iter().enumerate().fold(0u32, |c, (i, e)| {
-            c | u32::from(e.key.load(Ordering::Relaxed) == key) << i
-        });
+        let mut candidates = {
+            let hit = |e: &Entry| u32::from(e.key.load(Ordering::Relaxed) == key);
+            match <&[Entry; 4]>::try_from(ways) {
+                // The default shape, unrolled: four loads and no loop.
+                Ok([a, b, c, d]) => hit(a) | hit(b) << 1 | hit(c) << 2 | hit(d) << 3,
+                Err(_) => ways
+                    .iter()
+                    .enumerate()
+                    .fold(0u32, |c, (i, e)| c | hit(e) << i),
+            }
+        };
         while candidates != 0 {
             let e = &ways[candidates.trailing_zeros() as usize];
             candidates &= candidates - 1;
@@ -758,6 +783,28 @@ mod tests {
             Some((0xffff, (1 << 48) - (1 << 30), PageSize::Size1G))
         );
         assert_eq!(split_key(0), None);
+    }
+
+    #[test]
+    fn every_way_of_a_full_set_hits_in_every_shape() {
+        // One set, so every page lands in it: the probe must find each way,
+        // through the unrolled four-way compare and the general loop alike.
+        for ways in 1..=8 {
+            let t = Iotlb::new(IotlbConfig { sets: 1, ways }, 4);
+            for p in 0..ways as u64 {
+                let l = leaf(0x10_0000 + p * K4, PageSize::Size4K, Perm::RW);
+                assert_eq!(fill(&t, 1, p * K4, l), FillOutcome::Filled, "{ways}");
+            }
+            assert_eq!(t.occupancy(), ways, "no fill evicted another");
+            let g = t.gen(1);
+            for p in 0..ways as u64 {
+                assert_eq!(
+                    t.lookup(1, p * K4 + 0x40, g).map(|l| l.phys),
+                    Some(0x10_0000 + p * K4),
+                    "way of page {p} in a {ways}-way set"
+                );
+            }
+        }
     }
 
     #[test]

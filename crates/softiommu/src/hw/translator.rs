@@ -22,9 +22,11 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::context::{self, ContextEntry, SourceId};
+use super::epoch::Slots;
 use super::error::HwError;
 use super::error::TranslateError;
 use super::fault::{Access, FaultRecord};
@@ -37,6 +39,7 @@ use super::walker::{walk, WalkEnd};
 use crate::mem::PhysMemory;
 use crate::pgtable::{Perm, VTD_ADDR_BITS, VTD_IOVA_BITS};
 use crate::sync::barrier::Barrier;
+use crate::sync::AtomicU64;
 
 /// Counts of one translator, kept in the translator (no shared writes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,6 +71,10 @@ pub struct TranslatorStats {
 pub struct Translator {
     shared: Arc<Shared>,
     slot: usize,
+    /// The slot's state word, in `shared.slots` (which outlives it: `shared`
+    /// is held here). Kept so that opening and closing a section are one
+    /// store each, with no chunk lookup.
+    cell: NonNull<AtomicU64>,
     /// The slot's state as last stored (even outside a section).
     state: u64,
     barrier: Barrier,
@@ -137,17 +144,30 @@ impl Unit {
             .ok_or(HwError::TooManyTranslators {
                 max: sh.slots.capacity(),
             })?;
-        Ok(Translator::new(Arc::clone(sh), slot, state))
+        let Some(cell) = sh.slots.state_cell(slot).map(NonNull::from) else {
+            // A claimed slot's chunk exists; unreachable, but not a panic.
+            sh.slots.release(slot);
+            return Err(HwError::TooManyTranslators {
+                max: sh.slots.capacity(),
+            });
+        };
+        Ok(Translator::new(Arc::clone(sh), slot, cell, state))
     }
 }
 
 impl Translator {
-    pub(crate) fn new(shared: Arc<Shared>, slot: usize, state: u64) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        slot: usize,
+        cell: NonNull<AtomicU64>,
+        state: u64,
+    ) -> Self {
         let barrier = shared.barrier;
         let max_access = shared.config.max_access_bytes;
         Self {
             shared,
             slot,
+            cell,
             state,
             barrier,
             max_access,
@@ -156,6 +176,15 @@ impl Translator {
             slow: 0,
             _thread: PhantomData,
         }
+    }
+
+    /// This translator's slot state word.
+    #[inline(always)]
+    fn cell(&self) -> &AtomicU64 {
+        // SAFETY: `cell` came from `shared.slots.state_cell(slot)`; a
+        // slot's chunk is freed only when the `Slots` is dropped, and
+        // `self.shared` keeps it alive for as long as `self` exists.
+        unsafe { self.cell.as_ref() }
     }
 
     /// Runs `f` inside one translation section: what is translated
@@ -175,7 +204,7 @@ impl Translator {
     #[inline(always)]
     pub(crate) fn begin(&mut self) -> TranslationGuard<'_> {
         self.state += 1;
-        self.shared.slots.enter(self.slot, self.state, self.barrier);
+        Slots::enter_cell(self.cell(), self.state, self.barrier);
         TranslationGuard { t: self }
     }
 
@@ -232,11 +261,11 @@ impl Translator {
                 // predictable branch. Armed, every hit compares the clock
                 // with it, so no access that begins past it is served from
                 // the cache, whatever became of the flush timer.
-                let dl = sh.iotlb.deadline(did);
+                let (dl, gen) = sh.iotlb.deadline_then_gen(did);
                 if dl != 0 && Self::expired(sh, &mut self.stats, did, dl) {
                     return None;
                 }
-                let leaf = sh.iotlb.lookup(did, iova, sh.iotlb.gen(did))?;
+                let leaf = sh.iotlb.lookup(did, iova, gen())?;
                 if !leaf.perm.contains(access.perm()) {
                     // Walk, in case the mapping was upgraded (hardware
                     // re-walks on a permission miss before faulting).
@@ -577,6 +606,6 @@ impl Drop for TranslationGuard<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         self.t.state += 1;
-        self.t.shared.slots.exit(self.t.slot, self.t.state);
+        Slots::exit_cell(self.t.cell(), self.t.state);
     }
 }
