@@ -23,6 +23,22 @@ fn platform(policy: DmaPolicy) -> Platform {
         .unwrap()
 }
 
+/// A scatter list of two fresh frames: the first `first` bytes long, the
+/// second 100 (a short tail entry).
+fn two_entries(p: &Platform, first: u64) -> [SgEntry; 2] {
+    let frame = || p.mem.alloc_zeroed_frames(0).unwrap();
+    [
+        SgEntry {
+            phys: frame(),
+            len: first,
+        },
+        SgEntry {
+            phys: frame(),
+            len: 100,
+        },
+    ]
+}
+
 #[test]
 fn free_coherent_with_another_length_in_the_same_order_is_refused() {
     for policy in DmaPolicy::ALL {
@@ -47,12 +63,8 @@ fn unmap_sg_with_another_entry_length_is_refused_and_changes_nothing() {
         let p = platform(policy);
         let mut cpu = p.domain.cpu();
         let dev = &p.devices[0];
-        let a = p.mem.alloc_zeroed_frames(0).unwrap();
-        let b = p.mem.alloc_zeroed_frames(0).unwrap();
-        let sg = [
-            SgEntry { phys: a, len: 4096 },
-            SgEntry { phys: b, len: 100 },
-        ];
+        let sg = two_entries(&p, 4096);
+        let [SgEntry { phys: a, .. }, SgEntry { phys: b, .. }] = sg;
         let mut out = [0u64; 2];
         let m = cpu
             .map_sg(dev, &sg, DmaDirection::ToDevice, &mut out)
@@ -341,12 +353,7 @@ fn a_sync_of_a_scatter_list_entry_is_accepted() {
         let p = platform(policy);
         let mut cpu = p.domain.cpu();
         let dev = &p.devices[0];
-        let a = p.mem.alloc_zeroed_frames(0).unwrap();
-        let b = p.mem.alloc_zeroed_frames(0).unwrap();
-        let sg = [
-            SgEntry { phys: a, len: 4096 },
-            SgEntry { phys: b, len: 100 },
-        ];
+        let sg = two_entries(&p, 4096);
         let mut out = [0u64; 2];
         let m = cpu
             .map_sg(dev, &sg, DmaDirection::FromDevice, &mut out)
@@ -367,9 +374,7 @@ fn a_per_entry_unmap_sg_checks_every_entry_before_the_first_goes() {
         let p = platform(policy);
         let mut cpu = p.domain.cpu();
         let dev = &p.devices[0];
-        let a = p.mem.alloc_zeroed_frames(0).unwrap();
-        let b = p.mem.alloc_zeroed_frames(0).unwrap();
-        let sg = [SgEntry { phys: a, len: 512 }, SgEntry { phys: b, len: 100 }];
+        let sg = two_entries(&p, 512);
         let mut out = [0u64; 2];
         let m = cpu
             .map_sg(dev, &sg, DmaDirection::ToDevice, &mut out)
