@@ -9,9 +9,8 @@
 
 mod guest_common;
 
-use guest_common::{kit, say, GUEST_DEADLINE, ONE_GUEST};
+use guest_common::{assert_booted, assert_session, kit, say, GUEST_DEADLINE, ONE_GUEST};
 use softiommu_vhost::guest::{run_blk, GuestDevice, IommuMode};
-use softiommu_vhost::SessionEnd;
 
 const DISK_MIB: u64 = 32;
 
@@ -43,31 +42,14 @@ fn check(mode: IommuMode) {
         s.evictions,
         rep.rejected_messages
     ));
-    assert!(
-        r.dmesg.iter().any(|l| l.contains("Linux version")),
-        "{:?}",
-        r.dmesg
-    );
-    assert!(
-        r.dmesg.iter().any(|l| l.contains("DMAR: IOMMU enabled")),
-        "{:?}",
-        r.dmesg
-    );
-    assert_eq!(r.field("dmar"), Some("1"), "{}", r.result);
-    assert_eq!(r.field("policy"), Some(mode.name()), "{}", r.result);
+    assert_booted(&r.dmesg, &r.result, |k| r.field(k), mode);
     assert!(
         r.checksum_ok(),
         "guest {} / backing file {}",
         r.result,
         r.disk_sha256
     );
-    assert!(matches!(rep.end, SessionEnd::Disconnected), "{:?}", rep.end);
-    assert_eq!(rep.rejected_messages, 0, "{:?}", rep.last_rejection);
-    assert!(
-        s.updates > 0 && s.misses > 0 && s.invalidations > 0,
-        "{s:?}"
-    );
-    assert_eq!(s.miss_timeouts, 0, "{s:?}");
+    assert_session(rep);
     assert_eq!(rep.blk.io_errors, 0, "{:?}", rep.blk);
 }
 

@@ -10,9 +10,8 @@
 
 mod guest_common;
 
-use guest_common::{kit, say, GUEST_DEADLINE, ONE_GUEST};
+use guest_common::{assert_booted, assert_session, kit, say, GUEST_DEADLINE, ONE_GUEST};
 use softiommu_vhost::guest::{run_net, IommuMode};
-use softiommu_vhost::SessionEnd;
 
 const MIB: u64 = 4;
 
@@ -53,28 +52,11 @@ fn check(mode: IommuMode) {
         r.wire.a_to_b(),
         r.wire.b_to_a(),
     ));
-    assert!(
-        r.dmesg.iter().any(|l| l.contains("Linux version")),
-        "{:?}",
-        r.dmesg
-    );
-    assert!(
-        r.dmesg.iter().any(|l| l.contains("DMAR: IOMMU enabled")),
-        "{:?}",
-        r.dmesg
-    );
-    assert_eq!(r.field("dmar"), Some("1"), "{}", r.result);
-    assert_eq!(r.field("policy"), Some(mode.name()), "{}", r.result);
+    assert_booted(&r.dmesg, &r.result, |k| r.field(k), mode);
     assert_eq!(r.peer.received, MIB << 20, "{:?}", r.peer);
     assert_eq!(r.peer.sent, MIB << 20, "{:?}", r.peer);
     assert!(r.checksum_ok(), "guest {} / peer {:?}", r.result, r.peer);
-    assert!(matches!(rep.end, SessionEnd::Disconnected), "{:?}", rep.end);
-    assert_eq!(rep.rejected_messages, 0, "{:?}", rep.last_rejection);
-    assert!(
-        s.updates > 0 && s.misses > 0 && s.invalidations > 0,
-        "{s:?}"
-    );
-    assert_eq!(s.miss_timeouts, 0, "{s:?}");
+    assert_session(rep);
     assert!(n.tx_frames > 0 && n.rx_frames > 0, "{n:?}");
     assert_eq!((n.tx_bad, n.rx_bad, n.ring_faults), (0, 0, 0), "{n:?}");
 }
