@@ -105,6 +105,29 @@ pub struct ViommuRow {
     /// IOTLB invalidation descriptors the device submitted to the unit per
     /// read.
     pub invalidations_per_io: f64,
+    /// False when the row contradicts what a mode must cost: an IOMMU mode
+    /// that ran faster than no IOMMU in every round.
+    pub valid: bool,
+    /// Why the row is invalid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// Why a mode's row cannot stand: it took less time than no IOMMU in
+/// every round (`secs` and `none_secs`: each round's time for the same
+/// reads), which says the rig measured something other than the IOMMU's
+/// work (a mode does all that none does and more). Compared beyond the
+/// spread: one round of the mode at or above none's fastest stands.
+fn faster_than_none(mode: Mode, secs: &[f64], none_secs: &[f64]) -> Option<String> {
+    let slowest = secs.iter().copied().fold(f64::NAN, f64::max);
+    let fastest_none = none_secs.iter().copied().fold(f64::NAN, f64::min);
+    (mode != Mode::None && slowest < fastest_none).then(|| {
+        format!(
+            "measurement invalid: {} ran faster than no IOMMU in every round ({:.0} % of none at best), which no IOMMU mode can",
+            mode.name(),
+            100.0 * fastest_none / slowest
+        )
+    })
 }
 
 /// The JSON object `lab viommu --json` prints.
@@ -197,7 +220,9 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
             })
             .collect();
         let none_iops = ios as f64 / med[0].secs;
-        for (mode, m) in Mode::ALL.iter().zip(&med) {
+        let secs = |i: usize| per_mode[i].iter().map(|m| m.secs).collect::<Vec<_>>();
+        for (i, (mode, m)) in Mode::ALL.iter().zip(&med).enumerate() {
+            let why = faster_than_none(*mode, &secs(i), &secs(0));
             let iops = ios as f64 / m.secs;
             let per = |x: u64| x as f64 / ios as f64;
             rows.push(ViommuRow {
@@ -209,15 +234,19 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
                 requests_per_io: per(m.requests),
                 notifications_per_io: per(m.notifications),
                 invalidations_per_io: per(m.invalidations),
+                valid: why.is_none(),
+                why,
             });
         }
     }
+    // An invalid row meets no target.
     let ssd = |m: &str| {
         rows.iter()
-            .find(|r| r.device.ends_with("ssd-80us") && r.mode == m)
-            .map_or(0.0, |r| r.iops)
+            .find(|r| r.device.ends_with("ssd-80us") && r.mode == m && r.valid)
+            .map_or(f64::NAN, |r| r.iops)
     };
     let (none, strict, lazy) = (ssd("none"), ssd("strict"), ssd("lazy"));
+    // Comparisons with NaN (an invalid or missing row) are false.
     let ssd_lazy_target_met = none > 0.0 && lazy >= 0.95 * none && lazy >= 1.2 * strict;
     let r = ViommuReport {
         lab: "viommu",
@@ -548,6 +577,9 @@ fn report(r: &ViommuReport, rounds: u64) -> Report {
             x.notifications_per_io.into(),
             x.invalidations_per_io.into(),
         ]);
+        if let Some(why) = &x.why {
+            t.mark_invalid(format!("{}/{}", x.device, x.mode), why.clone());
+        }
     }
     let mut rep = Report::new(
         "lab viommu",
@@ -577,4 +609,65 @@ fn report(r: &ViommuReport, rounds: u64) -> Report {
         ANCHOR[0].1, ANCHOR[1].1, ANCHOR[2].1
     ));
     rep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(mode: &'static str, why: Option<String>) -> ViommuRow {
+        ViommuRow {
+            device: "virtio-blk/ssd-80us".into(),
+            mode,
+            iops: 1.0,
+            pct_of_none: 100.0,
+            driver_cpu_us_per_io: 1.0,
+            requests_per_io: 0.0,
+            notifications_per_io: 0.0,
+            invalidations_per_io: 0.0,
+            valid: why.is_none(),
+            why,
+        }
+    }
+
+    /// A mode faster than no IOMMU in every round is a measurement bug:
+    /// marked invalid in JSON and in the table; within the spread it
+    /// stands, and none itself is never judged.
+    #[test]
+    fn a_mode_faster_than_no_iommu_in_every_round_is_invalid() {
+        let why = faster_than_none(Mode::Lazy, &[0.8, 0.9], &[1.0, 1.1]);
+        assert!(
+            matches!(&why, Some(w) if w.starts_with("measurement invalid: lazy ran faster than no IOMMU")),
+            "{why:?}"
+        );
+        assert_eq!(
+            faster_than_none(Mode::Strict, &[0.9, 1.05], &[1.0, 1.1]),
+            None
+        );
+        assert_eq!(faster_than_none(Mode::None, &[1.0], &[1.0]), None);
+        let r = ViommuReport {
+            lab: "viommu",
+            quick: true,
+            ios: 1,
+            depth: 1,
+            latency_model: "",
+            anchor: Vec::new(),
+            measured: "",
+            load_avg_1m: 0.0,
+            ssd_lazy_target_met: false,
+            rows: vec![row("none", None), row("lazy", why)],
+        };
+        let rep = report(&r, 2);
+        let rows = rep.contract["rows"].as_array().unwrap();
+        assert_eq!(
+            (&rows[0]["valid"], &rows[1]["valid"]),
+            (&true.into(), &false.into())
+        );
+        assert!(rep.tables[0]
+            .invalid_why("virtio-blk/ssd-80us/lazy")
+            .is_some());
+        assert!(rep.tables[0]
+            .invalid_why("virtio-blk/ssd-80us/none")
+            .is_none());
+    }
 }
