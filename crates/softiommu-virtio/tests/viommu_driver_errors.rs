@@ -88,3 +88,61 @@ fn a_zero_length_map_is_bad_length_and_maps_nothing() {
     assert_eq!(dev.mappings(1).unwrap(), []);
     assert_eq!(d.stats().requests, 0);
 }
+
+/// A strict unmap whose UNMAP the device refuses returns the device's
+/// status and keeps the IOVA out of the allocator: the mapping stays, and
+/// the next map gets another address (after a good unmap, the freed one
+/// comes back).
+#[test]
+fn a_strict_unmap_the_device_refuses_keeps_its_iova() {
+    let r = rig();
+    let phys = r.ram(0);
+    let Rig { dev, drv, .. } = r;
+    let mut d = ViommuDma::new(drv, 1, &[EA], ViommuMode::Strict).unwrap();
+    let to = DmaDirection::ToDevice;
+    // Control: a freed IOVA is the next one handed out.
+    let a = d.map(phys, 0x1000, to).unwrap();
+    d.unmap(a).unwrap();
+    let b = d.map(phys, 0x1000, to).unwrap();
+    assert_eq!(b.iova, a.iova);
+    dev.inject_unmap_failure(0);
+    assert_eq!(
+        d.unmap(b).unwrap_err(),
+        ViommuDmaError::Refused {
+            op: "UNMAP",
+            status: Some(softiommu_virtio::viommu::Status::DevErr)
+        }
+    );
+    assert_eq!(dev.mappings(1).unwrap().len(), 1);
+    let c = d.map(phys, 0x1000, to).unwrap();
+    assert_ne!(c.iova, b.iova, "the refused UNMAP's IOVA is never reused");
+}
+
+/// The same in lazy mode: the refused UNMAP is learnt at the flush,
+/// reported as its error, and its IOVA is never freed.
+#[test]
+fn a_lazy_unmap_the_device_refuses_is_reported_at_the_flush_and_keeps_its_iova() {
+    let r = rig();
+    let phys = r.ram(0);
+    let Rig { dev, drv, .. } = r;
+    let mode = ViommuMode::Lazy { flush_queue: 64 };
+    let mut d = ViommuDma::new(drv, 1, &[EA], mode).unwrap();
+    let to = DmaDirection::ToDevice;
+    let a = d.map(phys, 0x1000, to).unwrap();
+    d.unmap(a).unwrap();
+    d.flush().unwrap();
+    let b = d.map(phys, 0x1000, to).unwrap();
+    assert_eq!(b.iova, a.iova, "control: a flushed IOVA comes back");
+    dev.inject_unmap_failure(0);
+    d.unmap(b).unwrap();
+    assert_eq!(
+        d.flush().unwrap_err(),
+        ViommuDmaError::Refused {
+            op: "UNMAP",
+            status: Some(softiommu_virtio::viommu::Status::DevErr)
+        }
+    );
+    assert_eq!(dev.mappings(1).unwrap().len(), 1);
+    let c = d.map(phys, 0x1000, to).unwrap();
+    assert_ne!(c.iova, b.iova, "the refused UNMAP's IOVA is never reused");
+}

@@ -498,3 +498,44 @@ fn dropping_the_device_detaches_its_endpoints_before_freeing_tables() {
         Err(TranslateError::NoContext { .. })
     ));
 }
+
+/// §5.13.6.4.2: a failing UNMAP SHOULD NOT remove any mapping. The table
+/// refusing the k-th of three whole mappings (fault injection) fails the
+/// request `DEVERR`, and the mappings it had removed before are back:
+/// every one listed and reachable at its address, whichever k failed.
+#[test]
+fn an_unmap_the_table_refuses_midway_removes_no_mapping() {
+    let mut r = rig();
+    let phys = r.ram(5);
+    r.attach_ok(1, EA);
+    let maps = [
+        (0x0, 0x4fff, phys),
+        (0x5000, 0x9fff, phys + 0x5000),
+        (0x10000, 0x14fff, phys + 0x10000),
+    ];
+    for (a, b, p) in maps {
+        r.map_ok(1, a, b, p);
+    }
+    let all: Vec<(u64, u64)> = maps.iter().map(|m| (m.0, m.1)).collect();
+    for k in 0..3 {
+        r.dev.inject_unmap_failure(k);
+        let st = r.drv.unmap(1, 0x0, 0x1ffff).unwrap();
+        assert!(matches!(st, Some(Status::DevErr)), "victim {k}: {st:?}");
+        assert_eq!(r.ranges(1), all, "victim {k}");
+        for (a, b, p) in maps {
+            for iova in [a, b & !0xfff] {
+                let got = r.reach(A, iova, Access::Write).expect("still mapped");
+                assert_eq!(got.as_slice()[0].phys, p + (iova - a), "victim {k}");
+            }
+        }
+    }
+    let st = r.dev.stats();
+    assert_eq!((st.unmaps_rolled_back, st.mappings_lost), (3, 0));
+    // Disarmed: the same UNMAP now removes them all.
+    assert_eq!(r.drv.unmap(1, 0x0, 0x1ffff).unwrap(), Some(Status::Ok));
+    assert_eq!(r.ranges(1), []);
+    assert!(matches!(
+        r.reach(A, 0x5000, Access::Read),
+        Err(TranslateError::NotPresent { .. })
+    ));
+}

@@ -115,6 +115,15 @@ impl ViommuDevice {
         lock(&self.shared.state).attached(endpoint)
     }
 
+    /// Fault injection: the `nth` page-table unmap the device does from
+    /// now (0: the next) fails as a table that broke its contract would,
+    /// and its UNMAP request with it (`DEVERR`). An UNMAP is all or
+    /// nothing, so the mappings it had removed before are installed
+    /// again.
+    pub fn inject_unmap_failure(&self, nth: u32) {
+        lock(&self.shared.state).inject_unmap_failure(nth);
+    }
+
     /// Stops the thread (the endpoints keep their contexts).
     pub fn stop(mut self) {
         self.halt();

@@ -10,6 +10,7 @@ use softiommu::mem::PhysMemory;
 use softiommu::pgtable::{IoPageTable, IotlbGather, Perm, PgtableError, VtdConfig, VtdPageTable};
 
 use super::status::Status;
+use crate::spec::iommu as s;
 
 /// One MAP's mapping: `[start, end]` (inclusive) to `phys`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +128,26 @@ impl Domain {
         self.maps.remove(&m.start);
         Ok(())
     }
+
+    /// Installs `m` again after [`unmap`](Self::unmap) removed it (an
+    /// UNMAP that failed midway undoing itself): the same range, address
+    /// and access, so the same leaves. Fails (nothing mapped) only when
+    /// the table needs a page the reserve cannot give.
+    pub(crate) fn reinstall(&mut self, m: &MappingRecord) -> Result<(), Status> {
+        self.map(*m, perm_of(m.flags))
+    }
+}
+
+/// The access a MAP's `flags` grant (`MMIO` changes none).
+pub(crate) fn perm_of(flags: u32) -> Perm {
+    let mut perm = Perm::NONE;
+    if flags & s::MAP_F_READ != 0 {
+        perm = perm | Perm::READ;
+    }
+    if flags & s::MAP_F_WRITE != 0 {
+        perm = perm | Perm::WRITE;
+    }
+    perm
 }
 
 /// The status a table error becomes: out of frames is `NOMEM`, anything

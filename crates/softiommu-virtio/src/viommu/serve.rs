@@ -289,7 +289,7 @@ impl Server {
                 end,
                 reserved_set,
             } => {
-                let st = state.unmap(domain, start, end, reserved_set);
+                let st = state.unmap(domain, start, end, reserved_set, c);
                 if st == Status::Ok {
                     bump(&c.unmaps, 1);
                 }

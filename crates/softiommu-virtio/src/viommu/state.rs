@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use softiommu::hw::{ContextEntry, SourceId, System, Unit, UnitId};
 use softiommu::mem::PhysMemory;
-use softiommu::pgtable::Perm;
 
 use super::config::{ViommuConfig, GRANULE, INPUT_END};
-use super::domain::{Domain, MappingRecord};
+use super::domain::{perm_of, Domain, MappingRecord};
 use super::pending::Pending;
+use super::stats::{bump, Counters};
 use super::status::Status;
 use crate::spec::iommu as s;
 
@@ -67,6 +67,29 @@ pub(crate) struct State {
     /// The mappings one UNMAP removes (kept: no allocation per UNMAP once
     /// it has grown).
     victims: Vec<MappingRecord>,
+    /// Fault injection: a table unmap to fail.
+    unmap_failpoint: Failpoint,
+}
+
+/// Counts down to one injected failure (`None`: disarmed).
+#[derive(Debug, Default)]
+struct Failpoint(Option<u32>);
+
+impl Failpoint {
+    /// Whether this call is the one to fail (then disarmed).
+    fn fire(&mut self) -> bool {
+        match self.0 {
+            Some(0) => {
+                self.0 = None;
+                true
+            }
+            Some(n) => {
+                self.0 = Some(n - 1);
+                false
+            }
+            None => false,
+        }
+    }
 }
 
 impl State {
@@ -102,6 +125,7 @@ impl State {
             pending: Pending::default(),
             broken: false,
             victims: Vec::new(),
+            unmap_failpoint: Failpoint::default(),
         };
         for &(sid, _) in st.endpoints.values() {
             st.set_unattached(sid)?;
@@ -408,13 +432,7 @@ impl State {
         if !self.in_range(domain) {
             return Status::Range;
         }
-        let mut perm = Perm::NONE;
-        if flags & s::MAP_F_READ != 0 {
-            perm = perm | Perm::READ;
-        }
-        if flags & s::MAP_F_WRITE != 0 {
-            perm = perm | Perm::WRITE;
-        }
+        let perm = perm_of(flags);
         // Deliberate, beyond §5.13.6.3 (which has no such rule; QEMU
         // answers OK): a MAP granting no access is refused INVAL, as the
         // device's specification asks, rather than recorded as a mapping
@@ -467,6 +485,7 @@ impl State {
         start: u64,
         end: u64,
         reserved_set: bool,
+        c: &Counters,
     ) -> Status {
         if !self.in_range(domain) {
             return Status::Range;
@@ -483,14 +502,51 @@ impl State {
         if d.covered(start, end, &mut self.victims).is_err() {
             return Status::Range;
         }
+        // All or nothing (§5.13.6.4.2: a failing UNMAP SHOULD NOT remove
+        // any mapping): the victims are unmapped in order; if the table
+        // refuses one, those already removed are installed again exactly
+        // as their MAPs made them, so the request fails with every
+        // mapping in place.
+        let mut failed = None;
+        let mut removed = 0;
         for m in &self.victims {
-            if let Err(st) = d.unmap(m, &mut self.pending.gather) {
-                return st;
+            let r = if self.unmap_failpoint.fire() {
+                Err(Status::DevErr)
+            } else {
+                d.unmap(m, &mut self.pending.gather)
+            };
+            if let Err(st) = r {
+                failed = Some(st);
+                break;
             }
-            self.pending.add(d.did, m.start, m.end);
+            removed += 1;
         }
-        Status::Ok
+        for m in &self.victims[..removed] {
+            // Removed, or removed and installed again: either way its
+            // entries were cleared and its table pages (in the gather)
+            // unlinked, so the range is owed an invalidation before those
+            // pages are freed.
+            self.pending.add(d.did, m.start, m.end);
+            if failed.is_some() && d.reinstall(m).is_err() {
+                // Out of table pages: the mapping stays removed (record
+                // and table agree, and its range is invalidated) — fewer
+                // mappings reachable, never more.
+                bump(&c.mappings_lost, 1);
+            }
+        }
+        if failed.is_some() {
+            bump(&c.unmaps_rolled_back, 1);
+        }
+        failed.unwrap_or(Status::Ok)
     }
+
+    /// Makes the `nth` table unmap from now (0: the next) fail as a
+    /// table that broke its contract would: fault injection for the
+    /// all-or-nothing UNMAP.
+    pub(crate) fn inject_unmap_failure(&mut self, nth: u32) {
+        self.unmap_failpoint = Failpoint(Some(nth));
+    }
+
 
     /// Whether PROBE may describe `endpoint`.
     pub(crate) fn probe_ok(&self, endpoint: u32) -> Status {

@@ -27,6 +27,13 @@ pub struct ViommuStats {
     /// Rounds whose invalidation the unit's queue refused (their UNMAPs
     /// completed `DEVERR`).
     pub invalidation_errors: u64,
+    /// UNMAPs the table refused midway, undone: the mappings they had
+    /// removed installed again (the request failed with every mapping
+    /// in place).
+    pub unmaps_rolled_back: u64,
+    /// Mappings such an undo could not install again (out of table
+    /// pages): removed, their records with them, and invalidated.
+    pub mappings_lost: u64,
     /// Faults written to the event queue.
     pub events: u64,
     /// Faults of managed endpoints not reported: the event queue had no
@@ -54,6 +61,8 @@ pub(crate) struct Counters {
     pub(crate) invalidations: AtomicU64,
     pub(crate) invalidation_waits: AtomicU64,
     pub(crate) invalidation_errors: AtomicU64,
+    pub(crate) unmaps_rolled_back: AtomicU64,
+    pub(crate) mappings_lost: AtomicU64,
     pub(crate) events: AtomicU64,
     pub(crate) events_dropped: AtomicU64,
     pub(crate) event_buffers_refused: AtomicU64,
@@ -79,6 +88,8 @@ impl Counters {
             invalidations: l(&self.invalidations),
             invalidation_waits: l(&self.invalidation_waits),
             invalidation_errors: l(&self.invalidation_errors),
+            unmaps_rolled_back: l(&self.unmaps_rolled_back),
+            mappings_lost: l(&self.mappings_lost),
             events: l(&self.events),
             events_dropped: l(&self.events_dropped),
             event_buffers_refused: l(&self.event_buffers_refused),
