@@ -176,6 +176,23 @@ pub enum QiError {
         /// The index asked for.
         prgi: u16,
     },
+    /// A bounded wait ([`InvBatch::wait_timeout`](super::InvBatch::wait_timeout),
+    /// [`Unit::attach_bounded`](super::Unit::attach_bounded)) gave up: the
+    /// wait had not completed after `timeout` (its drain found a
+    /// translation section still open: a device parked or hostile inside
+    /// one). The descriptors stay queued and complete later; nothing
+    /// about them is promised until then.
+    #[error("the invalidation's wait did not complete within {timeout:?}")]
+    InvalidationTimeout {
+        /// The bound that passed.
+        timeout: std::time::Duration,
+    },
+    /// A bounded wait gave up before its bound because its caller asked
+    /// it to (its `give_up` returned `true`: the caller is stopping).
+    /// Promises what [`InvalidationTimeout`](Self::InvalidationTimeout)
+    /// does: nothing.
+    #[error("the invalidation's wait was abandoned")]
+    WaitAbandoned,
     /// Physical memory refused a descriptor write.
     #[error(transparent)]
     Mem(#[from] MemError),

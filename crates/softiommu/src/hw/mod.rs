@@ -101,6 +101,8 @@
 //! invalidation, interrupt remapping, and PASIDs (page requests carry none;
 //! one with a PASID is answered `Invalid` by the `iopf` handler).
 
+#[cfg(all(test, not(loom)))]
+mod bounded_tests;
 mod clock;
 mod context;
 mod descriptor;

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 use super::descriptor::covering_mask;
 use super::error::QiError;
 use super::latency::spin_ns;
+use super::submit::Limit;
 use super::unit::{Counters, Shared, Unit};
 use crate::sync::lock_std as lock;
 use crate::sync::Backoff;
@@ -148,6 +149,34 @@ impl Shared {
             }
             None => self.iotlb.invalidate_domain(did),
         }
+    }
+
+    /// [`drain_direct`](Self::drain_direct) within `limit`: fails with
+    /// the limit's error, the drain not complete (sections that began
+    /// before it may still be open), when the limit does.
+    pub(crate) fn drain_direct_bounded(&self, limit: &mut Limit<'_>) -> Result<(), QiError> {
+        let t0 = Instant::now();
+        let mut pending = self.slots.drain_start(self.barrier);
+        let waited = pending.len() as u64;
+        let mut backoff = Backoff::default();
+        while !self.slots.drain_poll(&mut pending) {
+            limit.check()?;
+            if backoff.is_spinning() {
+                backoff.snooze();
+            } else {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        let c = &self.counters;
+        Counters::add(&c.drains, 1);
+        Counters::add(&c.drain_waited, waited);
+        Counters::add(
+            &c.drain_ns,
+            u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
+        Counters::add(&c.modelled_ns, spin_ns(self.latency.wait_completion_ns()));
+        Counters::add(&c.bypass_revocations, 1);
+        Ok(())
     }
 
     /// Drains every translation in flight on the calling thread, without

@@ -24,7 +24,7 @@
 #![deny(clippy::indexing_slicing)]
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::descriptor::{covering_mask, InvDescriptor};
 use super::error::QiError;
@@ -99,6 +99,76 @@ impl InvBatch<'_> {
             Some(t) => self.unit.wait_ticket(t),
             None => Ok(()),
         }
+    }
+
+    /// As [`wait`](Self::wait), but gives up after `timeout` — counted
+    /// from the call, queueing included (a full ring behind a stalled
+    /// wait is waited for within the same bound) — with
+    /// [`QiError::InvalidationTimeout`]. A wait stalls only on its drain:
+    /// a translation section that began before it and is still open (a
+    /// device parked or hostile inside one). On a timeout the descriptors
+    /// may be queued, or queued in part, and complete later; nothing
+    /// about them is promised: the caller must act as if they never
+    /// ran (keep what they were to make unreachable out of every
+    /// device's reach by other means, and never free it).
+    pub fn wait_timeout(self, timeout: Duration) -> Result<(), QiError> {
+        self.wait_bounded(timeout, || false)
+    }
+
+    /// As [`wait_timeout`](Self::wait_timeout), and gives up early, with
+    /// [`QiError::WaitAbandoned`], once `give_up` returns `true` (a
+    /// stopping caller's flag). `give_up` is called about every
+    /// millisecond while the wait is blocked, with a lock of the unit
+    /// held: it must be cheap and must not call into the unit.
+    pub fn wait_bounded(
+        self,
+        timeout: Duration,
+        mut give_up: impl FnMut() -> bool,
+    ) -> Result<(), QiError> {
+        let mut limit = Limit::new(timeout, &mut give_up);
+        let ticket = with_encoded(&self.descs, |raw| {
+            self.unit.enqueue_then(raw, true, || {}, Some(&mut limit))
+        })?;
+        match ticket {
+            Some(t) => self.unit.wait_ticket_until(t, Some(&mut limit)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// How long a bounded wait sleeps between looks at its deadline and its
+/// caller's `give_up`.
+const BOUNDED_SLICE: Duration = Duration::from_millis(1);
+
+/// The bound of a bounded wait: a deadline, and the caller's wish to stop.
+pub(crate) struct Limit<'a> {
+    deadline: Option<Instant>,
+    timeout: Duration,
+    give_up: &'a mut dyn FnMut() -> bool,
+}
+
+impl<'a> Limit<'a> {
+    /// `timeout` from now (a timeout too large for the clock never
+    /// passes; `give_up` is still heard).
+    pub(crate) fn new(timeout: Duration, give_up: &'a mut dyn FnMut() -> bool) -> Self {
+        Self {
+            deadline: Instant::now().checked_add(timeout),
+            timeout,
+            give_up,
+        }
+    }
+
+    /// Fails if the caller gave up or the deadline passed.
+    pub(crate) fn check(&mut self) -> Result<(), QiError> {
+        if (self.give_up)() {
+            return Err(QiError::WaitAbandoned);
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(QiError::InvalidationTimeout {
+                timeout: self.timeout,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -188,7 +258,7 @@ impl Unit {
     /// [`Unit::invalidate_domain`]).
     pub fn invalidate_all(&self) -> Result<(), QiError> {
         let raw = [InvDescriptor::iotlb_global().encode()];
-        self.enqueue_then(&raw, false, || self.shared.iotlb.invalidate_global())
+        self.enqueue_then(&raw, false, || self.shared.iotlb.invalidate_global(), None)
             .map(|_| ())
     }
 
@@ -207,7 +277,7 @@ impl Unit {
     /// at the next wait), so completion means what it always did.
     pub fn invalidate_domain(&self, did: u16) -> Result<(), QiError> {
         let raw = [InvDescriptor::iotlb_domain(did).encode()];
-        self.enqueue_then(&raw, false, || self.drop_cached(did))
+        self.enqueue_then(&raw, false, || self.drop_cached(did), None)
             .map(|_| ())
     }
 
@@ -351,17 +421,21 @@ impl Unit {
     /// Writes `raw` (and, if `wait`, a ticketed wait) at the tail and rings
     /// the doorbell; returns the ticket.
     pub(crate) fn enqueue(&self, raw: &[[u64; 2]], wait: bool) -> Result<Option<u32>, QiError> {
-        self.enqueue_then(raw, wait, || {})
+        self.enqueue_then(raw, wait, || {}, None)
     }
 
     /// [`Unit::enqueue`], running `queued` once the descriptors are in the
     /// ring and the doorbell rung, before the queue is processed (which in
-    /// inline mode may wait for another submitter's pass).
-    fn enqueue_then(
+    /// inline mode may wait for another submitter's pass). With a
+    /// `limit`, a full ring is waited for only within it (then the
+    /// descriptors written so far stay queued, and the error is
+    /// returned).
+    pub(crate) fn enqueue_then(
         &self,
         raw: &[[u64; 2]],
         wait: bool,
         queued: impl FnOnce(),
+        mut limit: Option<&mut Limit<'_>>,
     ) -> Result<Option<u32>, QiError> {
         let sh = &*self.shared;
         sh.check_caller()?;
@@ -384,7 +458,7 @@ impl Unit {
                 }
                 while sh.queue.free(tail) == 0 {
                     self.ring(tail)?;
-                    self.make_room(tail)?;
+                    self.make_room(tail, limit.as_deref_mut())?;
                 }
                 let t = if i == raw.len() { ticket } else { None };
                 sh.queue.write(tail, *d, t)?;
@@ -406,8 +480,9 @@ impl Unit {
         })
     }
 
-    /// Waits (holding the submission lock) until the ring has a free slot.
-    fn make_room(&self, cursor: u32) -> Result<(), QiError> {
+    /// Waits (holding the submission lock) until the ring has a free slot,
+    /// or, with a `limit`, until it fails.
+    fn make_room(&self, cursor: u32, limit: Option<&mut Limit<'_>>) -> Result<(), QiError> {
         let sh = &*self.shared;
         match sh.config.queue_mode {
             QueueMode::Inline => {
@@ -418,17 +493,33 @@ impl Unit {
                 if stalled {
                     // The head waits on a drain: give the translations it
                     // waits for a moment before the caller looks again.
-                    std::thread::yield_now();
+                    match limit {
+                        None => std::thread::yield_now(),
+                        Some(l) => {
+                            l.check()?;
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                    }
                 }
             }
             QueueMode::Thread => {
                 let mut g = lock(&sh.signal);
                 sh.doorbell.notify_one();
+                let mut limit = limit;
                 while sh.queue.free(cursor) == 0
                     && !sh.queue.stopped()
                     && !sh.shutdown.load(Ordering::Acquire)
                 {
-                    g = sh.done.wait(g).unwrap_or_else(|e| e.into_inner());
+                    g = match limit.as_deref_mut() {
+                        None => sh.done.wait(g).unwrap_or_else(|e| e.into_inner()),
+                        Some(l) => {
+                            l.check()?;
+                            sh.done
+                                .wait_timeout(g, BOUNDED_SLICE)
+                                .unwrap_or_else(|e| e.into_inner())
+                                .0
+                        }
+                    };
                 }
             }
         }
@@ -457,7 +548,7 @@ impl Unit {
     /// (`dma::inflight`).
     pub(crate) fn queue_domain_flush(&self, did: u16) -> Result<u32, QiError> {
         let raw = [InvDescriptor::iotlb_domain(did).encode()];
-        self.enqueue_then(&raw, true, || self.drop_cached(did))?
+        self.enqueue_then(&raw, true, || self.drop_cached(did), None)?
             .ok_or(QiError::ShutDown)
     }
 
@@ -489,6 +580,18 @@ impl Unit {
 
     /// Returns when ticket `t`'s wait has completed, or fails.
     pub(crate) fn wait_ticket(&self, t: u32) -> Result<(), QiError> {
+        self.wait_ticket_until(t, None)
+    }
+
+    /// [`wait_ticket`](Self::wait_ticket), which with a `limit` also fails
+    /// when the limit does (looked at about every [`BOUNDED_SLICE`]). The
+    /// ticket's outcome is read as the unbounded wait reads it (no new
+    /// ordering: the bound only ends the looking early).
+    pub(crate) fn wait_ticket_until(
+        &self,
+        t: u32,
+        mut limit: Option<&mut Limit<'_>>,
+    ) -> Result<(), QiError> {
         let sh = &*self.shared;
         let mut backoff = Backoff::default();
         let mut g = lock(&sh.signal);
@@ -496,7 +599,16 @@ impl Unit {
             if sh.ticket_outcome(t)? {
                 return Ok(());
             }
+            if let Some(l) = limit.as_deref_mut() {
+                l.check()?;
+            }
             g = match sh.config.queue_mode {
+                QueueMode::Thread if limit.is_some() => {
+                    sh.done
+                        .wait_timeout(g, BOUNDED_SLICE)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
                 QueueMode::Thread => sh.done.wait(g).unwrap_or_else(|e| e.into_inner()),
                 QueueMode::Inline => {
                     // Our own doorbell processed the queue up to our wait,

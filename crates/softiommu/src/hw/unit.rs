@@ -19,6 +19,8 @@ use super::fault::FaultLog;
 use super::inv_queue::{InvQueue, QueueFault, MAX_QUEUE_ORDER};
 use super::iotlb::{Iotlb, IotlbConfig};
 use super::latency::{LatencyModel, LiveLatency};
+use super::submit::Limit;
+use std::time::Duration;
 use crate::mem::{PhysAddr, PhysMemory, PAGE_SIZE};
 use crate::sync::barrier::{Barrier, DrainBarrier};
 
@@ -480,14 +482,53 @@ impl Unit {
     /// the crate's queue-less revocation does — and the call succeeds: a
     /// context change is never left in force without its drain.
     pub fn attach(&self, sid: SourceId, ctx: ContextEntry) -> Result<(), HwError> {
-        self.replace_context(sid, Some(ctx), true)
+        self.replace_context(sid, Some(ctx), true, None)
     }
 
     /// Removes `sid`'s context (its requests fault as having none), and
     /// waits as [`attach`](Self::attach) does; fails, and changes nothing,
     /// as `attach` does.
     pub fn detach(&self, sid: SourceId) -> Result<(), HwError> {
-        self.replace_context(sid, None, true)
+        self.replace_context(sid, None, true, None)
+    }
+
+    /// As [`attach`](Self::attach), but waits at most `timeout` for the
+    /// drain, and gives up early once `give_up` returns `true` (see
+    /// [`InvBatch::wait_bounded`](super::InvBatch::wait_bounded)): for a
+    /// caller that must never block on a device, such as a device model's
+    /// own thread.
+    ///
+    /// Fails, changing nothing, as `attach` does. Fails with
+    /// `Queue(InvalidationTimeout)` or `Queue(WaitAbandoned)` **after**
+    /// the write: `ctx` is in force (every translation that begins now
+    /// reads it), but one that began under the old context may still be
+    /// in flight and use it — a section still open (a device parked or
+    /// hostile inside one) is what stalls a drain. The caller must keep
+    /// whatever the old context reached alive (never free its tables) and
+    /// treat the change as not drained.
+    pub fn attach_bounded(
+        &self,
+        sid: SourceId,
+        ctx: ContextEntry,
+        timeout: Duration,
+        mut give_up: impl FnMut() -> bool,
+    ) -> Result<(), HwError> {
+        let mut limit = Limit::new(timeout, &mut give_up);
+        self.replace_context(sid, Some(ctx), true, Some(&mut limit))
+    }
+
+    /// [`detach`](Self::detach) bounded as
+    /// [`attach_bounded`](Self::attach_bounded) is (on a timeout, `sid`
+    /// has no context: it faults, but a translation begun before may
+    /// still be in flight).
+    pub fn detach_bounded(
+        &self,
+        sid: SourceId,
+        timeout: Duration,
+        mut give_up: impl FnMut() -> bool,
+    ) -> Result<(), HwError> {
+        let mut limit = Limit::new(timeout, &mut give_up);
+        self.replace_context(sid, None, true, Some(&mut limit))
     }
 
     /// Changes `sid`'s context as [`attach`](Self::attach) does, but goes
@@ -500,7 +541,7 @@ impl Unit {
         sid: SourceId,
         ctx: Option<ContextEntry>,
     ) -> Result<(), HwError> {
-        self.replace_context(sid, ctx, false)
+        self.replace_context(sid, ctx, false, None)
     }
 
     /// Fails if the queue could not carry an invalidation now: stopped
@@ -516,6 +557,7 @@ impl Unit {
         sid: SourceId,
         ctx: Option<ContextEntry>,
         refuse_stopped: bool,
+        mut limit: Option<&mut Limit<'_>>,
     ) -> Result<(), HwError> {
         // Everything that can refuse is checked before the write.
         self.shared.check_caller()?;
@@ -533,14 +575,25 @@ impl Unit {
             source: sid,
             function_mask: 0,
         });
-        let mut batch = self.batch();
-        batch.push(cc);
-        if batch.wait().is_err() {
+        let raw = [cc.encode()];
+        let waited = self
+            .enqueue_then(&raw, true, || {}, limit.as_deref_mut())
+            .and_then(|t| match t {
+                Some(t) => self.wait_ticket_until(t, limit.as_deref_mut()),
+                None => Ok(()),
+            });
+        match (waited, limit) {
+            (Ok(()), _) => {}
+            // A bounded caller's limit: the drain is not known complete.
+            (Err(e @ (QiError::InvalidationTimeout { .. } | QiError::WaitAbandoned)), _) => {
+                return Err(e.into())
+            }
             // The queue stopped (or shut down) since the check: contexts
             // are read afresh by every translation, so what the
             // invalidation's wait would have done is the drain; do it here.
             // The caller holds no section (checked above), so it ends.
-            self.shared.drain_direct();
+            (Err(_), None) => self.shared.drain_direct(),
+            (Err(_), Some(l)) => self.shared.drain_direct_bounded(l)?,
         }
         Ok(())
     }
