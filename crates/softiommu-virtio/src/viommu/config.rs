@@ -57,6 +57,14 @@ pub struct ViommuConfig {
     /// `poll-us`): a driver waiting on each request then pays no thread
     /// wake-up. Zero: sleep at once.
     pub poll: Duration,
+    /// The longest the device waits for one of the unit's invalidations
+    /// (an UNMAP round's, or an ATTACH's or DETACH's context change): a
+    /// wait stalls only while a translation section stays open (an
+    /// endpoint parked or hostile inside one). Past it the device answers
+    /// `DEVERR`, blocks the endpoints the invalidation was for and asks
+    /// for a reset. Keep it below the driver's own wait, so the driver
+    /// learns the status rather than its own timeout.
+    pub invalidation_timeout: Duration,
     /// Transport policy. The device's own rings and requests are in guest
     /// RAM, reached directly (the device is not behind an IOMMU), so
     /// `VIRTIO_F_ACCESS_PLATFORM` is not required by default.
@@ -78,6 +86,7 @@ impl Default for ViommuConfig {
             fault_batch: 64,
             idle_wait: Duration::from_millis(1),
             poll: Duration::from_micros(50),
+            invalidation_timeout: Duration::from_millis(500),
             transport: TransportConfig {
                 require_access_platform: false,
             },
@@ -147,6 +156,9 @@ impl ViommuConfig {
         }
         if self.batch == 0 {
             return bad("batch", 0);
+        }
+        if self.invalidation_timeout.is_zero() {
+            return bad("invalidation_timeout", 0);
         }
         if self.fault_batch == 0 {
             return bad("fault_batch", 0);

@@ -22,7 +22,8 @@ use crate::transport::{DeviceEnd, DeviceInfo, MmioTransport};
 struct Shared {
     state: Mutex<State>,
     counters: Counters,
-    stop: AtomicBool,
+    /// Set to stop the thread; also heard by the state's bounded waits.
+    stop: Arc<AtomicBool>,
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -58,14 +59,15 @@ impl ViommuDevice {
         // §5.13.4.1: the driver may write `bypass`, 0 or 1; bits 1-7 are
         // masked off, so the device never presents another value.
         transport.allow_config_writes(s::CFG_BYPASS as u64, vec![0x01]);
-        let state = State::new(system.clone(), unit, &cfg)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let state = State::new(system.clone(), unit, &cfg, stop.clone())?;
         // From here on, not from whenever the thread first runs: a fault
         // in between is reported.
         let reporter = Reporter::new(state.unit());
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             counters: Counters::default(),
-            stop: AtomicBool::new(false),
+            stop,
         });
         // §2.4 and §5.13.5: once the driver reads status 0, no endpoint
         // is attached — the reset is done in the status write itself.

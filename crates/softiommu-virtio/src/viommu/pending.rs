@@ -2,6 +2,8 @@
 //! unit, coalesced — one span per domain id, however many UNMAPs the
 //! round held — and the table pages to free once they have completed.
 
+use std::time::Duration;
+
 use softiommu::hw::{QiError, Unit};
 use softiommu::pgtable::IotlbGather;
 
@@ -36,11 +38,18 @@ impl Pending {
 
     /// Invalidates every span (one descriptor per domain: page-selective
     /// with a covering mask, or domain-selective if none fits) and waits
-    /// for the wait descriptor behind them; then frees the gathered pages.
-    /// Returns the descriptors submitted. On a queue error the pages are
+    /// for the wait descriptor behind them — at most `timeout`, and not
+    /// once `give_up` says so — then frees the gathered pages.
+    /// Returns the descriptors submitted. On a queue error, a timeout or
+    /// giving up, the pages are
     /// kept (leaked, never freed early), the domain ids are left in
     /// [`failed`](Self::failed) and the error returned.
-    pub(crate) fn flush(&mut self, unit: &Unit) -> Result<u64, QiError> {
+    pub(crate) fn flush(
+        &mut self,
+        unit: &Unit,
+        timeout: Duration,
+        give_up: impl FnMut() -> bool,
+    ) -> Result<u64, QiError> {
         if self.spans.is_empty() {
             return Ok(0);
         }
@@ -54,7 +63,7 @@ impl Pending {
         self.failed.clear();
         self.failed.extend(self.spans.iter().map(|s| s.0));
         self.spans.clear();
-        match batch.wait() {
+        match batch.wait_bounded(timeout, give_up) {
             Ok(()) => {
                 self.failed.clear();
                 let _ = self.gather.complete();

@@ -128,12 +128,13 @@ impl Server {
                 end.report(e);
             }
         }
-        if !invalidated {
+        if let Some(b) = state.take_broke() {
             // After the round's chains are used: the driver learns each
-            // UNMAP's DEVERR, then that the device needs a reset.
-            end.report(DeviceError::BackendFailed {
-                what: "an UNMAP's IOTLB invalidation did not complete",
-            });
+            // request's DEVERR, then that the device needs a reset.
+            if b.timed_out {
+                bump(&c.invalidation_timeouts, 1);
+            }
+            end.report(DeviceError::BackendFailed { what: b.what });
         }
         true
     }

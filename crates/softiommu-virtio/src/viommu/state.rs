@@ -4,9 +4,11 @@
 //! leaves the state — records, tables, contexts — as it was.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use softiommu::hw::{ContextEntry, SourceId, System, Unit, UnitId};
+use softiommu::hw::{ContextEntry, HwError, QiError, SourceId, System, Unit, UnitId};
 use softiommu::mem::PhysMemory;
 
 use super::config::{ViommuConfig, GRANULE, INPUT_END};
@@ -64,11 +66,36 @@ pub(crate) struct State {
     /// that could reach the ranges are blocked, and every request is
     /// refused until a reset.
     broken: bool,
+    /// Why the device broke, not yet reported ([`take_broke`](Self::take_broke)).
+    broke: Option<Broke>,
+    /// The longest wait for one of the unit's invalidations.
+    timeout: Duration,
+    /// The device's stop flag: a bounded wait gives up when it is set.
+    stop: Arc<AtomicBool>,
     /// The mappings one UNMAP removes (kept: no allocation per UNMAP once
     /// it has grown).
     victims: Vec<MappingRecord>,
     /// Fault injection: a table unmap to fail.
     unmap_failpoint: Failpoint,
+}
+
+/// Why the device broke: what it reports with `DEVICE_NEEDS_RESET`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Broke {
+    /// The reason, for `DeviceError::BackendFailed`.
+    pub(crate) what: &'static str,
+    /// Whether a wait ran out of time (or was abandoned) rather than the
+    /// queue refusing.
+    pub(crate) timed_out: bool,
+}
+
+/// Whether a unit error is a bounded wait that ended without the drain:
+/// the change was made but is not known drained.
+fn undrained(e: &HwError) -> bool {
+    matches!(
+        e,
+        HwError::Queue(QiError::InvalidationTimeout { .. } | QiError::WaitAbandoned)
+    )
 }
 
 /// Counts down to one injected failure (`None`: disarmed).
@@ -99,6 +126,7 @@ impl State {
         system: Arc<System>,
         unit: UnitId,
         cfg: &ViommuConfig,
+        stop: Arc<AtomicBool>,
     ) -> Result<Self, softiommu::hw::HwError> {
         let mut resv = vec![(s::MSI_START, s::MSI_END, s::RESV_MEM_T_MSI)];
         resv.extend(
@@ -124,6 +152,9 @@ impl State {
             bypass_pending: false,
             pending: Pending::default(),
             broken: false,
+            broke: None,
+            timeout: cfg.invalidation_timeout,
+            stop,
             victims: Vec::new(),
             unmap_failpoint: Failpoint::default(),
         };
@@ -158,9 +189,18 @@ impl State {
             .system
             .unit(self.unit)
             .expect("the device's unit exists for the system's life");
-        let r = self.pending.flush(unit);
-        if r.is_err() {
-            self.broken = true;
+        let stop = self.stop.clone();
+        let r = self
+            .pending
+            .flush(unit, self.timeout, || stop.load(Ordering::Acquire));
+        if let Err(e) = &r {
+            self.mark_broken(Broke {
+                what: "an UNMAP's IOTLB invalidation did not complete",
+                timed_out: matches!(
+                    e,
+                    QiError::InvalidationTimeout { .. } | QiError::WaitAbandoned
+                ),
+            });
             for &(sid, dom) in self.endpoints.values() {
                 let did = dom.and_then(|d| self.domains.get(&d)).map(|d| d.did);
                 if did.is_some_and(|did| self.pending.failed.contains(&did)) {
@@ -171,6 +211,20 @@ impl State {
             }
         }
         r
+    }
+
+    /// The device is broken until a reset: every request `DEVERR`.
+    fn mark_broken(&mut self, why: Broke) {
+        if !self.broken {
+            self.broke = Some(why);
+        }
+        self.broken = true;
+    }
+
+    /// Why the device broke since the last call, if it did: to report
+    /// once (`DEVICE_NEEDS_RESET`).
+    pub(crate) fn take_broke(&mut self) -> Option<Broke> {
+        self.broke.take()
     }
 
     /// Whether an invalidation failed since the last reset (every request
@@ -207,13 +261,48 @@ impl State {
     }
 
     /// The context of an endpoint attached to no domain (§5.13.6: bypass
-    /// mode is identity; otherwise no access reaches guest memory).
-    fn set_unattached(&self, sid: SourceId) -> Result<(), softiommu::hw::HwError> {
+    /// mode is identity; otherwise no access reaches guest memory),
+    /// drained within the device's bound ([`undrained`] errors: written,
+    /// not known drained).
+    fn set_unattached(&self, sid: SourceId) -> Result<(), HwError> {
+        let stop = &*self.stop;
+        let give_up = || stop.load(Ordering::Acquire);
         if self.bypass {
-            self.unit().attach(sid, ContextEntry::PassThrough)
+            self.unit()
+                .attach_bounded(sid, ContextEntry::PassThrough, self.timeout, give_up)
         } else {
-            self.unit().detach(sid)
+            self.unit().detach_bounded(sid, self.timeout, give_up)
         }
+    }
+
+    /// Gives every endpoint `ctx(sid)` (its unattached context, or none):
+    /// each drained within the bound while the unit drains; once one
+    /// change is not drained in time (the queue is stalled, and every
+    /// later wait would stall behind it), the rest are written without a
+    /// wait. `Ok` only if every change was made and drained: then no
+    /// translation can reach a table the endpoints used before.
+    fn set_all(&self, blocked: bool) -> Result<(), HwError> {
+        let mut first = Ok(());
+        let mut stalled = false;
+        for &(sid, _) in self.endpoints.values() {
+            let r = if stalled {
+                let ctx = (!blocked && self.bypass).then_some(ContextEntry::PassThrough);
+                // No wait: refused only inside a section, which the
+                // device's threads never hold.
+                self.unit().set_context(sid, ctx).map(|_| ())
+            } else if blocked {
+                let stop = &*self.stop;
+                self.unit()
+                    .detach_bounded(sid, self.timeout, || stop.load(Ordering::Acquire))
+            } else {
+                self.set_unattached(sid)
+            };
+            if let Err(e) = r {
+                stalled |= undrained(&e);
+                first = first.and(Err(e));
+            }
+        }
+        first
     }
 
     /// `bypass` as the device applies it now.
@@ -237,7 +326,13 @@ impl State {
         for &(sid, dom) in self.endpoints.values() {
             if dom.is_none() {
                 if let Err(e) = self.set_unattached(sid) {
+                    // A stalled queue would stall every later change too:
+                    // the rest wait for the retry.
+                    let stalled = undrained(&e);
                     first = first.and(Err(e));
+                    if stalled {
+                        break;
+                    }
                 }
             }
         }
@@ -252,13 +347,7 @@ impl State {
     /// domain"): every endpoint detached, every domain gone. `bypass`
     /// keeps its value (§5.13.4.2).
     pub(crate) fn reset(&mut self) -> Result<(), softiommu::hw::HwError> {
-        let mut first = Ok(());
-        let sids: Vec<SourceId> = self.endpoints.values().map(|e| e.0).collect();
-        for sid in sids {
-            if let Err(e) = self.set_unattached(sid) {
-                first = first.and(Err(e));
-            }
-        }
+        let first = self.set_all(false);
         for e in self.endpoints.values_mut() {
             e.1 = None;
         }
@@ -266,6 +355,7 @@ impl State {
         // A reset whose detaches all succeeded starts afresh; one that
         // failed stays broken, and the next pass tries again.
         self.broken = first.is_err();
+        self.broke = None;
         if first.is_ok() {
             // Contexts are switched and drained: no walker reaches a table.
             drop(domains);
@@ -344,11 +434,22 @@ impl State {
         // One context write replaces the old domain's: once it has
         // drained, the endpoint reaches nothing of the old domain, as if
         // DETACH had run first.
-        if self.unit().attach(sid, ctx).is_err() {
-            if created {
-                self.domains.remove(&domain);
+        let stop = &*self.stop;
+        let r = self
+            .unit()
+            .attach_bounded(sid, ctx, self.timeout, || stop.load(Ordering::Acquire));
+        match r {
+            Ok(()) => {}
+            Err(e) if undrained(&e) => {
+                self.undrained_change(endpoint, sid);
+                return Status::DevErr;
             }
-            return Status::DevErr;
+            Err(_) => {
+                if created {
+                    self.domains.remove(&domain);
+                }
+                return Status::DevErr;
+            }
         }
         if let Some(o) = old {
             self.drop_endpoint(o);
@@ -385,14 +486,38 @@ impl State {
         if cur != Some(domain) {
             return Status::Inval;
         }
-        if self.set_unattached(sid).is_err() {
-            return Status::DevErr;
+        match self.set_unattached(sid) {
+            Ok(()) => {}
+            Err(e) if undrained(&e) => {
+                self.undrained_change(endpoint, sid);
+                return Status::DevErr;
+            }
+            Err(_) => return Status::DevErr,
         }
         if let Some(e) = self.endpoints.get_mut(&endpoint) {
             e.1 = None;
         }
         self.drop_endpoint(domain);
         Status::Ok
+    }
+
+    /// An ATTACH's or DETACH's context change was written but not drained
+    /// within the bound: translations begun under the old context may
+    /// still be in flight. The endpoint is blocked (no context: a write
+    /// needs no queue, and a translation reads its context afresh), no
+    /// domain is dropped (a table may still be walked: every domain stays
+    /// until a reset whose changes all drain), and the device is broken.
+    fn undrained_change(&mut self, endpoint: u32, sid: SourceId) {
+        // `None` is refused by nothing but a caller inside a section,
+        // which the device's threads never are.
+        let _ = self.unit().set_context(sid, None);
+        if let Some(e) = self.endpoints.get_mut(&endpoint) {
+            e.1 = None;
+        }
+        self.mark_broken(Broke {
+            what: "an ATTACH or DETACH's context invalidation did not complete",
+            timed_out: true,
+        });
     }
 
     /// Whether `[start, end]` meets a reserved region.
@@ -561,13 +686,25 @@ impl State {
 impl Drop for State {
     /// The device goes away: every endpoint loses its context (its DMA
     /// faults) before the domains' tables are freed, so no walker can
-    /// reach a freed table page. An endpoint the unit would not detach
-    /// keeps the tables alive: they are leaked, never freed early.
+    /// reach a freed table page. An endpoint the unit would not detach,
+    /// or whose detach did not drain within the device's bound, keeps the
+    /// tables alive: they are leaked, never freed early. A broken device
+    /// does not wait at all.
     fn drop(&mut self) {
-        let mut all_detached = true;
-        for &(sid, _) in self.endpoints.values() {
-            all_detached &= self.unit().detach(sid).is_ok();
-        }
+        let all_detached = if self.broken {
+            // An invalidation already failed or stalled: no wait (the
+            // device is going away); every endpoint blocked at once, the
+            // tables leaked.
+            for &(sid, _) in self.endpoints.values() {
+                let _ = self.unit().set_context(sid, None);
+            }
+            false
+        } else {
+            // Bounded by the device's timeout, not its stop flag (set by
+            // now): a healthy unit drains, and the tables are freed.
+            self.stop = Arc::new(AtomicBool::new(false));
+            self.set_all(true).is_ok()
+        };
         if !all_detached {
             for (_, d) in std::mem::take(&mut self.domains) {
                 std::mem::forget(d);

@@ -27,6 +27,10 @@ pub struct ViommuStats {
     /// Rounds whose invalidation the unit's queue refused (their UNMAPs
     /// completed `DEVERR`).
     pub invalidation_errors: u64,
+    /// Invalidations (an UNMAP round's, an ATTACH's or DETACH's context
+    /// change) not complete within `invalidation_timeout`, or abandoned
+    /// as the device stopped: each broke the device until a reset.
+    pub invalidation_timeouts: u64,
     /// UNMAPs the table refused midway, undone: the mappings they had
     /// removed installed again (the request failed with every mapping
     /// in place).
@@ -61,6 +65,7 @@ pub(crate) struct Counters {
     pub(crate) invalidations: AtomicU64,
     pub(crate) invalidation_waits: AtomicU64,
     pub(crate) invalidation_errors: AtomicU64,
+    pub(crate) invalidation_timeouts: AtomicU64,
     pub(crate) unmaps_rolled_back: AtomicU64,
     pub(crate) mappings_lost: AtomicU64,
     pub(crate) events: AtomicU64,
@@ -88,6 +93,7 @@ impl Counters {
             invalidations: l(&self.invalidations),
             invalidation_waits: l(&self.invalidation_waits),
             invalidation_errors: l(&self.invalidation_errors),
+            invalidation_timeouts: l(&self.invalidation_timeouts),
             unmaps_rolled_back: l(&self.unmaps_rolled_back),
             mappings_lost: l(&self.mappings_lost),
             events: l(&self.events),
