@@ -6,6 +6,7 @@ mod viommu_common;
 use std::time::Duration;
 
 use softiommu::dma::DmaDirection;
+use softiommu_virtio::spec;
 use softiommu_virtio::transport::{DeviceInfo, MmioTransport, TransportConfig};
 use softiommu_virtio::viommu::{
     encode, ViommuDma, ViommuDmaError, ViommuDriver, ViommuDriverConfig, ViommuDriverError,
@@ -145,4 +146,50 @@ fn a_lazy_unmap_the_device_refuses_is_reported_at_the_flush_and_keeps_its_iova()
     assert_eq!(dev.mappings(1).unwrap().len(), 1);
     let c = d.map(phys, 0x1000, to).unwrap();
     assert_ne!(c.iova, b.iova, "the refused UNMAP's IOVA is never reused");
+}
+
+/// A virtio-iommu register block whose `page_size_mask` is `mask` and
+/// nothing behind it (no device thread: a request sent would time out).
+fn device_with_mask(mask: u64) -> MmioTransport {
+    let cfg = config();
+    let mut space = cfg.config_space();
+    space[spec::iommu::CFG_PAGE_SIZE_MASK..][..8].copy_from_slice(&mask.to_le_bytes());
+    MmioTransport::new(
+        DeviceInfo {
+            device_id: spec::iommu::DEVICE_ID,
+            features: cfg.features(),
+            queues: 2,
+            queue_max: 64,
+            config: space,
+        },
+        cfg.transport,
+    )
+}
+
+/// §5.13.6.3: the driver maps in multiples of the device's granule, the
+/// least page of `page_size_mask`. The DMA domain maps CPU pages (4 KiB),
+/// so a device whose granule is larger (64 KiB) or that has none is
+/// refused before any request — as Linux's driver refuses a granule
+/// above the system page size. A granule at or below 4 KiB is served.
+#[test]
+fn a_device_granule_larger_than_a_cpu_page_is_refused_before_any_request() {
+    let mem = std::sync::Arc::new(softiommu::mem::PhysMemory::new(RAM).unwrap());
+    let wait = ViommuDriverConfig {
+        wait: Duration::from_millis(50),
+        ..Default::default()
+    };
+    for mask in [0x1_0000u64, 0x1_0000 | 0x20_0000, 0] {
+        let drv = ViommuDriver::probe(device_with_mask(mask), mem.clone(), wait).unwrap();
+        assert_eq!(drv.geometry().page_size_mask, mask);
+        let e = ViommuDma::new(drv, 1, &[EA], ViommuMode::Strict).unwrap_err();
+        assert_eq!(e, ViommuDmaError::Granule { page_size_mask: mask });
+    }
+    // A 4 KiB granule passes the check (and then probes the endpoint,
+    // which this register block never answers).
+    let drv = ViommuDriver::probe(device_with_mask(0x1000 | 0x20_0000), mem.clone(), wait).unwrap();
+    let e = ViommuDma::new(drv, 1, &[EA], ViommuMode::Strict).unwrap_err();
+    assert_eq!(
+        e,
+        ViommuDmaError::Driver(ViommuDriverError::Timeout(Duration::from_millis(50)))
+    );
 }
