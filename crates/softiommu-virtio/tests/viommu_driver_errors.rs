@@ -182,7 +182,12 @@ fn a_device_granule_larger_than_a_cpu_page_is_refused_before_any_request() {
         let drv = ViommuDriver::probe(device_with_mask(mask), mem.clone(), wait).unwrap();
         assert_eq!(drv.geometry().page_size_mask, mask);
         let e = ViommuDma::new(drv, 1, &[EA], ViommuMode::Strict).unwrap_err();
-        assert_eq!(e, ViommuDmaError::Granule { page_size_mask: mask });
+        assert_eq!(
+            e,
+            ViommuDmaError::Granule {
+                page_size_mask: mask
+            }
+        );
     }
     // A 4 KiB granule passes the check (and then probes the endpoint,
     // which this register block never answers).

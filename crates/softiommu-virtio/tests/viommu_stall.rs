@@ -57,7 +57,10 @@ fn hold_section(r: &Rig) -> (JoinHandle<()>, mpsc::Sender<()>) {
 fn needs_reset(t: &softiommu_virtio::transport::MmioTransport) {
     let t0 = Instant::now();
     while t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(5), "no DEVICE_NEEDS_RESET");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no DEVICE_NEEDS_RESET"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }

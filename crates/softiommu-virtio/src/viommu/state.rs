@@ -672,7 +672,6 @@ impl State {
         self.unmap_failpoint = Failpoint(Some(nth));
     }
 
-
     /// Whether PROBE may describe `endpoint`.
     pub(crate) fn probe_ok(&self, endpoint: u32) -> Status {
         if self.endpoints.contains_key(&endpoint) {

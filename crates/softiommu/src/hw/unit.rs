@@ -20,9 +20,9 @@ use super::inv_queue::{InvQueue, QueueFault, MAX_QUEUE_ORDER};
 use super::iotlb::{Iotlb, IotlbConfig};
 use super::latency::{LatencyModel, LiveLatency};
 use super::submit::Limit;
-use std::time::Duration;
 use crate::mem::{PhysAddr, PhysMemory, PAGE_SIZE};
 use crate::sync::barrier::{Barrier, DrainBarrier};
+use std::time::Duration;
 
 /// The default longest access, 1 MiB: 256 page lookups at 4 KiB, a few
 /// microseconds of section; larger than any single DMA segment Linux's
