@@ -39,6 +39,7 @@ mod dma;
 mod domain;
 mod driver;
 mod events;
+mod mapper;
 mod ops;
 mod pending;
 mod probe;

@@ -28,6 +28,7 @@ mod error;
 mod flush_queue;
 mod gate;
 mod inflight;
+mod mapper;
 mod owner;
 mod passthrough;
 mod policy;
@@ -48,6 +49,7 @@ pub use domain::{
     MIN_TIMEOUT,
 };
 pub use error::DmaError;
+pub use mapper::{BoundDma, BoundMapping, DmaMapper};
 pub use policy::{
     DmaDirection, DmaPolicy, Tunables, DEFAULT_FQ_SIZE, DEFAULT_HIGH_WATER, DEFAULT_TIMEOUT,
 };
