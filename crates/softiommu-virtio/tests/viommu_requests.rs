@@ -411,6 +411,34 @@ fn a_configuration_the_unit_cannot_serve_is_refused() {
             value: 1 << 16
         })
     );
+    // Reserved regions: past the input range, over the MSI window, over
+    // each other.
+    for (reserved, at) in [
+        (vec![(INPUT_END + 1, INPUT_END + 0x1000)], INPUT_END + 1),
+        (vec![(0xfee0_0000, 0xfee0_0fff)], 0xfee0_0000),
+        (vec![(0xfed0_0000, 0xfee0_0fff)], 0xfed0_0000),
+        (vec![(0x1_0000, 0x1_ffff), (0x1_f000, 0x2_0fff)], 0x1_f000),
+    ] {
+        assert_eq!(
+            spawn(ViommuConfig {
+                reserved,
+                endpoints: vec![A],
+                ..config()
+            }),
+            Err(ViommuError::InvalidConfig {
+                field: "reserved",
+                value: at
+            })
+        );
+    }
+    assert_eq!(
+        spawn(ViommuConfig {
+            reserved: vec![(0x1_0000, 0x1_ffff), (0x2_0000, 0x2_0fff)],
+            endpoints: vec![A],
+            ..config()
+        }),
+        Ok(())
+    );
     assert_eq!(
         spawn(ViommuConfig {
             probe_size: 20,

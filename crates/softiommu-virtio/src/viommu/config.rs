@@ -146,8 +146,19 @@ impl ViommuConfig {
         if (self.probe_size as usize) < need || !self.probe_size.is_multiple_of(4) {
             return bad("probe_size", u64::from(self.probe_size));
         }
-        for &(a, b) in &self.reserved {
+        // Each region granule-aligned, inside the input range, apart from
+        // the MSI window and from every other: PROBE reports each once
+        // with one subtype, so an overlap would describe an address twice
+        // (and two ways).
+        for (i, &(a, b)) in self.reserved.iter().enumerate() {
             if a > b || !a.is_multiple_of(GRANULE) || !b.wrapping_add(1).is_multiple_of(GRANULE) {
+                return bad("reserved", a);
+            }
+            if b > INPUT_END {
+                return bad("reserved", a);
+            }
+            let meets = |&(c, d): &(u64, u64)| a <= d && c <= b;
+            if meets(&(s::MSI_START, s::MSI_END)) || self.reserved[..i].iter().any(meets) {
                 return bad("reserved", a);
             }
         }
