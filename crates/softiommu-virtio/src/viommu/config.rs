@@ -86,7 +86,7 @@ impl Default for ViommuConfig {
             fault_batch: 64,
             idle_wait: Duration::from_millis(1),
             poll: Duration::from_micros(50),
-            invalidation_timeout: Duration::from_millis(500),
+            invalidation_timeout: Duration::from_secs(1),
             transport: TransportConfig {
                 require_access_platform: false,
             },
