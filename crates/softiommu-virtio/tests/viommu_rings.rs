@@ -5,8 +5,6 @@
 
 mod viommu_common;
 
-use std::time::{Duration, Instant};
-
 use softiommu::mem::PhysMemory;
 use softiommu_virtio::spec::{self, desc, iommu as s, reg, status};
 use softiommu_virtio::transport::{DeviceError, MmioTransport};
@@ -40,14 +38,6 @@ fn live_with_queue(t: &MmioTransport, size: u16, rings: (u64, u64, u64)) {
     t.write(reg::STATUS, st | status::DRIVER_OK);
 }
 
-fn wait_needs_reset(t: &MmioTransport) {
-    let t0 = Instant::now();
-    while t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(2), "no reset asked");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 fn snapshot(mem: &PhysMemory, at: u64, len: usize) -> Vec<u8> {
     // The reserve is not readable through the RAM accessors; its bytes
     // are read as the unit reads them.
@@ -66,7 +56,7 @@ fn rings_in_the_units_reserve_are_never_touched() {
     let t = dev.transport().clone();
     live_with_queue(&t, 16, (base, base + 0x400, base + 0x800));
     t.write(reg::QUEUE_NOTIFY, 0);
-    wait_needs_reset(&t);
+    needs_reset(&t);
     assert!(t
         .errors()
         .snapshot()
@@ -98,7 +88,7 @@ fn a_chain_that_loops_stops_the_queue_and_a_reset_recovers() {
     ring.push_avail(0);
     ring.publish();
     t.write(reg::QUEUE_NOTIFY, 0);
-    wait_needs_reset(&t);
+    needs_reset(&t);
     assert!(t
         .errors()
         .snapshot()

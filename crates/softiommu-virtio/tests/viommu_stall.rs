@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use softiommu::hw::{Access, TranslateError};
-use softiommu_virtio::spec::{reg, status};
+use softiommu_virtio::spec::reg;
 use softiommu_virtio::transport::DeviceError;
 use softiommu_virtio::viommu::{Status, ViommuConfig, ViommuDriverConfig, ViommuDriverError};
 use viommu_common::*;
@@ -50,19 +50,6 @@ fn hold_section(r: &Rig) -> (JoinHandle<()>, mpsc::Sender<()>) {
     });
     entered_rx.recv().unwrap();
     (h, release_tx)
-}
-
-/// Waits (bounded) for `DEVICE_NEEDS_RESET`: the device reports it right
-/// after it returned the round's chains, which the driver may see first.
-fn needs_reset(t: &softiommu_virtio::transport::MmioTransport) {
-    let t0 = Instant::now();
-    while t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET == 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "no DEVICE_NEEDS_RESET"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 #[test]

@@ -143,3 +143,19 @@ pub fn raw(r: &mut Rig, readable: &[u8], wlens: &[u32]) -> (u32, Vec<u8>) {
     r.mem.read(wbase, &mut w).unwrap();
     (used, w)
 }
+
+/// Waits (bounded) for `DEVICE_NEEDS_RESET`: the device reports it right
+/// after it returned the round's chains, which the driver may see first.
+pub fn needs_reset(t: &softiommu_virtio::transport::MmioTransport) {
+    let t0 = std::time::Instant::now();
+    while t.read(softiommu_virtio::spec::reg::STATUS)
+        & softiommu_virtio::spec::status::DEVICE_NEEDS_RESET
+        == 0
+    {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "no DEVICE_NEEDS_RESET"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
