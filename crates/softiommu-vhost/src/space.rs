@@ -75,6 +75,15 @@ pub struct IotlbStats {
     pub flushes: u64,
     /// Table emptied because it was full.
     pub evictions: u64,
+    /// Asked pages an update answered (the round trips timed below).
+    pub answered: u64,
+    /// Sum over answered pages of the time from the ask to the update,
+    /// nanoseconds (the front-end's round trip, as this side sees it).
+    pub miss_rtt_ns: u64,
+    /// Times an access woke while waiting for a miss.
+    pub miss_wakeups: u64,
+    /// Sum of the time accesses spent waiting for misses, nanoseconds.
+    pub miss_wait_ns: u64,
 }
 
 #[derive(Debug, Default)]
@@ -88,6 +97,10 @@ struct Counters {
     cancelled: AtomicU64,
     flushes: AtomicU64,
     evictions: AtomicU64,
+    answered: AtomicU64,
+    miss_rtt_ns: AtomicU64,
+    miss_wakeups: AtomicU64,
+    miss_wait_ns: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -156,6 +169,10 @@ impl DmaSpace {
             cancelled: l(&c.cancelled),
             flushes: l(&c.flushes),
             evictions: l(&c.evictions),
+            answered: l(&c.answered),
+            miss_rtt_ns: l(&c.miss_rtt_ns),
+            miss_wakeups: l(&c.miss_wakeups),
+            miss_wait_ns: l(&c.miss_wait_ns),
         }
     }
 
@@ -236,15 +253,31 @@ impl DmaSpace {
         let last = iova.saturating_add(size - 1);
         let first = iova & !(PAGE - 1);
         let pages = (last - first) / PAGE + 1;
+        let now = Instant::now();
+        let (mut answered, mut rtt) = (0u64, 0u64);
         if pages <= 64 {
             // The common answer to a miss: one page; no walk of the whole set.
             for k in 0..pages {
-                st.outstanding.remove(&(first + k * PAGE));
+                if let Some(t) = st.outstanding.remove(&(first + k * PAGE)) {
+                    answered += 1;
+                    rtt += now.duration_since(t).as_nanos() as u64;
+                }
             }
         } else {
-            st.outstanding.retain(|&pg, _| pg < first || pg > last);
+            st.outstanding.retain(|&pg, t| {
+                let keep = pg < first || pg > last;
+                if !keep {
+                    answered += 1;
+                    rtt += now.duration_since(*t).as_nanos() as u64;
+                }
+                keep
+            });
         }
         drop(st);
+        if answered > 0 {
+            self.counters.answered.fetch_add(answered, Ordering::Relaxed);
+            self.counters.miss_rtt_ns.fetch_add(rtt, Ordering::Relaxed);
+        }
         self.wake.notify_all();
         Ok(out)
     }
@@ -401,20 +434,21 @@ impl DmaSpace {
             self.send_misses(&ask, write)?;
             st = self.miss_state();
         }
-        loop {
+        let t0 = Instant::now();
+        let r = loop {
             if st.cancelled {
                 self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
-                return Err(AccessError::Cancelled { iova });
+                break Err(AccessError::Cancelled { iova });
             }
             if self.generation.load(Ordering::Acquire) != gen {
-                return Ok(());
+                break Ok(());
             }
             let now = Instant::now();
             if now >= deadline {
                 st.outstanding.remove(&first);
                 self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
                 self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                return Err(AccessError::MissTimeout {
+                break Err(AccessError::MissTimeout {
                     iova,
                     waited_ms: self.miss_timeout.as_millis() as u64,
                 });
@@ -424,7 +458,13 @@ impl DmaSpace {
                 .wait_timeout(st, deadline - now)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
-        }
+            self.counters.miss_wakeups.fetch_add(1, Ordering::Relaxed);
+        };
+        drop(st);
+        self.counters
+            .miss_wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
     }
 
     /// Asks the front-end, without waiting, for the pages of `segs` that
