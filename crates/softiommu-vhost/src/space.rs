@@ -275,7 +275,9 @@ impl DmaSpace {
         }
         drop(st);
         if answered > 0 {
-            self.counters.answered.fetch_add(answered, Ordering::Relaxed);
+            self.counters
+                .answered
+                .fetch_add(answered, Ordering::Relaxed);
             self.counters.miss_rtt_ns.fetch_add(rtt, Ordering::Relaxed);
         }
         self.wake.notify_all();
