@@ -107,6 +107,9 @@ struct Counters {
 struct MissState {
     /// Page -> when it was asked.
     outstanding: HashMap<u64, Instant>,
+    /// The outstanding pages waiters sleep on (one entry per waiter): an
+    /// update wakes the waiters only when it answers one of them.
+    watched: Vec<u64>,
     cancelled: bool,
 }
 
@@ -128,6 +131,13 @@ pub struct DmaSpace {
     channel: Mutex<Option<UnixStream>>,
     miss_timeout: Duration,
     counters: Counters,
+}
+
+/// How a wait for a page ended.
+enum Slept {
+    Answered,
+    Cancelled,
+    TimedOut,
 }
 
 /// Outcome of one translation attempt.
@@ -273,6 +283,7 @@ impl DmaSpace {
                 keep
             });
         }
+        let wake = st.watched.iter().any(|&pg| pg >= first && pg <= last);
         drop(st);
         if answered > 0 {
             self.counters
@@ -280,7 +291,9 @@ impl DmaSpace {
                 .fetch_add(answered, Ordering::Relaxed);
             self.counters.miss_rtt_ns.fetch_add(rtt, Ordering::Relaxed);
         }
-        self.wake.notify_all();
+        if wake {
+            self.wake.notify_all();
+        }
         Ok(out)
     }
 
@@ -436,24 +449,45 @@ impl DmaSpace {
             self.send_misses(&ask, write)?;
             st = self.miss_state();
         }
+        match self.sleep_on(st, first, deadline) {
+            Slept::Answered => Ok(()),
+            Slept::Cancelled => {
+                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                Err(AccessError::Cancelled { iova })
+            }
+            Slept::TimedOut => {
+                self.miss_state().outstanding.remove(&first);
+                self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                Err(AccessError::MissTimeout {
+                    iova,
+                    waited_ms: self.miss_timeout.as_millis() as u64,
+                })
+            }
+        }
+    }
+
+    /// Sleeps until page `pg` is no longer outstanding (an update answered
+    /// it, or it was never asked), the rings stop, or `deadline` passes.
+    /// Only an update that answers `pg` wakes this waiter.
+    fn sleep_on(
+        &self,
+        mut st: std::sync::MutexGuard<'_, MissState>,
+        pg: u64,
+        deadline: Instant,
+    ) -> Slept {
         let t0 = Instant::now();
+        st.watched.push(pg);
         let r = loop {
             if st.cancelled {
-                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
-                break Err(AccessError::Cancelled { iova });
+                break Slept::Cancelled;
             }
-            if self.generation.load(Ordering::Acquire) != gen {
-                break Ok(());
+            if !st.outstanding.contains_key(&pg) {
+                break Slept::Answered;
             }
             let now = Instant::now();
             if now >= deadline {
-                st.outstanding.remove(&first);
-                self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                break Err(AccessError::MissTimeout {
-                    iova,
-                    waited_ms: self.miss_timeout.as_millis() as u64,
-                });
+                break Slept::TimedOut;
             }
             st = self
                 .wake
@@ -462,6 +496,9 @@ impl DmaSpace {
                 .0;
             self.counters.miss_wakeups.fetch_add(1, Ordering::Relaxed);
         };
+        if let Some(k) = st.watched.iter().position(|&w| w == pg) {
+            st.watched.swap_remove(k);
+        }
         drop(st);
         self.counters
             .miss_wait_ns
@@ -469,14 +506,31 @@ impl DmaSpace {
         r
     }
 
+    /// Waits, within the miss bound, until the front-end has answered page
+    /// `pg` (the last page a [`DmaSpace::prefetch`] asked for: the
+    /// front-end answers in order, so the pages asked before it are
+    /// answered too), so that the accesses after it run without a wake-up
+    /// per page. Cancellation and the bound end the wait silently: the
+    /// accesses that follow meet them and report them.
+    pub(crate) fn await_page(&self, pg: u64) {
+        let deadline = Instant::now() + self.miss_timeout;
+        let _ = self.sleep_on(self.miss_state(), pg, deadline);
+    }
+
     /// Asks the front-end, without waiting, for the pages of `segs` that
     /// have no translation and are not already asked (at most
     /// [`REQUEST_PREFETCH_PAGES`]); the accesses that follow wait for them
-    /// without asking again. Does nothing without an IOMMU; a failure to
-    /// send is left for those accesses to report.
-    pub(crate) fn prefetch(&self, segs: &mut dyn Iterator<Item = (u64, u64)>, write: bool) {
+    /// without asking again. Returns the last page of `segs` without a
+    /// translation (asked now or before), for [`DmaSpace::await_page`].
+    /// Does nothing without an IOMMU; a failure to send is left for those
+    /// accesses to report.
+    pub(crate) fn prefetch(
+        &self,
+        segs: &mut dyn Iterator<Item = (u64, u64)>,
+        write: bool,
+    ) -> Option<u64> {
         if !self.iommu.load(Ordering::Acquire) {
-            return;
+            return None;
         }
         let mut missing = Vec::new();
         {
@@ -500,13 +554,11 @@ impl DmaSpace {
                 }
             }
         }
-        if missing.is_empty() {
-            return;
-        }
+        let last = *missing.last()?;
         let now = Instant::now();
         let mut st = self.miss_state();
         if st.cancelled {
-            return;
+            return None;
         }
         missing.retain(|pg| {
             let fresh = st
@@ -522,6 +574,7 @@ impl DmaSpace {
         if !missing.is_empty() {
             let _ = self.send_misses(&missing, write);
         }
+        Some(last)
     }
 
     fn send_misses(&self, pages: &[u64], write: bool) -> Result<(), AccessError> {
