@@ -86,6 +86,7 @@ fn row_json(r: &GuestRun) -> Value {
         "iotlb_updates": s.updates,
         "iotlb_invalidations": s.invalidations,
         "iotlb_misses": s.misses,
+        "iotlb_evictions": s.evictions,
         "invalidations_per_io": per_io(s.invalidations),
         "updates_per_io": per_io(s.updates),
         "misses_per_io": per_io(s.misses),
@@ -111,12 +112,16 @@ fn median_run(mut runs: Vec<GuestRun>) -> GuestRun {
     runs.swap_remove(mid)
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
+/// The median (the mean of the middle two for an even count).
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    Some(v[(v.len() - 1) / 2])
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 /// `a / b` for two guest times.
@@ -194,14 +199,17 @@ pub(crate) fn run_with(
     }
     let rows: Vec<GuestRun> = blk.into_iter().chain(net).map(median_run).collect();
     let anchor = median_run(anchors);
-    Ok(report(
+    let mut rep = report(
         &kit,
         &rows,
         &anchor,
-        median(strict_ratios),
-        median(lazy_ratios),
+        median(&strict_ratios),
+        median(&lazy_ratios),
         (mib, net_mib, rounds),
-    ))
+    );
+    rep.contract["strict_read_time_over_anchor_per_round"] = json!(strict_ratios);
+    rep.contract["lazy_read_time_over_anchor_per_round"] = json!(lazy_ratios);
+    Ok(rep)
 }
 
 /// Lazy's invalidations per I/O over strict's, for `device`'s rows.
@@ -434,6 +442,9 @@ mod tests {
         ];
         assert_eq!(lazy_over_strict(&rows, "virtio-net"), Some(0.1));
         assert_eq!(lazy_over_strict(&rows, "virtio-blk"), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[1.0, 2.0]), Some(1.5));
+        assert_eq!(median(&[]), None);
     }
 
     /// Without the kit the lab still reports: one line saying it was
