@@ -246,12 +246,11 @@ impl Worker {
             self.counters.bad_chains.fetch_add(1, Ordering::Relaxed);
             return Ok(0);
         }
-        // Every missing page of the request asked at once (if the look
-        // ahead has not already), then one wait for the last of them: the
-        // front-end answers in order, so the accesses below then hit
-        // instead of waking once per page.
-        // The chains available after this one are asked for next, so the
-        // front-end answers them while this one is served.
+        // Every missing page of the request asked at once (unless the look
+        // ahead already did), then those of the chains available after it
+        // (answered while this one is served), then one wait for the last
+        // page of this one: the front-end answers in order, so the
+        // accesses below hit instead of waking once per page.
         let last = prefetch_chain(&self.q.space, chain);
         self.look_ahead();
         if let Some(pg) = last {
