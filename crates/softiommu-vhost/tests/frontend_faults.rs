@@ -438,7 +438,7 @@ fn the_next_available_request_s_misses_are_asked_before_the_first_completes() {
     const B_HDR: u64 = 0x13000;
     const B_STATUS: u64 = 0x14000;
     const B_DATA: u64 = 0x40000;
-    let mut fe = FrontEnd::start("ahead", Duration::from_secs(10));
+    let fe = FrontEnd::start("ahead", Duration::from_secs(10));
     fe.map(RING_IOVA, 0x1000);
     fe.start_ring();
     let d = |addr: u64, len: u32, flags: u16, next: u16| {
