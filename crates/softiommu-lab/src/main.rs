@@ -161,10 +161,7 @@ fn main() -> std::process::ExitCode {
     };
     let res = match cli.cmd {
         Cmd::Bench(b) => run_lab(b.into()),
-        Cmd::Lab(LabCli { cmd: Some(c), .. }) => match c.into_lab() {
-            Ok(lab) => run_lab(lab),
-            Err(guest) => lab::guest::run(&guest),
-        },
+        Cmd::Lab(LabCli { cmd: Some(c), .. }) => run_lab(c.into()),
         Cmd::Lab(a) => match &a.file {
             Some(f) => lab_file(&a, f),
             None => {

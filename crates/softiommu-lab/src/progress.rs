@@ -84,4 +84,14 @@ impl Progress {
             ),
         }
     }
+
+    /// The running scenario could not run here (a missing guest kit): one
+    /// line saying so and why, kept on screen.
+    pub fn skipped(&mut self, why: &str) {
+        let line = format!("{} SKIPPED: {why}", self.name);
+        match self.bar.take() {
+            Some(b) => b.abandon_with_message(line),
+            None => eprintln!("softiommu: [{}/{}] {line}", self.index, self.total),
+        }
+    }
 }

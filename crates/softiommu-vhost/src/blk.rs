@@ -97,6 +97,35 @@ pub(crate) struct Worker {
     pub(crate) q: Queue,
     pub(crate) disk: Arc<Disk>,
     pub(crate) counters: Arc<BlkCounters>,
+    /// The avail index up to which chains were looked at ahead.
+    pub(crate) ahead: u16,
+}
+
+/// Chains looked at ahead of the one served (their missing pages asked
+/// for while it is served): Linux's read-ahead keeps a few large requests
+/// in flight.
+const LOOK_AHEAD: u16 = 4;
+
+/// Asks for every missing page of `chain`: the header and device-read
+/// data, then the device-written data and status. Returns the last page
+/// asked (or still outstanding), to wait for.
+fn prefetch_chain(space: &crate::space::DmaSpace, chain: &[Desc]) -> Option<u64> {
+    let seg = |d: &Desc| (d.addr, u64::from(d.len));
+    let r = space.prefetch(
+        &mut chain
+            .iter()
+            .filter(|d| d.flags & desc::F_WRITE == 0)
+            .map(seg),
+        false,
+    );
+    let w = space.prefetch(
+        &mut chain
+            .iter()
+            .filter(|d| d.flags & desc::F_WRITE != 0)
+            .map(seg),
+        true,
+    );
+    w.or(r)
 }
 
 impl Worker {
@@ -120,6 +149,39 @@ impl Worker {
             .worker_cpu_ns
             .fetch_add(thread_cpu_ns(), Ordering::Relaxed);
         self.q.last_avail
+    }
+
+    /// Asks the front-end for the missing pages of the chains available
+    /// after the one being served (at most [`LOOK_AHEAD`] chains, each
+    /// once), so that it answers them while this one is served.
+    /// Failures are left for the serving of those chains to meet.
+    fn look_ahead(&mut self) {
+        let Ok(avail) = self.q.avail_idx() else {
+            return;
+        };
+        let ahead = avail.wrapping_sub(self.q.last_avail);
+        if ahead > self.q.ring.num {
+            return;
+        }
+        // Chains looked at before stay looked at (`self.ahead` is at or
+        // past `last_avail`, the chain after the one being served, and
+        // within what is available; else it starts there again).
+        if self.ahead.wrapping_sub(self.q.last_avail) > ahead {
+            self.ahead = self.q.last_avail;
+        }
+        let mut budget = LOOK_AHEAD;
+        while self.ahead != avail && budget > 0 {
+            let idx = self.ahead;
+            self.ahead = self.ahead.wrapping_add(1);
+            budget -= 1;
+            let Ok(head) = self.q.head_at(idx) else {
+                return;
+            };
+            if let Ok(Chain::Ok(chain)) = self.q.walk(head) {
+                prefetch_chain(&self.q.space, &chain);
+                self.q.recycle(chain);
+            }
+        }
     }
 
     /// Serves every available chain, then signals the driver once.
@@ -176,32 +238,24 @@ impl Worker {
     }
 
     /// Serves one walked chain (see [`Worker::serve`]).
-    fn serve_chain(&self, chain: &[Desc]) -> Result<u32, AccessError> {
-        let c = &self.counters;
+    fn serve_chain(&mut self, chain: &[Desc]) -> Result<u32, AccessError> {
         let n = chain.len();
         let hdr_ok = chain[0].flags & desc::F_WRITE == 0 && chain[0].len as usize >= HDR_LEN;
         let st = &chain[n - 1];
         if n < 2 || !hdr_ok || st.flags & desc::F_WRITE == 0 || st.len == 0 {
-            c.bad_chains.fetch_add(1, Ordering::Relaxed);
+            self.counters.bad_chains.fetch_add(1, Ordering::Relaxed);
             return Ok(0);
         }
-        // Ask for every missing page of the request at once: the header and
-        // device-read data, then the device-written data and status.
-        let seg = |d: &Desc| (d.addr, u64::from(d.len));
-        self.q.space.prefetch(
-            &mut chain
-                .iter()
-                .filter(|d| d.flags & desc::F_WRITE == 0)
-                .map(seg),
-            false,
-        );
-        self.q.space.prefetch(
-            &mut chain
-                .iter()
-                .filter(|d| d.flags & desc::F_WRITE != 0)
-                .map(seg),
-            true,
-        );
+        // Every missing page of the request asked at once (unless the look
+        // ahead already did), then those of the chains available after it
+        // (answered while this one is served), then one wait for the last
+        // page of this one: the front-end answers in order, so the
+        // accesses below hit instead of waking once per page.
+        let last = prefetch_chain(&self.q.space, chain);
+        self.look_ahead();
+        if let Some(pg) = last {
+            self.q.space.await_page(pg);
+        }
         let mut h = [0u8; HDR_LEN];
         let (status, written) =
             match self
@@ -221,6 +275,7 @@ impl Worker {
                 len: u64::from(st.len),
             }),
         };
+        let c = &self.counters;
         c.requests.fetch_add(1, Ordering::Relaxed);
         match status {
             sb::S_IOERR => c.io_errors.fetch_add(1, Ordering::Relaxed),

@@ -121,44 +121,119 @@ impl IommuMode {
     }
 }
 
-/// One guest run's outcome.
+/// What the host checks a guest run against.
 #[derive(Debug)]
-pub struct GuestBlkRun {
+pub enum HostSide {
+    /// A disk run: SHA-256 of the backing file after the run.
+    Disk {
+        /// Hex digest.
+        sha256: String,
+    },
+    /// A network run: what the host's TCP peer saw, and the wire's counters.
+    Net {
+        /// The peer's report.
+        peer: PeerReport,
+        /// The wire's counters (A: the back-end, B: the peer).
+        wire: WireStats,
+    },
+}
+
+/// One guest run's outcome, disk or network.
+#[derive(Debug)]
+pub struct GuestRun {
+    /// The device that served the guest: `virtio-blk`, `virtio-net`
+    /// (ours) or `qemu-virtio-blk` (QEMU's own, the anchor).
+    pub device: &'static str,
+    /// The guest IOMMU driver's mode.
+    pub mode: IommuMode,
     /// The guest's result line.
     pub result: String,
     /// Its `key=value` fields.
     pub fields: BTreeMap<String, String>,
     /// The kernel log lines the guest echoed (version, DMAR, policy).
     pub dmesg: Vec<String>,
-    /// The back-end's session report (our device only).
+    /// The back-end's session report (our devices only).
     pub report: Option<SessionReport>,
-    /// SHA-256 of the backing file after the run.
-    pub disk_sha256: String,
+    /// What the host saw.
+    pub host: HostSide,
     /// Wall time of the whole run (boot to power-off), seconds.
     pub wall_seconds: f64,
 }
 
-impl GuestBlkRun {
+impl GuestRun {
     /// A field of the result line.
     pub fn field(&self, key: &str) -> Option<&str> {
         self.fields.get(key).map(String::as_str)
     }
 
-    /// Whether the guest read back what it wrote and the backing file holds it.
+    /// Whether the data went through intact: a disk run's guest read back
+    /// what it wrote and the backing file holds it; a network run's peer
+    /// received exactly what the guest sent and the guest exactly what
+    /// the peer sent (SHA-256 each way).
     pub fn checksum_ok(&self) -> bool {
-        let w = self.field("written");
-        self.field("ok") == Some("1")
-            && w.is_some()
-            && self.field("read") == w
-            && w == Some(self.disk_sha256.as_str())
+        if self.field("ok") != Some("1") {
+            return false;
+        }
+        match &self.host {
+            HostSide::Disk { sha256 } => {
+                let w = self.field("written");
+                w.is_some() && self.field("read") == w && w == Some(sha256.as_str())
+            }
+            HostSide::Net { peer, .. } => {
+                let (sent, got) = (self.field("sent"), self.field("got"));
+                sent.is_some()
+                    && sent == peer.received_sha256.as_deref()
+                    && got.is_some()
+                    && got == peer.sent_sha256.as_deref()
+            }
+        }
     }
 
-    /// The guest's read time (TCG guest time), seconds.
-    pub fn read_seconds(&self) -> Option<f64> {
-        self.field("read_ms")?
-            .parse::<f64>()
-            .ok()
-            .map(|ms| ms / 1000.0)
+    /// The guest's timed phase, in TCG guest time (an emulated CPU, only
+    /// ratios mean anything), seconds: a disk run's read back, a network
+    /// run's send plus receive.
+    pub fn guest_seconds(&self) -> Option<f64> {
+        let ms = |k: &str| self.field(k)?.parse::<f64>().ok();
+        let total = match self.host {
+            HostSide::Disk { .. } => ms("read_ms")?,
+            HostSide::Net { .. } => ms("send_ms")? + ms("recv_ms")?,
+        };
+        Some(total / 1000.0)
+    }
+
+    /// The I/Os our back-end served: a disk run's completed requests, a
+    /// network run's frames (each one descriptor chain: a TCP segment,
+    /// an acknowledgement or an ARP frame), transmitted plus received.
+    /// Zero without a session report (the anchor).
+    pub fn ios(&self) -> u64 {
+        self.report.as_ref().map_or(0, |r| match self.host {
+            HostSide::Disk { .. } => r.blk.requests,
+            HostSide::Net { .. } => r.net.tx_frames + r.net.rx_frames,
+        })
+    }
+
+    /// CPU time of the back-end's queue threads and of its message
+    /// handling, nanoseconds (zero without a session report).
+    pub fn device_cpu_ns(&self) -> (u64, u64) {
+        self.report.as_ref().map_or((0, 0), |r| {
+            (r.blk.worker_cpu_ns + r.net.worker_cpu_ns, r.session_cpu_ns)
+        })
+    }
+
+    /// The backing file's digest (a disk run).
+    pub fn disk_sha256(&self) -> Option<&str> {
+        match &self.host {
+            HostSide::Disk { sha256 } => Some(sha256),
+            HostSide::Net { .. } => None,
+        }
+    }
+
+    /// What the TCP peer saw (a network run).
+    pub fn peer(&self) -> Option<&PeerReport> {
+        match &self.host {
+            HostSide::Net { peer, .. } => Some(peer),
+            HostSide::Disk { .. } => None,
+        }
     }
 }
 
@@ -183,7 +258,7 @@ pub fn run_blk(
     mode: IommuMode,
     disk_mib: u64,
     deadline: Duration,
-) -> Result<GuestBlkRun, GuestError> {
+) -> Result<GuestRun, GuestError> {
     let setup = |e: std::io::Error| GuestError::Setup(e.to_string());
     let dir = std::env::temp_dir().join(format!(
         "softiommu-guest-{}-{:?}-{}",
@@ -239,12 +314,19 @@ pub fn run_blk(
     let disk_sha256 = sha256_file(&disk)?;
     let _ = std::fs::remove_dir_all(&dir);
     let (result, fields, dmesg, wall_seconds) = b.into_result(deadline)?;
-    Ok(GuestBlkRun {
+    Ok(GuestRun {
+        device: match device {
+            GuestDevice::VhostBlk => "virtio-blk",
+            GuestDevice::QemuBlk => "qemu-virtio-blk",
+        },
+        mode,
         result,
         fields,
         dmesg,
         report,
-        disk_sha256,
+        host: HostSide::Disk {
+            sha256: disk_sha256,
+        },
         wall_seconds,
     })
 }
@@ -387,44 +469,6 @@ fn boot(
     })
 }
 
-/// One guest network run's outcome.
-#[derive(Debug)]
-pub struct GuestNetRun {
-    /// The guest's result line.
-    pub result: String,
-    /// Its `key=value` fields.
-    pub fields: BTreeMap<String, String>,
-    /// The kernel log lines the guest echoed (version, DMAR, policy).
-    pub dmesg: Vec<String>,
-    /// The back-end's session report.
-    pub report: Option<SessionReport>,
-    /// What the host's TCP peer saw.
-    pub peer: PeerReport,
-    /// The wire's counters (A: the back-end, B: the peer).
-    pub wire: WireStats,
-    /// Wall time of the whole run (boot to power-off), seconds.
-    pub wall_seconds: f64,
-}
-
-impl GuestNetRun {
-    /// A field of the result line.
-    pub fn field(&self, key: &str) -> Option<&str> {
-        self.fields.get(key).map(String::as_str)
-    }
-
-    /// Whether the peer received exactly what the guest sent and the guest
-    /// received exactly what the peer sent (SHA-256 both ways).
-    pub fn checksum_ok(&self) -> bool {
-        let sent = self.field("sent");
-        let got = self.field("got");
-        self.field("ok") == Some("1")
-            && sent.is_some()
-            && sent == self.peer.received_sha256.as_deref()
-            && got.is_some()
-            && got == self.peer.sent_sha256.as_deref()
-    }
-}
-
 /// Boots the kit's guest with our vhost-user-net back-end on a wire whose
 /// other end is a smoltcp TCP peer (10.0.2.2); the guest (10.0.2.15) sends
 /// `mib` MiB of a random pattern to the peer's sink and receives `mib` MiB
@@ -434,7 +478,7 @@ pub fn run_net(
     mode: IommuMode,
     mib: u64,
     deadline: Duration,
-) -> Result<GuestNetRun, GuestError> {
+) -> Result<GuestRun, GuestError> {
     let setup = |e: std::io::Error| GuestError::Setup(e.to_string());
     let dir = std::env::temp_dir().join(format!(
         "softiommu-guest-{}-net-{}",
@@ -486,13 +530,103 @@ pub fn run_net(
     let report = rx.recv_timeout(Duration::from_secs(30)).ok();
     let _ = std::fs::remove_dir_all(&dir);
     let (result, fields, dmesg, wall_seconds) = booted?.into_result(deadline)?;
-    Ok(GuestNetRun {
+    Ok(GuestRun {
+        device: "virtio-net",
+        mode,
         result,
         fields,
         dmesg,
         report,
-        peer,
-        wire: wire_stats,
+        host: HostSide::Net {
+            peer,
+            wire: wire_stats,
+        },
         wall_seconds,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::SessionEnd;
+    use crate::space::IotlbStats;
+
+    fn run(host: HostSide, line: &str, report: Option<SessionReport>) -> GuestRun {
+        GuestRun {
+            device: "virtio-blk",
+            mode: IommuMode::Strict,
+            result: line.to_string(),
+            fields: line
+                .split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            dmesg: Vec::new(),
+            report,
+            host,
+            wall_seconds: 1.0,
+        }
+    }
+
+    fn report() -> SessionReport {
+        SessionReport {
+            end: SessionEnd::Disconnected,
+            iotlb: IotlbStats::default(),
+            blk: crate::blk::BlkStats {
+                requests: 7,
+                worker_cpu_ns: 3,
+                ..Default::default()
+            },
+            net: crate::net::NetStats {
+                tx_frames: 5,
+                rx_frames: 6,
+                worker_cpu_ns: 4,
+                ..Default::default()
+            },
+            rejected_messages: 0,
+            last_rejection: None,
+            acked_features: 0,
+            session_cpu_ns: 10,
+        }
+    }
+
+    /// One result type serves both devices: each is checked against its
+    /// own host side, times its own phase and counts its own I/Os.
+    #[test]
+    fn one_run_type_checks_disk_and_net_against_their_host_side() {
+        let disk = |sha: &str| HostSide::Disk { sha256: sha.into() };
+        let line = "ok=1 written=aa read=aa read_ms=1500";
+        let d = run(disk("aa"), line, Some(report()));
+        assert!(d.checksum_ok());
+        assert_eq!(d.guest_seconds(), Some(1.5));
+        assert_eq!(d.ios(), 7);
+        assert_eq!(d.device_cpu_ns(), (7, 10));
+        assert_eq!(d.disk_sha256(), Some("aa"));
+        assert!(d.peer().is_none());
+        assert!(!run(disk("bb"), line, None).checksum_ok());
+        assert!(!run(disk("aa"), "ok=0 written=aa read=aa", None).checksum_ok());
+
+        let (_, _, wire) = wire(WireConfig::default());
+        let peer = |rx: &str, tx: &str| PeerReport {
+            received: 1,
+            received_sha256: Some(rx.into()),
+            sent: 1,
+            sent_sha256: Some(tx.into()),
+            timed_out: false,
+        };
+        let line = "ok=1 sent=s1 got=g1 send_ms=250 recv_ms=750";
+        let net = |rx: &str, tx: &str| HostSide::Net {
+            peer: peer(rx, tx),
+            wire: wire.clone(),
+        };
+        let n = run(net("s1", "g1"), line, Some(report()));
+        assert!(n.checksum_ok());
+        assert_eq!(n.guest_seconds(), Some(1.0));
+        assert_eq!(n.ios(), 11);
+        assert_eq!(n.peer().map(|p| p.received), Some(1));
+        assert!(n.disk_sha256().is_none());
+        assert!(!run(net("s1", "other"), line, None).checksum_ok());
+        assert!(!run(net("other", "g1"), line, None).checksum_ok());
+        assert_eq!(run(net("s1", "g1"), line, None).ios(), 0);
+    }
 }

@@ -187,6 +187,7 @@ impl VhostDevice for BlkDevice {
 
     fn spawn(&self, _index: u32, q: Queue) -> std::io::Result<JoinHandle<u16>> {
         let w = Worker {
+            ahead: q.last_avail,
             q,
             disk: self.disk.clone(),
             counters: self.counters.clone(),

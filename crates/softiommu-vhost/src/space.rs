@@ -75,6 +75,15 @@ pub struct IotlbStats {
     pub flushes: u64,
     /// Table emptied because it was full.
     pub evictions: u64,
+    /// Asked pages an update answered (the round trips timed below).
+    pub answered: u64,
+    /// Sum over answered pages of the time from the ask to the update,
+    /// nanoseconds (the front-end's round trip, as this side sees it).
+    pub miss_rtt_ns: u64,
+    /// Times an access woke while waiting for a miss.
+    pub miss_wakeups: u64,
+    /// Sum of the time accesses spent waiting for misses, nanoseconds.
+    pub miss_wait_ns: u64,
 }
 
 #[derive(Debug, Default)]
@@ -88,12 +97,19 @@ struct Counters {
     cancelled: AtomicU64,
     flushes: AtomicU64,
     evictions: AtomicU64,
+    answered: AtomicU64,
+    miss_rtt_ns: AtomicU64,
+    miss_wakeups: AtomicU64,
+    miss_wait_ns: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct MissState {
     /// Page -> when it was asked.
     outstanding: HashMap<u64, Instant>,
+    /// The outstanding pages waiters sleep on (one entry per waiter): an
+    /// update wakes the waiters only when it answers one of them.
+    watched: Vec<u64>,
     cancelled: bool,
 }
 
@@ -115,6 +131,13 @@ pub struct DmaSpace {
     channel: Mutex<Option<UnixStream>>,
     miss_timeout: Duration,
     counters: Counters,
+}
+
+/// How a wait for a page ended.
+enum Slept {
+    Answered,
+    Cancelled,
+    TimedOut,
 }
 
 /// Outcome of one translation attempt.
@@ -156,6 +179,10 @@ impl DmaSpace {
             cancelled: l(&c.cancelled),
             flushes: l(&c.flushes),
             evictions: l(&c.evictions),
+            answered: l(&c.answered),
+            miss_rtt_ns: l(&c.miss_rtt_ns),
+            miss_wakeups: l(&c.miss_wakeups),
+            miss_wait_ns: l(&c.miss_wait_ns),
         }
     }
 
@@ -236,16 +263,37 @@ impl DmaSpace {
         let last = iova.saturating_add(size - 1);
         let first = iova & !(PAGE - 1);
         let pages = (last - first) / PAGE + 1;
+        let now = Instant::now();
+        let (mut answered, mut rtt) = (0u64, 0u64);
         if pages <= 64 {
             // The common answer to a miss: one page; no walk of the whole set.
             for k in 0..pages {
-                st.outstanding.remove(&(first + k * PAGE));
+                if let Some(t) = st.outstanding.remove(&(first + k * PAGE)) {
+                    answered += 1;
+                    rtt += now.duration_since(t).as_nanos() as u64;
+                }
             }
         } else {
-            st.outstanding.retain(|&pg, _| pg < first || pg > last);
+            st.outstanding.retain(|&pg, t| {
+                let keep = pg < first || pg > last;
+                if !keep {
+                    answered += 1;
+                    rtt += now.duration_since(*t).as_nanos() as u64;
+                }
+                keep
+            });
         }
+        let wake = st.watched.iter().any(|&pg| pg >= first && pg <= last);
         drop(st);
-        self.wake.notify_all();
+        if answered > 0 {
+            self.counters
+                .answered
+                .fetch_add(answered, Ordering::Relaxed);
+            self.counters.miss_rtt_ns.fetch_add(rtt, Ordering::Relaxed);
+        }
+        if wake {
+            self.wake.notify_all();
+        }
         Ok(out)
     }
 
@@ -401,40 +449,88 @@ impl DmaSpace {
             self.send_misses(&ask, write)?;
             st = self.miss_state();
         }
-        loop {
-            if st.cancelled {
+        match self.sleep_on(st, first, deadline) {
+            Slept::Answered => Ok(()),
+            Slept::Cancelled => {
                 self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
-                return Err(AccessError::Cancelled { iova });
+                Err(AccessError::Cancelled { iova })
             }
-            if self.generation.load(Ordering::Acquire) != gen {
-                return Ok(());
+            Slept::TimedOut => {
+                self.miss_state().outstanding.remove(&first);
+                self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                Err(AccessError::MissTimeout {
+                    iova,
+                    waited_ms: self.miss_timeout.as_millis() as u64,
+                })
+            }
+        }
+    }
+
+    /// Sleeps until page `pg` is no longer outstanding (an update answered
+    /// it, or it was never asked), the rings stop, or `deadline` passes.
+    /// Only an update that answers `pg` wakes this waiter.
+    fn sleep_on(
+        &self,
+        mut st: std::sync::MutexGuard<'_, MissState>,
+        pg: u64,
+        deadline: Instant,
+    ) -> Slept {
+        let t0 = Instant::now();
+        st.watched.push(pg);
+        let r = loop {
+            if st.cancelled {
+                break Slept::Cancelled;
+            }
+            if !st.outstanding.contains_key(&pg) {
+                break Slept::Answered;
             }
             let now = Instant::now();
             if now >= deadline {
-                st.outstanding.remove(&first);
-                self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                return Err(AccessError::MissTimeout {
-                    iova,
-                    waited_ms: self.miss_timeout.as_millis() as u64,
-                });
+                break Slept::TimedOut;
             }
             st = self
                 .wake
                 .wait_timeout(st, deadline - now)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            self.counters.miss_wakeups.fetch_add(1, Ordering::Relaxed);
+        };
+        if let Some(k) = st.watched.iter().position(|&w| w == pg) {
+            st.watched.swap_remove(k);
         }
+        drop(st);
+        self.counters
+            .miss_wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
+    }
+
+    /// Waits, within the miss bound, until the front-end has answered page
+    /// `pg` (the last page a [`DmaSpace::prefetch`] asked for: the
+    /// front-end answers in order, so the pages asked before it are
+    /// answered too), so that the accesses after it run without a wake-up
+    /// per page. Cancellation and the bound end the wait silently: the
+    /// accesses that follow meet them and report them.
+    pub(crate) fn await_page(&self, pg: u64) {
+        let deadline = Instant::now() + self.miss_timeout;
+        let _ = self.sleep_on(self.miss_state(), pg, deadline);
     }
 
     /// Asks the front-end, without waiting, for the pages of `segs` that
     /// have no translation and are not already asked (at most
     /// [`REQUEST_PREFETCH_PAGES`]); the accesses that follow wait for them
-    /// without asking again. Does nothing without an IOMMU; a failure to
-    /// send is left for those accesses to report.
-    pub(crate) fn prefetch(&self, segs: &mut dyn Iterator<Item = (u64, u64)>, write: bool) {
+    /// without asking again. Returns the last page of `segs` without a
+    /// translation (asked now or before), for [`DmaSpace::await_page`].
+    /// Does nothing without an IOMMU; a failure to send is left for those
+    /// accesses to report.
+    pub(crate) fn prefetch(
+        &self,
+        segs: &mut dyn Iterator<Item = (u64, u64)>,
+        write: bool,
+    ) -> Option<u64> {
         if !self.iommu.load(Ordering::Acquire) {
-            return;
+            return None;
         }
         let mut missing = Vec::new();
         {
@@ -458,13 +554,11 @@ impl DmaSpace {
                 }
             }
         }
-        if missing.is_empty() {
-            return;
-        }
+        let last = *missing.last()?;
         let now = Instant::now();
         let mut st = self.miss_state();
         if st.cancelled {
-            return;
+            return None;
         }
         missing.retain(|pg| {
             let fresh = st
@@ -480,6 +574,7 @@ impl DmaSpace {
         if !missing.is_empty() {
             let _ = self.send_misses(&missing, write);
         }
+        Some(last)
     }
 
     fn send_misses(&self, pages: &[u64], write: bool) -> Result<(), AccessError> {

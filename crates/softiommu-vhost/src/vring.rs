@@ -18,6 +18,9 @@ use softiommu_virtio::spec::{desc, ring};
 use crate::error::AccessError;
 use crate::space::{AddrKind, DmaSpace};
 
+/// Walked chains' vectors kept for reuse.
+const SPARE_CHAINS: usize = 2;
+
 /// Where a ring is (validated by the session).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RingAddrs {
@@ -82,8 +85,9 @@ pub(crate) struct Queue {
     pub(crate) used_idx: u16,
     /// Used entries published since the last signal.
     pending_signal: u32,
-    /// The vector the next walk fills.
-    spare: Vec<Desc>,
+    /// The vectors walks fill, handed back with [`Queue::recycle`] (one per
+    /// chain held at once: the one served, the one looked at ahead).
+    spare: Vec<Vec<Desc>>,
 }
 
 impl Queue {
@@ -102,7 +106,7 @@ impl Queue {
             last_avail: base,
             used_idx: base,
             pending_signal: 0,
-            spare: Vec::with_capacity(usize::from(ring.num.min(64))),
+            spare: vec![Vec::with_capacity(usize::from(ring.num.min(64)))],
         }
     }
 
@@ -114,6 +118,22 @@ impl Queue {
     /// Whether the ring is enabled.
     pub(crate) fn enabled(&self) -> bool {
         self.shared.enabled.load(Ordering::Acquire)
+    }
+
+    /// The driver's avail index now.
+    pub(crate) fn avail_idx(&self) -> Result<u16, AccessError> {
+        self.space
+            .load_u16_acquire(AddrKind::Ring, at(self.ring.avail, 2)?)
+    }
+
+    /// The head in avail entry `idx` (mod the ring's size), without taking it.
+    pub(crate) fn head_at(&self, idx: u16) -> Result<u16, AccessError> {
+        let r = self.ring;
+        let slot = u64::from(idx % r.num);
+        let mut h = [0u8; 2];
+        self.space
+            .read_bytes(AddrKind::Ring, at(r.avail, 4 + 2 * slot)?, &mut h)?;
+        Ok(u16::from_le_bytes(h))
     }
 
     /// The next available head, if any.
@@ -147,18 +167,18 @@ impl Queue {
     /// it has grown), to be handed back with [`Queue::recycle`].
     pub(crate) fn walk(&mut self, head: u16) -> Result<Chain, AccessError> {
         let r = self.ring;
-        let mut out = std::mem::take(&mut self.spare);
+        let mut out = self.spare.pop().unwrap_or_default();
         out.clear();
         let mut i = head;
         loop {
             if i >= r.num || out.len() >= usize::from(r.num) {
-                self.spare = out;
+                self.spare.push(out);
                 return Ok(Chain::Bad);
             }
             let mut d = [0u8; 16];
             let a = at(r.desc, 16 * u64::from(i));
             if let Err(e) = a.and_then(|a| self.space.read_bytes(AddrKind::Ring, a, &mut d)) {
-                self.spare = out;
+                self.spare.push(out);
                 return Err(e);
             }
             let addr = u64::from_le_bytes(d[0..8].try_into().expect("8"));
@@ -166,7 +186,7 @@ impl Queue {
             let flags = u16::from_le_bytes([d[12], d[13]]);
             let next = u16::from_le_bytes([d[14], d[15]]);
             if flags & desc::F_INDIRECT != 0 {
-                self.spare = out;
+                self.spare.push(out);
                 return Ok(Chain::Bad);
             }
             out.push(Desc { addr, len, flags });
@@ -179,7 +199,9 @@ impl Queue {
 
     /// Hands a walked chain's vector back for the next walk.
     pub(crate) fn recycle(&mut self, v: Vec<Desc>) {
-        self.spare = v;
+        if self.spare.len() < SPARE_CHAINS {
+            self.spare.push(v);
+        }
     }
 
     /// Publishes `(head, len)` as the next used entry.

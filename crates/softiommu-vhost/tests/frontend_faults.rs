@@ -380,3 +380,134 @@ fn racing_invalidations_nothing_is_written_after_the_ack() {
     eprintln!("served before the ack: {before}, refused after it: {after}");
     assert_eq!(before + after, 40);
 }
+
+/// A request's missing pages are asked in one burst before any answer,
+/// and the device sleeps until the last of them is answered: answered one
+/// page at a time (as QEMU does), a 32-page request wakes the device once
+/// or twice, not once per page — the CPU the front-end needs to answer
+/// is not taken by a device that wakes to find its page still missing.
+#[test]
+fn a_request_s_misses_go_out_in_one_burst_and_wake_the_device_once() {
+    const PAGES: u64 = 32;
+    let mut fe = FrontEnd::start("burst", Duration::from_secs(10));
+    fe.map(RING_IOVA, 0x1000);
+    fe.start_ring();
+    fe.submit_read_segs(&[(DATA_IOVA, (PAGES * 4096) as u32)]);
+    // Every page is asked before anything is answered: header, data, status.
+    fe.chan
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut asked: Vec<u64> = (0..PAGES + 2).map(|_| fe.read_miss().1).collect();
+    asked.sort_unstable();
+    let mut want: Vec<u64> = (0..PAGES).map(|k| DATA_IOVA + k * 4096).collect();
+    want.extend([HDR_IOVA, STATUS_IOVA]);
+    want.sort_unstable();
+    assert_eq!(asked, want);
+    // Answered one page at a time, in the order asked, with a pause
+    // between answers: a device woken by every update would wake each time.
+    let order = [HDR_IOVA]
+        .into_iter()
+        .chain((0..PAGES).map(|k| DATA_IOVA + k * 4096))
+        .chain([STATUS_IOVA]);
+    for iova in order {
+        assert_eq!(fe.iotlb(m::UPDATE, iova, 0x1000, UA + iova, RW), 0);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(fe.wait_used(1, Duration::from_secs(10)));
+    assert_eq!(fe.peek(STATUS_IOVA, 1), [0]);
+    assert_eq!(
+        fe.peek(DATA_IOVA, (PAGES * 4096) as usize),
+        vec![0x5c; (PAGES * 4096) as usize]
+    );
+    fe.sock.shutdown(std::net::Shutdown::Both).unwrap();
+    let r = fe
+        .report
+        .recv_timeout(Duration::from_secs(10))
+        .expect("session ends");
+    assert_eq!(r.iotlb.misses, PAGES + 2, "{:?}", r.iotlb);
+    assert_eq!(r.iotlb.answered, PAGES + 2, "{:?}", r.iotlb);
+    assert!(r.iotlb.miss_wakeups <= 2, "{:?}", r.iotlb);
+    assert_eq!(r.blk.io_errors, 0);
+}
+
+/// Two requests available at once: the second one's missing pages are
+/// asked right after the first one's, before any answer — the front-end
+/// answers them while the first is served — and both complete.
+#[test]
+fn the_next_available_request_s_misses_are_asked_before_the_first_completes() {
+    const B_HDR: u64 = 0x13000;
+    const B_STATUS: u64 = 0x14000;
+    const B_DATA: u64 = 0x40000;
+    let fe = FrontEnd::start("ahead", Duration::from_secs(10));
+    fe.map(RING_IOVA, 0x1000);
+    fe.start_ring();
+    let d = |addr: u64, len: u32, flags: u16, next: u16| {
+        let mut b = [0u8; 16];
+        b[0..8].copy_from_slice(&addr.to_le_bytes());
+        b[8..12].copy_from_slice(&len.to_le_bytes());
+        b[12..14].copy_from_slice(&flags.to_le_bytes());
+        b[14..16].copy_from_slice(&next.to_le_bytes());
+        b
+    };
+    // Request A at descriptors 0-2, B at 3-5: reads of 2 and 4 pages.
+    let reqs = [
+        (HDR_IOVA, DATA_IOVA, 2u64, STATUS_IOVA, 0u16),
+        (B_HDR, B_DATA, 4, B_STATUS, 3),
+    ];
+    for &(hdr, data, pages, status, first) in &reqs {
+        fe.poke(hdr, &[0u8; 16]); // VIRTIO_BLK_T_IN, sector 0
+        fe.poke(status, &[0xee]);
+        fe.poke(DESC + 16 * u64::from(first), &d(hdr, 16, 1, first + 1));
+        fe.poke(
+            DESC + 16 * u64::from(first + 1),
+            &d(data, (pages * 4096) as u32, 1 | 2, first + 2),
+        );
+        fe.poke(DESC + 16 * u64::from(first + 2), &d(status, 1, 2, 0));
+    }
+    fe.poke(AVAIL + 4, &0u16.to_le_bytes());
+    fe.poke(AVAIL + 6, &3u16.to_le_bytes());
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    fe.poke(AVAIL + 2, &2u16.to_le_bytes());
+    let one = 1u64;
+    // SAFETY: 8 bytes to an eventfd.
+    unsafe {
+        libc::write(
+            std::os::fd::AsRawFd::as_raw_fd(&fe.kick),
+            (&one as *const u64).cast(),
+            8,
+        )
+    };
+    fe.chan
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    // A's 4 pages, then B's 6, before anything is answered.
+    let asked: Vec<u64> = (0..10).map(|_| fe.read_miss().1).collect();
+    let mut a: Vec<u64> = asked[..4].to_vec();
+    let mut b: Vec<u64> = asked[4..].to_vec();
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(
+        a,
+        vec![HDR_IOVA, STATUS_IOVA, DATA_IOVA, DATA_IOVA + 0x1000]
+    );
+    let mut want_b = vec![B_HDR, B_STATUS];
+    want_b.extend((0..4).map(|k| B_DATA + k * 0x1000));
+    want_b.sort_unstable();
+    assert_eq!(b, want_b);
+    for iova in asked {
+        assert_eq!(fe.iotlb(m::UPDATE, iova, 0x1000, UA + iova, RW), 0);
+    }
+    assert!(fe.wait_used(2, Duration::from_secs(10)));
+    assert_eq!(fe.peek(STATUS_IOVA, 1), [0]);
+    assert_eq!(fe.peek(B_STATUS, 1), [0]);
+    assert_eq!(fe.peek(DATA_IOVA, 2 * 4096), vec![0x5c; 2 * 4096]);
+    assert_eq!(fe.peek(B_DATA, 4 * 4096), vec![0x5c; 4 * 4096]);
+    fe.sock.shutdown(std::net::Shutdown::Both).unwrap();
+    let r = fe
+        .report
+        .recv_timeout(Duration::from_secs(10))
+        .expect("session ends");
+    assert_eq!(r.iotlb.misses, 10, "{:?}", r.iotlb);
+    assert_eq!(r.blk.requests, 2);
+    assert_eq!(r.blk.io_errors, 0);
+}

@@ -45,9 +45,9 @@ fn check(mode: IommuMode) {
     assert_booted(&r.dmesg, &r.result, |k| r.field(k), mode);
     assert!(
         r.checksum_ok(),
-        "guest {} / backing file {}",
+        "guest {} / backing file {:?}",
         r.result,
-        r.disk_sha256
+        r.disk_sha256()
     );
     assert_session(rep);
     assert_eq!(rep.blk.io_errors, 0, "{:?}", rep.blk);

@@ -11,7 +11,7 @@
 mod guest_common;
 
 use guest_common::{assert_booted, assert_session, kit, say, GUEST_DEADLINE, ONE_GUEST};
-use softiommu_vhost::guest::{run_net, IommuMode};
+use softiommu_vhost::guest::{run_net, HostSide, IommuMode};
 
 const MIB: u64 = 4;
 
@@ -28,15 +28,18 @@ fn check(mode: IommuMode) {
         .as_ref()
         .expect("the back-end's session ends when QEMU exits");
     let (s, n) = (&rep.iotlb, &rep.net);
+    let HostSide::Net { peer, wire } = &r.host else {
+        panic!("a network run reports the peer's side: {:?}", r.host)
+    };
     say(&format!(
         "guest-net {}: {:.1} s wall; peer received={} sha={:?} sent={} sha={:?} timed_out={}",
         mode.name(),
         r.wall_seconds,
-        r.peer.received,
-        r.peer.received_sha256,
-        r.peer.sent,
-        r.peer.sent_sha256,
-        r.peer.timed_out
+        peer.received,
+        peer.received_sha256,
+        peer.sent,
+        peer.sent_sha256,
+        peer.timed_out
     ));
     say(&format!(
         "guest-net {}: back-end {n:?}; iotlb updates={} invalidations={} misses={} miss_timeouts={} refused={} flushes={} evictions={} rejected_messages={}; wire {:?} / {:?}",
@@ -49,13 +52,13 @@ fn check(mode: IommuMode) {
         s.flushes,
         s.evictions,
         rep.rejected_messages,
-        r.wire.a_to_b(),
-        r.wire.b_to_a(),
+        wire.a_to_b(),
+        wire.b_to_a(),
     ));
     assert_booted(&r.dmesg, &r.result, |k| r.field(k), mode);
-    assert_eq!(r.peer.received, MIB << 20, "{:?}", r.peer);
-    assert_eq!(r.peer.sent, MIB << 20, "{:?}", r.peer);
-    assert!(r.checksum_ok(), "guest {} / peer {:?}", r.result, r.peer);
+    assert_eq!(peer.received, MIB << 20, "{:?}", peer);
+    assert_eq!(peer.sent, MIB << 20, "{:?}", peer);
+    assert!(r.checksum_ok(), "guest {} / peer {:?}", r.result, peer);
     assert_session(rep);
     assert!(n.tx_frames > 0 && n.rx_frames > 0, "{n:?}");
     assert_eq!((n.tx_bad, n.rx_bad, n.ring_faults), (0, 0, 0), "{n:?}");

@@ -223,7 +223,10 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
                     stored: false,
                 });
                 store_err = store_pending(&mut store, run_id, &mut done);
-                progress.done(secs);
+                match done.last().and_then(|d| skipped_why(&d.report)) {
+                    Some(why) => progress.skipped(why),
+                    None => progress.done(secs),
+                }
             }
         }
     }
@@ -265,6 +268,7 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
                     "seed": d.report.seed,
                     "seconds": d.secs,
                     "result": d.report.contract,
+                    "skipped": skipped_why(&d.report),
                     "stored": d.stored,
                 })
             })
@@ -321,6 +325,12 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
         });
     }
     Ok(())
+}
+
+/// Why a finished scenario did not measure anything here (`lab guest`
+/// without its kit), from its contract's `skipped`.
+pub fn skipped_why(r: &Report) -> Option<&str> {
+    r.contract.get("skipped").and_then(|v| v.as_str())
 }
 
 /// The seed summary as a table.

@@ -74,8 +74,12 @@ pub fn render_table(t: &Table) -> String {
 }
 
 /// A whole report: a heading naming scenario, host and parameters, the
-/// tables, what is modelled, and the notes.
+/// tables, what is modelled, and the notes; a report that did not run
+/// here (its contract says `skipped`) is its one line saying why.
 pub fn render_report(r: &Report, host: &Host) -> String {
+    if let Some(why) = r.contract.get("skipped").and_then(|v| v.as_str()) {
+        return format!("{} skipped: {why}\n", r.kind);
+    }
     let mut s = format!("== {} [{}]", r.scenario, r.kind);
     if let Some(seed) = &r.seed {
         s.push_str(&format!(" (seed {seed})"));

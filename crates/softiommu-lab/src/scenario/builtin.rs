@@ -69,6 +69,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "translate.toml",
         include_str!("../../../../scenarios/translate.toml"),
     ),
+    (
+        "real-guest.toml",
+        include_str!("../../../../scenarios/real-guest.toml"),
+    ),
 ];
 
 /// The built-in names, as a list for messages.
@@ -134,6 +138,13 @@ mod tests {
             "{e}"
         );
         assert!(suite_builtin("ring").is_ok());
+        // The real guest is one of the suite's scenarios (skipped, in one
+        // line, where the kit is missing).
+        let g = suite_builtin("real-guest").expect("real-guest");
+        assert_eq!(g.lab_table(), "lab-guest");
+        assert!(
+            matches!(g.quick().expect("quick").lab(), crate::registry::LabArgs::Guest(a) if a.quick)
+        );
     }
 
     #[test]
