@@ -25,6 +25,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use super::error::{DeviceError, ErrorLog};
 use super::queue::{DeviceQueue, QueueLayout};
@@ -57,13 +58,30 @@ pub struct TransportConfig {
     /// bit but maps its buffers anyway (rcore's `virtio-drivers`, whose HAL
     /// returns IOVAs) can be served with it off.
     pub require_access_platform: bool,
+    /// A stated model of what a `QueueNotify` write costs the notifying
+    /// CPU in a virtual machine: the trap to the hypervisor and back (a
+    /// VM exit and entry, and the ioeventfd signal between). The writer
+    /// busy-waits this long before the device sees the notification.
+    /// Zero (the default): a notification costs what the register write
+    /// costs here.
+    pub notify_exit: Duration,
 }
 
 impl Default for TransportConfig {
     fn default() -> Self {
         Self {
             require_access_platform: true,
+            notify_exit: Duration::ZERO,
         }
+    }
+}
+
+/// Busy-waits `d` on the calling thread (a modelled cost that must take
+/// CPU time, as a VM exit does, not sleep).
+fn spin_for(d: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        std::hint::spin_loop();
     }
 }
 
@@ -553,6 +571,9 @@ impl MmioTransport {
                 queues: s.info.queues,
             });
             return;
+        }
+        if !s.cfg.notify_exit.is_zero() {
+            spin_for(s.cfg.notify_exit);
         }
         s.notifies.fetch_add(1, Ordering::Relaxed);
         // Release: the ring updates the driver made before notifying are

@@ -80,6 +80,7 @@ impl Default for ViommuConfig {
             poll: Duration::from_micros(50),
             transport: TransportConfig {
                 require_access_platform: false,
+                ..TransportConfig::default()
             },
         }
     }
