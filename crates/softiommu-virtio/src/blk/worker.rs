@@ -34,7 +34,7 @@ use softiommu::hw::Access;
 
 use super::backend::{AlignedBuf, BlkBackend};
 use super::request::{self, BlkHeader, BlkOp, Limits, Plan, RequestError, Shape};
-use super::slow::{due_at, precise_timers, Held, HeldQueue, SlowRegion, DUE_SPIN};
+use super::slow::{device_priority, due_at, precise_timers, Held, HeldQueue, SlowRegion, DUE_SPIN};
 use super::stats::{bump, Counters, RequestLog, RequestRecord};
 use crate::spec::blk;
 use crate::transport::{ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceMemory, DeviceQueue};
@@ -139,8 +139,10 @@ impl Worker {
     pub(crate) fn run(mut self, end: &DeviceEnd, stop: &AtomicBool, idle_wait: Duration) {
         let view = self.p.view.clone();
         if self.p.slow.is_some() {
-            // Held chains fall due at deadlines: sleeps must end on time.
+            // Held chains fall due at deadlines: sleeps must end on time,
+            // and the thread must get a CPU then.
             precise_timers();
+            device_priority();
         }
         while !stop.load(Ordering::Acquire) {
             let _ = end.take_notified_in(self.mask);

@@ -170,6 +170,10 @@ pub(crate) struct Shared {
     config_writable: OnceLock<(u64, Vec<u8>)>,
     /// What the device does, synchronously, when the driver resets it.
     reset_hook: OnceLock<ResetHook>,
+    /// What the device does, synchronously, with a notification of the
+    /// queues in its mask (a hypervisor handling the exit on the
+    /// notifying CPU), instead of waking its thread.
+    notify_hook: OnceLock<NotifyHook>,
 }
 
 /// A device's reset work, run by the driver's status write of 0.
@@ -178,6 +182,16 @@ struct ResetHook(Box<dyn Fn() + Send + Sync>);
 impl std::fmt::Debug for ResetHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ResetHook")
+    }
+}
+
+/// A device's notification work: the queues it covers (bit `q`) and the
+/// work, given the transport and the queue.
+struct NotifyHook(u64, Box<dyn Fn(&MmioTransport, u32) + Send + Sync>);
+
+impl std::fmt::Debug for NotifyHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NotifyHook({:#x})", self.0)
     }
 }
 
@@ -277,6 +291,7 @@ impl MmioTransport {
                 notifies: AtomicU64::new(0),
                 config_writable: OnceLock::new(),
                 reset_hook: OnceLock::new(),
+                notify_hook: OnceLock::new(),
             }),
         }
     }
@@ -353,6 +368,24 @@ impl MmioTransport {
         self.shared
             .reset_hook
             .set(ResetHook(Box::new(hook)))
+            .is_ok()
+    }
+
+    /// Sets the work a notification of a queue in `mask` (bit `q` for
+    /// queue `q`) does on the notifying thread, inside its `QueueNotify`
+    /// write and after the modelled exit, instead of waking a device
+    /// thread: a hypervisor that handles the exit on the trapping CPU.
+    /// `hook` gets the transport and the queue; it runs with no transport
+    /// lock held and must bound its work. Set once; returns whether this
+    /// call set it.
+    pub fn set_notify_hook(
+        &self,
+        mask: u64,
+        hook: impl Fn(&MmioTransport, u32) + Send + Sync + 'static,
+    ) -> bool {
+        self.shared
+            .notify_hook
+            .set(NotifyHook(mask, Box::new(hook)))
             .is_ok()
     }
 
@@ -579,6 +612,9 @@ impl MmioTransport {
         // Release: the ring updates the driver made before notifying are
         // visible to the device that takes the bit with Acquire.
         s.notify.fetch_or(1 << value, Ordering::AcqRel);
+        if let Some(h) = s.notify_hook.get().filter(|h| h.0 & 1 << value != 0) {
+            return (h.1)(self, value);
+        }
         let serving = s.queue_threads.get(value as usize).and_then(OnceLock::get);
         if let Some(t) = serving.or_else(|| s.device_thread.get()) {
             t.unpark();

@@ -57,6 +57,12 @@ pub struct ViommuConfig {
     /// `poll-us`): a driver waiting on each request then pays no thread
     /// wake-up. Zero: sleep at once.
     pub poll: Duration,
+    /// Serve the request queue on the thread that notifies it, inside
+    /// its `QueueNotify` write, instead of waking the device thread: a
+    /// hypervisor that handles the exit on the trapping vCPU (the vCPU
+    /// is held until the requests are done; the event queue and fault
+    /// reports stay on the device thread). Off by default.
+    pub serve_in_notifier: bool,
     /// Transport policy. The device's own rings and requests are in guest
     /// RAM, reached directly (the device is not behind an IOMMU), so
     /// `VIRTIO_F_ACCESS_PLATFORM` is not required by default.
@@ -78,6 +84,7 @@ impl Default for ViommuConfig {
             fault_batch: 64,
             idle_wait: Duration::from_millis(1),
             poll: Duration::from_micros(50),
+            serve_in_notifier: false,
             transport: TransportConfig {
                 require_access_platform: false,
                 ..TransportConfig::default()
