@@ -187,7 +187,10 @@ impl std::fmt::Debug for ResetHook {
 
 /// A device's notification work: the queues it covers (bit `q`) and the
 /// work, given the transport and the queue.
-struct NotifyHook(u64, Box<dyn Fn(&MmioTransport, u32) + Send + Sync>);
+struct NotifyHook(u64, Box<NotifyFn>);
+
+/// The work of a [`NotifyHook`].
+type NotifyFn = dyn Fn(&MmioTransport, u32) + Send + Sync;
 
 impl std::fmt::Debug for NotifyHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
