@@ -27,6 +27,8 @@ fn lab_viommu_json_has_the_contract_fields() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["lab"], "viommu");
+    assert_eq!(v["exit_us"].as_f64(), Some(3.0));
+    assert_eq!(v["device_model_us"].as_f64(), Some(80.0));
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 6);
     for r in rows {
@@ -36,6 +38,8 @@ fn lab_viommu_json_has_the_contract_fields() {
             "requests_per_io",
             "notifications_per_io",
             "invalidations_per_io",
+            "driver_wait_cpu_us_per_io",
+            "device_us_per_io",
         ] {
             assert!(r[key].as_f64().is_some(), "{key} in {r}");
         }
@@ -71,4 +75,14 @@ fn lab_viommu_refuses_a_bad_depth_in_one_line() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn lab_viommu_refuses_a_bad_exit_cost_in_one_line() {
+    for bad in ["--exit-us=-1", "--exit-us=1001", "--exit-us=nan"] {
+        let out = softiommu(&["lab", "viommu", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{bad}: {err}");
+    }
 }

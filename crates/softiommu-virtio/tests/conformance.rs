@@ -254,6 +254,7 @@ fn host(w: WireConfig) -> (Host, HostConfig, WirePort, WireStats) {
         device: NetDeviceConfig {
             transport: TransportConfig {
                 require_access_platform: false,
+                ..TransportConfig::default()
             },
             ..NetDeviceConfig::default()
         },

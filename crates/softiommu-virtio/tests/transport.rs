@@ -149,6 +149,7 @@ fn features_are_accepted_only_with_version_1_and_access_platform() {
         NetConfig::default().device_info(),
         TransportConfig {
             require_access_platform: false,
+            ..TransportConfig::default()
         },
     );
     assert_ne!(

@@ -178,3 +178,48 @@ fn one_driver_runs_over_the_dma_domain_and_over_the_virtio_iommu() {
         drive(&mut d, &reach, phys);
     }
 }
+
+/// With `serve_in_notifier`, the request queue is served inside the
+/// driver's `QueueNotify` on the driver's thread: a strict map and unmap
+/// complete with the device's thread never woken for them (it sleeps an
+/// hour between looks: were it needed, the driver's 2 s wait would time
+/// out), and every notification still costs its modelled exit.
+#[test]
+fn requests_served_on_the_notifying_thread_pay_the_modelled_exit() {
+    let exit = std::time::Duration::from_micros(300);
+    let mut cfg = config();
+    cfg.serve_in_notifier = true;
+    cfg.poll = std::time::Duration::ZERO;
+    cfg.idle_wait = std::time::Duration::from_secs(3600);
+    cfg.transport.notify_exit = exit;
+    let r = rig_with(cfg, Default::default());
+    let phys = r.ram(2);
+    let Rig {
+        system,
+        unit,
+        dev,
+        drv,
+        ..
+    } = r;
+    let mut d = ViommuDma::new(drv, 1, &[EA], ViommuMode::Strict).expect("domain");
+    let before = d.driver().notifications();
+    let t0 = std::time::Instant::now();
+    let m = d.map(phys, 0x1000, DmaDirection::Bidirectional).unwrap();
+    assert_eq!(
+        reach_in(&system, unit, A, m.iova, Access::Write)
+            .unwrap()
+            .as_slice()[0]
+            .phys,
+        phys
+    );
+    d.unmap(m).unwrap();
+    let took = t0.elapsed();
+    assert_eq!(d.driver().notifications() - before, 2);
+    assert!(took >= 2 * exit, "two notifications took {took:?}");
+    assert!(matches!(
+        reach_in(&system, unit, A, m.iova, Access::Write),
+        Err(TranslateError::NotPresent { .. })
+    ));
+    // PROBE, ATTACH, MAP, UNMAP: none of them waited for the thread.
+    assert!(dev.stats().requests >= 4, "{:?}", dev.stats());
+}

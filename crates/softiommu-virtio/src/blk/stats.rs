@@ -20,6 +20,8 @@ pub(crate) struct Counters {
     pub(crate) request_errors: AtomicU64,
     pub(crate) dma_faults: AtomicU64,
     pub(crate) held: AtomicU64,
+    pub(crate) released: AtomicU64,
+    pub(crate) held_ns: AtomicU64,
     pub(crate) batches: AtomicU64,
     pub(crate) sleeps: AtomicU64,
 }
@@ -53,6 +55,12 @@ pub struct BlkDeviceStats {
     pub dma_faults: u64,
     /// Requests held in the slow region.
     pub held: u64,
+    /// Held requests returned on their used ring.
+    pub released: u64,
+    /// Their total time in the device, ns: from the worker taking each
+    /// off the available ring to returning it on the used ring (the
+    /// achieved device time, beside the hold the model asks for).
+    pub held_ns: u64,
     /// Turns of the workers' loops that did work.
     pub batches: u64,
     /// Times a worker parked for want of work.
@@ -74,6 +82,8 @@ impl BlkDeviceStats {
             s.request_errors += r(&c.request_errors);
             s.dma_faults += r(&c.dma_faults);
             s.held += r(&c.held);
+            s.released += r(&c.released);
+            s.held_ns += r(&c.held_ns);
             s.batches += r(&c.batches);
             s.sleeps += r(&c.sleeps);
         }

@@ -34,7 +34,7 @@ use softiommu::hw::Access;
 
 use super::backend::{AlignedBuf, BlkBackend};
 use super::request::{self, BlkHeader, BlkOp, Limits, Plan, RequestError, Shape};
-use super::slow::{Held, HeldQueue, SlowRegion};
+use super::slow::{device_priority, due_at, precise_timers, Held, HeldQueue, SlowRegion, DUE_SPIN};
 use super::stats::{bump, Counters, RequestLog, RequestRecord};
 use crate::spec::blk;
 use crate::transport::{ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceMemory, DeviceQueue};
@@ -138,6 +138,12 @@ impl Worker {
 
     pub(crate) fn run(mut self, end: &DeviceEnd, stop: &AtomicBool, idle_wait: Duration) {
         let view = self.p.view.clone();
+        if self.p.slow.is_some() {
+            // Held chains fall due at deadlines: sleeps must end on time,
+            // and the thread must get a CPU then.
+            precise_timers();
+            device_priority();
+        }
         while !stop.load(Ordering::Acquire) {
             let _ = end.take_notified_in(self.mask);
             let t = if self.may_fault() {
@@ -166,7 +172,14 @@ impl Worker {
             }
             let mut wait = idle_wait;
             if let Some(d) = t.next_due {
-                wait = wait.min(d.saturating_duration_since(Instant::now()));
+                let left = d.saturating_duration_since(Instant::now());
+                if left <= DUE_SPIN {
+                    // Close to a deadline: poll for it (a sleep would end
+                    // a wake-up latency after it).
+                    std::thread::yield_now();
+                    continue;
+                }
+                wait = wait.min(left - DUE_SPIN);
             }
             bump(&self.p.counters.sleeps, 1);
             std::thread::park_timeout(wait);
@@ -275,6 +288,12 @@ impl Worker {
                 break;
             }
             bump(&self.p.counters.requests, 1);
+            bump(&self.p.counters.released, 1);
+            let ns = now.saturating_duration_since(h.arrived).as_nanos();
+            bump(
+                &self.p.counters.held_ns,
+                u64::try_from(ns).unwrap_or(u64::MAX),
+            );
             n += 1;
         }
         n
@@ -289,12 +308,15 @@ impl Worker {
         flush: bool,
         view: Option<&UnitIommu>,
     ) -> Result<bool, DeviceError> {
+        let arrived = Instant::now();
         let prep = scoped(view, || self.prepare(q, head, flush))?;
         let plan = match prep.plan {
             Ok(plan) => self.io(plan),
             Err(()) => Err(()),
         };
-        scoped(view, || self.complete(q, k, head, prep.shape, plan))
+        scoped(view, || {
+            self.complete(q, k, head, prep.shape, plan, arrived)
+        })
     }
 
     /// Walks the chain, reads and checks the header, gathers a write's
@@ -411,6 +433,7 @@ impl Worker {
         head: u16,
         shape: Shape,
         plan: Result<Plan, ()>,
+        arrived: Instant,
     ) -> Result<bool, DeviceError> {
         let mut written = 0u64;
         if let Ok(plan) = plan {
@@ -458,14 +481,17 @@ impl Worker {
         if let (Some(slow), Ok(plan)) = (self.p.slow, plan) {
             let slow_io = matches!(plan.op, BlkOp::Read | BlkOp::Write)
                 && plan.offset / blk::SECTOR_SIZE >= slow.from_sector;
-            let held = Held {
-                head,
-                len,
-                due: Instant::now() + slow.hold,
-            };
-            if slow_io && status == blk::S_OK && self.held[k].push(held) {
-                bump(&self.p.counters.held, 1);
-                return Ok(false);
+            if let (true, blk::S_OK, Some(due)) = (slow_io, status, due_at(arrived, slow.hold)) {
+                let held = Held {
+                    head,
+                    len,
+                    arrived,
+                    due,
+                };
+                if self.held[k].push(held) {
+                    bump(&self.p.counters.held, 1);
+                    return Ok(false);
+                }
             }
         }
         q.add_used(&self.p.mem, head, len)?;

@@ -25,6 +25,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use super::error::{DeviceError, ErrorLog};
 use super::queue::{DeviceQueue, QueueLayout};
@@ -57,13 +58,30 @@ pub struct TransportConfig {
     /// bit but maps its buffers anyway (rcore's `virtio-drivers`, whose HAL
     /// returns IOVAs) can be served with it off.
     pub require_access_platform: bool,
+    /// A stated model of what a `QueueNotify` write costs the notifying
+    /// CPU in a virtual machine: the trap to the hypervisor and back (a
+    /// VM exit and entry, and the ioeventfd signal between). The writer
+    /// busy-waits this long before the device sees the notification.
+    /// Zero (the default): a notification costs what the register write
+    /// costs here.
+    pub notify_exit: Duration,
 }
 
 impl Default for TransportConfig {
     fn default() -> Self {
         Self {
             require_access_platform: true,
+            notify_exit: Duration::ZERO,
         }
+    }
+}
+
+/// Busy-waits `d` on the calling thread (a modelled cost that must take
+/// CPU time, as a VM exit does, not sleep).
+fn spin_for(d: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        std::hint::spin_loop();
     }
 }
 
@@ -152,6 +170,10 @@ pub(crate) struct Shared {
     config_writable: OnceLock<(u64, Vec<u8>)>,
     /// What the device does, synchronously, when the driver resets it.
     reset_hook: OnceLock<ResetHook>,
+    /// What the device does, synchronously, with a notification of the
+    /// queues in its mask (a hypervisor handling the exit on the
+    /// notifying CPU), instead of waking its thread.
+    notify_hook: OnceLock<NotifyHook>,
 }
 
 /// A device's reset work, run by the driver's status write of 0.
@@ -160,6 +182,19 @@ struct ResetHook(Box<dyn Fn() + Send + Sync>);
 impl std::fmt::Debug for ResetHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ResetHook")
+    }
+}
+
+/// A device's notification work: the queues it covers (bit `q`) and the
+/// work, given the transport and the queue.
+struct NotifyHook(u64, Box<NotifyFn>);
+
+/// The work of a [`NotifyHook`].
+type NotifyFn = dyn Fn(&MmioTransport, u32) + Send + Sync;
+
+impl std::fmt::Debug for NotifyHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NotifyHook({:#x})", self.0)
     }
 }
 
@@ -259,6 +294,7 @@ impl MmioTransport {
                 notifies: AtomicU64::new(0),
                 config_writable: OnceLock::new(),
                 reset_hook: OnceLock::new(),
+                notify_hook: OnceLock::new(),
             }),
         }
     }
@@ -335,6 +371,24 @@ impl MmioTransport {
         self.shared
             .reset_hook
             .set(ResetHook(Box::new(hook)))
+            .is_ok()
+    }
+
+    /// Sets the work a notification of a queue in `mask` (bit `q` for
+    /// queue `q`) does on the notifying thread, inside its `QueueNotify`
+    /// write and after the modelled exit, instead of waking a device
+    /// thread: a hypervisor that handles the exit on the trapping CPU.
+    /// `hook` gets the transport and the queue; it runs with no transport
+    /// lock held and must bound its work. Set once; returns whether this
+    /// call set it.
+    pub fn set_notify_hook(
+        &self,
+        mask: u64,
+        hook: impl Fn(&MmioTransport, u32) + Send + Sync + 'static,
+    ) -> bool {
+        self.shared
+            .notify_hook
+            .set(NotifyHook(mask, Box::new(hook)))
             .is_ok()
     }
 
@@ -554,10 +608,16 @@ impl MmioTransport {
             });
             return;
         }
+        if !s.cfg.notify_exit.is_zero() {
+            spin_for(s.cfg.notify_exit);
+        }
         s.notifies.fetch_add(1, Ordering::Relaxed);
         // Release: the ring updates the driver made before notifying are
         // visible to the device that takes the bit with Acquire.
         s.notify.fetch_or(1 << value, Ordering::AcqRel);
+        if let Some(h) = s.notify_hook.get().filter(|h| h.0 & 1 << value != 0) {
+            return (h.1)(self, value);
+        }
         let serving = s.queue_threads.get(value as usize).and_then(OnceLock::get);
         if let Some(t) = serving.or_else(|| s.device_thread.get()) {
             t.unpark();

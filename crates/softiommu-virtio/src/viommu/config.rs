@@ -65,6 +65,12 @@ pub struct ViommuConfig {
     /// for a reset. Keep it below the driver's own wait, so the driver
     /// learns the status rather than its own timeout.
     pub invalidation_timeout: Duration,
+    /// Serve the request queue on the thread that notifies it, inside
+    /// its `QueueNotify` write, instead of waking the device thread: a
+    /// hypervisor that handles the exit on the trapping vCPU (the vCPU
+    /// is held until the requests are done; the event queue and fault
+    /// reports stay on the device thread). Off by default.
+    pub serve_in_notifier: bool,
     /// Transport policy. The device's own rings and requests are in guest
     /// RAM, reached directly (the device is not behind an IOMMU), so
     /// `VIRTIO_F_ACCESS_PLATFORM` is not required by default.
@@ -87,8 +93,10 @@ impl Default for ViommuConfig {
             idle_wait: Duration::from_millis(1),
             poll: Duration::from_micros(50),
             invalidation_timeout: Duration::from_secs(1),
+            serve_in_notifier: false,
             transport: TransportConfig {
                 require_access_platform: false,
+                ..TransportConfig::default()
             },
         }
     }

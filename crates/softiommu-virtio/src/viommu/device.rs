@@ -21,9 +21,21 @@ use crate::transport::{DeviceEnd, DeviceInfo, MmioTransport};
 #[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
+    /// The request queue's server, taken with `state` held (after it):
+    /// the device thread's, or the notifying thread's with
+    /// [`ViommuConfig::serve_in_notifier`].
+    serving: Mutex<Serving>,
     counters: Counters,
     /// Set to stop the thread; also heard by the state's bounded waits.
     stop: Arc<AtomicBool>,
+}
+
+/// The request queue's worker state.
+#[derive(Debug, Default)]
+struct Serving {
+    server: Server,
+    /// The generation of the queue served last (a new one: a reset).
+    generation: Option<u64>,
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -66,6 +78,7 @@ impl ViommuDevice {
         let reporter = Reporter::new(state.unit());
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
+            serving: Mutex::new(Serving::default()),
             counters: Counters::default(),
             stop,
         });
@@ -84,6 +97,15 @@ impl ViommuDevice {
         });
         let end = DeviceEnd::new(&transport);
         let mem = PhysGuestMemory::new(system.memory().clone());
+        if cfg.serve_in_notifier {
+            let (weak, mem, c) = (Arc::downgrade(&shared), mem.clone(), cfg.clone());
+            transport.set_notify_hook(1 << s::REQUEST_QUEUE, move |t, _| {
+                if let Some(sh) = weak.upgrade() {
+                    let end = DeviceEnd::new(t);
+                    serve(&c, &end, &mem, &sh, &mut lock(&sh.state));
+                }
+            });
+        }
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("virtio-iommu".into())
@@ -157,31 +179,13 @@ fn run(
     mut reporter: Reporter,
 ) {
     end.register_thread();
-    let transport = end.transport();
-    let mut server = Server::default();
-    let mut generation = None;
     let mut last_work = std::time::Instant::now();
     while !sh.stop.load(Ordering::Acquire) {
         let _ = end.take_notified();
         let mut busy = false;
         {
             let mut state = lock(&sh.state);
-            apply_bypass(&transport, end, &mut state);
-            if end.features() == 0 && state.is_dirty() {
-                let _ = state.reset();
-                generation = None;
-            }
-            if let Some(mut g) = end.queue(s::REQUEST_QUEUE) {
-                if let Some(q) = g.as_mut() {
-                    let gen = q.generation();
-                    if generation.is_some_and(|old| old != gen) {
-                        // A reset made new queues since the last round.
-                        let _ = state.reset();
-                    }
-                    generation = Some(gen);
-                    busy |= server.round(q, &mut state, cfg, end, mem, &sh.counters);
-                }
-            }
+            busy |= serve(cfg, end, mem, sh, &mut state);
             busy |= reporter.poll(&state, end, mem, &sh.counters, cfg.fault_batch);
         }
         if busy {
@@ -193,6 +197,42 @@ fn run(
             std::thread::park_timeout(cfg.idle_wait);
         }
     }
+}
+
+/// One pass over the request queue, with `state` locked: applies a reset
+/// or a new `bypass`, then serves one round. Returns whether chains were
+/// taken.
+fn serve(
+    cfg: &ViommuConfig,
+    end: &DeviceEnd,
+    mem: &PhysGuestMemory,
+    sh: &Shared,
+    state: &mut State,
+) -> bool {
+    let mut sv = lock_serving(&sh.serving);
+    let sv = &mut *sv;
+    apply_bypass(&end.transport(), end, state);
+    if end.features() == 0 && state.is_dirty() {
+        let _ = state.reset();
+        sv.generation = None;
+    }
+    let Some(mut g) = end.queue(s::REQUEST_QUEUE) else {
+        return false;
+    };
+    let Some(q) = g.as_mut() else {
+        return false;
+    };
+    let gen = q.generation();
+    if sv.generation.is_some_and(|old| old != gen) {
+        // A reset made new queues since the last round.
+        let _ = state.reset();
+    }
+    sv.generation = Some(gen);
+    sv.server.round(q, state, cfg, end, mem, &sh.counters)
+}
+
+fn lock_serving(m: &Mutex<Serving>) -> std::sync::MutexGuard<'_, Serving> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Applies the driver's `bypass` (§5.13.4.2) — only if it negotiated
