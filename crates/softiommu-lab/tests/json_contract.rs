@@ -627,11 +627,14 @@ fn bench_access() {
                 "min_ns_per_op",
                 "max_ns_per_op",
                 "vs_relaxed",
+                "wall_ns_per_op",
+                "vs_relaxed_wall",
                 "full_fences_per_op",
             ] {
                 number(r, k);
             }
             assert!(r["ns_per_op_spread"].is_null() && r["vs_relaxed_spread"].is_null());
+            assert!(r["vs_relaxed_wall_spread"].is_null());
             assert!(r["valid"].is_boolean(), "{r}");
             r["mode"].as_str().unwrap()
         })
@@ -789,6 +792,19 @@ fn lab_iopf() {
             assert_eq!(p[k], r[k]);
         }
         assert_eq!(number(p, "promotions"), 0.0);
+    }
+    // The figures on CPU time: beside the rows, one entry per row, with
+    // no spread from one repeat.
+    let cpu = v["cpu"].as_array().expect("cpu");
+    assert_eq!(cpu.len(), rows.len());
+    for (c, r) in cpu.iter().zip(rows) {
+        for k in ["msg_len", "times", "premap_pages"] {
+            assert_eq!(c[k], r[k]);
+        }
+        assert!(number(c, "kbps_per_cpu_s_without") > 0.0, "{c}");
+        assert!(number(c, "kbps_per_cpu_s_with") > 0.0, "{c}");
+        assert!(number(c, "ratio") > 0.0, "{c}");
+        assert!(c["ratio_spread"].is_null(), "{c}");
     }
 }
 

@@ -136,6 +136,13 @@ impl IopfHandler {
         Ok(handler)
     }
 
+    /// The handler's threads, while it runs: to read what CPU they use
+    /// (a thread's CPU clock), not to join or stop them ([`stop`](Self::stop)
+    /// does).
+    pub fn threads(&self) -> &[JoinHandle<()>] {
+        &self.threads
+    }
+
     /// The counts and latencies so far.
     pub fn stats(&self) -> HandlerStats {
         let s = &self.shared;
