@@ -557,6 +557,8 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
     let mut last_maintain_cpu = maintain_cpu;
     let mut last_t = t0;
     let mut last_maintain = t0;
+    let mut last_iova = host.domain.iova_stats();
+    let mut last_tables = host.domain.table_stats();
     let spawn_failed = handles.iter().any(|h| h.is_err());
     for w in 0..n_windows {
         if spawn_failed {
@@ -589,6 +591,8 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         let maintain_s = maintain_cpu.saturating_sub(last_maintain_cpu).as_secs_f64();
         let per_req_s = cur_work.per_request_s(&last_work);
         let dt = now.duration_since(last_t).as_secs_f64().max(1e-9);
+        let iova = host.domain.iova_stats();
+        let tables = host.domain.table_stats();
         windows.push(FioWindow {
             t_s: now.duration_since(t0).as_secs_f64(),
             ops,
@@ -600,7 +604,20 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             read_iops: (cur.2 - last.2) as f64 / dt,
             write_iops: (cur.3 - last.3) as f64 / dt,
             errors: cur.4 - last.4,
+            tree_allocs: iova.tree_allocs.saturating_sub(last_iova.tree_allocs),
+            tree_frees: iova.tree_frees.saturating_sub(last_iova.tree_frees),
+            magazines_freed: iova
+                .magazines_freed
+                .saturating_sub(last_iova.magazines_freed),
+            tree_nodes: iova.tree_nodes,
+            cached_iovas: iova.cached_iovas,
+            table_pages: tables.table_pages,
+            tables_allocated: tables
+                .tables_allocated
+                .saturating_sub(last_tables.tables_allocated),
         });
+        last_iova = iova;
+        last_tables = tables;
         last = cur;
         last_work = cur_work;
         last_timer = cur_timer;
