@@ -30,13 +30,20 @@
 //! # On CPU time
 //!
 //! Beside each configuration's wall-clock time (the seed's kB/s), the lab
-//! takes its CPU time: per send, the device thread's CPU clock, plus,
-//! with IOPF, the CPU clocks of the configuration's page request handler
-//! threads over the same send (the fault path needs both: the device
-//! raises and waits, the handler takes, maps and answers; both spin a
-//! while rather than sleep, and that spinning is counted as the CPU the
-//! design takes). The same robust step applies (fault-free sends count
-//! as their median). The headline ratio, `cpu_ratio_pct`, is kB per
+//! takes the CPU time of its work: per send, the device thread's CPU
+//! clock less what it spent waiting for page responses
+//! (`DmaAccessor::time_page_waits`), plus, with IOPF, the CPU its page
+//! request handler threads spent serving the send's requests, from taking
+//! each off the queue to its answer carried out
+//! (`IopfHandler::time_service`). The fault path needs both threads' work:
+//! the device misses, raises and retries, the handler maps and answers.
+//! Their waiting — the device's spin for an answer, the handler's polls
+//! of an empty queue, its sleep and wake-up — is not counted: how much of
+//! it a send takes follows who else has the cores (a handler woken late
+//! by a co-runner keeps the device spinning), not the work. The timing
+//! costs each page request four clock reads (system calls), in every
+//! figure, wall ones included. The same robust step applies (fault-free
+//! sends count as their median). The headline ratio, `cpu_ratio_pct`, is kB per
 //! CPU-second with IOPF over pinned's, the median over the repeats of
 //! each repeat's paired ratio with its spread; a co-runner that delays
 //! the handler's wake-up or takes a core mid-send moves the wall figure
@@ -62,7 +69,7 @@ use softiommu::{
 
 use crate::args::{ArgError, Placement, Ranged};
 use crate::error::{LabError, LabResult};
-use crate::metrics::cpu_clock::{self, ThreadClock};
+use crate::metrics::cpu_clock;
 use crate::metrics::pinning as affinity;
 use crate::report::{
     contract, Axis, Cell, Column, Param, Plot, PlotKind, Report, Series, Spread, Table, Unit,
@@ -252,11 +259,12 @@ pub struct IopfCpu {
     pub times: u64,
     /// Pages mapped per fault.
     pub premap_pages: u64,
-    /// Pinned: kB (10^3 bytes) per CPU-second of the device thread
+    /// Pinned: kB (10^3 bytes) per CPU-second of the device thread's work
     /// (median over the repeats).
     pub kbps_per_cpu_s_without: f64,
-    /// With IOPF: kB per CPU-second of the device thread and the page
-    /// request handler threads together (median over the repeats).
+    /// With IOPF: kB per CPU-second of the device thread's work (less its
+    /// waits for page responses) and the handler threads' service of the
+    /// requests together (median over the repeats).
     pub kbps_per_cpu_s_with: f64,
     /// With / without per CPU-second: the median over the repeats of each
     /// repeat's paired ratio.
@@ -543,17 +551,21 @@ fn run_once(
     for i in 0..domains.len() {
         accs.push(DmaAccessor::new(rig.unit_of(i)?.1, dev(i))?);
     }
-    // Each configuration's handler threads' CPU clocks (none for the
-    // pinned one); a clock the kernel will not give reads as no time.
-    let clocks: Vec<Vec<ThreadClock>> = std::iter::once(Vec::new())
-        .chain(
-            handlers
-                .iter()
-                .map(|h| h.threads().iter().filter_map(ThreadClock::of).collect()),
-        )
-        .collect();
-    let handler_cpu =
-        |i: usize| -> Duration { clocks[i].iter().filter_map(ThreadClock::read).sum() };
+    // The device's waits for page responses and the handlers' service
+    // are timed on their threads' CPU clocks: the work apart from the
+    // waiting.
+    for a in &mut accs {
+        a.time_page_waits(true);
+    }
+    for h in &handlers {
+        h.time_service(true);
+    }
+    // Configuration `i`'s handler CPU so far (none for the pinned one).
+    let handler_cpu = |i: usize| -> Duration {
+        i.checked_sub(1)
+            .and_then(|k| handlers.get(k))
+            .map_or(Duration::ZERO, IopfHandler::service_cpu)
+    };
     // Per configuration: the (wall, CPU) seconds of the sends that
     // faulted, and each fault-free send's.
     let mut faulting = vec![(0.0f64, 0.0f64); accs.len()];
@@ -571,10 +583,15 @@ fn run_once(
         for j in 0..accs.len() {
             let i = (j + round as usize) % accs.len();
             let before = accs[i].stats().page_requests;
+            let w0 = accs[i].stats().page_wait_cpu_ns;
             let (h0, c0) = (handler_cpu(i), cpu_clock::thread());
             let t = send(&mut accs[i], msg_len, expect, buf)?;
-            let cpu = (cpu_clock::thread().saturating_sub(c0) + handler_cpu(i).saturating_sub(h0))
-                .as_secs_f64();
+            let waited = Duration::from_nanos(accs[i].stats().page_wait_cpu_ns - w0);
+            let cpu = (cpu_clock::thread()
+                .saturating_sub(c0)
+                .saturating_sub(waited)
+                + handler_cpu(i).saturating_sub(h0))
+            .as_secs_f64();
             if accs[i].stats().page_requests != before {
                 faulting[i].0 += t;
                 faulting[i].1 += cpu;
@@ -594,7 +611,6 @@ fn run_once(
             )
         })
         .collect();
-    drop(clocks);
     let faults: Vec<u64> = accs.iter().map(|a| a.stats().page_requests).collect();
     if faults[0] != 0 {
         return Err(LabError::Setup("the pinned device faulted"));
@@ -785,7 +801,7 @@ fn mib(bytes: u64) -> String {
 fn report(r: &IopfReport, plan: &Plan) -> Report {
     let mut t = Table::new(
         "results",
-        "speed without IOPF (pinned, pre-mapped) and with (mapped on demand), per message length, sends and pre-map window (seed 002's table): kB per CPU-second of the device thread (and, with IOPF, the handler threads), and wall-clock kB/s beside",
+        "speed without IOPF (pinned, pre-mapped) and with (mapped on demand), per message length, sends and pre-map window (seed 002's table): kB per CPU-second of the work (the device thread's, less its waits for answers, and with IOPF the handler's service of the requests), and wall-clock kB/s beside",
         vec![
             Column::label("msg_len"),
             Column::label("premap_pages"),

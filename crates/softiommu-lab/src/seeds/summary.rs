@@ -287,7 +287,7 @@ fn seed_002(reports: &[Report]) -> SeedLine {
         ours_spread: None,
         unit: "%",
         detail: format!(
-            "an accelerator reading through the unit, premap 1, per CPU-second (device and handler threads' CPU clocks): one send {}, {} sends {} (theirs 99.1 % at 5000); on wall-clock time {} and {}; 10 MiB faults premap 1 {} vs 512 {}; fault raise -> answer p50 {} (theirs ~1.6 µs handler time); {rounds}",
+            "an accelerator reading through the unit, premap 1, per CPU-second of the work (device thread less its waits for answers, plus the handler's service; thread CPU clocks): one send {}, {} sends {} (theirs 99.1 % at 5000); on wall-clock time {} and {}; 10 MiB faults premap 1 {} vs 512 {}; fault raise -> answer p50 {} (theirs ~1.6 µs handler time); {rounds}",
             fmt(ours, " %"),
             last.as_deref().and_then(|k| k.rsplit('/').next()).unwrap_or("?"),
             fmt(long, " %"),

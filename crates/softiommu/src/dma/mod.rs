@@ -35,6 +35,7 @@ mod slot;
 mod stale;
 mod stats;
 mod timer;
+pub(crate) use timer::thread_cpu_time;
 mod units;
 
 #[cfg(all(test, not(loom)))]
