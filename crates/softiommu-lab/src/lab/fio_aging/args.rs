@@ -180,11 +180,19 @@ pub struct FioAgingArgs {
     #[arg(long)]
     pub slow_hold: Option<Seconds>,
     /// MiB of IOVA space below which the controller's IOVAs go first, as
-    /// Linux gives a PCI device the 32-bit range (1..=4096; default 1024, a
-    /// quarter of Linux's 4 GiB, so that twelve jobs' slow tail and caches
-    /// fill it in seconds rather than hours).
+    /// Linux gives a PCI device the 32-bit range (1..=4096; default 128,
+    /// a thirty-second of Linux's 4 GiB, so that twelve jobs' slow tail
+    /// and caches fill it in seconds rather than hours at the aging
+    /// part's pace, `--rate-iops`).
     #[arg(long)]
     pub low_window_mib: Option<Ranged<1, 4096>>,
+    /// Fast requests per second per job in the aging part (0..=1000000;
+    /// 0: as fast as the device completes; default 400, about 5 k IOPS
+    /// for twelve jobs, which this lab's 2-core machine keeps with two
+    /// busy loops alongside): the aging figure compares the driver's CPU
+    /// per request at one pace, as the CPU per request follows the pace.
+    #[arg(long)]
+    pub rate_iops: Option<Ranged<0, 1_000_000>>,
     /// Give the controller IOVAs anywhere in its mask from the start
     /// (Linux's `iommu.forcedac=1`), not the low window first.
     #[arg(long)]
@@ -237,6 +245,7 @@ impl Default for FioAgingArgs {
             slow_sizes: SlowSizes::Mix,
             slow_hold: None,
             low_window_mib: None,
+            rate_iops: None,
             forcedac: false,
             backend: BackendName::Null,
             file: None,
@@ -266,9 +275,10 @@ pub(super) fn backend(args: &FioAgingArgs) -> LabResult<BackendConfig> {
     })
 }
 
-/// The low window in MiB: `--low-window-mib`, or a quarter of Linux's.
+/// The low window in MiB: `--low-window-mib`, or [`DEFAULT_LOW_WINDOW_MIB`].
 pub(super) fn low_window_mib(args: &FioAgingArgs) -> u64 {
-    args.low_window_mib.map_or(1024, Ranged::get)
+    args.low_window_mib
+        .map_or(DEFAULT_LOW_WINDOW_MIB, Ranged::get)
 }
 
 /// The slow tail's depth: `--slow-depth`, or as deep as the ring allows.
@@ -354,4 +364,21 @@ pub(super) fn cost_policies(args: &FioAgingArgs) -> Vec<DmaPolicy> {
     } else {
         dma_policies(&args.dma_policies)
     }
+}
+
+/// The low window when `--low-window-mib` is not given, MiB: at the
+/// default pace ([`DEFAULT_RATE_IOPS`]) the slow tail may send at most a
+/// third of that (the fio engine's rule), so it fills 128 MiB in seconds
+/// where 1 GiB would take the whole run.
+pub(super) const DEFAULT_LOW_WINDOW_MIB: u64 = 128;
+
+/// The aging part's pace when `--rate-iops` is not given: fast requests
+/// per second per job.
+pub(super) const DEFAULT_RATE_IOPS: u64 = 400;
+
+/// The aging part's pace: `--rate-iops`, or [`DEFAULT_RATE_IOPS`]; `None`
+/// (unpaced) for 0.
+pub(super) fn rate_iops(args: &FioAgingArgs) -> Option<f64> {
+    let r = args.rate_iops.map_or(DEFAULT_RATE_IOPS, Ranged::get);
+    (r > 0).then_some(r as f64)
 }

@@ -157,6 +157,9 @@ pub struct FioAgingReport {
     pub low_window_first: bool,
     /// Seconds of each aging run.
     pub seconds: f64,
+    /// The aging part's pace, fast requests per second per job (null:
+    /// unpaced, as fast as the device completes).
+    pub rate_iops: Option<f64>,
     /// Seconds per window.
     pub window_s: f64,
     /// One entry per IOVA policy.

@@ -153,6 +153,10 @@ pub(super) fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
         Param::new("irq_cpus", rep.irq_cpus, Unit::Threads),
         Param::new("seconds", rep.seconds, Unit::S),
         Param::new("window_s", rep.window_s, Unit::S),
+        match rep.rate_iops {
+            Some(r) => Param::new("rate_iops_per_job", r, Unit::Count),
+            None => Param::text("rate_iops_per_job", "unpaced"),
+        },
         match (rep.slow_pct, rep.slow_per_s) {
             (Some(p), _) => Param::new("slow_pct", p, Unit::Percent),
             (None, Some(r)) => Param::new("slow_per_s", format!("{r:.0}"), Unit::Count),
@@ -183,6 +187,12 @@ pub(super) fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
          (retained_wall, stability_wall)."
             .into(),
     );
+    out.notes.push(match rep.rate_iops {
+        Some(r) => format!(
+            "the aging part is paced at {r:.0} fast requests per second per job (fio's rate_iops): the driver's CPU per request follows the pace (measured unpaced: 1.5 µs at 80 k IOPS, 2.2-2.7 µs at 17 k, 2.5-5.9 µs at 9 k, with the allocator's operations per request unchanged), so the first and last quarters are compared at one pace; the wall-clock IOPS then show only a cliff the pace cannot absorb"
+        ),
+        None => "the aging part is unpaced (--rate-iops 0): the driver's CPU per request follows the device's pace, which a co-runner sets".to_string(),
+    });
     out.notes.push(format!(
         "low window {} MiB, {}",
         rep.low_window_mib,

@@ -10,8 +10,8 @@ use crate::metrics::aging::AgingSummary;
 use crate::report::Report;
 
 use super::args::{
-    cost_policies, host, low_window_mib, slow_depth, slow_tail, BackendName, FioAgingArgs,
-    SlowSizes,
+    cost_policies, host, low_window_mib, rate_iops, slow_depth, slow_tail, BackendName,
+    FioAgingArgs, SlowSizes,
 };
 use super::out::{AgingPolicy, DmaCost, FioAgingReport, FioWindowOut};
 use super::render::report;
@@ -119,6 +119,7 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         slow: tail,
         sample_work: true,
         flush_timeout: Some(AGING_FLUSH_TIMEOUT),
+        rate_iops: rate_iops(args),
         ..FioConfig::default()
     };
     aging_cfg
@@ -244,6 +245,7 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         low_window_mib: low_window_mib(args),
         low_window_first: !args.forcedac,
         seconds,
+        rate_iops: rate_iops(args),
         window_s: window.as_secs_f64(),
         policies: out,
         dma: costs,
