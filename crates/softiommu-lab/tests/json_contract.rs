@@ -397,16 +397,18 @@ fn lab_fio_aging() {
     assert_eq!(v["backend"], "null");
     assert_eq!(v["jobs"], 2);
     // How aging is accelerated is part of the report.
-    assert_eq!(v["low_window_mib"], 1024);
+    assert_eq!(v["low_window_mib"], 128);
     assert_eq!(v["low_window_first"], true);
     assert_eq!(v["slow_sizes"], "mix");
-    // The default tail is a rate: 1.5 low windows (1 GiB) over the hold
+    // The aging part is paced: 400 fast requests a second per job.
+    assert_eq!(v["rate_iops"], 400.0);
+    // The default tail is a rate: 1.5 low windows (128 MiB) over the hold
     // (0.8 s) at the mix's mean size (21.6 KiB), per job (2), but no more
     // than the slow depth (10,000) holds over the hold.
     assert!(v["slow_pct"].is_null());
     assert_eq!(v["slow_depth"], 10_000);
     let per_s = v["slow_per_s"].as_f64().expect("slow_per_s");
-    let want = (1.5 * (1u64 << 30) as f64 / (0.8 * 22_118.4 * 2.0)).min(10_000.0 / 0.8);
+    let want = (1.5 * (128u64 << 20) as f64 / (0.8 * 22_118.4 * 2.0)).min(10_000.0 / 0.8);
     assert!((per_s - want).abs() < 1e-6 * want, "{per_s} vs {want}");
     let policies = v["policies"].as_array().expect("policies");
     assert_eq!(policies.len(), 2);
@@ -431,6 +433,18 @@ fn lab_fio_aging() {
         for w in w {
             assert!(number(w, "driver_cpu_s") >= 0.0, "{w}");
             assert!(number(w, "iops_per_cpu_s") >= 0.0, "{w}");
+            // The allocator's and the page table's work, window by window.
+            for k in [
+                "tree_allocs",
+                "tree_frees",
+                "magazines_freed",
+                "tree_nodes",
+                "cached_iovas",
+                "table_pages",
+                "tables_allocated",
+            ] {
+                assert!(number(w, k) >= 0.0, "{k} in {w}");
+            }
         }
     }
     let dma = v["dma"].as_array().expect("dma");
@@ -627,11 +641,14 @@ fn bench_access() {
                 "min_ns_per_op",
                 "max_ns_per_op",
                 "vs_relaxed",
+                "wall_ns_per_op",
+                "vs_relaxed_wall",
                 "full_fences_per_op",
             ] {
                 number(r, k);
             }
             assert!(r["ns_per_op_spread"].is_null() && r["vs_relaxed_spread"].is_null());
+            assert!(r["vs_relaxed_wall_spread"].is_null());
             assert!(r["valid"].is_boolean(), "{r}");
             r["mode"].as_str().unwrap()
         })
@@ -789,6 +806,19 @@ fn lab_iopf() {
             assert_eq!(p[k], r[k]);
         }
         assert_eq!(number(p, "promotions"), 0.0);
+    }
+    // The figures on CPU time: beside the rows, one entry per row, with
+    // no spread from one repeat.
+    let cpu = v["cpu"].as_array().expect("cpu");
+    assert_eq!(cpu.len(), rows.len());
+    for (c, r) in cpu.iter().zip(rows) {
+        for k in ["msg_len", "times", "premap_pages"] {
+            assert_eq!(c[k], r[k]);
+        }
+        assert!(number(c, "kbps_per_cpu_s_without") > 0.0, "{c}");
+        assert!(number(c, "kbps_per_cpu_s_with") > 0.0, "{c}");
+        assert!(number(c, "ratio") > 0.0, "{c}");
+        assert!(c["ratio_spread"].is_null(), "{c}");
     }
 }
 

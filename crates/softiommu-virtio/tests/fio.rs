@@ -37,6 +37,29 @@ fn quick() -> FioConfig {
 }
 
 #[test]
+fn a_paced_run_submits_what_the_clock_earns_and_no_more() {
+    // Three jobs at 300 requests a second each: about 900 IOPS, where the
+    // unpaced run does tens of thousands; never a burst above the rate.
+    let cfg = FioConfig {
+        rate_iops: Some(300.0),
+        runtime: Duration::from_millis(800),
+        window: Duration::from_millis(200),
+        ..quick()
+    };
+    let r = run_fio(&host(BackendConfig::default()), &cfg).expect("run");
+    let want = 3.0 * 300.0;
+    assert!(
+        r.iops <= want * 1.15 && r.iops >= want * 0.5,
+        "{} IOPS paced at {want}",
+        r.iops
+    );
+    for w in &r.windows {
+        assert!(w.iops <= want * 1.5, "{} IOPS in a window", w.iops);
+    }
+    assert_eq!((r.io_errors, r.verify_failures), (0, 0));
+}
+
+#[test]
 fn a_null_run_verifies_its_reads_and_reports_windows() {
     let cfg = FioConfig {
         bs: BlockSizes::parse("4k:60,16k:20,64k:15,128k:5").unwrap(),
@@ -183,6 +206,15 @@ fn bad_settings_are_typed_errors() {
         other => panic!("{other:?}"),
     };
     assert_eq!(field(FioConfig { jobs: 0, ..quick() }), "jobs");
+    for r in [0.0, f64::NAN, 2e7] {
+        assert_eq!(
+            field(FioConfig {
+                rate_iops: Some(r),
+                ..quick()
+            }),
+            "rate_iops"
+        );
+    }
     assert_eq!(
         field(FioConfig {
             flush_timeout: Some(Duration::from_secs(61)),

@@ -120,6 +120,38 @@ fn a_miss_is_served_and_the_access_retried() {
 }
 
 #[test]
+fn the_waits_and_the_service_are_timed_on_cpu_clocks_only_when_asked() {
+    let r = rig(1, 16);
+    let h = IopfHandler::start(r.domain.clone(), r.unit, 1).unwrap();
+    let mut acc = accessor(&r, DEV);
+    let mut got = [0u8; 8];
+    // Untimed: a fault counts no wait and no service.
+    acc.read(BASE, &mut got, O).unwrap();
+    assert_eq!(acc.stats().page_requests, 1);
+    assert_eq!(acc.stats().page_wait_cpu_ns, 0);
+    assert_eq!(h.service_cpu(), Duration::ZERO);
+    // Timed: every fault's wait and service add CPU time.
+    acc.time_page_waits(true);
+    h.time_service(true);
+    for p in 1..9 {
+        acc.read(BASE + p * PAGE_SIZE, &mut got, O).unwrap();
+    }
+    assert_eq!(acc.stats().page_requests, 9);
+    assert!(acc.stats().page_wait_cpu_ns > 0);
+    // The service is counted as the serving thread leaves the request,
+    // which the device may see answered first.
+    let t0 = Instant::now();
+    while h.service_cpu() == Duration::ZERO && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::yield_now();
+    }
+    assert!(h.service_cpu() > Duration::ZERO);
+    // A hit waits for nothing.
+    let waited = acc.stats().page_wait_cpu_ns;
+    acc.read(BASE, &mut got, O).unwrap();
+    assert_eq!(acc.stats().page_wait_cpu_ns, waited);
+}
+
+#[test]
 fn a_request_outside_the_map_is_refused_and_recorded() {
     let r = rig(1, 4);
     let h = IopfHandler::start(r.domain.clone(), r.unit, 1).unwrap();

@@ -27,6 +27,29 @@
 //! happened to land on them; they count as their median each. The sends
 //! that faulted (the first, and any later one that did) count as measured.
 //!
+//! # On CPU time
+//!
+//! Beside each configuration's wall-clock time (the seed's kB/s), the lab
+//! takes the CPU time of its work: per send, the device thread's CPU
+//! clock less what it spent waiting for page responses
+//! (`DmaAccessor::time_page_waits`), plus, with IOPF, the CPU its page
+//! request handler threads spent serving the send's requests, from taking
+//! each off the queue to its answer carried out
+//! (`IopfHandler::time_service`). The fault path needs both threads' work:
+//! the device misses, raises and retries, the handler maps and answers.
+//! Their waiting — the device's spin for an answer, the handler's polls
+//! of an empty queue, its sleep and wake-up — is not counted: how much of
+//! it a send takes follows who else has the cores (a handler woken late
+//! by a co-runner keeps the device spinning), not the work. The timing
+//! costs each page request four clock reads (system calls), so each
+//! repeat runs twice: untimed for the wall-clock figures and the
+//! latencies, then timed for the CPU figures. The same robust step
+//! applies (fault-free sends count as their median). The headline ratio, `cpu_ratio_pct`, is kB per
+//! CPU-second with IOPF over pinned's, the median over the repeats of
+//! each repeat's paired ratio with its spread; a co-runner that delays
+//! the handler's wake-up or takes a core mid-send moves the wall figure
+//! (`ratio_pct`, the seed's own column, kept beside it) but not the work.
+//!
 //! With `--promote on` (the default, the library's default) the faulting
 //! domains promote: a fault that completes a 2 MiB block of the message
 //! collapses its 4 KiB leaves into one 2 MiB leaf, so after the first send
@@ -45,11 +68,13 @@ use softiommu::{
     DmaAccessor, DmaAttrs, Perm, PhysAddr, PhysMemory, SourceId, System, UnitConfig, PAGE_SIZE,
 };
 
-use softiommu_virtio::affinity;
-
 use crate::args::{ArgError, Placement, Ranged};
 use crate::error::{LabError, LabResult};
-use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
+use crate::metrics::cpu_clock;
+use crate::metrics::pinning as affinity;
+use crate::report::{
+    contract, Axis, Cell, Column, Param, Plot, PlotKind, Report, Series, Spread, Table, Unit,
+};
 
 /// The device-local buffer a send reads the message into, chunk by chunk:
 /// 64 KiB, an accelerator's on-chip SRAM order of magnitude.
@@ -224,6 +249,32 @@ pub struct IopfRow {
     pub ratio: f64,
 }
 
+/// One row's figures on CPU time (kept beside the rows, which hold
+/// exactly the seed's columns): kB of message per CPU-second of the
+/// threads the fault path needs.
+#[derive(Debug, Clone, Serialize)]
+pub struct IopfCpu {
+    /// Message length, bytes.
+    pub msg_len: u64,
+    /// Sends over the same buffer.
+    pub times: u64,
+    /// Pages mapped per fault.
+    pub premap_pages: u64,
+    /// Pinned: kB (10^3 bytes) per CPU-second of the device thread's work
+    /// (median over the repeats).
+    pub kbps_per_cpu_s_without: f64,
+    /// With IOPF: kB per CPU-second of the device thread's work (less its
+    /// waits for page responses) and the handler threads' service of the
+    /// requests together (median over the repeats).
+    pub kbps_per_cpu_s_with: f64,
+    /// With / without per CPU-second: the median over the repeats of each
+    /// repeat's paired ratio.
+    pub ratio: f64,
+    /// `ratio` over the repeats (lowest, median, highest); `null` with
+    /// one repeat.
+    pub ratio_spread: Option<Spread>,
+}
+
 /// Raise-to-answer latency percentiles, microseconds.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct FaultLatency {
@@ -262,6 +313,8 @@ pub struct IopfReport {
     pub promote: bool,
     /// Per row, in the same order: the 2 MiB blocks promoted.
     pub promotions: Vec<IopfPromotions>,
+    /// Per row, in the same order: the figures on CPU time.
+    pub cpu: Vec<IopfCpu>,
     /// Every page request of every run with IOPF, from its raise (the
     /// unit's stamp) to its group response being carried out, as the
     /// handler measures it.
@@ -459,8 +512,13 @@ fn send(acc: &mut DmaAccessor, msg_len: u64, expect: u64, buf: &mut [u8]) -> Lab
 /// pinned one mapped whole first, the others empty with a handler each),
 /// then `times` rounds in which each device sends once, in turn, so a
 /// burst of load from elsewhere on the machine falls on all of them
-/// alike. Returns each configuration's seconds (summed over its sends),
-/// page requests and promotions.
+/// alike. Returns each configuration's seconds and CPU seconds (summed
+/// over its sends), page requests and promotions. With `timed`, the
+/// device's waits and the handlers' service are timed on CPU clocks (the
+/// CPU figures; the clock reads slow each fault), and no latency is
+/// merged into `latency`; without, the CPU seconds include the waiting
+/// and are not used.
+#[allow(clippy::too_many_arguments)]
 fn run_once(
     rig: &Rig,
     plan: &Plan,
@@ -469,7 +527,8 @@ fn run_once(
     expect: u64,
     buf: &mut [u8],
     latency: &Latencies,
-) -> LabResult<Vec<(f64, u64, u64)>> {
+    timed: bool,
+) -> LabResult<Vec<RunOut>> {
     // The handler threads inherit the CPU of the thread that starts them:
     // theirs, then the device's (this thread's) own, so the two never
     // take turns on one core (a spinning party on the core the other
@@ -499,28 +558,65 @@ fn run_once(
     for i in 0..domains.len() {
         accs.push(DmaAccessor::new(rig.unit_of(i)?.1, dev(i))?);
     }
-    // Per configuration: the seconds of the sends that faulted, and each
-    // fault-free send's seconds.
-    let mut faulting = vec![0.0f64; accs.len()];
-    let mut clean: Vec<Vec<f64>> = vec![Vec::with_capacity(times as usize); accs.len()];
+    // The device's waits for page responses and the handlers' service
+    // are timed on their threads' CPU clocks: the work apart from the
+    // waiting.
+    for a in &mut accs {
+        a.time_page_waits(timed);
+    }
+    for h in &handlers {
+        h.time_service(timed);
+    }
+    // Configuration `i`'s handler CPU so far (none for the pinned one).
+    let handler_cpu = |i: usize| -> Duration {
+        i.checked_sub(1)
+            .and_then(|k| handlers.get(k))
+            .map_or(Duration::ZERO, IopfHandler::service_cpu)
+    };
+    // Per configuration: the (wall, CPU) seconds of the sends that
+    // faulted, and each fault-free send's.
+    let mut faulting = vec![(0.0f64, 0.0f64); accs.len()];
+    let mut clean: Vec<(Vec<f64>, Vec<f64>)> = (0..accs.len())
+        .map(|_| {
+            (
+                Vec::with_capacity(times as usize),
+                Vec::with_capacity(times as usize),
+            )
+        })
+        .collect();
     for round in 0..times {
         // Rotate who goes first, so no configuration always follows
         // another.
         for j in 0..accs.len() {
             let i = (j + round as usize) % accs.len();
             let before = accs[i].stats().page_requests;
+            let w0 = accs[i].stats().page_wait_cpu_ns;
+            let (h0, c0) = (handler_cpu(i), cpu_clock::thread());
             let t = send(&mut accs[i], msg_len, expect, buf)?;
+            let waited = Duration::from_nanos(accs[i].stats().page_wait_cpu_ns - w0);
+            let cpu = (cpu_clock::thread()
+                .saturating_sub(c0)
+                .saturating_sub(waited)
+                + handler_cpu(i).saturating_sub(h0))
+            .as_secs_f64();
             if accs[i].stats().page_requests != before {
-                faulting[i] += t;
+                faulting[i].0 += t;
+                faulting[i].1 += cpu;
             } else {
-                clean[i].push(t);
+                clean[i].0.push(t);
+                clean[i].1.push(cpu);
             }
         }
     }
-    let secs: Vec<f64> = faulting
+    let secs: Vec<(f64, f64)> = faulting
         .iter()
         .zip(clean.iter_mut())
-        .map(|(f, c)| f + median(c) * c.len() as f64)
+        .map(|(f, (w, c))| {
+            (
+                f.0 + median(w) * w.len() as f64,
+                f.1 + median(c) * c.len() as f64,
+            )
+        })
         .collect();
     let faults: Vec<u64> = accs.iter().map(|a| a.stats().page_requests).collect();
     if faults[0] != 0 {
@@ -534,8 +630,10 @@ fn run_once(
         while h.stats().latency.count < faults[k + 1] && t0.elapsed() < Duration::from_secs(5) {
             std::thread::yield_now();
         }
-        latency.raise_to_answer.merge(h.latency());
-        latency.service.merge(h.service());
+        if !timed {
+            latency.raise_to_answer.merge(h.latency());
+            latency.service.merge(h.service());
+        }
         h.stop();
     }
     let mut promotions = Vec::with_capacity(domains.len());
@@ -547,8 +645,27 @@ fn run_once(
         .into_iter()
         .zip(faults)
         .zip(promotions)
-        .map(|((s, f), p)| (s, f, p))
+        .map(|(((wall_s, cpu_s), faults), promotions)| RunOut {
+            wall_s,
+            cpu_s,
+            faults,
+            promotions,
+        })
         .collect())
+}
+
+/// One configuration's run.
+#[derive(Debug, Clone, Copy)]
+struct RunOut {
+    /// Wall-clock seconds of its sends.
+    wall_s: f64,
+    /// CPU seconds of its sends: the device thread's and its handler
+    /// threads'.
+    cpu_s: f64,
+    /// Page requests raised.
+    faults: u64,
+    /// 2 MiB blocks promoted.
+    promotions: u64,
 }
 
 /// The median of `v` (0 when empty).
@@ -583,37 +700,80 @@ fn measure(plan: &Plan) -> LabResult<IopfReport> {
     let mut buf = vec![0u8; CHUNK];
     let mut rows = Vec::new();
     let mut promotions = Vec::new();
+    let mut cpu = Vec::new();
     for &msg_len in &plan.msg_lens {
         let expect = write_message(&rig, msg_len)?;
         for times in plan.times_of(msg_len) {
-            // Each configuration's fastest run.
-            let mut best = vec![(f64::INFINITY, 0u64, 0u64); 1 + plan.premaps.len()];
+            // Each configuration's fastest run (wall clock), and every
+            // run's CPU seconds.
+            let empty = RunOut {
+                wall_s: f64::INFINITY,
+                cpu_s: 0.0,
+                faults: 0,
+                promotions: 0,
+            };
+            let mut best = vec![empty; 1 + plan.premaps.len()];
+            let mut runs: Vec<Vec<RunOut>> = Vec::with_capacity(plan.repeats);
             for _ in 0..plan.repeats {
-                let r = run_once(&rig, plan, msg_len, times, expect, &mut buf, &latency)?;
-                for (b, x) in best.iter_mut().zip(r) {
-                    if x.0 < b.0 {
-                        *b = x;
+                // Untimed, for the wall-clock figures and the latencies
+                // (the CPU clock reads would slow every fault)...
+                let r = run_once(
+                    &rig, plan, msg_len, times, expect, &mut buf, &latency, false,
+                )?;
+                for (b, x) in best.iter_mut().zip(&r) {
+                    if x.wall_s < b.wall_s {
+                        *b = *x;
                     }
                 }
+                // ... then timed, for the CPU figures.
+                runs.push(run_once(
+                    &rig, plan, msg_len, times, expect, &mut buf, &latency, true,
+                )?);
             }
             let bytes = msg_len * times;
-            let without = kbps(bytes, best[0].0);
+            let without = kbps(bytes, best[0].wall_s);
+            let cpu_without = median(
+                &mut runs
+                    .iter()
+                    .map(|r| kbps(bytes, r[0].cpu_s))
+                    .collect::<Vec<_>>(),
+            );
             for (k, &p) in plan.premaps.iter().enumerate() {
-                let with = kbps(bytes, best[k + 1].0);
+                let with = kbps(bytes, best[k + 1].wall_s);
                 rows.push(IopfRow {
                     msg_len,
                     times,
                     premap_pages: p,
                     kbps_without: without,
                     kbps_with: with,
-                    faults: best[k + 1].1,
+                    faults: best[k + 1].faults,
                     ratio: with / without,
                 });
                 promotions.push(IopfPromotions {
                     msg_len,
                     times,
                     premap_pages: p,
-                    promotions: best[k + 1].2,
+                    promotions: best[k + 1].promotions,
+                });
+                // Each repeat's paired ratio: pinned's CPU over this
+                // configuration's in the same run.
+                let ratios: Vec<f64> = runs
+                    .iter()
+                    .map(|r| r[0].cpu_s / r[k + 1].cpu_s.max(1e-12))
+                    .collect();
+                cpu.push(IopfCpu {
+                    msg_len,
+                    times,
+                    premap_pages: p,
+                    kbps_per_cpu_s_without: cpu_without,
+                    kbps_per_cpu_s_with: median(
+                        &mut runs
+                            .iter()
+                            .map(|r| kbps(bytes, r[k + 1].cpu_s))
+                            .collect::<Vec<_>>(),
+                    ),
+                    ratio: Spread::of(&ratios).median,
+                    ratio_spread: Spread::of_rounds(&ratios),
                 });
             }
         }
@@ -630,6 +790,7 @@ fn measure(plan: &Plan) -> LabResult<IopfReport> {
         rows,
         promote: plan.promote,
         promotions,
+        cpu,
         fault_latency_us: FaultLatency {
             p50: s.p50_ns as f64 / 1e3,
             p99: s.p99_ns as f64 / 1e3,
@@ -656,28 +817,39 @@ fn mib(bytes: u64) -> String {
 fn report(r: &IopfReport, plan: &Plan) -> Report {
     let mut t = Table::new(
         "results",
-        "speed without IOPF (pinned, pre-mapped) and with (mapped on demand), per message length, sends and pre-map window (seed 002's table)",
+        "speed without IOPF (pinned, pre-mapped) and with (mapped on demand), per message length, sends and pre-map window (seed 002's table): kB per CPU-second of the work (the device thread's, less its waits for answers, and with IOPF the handler's service of the requests), and wall-clock kB/s beside",
         vec![
             Column::label("msg_len"),
             Column::label("premap_pages"),
             Column::label("times"),
-            Column::metric("kbps_without", "w/o IOPF", Unit::KbPerS, 0),
-            Column::metric("kbps_with", "with IOPF", Unit::KbPerS, 0),
+            Column::metric("kbps_cpu_without", "w/o IOPF per CPU-s", Unit::KbPerS, 0),
+            Column::metric("kbps_cpu_with", "with IOPF per CPU-s", Unit::KbPerS, 0),
+            Column::metric("cpu_ratio_pct", "with / without (CPU)", Unit::Percent, 1),
+            Column::metric("kbps_without", "w/o IOPF (wall)", Unit::KbPerS, 0),
+            Column::metric("kbps_with", "with IOPF (wall)", Unit::KbPerS, 0),
+            Column::metric("ratio_pct", "with / without (wall)", Unit::Percent, 1),
             Column::metric("faults", "faults", Unit::Count, 0),
             Column::metric("promotions", "2 MiB promotions", Unit::Count, 0),
-            Column::metric("ratio_pct", "with / without", Unit::Percent, 1),
         ],
     );
-    for (x, pr) in r.rows.iter().zip(&r.promotions) {
+    for ((x, pr), c) in r.rows.iter().zip(&r.promotions).zip(&r.cpu) {
+        let pct = |s: Spread| Spread {
+            min: s.min * 100.0,
+            median: s.median * 100.0,
+            max: s.max * 100.0,
+        };
         t.row(vec![
             mib(x.msg_len).into(),
             x.premap_pages.to_string().into(),
             x.times.to_string().into(),
+            c.kbps_per_cpu_s_without.into(),
+            c.kbps_per_cpu_s_with.into(),
+            Cell::figure(c.ratio * 100.0, c.ratio_spread.map(pct)),
             x.kbps_without.into(),
             x.kbps_with.into(),
+            (x.ratio * 100.0).into(),
             x.faults.into(),
             pr.promotions.into(),
-            (x.ratio * 100.0).into(),
         ]);
     }
     let mut lat = Table::new(
@@ -739,7 +911,7 @@ fn report(r: &IopfReport, plan: &Plan) -> Report {
     for &m in &plan.msg_lens {
         for &p in &plan.premaps {
             let pts: Vec<(f64, f64)> = r
-                .rows
+                .cpu
                 .iter()
                 .filter(|x| x.msg_len == m && x.premap_pages == p)
                 .map(|x| ((x.times as f64).log10(), x.ratio * 100.0))
@@ -749,10 +921,10 @@ fn report(r: &IopfReport, plan: &Plan) -> Report {
     }
     rep.plots.push(Plot {
         name: "ratio".into(),
-        title: "speed with IOPF / without, by sends over the same buffer".into(),
+        title: "kB per CPU-second with IOPF / without, by sends over the same buffer".into(),
         kind: PlotKind::Lines,
         x: Axis::new("log10(sends)", Unit::Count),
-        y: Axis::new("with / without", Unit::Percent),
+        y: Axis::new("with / without (CPU)", Unit::Percent),
         categories: Vec::new(),
         series,
         modelled: false,

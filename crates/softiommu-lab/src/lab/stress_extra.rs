@@ -59,6 +59,7 @@ pub fn virtio_phase(seconds: f64, timeout: Duration, seed: u64) -> LabResult<Pha
         seed,
         sample_work: false,
         flush_timeout: None,
+        rate_iops: None,
     };
     // The device sized for the jobs, as `run_fio` sizes it.
     let hc = sized_for(

@@ -44,6 +44,10 @@ pub struct AccessStats {
     /// Page requests this accessor's misses raised and had answered
     /// `Success` (then retried).
     pub page_requests: u64,
+    /// CPU nanoseconds this accessor's thread spent waiting for page
+    /// responses (spinning, yielding; its thread CPU clock), when the
+    /// waits are timed ([`DmaAccessor::time_page_waits`]); 0 otherwise.
+    pub page_wait_cpu_ns: u64,
 }
 
 /// A device's side of DMA: accesses at IOVAs through a unit's translation.
@@ -58,6 +62,7 @@ pub struct DmaAccessor {
     mem: Arc<PhysMemory>,
     order: Orderer<CpuFences>,
     stats: AccessStats,
+    time_waits: bool,
 }
 
 impl std::fmt::Debug for DmaAccessor {
@@ -102,7 +107,16 @@ impl DmaAccessor {
             mem: unit.memory().clone(),
             order: Orderer::new(),
             stats: AccessStats::default(),
+            time_waits: false,
         })
+    }
+
+    /// Whether each wait for a page response is timed on the thread's CPU
+    /// clock into [`AccessStats::page_wait_cpu_ns`] (off by default: two
+    /// clock reads, a system call each, per page request), so that a lab
+    /// can take the device's work apart from its waiting.
+    pub fn time_page_waits(&mut self, on: bool) {
+        self.time_waits = on;
     }
 
     /// An accessor for a device attached through the DMA API, behind the
@@ -182,7 +196,15 @@ impl DmaAccessor {
         else {
             return Err(e);
         };
+        let c0 = self.time_waits.then(crate::dma::thread_cpu_time);
         let answered = self.tr.wait_page_response(sid, iova, access, prgi);
+        if let Some(c0) = c0 {
+            let spent = crate::dma::thread_cpu_time().saturating_sub(c0);
+            self.stats.page_wait_cpu_ns = self
+                .stats
+                .page_wait_cpu_ns
+                .saturating_add(u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX));
+        }
         *rounds += 1;
         match answered {
             Ok(()) if *rounds < PAGE_REQUEST_ROUNDS => {

@@ -36,6 +36,7 @@ mod slot;
 mod stale;
 mod stats;
 mod timer;
+pub(crate) use timer::thread_cpu_time;
 mod units;
 
 #[cfg(all(test, not(loom)))]

@@ -85,6 +85,11 @@ pub(crate) fn read_cpu_clock(clock: libc::clockid_t) -> Option<Duration> {
     })
 }
 
+/// The calling thread's CPU time so far (zero if the kernel will not say).
+pub(crate) fn thread_cpu_time() -> Duration {
+    read_cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or_default()
+}
+
 /// The timer thread's body. Holds only a weak reference: the domain's drop
 /// stops it.
 pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {

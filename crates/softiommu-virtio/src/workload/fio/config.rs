@@ -245,7 +245,20 @@ pub struct FioConfig {
     /// `IOVA_FQ_SIZE`), so every flush frees the same batch whatever the
     /// request rate, inside the completion that filled the queue.
     pub flush_timeout: Option<Duration>,
+    /// Fast I/Os per second per job at most (fio's `rate_iops`;
+    /// 0.1..=[`MAX_RATE_IOPS`]): a job submits only what the clock has
+    /// earned since the start, never more than its depth at once, so the
+    /// pace is the same whatever else shares the machine, as long as the
+    /// machine keeps up. `None`: as fast as the device completes. The
+    /// driver's CPU per request follows the pace (a job thread that
+    /// reaps one completion per wake-up pays more per request than one
+    /// that reaps dozens), so CPU per request compared across a run is
+    /// compared at one pace.
+    pub rate_iops: Option<f64>,
 }
+
+/// The largest `rate_iops`, per job.
+pub const MAX_RATE_IOPS: f64 = 10_000_000.0;
 
 impl Default for FioConfig {
     fn default() -> Self {
@@ -263,6 +276,7 @@ impl Default for FioConfig {
             seed: 0x5eed_0004,
             sample_work: false,
             flush_timeout: None,
+            rate_iops: None,
         }
     }
 }
@@ -392,6 +406,9 @@ impl FioConfig {
                 softiommu::dma::MIN_TIMEOUT.as_secs_f64(),
                 softiommu::dma::MAX_TIMEOUT.as_secs_f64(),
             )?;
+        }
+        if let Some(r) = self.rate_iops {
+            range("rate_iops", r, 0.1, MAX_RATE_IOPS)?;
         }
         if let Some(n) = self.irq_cpus {
             range("irq_cpus", n as f64, 1.0, MAX_JOBS as f64)?;

@@ -87,6 +87,9 @@ struct Job {
     slow_forgiven: u64,
     /// Fast I/Os sent so far (a rate-based tail's share is bounded by it).
     fast_sent: u64,
+    /// Fast I/Os a paced job's rate earned but could not send (beyond
+    /// its depth), written off.
+    fast_forgiven: u64,
 }
 
 /// A rate-based slow tail sends at most one slow request per this many
@@ -104,6 +107,8 @@ struct Plan {
     slow: Option<(u64, u64, u64, usize)>,
     /// Slow I/Os per second per job, instead of the percentage.
     slow_per_s: Option<f64>,
+    /// Fast I/Os per second per job at most (`FioConfig::rate_iops`).
+    fast_per_s: Option<f64>,
     /// When the jobs started (the rate's clock).
     start: Instant,
     /// Slow I/Os are of the mix, in shared pages (their data unchecked).
@@ -196,6 +201,15 @@ impl Job {
             self.slow_forgiven += backlog.saturating_sub(cap);
             backlog.min(cap)
         });
+        // A paced job: the fast I/Os the clock has earned, at most a
+        // depth's worth (what was earned and not sent beyond that is
+        // written off, so a stall never comes back as a burst).
+        let mut fast_earned = p.fast_per_s.map(|r| {
+            let due = (p.start.elapsed().as_secs_f64() * r) as u64;
+            let backlog = due.saturating_sub(self.fast_sent + self.fast_forgiven);
+            self.fast_forgiven += backlog.saturating_sub(p.iodepth as u64);
+            backlog.min(p.iodepth as u64)
+        });
         loop {
             let slow_pick = p.slow.is_some_and(|(_, _, ppm, depth)| {
                 self.slow < depth
@@ -204,7 +218,7 @@ impl Job {
                         None => self.rng.below(1_000_000) < ppm,
                     }
             });
-            if !slow_pick && self.fast >= p.iodepth {
+            if !slow_pick && (self.fast >= p.iodepth || fast_earned == Some(0)) {
                 break;
             }
             // A slow I/O is one 4 KiB block in a one-page slot, or a block
@@ -257,6 +271,9 @@ impl Job {
             } else {
                 self.fast += 1;
                 self.fast_sent += 1;
+                if let Some(e) = fast_earned.as_mut() {
+                    *e -= 1;
+                }
             }
             n += 1;
         }
@@ -466,6 +483,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             .slow
             .map(|s| (fast_end, cap, (s.pct * 1e4).round() as u64, s.depth)),
         slow_per_s: cfg.slow.and_then(|s| s.per_s),
+        fast_per_s: cfg.rate_iops,
         start: Instant::now(),
         slow_mixed: cfg.slow.is_some_and(|s| s.mixed),
         verify_every: cfg.verify_every,
@@ -504,6 +522,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             slow_sent: 0,
             slow_forgiven: 0,
             fast_sent: 0,
+            fast_forgiven: 0,
         });
     }
     let dev_cpu0 = host.device.cpu_time();
@@ -557,6 +576,8 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
     let mut last_maintain_cpu = maintain_cpu;
     let mut last_t = t0;
     let mut last_maintain = t0;
+    let mut last_iova = host.domain.iova_stats();
+    let mut last_tables = host.domain.table_stats();
     let spawn_failed = handles.iter().any(|h| h.is_err());
     for w in 0..n_windows {
         if spawn_failed {
@@ -589,6 +610,8 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         let maintain_s = maintain_cpu.saturating_sub(last_maintain_cpu).as_secs_f64();
         let per_req_s = cur_work.per_request_s(&last_work);
         let dt = now.duration_since(last_t).as_secs_f64().max(1e-9);
+        let iova = host.domain.iova_stats();
+        let tables = host.domain.table_stats();
         windows.push(FioWindow {
             t_s: now.duration_since(t0).as_secs_f64(),
             ops,
@@ -600,7 +623,20 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             read_iops: (cur.2 - last.2) as f64 / dt,
             write_iops: (cur.3 - last.3) as f64 / dt,
             errors: cur.4 - last.4,
+            tree_allocs: iova.tree_allocs.saturating_sub(last_iova.tree_allocs),
+            tree_frees: iova.tree_frees.saturating_sub(last_iova.tree_frees),
+            magazines_freed: iova
+                .magazines_freed
+                .saturating_sub(last_iova.magazines_freed),
+            tree_nodes: iova.tree_nodes,
+            cached_iovas: iova.cached_iovas,
+            table_pages: tables.table_pages,
+            tables_allocated: tables
+                .tables_allocated
+                .saturating_sub(last_tables.tables_allocated),
         });
+        last_iova = iova;
+        last_tables = tables;
         last = cur;
         last_work = cur_work;
         last_timer = cur_timer;

@@ -32,8 +32,8 @@ mod result;
 mod sample;
 
 pub use config::{
-    BlockSizes, FioConfig, FioError, RwMode, SlowTail, MAX_IODEPTH, MAX_JOBS, MAX_RUNTIME,
-    MAX_SLOTS, MAX_SLOW_DEPTH, MAX_SLOW_PER_S, MIN_WINDOW,
+    BlockSizes, FioConfig, FioError, RwMode, SlowTail, MAX_IODEPTH, MAX_JOBS, MAX_RATE_IOPS,
+    MAX_RUNTIME, MAX_SLOTS, MAX_SLOW_DEPTH, MAX_SLOW_PER_S, MIN_WINDOW,
 };
 pub use engine::{fio, run_fio, sized_for};
 pub use result::{FioJobResult, FioResult, FioWindow};

@@ -35,6 +35,24 @@ pub struct FioWindow {
     pub work_cpu_us_per_req: f64,
     /// The flush timer's CPU seconds in the window.
     pub timer_cpu_s: f64,
+    /// The allocator's work in the window, to tell a growing working set
+    /// (more tree work per request as the run ages) from a clock that
+    /// counts something else: allocations the tree served (the caches
+    /// missed).
+    pub tree_allocs: u64,
+    /// Frees into the tree in the window.
+    pub tree_frees: u64,
+    /// Magazines whose IOVAs went back to the tree in the window.
+    pub magazines_freed: u64,
+    /// Nodes in the allocator's tree at the window's end.
+    pub tree_nodes: u64,
+    /// IOVAs in the per-CPU caches and depots at the window's end.
+    pub cached_iovas: u64,
+    /// Page-table pages linked into the domain's table at the window's
+    /// end (the table's working set).
+    pub table_pages: u64,
+    /// Page-table pages allocated in the window.
+    pub tables_allocated: u64,
 }
 
 /// One job's totals.

@@ -1,0 +1,196 @@
+use std::time::Duration;
+
+use softiommu::access::OrderMode;
+use softiommu::dma::DmaPolicy;
+use softiommu_virtio::affinity::allowed_cpus;
+use softiommu_virtio::workload::{pace_period, udp_stream, UdpStreamConfig};
+
+use crate::args::{dma_policies, Ranged, Seconds};
+use crate::dma_rig::modelled;
+use crate::error::{LabError, LabResult};
+use crate::lab::policy_physics::{self, PolicyCost, Spread};
+use crate::report::Report;
+
+use super::args::{orderings, NetperfArgs};
+use super::out::{row, NetperfReport, NetperfRow};
+use super::render::report;
+
+/// Runs the lab.
+pub fn run(args: &NetperfArgs) -> LabResult<Report> {
+    let latency = args.latency.model();
+    let policies = dma_policies(&args.policies);
+    let orderings = orderings(&args.ordering);
+    let seconds = args
+        .seconds
+        .map_or(if args.quick { 1.2 } else { 6.0 }, Seconds::get);
+    let rounds = args.rounds.map_or(5, Ranged::us);
+    let per_round = seconds / rounds as f64;
+    let cpus = args.placement.pair_cpus(&allowed_cpus());
+    let cells: Vec<(DmaPolicy, OrderMode)> = orderings
+        .iter()
+        .flat_map(|&o| policies.iter().map(move |&p| (p, o)))
+        .collect();
+    let pass = |offered: Option<f64>| -> LabResult<Vec<NetperfRow>> {
+        let mut runs: Vec<Vec<NetperfRow>> = vec![Vec::new(); cells.len()];
+        for _ in 0..rounds {
+            for (i, &(policy, ordering)) in cells.iter().enumerate() {
+                let r = udp_stream(&UdpStreamConfig {
+                    policy,
+                    ordering,
+                    msg_size: args.msg_size.us(),
+                    duration: Duration::from_secs_f64(per_round),
+                    warmup: Duration::from_secs_f64((per_round * 0.4).clamp(0.1, 0.5)),
+                    latency,
+                    mtu: args.mtu.get() as u16,
+                    line_rate_bps: args.line_rate_mbit.get().saturating_mul(1_000_000),
+                    cpus,
+                    flush_high_water: args.flush_high_water.map(Ranged::us),
+                    flush_timeout: args
+                        .flush_timeout_ms
+                        .map(|ms| Duration::from_millis(ms.get())),
+                    offered_pps: offered,
+                    ..UdpStreamConfig::default()
+                })
+                .map_err(|source| LabError::Workload {
+                    run: format!("netperf-udp {policy} {ordering}"),
+                    source,
+                })?;
+                runs[i].push(row(&r));
+            }
+        }
+        let mut rows: Vec<NetperfRow> = runs.into_iter().map(median_round).collect();
+        compare(&mut rows);
+        Ok(rows)
+    };
+    let full_speed = pass(None)?;
+    let pace_percent = args.pace_percent.map_or(40, |p| p.get());
+    let offered = common_rate(&full_speed, pace_percent);
+    let mut rows = pass(Some(offered))?;
+    mark_unequal(&mut rows, offered);
+    let r = NetperfReport {
+        lab: "netperf-udp",
+        stack: "smoltcp",
+        msg_size: args.msg_size.us(),
+        seconds,
+        rounds,
+        placement: args.placement,
+        modelled: modelled(latency),
+        offered_pps: offered,
+        pace_percent,
+        pace_period_ms: pace_period(offered).as_secs_f64() * 1e3,
+        rows,
+        full_speed,
+    };
+    Ok(report(&r, args, &args.placement.describe(&cpus)))
+}
+
+/// The paced pass's rate: `percent` of the slowest policy's maximum
+/// delivered rate at full speed, its best round (at least 1 datagram per
+/// second).
+pub fn common_rate(full_speed: &[NetperfRow], percent: u64) -> f64 {
+    let slowest = full_speed
+        .iter()
+        .map(|r| r.rx_pps_max)
+        .fold(f64::INFINITY, f64::min);
+    if slowest.is_finite() {
+        (slowest * percent as f64 / 100.0).max(1.0).round()
+    } else {
+        1.0
+    }
+}
+
+/// Fills each row's ratio to pass-through (same ordering) and marks the
+/// rows whose service demand contradicts what the policy must cost.
+pub fn compare(rows: &mut [NetperfRow]) {
+    let base: Vec<(String, f64, Spread)> = rows
+        .iter()
+        .filter(|r| r.policy == "passthrough")
+        .map(|r| {
+            (
+                r.ordering.clone(),
+                r.service_demand_us_per_pkt,
+                r.service_demand_spread,
+            )
+        })
+        .collect();
+    for r in rows.iter_mut() {
+        let b = base.iter().find(|(o, _, _)| *o == r.ordering);
+        r.service_demand_vs_passthrough = b
+            .filter(|(_, b, _)| *b > 0.0)
+            .map(|(_, b, _)| r.service_demand_us_per_pkt / b);
+        r.vs_passthrough_spread = b.and_then(|(_, _, s)| r.service_demand_spread.ratio(s));
+    }
+    let costs: Vec<PolicyCost<'_>> = rows
+        .iter()
+        .map(|r| PolicyCost {
+            policy: &r.policy,
+            group: &r.ordering,
+            cost: r.service_demand_spread,
+        })
+        .collect();
+    let why = policy_physics::check(&costs, "service demand");
+    for (r, w) in rows.iter_mut().zip(why) {
+        if let Some(w) = w {
+            r.valid = false;
+            r.why = Some(w);
+        }
+    }
+}
+
+/// How far a paced row's delivered rate may fall below the offered one
+/// and still count as equal load (a stalled thread loses the tokens past
+/// its bucket).
+pub const EQUAL_LOAD_TOLERANCE: f64 = 0.10;
+
+/// Marks the paced rows that lost datagrams or delivered less than the
+/// common rate: they are not compared at equal throughput.
+pub(super) fn mark_unequal(rows: &mut [NetperfRow], offered: f64) {
+    for r in rows.iter_mut().filter(|r| r.valid) {
+        if r.drops > 0 {
+            r.valid = false;
+            r.why = Some(format!(
+                "measurement invalid: {} datagrams lost at the common rate, so this policy did not deliver the throughput the others did",
+                r.drops
+            ));
+        } else if r.rx_pps < offered * (1.0 - EQUAL_LOAD_TOLERANCE) {
+            r.valid = false;
+            r.why = Some(format!(
+                "measurement invalid: delivered {:.1} kpps of the {:.1} offered to every policy (the machine did not give this row's threads the CPU), so it is not at equal load",
+                r.rx_pps / 1e3,
+                offered / 1e3
+            ));
+        }
+    }
+}
+
+/// A row's median round by service demand, with the spread of every
+/// round; the stale window is the worst of every round, and the flushes
+/// and drops their sums (a bound and counts, not typical values).
+pub(super) fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
+    let stale = runs
+        .iter()
+        .filter_map(|r| r.stale_window_ms_max)
+        .reduce(f64::max);
+    let flushes = runs.iter().filter_map(|r| r.flushes).reduce(|a, b| a + b);
+    let drops = runs.iter().map(|r| r.drops).sum();
+    let rx_max = runs.iter().map(|r| r.rx_pps).fold(0.0, f64::max);
+    let spread = Spread::of(
+        &runs
+            .iter()
+            .map(|r| r.service_demand_us_per_pkt)
+            .collect::<Vec<_>>(),
+    );
+    runs.sort_by(|a, b| {
+        a.service_demand_us_per_pkt
+            .total_cmp(&b.service_demand_us_per_pkt)
+    });
+    let mut row = runs.swap_remove((runs.len() - 1) / 2);
+    row.stale_window_ms_max = stale;
+    row.flushes = flushes;
+    row.service_demand_spread = spread;
+    row.rx_pps_max = rx_max;
+    if row.offered_pps.is_some() {
+        row.drops = drops;
+    }
+    row
+}
