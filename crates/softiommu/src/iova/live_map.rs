@@ -187,20 +187,26 @@ impl<W: Word> WordMap<W> {
             // to it is atomic.
             return Some(unsafe { W::at(self.flat_base.add((pfn * W::BYTES) as usize)) });
         }
-        self.chunk_cell(pfn)
+        // SAFETY: `pfn < len`, checked above.
+        unsafe { self.chunk_cell(pfn) }
     }
 
     /// (Inlined, like the flat path: it is the path valgrind runs, where
     /// the flat reservation is refused, and instruction counts taken there
     /// should not pay a call per access.)
+    ///
+    /// # Safety
+    /// `pfn < self.len`.
     #[inline]
-    fn chunk_cell(&self, pfn: u64) -> Option<&W> {
+    unsafe fn chunk_cell(&self, pfn: u64) -> Option<&W> {
         // Acquire: pairs with the claim's Release, so the chunk's mapping is
         // seen whole (it is fresh zeroed memory either way).
-        let base = self
-            .chunks
-            .get((pfn >> CHUNK_SHIFT) as usize)?
-            .load(Acquire);
+        let i = (pfn >> CHUNK_SHIFT) as usize;
+        debug_assert!(i < self.chunks.len());
+        // SAFETY: `pfn < len` (the contract), and `chunks` has
+        // `len.div_ceil(2^CHUNK_SHIFT)` entries (`chunked`; a flat map,
+        // with none, never gets here), so `i` is in bounds.
+        let base = unsafe { self.chunks.get_unchecked(i) }.load(Acquire);
         if base.is_null() {
             return None;
         }
