@@ -702,7 +702,7 @@ impl Work {
         // Claimed with the block (the tag map shares the state map's
         // chunks' layout): a store, the lock only on a chunk's first use.
         let tag = span_tag(phys, len) | owner_tag(dev.owner, perm_bits(perm));
-        if let Err(e) = self.domain.iova.set_tag(pfn, tag) {
+        if let Err(e) = self.cache.set_tag(pfn, tag) {
             self.unmap_fresh(iova, pages, kind)?;
             return Err(e.into());
         }
@@ -939,7 +939,7 @@ impl Work {
         // A block another kind of mapping holds is refused (`NotMapped`):
         // a streaming unmap cannot take a scatter list's or a coherent
         // buffer's block, whose owner would later free a reused IOVA.
-        d.iova
+        self.cache
             .retire_block_of(pfn, pages, kind)
             .map_err(|e| match e {
                 IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
@@ -949,7 +949,7 @@ impl Work {
         // device and the direction, as DMA-API debug checks an unmap
         // against its map: another start in the page was never mapped,
         // another end is the wrong length.
-        let (tag, want) = (d.iova.tag(pfn), span_tag(addr, len) | owner);
+        let (tag, want) = (self.cache.tag(pfn), span_tag(addr, len) | owner);
         if kind == BlockKind::Plain && tag != want {
             let _ = d.iova.unretire_block(pfn, pages, kind);
             return Err(tag_mismatch(tag, want, addr, len, dev.sid));
