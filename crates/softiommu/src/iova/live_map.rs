@@ -18,7 +18,9 @@
 //! 4 MiB (2^21 frames, 8 GiB of IOVA space), each reserved the first time
 //! the tree hands out a block there (a slow path, under the tree's lock),
 //! so the hot paths never allocate; an access then costs one more load
-//! (the chunk's base). Access is relaxed atomic loads and stores, which compile to
+//! (the chunk's base). A per-CPU cache reaches the words through a
+//! [`Cursor`] of its own (the flat map, or the chunk it last used): a
+//! subtraction and a compare per access, in either form. Access is relaxed atomic loads and stores, which compile to
 //! plain moves: no read-modify-write on the allocator's hot path. The cost
 //! of that choice: a check and its update are two steps, so two threads
 //! freeing the *same* IOVA through caches at the same instant can both pass
@@ -299,6 +301,9 @@ pub(crate) struct Cursor<W> {
 // SAFETY: the pointer is only dereferenced through `cell`, whose contract
 // keeps the map it points into alive; the words are atomics.
 unsafe impl<W> Send for Cursor<W> {}
+// SAFETY: a shared cursor is plain data: nothing reachable through `&self`
+// dereferences the pointer (`cell` takes `&mut self`).
+unsafe impl<W> Sync for Cursor<W> {}
 
 impl<W: Word> Default for Cursor<W> {
     fn default() -> Self {
