@@ -304,38 +304,33 @@ impl Taker<'_> {
         if h == t && tables.is_empty() {
             return None;
         }
-        let mut batch = Batch {
-            entries: Vec::with_capacity(t.wrapping_sub(h)),
-            tables,
-            units: 0,
-            oldest: None,
-        };
-        let mut i = h;
-        let read = |i: usize, batch: &mut Batch| {
-            let s = q.slot(i);
-            batch.entries.push(FqEntry {
-                pfn: s.pfn.load(Ordering::Relaxed),
-                pages: s.pages.load(Ordering::Relaxed),
-            });
-            batch.units |= s.units.load(Ordering::Relaxed);
-            s
-        };
-        // The oldest entry (read first, as before) stamps the batch; the
-        // rest are read without the per-entry check for it.
-        if i != t {
-            let s = read(i, &mut batch);
-            let stamp = q.queued_stamp(s);
-            batch.oldest = Some(q.instant(stamp));
+        let n = t.wrapping_sub(h);
+        // The oldest entry stamps the batch.
+        let oldest = (n != 0).then(|| {
+            let stamp = q.queued_stamp(q.slot(h));
             // Release: pairs with `oldest`'s Acquire; cleared when the
             // taker is dropped, after its flush. (Never 0, which means
             // none.)
             q.inflight.store(stamp.max(1), Ordering::Release);
-            i = i.wrapping_add(1);
-        }
-        while i != t {
-            read(i, &mut batch);
-            i = i.wrapping_add(1);
-        }
+            q.instant(stamp)
+        });
+        let mut units = 0;
+        let mut entries = Vec::with_capacity(n);
+        // An exact-size copy: no capacity check per entry.
+        entries.extend((0..n).map(|k| {
+            let s = q.slot(h.wrapping_add(k));
+            units |= s.units.load(Ordering::Relaxed);
+            FqEntry {
+                pfn: s.pfn.load(Ordering::Relaxed),
+                pages: s.pages.load(Ordering::Relaxed),
+            }
+        }));
+        let batch = Batch {
+            entries,
+            tables,
+            units,
+            oldest,
+        };
         q.carry.store(now, Ordering::Relaxed);
         // Release: the slots were read before the owner may overwrite them.
         q.head.store(t, Ordering::Release);

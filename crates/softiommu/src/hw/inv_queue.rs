@@ -326,6 +326,11 @@ impl InvQueue {
     /// own waits), stopping at the first that fails to decode or that
     /// `exec` refuses, or before the first that `exec` stalls on. Call
     /// with the processing lock held: the head is this caller's.
+    ///
+    /// Always inlined into the unit's one caller (with its `exec` and the
+    /// descriptor decode): left to the optimiser, it was kept out of line
+    /// in some builds, about 90 instructions more per strict unmap.
+    #[inline(always)]
     pub(crate) fn process(
         &self,
         limits: &Limits,

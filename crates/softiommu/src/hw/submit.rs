@@ -304,7 +304,7 @@ impl Unit {
     /// A translator that finds it due drops the domain's cached
     /// translations itself, whatever became of the flush that should have
     /// come (see `Iotlb::expire`). One load when one is armed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn cover_unmap(&self, did: u16, period: impl FnOnce() -> std::time::Duration) {
         self.shared.iotlb.cover_unmap(did, period);
     }

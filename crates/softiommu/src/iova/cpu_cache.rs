@@ -1,13 +1,14 @@
 //! The per-CPU (per-thread) front of the allocator: two magazines per size
 //! class, touched without locks or atomic read-modify-writes.
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+use std::sync::atomic::{AtomicU16, AtomicU32};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
-use super::domain::{CacheShared, IovaDomain};
-use super::live_map::{state, CACHED, LIVE, RETIRED};
+use super::domain::{BlockKind, CacheShared, IovaDomain};
+use super::live_map::{state, Cursor, Word, CACHED, LIVE, RETIRED};
 use super::magazine::Magazine;
 use super::policy::WhenFull;
 use super::IovaError;
@@ -52,6 +53,11 @@ pub struct IovaCpuCache {
     /// Ours: a low-first allocation takes the magazine's top block from
     /// either side of the low window (see `alloc_low_first`).
     recycle_any: bool,
+    /// This cache's windows on the domain's state and tag maps (used with
+    /// those maps only): an access near the last one skips the map's
+    /// lookup.
+    live_cur: Cursor<AtomicU16>,
+    tag_cur: Cursor<AtomicU32>,
 }
 
 impl IovaDomain {
@@ -87,6 +93,76 @@ impl IovaCpuCache {
             max_order,
             shared,
             recycle_any: !p.linear_tree,
+            live_cur: Cursor::default(),
+            tag_cur: Cursor::default(),
+        }
+    }
+
+    /// The state word of `pfn`, through this cache's cursor.
+    #[inline(always)]
+    fn live_cell(&mut self, pfn: u64) -> Option<&AtomicU16> {
+        // SAFETY: `live_cur` is only ever used with this domain's state map.
+        unsafe { self.live_cur.cell(&self.domain.live, pfn) }
+    }
+
+    /// Sets the state word of `pfn` (a no-op for an unclaimed chunk, as
+    /// `LiveMap::set`).
+    #[inline(always)]
+    fn set_state(&mut self, pfn: u64, v: u16) {
+        if let Some(c) = self.live_cell(pfn) {
+            c.put(v);
+        }
+    }
+
+    /// Replaces the state of `pfn` with `to` if it is `from` (as
+    /// `LiveMap::compare_exchange`).
+    #[inline(always)]
+    fn move_state(&mut self, pfn: u64, from: u16, to: u16) -> Result<(), u16> {
+        match self.live_cell(pfn) {
+            // AcqRel: as `LiveMap::compare_exchange`.
+            Some(c) => c.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ()),
+            None => Err(0),
+        }
+    }
+
+    /// [`IovaDomain::retire_block_of`] through this cache's cursor: the
+    /// same compare-exchange, the same errors.
+    #[inline]
+    pub(crate) fn retire_block_of(
+        &mut self,
+        pfn: u64,
+        pages: u64,
+        kind: BlockKind,
+    ) -> Result<(), IovaError> {
+        let order = super::order_of(pages)?;
+        if order >= 64
+            || self
+                .move_state(pfn, state(LIVE | kind.bits(), order), state(RETIRED, order))
+                .is_err()
+        {
+            return Err(self.domain.free_error(pfn, order));
+        }
+        Ok(())
+    }
+
+    /// [`IovaDomain::tag`] through this cache's cursor.
+    #[inline]
+    pub(crate) fn tag(&mut self, pfn: u64) -> u32 {
+        // SAFETY: `tag_cur` is only ever used with this domain's tag map.
+        unsafe { self.tag_cur.cell(&self.domain.tags, pfn) }.map_or(0, |c| c.get())
+    }
+
+    /// [`IovaDomain::set_tag`] through this cache's cursor (a chunk not
+    /// claimed yet is claimed by the domain's path).
+    #[inline]
+    pub(crate) fn set_tag(&mut self, pfn: u64, tag: u32) -> Result<(), IovaError> {
+        // SAFETY: as in `tag`.
+        match unsafe { self.tag_cur.cell(&self.domain.tags, pfn) } {
+            Some(c) => {
+                c.put(tag);
+                Ok(())
+            }
+            None => self.domain.set_tag(pfn, tag),
         }
     }
 
@@ -184,7 +260,7 @@ impl IovaCpuCache {
             if let Some(pfn) = got {
                 self.cached -= 1;
                 self.publish();
-                self.domain.live.set(pfn, state(LIVE, order));
+                self.set_state(pfn, state(LIVE, order));
                 return Ok(pfn);
             }
         }
@@ -243,7 +319,7 @@ impl IovaCpuCache {
             if let Some(pfn) = class.loaded.pop_top_below(last_start) {
                 self.cached -= 1;
                 self.publish();
-                self.domain.live.set(pfn, state(LIVE, order));
+                self.set_state(pfn, state(LIVE, order));
                 return Ok(pfn);
             }
             return self.alloc_slow::<GIVE_BACK>(order, limit, last_start);
@@ -285,7 +361,7 @@ impl IovaCpuCache {
             Some(pfn) => {
                 self.cached -= 1;
                 self.publish();
-                self.domain.live.set(pfn, state(LIVE, order));
+                self.set_state(pfn, state(LIVE, order));
                 Ok(pfn)
             }
             None => {
@@ -331,7 +407,7 @@ impl IovaCpuCache {
         self.cached += n - 1;
         self.publish();
         let top = start + ((n - 1) << order);
-        self.domain.live.set(top, state(LIVE, order));
+        self.set_state(top, state(LIVE, order));
         Some(top)
     }
 
@@ -354,7 +430,12 @@ impl IovaCpuCache {
     #[inline]
     pub fn free(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;
-        self.domain.check_live(pfn, order)?;
+        // The state word through this cache's cursor; the domain's check
+        // builds the precise error.
+        let live = order < 64 && self.live_cell(pfn).map(|c| c.get()) == Some(state(LIVE, order));
+        if !live {
+            self.domain.check_live(pfn, order)?;
+        }
         self.free_checked(pfn, order)
     }
 
@@ -385,9 +466,7 @@ impl IovaCpuCache {
         // with the precise reason.
         if order >= 64
             || self
-                .domain
-                .live
-                .compare_exchange(pfn, state(RETIRED, order), state(CACHED, order))
+                .move_state(pfn, state(RETIRED, order), state(CACHED, order))
                 .is_err()
         {
             return Err(self.domain.retired_error(pfn, order));
@@ -436,9 +515,7 @@ impl IovaCpuCache {
         let order = super::order_of(pages)?;
         if order >= 64
             || self
-                .domain
-                .live
-                .compare_exchange(pfn, state(RETIRED, order), state(CACHED, order))
+                .move_state(pfn, state(RETIRED, order), state(CACHED, order))
                 .is_err()
         {
             return Err(self.domain.retired_error(pfn, order));
@@ -460,7 +537,7 @@ impl IovaCpuCache {
         match self.classes.get_mut(order as usize) {
             Some(class) if !class.loaded.is_full() => {
                 class.loaded.push(pfn);
-                self.domain.live.set(pfn, state(CACHED, order));
+                self.set_state(pfn, state(CACHED, order));
                 self.cached += 1;
                 self.publish();
                 Ok(())
@@ -504,7 +581,7 @@ impl IovaCpuCache {
             }
         }
         self.classes[order as usize].loaded.push(pfn);
-        self.domain.live.set(pfn, state(CACHED, order));
+        self.set_state(pfn, state(CACHED, order));
         self.cached += 1;
         self.publish();
     }

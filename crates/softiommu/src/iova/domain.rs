@@ -241,7 +241,7 @@ pub struct IovaDomain {
     pub(super) live: LiveMap,
     /// A word per frame its users may tag a block's first page with
     /// ([`set_tag`](Self::set_tag)).
-    tags: TagMap,
+    pub(super) tags: TagMap,
     caches: Mutex<Vec<Weak<CacheShared>>>,
     pub(super) flush_epoch: CachePadded<AtomicU64>,
     tree: CachePadded<Mutex<TreeState>>,
@@ -667,7 +667,7 @@ impl IovaDomain {
     }
 
     #[cold]
-    fn free_error(&self, pfn: u64, order: u32) -> IovaError {
+    pub(super) fn free_error(&self, pfn: u64, order: u32) -> IovaError {
         if pfn < self.start_pfn || pfn > self.end_pfn {
             return IovaError::OutsideDomain { lo: pfn, hi: pfn };
         }

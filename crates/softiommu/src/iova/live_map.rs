@@ -18,7 +18,9 @@
 //! 4 MiB (2^21 frames, 8 GiB of IOVA space), each reserved the first time
 //! the tree hands out a block there (a slow path, under the tree's lock),
 //! so the hot paths never allocate; an access then costs one more load
-//! (the chunk's base). Access is relaxed atomic loads and stores, which compile to
+//! (the chunk's base). A per-CPU cache reaches the words through a
+//! [`Cursor`] of its own (the flat map, or the chunk it last used): a
+//! subtraction and a compare per access, in either form. Access is relaxed atomic loads and stores, which compile to
 //! plain moves: no read-modify-write on the allocator's hot path. The cost
 //! of that choice: a check and its update are two steps, so two threads
 //! freeing the *same* IOVA through caches at the same instant can both pass
@@ -187,20 +189,26 @@ impl<W: Word> WordMap<W> {
             // to it is atomic.
             return Some(unsafe { W::at(self.flat_base.add((pfn * W::BYTES) as usize)) });
         }
-        self.chunk_cell(pfn)
+        // SAFETY: `pfn < len`, checked above.
+        unsafe { self.chunk_cell(pfn) }
     }
 
     /// (Inlined, like the flat path: it is the path valgrind runs, where
     /// the flat reservation is refused, and instruction counts taken there
     /// should not pay a call per access.)
+    ///
+    /// # Safety
+    /// `pfn < self.len`.
     #[inline]
-    fn chunk_cell(&self, pfn: u64) -> Option<&W> {
+    unsafe fn chunk_cell(&self, pfn: u64) -> Option<&W> {
         // Acquire: pairs with the claim's Release, so the chunk's mapping is
         // seen whole (it is fresh zeroed memory either way).
-        let base = self
-            .chunks
-            .get((pfn >> CHUNK_SHIFT) as usize)?
-            .load(Acquire);
+        let i = (pfn >> CHUNK_SHIFT) as usize;
+        debug_assert!(i < self.chunks.len());
+        // SAFETY: `pfn < len` (the contract), and `chunks` has
+        // `len.div_ceil(2^CHUNK_SHIFT)` entries (`chunked`; a flat map,
+        // with none, never gets here), so `i` is in bounds.
+        let base = unsafe { self.chunks.get_unchecked(i) }.load(Acquire);
         if base.is_null() {
             return None;
         }
@@ -274,6 +282,79 @@ impl<W: Word> WordMap<W> {
     }
 }
 
+/// A thread's window on one [`WordMap`]: the frames one base pointer
+/// reaches (the whole map when it is flat, else the chunk last used),
+/// kept by the caller so that repeated accesses near each other skip the
+/// map's lookup (its bounds, its form, the chunk's pointer): a
+/// subtraction and a compare. A per-CPU cache keeps one per map it
+/// touches on its hot paths.
+#[derive(Debug)]
+pub(crate) struct Cursor<W> {
+    /// The word of frame `lo`; null until filled.
+    base: *mut u8,
+    lo: u64,
+    /// Frames from `lo` that `base` reaches (0: none).
+    span: u64,
+    word: std::marker::PhantomData<W>,
+}
+
+// SAFETY: the pointer is only dereferenced through `cell`, whose contract
+// keeps the map it points into alive; the words are atomics.
+unsafe impl<W> Send for Cursor<W> {}
+// SAFETY: a shared cursor is plain data: nothing reachable through `&self`
+// dereferences the pointer (`cell` takes `&mut self`).
+unsafe impl<W> Sync for Cursor<W> {}
+
+impl<W: Word> Default for Cursor<W> {
+    fn default() -> Self {
+        Self {
+            base: null_mut(),
+            lo: 0,
+            span: 0,
+            word: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<W: Word> Cursor<W> {
+    /// The word of `pfn` in `map`, as [`WordMap`]'s own lookup finds it
+    /// (`None`: out of range, or a chunk never claimed).
+    ///
+    /// # Safety
+    /// Every call on one cursor passes the same `map`.
+    #[inline(always)]
+    pub(crate) unsafe fn cell<'m>(&mut self, map: &'m WordMap<W>, pfn: u64) -> Option<&'m W> {
+        let off = pfn.wrapping_sub(self.lo);
+        if off < self.span {
+            // SAFETY: `base` reaches `span` words of `map` from `lo` (set by
+            // `refill` from this same map, the contract), which live as
+            // long as `map`; every access is atomic.
+            return Some(unsafe { W::at(self.base.add((off * W::BYTES) as usize)) });
+        }
+        self.refill(map, pfn)
+    }
+
+    /// Points the cursor at the part of `map` holding `pfn`, if it exists.
+    #[inline(never)]
+    fn refill<'m>(&mut self, map: &'m WordMap<W>, pfn: u64) -> Option<&'m W> {
+        if pfn >= map.len {
+            return None;
+        }
+        let (lo, span) = if map.flat_base.is_null() {
+            let lo = pfn & !((1 << CHUNK_SHIFT) - 1);
+            (lo, (1u64 << CHUNK_SHIFT).min(map.len - lo))
+        } else {
+            (0, map.len)
+        };
+        // The word of `lo`: found as every access finds it (`lo < len`).
+        let first = map.cell(lo)?;
+        self.base = std::ptr::from_ref(first).cast_mut().cast();
+        self.lo = lo;
+        self.span = span;
+        map.cell(pfn)
+    }
+}
+
 impl LiveMap {
     /// Replaces the state at `pfn` with `to` if it is `from`, atomically:
     /// of two threads racing to change one block, exactly one wins.
@@ -342,6 +423,30 @@ mod tests {
         assert_eq!(m.block_containing(below + 5), Some((below, 3, CACHED)));
         assert_eq!(m.owned.lock().unwrap().len(), 2);
         assert_eq!(m.get(1 << 36), 0, "out of range reads as free");
+    }
+
+    #[test]
+    fn a_cursor_reaches_the_words_the_map_does() {
+        let flat = LiveMap::new((1 << 23) - 1).unwrap();
+        let chunked = LiveMap::chunked((1 << 23) - 1).unwrap();
+        for m in [&flat, &chunked] {
+            let mut c = Cursor::default();
+            let far = (1 << 22) + 5;
+            // SAFETY (each `cell` below): one map per cursor.
+            assert!(
+                m.flat_base.is_null() == unsafe { c.cell(m, far) }.is_none(),
+                "an unclaimed chunk has no word"
+            );
+            m.claim(7, state(LIVE, 0)).unwrap();
+            m.claim(far, state(LIVE, 2)).unwrap();
+            for pfn in [7, far, 8, far + 1, (1 << 21) + 3, 7] {
+                let via = unsafe { c.cell(m, pfn) }.map(|w| w.get());
+                assert_eq!(via.unwrap_or(0), m.get(pfn), "pfn {pfn:#x}");
+            }
+            unsafe { c.cell(m, far) }.unwrap().put(state(RETIRED, 2));
+            assert_eq!(m.get(far), state(RETIRED, 2));
+            assert!(unsafe { c.cell(m, 1 << 23) }.is_none(), "out of range");
+        }
     }
 
     #[test]

@@ -149,6 +149,11 @@ pub enum IovaError {
 }
 
 /// The order (log2 of the page count, rounded up) of a request of `pages`.
+///
+/// Branch-free but for the zero check (a bit scan): a fast path for one
+/// page (one compare) took 28 instructions off the deferred pair under
+/// callgrind but made `bench iova`'s mixed sizes 20–40 % slower (the branch
+/// mispredicts on a mix), so it was taken out.
 #[inline]
 pub(crate) fn order_of(pages: u64) -> Result<u32, IovaError> {
     if pages == 0 {
