@@ -560,10 +560,16 @@ impl DmaDomain {
             // has descheduled would hold the timer too, and with it every
             // other queue's flush. Its batch still counts in `oldest`, so
             // the next round drops it from the IOTLB if it ages.
-            if let Some(mut taker) = slot.fq.try_taker() {
-                if let Some(batch) = taker.take_if_older(now, age) {
-                    // A failed issue keeps its batch for the next round.
-                    let _ = self.issue_flush(batch);
+            // Only a queue past its age is taken: holding the taker of a
+            // younger one would make its owner's flush at the high-water
+            // mark (which never waits for a taker) skip a flush nobody
+            // then does.
+            if slot.fq.oldest().is_some_and(overdue) {
+                if let Some(mut taker) = slot.fq.try_taker() {
+                    if let Some(batch) = taker.take_if_older(now, age) {
+                        // A failed issue keeps its batch for the next round.
+                        let _ = self.issue_flush(batch);
+                    }
                 }
             }
             if let Some(t) = slot.fq.oldest() {
