@@ -2,7 +2,7 @@
 //! and read a reply, as a front-end does. Not used by the back-end itself.
 
 use std::io::Read;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use crate::proto::{FLAG_NEED_REPLY, HEADER_LEN, VERSION};
@@ -34,4 +34,39 @@ pub fn recv(sock: &UnixStream) -> std::io::Result<(u32, u32, Vec<u8>)> {
     let mut p = vec![0u8; le(8) as usize];
     (&*sock).read_exact(&mut p)?;
     Ok((le(0), le(4), p))
+}
+
+/// A front-end's guest memory: `bytes` of a fresh memfd named `name`,
+/// mapped shared and read-write. The fd is what a fake front-end sends in
+/// its memory table; the pointer stays valid for the life of the process
+/// (the mapping is never unmapped: tests only).
+pub fn shared_memory(name: &std::ffi::CStr, bytes: usize) -> std::io::Result<(OwnedFd, *mut u8)> {
+    let len = libc::off_t::try_from(bytes)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: memfd_create takes a NUL-terminated name; the fd it returns
+    // is owned here at once.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a valid descriptor just returned and not owned elsewhere.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate and mmap on our own fd; results checked.
+    unsafe {
+        if libc::ftruncate(fd.as_raw_fd(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok((fd, p.cast()))
+    }
 }

@@ -76,22 +76,7 @@ impl Fe {
         std::thread::spawn(move || {
             let _ = tx.send(backend.serve(be));
         });
-        // SAFETY: plain syscalls, checked.
-        let (memfd, mem) = unsafe {
-            let fd = libc::memfd_create(c"softiommu-net-test".as_ptr(), libc::MFD_CLOEXEC);
-            assert!(fd >= 0);
-            assert_eq!(libc::ftruncate(fd, MEM_BYTES as i64), 0);
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                MEM_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            (OwnedFd::from_raw_fd(fd), p as *mut u8)
-        };
+        let (memfd, mem) = testing::shared_memory(c"softiommu-net-test", MEM_BYTES).unwrap();
         let (chan, be_chan) = UnixStream::pair().unwrap();
         let fe = Fe {
             sock,
