@@ -346,21 +346,7 @@ fn request_buffer_outside_guest_ram_is_fault_or_unwritten() {
     let (reserve, _) = r.mem.iommu_reserve();
     // The readable part points at the unit's tables: not read, FAULT.
     let tail = r.drv.scratch() + 0x800;
-    let used = r
-        .drv
-        .raw(&[
-            RawDesc {
-                addr: reserve,
-                len: s::ATTACH_LEN as u32,
-                writable: false,
-            },
-            RawDesc {
-                addr: tail,
-                len: 4,
-                writable: true,
-            },
-        ])
-        .unwrap();
+    let used = two_descs(&mut r, reserve, s::ATTACH_LEN as u32, tail);
     assert_eq!(used, 4);
     let mut b = [0u8; 4];
     r.mem.read(tail, &mut b).unwrap();
@@ -368,21 +354,7 @@ fn request_buffer_outside_guest_ram_is_fault_or_unwritten() {
     // The tail points at the unit's reserve: nothing is written there.
     let req = r.drv.scratch();
     r.mem.write(req, &encode::attach(1, EA, 0)).unwrap();
-    let used = r
-        .drv
-        .raw(&[
-            RawDesc {
-                addr: req,
-                len: s::ATTACH_LEN as u32,
-                writable: false,
-            },
-            RawDesc {
-                addr: reserve,
-                len: 4,
-                writable: true,
-            },
-        ])
-        .unwrap();
+    let used = two_descs(&mut r, req, s::ATTACH_LEN as u32, reserve);
     assert_eq!(used, 0);
     // Unanswerable, so not carried out.
     assert_eq!(r.dev.attached(EA), None);

@@ -374,21 +374,7 @@ fn a_request_in_a_bounce_pool_is_never_read_or_answered() {
     r.mem.write(pool, &encode::attach(1, EA, 0)).unwrap();
     let tail = r.drv.scratch() + 0x800;
     r.mem.fill(tail, 4, 0xaa).unwrap();
-    let used = r
-        .drv
-        .raw(&[
-            RawDesc {
-                addr: pool,
-                len: s::ATTACH_LEN as u32,
-                writable: false,
-            },
-            RawDesc {
-                addr: tail,
-                len: 4,
-                writable: true,
-            },
-        ])
-        .unwrap();
+    let used = two_descs(&mut r, pool, s::ATTACH_LEN as u32, tail);
     let mut b = [0u8; 4];
     r.mem.read(tail, &mut b).unwrap();
     assert_eq!((used, b), (4, [s::S_FAULT, 0, 0, 0]));
@@ -396,21 +382,7 @@ fn a_request_in_a_bounce_pool_is_never_read_or_answered() {
     // A tail there: not written, the request not carried out.
     let req = r.drv.scratch();
     r.mem.write(req, &encode::attach(1, EA, 0)).unwrap();
-    let used = r
-        .drv
-        .raw(&[
-            RawDesc {
-                addr: req,
-                len: s::ATTACH_LEN as u32,
-                writable: false,
-            },
-            RawDesc {
-                addr: pool + 0x100,
-                len: 4,
-                writable: true,
-            },
-        ])
-        .unwrap();
+    let used = two_descs(&mut r, req, s::ATTACH_LEN as u32, pool + 0x100);
     assert_eq!(used, 0);
     assert_eq!(r.dev.attached(EA), None);
 }

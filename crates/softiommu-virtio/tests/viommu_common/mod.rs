@@ -115,6 +115,26 @@ impl Rig {
     }
 }
 
+/// Sends a chain of two descriptors made by hand: `readable_len` bytes at
+/// `readable` (a request already placed there, or memory the device must
+/// not read) and a 4-byte writable tail at `tail`; returns the used length.
+pub fn two_descs(r: &mut Rig, readable: u64, readable_len: u32, tail: u64) -> u32 {
+    r.drv
+        .raw(&[
+            RawDesc {
+                addr: readable,
+                len: readable_len,
+                writable: false,
+            },
+            RawDesc {
+                addr: tail,
+                len: 4,
+                writable: true,
+            },
+        ])
+        .unwrap()
+}
+
 /// Sends `readable` (one descriptor) and writable descriptors of
 /// `wlens` bytes, pre-filled with 0xaa; returns the used length and the
 /// writable bytes as the device left them.
