@@ -167,15 +167,7 @@ impl Shared {
                 std::thread::sleep(Duration::from_micros(100));
             }
         }
-        let c = &self.counters;
-        Counters::add(&c.drains, 1);
-        Counters::add(&c.drain_waited, waited);
-        Counters::add(
-            &c.drain_ns,
-            u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        );
-        Counters::add(&c.modelled_ns, spin_ns(self.latency.wait_completion_ns()));
-        Counters::add(&c.bypass_revocations, 1);
+        self.count_direct_drain(t0, waited);
         Ok(())
     }
 
@@ -186,9 +178,15 @@ impl Shared {
     pub(crate) fn drain_direct(&self) {
         let t0 = Instant::now();
         let st = self.slots.drain(self.barrier);
+        self.count_direct_drain(t0, st.waited);
+    }
+
+    /// Counts a drain done around the queue that began at `t0` and waited
+    /// for `waited` sections, and spins the modelled completion wait.
+    fn count_direct_drain(&self, t0: Instant, waited: u64) {
         let c = &self.counters;
         Counters::add(&c.drains, 1);
-        Counters::add(&c.drain_waited, st.waited);
+        Counters::add(&c.drain_waited, waited);
         Counters::add(
             &c.drain_ns,
             u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
