@@ -11,7 +11,4 @@ pub mod netperf_udp;
 pub mod policy_physics;
 pub mod steal;
 pub mod stress;
-pub mod stress_bound;
-pub mod stress_check;
-pub mod stress_extra;
 pub mod viommu;

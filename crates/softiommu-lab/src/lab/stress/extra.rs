@@ -23,7 +23,7 @@ use softiommu::{DmaAccessor, DmaAttrs, DmaPolicy, SourceId};
 use softiommu_virtio::blk::{BlkHost, BlkHostConfig};
 use softiommu_virtio::workload::fio::{fio, sized_for, BlockSizes, FioConfig, FioError, RwMode};
 
-use super::stress::PhaseResult;
+use super::out::PhaseResult;
 use crate::error::{join, LabError, LabResult};
 use crate::workload::Rng;
 

@@ -28,8 +28,8 @@ use softiommu::dma::{DmaDirection, DmaDomain, DmaDomainConfig, DmaPolicy, MAX_FQ
 use softiommu::hw::{SourceId, System, UnitConfig};
 use softiommu::mem::PhysMemory;
 
-use super::stress::PhaseResult;
-use super::stress_check::{Tag, TagKind, PAGE};
+use super::check::{Tag, TagKind, PAGE};
+use super::out::PhaseResult;
 use crate::error::{LabError, LabResult};
 use crate::workload::Rng;
 
@@ -130,7 +130,7 @@ pub fn bound_phase(
     let run_for = Duration::from_secs_f64(seconds);
     let _hogs = Hogs::start(hogs, run_for * MAX_STRETCH)?;
     let handle = std::thread::spawn(move || {
-        super::stress::run_as_load(nice);
+        super::run_as_load(nice);
         probe_thread(run_for, timeout, seed)
     });
     crate::error::join(handle, "stress bound")?
