@@ -33,7 +33,7 @@
 
 pub mod affinity;
 pub mod blk;
-pub mod cpu_clock;
+pub use softiommu::cpu_clock;
 pub mod host;
 pub mod iopf_mode;
 pub mod net;

@@ -76,6 +76,7 @@
 )]
 
 pub mod access;
+pub mod cpu_clock;
 pub mod dma;
 mod error;
 pub mod hw;

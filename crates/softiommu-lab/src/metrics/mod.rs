@@ -2,9 +2,10 @@
 //! clocks, thread pinning and the aging figure.
 //!
 //! - [`cpu_clock`]: the calling thread's, another live thread's
-//!   (`pthread_getcpuclockid`) and the process's CPU time. The device
-//!   crate's device threads and workloads read the same clocks, so the
-//!   one copy lives there and is used from here.
+//!   (`pthread_getcpuclockid`) and the process's CPU time. The core
+//!   crate's flush timer and the device crate's threads and workloads
+//!   read the same clocks, so the one copy lives in the core crate
+//!   (`softiommu::cpu_clock`) and is used from here.
 //! - [`pinning`]: the CPUs this process may run on and pinning the
 //!   calling thread to one (the device crate pins its device threads with
 //!   it too).

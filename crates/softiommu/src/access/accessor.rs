@@ -196,10 +196,10 @@ impl DmaAccessor {
         else {
             return Err(e);
         };
-        let c0 = self.time_waits.then(crate::dma::thread_cpu_time);
+        let c0 = self.time_waits.then(crate::cpu_clock::thread);
         let answered = self.tr.wait_page_response(sid, iova, access, prgi);
         if let Some(c0) = c0 {
-            let spent = crate::dma::thread_cpu_time().saturating_sub(c0);
+            let spent = crate::cpu_clock::thread().saturating_sub(c0);
             self.stats.page_wait_cpu_ns = self
                 .stats
                 .page_wait_cpu_ns

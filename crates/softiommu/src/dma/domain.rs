@@ -22,6 +22,7 @@ use super::stale::{StaleReport, StaleWindow};
 use super::stats::{CpuStats, DmaStats};
 use super::timer::{self, TimerWork};
 use super::units::UnitList;
+use crate::cpu_clock::ThreadClock;
 use crate::hw::{ContextEntry, HwError, SourceId, System, Unit, UnitId};
 use crate::iova::{IovaCpuCache, IovaDomain, IovaPolicy, IovaStats};
 use crate::mem::{FrameOwner, PhysAddr, PhysMemory, PAGE_SHIFT, PAGE_SIZE};
@@ -158,7 +159,7 @@ pub struct DmaDomain {
     pub(crate) shutdown: AtomicBool,
     timer: Mutex<Option<JoinHandle<()>>>,
     /// The timer thread's CPU clock, set once it is spawned.
-    timer_clock: OnceLock<libc::clockid_t>,
+    timer_clock: OnceLock<ThreadClock>,
     pub(super) timer_cache: Mutex<Option<IovaCpuCache>>,
     pub(crate) stale: StaleWindow,
     pub(crate) bounce_bytes: u64,
@@ -259,7 +260,7 @@ impl DmaDomain {
             .name(format!("dma-fq-timer-{}", config.did))
             .spawn(move || timer::run(weak))
             .map_err(|_| DmaError::TimerSpawn)?;
-        if let Some(clock) = timer::cpu_clock_of(&handle) {
+        if let Some(clock) = ThreadClock::of(&handle) {
             let _ = d.timer_clock.set(clock);
         }
         *lock(&d.timer) = Some(handle);
@@ -273,9 +274,7 @@ impl DmaDomain {
     /// too (Linux runs the same work in a timer softirq, inside the CPU
     /// utilisation netperf divides by). `None` if the kernel will not say.
     pub fn timer_cpu_time(&self) -> Option<Duration> {
-        self.timer_clock
-            .get()
-            .and_then(|&c| timer::read_cpu_clock(c))
+        self.timer_clock.get().and_then(ThreadClock::read)
     }
 
     /// The domain id.

@@ -36,7 +36,6 @@ mod slot;
 mod stale;
 mod stats;
 mod timer;
-pub(crate) use timer::thread_cpu_time;
 mod units;
 
 #[cfg(all(test, not(loom)))]

@@ -5,9 +5,7 @@
 //! The timer knows its domain only through [`TimerWork`], so that this
 //! module depends on the flush queue's arm and nothing above it.
 
-use std::os::unix::thread::JoinHandleExt;
 use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::flush_queue::TimerArm;
@@ -54,40 +52,6 @@ fn raise_priority() -> bool {
         let tid = libc::gettid();
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, TIMER_NICE) == 0
     }
-}
-
-/// The kernel's CPU clock of the timer thread behind `handle`
-/// (`pthread_getcpuclockid`), while it has not been joined; `None` if the
-/// kernel will not give it.
-pub(crate) fn cpu_clock_of(handle: &JoinHandle<()>) -> Option<libc::clockid_t> {
-    let mut id: libc::clockid_t = 0;
-    // SAFETY: the pthread_t comes from a live, unjoined `JoinHandle`
-    // (borrowed for the call), and `id` is a valid out-pointer.
-    let rc = unsafe { libc::pthread_getcpuclockid(handle.as_pthread_t(), &mut id) };
-    (rc == 0).then_some(id)
-}
-
-/// CPU time on `clock` so far; `None` if the kernel refuses (the thread
-/// has exited).
-pub(crate) fn read_cpu_clock(clock: libc::clockid_t) -> Option<Duration> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer for the call's duration; a stale
-    // clock id is refused with an error, not undefined behaviour.
-    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-    (rc == 0).then(|| {
-        Duration::new(
-            u64::try_from(ts.tv_sec).unwrap_or(0),
-            u32::try_from(ts.tv_nsec.clamp(0, 999_999_999)).unwrap_or(0),
-        )
-    })
-}
-
-/// The calling thread's CPU time so far (zero if the kernel will not say).
-pub(crate) fn thread_cpu_time() -> Duration {
-    read_cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or_default()
 }
 
 /// The timer thread's body. Holds only a weak reference: the domain's drop

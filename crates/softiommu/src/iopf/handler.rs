@@ -81,7 +81,7 @@ struct CpuSpan<'a> {
 impl<'a> CpuSpan<'a> {
     fn start(into: &'a AtomicU64) -> Self {
         Self {
-            start: crate::dma::thread_cpu_time(),
+            start: crate::cpu_clock::thread(),
             into,
         }
     }
@@ -89,7 +89,7 @@ impl<'a> CpuSpan<'a> {
 
 impl Drop for CpuSpan<'_> {
     fn drop(&mut self) {
-        let spent = crate::dma::thread_cpu_time().saturating_sub(self.start);
+        let spent = crate::cpu_clock::thread().saturating_sub(self.start);
         self.into
             .fetch_add(u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX), Relaxed);
     }

@@ -2,8 +2,9 @@
 //! (`CLOCK_THREAD_CPUTIME_ID`), another live thread's
 //! (`pthread_getcpuclockid`), so a device thread's time can be read apart
 //! from its driver's while both run, and the whole process's
-//! (`CLOCK_PROCESS_CPUTIME_ID`). One copy for the workspace: the lab reads
-//! its clocks from here. A clock the kernel refuses reads as `None` from
+//! (`CLOCK_PROCESS_CPUTIME_ID`). One copy for the workspace: the flush timer's,
+//! the accessor's and the page request handler's timing, the device
+//! crates' and the lab's clocks are all read through here. A clock the kernel refuses reads as `None` from
 //! [`ThreadClock::read`], and as zero from [`thread`] and [`process`].
 
 use std::os::unix::thread::JoinHandleExt;
