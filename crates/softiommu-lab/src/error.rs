@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::lab::litmus_harness::LitmusError;
+use crate::lab::litmus::harness::LitmusError;
 use softiommu::access::AccessError;
 use softiommu::dma::DmaError;
 use softiommu::hw::{HwError, TranslateError};

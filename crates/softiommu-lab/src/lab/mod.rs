@@ -6,7 +6,6 @@ pub mod iopf;
 pub mod iova_aging;
 pub mod iperf_tcp;
 pub mod litmus;
-pub mod litmus_harness;
 pub mod netperf_udp;
 pub mod policy_physics;
 pub mod steal;

@@ -1,0 +1,42 @@
+//! The options of `lab guest`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::args::Ranged;
+
+/// Options of `lab guest`.
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GuestArgs {
+    /// Disk size in MiB the guest writes and reads back (8..=512).
+    #[arg(long, default_value = "32")]
+    pub mib: Ranged<8, 512>,
+    /// MiB the guest sends, and receives, over TCP for the virtio-net rows
+    /// (1..=64).
+    #[arg(long, default_value = "4")]
+    pub net_mib: Ranged<1, 64>,
+    /// Rounds, each running every row and the anchor side by side; the
+    /// median round of each row is reported, and the time ratio is the
+    /// median of the rounds' ratios (1..=9).
+    #[arg(long, default_value = "1")]
+    pub rounds: Ranged<1, 9>,
+    /// A smaller disk (16 MiB) and transfer (1 MiB).
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    #[serde(skip)]
+    pub json: bool,
+}
+
+impl Default for GuestArgs {
+    fn default() -> Self {
+        Self {
+            mib: Ranged::new(32),
+            net_mib: Ranged::new(4),
+            rounds: Ranged::new(1),
+            quick: false,
+            json: false,
+        }
+    }
+}

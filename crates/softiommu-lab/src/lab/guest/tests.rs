@@ -1,0 +1,111 @@
+//! Tests of `lab guest`.
+
+use softiommu_vhost::guest::{GuestError, GuestRun, IommuMode};
+
+use super::args::*;
+use super::run::*;
+
+use softiommu_vhost::guest::HostSide;
+use softiommu_vhost::peer::PeerReport;
+use softiommu_vhost::{IotlbStats, SessionEnd, SessionReport};
+
+fn net_run(mode: IommuMode, invalidations: u64) -> GuestRun {
+    let line = "ok=1 sent=s got=g send_ms=1000 recv_ms=1000";
+    let (_, _, wire) = softiommu_virtio::net::wire(Default::default());
+    GuestRun {
+        device: "virtio-net",
+        mode,
+        result: line.into(),
+        fields: line
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect(),
+        dmesg: Vec::new(),
+        report: Some(SessionReport {
+            end: SessionEnd::Disconnected,
+            iotlb: IotlbStats {
+                updates: 400,
+                invalidations,
+                misses: 400,
+                ..Default::default()
+            },
+            blk: Default::default(),
+            net: softiommu_vhost::NetStats {
+                tx_frames: 60,
+                rx_frames: 40,
+                worker_cpu_ns: 150_000,
+                ..Default::default()
+            },
+            rejected_messages: 0,
+            last_rejection: None,
+            acked_features: 0,
+            session_cpu_ns: 50_000,
+        }),
+        host: HostSide::Net {
+            peer: PeerReport {
+                received: 1,
+                received_sha256: Some("s".into()),
+                sent: 1,
+                sent_sha256: Some("g".into()),
+                timed_out: false,
+            },
+            wire,
+        },
+        wall_seconds: 3.0,
+    }
+}
+
+/// A virtio-net run is a row of its own: frames as I/Os, the device's
+/// CPU per frame, its guest time marked as TCG time.
+#[test]
+fn a_net_run_is_a_row_with_frames_as_ios_and_device_cpu_per_io() {
+    let j = row_json(&net_run(IommuMode::Lazy, 20));
+    assert_eq!(j["device"], "virtio-net");
+    assert_eq!(j["mode"], "lazy");
+    assert_eq!(j["ios"], 100);
+    assert_eq!(j["io"], "frame (tx + rx)");
+    assert_eq!(j["iotlb_invalidations"], 20);
+    assert_eq!(j["invalidations_per_io"], 0.2);
+    assert_eq!(j["device_cpu_us_per_io"], 2.0);
+    assert_eq!(j["guest_seconds"], 2.0);
+    assert_eq!(j["guest_seconds_basis"], "tcg");
+    assert_eq!(j["checksum_ok"], true);
+    let rows = vec![
+        row_json(&net_run(IommuMode::Strict, 200)),
+        row_json(&net_run(IommuMode::Lazy, 20)),
+    ];
+    assert_eq!(lazy_over_strict(&rows, "virtio-net"), Some(0.1));
+    assert_eq!(lazy_over_strict(&rows, "virtio-blk"), None);
+    assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+    assert_eq!(median(&[1.0, 2.0]), Some(1.5));
+    assert_eq!(median(&[]), None);
+}
+
+/// Without the kit the lab still reports: one line saying it was
+/// skipped, why and how to get the kit, and a contract saying so
+/// (which `run` turns into the scenario's one progress line).
+#[test]
+fn a_missing_kit_is_one_skipped_line_not_a_silent_pass() {
+    let mut lines = Vec::new();
+    let rep = run_with(
+        &GuestArgs::default(),
+        Err(GuestError::NotInstalled {
+            dir: "/nowhere".into(),
+        }),
+        &mut |l| lines.push(l.to_string()),
+    )
+    .expect("a skip is a report");
+    assert!(lines.is_empty(), "{lines:?}");
+    assert_eq!(rep.notes.len(), 1, "{:?}", rep.notes);
+    assert!(
+        rep.notes[0].starts_with("lab guest skipped: no guest kit at /nowhere")
+            && rep.notes[0].contains("scripts/guest-kit.sh"),
+        "{:?}",
+        rep.notes
+    );
+    let why = crate::cmd::run::skipped_why(&rep).expect("skipped");
+    assert!(why.contains("scripts/guest-kit.sh"), "{why}");
+    assert!(rep.tables.is_empty());
+    assert!(crate::validity::invalid(&rep).is_none());
+}

@@ -1,0 +1,187 @@
+//! The measurement: one TCP stream per page walk and policy, rounds interleaved, the seed comparison and the physics marks.
+
+use std::time::Duration;
+
+use softiommu::dma::DmaPolicy;
+use softiommu_virtio::workload::{tcp_stream, TcpStreamConfig, TcpStreamResult};
+
+use crate::args::{Ranged, Seconds, Walk};
+use crate::dma_rig::modelled;
+use crate::error::{LabError, LabResult};
+use crate::lab::policy_physics::{check_walks, Spread, WalkCost};
+use crate::metrics::pinning::allowed_cpus;
+use crate::report::Report;
+
+use super::args::*;
+use super::out::*;
+use super::render::*;
+use super::*;
+
+pub(super) fn row(r: &TcpStreamResult) -> IperfTcpRow {
+    IperfTcpRow {
+        walk: walk_of(r.coherent).name(),
+        policy: r.policy.name().to_string(),
+        mbit_s: r.mbit_s,
+        cpu_s_per_gb: r.cpu_s_per_gb,
+        lines_flushed_per_gb: r.lines_flushed_per_gb,
+        flush_cpu_share: r.flush_cpu_share,
+        checksum_ok: r.checksum_ok,
+        device_cpu_s_per_gb: r.device_cpu_s_per_gb,
+        flush_ns_per_line: r.flush_ns_per_line,
+        vs_coherent: None,
+        cpu_above_coherent_share: None,
+        flush_timer_cpu_s_per_gb: r.flush_timer_cpu_s_per_gb,
+        cpu_s_per_gb_spread: Spread::of(&[r.cpu_s_per_gb]),
+        mbit_s_spread: Spread::of(&[r.mbit_s]),
+        saturated_vs_coherent: None,
+        saturated_vs_coherent_spread: None,
+        valid: true,
+        why: None,
+    }
+}
+
+pub(super) fn walk_of(coherent: bool) -> Walk {
+    if coherent {
+        Walk::Coherent
+    } else {
+        Walk::NonCoherent
+    }
+}
+
+/// Runs the lab.
+pub fn run(args: &IperfTcpArgs) -> LabResult<Report> {
+    let latency = args.latency.model();
+    let walks = if args.walks.is_empty() {
+        vec![Walk::Coherent, Walk::NonCoherent]
+    } else {
+        args.walks.clone()
+    };
+    let policies: Vec<DmaPolicy> = if args.policies.is_empty() {
+        vec![DmaPolicy::Strict, DmaPolicy::Deferred]
+    } else {
+        args.policies.iter().map(|p| p.0).collect()
+    };
+    let seconds = args
+        .seconds
+        .map_or(if args.quick { 0.8 } else { 4.0 }, Seconds::get);
+    let rounds = args
+        .rounds
+        .map_or(if args.quick { 2 } else { 3 }, Ranged::us);
+    let per_round = seconds / rounds as f64;
+    let cpus = args.placement.pair_cpus(&allowed_cpus());
+    let cells: Vec<(Walk, DmaPolicy)> = walks
+        .iter()
+        .flat_map(|&w| policies.iter().map(move |&p| (w, p)))
+        .collect();
+    let mut runs: Vec<Vec<IperfTcpRow>> = vec![Vec::new(); cells.len()];
+    for _ in 0..rounds {
+        for (i, &(walk, policy)) in cells.iter().enumerate() {
+            let what = format!("iperf-tcp {} {policy}", walk.name());
+            let r = tcp_stream(&TcpStreamConfig {
+                policy,
+                coherent: walk == Walk::Coherent,
+                latency,
+                mtu: args.mtu.get() as u16,
+                write_size: args.write_size.us(),
+                duration: Duration::from_secs_f64(per_round),
+                warmup: Duration::from_secs_f64((per_round * 0.4).clamp(0.2, 0.5)),
+                cpus,
+                ..TcpStreamConfig::default()
+            })
+            .map_err(|source| LabError::Workload {
+                run: what.clone(),
+                source,
+            })?;
+            if !r.checksum_ok {
+                return Err(LabError::StreamMismatch {
+                    run: what,
+                    sent: r.total_sent,
+                    received: r.total_received,
+                });
+            }
+            runs[i].push(row(&r));
+        }
+    }
+    let mut rows: Vec<IperfTcpRow> = runs.into_iter().map(median_round).collect();
+    compare(&mut rows);
+    let r = IperfTcpReport {
+        lab: "iperf-tcp",
+        stack: "smoltcp",
+        seconds,
+        rounds,
+        placement: args.placement,
+        flush_share_method: FLUSH_SHARE_METHOD,
+        modelled: modelled(latency),
+        rows,
+        seed: Seed003 {
+            coherent_mbit_s: 7908.0,
+            non_coherent_mbit_s: 4380.0,
+            ratio: 4380.0 / 7908.0,
+            clflush_share: 0.0586,
+        },
+    };
+    Ok(report(&r, args, &args.placement.describe(&cpus)))
+}
+
+/// Each row beside the coherent row of its policy (Mbit/s, CPU per GB at
+/// saturation, CPU above coherent), then the physics check.
+pub(super) fn compare(rows: &mut [IperfTcpRow]) {
+    let coherent: Vec<(String, f64, f64)> = rows
+        .iter()
+        .filter(|r| r.walk == Walk::Coherent.name())
+        .map(|r| (r.policy.clone(), r.mbit_s, r.cpu_s_per_gb))
+        .collect();
+    let coherent_spread: Vec<(String, Spread)> = rows
+        .iter()
+        .filter(|r| r.walk == Walk::Coherent.name())
+        .map(|r| (r.policy.clone(), r.cpu_s_per_gb_spread))
+        .collect();
+    for r in rows.iter_mut() {
+        let Some(&(_, mbit_s, cpu)) = coherent.iter().find(|(p, _, _)| *p == r.policy) else {
+            continue;
+        };
+        r.vs_coherent = (mbit_s > 0.0).then(|| r.mbit_s / mbit_s);
+        // Over the rounds' medians: the row's own CPU per GB is its
+        // median round by Mbit/s, which need not be the median by CPU.
+        r.saturated_vs_coherent_spread = coherent_spread
+            .iter()
+            .find(|(p, _)| *p == r.policy)
+            .and_then(|(_, c)| c.ratio(&r.cpu_s_per_gb_spread));
+        r.saturated_vs_coherent = r.saturated_vs_coherent_spread.map(|s| s.median);
+        if r.walk != Walk::Coherent.name() && r.cpu_s_per_gb > 0.0 {
+            r.cpu_above_coherent_share = Some((r.cpu_s_per_gb - cpu) / r.cpu_s_per_gb);
+        }
+    }
+    mark_physics(rows);
+}
+
+/// A row's median round by Mbit/s, with the spreads of its rounds.
+pub(super) fn median_round(mut v: Vec<IperfTcpRow>) -> IperfTcpRow {
+    let cpu: Vec<f64> = v.iter().map(|r| r.cpu_s_per_gb).collect();
+    let mbit: Vec<f64> = v.iter().map(|r| r.mbit_s).collect();
+    v.sort_by(|a, b| a.mbit_s.total_cmp(&b.mbit_s));
+    let mut r = v.swap_remove(v.len() / 2);
+    r.cpu_s_per_gb_spread = Spread::of(&cpu);
+    r.mbit_s_spread = Spread::of(&mbit);
+    r
+}
+
+/// Marks the rows whose CPU per GB contradicts what their walk must cost
+/// ([`check_walks`]).
+pub(super) fn mark_physics(rows: &mut [IperfTcpRow]) {
+    let why = check_walks(
+        &rows
+            .iter()
+            .map(|r| WalkCost {
+                walk: r.walk,
+                policy: &r.policy,
+                cost: r.cpu_s_per_gb_spread,
+            })
+            .collect::<Vec<_>>(),
+        "driver CPU per GB",
+    );
+    for (r, why) in rows.iter_mut().zip(why) {
+        r.valid = why.is_none();
+        r.why = why;
+    }
+}

@@ -1,0 +1,138 @@
+//! Tests of `lab iperf-tcp`.
+
+use crate::args::{Placement, Walk};
+use crate::lab::policy_physics::Spread;
+use crate::report::Report;
+
+use super::args::*;
+use super::out::*;
+use super::render::*;
+use super::run::*;
+use super::*;
+
+use crate::seeds::summarise;
+
+/// One round of a row: `mbit_s` moved at `cpu` s/GB.
+fn round(walk: Walk, policy: &str, mbit_s: f64, cpu: f64) -> IperfTcpRow {
+    IperfTcpRow {
+        walk: walk.name(),
+        policy: policy.into(),
+        mbit_s,
+        cpu_s_per_gb: cpu,
+        lines_flushed_per_gb: if walk == Walk::Coherent { 0.0 } else { 1e7 },
+        flush_cpu_share: 0.01,
+        checksum_ok: true,
+        device_cpu_s_per_gb: 1.0,
+        flush_ns_per_line: 0.0,
+        vs_coherent: None,
+        cpu_above_coherent_share: None,
+        flush_timer_cpu_s_per_gb: 0.05,
+        cpu_s_per_gb_spread: Spread::of(&[cpu]),
+        mbit_s_spread: Spread::of(&[mbit_s]),
+        saturated_vs_coherent: None,
+        saturated_vs_coherent_spread: None,
+        valid: true,
+        why: None,
+    }
+}
+
+/// The report of rows measured in rounds (`cpu` per round, Mbit/s
+/// equal), under seed 003's scenario.
+fn seed_report(cells: &[(Walk, &str, &[f64])]) -> Report {
+    let mut rows: Vec<IperfTcpRow> = cells
+        .iter()
+        .map(|&(w, p, cpu)| {
+            median_round(
+                cpu.iter()
+                    .enumerate()
+                    .map(|(i, &c)| round(w, p, 1430.0 + i as f64, c))
+                    .collect(),
+            )
+        })
+        .collect();
+    compare(&mut rows);
+    let r = IperfTcpReport {
+        lab: "iperf-tcp",
+        stack: "smoltcp",
+        seconds: 0.8,
+        rounds: 3,
+        placement: Placement::Split,
+        flush_share_method: FLUSH_SHARE_METHOD,
+        modelled: Vec::new(),
+        rows,
+        seed: Seed003 {
+            coherent_mbit_s: 7908.0,
+            non_coherent_mbit_s: 4380.0,
+            ratio: 4380.0 / 7908.0,
+            clflush_share: 0.0586,
+        },
+    };
+    let mut rep = report(&r, &IperfTcpArgs::default(), "split");
+    rep.scenario = "tcp-64k".into();
+    rep
+}
+
+#[test]
+fn a_non_coherent_walk_cheaper_than_coherent_is_invalid_and_gets_no_verdict() {
+    let rep = seed_report(&[
+        (Walk::Coherent, "deferred", &[1.60, 1.64, 1.70]),
+        (Walk::NonCoherent, "deferred", &[1.40, 1.45, 1.50]),
+    ]);
+    let rows = rep.contract["rows"].as_array().unwrap();
+    assert_eq!(rows[0]["valid"], true);
+    assert_eq!(rows[1]["valid"], false);
+    assert!(
+        rows[1]["why"].as_str().is_some_and(|w| w.starts_with(
+            "measurement invalid: the non-coherent walk's driver CPU per GB under deferred"
+        )),
+        "{}",
+        rows[1]
+    );
+    assert!(rep
+        .notes
+        .iter()
+        .any(|n| n.starts_with("INVALID row non-coherent/deferred: ")));
+    let seed = summarise(&[rep]).remove(3);
+    assert_eq!(seed.seed, "003");
+    assert!(
+        seed.verdict
+            .starts_with("no verdict: non-coherent/deferred: measurement invalid"),
+        "{}",
+        seed.verdict
+    );
+}
+
+#[test]
+fn seed_003_compares_cpu_per_gb_not_throughput_below_saturation() {
+    // The fresh-clone run of the issue: equal Mbit/s, CPU per GB up
+    // 29 % (1.64 -> 2.12 s/GB).
+    let rep = seed_report(&[
+        (Walk::Coherent, "deferred", &[1.60, 1.64, 1.68]),
+        (Walk::NonCoherent, "deferred", &[2.08, 2.12, 2.16]),
+    ]);
+    let rows = rep.contract["rows"].as_array().unwrap();
+    assert!(rows.iter().all(|r| r["valid"] == true), "{rows:?}");
+    let sat = rows[1]["saturated_vs_coherent"].as_f64().unwrap();
+    assert!((sat - 1.64 / 2.12).abs() < 1e-9, "{sat}");
+    let spread = &rows[1]["saturated_vs_coherent_spread"];
+    assert!((spread["min"].as_f64().unwrap() - 1.60 / 2.16).abs() < 1e-9);
+    assert!((spread["max"].as_f64().unwrap() - 1.68 / 2.08).abs() < 1e-9);
+    // The measured Mbit/s ratio says 1.00x; the seed line does not.
+    assert!((rows[1]["vs_coherent"].as_f64().unwrap() - 1.0).abs() < 1e-9);
+    let seed = summarise(&[rep]).remove(3);
+    assert!((seed.ours.unwrap() - 1.64 / 2.12).abs() < 1e-9);
+    assert!(
+        seed.claim.contains("CPU per unit of work"),
+        "{}",
+        seed.claim
+    );
+    assert!(
+        seed.detail.contains("stated as CPU per unit of work"),
+        "{}",
+        seed.detail
+    );
+    assert_eq!(
+        seed.verdict,
+        "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread"
+    );
+}
