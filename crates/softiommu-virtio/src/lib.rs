@@ -34,6 +34,7 @@
 pub mod affinity;
 pub mod blk;
 pub mod cpu_clock;
+mod driver_init;
 pub mod host;
 pub mod iopf_mode;
 pub mod net;
