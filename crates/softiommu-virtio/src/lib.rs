@@ -36,6 +36,7 @@ pub mod blk;
 pub mod cpu_clock;
 mod driver_init;
 pub mod host;
+mod host_platform;
 pub mod iopf_mode;
 pub mod net;
 pub mod spec;
