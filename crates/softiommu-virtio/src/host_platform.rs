@@ -94,3 +94,69 @@ impl HostPlatform {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iopf_mode::may_fault;
+    use softiommu::dma::DmaError;
+    use softiommu::mem::MemError;
+
+    fn spec(iopf: Option<IopfModeConfig>) -> HostPlatformSpec {
+        HostPlatformSpec {
+            mem_bytes: 64 << 20,
+            latency: LatencyModel::zero(),
+            sid: SourceId(0x0500),
+            domain: DmaDomainConfig {
+                policy: DmaPolicy::Strict,
+                bounce_bytes: 1 << 20,
+                ..Default::default()
+            },
+            iopf,
+        }
+    }
+
+    /// In IOPF mode the device's attachment is final when the build
+    /// returns — in the faulting domain, its misses raising page
+    /// requests — before any host starts a device thread; the driver's
+    /// domain is pass-through. Without it the device is in the driver's
+    /// domain, with the policy asked for, and does not fault.
+    #[test]
+    fn the_attachment_is_final_before_the_device_starts() {
+        let p = HostPlatform::build(spec(Some(IopfModeConfig::default()))).unwrap();
+        assert!(may_fault(&p.system, SourceId(0x0500)));
+        assert_eq!(p.domain.policy(), DmaPolicy::Passthrough);
+        assert!(p.iopf.is_some());
+        let p = HostPlatform::build(spec(None)).unwrap();
+        assert!(!may_fault(&p.system, SourceId(0x0500)));
+        assert_eq!(p.domain.policy(), DmaPolicy::Strict);
+        assert!(p.iopf.is_none());
+        assert_eq!(
+            p.system.unit_of(SourceId(0x0500)).map(|(u, _)| u),
+            Some(p.unit)
+        );
+    }
+
+    /// A refusal while building is the layer's typed error, filed by each
+    /// host under the same variant.
+    #[test]
+    fn a_platform_that_cannot_be_built_is_a_typed_error_for_both_hosts() {
+        // A bounce pool larger than the memory.
+        let mut s = spec(None);
+        s.mem_bytes = 16 << 20;
+        s.domain.bounce_bytes = 64 << 20;
+        let e = HostPlatform::build(s).unwrap_err();
+        assert!(
+            matches!(e, Error::Dma(DmaError::Mem(MemError::OutOfFrames { .. }))),
+            "{e:?}"
+        );
+        assert!(matches!(
+            crate::host::HostError::from_platform(e.clone()),
+            crate::host::HostError::Dma(DmaError::Mem(MemError::OutOfFrames { .. }))
+        ));
+        assert!(matches!(
+            crate::blk::BlkHostError::from_platform(e),
+            crate::blk::BlkHostError::Dma(DmaError::Mem(MemError::OutOfFrames { .. }))
+        ));
+    }
+}
