@@ -41,7 +41,8 @@ pub(crate) enum InitError {
     MissingFeature { name: &'static str },
     /// The device did not keep `FEATURES_OK`.
     FeaturesRefused { offered: u64, wanted: u64 },
-    /// A queue is missing (`QueueNumMax` 0) or already live.
+    /// A queue is missing (`QueueNumMax` 0, or below what the driver
+    /// needs) or already live.
     QueueUnavailable { queue: u16, max: u32, ready: u32 },
 }
 
@@ -126,14 +127,15 @@ impl<'t> Init<'t> {
         self.t
     }
 
-    /// §4.2.3.2 first steps: selects queue `index`, checks it exists and
-    /// is not live, and returns the size to give it: the largest power of
-    /// two not above `want` or `QueueNumMax`.
-    pub(crate) fn queue_size(&self, index: u16, want: u16) -> Result<u16, InitError> {
+    /// §4.2.3.2 first steps: selects queue `index`, checks it takes at
+    /// least `min` entries (1 at the least) and is not live, and returns
+    /// the size to give it: the largest power of two not above `want` or
+    /// `QueueNumMax`.
+    pub(crate) fn queue_size(&self, index: u16, want: u16, min: u32) -> Result<u16, InitError> {
         let t = self.t;
         t.write(reg::QUEUE_SEL, u32::from(index));
         let (max, ready) = (t.read(reg::QUEUE_NUM_MAX), t.read(reg::QUEUE_READY));
-        if max == 0 || ready != 0 {
+        if max < min.max(1) || ready != 0 {
             return Err(InitError::QueueUnavailable {
                 queue: index,
                 max,

@@ -1,13 +1,20 @@
-//! Both drivers bring their device up through one path: a queue that
+//! Every driver brings its device up through one path: a queue that
 //! cannot be set up fails the device (`FAILED` written, §3.1.1) and the
-//! probe returns the typed error, for virtio-net as for virtio-blk.
+//! probe returns the typed error, for virtio-net as for virtio-blk and the
+//! virtio-iommu.
+
+use std::sync::Arc;
 
 use softiommu::dma::{DmaError, DmaPolicy};
+use softiommu::hw::{SourceId, System, UnitConfig};
 use softiommu::mem::{MemError, PhysMemory};
 use softiommu_virtio::blk::{BlkDriverConfig, BlkDriverError, BlkHost, BlkHostConfig};
 use softiommu_virtio::host::{Host, HostConfig};
 use softiommu_virtio::net::{wire, DriverError, NetDriverConfig, WireConfig};
 use softiommu_virtio::spec::status;
+use softiommu_virtio::viommu::{
+    ViommuConfig, ViommuDevice, ViommuDriver, ViommuDriverConfig, ViommuDriverError,
+};
 
 /// Takes every free frame of `mem`, so the next allocation fails; returns
 /// them (in order of size) to give back.
@@ -81,5 +88,41 @@ fn a_blk_queue_that_cannot_be_set_up_fails_the_device() {
     assert_eq!(st & status::DRIVER_OK, 0, "status {st:#x}");
     give_back(&host.mem, held);
     let d = host.driver(BlkDriverConfig::default()).unwrap();
+    assert_eq!(d.transport().status() & status::FAILED, 0);
+}
+
+#[test]
+fn a_viommu_queue_that_cannot_be_set_up_fails_the_device() {
+    let mem = Arc::new(PhysMemory::new(32 << 20).unwrap());
+    let mut sys = System::new(mem.clone());
+    let unit = sys.add_unit(UnitConfig::default()).unwrap();
+    let sid = SourceId(0x0008);
+    sys.assign(sid, unit).unwrap();
+    let dev = ViommuDevice::spawn(
+        ViommuConfig {
+            endpoints: vec![sid],
+            ..ViommuConfig::default()
+        },
+        Arc::new(sys),
+        unit,
+    )
+    .unwrap();
+    let held = exhaust(&mem);
+    let err = ViommuDriver::probe(
+        dev.transport().clone(),
+        mem.clone(),
+        ViommuDriverConfig::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ViommuDriverError::Memory(MemError::OutOfFrames { .. })),
+        "{err:?}"
+    );
+    let st = dev.transport().status();
+    assert_ne!(st & status::FAILED, 0, "status {st:#x}");
+    assert_eq!(st & status::DRIVER_OK, 0, "status {st:#x}");
+    give_back(&mem, held);
+    let d =
+        ViommuDriver::probe(dev.transport().clone(), mem, ViommuDriverConfig::default()).unwrap();
     assert_eq!(d.transport().status() & status::FAILED, 0);
 }

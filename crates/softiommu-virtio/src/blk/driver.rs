@@ -374,7 +374,7 @@ fn setup_queue(
     cfg: &BlkDriverConfig,
     g: &BlkGeometry,
 ) -> Result<BlkQueue, BlkDriverError> {
-    let size = init.queue_size(index, cfg.queue_size)?;
+    let size = init.queue_size(index, cfg.queue_size, 1)?;
     let layout = RingLayout::new(size);
     let q = BlkQueue::new(QueueParts {
         transport: init.transport().clone(),

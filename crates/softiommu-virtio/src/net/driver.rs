@@ -402,7 +402,7 @@ impl NetDriver {
         want: u16,
         buf_len: u64,
     ) -> Result<Queue, DriverError> {
-        let size = init.queue_size(index, want)?;
+        let size = init.queue_size(index, want, 1)?;
         let layout = RingLayout::new(size);
         let (phys, ring_dma) = dma.cpu.alloc_coherent(&dma.dev, layout.bytes)?;
         let ring = DriverRing::new(mem.clone(), phys, ring_dma, layout)?;
