@@ -94,3 +94,42 @@ pub fn modelled_figures(figures: &[(String, u64)]) -> Vec<Modelled> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::LabError;
+    use softiommu::dma::DmaError;
+    use softiommu::mem::MemError;
+
+    /// The rig is built through `Platform`: a refusal there reaches the lab
+    /// as the layer's own variant.
+    #[test]
+    fn a_rig_the_platform_refuses_is_the_layers_error() {
+        let e = DmaRig::new(
+            DmaPolicy::Strict,
+            LatencyModel::zero(),
+            SourceId(0x0300),
+            16 << 20,
+            64 << 20,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                LabError::Dma(DmaError::Mem(MemError::OutOfFrames { .. }))
+            ),
+            "{e:?}"
+        );
+        let rig = DmaRig::new(
+            DmaPolicy::Strict,
+            LatencyModel::zero(),
+            SourceId(0x0300),
+            64 << 20,
+            1 << 20,
+        )
+        .unwrap();
+        assert_eq!(rig.sys.unit_of(rig.sid).map(|(u, _)| u), Some(rig.unit));
+        assert_eq!(rig.domain.policy(), DmaPolicy::Strict);
+    }
+}
