@@ -5,8 +5,9 @@
 use std::sync::Arc;
 
 use softiommu::dma::{DmaDevice, DmaDomain, DmaDomainConfig, DmaPolicy};
-use softiommu::hw::{LatencyModel, SourceId, System, UnitConfig, UnitId};
+use softiommu::hw::{HwError, LatencyModel, SourceId, System, UnitConfig, UnitId};
 use softiommu::mem::PhysMemory;
+use softiommu::Platform;
 
 use crate::error::LabResult;
 use crate::report::{Modelled, Unit};
@@ -29,8 +30,9 @@ pub struct DmaRig {
 }
 
 impl DmaRig {
-    /// Builds the rig: `mem_bytes` of memory, a unit with `model`, a domain
-    /// with `policy` and `bounce_bytes` of bounce pool.
+    /// Builds the rig through the library's [`Platform`]: `mem_bytes` of
+    /// memory, a unit with `model`, a domain with `policy` and
+    /// `bounce_bytes` of bounce pool.
     pub fn new(
         policy: DmaPolicy,
         model: LatencyModel,
@@ -38,23 +40,28 @@ impl DmaRig {
         mem_bytes: u64,
         bounce_bytes: u64,
     ) -> LabResult<Self> {
-        let mem = Arc::new(PhysMemory::new(mem_bytes)?);
-        let mut sys = System::new(mem.clone());
-        let unit = sys.add_unit(UnitConfig {
-            latency: model,
-            ..UnitConfig::default()
-        })?;
-        sys.assign(sid, unit)?;
-        let sys = Arc::new(sys);
-        let domain = DmaDomain::new(
-            sys.clone(),
-            DmaDomainConfig {
+        let Platform {
+            mem,
+            system: sys,
+            domain,
+            mut devices,
+            ..
+        } = Platform::builder()
+            .memory(mem_bytes)
+            .unit(UnitConfig {
+                latency: model,
+                ..UnitConfig::default()
+            })
+            .device(sid)
+            .domain(DmaDomainConfig {
                 policy,
                 bounce_bytes,
                 ..Default::default()
-            },
-        )?;
-        let dev = domain.attach(sid, u64::MAX, false)?;
+            })
+            .build()?;
+        let not_assigned = HwError::DeviceNotAssigned { sid };
+        let unit = sys.unit_of(sid).ok_or(not_assigned.clone())?.0;
+        let dev = devices.pop().ok_or(not_assigned)?;
         Ok(Self {
             mem,
             sys,
@@ -86,4 +93,43 @@ pub fn modelled_figures(figures: &[(String, u64)]) -> Vec<Modelled> {
             unit: Unit::Ns,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::LabError;
+    use softiommu::dma::DmaError;
+    use softiommu::mem::MemError;
+
+    /// The rig is built through `Platform`: a refusal there reaches the lab
+    /// as the layer's own variant.
+    #[test]
+    fn a_rig_the_platform_refuses_is_the_layers_error() {
+        let e = DmaRig::new(
+            DmaPolicy::Strict,
+            LatencyModel::zero(),
+            SourceId(0x0300),
+            16 << 20,
+            64 << 20,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                LabError::Dma(DmaError::Mem(MemError::OutOfFrames { .. }))
+            ),
+            "{e:?}"
+        );
+        let rig = DmaRig::new(
+            DmaPolicy::Strict,
+            LatencyModel::zero(),
+            SourceId(0x0300),
+            64 << 20,
+            1 << 20,
+        )
+        .unwrap();
+        assert_eq!(rig.sys.unit_of(rig.sid).map(|(u, _)| u), Some(rig.unit));
+        assert_eq!(rig.domain.policy(), DmaPolicy::Strict);
+    }
 }

@@ -6,10 +6,29 @@ use std::path::PathBuf;
 use crate::lab::litmus::harness::LitmusError;
 use softiommu::access::AccessError;
 use softiommu::dma::DmaError;
-use softiommu::hw::{HwError, TranslateError};
+use softiommu::hw::{HwError, QiError, TranslateError};
 use softiommu::iova::IovaError;
 use softiommu::mem::MemError;
 use softiommu::pgtable::PgtableError;
+
+/// The library's one error (a [`Platform`](softiommu::Platform) build's,
+/// say) filed under the lab's variant for its layer.
+impl From<softiommu::Error> for LabError {
+    fn from(e: softiommu::Error) -> Self {
+        use softiommu::Error as E;
+        match e {
+            E::Mem(e) => Self::Mem(e),
+            E::Iova(e) => Self::Iova(e),
+            E::Pgtable(e) => Self::Pgtable(e),
+            E::Hw(e) => Self::Hw(e),
+            E::Queue(e) => Self::Queue(e),
+            E::Translate(e) => Self::Translate(e),
+            E::Dma(e) => Self::Dma(e),
+            E::Access(e) => Self::Access(e),
+            E::Iopf(e) => Self::Iopf(e),
+        }
+    }
+}
 
 /// Everything that can stop a bench, a lab, the suite, or a results command.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +45,9 @@ pub enum LabError {
     /// The IOMMU unit refused a request.
     #[error("IOMMU unit: {0}")]
     Hw(#[from] HwError),
+    /// The unit's invalidation queue refused a request.
+    #[error("invalidation queue: {0}")]
+    Queue(#[from] QiError),
     /// A device-side translation failed where the workload expected a mapping.
     #[error("translation: {0}")]
     Translate(#[from] TranslateError),

@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use smoltcp::wire::Ipv4Cidr;
 use softiommu::dma::{DmaDevice, DmaDomain, DmaDomainConfig, DmaError, DmaPolicy};
-use softiommu::hw::{FaultRecord, HwError, LatencyModel, SourceId, System, UnitConfig, UnitId};
+use softiommu::hw::{FaultRecord, HwError, LatencyModel, SourceId, System, UnitId};
 use softiommu::iopf::IopfError;
 use softiommu::mem::{MemError, PhysMemory};
 
+use crate::host_platform::{HostPlatform, HostPlatformSpec};
 use crate::iopf_mode::{IopfMode, IopfModeConfig};
 
 use crate::net::{
@@ -38,9 +39,9 @@ pub struct HostConfig {
     pub device: NetDeviceConfig,
     /// Bytes of bounce pool (the bounce policy's copies go through it).
     pub bounce_bytes: u64,
-    /// IOPF mode: `Some` builds the host as
-    /// [`BlkHost::new_iopf`](crate::blk::BlkHost::new_iopf) builds a disk
-    /// host. The driver maps through a pass-through domain (its maps hand
+    /// IOPF mode, asked for as for a disk host
+    /// ([`BlkHostConfig::iopf`](crate::blk::BlkHostConfig::iopf)). The
+    /// driver maps through a pass-through domain (its maps hand
     /// out physical addresses and map nothing; `policy` is ignored), and
     /// the NIC is attached instead, fault-capable, to an `IopfDomain` over
     /// the guest's RAM, identity-mapped and empty, whose handler maps each
@@ -82,6 +83,23 @@ pub enum HostError {
     /// The page-fault domain or its handler refused (IOPF mode).
     #[error(transparent)]
     Iopf(#[from] IopfError),
+    /// Another layer refused while the platform was built (no layer but
+    /// the four above does today).
+    #[error(transparent)]
+    Platform(softiommu::Error),
+}
+
+impl HostError {
+    /// Files a platform build's error under its layer.
+    pub(crate) fn from_platform(e: softiommu::Error) -> Self {
+        match e {
+            softiommu::Error::Mem(e) => Self::Memory(e),
+            softiommu::Error::Hw(e) => Self::Hw(e),
+            softiommu::Error::Dma(e) => Self::Dma(e),
+            softiommu::Error::Iopf(e) => Self::Iopf(e),
+            other => Self::Platform(other),
+        }
+    }
 }
 
 /// One host: memory, unit, domain, device.
@@ -109,38 +127,27 @@ impl Host {
     /// Builds a host whose NIC is on wire port `port` (in IOPF mode if
     /// `cfg.iopf` says so).
     pub fn new(cfg: &HostConfig, port: WirePort) -> Result<Self, HostError> {
-        let mem = Arc::new(PhysMemory::new(cfg.mem_bytes)?);
-        let mut sys = System::new(mem.clone());
-        let unit = sys.add_unit(UnitConfig {
+        let HostPlatform {
+            mem,
+            system,
+            unit,
+            domain,
+            dev,
+            iopf,
+        } = HostPlatform::build(HostPlatformSpec {
+            mem_bytes: cfg.mem_bytes,
             latency: cfg.latency,
-            ..UnitConfig::default()
-        })?;
-        sys.assign(cfg.sid, unit)?;
-        let system = Arc::new(sys);
-        let domain = DmaDomain::new(
-            system.clone(),
-            DmaDomainConfig {
-                policy: if cfg.iopf.is_some() {
-                    DmaPolicy::Passthrough
-                } else {
-                    cfg.policy
-                },
+            sid: cfg.sid,
+            domain: DmaDomainConfig {
+                policy: cfg.policy,
                 coherent: cfg.coherent,
                 bounce_bytes: cfg.bounce_bytes,
                 ..Default::default()
             },
-        )?;
-        let dev = domain.attach(cfg.sid, u64::MAX, false)?;
-        let iopf = match cfg.iopf {
-            Some(iopf) => {
-                // The pass-through domain keeps the driver's handle (its
-                // maps stay registrations); the NIC leaves it for the
-                // faulting domain before its thread starts.
-                domain.detach(&dev)?;
-                Some(IopfMode::over_guest_ram(&system, cfg.sid, iopf)?)
-            }
-            None => None,
-        };
+            iopf: cfg.iopf,
+        })
+        .map_err(HostError::from_platform)?;
+        // Only now, its attachment final, does the device start.
         let device = NetDevice::spawn(cfg.device, system.clone(), cfg.sid, port)?;
         Ok(Self {
             mem,

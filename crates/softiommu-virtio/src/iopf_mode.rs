@@ -1,6 +1,6 @@
-//! IOPF mode, shared by every host of this crate
-//! (`BlkHost::new_iopf`, `HostConfig::iopf`): a device whose memory is not
-//! pre-mapped. Its first touch of each page faults and a handler maps it
+//! IOPF mode, shared by every host of this crate and asked for the same
+//! way for each (`HostConfig::iopf`, `BlkHostConfig::iopf`): a device
+//! whose memory is not pre-mapped. Its first touch of each page faults and a handler maps it
 //! on demand.
 //!
 //! The seam keeps the drivers as Linux writes them: a driver still calls
@@ -8,7 +8,8 @@
 //! `DmaDomain`, so a "map" is a registration that hands out the physical
 //! address and maps nothing (as a guest's driver under a stage-2-only IOPF
 //! set-up hands out guest-physical addresses). The device is detached from
-//! that domain before the driver probes and attached with
+//! that domain before its threads start (so it never runs with an
+//! attachment about to change) and attached with
 //! [`IopfMode::over_guest_ram`] to an [`IopfDomain`] whose memory map is
 //! the guest's RAM, identity-mapped (IOVA = physical address) and empty at
 //! first, with an [`IopfHandler`] serving its page requests. Every address

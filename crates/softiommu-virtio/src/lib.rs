@@ -34,7 +34,9 @@
 pub mod affinity;
 pub mod blk;
 pub use softiommu::cpu_clock;
+mod driver_init;
 pub mod host;
+mod host_platform;
 pub mod iopf_mode;
 pub mod net;
 pub mod spec;

@@ -11,33 +11,31 @@ mod blk_common;
 use blk_common::{complete, data};
 use softiommu::dma::DmaPolicy;
 use softiommu_virtio::blk::{
-    BackendConfig, BlkConfig, BlkDeviceConfig, BlkDriverConfig, BlkHost, BlkHostConfig,
-    BlkIopfConfig, BlkOp,
+    BackendConfig, BlkConfig, BlkDeviceConfig, BlkDriverConfig, BlkHost, BlkHostConfig, BlkOp,
 };
+use softiommu_virtio::iopf_mode::IopfModeConfig;
 use softiommu_virtio::spec::blk::S_OK;
 
 fn iopf_host(premap_pages: u64) -> BlkHost {
-    BlkHost::new_iopf(
-        &BlkHostConfig {
-            policy: DmaPolicy::Strict, // ignored: IOPF mode maps nothing up front
-            mem_bytes: 256 << 20,
-            bounce_bytes: 8 << 20,
-            device: BlkDeviceConfig {
-                blk: BlkConfig {
-                    num_queues: 1,
-                    ..BlkConfig::default()
-                },
-                backend: BackendConfig::Memory { capacity: 64 << 20 },
-                workers: 2,
-                ..BlkDeviceConfig::default()
+    BlkHost::new(&BlkHostConfig {
+        policy: DmaPolicy::Strict, // ignored: IOPF mode maps nothing up front
+        mem_bytes: 256 << 20,
+        bounce_bytes: 8 << 20,
+        device: BlkDeviceConfig {
+            blk: BlkConfig {
+                num_queues: 1,
+                ..BlkConfig::default()
             },
-            ..BlkHostConfig::default()
+            backend: BackendConfig::Memory { capacity: 64 << 20 },
+            workers: 2,
+            ..BlkDeviceConfig::default()
         },
-        BlkIopfConfig {
+        iopf: Some(IopfModeConfig {
             premap_pages,
             handler_threads: 1,
-        },
-    )
+        }),
+        ..BlkHostConfig::default()
+    })
     .expect("host in IOPF mode")
 }
 

@@ -40,6 +40,17 @@ pub trait BlkBackend: Send + Sync + fmt::Debug {
     fn buffer_align(&self) -> usize {
         1
     }
+    /// Whether a call may wait on something outside the process (a disk,
+    /// a socket, a lock another thread holds for long): the device then
+    /// never holds a translation section of its unit across the call,
+    /// since every invalidation wait on the unit would wait for it.
+    /// `true` unless the back-end overrides it: a back-end that blocks and
+    /// says it does not would stall every driver's unmap behind its I/O,
+    /// while one that does not block and says it does only costs one
+    /// section per request instead of one per batch.
+    fn blocks(&self) -> bool {
+        true
+    }
 }
 
 /// The largest `null` disk: 2^50 bytes (1 PiB), far past any run, with
@@ -194,6 +205,10 @@ impl BlkBackend for NullBackend {
         "null"
     }
 
+    fn blocks(&self) -> bool {
+        false
+    }
+
     fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -237,6 +252,10 @@ impl MemoryBackend {
 impl BlkBackend for MemoryBackend {
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn blocks(&self) -> bool {
+        false
     }
 
     fn capacity(&self) -> u64 {
@@ -321,6 +340,10 @@ impl BlkBackend for FileBackend {
         "file"
     }
 
+    fn blocks(&self) -> bool {
+        true
+    }
+
     fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -378,6 +401,57 @@ impl AlignedBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blk::worker::runs_blocking;
+
+    /// A back-end of any kind, saying whether it blocks.
+    #[derive(Debug)]
+    struct Custom {
+        kind: &'static str,
+        blocks: bool,
+    }
+
+    impl BlkBackend for Custom {
+        fn kind(&self) -> &'static str {
+            self.kind
+        }
+        fn capacity(&self) -> u64 {
+            4096
+        }
+        fn read_at(&self, _: u64, _: &mut [u8]) -> io::Result<()> {
+            Ok(())
+        }
+        fn write_at(&self, _: u64, _: &[u8]) -> io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn blocks(&self) -> bool {
+            self.blocks
+        }
+    }
+
+    /// Whether a worker keeps its sections off the back-end's I/O follows
+    /// what the back-end says, not its kind's name: a blocking back-end
+    /// not named "file" runs blocking, a non-blocking one named "file"
+    /// does not; the built-in ones say what they are.
+    #[test]
+    fn a_backend_says_whether_it_blocks_whatever_its_kind() {
+        let tape = Custom {
+            kind: "tape",
+            blocks: true,
+        };
+        assert!(runs_blocking(&tape));
+        let cached = Custom {
+            kind: "file",
+            blocks: false,
+        };
+        assert!(!runs_blocking(&cached));
+        let null = BackendConfig::Null { capacity: 4096 }.open().unwrap();
+        let memory = BackendConfig::Memory { capacity: 4096 }.open().unwrap();
+        assert!(!runs_blocking(&*null));
+        assert!(!runs_blocking(&*memory));
+    }
 
     #[test]
     fn null_reads_the_pattern_and_refuses_past_the_end() {

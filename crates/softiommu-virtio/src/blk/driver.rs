@@ -16,7 +16,8 @@ use softiommu::mem::{MemError, PAGE_SIZE};
 
 use super::config::{BlkGeometry, REQUIRED};
 use super::queue::{BlkQueue, QueueParts};
-use crate::spec::{self, blk, reg, status};
+use crate::driver_init::{Init, InitError, Wanted};
+use crate::spec::{blk, reg, status};
 use crate::transport::{DeviceError, MmioTransport};
 use crate::vring::RingLayout;
 
@@ -171,14 +172,6 @@ pub struct BlkDriver {
     queues: Vec<Option<BlkQueue>>,
 }
 
-fn read64_features(t: &MmioTransport) -> u64 {
-    t.write(reg::DEVICE_FEATURES_SEL, 0);
-    let lo = u64::from(t.read(reg::DEVICE_FEATURES));
-    t.write(reg::DEVICE_FEATURES_SEL, 1);
-    let hi = u64::from(t.read(reg::DEVICE_FEATURES));
-    hi << 32 | lo
-}
-
 fn config_u32(t: &MmioTransport, at: usize) -> u32 {
     let mut b = [0u8; 4];
     t.read_config(at as u64, &mut b);
@@ -239,71 +232,33 @@ impl BlkDriver {
         dev: DmaDevice,
         cfg: BlkDriverConfig,
     ) -> Result<Self, BlkDriverError> {
-        let t = &transport;
-        let (magic, version, device_id) = (
-            t.read(reg::MAGIC_VALUE),
-            t.read(reg::VERSION),
-            t.read(reg::DEVICE_ID),
-        );
-        if magic != spec::MMIO_MAGIC || version != spec::MMIO_VERSION || device_id != blk::DEVICE_ID
-        {
-            return Err(BlkDriverError::NotVirtioBlk {
-                magic,
-                version,
-                device_id,
-            });
-        }
-        // 1. reset, 2. ACKNOWLEDGE, 3. DRIVER.
-        t.write(reg::STATUS, 0);
-        t.write(reg::STATUS, status::ACKNOWLEDGE);
-        t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
-        // 4. features.
-        let offered = read64_features(t);
-        for (bit, name) in REQUIRED {
-            if offered & 1 << bit == 0 {
-                t.write(reg::STATUS, status::FAILED);
-                return Err(BlkDriverError::MissingFeature { name });
-            }
-        }
-        let mut wanted = 0u64;
-        for (bit, _) in REQUIRED {
-            wanted |= 1 << bit;
-        }
-        for bit in [
-            blk::F_SEG_MAX,
-            blk::F_SIZE_MAX,
-            blk::F_BLK_SIZE,
-            blk::F_FLUSH,
-            blk::F_MQ,
-        ] {
-            wanted |= offered & 1 << bit;
-        }
-        t.write(reg::DRIVER_FEATURES_SEL, 0);
-        t.write(reg::DRIVER_FEATURES, wanted as u32);
-        t.write(reg::DRIVER_FEATURES_SEL, 1);
-        t.write(reg::DRIVER_FEATURES, (wanted >> 32) as u32);
-        // 5. FEATURES_OK, 6. and check it stuck.
-        let st = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-        t.write(reg::STATUS, st);
-        if t.read(reg::STATUS) & status::FEATURES_OK == 0 {
-            t.write(reg::STATUS, status::FAILED);
-            return Err(BlkDriverError::FeaturesRefused { offered, wanted });
-        }
-        // 7. device-specific setup: the config space, then the queues.
-        let geometry = read_geometry(t, wanted);
-        let fail = |e| {
-            t.write(reg::STATUS, status::FAILED);
-            e
-        };
-        check_config(&cfg, &geometry).map_err(fail)?;
+        let init = Init::begin(
+            &transport,
+            &Wanted {
+                device_id: blk::DEVICE_ID,
+                required: &REQUIRED,
+                optional: [
+                    blk::F_SEG_MAX,
+                    blk::F_SIZE_MAX,
+                    blk::F_BLK_SIZE,
+                    blk::F_FLUSH,
+                    blk::F_MQ,
+                ]
+                .iter()
+                .fold(0, |m, &bit| m | 1 << bit),
+            },
+        )?;
+        // 7. device-specific setup: the config space, then the queues (an
+        // error drops `init`, which fails the device).
+        let geometry = read_geometry(&transport, init.features());
+        check_config(&cfg, &geometry)?;
         let n = cfg.queues.min(geometry.num_queues);
         let mut queues = Vec::with_capacity(usize::from(n));
         for index in 0..n {
-            let q = setup_queue(t, domain, &dev, index, &cfg, &geometry).map_err(fail)?;
+            let q = setup_queue(&init, domain, &dev, index, &cfg, &geometry)?;
             queues.push(Some(q));
         }
-        // 8. DRIVER_OK.
-        t.write(reg::STATUS, st | status::DRIVER_OK);
+        init.driver_ok();
         let d = Self {
             transport,
             geometry,
@@ -412,29 +367,17 @@ fn check_config(cfg: &BlkDriverConfig, g: &BlkGeometry) -> Result<(), BlkDriverE
 /// §4.2.3.2: select the queue, check it is free, size it, allocate and
 /// program its ring, mark it ready; then its request slots.
 fn setup_queue(
-    t: &MmioTransport,
+    init: &Init<'_>,
     domain: &Arc<DmaDomain>,
     dev: &DmaDevice,
     index: u16,
     cfg: &BlkDriverConfig,
     g: &BlkGeometry,
 ) -> Result<BlkQueue, BlkDriverError> {
-    t.write(reg::QUEUE_SEL, u32::from(index));
-    let (max, ready) = (t.read(reg::QUEUE_NUM_MAX), t.read(reg::QUEUE_READY));
-    if max == 0 || ready != 0 {
-        return Err(BlkDriverError::QueueUnavailable {
-            queue: index,
-            max,
-            ready,
-        });
-    }
-    let max = u16::try_from(max).unwrap_or(spec::ring::MAX_SIZE);
-    let size = cfg.queue_size.clamp(1, max.max(1));
-    // The largest power of two not above `size`.
-    let size = 1u16 << size.ilog2();
+    let size = init.queue_size(index, cfg.queue_size, 1)?;
     let layout = RingLayout::new(size);
     let q = BlkQueue::new(QueueParts {
-        transport: t.clone(),
+        transport: init.transport().clone(),
         cpu: domain.cpu(),
         dev: dev.clone(),
         index,
@@ -447,6 +390,29 @@ fn setup_queue(
         max_request_bytes: cfg.max_request_bytes,
         geometry: *g,
     })?;
-    t.program_queue(index, size, q.ring_addresses());
+    init.program_queue(index, size, q.ring_addresses());
     Ok(q)
+}
+
+impl From<InitError> for BlkDriverError {
+    fn from(e: InitError) -> Self {
+        match e {
+            InitError::NotTheDevice {
+                magic,
+                version,
+                device_id,
+            } => Self::NotVirtioBlk {
+                magic,
+                version,
+                device_id,
+            },
+            InitError::MissingFeature { name } => Self::MissingFeature { name },
+            InitError::FeaturesRefused { offered, wanted } => {
+                Self::FeaturesRefused { offered, wanted }
+            }
+            InitError::QueueUnavailable { queue, max, ready } => {
+                Self::QueueUnavailable { queue, max, ready }
+            }
+        }
+    }
 }

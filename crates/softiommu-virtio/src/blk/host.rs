@@ -7,13 +7,14 @@
 use std::sync::Arc;
 
 use softiommu::dma::{DmaDevice, DmaDomain, DmaDomainConfig, DmaError, DmaPolicy};
-use softiommu::hw::{FaultRecord, HwError, LatencyModel, SourceId, System, UnitConfig, UnitId};
+use softiommu::hw::{FaultRecord, HwError, LatencyModel, SourceId, System, UnitId};
 use softiommu::iopf::IopfError;
 use softiommu::iova::IovaPolicy;
 use softiommu::mem::{MemError, PhysMemory};
 
 use super::device::{BlkDevice, BlkDeviceConfig, BlkDeviceError};
 use super::driver::{BlkDriver, BlkDriverConfig, BlkDriverError};
+use crate::host_platform::{HostPlatform, HostPlatformSpec};
 use crate::iopf_mode::{IopfMode, IopfModeConfig};
 
 /// How to build a [`BlkHost`].
@@ -40,6 +41,17 @@ pub struct BlkHostConfig {
     /// Whether the controller gets IOVAs in the low window first, as Linux
     /// gives a PCI device (`DmaDomainConfig::low_window_first`).
     pub low_window_first: bool,
+    /// IOPF mode, asked for as for a network host
+    /// ([`HostConfig::iopf`](crate::host::HostConfig::iopf)): the driver
+    /// maps through a pass-through DMA domain, so its "map" is a
+    /// registration that hands the device physical addresses and maps
+    /// nothing (`policy` is ignored); the controller is attached instead
+    /// to an [`IopfDomain`](softiommu::iopf::IopfDomain) whose memory map
+    /// is the guest's RAM, identity-mapped (IOVA = physical address) and
+    /// empty at first, and a handler serves its page requests
+    /// ([`IopfMode::over_guest_ram`]). The first touch of every page —
+    /// rings, headers, data — faults and is served; later touches hit.
+    pub iopf: Option<IopfModeConfig>,
 }
 
 impl Default for BlkHostConfig {
@@ -55,6 +67,7 @@ impl Default for BlkHostConfig {
             bounce_bytes: 64 << 20,
             low_window_bytes: 1 << 32,
             low_window_first: false,
+            iopf: None,
         }
     }
 }
@@ -77,17 +90,24 @@ pub enum BlkHostError {
     /// The page-fault domain or its handler refused (IOPF mode).
     #[error(transparent)]
     Iopf(#[from] IopfError),
+    /// Another layer refused while the platform was built (no layer but
+    /// the four above does today).
+    #[error(transparent)]
+    Platform(softiommu::Error),
 }
 
-/// IOPF mode: the controller's memory is not pre-mapped; its
-/// first touch of each page faults and a handler maps it on demand (the
-/// block host's name for the shared [`IopfModeConfig`]).
-pub type BlkIopfConfig = IopfModeConfig;
-
-/// What a host in IOPF mode holds: the address space the controller
-/// faults into and the handler serving it (the block host's name for the
-/// shared [`IopfMode`]).
-pub type BlkIopf = IopfMode;
+impl BlkHostError {
+    /// Files a platform build's error under its layer.
+    pub(crate) fn from_platform(e: softiommu::Error) -> Self {
+        match e {
+            softiommu::Error::Mem(e) => Self::Memory(e),
+            softiommu::Error::Hw(e) => Self::Hw(e),
+            softiommu::Error::Dma(e) => Self::Dma(e),
+            softiommu::Error::Iopf(e) => Self::Iopf(e),
+            other => Self::Platform(other),
+        }
+    }
+}
 
 /// One host: memory, unit, domain, device.
 #[derive(Debug)]
@@ -106,23 +126,25 @@ pub struct BlkHost {
     pub device: BlkDevice,
     /// In IOPF mode, the address space the controller faults into and
     /// its handler (dropped after the device has stopped).
-    pub iopf: Option<BlkIopf>,
+    pub iopf: Option<IopfMode>,
 }
 
 impl BlkHost {
-    /// Builds the host and starts its device.
+    /// Builds the host (in IOPF mode if `cfg.iopf` says so) and starts
+    /// its device.
     pub fn new(cfg: &BlkHostConfig) -> Result<Self, BlkHostError> {
-        let mem = Arc::new(PhysMemory::new(cfg.mem_bytes)?);
-        let mut sys = System::new(mem.clone());
-        let unit = sys.add_unit(UnitConfig {
+        let HostPlatform {
+            mem,
+            system,
+            unit,
+            domain,
+            dev,
+            iopf,
+        } = HostPlatform::build(HostPlatformSpec {
+            mem_bytes: cfg.mem_bytes,
             latency: cfg.latency,
-            ..UnitConfig::default()
-        })?;
-        sys.assign(cfg.sid, unit)?;
-        let system = Arc::new(sys);
-        let domain = DmaDomain::new(
-            system.clone(),
-            DmaDomainConfig {
+            sid: cfg.sid,
+            domain: DmaDomainConfig {
                 policy: cfg.policy,
                 iova_policy: cfg.iova_policy,
                 coherent: cfg.coherent,
@@ -131,8 +153,10 @@ impl BlkHost {
                 low_window_first: cfg.low_window_first,
                 ..Default::default()
             },
-        )?;
-        let dev = domain.attach(cfg.sid, u64::MAX, false)?;
+            iopf: cfg.iopf,
+        })
+        .map_err(BlkHostError::from_platform)?;
+        // Only now, its attachment final, does the device start.
         let device = BlkDevice::spawn(&cfg.device, system.clone(), cfg.sid)?;
         Ok(Self {
             mem,
@@ -141,30 +165,8 @@ impl BlkHost {
             domain,
             dev,
             device,
-            iopf: None,
+            iopf,
         })
-    }
-
-    /// Builds the host in IOPF mode: the driver maps through a
-    /// pass-through DMA domain, so its "map" is a registration that hands
-    /// the device physical addresses and maps nothing; the controller is
-    /// attached instead to an [`IopfDomain`](softiommu::iopf::IopfDomain)
-    /// whose memory map is the guest's RAM, identity-mapped (IOVA =
-    /// physical address) and empty at first, and a handler serves its page
-    /// requests ([`IopfMode::over_guest_ram`]). The first touch
-    /// of every page — rings, headers, data — faults and is served;
-    /// later touches hit. `cfg.policy` is ignored.
-    pub fn new_iopf(cfg: &BlkHostConfig, iopf: BlkIopfConfig) -> Result<Self, BlkHostError> {
-        let mut host = Self::new(&BlkHostConfig {
-            policy: DmaPolicy::Passthrough,
-            ..cfg.clone()
-        })?;
-        // The pass-through domain keeps the driver's handle (its maps
-        // stay registrations); the controller leaves it for the faulting
-        // domain before the driver has probed, so it never ran without.
-        host.domain.detach(&host.dev)?;
-        host.iopf = Some(IopfMode::over_guest_ram(&host.system, cfg.sid, iopf)?);
-        Ok(host)
     }
 
     /// Probes the disk with a driver (each queue with a DMA handle of its

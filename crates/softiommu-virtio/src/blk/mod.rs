@@ -33,7 +33,7 @@ pub use config::{
 };
 pub use device::{device_id_string, BlkDevice, BlkDeviceConfig, BlkDeviceError};
 pub use driver::{BlkDriver, BlkDriverConfig, BlkDriverError, MAX_DRIVER_REQUEST};
-pub use host::{BlkHost, BlkHostConfig, BlkHostError, BlkIopf, BlkIopfConfig};
+pub use host::{BlkHost, BlkHostConfig, BlkHostError};
 pub use queue::BlkQueue;
 pub use request::{BlkHeader, BlkOp, RequestError};
 pub use slow::{SlowRegion, MAX_HOLD};

@@ -16,10 +16,11 @@
 //!
 //! # Sections
 //!
-//! A back-end that does not block (`null`, `memory`) runs the whole turn
-//! inside one translation section of the unit: every access of the batch
-//! completes before a driver's invalidation wait does. A blocking one
-//! (`file`) must not hold a section across a `pread` (every invalidation
+//! A back-end that does not block (`null`, `memory`: its
+//! [`BlkBackend::blocks`] is false) runs the whole turn inside one
+//! translation section of the unit: every access of the batch completes
+//! before a driver's invalidation wait does. A blocking one (`file`, and
+//! any back-end that does not say otherwise) must not hold a section across a `pread` (every invalidation
 //! wait on the unit would wait for the disk), so each request runs its
 //! DMA before the I/O in one section and its DMA after in another; a
 //! buffer unmapped in between faults, as on hardware.
@@ -104,12 +105,19 @@ fn fault(iova: u64, access: Access, e: impl std::fmt::Display) -> RequestError {
     }
 }
 
+/// Whether a worker over `backend` runs each request's DMA in sections of
+/// its own, none spanning the back-end's I/O: what the back-end says of
+/// itself ([`BlkBackend::blocks`]), never its kind's name.
+pub(crate) fn runs_blocking(backend: &dyn BlkBackend) -> bool {
+    backend.blocks()
+}
+
 impl Worker {
     pub(crate) fn new(p: WorkerParts) -> Self {
         let n = p.queues.len();
         let mask = p.queues.iter().fold(0u64, |m, &q| m | 1 << (q & 63));
         let cap = usize::from(p.queue_max);
-        let blocking = p.backend.kind() == "file";
+        let blocking = runs_blocking(&*p.backend);
         let scratch = AlignedBuf::new(p.limits.max_bytes as usize, p.backend.buffer_align());
         Self {
             mask,

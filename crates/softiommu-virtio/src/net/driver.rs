@@ -31,6 +31,7 @@ use softiommu::mem::{MemError, PhysAddr, PhysMemory, PAGE_SIZE};
 
 use super::config::{MAC_OFFSET, MTU_OFFSET};
 use super::hdr::{self, HDR_LEN};
+use crate::driver_init::{Init, InitError, Wanted};
 use crate::spec::{self, feature, net, reg, status};
 use crate::transport::{DeviceError, MmioTransport};
 use crate::vring::{DriverRing, RingLayout};
@@ -132,6 +133,29 @@ pub enum DriverError {
         /// The buffer's length.
         max: u32,
     },
+}
+
+impl From<InitError> for DriverError {
+    fn from(e: InitError) -> Self {
+        match e {
+            InitError::NotTheDevice {
+                magic,
+                version,
+                device_id,
+            } => Self::NotVirtioNet {
+                magic,
+                version,
+                device_id,
+            },
+            InitError::MissingFeature { name } => Self::MissingFeature { name },
+            InitError::FeaturesRefused { offered, wanted } => {
+                Self::FeaturesRefused { offered, wanted }
+            }
+            InitError::QueueUnavailable { queue, max, ready } => {
+                Self::QueueUnavailable { queue, max, ready }
+            }
+        }
+    }
 }
 
 /// The driver's counters.
@@ -260,14 +284,6 @@ pub struct NetDriver {
 /// Frames handed to the stack per poll (Linux's NAPI weight).
 pub const RX_BUDGET: usize = 64;
 
-fn read64_features(t: &MmioTransport) -> u64 {
-    t.write(reg::DEVICE_FEATURES_SEL, 0);
-    let lo = u64::from(t.read(reg::DEVICE_FEATURES));
-    t.write(reg::DEVICE_FEATURES_SEL, 1);
-    let hi = u64::from(t.read(reg::DEVICE_FEATURES));
-    hi << 32 | lo
-}
-
 impl NetDriver {
     /// Initialises the device behind `transport` (§3.1.1) and posts every
     /// receive buffer. `cpu` and `dev` are the driver's handle on its DMA
@@ -278,53 +294,21 @@ impl NetDriver {
         dev: DmaDevice,
         cfg: NetDriverConfig,
     ) -> Result<Self, DriverError> {
+        let init = Init::begin(
+            &transport,
+            &Wanted {
+                device_id: net::DEVICE_ID,
+                required: &[
+                    (feature::VERSION_1, "VIRTIO_F_VERSION_1"),
+                    (feature::ACCESS_PLATFORM, "VIRTIO_F_ACCESS_PLATFORM"),
+                ],
+                optional: 1 << feature::NET_MAC | 1 << feature::NET_MTU,
+            },
+        )?;
         let t = &transport;
-        let (magic, version, device_id) = (
-            t.read(reg::MAGIC_VALUE),
-            t.read(reg::VERSION),
-            t.read(reg::DEVICE_ID),
-        );
-        if magic != spec::MMIO_MAGIC || version != spec::MMIO_VERSION || device_id != net::DEVICE_ID
-        {
-            return Err(DriverError::NotVirtioNet {
-                magic,
-                version,
-                device_id,
-            });
-        }
-        // 1. reset, 2. ACKNOWLEDGE, 3. DRIVER.
-        t.write(reg::STATUS, 0);
-        t.write(reg::STATUS, status::ACKNOWLEDGE);
-        t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
-        // 4. features.
-        let offered = read64_features(t);
-        for (bit, name) in [
-            (feature::VERSION_1, "VIRTIO_F_VERSION_1"),
-            (feature::ACCESS_PLATFORM, "VIRTIO_F_ACCESS_PLATFORM"),
-        ] {
-            if offered & 1 << bit == 0 {
-                t.write(reg::STATUS, status::FAILED);
-                return Err(DriverError::MissingFeature { name });
-            }
-        }
-        let wanted = offered
-            & (1 << feature::VERSION_1
-                | 1 << feature::ACCESS_PLATFORM
-                | 1 << feature::NET_MAC
-                | 1 << feature::NET_MTU);
-        t.write(reg::DRIVER_FEATURES_SEL, 0);
-        t.write(reg::DRIVER_FEATURES, wanted as u32);
-        t.write(reg::DRIVER_FEATURES_SEL, 1);
-        t.write(reg::DRIVER_FEATURES, (wanted >> 32) as u32);
-        // 5. FEATURES_OK, 6. and check it stuck.
-        let st = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-        t.write(reg::STATUS, st);
-        if t.read(reg::STATUS) & status::FEATURES_OK == 0 {
-            t.write(reg::STATUS, status::FAILED);
-            return Err(DriverError::FeaturesRefused { offered, wanted });
-        }
-        // 7. device-specific setup: the config space, then the queues.
-        let (mac, dev_mtu) = Self::read_config(t, wanted);
+        // 7. device-specific setup: the config space, then the queues (an
+        // error drops `init`, which fails the device).
+        let (mac, dev_mtu) = Self::read_config(t, init.features());
         let mtu = dev_mtu
             .map_or(cfg.mtu, |m| cfg.mtu.min(m))
             .max(net::MIN_MTU);
@@ -339,10 +323,23 @@ impl NetDriver {
         };
         let mem = dev.domain().system().memory().clone();
         let mut dma = DmaSide { cpu, dev };
-        let rx = Self::setup_queue(t, &mem, &mut dma, net::RX_QUEUE, cfg.queue_size, buf_len)?;
-        let tx = Self::setup_queue(t, &mem, &mut dma, net::TX_QUEUE, cfg.queue_size, buf_len)?;
-        // 8. DRIVER_OK.
-        t.write(reg::STATUS, st | status::DRIVER_OK);
+        let rx = Self::setup_queue(
+            &init,
+            &mem,
+            &mut dma,
+            net::RX_QUEUE,
+            cfg.queue_size,
+            buf_len,
+        )?;
+        let tx = Self::setup_queue(
+            &init,
+            &mem,
+            &mut dma,
+            net::TX_QUEUE,
+            cfg.queue_size,
+            buf_len,
+        )?;
+        init.driver_ok();
         transport.bind_interrupt(std::thread::current());
         let size = rx.ring.layout().size;
         let tx_size = tx.ring.layout().size;
@@ -398,31 +395,19 @@ impl NetDriver {
     /// §4.2.3.2: select the queue, check it is free, size it, allocate
     /// and program its ring, mark it ready.
     fn setup_queue(
-        t: &MmioTransport,
+        init: &Init<'_>,
         mem: &Arc<PhysMemory>,
         dma: &mut DmaSide,
         index: u16,
         want: u16,
         buf_len: u64,
     ) -> Result<Queue, DriverError> {
-        t.write(reg::QUEUE_SEL, u32::from(index));
-        let (max, ready) = (t.read(reg::QUEUE_NUM_MAX), t.read(reg::QUEUE_READY));
-        if max == 0 || ready != 0 {
-            return Err(DriverError::QueueUnavailable {
-                queue: index,
-                max,
-                ready,
-            });
-        }
-        let max = u16::try_from(max).unwrap_or(spec::ring::MAX_SIZE);
-        let size = want.clamp(1, max.max(1));
-        // The largest power of two not above `size`.
-        let size = 1u16 << size.ilog2();
+        let size = init.queue_size(index, want, 1)?;
         let layout = RingLayout::new(size);
         let (phys, ring_dma) = dma.cpu.alloc_coherent(&dma.dev, layout.bytes)?;
         let ring = DriverRing::new(mem.clone(), phys, ring_dma, layout)?;
         let pool = Pool::new(mem, size, buf_len)?;
-        t.program_queue(index, size, ring.device_addresses());
+        init.program_queue(index, size, ring.device_addresses());
         Ok(Queue {
             index,
             ring,

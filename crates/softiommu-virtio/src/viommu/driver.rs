@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use softiommu::mem::{MemError, PhysAddr, PhysMemory, PAGE_SIZE};
 
 use super::status::Status;
+use crate::driver_init::{Init, InitError, Wanted};
 use crate::spec::{self, desc, iommu as s, reg, status};
 use crate::transport::MmioTransport;
 use crate::vring::{DriverRing, RingError, RingLayout};
@@ -75,6 +76,13 @@ pub enum ViommuDriverError {
         /// What was asked for.
         wanted: u64,
     },
+    /// A feature the driver cannot work without (`VIRTIO_F_VERSION_1`) is
+    /// not offered.
+    #[error("the device does not offer {name}")]
+    MissingFeature {
+        /// The feature.
+        name: &'static str,
+    },
     /// A queue could not be set up.
     #[error("queue {queue} unavailable (QueueNumMax {max})")]
     QueueUnavailable {
@@ -114,6 +122,25 @@ pub enum ViommuDriverError {
     /// A ring could not be made.
     #[error(transparent)]
     Ring(#[from] RingError),
+}
+
+impl From<InitError> for ViommuDriverError {
+    fn from(e: InitError) -> Self {
+        match e {
+            InitError::NotTheDevice {
+                magic,
+                version,
+                device_id,
+            } => Self::NotViommu {
+                magic,
+                version,
+                device_id,
+            },
+            InitError::MissingFeature { name } => Self::MissingFeature { name },
+            InitError::FeaturesRefused { wanted, .. } => Self::FeaturesRefused { wanted },
+            InitError::QueueUnavailable { queue, max, .. } => Self::QueueUnavailable { queue, max },
+        }
+    }
 }
 
 /// One returned request.
@@ -248,19 +275,6 @@ impl ViommuDriver {
         mem: Arc<PhysMemory>,
         cfg: ViommuDriverConfig,
     ) -> Result<Self, ViommuDriverError> {
-        let t = &transport;
-        let (magic, version, device_id) = (
-            t.read(reg::MAGIC_VALUE),
-            t.read(reg::VERSION),
-            t.read(reg::DEVICE_ID),
-        );
-        if magic != spec::MMIO_MAGIC || version != spec::MMIO_VERSION || device_id != s::DEVICE_ID {
-            return Err(ViommuDriverError::NotViommu {
-                magic,
-                version,
-                device_id,
-            });
-        }
         let bad = |field, value: u64| Err(ViommuDriverError::InvalidConfig { field, value });
         if !cfg.queue_size.is_power_of_two() || cfg.queue_size < 2 {
             return bad("queue_size", u64::from(cfg.queue_size));
@@ -268,28 +282,20 @@ impl ViommuDriver {
         if !cfg.events.is_power_of_two() || cfg.events > 64 {
             return bad("events", u64::from(cfg.events));
         }
-        t.bind_interrupt(std::thread::current());
-        t.write(reg::STATUS, 0);
-        t.write(reg::STATUS, status::ACKNOWLEDGE);
-        t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
-        t.write(reg::DEVICE_FEATURES_SEL, 0);
-        let lo = u64::from(t.read(reg::DEVICE_FEATURES));
-        t.write(reg::DEVICE_FEATURES_SEL, 1);
-        let offered = u64::from(t.read(reg::DEVICE_FEATURES)) << 32 | lo;
-        let platform = 1u64 << spec::feature::ACCESS_PLATFORM;
         // Not behind an IOMMU: the rings hold guest-physical addresses,
         // which is what the platform's translation of this device is.
-        let wanted = (offered & cfg.accept & !platform) | 1 << spec::feature::VERSION_1;
-        t.write(reg::DRIVER_FEATURES_SEL, 0);
-        t.write(reg::DRIVER_FEATURES, wanted as u32);
-        t.write(reg::DRIVER_FEATURES_SEL, 1);
-        t.write(reg::DRIVER_FEATURES, (wanted >> 32) as u32);
-        let st = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-        t.write(reg::STATUS, st);
-        if t.read(reg::STATUS) & status::FEATURES_OK == 0 {
-            t.write(reg::STATUS, status::FAILED);
-            return Err(ViommuDriverError::FeaturesRefused { wanted });
-        }
+        let platform = 1u64 << spec::feature::ACCESS_PLATFORM;
+        let init = Init::begin(
+            &transport,
+            &Wanted {
+                device_id: s::DEVICE_ID,
+                required: &[(spec::feature::VERSION_1, "VIRTIO_F_VERSION_1")],
+                optional: cfg.accept & !platform,
+            },
+        )?;
+        let t = &transport;
+        t.bind_interrupt(std::thread::current());
+        let wanted = init.features();
         let geometry = ViommuGeometry {
             page_size_mask: config_u64(t, s::CFG_PAGE_SIZE_MASK),
             input_range: (
@@ -307,34 +313,25 @@ impl ViommuDriver {
                 b[0]
             },
         };
+        // An error from here on drops `init`, which fails the device.
         if u64::from(geometry.probe_size) + s::TAIL_LEN as u64 > SLOT - SLOT_WRITABLE {
-            t.write(reg::STATUS, status::FAILED);
             return bad("probe_size", u64::from(geometry.probe_size));
         }
-        let fail = |e: ViommuDriverError| {
-            t.write(reg::STATUS, status::FAILED);
-            e
-        };
-        let req_size = Self::queue_size(t, s::REQUEST_QUEUE, cfg.queue_size).map_err(fail)?;
-        let evt_size = Self::queue_size(t, s::EVENT_QUEUE, cfg.events).map_err(fail)?;
+        // A request takes two descriptors at least.
+        let req_size = init.queue_size(s::REQUEST_QUEUE, cfg.queue_size, 2)?;
+        let evt_size = init.queue_size(s::EVENT_QUEUE, cfg.events, 2)?;
         let (rl, el) = (RingLayout::new(req_size), RingLayout::new(evt_size));
         let ring_orders = (order_of(rl.bytes), order_of(el.bytes));
-        let rp = mem
-            .alloc_zeroed_frames(ring_orders.0)
-            .map_err(|e| fail(e.into()))?;
-        let ep = mem
-            .alloc_zeroed_frames(ring_orders.1)
-            .map_err(|e| fail(e.into()))?;
+        let rp = mem.alloc_zeroed_frames(ring_orders.0)?;
+        let ep = mem.alloc_zeroed_frames(ring_orders.1)?;
         let nslots = req_size / 2;
         let slot_order = order_of(SLOT * u64::from(nslots));
-        let slots = mem
-            .alloc_zeroed_frames(slot_order)
-            .map_err(|e| fail(e.into()))?;
-        let events = mem.alloc_zeroed_frames(0).map_err(|e| fail(e.into()))?;
-        let req = DriverRing::new(mem.clone(), rp, rp, rl).map_err(|e| fail(e.into()))?;
-        let mut evt = DriverRing::new(mem.clone(), ep, ep, el).map_err(|e| fail(e.into()))?;
+        let slots = mem.alloc_zeroed_frames(slot_order)?;
+        let events = mem.alloc_zeroed_frames(0)?;
+        let req = DriverRing::new(mem.clone(), rp, rp, rl)?;
+        let mut evt = DriverRing::new(mem.clone(), ep, ep, el)?;
         for (q, ring) in [(s::REQUEST_QUEUE, &req), (s::EVENT_QUEUE, &evt)] {
-            t.program_queue(q, ring.layout().size, ring.device_addresses());
+            init.program_queue(q, ring.layout().size, ring.device_addresses());
         }
         for i in 0..evt_size {
             let len = if i < cfg.short_events {
@@ -346,7 +343,7 @@ impl ViommuDriver {
             evt.push_avail(i);
         }
         evt.publish();
-        t.write(reg::STATUS, st | status::DRIVER_OK);
+        init.driver_ok();
         t.write(reg::QUEUE_NOTIFY, u32::from(s::EVENT_QUEUE));
         Ok(Self {
             transport,
@@ -366,17 +363,6 @@ impl ViommuDriver {
             spin: cfg.spin,
             kicks: 1,
         })
-    }
-
-    fn queue_size(t: &MmioTransport, q: u16, want: u16) -> Result<u16, ViommuDriverError> {
-        t.write(reg::QUEUE_SEL, u32::from(q));
-        let max = t.read(reg::QUEUE_NUM_MAX);
-        if max < 2 || t.read(reg::QUEUE_READY) != 0 {
-            return Err(ViommuDriverError::QueueUnavailable { queue: q, max });
-        }
-        let max = u16::try_from(max).unwrap_or(spec::ring::MAX_SIZE);
-        let size = want.min(max);
-        Ok(1u16 << size.ilog2())
     }
 
     /// The features negotiated.
