@@ -32,6 +32,8 @@ pub mod peer;
 pub mod proto;
 pub mod session;
 pub mod space;
+#[cfg(all(test, not(loom)))]
+mod space_bench;
 pub mod testing;
 pub(crate) mod vring;
 pub(crate) mod wire;
