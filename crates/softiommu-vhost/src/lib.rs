@@ -28,12 +28,16 @@ pub mod guest;
 pub mod iotlb;
 pub(crate) mod memtable;
 pub mod net;
+pub(crate) mod pagecache;
 pub mod peer;
 pub mod proto;
+pub(crate) mod readers;
+pub(crate) mod seat;
 pub mod session;
 pub mod space;
 #[cfg(all(test, not(loom)))]
 mod space_bench;
+pub(crate) mod sync;
 pub mod testing;
 pub(crate) mod vring;
 pub(crate) mod wire;
