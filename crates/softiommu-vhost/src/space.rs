@@ -841,3 +841,7 @@ impl DmaSpace {
         })
     }
 }
+
+#[cfg(all(test, not(loom)))]
+#[path = "space_tests.rs"]
+mod tests;
