@@ -26,6 +26,8 @@ pub mod disk;
 pub mod error;
 pub mod guest;
 pub mod iotlb;
+#[cfg(all(test, loom))]
+mod loom_tests;
 pub(crate) mod memtable;
 pub mod net;
 pub(crate) mod pagecache;

@@ -105,7 +105,7 @@ impl PageCache {
     }
 
     /// Entries held at most.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn capacity(&self) -> usize {
         self.entries.len()
     }
