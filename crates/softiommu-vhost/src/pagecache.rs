@@ -170,7 +170,7 @@ impl PageCache {
     /// turn. Returns whether a valid entry of another page was replaced.
     /// Writers only (the caller holds the table lock).
     pub(crate) fn fill(&self, p: Piece) -> bool {
-        debug_assert!(p.page % PAGE == 0 && p.lo <= p.hi && p.hi < PAGE);
+        debug_assert!(p.page.is_multiple_of(PAGE) && p.lo <= p.hi && p.hi < PAGE);
         let set = self.set(p.page);
         let tag = p.page | VALID;
         let way = set
@@ -273,7 +273,7 @@ mod tests {
             .count();
         assert_eq!(held, 8);
         assert_eq!(replaced, 92);
-        c.fill(piece(u64::MAX & !(PAGE - 1), 0, PAGE - 1, 0));
+        c.fill(piece(!(PAGE - 1), 0, PAGE - 1, 0));
         c.clear_range(0xfef0_0000, u64::MAX);
         assert!(c.lookup(u64::MAX, false).is_none());
         c.clear();
