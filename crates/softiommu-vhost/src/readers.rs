@@ -54,13 +54,6 @@ pub(crate) struct Readers {
     closed: std::sync::atomic::AtomicBool,
 }
 
-/// A claimed slot: its index and its (even) state when claimed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Claim {
-    pub(crate) index: usize,
-    pub(crate) state: u64,
-}
-
 impl Readers {
     /// `n` free slots, fenced by `barrier`.
     pub(crate) fn new(n: usize, barrier: Barrier) -> Self {
@@ -88,14 +81,14 @@ impl Readers {
         self.closed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Claims a free slot, or `None` when every one is owned.
-    pub(crate) fn claim(&self) -> Option<Claim> {
+    /// Claims a free slot (its index), or `None` when every one is owned.
+    /// The lock orders the new owner's reads of the slot's counter after
+    /// the last owner's final (even) store.
+    pub(crate) fn claim(&self) -> Option<usize> {
         let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
         let index = owned.iter().position(|o| !o)?;
         owned[index] = true;
-        // The lock orders this load after the last owner's final store.
-        let state = self.slots[index].state.load(Ordering::Relaxed);
-        Some(Claim { index, state })
+        Some(index)
     }
 
     /// Frees a claimed slot; its state must be even.
@@ -104,6 +97,13 @@ impl Readers {
         if let Some(o) = owned.get_mut(index) {
             *o = false;
         }
+    }
+
+    /// Slot `index`'s counter, as its owner thread last wrote it (only the
+    /// owner calls this, so Relaxed reads its own store).
+    #[inline(always)]
+    pub(crate) fn state(&self, index: usize) -> u64 {
+        self.slots[index].state.load(Ordering::Relaxed)
     }
 
     /// Marks slot `index` active with the odd `state`, then fences.

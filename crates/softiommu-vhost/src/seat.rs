@@ -1,9 +1,13 @@
 //! A thread's seat in each space it accesses: the reader slot it claimed
-//! there (once, on its first access), its slot's counter, and how deeply
-//! its sections nest. Kept in a thread-local list, so an access finds its
-//! slot without touching anything shared; the slot is released when the
-//! thread ends. A thread that finds no free slot enters through the
-//! space's overflow lock instead.
+//! there on its first access. Kept in a thread-local list, so an access
+//! finds its slot without touching anything shared; the slot is released
+//! when the thread ends. A thread that finds no free slot enters through
+//! the space's overflow lock instead.
+//!
+//! A slot's counter is written only by its thread, so the thread reads it
+//! back (Relaxed) instead of keeping a copy: an odd value means this thread
+//! is already inside a section of the space (an access inside an access's
+//! callback), and the inner section leaves the slot alone.
 
 use std::cell::RefCell;
 use std::sync::{Arc, RwLockReadGuard};
@@ -16,11 +20,6 @@ struct Seat {
     id: u64,
     readers: Arc<Readers>,
     index: usize,
-    /// The slot's counter: odd inside a section.
-    state: u64,
-    /// Sections open on this thread (an access inside an access's callback
-    /// nests; only the outermost enters and exits the slot).
-    depth: u32,
 }
 
 impl Drop for Seat {
@@ -43,64 +42,72 @@ pub(crate) struct Section<'a> {
 
 #[derive(Debug)]
 enum How<'a> {
-    Slot(u64),
+    /// The outermost section on slot `index`; `state` is its odd value.
+    Slot {
+        readers: &'a Readers,
+        index: usize,
+        state: u64,
+    },
+    /// Inside another section of this thread on the same space.
+    Nested,
     Overflow(#[allow(dead_code)] RwLockReadGuard<'a, ()>),
+}
+
+/// This thread's slot in the space `id`, claimed now if it has none.
+#[inline]
+fn slot(id: u64, readers: &Arc<Readers>) -> Option<usize> {
+    SEATS
+        .try_with(|s| {
+            if let Some(seat) = s.borrow().iter().find(|s| s.id == id) {
+                return Some(seat.index);
+            }
+            let mut seats = s.borrow_mut();
+            // Seats of spaces gone go first.
+            seats.retain(|s| !s.readers.is_closed());
+            let index = readers.claim()?;
+            seats.push(Seat {
+                id,
+                readers: readers.clone(),
+                index,
+            });
+            Some(index)
+        })
+        .ok()
+        .flatten()
 }
 
 /// Opens a section of this thread in the space `id` whose slots are `readers`.
 #[inline]
 pub(crate) fn enter(id: u64, readers: &Arc<Readers>) -> Section<'_> {
-    let slot = SEATS
-        .try_with(|s| {
-            let mut seats = s.borrow_mut();
-            let k = match seats.iter().position(|s| s.id == id) {
-                Some(k) => k,
-                None => {
-                    // Seats of spaces gone go first.
-                    seats.retain(|s| !s.readers.is_closed());
-                    let c = readers.claim()?;
-                    seats.push(Seat {
-                        id,
-                        readers: readers.clone(),
-                        index: c.index,
-                        state: c.state,
-                        depth: 0,
-                    });
-                    seats.len() - 1
+    let how = match slot(id, readers) {
+        Some(index) => {
+            let now = readers.state(index);
+            if now & 1 == 1 {
+                How::Nested
+            } else {
+                readers.enter(index, now + 1);
+                How::Slot {
+                    readers,
+                    index,
+                    state: now + 1,
                 }
-            };
-            let seat = &mut seats[k];
-            if seat.depth == 0 {
-                seat.state += 1;
-                seat.readers.enter(seat.index, seat.state);
             }
-            seat.depth += 1;
-            Some(())
-        })
-        .ok()
-        .flatten();
-    match slot {
-        Some(()) => Section { how: How::Slot(id) },
-        None => Section {
-            how: How::Overflow(readers.enter_overflow()),
-        },
-    }
+        }
+        None => How::Overflow(readers.enter_overflow()),
+    };
+    Section { how }
 }
 
 impl Drop for Section<'_> {
     #[inline]
     fn drop(&mut self) {
-        if let How::Slot(id) = self.how {
-            let _ = SEATS.try_with(|s| {
-                let mut seats = s.borrow_mut();
-                if let Some(seat) = seats.iter_mut().find(|s| s.id == id) {
-                    seat.depth -= 1;
-                    if seat.depth == 0 {
-                        seat.state += 1;
-                        seat.readers.exit(seat.index, seat.state);
-                    }
-                }
-            });
+        if let How::Slot {
+            readers,
+            index,
+            state,
+        } = self.how
+        {
+            readers.exit(index, state + 1);
         }
     }
 }

@@ -262,3 +262,54 @@ fn a_new_memory_table_under_load_unmaps_the_old_only_when_unused() {
     let hits: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
     assert!(swaps > 5 && hits > 0, "{swaps} swaps, {hits} hits");
 }
+
+/// More device threads than slots: those past the 64th enter through the
+/// overflow lock, and an invalidation waits for every one of them —
+/// slotted or not — that was inside its access when it began.
+#[test]
+fn an_invalidation_waits_for_accesses_of_threads_past_the_slots() {
+    const THREADS: usize = SLOTS + 6;
+    let (s, _) = space(64);
+    s.update(IOVA, PAGE, UA, RW).unwrap();
+    let inside = Arc::new(std::sync::Barrier::new(THREADS + 1));
+    let done = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (s, inside, done) = (s.clone(), inside.clone(), done.clone());
+            std::thread::spawn(move || {
+                s.access(AddrKind::Buffer, IOVA, 8, false, &mut |_, _, _| {
+                    inside.wait();
+                    std::thread::sleep(Duration::from_millis(50));
+                    done.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                })
+            })
+        })
+        .collect();
+    inside.wait();
+    s.invalidate(IOVA, PAGE).unwrap();
+    assert_eq!(done.load(Ordering::SeqCst), THREADS as u64);
+    for t in threads {
+        assert!(matches!(t.join().unwrap(), Ok(())));
+    }
+}
+
+/// An access inside another access's callback (same thread, same space)
+/// nests: the inner one leaves the slot to the outer, and once both are
+/// done an invalidation does not wait for anything.
+#[test]
+fn a_nested_access_keeps_the_outer_section() {
+    let (s, _) = space(64);
+    s.update(IOVA, 2 * PAGE, UA, RW).unwrap();
+    let inner = s.clone();
+    s.access(AddrKind::Buffer, IOVA, 8, true, &mut |_, _, _| {
+        let mut b = [0u8; 8];
+        inner.read_bytes(AddrKind::Buffer, IOVA + PAGE, &mut b)
+    })
+    .unwrap();
+    assert_eq!(s.readers.drain(), 0, "no section left open");
+    assert!(matches!(
+        s.invalidate(IOVA, 2 * PAGE),
+        Ok(IotlbOutcome::Invalidated { removed: 1 })
+    ));
+}
