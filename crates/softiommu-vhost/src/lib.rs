@@ -12,6 +12,8 @@
 //!
 //! - [`iotlb`]: the device IOTLB, which takes every range the protocol allows;
 //! - [`space`]: translation, misses and the invalidation contract;
+//!   its hit path takes no lock (the internal `readers`, `seat`,
+//!   `pagecache` and `sync`; model-checked in `loom_tests`);
 //! - [`blk`]: virtio-blk on one split ring;
 //! - [`net`]: virtio-net on a receive and a transmit ring, frames on a wire;
 //! - [`session`]: the message handling and the ring lifecycle;

@@ -3,10 +3,10 @@
 //!
 //! # The hit path: no lock, no shared write
 //! An access runs inside a *section* of its thread's reader slot
-//! ([`crate::readers`], [`crate::seat`]): two stores to a slot only its
+//! (`readers`, `seat`): two stores to a slot only its
 //! thread writes and a fence (a compiler fence where `membarrier(2)` is
 //! available). Inside it the access looks each page up in the page cache
-//! ([`crate::pagecache`], a sequence lock per entry) and copies through
+//! (`pagecache`, a sequence lock per entry) and copies through
 //! the host pointer it finds, merging pages that are contiguous in host
 //! memory into one piece. Only a page the cache does not hold takes the
 //! table lock: it is looked up in the device IOTLB ([`crate::iotlb`], the
