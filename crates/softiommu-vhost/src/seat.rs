@@ -30,6 +30,11 @@ impl Drop for Seat {
 
 thread_local! {
     static SEATS: RefCell<Vec<Seat>> = const { RefCell::new(Vec::new()) };
+    /// The space whose overflow lock this thread holds (0: none), so that
+    /// a nested access does not take the lock's read side twice (`std`
+    /// allows a recursive read to deadlock or panic, e.g. behind a
+    /// waiting drain).
+    static OVERFLOW: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// An open section: every translation and copy of an access happens while
@@ -76,6 +81,13 @@ fn slot(id: u64, readers: &Arc<Readers>) -> Option<usize> {
         .flatten()
 }
 
+/// Whether this thread is inside a section of space `id` through the
+/// overflow lock.
+#[cfg(all(test, not(loom)))]
+pub(crate) fn in_overflow(id: u64) -> bool {
+    OVERFLOW.with(|o| o.get() == id)
+}
+
 /// Opens a section of this thread in the space `id` whose slots are `readers`.
 #[inline]
 pub(crate) fn enter(id: u64, readers: &Arc<Readers>) -> Section<'_> {
@@ -93,7 +105,12 @@ pub(crate) fn enter(id: u64, readers: &Arc<Readers>) -> Section<'_> {
                 }
             }
         }
-        None => How::Overflow(readers.enter_overflow()),
+        None if OVERFLOW.try_with(|o| o.get() == id).unwrap_or(false) => How::Nested,
+        None => {
+            let g = readers.enter_overflow();
+            let _ = OVERFLOW.try_with(|o| o.set(id));
+            How::Overflow(g)
+        }
     };
     Section { how }
 }
@@ -108,6 +125,8 @@ impl Drop for Section<'_> {
         } = self.how
         {
             readers.exit(index, state + 1);
+        } else if let How::Overflow(_) = self.how {
+            let _ = OVERFLOW.try_with(|o| o.set(0));
         }
     }
 }
