@@ -20,7 +20,7 @@
 //! what was removed.
 //!
 //! A thread gets its slot once per space (a thread-local seat, see
-//! `space`); a thread that finds every slot taken uses the overflow lock
+//! `seat`); a thread that finds every slot taken uses the overflow lock
 //! instead (read side for its section; `drain` passes through the write
 //! side), which is slow but keeps the contract.
 
