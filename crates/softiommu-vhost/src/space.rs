@@ -1,37 +1,57 @@
 //! Where the device's DMA is translated: the device IOTLB and the shared
 //! memory behind it, the misses asked of the front-end, and the counters.
 //!
+//! # The hit path: no lock, no shared write
+//! An access runs inside a *section* of its thread's reader slot
+//! (`readers`, `seat`): two stores to a slot only its
+//! thread writes and a fence (a compiler fence where `membarrier(2)` is
+//! available). Inside it the access looks each page up in the page cache
+//! (`pagecache`, a sequence lock per entry) and copies through
+//! the host pointer it finds, merging pages that are contiguous in host
+//! memory into one piece. Only a page the cache does not hold takes the
+//! table lock: it is looked up in the device IOTLB ([`crate::iotlb`], the
+//! authority, bounded), resolved through the memory table, cached, and
+//! used — or it misses.
+//!
 //! # The invalidation contract
-//! A device access translates and copies under the read side of one
-//! lock; an update, an invalidation or a flush changes the table under its
-//! write side. So once [`DmaSpace::invalidate`] has returned for an
-//! invalidation (and the back-end acknowledged it), every access that
-//! could have used the removed translation has finished, and every later
-//! access looks the range up afresh: it misses, and without a new update
-//! from the front-end it fails with [`AccessError::MissTimeout`] — no byte
-//! of the range is read or written after the acknowledgement.
+//! Every change (an update, an invalidation, a flush, a new memory table)
+//! happens under the table lock, and clears the page-cache entries of the
+//! range (or all) before the lock is released. An invalidation or a flush
+//! then *drains*: the heavy fence, then it waits for every slot it finds
+//! inside a section. So once [`DmaSpace::invalidate`] has returned (and the
+//! back-end acknowledged it), every access that could have used a removed
+//! translation has finished, and every later one — or later piece of one
+//! in flight — finds the cache cleared and the table without the range: it
+//! misses, and without a new update from the front-end it fails with
+//! [`AccessError::MissTimeout`]. No byte of the range is read or written
+//! after the acknowledgement. A new memory table is swapped in the same
+//! way, and the old one is unmapped only after the drain.
 //!
 //! # Misses
 //! A miss registers the pages of the access that are not already
 //! outstanding (at most [`MISS_PREFETCH_PAGES`]) and sends one
 //! `BACKEND_IOTLB_MSG` per page on the back-end channel, then waits,
-//! without holding the table's lock, until an update arrives (any update
-//! wakes it to retry), the rings stop ([`AccessError::Cancelled`]), or the
-//! access's bound passes ([`AccessError::MissTimeout`]). An outstanding page
-//! is not asked again until the bound has passed since it was asked.
+//! outside its section and without the table lock, until an update arrives
+//! (any update wakes it to retry), the rings stop ([`AccessError::Cancelled`]),
+//! or the access's bound passes ([`AccessError::MissTimeout`]). An
+//! outstanding page is not asked again until the bound has passed since it
+//! was asked.
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{AccessError, IotlbError};
 use crate::iotlb::{DeviceIotlb, IotlbOutcome};
 use crate::memtable::{MemTable, Space};
+use crate::pagecache::{PageCache, Piece, PAGE};
 use crate::proto::{backend_req, iotlb as m, VERSION};
-use crate::wire;
+use crate::readers::{Readers, SLOTS};
+use crate::sync::Barrier;
+use crate::{seat, wire};
 
 /// Pages asked of the front-end for one miss, ahead of the one missed,
 /// from the access's range (QEMU answers a miss with one 4 KiB page).
@@ -40,7 +60,6 @@ pub const MISS_PREFETCH_PAGES: u64 = 32;
 /// (`DmaSpace::prefetch`): a request's segments are mostly single pages,
 /// so asking them one access at a time would cost a round trip each.
 pub const REQUEST_PREFETCH_PAGES: usize = 512;
-const PAGE: u64 = 4096;
 
 /// What a ring or buffer address is, which decides how it translates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +122,11 @@ struct Counters {
     miss_wait_ns: AtomicU64,
 }
 
+/// Pages of an update cached at once (more are cached as accesses touch them).
+const UPDATE_PREFILL_PAGES: u64 = 8;
+/// Most page-cache entries a space keeps (32 bytes each).
+const CACHE_MAX: usize = 8192;
+
 #[derive(Debug, Default)]
 struct MissState {
     /// Page -> when it was asked.
@@ -113,16 +137,21 @@ struct MissState {
     cancelled: bool,
 }
 
-#[derive(Debug)]
-struct Tables {
-    iotlb: DeviceIotlb,
-    mem: MemTable,
-}
-
 /// The device's view of guest memory through the front-end's IOMMU.
 #[derive(Debug)]
 pub struct DmaSpace {
-    tables: RwLock<Tables>,
+    /// The authority; every change of it, of `cache` and of `mem` is made
+    /// holding this lock.
+    tables: Mutex<DeviceIotlb>,
+    /// What the hit path reads.
+    cache: PageCache,
+    /// The shared memory (a `Box` published here; replaced under the
+    /// table lock, freed after a drain).
+    mem: AtomicPtr<MemTable>,
+    /// The accesses in flight, for the drain.
+    readers: Arc<Readers>,
+    /// This space's identity for the threads' seats.
+    id: u64,
     iommu: AtomicBool,
     /// Bumped after every update: a waiter that saw it change retries.
     generation: AtomicU64,
@@ -140,21 +169,33 @@ enum Slept {
     TimedOut,
 }
 
-/// Outcome of one translation attempt.
+/// Outcome of one translation attempt on the locked path.
 enum Step {
     Hit(*mut u8, u64),
     Miss(u64),
+}
+
+impl Drop for DmaSpace {
+    fn drop(&mut self) {
+        self.readers.close();
+        let p = *self.mem.get_mut();
+        // SAFETY: from `Box::into_raw` in `new`/`set_memory`; `&mut self`
+        // means no access is under way, and it is freed once.
+        drop(unsafe { Box::from_raw(p) });
+    }
 }
 
 impl DmaSpace {
     /// An empty space: no memory, an empty IOTLB of `capacity` entries,
     /// misses bounded by `miss_timeout`.
     pub fn new(capacity: usize, miss_timeout: Duration) -> Self {
+        static IDS: AtomicU64 = AtomicU64::new(1);
         Self {
-            tables: RwLock::new(Tables {
-                iotlb: DeviceIotlb::new(capacity),
-                mem: MemTable::default(),
-            }),
+            tables: Mutex::new(DeviceIotlb::new(capacity)),
+            cache: PageCache::new(capacity.clamp(1, CACHE_MAX)),
+            mem: AtomicPtr::new(Box::into_raw(Box::default())),
+            readers: Arc::new(Readers::new(SLOTS, Barrier::get())),
+            id: IDS.fetch_add(1, Ordering::Relaxed),
             iommu: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             misses: Mutex::new(MissState::default()),
@@ -188,19 +229,32 @@ impl DmaSpace {
 
     /// Entries in the device IOTLB now.
     pub fn iotlb_len(&self) -> usize {
-        self.read().iotlb.len()
+        self.lock().len()
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Tables> {
-        self.tables.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Tables> {
-        self.tables.write().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, DeviceIotlb> {
+        self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn miss_state(&self) -> std::sync::MutexGuard<'_, MissState> {
         self.misses.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens a section of this thread: translations and copies inside it
+    /// are waited for by every drain.
+    #[inline]
+    fn section(&self) -> seat::Section<'_> {
+        seat::enter(self.id, &self.readers)
+    }
+
+    /// The memory table, for a caller inside a section or holding the
+    /// table lock (either keeps it from being freed).
+    #[inline]
+    fn mem(&self) -> &MemTable {
+        // SAFETY: the pointer came from `Box::into_raw` and is freed only
+        // after it was replaced under the table lock and a drain waited
+        // for every section; the caller is in a section or holds the lock.
+        unsafe { &*self.mem.load(Ordering::Acquire) }
     }
 
     /// Whether addresses go through the IOTLB (`ACCESS_PLATFORM` negotiated).
@@ -208,15 +262,23 @@ impl DmaSpace {
         self.iommu.store(on, Ordering::Release);
     }
 
-    /// Replaces the shared memory (the old mappings go once no access uses them).
+    /// Replaces the shared memory; the old mappings go once no access uses them.
     pub(crate) fn set_memory(&self, mem: MemTable) {
-        let old = std::mem::replace(&mut self.write().mem, mem);
-        drop(old);
+        let new = Box::into_raw(Box::new(mem));
+        let t = self.lock();
+        let old = self.mem.swap(new, Ordering::AcqRel);
+        self.cache.clear();
+        drop(t);
+        self.readers.drain();
+        // SAFETY: `old` came from `Box::into_raw`; it was unpublished under
+        // the lock and the drain waited for every section that could hold it.
+        drop(unsafe { Box::from_raw(old) });
     }
 
     /// Whether any memory is shared.
     pub(crate) fn has_memory(&self) -> bool {
-        !self.read().mem.is_empty()
+        let _t = self.lock();
+        !self.mem().is_empty()
     }
 
     /// Sets the back-end channel misses go out on. A send blocks at most
@@ -228,6 +290,38 @@ impl DmaSpace {
             let _ = s.set_write_timeout(Some(self.miss_timeout));
         }
         *self.channel.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+
+    /// Caches the piece of page `page` that the IOTLB entry covering
+    /// `at` (a byte of the page) translates, resolved through the memory
+    /// table. Holding the table lock. Nothing is cached when `at` has no
+    /// translation or its memory is not shared.
+    fn cache_page(&self, t: &DeviceIotlb, at: u64) {
+        let page = at & !(PAGE - 1);
+        let Some(e) = t.lookup(at) else {
+            return;
+        };
+        let end = e.last.min(page + (PAGE - 1));
+        let piece = |from: u64| {
+            let ua = e.uaddr.wrapping_add(from - e.iova);
+            let (p, n) = self.mem().host(Space::Uaddr, ua, end - from + 1)?;
+            Some(Piece {
+                page,
+                lo: from - page,
+                hi: from - page + n - 1,
+                host: p as usize,
+                read: e.perm.allows(false),
+                write: e.perm.allows(true),
+            })
+        };
+        // From the entry's first byte in the page if memory covers `at`
+        // from there (a region may end inside a page), else from `at`.
+        let p = piece(e.iova.max(page))
+            .filter(|p| p.page + p.hi >= at)
+            .or_else(|| piece(at));
+        if let Some(p) = p {
+            self.cache.fill(p);
+        }
     }
 
     /// Takes one IOTLB message payload (`struct vhost_iotlb_msg`) from the front-end.
@@ -245,7 +339,8 @@ impl DmaSpace {
         r
     }
 
-    /// Inserts a translation and wakes the accesses waiting for one.
+    /// Inserts a translation and wakes the accesses waiting for one. An
+    /// update that replaced translations drains as an invalidation does.
     pub fn update(
         &self,
         iova: u64,
@@ -253,15 +348,35 @@ impl DmaSpace {
         uaddr: u64,
         perm: u8,
     ) -> Result<IotlbOutcome, IotlbError> {
-        let out = self.write().iotlb.update(iova, size, uaddr, perm)?;
+        let mut t = self.lock();
+        let out = t.update(iova, size, uaddr, perm)?;
+        // Accepted: size >= 1 and the range does not wrap.
+        let last = iova + (size - 1);
+        let (replaced, evicted) = match out {
+            IotlbOutcome::Updated { replaced, evicted } => (replaced, evicted),
+            IotlbOutcome::Invalidated { .. } => (0, false),
+        };
+        if evicted {
+            self.cache.clear();
+        } else {
+            self.cache.clear_range(iova, last);
+        }
+        // The first pages are cached now: a miss's answer is used at once.
+        let first = iova & !(PAGE - 1);
+        let pages = ((last - first) / PAGE + 1).min(UPDATE_PREFILL_PAGES);
+        for k in 0..pages {
+            self.cache_page(&t, (first + k * PAGE).max(iova));
+        }
+        drop(t);
+        if replaced > 0 {
+            self.readers.drain();
+        }
         self.counters.updates.fetch_add(1, Ordering::Relaxed);
-        if let IotlbOutcome::Updated { evicted: true, .. } = out {
+        if evicted {
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
         }
         self.generation.fetch_add(1, Ordering::AcqRel);
         let mut st = self.miss_state();
-        let last = iova.saturating_add(size - 1);
-        let first = iova & !(PAGE - 1);
         let pages = (last - first) / PAGE + 1;
         let now = Instant::now();
         let (mut answered, mut rtt) = (0u64, 0u64);
@@ -300,14 +415,24 @@ impl DmaSpace {
     /// Removes the translations of a range; when it returns, no access
     /// through them is under way and none will start.
     pub fn invalidate(&self, iova: u64, size: u64) -> Result<IotlbOutcome, IotlbError> {
-        let out = self.write().iotlb.invalidate(iova, size)?;
+        let mut t = self.lock();
+        let out = t.invalidate(iova, size)?;
+        // Accepted: size >= 1 and the range does not wrap.
+        self.cache.clear_range(iova, iova + (size - 1));
+        drop(t);
+        self.readers.drain();
         self.counters.invalidations.fetch_add(1, Ordering::Relaxed);
         Ok(out)
     }
 
-    /// Drops the whole IOTLB (the rings stopped).
+    /// Drops the whole IOTLB (the rings stopped); when it returns, no
+    /// access through it is under way.
     pub fn flush(&self) {
-        self.write().iotlb.clear();
+        let mut t = self.lock();
+        t.clear();
+        self.cache.clear();
+        drop(t);
+        self.readers.drain();
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -326,10 +451,10 @@ impl DmaSpace {
         self.miss_state().cancelled = false;
     }
 
-    /// Runs `f` over the host memory of `[addr, +len)` in pieces, each
-    /// under the table's read lock (`f` gets the pointer, its length and the
+    /// Runs `f` over the host memory of `[addr, +len)` in pieces, inside
+    /// this thread's section (`f` gets the pointer, its length and the
     /// offset into the access). Missing translations are asked of the
-    /// front-end and waited for, within the bound.
+    /// front-end and waited for, within the bound, outside the section.
     pub(crate) fn access(
         &self,
         kind: AddrKind,
@@ -346,66 +471,105 @@ impl DmaSpace {
         let mut done = 0u64;
         let mut deadline: Option<Instant> = None;
         while done < len {
-            let a = addr + done;
-            let left = len - done;
             let gen = self.generation.load(Ordering::Acquire);
-            let step = {
-                let t = self.read();
-                match self.translate(&t, kind, a, left, write) {
-                    Ok(Step::Hit(p, n)) => {
-                        f(p, n as usize, done)?;
-                        done += n;
-                        continue;
+            let missed = {
+                let _s = self.section();
+                self.run(kind, addr, len, write, &mut done, f)?
+            };
+            if let Some(iova) = missed {
+                self.wait_miss(iova, len - done, write, gen, &mut deadline)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The part of an access inside one section: pieces from `*done` on
+    /// until the end (`None`) or a miss (its IOVA).
+    #[inline]
+    fn run(
+        &self,
+        kind: AddrKind,
+        addr: u64,
+        len: u64,
+        write: bool,
+        done: &mut u64,
+        f: &mut dyn FnMut(*mut u8, usize, u64) -> Result<(), AccessError>,
+    ) -> Result<Option<u64>, AccessError> {
+        let iommu = self.iommu.load(Ordering::Acquire);
+        while *done < len {
+            let (a, left) = (addr + *done, len - *done);
+            let (p, n) = if !iommu {
+                self.untranslated(kind, a, left)?
+            } else if let Some(h) = self.cache.lookup(a, write) {
+                // Pages contiguous in host memory make one piece.
+                let mut n = h.len.min(left);
+                while n < left {
+                    match self.cache.lookup(a + n, write) {
+                        Some(h2) if h2.host == h.host.wrapping_add(n as usize) => {
+                            n += h2.len.min(left - n)
+                        }
+                        _ => break,
                     }
-                    Ok(miss) => miss,
+                }
+                (h.host as *mut u8, n)
+            } else {
+                match self.translate(a, left, write) {
+                    Ok(Step::Hit(p, n)) => (p, n),
+                    Ok(Step::Miss(iova)) => return Ok(Some(iova)),
                     Err(e) => {
                         self.counters.refused.fetch_add(1, Ordering::Relaxed);
                         return Err(e);
                     }
                 }
             };
-            if let Step::Miss(iova) = step {
-                self.wait_miss(iova, left, write, gen, &mut deadline)?;
-            }
+            f(p, n as usize, *done)?;
+            *done += n;
         }
-        Ok(())
+        Ok(None)
     }
 
-    fn translate(
+    /// Without an IOMMU: a ring address is a front-end virtual address, a
+    /// buffer address a guest-physical one. Inside a section.
+    fn untranslated(
         &self,
-        t: &Tables,
         kind: AddrKind,
         a: u64,
         left: u64,
-        write: bool,
-    ) -> Result<Step, AccessError> {
-        let (space, target, n) = if self.iommu.load(Ordering::Acquire) {
-            let Some(e) = t.iotlb.lookup(a) else {
-                return Ok(Step::Miss(a));
-            };
-            if !e.perm.allows(write) {
-                return Err(AccessError::Denied {
-                    iova: a,
-                    want: if write { "write" } else { "read" },
-                });
-            }
-            // (left - 1).min(last - a) + 1 cannot overflow, even for an entry ending at 2^64.
-            let n = (left - 1).min(e.last - a) + 1;
-            (Space::Uaddr, e.uaddr.wrapping_add(a - e.iova), n)
-        } else {
-            let space = match kind {
-                AddrKind::Ring => Space::Uaddr,
-                AddrKind::Buffer => Space::Gpa,
-            };
-            (space, a, left)
+    ) -> Result<(*mut u8, u64), AccessError> {
+        let space = match kind {
+            AddrKind::Ring => Space::Uaddr,
+            AddrKind::Buffer => Space::Gpa,
         };
-        match t.mem.host(space, target, n) {
-            Some((p, n)) => Ok(Step::Hit(p, n)),
-            None => Err(AccessError::OutsideMemory {
+        self.mem().host(space, a, left).ok_or_else(|| {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            AccessError::OutsideMemory { iova: a, uaddr: a }
+        })
+    }
+
+    /// The locked path, for a page the cache does not hold: looks `a` up
+    /// in the IOTLB, caches its page and returns the piece. Inside a section.
+    fn translate(&self, a: u64, left: u64, write: bool) -> Result<Step, AccessError> {
+        let t = self.lock();
+        let Some(e) = t.lookup(a) else {
+            return Ok(Step::Miss(a));
+        };
+        if !e.perm.allows(write) {
+            return Err(AccessError::Denied {
+                iova: a,
+                want: if write { "write" } else { "read" },
+            });
+        }
+        // (left - 1).min(last - a) + 1 cannot overflow, even for an entry ending at 2^64.
+        let n = (left - 1).min(e.last - a) + 1;
+        let target = e.uaddr.wrapping_add(a - e.iova);
+        let Some((p, n)) = self.mem().host(Space::Uaddr, target, n) else {
+            return Err(AccessError::OutsideMemory {
                 iova: a,
                 uaddr: target,
-            }),
-        }
+            });
+        };
+        self.cache_page(&t, a);
+        Ok(Step::Hit(p, n))
     }
 
     fn wait_miss(
@@ -534,15 +698,17 @@ impl DmaSpace {
         }
         let mut missing = Vec::new();
         {
-            let t = self.read();
+            // The pages the cache holds are not asked; the others are
+            // checked in the IOTLB, under the lock once for the request.
+            let _s = self.section();
             'segs: for (a, len) in segs {
                 let Some(last) = len.checked_sub(1).and_then(|l| a.checked_add(l)) else {
                     continue;
                 };
                 let mut pg = a & !(PAGE - 1);
                 loop {
-                    if t.iotlb.lookup(pg.max(a)).is_none() {
-                        missing.push(pg);
+                    if self.cache.lookup(pg.max(a), write).is_none() {
+                        missing.push(pg.max(a));
                         if missing.len() >= REQUEST_PREFETCH_PAGES {
                             break 'segs;
                         }
@@ -553,6 +719,13 @@ impl DmaSpace {
                     }
                 }
             }
+        }
+        if !missing.is_empty() {
+            let t = self.lock();
+            missing.retain(|&at| t.lookup(at).is_none());
+        }
+        for at in &mut missing {
+            *at &= !(PAGE - 1);
         }
         let last = *missing.last()?;
         let now = Instant::now();
@@ -668,3 +841,7 @@ impl DmaSpace {
         })
     }
 }
+
+#[cfg(all(test, not(loom)))]
+#[path = "space_tests.rs"]
+mod tests;

@@ -1,0 +1,326 @@
+//! The hit path's contract under races: nothing reaches a range once its
+//! invalidation returned, a hit needs no lock, the cache stays bounded and
+//! never outlives the IOTLB, and an old memory table is unmapped only once
+//! no access uses it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::space_bench::{table, IOVA, MEM, UA};
+
+const RW: u8 = m::ACCESS_RW;
+
+fn space(capacity: usize) -> (Arc<DmaSpace>, *mut u8) {
+    let (mem, _, host) = table(c"space-tests");
+    let s = DmaSpace::new(capacity, Duration::from_millis(1));
+    s.set_memory(mem);
+    s.set_iommu(true);
+    (Arc::new(s), host)
+}
+
+/// Host pointers cross threads in these tests only as addresses.
+fn snapshot(host: usize, off: u64, len: usize) -> Vec<u8> {
+    // SAFETY: inside the test's shared mapping, which is never unmapped.
+    unsafe { std::slice::from_raw_parts((host + off as usize) as *const u8, len).to_vec() }
+}
+
+/// Device threads write stamps into a page, half, then a pause, then the
+/// other half, while the main thread maps the page, lets them run and
+/// invalidates it. From the moment `invalidate` returns, the page's bytes
+/// must not change: a write in flight finished before, and none starts
+/// after. (Without the drain, the second half of a write in flight lands
+/// after the return; without the cache clear, a write that starts after it
+/// still hits.)
+#[test]
+fn an_access_racing_an_invalidation_never_touches_the_range_after_it_returned() {
+    const PAGES: u64 = 4;
+    const ROUNDS: u64 = 300;
+    let (s, host) = space(64);
+    let host = host as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (s, stop, ok) = (s.clone(), stop.clone(), ok.clone());
+            std::thread::spawn(move || {
+                let mut stamp = w << 56;
+                while !stop.load(Ordering::Relaxed) {
+                    for pg in 0..PAGES {
+                        stamp += 1;
+                        let bytes = stamp.to_le_bytes().repeat(512);
+                        let r = s.access(
+                            AddrKind::Buffer,
+                            IOVA + pg * PAGE,
+                            PAGE,
+                            true,
+                            &mut |p, n, off| {
+                                let half = n / 2;
+                                // SAFETY: p is valid for n bytes (the access's contract).
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        bytes[off as usize..].as_ptr(),
+                                        p,
+                                        half,
+                                    );
+                                }
+                                for _ in 0..(stamp % 4) {
+                                    std::thread::yield_now();
+                                }
+                                // SAFETY: as above.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        bytes[off as usize + half..].as_ptr(),
+                                        p.add(half),
+                                        n - half,
+                                    );
+                                }
+                                Ok(())
+                            },
+                        );
+                        if r.is_ok() {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut changed = Vec::new();
+    for round in 0..ROUNDS {
+        let pg = round % PAGES;
+        let iova = IOVA + pg * PAGE;
+        s.update(iova, PAGE, UA + pg * PAGE, RW).unwrap();
+        std::thread::sleep(Duration::from_micros(round % 7 * 30));
+        assert!(matches!(
+            s.invalidate(iova, PAGE),
+            Ok(IotlbOutcome::Invalidated { removed: 1 })
+        ));
+        let at_ack = snapshot(host, pg * PAGE, PAGE as usize);
+        // The writers keep trying for a while; the page must not move.
+        std::thread::sleep(Duration::from_micros(300));
+        if snapshot(host, pg * PAGE, PAGE as usize) != at_ack {
+            changed.push(round);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert!(
+        changed.is_empty(),
+        "written after the invalidation returned in rounds {changed:?}"
+    );
+    assert!(
+        ok.load(Ordering::Relaxed) > ROUNDS,
+        "the writers hit often enough to race"
+    );
+}
+
+/// A hit takes no lock: an access to a cached page completes while another
+/// thread holds the table lock (a locked table would block it).
+#[test]
+fn a_hit_completes_while_the_table_lock_is_held() {
+    let (s, _) = space(64);
+    s.update(IOVA, PAGE, UA, RW).unwrap();
+    let held = s.lock();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            tx.send(s.read_bytes(AddrKind::Buffer, IOVA + 8, &mut b))
+                .unwrap();
+        })
+    };
+    let r = rx.recv_timeout(Duration::from_secs(5));
+    drop(held);
+    t.join().unwrap();
+    assert!(matches!(r, Ok(Ok(()))), "{r:?}");
+}
+
+/// Past its capacity the IOTLB is emptied and the eviction counted; the
+/// page cache is bounded too and never serves a page the IOTLB dropped.
+#[test]
+fn evictions_are_bounded_counted_and_the_cache_follows_the_iotlb() {
+    let (s, _) = space(8);
+    let mut b = [0u8; 8];
+    for k in 0..100u64 {
+        s.update(IOVA + k * PAGE, PAGE, UA + k * PAGE, RW).unwrap();
+        s.read_bytes(AddrKind::Buffer, IOVA + k * PAGE, &mut b)
+            .unwrap();
+        assert!(s.iotlb_len() <= 8);
+    }
+    assert_eq!(s.stats().evictions, 12, "{:?}", s.stats());
+    assert!(s.cache.capacity() <= CACHE_MAX);
+    // Page 0 was evicted: no channel to ask it on, so the access fails.
+    assert!(matches!(
+        s.read_bytes(AddrKind::Buffer, IOVA, &mut b),
+        Err(AccessError::NoChannel { iova: IOVA, .. })
+    ));
+    // The last one is held.
+    s.read_bytes(AddrKind::Buffer, IOVA + 99 * PAGE, &mut b)
+        .unwrap();
+}
+
+/// Zero-length and wrapping ranges: as before the cache, typed and
+/// harmless; the global flush's range ending at 2^64 clears the cache too.
+#[test]
+fn zero_length_wrapping_and_2_pow_64_ranges_with_the_cache() {
+    let (s, _) = space(64);
+    let top = u64::MAX - (PAGE - 1);
+    s.update(top, PAGE, UA, RW).unwrap();
+    s.update(IOVA, PAGE, UA + PAGE, RW).unwrap();
+    let mut b = [0u8; 8];
+    s.read_bytes(AddrKind::Buffer, u64::MAX - 7, &mut b)
+        .unwrap();
+    assert!(s
+        .access(
+            AddrKind::Buffer,
+            IOVA,
+            0,
+            false,
+            &mut |_, _, _| unreachable!()
+        )
+        .is_ok());
+    assert!(matches!(
+        s.read_bytes(AddrKind::Buffer, u64::MAX - 3, &mut b),
+        Err(AccessError::Wraps { len: 8, .. })
+    ));
+    assert!(matches!(
+        s.invalidate(IOVA, 0),
+        Err(IotlbError::ZeroLength {
+            op: "invalidate",
+            iova: IOVA
+        })
+    ));
+    assert!(matches!(
+        s.invalidate(IOVA, u64::MAX),
+        Err(IotlbError::IovaWraps {
+            op: "invalidate",
+            ..
+        })
+    ));
+    // Refused messages change nothing: both pages still hit.
+    s.read_bytes(AddrKind::Buffer, IOVA, &mut b).unwrap();
+    // QEMU's global flush, in two.
+    s.invalidate(0, 0xfef0_0000).unwrap();
+    s.invalidate(0xfef0_0000, 0xffff_ffff_0110_0000).unwrap();
+    assert!(matches!(
+        s.read_bytes(AddrKind::Buffer, u64::MAX - 7, &mut b),
+        Err(AccessError::NoChannel { .. })
+    ));
+    assert!(matches!(
+        s.read_bytes(AddrKind::Buffer, IOVA, &mut b),
+        Err(AccessError::NoChannel { .. })
+    ));
+    assert_eq!(s.iotlb_len(), 0);
+}
+
+/// A new memory table while device threads hit: the old mapping is
+/// unmapped only after the drain, so no access ever reads freed memory
+/// (which would crash the test), and every access after the swap goes
+/// through the new table.
+#[test]
+fn a_new_memory_table_under_load_unmaps_the_old_only_when_unused() {
+    let (s, _) = space(64);
+    s.update(IOVA, MEM, UA, RW).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (s, stop) = (s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut b = vec![0u8; PAGE as usize];
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += u64::from(
+                        s.read_bytes(AddrKind::Buffer, IOVA + (n % 16) * PAGE, &mut b)
+                            .is_ok(),
+                    );
+                }
+                n
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    let mut swaps = 0;
+    // Each table is a fresh 1 MiB mapping that the test helper never
+    // unmaps: a few dozen swaps, not a time budget.
+    while swaps < 40 && t0.elapsed() < Duration::from_secs(5) {
+        let (mem, _, host) = table(c"space-swap");
+        // SAFETY: a fresh mapping of MEM bytes.
+        unsafe { std::ptr::write_bytes(host, swaps as u8, MEM as usize) };
+        s.set_memory(mem);
+        let mut b = [0u8; 4];
+        s.read_bytes(AddrKind::Buffer, IOVA + 5 * PAGE, &mut b)
+            .unwrap();
+        assert_eq!(b, [swaps as u8; 4], "the new table is used at once");
+        swaps += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let hits: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    assert!(swaps > 5 && hits > 0, "{swaps} swaps, {hits} hits");
+}
+
+/// More device threads than slots: those past the 64th enter through the
+/// overflow lock, and an invalidation waits for every one of them —
+/// slotted or not — that was inside its access when it began.
+#[test]
+fn an_invalidation_waits_for_accesses_of_threads_past_the_slots() {
+    const THREADS: usize = SLOTS + 6;
+    let (s, _) = space(64);
+    s.update(IOVA, 2 * PAGE, UA, RW).unwrap();
+    let inside = Arc::new(std::sync::Barrier::new(THREADS + 1));
+    let done = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (s, inside, done) = (s.clone(), inside.clone(), done.clone());
+            std::thread::spawn(move || {
+                let nested = s.clone();
+                s.access(AddrKind::Buffer, IOVA, 8, false, &mut |_, _, _| {
+                    inside.wait();
+                    // Threads on the overflow lock nest once the drain
+                    // waits for that lock (the slotted ones are done by
+                    // then): they must not take its read side again.
+                    let overflow = crate::seat::in_overflow(nested.id);
+                    eprintln!("overflow {overflow}");
+                    std::thread::sleep(Duration::from_millis(if overflow { 200 } else { 50 }));
+                    let mut b = [0u8; 8];
+                    nested.read_bytes(AddrKind::Buffer, IOVA + PAGE, &mut b)?;
+                    done.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                })
+            })
+        })
+        .collect();
+    inside.wait();
+    assert!(matches!(
+        s.invalidate(IOVA, PAGE),
+        Ok(IotlbOutcome::Invalidated { removed: 1 })
+    ));
+    assert_eq!(done.load(Ordering::SeqCst), THREADS as u64);
+    for t in threads {
+        assert!(matches!(t.join().unwrap(), Ok(())));
+    }
+}
+
+/// An access inside another access's callback (same thread, same space)
+/// nests: the inner one leaves the slot to the outer, and once both are
+/// done an invalidation does not wait for anything.
+#[test]
+fn a_nested_access_keeps_the_outer_section() {
+    let (s, _) = space(64);
+    s.update(IOVA, 2 * PAGE, UA, RW).unwrap();
+    let inner = s.clone();
+    s.access(AddrKind::Buffer, IOVA, 8, true, &mut |_, _, _| {
+        let mut b = [0u8; 8];
+        inner.read_bytes(AddrKind::Buffer, IOVA + PAGE, &mut b)
+    })
+    .unwrap();
+    assert_eq!(s.readers.drain(), 0, "no section left open");
+    assert!(matches!(
+        s.invalidate(IOVA, 2 * PAGE),
+        Ok(IotlbOutcome::Invalidated { removed: 1 })
+    ));
+}
