@@ -15,3 +15,4 @@ pub mod stress_bound;
 pub mod stress_check;
 pub mod stress_extra;
 pub mod viommu;
+mod viommu_udp;

@@ -478,6 +478,13 @@ impl<D: NetDma> NetDriver<D> {
         &self.dma
     }
 
+    /// Makes every unmap the driver has made take effect (the DMA API's
+    /// flush: under a lazy or deferred policy the device may reach an
+    /// unmapped buffer until then).
+    pub fn flush_dma(&mut self) -> Result<(), DriverError> {
+        self.dma.dma_flush().map_err(Into::into)
+    }
+
     /// Where queue `queue`'s buffers lie ([`net::RX_QUEUE`] or
     /// [`net::TX_QUEUE`]): the physical address and length of the block
     /// holding all of them (`None` for another queue). In IOPF mode these
