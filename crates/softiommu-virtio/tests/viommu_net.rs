@@ -6,7 +6,8 @@
 //! less per datagram than strict; and a receive buffer unmapped (strict:
 //! UNMAP completed) while the device still owns it makes the device's
 //! write fault — recorded by the unit, reported on the event queue, and
-//! the device's typed error — with nothing written.
+//! the device's typed error — with nothing written. An UNMAP the device
+//! refuses is the driver's typed error.
 
 mod common;
 
@@ -26,7 +27,8 @@ use softiommu_virtio::net::{
 };
 use softiommu_virtio::transport::DeviceError;
 use softiommu_virtio::viommu::{
-    ViommuConfig, ViommuDevice, ViommuDma, ViommuDriver, ViommuDriverConfig, ViommuMode,
+    Status, ViommuConfig, ViommuDevice, ViommuDma, ViommuDmaError, ViommuDriver,
+    ViommuDriverConfig, ViommuMode,
 };
 
 /// The guest NIC's requester id, the virtio-iommu's endpoint.
@@ -286,5 +288,42 @@ fn the_device_faults_on_a_buffer_after_its_unmap_completed() {
     assert_eq!(
         now, MARK,
         "the device wrote nothing into the revoked buffer"
+    );
+}
+
+/// The device refuses an UNMAP (a page-table unmap that failed: `DEVERR`):
+/// the driver's call that unmapped returns it, typed, as
+/// `DriverError::Viommu` (the buffer is retired, never reposted: it may
+/// still be mapped).
+#[test]
+fn an_unmap_the_viommu_refuses_is_the_drivers_typed_error() {
+    let (_peer, mut ps, mut g) = rig(ViommuMode::Strict);
+    let hg = g.stack.sockets.add(socket(5000));
+    g.viommu.inject_unmap_failure(0);
+    let to = IpEndpoint::new(ip(A_IP), 7);
+    g.stack
+        .sockets
+        .get_mut::<udp::Socket>(hg)
+        .send_slice(&[1; 32], to)
+        .unwrap();
+    let t0 = Instant::now();
+    let err = loop {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no error came");
+        let r = g.stack.poll().and_then(|_| g.stack.driver.reclaim_tx());
+        if let Err(e) = r {
+            break e;
+        }
+        ps.poll().expect("peer");
+        std::thread::park_timeout(Duration::from_micros(100));
+    };
+    assert!(
+        matches!(
+            err,
+            DriverError::Viommu(ViommuDmaError::Refused {
+                op: "UNMAP",
+                status: Some(Status::DevErr)
+            })
+        ),
+        "{err:?}"
     );
 }
