@@ -2,7 +2,9 @@
 //! (`lab`, and per row `device`, `mode`, `pct_of_none`,
 //! `driver_cpu_us_per_io`, `requests_per_io`, `notifications_per_io`,
 //! `invalidations_per_io`), on a short run: the shape and the counts a
-//! mode implies, not the timings.
+//! mode implies, not the timings — for the storage rows (`virtio-blk/…`)
+//! and the UDP stream's (`virtio-net/udp-32B`, an I/O being one datagram
+//! delivered).
 
 use std::process::Command;
 
@@ -30,7 +32,12 @@ fn lab_viommu_json_has_the_contract_fields() {
     assert_eq!(v["exit_us"].as_f64(), Some(3.0));
     assert_eq!(v["device_model_us"].as_f64(), Some(80.0));
     let rows = v["rows"].as_array().expect("rows");
-    assert_eq!(rows.len(), 6);
+    assert_eq!(rows.len(), 9);
+    let udp = rows
+        .iter()
+        .filter(|r| r["device"] == "virtio-net/udp-32B")
+        .count();
+    assert_eq!(udp, 3, "none, strict and lazy of the UDP stream");
     for r in rows {
         for key in [
             "pct_of_none",
@@ -44,8 +51,17 @@ fn lab_viommu_json_has_the_contract_fields() {
             assert!(r[key].as_f64().is_some(), "{key} in {r}");
         }
         let device = r["device"].as_str().expect("device");
-        assert!(device == "virtio-blk/null" || device == "virtio-blk/ssd-80us");
+        assert!(
+            device == "virtio-blk/null"
+                || device == "virtio-blk/ssd-80us"
+                || device == "virtio-net/udp-32B"
+        );
+        assert!(r["valid"].as_bool().is_some(), "valid in {r}");
         let per = |k: &str| r[k].as_f64().unwrap();
+        if device == "virtio-net/udp-32B" {
+            udp_counts(r, &per);
+            continue;
+        }
         match r["mode"].as_str().expect("mode") {
             "none" => {
                 assert_eq!(per("pct_of_none"), 100.0);
@@ -66,6 +82,32 @@ fn lab_viommu_json_has_the_contract_fields() {
             }
             m => panic!("mode {m}"),
         }
+    }
+}
+
+/// Per datagram delivered: strict a MAP (posted) and an UNMAP
+/// (reclaimed), each its own notification, and one invalidation per
+/// UNMAP; lazy the same requests with one notification per map sync
+/// (and the flushes), the UNMAPs of a flush one invalidation; none no
+/// request.
+fn udp_counts(r: &Value, per: &dyn Fn(&str) -> f64) {
+    match r["mode"].as_str().expect("mode") {
+        "none" => {
+            assert_eq!(per("pct_of_none"), 100.0);
+            assert_eq!(per("requests_per_io"), 0.0);
+            assert_eq!(per("notifications_per_io"), 0.0);
+        }
+        "strict" => {
+            assert_eq!(per("requests_per_io"), 2.0);
+            assert_eq!(per("notifications_per_io"), 2.0);
+            assert_eq!(per("invalidations_per_io"), 1.0);
+        }
+        "lazy" => {
+            assert_eq!(per("requests_per_io"), 2.0);
+            assert!(per("notifications_per_io") < 1.1, "{r}");
+            assert!(per("invalidations_per_io") < 0.1, "{r}");
+        }
+        m => panic!("mode {m}"),
     }
 }
 

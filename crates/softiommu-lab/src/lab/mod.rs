@@ -11,3 +11,4 @@ pub mod policy_physics;
 pub mod steal;
 pub mod stress;
 pub mod viommu;
+mod viommu_udp;

@@ -190,7 +190,7 @@ fn faster_than(mode: Mode, secs: &[f64], cheaper: Mode, cheaper_secs: &[f64]) ->
 
 /// The first of a mode's physics checks to fail against the other modes'
 /// rounds (`secs[i]`: mode `Mode::ALL[i]`'s).
-fn physics(mode: Mode, secs: &[Vec<f64>]) -> Option<String> {
+pub(super) fn physics(mode: Mode, secs: &[Vec<f64>]) -> Option<String> {
     Mode::ALL
         .iter()
         .zip(secs)
@@ -245,17 +245,18 @@ pub struct ViommuReport {
     pub notes: Vec<String>,
 }
 
+/// A row's mode (shared with the UDP rows, `viommu_udp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Mode {
+pub(super) enum Mode {
     None,
     Strict,
     Lazy,
 }
 
 impl Mode {
-    const ALL: [Mode; 3] = [Mode::None, Mode::Strict, Mode::Lazy];
+    pub(super) const ALL: [Mode; 3] = [Mode::None, Mode::Strict, Mode::Lazy];
 
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Mode::None => "none",
             Mode::Strict => "strict",
@@ -372,6 +373,9 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
             });
         }
     }
+    // The UDP stream's rows (viommu_udp.rs), the same ios and rounds.
+    rows.extend(super::viommu_udp::udp_rows(ios, rounds, exit)?);
+    notes.push(super::viommu_udp::NOTE.to_string());
     // An invalid row meets no target.
     let ssd = |m: &str| {
         rows.iter()

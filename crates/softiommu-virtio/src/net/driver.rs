@@ -2,7 +2,8 @@
 //! Linux's `virtio_net` uses the kernel's:
 //!
 //! - the rings are coherent allocations (`dma_alloc_coherent`:
-//!   [`DmaCpu::alloc_coherent`]);
+//!   [`DmaCpu::alloc_coherent`]), or, over another [`NetDma`] (a
+//!   virtio-iommu's), frames mapped once with it;
 //! - each transmit buffer is mapped `ToDevice` just before it is posted
 //!   and unmapped when the device returns it (`dma_map_single` /
 //!   `dma_unmap_single` in `start_xmit` and `free_old_xmit`);
@@ -17,6 +18,11 @@
 //! queue setup of §4.2.3.2, `QueueNotify` when the device asks for it, and
 //! `InterruptStatus` / `InterruptACK`.
 //!
+//! Its DMA API is a type parameter: [`BoundDma`] (the crate's DMA domain,
+//! writing the unit's tables) by default, or any [`NetDma`] — e.g.
+//! [`ViommuDma`](crate::viommu::ViommuDma), whose maps and unmaps are
+//! virtio-iommu requests ([`NetDriver::probe_with`]).
+//!
 //! Nothing the device writes is trusted: a used id or length out of range
 //! is a [`DriverError`], not an index.
 
@@ -26,10 +32,11 @@ use std::time::Duration;
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 
-use softiommu::dma::{DmaCpu, DmaDevice, DmaDirection, DmaError};
+use softiommu::dma::{BoundDma, DmaCpu, DmaDevice, DmaDirection, DmaError};
 use softiommu::mem::{MemError, PhysAddr, PhysMemory, PAGE_SIZE};
 
 use super::config::{MAC_OFFSET, MTU_OFFSET};
+use super::dma::{NetDma, RingMemory};
 use super::hdr::{self, HDR_LEN};
 use crate::driver_init::{Init, InitError, Wanted};
 use crate::spec::{self, feature, net, reg, status};
@@ -96,6 +103,10 @@ pub enum DriverError {
     /// The DMA API refused.
     #[error(transparent)]
     Dma(#[from] DmaError),
+    /// The DMA API over a virtio-iommu refused (a request failed, timed
+    /// out, or the IOVA space is full).
+    #[error(transparent)]
+    Viommu(#[from] crate::viommu::ViommuDmaError),
     /// Memory for buffers could not be had.
     #[error(transparent)]
     Memory(#[from] MemError),
@@ -201,21 +212,23 @@ impl Pool {
     }
 }
 
-/// One queue: its ring and its buffers.
+/// One queue: its ring and its buffers (`M`: the DMA API's mapping).
 #[derive(Debug)]
-struct Queue {
+struct Queue<M> {
     index: u16,
     ring: DriverRing,
-    ring_dma: u64,
+    ring_mem: RingMemory<M>,
     pool: Pool,
-    /// Per buffer: the DMA address it is mapped at and the length, while
-    /// the device owns it.
-    mapped: Vec<Option<(u64, u64)>>,
+    /// Per buffer: its mapping, while the device owns it.
+    mapped: Vec<Option<M>>,
 }
 
-impl Queue {
+impl<M: Copy> Queue<M> {
     /// The next buffer the device returned, unmapped: `(id, len)`.
-    fn take_used(&mut self, dma: &mut DmaSide) -> Result<Option<(u16, u32)>, DriverError> {
+    fn take_used<D: NetDma<Mapping = M>>(
+        &mut self,
+        dma: &mut D,
+    ) -> Result<Option<(u16, u32)>, DriverError> {
         let Some((id, len)) = self.ring.pop_used() else {
             return Ok(None);
         };
@@ -225,37 +238,21 @@ impl Queue {
             .and_then(|i| self.mapped.get_mut(i))
             .and_then(Option::take)
             .ok_or(DriverError::BadUsedId { queue: q, id })?;
-        dma.cpu.unmap(&dma.dev, slot.0, slot.1, dma.dir(q))?;
+        dma.dma_unmap(slot).map_err(Into::into)?;
         Ok(Some((id as u16, len)))
     }
 }
 
-/// The DMA API handle of the driver's thread.
+/// A virtio-net driver bound to one device, on DMA API `D` (see the
+/// module). Use it from one thread (the one [`probe`](NetDriver::probe)
+/// or [`probe_with`](Self::probe_with) ran on receives its interrupts).
 #[derive(Debug)]
-struct DmaSide {
-    cpu: DmaCpu,
-    dev: DmaDevice,
-}
-
-impl DmaSide {
-    fn dir(&self, queue: u16) -> DmaDirection {
-        if queue == net::RX_QUEUE {
-            DmaDirection::FromDevice
-        } else {
-            DmaDirection::ToDevice
-        }
-    }
-}
-
-/// A virtio-net driver bound to one device. Use it from one thread (the
-/// one [`probe`](Self::probe) ran on receives its interrupts).
-#[derive(Debug)]
-pub struct NetDriver {
+pub struct NetDriver<D: NetDma = BoundDma> {
     transport: MmioTransport,
     mem: Arc<PhysMemory>,
-    dma: DmaSide,
-    rx: Queue,
-    tx: Queue,
+    dma: D,
+    rx: Queue<D::Mapping>,
+    tx: Queue<D::Mapping>,
     /// Receive buffers consumed by the stack, to post again.
     refill: Vec<u16>,
     /// Transmit buffers free to fill.
@@ -284,7 +281,7 @@ pub struct NetDriver {
 /// Frames handed to the stack per poll (Linux's NAPI weight).
 pub const RX_BUDGET: usize = 64;
 
-impl NetDriver {
+impl NetDriver<BoundDma> {
     /// Initialises the device behind `transport` (§3.1.1) and posts every
     /// receive buffer. `cpu` and `dev` are the driver's handle on its DMA
     /// domain; the calling thread receives the device's interrupts.
@@ -294,6 +291,27 @@ impl NetDriver {
         dev: DmaDevice,
         cfg: NetDriverConfig,
     ) -> Result<Self, DriverError> {
+        let mem = dev.domain().system().memory().clone();
+        Self::probe_with(transport, mem, BoundDma::new(cpu, dev), cfg)
+    }
+
+    /// The DMA handle (e.g. for its statistics).
+    pub fn dma_cpu(&self) -> &DmaCpu {
+        self.dma.cpu_ref()
+    }
+}
+
+impl<D: NetDma> NetDriver<D> {
+    /// As [`probe`](NetDriver::probe), on any DMA API: `dma` maps every
+    /// buffer and makes the rings (from `mem`, the memory the buffers
+    /// are allocated from) reachable by the device.
+    pub fn probe_with(
+        transport: MmioTransport,
+        mem: Arc<PhysMemory>,
+        dma: D,
+        cfg: NetDriverConfig,
+    ) -> Result<Self, DriverError> {
+        let mut dma = dma;
         let init = Init::begin(
             &transport,
             &Wanted {
@@ -321,8 +339,6 @@ impl NetDriver {
         } else {
             need.next_multiple_of(PAGE_SIZE)
         };
-        let mem = dev.domain().system().memory().clone();
-        let mut dma = DmaSide { cpu, dev };
         let rx = Self::setup_queue(
             &init,
             &mem,
@@ -397,21 +413,21 @@ impl NetDriver {
     fn setup_queue(
         init: &Init<'_>,
         mem: &Arc<PhysMemory>,
-        dma: &mut DmaSide,
+        dma: &mut D,
         index: u16,
         want: u16,
         buf_len: u64,
-    ) -> Result<Queue, DriverError> {
+    ) -> Result<Queue<D::Mapping>, DriverError> {
         let size = init.queue_size(index, want, 1)?;
         let layout = RingLayout::new(size);
-        let (phys, ring_dma) = dma.cpu.alloc_coherent(&dma.dev, layout.bytes)?;
-        let ring = DriverRing::new(mem.clone(), phys, ring_dma, layout)?;
+        let ring_mem = dma.ring_alloc(mem, layout.bytes)?;
+        let ring = DriverRing::new(mem.clone(), ring_mem.phys, ring_mem.dma, layout)?;
         let pool = Pool::new(mem, size, buf_len)?;
         init.program_queue(index, size, ring.device_addresses());
         Ok(Queue {
             index,
             ring,
-            ring_dma,
+            ring_mem,
             pool,
             mapped: vec![None; usize::from(size)],
         })
@@ -442,9 +458,16 @@ impl NetDriver {
         &self.transport
     }
 
-    /// The DMA handle (e.g. for its statistics).
-    pub fn dma_cpu(&self) -> &DmaCpu {
-        &self.dma.cpu
+    /// The DMA API the driver maps through (e.g. for its statistics).
+    pub fn dma(&self) -> &D {
+        &self.dma
+    }
+
+    /// Makes every unmap the driver has made take effect (the DMA API's
+    /// flush: under a lazy or deferred policy the device may reach an
+    /// unmapped buffer until then).
+    pub fn flush_dma(&mut self) -> Result<(), DriverError> {
+        self.dma.dma_flush().map_err(Into::into)
     }
 
     /// Where queue `queue`'s buffers lie ([`net::RX_QUEUE`] or
@@ -512,12 +535,13 @@ impl NetDriver {
         let len = self.buf_len;
         while let Some(&id) = self.refill.last() {
             let phys = self.rx.pool.phys(id);
-            let iova = self
+            let m = self
                 .dma
-                .cpu
-                .map(&self.dma.dev, phys, len, DmaDirection::FromDevice)?;
+                .dma_map(phys, len, DmaDirection::FromDevice)
+                .map_err(Into::into)?;
+            let iova = D::dma_addr(&m);
             self.refill.pop();
-            self.rx.mapped[usize::from(id)] = Some((iova, len));
+            self.rx.mapped[usize::from(id)] = Some(m);
             self.rx
                 .ring
                 .set_desc(id, iova, len as u32, spec::desc::F_WRITE, 0);
@@ -651,13 +675,15 @@ impl NetDriver {
             .iter_mut()
             .enumerate()
             .find_map(|(i, m)| m.take().map(|v| (i, v)));
-        let Some((i, (iova, len))) = found else {
+        let Some((i, m)) = found else {
             return Ok(None);
         };
-        self.dma
-            .cpu
-            .unmap(&self.dma.dev, iova, len, DmaDirection::FromDevice)?;
-        Ok(Some((iova, self.rx.pool.phys(i as u16), len)))
+        self.dma.dma_unmap(m).map_err(Into::into)?;
+        Ok(Some((
+            D::dma_addr(&m),
+            self.rx.pool.phys(i as u16),
+            self.buf_len,
+        )))
     }
 
     /// Resets the device (which waits for its batch in flight), then unmaps
@@ -674,25 +700,16 @@ impl NetDriver {
         self.transport.write(reg::STATUS, 0);
         let mut first = Ok(());
         for q in [&mut self.rx, &mut self.tx] {
-            let dir = if q.index == net::RX_QUEUE {
-                DmaDirection::FromDevice
-            } else {
-                DmaDirection::ToDevice
-            };
             for m in q.mapped.iter_mut() {
-                if let Some((iova, len)) = m.take() {
-                    if let Err(e) = self.dma.cpu.unmap(&self.dma.dev, iova, len, dir) {
+                if let Some(m) = m.take() {
+                    if let Err(e) = self.dma.dma_unmap(m) {
                         first = first.and(Err(e.into()));
                     }
                 }
             }
-            let l = q.ring.layout();
-            if let Err(e) =
-                self.dma
-                    .cpu
-                    .free_coherent(&self.dma.dev, q.ring.phys(), q.ring_dma, l.bytes)
-            {
-                first = first.and(Err(e.into()));
+            // Unmaps, flushes, frees (a coherent ring: frees).
+            if let Err(e) = self.dma.ring_free(&self.mem, q.ring_mem) {
+                first = first.and(Err(e));
             }
             if let Err(e) = self.mem.free_frames(q.pool.base, q.pool.order) {
                 first = first.and(Err(e.into()));
@@ -702,7 +719,7 @@ impl NetDriver {
     }
 }
 
-impl Drop for NetDriver {
+impl<D: NetDma> Drop for NetDriver<D> {
     fn drop(&mut self) {
         let _ = self.close();
     }
@@ -759,17 +776,17 @@ pub struct NetRxToken<'a> {
 
 /// Room to send one frame.
 #[derive(Debug)]
-pub struct NetTxToken<'a> {
-    drv: TxHalf<'a>,
+pub struct NetTxToken<'a, D: NetDma = BoundDma> {
+    drv: TxHalf<'a, D>,
 }
 
 /// What a transmit token needs of the driver.
 #[derive(Debug)]
-struct TxHalf<'a> {
+struct TxHalf<'a, D: NetDma> {
     transport: &'a MmioTransport,
     mem: &'a PhysMemory,
-    dma: &'a mut DmaSide,
-    tx: &'a mut Queue,
+    dma: &'a mut D,
+    tx: &'a mut Queue<D::Mapping>,
     free: &'a mut Vec<u16>,
     scratch: &'a mut Vec<u8>,
     stats: &'a mut DriverStats,
@@ -788,23 +805,20 @@ impl phy::RxToken for NetRxToken<'_> {
     }
 }
 
-impl TxHalf<'_> {
+impl<D: NetDma> TxHalf<'_, D> {
     fn post(&mut self, id: u16, len: usize) -> Result<(), DriverError> {
         let phys = self.tx.pool.phys(id);
         self.mem.write(phys, &hdr::plain(false))?;
         let total = (HDR_LEN + len) as u64;
-        let iova = match self
-            .dma
-            .cpu
-            .map(&self.dma.dev, phys, total, DmaDirection::ToDevice)
-        {
-            Ok(a) => a,
+        let m = match self.dma.dma_map(phys, total, DmaDirection::ToDevice) {
+            Ok(m) => m,
             Err(e) => {
                 self.free.push(id);
                 return Err(e.into());
             }
         };
-        self.tx.mapped[usize::from(id)] = Some((iova, total));
+        let iova = D::dma_addr(&m);
+        self.tx.mapped[usize::from(id)] = Some(m);
         self.tx.ring.set_desc(id, iova, total as u32, 0, 0);
         self.tx.ring.push_avail(id);
         self.tx.ring.publish();
@@ -818,7 +832,7 @@ impl TxHalf<'_> {
     }
 }
 
-impl phy::TxToken for NetTxToken<'_> {
+impl<D: NetDma> phy::TxToken for NetTxToken<'_, D> {
     fn consume<R, F>(self, len: usize, f: F) -> R
     where
         F: FnOnce(&mut [u8]) -> R,
@@ -854,8 +868,8 @@ impl phy::TxToken for NetTxToken<'_> {
     }
 }
 
-impl NetDriver {
-    fn tx_half(&mut self) -> TxHalf<'_> {
+impl<D: NetDma> NetDriver<D> {
+    fn tx_half(&mut self) -> TxHalf<'_, D> {
         let max_frame = self.max_frame();
         TxHalf {
             transport: &self.transport,
@@ -880,13 +894,13 @@ impl NetDriver {
     }
 }
 
-impl phy::Device for NetDriver {
+impl<D: NetDma> phy::Device for NetDriver<D> {
     type RxToken<'a>
         = NetRxToken<'a>
     where
         Self: 'a;
     type TxToken<'a>
-        = NetTxToken<'a>
+        = NetTxToken<'a, D>
     where
         Self: 'a;
 

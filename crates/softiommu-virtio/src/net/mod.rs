@@ -12,6 +12,7 @@
 
 mod config;
 mod device;
+mod dma;
 mod driver;
 mod hdr;
 mod stack;
@@ -21,6 +22,7 @@ pub use crate::transport::DeviceMemory;
 pub use crate::vring::{DriverRing, RingLayout};
 pub use config::{NetConfig, CONFIG_LEN, MAC_OFFSET, MTU_OFFSET, STATUS_OFFSET};
 pub use device::{NetDevice, NetDeviceConfig, NetDeviceError, NetDeviceStats};
+pub use dma::{NetDma, RingMemory};
 pub use driver::{
     DriverError, DriverStats, NetDriver, NetDriverConfig, NetRxToken, NetTxToken, RX_BUDGET,
 };

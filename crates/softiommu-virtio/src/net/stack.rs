@@ -9,12 +9,15 @@ use smoltcp::iface::{Config, Interface, PollResult, SocketSet};
 use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr, Ipv4Cidr};
 
+use softiommu::dma::BoundDma;
+
+use super::dma::NetDma;
 use super::driver::{DriverError, NetDriver};
 
-/// One host's network stack over its virtio-net driver.
-pub struct NetStack {
+/// One host's network stack over its virtio-net driver (on DMA API `D`).
+pub struct NetStack<D: NetDma = BoundDma> {
     /// The driver (smoltcp's `phy::Device`).
-    pub driver: NetDriver,
+    pub driver: NetDriver<D>,
     /// The interface.
     pub iface: Interface,
     /// The sockets.
@@ -22,7 +25,7 @@ pub struct NetStack {
     epoch: Instant,
 }
 
-impl std::fmt::Debug for NetStack {
+impl<D: NetDma> std::fmt::Debug for NetStack<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NetStack")
             .field("driver", &self.driver)
@@ -30,9 +33,9 @@ impl std::fmt::Debug for NetStack {
     }
 }
 
-impl NetStack {
+impl<D: NetDma> NetStack<D> {
     /// A stack with address `addr` over `driver`.
-    pub fn new(mut driver: NetDriver, addr: Ipv4Cidr) -> Self {
+    pub fn new(mut driver: NetDriver<D>, addr: Ipv4Cidr) -> Self {
         let mac = driver.mac();
         let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(mac)));
         // Deterministic per host: the MAC.

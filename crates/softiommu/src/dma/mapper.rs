@@ -73,6 +73,11 @@ impl BoundDma {
         &mut self.cpu
     }
 
+    /// The per-CPU handle, read-only (its statistics).
+    pub fn cpu_ref(&self) -> &DmaCpu {
+        &self.cpu
+    }
+
     /// The device.
     pub fn device(&self) -> &DmaDevice {
         &self.dev
