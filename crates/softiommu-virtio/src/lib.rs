@@ -25,6 +25,8 @@
 //!   plain typed results.
 //! - [`viommu`]: a virtio-iommu device (§5.13) backed by a unit.
 //! - [`spec`]: the virtio 1.2 constants, each with its section.
+//! - [`device_dma`]: where a device's DMA is translated — the trait the
+//!   request code is generic over, and its unit implementation.
 //! - [`cpu_clock`], [`affinity`]: thread CPU clocks, and pinning threads
 //!   to CPUs.
 
@@ -34,6 +36,7 @@
 pub mod affinity;
 pub mod blk;
 pub mod cpu_clock;
+pub mod device_dma;
 pub mod host;
 pub mod iopf_mode;
 pub mod net;

@@ -29,11 +29,12 @@ use vm_memory::IommuMemory;
 
 use super::backend::{BackendConfig, BackendError, BlkBackend};
 use super::config::{BlkConfig, BlkConfigError};
-use super::request::Limits;
+use super::request::BlkLimits;
 use super::slow::{SlowRegion, MAX_HOLD};
 use super::stats::{BlkDeviceStats, Counters, RequestLog};
 use super::worker::{Worker, WorkerParts};
 use crate::cpu_clock::{self, ThreadClock};
+use crate::device_dma::UnitDma;
 use crate::spec::blk;
 use crate::transport::{DeviceEnd, MmioTransport, TransportConfig};
 
@@ -165,7 +166,7 @@ impl BlkDevice {
         let log = Arc::new(RequestLog::default());
         let nq = cfg.blk.num_queues;
         let n = cfg.workers.clamp(1, usize::from(nq));
-        let limits = Limits {
+        let limits = BlkLimits {
             capacity_sectors: capacity / blk::SECTOR_SIZE,
             blk_size: cfg.blk.blk_size,
             seg_max: cfg.blk.seg_max,
@@ -211,8 +212,7 @@ impl BlkDevice {
                             mem,
                             view,
                             system: system.clone(),
-                            dma,
-                            attrs: c.attrs,
+                            dma: UnitDma::new(dma, c.attrs),
                             backend,
                             limits,
                             queues,
