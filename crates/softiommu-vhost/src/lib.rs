@@ -11,7 +11,8 @@
 //! when they are IOVAs.
 //!
 //! - [`iotlb`]: the device IOTLB, which takes every range the protocol allows;
-//! - [`space`]: translation, misses and the invalidation contract;
+//! - [`space`]: translation, misses and the invalidation contract; the
+//!   space is the `DeviceDma` the shared request code runs over;
 //! - [`blk`]: virtio-blk on one split ring;
 //! - [`net`]: virtio-net on a receive and a transmit ring, frames on a wire;
 //! - [`session`]: the message handling and the ring lifecycle;
@@ -22,6 +23,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod blk;
+mod device_dma;
 pub mod disk;
 pub mod error;
 pub mod guest;
