@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use softiommu_virtio::blk::{BlkLimits, BlkOp, BlkRequests, Completed, ServeError};
+use softiommu_virtio::cpu_clock;
 use softiommu_virtio::spec::blk::{self as sb, SECTOR_SIZE};
 use softiommu_virtio::spec::desc;
 use softiommu_virtio::transport::ChainDesc;
@@ -70,19 +71,10 @@ pub(crate) struct BlkCounters {
     worker_cpu_ns: AtomicU64,
 }
 
-/// CPU time of the calling thread, nanoseconds.
+/// CPU time of the calling thread, nanoseconds (the workspace's one
+/// thread clock, `softiommu_virtio::cpu_clock`).
 pub(crate) fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes one timespec.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+    u64::try_from(cpu_clock::thread().as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl BlkCounters {

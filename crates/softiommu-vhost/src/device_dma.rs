@@ -276,6 +276,49 @@ mod tests {
     }
 
     #[test]
+    fn a_request_past_seg_max_is_refused_alike_before_any_byte_moves() {
+        let mut r = rig();
+        let disk = disk();
+        let (hdr, data, more, status) = (
+            r.buf(DmaDirection::ToDevice),
+            r.buf(DmaDirection::FromDevice),
+            r.buf(DmaDirection::FromDevice),
+            r.buf(DmaDirection::FromDevice),
+        );
+        header(&r, hdr, BlkOp::Read, 8);
+        r.poke(data, 0, &[0xcc; 4096]);
+        r.poke(more, 0, &[0xcc; 512]);
+        // Nine 512-byte data segments (eight in one page, one in
+        // another), seg_max is 8.
+        let mut chain = vec![d(hdr, 16, false)];
+        chain.extend((0..8u64).map(|i| ChainDesc {
+            addr: data.iova + 512 * i,
+            len: 512,
+            writable: true,
+            index: 0,
+        }));
+        chain.push(d(more, 512, true));
+        chain.push(d(status, 1, true));
+        let (u, v) = serve_both(&mut r, &*disk, &chain);
+        let (u, v) = (u.unwrap(), v.unwrap());
+        assert_eq!(u, v);
+        assert_eq!(
+            (u.status, u.used_len, u.error),
+            (
+                sb::S_IOERR,
+                1,
+                Some(RequestError::TooManySegments {
+                    segments: 9,
+                    seg_max: 8
+                })
+            )
+        );
+        let untouched = vec![0xcc; 4096];
+        assert_eq!(r.peek(data, 0, 4096), (untouched.clone(), untouched));
+        assert_eq!(r.peek(more, 0, 512), (vec![0xcc; 512], vec![0xcc; 512]));
+    }
+
+    #[test]
     fn a_miss_cancelled_by_the_rings_stopping_aborts_the_request_uncompleted() {
         let mut r = rig();
         let disk = disk();

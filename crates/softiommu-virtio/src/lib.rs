@@ -27,6 +27,8 @@
 //! - [`spec`]: the virtio 1.2 constants, each with its section.
 //! - [`device_dma`]: where a device's DMA is translated — the trait the
 //!   request code is generic over, and its unit implementation.
+//! - `device_thread`: one device-thread lifecycle (start with a ready
+//!   handshake, a bounded stop, the threads' CPU clocks) for every device.
 //! - [`cpu_clock`], [`affinity`]: thread CPU clocks, and pinning threads
 //!   to CPUs.
 
@@ -37,6 +39,7 @@ pub mod affinity;
 pub mod blk;
 pub mod cpu_clock;
 pub mod device_dma;
+pub(crate) mod device_thread;
 pub mod host;
 pub mod iopf_mode;
 pub mod net;

@@ -32,9 +32,8 @@
 //! touches memory outside a live mapping.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use softiommu::access::{AccessError, DmaAccessor, DmaAttrs, PhysGuestMemory, UnitIommu};
 use softiommu::hw::{Access, HwError, SourceId, System};
@@ -43,7 +42,7 @@ use vm_memory::IommuMemory;
 use super::config::NetConfig;
 use super::hdr::{self, HDR_LEN};
 use super::wire::WirePort;
-use crate::cpu_clock::{self, ThreadClock};
+use crate::device_thread::{DeviceThreads, Lifecycle, Started};
 use crate::spec::net;
 use crate::transport::{
     ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceMemory, DeviceQueue, MmioTransport,
@@ -168,9 +167,7 @@ pub struct NetDeviceStats {
 #[derive(Debug)]
 pub struct NetDevice {
     transport: MmioTransport,
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<Duration>>,
-    clock: Option<ThreadClock>,
+    thread: DeviceThreads<NetDeviceError>,
     counters: Arc<Counters>,
 }
 
@@ -201,48 +198,30 @@ impl NetDevice {
     ) -> Result<Self, NetDeviceError> {
         let transport = MmioTransport::new(cfg.net.device_info(), cfg.transport);
         let end = DeviceEnd::new(&transport);
-        let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(Counters::default());
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), NetDeviceError>>();
-        let (stop2, counters2) = (stop.clone(), counters.clone());
-        let handle = std::thread::Builder::new()
-            .name(format!("virtio-net {sid}"))
-            .spawn(move || {
-                if let Some(c) = cfg.cpu {
-                    crate::affinity::pin_current(c);
-                }
-                let worker = match Worker::new(&cfg, &system, sid, port, counters2) {
-                    Ok(w) => w,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return Duration::ZERO;
-                    }
-                };
-                end.register_thread();
-                worker.port.rx.register_receiver();
-                let _ = ready_tx.send(Ok(()));
-                worker.run(&end, &stop2, cfg.idle_wait);
-                cpu_clock::thread()
-            })
-            .map_err(|e| NetDeviceError::Spawn {
-                reason: e.to_string(),
-            })?;
-        let clock = ThreadClock::of(&handle);
-        let dev = Self {
+        let counters2 = counters.clone();
+        let idle_wait = cfg.idle_wait;
+        let setup = move || {
+            if let Some(c) = cfg.cpu {
+                crate::affinity::pin_current(c);
+            }
+            let worker = Worker::new(&cfg, &system, sid, port, counters2)?;
+            end.register_thread();
+            worker.port.rx.register_receiver();
+            Ok((worker, end))
+        };
+        let mut dev = Self {
             transport,
-            stop,
-            handle: Some(handle),
-            clock,
+            thread: DeviceThreads::new(),
             counters,
         };
-        match ready_rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(Ok(())) => Ok(dev),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(NetDeviceError::Timeout {
-                what: "start",
-                secs: 10,
-            }),
-        }
+        dev.thread.spawn(
+            format!("virtio-net {sid}"),
+            setup,
+            move |(worker, end), stop| worker.run(&end, stop, idle_wait),
+        )?;
+        dev.thread.started().map_err(Started::into_error)?;
+        Ok(dev)
     }
 
     /// The register block a driver programs.
@@ -252,7 +231,7 @@ impl NetDevice {
 
     /// CPU time the device thread has used so far.
     pub fn cpu_time(&self) -> Duration {
-        self.clock.and_then(|c| c.read()).unwrap_or_default()
+        self.thread.cpu_time()
     }
 
     /// The counters.
@@ -276,23 +255,17 @@ impl NetDevice {
     }
 
     fn shutdown(&mut self) -> Result<Duration, NetDeviceError> {
-        let Some(h) = self.handle.take() else {
-            return Ok(Duration::ZERO);
-        };
-        self.stop.store(true, Ordering::Release);
-        h.thread().unpark();
-        let t0 = Instant::now();
-        while !h.is_finished() {
-            if t0.elapsed() > Duration::from_secs(10) {
-                return Err(NetDeviceError::Timeout {
-                    what: "stop",
-                    secs: 10,
-                });
-            }
-            h.thread().unpark();
-            std::thread::sleep(Duration::from_millis(1));
+        Ok(self.thread.stop()?)
+    }
+}
+
+impl From<Lifecycle> for NetDeviceError {
+    fn from(l: Lifecycle) -> Self {
+        match l {
+            Lifecycle::Spawn { reason, .. } => NetDeviceError::Spawn { reason },
+            Lifecycle::Timeout { what, secs } => NetDeviceError::Timeout { what, secs },
+            Lifecycle::Panicked => NetDeviceError::Panicked,
         }
-        h.join().map_err(|_| NetDeviceError::Panicked)
     }
 }
 
@@ -800,6 +773,7 @@ mod tests {
     use softiommu::dma::{DmaDomain, DmaDomainConfig};
     use softiommu::hw::UnitConfig;
     use softiommu::mem::PhysMemory;
+    use std::time::Instant;
 
     /// A device started, past `spawn`'s check, on a wire whose slots are
     /// shorter than its largest frame: a frame longer than a slot is
