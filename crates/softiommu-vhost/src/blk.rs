@@ -21,8 +21,8 @@ use softiommu_virtio::blk::{BlkLimits, BlkOp, BlkRequests, Completed, ServeError
 use softiommu_virtio::cpu_clock;
 use softiommu_virtio::spec::blk::{self as sb, SECTOR_SIZE};
 use softiommu_virtio::spec::desc;
-use softiommu_virtio::transport::ChainDesc;
 
+use crate::device_dma::chain_descs;
 use crate::disk::Disk;
 use crate::error::AccessError;
 use crate::session::SEG_MAX;
@@ -273,14 +273,7 @@ impl Worker {
         if let Some(pg) = last {
             self.q.space.await_page(pg);
         }
-        let descs = self.req.chain_mut();
-        descs.clear();
-        descs.extend(chain.iter().map(|d| ChainDesc {
-            addr: d.addr,
-            len: d.len,
-            writable: d.writable(),
-            index: 0,
-        }));
+        chain_descs(chain, self.req.chain_mut());
         let mut space = &*self.q.space;
         let c = &self.counters;
         let done = match self.req.serve(&mut space, &*self.disk, true) {

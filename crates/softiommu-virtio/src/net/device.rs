@@ -36,12 +36,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use softiommu::access::{AccessError, DmaAccessor, DmaAttrs, PhysGuestMemory, UnitIommu};
-use softiommu::hw::{Access, HwError, SourceId, System};
+use softiommu::hw::{HwError, SourceId, System};
 use vm_memory::IommuMemory;
 
 use super::config::NetConfig;
+use super::frame::{gather_frame, scatter_frame, FrameFault};
 use super::hdr::{self, HDR_LEN};
 use super::wire::WirePort;
+use crate::device_dma::UnitDma;
 use crate::device_thread::{DeviceThreads, Lifecycle, Started};
 use crate::spec::net;
 use crate::transport::{
@@ -295,8 +297,7 @@ struct Worker {
     view: UnitIommu,
     /// The system, to see whether the device may fault (IOPF mode).
     system: Arc<System>,
-    dma: DmaAccessor,
-    attrs: DmaAttrs,
+    dma: UnitDma,
     port: WirePort,
     chain: Vec<ChainDesc>,
     scratch: Vec<u8>,
@@ -334,8 +335,7 @@ impl Worker {
             mem,
             view,
             system: system.clone(),
-            dma,
-            attrs: cfg.attrs,
+            dma: UnitDma::new(dma, cfg.attrs),
             port,
             chain: Vec::with_capacity(usize::from(cfg.net.queue_max)),
             scratch: vec![0u8; max_frame],
@@ -512,15 +512,7 @@ impl Worker {
                     break;
                 }
             };
-            let r = receive(
-                &self.mem,
-                &mut self.dma,
-                self.attrs,
-                &mut self.chain,
-                q,
-                head,
-                frame,
-            );
+            let r = receive(&self.mem, &mut self.dma, &mut self.chain, q, head, frame);
             self.port.rx.consume();
             match r {
                 Ok(Received::Delivered) => b.used += 1,
@@ -562,86 +554,14 @@ fn interrupt(end: &DeviceEnd, q: &mut DeviceQueue, mem: &DeviceMemory, used: usi
     }
 }
 
-fn dma_fault(queue: u16, iova: u64, access: Access, e: AccessError) -> DeviceError {
+fn dma_fault(queue: u16, e: FrameFault<AccessError>) -> DeviceError {
     DeviceError::DmaFault {
         queue,
         what: "buffer",
-        iova,
-        access,
-        reason: e.to_string(),
+        iova: e.iova,
+        access: e.access,
+        reason: e.fault.to_string(),
     }
-}
-
-/// Copies a chain's bytes out through the IOMMU: the first `HDR_LEN` into
-/// `hdr`, the rest into `frame`. The chain's total is `HDR_LEN +
-/// frame.len()` (checked by the caller).
-fn gather(
-    dma: &mut DmaAccessor,
-    attrs: DmaAttrs,
-    queue: u16,
-    chain: &[ChainDesc],
-    hdr: &mut [u8; HDR_LEN],
-    frame: &mut [u8],
-) -> Result<(), DeviceError> {
-    let mut pos = 0usize;
-    for d in chain {
-        let mut addr = d.addr;
-        let mut left = d.len as usize;
-        while left > 0 {
-            let (dst, take) = if pos < HDR_LEN {
-                let n = left.min(HDR_LEN - pos);
-                (&mut hdr[pos..pos + n], n)
-            } else {
-                let off = pos - HDR_LEN;
-                let n = left.min(frame.len().saturating_sub(off));
-                if n == 0 {
-                    return Ok(());
-                }
-                (&mut frame[off..off + n], n)
-            };
-            dma.read(addr, dst, attrs)
-                .map_err(|e| dma_fault(queue, addr, Access::Read, e))?;
-            pos += take;
-            left -= take;
-            addr = addr.wrapping_add(take as u64);
-        }
-    }
-    Ok(())
-}
-
-/// Copies `hdr` then `frame` into a chain's buffers through the IOMMU.
-/// The chain holds at least `HDR_LEN + frame.len()` bytes (checked by the
-/// caller).
-fn scatter(
-    dma: &mut DmaAccessor,
-    attrs: DmaAttrs,
-    queue: u16,
-    chain: &[ChainDesc],
-    hdr: &[u8; HDR_LEN],
-    frame: &[u8],
-) -> Result<(), DeviceError> {
-    let total = HDR_LEN + frame.len();
-    let mut pos = 0usize;
-    for d in chain {
-        let mut addr = d.addr;
-        let mut left = d.len as usize;
-        while left > 0 && pos < total {
-            let (src, take) = if pos < HDR_LEN {
-                let n = left.min(HDR_LEN - pos);
-                (&hdr[pos..pos + n], n)
-            } else {
-                let off = pos - HDR_LEN;
-                let n = left.min(frame.len() - off);
-                (&frame[off..off + n], n)
-            };
-            dma.write(addr, src, attrs)
-                .map_err(|e| dma_fault(queue, addr, Access::Write, e))?;
-            pos += take;
-            left -= take;
-            addr = addr.wrapping_add(take as u64);
-        }
-    }
-    Ok(())
 }
 
 /// Transmits the chain at `head`: walk, check, copy onto the wire (or drop
@@ -686,7 +606,7 @@ fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), Device
     match w.port.tx.reserve() {
         Some(mut slot) => match slot.buf().get_mut(..frame_len) {
             Some(buf) => {
-                gather(&mut w.dma, w.attrs, queue, &w.chain, &mut h, buf)?;
+                gather_frame(&mut w.dma, &w.chain, &mut h, buf).map_err(|e| dma_fault(queue, e))?;
                 check(&h)?;
                 slot.commit(frame_len);
             }
@@ -699,14 +619,8 @@ fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), Device
             // scratch buffer holds `max_frame` bytes, at least the
             // frame's (checked above).
             let n = frame_len.min(w.scratch.len());
-            gather(
-                &mut w.dma,
-                w.attrs,
-                queue,
-                &w.chain,
-                &mut h,
-                &mut w.scratch[..n],
-            )?;
+            gather_frame(&mut w.dma, &w.chain, &mut h, &mut w.scratch[..n])
+                .map_err(|e| dma_fault(queue, e))?;
             check(&h)?;
             w.port.tx.drop_frame();
             bump(&w.counters.tx_dropped, 1);
@@ -733,8 +647,7 @@ enum Received {
 /// whatever the chain's size relative to §5.1.6.3.1's SHOULD.
 fn receive(
     mem: &DeviceMemory,
-    dma: &mut DmaAccessor,
-    attrs: DmaAttrs,
+    dma: &mut UnitDma,
     chain: &mut Vec<ChainDesc>,
     q: &mut DeviceQueue,
     head: u16,
@@ -760,7 +673,7 @@ fn receive(
         // never decide whether the NIC goes down.
         return Ok(Received::NoRoom);
     }
-    scatter(dma, attrs, queue, chain, &hdr::plain(true), frame)?;
+    scatter_frame(dma, chain, &hdr::plain(true), frame).map_err(|e| dma_fault(queue, e))?;
     q.add_used(mem, head, need as u32)?;
     Ok(Received::Delivered)
 }
