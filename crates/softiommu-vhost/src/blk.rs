@@ -1,30 +1,39 @@
 //! The virtio-blk device as a vhost-user back-end: one split virtqueue
 //! (virtio 1.2 §2.7) served by a worker thread whose every ring and buffer
-//! access goes through the [`DmaSpace`](crate::space::DmaSpace), the request decoded with
-//! `softiommu-virtio`'s [`BlkHeader`]/[`BlkOp`].
+//! access goes through the [`DmaSpace`](crate::space::DmaSpace), each
+//! request served by `softiommu-virtio`'s [`BlkRequests`] — the same
+//! header, checks, data transfer and status code as the device behind a
+//! softiommu unit, over the space as its `DeviceDma`.
 //!
-//! A chain whose shape is wrong (no readable 16-byte header first, no
-//! writable status byte last, a loop, an indirect descriptor — not
-//! offered) is completed with used length 0 and counted; a well-shaped
-//! request that fails (past the end of the disk, a buffer in the wrong
-//! direction, an access the IOTLB refuses) completes with
-//! `VIRTIO_BLK_S_IOERR`, and the queue goes on.
+//! A chain whose shape is wrong (no readable 16-byte header, no writable
+//! status byte, a loop, an indirect descriptor — not offered) is
+//! completed with used length 0 and counted; a well-shaped request that
+//! fails (past the end of the disk, a buffer in the wrong direction, more
+//! than [`MAX_REQUEST_BYTES`] or `seg_max` segments, an access the IOTLB
+//! refuses) completes with `VIRTIO_BLK_S_IOERR`, and the queue goes on. A
+//! miss cancelled because the rings stop leaves the request on the ring.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use softiommu_virtio::blk::{BlkHeader, BlkOp};
-use softiommu_virtio::spec::blk::{self as sb, HDR_LEN, SECTOR_SIZE};
+use softiommu_virtio::blk::{BlkLimits, BlkOp, BlkRequests, Completed, ServeError};
+use softiommu_virtio::cpu_clock;
+use softiommu_virtio::spec::blk::{self as sb, SECTOR_SIZE};
 use softiommu_virtio::spec::desc;
 
+use crate::device_dma::chain_descs;
 use crate::disk::Disk;
 use crate::error::AccessError;
-use crate::space::AddrKind;
+use crate::session::SEG_MAX;
 use crate::vring::{Chain, Desc, Pop, Queue};
 
-/// The id string `VIRTIO_BLK_T_GET_ID` answers.
+/// The id string `VIRTIO_BLK_T_GET_ID` answers (NUL-padded to 20 bytes).
 pub const DEVICE_ID: &[u8] = b"softiommu-vhost-blk";
+/// The most data bytes one request may move (the worker's buffer): a
+/// Linux guest's requests stay under its `max_sectors_kb` (1280 KiB by
+/// default); a larger one completes with `VIRTIO_BLK_S_IOERR`.
+pub const MAX_REQUEST_BYTES: u64 = 8 << 20;
 /// How long the worker sleeps on its kick descriptor before looking at its
 /// stop flag again.
 const KICK_POLL: Duration = Duration::from_millis(50);
@@ -62,19 +71,10 @@ pub(crate) struct BlkCounters {
     worker_cpu_ns: AtomicU64,
 }
 
-/// CPU time of the calling thread, nanoseconds.
+/// CPU time of the calling thread, nanoseconds (the workspace's one
+/// thread clock, `softiommu_virtio::cpu_clock`).
 pub(crate) fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes one timespec.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+    u64::try_from(cpu_clock::thread().as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl BlkCounters {
@@ -94,11 +94,13 @@ impl BlkCounters {
 }
 
 pub(crate) struct Worker {
-    pub(crate) q: Queue,
-    pub(crate) disk: Arc<Disk>,
-    pub(crate) counters: Arc<BlkCounters>,
+    q: Queue,
+    disk: Arc<Disk>,
+    counters: Arc<BlkCounters>,
     /// The avail index up to which chains were looked at ahead.
-    pub(crate) ahead: u16,
+    ahead: u16,
+    /// The request code shared with the devices behind a softiommu unit.
+    req: BlkRequests,
 }
 
 /// Chains looked at ahead of the one served (their missing pages asked
@@ -129,6 +131,27 @@ fn prefetch_chain(space: &crate::space::DmaSpace, chain: &[Desc]) -> Option<u64>
 }
 
 impl Worker {
+    /// A worker serving `q` from `disk`.
+    pub(crate) fn new(q: Queue, disk: Arc<Disk>, counters: Arc<BlkCounters>) -> Self {
+        let limits = BlkLimits {
+            capacity_sectors: disk.sectors(),
+            blk_size: SECTOR_SIZE as u32,
+            seg_max: SEG_MAX,
+            size_max: u32::MAX,
+            max_bytes: MAX_REQUEST_BYTES,
+            flush: true,
+        };
+        let mut id = [0u8; sb::ID_BYTES];
+        id[..DEVICE_ID.len()].copy_from_slice(DEVICE_ID);
+        Self {
+            ahead: q.last_avail,
+            q,
+            disk,
+            counters,
+            req: BlkRequests::new(limits, id, 1),
+        }
+    }
+
     /// Serves the ring until told to stop; returns the next avail index.
     pub(crate) fn run(mut self) -> u16 {
         while !self.q.stopping() {
@@ -237,15 +260,9 @@ impl Worker {
         r
     }
 
-    /// Serves one walked chain (see [`Worker::serve`]).
+    /// Serves one walked chain (see [`Worker::serve`]) with the shared
+    /// request code over the space.
     fn serve_chain(&mut self, chain: &[Desc]) -> Result<u32, AccessError> {
-        let n = chain.len();
-        let hdr_ok = chain[0].flags & desc::F_WRITE == 0 && chain[0].len as usize >= HDR_LEN;
-        let st = &chain[n - 1];
-        if n < 2 || !hdr_ok || st.flags & desc::F_WRITE == 0 || st.len == 0 {
-            self.counters.bad_chains.fetch_add(1, Ordering::Relaxed);
-            return Ok(0);
-        }
         // Every missing page of the request asked at once (unless the look
         // ahead already did), then those of the chains available after it
         // (answered while this one is served), then one wait for the last
@@ -256,125 +273,40 @@ impl Worker {
         if let Some(pg) = last {
             self.q.space.await_page(pg);
         }
-        let mut h = [0u8; HDR_LEN];
-        let (status, written) =
-            match self
-                .q
-                .space
-                .read_bytes(AddrKind::Buffer, chain[0].addr, &mut h)
-            {
-                Err(e @ AccessError::Cancelled { .. }) => return Err(e),
-                Err(_) => (sb::S_IOERR, 0),
-                Ok(()) => self.request(BlkHeader::decode(&h), &chain[1..n - 1])?,
-            };
-        let at = st.addr.checked_add(u64::from(st.len) - 1);
-        let wrote = match at {
-            Some(a) => self.q.space.write_bytes(AddrKind::Buffer, a, &[status]),
-            None => Err(AccessError::Wraps {
-                iova: st.addr,
-                len: u64::from(st.len),
-            }),
+        chain_descs(chain, self.req.chain_mut());
+        let mut space = &*self.q.space;
+        let c = &self.counters;
+        let done = match self.req.serve(&mut space, &*self.disk, true) {
+            Ok(done) => Some(done),
+            Err(ServeError::Shape { .. }) => {
+                c.bad_chains.fetch_add(1, Ordering::Relaxed);
+                return Ok(0);
+            }
+            Err(ServeError::Aborted { fault, .. }) => return Err(fault),
+            Err(ServeError::Status { done, .. }) => {
+                self.count(&done);
+                None
+            }
         };
+        Ok(done.map_or(0, |d| {
+            self.count(&d);
+            d.used_len
+        }))
+    }
+
+    /// Counts a completed request.
+    fn count(&self, d: &Completed) {
         let c = &self.counters;
         c.requests.fetch_add(1, Ordering::Relaxed);
-        match status {
+        match d.status {
             sb::S_IOERR => c.io_errors.fetch_add(1, Ordering::Relaxed),
             sb::S_UNSUPP => c.unsupported.fetch_add(1, Ordering::Relaxed),
             _ => 0,
         };
-        match wrote {
-            Ok(()) => Ok(written.saturating_add(1)),
-            Err(e @ AccessError::Cancelled { .. }) => Err(e),
-            Err(_) => Ok(0),
-        }
-    }
-
-    /// Runs a decoded request over its data descriptors; returns the
-    /// status and the bytes written into guest memory.
-    fn request(&self, h: BlkHeader, data: &[Desc]) -> Result<(u8, u32), AccessError> {
-        let Some(op) = BlkOp::from_type(h.type_) else {
-            return Ok((sb::S_UNSUPP, 0));
+        match d.plan.map(|p| (p.op, p.len)) {
+            Some((BlkOp::Read, n)) => c.bytes_read.fetch_add(n, Ordering::Relaxed),
+            Some((BlkOp::Write, n)) => c.bytes_written.fetch_add(n, Ordering::Relaxed),
+            _ => 0,
         };
-        let total: u64 = data.iter().map(|d| u64::from(d.len)).sum();
-        let want_write = op.device_writes();
-        if data
-            .iter()
-            .any(|d| (d.flags & desc::F_WRITE != 0) != want_write)
-        {
-            return Ok((sb::S_IOERR, 0));
-        }
-        let r = match op {
-            BlkOp::Flush => self
-                .disk
-                .flush()
-                .map_err(|e| AccessError::Io(e.to_string())),
-            BlkOp::GetId => {
-                let mut left = DEVICE_ID;
-                let mut r = Ok(());
-                for d in data {
-                    let k = left.len().min(d.len as usize);
-                    r = self
-                        .q
-                        .space
-                        .write_bytes(AddrKind::Buffer, d.addr, &left[..k]);
-                    left = &left[k..];
-                    if r.is_err() || left.is_empty() {
-                        break;
-                    }
-                }
-                r
-            }
-            BlkOp::Read | BlkOp::Write => {
-                let start = h.sector.checked_mul(SECTOR_SIZE);
-                match start.and_then(|s| s.checked_add(total)) {
-                    Some(end) if end <= self.disk.bytes() => {
-                        self.transfer(op, start.unwrap_or(0), data)
-                    }
-                    _ => return Ok((sb::S_IOERR, 0)),
-                }
-            }
-        };
-        match r {
-            Ok(()) => {
-                let written = match op {
-                    BlkOp::Read => total.min(u64::from(u32::MAX - 1)) as u32,
-                    BlkOp::GetId => DEVICE_ID.len() as u32,
-                    _ => 0,
-                };
-                Ok((sb::S_OK, written))
-            }
-            Err(e @ AccessError::Cancelled { .. }) => Err(e),
-            Err(_) => Ok((sb::S_IOERR, 0)),
-        }
-    }
-
-    fn transfer(&self, op: BlkOp, mut pos: u64, data: &[Desc]) -> Result<(), AccessError> {
-        let read = op == BlkOp::Read;
-        for d in data {
-            let len = u64::from(d.len);
-            let disk = &self.disk;
-            let base = pos;
-            self.q
-                .space
-                .access(AddrKind::Buffer, d.addr, len, read, &mut |p, n, off| {
-                    let at = base + off;
-                    let r = if read {
-                        // SAFETY: p is valid for n bytes of shared guest memory.
-                        disk.read_at(unsafe { std::slice::from_raw_parts_mut(p, n) }, at)
-                    } else {
-                        // SAFETY: as above.
-                        disk.write_at(unsafe { std::slice::from_raw_parts(p, n) }, at)
-                    };
-                    r.map_err(|e| AccessError::Io(e.to_string()))
-                })?;
-            pos += len;
-            let ctr = if read {
-                &self.counters.bytes_read
-            } else {
-                &self.counters.bytes_written
-            };
-            ctr.fetch_add(len, Ordering::Relaxed);
-        }
-        Ok(())
     }
 }

@@ -1,10 +1,11 @@
 //! The backing file of a block device: its size in sectors and positioned
-//! reads and writes straight into guest memory.
+//! reads and writes, as a `BlkBackend` of the shared request code.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use softiommu_virtio::blk::BlkBackend;
 use softiommu_virtio::spec::blk::SECTOR_SIZE;
 
 use crate::error::ConfigError;
@@ -53,16 +54,28 @@ impl Disk {
     pub fn sectors(&self) -> u64 {
         self.bytes / SECTOR_SIZE
     }
+}
 
-    pub(crate) fn read_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
-        self.file.read_exact_at(buf, pos)
+/// The disk as the shared request code's back-end: positioned reads and
+/// writes of the whole buffer, a flush that syncs the data.
+impl BlkBackend for Disk {
+    fn kind(&self) -> &'static str {
+        "file"
     }
 
-    pub(crate) fn write_at(&self, buf: &[u8], pos: u64) -> std::io::Result<()> {
-        self.file.write_all_at(buf, pos)
+    fn capacity(&self) -> u64 {
+        self.bytes
     }
 
-    pub(crate) fn flush(&self) -> std::io::Result<()> {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
         self.file.sync_data()
     }
 }

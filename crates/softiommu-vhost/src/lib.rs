@@ -13,7 +13,8 @@
 //! - [`iotlb`]: the device IOTLB, which takes every range the protocol allows;
 //! - [`space`]: translation, misses and the invalidation contract;
 //!   its hit path takes no lock (the internal `readers`, `seat`,
-//!   `pagecache` and `sync`; model-checked in `loom_tests`);
+//!   `pagecache` and `sync`; model-checked in `loom_tests`); the space
+//!   is the `DeviceDma` the shared request code runs over;
 //! - [`blk`]: virtio-blk on one split ring;
 //! - [`net`]: virtio-net on a receive and a transmit ring, frames on a wire;
 //! - [`session`]: the message handling and the ring lifecycle;
@@ -24,6 +25,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod blk;
+mod device_dma;
 pub mod disk;
 pub mod error;
 pub mod guest;

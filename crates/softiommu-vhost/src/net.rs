@@ -22,14 +22,17 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use softiommu_virtio::net::{offloads, plain_header, WirePort, WireRx, WireTx, HDR_LEN};
+use softiommu_virtio::net::{
+    gather_frame, offloads, plain_header, scatter_frame, WirePort, WireRx, WireTx, HDR_LEN,
+};
 use softiommu_virtio::spec::net as sn;
+use softiommu_virtio::transport::ChainDesc;
 
 use crate::blk::thread_cpu_ns;
+use crate::device_dma::chain_descs;
 use crate::error::{AccessError, ConfigError};
 use crate::proto::{pf, vf};
 use crate::session::{serve_device, SessionReport, VhostDevice, CONFIG_MAX};
-use crate::space::AddrKind;
 use crate::vring::{chain_len, Chain, Desc, Pop, Queue};
 
 /// `VIRTIO_NET_F_MAC` (virtio 1.2 §5.1.3): the device has a MAC address.
@@ -222,7 +225,12 @@ impl VhostDevice for NetDevice {
         if index == u32::from(sn::RX_QUEUE) {
             let slot = self.rx.clone();
             let rx = take(&slot).ok_or_else(busy)?;
-            let w = RxWorker { q, rx, counters };
+            let w = RxWorker {
+                q,
+                rx,
+                counters,
+                descs: Vec::new(),
+            };
             std::thread::Builder::new()
                 .name("vhost-net-rx".into())
                 .spawn(move || {
@@ -233,7 +241,12 @@ impl VhostDevice for NetDevice {
         } else {
             let slot = self.tx.clone();
             let tx = take(&slot).ok_or_else(busy)?;
-            let w = TxWorker { q, tx, counters };
+            let w = TxWorker {
+                q,
+                tx,
+                counters,
+                descs: Vec::new(),
+            };
             std::thread::Builder::new()
                 .name("vhost-net-tx".into())
                 .spawn(move || {
@@ -245,55 +258,12 @@ impl VhostDevice for NetDevice {
     }
 }
 
-/// Copies `[skip, skip + out.len())` of the chain's bytes into `out`.
-fn gather(q: &Queue, chain: &[Desc], skip: u64, out: &mut [u8]) -> Result<(), AccessError> {
-    let mut pos = 0u64; // chain offset of the descriptor's start
-    let want_end = skip + out.len() as u64;
-    for d in chain {
-        let end = pos + u64::from(d.len);
-        let lo = pos.max(skip);
-        let hi = end.min(want_end);
-        if lo < hi {
-            let o = (lo - skip) as usize;
-            let n = (hi - lo) as usize;
-            let a = d.addr.checked_add(lo - pos).ok_or(AccessError::Wraps {
-                iova: d.addr,
-                len: u64::from(d.len),
-            })?;
-            q.space
-                .read_bytes(AddrKind::Buffer, a, &mut out[o..o + n])?;
-        }
-        pos = end;
-    }
-    Ok(())
-}
-
-/// Copies `data` into the chain's bytes from offset `at` on.
-fn scatter(q: &Queue, chain: &[Desc], at: u64, data: &[u8]) -> Result<(), AccessError> {
-    let mut pos = 0u64;
-    let want_end = at + data.len() as u64;
-    for d in chain {
-        let end = pos + u64::from(d.len);
-        let lo = pos.max(at);
-        let hi = end.min(want_end);
-        if lo < hi {
-            let o = (lo - at) as usize;
-            let n = (hi - lo) as usize;
-            let a = d.addr.checked_add(lo - pos).ok_or(AccessError::Wraps {
-                iova: d.addr,
-                len: u64::from(d.len),
-            })?;
-            q.space.write_bytes(AddrKind::Buffer, a, &data[o..o + n])?;
-        }
-        pos = end;
-    }
-    Ok(())
-}
-
 struct TxWorker {
     q: Queue,
     tx: WireTx,
     counters: Arc<NetCounters>,
+    /// The chain in hand, as the shared frame code takes it.
+    descs: Vec<ChainDesc>,
 }
 
 impl TxWorker {
@@ -378,10 +348,39 @@ impl TxWorker {
                 return Ok(());
             }
         };
+        chain_descs(chain, &mut self.descs);
+        let mut space = &*self.q.space;
         let mut hdr = [0u8; HDR_LEN];
-        match gather(&self.q, chain, 0, &mut hdr) {
+        let Some(mut slot) = self.tx.reserve() else {
+            // The wire is full: the header alone is read, as a NIC learns
+            // of an offload before it learns the port is congested.
+            match gather_frame(&mut space, &self.descs, &mut hdr, &mut []) {
+                Ok(()) => {}
+                Err(e) if matches!(e.fault, AccessError::Cancelled { .. }) => return Err(e.fault),
+                Err(_) => {
+                    bump(&c.tx_faults, 1);
+                    return Ok(());
+                }
+            }
+            if offloads(&hdr) != (0, sn::GSO_NONE) {
+                bump(&c.tx_bad, 1);
+                return Ok(());
+            }
+            self.tx.drop_frame();
+            bump(&c.tx_wire_full, 1);
+            return Ok(());
+        };
+        // Header and frame in one pass; the slot is committed only for a
+        // frame read whole with a plain header: nothing else goes on the
+        // wire.
+        match gather_frame(
+            &mut space,
+            &self.descs,
+            &mut hdr,
+            &mut slot.buf()[..frame_len],
+        ) {
             Ok(()) => {}
-            Err(e @ AccessError::Cancelled { .. }) => return Err(e),
+            Err(e) if matches!(e.fault, AccessError::Cancelled { .. }) => return Err(e.fault),
             Err(_) => {
                 bump(&c.tx_faults, 1);
                 return Ok(());
@@ -390,20 +389,6 @@ impl TxWorker {
         if offloads(&hdr) != (0, sn::GSO_NONE) {
             bump(&c.tx_bad, 1);
             return Ok(());
-        }
-        let Some(mut slot) = self.tx.reserve() else {
-            self.tx.drop_frame();
-            bump(&c.tx_wire_full, 1);
-            return Ok(());
-        };
-        match gather(&self.q, chain, HDR_LEN as u64, &mut slot.buf()[..frame_len]) {
-            Ok(()) => {}
-            // The slot is not committed: nothing goes on the wire.
-            Err(e @ AccessError::Cancelled { .. }) => return Err(e),
-            Err(_) => {
-                bump(&c.tx_faults, 1);
-                return Ok(());
-            }
         }
         slot.commit(frame_len);
         bump(&c.tx_frames, 1);
@@ -416,6 +401,8 @@ struct RxWorker {
     q: Queue,
     rx: WireRx,
     counters: Arc<NetCounters>,
+    /// The chain in hand, as the shared frame code takes it.
+    descs: Vec<ChainDesc>,
 }
 
 /// What delivering one frame did.
@@ -477,7 +464,7 @@ impl RxWorker {
                 Err(None) => return Ok(Some(IDLE_WAIT)),
                 Err(Some(d)) => return Ok(Some(d.min(IDLE_WAIT))),
             };
-            match deliver(&mut self.q, &self.counters, frame)? {
+            match deliver(&mut self.q, &self.counters, &mut self.descs, frame)? {
                 Delivered::Consumed => {
                     self.rx.consume();
                     n += 1;
@@ -491,7 +478,12 @@ impl RxWorker {
 
 /// Puts `frame` into the next receive buffer. Only a cancelled access or a
 /// failed ring access is an error.
-fn deliver(q: &mut Queue, c: &NetCounters, frame: &[u8]) -> Result<Delivered, AccessError> {
+fn deliver(
+    q: &mut Queue,
+    c: &NetCounters,
+    descs: &mut Vec<ChainDesc>,
+    frame: &[u8],
+) -> Result<Delivered, AccessError> {
     let head = match q.pop()? {
         Pop::Head(h) => h,
         Pop::Empty => return Ok(Delivered::NoBuffer),
@@ -523,7 +515,7 @@ fn deliver(q: &mut Queue, c: &NetCounters, frame: &[u8]) -> Result<Delivered, Ac
             return Ok(Delivered::Kept);
         }
     };
-    let r = deliver_chain(q, c, head, &chain, frame);
+    let r = deliver_chain(q, c, descs, head, &chain, frame);
     q.recycle(chain);
     r
 }
@@ -532,6 +524,7 @@ fn deliver(q: &mut Queue, c: &NetCounters, frame: &[u8]) -> Result<Delivered, Ac
 fn deliver_chain(
     q: &mut Queue,
     c: &NetCounters,
+    descs: &mut Vec<ChainDesc>,
     head: u16,
     chain: &[Desc],
     frame: &[u8],
@@ -542,8 +535,9 @@ fn deliver_chain(
         q.push_used(head, 0)?;
         return Ok(Delivered::Consumed);
     }
-    let r = scatter(q, chain, 0, &plain_header(true))
-        .and_then(|()| scatter(q, chain, HDR_LEN as u64, frame));
+    chain_descs(chain, descs);
+    let mut space = &*q.space;
+    let r = scatter_frame(&mut space, descs, &plain_header(true), frame).map_err(|e| e.fault);
     match r {
         Ok(()) => {
             bump(&c.rx_frames, 1);

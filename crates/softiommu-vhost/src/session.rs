@@ -38,7 +38,7 @@ pub const FEATURES: u64 = vf::VERSION_1
 /// The protocol features offered (an IOMMU needs reply-ack and the back-end channel).
 pub const PROTOCOL_FEATURES: u64 = pf::REPLY_ACK | pf::BACKEND_REQ | pf::CONFIG | pf::RESET_DEVICE;
 /// Segments per request announced in `seg_max`.
-const SEG_MAX: u32 = 126;
+pub(crate) const SEG_MAX: u32 = 126;
 /// Largest config space read answered.
 pub(crate) const CONFIG_MAX: usize = 256;
 
@@ -186,12 +186,7 @@ impl VhostDevice for BlkDevice {
     }
 
     fn spawn(&self, _index: u32, q: Queue) -> std::io::Result<JoinHandle<u16>> {
-        let w = Worker {
-            ahead: q.last_avail,
-            q,
-            disk: self.disk.clone(),
-            counters: self.counters.clone(),
-        };
+        let w = Worker::new(q, self.disk.clone(), self.counters.clone());
         std::thread::Builder::new()
             .name("vhost-blk-queue0".into())
             .spawn(move || w.run())

@@ -25,6 +25,10 @@
 //!   plain typed results.
 //! - [`viommu`]: a virtio-iommu device (§5.13) backed by a unit.
 //! - [`spec`]: the virtio 1.2 constants, each with its section.
+//! - [`device_dma`]: where a device's DMA is translated — the trait the
+//!   request code is generic over, and its unit implementation.
+//! - `device_thread`: one device-thread lifecycle (start with a ready
+//!   handshake, a bounded stop, the threads' CPU clocks) for every device.
 //! - [`cpu_clock`], [`affinity`]: thread CPU clocks, and pinning threads
 //!   to CPUs.
 
@@ -34,6 +38,8 @@
 pub mod affinity;
 pub mod blk;
 pub use softiommu::cpu_clock;
+pub mod device_dma;
+pub(crate) mod device_thread;
 mod driver_init;
 pub mod host;
 mod host_platform;

@@ -17,10 +17,8 @@
 //! request's data, at most [`BlkConfig::max_request_bytes`]): nothing is
 //! shared on the data path but the back-end and the unit.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use softiommu::access::{DmaAccessor, DmaAttrs, PhysGuestMemory, UnitIommu};
@@ -29,11 +27,12 @@ use vm_memory::IommuMemory;
 
 use super::backend::{BackendConfig, BackendError, BlkBackend};
 use super::config::{BlkConfig, BlkConfigError};
-use super::request::Limits;
+use super::request::BlkLimits;
 use super::slow::{SlowRegion, MAX_HOLD};
 use super::stats::{BlkDeviceStats, Counters, RequestLog};
 use super::worker::{Worker, WorkerParts};
-use crate::cpu_clock::{self, ThreadClock};
+use crate::device_dma::UnitDma;
+use crate::device_thread::{DeviceThreads, Lifecycle, Started};
 use crate::spec::blk;
 use crate::transport::{DeviceEnd, MmioTransport, TransportConfig};
 
@@ -123,8 +122,7 @@ pub enum BlkDeviceError {
 pub struct BlkDevice {
     transport: MmioTransport,
     backend: Arc<dyn BlkBackend>,
-    stop: Arc<AtomicBool>,
-    workers: Vec<(JoinHandle<Duration>, Option<ThreadClock>)>,
+    threads: DeviceThreads<BlkDeviceError>,
     counters: Vec<Arc<CachePadded<Counters>>>,
     log: Arc<RequestLog>,
     slow: Option<SlowRegion>,
@@ -161,11 +159,10 @@ impl BlkDevice {
         let backend = cfg.backend.open()?;
         let capacity = backend.capacity();
         let transport = MmioTransport::new(cfg.blk.device_info(capacity), cfg.transport);
-        let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(RequestLog::default());
         let nq = cfg.blk.num_queues;
         let n = cfg.workers.clamp(1, usize::from(nq));
-        let limits = Limits {
+        let limits = BlkLimits {
             capacity_sectors: capacity / blk::SECTOR_SIZE,
             blk_size: cfg.blk.blk_size,
             seg_max: cfg.blk.seg_max,
@@ -176,85 +173,59 @@ impl BlkDevice {
         let mut dev = Self {
             transport,
             backend: backend.clone(),
-            stop,
-            workers: Vec::with_capacity(n),
+            threads: DeviceThreads::new(),
             counters: Vec::with_capacity(n),
             log,
             slow: cfg.slow,
         };
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), BlkDeviceError>>();
         for w in 0..n {
             let counters = Arc::new(CachePadded::new(Counters::default()));
             dev.counters.push(counters.clone());
             let queues: Vec<u16> = (0..nq).filter(|q| usize::from(*q) % n == w).collect();
             let (system, backend, log) = (system.clone(), backend.clone(), dev.log.clone());
             let end = DeviceEnd::new(&dev.transport);
-            let (stop, ready) = (dev.stop.clone(), ready_tx.clone());
             let c = cfg.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("virtio-blk {sid} w{w}"))
-                .spawn(move || {
-                    let setup = |source| BlkDeviceError::Setup { sid, source };
-                    let parts = (|| {
-                        let (_, unit) = system
-                            .unit_of(sid)
-                            .ok_or(setup(HwError::DeviceNotAssigned { sid }))?;
-                        let dma = DmaAccessor::new(unit, sid).map_err(setup)?;
-                        let view = UnitIommu::new(system.clone(), sid).map_err(setup)?;
-                        let mem = IommuMemory::new(
-                            PhysGuestMemory::new(system.memory().clone()),
-                            view.clone(),
-                            true,
-                            (),
-                        );
-                        Ok(WorkerParts {
-                            mem,
-                            view,
-                            system: system.clone(),
-                            dma,
-                            attrs: c.attrs,
-                            backend,
-                            limits,
-                            queues,
-                            queue_max: c.blk.queue_max,
-                            batch: c.batch.max(1),
-                            slow: c.slow,
-                            counters,
-                            log,
-                            id: device_id_string(sid),
-                        })
-                    })();
-                    let worker = match parts {
-                        Ok(p) => Worker::new(p),
-                        Err(e) => {
-                            let _ = ready.send(Err(e));
-                            return Duration::ZERO;
-                        }
-                    };
-                    end.register_queues(worker.mask());
-                    let _ = ready.send(Ok(()));
-                    worker.run(&end, &stop, c.idle_wait);
-                    cpu_clock::thread()
-                })
-                .map_err(|e| BlkDeviceError::Spawn {
-                    reason: e.to_string(),
-                })?;
-            let clock = ThreadClock::of(&h);
-            dev.workers.push((h, clock));
+            let idle_wait = cfg.idle_wait;
+            let setup = move || {
+                let setup = |source| BlkDeviceError::Setup { sid, source };
+                let (_, unit) = system
+                    .unit_of(sid)
+                    .ok_or(setup(HwError::DeviceNotAssigned { sid }))?;
+                let dma = DmaAccessor::new(unit, sid).map_err(setup)?;
+                let view = UnitIommu::new(system.clone(), sid).map_err(setup)?;
+                let mem = IommuMemory::new(
+                    PhysGuestMemory::new(system.memory().clone()),
+                    view.clone(),
+                    true,
+                    (),
+                );
+                let worker = Worker::new(WorkerParts {
+                    mem,
+                    view,
+                    system: system.clone(),
+                    dma: UnitDma::new(dma, c.attrs),
+                    backend,
+                    limits,
+                    queues,
+                    queue_max: c.blk.queue_max,
+                    batch: c.batch.max(1),
+                    slow: c.slow,
+                    counters,
+                    log,
+                    id: device_id_string(sid),
+                });
+                end.register_queues(worker.mask());
+                Ok((worker, end))
+            };
+            dev.threads
+                .spawn(
+                    format!("virtio-blk {sid} w{w}"),
+                    setup,
+                    move |(worker, end), stop| worker.run(&end, stop, idle_wait),
+                )
+                .map_err(BlkDeviceError::from)?;
         }
-        drop(ready_tx);
-        for _ in 0..n {
-            match ready_rx.recv_timeout(Duration::from_secs(10)) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    return Err(BlkDeviceError::Timeout {
-                        what: "start",
-                        secs: 10,
-                    })
-                }
-            }
-        }
+        dev.threads.started().map_err(Started::into_error)?;
         Ok(dev)
     }
 
@@ -275,15 +246,12 @@ impl BlkDevice {
 
     /// Device threads.
     pub fn workers(&self) -> usize {
-        self.workers.len()
+        self.threads.len()
     }
 
     /// CPU time the device threads have used so far, summed.
     pub fn cpu_time(&self) -> Duration {
-        self.workers
-            .iter()
-            .filter_map(|(_, c)| c.and_then(|c| c.read()))
-            .sum()
+        self.threads.cpu_time()
     }
 
     /// The counters, summed over the workers.
@@ -304,23 +272,17 @@ impl BlkDevice {
     }
 
     fn shutdown(&mut self) -> Result<Duration, BlkDeviceError> {
-        self.stop.store(true, Ordering::Release);
-        let mut total = Duration::ZERO;
-        let t0 = Instant::now();
-        for (h, _) in std::mem::take(&mut self.workers) {
-            while !h.is_finished() {
-                if t0.elapsed() > Duration::from_secs(10) {
-                    return Err(BlkDeviceError::Timeout {
-                        what: "stop",
-                        secs: 10,
-                    });
-                }
-                h.thread().unpark();
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            total += h.join().map_err(|_| BlkDeviceError::Panicked)?;
+        Ok(self.threads.stop()?)
+    }
+}
+
+impl From<Lifecycle> for BlkDeviceError {
+    fn from(l: Lifecycle) -> Self {
+        match l {
+            Lifecycle::Spawn { reason, .. } => BlkDeviceError::Spawn { reason },
+            Lifecycle::Timeout { what, secs } => BlkDeviceError::Timeout { what, secs },
+            Lifecycle::Panicked => BlkDeviceError::Panicked,
         }
-        Ok(total)
     }
 }
 

@@ -278,25 +278,33 @@ pub(crate) fn data_segments(
     total
 }
 
-/// The limits a request is checked against.
+/// The limits a request is checked against: the device's configuration
+/// (what it announced to the driver) and what was negotiated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Limits {
-    pub(crate) capacity_sectors: u64,
-    pub(crate) blk_size: u32,
-    pub(crate) seg_max: u32,
-    pub(crate) size_max: u32,
-    pub(crate) max_bytes: u64,
-    pub(crate) flush: bool,
+pub struct BlkLimits {
+    /// The disk's size in 512-byte sectors.
+    pub capacity_sectors: u64,
+    /// The block size data lengths and first sectors are multiples of.
+    pub blk_size: u32,
+    /// The most data segments per request.
+    pub seg_max: u32,
+    /// The longest data segment.
+    pub size_max: u32,
+    /// The most data bytes per request (the device's buffer).
+    pub max_bytes: u64,
+    /// Whether `VIRTIO_BLK_F_FLUSH` was negotiated.
+    pub flush: bool,
 }
 
 /// What the device will do for a request that passed its checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Plan {
-    pub(crate) op: BlkOp,
+pub struct BlkPlan {
+    /// The operation.
+    pub op: BlkOp,
     /// Byte offset on the disk (reads and writes).
-    pub(crate) offset: u64,
+    pub offset: u64,
     /// Data bytes.
-    pub(crate) len: u64,
+    pub len: u64,
 }
 
 /// Checks a decoded request against the limits. `segs` are its data
@@ -307,8 +315,8 @@ pub(crate) fn check(
     shape: &Shape,
     segs: &[(u64, u32)],
     len: u64,
-    lim: &Limits,
-) -> Result<Plan, RequestError> {
+    lim: &BlkLimits,
+) -> Result<BlkPlan, RequestError> {
     let op = BlkOp::from_type(h.type_).ok_or(RequestError::Unsupported { type_: h.type_ })?;
     if op == BlkOp::Flush && !lim.flush {
         return Err(RequestError::FlushNotNegotiated);
@@ -323,12 +331,12 @@ pub(crate) fn check(
         return Err(RequestError::WrongDirection { op, bytes: other });
     }
     match op {
-        BlkOp::Flush => Ok(Plan {
+        BlkOp::Flush => Ok(BlkPlan {
             op,
             offset: 0,
             len: 0,
         }),
-        BlkOp::GetId => Ok(Plan {
+        BlkOp::GetId => Ok(BlkPlan {
             op,
             offset: 0,
             len: len.min(blk::ID_BYTES as u64),
@@ -375,7 +383,7 @@ pub(crate) fn check(
                     max: lim.max_bytes,
                 });
             }
-            Ok(Plan { op, offset, len })
+            Ok(BlkPlan { op, offset, len })
         }
     }
 }
@@ -393,7 +401,7 @@ mod tests {
         }
     }
 
-    const LIM: Limits = Limits {
+    const LIM: BlkLimits = BlkLimits {
         capacity_sectors: 2048,
         blk_size: 512,
         seg_max: 4,
@@ -451,7 +459,7 @@ mod tests {
         let segs = [(0x4000u64, 1024u32)];
         let ok = check(&hdr(blk::T_IN, 8), &s, &segs, 1024, &LIM).unwrap();
         assert_eq!((ok.op, ok.offset, ok.len), (BlkOp::Read, 4096, 1024));
-        type Case<'a> = (BlkHeader, u64, &'a [(u64, u32)], Limits, RequestError);
+        type Case<'a> = (BlkHeader, u64, &'a [(u64, u32)], BlkLimits, RequestError);
         let cases: [Case<'_>; 7] = [
             (
                 hdr(99, 0),
@@ -496,7 +504,7 @@ mod tests {
                 hdr(blk::T_IN, 1),
                 4096,
                 &segs,
-                Limits {
+                BlkLimits {
                     blk_size: 4096,
                     ..LIM
                 },
@@ -519,7 +527,7 @@ mod tests {
                 hdr(blk::T_FLUSH, 0),
                 0,
                 &segs,
-                Limits {
+                BlkLimits {
                     flush: false,
                     ..LIM
                 },

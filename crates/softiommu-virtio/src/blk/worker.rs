@@ -30,15 +30,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use softiommu::access::{DmaAccessor, DmaAttrs, UnitIommu};
+use softiommu::access::{AccessError, UnitIommu};
 use softiommu::hw::Access;
 
-use super::backend::{AlignedBuf, BlkBackend};
-use super::request::{self, BlkHeader, BlkOp, Limits, Plan, RequestError, Shape};
+use super::backend::BlkBackend;
+use super::request::{BlkLimits, BlkOp, BlkPlan, RequestError};
+use super::serve::{BlkRequests, Completed, Prepared, ServeError};
 use super::slow::{device_priority, due_at, precise_timers, Held, HeldQueue, SlowRegion, DUE_SPIN};
 use super::stats::{bump, Counters, RequestLog, RequestRecord};
+use crate::device_dma::UnitDma;
 use crate::spec::blk;
-use crate::transport::{ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceMemory, DeviceQueue};
+use crate::transport::{ChainDir, DeviceEnd, DeviceError, DeviceMemory, DeviceQueue};
 
 /// What a worker is built from.
 #[derive(Debug)]
@@ -47,10 +49,9 @@ pub(crate) struct WorkerParts {
     pub(crate) view: UnitIommu,
     /// The system, to see whether the device may fault (IOPF mode).
     pub(crate) system: Arc<softiommu::hw::System>,
-    pub(crate) dma: DmaAccessor,
-    pub(crate) attrs: DmaAttrs,
+    pub(crate) dma: UnitDma,
     pub(crate) backend: Arc<dyn BlkBackend>,
-    pub(crate) limits: Limits,
+    pub(crate) limits: BlkLimits,
     pub(crate) queues: Vec<u16>,
     pub(crate) queue_max: u16,
     pub(crate) batch: usize,
@@ -58,13 +59,6 @@ pub(crate) struct WorkerParts {
     pub(crate) counters: Arc<CachePadded<Counters>>,
     pub(crate) log: Arc<RequestLog>,
     pub(crate) id: [u8; blk::ID_BYTES],
-}
-
-/// A request checked and ready for its I/O.
-#[derive(Debug, Clone, Copy)]
-struct Prepared {
-    shape: Shape,
-    plan: Result<Plan, ()>,
 }
 
 /// What one turn did.
@@ -81,11 +75,7 @@ pub(crate) struct Worker {
     blocking: bool,
     held: Vec<HeldQueue>,
     notify_on: Vec<bool>,
-    chain: Vec<ChainDesc>,
-    segs: Vec<(u64, u32)>,
-    scratch: AlignedBuf,
-    /// The error of the request in hand, when it failed.
-    failed: Option<RequestError>,
+    req: BlkRequests,
 }
 
 /// Runs `f` inside a section of `view` when one is given (falling back to
@@ -94,14 +84,6 @@ fn scoped<R>(view: Option<&UnitIommu>, mut f: impl FnMut() -> R) -> R {
     match view {
         Some(v) => v.section(&mut f).unwrap_or_else(|_| f()),
         None => f(),
-    }
-}
-
-fn fault(iova: u64, access: Access, e: impl std::fmt::Display) -> RequestError {
-    RequestError::DmaFault {
-        iova,
-        access,
-        reason: e.to_string(),
     }
 }
 
@@ -118,7 +100,8 @@ impl Worker {
         let mask = p.queues.iter().fold(0u64, |m, &q| m | 1 << (q & 63));
         let cap = usize::from(p.queue_max);
         let blocking = runs_blocking(&*p.backend);
-        let scratch = AlignedBuf::new(p.limits.max_bytes as usize, p.backend.buffer_align());
+        let mut req = BlkRequests::new(p.limits, p.id, p.backend.buffer_align());
+        req.chain_mut().reserve(cap);
         Self {
             mask,
             blocking,
@@ -126,10 +109,7 @@ impl Worker {
                 .map(|_| HeldQueue::new(if p.slow.is_some() { cap } else { 0 }))
                 .collect(),
             notify_on: vec![true; n],
-            chain: Vec::with_capacity(cap),
-            segs: Vec::with_capacity(cap),
-            scratch,
-            failed: None,
+            req,
             p,
         }
     }
@@ -317,119 +297,31 @@ impl Worker {
         view: Option<&UnitIommu>,
     ) -> Result<bool, DeviceError> {
         let arrived = Instant::now();
-        let prep = scoped(view, || self.prepare(q, head, flush))?;
-        let plan = match prep.plan {
-            Ok(plan) => self.io(plan),
-            Err(()) => Err(()),
-        };
-        scoped(view, || {
-            self.complete(q, k, head, prep.shape, plan, arrived)
-        })
+        let mut prep = scoped(view, || self.prepare(q, head, flush))?;
+        self.req.io(&*self.p.backend, &mut prep);
+        if matches!(prep.error(), Some(RequestError::Backend { .. })) {
+            bump(&self.p.counters.io_errors, 1);
+        }
+        scoped(view, || self.complete(q, k, head, prep.clone(), arrived))
     }
 
     /// Walks the chain, reads and checks the header, gathers a write's
-    /// data. A request error is kept in `self.failed`.
+    /// data.
     fn prepare(
         &mut self,
         q: &DeviceQueue,
         head: u16,
         flush: bool,
     ) -> Result<Prepared, DeviceError> {
-        self.failed = None;
         q.walk(
             &self.p.mem,
             head,
             ChainDir::ReadableThenWritable,
-            &mut self.chain,
+            self.req.chain_mut(),
         )?;
-        let Some(shape) = request::shape(&self.chain) else {
-            let (mut readable, mut writable) = (0u64, 0u64);
-            for d in &self.chain {
-                let n = u64::from(d.len);
-                if d.writable {
-                    writable = writable.saturating_add(n);
-                } else {
-                    readable = readable.saturating_add(n);
-                }
-            }
-            return Err(DeviceError::BlkRequestShape {
-                queue: q.index(),
-                head,
-                readable,
-                writable,
-            });
-        };
-        let plan = self.decode(&shape, flush).map_err(|e| {
-            self.failed = Some(e);
-        });
-        Ok(Prepared { shape, plan })
-    }
-
-    fn decode(&mut self, shape: &Shape, flush: bool) -> Result<Plan, RequestError> {
-        let mut hb = [0u8; blk::HDR_LEN];
-        let mut got = 0usize;
-        for d in self.chain.iter().filter(|d| !d.writable) {
-            if got == hb.len() {
-                break;
-            }
-            let n = (d.len as usize).min(hb.len() - got);
-            self.p
-                .dma
-                .read(d.addr, &mut hb[got..got + n], self.p.attrs)
-                .map_err(|e| fault(d.addr, Access::Read, e))?;
-            got += n;
-        }
-        let h = BlkHeader::decode(&hb);
-        let op = BlkOp::from_type(h.type_).ok_or(RequestError::Unsupported { type_: h.type_ })?;
-        let len = request::data_segments(&self.chain, shape, op.device_writes(), &mut self.segs);
-        let lim = Limits {
-            flush,
-            ..self.p.limits
-        };
-        let plan = request::check(&h, shape, &self.segs, len, &lim)?;
-        if plan.op == BlkOp::Write {
-            let buf = self.scratch.get_mut(plan.len as usize);
-            let mut off = 0usize;
-            for &(addr, n) in &self.segs {
-                let n = n as usize;
-                self.p
-                    .dma
-                    .read(addr, &mut buf[off..off + n], self.p.attrs)
-                    .map_err(|e| fault(addr, Access::Read, e))?;
-                off += n;
-            }
-        }
-        Ok(plan)
-    }
-
-    /// The back-end I/O of a checked request (outside any section).
-    fn io(&mut self, plan: Plan) -> Result<Plan, ()> {
-        let len = plan.len as usize;
-        let (op, r) = match plan.op {
-            BlkOp::Read => (
-                "read",
-                self.p
-                    .backend
-                    .read_at(plan.offset, self.scratch.get_mut(len)),
-            ),
-            BlkOp::Write => (
-                "write",
-                self.p
-                    .backend
-                    .write_at(plan.offset, self.scratch.get_mut(len)),
-            ),
-            BlkOp::Flush => ("flush", self.p.backend.flush()),
-            BlkOp::GetId => return Ok(plan),
-        };
-        r.map(|()| plan).map_err(|e| {
-            bump(&self.p.counters.io_errors, 1);
-            self.failed = Some(RequestError::Backend {
-                op,
-                offset: plan.offset,
-                len: plan.len,
-                reason: e.to_string(),
-            });
-        })
+        self.req
+            .prepare(&mut self.p.dma, flush)
+            .map_err(|e| serve_error(q.index(), head, e))
     }
 
     /// Moves a read's data to memory, writes the status byte, returns (or
@@ -439,54 +331,26 @@ impl Worker {
         q: &mut DeviceQueue,
         k: usize,
         head: u16,
-        shape: Shape,
-        plan: Result<Plan, ()>,
+        prep: Prepared,
         arrived: Instant,
     ) -> Result<bool, DeviceError> {
-        let mut written = 0u64;
-        if let Ok(plan) = plan {
-            let r = match plan.op {
-                BlkOp::Read => self.scatter(plan.len as usize, false),
-                BlkOp::GetId => self.scatter(plan.len as usize, true),
-                BlkOp::Write | BlkOp::Flush => Ok(()),
-            };
-            match r {
-                Ok(()) => {
-                    written = if plan.op.device_writes() { plan.len } else { 0 };
-                    self.count(plan);
-                }
-                Err(e) => self.failed = Some(e),
-            }
-        }
-        let status = match self.failed.take() {
-            None => blk::S_OK,
-            Some(e) => {
-                written = 0;
-                bump(&self.p.counters.request_errors, 1);
-                if matches!(e, RequestError::DmaFault { .. }) {
-                    bump(&self.p.counters.dma_faults, 1);
-                }
-                let status = e.status();
-                self.p.log.record(RequestRecord {
+        let done = match self.req.finish(&mut self.p.dma, prep) {
+            Ok(d) => d,
+            Err(ServeError::Status { iova, fault, done }) => {
+                self.record(q.index(), head, done);
+                return Err(DeviceError::DmaFault {
                     queue: q.index(),
-                    head,
-                    error: e,
+                    what: "status byte",
+                    iova,
+                    access: Access::Write,
+                    reason: fault.to_string(),
                 });
-                status
             }
+            Err(e) => return Err(serve_error(q.index(), head, e)),
         };
-        self.p
-            .dma
-            .write(shape.status, &[status], self.p.attrs)
-            .map_err(|e| DeviceError::DmaFault {
-                queue: q.index(),
-                what: "status byte",
-                iova: shape.status,
-                access: Access::Write,
-                reason: e.to_string(),
-            })?;
-        let len = u32::try_from(written + 1).unwrap_or(u32::MAX);
-        if let (Some(slow), Ok(plan)) = (self.p.slow, plan) {
+        let (status, len, plan) = (done.status, done.used_len, done.plan);
+        self.record(q.index(), head, done);
+        if let (Some(slow), Some(plan)) = (self.p.slow, plan) {
             let slow_io = matches!(plan.op, BlkOp::Read | BlkOp::Write)
                 && plan.offset / blk::SECTOR_SIZE >= slow.from_sector;
             if let (true, blk::S_OK, Some(due)) = (slow_io, status, due_at(arrived, slow.hold)) {
@@ -507,31 +371,25 @@ impl Worker {
         Ok(true)
     }
 
-    /// Copies the first `len` bytes of the worker's buffer (or of the id
-    /// string) into the data segments through the IOMMU.
-    fn scatter(&mut self, len: usize, id: bool) -> Result<(), RequestError> {
-        let idb = self.p.id;
-        let src: &[u8] = if id {
-            &idb[..len.min(blk::ID_BYTES)]
-        } else {
-            self.scratch.get_mut(len)
-        };
-        let mut off = 0usize;
-        for &(addr, n) in &self.segs {
-            let n = (n as usize).min(src.len() - off);
-            if n == 0 {
-                break;
-            }
-            self.p
-                .dma
-                .write(addr, &src[off..off + n], self.p.attrs)
-                .map_err(|e| fault(addr, Access::Write, e))?;
-            off += n;
+    /// Counts a completed request, and logs it when it failed.
+    fn record(&self, queue: u16, head: u16, done: Completed) {
+        if let Some(plan) = done.plan {
+            self.count(plan);
         }
-        Ok(())
+        if let Some(e) = done.error {
+            bump(&self.p.counters.request_errors, 1);
+            if matches!(e, RequestError::DmaFault { .. }) {
+                bump(&self.p.counters.dma_faults, 1);
+            }
+            self.p.log.record(RequestRecord {
+                queue,
+                head,
+                error: e,
+            });
+        }
     }
 
-    fn count(&self, plan: Plan) {
+    fn count(&self, plan: BlkPlan) {
         let c = &self.p.counters;
         match plan.op {
             BlkOp::Read => {
@@ -545,6 +403,37 @@ impl Worker {
             BlkOp::Flush => bump(&c.flushes, 1),
             BlkOp::GetId => {}
         }
+    }
+}
+
+/// The queue error for a chain the request code could not complete (a
+/// unit access never aborts; were one to, it breaks the queue as a fault).
+fn serve_error(queue: u16, head: u16, e: ServeError<AccessError>) -> DeviceError {
+    match e {
+        ServeError::Shape { readable, writable } => DeviceError::BlkRequestShape {
+            queue,
+            head,
+            readable,
+            writable,
+        },
+        ServeError::Status { iova, fault, .. } => DeviceError::DmaFault {
+            queue,
+            what: "status byte",
+            iova,
+            access: Access::Write,
+            reason: fault.to_string(),
+        },
+        ServeError::Aborted {
+            iova,
+            access,
+            fault,
+        } => DeviceError::DmaFault {
+            queue,
+            what: "request",
+            iova,
+            access,
+            reason: fault.to_string(),
+        },
     }
 }
 

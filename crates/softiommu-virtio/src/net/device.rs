@@ -32,18 +32,19 @@
 //! touches memory outside a live mapping.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use softiommu::access::{AccessError, DmaAccessor, DmaAttrs, PhysGuestMemory, UnitIommu};
-use softiommu::hw::{Access, HwError, SourceId, System};
+use softiommu::hw::{HwError, SourceId, System};
 use vm_memory::IommuMemory;
 
 use super::config::NetConfig;
+use super::frame::{gather_frame, scatter_frame, FrameFault};
 use super::hdr::{self, HDR_LEN};
 use super::wire::WirePort;
-use crate::cpu_clock::{self, ThreadClock};
+use crate::device_dma::UnitDma;
+use crate::device_thread::{DeviceThreads, Lifecycle, Started};
 use crate::spec::net;
 use crate::transport::{
     ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceMemory, DeviceQueue, MmioTransport,
@@ -168,9 +169,7 @@ pub struct NetDeviceStats {
 #[derive(Debug)]
 pub struct NetDevice {
     transport: MmioTransport,
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<Duration>>,
-    clock: Option<ThreadClock>,
+    thread: DeviceThreads<NetDeviceError>,
     counters: Arc<Counters>,
 }
 
@@ -201,48 +200,30 @@ impl NetDevice {
     ) -> Result<Self, NetDeviceError> {
         let transport = MmioTransport::new(cfg.net.device_info(), cfg.transport);
         let end = DeviceEnd::new(&transport);
-        let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(Counters::default());
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), NetDeviceError>>();
-        let (stop2, counters2) = (stop.clone(), counters.clone());
-        let handle = std::thread::Builder::new()
-            .name(format!("virtio-net {sid}"))
-            .spawn(move || {
-                if let Some(c) = cfg.cpu {
-                    crate::affinity::pin_current(c);
-                }
-                let worker = match Worker::new(&cfg, &system, sid, port, counters2) {
-                    Ok(w) => w,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return Duration::ZERO;
-                    }
-                };
-                end.register_thread();
-                worker.port.rx.register_receiver();
-                let _ = ready_tx.send(Ok(()));
-                worker.run(&end, &stop2, cfg.idle_wait);
-                cpu_clock::thread()
-            })
-            .map_err(|e| NetDeviceError::Spawn {
-                reason: e.to_string(),
-            })?;
-        let clock = ThreadClock::of(&handle);
-        let dev = Self {
+        let counters2 = counters.clone();
+        let idle_wait = cfg.idle_wait;
+        let setup = move || {
+            if let Some(c) = cfg.cpu {
+                crate::affinity::pin_current(c);
+            }
+            let worker = Worker::new(&cfg, &system, sid, port, counters2)?;
+            end.register_thread();
+            worker.port.rx.register_receiver();
+            Ok((worker, end))
+        };
+        let mut dev = Self {
             transport,
-            stop,
-            handle: Some(handle),
-            clock,
+            thread: DeviceThreads::new(),
             counters,
         };
-        match ready_rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(Ok(())) => Ok(dev),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(NetDeviceError::Timeout {
-                what: "start",
-                secs: 10,
-            }),
-        }
+        dev.thread.spawn(
+            format!("virtio-net {sid}"),
+            setup,
+            move |(worker, end), stop| worker.run(&end, stop, idle_wait),
+        )?;
+        dev.thread.started().map_err(Started::into_error)?;
+        Ok(dev)
     }
 
     /// The register block a driver programs.
@@ -252,7 +233,7 @@ impl NetDevice {
 
     /// CPU time the device thread has used so far.
     pub fn cpu_time(&self) -> Duration {
-        self.clock.and_then(|c| c.read()).unwrap_or_default()
+        self.thread.cpu_time()
     }
 
     /// The counters.
@@ -276,23 +257,17 @@ impl NetDevice {
     }
 
     fn shutdown(&mut self) -> Result<Duration, NetDeviceError> {
-        let Some(h) = self.handle.take() else {
-            return Ok(Duration::ZERO);
-        };
-        self.stop.store(true, Ordering::Release);
-        h.thread().unpark();
-        let t0 = Instant::now();
-        while !h.is_finished() {
-            if t0.elapsed() > Duration::from_secs(10) {
-                return Err(NetDeviceError::Timeout {
-                    what: "stop",
-                    secs: 10,
-                });
-            }
-            h.thread().unpark();
-            std::thread::sleep(Duration::from_millis(1));
+        Ok(self.thread.stop()?)
+    }
+}
+
+impl From<Lifecycle> for NetDeviceError {
+    fn from(l: Lifecycle) -> Self {
+        match l {
+            Lifecycle::Spawn { reason, .. } => NetDeviceError::Spawn { reason },
+            Lifecycle::Timeout { what, secs } => NetDeviceError::Timeout { what, secs },
+            Lifecycle::Panicked => NetDeviceError::Panicked,
         }
-        h.join().map_err(|_| NetDeviceError::Panicked)
     }
 }
 
@@ -322,8 +297,7 @@ struct Worker {
     view: UnitIommu,
     /// The system, to see whether the device may fault (IOPF mode).
     system: Arc<System>,
-    dma: DmaAccessor,
-    attrs: DmaAttrs,
+    dma: UnitDma,
     port: WirePort,
     chain: Vec<ChainDesc>,
     scratch: Vec<u8>,
@@ -361,8 +335,7 @@ impl Worker {
             mem,
             view,
             system: system.clone(),
-            dma,
-            attrs: cfg.attrs,
+            dma: UnitDma::new(dma, cfg.attrs),
             port,
             chain: Vec::with_capacity(usize::from(cfg.net.queue_max)),
             scratch: vec![0u8; max_frame],
@@ -539,15 +512,7 @@ impl Worker {
                     break;
                 }
             };
-            let r = receive(
-                &self.mem,
-                &mut self.dma,
-                self.attrs,
-                &mut self.chain,
-                q,
-                head,
-                frame,
-            );
+            let r = receive(&self.mem, &mut self.dma, &mut self.chain, q, head, frame);
             self.port.rx.consume();
             match r {
                 Ok(Received::Delivered) => b.used += 1,
@@ -589,86 +554,14 @@ fn interrupt(end: &DeviceEnd, q: &mut DeviceQueue, mem: &DeviceMemory, used: usi
     }
 }
 
-fn dma_fault(queue: u16, iova: u64, access: Access, e: AccessError) -> DeviceError {
+fn dma_fault(queue: u16, e: FrameFault<AccessError>) -> DeviceError {
     DeviceError::DmaFault {
         queue,
         what: "buffer",
-        iova,
-        access,
-        reason: e.to_string(),
+        iova: e.iova,
+        access: e.access,
+        reason: e.fault.to_string(),
     }
-}
-
-/// Copies a chain's bytes out through the IOMMU: the first `HDR_LEN` into
-/// `hdr`, the rest into `frame`. The chain's total is `HDR_LEN +
-/// frame.len()` (checked by the caller).
-fn gather(
-    dma: &mut DmaAccessor,
-    attrs: DmaAttrs,
-    queue: u16,
-    chain: &[ChainDesc],
-    hdr: &mut [u8; HDR_LEN],
-    frame: &mut [u8],
-) -> Result<(), DeviceError> {
-    let mut pos = 0usize;
-    for d in chain {
-        let mut addr = d.addr;
-        let mut left = d.len as usize;
-        while left > 0 {
-            let (dst, take) = if pos < HDR_LEN {
-                let n = left.min(HDR_LEN - pos);
-                (&mut hdr[pos..pos + n], n)
-            } else {
-                let off = pos - HDR_LEN;
-                let n = left.min(frame.len().saturating_sub(off));
-                if n == 0 {
-                    return Ok(());
-                }
-                (&mut frame[off..off + n], n)
-            };
-            dma.read(addr, dst, attrs)
-                .map_err(|e| dma_fault(queue, addr, Access::Read, e))?;
-            pos += take;
-            left -= take;
-            addr = addr.wrapping_add(take as u64);
-        }
-    }
-    Ok(())
-}
-
-/// Copies `hdr` then `frame` into a chain's buffers through the IOMMU.
-/// The chain holds at least `HDR_LEN + frame.len()` bytes (checked by the
-/// caller).
-fn scatter(
-    dma: &mut DmaAccessor,
-    attrs: DmaAttrs,
-    queue: u16,
-    chain: &[ChainDesc],
-    hdr: &[u8; HDR_LEN],
-    frame: &[u8],
-) -> Result<(), DeviceError> {
-    let total = HDR_LEN + frame.len();
-    let mut pos = 0usize;
-    for d in chain {
-        let mut addr = d.addr;
-        let mut left = d.len as usize;
-        while left > 0 && pos < total {
-            let (src, take) = if pos < HDR_LEN {
-                let n = left.min(HDR_LEN - pos);
-                (&hdr[pos..pos + n], n)
-            } else {
-                let off = pos - HDR_LEN;
-                let n = left.min(frame.len() - off);
-                (&frame[off..off + n], n)
-            };
-            dma.write(addr, src, attrs)
-                .map_err(|e| dma_fault(queue, addr, Access::Write, e))?;
-            pos += take;
-            left -= take;
-            addr = addr.wrapping_add(take as u64);
-        }
-    }
-    Ok(())
 }
 
 /// Transmits the chain at `head`: walk, check, copy onto the wire (or drop
@@ -713,7 +606,7 @@ fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), Device
     match w.port.tx.reserve() {
         Some(mut slot) => match slot.buf().get_mut(..frame_len) {
             Some(buf) => {
-                gather(&mut w.dma, w.attrs, queue, &w.chain, &mut h, buf)?;
+                gather_frame(&mut w.dma, &w.chain, &mut h, buf).map_err(|e| dma_fault(queue, e))?;
                 check(&h)?;
                 slot.commit(frame_len);
             }
@@ -726,14 +619,8 @@ fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), Device
             // scratch buffer holds `max_frame` bytes, at least the
             // frame's (checked above).
             let n = frame_len.min(w.scratch.len());
-            gather(
-                &mut w.dma,
-                w.attrs,
-                queue,
-                &w.chain,
-                &mut h,
-                &mut w.scratch[..n],
-            )?;
+            gather_frame(&mut w.dma, &w.chain, &mut h, &mut w.scratch[..n])
+                .map_err(|e| dma_fault(queue, e))?;
             check(&h)?;
             w.port.tx.drop_frame();
             bump(&w.counters.tx_dropped, 1);
@@ -760,8 +647,7 @@ enum Received {
 /// whatever the chain's size relative to §5.1.6.3.1's SHOULD.
 fn receive(
     mem: &DeviceMemory,
-    dma: &mut DmaAccessor,
-    attrs: DmaAttrs,
+    dma: &mut UnitDma,
     chain: &mut Vec<ChainDesc>,
     q: &mut DeviceQueue,
     head: u16,
@@ -787,7 +673,7 @@ fn receive(
         // never decide whether the NIC goes down.
         return Ok(Received::NoRoom);
     }
-    scatter(dma, attrs, queue, chain, &hdr::plain(true), frame)?;
+    scatter_frame(dma, chain, &hdr::plain(true), frame).map_err(|e| dma_fault(queue, e))?;
     q.add_used(mem, head, need as u32)?;
     Ok(Received::Delivered)
 }
@@ -800,6 +686,7 @@ mod tests {
     use softiommu::dma::{DmaDomain, DmaDomainConfig};
     use softiommu::hw::UnitConfig;
     use softiommu::mem::PhysMemory;
+    use std::time::Instant;
 
     /// A device started, past `spawn`'s check, on a wire whose slots are
     /// shorter than its largest frame: a frame longer than a slot is

@@ -14,6 +14,7 @@ mod config;
 mod device;
 mod dma;
 mod driver;
+mod frame;
 mod hdr;
 mod stack;
 mod wire;
@@ -26,6 +27,7 @@ pub use dma::{NetDma, RingMemory};
 pub use driver::{
     DriverError, DriverStats, NetDriver, NetDriverConfig, NetRxToken, NetTxToken, RX_BUDGET,
 };
+pub use frame::{gather_frame, scatter_frame, FrameFault};
 pub use hdr::{num_buffers, offloads, plain as plain_header, HDR_LEN};
 pub use stack::NetStack;
 pub use wire::{wire, LaneStats, Pacer, TxSlot, WireConfig, WirePort, WireRx, WireStats, WireTx};

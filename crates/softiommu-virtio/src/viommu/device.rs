@@ -3,7 +3,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use softiommu::access::PhysGuestMemory;
 use softiommu::hw::{System, UnitId};
@@ -14,6 +13,7 @@ use super::events::Reporter;
 use super::serve::Server;
 use super::state::{Negotiated, State};
 use super::stats::{Counters, ViommuStats};
+use crate::device_thread::{DeviceThreads, Lifecycle};
 use crate::spec::iommu as s;
 use crate::transport::{DeviceEnd, DeviceInfo, MmioTransport};
 
@@ -47,7 +47,7 @@ fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 pub struct ViommuDevice {
     transport: MmioTransport,
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    thread: DeviceThreads<ViommuError>,
 }
 
 impl ViommuDevice {
@@ -107,14 +107,22 @@ impl ViommuDevice {
             });
         }
         let sh = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("virtio-iommu".into())
-            .spawn(move || run(&cfg, &end, &mem, &sh, reporter))
-            .map_err(|e| ViommuError::Spawn(e.raw_os_error().unwrap_or(0)))?;
+        let mut thread = DeviceThreads::with_stop(shared.stop.clone());
+        thread
+            .spawn(
+                "virtio-iommu".into(),
+                || Ok(()),
+                move |(), _| run(&cfg, &end, &mem, &sh, reporter),
+            )
+            .map_err(|e| match e {
+                Lifecycle::Spawn { errno, .. } => ViommuError::Spawn(errno),
+                // `spawn` fails only to start the thread.
+                _ => ViommuError::Spawn(0),
+            })?;
         Ok(Self {
             transport,
             shared,
-            thread: Some(thread),
+            thread,
         })
     }
 
@@ -154,11 +162,7 @@ impl ViommuDevice {
     }
 
     fn halt(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
-            let _ = t.join();
-        }
+        let _ = self.thread.stop();
     }
 }
 
