@@ -45,13 +45,7 @@ pub(crate) fn table(name: &std::ffi::CStr) -> (MemTable, MemTable, *mut u8) {
 /// This thread's CPU time, nanoseconds: time slices other processes take
 /// on a shared machine do not count.
 fn cpu_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    softiommu_virtio::cpu_clock::thread().as_nanos() as u64
 }
 
 /// Nanoseconds of this thread's CPU per call of `f`: the best of five

@@ -50,6 +50,22 @@ mod tests {
         for (path, text) in &files {
             assert!(!text.contains(&call), "{path} reads a clock of its own");
         }
+        // The other crates of the workspace too: one wrapper, the core's.
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut others = Vec::new();
+        for krate in ["softiommu", "softiommu-virtio", "softiommu-vhost"] {
+            sources(&crates.join(krate).join("src"), &mut others);
+        }
+        let readers: Vec<&String> = others
+            .iter()
+            .filter(|(_, t)| t.contains(&call))
+            .map(|(p, _)| p)
+            .collect();
+        assert_eq!(readers.len(), 1, "{readers:?}");
+        assert!(
+            readers[0].ends_with("softiommu/src/cpu_clock.rs"),
+            "{readers:?}"
+        );
         for (name, imports) in [("iova_aging", "fio_aging"), ("fio_aging", "iova_aging")] {
             // A lab is one file or a folder of them.
             let text: String = files
