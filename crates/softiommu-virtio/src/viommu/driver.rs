@@ -511,7 +511,6 @@ impl ViommuDriver {
         }
     }
 
-
     /// Sends every queued request with one notification and waits for
     /// all of them; returns their completions in the order queued.
     pub fn sync(&mut self) -> Result<Vec<Completion>, ViommuDriverError> {
@@ -556,8 +555,8 @@ impl ViommuDriver {
                 // written, inside the writable part (as `Completion`).
                 Some(u) if u as usize >= s::TAIL_LEN && u <= wlen => {
                     let mut b = [0u8];
-                    let at = self.slot_addr(slot) + SLOT_WRITABLE + u64::from(u)
-                        - s::TAIL_LEN as u64;
+                    let at =
+                        self.slot_addr(slot) + SLOT_WRITABLE + u64::from(u) - s::TAIL_LEN as u64;
                     self.mem.read(at, &mut b)?;
                     Status::from_code(b[0])
                 }
@@ -644,9 +643,13 @@ impl ViommuDriver {
         self.req.push_avail(0);
         self.kick();
         let mut used = 0;
-        wait_all(&mut self.req, &self.transport, self.wait, self.spin, |_, len| {
-            used = len
-        })?;
+        wait_all(
+            &mut self.req,
+            &self.transport,
+            self.wait,
+            self.spin,
+            |_, len| used = len,
+        )?;
         Ok(used)
     }
 

@@ -27,6 +27,11 @@ pub struct ViommuArgs {
     /// both devices in every mode (0..=1000; 0: none).
     #[arg(long, default_value_t = EXIT_US, value_parser = parse_exit_us)]
     pub exit_us: f64,
+    /// Bytes per read: a multiple of 4096 in 4096..=131072 (the disk's
+    /// `size_max`: one data segment). The `ssd` back-end's bandwidth
+    /// makes a large block cost its transfer time.
+    #[arg(long, default_value = "4096", value_parser = parse_bs)]
+    pub bs: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     #[serde(skip)]
@@ -41,6 +46,7 @@ impl Default for ViommuArgs {
             rounds: None,
             quick: false,
             exit_us: EXIT_US,
+            bs: 4096,
             json: false,
         }
     }
@@ -51,5 +57,22 @@ pub(super) fn parse_exit_us(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.0..=1000.0).contains(&v) => Ok(v),
         _ => Err(format!("{s:?} is not a number of µs in 0..=1000")),
+    }
+}
+
+/// `--bs`: bytes per read, a multiple of 4096 in 4096..=131072, as a
+/// number of bytes or with a `k` suffix (KiB).
+pub(super) fn parse_bs(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a block size in 4096..=131072 bytes, a multiple of 4096");
+    let t = s.trim();
+    let v = match t.strip_suffix(['k', 'K']) {
+        Some(k) => k.parse::<u64>().ok().and_then(|k| k.checked_mul(1024)),
+        None => t.parse::<u64>().ok(),
+    }
+    .ok_or_else(bad)?;
+    if (4096..=131_072).contains(&v) && v % 4096 == 0 {
+        Ok(v)
+    } else {
+        Err(bad())
     }
 }

@@ -1,5 +1,5 @@
-//! `softiommu lab viommu`: the storage path through a virtio-iommu — 4 KiB
-//! reads on our virtio-blk device, whose every DMA the unit translates,
+//! `softiommu lab viommu`: the storage path through a virtio-iommu — reads
+//! of `--bs` bytes (4 KiB by default) on our virtio-blk device, whose every DMA the unit translates,
 //! its driver mapping each request (header, data, status) through the DMA
 //! API over the virtio-iommu device — with no IOMMU (the endpoint in
 //! bypass, buffers at their physical addresses), guest strict (every MAP
@@ -7,15 +7,20 @@
 //! notification per request's map sync, UNMAPs queued behind it, IOVAs
 //! freed after them).
 //!
-//! Two back-ends: `null` (no device time: the raw costs) and `ssd-80us`, a
-//! stated latency model — every request completes 80 µs after the device
-//! took it (a deadline per request, so requests in flight overlap as on
-//! an SSD with queue depth), about a datacenter NVMe SSD's 4 KiB
-//! random-read latency — the regime of J-P Brucker's 2023 figures (fio on
-//! an assigned NVMe: strict 81.3 %, lazy 92.7 %, lazy with sync-map
-//! batching 99.9 % of the host's bandwidth), printed as the anchor row.
-//! The device time each request achieved is measured and printed beside
-//! the model's.
+//! Two back-ends: `null` (no device time: the raw costs) and
+//! `ssd-80us-3500MBps`, a stated model of an NVMe SSD — every request
+//! completes 80 µs after the device took it (a deadline per request, so
+//! requests in flight overlap as on an SSD with queue depth; about a
+//! datacenter NVMe SSD's 4 KiB random-read latency), and no sooner than
+//! the previous request's completion plus its own data's time at the
+//! 3,500 MB/s a PCIe 3.0 x4 NVMe reads sequentially (Samsung SSD 970 EVO
+//! Plus data sheet): latency overlapped, bandwidth shared. At 4 KiB the
+//! bandwidth never binds at the default depth (1.2 µs a read); at
+//! `--bs 128k` a read's data takes 37 µs of it. This is the regime of
+//! J-P Brucker's 2023 figures (fio on an assigned NVMe: strict 81.3 %,
+//! lazy 92.7 %, lazy with sync-map batching 99.9 % of the host's
+//! bandwidth), printed as the anchor row. The device time each request
+//! achieved is measured and printed beside the model's.
 //!
 //! # What a notification costs
 //!
@@ -60,16 +65,22 @@ use softiommu::hw::SourceId;
 pub use args::ViommuArgs;
 
 use crate::error::{LabError, LabResult};
+use crate::lab::policy_physics::{check_by_with, PolicyCost, Spread, VIOMMU_MODES};
 use crate::report::Report;
 use render::report;
 use run::{measure_round, Measured};
 
 /// The disk's requester id (00:01.0), the virtio-iommu's endpoint 8.
 const BLK_SID: SourceId = SourceId(0x0008);
-/// Bytes per read.
-const IO_BYTES: u64 = 4096;
-/// The latency model of the `ssd-80us` back-end.
+/// The latency model of the `ssd` back-end.
 const SSD_HOLD: Duration = Duration::from_micros(80);
+/// The bandwidth of the `ssd` back-end, bytes per second: a PCIe 3.0 x4
+/// NVMe SSD's sequential read, "up to 3,500 MB/s" (Samsung SSD 970 EVO
+/// Plus data sheet, 2019; MB = 10^6 bytes). At 4 KiB it is 1.2 µs per
+/// read and never binds at the default depth; at 128 KiB, 37 µs.
+const SSD_BYTES_PER_SEC: u64 = 3_500_000_000;
+/// The `ssd` back-end's name in the rows.
+const SSD_DEVICE: &str = "virtio-blk/ssd-80us-3500MBps";
 /// The default exit cost per notification, µs: a guest–hypervisor–guest
 /// round trip is "typically from three to 10 microseconds" (QNX
 /// Hypervisor 7 user's guide, "Guest exits"); Landau, Ben-Yehuda and
@@ -88,7 +99,7 @@ const FLUSH_QUEUE: usize = 256;
 /// One (back-end, mode) row of the contract.
 #[derive(Debug, Clone, Serialize)]
 pub struct ViommuRow {
-    /// The back-end: `virtio-blk/null` or `virtio-blk/ssd-80us`.
+    /// The back-end: `virtio-blk/null` or `virtio-blk/ssd-80us-3500MBps`.
     pub device: String,
     /// `none`, `strict` or `lazy`.
     pub mode: &'static str,
@@ -124,41 +135,57 @@ pub struct ViommuRow {
     pub why: Option<String>,
 }
 
-/// Why a mode's row cannot stand: it took less time than `cheaper` (a
-/// mode doing a subset of its work: none for both IOMMU modes, lazy for
-/// strict) in every round (`secs` and `cheaper_secs`: each round's time
-/// for the same reads), which says the rig measured something other than
-/// the IOMMU's work. Compared beyond the spread: one round of the mode at
-/// or above the cheaper one's fastest stands.
-fn faster_than(mode: Mode, secs: &[f64], cheaper: Mode, cheaper_secs: &[f64]) -> Option<String> {
-    let slowest = secs.iter().copied().fold(f64::NAN, f64::max);
-    let fastest = cheaper_secs.iter().copied().fold(f64::NAN, f64::min);
-    (mode.costs_more_than(cheaper) && slowest < fastest).then(|| {
+/// Why each mode's row cannot stand (`secs[i]`: mode `Mode::ALL[i]`'s
+/// time per round for the same reads; the result in the same order):
+/// it took less time than a mode doing a subset of its work
+/// ([`VIOMMU_MODES`]: none for both IOMMU modes, lazy for strict) in
+/// every round, which says the rig measured something other than the
+/// IOMMU's work. Compared beyond the spread (the shared checker,
+/// [`check_by_with`]): one round of the mode at or above the cheaper
+/// one's fastest stands.
+fn physics_all(secs: &[Vec<f64>]) -> Vec<Option<String>> {
+    let rows: Vec<PolicyCost<'_>> = Mode::ALL
+        .iter()
+        .zip(secs)
+        .map(|(m, s)| PolicyCost {
+            policy: m.name(),
+            group: "",
+            cost: Spread::of(s),
+        })
+        .collect();
+    check_by_with(&rows, &VIOMMU_MODES, |rule, r, base| {
         format!(
             "measurement invalid: {} ran faster than {} in every round ({:.0} % of its throughput at best), which a mode doing all its work and more cannot",
-            mode.name(),
-            cheaper.name(),
-            100.0 * fastest / slowest
+            rule.dearer,
+            rule.cheaper,
+            100.0 * base.cost.min / r.cost.max
         )
     })
 }
 
-/// The first of a mode's physics checks to fail against the other modes'
-/// rounds (`secs[i]`: mode `Mode::ALL[i]`'s).
+/// The first of `mode`'s physics checks to fail ([`physics_all`]).
+#[cfg(test)]
 fn physics(mode: Mode, secs: &[Vec<f64>]) -> Option<String> {
-    Mode::ALL
-        .iter()
-        .zip(secs)
-        .find_map(|(&cheaper, c)| faster_than(mode, &secs[mode as usize], cheaper, c))
+    physics_all(secs).swap_remove(mode as usize)
 }
 
 /// A note when the device time achieved is off the model's by more than
 /// a tenth (the machine could not keep the deadlines): every mode's
-/// throughput then measures a slower device than the one named.
-fn device_time_note(device: &str, model_us: f64, achieved_us: f64) -> Option<String> {
-    (model_us > 0.0 && (achieved_us - model_us).abs() > 0.1 * model_us).then(|| {
+/// throughput then measures a slower device than the one named. The
+/// model gives a range `[lo_us, hi_us]`: the hold alone when the link is
+/// idle, up to `depth` transfer times when the bandwidth binds and
+/// `depth` reads queue on it (Little's law); `lo_us == hi_us` without a
+/// bandwidth that binds.
+fn device_time_note(device: &str, lo_us: f64, hi_us: f64, achieved_us: f64) -> Option<String> {
+    let off = achieved_us < 0.9 * lo_us || achieved_us > 1.1 * hi_us;
+    (lo_us > 0.0 && off).then(|| {
+        let model = if hi_us > lo_us {
+            format!("{lo_us:.0}-{hi_us:.0}")
+        } else {
+            format!("{lo_us:.0}")
+        };
         format!(
-            "{device}: the device time achieved ({achieved_us:.1} us per read on average) is off the model's {model_us:.0} us by more than 10 %: this machine could not keep the deadlines"
+            "{device}: the device time achieved ({achieved_us:.1} us per read on average) is off the model's {model} us by more than 10 %: this machine could not keep the deadlines"
         )
     })
 }
@@ -174,10 +201,14 @@ pub struct ViommuReport {
     pub ios: u64,
     /// Reads in flight.
     pub depth: u64,
-    /// The `ssd-80us` back-end's latency model.
+    /// The `ssd` back-end's model (latency and bandwidth).
     pub latency_model: &'static str,
     /// The model's device time per request, µs.
     pub device_model_us: f64,
+    /// Bytes per read.
+    pub bs: u64,
+    /// The `ssd` back-end's bandwidth, bytes per second.
+    pub ssd_bytes_per_sec: u64,
     /// The modelled cost of each notification (VM exit and entry), µs.
     pub exit_us: f64,
     /// What the exit cost models, and its source.
@@ -191,7 +222,7 @@ pub struct ViommuReport {
     /// machine with more runnable threads than cores measures its
     /// scheduler as much as the IOMMU.
     pub load_avg_1m: f64,
-    /// Whether, on the `ssd-80us` back-end, lazy reached 95 % of none and
+    /// Whether, on the `ssd` back-end, lazy reached 95 % of none and
     /// 1.2x strict.
     pub ssd_lazy_target_met: bool,
     /// One row per (back-end, mode).
@@ -217,16 +248,6 @@ impl Mode {
             Mode::Lazy => "lazy",
         }
     }
-
-    /// Whether the mode does all of `other`'s work and more: lazy sends
-    /// the MAPs and UNMAPs strict sends, with fewer notifications and
-    /// waits; none sends nothing.
-    fn costs_more_than(self, other: Mode) -> bool {
-        matches!(
-            (self, other),
-            (Mode::Strict, Mode::None | Mode::Lazy) | (Mode::Lazy, Mode::None)
-        )
-    }
 }
 
 /// Runs the lab.
@@ -245,13 +266,10 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
         .unwrap_or(0.0);
     let mut rows = Vec::new();
     let mut notes = Vec::new();
-    for (device, hold) in [
-        ("virtio-blk/null", None),
-        ("virtio-blk/ssd-80us", Some(SSD_HOLD)),
-    ] {
+    for (device, hold) in [("virtio-blk/null", None), (SSD_DEVICE, Some(SSD_HOLD))] {
         let mut per_mode: Vec<Vec<Measured>> = vec![Vec::new(); Mode::ALL.len()];
         for _ in 0..rounds {
-            for (i, m) in measure_round(hold, ios, depth, exit)?
+            for (i, m) in measure_round(hold, ios, depth, exit, args.bs)?
                 .into_iter()
                 .enumerate()
             {
@@ -271,8 +289,12 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
             .collect();
         let none_iops = ios as f64 / med[0].secs;
         let model_us = hold.map_or(0.0, |h| h.as_secs_f64() * 1e6);
-        for (mode, m) in Mode::ALL.iter().zip(&med) {
-            let why = physics(*mode, &secs);
+        // With `depth` reads queued on the link, each waits `depth`
+        // transfers (when that is longer than the hold).
+        let transfer_us = args.bs as f64 / SSD_BYTES_PER_SEC as f64 * 1e6;
+        let model_hi_us = model_us.max(depth as f64 * transfer_us);
+        let whys = physics_all(&secs);
+        for ((mode, m), why) in Mode::ALL.iter().zip(&med).zip(whys) {
             let iops = ios as f64 / m.secs;
             let per = |x: u64| x as f64 / ios as f64;
             let device_us = if m.released > 0 {
@@ -280,9 +302,12 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
             } else {
                 0.0
             };
-            if let Some(n) =
-                device_time_note(&format!("{device}/{}", mode.name()), model_us, device_us)
-            {
+            if let Some(n) = device_time_note(
+                &format!("{device}/{}", mode.name()),
+                model_us,
+                model_hi_us,
+                device_us,
+            ) {
                 notes.push(n);
             }
             rows.push(ViommuRow {
@@ -304,7 +329,7 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
     // An invalid row meets no target.
     let ssd = |m: &str| {
         rows.iter()
-            .find(|r| r.device.ends_with("ssd-80us") && r.mode == m && r.valid)
+            .find(|r| r.device == SSD_DEVICE && r.mode == m && r.valid)
             .map_or(f64::NAN, |r| r.iops)
     };
     let (none, strict, lazy) = (ssd("none"), ssd("strict"), ssd("lazy"));
@@ -315,8 +340,10 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
         quick: args.quick,
         ios,
         depth: depth as u64,
-        latency_model: "ssd-80us: every request completes 80 us after the device took it (a deadline per request; requests in flight overlap)",
+        latency_model: "ssd-80us-3500MBps: every request completes 80 us after the device took it (a deadline per request; requests in flight overlap), and no sooner than the previous one's completion plus its data's time at 3,500 MB/s (one link shared in arrival order; Samsung SSD 970 EVO Plus data sheet, sequential read)",
         device_model_us: SSD_HOLD.as_secs_f64() * 1e6,
+        bs: args.bs,
+        ssd_bytes_per_sec: SSD_BYTES_PER_SEC,
         exit_us: args.exit_us,
         exit_model: "every QueueNotify of either device, in every mode, busy-waits the exit cost on the notifying thread (a VM exit and entry; default: the low end of a guest-hypervisor-guest round trip, 3-10 us, QNX Hypervisor 7 user's guide, 'Guest exits')",
         anchor: ANCHOR.to_vec(),

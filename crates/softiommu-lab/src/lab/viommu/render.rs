@@ -1,17 +1,18 @@
 //! The typed report of `lab viommu`.
 
-use super::{ViommuReport, ANCHOR};
+use super::{ViommuReport, ANCHOR, SSD_DEVICE};
 use crate::report::{contract, Column, Modelled, Param, Report, Table, Unit};
 
 /// The typed report.
 pub(super) fn report(r: &ViommuReport, rounds: u64) -> Report {
-    // The ssd-80us rows carry the device's modelled time, and every row
+    // The ssd rows carry the device's modelled time, and every row
     // the modelled exits (unless --exit-us 0).
     let modelled = r.exit_us > 0.0 || r.rows.iter().any(|x| x.device_us_per_io > 0.0);
     let mut t = Table::new(
         "results",
         format!(
-            "4 KiB reads on virtio-blk through a virtio-iommu, depth {}, {} reads per row{}",
+            "{} KiB reads on virtio-blk through a virtio-iommu, depth {}, {} reads per row{}",
+            r.bs / 1024,
             r.depth,
             r.ios,
             if r.quick { ", quick" } else { "" }
@@ -65,6 +66,8 @@ pub(super) fn report(r: &ViommuReport, rounds: u64) -> Report {
         Param::text("quick", r.quick),
         Param::text("latency_model", r.latency_model),
         Param::text("device_model_us", r.device_model_us),
+        Param::new("bs", r.bs, Unit::Count),
+        Param::text("ssd_bytes_per_sec", r.ssd_bytes_per_sec),
         Param::text("exit_us", r.exit_us),
         Param::text("exit_model", r.exit_model),
         Param::text("load_avg_1m", r.load_avg_1m),
@@ -83,7 +86,7 @@ pub(super) fn report(r: &ViommuReport, rounds: u64) -> Report {
     ];
     rep.tables.push(t);
     rep.notes.push(format!(
-        "ssd-80us: lazy >= 95 % of none and >= 1.2x strict: {}{}",
+        "{SSD_DEVICE}: lazy >= 95 % of none and >= 1.2x strict: {}{}",
         if r.ssd_lazy_target_met { "met" } else { "NOT met" },
         if r.load_avg_1m > 2.0 {
             format!(" (load average {:.1} on this machine: the cross-thread round trips measure its scheduler too)", r.load_avg_1m)

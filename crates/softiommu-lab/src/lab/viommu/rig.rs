@@ -18,7 +18,7 @@ use softiommu_virtio::viommu::{
 use softiommu_virtio::vring::{DriverRing, RingLayout};
 
 use super::run::Measured;
-use super::{err, Mode, BLK_SID, FLUSH_QUEUE, IO_BYTES};
+use super::{err, Mode, BLK_SID, FLUSH_QUEUE, SSD_BYTES_PER_SEC};
 use crate::error::LabResult;
 
 /// The guest's view of the disk's DMA: physical addresses (no IOMMU) or
@@ -81,6 +81,7 @@ impl Rig {
         hold: Option<Duration>,
         depth: usize,
         exit: Duration,
+        bs: u64,
     ) -> LabResult<Self> {
         let mem = Arc::new(PhysMemory::new(64 << 20)?);
         let mut sys = System::new(mem.clone());
@@ -147,6 +148,7 @@ impl Rig {
                 slow: hold.map(|hold| SlowRegion {
                     from_sector: 0,
                     hold,
+                    bytes_per_sec: SSD_BYTES_PER_SEC,
                 }),
                 ..BlkDeviceConfig::default()
             },
@@ -155,7 +157,7 @@ impl Rig {
         )
         .map_err(err)?;
         let t = disk.transport().clone();
-        let q = BlkQueue::probe(&t, &mem, &mut dma, depth)?;
+        let q = BlkQueue::probe(&t, &mem, &mut dma, depth, bs)?;
         Ok(Self {
             mode,
             q,
@@ -235,16 +237,18 @@ impl Rig {
 }
 
 /// A minimal virtio-blk driver of one queue whose every DMA address
-/// comes from [`Dma`]: per read, a header, 4 KiB of data and a status
+/// comes from [`Dma`]: per read, a header, `bs` bytes of data and a status
 /// byte, mapped when submitted and unmapped when used.
 struct BlkQueue {
     mem: Arc<PhysMemory>,
     ring: DriverRing,
-    /// Per slot: the page holding header and status, and the data page.
+    /// Per slot: the page holding header and status, and the data block.
     slots: Vec<(u64, u64)>,
     free: Vec<u16>,
     maps: Vec<Vec<ViommuMapping>>,
     sector: u64,
+    /// Bytes per read.
+    bs: u64,
     /// The ring's mapping, kept for the run (the machine goes with it).
     _ring: Vec<ViommuMapping>,
 }
@@ -255,6 +259,7 @@ impl BlkQueue {
         mem: &Arc<PhysMemory>,
         dma: &mut Dma,
         depth: usize,
+        bs: u64,
     ) -> LabResult<Self> {
         t.bind_interrupt(std::thread::current());
         t.write(reg::STATUS, 0);
@@ -285,7 +290,8 @@ impl BlkQueue {
         t.write(reg::STATUS, st | status::DRIVER_OK);
         let mut slots = Vec::with_capacity(depth);
         for _ in 0..depth {
-            slots.push((mem.alloc_zeroed_frames(0)?, mem.alloc_zeroed_frames(0)?));
+            let order = bs.div_ceil(PAGE_SIZE).next_power_of_two().trailing_zeros();
+            slots.push((mem.alloc_zeroed_frames(0)?, mem.alloc_zeroed_frames(order)?));
         }
         Ok(Self {
             mem: mem.clone(),
@@ -294,6 +300,7 @@ impl BlkQueue {
             free: (0..depth as u16).rev().collect(),
             maps: vec![Vec::new(); depth],
             sector: 0,
+            bs,
             _ring: ring_maps,
         })
     }
@@ -303,12 +310,12 @@ impl BlkQueue {
         let mut hdr = [0u8; blk::HDR_LEN];
         hdr[0..4].copy_from_slice(&blk::T_IN.to_le_bytes());
         hdr[8..16].copy_from_slice(&self.sector.to_le_bytes());
-        self.sector = (self.sector + IO_BYTES / blk::SECTOR_SIZE) % ((1 << 30) / blk::SECTOR_SIZE);
+        self.sector = (self.sector + self.bs / blk::SECTOR_SIZE) % ((1 << 30) / blk::SECTOR_SIZE);
         self.mem.write(page, &hdr)?;
         self.mem.write(page + 64, &[0xff])?;
         let (a, maps) = dma.map(&[
             (page, blk::HDR_LEN as u64, DmaDirection::ToDevice),
-            (data, IO_BYTES, DmaDirection::FromDevice),
+            (data, self.bs, DmaDirection::FromDevice),
             (page + 64, 1, DmaDirection::FromDevice),
         ])?;
         self.maps[usize::from(slot)] = maps;
@@ -318,7 +325,7 @@ impl BlkQueue {
         self.ring.set_desc(
             d0 + 1,
             a[1],
-            IO_BYTES as u32,
+            self.bs as u32,
             desc::F_NEXT | desc::F_WRITE,
             d0 + 2,
         );

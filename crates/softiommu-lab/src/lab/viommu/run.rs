@@ -42,6 +42,7 @@ pub(super) fn measure_round(
     ios: u64,
     depth: usize,
     exit: Duration,
+    bs: u64,
 ) -> LabResult<Vec<Measured>> {
     // The driver's waits for interrupts end when the interrupt comes,
     // not up to 50 us (Linux's default timer slack) later.
@@ -50,7 +51,7 @@ pub(super) fn measure_round(
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
     let mut rigs = Mode::ALL
         .iter()
-        .map(|&m| Rig::new(m, hold, depth, exit))
+        .map(|&m| Rig::new(m, hold, depth, exit, bs))
         .collect::<LabResult<Vec<_>>>()?;
     let mut out = vec![Measured::default(); rigs.len()];
     let mut left = ios;
