@@ -193,7 +193,8 @@ impl State {
             .system
             .unit(self.unit)
             .expect("the device's unit exists for the system's life");
-        let stop = self.stop.clone();
+        // Borrowed, not cloned: no shared-counter traffic per round.
+        let stop = &*self.stop;
         let r = self
             .pending
             .flush(unit, self.timeout, || stop.load(Ordering::Acquire));
