@@ -11,4 +11,3 @@ pub mod policy_physics;
 pub mod steal;
 pub mod stress;
 pub mod viommu;
-mod viommu_udp;

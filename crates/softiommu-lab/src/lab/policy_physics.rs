@@ -54,6 +54,28 @@ pub const WALKS: [MustCostMore; 1] = [MustCostMore {
         "with a non-coherent walker every page-table update is also flushed from the CPU cache",
 }];
 
+/// The guest IOMMU modes' order over a virtio-iommu: none <= lazy <=
+/// strict (lazy sends the MAPs and UNMAPs strict sends, with fewer
+/// notifications and waits; none sends nothing).
+pub const VIOMMU_MODES: [MustCostMore; 3] = [
+    MustCostMore {
+        dearer: "strict",
+        cheaper: "none",
+        because: "strict sends a MAP and an UNMAP for every buffer, and no IOMMU sends none",
+    },
+    MustCostMore {
+        dearer: "strict",
+        cheaper: "lazy",
+        because:
+            "strict sends every MAP and UNMAP lazy sends, each with its own notification and wait",
+    },
+    MustCostMore {
+        dearer: "lazy",
+        cheaper: "none",
+        because: "lazy sends a MAP and an UNMAP for every buffer, and no IOMMU sends none",
+    },
+];
+
 /// For each row, why its figure contradicts what its DMA policy must cost
 /// ([`POLICIES`]; `None`: it stands). A row is invalid when every round of
 /// it is below every round of the policy it must cost more than, in its
@@ -73,6 +95,23 @@ pub fn check_by(
     rules: &[MustCostMore],
     what: &str,
 ) -> Vec<Option<String>> {
+    check_by_with(rows, rules, |rule, r, base| {
+        format!(
+            "measurement invalid: {}'s {what} (at most {:.3} over the rounds) is below {}'s (at least {:.3}), but {}",
+            rule.dearer, r.cost.max, rule.cheaper, base.cost.min, rule.because
+        )
+    })
+}
+
+/// As [`check_by`], the message of a broken rule written by `why` (from
+/// the rule, the row and the row it undercut): for a lab whose report
+/// words it in its own terms. The first rule of `rules` a row breaks is
+/// the one reported.
+pub fn check_by_with(
+    rows: &[PolicyCost<'_>],
+    rules: &[MustCostMore],
+    why: impl Fn(&MustCostMore, &PolicyCost<'_>, &PolicyCost<'_>) -> String,
+) -> Vec<Option<String>> {
     rows.iter()
         .map(|r| {
             rules
@@ -82,12 +121,7 @@ pub fn check_by(
                     let base = rows
                         .iter()
                         .find(|b| b.policy == rule.cheaper && b.group == r.group)?;
-                    r.cost.wholly_below(&base.cost).then(|| {
-                        format!(
-                            "measurement invalid: {}'s {what} (at most {:.3} over the rounds) is below {}'s (at least {:.3}), but {}",
-                            rule.dearer, r.cost.max, rule.cheaper, base.cost.min, rule.because
-                        )
-                    })
+                    r.cost.wholly_below(&base.cost).then(|| why(rule, r, base))
                 })
         })
         .collect()

@@ -28,6 +28,13 @@
 //! deadlines (hardware keeps its time whatever the CPUs do). The device
 //! counts the time each one achieved ([`BlkDeviceStats::held_ns`]).
 //!
+//! A region may also carry a bandwidth ([`SlowRegion::bytes_per_sec`]):
+//! the data of its requests then crosses one link in turn, so a request
+//! falls due at its arrival plus the hold or at the previous one's due
+//! time plus its own transfer time (`len / bytes_per_sec`), whichever is
+//! later — latency overlapped across the requests in flight, bandwidth
+//! shared. Due times stay in arrival order.
+//!
 //! [`BlkDeviceStats::held_ns`]: super::BlkDeviceStats::held_ns
 
 use std::collections::VecDeque;
@@ -41,6 +48,9 @@ pub struct SlowRegion {
     pub from_sector: u64,
     /// How long a slow request is held (at most [`MAX_HOLD`]).
     pub hold: Duration,
+    /// The region's bandwidth, bytes per second, shared by its requests
+    /// in arrival order (0: none, only the hold).
+    pub bytes_per_sec: u64,
 }
 
 /// The longest hold: an hour.
@@ -55,6 +65,29 @@ pub const DUE_SPIN: Duration = Duration::from_micros(5);
 /// held).
 pub(crate) fn due_at(arrived: Instant, hold: Duration) -> Option<Instant> {
     arrived.checked_add(hold)
+}
+
+/// When a chain of `len` data bytes taken at `arrived` falls due on a
+/// region of `hold` and `bytes_per_sec` (0: no bandwidth limit), the
+/// previous chain of its queue having fallen due at `prev`: the later of
+/// `arrived + hold` and `prev + len / bytes_per_sec`. `None` if that
+/// instant cannot be represented (the chain is then not held).
+pub(crate) fn due_with_bandwidth(
+    arrived: Instant,
+    hold: Duration,
+    len: u64,
+    bytes_per_sec: u64,
+    prev: Option<Instant>,
+) -> Option<Instant> {
+    let latency = due_at(arrived, hold)?;
+    let (Some(prev), true) = (prev, bytes_per_sec > 0) else {
+        return Some(latency);
+    };
+    // `len * 1e9` in u128 cannot overflow; a quotient past u64 ns is
+    // centuries: no deadline.
+    let ns = u128::from(len) * 1_000_000_000 / u128::from(bytes_per_sec);
+    let transfer = Duration::from_nanos(u64::try_from(ns).ok()?);
+    Some(latency.max(prev.checked_add(transfer)?))
 }
 
 /// Gives the calling thread nice -20 (`setpriority` on its thread id),
@@ -97,6 +130,8 @@ pub(crate) struct HeldQueue {
     pub(crate) generation: u64,
     pub(crate) items: VecDeque<Held>,
     cap: usize,
+    /// The due time of the last chain released.
+    released_due: Option<Instant>,
 }
 
 impl HeldQueue {
@@ -106,6 +141,7 @@ impl HeldQueue {
             generation: 0,
             items: VecDeque::with_capacity(cap),
             cap,
+            released_due: None,
         }
     }
 
@@ -113,6 +149,7 @@ impl HeldQueue {
     pub(crate) fn adopt(&mut self, generation: u64) {
         if self.generation != generation {
             self.items.clear();
+            self.released_due = None;
             self.generation = generation;
         }
     }
@@ -129,7 +166,9 @@ impl HeldQueue {
     /// The oldest chain, if it is due at `now`.
     pub(crate) fn pop_due(&mut self, now: Instant) -> Option<Held> {
         if self.items.front().is_some_and(|h| h.due <= now) {
-            self.items.pop_front()
+            let h = self.items.pop_front();
+            self.released_due = h.map(|h| h.due);
+            h
         } else {
             None
         }
@@ -138,6 +177,15 @@ impl HeldQueue {
     /// When the oldest chain falls due.
     pub(crate) fn next_due(&self) -> Option<Instant> {
         self.items.front().map(|h| h.due)
+    }
+
+    /// When the newest chain falls due (a bandwidth's link is busy until
+    /// then), or the last one released if it is later.
+    pub(crate) fn last_due(&self) -> Option<Instant> {
+        match (self.items.back().map(|h| h.due), self.released_due) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
@@ -182,5 +230,43 @@ mod tests {
         // SAFETY: PR_GET_TIMERSLACK returns the slack and reads nothing.
         let slack = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
         assert_eq!(slack, 1);
+    }
+
+    /// With a bandwidth, requests share one link: 4 KiB at 4.096e9 B/s
+    /// is 1 µs, so a burst of requests taken at once falls due 80 µs
+    /// after arrival, then 1 µs apart; one arriving after the link went
+    /// idle waits only its hold. No bandwidth (0): the hold alone.
+    #[test]
+    fn a_bandwidth_spaces_the_due_times_of_a_burst() {
+        let t0 = Instant::now();
+        let hold = Duration::from_micros(80);
+        let us = Duration::from_micros;
+        let first = due_with_bandwidth(t0, hold, 4096, 4_096_000_000, None);
+        assert_eq!(first, Some(t0 + us(80)));
+        let second = due_with_bandwidth(t0, hold, 4096, 4_096_000_000, first);
+        assert_eq!(second, Some(t0 + us(81)));
+        let later = t0 + us(500);
+        assert_eq!(
+            due_with_bandwidth(later, hold, 4096, 4_096_000_000, second),
+            Some(later + us(80))
+        );
+        assert_eq!(
+            due_with_bandwidth(t0, hold, 4096, 0, second),
+            Some(t0 + us(80))
+        );
+        assert_eq!(due_with_bandwidth(t0, hold, u64::MAX, 1, first), None);
+        // The queue remembers the link's last due time past a release.
+        let mut q = HeldQueue::new(2);
+        q.adopt(1);
+        assert!(q.push(Held {
+            head: 0,
+            len: 1,
+            arrived: t0,
+            due: t0 + us(80),
+        }));
+        assert_eq!(q.pop_due(t0 + us(90)).map(|h| h.head), Some(0));
+        assert_eq!(q.last_due(), Some(t0 + us(80)));
+        q.adopt(2);
+        assert_eq!(q.last_due(), None);
     }
 }

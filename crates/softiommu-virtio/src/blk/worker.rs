@@ -36,7 +36,9 @@ use softiommu::hw::Access;
 use super::backend::BlkBackend;
 use super::request::{BlkLimits, BlkOp, BlkPlan, RequestError};
 use super::serve::{BlkRequests, Completed, Prepared, ServeError};
-use super::slow::{device_priority, due_at, precise_timers, Held, HeldQueue, SlowRegion, DUE_SPIN};
+use super::slow::{
+    device_priority, due_with_bandwidth, precise_timers, Held, HeldQueue, SlowRegion, DUE_SPIN,
+};
 use super::stats::{bump, Counters, RequestLog, RequestRecord};
 use crate::device_dma::UnitDma;
 use crate::spec::blk;
@@ -353,7 +355,14 @@ impl Worker {
         if let (Some(slow), Some(plan)) = (self.p.slow, plan) {
             let slow_io = matches!(plan.op, BlkOp::Read | BlkOp::Write)
                 && plan.offset / blk::SECTOR_SIZE >= slow.from_sector;
-            if let (true, blk::S_OK, Some(due)) = (slow_io, status, due_at(arrived, slow.hold)) {
+            let due = due_with_bandwidth(
+                arrived,
+                slow.hold,
+                plan.len,
+                slow.bytes_per_sec,
+                self.held[k].last_due(),
+            );
+            if let (true, blk::S_OK, Some(due)) = (slow_io, status, due) {
                 let held = Held {
                     head,
                     len,

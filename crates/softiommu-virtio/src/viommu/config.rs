@@ -42,6 +42,17 @@ pub struct ViommuConfig {
     /// `VIRTIO_IOMMU_RESV_MEM_T_RESERVED` (inclusive bounds) and refused
     /// to MAP, beside the MSI window.
     pub reserved: Vec<(u64, u64)>,
+    /// The most page-table frames (4 KiB each, roots included) the
+    /// device's domains may hold together. Their tables take frames from
+    /// the memory's reserve, which the unit's other users share: a guest
+    /// that maps sparsely (one 4 KiB page per 2 MiB) or makes many
+    /// domains would otherwise drain it. A MAP whose worst case (one
+    /// table per 2 MiB, 1 GiB and 512 GiB region it touches) would take
+    /// the domains past it is answered `NOMEM` before any frame is taken
+    /// (near the quota that refuses some MAPs that would have needed
+    /// fewer); an ATTACH that would make a translated domain past it,
+    /// `NOMEM`. At least 1.
+    pub table_frames: u64,
     /// `QueueNumMax` of both queues (a power of two).
     pub queue_max: u16,
     /// Chains taken from the request queue per round: the device's work
@@ -85,6 +96,9 @@ impl Default for ViommuConfig {
             probe_size: 512,
             bypass: false,
             reserved: Vec::new(),
+            // 64 MiB of tables: 16,383 leaf tables, 32 GiB of 4 KiB
+            // mappings scattered one per 2 MiB.
+            table_frames: 16_384,
             queue_max: 256,
             // A whole queue: the requests of one notification are one
             // round, and their UNMAPs one invalidation per domain.
@@ -148,6 +162,9 @@ impl ViommuConfig {
             if system.unit_of(sid).map(|(id, _)| id) != Some(unit) {
                 return Err(ViommuError::EndpointNotInUnit { sid, unit });
             }
+        }
+        if self.table_frames == 0 {
+            return bad("table_frames", 0);
         }
         let props = self.reserved.len().saturating_add(1);
         let need = props.saturating_mul(RESV_MEM_PROP);

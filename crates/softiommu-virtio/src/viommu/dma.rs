@@ -19,7 +19,7 @@ use softiommu::dma::DmaDirection;
 use softiommu::iova::{IovaDomain, IovaError, IovaPolicy};
 use softiommu::mem::{PAGE_SHIFT, PAGE_SIZE};
 
-use super::driver::{Completion, ViommuDriver, ViommuDriverError};
+use super::driver::{ViommuDriver, ViommuDriverError};
 use super::ops::encode;
 use super::status::Status;
 use crate::spec::iommu as s;
@@ -130,6 +130,9 @@ pub struct ViommuDma {
     serial: u64,
     /// Serials of queued MAPs the device refused (nothing mapped).
     refused_maps: Vec<u64>,
+    /// The statuses of a sync, in `queued`'s order (reused: no
+    /// allocation per sync).
+    statuses: Vec<Option<Status>>,
     stats: ViommuDmaStats,
 }
 
@@ -207,6 +210,7 @@ impl ViommuDma {
             unmaps_queued: 0,
             serial: 0,
             refused_maps: Vec::new(),
+            statuses: Vec::new(),
             stats: ViommuDmaStats::default(),
         })
     }
@@ -247,8 +251,8 @@ impl ViommuDma {
         sg: &[(u64, u64, DmaDirection)],
     ) -> Result<Vec<ViommuMapping>, ViommuDmaError> {
         let mut out = Vec::with_capacity(sg.len());
-        // Lazy: the serial of each MAP in `out`.
-        let mut serials = Vec::with_capacity(sg.len());
+        // Lazy: the serial of `out[0]`'s MAP (the next ones follow it).
+        let first_serial = self.serial;
         self.refused_maps.clear();
         for &(phys, len, dir) in sg {
             let flags = match dir {
@@ -266,7 +270,7 @@ impl ViommuDma {
             let pfn = match self.iova.alloc(pages, u64::MAX) {
                 Ok(p) => p,
                 Err(e) => {
-                    self.abandon(&out, &serials);
+                    self.abandon(&out, first_serial);
                     return Err(e.into());
                 }
             };
@@ -303,12 +307,11 @@ impl ViommuDma {
             };
             if let Err(e) = sent {
                 let _ = self.iova.free(pfn, pages);
-                self.abandon(&out, &serials);
+                self.abandon(&out, first_serial);
                 return Err(e);
             }
             if matches!(self.mode, ViommuMode::Lazy { .. }) {
                 self.queued.push(Queued::Map(m, self.serial));
-                serials.push(self.serial);
                 self.serial += 1;
             }
             out.push(m);
@@ -319,7 +322,7 @@ impl ViommuDma {
             // call, and the MAPs that succeeded are undone: nothing the
             // caller was not given stays mapped.
             if let Err(e) = self.sync() {
-                self.abandon(&out, &serials);
+                self.abandon(&out, first_serial);
                 return Err(e);
             }
         }
@@ -386,12 +389,12 @@ impl ViommuDma {
     /// status may have mapped, and is left to the caller's undo. A driver
     /// error (timeout, reset) judges nothing and frees nothing.
     fn sync(&mut self) -> Result<(), ViommuDmaError> {
-        let done = self.drv.sync()?;
-        let queued = std::mem::take(&mut self.queued);
+        self.drv.sync_statuses(&mut self.statuses)?;
         self.unmaps_queued = 0;
         let mut first: Option<ViommuDmaError> = None;
-        for (i, q) in queued.into_iter().enumerate() {
-            let st = done.get(i).and_then(Completion::status);
+        for i in 0..self.queued.len() {
+            let q = self.queued[i];
+            let st = self.statuses.get(i).copied().flatten();
             let err = match (q, st) {
                 (Queued::Unmap(m), Some(Status::Ok)) => {
                     self.iova.free(m.pfn, m.pages).err().map(Into::into)
@@ -413,13 +416,14 @@ impl ViommuDma {
                 first.get_or_insert(e);
             }
         }
+        self.queued.clear();
         first.map_or(Ok(()), Err)
     }
 
     /// A `map_segments` that fails undoes what it did: in lazy mode the
     /// queue is synced first (its statuses judged, not lost), then every
     /// MAP of `out` not refused is unmapped.
-    fn abandon(&mut self, out: &[ViommuMapping], serials: &[u64]) {
+    fn abandon(&mut self, out: &[ViommuMapping], first_serial: u64) {
         let mut live: Vec<ViommuMapping> = out.to_vec();
         if matches!(self.mode, ViommuMode::Lazy { .. }) {
             let _ = self.sync();
@@ -430,7 +434,7 @@ impl ViommuDma {
             }
             live = out
                 .iter()
-                .zip(serials)
+                .zip(first_serial..)
                 .filter(|(_, s)| !self.refused_maps.contains(s))
                 .map(|(m, _)| *m)
                 .collect();

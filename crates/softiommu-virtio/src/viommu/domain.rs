@@ -95,6 +95,13 @@ impl Domain {
         out: &mut Vec<MappingRecord>,
     ) -> Result<(), Split> {
         out.clear();
+        // The usual UNMAP names exactly one MAP's range: one lookup. The
+        // mappings are disjoint, so none other meets `[start, end]` and
+        // none crosses its edges.
+        if let Some(m) = self.maps.get(&start).filter(|m| m.end == end) {
+            out.push(*m);
+            return Ok(());
+        }
         if let Some((_, m)) = self.maps.range(..start).next_back() {
             if m.end >= start {
                 return Err(Split::Crosses);

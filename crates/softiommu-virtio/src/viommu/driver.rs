@@ -241,6 +241,13 @@ pub struct ViommuDriver {
     wlen: Vec<u32>,
     /// Slots queued but not yet notified.
     queued: Vec<u16>,
+    /// Per slot: the used length of its last return (reused by every
+    /// sync: no allocation per request).
+    used: Vec<Option<u32>>,
+    /// The slots of the sync being judged (reused, as `used`).
+    judged: Vec<u16>,
+    /// The statuses of [`call_status`](Self::call_status)'s sync (reused).
+    statuses: Vec<Option<Status>>,
     events: PhysAddr,
     ring_orders: (u32, u32),
     features: u64,
@@ -248,6 +255,48 @@ pub struct ViommuDriver {
     wait: Duration,
     spin: Duration,
     kicks: u64,
+}
+
+/// Waits until every chain in flight on `req` has come back (at most
+/// `wait`; polling for `spin`, then parked in 50 µs steps); hands each
+/// `(head, used)` to `out` in the order used. The clock is read only once
+/// a poll finds nothing (a device served in the notifier has answered by
+/// then).
+fn wait_all(
+    req: &mut DriverRing,
+    transport: &MmioTransport,
+    wait: Duration,
+    spin: Duration,
+    mut out: impl FnMut(u16, u32),
+) -> Result<(), ViommuDriverError> {
+    let mut start: Option<Instant> = None;
+    while req.outstanding() > 0 {
+        match req.pop_used() {
+            Some((id, len)) => {
+                let head = u16::try_from(id).map_err(|_| ViommuDriverError::BadUsed(id))?;
+                out(head, len);
+            }
+            None => {
+                let st = transport.status();
+                if st & status::DEVICE_NEEDS_RESET != 0 {
+                    return Err(ViommuDriverError::NeedsReset(st));
+                }
+                let now = Instant::now();
+                let t0 = *start.get_or_insert(now);
+                if now - t0 >= wait {
+                    return Err(ViommuDriverError::Timeout(wait));
+                }
+                if now - t0 < spin {
+                    // Poll, but give the CPU to the device thread if it
+                    // is waiting for one.
+                    std::thread::yield_now();
+                } else {
+                    std::thread::park_timeout(Duration::from_micros(50));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn order_of(bytes: u64) -> u32 {
@@ -354,7 +403,10 @@ impl ViommuDriver {
             slot_order,
             free: (0..nslots).rev().collect(),
             wlen: vec![0; usize::from(nslots)],
-            queued: Vec::new(),
+            queued: Vec::with_capacity(usize::from(nslots)),
+            used: vec![None; usize::from(nslots)],
+            judged: Vec::with_capacity(usize::from(nslots)),
+            statuses: Vec::with_capacity(usize::from(nslots)),
             events,
             ring_orders: (ring_orders.0, ring_orders.1),
             features: wanted,
@@ -445,66 +497,82 @@ impl ViommuDriver {
         }
     }
 
-    /// Waits until every chain in flight has come back; returns each
-    /// `(head, used)` in the order used.
-    fn wait_all(&mut self, mut out: impl FnMut(u16, u32)) -> Result<(), ViommuDriverError> {
-        let start = Instant::now();
-        let deadline = start + self.wait;
-        while self.req.outstanding() > 0 {
-            match self.req.pop_used() {
-                Some((id, len)) => {
-                    let head = u16::try_from(id).map_err(|_| ViommuDriverError::BadUsed(id))?;
-                    out(head, len);
-                }
-                None => {
-                    let st = self.transport.status();
-                    if st & status::DEVICE_NEEDS_RESET != 0 {
-                        return Err(ViommuDriverError::NeedsReset(st));
-                    }
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(ViommuDriverError::Timeout(self.wait));
-                    }
-                    if now - start < self.spin {
-                        // Poll, but give the CPU to the device thread if
-                        // it is waiting for one.
-                        std::thread::yield_now();
-                    } else {
-                        std::thread::park_timeout(Duration::from_micros(50));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Sends every queued request with one notification and waits for
     /// all of them; returns their completions in the order queued.
     pub fn sync(&mut self) -> Result<Vec<Completion>, ViommuDriverError> {
         if self.queued.is_empty() {
             return Ok(Vec::new());
         }
-        self.kick();
-        let mut used = vec![None; self.wlen.len()];
-        self.wait_all(|head, len| {
-            if let Some(u) = used.get_mut(usize::from(head / 2)) {
-                *u = Some(len);
-            }
-        })?;
-        let queued = std::mem::take(&mut self.queued);
-        let mut out = Vec::with_capacity(queued.len());
-        for slot in queued {
+        self.send_and_wait()?;
+        let mut out = Vec::with_capacity(self.judged.len());
+        for i in 0..self.judged.len() {
+            let slot = self.judged[i];
             let wlen = self.wlen[usize::from(slot)];
             let mut writable = vec![0u8; wlen as usize];
             self.mem
                 .read(self.slot_addr(slot) + SLOT_WRITABLE, &mut writable)?;
             out.push(Completion {
-                used: used[usize::from(slot)].unwrap_or(0),
+                used: self.used[usize::from(slot)].unwrap_or(0),
                 writable,
             });
-            self.free.push(slot);
         }
+        self.free.extend_from_slice(&self.judged);
         Ok(out)
+    }
+
+    /// As [`sync`](Self::sync), but only each request's status
+    /// ([`Completion::status`]), into `out` (cleared first) in the order
+    /// queued: one byte read per request and no allocation once `out` has
+    /// grown — the path every MAP and UNMAP of the DMA API takes.
+    pub fn sync_statuses(
+        &mut self,
+        out: &mut Vec<Option<Status>>,
+    ) -> Result<(), ViommuDriverError> {
+        out.clear();
+        if self.queued.is_empty() {
+            return Ok(());
+        }
+        self.send_and_wait()?;
+        for i in 0..self.judged.len() {
+            let slot = self.judged[i];
+            let wlen = self.wlen[usize::from(slot)];
+            let st = match self.used[usize::from(slot)] {
+                // The tail is the last 4 bytes the device claims to have
+                // written, inside the writable part (as `Completion`).
+                Some(u) if u as usize >= s::TAIL_LEN && u <= wlen => {
+                    let mut b = [0u8];
+                    let at =
+                        self.slot_addr(slot) + SLOT_WRITABLE + u64::from(u) - s::TAIL_LEN as u64;
+                    self.mem.read(at, &mut b)?;
+                    Status::from_code(b[0])
+                }
+                _ => None,
+            };
+            out.push(st);
+        }
+        self.free.extend_from_slice(&self.judged);
+        Ok(())
+    }
+
+    /// Notifies, waits for every chain in flight and moves the queued
+    /// slots to `judged` with their used lengths in `used` (the caller
+    /// reads their answers, then frees them). On an error the slots stay
+    /// queued (nothing is judged or freed).
+    fn send_and_wait(&mut self) -> Result<(), ViommuDriverError> {
+        self.kick();
+        for &slot in &self.queued {
+            self.used[usize::from(slot)] = None;
+        }
+        let used = &mut self.used;
+        let (req, transport) = (&mut self.req, &self.transport);
+        wait_all(req, transport, self.wait, self.spin, |head, len| {
+            if let Some(u) = used.get_mut(usize::from(head / 2)) {
+                *u = Some(len);
+            }
+        })?;
+        self.judged.clear();
+        self.judged.append(&mut self.queued);
+        Ok(())
     }
 
     /// Sends one request (readable bytes, writable length) and waits for
@@ -513,6 +581,22 @@ impl ViommuDriver {
         self.enqueue(readable, wlen)?;
         let mut all = self.sync()?;
         all.pop().ok_or(ViommuDriverError::Timeout(self.wait))
+    }
+
+    /// Sends one request with a bare tail (after whatever was queued
+    /// before it) and waits: its status, `None` if the device wrote none.
+    /// Allocates nothing once the driver's buffers have grown.
+    pub(crate) fn call_status(
+        &mut self,
+        readable: &[u8],
+    ) -> Result<Option<Status>, ViommuDriverError> {
+        self.enqueue(readable, s::TAIL_LEN as u32)?;
+        let mut st = std::mem::take(&mut self.statuses);
+        let r = self.sync_statuses(&mut st);
+        let last = st.last().copied();
+        self.statuses = st;
+        r?;
+        last.ok_or(ViommuDriverError::Timeout(self.wait))
     }
 
     /// Queues one request without notifying (lazy mode): it is sent by
@@ -545,7 +629,13 @@ impl ViommuDriver {
         self.req.push_avail(0);
         self.kick();
         let mut used = 0;
-        self.wait_all(|_, len| used = len)?;
+        wait_all(
+            &mut self.req,
+            &self.transport,
+            self.wait,
+            self.spin,
+            |_, len| used = len,
+        )?;
         Ok(used)
     }
 

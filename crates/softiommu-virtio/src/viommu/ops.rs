@@ -72,7 +72,7 @@ impl ViommuDriver {
     /// Sends `readable` with a bare tail and waits: the status, `None` if
     /// the device wrote none.
     pub fn request(&mut self, readable: &[u8]) -> Result<Option<Status>, ViommuDriverError> {
-        self.call(readable, s::TAIL_LEN as u32).map(|c| status(&c))
+        self.call_status(readable)
     }
 
     /// ATTACH, waited for.

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use softiommu::hw::{ContextEntry, HwError, QiError, SourceId, System, Unit, UnitId};
 use softiommu::mem::PhysMemory;
+use softiommu::pgtable::IoPageTable;
 
 use super::config::{ViommuConfig, GRANULE, INPUT_END};
 use super::domain::{perm_of, Domain, MappingRecord};
@@ -77,6 +78,8 @@ pub(crate) struct State {
     victims: Vec<MappingRecord>,
     /// Fault injection: a table unmap to fail.
     unmap_failpoint: Failpoint,
+    /// The most table frames the domains may hold together.
+    table_frames: u64,
 }
 
 /// Why the device broke: what it reports with `DEVICE_NEEDS_RESET`.
@@ -157,6 +160,7 @@ impl State {
             stop,
             victims: Vec::new(),
             unmap_failpoint: Failpoint::default(),
+            table_frames: cfg.table_frames,
         };
         for &(sid, _) in st.endpoints.values() {
             st.set_unattached(sid)?;
@@ -189,7 +193,8 @@ impl State {
             .system
             .unit(self.unit)
             .expect("the device's unit exists for the system's life");
-        let stop = self.stop.clone();
+        // Borrowed, not cloned: no shared-counter traffic per round.
+        let stop = &*self.stop;
         let r = self
             .pending
             .flush(unit, self.timeout, || stop.load(Ordering::Acquire));
@@ -412,6 +417,10 @@ impl State {
         }
         // The new domain first: running out of frames changes nothing.
         let created = !self.domains.contains_key(&domain);
+        if created && !bypass && self.frames_held() >= self.table_frames {
+            // Its root would take a frame past the device's quota.
+            return Status::NoMem;
+        }
         if created {
             // In range, so below the unit's domain count (checked at
             // creation), so a u16.
@@ -583,6 +592,7 @@ impl State {
             return Status::Range;
         }
         let reserved = self.hits_reserved(start, end);
+        let held = self.frames_held();
         let Some(d) = self.domains.get_mut(&domain) else {
             return Status::NoEnt;
         };
@@ -595,10 +605,25 @@ impl State {
             phys,
             flags,
         };
+        if held.saturating_add(worst_tables(start, end)) > self.table_frames {
+            // Checked before the table is touched: a MAP refused for the
+            // quota takes no frame (an undone MAP would leave its new,
+            // empty tables linked, and refusals could pile them up).
+            return Status::NoMem;
+        }
         match d.map(rec, perm) {
             Ok(()) => Status::Ok,
             Err(st) => st,
         }
+    }
+
+    /// The table frames the domains hold (linked; those an UNMAP unlinked
+    /// wait in the round's gather until its invalidation completes).
+    fn frames_held(&self) -> u64 {
+        self.domains
+            .values()
+            .filter_map(|d| d.table.as_ref())
+            .fold(0u64, |a, t| a.saturating_add(t.stats().table_pages))
     }
 
     /// UNMAP (§5.13.6.4.2). What it removes is owed an invalidation, in
@@ -680,6 +705,17 @@ impl State {
             Status::NoEnt
         }
     }
+}
+
+/// The most table frames a MAP of `[start, end]` can take: one table per
+/// 2 MiB, 1 GiB and 512 GiB region it touches (a level-1, level-2 and
+/// level-3 table each; the root exists). An upper bound whatever leaves
+/// the table chooses and whatever tables exist already, so a MAP it lets
+/// through never takes the domains past the quota; near the quota it
+/// refuses some MAPs that would have needed fewer.
+fn worst_tables(start: u64, end: u64) -> u64 {
+    let regions = |shift: u32| (end >> shift) - (start >> shift) + 1;
+    regions(21) + regions(30) + regions(39)
 }
 
 impl Drop for State {

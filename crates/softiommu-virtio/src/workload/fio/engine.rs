@@ -387,6 +387,7 @@ pub fn run_fio(host: &BlkHostConfig, cfg: &FioConfig) -> Result<FioResult, FioEr
         h.device.slow = Some(SlowRegion {
             from_sector: cap / 2 / SECTOR_SIZE,
             hold: s.hold,
+            bytes_per_sec: 0,
         });
     }
     let host = BlkHost::new(&h)?;

@@ -42,7 +42,7 @@ use softiommu_virtio::viommu::{
     ViommuMapping, ViommuMode,
 };
 
-use super::viommu::{physics, Mode, ViommuRow};
+use super::{physics, Mode, ViommuRow};
 use crate::error::{LabError, LabResult};
 
 /// The rows' `device`.

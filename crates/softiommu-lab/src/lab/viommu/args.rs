@@ -1,0 +1,78 @@
+//! The options of `lab viommu`.
+
+use serde::{Deserialize, Serialize};
+
+use super::EXIT_US;
+use crate::args::Ranged;
+
+/// Options of `lab viommu`.
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ViommuArgs {
+    /// Reads per row (100..=10000000; default 4000 with --quick, else 40000).
+    #[arg(long)]
+    pub ios: Option<Ranged<100, 10_000_000>>,
+    /// Reads in flight (1..=32).
+    #[arg(long, default_value = "4")]
+    pub depth: Ranged<1, 32>,
+    /// Rounds per row, interleaved; the median round is reported (1..=20;
+    /// default 1 with --quick, else 3).
+    #[arg(long)]
+    pub rounds: Option<Ranged<1, 20>>,
+    /// Short runs, same shape.
+    #[arg(long)]
+    pub quick: bool,
+    /// The modelled cost of a notification (VM exit and entry), µs,
+    /// busy-waited by the notifying thread on every `QueueNotify` of
+    /// both devices in every mode (0..=1000; 0: none).
+    #[arg(long, default_value_t = EXIT_US, value_parser = parse_exit_us)]
+    pub exit_us: f64,
+    /// Bytes per read: a multiple of 4096 in 4096..=131072 (the disk's
+    /// `size_max`: one data segment). The `ssd` back-end's bandwidth
+    /// makes a large block cost its transfer time.
+    #[arg(long, default_value = "4096", value_parser = parse_bs)]
+    pub bs: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    #[serde(skip)]
+    pub json: bool,
+}
+
+impl Default for ViommuArgs {
+    fn default() -> Self {
+        Self {
+            ios: None,
+            depth: Ranged::new(4),
+            rounds: None,
+            quick: false,
+            exit_us: EXIT_US,
+            bs: 4096,
+            json: false,
+        }
+    }
+}
+
+/// `--exit-us`: a number of µs in 0..=1000.
+pub(super) fn parse_exit_us(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1000.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a number of µs in 0..=1000")),
+    }
+}
+
+/// `--bs`: bytes per read, a multiple of 4096 in 4096..=131072, as a
+/// number of bytes or with a `k` suffix (KiB).
+pub(super) fn parse_bs(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a block size in 4096..=131072 bytes, a multiple of 4096");
+    let t = s.trim();
+    let v = match t.strip_suffix(['k', 'K']) {
+        Some(k) => k.parse::<u64>().ok().and_then(|k| k.checked_mul(1024)),
+        None => t.parse::<u64>().ok(),
+    }
+    .ok_or_else(bad)?;
+    if (4096..=131_072).contains(&v) && v % 4096 == 0 {
+        Ok(v)
+    } else {
+        Err(bad())
+    }
+}

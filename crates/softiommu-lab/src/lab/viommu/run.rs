@@ -1,0 +1,78 @@
+//! One round of one back-end: the three modes interleaved.
+
+use std::time::Duration;
+
+use super::rig::Rig;
+use super::{Mode, SLICE};
+use crate::error::LabResult;
+
+/// What one run (or slice of it) measured.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Measured {
+    pub(super) secs: f64,
+    pub(super) cpu_secs: f64,
+    pub(super) wait_cpu_secs: f64,
+    pub(super) requests: u64,
+    pub(super) notifications: u64,
+    pub(super) invalidations: u64,
+    pub(super) held_ns: u64,
+    pub(super) released: u64,
+}
+
+impl Measured {
+    fn add(&mut self, o: &Measured) {
+        self.secs += o.secs;
+        self.cpu_secs += o.cpu_secs;
+        self.wait_cpu_secs += o.wait_cpu_secs;
+        self.requests += o.requests;
+        self.notifications += o.notifications;
+        self.invalidations += o.invalidations;
+        self.held_ns += o.held_ns;
+        self.released += o.released;
+    }
+}
+
+/// One round of one back-end: the three modes on three machines built
+/// side by side, `ios` reads each in slices of [`SLICE`] interleaved
+/// (the order reversed every other slice), so what the machine's other
+/// work does to one mode it does to the others. Returned in
+/// [`Mode::ALL`]'s order.
+pub(super) fn measure_round(
+    hold: Option<Duration>,
+    ios: u64,
+    depth: usize,
+    exit: Duration,
+    bs: u64,
+) -> LabResult<Vec<Measured>> {
+    // The driver's waits for interrupts end when the interrupt comes,
+    // not up to 50 us (Linux's default timer slack) later.
+    // SAFETY: PR_SET_TIMERSLACK takes one integer and changes only the
+    // calling thread's timer slack.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    let mut rigs = Mode::ALL
+        .iter()
+        .map(|&m| Rig::new(m, hold, depth, exit, bs))
+        .collect::<LabResult<Vec<_>>>()?;
+    let mut out = vec![Measured::default(); rigs.len()];
+    let mut left = ios;
+    let mut flip = false;
+    while left > 0 {
+        let n = left.min(SLICE);
+        let order: Vec<usize> = if flip {
+            (0..rigs.len()).rev().collect()
+        } else {
+            (0..rigs.len()).collect()
+        };
+        for i in order {
+            let m = rigs[i].slice(n)?;
+            out[i].add(&m);
+        }
+        left -= n;
+        flip = !flip;
+    }
+    for (rig, m) in rigs.iter_mut().zip(&mut out) {
+        // Whatever lazy still holds is part of the work.
+        m.add(&rig.finish()?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,174 @@
+//! Tests of `lab viommu`.
+
+use super::args::{parse_bs, parse_exit_us};
+use super::*;
+
+fn row(mode: &'static str, why: Option<String>) -> ViommuRow {
+    ViommuRow {
+        device: "virtio-blk/ssd-80us".into(),
+        mode,
+        iops: 1.0,
+        pct_of_none: 100.0,
+        driver_cpu_us_per_io: 1.0,
+        driver_wait_cpu_us_per_io: 0.0,
+        device_us_per_io: 80.0,
+        requests_per_io: 0.0,
+        notifications_per_io: 0.0,
+        invalidations_per_io: 0.0,
+        valid: why.is_none(),
+        why,
+    }
+}
+
+fn report_of(rows: Vec<ViommuRow>) -> ViommuReport {
+    ViommuReport {
+        lab: "viommu",
+        quick: true,
+        ios: 1,
+        depth: 1,
+        latency_model: "",
+        device_model_us: 80.0,
+        bs: 4096,
+        ssd_bytes_per_sec: SSD_BYTES_PER_SEC,
+        exit_us: 0.0,
+        exit_model: "",
+        anchor: Vec::new(),
+        measured: "",
+        load_avg_1m: 0.0,
+        ssd_lazy_target_met: false,
+        rows,
+        notes: Vec::new(),
+    }
+}
+
+/// A mode faster than no IOMMU in every round is a measurement bug:
+/// marked invalid in JSON and in the table; within the spread it
+/// stands, and none itself is never judged.
+#[test]
+fn a_mode_faster_than_no_iommu_in_every_round_is_invalid() {
+    let secs = vec![vec![1.0, 1.1], vec![1.2, 1.3], vec![0.8, 0.9]];
+    let why = physics(Mode::Lazy, &secs);
+    assert!(
+        matches!(&why, Some(w) if w.starts_with("measurement invalid: lazy ran faster than none")),
+        "{why:?}"
+    );
+    // Within the spread (strict's slowest round above none's fastest)
+    // it stands.
+    let within = vec![vec![1.0, 1.1], vec![0.9, 1.05], vec![0.5, 0.6]];
+    assert_eq!(physics(Mode::Strict, &within), None);
+    assert_eq!(physics(Mode::None, &secs), None);
+    let rep = report(&report_of(vec![row("none", None), row("lazy", why)]), 2);
+    let rows = rep.contract["rows"].as_array().unwrap();
+    assert_eq!(
+        (&rows[0]["valid"], &rows[1]["valid"]),
+        (&true.into(), &false.into())
+    );
+    assert!(rep.tables[0]
+        .invalid_why("virtio-blk/ssd-80us/lazy")
+        .is_some());
+    assert!(rep.tables[0]
+        .invalid_why("virtio-blk/ssd-80us/none")
+        .is_none());
+}
+
+/// Strict does all of lazy's work and more: strict faster than lazy
+/// in every round is invalid too (none >= lazy >= strict, or the row
+/// says why); lazy faster than strict is what lazy is for.
+#[test]
+fn strict_faster_than_lazy_in_every_round_is_invalid() {
+    // [none, strict, lazy] seconds per round.
+    let secs = vec![vec![1.0, 1.0], vec![1.1, 1.15], vec![1.2, 1.3]];
+    let why = physics(Mode::Strict, &secs);
+    assert!(
+        matches!(&why, Some(w) if w.starts_with("measurement invalid: strict ran faster than lazy in every round")),
+        "{why:?}"
+    );
+    assert_eq!(physics(Mode::Lazy, &secs), None);
+    let ok = vec![vec![1.0, 1.0], vec![1.6, 1.7], vec![1.05, 1.1]];
+    assert_eq!(Mode::ALL.map(|m| physics(m, &ok)), [None, None, None]);
+}
+
+/// The device time achieved is checked against the model's deadline
+/// (arrival + 80 us): within a tenth it stands, past it the report
+/// says the machine could not keep the deadlines; `null` has no model.
+#[test]
+fn device_time_off_the_model_is_reported() {
+    assert_eq!(device_time_note("d", 80.0, 80.0, 84.0), None);
+    assert!(matches!(
+        device_time_note("virtio-blk/ssd-80us/none", 80.0, 80.0, 160.0),
+        Some(n) if n.starts_with("virtio-blk/ssd-80us/none: the device time achieved (160.0 us")
+    ));
+    assert_eq!(
+        device_time_note("virtio-blk/null/none", 0.0, 0.0, 0.0),
+        None
+    );
+    // A bandwidth that binds widens the model: depth 4 x 37 us queued.
+    assert_eq!(device_time_note("d", 80.0, 150.0, 149.0), None);
+    assert!(matches!(
+        device_time_note("d", 80.0, 150.0, 200.0),
+        Some(n) if n.contains("the model's 80-150 us")
+    ));
+}
+
+/// `--exit-us` takes 0..=1000 µs; anything else is refused with one
+/// line (the CLI exits 2).
+#[test]
+fn exit_us_is_bounded() {
+    assert_eq!(parse_exit_us("0"), Ok(0.0));
+    assert_eq!(parse_exit_us("2.5"), Ok(2.5));
+    assert!(matches!(parse_exit_us("-1"), Err(e) if e.contains("0..=1000")));
+    assert!(matches!(parse_exit_us("nan"), Err(e) if e.contains("0..=1000")));
+}
+
+/// A short ssd-80us round: every read is held to its deadline and
+/// never returned before it (the achieved device time is at least
+/// the model's 80 us; an upper bound would measure the machine's
+/// load), the achieved time is counted per read, and each mode's
+/// notifications are its own: strict six per read, lazy one, none
+/// none to the virtio-iommu.
+#[test]
+fn an_ssd_round_keeps_the_deadline_and_counts_the_work() {
+    let m = measure_round(Some(SSD_HOLD), 300, 4, Duration::ZERO, 4096).unwrap();
+    for x in &m {
+        assert_eq!(x.released, 300);
+        let us = x.held_ns as f64 / x.released as f64 / 1e3;
+        assert!((80.0..2_000.0).contains(&us), "device time {us} us");
+    }
+    let per = |i: usize| m[i].notifications as f64 / 300.0;
+    assert_eq!(
+        (m[0].requests, m[1].requests, m[2].requests),
+        (0, 1800, 1800)
+    );
+    assert!(per(1) >= 6.0 && (1.0..1.1).contains(&per(2)), "{m:?}");
+}
+
+/// `--bs` takes a multiple of 4096 in 4096..=131072 bytes (or KiB with
+/// `k`); anything else is refused with one line (the CLI exits 2).
+#[test]
+fn bs_is_a_page_multiple_up_to_the_disks_segment() {
+    assert_eq!(parse_bs("4096"), Ok(4096));
+    assert_eq!(parse_bs("128k"), Ok(131_072));
+    for bad in ["0", "1000", "6000", "256k", "x", "18446744073709551615k"] {
+        assert!(
+            matches!(parse_bs(bad), Err(e) if e.contains("4096..=131072")),
+            "{bad}"
+        );
+    }
+}
+
+/// The block size and the bandwidth are in the JSON and the parameters
+/// line, beside the latency model.
+#[test]
+fn bs_and_bandwidth_are_reported() {
+    let mut r = report_of(vec![row("none", None)]);
+    r.bs = 131_072;
+    let rep = report(&r, 1);
+    assert_eq!(rep.contract["bs"], 131_072);
+    assert_eq!(rep.contract["ssd_bytes_per_sec"], 3_500_000_000u64);
+    assert!(rep.params.iter().any(|p| p.name == "bs"));
+    assert!(
+        rep.tables[0].title.starts_with("128 KiB reads"),
+        "{}",
+        rep.tables[0].title
+    );
+}

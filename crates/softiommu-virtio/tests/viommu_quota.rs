@@ -1,0 +1,98 @@
+//! The device's page-table frame quota (`ViommuConfig::table_frames`):
+//! a guest cannot drain the memory reserve the unit's other users share,
+//! by mapping sparsely or by making domains. Past the quota a MAP is
+//! undone and answered `NOMEM`, an ATTACH that would make a domain is
+//! answered `NOMEM`, and nothing else changes.
+
+mod viommu_common;
+
+use std::sync::Arc;
+
+use softiommu::hw::{Access, System, TranslateError, UnitConfig};
+use softiommu::mem::PhysMemory;
+use softiommu_virtio::viommu::{
+    Status, ViommuConfig, ViommuDevice, ViommuDriverConfig, ViommuError,
+};
+use viommu_common::*;
+
+/// 1 GiB: a MAP there needs a level-2 and a level-1 table of its own.
+const GIB: u64 = 1 << 30;
+
+fn quota_rig(frames: u64) -> Rig {
+    rig_with(
+        ViommuConfig {
+            table_frames: frames,
+            ..config()
+        },
+        ViommuDriverConfig::default(),
+    )
+}
+
+/// Four frames: domain 1's root and the three tables (one per 2 MiB,
+/// 1 GiB and 512 GiB region) its first 4 KiB mapping may take. A second
+/// MAP may take three more: `NOMEM`, nothing mapped or reachable, no
+/// frame taken; a second translated domain's root would be a fifth frame:
+/// `NOMEM`, no domain made, the endpoint left blocked. The first mapping
+/// stands throughout.
+#[test]
+fn a_map_past_the_frame_quota_is_nomem_and_maps_nothing() {
+    let mut r = quota_rig(4);
+    let (p0, p1) = (r.ram(0), r.ram(0));
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0, 0xfff, p0);
+    assert_eq!(
+        r.drv.map(1, GIB, GIB + 0xfff, p1, RW).unwrap(),
+        Some(Status::NoMem)
+    );
+    assert_eq!(r.ranges(1), [(0, 0xfff)]);
+    assert!(matches!(
+        r.reach(A, GIB, Access::Read),
+        Err(TranslateError::NotPresent { .. })
+    ));
+    assert!(r.reach(A, 0, Access::Write).is_ok());
+    assert_eq!(r.drv.attach(2, EB, 0).unwrap(), Some(Status::NoMem));
+    assert_eq!(r.dev.mappings(2), None, "no domain 2 made");
+    assert_eq!(r.dev.attached(EB), None);
+}
+
+/// The quota counts what the tables hold: with room for two worst cases
+/// (root + 3 + 3), MAPs in two regions both fit, and a third is refused.
+#[test]
+fn maps_fit_until_their_worst_case_would_pass_the_quota() {
+    let mut r = quota_rig(7);
+    let (p0, p1, p2) = (r.ram(0), r.ram(0), r.ram(0));
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0, 0xfff, p0);
+    r.map_ok(1, GIB, GIB + 0xfff, p1);
+    assert_eq!(
+        r.drv.map(1, 2 * GIB, 2 * GIB + 0xfff, p2, RW).unwrap(),
+        Some(Status::NoMem)
+    );
+    assert_eq!(r.ranges(1), [(0, 0xfff), (GIB, GIB + 0xfff)]);
+}
+
+/// A quota of no frame at all is refused when the device is built.
+#[test]
+fn a_quota_of_zero_frames_is_refused() {
+    let mem = Arc::new(PhysMemory::new(16 << 20).unwrap());
+    let mut sys = System::new(mem);
+    let unit = sys.add_unit(UnitConfig::default()).unwrap();
+    for sid in [A, B] {
+        sys.assign(sid, unit).unwrap();
+    }
+    let r = ViommuDevice::spawn(
+        ViommuConfig {
+            table_frames: 0,
+            ..config()
+        },
+        Arc::new(sys),
+        unit,
+    );
+    assert!(matches!(
+        r,
+        Err(ViommuError::InvalidConfig {
+            field: "table_frames",
+            value: 0
+        })
+    ));
+}
