@@ -53,7 +53,7 @@ fn lab_viommu_json_has_the_contract_fields() {
         let device = r["device"].as_str().expect("device");
         assert!(
             device == "virtio-blk/null"
-                || device == "virtio-blk/ssd-80us"
+                || device == "virtio-blk/ssd-80us-3500MBps"
                 || device == "virtio-net/udp-32B"
         );
         assert!(r["valid"].as_bool().is_some(), "valid in {r}");
