@@ -264,6 +264,17 @@ pub fn paired_ratios(
     })
 }
 
+impl PairedSeries {
+    /// No series (`n` windows of NaN, null in JSON).
+    pub fn absent(n: usize) -> Self {
+        Self {
+            aged: vec![f64::NAN; n],
+            fresh: vec![f64::NAN; n],
+            ratio: vec![f64::NAN; n],
+        }
+    }
+}
+
 fn median_of(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
@@ -307,6 +318,21 @@ impl VsFresh {
             },
             s,
         ))
+    }
+
+    /// No paired figure (every field NaN, null in JSON): the fresh arm ran
+    /// in too few windows for one.
+    pub fn absent() -> Self {
+        Self {
+            retained_vs_fresh: f64::NAN,
+            stability_vs_fresh: f64::NAN,
+            warmup_vs_fresh_s: f64::NAN,
+            settled_vs_fresh: false,
+            vs_fresh_first: f64::NAN,
+            vs_fresh_last: f64::NAN,
+            fresh_ops_per_cpu_s_first: f64::NAN,
+            fresh_ops_per_cpu_s_last: f64::NAN,
+        }
     }
 
     /// The cells under [`vs_fresh_columns`].

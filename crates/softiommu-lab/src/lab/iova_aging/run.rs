@@ -10,7 +10,7 @@ use softiommu::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
 
 use crate::args::{iova_policies, Ranged, Seconds};
 use crate::error::{join, LabResult};
-use crate::metrics::aging::{AgingSummary, VsFresh, WorkWindow};
+use crate::metrics::aging::{AgingSummary, PairedSeries, VsFresh, WorkWindow};
 use crate::metrics::cpu_clock;
 use crate::metrics::pinning;
 use crate::report::Report;
@@ -111,6 +111,18 @@ pub(super) const SLICE: usize = 32;
 /// calls of ~0.5 µs) are under 1 % of it.
 pub(super) const ARM_ROUNDS: usize = 8;
 
+/// A slice also ends when this much wall time has passed since it began
+/// (looked at every [`CLOCK_EVERY`] steps of one job's [`SLICE`] I/Os): a
+/// slow policy (the 2016 tree, ~0.5 M I/Os per CPU-second in a release
+/// build, ~0.8 ms a round; a debug build is a hundred times slower) then
+/// still alternates often, so each window holds many slices of both arms.
+pub(super) const MAX_SLICE: Duration = Duration::from_micros(500);
+
+/// Steps between looks at the clock in a slice (one job's [`SLICE`],
+/// ~1 µs for ours; a look is a vDSO read of ~25 ns, paid alike by both
+/// arms, so it moves neither arm's rate against the other's).
+pub(super) const CLOCK_EVERY: usize = 1;
+
 /// Aged slices per fresh slice: the aged allocator keeps four fifths of
 /// the thread and ages at nearly the pace it would alone (its slow I/Os
 /// are held for a count of its own I/Os, so an even share would put the
@@ -151,6 +163,8 @@ pub(super) struct Arm {
     pub(super) irqs: Vec<Irq>,
     pub(super) jobs: Vec<(usize, Job)>,
     pub(super) rounds: u64,
+    /// The job whose step is next.
+    pub(super) next: usize,
     pub(super) ops: u64,
     pub(super) last_maintain: Instant,
 }
@@ -195,48 +209,54 @@ impl Arm {
             irqs,
             jobs,
             rounds: 0,
+            next: 0,
             ops: 0,
             last_maintain: Instant::now(),
         }
     }
 
-    /// One round: each job runs [`SLICE`] I/Os, then the interrupt CPUs
-    /// take their completions. With `publish`, each job's count goes to
-    /// `sh.ops` (the aged arm's, for the wall-clock figure).
-    pub(super) fn round(&mut self, sh: &Shared, publish: bool) {
+    /// One step of a round: the next job runs [`SLICE`] I/Os; after the
+    /// last job, the interrupt CPUs take their completions (the round
+    /// ends). With `publish`, the job's count goes to `sh.ops` (the aged
+    /// arm's, for the wall-clock figure).
+    pub(super) fn step(&mut self, sh: &Shared, publish: bool) {
         let limit = self.domain.end_pfn();
         let irqs = &mut self.irqs;
-        for (id, job) in &mut self.jobs {
-            for _ in 0..SLICE {
-                if job.inflight.len() >= sh.iodepth {
-                    let done = job.inflight.pop_front().expect("non-empty");
-                    irqs[job.irq].inbound.push_back(done);
-                }
-                while job.slow.front().is_some_and(|s| s.0 <= job.ops) {
-                    let (_, pfn, pages) = job.slow.pop_front().expect("non-empty");
-                    irqs[job.irq].inbound.push_back((pfn, pages));
-                }
-                let pages = job.sizes[job.ops as usize & 0xffff];
-                // Without a low window (`first_limit == limit`) this is
-                // one try at the whole mask, giving the caches back if the
-                // tree is full (Linux's second try).
-                let got = job.cache.alloc_low_first(pages, sh.first_limit, limit);
-                match got {
-                    Ok(pfn) if job.rng.below(1_000_000) < sh.slow_ppm => {
-                        job.slow.push_back((job.ops + sh.slow_hold, pfn, pages));
-                    }
-                    Ok(pfn) => job.inflight.push_back((pfn, pages)),
-                    Err(_) => {
-                        sh.failed.fetch_add(1, Relaxed);
-                    }
-                }
-                job.ops += 1;
+        let (id, job) = &mut self.jobs[self.next];
+        for _ in 0..SLICE {
+            if job.inflight.len() >= sh.iodepth {
+                let done = job.inflight.pop_front().expect("non-empty");
+                irqs[job.irq].inbound.push_back(done);
             }
-            self.ops += SLICE as u64;
-            if publish {
-                sh.ops[*id].store(job.ops, Relaxed);
+            while job.slow.front().is_some_and(|s| s.0 <= job.ops) {
+                let (_, pfn, pages) = job.slow.pop_front().expect("non-empty");
+                irqs[job.irq].inbound.push_back((pfn, pages));
             }
+            let pages = job.sizes[job.ops as usize & 0xffff];
+            // Without a low window (`first_limit == limit`) this is
+            // one try at the whole mask, giving the caches back if the
+            // tree is full (Linux's second try).
+            let got = job.cache.alloc_low_first(pages, sh.first_limit, limit);
+            match got {
+                Ok(pfn) if job.rng.below(1_000_000) < sh.slow_ppm => {
+                    job.slow.push_back((job.ops + sh.slow_hold, pfn, pages));
+                }
+                Ok(pfn) => job.inflight.push_back((pfn, pages)),
+                Err(_) => {
+                    sh.failed.fetch_add(1, Relaxed);
+                }
+            }
+            job.ops += 1;
         }
+        self.ops += SLICE as u64;
+        if publish {
+            sh.ops[*id].store(job.ops, Relaxed);
+        }
+        self.next += 1;
+        if self.next < self.jobs.len() {
+            return;
+        }
+        self.next = 0;
         self.rounds += 1;
         let check_time = self.rounds.is_multiple_of(16);
         for irq in irqs.iter_mut() {
@@ -245,6 +265,19 @@ impl Arm {
             }
             if check_time && irq.fq.oldest.is_some_and(|t| t.elapsed() >= FQ_TIMEOUT) {
                 irq.fq.flush(&mut irq.cache);
+            }
+        }
+    }
+
+    /// One slice: [`ARM_ROUNDS`] rounds' worth of steps, or fewer when
+    /// [`MAX_SLICE`] has passed (looked at every [`CLOCK_EVERY`] steps),
+    /// at least one step.
+    pub(super) fn slice(&mut self, sh: &Shared, publish: bool) {
+        let until = Instant::now() + MAX_SLICE;
+        for i in 1..=ARM_ROUNDS * self.jobs.len() {
+            self.step(sh, publish);
+            if i.is_multiple_of(CLOCK_EVERY) && Instant::now() >= until {
+                break;
             }
         }
     }
@@ -283,7 +316,8 @@ fn ns(d: Duration) -> u64 {
 
 /// One OS thread (number `w`) hosting `jobs` (global ids) and the
 /// interrupt CPUs that serve them, twice: on the run's aged domain and on
-/// a fresh one of the same policy, in slices of [`ARM_ROUNDS`] rounds,
+/// a fresh one of the same policy, in slices of [`ARM_ROUNDS`] rounds
+/// (or [`MAX_SLICE`]),
 /// one fresh slice per [`AGED_PER_FRESH`] aged ones, each slice timed on
 /// the thread's CPU clock; the aged slice right after a fresh one is also
 /// counted as its pair. The fresh arm counts past its warm-up
@@ -306,9 +340,7 @@ pub(super) fn worker(sh: &Shared, w: usize, job_ids: Vec<usize>, n_irq: usize) {
     let mut t = cpu_clock::thread();
     while !sh.stop.load(Relaxed) {
         let ops0 = aged.ops;
-        for _ in 0..ARM_ROUNDS {
-            aged.round(sh, true);
-        }
+        aged.slice(sh, true);
         if w == 0 {
             aged.maintain_if_due();
         }
@@ -330,9 +362,7 @@ pub(super) fn worker(sh: &Shared, w: usize, job_ids: Vec<usize>, n_irq: usize) {
         }
         let counted = fresh.ops >= FRESH_WARMUP_OPS || life >= FRESH_WARMUP_CPU;
         let ops0 = fresh.ops;
-        for _ in 0..ARM_ROUNDS {
-            fresh.round(sh, false);
-        }
+        fresh.slice(sh, false);
         fresh.maintain_if_due();
         let t2 = cpu_clock::thread();
         let spent = t2.saturating_sub(t1);
@@ -505,13 +535,17 @@ pub(super) fn run_policy(
     let series: Vec<f64> = timeline.iter().map(|w| w.iops).collect();
     let run = format!("iova-aging {}", policy.name());
     let (aging, rates) = AgingSummary::of(&run, &series, &work, window.as_secs_f64(), seconds)?;
+    // A policy so slow that its fresh arm ran in too few windows (a debug
+    // build of the 2016 tree on a loaded machine) has no paired figure:
+    // null, with the aged arm's own figures beside.
     let (vs_fresh, paired) = VsFresh::of(
         &run,
         &paired_work,
         &fresh_work,
         window.as_secs_f64(),
         seconds,
-    )?;
+    )
+    .unwrap_or_else(|_| (VsFresh::absent(), PairedSeries::absent(timeline.len())));
     for (i, w) in timeline.iter_mut().enumerate() {
         w.mops_per_cpu_s = rates[i] / 1e6;
         w.fresh_mops_per_cpu_s = paired.fresh[i] / 1e6;
