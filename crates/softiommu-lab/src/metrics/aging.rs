@@ -320,6 +320,20 @@ impl VsFresh {
         ))
     }
 
+    /// [`of`](Self::of), or, where the series has no figure (the fresh arm
+    /// ran in too few windows: a policy far slower than the windows are
+    /// long), no figure ([`absent`](Self::absent), null in JSON) and `n`
+    /// windows of NaN: the aged arm's own figures still stand.
+    pub fn of_or_absent(
+        aged: &[WorkWindow],
+        fresh: &[WorkWindow],
+        window_s: f64,
+        seconds: f64,
+    ) -> (Self, PairedSeries) {
+        Self::of("", aged, fresh, window_s, seconds)
+            .unwrap_or_else(|_| (Self::absent(), PairedSeries::absent(aged.len())))
+    }
+
     /// No paired figure (every field NaN, null in JSON): the fresh arm ran
     /// in too few windows for one.
     pub fn absent() -> Self {
@@ -409,6 +423,38 @@ mod tests {
         let (v, _) = VsFresh::of("t", &aged, &arm(32, |i| 44e6 * machine(i)), 0.25, 8.0).unwrap();
         assert!((v.retained_vs_fresh - 0.5).abs() < 1e-9, "{v:?}");
         assert!((v.vs_fresh_last - 20.0 / 44.0).abs() < 1e-9, "{v:?}");
+    }
+
+    #[test]
+    fn a_fresh_arm_too_thin_for_a_figure_gives_null_not_an_error() {
+        // Two windows of eight held a fresh slice (a debug build of a slow
+        // policy): the median window has no fresh CPU.
+        let aged = arm(8, |_| 1e6);
+        let mut fresh = vec![
+            WorkWindow {
+                ops: 0.0,
+                cpu_s: 0.0
+            };
+            8
+        ];
+        fresh[3] = WorkWindow {
+            ops: 1e4,
+            cpu_s: 0.01,
+        };
+        assert!(matches!(
+            VsFresh::of("t", &aged, &fresh, 0.15, 1.2),
+            Err(LabError::Aging {
+                source: AgingError::NoThroughput,
+                ..
+            })
+        ));
+        let (v, s) = VsFresh::of_or_absent(&aged, &fresh, 0.15, 1.2);
+        assert!(v.retained_vs_fresh.is_nan() && !v.settled_vs_fresh);
+        assert_eq!(s.ratio.len(), 8);
+        assert_eq!(
+            serde_json::to_value(v).unwrap()["retained_vs_fresh"],
+            serde_json::Value::Null
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use softiommu::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
 
 use crate::args::{iova_policies, Ranged, Seconds};
 use crate::error::{join, LabResult};
-use crate::metrics::aging::{AgingSummary, PairedSeries, VsFresh, WorkWindow};
+use crate::metrics::aging::{AgingSummary, VsFresh, WorkWindow};
 use crate::metrics::cpu_clock;
 use crate::metrics::pinning;
 use crate::report::Report;
@@ -538,14 +538,8 @@ pub(super) fn run_policy(
     // A policy so slow that its fresh arm ran in too few windows (a debug
     // build of the 2016 tree on a loaded machine) has no paired figure:
     // null, with the aged arm's own figures beside.
-    let (vs_fresh, paired) = VsFresh::of(
-        &run,
-        &paired_work,
-        &fresh_work,
-        window.as_secs_f64(),
-        seconds,
-    )
-    .unwrap_or_else(|_| (VsFresh::absent(), PairedSeries::absent(timeline.len())));
+    let (vs_fresh, paired) =
+        VsFresh::of_or_absent(&paired_work, &fresh_work, window.as_secs_f64(), seconds);
     for (i, w) in timeline.iter_mut().enumerate() {
         w.mops_per_cpu_s = rates[i] / 1e6;
         w.fresh_mops_per_cpu_s = paired.fresh[i] / 1e6;
