@@ -341,12 +341,54 @@ fn lab_iova_aging() {
         assert!(number(p, "stability") <= 1.0, "{p}");
         assert!(p["settled"].is_boolean());
         cpu_time_aging_fields(p);
+        // The headline: against a fresh control arm. A debug build of the
+        // 2016 tree on a loaded machine may run its fresh arm in too few
+        // of these short windows for a figure: null then, never absent.
+        for k in [
+            "retained_vs_fresh",
+            "stability_vs_fresh",
+            "warmup_vs_fresh_s",
+            "vs_fresh_first",
+            "vs_fresh_last",
+            "fresh_ops_per_cpu_s_first",
+            "fresh_ops_per_cpu_s_last",
+            "settled_vs_fresh",
+        ] {
+            assert!(p.get(k).is_some(), "{k} missing in {p}");
+        }
+        assert!(number(p, "fresh_lives") >= 1.0, "{p}");
+        let paired = p["policy"] == "softiommu" || !p["retained_vs_fresh"].is_null();
+        if paired {
+            for k in [
+                "retained_vs_fresh",
+                "stability_vs_fresh",
+                "warmup_vs_fresh_s",
+                "vs_fresh_first",
+                "vs_fresh_last",
+                "fresh_ops_per_cpu_s_first",
+                "fresh_ops_per_cpu_s_last",
+            ] {
+                assert!(number(p, k) >= 0.0, "{k} in {p}");
+            }
+            assert!(number(p, "fresh_ops_per_cpu_s_first") > 0.0, "{p}");
+            assert!(number(p, "stability_vs_fresh") <= 1.0, "{p}");
+            assert!(p["settled_vs_fresh"].is_boolean(), "{p}");
+            // retained_vs_fresh is last ÷ first quarter of aged ÷ fresh.
+            let ratio = number(p, "vs_fresh_last") / number(p, "vs_fresh_first");
+            assert!((number(p, "retained_vs_fresh") - ratio).abs() < 1e-9, "{p}");
+        }
         let w = p["windows"].as_array().expect("windows");
         assert_eq!(w.len(), 8);
         assert!(number(&w[0], "iops") >= 0.0);
         for w in w {
             assert!(number(w, "cpu_s") >= 0.0, "{w}");
             assert!(number(w, "mops_per_cpu_s") >= 0.0, "{w}");
+            assert!(number(w, "fresh_cpu_s") >= 0.0, "{w}");
+            if paired {
+                assert!(number(w, "fresh_mops_per_cpu_s") > 0.0, "{w}");
+                let r = number(w, "paired_mops_per_cpu_s") / number(w, "fresh_mops_per_cpu_s");
+                assert!((number(w, "vs_fresh") - r).abs() < 1e-9, "{w}");
+            }
         }
     }
 }
@@ -433,6 +475,13 @@ fn lab_fio_aging() {
         for w in w {
             assert!(number(w, "driver_cpu_s") >= 0.0, "{w}");
             assert!(number(w, "iops_per_cpu_s") >= 0.0, "{w}");
+            // The sampled CPU per request is its submitting part plus its
+            // reaping part.
+            let parts = number(w, "submit_cpu_us_per_req") + number(w, "reap_cpu_us_per_req");
+            assert!(
+                (number(w, "work_cpu_us_per_req") - parts).abs() < 1e-9,
+                "{w}"
+            );
             // The allocator's and the page table's work, window by window.
             for k in [
                 "tree_allocs",

@@ -15,6 +15,12 @@ pub struct FioWindowOut {
     pub driver_cpu_s: f64,
     /// The job threads' CPU µs per request sampled in the window.
     pub work_cpu_us_per_req: f64,
+    /// Its submitting part: CPU µs per request submitted (chains and
+    /// `map_sg`, slow requests among them).
+    pub submit_cpu_us_per_req: f64,
+    /// Its reaping part: CPU µs per request reaped (`unmap_sg`, the flush
+    /// queue's frees into the caches, the status).
+    pub reap_cpu_us_per_req: f64,
     /// The flush timer's CPU seconds in the window.
     pub timer_cpu_s: f64,
     /// Requests completed per driver CPU-second in the window, as the

@@ -60,6 +60,8 @@ pub(super) fn windows_out(r: &FioResult, rates: &[f64]) -> Vec<FioWindowOut> {
             iops: w.iops,
             driver_cpu_s: w.driver_cpu_s,
             work_cpu_us_per_req: w.work_cpu_us_per_req,
+            submit_cpu_us_per_req: w.submit_cpu_us_per_req,
+            reap_cpu_us_per_req: w.reap_cpu_us_per_req,
             timer_cpu_s: w.timer_cpu_s,
             iops_per_cpu_s: rate,
             gbps: w.gbps,

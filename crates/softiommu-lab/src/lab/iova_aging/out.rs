@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::metrics::aging::AgingSummary;
+use crate::metrics::aging::{AgingSummary, VsFresh};
 
 /// One policy's outcome.
 #[derive(Debug, Clone, Serialize)]
@@ -12,6 +12,15 @@ pub struct PolicyResult {
     /// The aging figure, as `lab fio-aging` reports it.
     #[serde(flatten)]
     pub aging: AgingSummary,
+    /// The headline: the aging figure against a fresh control arm of the
+    /// same policy run in interleaved slices on the same thread
+    /// (`retained_vs_fresh`, `stability_vs_fresh`, …).
+    #[serde(flatten)]
+    pub vs_fresh: VsFresh,
+    /// Fresh domains the control arm built over the run (each lived
+    /// 250,000 operations or 20 ms of its CPU time, whichever came
+    /// first).
+    pub fresh_lives: u64,
     /// Throughput of the first window, million I/Os per second (wall
     /// clock; cold).
     pub first_window_mops: f64,
@@ -59,13 +68,23 @@ pub struct Window {
     pub iops: f64,
     /// Million I/Os per second (wall clock) in this window.
     pub mops: f64,
-    /// CPU seconds the workers (and the allocator's background work) used
-    /// in this window.
+    /// CPU seconds the workers spent in the aged arm's slices (with its
+    /// background work) in this window.
     pub cpu_s: f64,
-    /// Million I/Os per CPU-second in this window, as the aging figure
-    /// takes it (windows below the CPU floor carry their merged group's
-    /// rate).
+    /// Million I/Os per CPU-second of the aged arm in this window, as the
+    /// aging figure takes it (windows below the CPU floor carry their
+    /// merged group's rate).
     pub mops_per_cpu_s: f64,
+    /// CPU seconds of the fresh control arm's counted slices.
+    pub fresh_cpu_s: f64,
+    /// The fresh arm's million I/Os per CPU-second in this window.
+    pub fresh_mops_per_cpu_s: f64,
+    /// The aged arm's million I/Os per CPU-second in the slices paired
+    /// with a fresh one (each right after it).
+    pub paired_mops_per_cpu_s: f64,
+    /// `paired_mops_per_cpu_s / fresh_mops_per_cpu_s`: what the paired
+    /// figure takes.
+    pub vs_fresh: f64,
     /// Tree nodes at the end of the window.
     pub tree_nodes: u64,
     /// IOVAs in caches and depots at the end of the window.

@@ -10,8 +10,8 @@ use softiommu::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
 
 use crate::args::{iova_policies, Ranged, Seconds};
 use crate::error::{join, LabResult};
-use crate::metrics::aging::{AgingSummary, WorkWindow};
-use crate::metrics::cpu_clock::{self, ThreadClock};
+use crate::metrics::aging::{AgingSummary, VsFresh, WorkWindow};
+use crate::metrics::cpu_clock;
 use crate::metrics::pinning;
 use crate::report::Report;
 use crate::workload::DMA_MIX;
@@ -25,6 +25,9 @@ pub(super) struct Shared {
     pub(super) domain: Arc<IovaDomain>,
     pub(super) stop: AtomicBool,
     pub(super) ops: Vec<CachePadded<AtomicU64>>,
+    /// Each OS thread's two arms: operations and CPU time, published at
+    /// the end of each slice.
+    pub(super) arms: Vec<CachePadded<ArmCounters>>,
     pub(super) failed: AtomicU64,
     pub(super) iodepth: usize,
     pub(super) slow_ppm: u64,
@@ -32,6 +35,24 @@ pub(super) struct Shared {
     /// The last frame of the first try (the low window's, or the domain's
     /// without `--low-window-mib`).
     pub(super) first_limit: u64,
+    /// Builds a fresh domain of the run's policy (the control arm's).
+    pub(super) fresh_domain: Box<dyn Fn() -> Arc<IovaDomain> + Send + Sync>,
+}
+
+/// One OS thread's two arms as the conductor reads them: operations and
+/// nanoseconds of the thread's CPU clock spent in each arm's slices, the
+/// fresh arm's counting only past its warm-up.
+#[derive(Debug, Default)]
+pub(super) struct ArmCounters {
+    pub(super) aged_ops: AtomicU64,
+    pub(super) aged_cpu_ns: AtomicU64,
+    /// The aged slices paired with a fresh one (each right after it).
+    pub(super) paired_ops: AtomicU64,
+    pub(super) paired_cpu_ns: AtomicU64,
+    pub(super) fresh_ops: AtomicU64,
+    pub(super) fresh_cpu_ns: AtomicU64,
+    /// Fresh domains built so far.
+    pub(super) fresh_lives: AtomicU64,
 }
 
 /// An interrupt CPU's flush queue: a fixed array filled then freed as one batch.
@@ -82,69 +103,163 @@ pub(super) struct Irq {
 /// I/Os a logical CPU runs before the next one gets the thread.
 pub(super) const SLICE: usize = 32;
 
-/// One OS thread hosting `jobs` (global ids) and the interrupt CPUs that
-/// serve them.
-pub(super) fn worker(sh: &Shared, job_ids: Vec<usize>, n_irq: usize) {
-    let limit = sh.domain.end_pfn();
-    let mut irqs: Vec<Irq> = (0..n_irq.max(1))
-        .map(|_| Irq {
-            cache: sh.domain.cpu_cache(),
-            inbound: VecDeque::new(),
-            fq: FlushQueue {
-                entries: Vec::with_capacity(FQ_SIZE),
-                oldest: None,
-            },
-        })
-        .collect();
-    let mut jobs: Vec<(usize, Job)> = job_ids
-        .iter()
-        .enumerate()
-        .map(|(i, &id)| {
-            let job = Job {
-                cache: sh.domain.cpu_cache(),
-                sizes: DMA_MIX.sequence(0xa9e + id as u64, 1 << 16),
-                inflight: VecDeque::with_capacity(sh.iodepth),
-                slow: VecDeque::new(),
-                rng: crate::workload::Rng::new(0x51 + id as u64),
-                irq: i % irqs.len(),
-                ops: 0,
-            };
-            (id, job)
-        })
-        .collect();
-    let mut rounds = 0u64;
-    while !sh.stop.load(Relaxed) {
-        for (id, job) in &mut jobs {
-            for _ in 0..SLICE {
-                if job.inflight.len() >= sh.iodepth {
-                    let done = job.inflight.pop_front().expect("non-empty");
-                    irqs[job.irq].inbound.push_back(done);
-                }
-                while job.slow.front().is_some_and(|s| s.0 <= job.ops) {
-                    let (_, pfn, pages) = job.slow.pop_front().expect("non-empty");
-                    irqs[job.irq].inbound.push_back((pfn, pages));
-                }
-                let pages = job.sizes[job.ops as usize & 0xffff];
-                // Without a low window (`first_limit == limit`) this is
-                // one try at the whole mask, giving the caches back if the
-                // tree is full (Linux's second try).
-                let got = job.cache.alloc_low_first(pages, sh.first_limit, limit);
-                match got {
-                    Ok(pfn) if job.rng.below(1_000_000) < sh.slow_ppm => {
-                        job.slow.push_back((job.ops + sh.slow_hold, pfn, pages));
-                    }
-                    Ok(pfn) => job.inflight.push_back((pfn, pages)),
-                    Err(_) => {
-                        sh.failed.fetch_add(1, Relaxed);
-                    }
-                }
-                job.ops += 1;
+/// Rounds (every job of the thread runs [`SLICE`] I/Os, then its
+/// interrupt CPUs) in one slice of either arm: with twelve jobs on one
+/// thread, ~3,000 I/Os, ~0.1-0.2 ms at the speeds measured here. Far
+/// shorter than a scheduler tick (4 ms), so both arms see the same
+/// co-runner, and long enough that the two clock reads per slice (system
+/// calls of ~0.5 µs) are under 1 % of it.
+pub(super) const ARM_ROUNDS: usize = 8;
+
+/// A slice also ends when this much wall time has passed since it began
+/// (looked at every [`CLOCK_EVERY`] steps of one job's [`SLICE`] I/Os): a
+/// slow policy (the 2016 tree, ~0.5 M I/Os per CPU-second in a release
+/// build, ~0.8 ms a round; a debug build is a hundred times slower) then
+/// still alternates often, so each window holds many slices of both arms.
+pub(super) const MAX_SLICE: Duration = Duration::from_micros(500);
+
+/// Steps between looks at the clock in a slice (one job's [`SLICE`],
+/// ~1 µs for ours; a look is a vDSO read of ~25 ns, paid alike by both
+/// arms, so it moves neither arm's rate against the other's).
+pub(super) const CLOCK_EVERY: usize = 1;
+
+/// Aged slices per fresh slice: the aged allocator keeps four fifths of
+/// the thread and ages at nearly the pace it would alone (its slow I/Os
+/// are held for a count of its own I/Os, so an even share would put the
+/// Linux trees' cliffs twice as late in the run). Only the aged slice
+/// right after each fresh one is paired with it: both are then measured
+/// the same way, one slice of the same length just after the other arm
+/// had the caches (measured: a fresh slice a quarter as long as the aged
+/// one, right after it, read 15-45 % slower than the aged arm and did
+/// not follow the machine's speed as the aged arm did).
+pub(super) const AGED_PER_FRESH: usize = 4;
+
+/// A fresh arm's warm-up, not counted (its caches fill from the tree
+/// first: a cold start, not the machine's speed): this many I/Os, or
+/// [`FRESH_WARMUP_CPU`] of its CPU time, whichever comes first.
+pub(super) const FRESH_WARMUP_OPS: u64 = 50_000;
+/// See [`FRESH_WARMUP_OPS`].
+pub(super) const FRESH_WARMUP_CPU: Duration = Duration::from_millis(4);
+
+/// A fresh arm is replaced by a new one after this many I/Os, or
+/// [`FRESH_LIFE_CPU`] of its CPU time, whichever comes first: several
+/// lives fall in each window, and its age stays far below the aged arm's
+/// (its slow I/Os, held 4,000,000 I/Os of their job, never complete).
+/// Ours and the 2020 / 2023 trees (12-20 M I/Os per CPU-second here)
+/// reach the count first, so their fresh arm's age does not depend on the
+/// machine's speed; the 2016 tree (~0.5 M) reaches the CPU bound first.
+pub(super) const FRESH_LIFE_OPS: u64 = 250_000;
+/// See [`FRESH_LIFE_OPS`].
+pub(super) const FRESH_LIFE_CPU: Duration = Duration::from_millis(20);
+
+/// How often each arm's allocator background work runs on the thread
+/// that hosts it (Linux runs its depot trim from a workqueue).
+pub(super) const MAINTAIN_EVERY: Duration = Duration::from_millis(20);
+
+/// One allocator and the logical CPUs that use it: the aged arm (the
+/// run's domain) or a fresh one.
+pub(super) struct Arm {
+    pub(super) domain: Arc<IovaDomain>,
+    pub(super) irqs: Vec<Irq>,
+    pub(super) jobs: Vec<(usize, Job)>,
+    pub(super) rounds: u64,
+    /// The job whose step is next.
+    pub(super) next: usize,
+    pub(super) ops: u64,
+    pub(super) last_maintain: Instant,
+}
+
+impl Arm {
+    /// An arm on `domain` hosting `job_ids` (global ids: their seeds) and
+    /// `n_irq` interrupt CPUs.
+    pub(super) fn new(
+        domain: Arc<IovaDomain>,
+        job_ids: &[usize],
+        n_irq: usize,
+        iodepth: usize,
+    ) -> Self {
+        let irqs: Vec<Irq> = (0..n_irq.max(1))
+            .map(|_| Irq {
+                cache: domain.cpu_cache(),
+                inbound: VecDeque::new(),
+                fq: FlushQueue {
+                    entries: Vec::with_capacity(FQ_SIZE),
+                    oldest: None,
+                },
+            })
+            .collect();
+        let jobs = job_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                let job = Job {
+                    cache: domain.cpu_cache(),
+                    sizes: DMA_MIX.sequence(0xa9e + id as u64, 1 << 16),
+                    inflight: VecDeque::with_capacity(iodepth),
+                    slow: VecDeque::new(),
+                    rng: crate::workload::Rng::new(0x51 + id as u64),
+                    irq: i % irqs.len(),
+                    ops: 0,
+                };
+                (id, job)
+            })
+            .collect();
+        Self {
+            domain,
+            irqs,
+            jobs,
+            rounds: 0,
+            next: 0,
+            ops: 0,
+            last_maintain: Instant::now(),
+        }
+    }
+
+    /// One step of a round: the next job runs [`SLICE`] I/Os; after the
+    /// last job, the interrupt CPUs take their completions (the round
+    /// ends). With `publish`, the job's count goes to `sh.ops` (the aged
+    /// arm's, for the wall-clock figure).
+    pub(super) fn step(&mut self, sh: &Shared, publish: bool) {
+        let limit = self.domain.end_pfn();
+        let irqs = &mut self.irqs;
+        let (id, job) = &mut self.jobs[self.next];
+        for _ in 0..SLICE {
+            if job.inflight.len() >= sh.iodepth {
+                let done = job.inflight.pop_front().expect("non-empty");
+                irqs[job.irq].inbound.push_back(done);
             }
+            while job.slow.front().is_some_and(|s| s.0 <= job.ops) {
+                let (_, pfn, pages) = job.slow.pop_front().expect("non-empty");
+                irqs[job.irq].inbound.push_back((pfn, pages));
+            }
+            let pages = job.sizes[job.ops as usize & 0xffff];
+            // Without a low window (`first_limit == limit`) this is
+            // one try at the whole mask, giving the caches back if the
+            // tree is full (Linux's second try).
+            let got = job.cache.alloc_low_first(pages, sh.first_limit, limit);
+            match got {
+                Ok(pfn) if job.rng.below(1_000_000) < sh.slow_ppm => {
+                    job.slow.push_back((job.ops + sh.slow_hold, pfn, pages));
+                }
+                Ok(pfn) => job.inflight.push_back((pfn, pages)),
+                Err(_) => {
+                    sh.failed.fetch_add(1, Relaxed);
+                }
+            }
+            job.ops += 1;
+        }
+        self.ops += SLICE as u64;
+        if publish {
             sh.ops[*id].store(job.ops, Relaxed);
         }
-        rounds += 1;
-        let check_time = rounds.is_multiple_of(16);
-        for irq in &mut irqs {
+        self.next += 1;
+        if self.next < self.jobs.len() {
+            return;
+        }
+        self.next = 0;
+        self.rounds += 1;
+        let check_time = self.rounds.is_multiple_of(16);
+        for irq in irqs.iter_mut() {
             while let Some(e) = irq.inbound.pop_front() {
                 irq.fq.push(e, &mut irq.cache);
             }
@@ -153,20 +268,123 @@ pub(super) fn worker(sh: &Shared, job_ids: Vec<usize>, n_irq: usize) {
             }
         }
     }
-    for (_, job) in &mut jobs {
-        for (_, pfn, pages) in std::mem::take(&mut job.slow) {
-            job.cache.free(pfn, pages).expect("freeing at the end");
-        }
-        for (pfn, pages) in job.inflight.drain(..) {
-            job.cache.free(pfn, pages).expect("freeing at the end");
+
+    /// One slice: [`ARM_ROUNDS`] rounds' worth of steps, or fewer when
+    /// [`MAX_SLICE`] has passed (looked at every [`CLOCK_EVERY`] steps),
+    /// at least one step.
+    pub(super) fn slice(&mut self, sh: &Shared, publish: bool) {
+        let until = Instant::now() + MAX_SLICE;
+        for i in 1..=ARM_ROUNDS * self.jobs.len() {
+            self.step(sh, publish);
+            if i.is_multiple_of(CLOCK_EVERY) && Instant::now() >= until {
+                break;
+            }
         }
     }
-    for irq in &mut irqs {
-        for e in std::mem::take(&mut irq.inbound) {
-            irq.fq.push(e, &mut irq.cache);
+
+    /// The allocator's background work when [`MAINTAIN_EVERY`] has passed.
+    pub(super) fn maintain_if_due(&mut self) {
+        if self.last_maintain.elapsed() >= MAINTAIN_EVERY {
+            self.domain.maintain();
+            self.last_maintain = Instant::now();
         }
-        irq.fq.flush(&mut irq.cache);
     }
+
+    /// Frees everything still held (the aged arm at the end; the domain
+    /// checks each free).
+    pub(super) fn drain(&mut self) {
+        for (_, job) in &mut self.jobs {
+            for (_, pfn, pages) in std::mem::take(&mut job.slow) {
+                job.cache.free(pfn, pages).expect("freeing at the end");
+            }
+            for (pfn, pages) in job.inflight.drain(..) {
+                job.cache.free(pfn, pages).expect("freeing at the end");
+            }
+        }
+        for irq in &mut self.irqs {
+            for e in std::mem::take(&mut irq.inbound) {
+                irq.fq.push(e, &mut irq.cache);
+            }
+            irq.fq.flush(&mut irq.cache);
+        }
+    }
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One OS thread (number `w`) hosting `jobs` (global ids) and the
+/// interrupt CPUs that serve them, twice: on the run's aged domain and on
+/// a fresh one of the same policy, in slices of [`ARM_ROUNDS`] rounds
+/// (or [`MAX_SLICE`]),
+/// one fresh slice per [`AGED_PER_FRESH`] aged ones, each slice timed on
+/// the thread's CPU clock; the aged slice right after a fresh one is also
+/// counted as its pair. The fresh arm counts past its warm-up
+/// ([`FRESH_WARMUP_OPS`]) and is replaced, outside both arms' timing, at
+/// the end of its life ([`FRESH_LIFE_OPS`]). Thread 0 runs the aged
+/// domain's background work, inside an aged slice; each thread its
+/// fresh domain's, inside a fresh slice.
+pub(super) fn worker(sh: &Shared, w: usize, job_ids: Vec<usize>, n_irq: usize) {
+    let c = &sh.arms[w];
+    let mut aged = Arm::new(sh.domain.clone(), &job_ids, n_irq, sh.iodepth);
+    let mut fresh = Arm::new((sh.fresh_domain)(), &job_ids, n_irq, sh.iodepth);
+    c.fresh_lives.store(1, Relaxed);
+    let (mut aged_ns, mut fresh_ns, mut fresh_ops) = (0u64, 0u64, 0u64);
+    let (mut paired_ns, mut paired_ops) = (0u64, 0u64);
+    // The fresh arm's CPU time in its present life, warm-up included.
+    let mut life = Duration::ZERO;
+    // Whether the next aged slice pairs with the fresh slice just run.
+    let mut pair_next = false;
+    let mut k = 0usize;
+    let mut t = cpu_clock::thread();
+    while !sh.stop.load(Relaxed) {
+        let ops0 = aged.ops;
+        aged.slice(sh, true);
+        if w == 0 {
+            aged.maintain_if_due();
+        }
+        let t1 = cpu_clock::thread();
+        let spent = ns(t1.saturating_sub(t));
+        aged_ns += spent;
+        c.aged_ops.store(aged.ops, Relaxed);
+        c.aged_cpu_ns.store(aged_ns, Relaxed);
+        if std::mem::take(&mut pair_next) {
+            paired_ns += spent;
+            paired_ops += aged.ops - ops0;
+            c.paired_ops.store(paired_ops, Relaxed);
+            c.paired_cpu_ns.store(paired_ns, Relaxed);
+        }
+        t = t1;
+        k += 1;
+        if !k.is_multiple_of(AGED_PER_FRESH) {
+            continue;
+        }
+        let counted = fresh.ops >= FRESH_WARMUP_OPS || life >= FRESH_WARMUP_CPU;
+        let ops0 = fresh.ops;
+        fresh.slice(sh, false);
+        fresh.maintain_if_due();
+        let t2 = cpu_clock::thread();
+        let spent = t2.saturating_sub(t1);
+        life += spent;
+        if counted {
+            fresh_ns += ns(spent);
+            fresh_ops += fresh.ops - ops0;
+            c.fresh_ops.store(fresh_ops, Relaxed);
+            c.fresh_cpu_ns.store(fresh_ns, Relaxed);
+            pair_next = true;
+        }
+        t = t2;
+        if fresh.ops >= FRESH_LIFE_OPS || life >= FRESH_LIFE_CPU {
+            // Renewed outside both arms' timing: the old one's caches
+            // and domain are dropped, a new domain built.
+            fresh = Arm::new((sh.fresh_domain)(), &job_ids, n_irq, sh.iodepth);
+            life = Duration::ZERO;
+            c.fresh_lives.fetch_add(1, Relaxed);
+            t = cpu_clock::thread();
+        }
+    }
+    aged.drain();
 }
 
 /// The low window in MiB: `--low-window-mib`, or Linux's 4 GiB.
@@ -181,12 +399,18 @@ pub(super) fn run_policy(
 ) -> LabResult<PolicyResult> {
     let jobs = args.jobs.us();
     let window_end = low_window_mib(args) << (20 - 12);
-    let domain = IovaDomain::with_low_window(1, (1 << 36) - 1, window_end, policy)?;
+    let new_domain = move || IovaDomain::with_low_window(1, (1 << 36) - 1, window_end, policy);
+    let domain = new_domain()?;
+    // Checked once here: a fresh domain is built the same way.
+    let fresh_domain: Box<dyn Fn() -> Arc<IovaDomain> + Send + Sync> =
+        Box::new(move || new_domain().expect("built once already with these arguments"));
     let first_limit = if args.low_window_mib.is_some() {
         window_end - 1
     } else {
         domain.end_pfn()
     };
+    let threads = args.threads.map_or(1, Ranged::us);
+    let threads = threads.clamp(1, jobs);
     let sh = Arc::new(Shared {
         domain,
         first_limit,
@@ -194,13 +418,15 @@ pub(super) fn run_policy(
         ops: (0..jobs)
             .map(|_| CachePadded::new(AtomicU64::new(0)))
             .collect(),
+        arms: (0..threads)
+            .map(|_| CachePadded::new(ArmCounters::default()))
+            .collect(),
         failed: AtomicU64::new(0),
         iodepth: args.iodepth.us(),
         slow_ppm: (args.slow_pct.get() * 1e4) as u64,
         slow_hold: args.slow_hold.get(),
+        fresh_domain,
     });
-    let threads = args.threads.map_or(1, Ranged::us);
-    let threads = threads.clamp(1, jobs);
     let irq_cpus = args.irq_cpus.us().max(threads);
     // Each OS thread on a CPU of its own (round robin over the allowed
     // ones): unpinned, the scheduler sometimes stacks both threads on one
@@ -219,21 +445,23 @@ pub(super) fn run_policy(
                 if let Some(c) = cpu {
                     pinning::pin_current(c);
                 }
-                worker(&sh, ids, n_irq)
+                worker(&sh, w, ids, n_irq)
             })
         })
         .collect();
-    // The workers' CPU clocks, read (and summed) at each window's end.
-    let clocks: Vec<ThreadClock> = workers.iter().filter_map(ThreadClock::of).collect();
-    let mut clock_last = vec![Duration::ZERO; clocks.len()];
-    let mut maintain_cpu = Duration::ZERO;
-    let mut worker_cpu = |maintain: Duration| {
-        for (c, last) in clocks.iter().zip(&mut clock_last) {
-            if let Some(d) = c.read() {
-                *last = d;
-            }
-        }
-        clock_last.iter().sum::<Duration>() + maintain
+    // Each arm's operations and CPU time, summed over the threads.
+    let arms = |sh: &Shared| {
+        let l = |f: fn(&ArmCounters) -> &AtomicU64| {
+            sh.arms.iter().map(|a| f(a).load(Relaxed)).sum::<u64>()
+        };
+        [
+            l(|a| &a.aged_ops),
+            l(|a| &a.aged_cpu_ns),
+            l(|a| &a.fresh_ops),
+            l(|a| &a.fresh_cpu_ns),
+            l(|a| &a.paired_ops),
+            l(|a| &a.paired_cpu_ns),
+        ]
     };
     let windows = args
         .windows
@@ -243,8 +471,10 @@ pub(super) fn run_policy(
     let mut timeline = Vec::with_capacity(windows);
     let mut peak_cached = 0u64;
     let mut last = total(&sh);
-    let mut last_cpu = worker_cpu(maintain_cpu);
+    let mut last_arms = arms(&sh);
     let mut work = Vec::with_capacity(windows);
+    let mut fresh_work = Vec::with_capacity(windows);
+    let mut paired_work = Vec::with_capacity(windows);
     let mut last_steps = 0u64;
     let mut t0 = Instant::now();
     let start = t0;
@@ -252,25 +482,28 @@ pub(super) fn run_policy(
         let end = t0 + window;
         let mut s = sh.domain.stats();
         while Instant::now() < end {
-            // The background work of the caches (Linux runs it from a
-            // workqueue every 100 ms), and a sample of what they hold.
+            // A sample of what the caches hold (the background work runs
+            // on the workers, inside the aged arm's timed slices).
             std::thread::sleep(
                 Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())),
             );
-            let c0 = cpu_clock::thread();
-            sh.domain.maintain();
-            maintain_cpu += cpu_clock::thread().saturating_sub(c0);
             s = sh.domain.stats();
             peak_cached = peak_cached.max(s.cached_iovas);
         }
         let now_ops = total(&sh);
-        let cpu = worker_cpu(maintain_cpu);
+        let a = arms(&sh);
         let now = Instant::now();
         let done = now_ops - last;
-        let cpu_s = cpu.saturating_sub(last_cpu).as_secs_f64();
-        work.push(WorkWindow {
-            ops: done as f64,
-            cpu_s,
+        let d = |i: usize| a[i].saturating_sub(last_arms[i]) as f64;
+        let (cpu_s, fresh_cpu_s) = (d(1) / 1e9, d(3) / 1e9);
+        work.push(WorkWindow { ops: d(0), cpu_s });
+        fresh_work.push(WorkWindow {
+            ops: d(2),
+            cpu_s: fresh_cpu_s,
+        });
+        paired_work.push(WorkWindow {
+            ops: d(4),
+            cpu_s: d(5) / 1e9,
         });
         let rate = done as f64 / now.duration_since(t0).as_secs_f64().max(1e-9);
         timeline.push(Window {
@@ -279,12 +512,16 @@ pub(super) fn run_policy(
             mops: rate / 1e6,
             cpu_s,
             mops_per_cpu_s: 0.0,
+            fresh_cpu_s,
+            fresh_mops_per_cpu_s: 0.0,
+            paired_mops_per_cpu_s: 0.0,
+            vs_fresh: 0.0,
             tree_nodes: s.tree_nodes,
             cached_iovas: s.cached_iovas,
             scan_steps_per_op: (s.scan_steps - last_steps) as f64 / done.max(1) as f64,
         });
         last = now_ops;
-        last_cpu = cpu;
+        last_arms = a;
         last_steps = s.scan_steps;
         t0 = now;
     }
@@ -298,12 +535,22 @@ pub(super) fn run_policy(
     let series: Vec<f64> = timeline.iter().map(|w| w.iops).collect();
     let run = format!("iova-aging {}", policy.name());
     let (aging, rates) = AgingSummary::of(&run, &series, &work, window.as_secs_f64(), seconds)?;
-    for (w, r) in timeline.iter_mut().zip(rates) {
-        w.mops_per_cpu_s = r / 1e6;
+    // A policy so slow that its fresh arm ran in too few windows (a debug
+    // build of the 2016 tree on a loaded machine) has no paired figure:
+    // null, with the aged arm's own figures beside.
+    let (vs_fresh, paired) =
+        VsFresh::of_or_absent(&paired_work, &fresh_work, window.as_secs_f64(), seconds);
+    for (i, w) in timeline.iter_mut().enumerate() {
+        w.mops_per_cpu_s = rates[i] / 1e6;
+        w.fresh_mops_per_cpu_s = paired.fresh[i] / 1e6;
+        w.paired_mops_per_cpu_s = paired.aged[i] / 1e6;
+        w.vs_fresh = paired.ratio[i];
     }
     Ok(PolicyResult {
         policy: policy.name().to_string(),
         aging,
+        vs_fresh,
+        fresh_lives: sh.arms.iter().map(|a| a.fresh_lives.load(Relaxed)).sum(),
         first_window_mops: first,
         last_window_mops: lastw,
         peak_tree_nodes: s.peak_tree_nodes,
@@ -325,8 +572,8 @@ pub fn run(args: &AgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Report
     for p in iova_policies(&args.policies) {
         let r = run_policy(p, args, seconds)?;
         progress(&format!(
-            "{} retained {:.2} per CPU-s, {:.2} wall",
-            r.policy, r.aging.retained, r.aging.retained_wall
+            "{} retained {:.2} vs a fresh arm, {:.2} per CPU-s alone, {:.2} wall",
+            r.policy, r.vs_fresh.retained_vs_fresh, r.aging.retained, r.aging.retained_wall
         ));
         out.push(r);
     }

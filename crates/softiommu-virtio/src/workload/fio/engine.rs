@@ -610,6 +610,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         let timer_s = cur_timer.saturating_sub(last_timer).as_secs_f64();
         let maintain_s = maintain_cpu.saturating_sub(last_maintain_cpu).as_secs_f64();
         let per_req_s = cur_work.per_request_s(&last_work);
+        let (submit_s, reap_s) = cur_work.per_request_parts_s(&last_work);
         let dt = now.duration_since(last_t).as_secs_f64().max(1e-9);
         let iova = host.domain.iova_stats();
         let tables = host.domain.table_stats();
@@ -618,6 +619,8 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             ops,
             driver_cpu_s: ops as f64 * per_req_s + timer_s + maintain_s,
             work_cpu_us_per_req: per_req_s * 1e6,
+            submit_cpu_us_per_req: submit_s * 1e6,
+            reap_cpu_us_per_req: reap_s * 1e6,
             timer_cpu_s: timer_s,
             iops: ops as f64 / dt,
             gbps: (cur.1 - last.1) as f64 / dt / 1e9,

@@ -33,6 +33,13 @@ pub struct FioWindow {
     /// (`unmap_sg`, the flush queue's frees, the status); 0 without
     /// `FioConfig::sample_work` or without samples.
     pub work_cpu_us_per_req: f64,
+    /// The submitting part of [`work_cpu_us_per_req`](Self::work_cpu_us_per_req):
+    /// CPU µs per request submitted (chains, `map_sg`; slow requests
+    /// among them).
+    pub submit_cpu_us_per_req: f64,
+    /// The reaping part: CPU µs per request reaped (`unmap_sg`, the flush
+    /// queue's frees, the status).
+    pub reap_cpu_us_per_req: f64,
     /// The flush timer's CPU seconds in the window.
     pub timer_cpu_s: f64,
     /// The allocator's work in the window, to tell a growing working set

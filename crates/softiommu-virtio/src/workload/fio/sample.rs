@@ -84,6 +84,13 @@ impl WorkTotals {
     /// submitted plus per request reaped (a side with no sample counts
     /// zero).
     pub(crate) fn per_request_s(&self, before: &Self) -> f64 {
+        let (s, r) = self.per_request_parts_s(before);
+        s + r
+    }
+
+    /// The two parts of [`per_request_s`](Self::per_request_s): CPU
+    /// seconds per request submitted, and per request reaped.
+    pub(crate) fn per_request_parts_s(&self, before: &Self) -> (f64, f64) {
         let part = |ns: u64, n: u64| {
             if n == 0 {
                 0.0
@@ -91,12 +98,15 @@ impl WorkTotals {
                 ns as f64 / n as f64 / 1e9
             }
         };
-        part(
-            self.submit_ns.saturating_sub(before.submit_ns),
-            self.submitted.saturating_sub(before.submitted),
-        ) + part(
-            self.reap_ns.saturating_sub(before.reap_ns),
-            self.reaped.saturating_sub(before.reaped),
+        (
+            part(
+                self.submit_ns.saturating_sub(before.submit_ns),
+                self.submitted.saturating_sub(before.submitted),
+            ),
+            part(
+                self.reap_ns.saturating_sub(before.reap_ns),
+                self.reaped.saturating_sub(before.reaped),
+            ),
         )
     }
 }
@@ -255,6 +265,8 @@ mod tests {
         };
         // 2 µs per request submitted + 3 µs per request reaped.
         assert!((now.per_request_s(&before) - 5e-6).abs() < 1e-15);
+        let (s, r) = now.per_request_parts_s(&before);
+        assert!((s - 2e-6).abs() < 1e-15 && (r - 3e-6).abs() < 1e-15);
         // A side without samples in the window counts zero.
         let stalled = WorkTotals {
             reap_ns: before.reap_ns,
