@@ -158,13 +158,20 @@ impl DeviceIotlb {
     }
 
     /// Removes every translation of `[iova, +size)`; entries partly inside
-    /// keep their parts outside.
+    /// keep their parts outside. A `size` of 0 is 2^64 bytes — QEMU sends
+    /// an invalidation's size as its address mask plus one, which wraps
+    /// to 0 for a mask covering the whole address space — and removes
+    /// every translation: refusing it would keep translations the guest
+    /// has unmapped, and invalidating more than asked is always safe.
     pub fn invalidate(&mut self, iova: u64, size: u64) -> Result<IotlbOutcome, IotlbError> {
         let op = "invalidate";
-        if size == 0 {
-            return Err(IotlbError::ZeroLength { op, iova });
-        }
-        let last = last_of(iova, size).ok_or(IotlbError::IovaWraps { op, iova, size })?;
+        let (iova, last) = match size {
+            0 => (0, u64::MAX),
+            _ => (
+                iova,
+                last_of(iova, size).ok_or(IotlbError::IovaWraps { op, iova, size })?,
+            ),
+        };
         Ok(IotlbOutcome::Invalidated {
             removed: self.punch(iova, last),
         })
@@ -235,6 +242,21 @@ mod tests {
     }
 
     #[test]
+    fn an_invalidation_of_size_zero_is_the_whole_space() {
+        // QEMU's size is the address mask plus one: 0 for a mask of all
+        // ones, an invalidation of every address.
+        let mut t = DeviceIotlb::new(16);
+        t.update(0x1000, 0x1000, 0x7000_0000, RW).unwrap();
+        t.update(0xffff_f000_0000_0000, 0x1000, 0x7000_1000, RW)
+            .unwrap();
+        assert_eq!(
+            t.invalidate(0x5000, 0).unwrap(),
+            IotlbOutcome::Invalidated { removed: 2 }
+        );
+        assert!(t.is_empty());
+    }
+
+    #[test]
     fn zero_length_and_wrapping_ranges_are_typed_and_change_nothing() {
         let mut t = DeviceIotlb::new(16);
         t.update(0x1000, 0x1000, 0x7000_0000, RW).unwrap();
@@ -243,13 +265,6 @@ mod tests {
             Err(IotlbError::ZeroLength {
                 op: "update",
                 iova: 0x2000
-            })
-        ));
-        assert!(matches!(
-            t.invalidate(0x1000, 0),
-            Err(IotlbError::ZeroLength {
-                op: "invalidate",
-                iova: 0x1000
             })
         ));
         assert!(matches!(

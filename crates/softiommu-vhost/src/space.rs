@@ -417,8 +417,12 @@ impl DmaSpace {
     pub fn invalidate(&self, iova: u64, size: u64) -> Result<IotlbOutcome, IotlbError> {
         let mut t = self.lock();
         let out = t.invalidate(iova, size)?;
-        // Accepted: size >= 1 and the range does not wrap.
-        self.cache.clear_range(iova, iova + (size - 1));
+        // Accepted: size 0 is the whole space; otherwise size >= 1 and the
+        // range does not wrap.
+        match size {
+            0 => self.cache.clear(),
+            _ => self.cache.clear_range(iova, iova + (size - 1)),
+        }
         drop(t);
         self.readers.drain();
         self.counters.invalidations.fetch_add(1, Ordering::Relaxed);

@@ -152,24 +152,42 @@ impl<E: Send + 'static> DeviceThreads<E> {
     }
 
     /// Stops the threads and returns their CPU time (see the contract).
+    /// Every thread is waited for, within one shared bound: a thread that
+    /// panicked does not keep the others from being joined, and one that
+    /// did not finish in time stays tracked (a later `stop`, e.g. the
+    /// device's drop, waits for it again) instead of being detached. The
+    /// first failure is returned once every thread has been seen.
     pub(crate) fn stop(&mut self) -> Result<Duration, Lifecycle> {
         self.stop.store(true, Ordering::Release);
         let mut total = Duration::ZERO;
+        let mut first_err = None;
         let t0 = Instant::now();
-        for (h, _) in std::mem::take(&mut self.threads) {
-            while !h.is_finished() {
-                if t0.elapsed() > STOP_TIMEOUT {
-                    return Err(Lifecycle::Timeout {
-                        what: "stop",
-                        secs: STOP_TIMEOUT.as_secs(),
-                    });
-                }
+        let mut still = Vec::new();
+        for (h, clock) in std::mem::take(&mut self.threads) {
+            while !h.is_finished() && t0.elapsed() <= STOP_TIMEOUT {
                 h.thread().unpark();
                 std::thread::sleep(Duration::from_millis(1));
             }
-            total += h.join().map_err(|_| Lifecycle::Panicked)?;
+            if !h.is_finished() {
+                first_err.get_or_insert(Lifecycle::Timeout {
+                    what: "stop",
+                    secs: STOP_TIMEOUT.as_secs(),
+                });
+                still.push((h, clock));
+                continue;
+            }
+            match h.join() {
+                Ok(cpu) => total += cpu,
+                Err(_) => {
+                    first_err.get_or_insert(Lifecycle::Panicked);
+                }
+            }
         }
-        Ok(total)
+        self.threads = still;
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
     }
 }
 
@@ -255,6 +273,38 @@ mod tests {
         .unwrap();
         t.started().unwrap();
         assert_eq!(t.stop(), Err(Lifecycle::Panicked));
+    }
+
+    #[test]
+    fn a_panicking_thread_does_not_keep_the_others_from_being_joined() {
+        let done = Arc::new(AtomicBool::new(false));
+        let mut t = DeviceThreads::<E>::new();
+        t.spawn(
+            "panics".into(),
+            || Ok(()),
+            |_, _| panic!("device thread bug (expected by the test)"),
+        )
+        .unwrap();
+        let d = done.clone();
+        t.spawn(
+            "slow to stop".into(),
+            || Ok(()),
+            move |_, stop| {
+                park_until(stop);
+                // Still at work a little after the stop flag: `stop` must
+                // wait for it, not return at the first thread's panic.
+                std::thread::sleep(Duration::from_millis(50));
+                d.store(true, Ordering::Release);
+            },
+        )
+        .unwrap();
+        t.started().unwrap();
+        assert_eq!(t.stop(), Err(Lifecycle::Panicked));
+        assert!(
+            done.load(Ordering::Acquire),
+            "the second thread was detached"
+        );
+        assert_eq!(t.len(), 0);
     }
 
     #[test]

@@ -164,7 +164,9 @@ impl<'t> Init<'t> {
 impl Drop for Init<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.t.write(reg::STATUS, status::FAILED);
+            // The bits set so far stay: the driver must not clear a
+            // device status bit (virtio 1.2 §2.1.2).
+            self.t.write(reg::STATUS, self.status | status::FAILED);
         }
     }
 }

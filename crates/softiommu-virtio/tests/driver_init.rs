@@ -59,6 +59,9 @@ fn a_net_queue_that_cannot_be_set_up_fails_the_device() {
     let st = host.device.transport().status();
     assert_ne!(st & status::FAILED, 0, "status {st:#x}");
     assert_eq!(st & status::DRIVER_OK, 0, "status {st:#x}");
+    // The bits set before the failure stay (§2.1.2: never cleared).
+    let kept = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+    assert_eq!(st & kept, kept, "status {st:#x}");
     // The device comes up again once memory is back.
     give_back(&host.mem, held);
     let d = host.driver(NetDriverConfig::default()).unwrap();
@@ -86,6 +89,9 @@ fn a_blk_queue_that_cannot_be_set_up_fails_the_device() {
     let st = host.device.transport().status();
     assert_ne!(st & status::FAILED, 0, "status {st:#x}");
     assert_eq!(st & status::DRIVER_OK, 0, "status {st:#x}");
+    // The bits set before the failure stay (§2.1.2: never cleared).
+    let kept = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+    assert_eq!(st & kept, kept, "status {st:#x}");
     give_back(&host.mem, held);
     let d = host.driver(BlkDriverConfig::default()).unwrap();
     assert_eq!(d.transport().status() & status::FAILED, 0);
@@ -121,6 +127,9 @@ fn a_viommu_queue_that_cannot_be_set_up_fails_the_device() {
     let st = dev.transport().status();
     assert_ne!(st & status::FAILED, 0, "status {st:#x}");
     assert_eq!(st & status::DRIVER_OK, 0, "status {st:#x}");
+    // The bits set before the failure stay (§2.1.2: never cleared).
+    let kept = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+    assert_eq!(st & kept, kept, "status {st:#x}");
     give_back(&mem, held);
     let d =
         ViommuDriver::probe(dev.transport().clone(), mem, ViommuDriverConfig::default()).unwrap();
