@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use softiommu::hw::{Access, System, TranslateError, UnitConfig};
 use softiommu::mem::PhysMemory;
+use softiommu_virtio::spec::iommu as s;
 use softiommu_virtio::viommu::{
-    Status, ViommuConfig, ViommuDevice, ViommuDriverConfig, ViommuError,
+    encode, Status, ViommuConfig, ViommuDevice, ViommuDriverConfig, ViommuError,
 };
 use viommu_common::*;
 
@@ -69,6 +70,46 @@ fn maps_fit_until_their_worst_case_would_pass_the_quota() {
         Some(Status::NoMem)
     );
     assert_eq!(r.ranges(1), [(0, 0xfff), (GIB, GIB + 0xfff)]);
+}
+
+/// Table frames an UNMAP unlinked stay taken until the round's
+/// invalidation completes, and count against the quota meanwhile. In one
+/// notification, each MAP of a whole 2 MiB region at an address that is
+/// not 2 MiB-aligned in RAM takes a leaf table, and the UNMAP after it
+/// unlinks that table into the round's gather: the pairs cannot take
+/// more frames from the reserve than the quota (before, each MAP saw only
+/// the linked frames, and every pair passed).
+#[test]
+fn frames_waiting_for_the_rounds_invalidation_count_against_the_quota() {
+    const MIB2: u64 = 2 << 20;
+    let mut r = quota_rig(8);
+    // 4 MiB of RAM; the mapping starts 4 KiB into it, so no 2 MiB leaf.
+    let p = r.ram(10) + 0x1000;
+    r.attach_ok(1, EA);
+    for i in 0..6u64 {
+        let at = GIB + i * MIB2;
+        r.drv
+            .queue(
+                &encode::map(1, at, at + MIB2 - 1, p, RW),
+                s::TAIL_LEN as u32,
+            )
+            .unwrap();
+        r.drv
+            .queue(&encode::unmap(1, at, at + MIB2 - 1), s::TAIL_LEN as u32)
+            .unwrap();
+    }
+    let done = r.drv.sync().unwrap();
+    let maps: Vec<Option<Status>> = done.iter().step_by(2).map(|c| c.status()).collect();
+    let ok = maps.iter().filter(|m| **m == Some(Status::Ok)).count();
+    let nomem = maps.iter().filter(|m| **m == Some(Status::NoMem)).count();
+    assert_eq!(ok + nomem, 6, "{maps:?}");
+    assert!(nomem >= 1, "every pair passed the quota: {maps:?}");
+    // Once refused, refused for the rest of the round.
+    assert!(
+        maps[ok..].iter().all(|m| *m == Some(Status::NoMem)),
+        "{maps:?}"
+    );
+    assert!(r.ranges(1).is_empty());
 }
 
 /// A quota of no frame at all is refused when the device is built.

@@ -306,8 +306,28 @@ impl ViommuDma {
                 }
             };
             if let Err(e) = sent {
-                let _ = self.iova.free(pfn, pages);
-                self.abandon(&out, first_serial);
+                // A MAP the device answered with a status other than OK
+                // mapped nothing, and one never sent (lazy: queueing or
+                // the sync before it failed) neither: its IOVA is free
+                // again. A strict MAP with no answer (no status, a
+                // timeout, a reset) may have been applied late: it is
+                // undone like the others (UNMAP, the IOVA freed only on
+                // OK), never freed while it may still be mapped.
+                let answered = matches!(
+                    e,
+                    ViommuDmaError::Refused {
+                        status: Some(_),
+                        ..
+                    }
+                );
+                if answered || !matches!(self.mode, ViommuMode::Strict) {
+                    let _ = self.iova.free(pfn, pages);
+                    self.abandon(&out, first_serial);
+                } else {
+                    let mut maybe = out.clone();
+                    maybe.push(m);
+                    self.abandon(&maybe, first_serial);
+                }
                 return Err(e);
             }
             if matches!(self.mode, ViommuMode::Lazy { .. }) {

@@ -617,13 +617,18 @@ impl State {
         }
     }
 
-    /// The table frames the domains hold (linked; those an UNMAP unlinked
-    /// wait in the round's gather until its invalidation completes).
+    /// The table frames the device holds: those linked into its domains'
+    /// tables, and those an UNMAP unlinked that wait in the round's
+    /// gather until its invalidation completes (still taken from the
+    /// reserve: without them, a round of MAP/UNMAP pairs could take many
+    /// times the quota before any came back).
     fn frames_held(&self) -> u64 {
-        self.domains
+        let linked = self
+            .domains
             .values()
             .filter_map(|d| d.table.as_ref())
-            .fold(0u64, |a, t| a.saturating_add(t.stats().table_pages))
+            .fold(0u64, |a, t| a.saturating_add(t.stats().table_pages));
+        linked.saturating_add(self.pending.gather.freed_tables().len() as u64)
     }
 
     /// UNMAP (§5.13.6.4.2). What it removes is owed an invalidation, in
