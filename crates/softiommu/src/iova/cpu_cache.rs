@@ -486,27 +486,102 @@ impl IovaCpuCache {
 
     /// [`free_retired`](Self::free_retired) of every `(pfn, pages)` that
     /// `block` reads from `blocks`, as a flush frees its batch (the state
-    /// of the blocks a few places ahead already on its way into the cache): the epoch is checked and the
-    /// count published once for the batch, not per block. Every block is
-    /// tried; the first error is returned.
+    /// of the blocks a few places ahead already on its way into the
+    /// cache): the epoch is checked and the count published once for the
+    /// batch, not per block, and a run of blocks of one cached order goes
+    /// straight into the loaded magazine's free room (one class lookup and
+    /// one room check per run; each block still moves from retired to
+    /// cached with its own compare-exchange, so a block in any other state
+    /// is refused as `free_retired` refuses it). Every block is tried; the
+    /// first error is returned.
     pub(crate) fn free_retired_all<T>(
         &mut self,
         blocks: &[T],
         block: impl Fn(&T) -> (u64, u64),
     ) -> Result<(), IovaError> {
         self.check_epoch();
+        let flat = self.domain.live.is_flat();
         let mut result = Ok(());
-        for (i, b) in blocks.iter().enumerate() {
-            if let Some(ahead) = blocks.get(i + PREFETCH_AHEAD) {
-                self.domain.live.prefetch(block(ahead).0);
-            }
+        let mut i = 0;
+        while let Some(b) = blocks.get(i) {
             let (pfn, pages) = block(b);
-            if let Err(e) = self.free_retired_one(pfn, pages) {
-                result = result.and(Err(e));
+            let n = match super::order_of(pages) {
+                Ok(order) => self.free_retired_run(&blocks[i..], &block, order, flat),
+                Err(_) => 0,
+            };
+            if n == 0 {
+                // Not cached by order, a full magazine, or a block not
+                // retired: one block the general way (its error kept).
+                if flat {
+                    if let Some(ahead) = blocks.get(i + PREFETCH_AHEAD) {
+                        self.domain.live.prefetch(block(ahead).0);
+                    }
+                }
+                if let Err(e) = self.free_retired_one(pfn, pages) {
+                    result = result.and(Err(e));
+                }
+                i += 1;
+            } else {
+                i += n;
             }
         }
         self.publish();
         result
+    }
+
+    /// The fast part of [`free_retired_all`](Self::free_retired_all): moves
+    /// the blocks at the head of `run` that are of `order` (a cached one),
+    /// retired, and fit in the loaded magazine's room, into it; returns how
+    /// many (0: the first did not qualify, and is left to the caller).
+    #[inline]
+    fn free_retired_run<T>(
+        &mut self,
+        run: &[T],
+        block: &impl Fn(&T) -> (u64, u64),
+        order: u32,
+        flat: bool,
+    ) -> usize {
+        let Self {
+            domain,
+            classes,
+            live_cur,
+            cached,
+            ..
+        } = self;
+        let Some(class) = classes.get_mut(order as usize) else {
+            return 0;
+        };
+        let room = class.loaded.room();
+        // Pages of a block of `order`: `(lo, 2 * lo]` (1 for order 0).
+        let (lo, span) = if order == 0 {
+            (0, 1)
+        } else {
+            (1u64 << (order - 1), 1u64 << (order - 1))
+        };
+        let (retired, to) = (state(RETIRED, order), state(CACHED, order));
+        let mut n = 0;
+        for b in run.iter().take(room) {
+            if flat {
+                if let Some(ahead) = run.get(n + PREFETCH_AHEAD) {
+                    domain.live.prefetch(block(ahead).0);
+                }
+            }
+            let (pfn, pages) = block(b);
+            if pages.wrapping_sub(lo + 1) >= span {
+                break;
+            }
+            // SAFETY: `live_cur` is only ever used with this domain's
+            // state map. AcqRel: as `LiveMap::compare_exchange`.
+            let moved = unsafe { live_cur.cell(&domain.live, pfn) }
+                .is_some_and(|c| c.compare_exchange(retired, to, AcqRel, Relaxed).is_ok());
+            if !moved {
+                break;
+            }
+            class.loaded.push(pfn);
+            n += 1;
+        }
+        *cached += n as u64;
+        n
     }
 
     /// One block of `free_retired_all` (no epoch check, no publish).

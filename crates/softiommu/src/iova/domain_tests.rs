@@ -583,3 +583,57 @@ fn a_space_above_4_gib_builds_with_the_default_window() {
         Err(IovaError::InvalidRange { .. })
     ));
 }
+
+/// A flush's batch free: runs of one order go straight into the loaded
+/// magazine, and everything else (another order, a full magazine, a block
+/// not retired, a block freed twice in one batch) the block-by-block way,
+/// with the same errors and the same end state as `free_retired` one by
+/// one.
+#[test]
+fn a_batch_free_frees_every_retired_block_and_refuses_the_rest() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1, END, policy).unwrap();
+        let mut c = d.cpu_cache();
+        // More one-page blocks than a magazine holds, with four-page ones
+        // (asked as 3 and 4 pages) in among them.
+        let mut batch = Vec::new();
+        for i in 0..300u64 {
+            let pages = match i % 50 {
+                7 => 3,
+                8 => 4,
+                _ => 1,
+            };
+            let pfn = c.alloc(pages, END).unwrap();
+            d.retire_block(pfn, pages).unwrap();
+            batch.push((pfn, pages));
+        }
+        // One block still live, and one block twice.
+        let live = c.alloc(1, END).unwrap();
+        batch.insert(150, (live, 1));
+        let twice = batch[20];
+        batch.push(twice);
+        assert_eq!(
+            c.free_retired_all(&batch, |&b| b),
+            Err(IovaError::NotRetired { pfn: live }),
+            "{policy:?}: the first error"
+        );
+        for &(pfn, _) in &batch {
+            let state = d.find(pfn).map(|b| b.state);
+            if pfn == live {
+                assert_eq!(state, Some(BlockState::Live), "{policy:?}");
+            } else {
+                // In a cache, the depot or the tree: free either way.
+                assert!(
+                    !matches!(state, Some(BlockState::Live | BlockState::Retired)),
+                    "{policy:?}: {pfn:#x} is {state:?}"
+                );
+            }
+        }
+        // Freed once each: the live block still frees, nothing else does.
+        c.free(live, 1).unwrap();
+        assert_eq!(
+            c.free_retired(twice.0, twice.1),
+            Err(IovaError::NotAllocated { pfn: twice.0 })
+        );
+    }
+}

@@ -219,6 +219,13 @@ impl<W: Word> WordMap<W> {
         Some(unsafe { W::at(base.add(off * W::BYTES as usize)) })
     }
 
+    /// Whether the map is one flat reservation (where
+    /// [`prefetch`](Self::prefetch) does anything).
+    #[inline(always)]
+    pub(crate) fn is_flat(&self) -> bool {
+        !self.flat_base.is_null()
+    }
+
     /// Starts bringing the state word of `pfn` into the cache: a hint, for
     /// the flat map only (a chunked map's lookup would cost more than the
     /// hint saves). The address is only computed (`wrapping_add`, no bounds

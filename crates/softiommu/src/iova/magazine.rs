@@ -44,6 +44,12 @@ impl Magazine {
         self.len == 0
     }
 
+    /// How many more entries fit.
+    #[inline]
+    pub(crate) fn room(&self) -> usize {
+        self.capacity() - self.len
+    }
+
     #[inline]
     pub(crate) fn is_full(&self) -> bool {
         self.len == self.capacity()
