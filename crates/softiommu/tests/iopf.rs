@@ -300,9 +300,12 @@ fn a_handler_that_stops_answering_is_detected_by_the_deadline() {
             TranslateError::PageRequestDenied { .. }
         ))
     ));
+    // Bounded: at least the timeout, and far less than forever (the
+    // upper bound leaves room for a loaded shared machine: 8.5 s was seen
+    // against an earlier 5 s bound with other builds running).
     let took = t0.elapsed();
     assert!(
-        took >= Duration::from_millis(50) && took < Duration::from_secs(5),
+        took >= Duration::from_millis(50) && took < Duration::from_secs(30),
         "{took:?}"
     );
     let unit = r.sys.unit(r.unit).unwrap();
