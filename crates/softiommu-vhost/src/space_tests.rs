@@ -13,8 +13,12 @@ use crate::space_bench::{table, IOVA, MEM, UA};
 const RW: u8 = m::ACCESS_RW;
 
 fn space(capacity: usize) -> (Arc<DmaSpace>, *mut u8) {
+    space_with(capacity, Duration::from_millis(1))
+}
+
+fn space_with(capacity: usize, miss_timeout: Duration) -> (Arc<DmaSpace>, *mut u8) {
     let (mem, _, host) = table(c"space-tests");
-    let s = DmaSpace::new(capacity, Duration::from_millis(1));
+    let s = DmaSpace::new(capacity, miss_timeout);
     s.set_memory(mem);
     s.set_iommu(true);
     (Arc::new(s), host)
@@ -323,4 +327,45 @@ fn a_nested_access_keeps_the_outer_section() {
         s.invalidate(IOVA, 2 * PAGE),
         Ok(IotlbOutcome::Invalidated { removed: 1 })
     ));
+}
+
+/// An IOVA the tests never map.
+const UNMAPPED: u64 = 0x4000_0000;
+
+/// Chains pointing at distinct IOVAs the front-end never maps: the set of
+/// outstanding pages stays within its cap, and a page dropped from it is
+/// asked again. (Before: it grew by every page asked, for the ring's life.)
+#[test]
+fn outstanding_misses_are_capped() {
+    let (s, _) = space_with(64, Duration::from_secs(60));
+    let per = REQUEST_PREFETCH_PAGES as u64;
+    for k in 0..20u64 {
+        let at = UNMAPPED + k * per * PAGE;
+        let r = s.prefetch(&mut std::iter::once((at, per * PAGE)), false);
+        assert!(matches!(r, Some(p) if p == at + (per - 1) * PAGE), "{r:?}");
+        assert!(s.miss_state().outstanding.len() <= MISS_OUTSTANDING_MAX);
+    }
+    assert!(s.miss_state().outstanding.len() >= MISS_OUTSTANDING_MAX / 2);
+    // The first pages went; asked again, the first is outstanding again.
+    assert!(!s.miss_state().outstanding.contains_key(&UNMAPPED));
+    let r = s.prefetch(&mut std::iter::once((UNMAPPED, PAGE)), false);
+    assert!(matches!(r, Some(UNMAPPED)), "{r:?}");
+    assert!(s.miss_state().outstanding.contains_key(&UNMAPPED));
+    // An update longer than 64 pages walks a capped set.
+    s.update(IOVA, 128 * PAGE, UA, RW).unwrap();
+    assert!(s.miss_state().outstanding.len() <= MISS_OUTSTANDING_MAX);
+}
+
+/// Entries older than the bound are dropped as new ones come.
+#[test]
+fn outstanding_misses_older_than_the_bound_are_dropped() {
+    let (s, _) = space_with(64, Duration::from_millis(5));
+    s.prefetch(&mut std::iter::once((UNMAPPED, 10 * PAGE)), false);
+    assert_eq!(s.miss_state().outstanding.len(), 10);
+    std::thread::sleep(Duration::from_millis(20));
+    let other = UNMAPPED + 100 * PAGE;
+    s.prefetch(&mut std::iter::once((other, PAGE)), false);
+    let st = s.miss_state();
+    assert_eq!(st.outstanding.len(), 1, "{:?}", st.outstanding);
+    assert!(st.outstanding.contains_key(&other));
 }
