@@ -31,10 +31,11 @@
 //! A miss registers the pages of the access that are not already
 //! outstanding (at most [`MISS_PREFETCH_PAGES`]) and sends one
 //! `BACKEND_IOTLB_MSG` per page on the back-end channel, then waits,
-//! outside its section and without the table lock, until an update arrives
-//! (any update wakes it to retry), the rings stop ([`AccessError::Cancelled`]),
-//! or the access's bound passes ([`AccessError::MissTimeout`]). An
-//! outstanding page is not asked again
+//! outside its section and without the table lock, until an update answers
+//! its page, the rings stop ([`AccessError::Cancelled`]), or the access's
+//! bound passes ([`AccessError::MissTimeout`]). The bound is checked first
+//! on every wake: updates for other pages neither extend it nor keep the
+//! access from asking for its own. An outstanding page is not asked again
 //! until the bound has passed since it was asked. The set of outstanding
 //! pages holds at most [`MISS_OUTSTANDING_MAX`] pages: entries older than
 //! the bound are dropped as new ones come, and past the cap the oldest go
@@ -616,6 +617,11 @@ impl DmaSpace {
         Ok(Step::Hit(p, n))
     }
 
+    /// Asks for the page of `iova` (and the pages after it, up to `left`
+    /// bytes) unless already asked, and sleeps until an update answers it.
+    /// `gen` is the generation read before the miss; `deadline` the
+    /// access's bound, set at its first miss and kept across its retries.
+    /// Ok means retry the access.
     fn wait_miss(
         &self,
         iova: u64,
@@ -633,7 +639,17 @@ impl DmaSpace {
             self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             return Err(AccessError::Cancelled { iova });
         }
-        if self.generation.load(Ordering::Acquire) != gen {
+        // The bound first: updates for other pages must not extend it.
+        if now >= deadline {
+            drop(st);
+            return Err(self.timed_out(iova, first));
+        }
+        // An update since the miss: retry only if it brought this page
+        // (the table is taken under the miss lock: the order everywhere is
+        // miss state, then table; an update inserts before it bumps the
+        // generation and takes the miss lock after, so one that lands
+        // after this look finds the page asked and watched, and wakes us).
+        if self.generation.load(Ordering::Acquire) != gen && self.lock().lookup(iova).is_some() {
             return Ok(());
         }
         let mut ask = Vec::new();
@@ -658,15 +674,18 @@ impl DmaSpace {
                 self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
                 Err(AccessError::Cancelled { iova })
             }
-            Slept::TimedOut => {
-                self.miss_state().outstanding.remove(&first);
-                self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                Err(AccessError::MissTimeout {
-                    iova,
-                    waited_ms: self.miss_timeout.as_millis() as u64,
-                })
-            }
+            Slept::TimedOut => Err(self.timed_out(iova, first)),
+        }
+    }
+
+    /// The access's bound passed with page `first` (of `iova`) unanswered.
+    fn timed_out(&self, iova: u64, first: u64) -> AccessError {
+        self.miss_state().outstanding.remove(&first);
+        self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        AccessError::MissTimeout {
+            iova,
+            waited_ms: self.miss_timeout.as_millis() as u64,
         }
     }
 

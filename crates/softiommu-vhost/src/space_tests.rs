@@ -3,6 +3,7 @@
 //! never outlives the IOTLB, and an old memory table is unmapped only once
 //! no access uses it.
 
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -331,6 +332,108 @@ fn a_nested_access_keeps_the_outer_section() {
 
 /// An IOVA the tests never map.
 const UNMAPPED: u64 = 0x4000_0000;
+
+/// A space whose misses go out on a socket; the other end is returned.
+fn space_with_channel(miss_timeout: Duration) -> (Arc<DmaSpace>, UnixStream) {
+    let (s, _) = space_with(64, miss_timeout);
+    let (a, b) = UnixStream::pair().unwrap();
+    s.set_channel(Some(a));
+    (s, b)
+}
+
+/// The pages of the `BACKEND_IOTLB_MSG` misses waiting on `peer`.
+fn misses_sent(peer: &UnixStream) -> Vec<u64> {
+    use std::io::Read;
+    peer.set_nonblocking(true).unwrap();
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = (&*peer).read(&mut buf) {
+        all.extend_from_slice(&buf[..n]);
+    }
+    let one = crate::proto::HEADER_LEN + m::MSG_LEN;
+    assert_eq!(all.len() % one, 0);
+    all.chunks(one)
+        .map(|c| {
+            let p = &c[crate::proto::HEADER_LEN..];
+            assert_eq!(p[25], m::MISS);
+            u64::from_le_bytes(p[0..8].try_into().unwrap())
+        })
+        .collect()
+}
+
+/// A miss whose access saw the generation move (an update for another
+/// page) still asks for its page and waits for it within the bound; with
+/// the bound already passed it ends at once. (Before: it returned to retry
+/// without asking and without looking at the bound.)
+#[test]
+fn a_miss_after_an_update_for_another_page_is_still_asked_and_bounded() {
+    let (s, peer) = space_with_channel(Duration::from_millis(30));
+    let gen = s.generation.load(Ordering::Acquire);
+    s.update(IOVA, PAGE, UA, RW).unwrap();
+    let t0 = Instant::now();
+    let r = s.wait_miss(UNMAPPED, 8, false, gen, &mut None);
+    assert!(
+        matches!(
+            r,
+            Err(AccessError::MissTimeout {
+                iova: UNMAPPED,
+                waited_ms: 30
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(30));
+    assert_eq!(misses_sent(&peer), vec![UNMAPPED]);
+    // The access's deadline passed: no retry, whatever the generation.
+    let mut past = Some(Instant::now());
+    let r = s.wait_miss(UNMAPPED, 8, false, gen, &mut past);
+    assert!(
+        matches!(r, Err(AccessError::MissTimeout { iova: UNMAPPED, .. })),
+        "{r:?}"
+    );
+    assert_eq!(s.stats().miss_timeouts, 2);
+    // An update since the miss that brought the page: retry at once.
+    s.update(UNMAPPED, PAGE, UA, RW).unwrap();
+    let r = s.wait_miss(UNMAPPED, 8, false, gen, &mut None);
+    assert!(matches!(r, Ok(())), "{r:?}");
+}
+
+/// A front-end that keeps sending updates for other pages and never
+/// answers ours: the access ends with `MissTimeout` within its bound.
+#[test]
+fn updates_for_other_pages_never_keep_an_access_past_its_bound() {
+    let (s, peer) = space_with_channel(Duration::from_millis(50));
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammer = {
+        let (s, stop) = (s.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                s.update(IOVA + (k % 16) * PAGE, PAGE, UA + (k % 16) * PAGE, RW)
+                    .unwrap();
+                k += 1;
+            }
+        })
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t0 = Instant::now();
+    {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            let _ = tx.send(s.read_bytes(AddrKind::Buffer, UNMAPPED, &mut b));
+        });
+    }
+    let r = rx.recv_timeout(Duration::from_secs(10));
+    stop.store(true, Ordering::Relaxed);
+    hammer.join().unwrap();
+    assert!(
+        matches!(r, Ok(Err(AccessError::MissTimeout { iova: UNMAPPED, .. }))),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(misses_sent(&peer).contains(&UNMAPPED));
+}
 
 /// Chains pointing at distinct IOVAs the front-end never maps: the set of
 /// outstanding pages stays within its cap, and a page dropped from it is
