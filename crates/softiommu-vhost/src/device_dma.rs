@@ -276,7 +276,9 @@ mod tests {
         let chain = [d(hdr, 16, false), d(data, 1024, true), d(status, 1, true)];
         let (u, v) = serve_both(&mut r, &*disk, &chain);
         for done in [u.unwrap(), v.unwrap()] {
-            assert_eq!((done.status, done.used_len), (sb::S_IOERR, 1));
+            // Nothing written from the first writable byte on: the data
+            // was refused and the status byte lies after it.
+            assert_eq!((done.status, done.used_len), (sb::S_IOERR, 0));
             assert!(
                 matches!(
                     done.error,
@@ -321,16 +323,18 @@ mod tests {
             (u.status, u.used_len, u.error),
             (
                 sb::S_IOERR,
-                1,
+                9 * 512 + 1,
                 Some(RequestError::TooManySegments {
                     segments: 9,
                     seg_max: 8
                 })
             )
         );
-        let untouched = vec![0xcc; 4096];
-        assert_eq!(r.peek(data, 0, 4096), (untouched.clone(), untouched));
-        assert_eq!(r.peek(more, 0, 512), (vec![0xcc; 512], vec![0xcc; 512]));
+        // No byte of the disk moved: the data area is zero-filled, so that
+        // the used length covers the whole writable area.
+        let zeros = vec![0u8; 4096];
+        assert_eq!(r.peek(data, 0, 4096), (zeros.clone(), zeros));
+        assert_eq!(r.peek(more, 0, 512), (vec![0u8; 512], vec![0u8; 512]));
     }
 
     #[test]

@@ -31,11 +31,15 @@
 //! A miss registers the pages of the access that are not already
 //! outstanding (at most [`MISS_PREFETCH_PAGES`]) and sends one
 //! `BACKEND_IOTLB_MSG` per page on the back-end channel, then waits,
-//! outside its section and without the table lock, until an update arrives
-//! (any update wakes it to retry), the rings stop ([`AccessError::Cancelled`]),
-//! or the access's bound passes ([`AccessError::MissTimeout`]). An
-//! outstanding page is not asked again until the bound has passed since it
-//! was asked.
+//! outside its section and without the table lock, until an update answers
+//! its page, the rings stop ([`AccessError::Cancelled`]), or the access's
+//! bound passes ([`AccessError::MissTimeout`]). The bound is checked first
+//! on every wake: updates for other pages neither extend it nor keep the
+//! access from asking for its own. An outstanding page is not asked again
+//! until the bound has passed since it was asked. The set of outstanding
+//! pages holds at most [`MISS_OUTSTANDING_MAX`] pages: entries older than
+//! the bound are dropped as new ones come, and past the cap the oldest go
+//! (a page dropped is asked again by the next access that needs it).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -60,6 +64,12 @@ pub const MISS_PREFETCH_PAGES: u64 = 32;
 /// (`DmaSpace::prefetch`): a request's segments are mostly single pages,
 /// so asking them one access at a time would cost a round trip each.
 pub const REQUEST_PREFETCH_PAGES: usize = 512;
+/// Most pages outstanding at once (asked of the front-end, not answered):
+/// twice what a look-ahead of four requests may ask
+/// (4 × [`REQUEST_PREFETCH_PAGES`]), so a guest pointing its chains at
+/// IOVAs the front-end never maps cannot grow the set without bound
+/// (about 32 bytes a page: 128 KiB at most).
+pub const MISS_OUTSTANDING_MAX: usize = 4096;
 
 /// What a ring or buffer address is, which decides how it translates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,12 +139,46 @@ const CACHE_MAX: usize = 8192;
 
 #[derive(Debug, Default)]
 struct MissState {
-    /// Page -> when it was asked.
+    /// Page -> when it was asked; at most [`MISS_OUTSTANDING_MAX`] entries.
     outstanding: HashMap<u64, Instant>,
+    /// When `outstanding` was last rid of entries older than the bound.
+    pruned: Option<Instant>,
     /// The outstanding pages waiters sleep on (one entry per waiter): an
     /// update wakes the waiters only when it answers one of them.
     watched: Vec<u64>,
     cancelled: bool,
+}
+
+impl MissState {
+    /// Records page `pg` as asked at `now` unless it was asked less than
+    /// `bound` ago; returns whether it is to be asked now. Entries older
+    /// than `bound` are dropped (a walk at most once per `bound`, or when
+    /// the set is full); a set full of fresh entries drops its oldest
+    /// quarter. Amortized O(1) per call; the set never exceeds
+    /// [`MISS_OUTSTANDING_MAX`].
+    fn ask(&mut self, pg: u64, now: Instant, bound: Duration) -> bool {
+        let fresh = |t: &Instant| now.saturating_duration_since(*t) < bound;
+        if self.outstanding.get(&pg).is_some_and(fresh) {
+            return false;
+        }
+        let full = self.outstanding.len() >= MISS_OUTSTANDING_MAX;
+        let due = self
+            .pruned
+            .is_none_or(|t| now.saturating_duration_since(t) >= bound);
+        if full || due {
+            self.outstanding.retain(|_, t| fresh(t));
+            self.pruned = Some(now);
+        }
+        if self.outstanding.len() >= MISS_OUTSTANDING_MAX {
+            let mut times: Vec<Instant> = self.outstanding.values().copied().collect();
+            let k = MISS_OUTSTANDING_MAX / 4;
+            let (_, cut, _) = times.select_nth_unstable(k);
+            let cut = *cut;
+            self.outstanding.retain(|_, t| *t > cut);
+        }
+        self.outstanding.insert(pg, now);
+        true
+    }
 }
 
 /// The device's view of guest memory through the front-end's IOMMU.
@@ -380,8 +424,9 @@ impl DmaSpace {
         let pages = (last - first) / PAGE + 1;
         let now = Instant::now();
         let (mut answered, mut rtt) = (0u64, 0u64);
-        if pages <= 64 {
-            // The common answer to a miss: one page; no walk of the whole set.
+        if pages <= (st.outstanding.len() as u64).max(64) {
+            // The common answer to a miss: one page; no walk of the whole
+            // set. Either way the work is at most the cap.
             for k in 0..pages {
                 if let Some(t) = st.outstanding.remove(&(first + k * PAGE)) {
                     answered += 1;
@@ -576,6 +621,11 @@ impl DmaSpace {
         Ok(Step::Hit(p, n))
     }
 
+    /// Asks for the page of `iova` (and the pages after it, up to `left`
+    /// bytes) unless already asked, and sleeps until an update answers it.
+    /// `gen` is the generation read before the miss; `deadline` the
+    /// access's bound, set at its first miss and kept across its retries.
+    /// Ok means retry the access.
     fn wait_miss(
         &self,
         iova: u64,
@@ -593,18 +643,23 @@ impl DmaSpace {
             self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             return Err(AccessError::Cancelled { iova });
         }
-        if self.generation.load(Ordering::Acquire) != gen {
+        // The bound first: updates for other pages must not extend it.
+        if now >= deadline {
+            drop(st);
+            return Err(self.timed_out(iova, first));
+        }
+        // An update since the miss: retry only if it brought this page
+        // (the table is taken under the miss lock: the order everywhere is
+        // miss state, then table; an update inserts before it bumps the
+        // generation and takes the miss lock after, so one that lands
+        // after this look finds the page asked and watched, and wakes us).
+        if self.generation.load(Ordering::Acquire) != gen && self.lock().lookup(iova).is_some() {
             return Ok(());
         }
         let mut ask = Vec::new();
         let mut pg = first;
         for _ in 0..MISS_PREFETCH_PAGES {
-            let fresh = st
-                .outstanding
-                .get(&pg)
-                .is_some_and(|t| now.duration_since(*t) < self.miss_timeout);
-            if !fresh {
-                st.outstanding.insert(pg, now);
+            if st.ask(pg, now, self.miss_timeout) {
                 ask.push(pg);
             }
             match pg.checked_add(PAGE) {
@@ -623,15 +678,18 @@ impl DmaSpace {
                 self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
                 Err(AccessError::Cancelled { iova })
             }
-            Slept::TimedOut => {
-                self.miss_state().outstanding.remove(&first);
-                self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                Err(AccessError::MissTimeout {
-                    iova,
-                    waited_ms: self.miss_timeout.as_millis() as u64,
-                })
-            }
+            Slept::TimedOut => Err(self.timed_out(iova, first)),
+        }
+    }
+
+    /// The access's bound passed with page `first` (of `iova`) unanswered.
+    fn timed_out(&self, iova: u64, first: u64) -> AccessError {
+        self.miss_state().outstanding.remove(&first);
+        self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        AccessError::MissTimeout {
+            iova,
+            waited_ms: self.miss_timeout.as_millis() as u64,
         }
     }
 
@@ -737,16 +795,7 @@ impl DmaSpace {
         if st.cancelled {
             return None;
         }
-        missing.retain(|pg| {
-            let fresh = st
-                .outstanding
-                .get(pg)
-                .is_some_and(|t| now.duration_since(*t) < self.miss_timeout);
-            if !fresh {
-                st.outstanding.insert(*pg, now);
-            }
-            !fresh
-        });
+        missing.retain(|&pg| st.ask(pg, now, self.miss_timeout));
         drop(st);
         if !missing.is_empty() {
             let _ = self.send_misses(&missing, write);

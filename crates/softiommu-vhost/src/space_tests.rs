@@ -3,6 +3,7 @@
 //! never outlives the IOTLB, and an old memory table is unmapped only once
 //! no access uses it.
 
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,8 +14,12 @@ use crate::space_bench::{table, IOVA, MEM, UA};
 const RW: u8 = m::ACCESS_RW;
 
 fn space(capacity: usize) -> (Arc<DmaSpace>, *mut u8) {
+    space_with(capacity, Duration::from_millis(1))
+}
+
+fn space_with(capacity: usize, miss_timeout: Duration) -> (Arc<DmaSpace>, *mut u8) {
     let (mem, _, host) = table(c"space-tests");
-    let s = DmaSpace::new(capacity, Duration::from_millis(1));
+    let s = DmaSpace::new(capacity, miss_timeout);
     s.set_memory(mem);
     s.set_iommu(true);
     (Arc::new(s), host)
@@ -326,4 +331,147 @@ fn a_nested_access_keeps_the_outer_section() {
         s.invalidate(IOVA, 2 * PAGE),
         Ok(IotlbOutcome::Invalidated { removed: 1 })
     ));
+}
+
+/// An IOVA the tests never map.
+const UNMAPPED: u64 = 0x4000_0000;
+
+/// A space whose misses go out on a socket; the other end is returned.
+fn space_with_channel(miss_timeout: Duration) -> (Arc<DmaSpace>, UnixStream) {
+    let (s, _) = space_with(64, miss_timeout);
+    let (a, b) = UnixStream::pair().unwrap();
+    s.set_channel(Some(a));
+    (s, b)
+}
+
+/// The pages of the `BACKEND_IOTLB_MSG` misses waiting on `peer`.
+fn misses_sent(peer: &UnixStream) -> Vec<u64> {
+    use std::io::Read;
+    peer.set_nonblocking(true).unwrap();
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = (&*peer).read(&mut buf) {
+        all.extend_from_slice(&buf[..n]);
+    }
+    let one = crate::proto::HEADER_LEN + m::MSG_LEN;
+    assert_eq!(all.len() % one, 0);
+    all.chunks(one)
+        .map(|c| {
+            let p = &c[crate::proto::HEADER_LEN..];
+            assert_eq!(p[25], m::MISS);
+            u64::from_le_bytes(p[0..8].try_into().unwrap())
+        })
+        .collect()
+}
+
+/// A miss whose access saw the generation move (an update for another
+/// page) still asks for its page and waits for it within the bound; with
+/// the bound already passed it ends at once. (Before: it returned to retry
+/// without asking and without looking at the bound.)
+#[test]
+fn a_miss_after_an_update_for_another_page_is_still_asked_and_bounded() {
+    let (s, peer) = space_with_channel(Duration::from_millis(30));
+    let gen = s.generation.load(Ordering::Acquire);
+    s.update(IOVA, PAGE, UA, RW).unwrap();
+    let t0 = Instant::now();
+    let r = s.wait_miss(UNMAPPED, 8, false, gen, &mut None);
+    assert!(
+        matches!(
+            r,
+            Err(AccessError::MissTimeout {
+                iova: UNMAPPED,
+                waited_ms: 30
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(30));
+    assert_eq!(misses_sent(&peer), vec![UNMAPPED]);
+    // The access's deadline passed: no retry, whatever the generation.
+    let mut past = Some(Instant::now());
+    let r = s.wait_miss(UNMAPPED, 8, false, gen, &mut past);
+    assert!(
+        matches!(r, Err(AccessError::MissTimeout { iova: UNMAPPED, .. })),
+        "{r:?}"
+    );
+    assert_eq!(s.stats().miss_timeouts, 2);
+    // An update since the miss that brought the page: retry at once.
+    s.update(UNMAPPED, PAGE, UA, RW).unwrap();
+    let r = s.wait_miss(UNMAPPED, 8, false, gen, &mut None);
+    assert!(matches!(r, Ok(())), "{r:?}");
+}
+
+/// A front-end that keeps sending updates for other pages and never
+/// answers ours: the access ends with `MissTimeout` within its bound.
+#[test]
+fn updates_for_other_pages_never_keep_an_access_past_its_bound() {
+    let (s, peer) = space_with_channel(Duration::from_millis(50));
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammer = {
+        let (s, stop) = (s.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                s.update(IOVA + (k % 16) * PAGE, PAGE, UA + (k % 16) * PAGE, RW)
+                    .unwrap();
+                k += 1;
+            }
+        })
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t0 = Instant::now();
+    {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            let _ = tx.send(s.read_bytes(AddrKind::Buffer, UNMAPPED, &mut b));
+        });
+    }
+    let r = rx.recv_timeout(Duration::from_secs(10));
+    stop.store(true, Ordering::Relaxed);
+    hammer.join().unwrap();
+    assert!(
+        matches!(r, Ok(Err(AccessError::MissTimeout { iova: UNMAPPED, .. }))),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(misses_sent(&peer).contains(&UNMAPPED));
+}
+
+/// Chains pointing at distinct IOVAs the front-end never maps: the set of
+/// outstanding pages stays within its cap, and a page dropped from it is
+/// asked again. (Before: it grew by every page asked, for the ring's life.)
+#[test]
+fn outstanding_misses_are_capped() {
+    let (s, _) = space_with(64, Duration::from_secs(60));
+    let per = REQUEST_PREFETCH_PAGES as u64;
+    for k in 0..20u64 {
+        let at = UNMAPPED + k * per * PAGE;
+        let r = s.prefetch(&mut std::iter::once((at, per * PAGE)), false);
+        assert!(matches!(r, Some(p) if p == at + (per - 1) * PAGE), "{r:?}");
+        assert!(s.miss_state().outstanding.len() <= MISS_OUTSTANDING_MAX);
+    }
+    assert!(s.miss_state().outstanding.len() >= MISS_OUTSTANDING_MAX / 2);
+    // The first pages went; asked again, the first is outstanding again.
+    assert!(!s.miss_state().outstanding.contains_key(&UNMAPPED));
+    let r = s.prefetch(&mut std::iter::once((UNMAPPED, PAGE)), false);
+    assert!(matches!(r, Some(UNMAPPED)), "{r:?}");
+    assert!(s.miss_state().outstanding.contains_key(&UNMAPPED));
+    // An update longer than 64 pages walks a capped set.
+    s.update(IOVA, 128 * PAGE, UA, RW).unwrap();
+    assert!(s.miss_state().outstanding.len() <= MISS_OUTSTANDING_MAX);
+}
+
+/// Entries older than the bound are dropped as new ones come.
+#[test]
+fn outstanding_misses_older_than_the_bound_are_dropped() {
+    let (s, _) = space_with(64, Duration::from_millis(5));
+    s.prefetch(&mut std::iter::once((UNMAPPED, 10 * PAGE)), false);
+    assert_eq!(s.miss_state().outstanding.len(), 10);
+    std::thread::sleep(Duration::from_millis(20));
+    let other = UNMAPPED + 100 * PAGE;
+    s.prefetch(&mut std::iter::once((other, PAGE)), false);
+    let st = s.miss_state();
+    assert_eq!(st.outstanding.len(), 1, "{:?}", st.outstanding);
+    assert!(st.outstanding.contains_key(&other));
 }

@@ -244,7 +244,8 @@ fn request(r: &mut Raw, type_: u32, sector: u64, data: &[u32]) -> (u8, u32, Requ
 fn a_read_past_the_end_is_an_io_error() {
     let mut r = Raw::new(true);
     let (st, used, e) = request(&mut r, blk::T_IN, SECTORS - 4, &[4096]);
-    assert_eq!((st, used), (S_IOERR, 1));
+    // The whole writable area: the data area zero-filled, then the status.
+    assert_eq!((st, used), (S_IOERR, 4097));
     assert!(matches!(
         e,
         RequestError::PastEnd {
@@ -279,7 +280,7 @@ fn an_unaligned_length_is_an_io_error() {
 fn an_unknown_type_is_unsupported() {
     let mut r = Raw::new(true);
     let (st, used, e) = request(&mut r, 99, 0, &[512]);
-    assert_eq!((st, used), (S_UNSUPP, 1));
+    assert_eq!((st, used), (S_UNSUPP, 513));
     assert!(matches!(e, RequestError::Unsupported { type_: 99 }));
     r.assert_still_serves();
 }
@@ -369,7 +370,9 @@ fn a_segment_past_its_mapping_faults_and_writes_nothing() {
         .expect("two adjacent IOVAs");
     assert!(r.host.domain.iova_to_phys(data + 4096).unwrap().is_none());
     r.chain(&[(hdr, 16, false), (data + 2048, 4096, true), (si, 1, true)]);
-    assert_eq!(r.wait_used(), 1);
+    // Nothing written from the first writable byte on (the status byte
+    // lies past the refused data): used length 0.
+    assert_eq!(r.wait_used(), 0);
     assert_eq!(r.status_at(sp), S_IOERR);
     let log = r.request_errors();
     assert!(
@@ -392,6 +395,61 @@ fn a_segment_past_its_mapping_faults_and_writes_nothing() {
     assert!(page.iter().all(|&b| b == 0));
     assert!(!r.host.take_faults().is_empty(), "the unit logged it");
     assert_eq!(r.host.device.stats().dma_faults, 1);
+    r.assert_still_serves();
+}
+
+/// The used length is a prefix of the writable area the device wrote
+/// (virtio 1.2 §2.7.8.2: at least `len` bytes from the first writable
+/// byte): an error and a `GET_ID` with a buffer longer than the id string
+/// report the whole writable area, every byte of which was written (the
+/// data area zero-filled past the id string), the status byte last.
+/// (Before: used length 1 or 21, with the status byte written at the end
+/// of the area and the bytes before it left as they were.)
+#[test]
+fn errors_and_get_id_report_a_prefix_of_the_writable_area_they_wrote() {
+    let mut r = Raw::new(true);
+    for (type_, sector, want) in [
+        (99, 0, S_UNSUPP),
+        (blk::T_IN, SECTORS - 4, S_IOERR),
+        (blk::T_GET_ID, 0, S_OK),
+    ] {
+        let (hdr, sp, si) = r.command(type_, sector);
+        let (dp, data) = r.buffer(&[0xaa; 4096], DmaDirection::FromDevice);
+        r.mem.write(sp, &[0xaa]).unwrap();
+        r.chain(&[
+            (hdr, 16, false),
+            (data, 512, true),
+            (data + 512, 3584, true),
+            (si, 1, true),
+        ]);
+        let used = r.wait_used();
+        assert_eq!((used, r.status_at(sp)), (4097, want), "type {type_}");
+        let mut area = vec![0u8; 4096];
+        r.mem.read(dp, &mut area).unwrap();
+        assert!(area.iter().all(|&b| b != 0xaa), "type {type_}");
+        let zeros_from = if type_ == blk::T_GET_ID {
+            blk::ID_BYTES
+        } else {
+            0
+        };
+        assert!(area[zeros_from..].iter().all(|&b| b == 0), "type {type_}");
+        if type_ == blk::T_GET_ID {
+            assert!(area[..blk::ID_BYTES].iter().any(|&b| b != 0));
+        } else {
+            let log = r.request_errors();
+            assert!(
+                matches!(
+                    log[..],
+                    [RequestRecord {
+                        error: RequestError::Unsupported { type_: 99 }
+                            | RequestError::PastEnd { .. },
+                        ..
+                    }]
+                ),
+                "{log:?}"
+            );
+        }
+    }
     r.assert_still_serves();
 }
 

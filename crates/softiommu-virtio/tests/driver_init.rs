@@ -68,6 +68,82 @@ fn a_net_queue_that_cannot_be_set_up_fails_the_device() {
     assert_eq!(d.transport().status() & status::FAILED, 0);
 }
 
+/// RAM frames allocated now (the IOMMU reserve's page tables aside).
+fn ram_allocated(mem: &PhysMemory) -> u64 {
+    mem.frame_stats().allocated_frames - mem.iommu_frame_stats().allocated_frames
+}
+
+/// Memory given back one frame at a time after exhausting it: each probe
+/// fails at a later step (the receive ring, its buffers, the transmit
+/// ring, its buffers — after the receive queue was set up) until one
+/// succeeds, and every failed one gives back every frame it took.
+/// (Before: a failure after the receive ring's allocation kept it, and a
+/// failure of the transmit queue kept the receive queue's ring and
+/// buffers.)
+#[test]
+fn a_net_probe_that_fails_midway_gives_back_every_frame() {
+    let (pa, _pb, _) = wire(WireConfig::default());
+    let host = Host::new(
+        &HostConfig {
+            policy: DmaPolicy::Strict,
+            mem_bytes: 32 << 20,
+            bounce_bytes: 1 << 20,
+            ..HostConfig::default()
+        },
+        pa,
+    )
+    .unwrap();
+    let cfg = NetDriverConfig {
+        queue_size: 16,
+        ..NetDriverConfig::default()
+    };
+    // Single frames, in address order: given back in that order, they
+    // merge into ever larger free blocks.
+    let mut held = Vec::new();
+    while let Ok(p) = host.mem.alloc_frames(0) {
+        held.push(p);
+    }
+    held.sort_unstable();
+    let mut failures = 0;
+    let d = loop {
+        let Some(p) = held.first().copied() else {
+            panic!("the probe never succeeded");
+        };
+        host.mem.free_frames(p, 0).unwrap();
+        held.remove(0);
+        let before = ram_allocated(&host.mem);
+        match host.driver(cfg) {
+            Ok(d) => break d,
+            Err(err) => {
+                assert!(
+                    matches!(
+                        err,
+                        DriverError::Dma(DmaError::Mem(MemError::OutOfFrames { .. }))
+                            | DriverError::Memory(MemError::OutOfFrames { .. })
+                    ),
+                    "{err:?}"
+                );
+                assert_eq!(
+                    ram_allocated(&host.mem),
+                    before,
+                    "after {failures} failures: {err:?}"
+                );
+                let st = host.device.transport().status();
+                assert_ne!(st & status::FAILED, 0, "status {st:#x}");
+                failures += 1;
+            }
+        }
+    };
+    // At least: no ring, a ring without buffers, a receive queue without a
+    // transmit ring, and one without transmit buffers.
+    assert!(failures >= 4, "{failures}");
+    assert_eq!(d.transport().status() & status::FAILED, 0);
+    drop(d);
+    for p in held {
+        host.mem.free_frames(p, 0).unwrap();
+    }
+}
+
 #[test]
 fn a_blk_queue_that_cannot_be_set_up_fails_the_device() {
     let host = BlkHost::new(&BlkHostConfig {

@@ -90,7 +90,12 @@ impl Prepared {
 pub struct Completed {
     /// The status written (`VIRTIO_BLK_S_*`).
     pub status: u8,
-    /// The used length: data bytes the device wrote, plus the status byte.
+    /// The used length (virtio 1.2 §2.7.8.2: bytes written from the
+    /// first device-writable byte on): the whole writable area — data,
+    /// zeros past what the request produced, then the status byte — or,
+    /// when the data area could not all be written (a data access the
+    /// IOMMU refused, or an area longer than the device's buffer, which
+    /// is not zero-filled), the data bytes written before that point.
     pub used_len: u32,
     /// What was done, when the request succeeded.
     pub plan: Option<BlkPlan>,
@@ -109,6 +114,10 @@ pub struct BlkRequests {
     segs: Vec<(u64, u32)>,
     scratch: AlignedBuf,
 }
+
+/// What a scatter did: the data bytes written before a refused segment
+/// (all of them when none was), and the request's outcome.
+type Scattered = (usize, Result<(), RequestError>);
 
 fn fault<D: DeviceDma>(
     iova: u64,
@@ -272,26 +281,44 @@ impl BlkRequests {
     }
 
     /// Scatters a read's data (or the id string) into the data segments
-    /// through `dma` and writes the status byte.
+    /// through `dma`, zero-fills the rest of the data area (an error, the
+    /// id string, a flush's extra bytes: never a successful read's, which
+    /// fills it all) and writes the status byte.
     pub fn finish<D: DeviceDma>(
         &mut self,
         dma: &mut D,
         p: Prepared,
     ) -> Result<Completed, ServeError<D::Fault>> {
         let mut plan = p.plan;
+        // Data bytes written from the first writable byte on, and whether
+        // the next one was refused.
+        let (mut written, mut refused) = (0u64, false);
         if let Ok(ok) = plan {
-            let r = match ok.op {
+            let (n, r) = match ok.op {
                 BlkOp::Read => self.scatter(dma, ok.len as usize, false)?,
                 BlkOp::GetId => self.scatter(dma, ok.len as usize, true)?,
-                BlkOp::Write | BlkOp::Flush => Ok(()),
+                BlkOp::Write | BlkOp::Flush => (0, Ok(())),
             };
+            written = n as u64;
             if let Err(e) = r {
                 plan = Err(e);
+                refused = true;
             }
         }
-        let (status, written) = match &plan {
-            Ok(ok) => (blk::S_OK, if ok.op.device_writes() { ok.len } else { 0 }),
-            Err(e) => (e.status(), 0),
+        // The data area is the writable bytes before the status byte.
+        let area = p.shape.writable - 1;
+        if written < area && !refused && area <= self.limits.max_bytes {
+            request::data_segments(&self.chain, &p.shape, true, &mut self.segs);
+            written = self.zero_fill(dma, written)?;
+        }
+        let used = if written == area {
+            p.shape.writable
+        } else {
+            written
+        };
+        let status = match &plan {
+            Ok(_) => blk::S_OK,
+            Err(e) => e.status(),
         };
         let (plan, error) = match plan {
             Ok(ok) => (Some(ok), None),
@@ -299,7 +326,7 @@ impl BlkRequests {
         };
         let done = Completed {
             status,
-            used_len: u32::try_from(written + 1).unwrap_or(u32::MAX),
+            used_len: u32::try_from(used).unwrap_or(u32::MAX),
             plan,
             error,
         };
@@ -320,13 +347,14 @@ impl BlkRequests {
     }
 
     /// Copies the first `len` bytes of the buffer (or of the id string)
-    /// into the data segments.
+    /// into the data segments; with the bytes written before a refused
+    /// segment (all of them when none was).
     fn scatter<D: DeviceDma>(
         &mut self,
         dma: &mut D,
         len: usize,
         id: bool,
-    ) -> Result<Result<(), RequestError>, ServeError<D::Fault>> {
+    ) -> Result<Scattered, ServeError<D::Fault>> {
         let src: &[u8] = if id {
             &self.id[..len.min(blk::ID_BYTES)]
         } else {
@@ -340,11 +368,40 @@ impl BlkRequests {
             }
             if let Err(e) = outcome::<D>(addr, Access::Write, dma.write(addr, &src[off..off + n]))?
             {
-                return Ok(Err(e));
+                return Ok((off, Err(e)));
             }
             off += n;
         }
-        Ok(Ok(()))
+        Ok((off, Ok(())))
+    }
+
+    /// Writes zeros into the data segments (in `segs`: the whole data
+    /// area) from byte `from` to their end; returns where the zeros end
+    /// (short of the end when a segment was refused). At most
+    /// [`BlkLimits::max_bytes`] bytes (the caller's bound).
+    fn zero_fill<D: DeviceDma>(&self, dma: &mut D, from: u64) -> Result<u64, ServeError<D::Fault>> {
+        static ZEROS: [u8; 4096] = [0; 4096];
+        let (mut at, mut skip) = (from, from);
+        for &(addr, n) in &self.segs {
+            let n = u64::from(n);
+            if skip >= n {
+                skip -= n;
+                continue;
+            }
+            let mut k = skip;
+            skip = 0;
+            while k < n {
+                let c = (n - k).min(ZEROS.len() as u64);
+                // In range: as the segment's own accesses (`data_segments`).
+                let a = addr.wrapping_add(k);
+                if outcome::<D>(a, Access::Write, dma.write(a, &ZEROS[..c as usize]))?.is_err() {
+                    return Ok(at);
+                }
+                k += c;
+                at += c;
+            }
+        }
+        Ok(at)
     }
 
     /// Serves the chain in [`chain_mut`](Self::chain_mut) start to end:

@@ -347,14 +347,25 @@ impl<D: NetDma> NetDriver<D> {
             cfg.queue_size,
             buf_len,
         )?;
-        let tx = Self::setup_queue(
+        let tx = match Self::setup_queue(
             &init,
             &mem,
             &mut dma,
             net::TX_QUEUE,
             cfg.queue_size,
             buf_len,
-        )?;
+        ) {
+            Ok(q) => q,
+            Err(e) => {
+                // The receive queue goes back (no buffer of it is mapped
+                // yet), after a reset so that the device reaches its ring
+                // no more; dropping `init` then writes FAILED.
+                transport.write(reg::STATUS, 0);
+                let _ = dma.ring_free(&mem, rx.ring_mem);
+                let _ = mem.free_frames(rx.pool.base, rx.pool.order);
+                return Err(e);
+            }
+        };
         init.driver_ok();
         transport.bind_interrupt(std::thread::current());
         let size = rx.ring.layout().size;
@@ -409,7 +420,8 @@ impl<D: NetDma> NetDriver<D> {
     }
 
     /// §4.2.3.2: select the queue, check it is free, size it, allocate
-    /// and program its ring, mark it ready.
+    /// and program its ring, mark it ready. On an error nothing of the
+    /// queue is left allocated or mapped.
     fn setup_queue(
         init: &Init<'_>,
         mem: &Arc<PhysMemory>,
@@ -421,8 +433,17 @@ impl<D: NetDma> NetDriver<D> {
         let size = init.queue_size(index, want, 1)?;
         let layout = RingLayout::new(size);
         let ring_mem = dma.ring_alloc(mem, layout.bytes)?;
-        let ring = DriverRing::new(mem.clone(), ring_mem.phys, ring_mem.dma, layout)?;
-        let pool = Pool::new(mem, size, buf_len)?;
+        let made = DriverRing::new(mem.clone(), ring_mem.phys, ring_mem.dma, layout)
+            .map_err(DriverError::from)
+            .and_then(|ring| Ok((ring, Pool::new(mem, size, buf_len)?)));
+        let (ring, pool) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                // The ring memory goes back (unmapped and flushed first).
+                let _ = dma.ring_free(mem, ring_mem);
+                return Err(e);
+            }
+        };
         init.program_queue(index, size, ring.device_addresses());
         Ok(Queue {
             index,
