@@ -56,16 +56,21 @@ fn a_net_queue_that_cannot_be_set_up_fails_the_device() {
         ),
         "{err:?}"
     );
-    let st = host.device.transport().status();
-    assert_ne!(st & status::FAILED, 0, "status {st:#x}");
-    assert_eq!(st & status::DRIVER_OK, 0, "status {st:#x}");
-    // The bits set before the failure stay (§2.1.2: never cleared).
-    let kept = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-    assert_eq!(st & kept, kept, "status {st:#x}");
+    failed_before_driver_ok(host.device.transport().status());
     // The device comes up again once memory is back.
     give_back(&host.mem, held);
     let d = host.driver(NetDriverConfig::default()).unwrap();
     assert_eq!(d.transport().status() & status::FAILED, 0);
+}
+
+/// A bring-up that failed after FEATURES_OK: FAILED set, DRIVER_OK not,
+/// and the bits set before the failure kept (§2.1.2: the driver never
+/// clears a status bit).
+fn failed_before_driver_ok(st: u32) {
+    assert_ne!(st & status::FAILED, 0, "status {st:#x}");
+    assert_eq!(st & status::DRIVER_OK, 0, "status {st:#x}");
+    let kept = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+    assert_eq!(st & kept, kept, "status {st:#x}");
 }
 
 /// RAM frames allocated now (the IOMMU reserve's page tables aside).
@@ -162,12 +167,7 @@ fn a_blk_queue_that_cannot_be_set_up_fails_the_device() {
         ),
         "{err:?}"
     );
-    let st = host.device.transport().status();
-    assert_ne!(st & status::FAILED, 0, "status {st:#x}");
-    assert_eq!(st & status::DRIVER_OK, 0, "status {st:#x}");
-    // The bits set before the failure stay (§2.1.2: never cleared).
-    let kept = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-    assert_eq!(st & kept, kept, "status {st:#x}");
+    failed_before_driver_ok(host.device.transport().status());
     give_back(&host.mem, held);
     let d = host.driver(BlkDriverConfig::default()).unwrap();
     assert_eq!(d.transport().status() & status::FAILED, 0);
@@ -200,12 +200,7 @@ fn a_viommu_queue_that_cannot_be_set_up_fails_the_device() {
         matches!(err, ViommuDriverError::Memory(MemError::OutOfFrames { .. })),
         "{err:?}"
     );
-    let st = dev.transport().status();
-    assert_ne!(st & status::FAILED, 0, "status {st:#x}");
-    assert_eq!(st & status::DRIVER_OK, 0, "status {st:#x}");
-    // The bits set before the failure stay (§2.1.2: never cleared).
-    let kept = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-    assert_eq!(st & kept, kept, "status {st:#x}");
+    failed_before_driver_ok(dev.transport().status());
     give_back(&mem, held);
     let d =
         ViommuDriver::probe(dev.transport().clone(), mem, ViommuDriverConfig::default()).unwrap();

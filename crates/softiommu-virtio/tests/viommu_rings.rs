@@ -51,7 +51,12 @@ fn rings_in_the_units_reserve_are_never_touched() {
     let r = rig();
     let Rig { mem, dev, drv, .. } = r;
     drop(drv);
-    let (base, _) = mem.iommu_reserve();
+    // The rings at the reserve's last two pages: the unit's own live
+    // structures (its invalidation queue, whose descriptors a reset's
+    // detaches write, and the tables) are taken from its start, so any
+    // change here is the device's.
+    let (start, len) = mem.iommu_reserve();
+    let base = start + len - 8192;
     let before = snapshot(&mem, base, 8192);
     let t = dev.transport().clone();
     live_with_queue(&t, 16, (base, base + 0x400, base + 0x800));

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use softiommu::dma::DmaDirection;
-use softiommu::hw::{System, UnitConfig};
+use softiommu::hw::{SourceId, System, UnitConfig, UnitId};
 use softiommu::mem::{PhysMemory, PAGE_SIZE};
 use softiommu_virtio::blk::{BackendConfig, BlkDevice, BlkDeviceConfig, SlowRegion};
 use softiommu_virtio::cpu_clock;
@@ -57,6 +57,64 @@ impl Dma {
     }
 }
 
+/// A guest machine of the lab: 64 MiB of memory, one unit with the
+/// endpoint `sid` behind it, the virtio-iommu (in bypass for
+/// [`Mode::None`]) served on the notifying thread, as a hypervisor
+/// handles each exit on the trapping vCPU, every notification costing
+/// `exit`, and its driver busy-waiting for every answer, as Linux's does.
+/// The storage rows' machine and the UDP rows' guest are built here.
+pub(super) struct Guest {
+    pub(super) mem: Arc<PhysMemory>,
+    pub(super) system: Arc<System>,
+    pub(super) unit: UnitId,
+    pub(super) viommu: ViommuDevice,
+    pub(super) driver: ViommuDriver,
+}
+
+impl Guest {
+    pub(super) fn new(sid: SourceId, mode: Mode, exit: Duration) -> LabResult<Self> {
+        let mem = Arc::new(PhysMemory::new(64 << 20)?);
+        let mut sys = System::new(mem.clone());
+        let unit = sys.add_unit(UnitConfig::default())?;
+        sys.assign(sid, unit)?;
+        let system = Arc::new(sys);
+        let vcfg = ViommuConfig::default();
+        let viommu = ViommuDevice::spawn(
+            ViommuConfig {
+                endpoints: vec![sid],
+                bypass: mode == Mode::None,
+                serve_in_notifier: true,
+                transport: TransportConfig {
+                    notify_exit: exit,
+                    ..vcfg.transport
+                },
+                ..vcfg
+            },
+            system.clone(),
+            unit,
+        )
+        .map_err(err)?;
+        let dcfg = ViommuDriverConfig::default();
+        let driver = ViommuDriver::probe(
+            viommu.transport().clone(),
+            mem.clone(),
+            ViommuDriverConfig {
+                queue_size: 256,
+                spin: dcfg.wait,
+                ..dcfg
+            },
+        )
+        .map_err(err)?;
+        Ok(Self {
+            mem,
+            system,
+            unit,
+            viommu,
+            driver,
+        })
+    }
+}
+
 /// One mode's machine for a round: memory, a unit, the virtio-iommu and
 /// its driver (or none), the disk and the driver's queue on it.
 ///
@@ -69,7 +127,7 @@ pub(super) struct Rig {
     t: spec_t::Transport,
     viommu: ViommuDevice,
     system: Arc<System>,
-    unit: softiommu::hw::UnitId,
+    unit: UnitId,
 }
 
 impl Rig {
@@ -83,40 +141,13 @@ impl Rig {
         exit: Duration,
         bs: u64,
     ) -> LabResult<Self> {
-        let mem = Arc::new(PhysMemory::new(64 << 20)?);
-        let mut sys = System::new(mem.clone());
-        let unit = sys.add_unit(UnitConfig::default())?;
-        sys.assign(BLK_SID, unit)?;
-        let system = Arc::new(sys);
-        let vcfg = ViommuConfig::default();
-        let viommu = ViommuDevice::spawn(
-            ViommuConfig {
-                endpoints: vec![BLK_SID],
-                bypass: mode == Mode::None,
-                // The hypervisor handles each exit on the trapping vCPU.
-                serve_in_notifier: true,
-                transport: TransportConfig {
-                    notify_exit: exit,
-                    ..vcfg.transport
-                },
-                ..vcfg
-            },
-            system.clone(),
+        let Guest {
+            mem,
+            system,
             unit,
-        )
-        .map_err(err)?;
-        let dcfg = ViommuDriverConfig::default();
-        let vdrv = ViommuDriver::probe(
-            viommu.transport().clone(),
-            mem.clone(),
-            ViommuDriverConfig {
-                queue_size: 256,
-                // Busy-wait for every answer, as Linux's driver does.
-                spin: dcfg.wait,
-                ..dcfg
-            },
-        )
-        .map_err(err)?;
+            viommu,
+            driver: vdrv,
+        } = Guest::new(BLK_SID, mode, exit)?;
         let ep = u32::from(BLK_SID.0);
         let mut dma = match mode {
             Mode::None => {

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use smoltcp::socket::udp;
 use smoltcp::wire::{IpAddress, IpEndpoint, Ipv4Address, Ipv4Cidr};
 use softiommu::dma::{DmaDirection, DmaMapper, DmaPolicy};
-use softiommu::hw::{SourceId, System, UnitConfig, UnitId};
-use softiommu::mem::{PhysAddr, PhysMemory};
+use softiommu::hw::{SourceId, System, UnitId};
+use softiommu::mem::PhysAddr;
 use softiommu_virtio::cpu_clock;
 use softiommu_virtio::host::{Host, HostConfig};
 use softiommu_virtio::net::{
@@ -38,10 +38,10 @@ use softiommu_virtio::net::{
 };
 use softiommu_virtio::transport::TransportConfig;
 use softiommu_virtio::viommu::{
-    ViommuConfig, ViommuDevice, ViommuDma, ViommuDmaError, ViommuDriver, ViommuDriverConfig,
-    ViommuMapping, ViommuMode,
+    ViommuDevice, ViommuDma, ViommuDmaError, ViommuMapping, ViommuMode,
 };
 
+use super::rig::Guest;
 use super::{physics, Mode, ViommuRow};
 use crate::error::{LabError, LabResult};
 
@@ -205,40 +205,13 @@ impl UdpRig {
             .stack(NetDriverConfig::default(), Ipv4Cidr::new(PEER_IP, 24))
             .map_err(err)?;
         let peer_sock = peer.sockets.add(socket(PEER_PORT)?);
-        let mem = Arc::new(PhysMemory::new(64 << 20)?);
-        let mut sys = System::new(mem.clone());
-        let unit = sys.add_unit(UnitConfig::default())?;
-        sys.assign(NIC_SID, unit)?;
-        let system = Arc::new(sys);
-        let vcfg = ViommuConfig::default();
-        let viommu = ViommuDevice::spawn(
-            ViommuConfig {
-                endpoints: vec![NIC_SID],
-                bypass: mode == Mode::None,
-                // The hypervisor handles each exit on the trapping vCPU.
-                serve_in_notifier: true,
-                transport: TransportConfig {
-                    notify_exit: exit,
-                    ..vcfg.transport
-                },
-                ..vcfg
-            },
-            system.clone(),
+        let Guest {
+            mem,
+            system,
             unit,
-        )
-        .map_err(err)?;
-        let dcfg = ViommuDriverConfig::default();
-        let vdrv = ViommuDriver::probe(
-            viommu.transport().clone(),
-            mem.clone(),
-            ViommuDriverConfig {
-                queue_size: 256,
-                // Busy-wait for every answer, as Linux's driver does.
-                spin: dcfg.wait,
-                ..dcfg
-            },
-        )
-        .map_err(err)?;
+            viommu,
+            driver: vdrv,
+        } = Guest::new(NIC_SID, mode, exit)?;
         let ep = u32::from(NIC_SID.0);
         let viommu_mode = match mode {
             Mode::None => None,
