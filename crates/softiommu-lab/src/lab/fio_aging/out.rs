@@ -71,7 +71,7 @@ pub struct AgingPolicy {
     pub aging: AgingSummary,
     /// The headline: the aging figure against a fresh control arm (a
     /// second device and DMA domain of the same policies driven by the
-    /// same job threads, replaced every 160 requests per job):
+    /// same job threads, replaced every 400 requests per job):
     /// `retained_vs_fresh`, `stability_vs_fresh`, … (null where the fresh
     /// arm ran in too few windows for a figure).
     #[serde(flatten)]

@@ -195,8 +195,8 @@ pub(super) fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
         "The headline, retained_vs_fresh and stability_vs_fresh: beside the aged device each job \
          thread drives a fresh one (a second device on a DMA domain of the same DMA and IOVA \
          policies and low window, one queue per job of the thread, the same block-size mix at \
-         half the pace and depth, no slow tail, completed on interrupt CPUs of its own), \
-         replaced every 160 requests per job (0.8 s at the default pace), its first 16 per \
+         the same pace and depth, no slow tail, completed on interrupt CPUs of its own), \
+         replaced every 400 requests per job (1 s at the default pace), its first 40 per \
          job not counted. Both \
          arms' submitting and reaping calls run in the same loop on the same thread and are \
          timed alike on its CPU clock; each window's aged ÷ fresh requests per CPU-second \

@@ -257,9 +257,9 @@ pub struct FioConfig {
     pub rate_iops: Option<f64>,
     /// Drive a fresh control arm beside the jobs (`run_fio` only): each
     /// job thread also drives a second device on a DMA domain of the same
-    /// policies, at half the pace and depth and without the slow tail,
-    /// replaced every 160 requests per job so that it never ages, its
-    /// calls timed past each life's first 16 requests per job into the
+    /// policies, at the same pace and depth without the slow tail,
+    /// replaced every 400 requests per job so that it never ages, its
+    /// calls timed past each life's first 40 requests per job into the
     /// windows'
     /// [`fresh_ops`](super::FioWindow::fresh_ops) and
     /// [`fresh_cpu_s`](super::FioWindow::fresh_cpu_s) (see the engine's

@@ -34,21 +34,25 @@ use super::engine::{Counters, Job, Plan};
 use super::sample::{Call, SampledWork, Sampler};
 use crate::blk::{BlkDriver, BlkDriverConfig, BlkHost, BlkHostConfig};
 
-/// The fresh arm's pace and depth are the aged jobs' divided by this: a
-/// second, smaller load on the same threads (at the lab's default of 400
-/// requests a second per job, 200 a second per fresh job; ~600 timed
-/// requests per 0.25 s window over twelve jobs).
-pub(crate) const FRESH_PACE_SHARE: usize = 2;
+/// The fresh arm's pace and depth are the aged jobs' divided by this:
+/// one, the same pace, so that both arms' requests come as often between
+/// the same sleeps (the CPU per request follows the pace) and each
+/// window holds as many flushes of the fresh arm's flush queues (one per
+/// 256 frees, each costing as much as many requests) as of the aged
+/// arm's. Measured at half the pace: the fresh arm's rate moved
+/// 270-510 k requests per CPU-second window to window, the ratio
+/// 0.55-1.04; at the same pace 260-410 k and 0.64-0.94.
+pub(crate) const FRESH_PACE_SHARE: usize = 1;
 
 /// Requests per fresh job a thread's fresh device serves before it is
-/// replaced: 0.8 s at the lab's default pace (200 a second per fresh
-/// job), far younger than the aged device at the end of any run, and
+/// replaced: 1 s at the lab's default pace (400 a second per job), far
+/// younger than the aged device at the end of any run, and
 /// with no slow tail pinning its IOVAs.
-pub(crate) const FRESH_LIFE_REQS: u64 = 160;
+pub(crate) const FRESH_LIFE_REQS: u64 = 400;
 
 /// Requests per fresh job at the start of each life whose calls are not
 /// timed.
-pub(crate) const FRESH_WARMUP_REQS: u64 = 16;
+pub(crate) const FRESH_WARMUP_REQS: u64 = 40;
 
 /// The fresh host's bounce pool unless its DMA policy bounces.
 pub(crate) const FRESH_BOUNCE_BYTES: u64 = 1 << 20;
@@ -343,8 +347,8 @@ mod tests {
             ..FioConfig::default()
         };
         let s = FreshSpec::of(&BlkHostConfig::default(), &aged);
-        assert_eq!(s.cfg.iodepth, 16);
-        assert_eq!(s.cfg.rate_iops, Some(200.0));
+        assert_eq!(s.cfg.iodepth, 32 / FRESH_PACE_SHARE);
+        assert_eq!(s.cfg.rate_iops, Some(400.0 / FRESH_PACE_SHARE as f64));
         assert_eq!(s.cfg.slow, None);
         assert_eq!(s.cfg.bs, aged.bs);
         assert_eq!(s.host.device.slow, None);
