@@ -112,8 +112,8 @@ fn randrw_on_memory_with_a_slow_tail_runs_both_kinds() {
 
 #[test]
 fn a_fresh_arm_runs_beside_the_jobs_on_devices_it_replaces_and_is_timed_apart() {
-    // Unpaced, so each thread's fresh device serves its 1,000 requests
-    // within the run several times over.
+    // Unpaced, so each thread's fresh device serves its 400 requests per
+    // job within the run more than once (two threads: two first lives).
     let cfg = FioConfig {
         bs: BlockSizes::parse("4k:60,16k:20,64k:15,128k:5").unwrap(),
         irq_cpus: Some(2),
@@ -126,8 +126,8 @@ fn a_fresh_arm_runs_beside_the_jobs_on_devices_it_replaces_and_is_timed_apart() 
             hold: Duration::from_secs(10),
             mixed: true,
         }),
-        runtime: Duration::from_millis(800),
-        window: Duration::from_millis(200),
+        runtime: Duration::from_millis(2000),
+        window: Duration::from_millis(500),
         ..quick()
     };
     let r = run_fio(&host(BackendConfig::default()), &cfg).expect("run");

@@ -328,7 +328,7 @@ mod tests {
         assert!(!at(6 * FRESH_LIFE_REQS - 1).over());
         assert!(at(6 * FRESH_LIFE_REQS).over());
         assert_eq!(Life::new(0).jobs, 1);
-        assert!(FRESH_WARMUP_REQS < FRESH_LIFE_REQS / 4);
+        const { assert!(FRESH_WARMUP_REQS < FRESH_LIFE_REQS / 4) };
     }
 
     #[test]
