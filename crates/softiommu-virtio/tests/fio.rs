@@ -135,9 +135,11 @@ fn a_fresh_arm_runs_beside_the_jobs_on_devices_it_replaces_and_is_timed_apart() 
     assert!(r.fresh_lives >= 3, "{} fresh lives", r.fresh_lives);
     let fresh = r.fresh_work_windows();
     assert_eq!(fresh.len(), r.windows.len());
+    // Every window past the first (which holds the first build and
+    // warm-up) timed fresh requests.
     assert!(
-        fresh.iter().all(|w| w.ops > 0.0 && w.cpu_s > 0.0),
-        "every window timed fresh requests: {fresh:?}"
+        fresh[1..].iter().all(|w| w.ops > 0.0 && w.cpu_s > 0.0),
+        "{fresh:?}"
     );
     // The aged jobs' own count and time are not the fresh arm's.
     assert!(r.windows.iter().all(|w| w.ops > 0 && w.driver_cpu_s > 0.0));

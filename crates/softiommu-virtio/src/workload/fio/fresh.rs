@@ -100,8 +100,8 @@ pub(crate) struct FreshSpec {
 }
 
 impl FreshSpec {
-    /// The fresh arm of a run of `cfg` on `host` (sized, before its slow
-    /// region is set).
+    /// The fresh arm of a run of `cfg` on `host` (as given to
+    /// `run_fio`).
     pub(crate) fn of(host: &BlkHostConfig, cfg: &FioConfig) -> Self {
         let cfg = FioConfig {
             iodepth: cfg.iodepth.div_ceil(FRESH_PACE_SHARE).max(1),
@@ -112,7 +112,7 @@ impl FreshSpec {
         // Only the memory its load needs, and no bounce pool beyond
         // 1 MiB unless its policy bounces: the pool is zeroed as the host
         // is built (64 MiB took 0.3 s in a debug build, on the job
-        // thread, once per life; 1 MiB takes ~13 ms).
+        // thread, once per life; with 1 MiB the whole host took 13 ms).
         let bounce_bytes = if host.policy == DmaPolicy::Bounce {
             host.bounce_bytes
         } else {
