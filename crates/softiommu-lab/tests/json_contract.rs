@@ -469,12 +469,42 @@ fn lab_fio_aging() {
         assert_eq!(p["verify_failures"], 0);
         assert_eq!(p["io_errors"], 0);
         cpu_time_aging_fields(p);
+        // The headline: against a fresh device driven by the same job
+        // threads. A debug build's short windows may hold too few of its
+        // requests for a figure: null then, never absent.
+        for k in [
+            "retained_vs_fresh",
+            "stability_vs_fresh",
+            "warmup_vs_fresh_s",
+            "vs_fresh_first",
+            "vs_fresh_last",
+            "fresh_ops_per_cpu_s_first",
+            "fresh_ops_per_cpu_s_last",
+            "settled_vs_fresh",
+        ] {
+            assert!(p.get(k).is_some(), "{k} missing in {p}");
+        }
+        assert!(number(p, "fresh_lives") >= 1.0, "{p}");
+        let paired = !p["retained_vs_fresh"].is_null();
+        if paired {
+            assert!(number(p, "fresh_ops_per_cpu_s_first") > 0.0, "{p}");
+            assert!(number(p, "stability_vs_fresh") <= 1.0, "{p}");
+            let ratio = number(p, "vs_fresh_last") / number(p, "vs_fresh_first");
+            assert!((number(p, "retained_vs_fresh") - ratio).abs() < 1e-9, "{p}");
+        }
         let w = p["windows"].as_array().expect("windows");
         assert_eq!(w.len(), 8);
         assert!(number(&w[0], "iops") >= 0.0);
         for w in w {
             assert!(number(w, "driver_cpu_s") >= 0.0, "{w}");
             assert!(number(w, "iops_per_cpu_s") >= 0.0, "{w}");
+            assert!(number(w, "fresh_ops") >= 0.0, "{w}");
+            assert!(number(w, "fresh_cpu_s") >= 0.0, "{w}");
+            if paired {
+                assert!(number(w, "fresh_iops_per_cpu_s") > 0.0, "{w}");
+                let r = number(w, "iops_per_cpu_s") / number(w, "fresh_iops_per_cpu_s");
+                assert!((number(w, "vs_fresh") - r).abs() < 1e-9, "{w}");
+            }
             // The sampled CPU per request is its submitting part plus its
             // reaping part.
             let parts = number(w, "submit_cpu_us_per_req") + number(w, "reap_cpu_us_per_req");

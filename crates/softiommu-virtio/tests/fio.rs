@@ -111,6 +111,56 @@ fn randrw_on_memory_with_a_slow_tail_runs_both_kinds() {
 }
 
 #[test]
+fn a_fresh_arm_runs_beside_the_jobs_on_devices_it_replaces_and_is_timed_apart() {
+    // Unpaced, so each thread's fresh device serves its 400 requests per
+    // job within the run more than once (two threads: two first lives).
+    let cfg = FioConfig {
+        bs: BlockSizes::parse("4k:60,16k:20,64k:15,128k:5").unwrap(),
+        irq_cpus: Some(2),
+        sample_work: true,
+        fresh_arm: true,
+        slow: Some(SlowTail {
+            pct: 2.0,
+            per_s: None,
+            depth: 16,
+            hold: Duration::from_secs(10),
+            mixed: true,
+        }),
+        runtime: Duration::from_millis(2000),
+        window: Duration::from_millis(500),
+        ..quick()
+    };
+    let r = run_fio(&host(BackendConfig::default()), &cfg).expect("run");
+    assert_eq!((r.io_errors, r.verify_failures), (0, 0), "{r:?}");
+    assert!(r.fresh_lives >= 3, "{} fresh lives", r.fresh_lives);
+    let fresh = r.fresh_work_windows();
+    assert_eq!(fresh.len(), r.windows.len());
+    // Every window past the first (which holds the first build and
+    // warm-up) timed fresh requests.
+    assert!(
+        fresh[1..].iter().all(|w| w.ops > 0.0 && w.cpu_s > 0.0),
+        "{fresh:?}"
+    );
+    // The aged jobs' own count and time are not the fresh arm's.
+    assert!(r.windows.iter().all(|w| w.ops > 0 && w.driver_cpu_s > 0.0));
+    assert!(r.jobs.iter().all(|j| j.ops > 0 && j.slow_ops > 0));
+    // Without it: nothing of the kind.
+    let r = run_fio(
+        &host(BackendConfig::default()),
+        &FioConfig {
+            fresh_arm: false,
+            ..cfg
+        },
+    )
+    .expect("run");
+    assert_eq!(r.fresh_lives, 0);
+    assert!(r
+        .windows
+        .iter()
+        .all(|w| w.fresh_ops == 0 && w.fresh_cpu_s == 0.0));
+}
+
+#[test]
 fn a_slow_tail_of_the_mix_holds_full_size_requests_in_shared_pages() {
     // Every request is 64 KiB: a one-page slow slot could not take one.
     let cfg = FioConfig {

@@ -1,6 +1,6 @@
 use serde::Serialize;
 
-use crate::metrics::aging::AgingSummary;
+use crate::metrics::aging::{AgingSummary, VsFresh};
 
 /// One window of a time line (fio's status line).
 #[derive(Debug, Clone, Serialize)]
@@ -27,6 +27,18 @@ pub struct FioWindowOut {
     /// aging figure takes it (windows below the CPU floor carry their
     /// merged group's rate).
     pub iops_per_cpu_s: f64,
+    /// Requests the fresh control arm completed in timed calls in the
+    /// window.
+    pub fresh_ops: u64,
+    /// The fresh arm's CPU seconds for them (its sampled CPU per request
+    /// × `fresh_ops`, on the same job threads).
+    pub fresh_cpu_s: f64,
+    /// The fresh arm's requests per CPU-second in the window (windows
+    /// below its CPU floor carry their merged group's rate).
+    pub fresh_iops_per_cpu_s: f64,
+    /// `iops_per_cpu_s / fresh_iops_per_cpu_s`: what the headline figure
+    /// takes (null where the paired figure is absent).
+    pub vs_fresh: f64,
     /// Gigabytes (10^9) moved per second.
     pub gbps: f64,
     /// Requests the device failed in the window.
@@ -57,6 +69,15 @@ pub struct AgingPolicy {
     /// and on wall-clock IOPS beside them.
     #[serde(flatten)]
     pub aging: AgingSummary,
+    /// The headline: the aging figure against a fresh control arm (a
+    /// second device and DMA domain of the same policies driven by the
+    /// same job threads, replaced every 400 requests per job):
+    /// `retained_vs_fresh`, `stability_vs_fresh`, … (null where the fresh
+    /// arm ran in too few windows for a figure).
+    #[serde(flatten)]
+    pub vs_fresh: VsFresh,
+    /// Fresh hosts the control arm built over the run.
+    pub fresh_lives: u64,
     /// Mean IOPS over the run.
     pub iops: f64,
     /// Mean GB/s over the run.

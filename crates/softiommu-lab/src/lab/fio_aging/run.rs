@@ -6,7 +6,7 @@ use softiommu_virtio::workload::fio::{run_fio, FioConfig, FioResult, MIN_WINDOW}
 
 use crate::args::{iova_policies, Percent, Ranged, Seconds};
 use crate::error::{LabError, LabResult};
-use crate::metrics::aging::AgingSummary;
+use crate::metrics::aging::{AgingSummary, PairedSeries, VsFresh};
 use crate::report::Report;
 
 use super::args::{
@@ -51,11 +51,16 @@ pub(super) fn fio_err(
     move |source| LabError::Fio { run, source }
 }
 
-pub(super) fn windows_out(r: &FioResult, rates: &[f64]) -> Vec<FioWindowOut> {
+pub(super) fn windows_out(
+    r: &FioResult,
+    rates: &[f64],
+    paired: &PairedSeries,
+) -> Vec<FioWindowOut> {
     r.windows
         .iter()
         .zip(rates)
-        .map(|(w, &rate)| FioWindowOut {
+        .enumerate()
+        .map(|(i, (w, &rate))| FioWindowOut {
             t_s: w.t_s,
             iops: w.iops,
             driver_cpu_s: w.driver_cpu_s,
@@ -64,6 +69,10 @@ pub(super) fn windows_out(r: &FioResult, rates: &[f64]) -> Vec<FioWindowOut> {
             reap_cpu_us_per_req: w.reap_cpu_us_per_req,
             timer_cpu_s: w.timer_cpu_s,
             iops_per_cpu_s: rate,
+            fresh_ops: w.fresh_ops,
+            fresh_cpu_s: w.fresh_cpu_s,
+            fresh_iops_per_cpu_s: paired.fresh.get(i).copied().unwrap_or(f64::NAN),
+            vs_fresh: paired.ratio.get(i).copied().unwrap_or(f64::NAN),
             gbps: w.gbps,
             errors: w.errors,
             tree_allocs: w.tree_allocs,
@@ -75,6 +84,20 @@ pub(super) fn windows_out(r: &FioResult, rates: &[f64]) -> Vec<FioWindowOut> {
             tables_allocated: w.tables_allocated,
         })
         .collect()
+}
+
+/// The headline figure of an aging run: its requests per driver
+/// CPU-second against its fresh control arm's, window by window
+/// (`VsFresh`), with the series it was taken on. A fresh arm that ran in
+/// too few windows (a debug build of a slow policy) gives no paired
+/// figure: null, the aged arm's own figures beside.
+pub(super) fn paired_figure(r: &FioResult) -> (VsFresh, PairedSeries) {
+    VsFresh::of_or_absent(
+        &r.work_windows(),
+        &r.fresh_work_windows(),
+        r.window_s,
+        r.runtime_s,
+    )
 }
 
 /// Runs the lab; `progress` hears of each run as it finishes.
@@ -122,6 +145,7 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         sample_work: true,
         flush_timeout: Some(AGING_FLUSH_TIMEOUT),
         rate_iops: rate_iops(args),
+        fresh_arm: true,
         ..FioConfig::default()
     };
     aging_cfg
@@ -188,10 +212,12 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
                 Err(_) if why.is_some() => (AgingSummary::absent(), vec![f64::NAN; work.len()]),
                 Err(e) => return Err(e),
             };
+        let (vs_fresh, paired) = paired_figure(&r);
         match &why {
             None => progress(&format!(
-                "{} retained {:.2} per CPU-s, {:.2} wall",
+                "{} retained {:.2} vs a fresh arm, {:.2} per CPU-s alone, {:.2} wall",
                 ip.name(),
+                vs_fresh.retained_vs_fresh,
                 aging.retained,
                 aging.retained_wall
             )),
@@ -200,6 +226,8 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         out.push(AgingPolicy {
             policy: ip.name().to_string(),
             aging,
+            vs_fresh,
+            fresh_lives: r.fresh_lives,
             iops: r.iops,
             gbps: r.gbps,
             driver_cpu_us_per_req: r.driver_cpu_us_per_req,
@@ -216,7 +244,7 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
             tree_allocs: r.iova.tree_allocs,
             tree_frees: r.iova.tree_frees,
             magazines_freed: r.iova.magazines_freed,
-            windows: windows_out(&r, &rates),
+            windows: windows_out(&r, &rates, &paired),
         });
     }
     let why: Vec<String> = costs

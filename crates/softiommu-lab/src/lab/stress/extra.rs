@@ -60,6 +60,7 @@ pub fn virtio_phase(seconds: f64, timeout: Duration, seed: u64) -> LabResult<Pha
         sample_work: false,
         flush_timeout: None,
         rate_iops: None,
+        fresh_arm: false,
     };
     // The device sized for the jobs, as `run_fio` sizes it.
     let hc = sized_for(

@@ -255,6 +255,17 @@ pub struct FioConfig {
     /// that reaps dozens), so CPU per request compared across a run is
     /// compared at one pace.
     pub rate_iops: Option<f64>,
+    /// Drive a fresh control arm beside the jobs (`run_fio` only): each
+    /// job thread also drives a second device on a DMA domain of the same
+    /// policies, at the same pace and depth without the slow tail,
+    /// replaced every 400 requests per job so that it never ages, its
+    /// calls timed past each life's first 40 requests per job into the
+    /// windows'
+    /// [`fresh_ops`](super::FioWindow::fresh_ops) and
+    /// [`fresh_cpu_s`](super::FioWindow::fresh_cpu_s) (see the engine's
+    /// `fresh` module). The aged arm's work per CPU-second ÷ the fresh
+    /// arm's, window by window, divides out the machine's speed.
+    pub fresh_arm: bool,
 }
 
 /// The largest `rate_iops`, per job.
@@ -277,6 +288,7 @@ impl Default for FioConfig {
             sample_work: false,
             flush_timeout: None,
             rate_iops: None,
+            fresh_arm: false,
         }
     }
 }

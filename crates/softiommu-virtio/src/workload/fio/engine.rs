@@ -10,6 +10,7 @@ use crossbeam_utils::CachePadded;
 use softiommu::dma::{DmaCpu, DmaDomain};
 
 use super::config::{FioConfig, FioError, RwMode};
+use super::fresh::{FreshArm, FreshSpec};
 use super::result::{FioJobResult, FioResult, FioWindow};
 use super::sample::{Call, SampledWork, Sampler, WorkTotals};
 use crate::blk::{
@@ -26,7 +27,7 @@ const MAINTAIN_EVERY: Duration = Duration::from_millis(100);
 /// A job's counters: written by its hosting thread (plain stores), read
 /// by the conductor.
 #[derive(Debug, Default)]
-struct Counters {
+pub(super) struct Counters {
     ops: AtomicU64,
     reads: AtomicU64,
     writes: AtomicU64,
@@ -69,8 +70,8 @@ const SIZES: usize = 4096;
 const SLOW_BS: u64 = 4096;
 
 /// One job: its queue and its stream.
-struct Job {
-    q: BlkQueue,
+pub(super) struct Job {
+    pub(super) q: BlkQueue,
     c: Arc<CachePadded<Counters>>,
     rng: Rng,
     sizes: Vec<u64>,
@@ -100,28 +101,59 @@ struct Job {
 const FAST_PER_SLOW: u64 = 3;
 
 /// What every job thread reads.
-struct Plan {
-    iodepth: usize,
-    rw: RwMode,
-    fast_end: u64,
-    slow: Option<(u64, u64, u64, usize)>,
+pub(super) struct Plan {
+    pub(super) iodepth: usize,
+    pub(super) rw: RwMode,
+    pub(super) fast_end: u64,
+    pub(super) slow: Option<(u64, u64, u64, usize)>,
     /// Slow I/Os per second per job, instead of the percentage.
-    slow_per_s: Option<f64>,
+    pub(super) slow_per_s: Option<f64>,
     /// Fast I/Os per second per job at most (`FioConfig::rate_iops`).
-    fast_per_s: Option<f64>,
+    pub(super) fast_per_s: Option<f64>,
     /// When the jobs started (the rate's clock).
-    start: Instant,
+    pub(super) start: Instant,
     /// Slow I/Os are of the mix, in shared pages (their data unchecked).
-    slow_mixed: bool,
-    verify_every: u32,
-    verify: bool,
-    sample_work: bool,
-    stop: AtomicBool,
+    pub(super) slow_mixed: bool,
+    pub(super) verify_every: u32,
+    pub(super) verify: bool,
+    pub(super) sample_work: bool,
+    pub(super) stop: AtomicBool,
 }
 
 impl Job {
+    /// Job `i` of a run seeded `seed`, on queue `q`, drawing sizes from
+    /// `bs`, completing on interrupt CPU `irq` of its thread (`None`: its
+    /// own handle).
+    pub(super) fn new(
+        q: BlkQueue,
+        c: Arc<CachePadded<Counters>>,
+        seed: u64,
+        i: usize,
+        bs: &super::config::BlockSizes,
+        irq: Option<usize>,
+    ) -> Self {
+        let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(0x1000_0000_01b3));
+        let sizes = (0..SIZES).map(|_| bs.pick(rng.below(100) as u32)).collect();
+        Self {
+            slow_slot: vec![false; usize::from(q.depth())],
+            q,
+            c,
+            rng,
+            sizes,
+            k: 0,
+            irq,
+            fast: 0,
+            slow: 0,
+            reads: 0,
+            slow_sent: 0,
+            slow_forgiven: 0,
+            fast_sent: 0,
+            fast_forgiven: 0,
+        }
+    }
+
     /// Takes completions; returns how many.
-    fn reap(&mut self, irqs: &mut [DmaCpu], p: &Plan) -> Result<usize, FioError> {
+    pub(super) fn reap(&mut self, irqs: &mut [DmaCpu], p: &Plan) -> Result<usize, FioError> {
         let irq = self.irq.and_then(|i| irqs.get_mut(i));
         let c = &self.c;
         let (fast, slow, slot_slow, reads) = (
@@ -176,7 +208,11 @@ impl Job {
     /// Fills the queue up to its depth (and slow budget), then rings the
     /// doorbell; returns how many were submitted. With a sampler, the
     /// filling (not the doorbell) is one of its calls.
-    fn submit(&mut self, p: &Plan, sampler: Option<&mut Sampler>) -> Result<usize, FioError> {
+    pub(super) fn submit(
+        &mut self,
+        p: &Plan,
+        sampler: Option<&mut Sampler>,
+    ) -> Result<usize, FioError> {
         let n = match sampler {
             Some(s) if self.has_room(p) => s.run(Call::Submit, || self.fill(p))?,
             _ => self.fill(p)?,
@@ -292,6 +328,7 @@ fn host_thread(
     domain: Arc<DmaDomain>,
     p: Arc<Plan>,
     work: Arc<CachePadded<SampledWork>>,
+    mut fresh: Option<FreshArm>,
 ) -> Result<(Vec<BlkQueue>, Duration), FioError> {
     let mut irqs: Vec<DmaCpu> = (0..irq_cpus).map(|_| domain.cpu()).collect();
     for j in &jobs {
@@ -320,6 +357,9 @@ fn host_thread(
                 progress += j.submit(&p, sampler.as_mut())?;
             }
         }
+        if let Some(f) = fresh.as_mut().filter(|_| !stopping) {
+            progress += f.step()?;
+        }
         if stopping
             && (jobs.iter().all(|j| j.fast == 0) || deadline.is_some_and(|d| Instant::now() > d))
         {
@@ -332,11 +372,17 @@ fn host_thread(
             for j in &mut jobs {
                 waiting |= j.q.arm_interrupt();
             }
+            if let Some(f) = fresh.as_mut() {
+                waiting |= f.arm();
+            }
             if !waiting {
                 std::thread::park_timeout(Duration::from_millis(2));
             }
             for j in &mut jobs {
                 j.q.disarm_interrupt();
+            }
+            if let Some(f) = fresh.as_mut() {
+                f.disarm();
             }
             if let Some(j) = jobs.first() {
                 j.q.check_device()?;
@@ -346,6 +392,8 @@ fn host_thread(
     let cpu = cpu_end
         .unwrap_or_else(cpu_clock::thread)
         .saturating_sub(cpu0);
+    // The fresh device is reset and dropped on the thread that drove it.
+    drop(fresh);
     Ok((jobs.into_iter().map(|j| j.q).collect(), cpu))
 }
 
@@ -380,6 +428,7 @@ pub fn sized_for(host: &BlkHostConfig, cfg: &FioConfig) -> BlkHostConfig {
 pub fn run_fio(host: &BlkHostConfig, cfg: &FioConfig) -> Result<FioResult, FioError> {
     cfg.check()?;
     let mut h = sized_for(host, cfg);
+    let fresh = cfg.fresh_arm.then(|| FreshSpec::of(host, cfg));
     if let Some(s) = cfg.slow {
         let cap = crate::blk::BackendConfig::open(&h.device.backend)
             .map_err(|e| FioError::Host(crate::blk::BlkDeviceError::from(e).into()))?
@@ -391,12 +440,18 @@ pub fn run_fio(host: &BlkHostConfig, cfg: &FioConfig) -> Result<FioResult, FioEr
         });
     }
     let host = BlkHost::new(&h)?;
-    fio(&host, cfg)
+    run(&host, cfg, fresh)
 }
 
 /// Runs `cfg` on `host`'s device: probes a driver with one queue per job,
-/// runs, resets the device and gives every queue's memory back.
+/// runs, resets the device and gives every queue's memory back. A fresh
+/// arm ([`FioConfig::fresh_arm`]) needs a host it can build again: it
+/// runs under [`run_fio`] only, not here.
 pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
+    run(host, cfg, None)
+}
+
+fn run(host: &BlkHost, cfg: &FioConfig, fresh: Option<FreshSpec>) -> Result<FioResult, FioError> {
     cfg.check()?;
     let slots = cfg.slots();
     let queue_size = (3 * slots).next_power_of_two().clamp(4, 32768) as u16;
@@ -502,29 +557,11 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         .collect();
     let mut per_thread: Vec<Vec<Job>> = (0..threads).map(|_| Vec::new()).collect();
     for (i, q) in drv.take_queues().into_iter().enumerate().take(cfg.jobs) {
-        let mut rng = Rng::new(cfg.seed ^ (i as u64).wrapping_mul(0x1000_0000_01b3));
-        let sizes = (0..SIZES)
-            .map(|_| cfg.bs.pick(rng.below(100) as u32))
-            .collect();
         let t = i % threads;
         let local = per_thread[t].len();
         let n_irq = (t..irq_total).step_by(threads).count();
-        per_thread[t].push(Job {
-            slow_slot: vec![false; usize::from(q.depth())],
-            q,
-            c: counters[i].clone(),
-            rng,
-            sizes,
-            k: 0,
-            irq: (n_irq > 0).then(|| local % n_irq),
-            fast: 0,
-            slow: 0,
-            reads: 0,
-            slow_sent: 0,
-            slow_forgiven: 0,
-            fast_sent: 0,
-            fast_forgiven: 0,
-        });
+        let irq = (n_irq > 0).then(|| local % n_irq);
+        per_thread[t].push(Job::new(q, counters[i].clone(), cfg.seed, i, &cfg.bs, irq));
     }
     let dev_cpu0 = host.device.cpu_time();
     // The DMA domain's flush timer frees on the job threads' behalf: its
@@ -536,6 +573,10 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
     let work: Vec<Arc<CachePadded<SampledWork>>> = (0..threads)
         .map(|_| Arc::new(CachePadded::new(SampledWork::default())))
         .collect();
+    let fresh = fresh.map(Arc::new);
+    let fresh_work: Vec<Arc<CachePadded<SampledWork>>> = (0..threads)
+        .map(|_| Arc::new(CachePadded::new(SampledWork::default())))
+        .collect();
     let handles: Vec<_> = per_thread
         .into_iter()
         .enumerate()
@@ -543,9 +584,13 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             let (domain, p) = (host.domain.clone(), plan.clone());
             let n_irq = (t..irq_total).step_by(threads).count();
             let work = work[t].clone();
+            let fresh = fresh.clone().map(|spec| {
+                let seed = cfg.seed ^ 0xf8e5 ^ (t as u64) << 32;
+                FreshArm::new(spec, jobs.len(), n_irq, seed, fresh_work[t].clone())
+            });
             std::thread::Builder::new()
                 .name(format!("fio t{t}"))
-                .spawn(move || host_thread(jobs, n_irq, domain, p, work))
+                .spawn(move || host_thread(jobs, n_irq, domain, p, work, fresh))
         })
         .collect();
     // The conductor: one sample per window, and the allocator's
@@ -573,6 +618,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
     // conductor runs (timed on its own clock around each call). The
     // device threads stand for hardware and are not in it.
     let mut last_work = WorkTotals::read(&work);
+    let mut last_fresh = WorkTotals::read(&fresh_work);
     let mut last_timer = timer0;
     let mut last_maintain_cpu = maintain_cpu;
     let mut last_t = t0;
@@ -605,6 +651,8 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         let now = Instant::now();
         let cur = total(&counters);
         let cur_work = WorkTotals::read(&work);
+        let cur_fresh = WorkTotals::read(&fresh_work);
+        let fresh_ops = cur_fresh.reaped.saturating_sub(last_fresh.reaped);
         let cur_timer = timer_cpu();
         let ops = cur.0 - last.0;
         let timer_s = cur_timer.saturating_sub(last_timer).as_secs_f64();
@@ -622,6 +670,8 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
             submit_cpu_us_per_req: submit_s * 1e6,
             reap_cpu_us_per_req: reap_s * 1e6,
             timer_cpu_s: timer_s,
+            fresh_ops,
+            fresh_cpu_s: fresh_ops as f64 * cur_fresh.per_request_s(&last_fresh),
             iops: ops as f64 / dt,
             gbps: (cur.1 - last.1) as f64 / dt / 1e9,
             read_iops: (cur.2 - last.2) as f64 / dt,
@@ -643,6 +693,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         last_tables = tables;
         last = cur;
         last_work = cur_work;
+        last_fresh = cur_fresh;
         last_timer = cur_timer;
         last_maintain_cpu = maintain_cpu;
         last_t = now;
@@ -729,6 +780,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
         work_cpu_us_per_req: run_work.per_request_s(&WorkTotals::default()) * 1e6,
         device_cpu_us_per_req: per(dev_cpu),
         abandoned,
+        fresh_lives: fresh.map_or(0, |f| f.lives.load(Ordering::Relaxed)),
         iova: host.domain.iova_stats(),
         jobs,
         windows,

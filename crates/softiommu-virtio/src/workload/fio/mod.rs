@@ -28,6 +28,7 @@
 
 mod config;
 mod engine;
+mod fresh;
 mod result;
 mod sample;
 

@@ -6,7 +6,7 @@ use softiommu::iova::IovaStats;
 use crate::workload::aging::WorkWindow;
 
 /// One reporting window.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct FioWindow {
     /// The window's end, seconds from the run's start.
     pub t_s: f64,
@@ -42,6 +42,14 @@ pub struct FioWindow {
     pub reap_cpu_us_per_req: f64,
     /// The flush timer's CPU seconds in the window.
     pub timer_cpu_s: f64,
+    /// With [`FioConfig::fresh_arm`](super::FioConfig::fresh_arm):
+    /// requests the fresh control arm reaped in timed calls in the window
+    /// (0 without one).
+    pub fresh_ops: u64,
+    /// The fresh arm's CPU seconds for them: `fresh_ops` × its CPU per
+    /// request sampled in the window (submitted plus reaped), measured on
+    /// the same job threads as the aged requests' (0 without one).
+    pub fresh_cpu_s: f64,
     /// The allocator's work in the window, to tell a growing working set
     /// (more tree work per request as the run ages) from a clock that
     /// counts something else: allocations the tree served (the caches
@@ -87,7 +95,7 @@ pub struct FioJobResult {
 }
 
 /// A fio run's outcome.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct FioResult {
     /// The back-end's kind.
     pub backend: &'static str,
@@ -133,6 +141,9 @@ pub struct FioResult {
     /// Slow I/Os still held by the device when the run ended (abandoned
     /// by the reset).
     pub abandoned: u64,
+    /// Fresh hosts the control arm built over the run, over all threads
+    /// (0 without [`FioConfig::fresh_arm`](super::FioConfig::fresh_arm)).
+    pub fresh_lives: u64,
     /// The IOVA allocator's counters at the end.
     pub iova: IovaStats,
 }
@@ -151,6 +162,19 @@ impl FioResult {
             .map(|w| WorkWindow {
                 ops: w.ops as f64,
                 cpu_s: w.driver_cpu_s,
+            })
+            .collect()
+    }
+
+    /// The fresh control arm's time line as work and CPU time, window by
+    /// window (all zero without one): the paired aging figure's second
+    /// input, beside [`work_windows`](Self::work_windows).
+    pub fn fresh_work_windows(&self) -> Vec<WorkWindow> {
+        self.windows
+            .iter()
+            .map(|w| WorkWindow {
+                ops: w.fresh_ops as f64,
+                cpu_s: w.fresh_cpu_s,
             })
             .collect()
     }
