@@ -341,9 +341,11 @@ fn lab_iova_aging() {
         assert!(number(p, "stability") <= 1.0, "{p}");
         assert!(p["settled"].is_boolean());
         cpu_time_aging_fields(p);
-        // The headline: against a fresh control arm. A debug build of the
-        // 2016 tree on a loaded machine may run its fresh arm in too few
-        // of these short windows for a figure: null then, never absent.
+        // The headline: against a fresh control arm. A debug build on a
+        // loaded machine (this test runs beside the others of the file)
+        // may run a fresh arm in too few of these short windows for a
+        // figure — seen for the 2016 tree and, under load, for ours: null
+        // then, never absent; when present, consistent.
         for k in [
             "retained_vs_fresh",
             "stability_vs_fresh",
@@ -357,7 +359,7 @@ fn lab_iova_aging() {
             assert!(p.get(k).is_some(), "{k} missing in {p}");
         }
         assert!(number(p, "fresh_lives") >= 1.0, "{p}");
-        let paired = p["policy"] == "softiommu" || !p["retained_vs_fresh"].is_null();
+        let paired = !p["retained_vs_fresh"].is_null();
         if paired {
             for k in [
                 "retained_vs_fresh",
