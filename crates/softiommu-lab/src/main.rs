@@ -9,6 +9,7 @@ mod host;
 mod html;
 mod interrupt;
 mod lab;
+mod lists;
 mod metrics;
 mod progress;
 mod registry;

@@ -494,3 +494,88 @@ fn bad_scenarios_and_overrides_are_refused_naming_the_field_file_and_line() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A list option repeats its work per value: a value named twice, on the
+/// command line or in a scenario table, or a list longer than any run
+/// needs, is refused before any work starts (a 1 MiB scenario file could
+/// otherwise name one policy 50,000 times and run for hours).
+#[test]
+fn lists_that_repeat_a_value_or_run_on_are_refused() {
+    let rows: &[(&[&str], &str)] = &[
+        (
+            &["bench", "dma", "--policies", "strict,deferred,strict"],
+            "--policies names strict more than once; a list takes each value once",
+        ),
+        (
+            &["bench", "iova", "--impls", "harness,harness"],
+            "--impls names harness more than once",
+        ),
+        (
+            &["lab", "netperf-udp", "--ordering", "full,full"],
+            "--ordering names full more than once",
+        ),
+        (
+            &["lab", "iperf-tcp", "--walks", "coherent,coherent"],
+            "--walks names coherent more than once",
+        ),
+        (
+            &["lab", "iopf", "--times", "1,100,1"],
+            "--times names 1 more than once",
+        ),
+        (
+            &["lab", "fio-aging", "--dma-policies", "strict,strict"],
+            "--dma-policies names strict more than once",
+        ),
+        (
+            &["lab", "stress", "--policies", "deferred,deferred"],
+            "--policies names deferred more than once",
+        ),
+        (
+            &[
+                "run",
+                "--scenarios",
+                "translate,translate",
+                "--db",
+                "/nonexistent/softiommu.db",
+            ],
+            "--scenarios names translate more than once",
+        ),
+    ];
+    for (args, want) in rows {
+        refused(args, want);
+    }
+    let many = (1..=65)
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    refused(
+        &["lab", "iopf", "--times", &many],
+        "--times has 65 values, more than the 64 a list takes",
+    );
+
+    let dir = std::env::temp_dir().join(format!("softiommu-lists-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("repeats.toml");
+    let policies = vec!["\"strict\""; 50_000].join(",");
+    std::fs::write(
+        &file,
+        format!("name = \"x\"\n[bench-dma]\nseconds = 0.01\npolicies = [{policies}]\n"),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    refused(
+        &["lab", file.to_str().unwrap()],
+        "--policies has 50000 values, more than the 64 a list takes",
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    std::fs::write(
+        &file,
+        "name = \"x\"\n[lab-iova-aging]\npolicies = [\"linux-2016\", \"linux-2016\"]\n",
+    )
+    .unwrap();
+    refused(
+        &["lab", file.to_str().unwrap()],
+        "--policies names linux-2016 more than once",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -98,6 +98,14 @@ fn selected(a: &RunArgs) -> LabResult<Vec<Scenario>> {
     } else {
         a.scenarios.clone()
     };
+    for (i, n) in names.iter().enumerate() {
+        if names[..i].contains(n) {
+            return Err(crate::error::LabError::ListRepeats {
+                option: "--scenarios".into(),
+                value: n.clone(),
+            });
+        }
+    }
     names
         .iter()
         .map(|n| {
