@@ -579,3 +579,20 @@ fn lists_that_repeat_a_value_or_run_on_are_refused() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--dma-seconds` is documented as 0.1..=86400; below the floor it is
+/// refused before any work, on the command line and in a scenario table
+/// (the duration type alone takes 0.01).
+#[test]
+fn a_cost_part_shorter_than_its_documented_floor_is_refused() {
+    for v in ["0.09", "0.01"] {
+        refused(
+            &["lab", "fio-aging", "--dma-seconds", v],
+            "lab set-up: --dma-seconds must be at least 0.1",
+        );
+    }
+    refused(
+        &["lab", "storage-aging", "--set", "dma_seconds=0.05"],
+        "--dma-seconds must be at least 0.1",
+    );
+}
