@@ -137,7 +137,10 @@ fn parse_cli() -> Result<Cli, std::process::ExitCode> {
             std::process::ExitCode::SUCCESS
         }
         _ => {
-            eprintln!("softiommu: {}", one_line(&e.render().to_string()));
+            eprintln!(
+                "softiommu: {}",
+                printable(&one_line(&e.render().to_string()))
+            );
             std::process::ExitCode::from(2)
         }
     })
@@ -153,6 +156,21 @@ fn one_line(msg: &str) -> String {
         .join(" ")
         .trim_start_matches("error: ")
         .to_string()
+}
+
+/// `msg` with every control character escaped (`\n`, `\u{1b}`): a path
+/// or value given with a newline in it keeps the message on one line,
+/// and escape sequences reach no terminal.
+fn printable(msg: &str) -> String {
+    msg.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 fn main() -> std::process::ExitCode {
@@ -178,15 +196,18 @@ fn main() -> std::process::ExitCode {
         Cmd::Compare(a) => emit(cmd::compare::compare(&a), a.json),
         Cmd::Report(a) => cmd::report::report(&a).map(|id| {
             eprintln!(
-                "softiommu: wrote the report of run {id} to {}",
-                a.out.display()
+                "softiommu: {}",
+                printable(&format!(
+                    "wrote the report of run {id} to {}",
+                    a.out.display()
+                ))
             );
         }),
     };
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("softiommu: {e}");
+            eprintln!("softiommu: {}", printable(&e.to_string()));
             match e {
                 error::LabError::Interrupted { .. } => std::process::ExitCode::from(130),
                 error::LabError::Violations { .. }
@@ -201,6 +222,14 @@ fn main() -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    #[test]
+    fn control_characters_are_escaped_and_the_rest_kept() {
+        assert_eq!(
+            super::printable("cannot read /tmp/a\nb\r\t\u{1b}[2J: é"),
+            "cannot read /tmp/a\\nb\\r\\t\\u{1b}[2J: é"
+        );
+    }
 
     /// `lab NAME` runs a subcommand when NAME is one, so a built-in
     /// scenario with a subcommand's name could never be run.

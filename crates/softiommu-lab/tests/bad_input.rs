@@ -596,3 +596,37 @@ fn a_cost_part_shorter_than_its_documented_floor_is_refused() {
         "--dma-seconds must be at least 0.1",
     );
 }
+
+/// A path or value with a newline (or another control character) in it
+/// is named escaped, so that the refusal stays one line on stderr.
+#[test]
+fn paths_and_values_with_newlines_are_refused_in_one_line() {
+    let dir = std::env::temp_dir().join(format!("softiommu-nl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sub = dir.join("a\nb");
+    std::fs::create_dir_all(&sub).unwrap();
+    let sub_s = sub.to_str().unwrap();
+    let shown = sub_s.replace('\n', "\\n");
+    refused(
+        &["lab", sub_s],
+        &format!("cannot read scenario {shown}: Is a directory"),
+    );
+    let missing = dir.join("no\nne.db");
+    refused(
+        &["history", "--db", missing.to_str().unwrap()],
+        &format!(
+            "no results database at {}",
+            missing.to_str().unwrap().replace('\n', "\\n")
+        ),
+    );
+    refused(&["report", "--db", missing.to_str().unwrap()], "no\\nne.db");
+    refused(
+        &["lab", "iova-alloc", "--set", "threads=a\nb"],
+        "--set threads=a\\nb: invalid type",
+    );
+    refused(
+        &["lab", "iova-alloc", "--set", "thr\u{1b}[2Jeads=1"],
+        "thr\\u{1b}[2Jeads",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
