@@ -350,3 +350,41 @@ fn report_without_a_run_on_a_database_without_results_says_so_in_one_line() {
     assert!(got.stdout.is_empty() && !out.exists());
     std::fs::remove_dir_all(d).unwrap();
 }
+
+/// A `--report` path that cannot be written is refused before the suite
+/// runs (it was found only after every scenario had run), in one line,
+/// with no run begun.
+#[test]
+fn an_unwritable_report_path_is_refused_before_any_scenario_runs() {
+    let d = dir("badreport");
+    let db = d.join("r.db");
+    for (report, want) in [
+        (
+            "/proc/softiommu-report.html",
+            "cannot write /proc/softiommu-report.html: No such file or directory".to_string(),
+        ),
+        (
+            s(&d),
+            format!("cannot write {}: Is a directory (os error 21)", s(&d)),
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let out = softiommu(&[
+            "run",
+            "--quick",
+            "--scenarios",
+            "iova-alloc",
+            "--db",
+            s(&db),
+            "--report",
+            report,
+        ]);
+        one_line(&out, 2, &want);
+        assert!(out.stdout.is_empty());
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+    let history = softiommu(&["history", "--json", "--db", s(&db)]);
+    let v: Value = serde_json::from_slice(&history.stdout).unwrap();
+    assert_eq!(v["runs"].as_array().map(Vec::len), Some(0), "{v}");
+    std::fs::remove_dir_all(d).unwrap();
+}

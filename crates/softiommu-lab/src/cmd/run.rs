@@ -181,6 +181,8 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
     // Open (or create) the database first: a bad --db fails in a moment,
     // not after minutes of work.
     let mut store = Store::create(&a.db.db)?;
+    // And the report's path: a bad --report fails now, not after the suite.
+    super::out_path::check_writable(&a.report)?;
     let host = Host::detect();
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let run_id = store.begin_run(&command, a.quick, &host, &git_revision())?;
