@@ -136,6 +136,12 @@ fn parse_cli() -> Result<Cli, std::process::ExitCode> {
             let _ = e.print();
             std::process::ExitCode::SUCCESS
         }
+        // Clap would show the help; its first line is no refusal.
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            eprintln!("softiommu: {}", printable(&missing_subcommand(&args)));
+            std::process::ExitCode::from(2)
+        }
         _ => {
             eprintln!(
                 "softiommu: {}",
@@ -144,6 +150,34 @@ fn parse_cli() -> Result<Cli, std::process::ExitCode> {
             std::process::ExitCode::from(2)
         }
     })
+}
+
+/// The refusal of a command given without its subcommand: which command
+/// (followed from `args` through the subcommands named) and the ones it
+/// takes.
+fn missing_subcommand(args: &[String]) -> String {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut path = vec!["softiommu".to_string()];
+    for a in args {
+        match cmd.find_subcommand(a).cloned() {
+            Some(sub) => {
+                path.push(a.clone());
+                cmd = sub;
+            }
+            None => break,
+        }
+    }
+    let names: Vec<&str> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name())
+        .filter(|n| *n != "help")
+        .collect();
+    let path = path.join(" ");
+    format!(
+        "{path} needs a subcommand ({}); see `{path} --help`",
+        names.join(", ")
+    )
 }
 
 /// Clap's message up to its first blank line, as one line, without the

@@ -630,3 +630,17 @@ fn paths_and_values_with_newlines_are_refused_in_one_line() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A command given without its subcommand names the ones it takes, not
+/// the first line of its help.
+#[test]
+fn a_missing_subcommand_is_named_with_the_valid_ones() {
+    refused(
+        &[],
+        "softiommu: softiommu needs a subcommand (bench, lab, run, history, compare, report); see `softiommu --help`",
+    );
+    refused(
+        &["bench"],
+        "softiommu: softiommu bench needs a subcommand (iova, pgtable, dma, translate, access, ring); see `softiommu bench --help`",
+    );
+}
