@@ -131,6 +131,25 @@ pub enum LabError {
     /// A workload's setup was inconsistent (a bug in the lab).
     #[error("lab set-up: {0}")]
     Setup(&'static str),
+    /// A list option (or the same field of a scenario table) names a
+    /// value twice: each value is run, and reported, once.
+    #[error("{option} names {value} more than once; a list takes each value once")]
+    ListRepeats {
+        /// The option, as on the command line.
+        option: String,
+        /// The repeated value.
+        value: String,
+    },
+    /// A list option holds more values than any run needs.
+    #[error("{option} has {len} values, more than the {max} a list takes")]
+    ListTooLong {
+        /// The option, as on the command line.
+        option: String,
+        /// How many were given.
+        len: usize,
+        /// The most allowed.
+        max: usize,
+    },
     /// A scenario file or override is wrong.
     #[error(transparent)]
     Scenario(#[from] crate::scenario::ScenarioError),

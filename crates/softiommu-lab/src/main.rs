@@ -9,6 +9,7 @@ mod host;
 mod html;
 mod interrupt;
 mod lab;
+mod lists;
 mod metrics;
 mod progress;
 mod registry;
@@ -135,11 +136,48 @@ fn parse_cli() -> Result<Cli, std::process::ExitCode> {
             let _ = e.print();
             std::process::ExitCode::SUCCESS
         }
+        // Clap would show the help; its first line is no refusal.
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            eprintln!("softiommu: {}", printable(&missing_subcommand(&args)));
+            std::process::ExitCode::from(2)
+        }
         _ => {
-            eprintln!("softiommu: {}", one_line(&e.render().to_string()));
+            eprintln!(
+                "softiommu: {}",
+                printable(&one_line(&e.render().to_string()))
+            );
             std::process::ExitCode::from(2)
         }
     })
+}
+
+/// The refusal of a command given without its subcommand: which command
+/// (followed from `args` through the subcommands named) and the ones it
+/// takes.
+fn missing_subcommand(args: &[String]) -> String {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut path = vec!["softiommu".to_string()];
+    for a in args {
+        match cmd.find_subcommand(a).cloned() {
+            Some(sub) => {
+                path.push(a.clone());
+                cmd = sub;
+            }
+            None => break,
+        }
+    }
+    let names: Vec<&str> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name())
+        .filter(|n| *n != "help")
+        .collect();
+    let path = path.join(" ");
+    format!(
+        "{path} needs a subcommand ({}); see `{path} --help`",
+        names.join(", ")
+    )
 }
 
 /// Clap's message up to its first blank line, as one line, without the
@@ -152,6 +190,21 @@ fn one_line(msg: &str) -> String {
         .join(" ")
         .trim_start_matches("error: ")
         .to_string()
+}
+
+/// `msg` with every control character escaped (`\n`, `\u{1b}`): a path
+/// or value given with a newline in it keeps the message on one line,
+/// and escape sequences reach no terminal.
+fn printable(msg: &str) -> String {
+    msg.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 fn main() -> std::process::ExitCode {
@@ -177,15 +230,18 @@ fn main() -> std::process::ExitCode {
         Cmd::Compare(a) => emit(cmd::compare::compare(&a), a.json),
         Cmd::Report(a) => cmd::report::report(&a).map(|id| {
             eprintln!(
-                "softiommu: wrote the report of run {id} to {}",
-                a.out.display()
+                "softiommu: {}",
+                printable(&format!(
+                    "wrote the report of run {id} to {}",
+                    a.out.display()
+                ))
             );
         }),
     };
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("softiommu: {e}");
+            eprintln!("softiommu: {}", printable(&e.to_string()));
             match e {
                 error::LabError::Interrupted { .. } => std::process::ExitCode::from(130),
                 error::LabError::Violations { .. }
@@ -200,6 +256,14 @@ fn main() -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    #[test]
+    fn control_characters_are_escaped_and_the_rest_kept() {
+        assert_eq!(
+            super::printable("cannot read /tmp/a\nb\r\t\u{1b}[2J: é"),
+            "cannot read /tmp/a\\nb\\r\\t\\u{1b}[2J: é"
+        );
+    }
 
     /// `lab NAME` runs a subcommand when NAME is one, so a built-in
     /// scenario with a subcommand's name could never be run.

@@ -66,6 +66,10 @@ macro_rules! registry {
             /// Runs it; `progress` hears of steps within a long lab.
             pub fn run(&self, progress: &mut dyn FnMut(&str)) -> LabResult<Report> {
                 match self {
+                    $( LabArgs::$bvar(a) => crate::lists::check_lists(a)?, )*
+                    $( LabArgs::$lvar(a) => crate::lists::check_lists(a)?, )*
+                }
+                match self {
                     $( LabArgs::$bvar(a) => ($brun)(a, progress), )*
                     $( LabArgs::$lvar(a) => ($lrun)(a, progress), )*
                 }

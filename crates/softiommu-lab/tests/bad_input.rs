@@ -494,3 +494,153 @@ fn bad_scenarios_and_overrides_are_refused_naming_the_field_file_and_line() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A list option repeats its work per value: a value named twice, on the
+/// command line or in a scenario table, or a list longer than any run
+/// needs, is refused before any work starts (a 1 MiB scenario file could
+/// otherwise name one policy 50,000 times and run for hours).
+#[test]
+fn lists_that_repeat_a_value_or_run_on_are_refused() {
+    let rows: &[(&[&str], &str)] = &[
+        (
+            &["bench", "dma", "--policies", "strict,deferred,strict"],
+            "--policies names strict more than once; a list takes each value once",
+        ),
+        (
+            &["bench", "iova", "--impls", "harness,harness"],
+            "--impls names harness more than once",
+        ),
+        (
+            &["lab", "netperf-udp", "--ordering", "full,full"],
+            "--ordering names full more than once",
+        ),
+        (
+            &["lab", "iperf-tcp", "--walks", "coherent,coherent"],
+            "--walks names coherent more than once",
+        ),
+        (
+            &["lab", "iopf", "--times", "1,100,1"],
+            "--times names 1 more than once",
+        ),
+        (
+            &["lab", "fio-aging", "--dma-policies", "strict,strict"],
+            "--dma-policies names strict more than once",
+        ),
+        (
+            &["lab", "stress", "--policies", "deferred,deferred"],
+            "--policies names deferred more than once",
+        ),
+        (
+            &[
+                "run",
+                "--scenarios",
+                "translate,translate",
+                "--db",
+                "/nonexistent/softiommu.db",
+            ],
+            "--scenarios names translate more than once",
+        ),
+    ];
+    for (args, want) in rows {
+        refused(args, want);
+    }
+    let many = (1..=65)
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    refused(
+        &["lab", "iopf", "--times", &many],
+        "--times has 65 values, more than the 64 a list takes",
+    );
+
+    let dir = std::env::temp_dir().join(format!("softiommu-lists-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("repeats.toml");
+    let policies = vec!["\"strict\""; 50_000].join(",");
+    std::fs::write(
+        &file,
+        format!("name = \"x\"\n[bench-dma]\nseconds = 0.01\npolicies = [{policies}]\n"),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    refused(
+        &["lab", file.to_str().unwrap()],
+        "--policies has 50000 values, more than the 64 a list takes",
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    std::fs::write(
+        &file,
+        "name = \"x\"\n[lab-iova-aging]\npolicies = [\"linux-2016\", \"linux-2016\"]\n",
+    )
+    .unwrap();
+    refused(
+        &["lab", file.to_str().unwrap()],
+        "--policies names linux-2016 more than once",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--dma-seconds` is documented as 0.1..=86400; below the floor it is
+/// refused before any work, on the command line and in a scenario table
+/// (the duration type alone takes 0.01).
+#[test]
+fn a_cost_part_shorter_than_its_documented_floor_is_refused() {
+    for v in ["0.09", "0.01"] {
+        refused(
+            &["lab", "fio-aging", "--dma-seconds", v],
+            "lab set-up: --dma-seconds must be at least 0.1",
+        );
+    }
+    refused(
+        &["lab", "storage-aging", "--set", "dma_seconds=0.05"],
+        "--dma-seconds must be at least 0.1",
+    );
+}
+
+/// A path or value with a newline (or another control character) in it
+/// is named escaped, so that the refusal stays one line on stderr.
+#[test]
+fn paths_and_values_with_newlines_are_refused_in_one_line() {
+    let dir = std::env::temp_dir().join(format!("softiommu-nl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sub = dir.join("a\nb");
+    std::fs::create_dir_all(&sub).unwrap();
+    let sub_s = sub.to_str().unwrap();
+    let shown = sub_s.replace('\n', "\\n");
+    refused(
+        &["lab", sub_s],
+        &format!("cannot read scenario {shown}: Is a directory"),
+    );
+    let missing = dir.join("no\nne.db");
+    refused(
+        &["history", "--db", missing.to_str().unwrap()],
+        &format!(
+            "no results database at {}",
+            missing.to_str().unwrap().replace('\n', "\\n")
+        ),
+    );
+    refused(&["report", "--db", missing.to_str().unwrap()], "no\\nne.db");
+    refused(
+        &["lab", "iova-alloc", "--set", "threads=a\nb"],
+        "--set threads=a\\nb: invalid type",
+    );
+    refused(
+        &["lab", "iova-alloc", "--set", "thr\u{1b}[2Jeads=1"],
+        "thr\\u{1b}[2Jeads",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A command given without its subcommand names the ones it takes, not
+/// the first line of its help.
+#[test]
+fn a_missing_subcommand_is_named_with_the_valid_ones() {
+    refused(
+        &[],
+        "softiommu: softiommu needs a subcommand (bench, lab, run, history, compare, report); see `softiommu --help`",
+    );
+    refused(
+        &["bench"],
+        "softiommu: softiommu bench needs a subcommand (iova, pgtable, dma, translate, access, ring); see `softiommu bench --help`",
+    );
+}

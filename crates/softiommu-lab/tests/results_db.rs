@@ -314,3 +314,77 @@ fn ctrl_c_keeps_the_finished_scenarios_and_marks_the_run_partial() {
     assert!(out.is_empty(), "no tables printed for an interrupted run");
     std::fs::remove_dir_all(d).unwrap();
 }
+
+/// `report` without a run id on a database with no stored results names
+/// that, not a run 0 nobody asked for.
+#[test]
+fn report_without_a_run_on_a_database_without_results_says_so_in_one_line() {
+    let d = dir("noresults");
+    let (db, out) = (d.join("r.db"), d.join("report.html"));
+    // A version-1 database (the oldest readers take, read as it is) with
+    // its tables and no rows: what a `run` that stored nothing leaves.
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.execute_batch(
+        "CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL,
+            finished_at TEXT, status TEXT NOT NULL, command TEXT NOT NULL, quick INTEGER NOT NULL,
+            git_rev TEXT NOT NULL, hostname TEXT NOT NULL, cpu_model TEXT NOT NULL,
+            cores INTEGER NOT NULL, kernel TEXT NOT NULL);
+         CREATE TABLE scenarios (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id INTEGER NOT NULL,
+            ord INTEGER NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, seed TEXT,
+            seconds REAL NOT NULL, report TEXT NOT NULL);
+         CREATE TABLE params (scenario_id INTEGER NOT NULL, name TEXT NOT NULL,
+            value TEXT NOT NULL, unit TEXT);
+         CREATE TABLE metrics (scenario_id INTEGER NOT NULL, tbl TEXT NOT NULL, row TEXT NOT NULL,
+            name TEXT NOT NULL, unit TEXT NOT NULL, value REAL NOT NULL, modelled INTEGER NOT NULL);
+         PRAGMA user_version = 1;",
+    )
+    .unwrap();
+    drop(c);
+    let got = softiommu(&["report", "--db", s(&db), "--out", s(&out)]);
+    one_line(&got, 2, "no run with results in");
+    one_line(&got, 2, "(no runs yet); `softiommu run` stores one");
+    assert!(
+        !String::from_utf8_lossy(&got.stderr).contains("run 0"),
+        "names a run 0"
+    );
+    assert!(got.stdout.is_empty() && !out.exists());
+    std::fs::remove_dir_all(d).unwrap();
+}
+
+/// A `--report` path that cannot be written is refused before the suite
+/// runs (it was found only after every scenario had run), in one line,
+/// with no run begun.
+#[test]
+fn an_unwritable_report_path_is_refused_before_any_scenario_runs() {
+    let d = dir("badreport");
+    let db = d.join("r.db");
+    for (report, want) in [
+        (
+            "/proc/softiommu-report.html",
+            "cannot write /proc/softiommu-report.html: No such file or directory".to_string(),
+        ),
+        (
+            s(&d),
+            format!("cannot write {}: Is a directory (os error 21)", s(&d)),
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let out = softiommu(&[
+            "run",
+            "--quick",
+            "--scenarios",
+            "iova-alloc",
+            "--db",
+            s(&db),
+            "--report",
+            report,
+        ]);
+        one_line(&out, 2, &want);
+        assert!(out.stdout.is_empty());
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+    let history = softiommu(&["history", "--json", "--db", s(&db)]);
+    let v: Value = serde_json::from_slice(&history.stdout).unwrap();
+    assert_eq!(v["runs"].as_array().map(Vec::len), Some(0), "{v}");
+    std::fs::remove_dir_all(d).unwrap();
+}

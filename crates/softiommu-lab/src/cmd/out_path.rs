@@ -34,6 +34,41 @@ pub fn refuse_database_as_output(out: &Path, flag: &'static str, db: &Path) -> L
     Ok(())
 }
 
+/// Fails as the final write of `out` would, before any work: opens it
+/// for writing without truncating (an existing file keeps its bytes), or,
+/// when it does not exist, creates its directories (as the final write
+/// does) and the file, then removes the file again. A directory, a path
+/// under `/proc`, a read-only file or file system is refused here rather
+/// than after a suite has run.
+pub fn check_writable(out: &Path) -> LabResult<()> {
+    let fail = |source| LabError::Write {
+        path: out.to_path_buf(),
+        source,
+    };
+    if out.is_dir() {
+        return Err(fail(std::io::Error::from_raw_os_error(libc::EISDIR)));
+    }
+    if out.exists() {
+        return std::fs::OpenOptions::new()
+            .write(true)
+            .open(out)
+            .map(drop)
+            .map_err(fail);
+    }
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| LabError::Write {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+        .map_err(fail)?;
+    std::fs::remove_file(out).map_err(fail)
+}
+
 /// Whether `a` and `b` name one file: by device and inode when both
 /// exist, else by their resolved absolute paths.
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -87,6 +122,27 @@ fn normalise(p: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_writability_check_keeps_an_existing_file_and_leaves_no_new_one() {
+        let d = std::env::temp_dir().join(format!("softiommu-ow-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let kept = d.join("kept.html");
+        std::fs::write(&kept, "old").unwrap();
+        assert!(matches!(check_writable(&kept), Ok(())));
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), "old");
+        let fresh = d.join("sub").join("new.html");
+        assert!(matches!(check_writable(&fresh), Ok(())));
+        assert!(!fresh.exists());
+        let e = check_writable(&d).unwrap_err();
+        assert!(
+            matches!(&e, LabError::Write { path, source } if path == &d && source.raw_os_error() == Some(libc::EISDIR)),
+            "{e}"
+        );
+        let e = check_writable(Path::new("/proc/softiommu-x.html")).unwrap_err();
+        assert!(matches!(e, LabError::Write { .. }), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn the_database_is_refused_by_any_name_and_other_files_are_not() {

@@ -98,6 +98,14 @@ fn selected(a: &RunArgs) -> LabResult<Vec<Scenario>> {
     } else {
         a.scenarios.clone()
     };
+    for (i, n) in names.iter().enumerate() {
+        if names[..i].contains(n) {
+            return Err(crate::error::LabError::ListRepeats {
+                option: "--scenarios".into(),
+                value: n.clone(),
+            });
+        }
+    }
     names
         .iter()
         .map(|n| {
@@ -173,6 +181,8 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
     // Open (or create) the database first: a bad --db fails in a moment,
     // not after minutes of work.
     let mut store = Store::create(&a.db.db)?;
+    // And the report's path: a bad --report fails now, not after the suite.
+    super::out_path::check_writable(&a.report)?;
     let host = Host::detect();
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let run_id = store.begin_run(&command, a.quick, &host, &git_revision())?;

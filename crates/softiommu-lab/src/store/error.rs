@@ -75,6 +75,14 @@ pub enum StoreError {
         /// The runs there are, as "runs 1..=7" or "no runs yet".
         known: String,
     },
+    /// `report` without a run id, and no run has stored results.
+    #[error("no run with results in {path} ({known}); `softiommu run` stores one")]
+    NoRunWithResults {
+        /// The path.
+        path: PathBuf,
+        /// The runs there are, as "runs 1..=7" or "no runs yet".
+        known: String,
+    },
     /// A stored report cannot be read back.
     #[error("run {run}, scenario {scenario} in {path}: stored report unreadable: {source}")]
     BadReport {

@@ -119,7 +119,12 @@ impl Store {
             .map_err(|e| self.err(e))?;
         match id {
             Some(id) => self.run(id),
-            None => Err(self.unknown_run(0)?),
+            None => match self.unknown_run(0)? {
+                StoreError::UnknownRun { path, known, .. } => {
+                    Err(StoreError::NoRunWithResults { path, known })
+                }
+                other => Err(other),
+            },
         }
     }
 

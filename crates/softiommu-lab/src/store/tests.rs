@@ -274,3 +274,24 @@ fn a_fifo_or_a_directory_is_refused_unopened() {
     }
     assert!(d.is_dir());
 }
+
+#[test]
+fn the_newest_run_with_results_of_a_database_without_any_is_a_typed_error() {
+    let p = tmp("noresults");
+    let store = Store::create(&p).unwrap();
+    let e = store.latest_run().unwrap_err();
+    assert!(
+        matches!(&e, StoreError::NoRunWithResults { known, .. } if known == "no runs yet"),
+        "{e}"
+    );
+    let id = begin(&store);
+    store
+        .finish_run_why(id, RunStatus::Failed, Some("held"), Duration::from_secs(1))
+        .unwrap();
+    let e = store.latest_run().unwrap_err();
+    assert!(
+        matches!(&e, StoreError::NoRunWithResults { known, .. } if *known == format!("runs {id}..={id}")),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("run 0"), "{e}");
+}

@@ -100,6 +100,9 @@ pub(super) fn paired_figure(r: &FioResult) -> (VsFresh, PairedSeries) {
     )
 }
 
+/// The shortest cost part per DMA policy, seconds (`--dma-seconds`).
+const MIN_DMA_SECONDS: f64 = 0.1;
+
 /// Runs the lab; `progress` hears of each run as it finishes.
 pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Report> {
     let rw = args.rw.mode();
@@ -127,6 +130,11 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
     let dma_seconds = args
         .dma_seconds
         .map_or(if args.quick { 1.5 } else { 10.0 }, Seconds::get);
+    // The documented floor of the cost part: the option's type takes
+    // 0.01, as every duration does.
+    if dma_seconds < MIN_DMA_SECONDS {
+        return Err(LabError::Setup("--dma-seconds must be at least 0.1"));
+    }
     let slow_hold = args.slow_hold.map_or(seconds, Seconds::get);
     let jobs = args.jobs.us();
     let dma = cost_policies(args);
