@@ -32,7 +32,7 @@ use softiommu::dma::{DmaCpu, DmaPolicy};
 use super::config::{FioConfig, FioError};
 use super::engine::{Counters, Job, Plan};
 use super::sample::{Call, SampledWork, Sampler};
-use crate::blk::{BlkDriver, BlkDriverConfig, BlkHost, BlkHostConfig};
+use crate::blk::{BackendConfig, BlkDriver, BlkDriverConfig, BlkHost, BlkHostConfig};
 
 /// The fresh arm's pace and depth are the aged jobs' divided by this:
 /// one, the same pace, so that both arms' requests come as often between
@@ -127,6 +127,16 @@ impl FreshSpec {
             &cfg,
         );
         host.device.slow = None;
+        // A file stays the aged run's alone: the control arm measures the
+        // driver side's DMA path per request, which no back-end's I/O
+        // enters (the device threads do it), and a second opener of the
+        // run's file would compete for its disk and fail with it when the
+        // file goes bad (a shrunk file must fail the aged run's requests,
+        // counted, not the control arm's rebuild). A constant difference
+        // of the arms cancels in the paired figure (a ratio of ratios).
+        if matches!(host.device.backend, BackendConfig::File { .. }) {
+            host.device.backend = BackendConfig::default();
+        }
         Self {
             host,
             cfg,
