@@ -341,44 +341,7 @@ fn lab_iova_aging() {
         assert!(number(p, "stability") <= 1.0, "{p}");
         assert!(p["settled"].is_boolean());
         cpu_time_aging_fields(p);
-        // The headline: against a fresh control arm. A debug build on a
-        // loaded machine (this test runs beside the others of the file)
-        // may run a fresh arm in too few of these short windows for a
-        // figure — seen for the 2016 tree and, under load, for ours: null
-        // then, never absent; when present, consistent.
-        for k in [
-            "retained_vs_fresh",
-            "stability_vs_fresh",
-            "warmup_vs_fresh_s",
-            "vs_fresh_first",
-            "vs_fresh_last",
-            "fresh_ops_per_cpu_s_first",
-            "fresh_ops_per_cpu_s_last",
-            "settled_vs_fresh",
-        ] {
-            assert!(p.get(k).is_some(), "{k} missing in {p}");
-        }
-        assert!(number(p, "fresh_lives") >= 1.0, "{p}");
-        let paired = !p["retained_vs_fresh"].is_null();
-        if paired {
-            for k in [
-                "retained_vs_fresh",
-                "stability_vs_fresh",
-                "warmup_vs_fresh_s",
-                "vs_fresh_first",
-                "vs_fresh_last",
-                "fresh_ops_per_cpu_s_first",
-                "fresh_ops_per_cpu_s_last",
-            ] {
-                assert!(number(p, k) >= 0.0, "{k} in {p}");
-            }
-            assert!(number(p, "fresh_ops_per_cpu_s_first") > 0.0, "{p}");
-            assert!(number(p, "stability_vs_fresh") <= 1.0, "{p}");
-            assert!(p["settled_vs_fresh"].is_boolean(), "{p}");
-            // retained_vs_fresh is last ÷ first quarter of aged ÷ fresh.
-            let ratio = number(p, "vs_fresh_last") / number(p, "vs_fresh_first");
-            assert!((number(p, "retained_vs_fresh") - ratio).abs() < 1e-9, "{p}");
-        }
+        let paired = vs_fresh_fields(p);
         let w = p["windows"].as_array().expect("windows");
         assert_eq!(w.len(), 8);
         assert!(number(&w[0], "iops") >= 0.0);
@@ -393,6 +356,48 @@ fn lab_iova_aging() {
             }
         }
     }
+}
+
+/// An aging row's headline against its fresh control arm (both aging
+/// labs): every field present; a debug build on a loaded machine (this
+/// test runs beside the others of the file) may run a fresh arm in too
+/// few of the short windows for a figure — null then, never absent; when
+/// present, consistent: `retained_vs_fresh` is the last ÷ first quarter
+/// of aged ÷ fresh. Whether the row has its paired figure.
+fn vs_fresh_fields(p: &Value) -> bool {
+    for k in [
+        "retained_vs_fresh",
+        "stability_vs_fresh",
+        "warmup_vs_fresh_s",
+        "vs_fresh_first",
+        "vs_fresh_last",
+        "fresh_ops_per_cpu_s_first",
+        "fresh_ops_per_cpu_s_last",
+        "settled_vs_fresh",
+    ] {
+        assert!(p.get(k).is_some(), "{k} missing in {p}");
+    }
+    assert!(number(p, "fresh_lives") >= 1.0, "{p}");
+    if p["retained_vs_fresh"].is_null() {
+        return false;
+    }
+    for k in [
+        "retained_vs_fresh",
+        "stability_vs_fresh",
+        "warmup_vs_fresh_s",
+        "vs_fresh_first",
+        "vs_fresh_last",
+        "fresh_ops_per_cpu_s_first",
+        "fresh_ops_per_cpu_s_last",
+    ] {
+        assert!(number(p, k) >= 0.0, "{k} in {p}");
+    }
+    assert!(number(p, "fresh_ops_per_cpu_s_first") > 0.0, "{p}");
+    assert!(number(p, "stability_vs_fresh") <= 1.0, "{p}");
+    assert!(p["settled_vs_fresh"].is_boolean(), "{p}");
+    let ratio = number(p, "vs_fresh_last") / number(p, "vs_fresh_first");
+    assert!((number(p, "retained_vs_fresh") - ratio).abs() < 1e-9, "{p}");
+    true
 }
 
 /// The aging figure on CPU time (`retained`, `stability`) and on the
@@ -471,29 +476,7 @@ fn lab_fio_aging() {
         assert_eq!(p["verify_failures"], 0);
         assert_eq!(p["io_errors"], 0);
         cpu_time_aging_fields(p);
-        // The headline: against a fresh device driven by the same job
-        // threads. A debug build's short windows may hold too few of its
-        // requests for a figure: null then, never absent.
-        for k in [
-            "retained_vs_fresh",
-            "stability_vs_fresh",
-            "warmup_vs_fresh_s",
-            "vs_fresh_first",
-            "vs_fresh_last",
-            "fresh_ops_per_cpu_s_first",
-            "fresh_ops_per_cpu_s_last",
-            "settled_vs_fresh",
-        ] {
-            assert!(p.get(k).is_some(), "{k} missing in {p}");
-        }
-        assert!(number(p, "fresh_lives") >= 1.0, "{p}");
-        let paired = !p["retained_vs_fresh"].is_null();
-        if paired {
-            assert!(number(p, "fresh_ops_per_cpu_s_first") > 0.0, "{p}");
-            assert!(number(p, "stability_vs_fresh") <= 1.0, "{p}");
-            let ratio = number(p, "vs_fresh_last") / number(p, "vs_fresh_first");
-            assert!((number(p, "retained_vs_fresh") - ratio).abs() < 1e-9, "{p}");
-        }
+        let paired = vs_fresh_fields(p);
         let w = p["windows"].as_array().expect("windows");
         assert_eq!(w.len(), 8);
         assert!(number(&w[0], "iops") >= 0.0);
