@@ -38,7 +38,7 @@ use softiommu_virtio::workload::aging::{
 };
 
 use crate::error::{LabError, LabResult};
-use crate::report::{Cell, Column, Unit};
+use crate::report::{Axis, Cell, Column, Plot, PlotKind, Series, Unit};
 
 /// The aging figure's parameters for a run of `seconds`: the 1 s warm-up
 /// floor, or a quarter of a shorter run.
@@ -47,6 +47,24 @@ fn aging_params(seconds: f64) -> AgingParams {
     AgingParams {
         floor_s: d.floor_s.min(seconds / 4.0),
         ..d
+    }
+}
+
+/// The plot of the headline figure's input, as both aging labs draw it:
+/// each policy's aged ÷ fresh rate of `work` (e.g. "I/Os per
+/// CPU-second") window by window.
+pub fn vs_fresh_plot(work: &str, series: Vec<Series>) -> Plot {
+    Plot {
+        name: "vs_fresh".into(),
+        title: format!(
+            "aged ÷ fresh {work} over time per IOVA policy (the headline figure's input)"
+        ),
+        kind: PlotKind::Lines,
+        x: Axis::new("time", Unit::S),
+        y: Axis::new("aged ÷ fresh", Unit::Ratio),
+        categories: Vec::new(),
+        series,
+        modelled: false,
     }
 }
 

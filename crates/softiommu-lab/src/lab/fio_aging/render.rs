@@ -1,4 +1,4 @@
-use crate::metrics::aging::{aging_columns, vs_fresh_columns};
+use crate::metrics::aging::{aging_columns, vs_fresh_columns, vs_fresh_plot};
 use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 
 use super::args::FioAgingArgs;
@@ -263,16 +263,7 @@ pub(super) fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
         series: cpu_lines,
         modelled: false,
     });
-    out.plots.push(Plot {
-        name: "vs_fresh".into(),
-        title: "aged ÷ fresh requests per driver CPU-second over time per IOVA policy (the headline figure's input)"
-            .into(),
-        kind: PlotKind::Lines,
-        x: Axis::new("time", Unit::S),
-        y: Axis::new("aged ÷ fresh", Unit::Ratio),
-        categories: Vec::new(),
-        series: ratio_lines,
-        modelled: false,
-    });
+    out.plots
+        .push(vs_fresh_plot("requests per driver CPU-second", ratio_lines));
     out
 }

@@ -1,6 +1,6 @@
 //! The tables and plots of `lab iova-aging`.
 
-use crate::metrics::aging::{aging_columns, vs_fresh_columns};
+use crate::metrics::aging::{aging_columns, vs_fresh_columns, vs_fresh_plot};
 use crate::report::{contract, Axis, Column, Param, Plot, PlotKind, Report, Series, Table, Unit};
 
 use super::args::*;
@@ -139,17 +139,8 @@ pub(super) fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
         series: cpu_lines,
         modelled: false,
     });
-    out.plots.push(Plot {
-        name: "vs_fresh".into(),
-        title: "aged ÷ fresh I/Os per CPU-second over time per IOVA policy (the headline figure's input)"
-            .into(),
-        kind: PlotKind::Lines,
-        x: Axis::new("time", Unit::S),
-        y: Axis::new("aged ÷ fresh", Unit::Ratio),
-        categories: Vec::new(),
-        series: ratio_lines,
-        modelled: false,
-    });
+    out.plots
+        .push(vs_fresh_plot("I/Os per CPU-second", ratio_lines));
     out.notes.push(
         "The headline, retained_vs_fresh and stability_vs_fresh: beside the aged allocator a \
          fresh one of the same policy (renewed every 250 k I/Os or 20 ms of its CPU, its \
