@@ -17,7 +17,7 @@ use softiommu_virtio::viommu::{
 };
 use softiommu_virtio::vring::{DriverRing, RingLayout};
 
-use super::run::Measured;
+use super::run::{Measured, Sliced};
 use super::{err, Mode, BLK_SID, FLUSH_QUEUE, SSD_BYTES_PER_SEC};
 use crate::error::LabResult;
 
@@ -212,9 +212,11 @@ impl Rig {
             d.released,
         )
     }
+}
 
+impl Sliced for Rig {
     /// `ios` reads, from an idle queue to an idle queue.
-    pub(super) fn slice(&mut self, ios: u64) -> LabResult<Measured> {
+    fn slice(&mut self, ios: u64) -> LabResult<Measured> {
         let c0 = self.counts();
         let cpu0 = cpu_clock::thread();
         let t0 = Instant::now();
@@ -242,7 +244,7 @@ impl Rig {
 
     /// Lazy's last flush (timed and counted with the reads: it is their
     /// work), then the disk stopped.
-    pub(super) fn finish(&mut self) -> LabResult<Measured> {
+    fn finish(&mut self) -> LabResult<Measured> {
         let c0 = self.counts();
         let cpu0 = cpu_clock::thread();
         let t0 = Instant::now();

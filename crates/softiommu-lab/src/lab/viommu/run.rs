@@ -20,7 +20,7 @@ pub(super) struct Measured {
 }
 
 impl Measured {
-    fn add(&mut self, o: &Measured) {
+    pub(super) fn add(&mut self, o: &Measured) {
         self.secs += o.secs;
         self.cpu_secs += o.cpu_secs;
         self.wait_cpu_secs += o.wait_cpu_secs;
@@ -53,11 +53,31 @@ pub(super) fn measure_round(
         .iter()
         .map(|&m| Rig::new(m, hold, depth, exit, bs))
         .collect::<LabResult<Vec<_>>>()?;
+    interleave(&mut rigs, ios, SLICE)
+}
+
+/// A machine of one mode that runs its workload in slices.
+pub(super) trait Sliced {
+    /// `n` I/Os, measured.
+    fn slice(&mut self, n: u64) -> LabResult<Measured>;
+    /// What is still held given back (lazy's last flush), measured: part
+    /// of the work.
+    fn finish(&mut self) -> LabResult<Measured>;
+}
+
+/// The modes' machines `rigs`, `ios` I/Os each in slices of `slice`
+/// interleaved (the order reversed every other slice), so what the
+/// machine's other work does to one mode it does to the others; each
+/// one's total, its `finish` included, in `rigs`' order.
+pub(super) fn interleave<R: Sliced>(
+    rigs: &mut [R],
+    ios: u64,
+    slice: u64,
+) -> LabResult<Vec<Measured>> {
     let mut out = vec![Measured::default(); rigs.len()];
-    let mut left = ios;
-    let mut flip = false;
+    let (mut left, mut flip) = (ios, false);
     while left > 0 {
-        let n = left.min(SLICE);
+        let n = left.min(slice);
         let order: Vec<usize> = if flip {
             (0..rigs.len()).rev().collect()
         } else {
@@ -71,7 +91,6 @@ pub(super) fn measure_round(
         flip = !flip;
     }
     for (rig, m) in rigs.iter_mut().zip(&mut out) {
-        // Whatever lazy still holds is part of the work.
         m.add(&rig.finish()?);
     }
     Ok(out)

@@ -42,6 +42,7 @@ use softiommu_virtio::viommu::{
 };
 
 use super::rig::Guest;
+use super::run::{interleave, Measured, Sliced};
 use super::{physics, Mode, ViommuRow};
 use crate::error::{LabError, LabResult};
 
@@ -134,26 +135,6 @@ impl DmaMapper for UdpDma {
 
 /// Rings: frames mapped once with the mapper (the provided methods).
 impl NetDma for UdpDma {}
-
-/// What a slice (or the last flush) measured.
-#[derive(Debug, Clone, Copy, Default)]
-struct Measured {
-    secs: f64,
-    cpu_secs: f64,
-    requests: u64,
-    notifications: u64,
-    invalidations: u64,
-}
-
-impl Measured {
-    fn add(&mut self, o: &Measured) {
-        self.secs += o.secs;
-        self.cpu_secs += o.cpu_secs;
-        self.requests += o.requests;
-        self.notifications += o.notifications;
-        self.invalidations += o.invalidations;
-    }
-}
 
 /// One mode's machines: the guest (memory, unit, virtio-iommu, NIC, its
 /// stack) and the peer on the other end of the wire.
@@ -332,7 +313,9 @@ impl UdpRig {
         let f = self.system.unit(self.unit).map(|u| u.faults().drain());
         err(format!("{e}; mode {}; unit faults {f:?}", self.mode.name()))
     }
+}
 
+impl Sliced for UdpRig {
     /// `n` datagrams delivered, measured.
     fn slice(&mut self, n: u64) -> LabResult<Measured> {
         let c0 = self.counts();
@@ -344,6 +327,7 @@ impl UdpRig {
             requests: c1.0 - c0.0,
             notifications: c1.1 - c0.1,
             invalidations: c1.2 - c0.2,
+            ..Measured::default()
         })
     }
 
@@ -364,6 +348,7 @@ impl UdpRig {
             requests: c1.0 - c0.0,
             notifications: c1.1 - c0.1,
             invalidations: c1.2 - c0.2,
+            ..Measured::default()
         })
     }
 }
@@ -376,26 +361,7 @@ fn measure_round(ios: u64, exit: Duration) -> LabResult<Vec<Measured>> {
         .iter()
         .map(|&m| UdpRig::new(m, exit))
         .collect::<LabResult<Vec<_>>>()?;
-    let mut out = vec![Measured::default(); rigs.len()];
-    let (mut left, mut flip) = (ios, false);
-    while left > 0 {
-        let n = left.min(SLICE);
-        let order: Vec<usize> = if flip {
-            (0..rigs.len()).rev().collect()
-        } else {
-            (0..rigs.len()).collect()
-        };
-        for i in order {
-            let m = rigs[i].slice(n)?;
-            out[i].add(&m);
-        }
-        left -= n;
-        flip = !flip;
-    }
-    for (rig, m) in rigs.iter_mut().zip(&mut out) {
-        m.add(&rig.finish()?);
-    }
-    Ok(out)
+    interleave(&mut rigs, ios, SLICE)
 }
 
 /// The UDP stream's three rows, `ios` datagrams per row and round,
