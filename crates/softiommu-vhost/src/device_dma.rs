@@ -10,23 +10,9 @@
 //! ring, uncompleted.
 
 use softiommu_virtio::device_dma::DeviceDma;
-use softiommu_virtio::transport::ChainDesc;
 
 use crate::error::AccessError;
 use crate::space::{AddrKind, DmaSpace};
-use crate::vring::Desc;
-
-/// Puts a walked chain into `out` (cleared first) as the shared request
-/// and frame code take it (no allocation once `out` has grown).
-pub(crate) fn chain_descs(chain: &[Desc], out: &mut Vec<ChainDesc>) {
-    out.clear();
-    out.extend(chain.iter().map(|d| ChainDesc {
-        addr: d.addr,
-        len: d.len,
-        writable: d.writable(),
-        index: 0,
-    }));
-}
 
 impl DeviceDma for &DmaSpace {
     type Fault = AccessError;

@@ -37,6 +37,7 @@ pub mod net;
 pub(crate) mod pagecache;
 pub mod peer;
 pub mod proto;
+pub(crate) mod queue;
 pub(crate) mod readers;
 pub(crate) mod seat;
 pub mod session;
@@ -45,7 +46,6 @@ pub mod space;
 mod space_bench;
 pub(crate) mod sync;
 pub mod testing;
-pub(crate) mod vring;
 pub(crate) mod wire;
 
 pub use blk::BlkStats;

@@ -261,6 +261,23 @@ pub enum DeviceError {
         /// What the IOMMU said.
         reason: String,
     },
+    /// A ring access was cancelled because the device is being stopped (a
+    /// vhost-user ring stop cancelling a wait for the front-end's
+    /// translation): not the driver's doing. The device moved no byte of
+    /// it and leaves the chain on the ring, uncompleted.
+    #[error(
+        "queue {queue}: DMA {access} of {what} at IOVA {iova:#x} aborted: the device is stopping"
+    )]
+    DmaAborted {
+        /// The queue.
+        queue: u16,
+        /// What the device was reaching, as for `DmaFault`.
+        what: &'static str,
+        /// The IOVA (the first byte of the access).
+        iova: u64,
+        /// Read or write.
+        access: Access,
+    },
 }
 
 impl DeviceError {
