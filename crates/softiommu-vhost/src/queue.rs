@@ -19,15 +19,6 @@ use softiommu_virtio::transport::{
 use crate::error::AccessError;
 use crate::space::{AddrKind, DmaSpace};
 
-/// Where a ring is (validated by the session).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RingAddrs {
-    pub(crate) num: u16,
-    pub(crate) desc: u64,
-    pub(crate) avail: u64,
-    pub(crate) used: u64,
-}
-
 /// What a queue's worker shares with the session.
 #[derive(Debug)]
 pub(crate) struct WorkerShared {
@@ -105,26 +96,18 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    /// Ring `index` at `addrs` with the acknowledged `features`, resuming
+    /// The ring `layout` gives with the acknowledged `features`, resuming
     /// at `base`, woken by the kick it takes out of `kick`. Refused (the
     /// typed error, `kick` left in place) if a ring runs past the end of
     /// the address space or the layout is one a split ring cannot have.
     pub(crate) fn new(
         space: Arc<DmaSpace>,
-        index: u16,
-        addrs: RingAddrs,
+        layout: QueueLayout,
         features: u64,
         kick: &mut Option<OwnedFd>,
         shared: Arc<WorkerShared>,
         base: u16,
     ) -> Result<Self, DeviceError> {
-        let layout = QueueLayout {
-            index,
-            size: addrs.num,
-            desc: addrs.desc,
-            avail: addrs.avail,
-            used: addrs.used,
-        };
         let mut ring = DeviceQueue::new(layout, features)?;
         ring.set_base(base);
         Ok(Self {
@@ -275,13 +258,14 @@ mod tests {
             enabled: AtomicBool::new(true),
             call: Mutex::new(None),
         });
-        let addrs = RingAddrs {
-            num: NUM,
+        let layout = QueueLayout {
+            index: 1,
+            size: NUM,
             desc: DESC,
             avail: AVAIL,
             used: USED,
         };
-        let q = Queue::new(space, 1, addrs, 0, &mut None, shared_flags, base).unwrap();
+        let q = Queue::new(space, layout, 0, &mut None, shared_flags, base).unwrap();
         Rig { q, shared }
     }
 

@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use softiommu_virtio::spec::blk as sb;
+use softiommu_virtio::transport::QueueLayout;
 
 use crate::blk::{BlkCounters, BlkStats, Worker};
 use crate::disk::Disk;
@@ -22,7 +23,7 @@ use crate::error::{ConfigError, MsgError, SessionError};
 use crate::memtable::MemTable;
 use crate::net::NetStats;
 use crate::proto::{self, iotlb as m, pf, req, vf, FLAG_NEED_REPLY};
-use crate::queue::{Queue, RingAddrs, WorkerShared};
+use crate::queue::{Queue, WorkerShared};
 use crate::space::{DmaSpace, IotlbStats};
 use crate::wire::{self, Msg};
 
@@ -564,9 +565,9 @@ impl Session<'_> {
         });
         let queue = Queue::new(
             self.space.clone(),
-            q as u16,
-            RingAddrs {
-                num: r.num,
+            QueueLayout {
+                index: q as u16,
+                size: r.num,
                 desc,
                 avail,
                 used,
