@@ -190,7 +190,7 @@ impl Worker {
             };
             let dir = ChainDir::ReadableThenWritable;
             if self.q.walk(head, dir, &mut self.ahead_chain).is_ok() {
-                prefetch_chain(&self.q.space, &self.ahead_chain);
+                prefetch_chain(self.q.space(), &self.ahead_chain);
             }
         }
     }
@@ -248,12 +248,12 @@ impl Worker {
         // (answered while this one is served), then one wait for the last
         // page of this one: the front-end answers in order, so the
         // accesses below hit instead of waking once per page.
-        let last = prefetch_chain(&self.q.space, self.req.chain_mut());
+        let last = prefetch_chain(self.q.space(), self.req.chain_mut());
         self.look_ahead();
         if let Some(pg) = last {
-            self.q.space.await_page(pg);
+            self.q.space().await_page(pg);
         }
-        let mut space = &*self.q.space;
+        let mut space = &**self.q.space();
         let c = &self.counters;
         let done = match self.req.serve(&mut space, &*self.disk, true) {
             Ok(done) => Some(done),

@@ -349,7 +349,7 @@ impl TxWorker {
             bump(&c.tx_bad, 1);
             return Ok(());
         };
-        let mut space = &*self.q.space;
+        let mut space = &**self.q.space();
         let mut hdr = [0u8; HDR_LEN];
         let Some(mut slot) = self.tx.reserve() else {
             // The wire is full: the header alone is read, as a NIC learns
@@ -513,7 +513,7 @@ fn deliver(
         q.push_used(head, 0)?;
         return Ok(Delivered::Consumed);
     }
-    let mut space = &*q.space;
+    let mut space = &**q.space();
     match scatter_frame(&mut space, descs, &plain_header(true), frame) {
         Ok(()) => {
             bump(&c.rx_frames, 1);

@@ -12,12 +12,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use softiommu_virtio::transport::{
-    ChainDesc, ChainDir, DeviceError, DeviceQueue, QueueLayout, RingMemory,
-};
+use softiommu_virtio::transport::{ChainDesc, ChainDir, DeviceError, DeviceQueue, QueueLayout};
 
-use crate::error::AccessError;
-use crate::space::{AddrKind, DmaSpace};
+use crate::side::SpaceRings;
+use crate::space::DmaSpace;
 
 /// What a queue's worker shares with the session.
 #[derive(Debug)]
@@ -25,44 +23,6 @@ pub(crate) struct WorkerShared {
     pub(crate) stop: AtomicBool,
     pub(crate) enabled: AtomicBool,
     pub(crate) call: Mutex<Option<OwnedFd>>,
-}
-
-/// The space's ring addresses as the [`RingMemory`] the shared ring code
-/// reads and writes through: `SET_VRING_ADDR`'s addresses, IOVAs under
-/// `ACCESS_PLATFORM` ([`AddrKind::Ring`]); a miss is asked of the
-/// front-end and waited for within the space's bound, and a wait
-/// cancelled because the rings stop is an abort.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Rings<'a>(pub(crate) &'a DmaSpace);
-
-impl RingMemory for Rings<'_> {
-    type Fault = AccessError;
-
-    #[inline]
-    fn read_ring(&self, addr: u64, buf: &mut [u8]) -> Result<(), AccessError> {
-        self.0.read_bytes(AddrKind::Ring, addr, buf)
-    }
-
-    #[inline]
-    fn write_ring(&self, addr: u64, buf: &[u8]) -> Result<(), AccessError> {
-        self.0.write_bytes(AddrKind::Ring, addr, buf)
-    }
-
-    #[inline]
-    fn load_u16(&self, addr: u64, _order: Ordering) -> Result<u16, AccessError> {
-        // Acquire whatever was asked: never weaker.
-        self.0.load_u16_acquire(AddrKind::Ring, addr)
-    }
-
-    #[inline]
-    fn store_u16(&self, addr: u64, v: u16, _order: Ordering) -> Result<(), AccessError> {
-        // Release whatever was asked: never weaker.
-        self.0.store_u16_release(AddrKind::Ring, addr, v)
-    }
-
-    fn is_abort(fault: &AccessError) -> bool {
-        matches!(fault, AccessError::Cancelled { .. })
-    }
 }
 
 /// Whether a ring error is the device's being stopped (a cancelled miss):
@@ -87,7 +47,8 @@ pub(crate) fn is_fault(e: &DeviceError) -> bool {
 /// The device side of one split ring of a vhost-user back-end.
 #[derive(Debug)]
 pub(crate) struct Queue {
-    pub(crate) space: Arc<DmaSpace>,
+    /// The space the rings translate through.
+    rings: SpaceRings,
     ring: DeviceQueue,
     kick: Option<OwnedFd>,
     shared: Arc<WorkerShared>,
@@ -111,12 +72,17 @@ impl Queue {
         let mut ring = DeviceQueue::new(layout, features)?;
         ring.set_base(base);
         Ok(Self {
-            space,
+            rings: SpaceRings(space),
             ring,
             kick: kick.take(),
             shared,
             pending_signal: 0,
         })
+    }
+
+    /// The space the ring and its buffers translate through.
+    pub(crate) fn space(&self) -> &Arc<DmaSpace> {
+        &self.rings.0
     }
 
     /// Whether the session asked the worker to stop.
@@ -136,17 +102,17 @@ impl Queue {
 
     /// The driver's avail index now, checked against the ring's size.
     pub(crate) fn avail_idx(&self) -> Result<u16, DeviceError> {
-        self.ring.avail_idx(&Rings(&self.space))
+        self.ring.avail_idx(&self.rings)
     }
 
     /// The head in avail entry `idx`, without taking it.
     pub(crate) fn head_at(&self, idx: u16) -> Result<u16, DeviceError> {
-        self.ring.head_at(&Rings(&self.space), idx)
+        self.ring.head_at(&self.rings, idx)
     }
 
     /// The next available head, if any.
     pub(crate) fn pop(&mut self) -> Result<Option<u16>, DeviceError> {
-        self.ring.pop(&Rings(&self.space))
+        self.ring.pop(&self.rings)
     }
 
     /// Gives back the head [`Queue::pop`] just took (its request was
@@ -163,12 +129,12 @@ impl Queue {
         dir: ChainDir,
         out: &mut Vec<ChainDesc>,
     ) -> Result<u64, DeviceError> {
-        self.ring.walk(&Rings(&self.space), head, dir, out)
+        self.ring.walk(&self.rings, head, dir, out)
     }
 
     /// Publishes `(head, len)` as the next used entry.
     pub(crate) fn push_used(&mut self, head: u16, len: u32) -> Result<(), DeviceError> {
-        self.ring.add_used(&Rings(&self.space), head, len)?;
+        self.ring.add_used(&self.rings, head, len)?;
         self.pending_signal += 1;
         Ok(())
     }
@@ -180,7 +146,7 @@ impl Queue {
             return Ok(());
         }
         self.pending_signal = 0;
-        if self.ring.interrupt_wanted(&Rings(&self.space))? {
+        if self.ring.interrupt_wanted(&self.rings)? {
             let call = self.shared.call.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(c) = call.as_ref() {
                 let v = 1u64;
@@ -404,7 +370,7 @@ mod tests {
     fn a_ring_page_invalidated_is_a_dma_fault_and_a_cancelled_miss_an_abort() {
         let mut r = rig(0);
         r.offer(0, 0, 1);
-        r.q.space.invalidate(RINGS, 0x1000).unwrap();
+        r.q.space().invalidate(RINGS, 0x1000).unwrap();
         // No front-end to answer the miss: refused after the bound.
         let e = r.q.pop().unwrap_err();
         assert!(
@@ -417,7 +383,7 @@ mod tests {
         );
         assert!(!is_abort(&e));
         // The rings stopping: the wait is cancelled, an abort.
-        r.q.space.cancel();
+        r.q.space().cancel();
         let e = r.q.pop().unwrap_err();
         assert!(is_abort(&e), "{e:?}");
         assert!(matches!(

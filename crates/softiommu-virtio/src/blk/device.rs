@@ -142,6 +142,13 @@ fn id_string(name: &str) -> [u8; blk::ID_BYTES] {
     id
 }
 
+/// A side whose threads always attach (a front-end's IOTLB).
+impl From<std::convert::Infallible> for BlkDeviceError {
+    fn from(e: std::convert::Infallible) -> Self {
+        match e {}
+    }
+}
+
 impl From<UnitAttachError> for BlkDeviceError {
     fn from(e: UnitAttachError) -> Self {
         BlkDeviceError::Setup {

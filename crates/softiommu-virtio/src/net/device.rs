@@ -173,6 +173,13 @@ pub struct NetDevice {
     counters: Arc<Counters>,
 }
 
+/// A side whose threads always attach (a front-end's IOTLB).
+impl From<std::convert::Infallible> for NetDeviceError {
+    fn from(e: std::convert::Infallible) -> Self {
+        match e {}
+    }
+}
+
 impl From<UnitAttachError> for NetDeviceError {
     fn from(e: UnitAttachError) -> Self {
         NetDeviceError::Setup {
