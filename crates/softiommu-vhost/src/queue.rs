@@ -367,6 +367,27 @@ mod tests {
     }
 
     #[test]
+    fn a_readable_descriptor_after_a_writable_one_is_the_wrong_direction_for_a_request() {
+        let r = rig(0);
+        let mut chain = Vec::new();
+        // Header, status (writable), then data the device would read.
+        r.desc(0, 0x5000, 16, d::F_NEXT, 1);
+        r.desc(1, 0x7000, 1, d::F_NEXT | d::F_WRITE, 2);
+        r.desc(2, 0x6000, 512, 0, 0);
+        assert_eq!(
+            r.q.walk(0, ChainDir::ReadableThenWritable, &mut chain)
+                .unwrap_err(),
+            DeviceError::WrongDirection {
+                queue: 1,
+                head: 0,
+                index: 2,
+                found: "read-only after a write-only",
+                needed: "writable"
+            }
+        );
+    }
+
+    #[test]
     fn a_ring_page_invalidated_is_a_dma_fault_and_a_cancelled_miss_an_abort() {
         let mut r = rig(0);
         r.offer(0, 0, 1);
