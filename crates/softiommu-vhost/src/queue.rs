@@ -192,7 +192,6 @@ mod tests {
     use softiommu_virtio::spec::desc as d;
 
     use super::*;
-    use crate::memtable::MemTable;
     use crate::proto::iotlb as m;
 
     const UA: u64 = 0x7f00_0000_0000;
@@ -210,14 +209,9 @@ mod tests {
     }
 
     fn rig(base: u16) -> Rig {
-        let (fd, shared) = crate::testing::shared_memory(c"ring-test", SHARED).unwrap();
-        let mut payload = vec![0u8; 8 + 32];
-        payload[0..4].copy_from_slice(&1u32.to_le_bytes());
-        payload[16..24].copy_from_slice(&(SHARED as u64).to_le_bytes());
-        payload[24..32].copy_from_slice(&UA.to_le_bytes());
-        let space = Arc::new(DmaSpace::new(64, Duration::from_millis(20)));
-        space.set_memory(MemTable::map(&payload, &[fd]).unwrap());
-        space.set_iommu(true);
+        let (space, shared) =
+            crate::testing::shared_space(c"ring-test", SHARED, UA, Duration::from_millis(20));
+        let space = Arc::new(space);
         space.update(RINGS, 0x1000, UA, m::ACCESS_RW).unwrap();
         let shared_flags = Arc::new(WorkerShared {
             stop: AtomicBool::new(false),
@@ -259,11 +253,7 @@ mod tests {
         }
 
         fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-            let mut b = [0u8; 16];
-            b[0..8].copy_from_slice(&addr.to_le_bytes());
-            b[8..12].copy_from_slice(&len.to_le_bytes());
-            b[12..14].copy_from_slice(&flags.to_le_bytes());
-            b[14..16].copy_from_slice(&next.to_le_bytes());
+            let b = crate::testing::desc(addr, len, flags, next);
             self.poke(DESC + 16 * u64::from(i), &b);
         }
 

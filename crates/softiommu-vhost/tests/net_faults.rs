@@ -44,14 +44,7 @@ struct Fe {
     wire: WireStats,
 }
 
-fn desc(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
-    let mut b = [0u8; 16];
-    b[0..8].copy_from_slice(&addr.to_le_bytes());
-    b[8..12].copy_from_slice(&len.to_le_bytes());
-    b[12..14].copy_from_slice(&flags.to_le_bytes());
-    b[14..16].copy_from_slice(&next.to_le_bytes());
-    b
-}
+use testing::desc;
 
 /// A frame of `len` bytes: broadcast destination, a source, IPv4 type, a pattern.
 fn frame(len: usize, seed: u8) -> Vec<u8> {

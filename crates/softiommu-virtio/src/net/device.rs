@@ -711,19 +711,44 @@ mod tests {
     use softiommu::mem::PhysMemory;
     use std::time::Instant;
 
+    /// A unit with `sid` assigned, attached to a fresh domain with a
+    /// 64-bit mask: the system, the domain, the driver's handle, `sid`.
+    fn platform(
+        sid: SourceId,
+    ) -> (
+        Arc<System>,
+        Arc<DmaDomain>,
+        softiommu::dma::DmaDevice,
+        SourceId,
+    ) {
+        let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
+        let mut sys = System::new(mem);
+        let unit = sys.add_unit(UnitConfig::default()).unwrap();
+        sys.assign(sid, unit).unwrap();
+        let system = Arc::new(sys);
+        let domain = DmaDomain::new(system.clone(), DmaDomainConfig::default()).unwrap();
+        let dev = domain.attach(sid, u64::MAX, false).unwrap();
+        (system, domain, dev, sid)
+    }
+
+    /// The next frame on `port`'s receive side, waited for up to 10 s
+    /// after `t0`.
+    fn next_frame(port: &mut WirePort, t0: Instant) -> Vec<u8> {
+        loop {
+            if let Ok(f) = port.rx.peek() {
+                return f.to_vec();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "nothing sent");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// The device spawned on a side other than a bare unit: every ring
     /// and buffer access of a transmitted and a received frame goes through
     /// that side (its counters move), and the frames arrive whole.
     #[test]
     fn a_device_spawned_on_another_dma_side_reaches_memory_only_through_it() {
-        let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
-        let mut sys = System::new(mem);
-        let unit = sys.add_unit(UnitConfig::default()).unwrap();
-        let sid = SourceId(0x0301);
-        sys.assign(sid, unit).unwrap();
-        let system = Arc::new(sys);
-        let domain = DmaDomain::new(system.clone(), DmaDomainConfig::default()).unwrap();
-        let dev = domain.attach(sid, u64::MAX, false).unwrap();
+        let (system, domain, dev, sid) = platform(SourceId(0x0301));
         let (pa, mut pb, _) = wire(WireConfig::default());
         let cfg = NetDeviceConfig::default();
         let side = Counting::new(UnitSide::new(system, sid, cfg.attrs));
@@ -738,15 +763,7 @@ mod tests {
         .unwrap();
         let (r0, d0) = (rings.load(Ordering::Relaxed), dmas.load(Ordering::Relaxed));
         assert!(d.transmit_with(60, |b| b.fill(0x5a)).unwrap());
-        let t0 = Instant::now();
-        let got = loop {
-            if let Ok(f) = pb.rx.peek() {
-                break f.to_vec();
-            }
-            assert!(t0.elapsed() < Duration::from_secs(10), "nothing sent");
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        assert_eq!(got, vec![0x5a; 60]);
+        assert_eq!(next_frame(&mut pb, Instant::now()), vec![0x5a; 60]);
         // The frame was gathered through the side's DMA and its chain
         // popped, walked and used through the side's rings.
         assert!(dmas.load(Ordering::Relaxed) > d0);
@@ -763,14 +780,7 @@ mod tests {
     /// and the next frame is sent.
     #[test]
     fn a_frame_longer_than_the_wire_slot_is_dropped_and_counted() {
-        let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
-        let mut sys = System::new(mem);
-        let unit = sys.add_unit(UnitConfig::default()).unwrap();
-        let sid = SourceId(0x0300);
-        sys.assign(sid, unit).unwrap();
-        let system = Arc::new(sys);
-        let domain = DmaDomain::new(system.clone(), DmaDomainConfig::default()).unwrap();
-        let dev = domain.attach(sid, u64::MAX, false).unwrap();
+        let (system, domain, dev, sid) = platform(SourceId(0x0300));
         let (pa, mut pb, _) = wire(WireConfig::default());
         let cfg = NetDeviceConfig {
             net: NetConfig {
@@ -794,14 +804,7 @@ mod tests {
         assert!(d.transmit_with(9014, |b| b.fill(0x11)).unwrap());
         assert!(d.transmit_with(60, |b| b.fill(0x22)).unwrap());
         let t0 = Instant::now();
-        let got = loop {
-            if let Ok(f) = pb.rx.peek() {
-                break f.to_vec();
-            }
-            assert!(t0.elapsed() < Duration::from_secs(10), "nothing sent");
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        assert_eq!(got, vec![0x22; 60]);
+        assert_eq!(next_frame(&mut pb, t0), vec![0x22; 60]);
         while device.stats().tx_frames < 2 {
             assert!(t0.elapsed() < Duration::from_secs(10), "not used");
             std::thread::sleep(Duration::from_millis(1));
