@@ -84,7 +84,7 @@ pub fn desc(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
 /// A device IOTLB (under `ACCESS_PLATFORM`, 64 entries, misses bounded by
 /// `miss_timeout`) whose memory table is `bytes` of fresh shared memory at
 /// front-end address `ua`, and the host pointer of that memory.
-#[cfg(all(test, not(loom)))]
+#[cfg(test)]
 pub(crate) fn shared_space(
     name: &std::ffi::CStr,
     bytes: usize,
