@@ -288,7 +288,10 @@ fn a_round_of_scattered_unmaps_is_one_domain_selective_invalidation() {
     assert!(done.iter().all(|c| c.status() == Some(Status::Ok)));
     let s1 = stats(&r);
     assert_eq!(
-        (s1.iotlb_domain - s0.iotlb_domain, s1.iotlb_pages - s0.iotlb_pages),
+        (
+            s1.iotlb_domain - s0.iotlb_domain,
+            s1.iotlb_pages - s0.iotlb_pages
+        ),
         (1, 0)
     );
     for iova in [lo, hi] {
@@ -297,10 +300,16 @@ fn a_round_of_scattered_unmaps_is_one_domain_selective_invalidation() {
             Err(TranslateError::NotPresent { .. })
         ));
     }
-    assert_eq!(r.drv.unmap(1, 0x10_0000, 0x10_0fff).unwrap(), Some(Status::Ok));
+    assert_eq!(
+        r.drv.unmap(1, 0x10_0000, 0x10_0fff).unwrap(),
+        Some(Status::Ok)
+    );
     let s2 = stats(&r);
     assert_eq!(
-        (s2.iotlb_domain - s1.iotlb_domain, s2.iotlb_pages - s1.iotlb_pages),
+        (
+            s2.iotlb_domain - s1.iotlb_domain,
+            s2.iotlb_pages - s1.iotlb_pages
+        ),
         (0, 1)
     );
 }
