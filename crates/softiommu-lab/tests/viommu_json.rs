@@ -146,3 +146,21 @@ fn lab_viommu_refuses_a_bad_exit_cost_in_one_line() {
         assert_eq!(err.trim().lines().count(), 1, "{bad}: {err}");
     }
 }
+
+/// The bandwidth job's shape is checked as `--bs` and `--depth` are:
+/// one line naming the allowed values, exit 2, nothing run.
+#[test]
+fn lab_viommu_refuses_a_bad_bandwidth_shape_in_one_line() {
+    for (bad, allowed) in [
+        (["--bw-bs", "1000"], "4096..=131072"),
+        (["--bw-bs", "256k"], "4096..=131072"),
+        (["--bw-depth", "0"], "1..=32"),
+        (["--bw-depth", "33"], "1..=32"),
+    ] {
+        let out = softiommu(&["lab", "viommu", bad[0], bad[1]]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{bad:?}: {err}");
+        assert!(err.contains(allowed), "{bad:?}: {err}");
+    }
+}
