@@ -325,7 +325,7 @@ impl Worker {
         let dma = DmaAccessor::new(unit, sid).map_err(setup)?;
         let view = UnitIommu::new(system.clone(), sid).map_err(setup)?;
         let mem = IommuMemory::new(
-            PhysGuestMemory::new(system.memory().clone()),
+            PhysGuestMemory::behind_iommu(system.memory().clone()),
             view.clone(),
             true,
             (),

@@ -131,6 +131,18 @@ pub enum TranslateError {
         /// Its address.
         table: PhysAddr,
     },
+    /// An untranslated (pass-through) access names a bounce pool's frame:
+    /// RAM, but the DMA layer's, reachable only through the mappings the
+    /// pool's own domain made of it.
+    #[error("{sid}: {access} of {iova:#x} names a bounce pool's frame")]
+    BounceFrame {
+        /// The requester.
+        sid: SourceId,
+        /// The address (the physical address too).
+        iova: u64,
+        /// Read or write.
+        access: Access,
+    },
 }
 
 impl TranslateError {
@@ -148,6 +160,7 @@ impl TranslateError {
             TranslateError::PermissionDenied { .. } => FaultReason::PermissionDenied,
             TranslateError::ReservedEntry { .. } => FaultReason::ReservedEntry,
             TranslateError::BadTableAddress { .. } => FaultReason::BadTableAddress,
+            TranslateError::BounceFrame { .. } => FaultReason::BounceFrame,
         })
     }
 }

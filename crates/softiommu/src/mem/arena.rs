@@ -493,6 +493,33 @@ impl PhysMemory {
         self.check_frames_of_device_range(first, last)
     }
 
+    /// How far an untranslated (pass-through) access starting at `addr`
+    /// may run before it reaches a bounce pool's frame: `None` if `addr`'s
+    /// own frame is a pool's, else the bytes up to the next pool frame or
+    /// the end of `addr`'s 64-frame group of the bitmap (one load), at
+    /// least to the end of `addr`'s page. Addresses past RAM hold no pool:
+    /// up to `limit` (the caller's address-space end, above `addr`); the
+    /// RAM check of the access itself refuses them.
+    #[inline(always)]
+    pub(crate) fn direct_run(&self, addr: PhysAddr, limit: u64) -> Option<u64> {
+        if addr >= self.size {
+            return Some(limit - addr);
+        }
+        let pfn = addr >> PAGE_SHIFT;
+        let bits = self.ram_bounce_word(pfn).load(Ordering::Acquire) >> (pfn % 64);
+        if bits & 1 != 0 {
+            return None;
+        }
+        // Frames of the group from `pfn` on that hold no pool: the shifted
+        // word's zeros up to its first bit, or to the group's end.
+        let clean = if bits == 0 {
+            64 - pfn % 64
+        } else {
+            u64::from(bits.trailing_zeros())
+        };
+        Some(((pfn + clean) << PAGE_SHIFT) - addr)
+    }
+
     /// [`check_device_range`](Self::check_device_range)'s bitmap check of
     /// frames `first..=last` spanning several words.
     #[inline(never)]
