@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use softiommu::hw::{ContextEntry, HwError, QiError, SourceId, System, Unit, UnitId};
+use softiommu::hw::{
+    ContextEntry, DomainIdClaim, HwError, QiError, SourceId, System, Unit, UnitId,
+};
 use softiommu::mem::PhysMemory;
 use softiommu::pgtable::IoPageTable;
 
@@ -80,6 +82,11 @@ pub(crate) struct State {
     unmap_failpoint: Failpoint,
     /// The most table frames the domains may hold together.
     table_frames: u64,
+    /// The unit's domain ids of `domain_range`, the device's alone: no
+    /// other user of the unit (the host's DMA domains) gives a device a
+    /// context with one, so a guest's domain never aliases one it did not
+    /// make.
+    claim: DomainIdClaim,
 }
 
 /// Why the device broke: what it reports with `DEVICE_NEEDS_RESET`.
@@ -143,6 +150,12 @@ impl State {
             .map(|&sid| (u32::from(sid.0), (sid, None)))
             .collect();
         let mem = system.memory().clone();
+        let (lo, hi) = cfg.domain_range;
+        let did = |d: u32| u16::try_from(d).unwrap_or(u16::MAX);
+        let claim = system
+            .unit(unit)
+            .ok_or(HwError::UnknownUnit(unit))?
+            .claim_domain_ids(did(lo), did(hi))?;
         let st = Self {
             system,
             unit,
@@ -161,6 +174,7 @@ impl State {
             victims: Vec::new(),
             unmap_failpoint: Failpoint::default(),
             table_frames: cfg.table_frames,
+            claim,
         };
         for &(sid, _) in st.endpoints.values() {
             st.set_unattached(sid)?;
@@ -446,7 +460,9 @@ impl State {
         let stop = &*self.stop;
         let r = self
             .unit()
-            .attach_bounded(sid, ctx, self.timeout, || stop.load(Ordering::Acquire));
+            .attach_bounded_claimed(&self.claim, sid, ctx, self.timeout, || {
+                stop.load(Ordering::Acquire)
+            });
         match r {
             Ok(()) => {}
             Err(e) if undrained(&e) => {

@@ -233,6 +233,20 @@ pub enum HwError {
         /// The number of domains.
         domains: u32,
     },
+    /// A translated context with a domain id another owner claimed
+    /// ([`Unit::claim_domain_ids`](super::Unit::claim_domain_ids)).
+    #[error("domain id {did} is claimed by another owner")]
+    DomainIdClaimed {
+        /// The DID.
+        did: u16,
+    },
+    /// A claim of domain ids of which one is in use: a context uses it,
+    /// or another claim holds it.
+    #[error("domain id {did} is in use")]
+    DomainIdInUse {
+        /// The lowest such DID.
+        did: u16,
+    },
     /// A table root that is not a 4 KiB-aligned page of physical memory.
     #[error("page-table root {root:#x} is not an aligned page of physical memory")]
     BadRoot {
