@@ -20,6 +20,13 @@ pub const INPUT_END: u64 = (1 << VTD_IOVA_BITS) - 1;
 /// Bytes of one RESV_MEM property, header included.
 pub const RESV_MEM_PROP: usize = s::PROBE_PROP_HEAD + s::RESV_MEM_LEN;
 
+/// The largest `probe_size` the device takes (64 KiB: room for 2,730
+/// reserved regions). §5.13.4 sets no bound, but the device zeroes and
+/// writes up to `probe_size` bytes per PROBE, and a guest may send as
+/// many PROBEs as it likes: the work and memory one request costs must
+/// stay small whatever the configuration.
+pub const MAX_PROBE_SIZE: u32 = 1 << 16;
+
 /// How to build a virtio-iommu device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ViommuConfig {
@@ -33,7 +40,8 @@ pub struct ViommuConfig {
     /// unit's id 0 stays unused) and below the unit's domain count.
     pub domain_range: (u32, u32),
     /// `probe_size`: bytes of PROBE properties (room for the MSI window
-    /// and every reserved region, a multiple of 4).
+    /// and every reserved region, a multiple of 4, at most
+    /// [`MAX_PROBE_SIZE`]).
     pub probe_size: u32,
     /// `bypass` at creation (and after a system reset; a device reset
     /// keeps the driver's value, §5.13.4.2).
@@ -168,7 +176,10 @@ impl ViommuConfig {
         }
         let props = self.reserved.len().saturating_add(1);
         let need = props.saturating_mul(RESV_MEM_PROP);
-        if (self.probe_size as usize) < need || !self.probe_size.is_multiple_of(4) {
+        if (self.probe_size as usize) < need
+            || !self.probe_size.is_multiple_of(4)
+            || self.probe_size > MAX_PROBE_SIZE
+        {
             return bad("probe_size", u64::from(self.probe_size));
         }
         // Each region granule-aligned, inside the input range, apart from

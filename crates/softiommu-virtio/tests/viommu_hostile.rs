@@ -1,0 +1,121 @@
+//! A hostile guest against the virtio-iommu: what a second review's
+//! probing found, one test each.
+
+mod viommu_common;
+
+use softiommu::dma::{DmaDomain, DmaDomainConfig};
+use softiommu::hw::{Access, FaultReason, TranslateError};
+use softiommu_virtio::spec::iommu as s;
+use softiommu_virtio::viommu::{Status, ViommuConfig, ViommuDevice, ViommuError, MAX_PROBE_SIZE};
+use viommu_common::*;
+
+/// A bounce pool of a host DMA domain (id 4000, outside the device's
+/// range) on the device's unit, whose untrusted device is `B`: its first
+/// frame.
+fn host_pool(r: &Rig) -> (std::sync::Arc<DmaDomain>, u64) {
+    let dom = DmaDomain::new(
+        r.system.clone(),
+        DmaDomainConfig {
+            did: 4000,
+            bounce_bytes: 1 << 16,
+            ..DmaDomainConfig::default()
+        },
+    )
+    .unwrap();
+    std::mem::forget(dom.attach(B, u64::MAX, true).unwrap());
+    let pool = (0..RAM)
+        .step_by(4096)
+        .find(|&p| r.mem.check_device_range(p, 4096).is_err())
+        .expect("a bounce frame in RAM");
+    (dom, pool)
+}
+
+#[test]
+fn a_probe_size_the_device_would_allocate_per_request_is_refused() {
+    let r = rig();
+    drop(r.dev);
+    // The guest sends as many PROBEs as it likes, each zeroing and
+    // writing `probe_size` bytes: a configuration of gigabytes would let
+    // it make the device allocate and write them per request.
+    for probe_size in [0xffff_fffc, MAX_PROBE_SIZE + 4] {
+        assert_eq!(
+            ViommuDevice::spawn(
+                ViommuConfig {
+                    probe_size,
+                    ..config()
+                },
+                r.system.clone(),
+                r.unit,
+            )
+            .map(|_| ()),
+            Err(ViommuError::InvalidConfig {
+                field: "probe_size",
+                value: u64::from(probe_size)
+            })
+        );
+    }
+    assert!(ViommuDevice::spawn(
+        ViommuConfig {
+            probe_size: MAX_PROBE_SIZE,
+            ..config()
+        },
+        r.system.clone(),
+        r.unit,
+    )
+    .is_ok());
+}
+
+#[test]
+fn a_map_of_a_bounce_pool_is_range_and_maps_nothing() {
+    let mut r = rig();
+    let (_dom, pool) = host_pool(&r);
+    r.attach_ok(1, EA);
+    // The pool's frame itself, and a range running into it.
+    for (phys, end) in [(pool, 0x1fff), (pool - 0x1000, 0x2fff)] {
+        assert_eq!(
+            r.drv.map(1, 0x1000, end, phys, RW).unwrap(),
+            Some(Status::Range)
+        );
+    }
+    assert_eq!(r.ranges(1), vec![]);
+    assert!(matches!(
+        r.reach(A, 0x1000, Access::Read),
+        Err(TranslateError::NotPresent { .. })
+    ));
+}
+
+#[test]
+fn a_bypassed_endpoint_cannot_reach_a_bounce_pool_and_the_guest_hears_of_it() {
+    let mut r = rig();
+    let (_dom, pool) = host_pool(&r);
+    r.mem.fill(pool, 64, 0x5a).unwrap();
+    // A bypass domain: its endpoint's IOVA is the physical address.
+    assert_eq!(
+        r.drv.attach(2, EA, s::ATTACH_F_BYPASS).unwrap(),
+        Some(Status::Ok)
+    );
+    assert!(r.reach(A, pool - 0x1000, Access::Write).is_ok());
+    assert_eq!(
+        r.reach(A, pool, Access::Write).unwrap_err(),
+        TranslateError::BounceFrame {
+            sid: A,
+            iova: pool,
+            access: Access::Write
+        }
+    );
+    let mut b = [0u8; 64];
+    r.mem.read(pool, &mut b).unwrap();
+    assert_eq!(b, [0x5a; 64]);
+    let evs = r.drv.wait_events(1);
+    assert_eq!(evs.len(), 1);
+    assert_eq!(
+        (evs[0].reason, evs[0].endpoint, evs[0].address),
+        (s::FAULT_R_UNKNOWN, EA, pool)
+    );
+    assert_ne!(evs[0].flags & s::FAULT_F_WRITE, 0);
+    let log = r.system.unit(r.unit).unwrap().faults().drain();
+    assert!(log
+        .records
+        .iter()
+        .any(|f| f.sid == A && f.reason == FaultReason::BounceFrame));
+}
