@@ -36,8 +36,11 @@ pub struct ViommuConfig {
     /// `NOENT`.
     pub endpoints: Vec<SourceId>,
     /// `domain_range` (inclusive). Domain `d` is the unit's domain id
-    /// `d`: every id in the range belongs to the device. At least 1 (the
-    /// unit's id 0 stays unused) and below the unit's domain count.
+    /// `d`: every id in the range belongs to the device, which claims the
+    /// range on the unit at creation (refused, `Hw(DomainIdInUse)`, while
+    /// a context uses one of its ids), so no other user of the unit takes
+    /// one. At least 1 (the unit's id 0 stays unused) and below the
+    /// unit's domain count.
     pub domain_range: (u32, u32),
     /// `probe_size`: bytes of PROBE properties (room for the MSI window
     /// and every reserved region, a multiple of 4, at most
