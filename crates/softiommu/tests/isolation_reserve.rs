@@ -400,3 +400,53 @@ fn vm_memory_views_reach_no_iommu_frame() {
     p.mem.read(buf, &mut back).unwrap();
     assert_eq!(&back, b"slot");
 }
+
+#[test]
+fn a_pass_through_span_cached_before_ram_became_a_bounce_pool_is_not_served() {
+    use softiommu::{PhysGuestMemory, UnitIommu};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryError, IommuMemory};
+    let (p, pool) = pool_and_pass_through();
+    // The pool's domain goes away: its frames are plain RAM again.
+    let PoolRig {
+        mem,
+        system,
+        domain,
+        nic,
+    } = p;
+    drop(nic);
+    drop(domain);
+    assert!(!mem.is_iommu_frame(pool));
+    // A pass-through device reaches them through vm-memory, whose cache
+    // keeps the span.
+    let view = UnitIommu::new(system.clone(), DEV).unwrap();
+    let m = IommuMemory::new(PhysGuestMemory::behind_iommu(mem.clone()), view, true, ());
+    m.write_obj(0x11u64, GuestAddress(pool)).unwrap();
+    // A new domain's pool takes them again.
+    let domain = softiommu::DmaDomain::new(
+        system.clone(),
+        softiommu::DmaDomainConfig {
+            policy: DmaPolicy::Bounce,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let _nic = domain.attach(NIC, u64::MAX, false).unwrap();
+    assert!(
+        mem.is_iommu_frame(pool),
+        "the same frames make the new pool"
+    );
+    mem.write(pool, &[0x5a; 8]).unwrap();
+    // The cached span is not served: the translation is asked again and
+    // refuses the pool.
+    assert!(matches!(
+        m.write_obj(0xeeu64, GuestAddress(pool)),
+        Err(GuestMemoryError::IommuError(_))
+    ));
+    assert!(matches!(
+        m.read_obj::<u64>(GuestAddress(pool)),
+        Err(GuestMemoryError::IommuError(_))
+    ));
+    let mut b = [0u8; 8];
+    mem.read(pool, &mut b).unwrap();
+    assert_eq!(b, [0x5a; 8]);
+}

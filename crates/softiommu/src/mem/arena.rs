@@ -75,6 +75,10 @@ pub struct PhysMemory {
     /// mappings, never mapped as a caller's buffer nor written by a wait
     /// descriptor. Read without a lock.
     bounce_frames: Reservation,
+    /// Bumped (Release, after the bits) whenever frames become a bounce
+    /// pool's: a cache of untranslated spans filled before the bump may
+    /// cover them, and must be dropped.
+    bounce_gen: AtomicU64,
 }
 
 impl PhysMemory {
@@ -115,6 +119,7 @@ impl PhysMemory {
             frames: Mutex::new(Buddy::new(frames)),
             iommu: Mutex::new(Buddy::new(reserve >> PAGE_SHIFT)),
             bounce_frames,
+            bounce_gen: AtomicU64::new(0),
         })
     }
 
@@ -438,6 +443,12 @@ impl PhysMemory {
         unsafe { AtomicU64::from_ptr(self.bounce_frames.base().add(byte as usize).cast()) }
     }
 
+    /// The count of blocks ever made bounce pools' (Acquire: a reader
+    /// that sees a count also sees those blocks' bounce bits).
+    pub(crate) fn bounce_generation(&self) -> u64 {
+        self.bounce_gen.load(Ordering::Acquire)
+    }
+
     /// Sets or clears the bounce bits of a block (under the frame lock).
     fn mark_bounce(&self, pfn: u64, order: u32, set: bool) {
         for f in pfn..pfn + (1u64 << order) {
@@ -451,6 +462,10 @@ impl PhysMemory {
                     w.fetch_and(!bit, Ordering::Release);
                 }
             }
+        }
+        if set {
+            // After the bits: whoever sees the new count sees them.
+            self.bounce_gen.fetch_add(1, Ordering::Release);
         }
     }
 
