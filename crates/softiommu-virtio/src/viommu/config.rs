@@ -64,6 +64,12 @@ pub struct ViommuConfig {
     /// fewer); an ATTACH that would make a translated domain past it,
     /// `NOMEM`. At least 1.
     pub table_frames: u64,
+    /// The most mappings (MAPs' records) the device's domains may hold
+    /// together: each costs host memory beside the tables, and an UNMAP
+    /// of a range removes every one it holds, so both the memory a guest
+    /// can pin and the work of one request are bounded by it. A MAP past
+    /// it is answered `NOMEM` with nothing mapped. At least 1.
+    pub max_mappings: usize,
     /// `QueueNumMax` of both queues (a power of two).
     pub queue_max: u16,
     /// Chains taken from the request queue per round: the device's work
@@ -110,6 +116,8 @@ impl Default for ViommuConfig {
             // 64 MiB of tables: 16,383 leaf tables, 32 GiB of 4 KiB
             // mappings scattered one per 2 MiB.
             table_frames: 16_384,
+            // About 64 MiB of records; 4 GiB mapped at 4 KiB.
+            max_mappings: 1 << 20,
             queue_max: 256,
             // A whole queue: the requests of one notification are one
             // round, and their UNMAPs one invalidation per domain.
@@ -176,6 +184,9 @@ impl ViommuConfig {
         }
         if self.table_frames == 0 {
             return bad("table_frames", 0);
+        }
+        if self.max_mappings == 0 {
+            return bad("max_mappings", 0);
         }
         let props = self.reserved.len().saturating_add(1);
         let need = props.saturating_mul(RESV_MEM_PROP);

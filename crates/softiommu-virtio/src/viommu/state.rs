@@ -82,6 +82,8 @@ pub(crate) struct State {
     unmap_failpoint: Failpoint,
     /// The most table frames the domains may hold together.
     table_frames: u64,
+    /// The most mappings the domains may hold together.
+    max_mappings: usize,
     /// The unit's domain ids of `domain_range`, the device's alone: no
     /// other user of the unit (the host's DMA domains) gives a device a
     /// context with one, so a guest's domain never aliases one it did not
@@ -174,6 +176,7 @@ impl State {
             victims: Vec::new(),
             unmap_failpoint: Failpoint::default(),
             table_frames: cfg.table_frames,
+            max_mappings: cfg.max_mappings,
             claim,
         };
         for &(sid, _) in st.endpoints.values() {
@@ -609,6 +612,7 @@ impl State {
         }
         let reserved = self.hits_reserved(start, end);
         let held = self.frames_held();
+        let records = self.mappings_held();
         let Some(d) = self.domains.get_mut(&domain) else {
             return Status::NoEnt;
         };
@@ -621,6 +625,10 @@ impl State {
             phys,
             flags,
         };
+        if records >= self.max_mappings {
+            // Checked before the table is touched, as the frame quota.
+            return Status::NoMem;
+        }
         if held.saturating_add(worst_tables(start, end)) > self.table_frames {
             // Checked before the table is touched: a MAP refused for the
             // quota takes no frame (an undone MAP would leave its new,
@@ -631,6 +639,12 @@ impl State {
             Ok(()) => Status::Ok,
             Err(st) => st,
         }
+    }
+
+    /// The mappings the device's domains hold (one record per MAP; the
+    /// domains are at most the endpoints, so this is a short sum).
+    fn mappings_held(&self) -> usize {
+        self.domains.values().map(|d| d.maps.len()).sum()
     }
 
     /// The table frames the device holds: those linked into its domains'
