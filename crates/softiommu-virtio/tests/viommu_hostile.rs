@@ -119,3 +119,27 @@ fn a_bypassed_endpoint_cannot_reach_a_bounce_pool_and_the_guest_hears_of_it() {
         .iter()
         .any(|f| f.sid == A && f.reason == FaultReason::BounceFrame));
 }
+
+#[test]
+fn an_unmap_of_the_whole_address_space_removes_every_mapping_at_the_edges() {
+    use softiommu_virtio::viommu::INPUT_END;
+    let mut r = rig();
+    let p = r.ram(0);
+    r.attach_ok(1, EA);
+    // The lowest and the highest page of the input range.
+    r.map_ok(1, 0, 0xfff, p);
+    r.map_ok(1, INPUT_END - 0xfff, INPUT_END, p);
+    assert!(r.reach(A, INPUT_END - 7, Access::Write).is_ok());
+    // An end past the input range (even 2^64 - 1) names no mapping the
+    // device could hold: the whole space, both removed.
+    assert_eq!(r.drv.unmap(1, 0, u64::MAX).unwrap(), Some(Status::Ok));
+    assert_eq!(r.ranges(1), vec![]);
+    for iova in [0, INPUT_END - 7] {
+        assert!(matches!(
+            r.reach(A, iova, Access::Read),
+            Err(TranslateError::NotPresent { .. })
+        ));
+    }
+    // And again: nothing to remove is OK.
+    assert_eq!(r.drv.unmap(1, 0, u64::MAX).unwrap(), Some(Status::Ok));
+}
