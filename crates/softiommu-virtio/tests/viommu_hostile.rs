@@ -12,7 +12,7 @@ use viommu_common::*;
 /// A bounce pool of a host DMA domain (id 4000, outside the device's
 /// range) on the device's unit, whose untrusted device is `B`: its first
 /// frame.
-fn host_pool(r: &Rig) -> (std::sync::Arc<DmaDomain>, u64) {
+fn host_pool(r: &Rig) -> (std::sync::Arc<DmaDomain>, softiommu::DmaDevice, u64) {
     let dom = DmaDomain::new(
         r.system.clone(),
         DmaDomainConfig {
@@ -22,12 +22,12 @@ fn host_pool(r: &Rig) -> (std::sync::Arc<DmaDomain>, u64) {
         },
     )
     .unwrap();
-    std::mem::forget(dom.attach(B, u64::MAX, true).unwrap());
+    let dev = dom.attach(B, u64::MAX, true).unwrap();
     let pool = (0..RAM)
         .step_by(4096)
         .find(|&p| r.mem.check_device_range(p, 4096).is_err())
         .expect("a bounce frame in RAM");
-    (dom, pool)
+    (dom, dev, pool)
 }
 
 #[test]
@@ -68,7 +68,7 @@ fn a_probe_size_the_device_would_allocate_per_request_is_refused() {
 #[test]
 fn a_map_of_a_bounce_pool_is_range_and_maps_nothing() {
     let mut r = rig();
-    let (_dom, pool) = host_pool(&r);
+    let (_dom, _dev, pool) = host_pool(&r);
     r.attach_ok(1, EA);
     // The pool's frame itself, and a range running into it.
     for (phys, end) in [(pool, 0x1fff), (pool - 0x1000, 0x2fff)] {
@@ -87,7 +87,7 @@ fn a_map_of_a_bounce_pool_is_range_and_maps_nothing() {
 #[test]
 fn a_bypassed_endpoint_cannot_reach_a_bounce_pool_and_the_guest_hears_of_it() {
     let mut r = rig();
-    let (_dom, pool) = host_pool(&r);
+    let (_dom, _dev, pool) = host_pool(&r);
     r.mem.fill(pool, 64, 0x5a).unwrap();
     // A bypass domain: its endpoint's IOVA is the physical address.
     assert_eq!(
@@ -142,4 +142,54 @@ fn an_unmap_of_the_whole_address_space_removes_every_mapping_at_the_edges() {
     }
     // And again: nothing to remove is OK.
     assert_eq!(r.drv.unmap(1, 0, u64::MAX).unwrap(), Some(Status::Ok));
+}
+
+/// A guest maps RAM that is free (checked at MAP: no IOMMU frame yet),
+/// its endpoint reaches it and the unit caches the translation; then the
+/// host's DMA layer takes the same frames for a bounce pool. The guest's
+/// mapping must not reach the pool: its domain id is the device's
+/// (claimed), so the walk refuses a leaf over a pool frame, and making the
+/// pool dropped the cached entry.
+#[test]
+fn a_guest_mapping_of_ram_later_taken_for_a_bounce_pool_no_longer_reaches_it() {
+    use softiommu::{DmaAccessor, DmaAttrs};
+    let mut r = rig();
+    // Where a pool lands: made, then given back.
+    let (dom, dev, pool) = host_pool(&r);
+    drop(dev);
+    drop(dom);
+    assert!(
+        r.mem.check_device_range(pool, 4096).is_ok(),
+        "free RAM again"
+    );
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0x10_0000, 0x10_0fff, pool);
+    let mut acc = DmaAccessor::new(r.system.unit(r.unit).unwrap(), A).unwrap();
+    acc.write(0x10_0000, &[0x11; 8], DmaAttrs::ORDERED).unwrap();
+    // The pool takes the same frames again.
+    let (_dom, _dev, again) = host_pool(&r);
+    assert_eq!(again, pool);
+    r.mem.fill(pool, 64, 0x5a).unwrap();
+    assert_eq!(
+        acc.write(0x10_0000, &[0xee; 8], DmaAttrs::ORDERED),
+        Err(softiommu::AccessError::Translate(
+            TranslateError::BounceFrame {
+                sid: A,
+                iova: 0x10_0000,
+                access: Access::Write
+            }
+        ))
+    );
+    assert!(matches!(
+        r.reach(A, 0x10_0000, Access::Read),
+        Err(TranslateError::BounceFrame { .. })
+    ));
+    let mut b = [0u8; 64];
+    r.mem.read(pool, &mut b).unwrap();
+    assert_eq!(b, [0x5a; 64]);
+    // The guest hears of it.
+    let evs = r.drv.wait_events(1);
+    assert!(evs
+        .iter()
+        .any(|e| e.endpoint == EA && e.address == 0x10_0000 && e.reason == s::FAULT_R_UNKNOWN));
 }

@@ -229,6 +229,12 @@ impl DmaDomain {
                 return Err(DmaError::from(e));
             }
         };
+        // The frames may be RAM a guest mapped (a paravirtual IOMMU's
+        // domain): its walks now refuse them (their bounce bits are set),
+        // and no IOTLB entry cached before serves them.
+        for (_, unit) in self.system.units() {
+            unit.shared.iotlb.invalidate_global();
+        }
         if let Err(e) = self
             .table
             .map(pfn << PAGE_SHIFT, phys, pages << PAGE_SHIFT, dir.perm())

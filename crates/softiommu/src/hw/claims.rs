@@ -10,7 +10,13 @@
 //! claim overlaps it. So an owner's ids never alias a domain it did not
 //! make (nothing cached or mapped under another owner's use of the id can
 //! reach its devices, nor its tables another's), for as long as the claim
-//! lives. Attach-time bookkeeping only: no translation reads it.
+//! lives.
+//!
+//! A claimed id is a guest's: a walk of its tables that ends on a leaf
+//! over a bounce pool's frame (RAM the guest mapped before the host's DMA
+//! layer took it for a pool) faults `BounceFrame` instead of filling the
+//! IOTLB; making a pool invalidates every unit's IOTLB, so no entry cached
+//! before serves it. One bit per id, read by the walk (slow path) only.
 
 use std::fmt;
 use std::sync::Weak;
@@ -51,9 +57,11 @@ impl Claims {
         self.next
     }
 
-    /// Forgets the claim with `token`.
-    pub(crate) fn remove(&mut self, token: u64) {
-        self.ranges.retain(|&(_, _, t)| t != token);
+    /// Forgets the claim with `token`; returns its range.
+    pub(crate) fn remove(&mut self, token: u64) -> Option<(u16, u16)> {
+        let i = self.ranges.iter().position(|&(_, _, t)| t == token)?;
+        let (lo, hi, _) = self.ranges.swap_remove(i);
+        Some((lo, hi))
     }
 }
 

@@ -382,6 +382,13 @@ impl Translator {
         self.stats.walks += 1;
         self.stats.modelled_ns += spin_ns(sh.latency.walk_level_ns() * u64::from(w.levels));
         let err = match w.end {
+            WalkEnd::Leaf { phys, size, .. }
+                if sh.is_claimed(did) && sh.mem.check_device_range(phys, size.bytes()).is_err() =>
+            {
+                // A guest's leaf over a bounce pool (RAM it mapped before
+                // the pool took it): never cached, never reached.
+                TranslateError::BounceFrame { sid, iova, access }
+            }
             WalkEnd::Leaf { phys, size, perm } => {
                 let leaf = Leaf { phys, size, perm };
                 let rnd = xorshift(&mut self.rng);

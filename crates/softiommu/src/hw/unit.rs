@@ -297,13 +297,42 @@ pub(crate) struct Shared {
     bindings: Mutex<HashMap<u16, Binding>>,
     /// Domain-id claims (locked after `bindings`).
     claims: Mutex<Claims>,
+    /// One bit per domain id, set while a claim holds it (written under
+    /// `claims`, read by walks without a lock).
+    claimed: Box<[AtomicU64]>,
 }
 
 impl Shared {
     /// Forgets a dropped claim.
     pub(crate) fn release_claim(&self, token: u64) {
         let _b = lock(&self.bindings);
-        lock(&self.claims).remove(token);
+        let mut claims = lock(&self.claims);
+        if let Some((lo, hi)) = claims.remove(token) {
+            self.mark_claimed(lo, hi, false);
+        }
+    }
+
+    /// Sets or clears the claimed bits of `lo..=hi` (under `claims`).
+    fn mark_claimed(&self, lo: u16, hi: u16, set: bool) {
+        for did in lo..=hi {
+            if let Some(w) = self.claimed.get(usize::from(did) / 64) {
+                let bit = 1u64 << (did % 64);
+                if set {
+                    w.fetch_or(bit, Ordering::Release);
+                } else {
+                    w.fetch_and(!bit, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// Whether a claim holds domain id `did`: its owner is a guest's
+    /// paravirtual IOMMU, whose mappings never reach a bounce pool.
+    #[inline]
+    pub(crate) fn is_claimed(&self, did: u16) -> bool {
+        self.claimed
+            .get(usize::from(did) / 64)
+            .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (did % 64)) != 0)
     }
 }
 
@@ -371,6 +400,9 @@ impl Unit {
             fenced: Mutex::new(Vec::new()),
             bindings: Mutex::new(HashMap::new()),
             claims: Mutex::new(Claims::default()),
+            claimed: (0..domains.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             mem,
         });
         let worker = match config.queue_mode {
@@ -574,6 +606,7 @@ impl Unit {
             return Err(HwError::DomainIdInUse { did });
         }
         let token = claims.add(lo, hi);
+        sh.mark_claimed(lo, hi, true);
         Ok(DomainIdClaim {
             unit: Arc::downgrade(&self.shared),
             lo,
