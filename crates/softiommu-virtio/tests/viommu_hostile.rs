@@ -193,3 +193,66 @@ fn a_guest_mapping_of_ram_later_taken_for_a_bounce_pool_no_longer_reaches_it() {
         .iter()
         .any(|e| e.endpoint == EA && e.address == 0x10_0000 && e.reason == s::FAULT_R_UNKNOWN));
 }
+
+/// The same, with the guest's endpoint holding a zero-copy mapping of the
+/// frames open (a translation section) while the host makes its pool: the
+/// pool must not get data while an access translated before it may still
+/// copy. The pool waits for the section, at most a bound; past it no pool
+/// is made of those frames (the attach fails, the frames stay RAM). Once
+/// the section ends, the pool is made and the guest's mapping refused.
+#[test]
+fn a_bounce_pool_is_not_made_under_an_open_guest_mapping_of_its_frames() {
+    use softiommu::dma::{DmaDirection, DmaError};
+    use softiommu::hw::QiError;
+    use softiommu::{DmaAccessor, DmaAttrs};
+    use std::sync::mpsc;
+    let mut r = rig();
+    let (dom, dev, pool) = host_pool(&r);
+    drop(dev);
+    drop(dom);
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0x10_0000, 0x10_0fff, pool);
+    let unit = r.system.unit(r.unit).unwrap();
+    let (opened, open_rx) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel::<()>();
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            let mut acc = DmaAccessor::new(unit, A).unwrap();
+            acc.with_map(
+                0x10_0000,
+                64,
+                DmaDirection::FromDevice,
+                DmaAttrs::ORDERED,
+                |_m| {
+                    opened.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                },
+            )
+            .unwrap();
+        });
+        open_rx.recv().unwrap();
+        let dom = DmaDomain::new(
+            r.system.clone(),
+            DmaDomainConfig {
+                did: 4000,
+                bounce_bytes: 1 << 16,
+                ..DmaDomainConfig::default()
+            },
+        )
+        .unwrap();
+        let t0 = std::time::Instant::now();
+        assert!(matches!(
+            dom.attach(B, u64::MAX, true),
+            Err(DmaError::Queue(QiError::InvalidationTimeout { .. }))
+        ));
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+        assert!(r.mem.check_device_range(pool, 4096).is_ok(), "no pool made");
+        release.send(()).unwrap();
+    });
+    let (_dom, _dev, again) = host_pool(&r);
+    assert_eq!(again, pool);
+    assert!(matches!(
+        r.reach(A, 0x10_0000, Access::Write),
+        Err(TranslateError::BounceFrame { .. })
+    ));
+}
