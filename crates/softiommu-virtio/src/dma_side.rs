@@ -132,7 +132,7 @@ impl DmaSide for UnitSide {
         let dma = DmaAccessor::new(unit, sid).map_err(err)?;
         let view = UnitIommu::new(self.system.clone(), sid).map_err(err)?;
         let ring = IommuMemory::new(
-            PhysGuestMemory::new(self.system.memory().clone()),
+            PhysGuestMemory::behind_iommu(self.system.memory().clone()),
             view.clone(),
             true,
             (),

@@ -139,6 +139,10 @@ pub struct ViommuDma {
     /// The statuses of a sync, in `queued`'s order (reused: no
     /// allocation per sync).
     statuses: Vec<Option<Status>>,
+    /// Lazy mode: what a flush an unmap triggered found wrong with other
+    /// requests, kept for the next [`flush`](ViommuDma::flush) to report
+    /// (the unmap itself succeeded: its UNMAP is queued).
+    deferred: Option<ViommuDmaError>,
     stats: ViommuDmaStats,
 }
 
@@ -218,6 +222,7 @@ impl ViommuDma {
             unmaps_queued: 0,
             serial: 0,
             refused_maps: Vec::new(),
+            deferred: None,
             statuses: Vec::new(),
             stats: ViommuDmaStats::default(),
         })
@@ -389,16 +394,30 @@ impl ViommuDma {
                 self.cache.free(m.pfn, m.pages)?;
             }
             ViommuMode::Lazy { flush_queue } => {
+                // What a flush here finds wrong with *other* requests (an
+                // UNMAP refused) is not this call's to report: a caller
+                // that took it for its own would unmap `m` again, maybe
+                // over the next mapping given its IOVA. It is kept for
+                // the next `flush`.
                 if self.drv.free_slots() == 0 {
                     // The ring is full of queued requests: flush them
-                    // (and check them) before queueing more.
-                    self.flush()?;
+                    // (and check them) before queueing more. Still full
+                    // (the driver failed): `m` stays mapped, an error.
+                    self.flush_deferring();
+                    if self.drv.free_slots() == 0 {
+                        return Err(self.deferred.take().unwrap_or(ViommuDmaError::Refused {
+                            op: "UNMAP",
+                            status: None,
+                        }));
+                    }
                 }
                 self.drv.queue(&req, s::TAIL_LEN as u32)?;
                 self.queued.push(Queued::Unmap(m));
                 self.unmaps_queued += 1;
                 if self.unmaps_queued >= flush_queue.max(1) {
-                    self.flush()?;
+                    // `m`'s UNMAP is queued: this unmap is done, as a
+                    // lazy unmap is.
+                    self.flush_deferring();
                 }
             }
         }
@@ -407,12 +426,37 @@ impl ViommuDma {
 
     /// Sends every queued request with one notification, waits for them,
     /// and frees the IOVAs of the unmaps among them.
+    ///
+    /// Also reports what a flush an [`unmap`](Self::unmap) triggered
+    /// found (the first such error, before this flush's own, which the
+    /// next flush then reports).
     pub fn flush(&mut self) -> Result<(), ViommuDmaError> {
+        let r = if self.queued.is_empty() && self.drv.queued() == 0 {
+            Ok(())
+        } else {
+            self.stats.flushes += 1;
+            self.sync()
+        };
+        match (self.deferred.take(), r) {
+            (Some(e), Err(later)) => {
+                self.deferred = Some(later);
+                Err(e)
+            }
+            (Some(e), Ok(())) => Err(e),
+            (None, r) => r,
+        }
+    }
+
+    /// [`flush`](Self::flush) for an unmap: its error kept for the next
+    /// `flush` (the first one kept) instead of returned.
+    fn flush_deferring(&mut self) {
         if self.queued.is_empty() && self.drv.queued() == 0 {
-            return Ok(());
+            return;
         }
         self.stats.flushes += 1;
-        self.sync()
+        if let Err(e) = self.sync() {
+            self.deferred.get_or_insert(e);
+        }
     }
 
     /// Sends what is queued and judges each completion against the
