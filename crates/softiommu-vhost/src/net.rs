@@ -281,7 +281,10 @@ impl TxWorker {
             self.q.wait_kick(KICK_POLL);
         }
         bump(&self.counters.worker_cpu_ns, thread_cpu_ns());
-        (self.q.last_avail(), self.tx)
+        // A frame whose completion could not be published is given back
+        // and sent once more after resuming (a duplicate the network
+        // tolerates), so the base equals the used index.
+        (self.q.finish(), self.tx)
     }
 
     fn drain(&mut self) -> Result<(), DeviceError> {
@@ -292,7 +295,8 @@ impl TxWorker {
             match self.q.pop() {
                 Ok(Some(h)) => {
                     if let Err(e) = self.send(h) {
-                        self.q.unpop();
+                        // Refused only without the pop just above.
+                        let _ = self.q.unpop();
                         break Err(e);
                     }
                     if let Err(e) = self.q.push_used(h, 0) {
@@ -413,6 +417,10 @@ enum Delivered {
     Kept,
     /// No buffer available.
     NoBuffer,
+    /// The frame was used, but publishing its buffer's used entry failed
+    /// (kept by the queue, published before the next pop): the frame is
+    /// not delivered again, and the error ends the batch.
+    ConsumedUnpublished(DeviceError),
 }
 
 impl RxWorker {
@@ -438,7 +446,10 @@ impl RxWorker {
             }
         }
         bump(&self.counters.worker_cpu_ns, thread_cpu_ns());
-        (self.q.last_avail(), self.rx)
+        // A buffer whose completion could not be published is given back
+        // and filled again after resuming (its frame lost, as a drop), so
+        // the base equals the used index.
+        (self.q.finish(), self.rx)
     }
 
     fn fault(&self, e: DeviceError) {
@@ -471,6 +482,10 @@ impl RxWorker {
                 }
                 Delivered::Kept => {}
                 Delivered::NoBuffer => return Ok(Some(IDLE_WAIT)),
+                Delivered::ConsumedUnpublished(e) => {
+                    self.rx.consume();
+                    return Err(e);
+                }
             }
         }
     }
@@ -498,7 +513,8 @@ fn deliver(
     let total = match q.walk(head, ChainDir::Writable, descs) {
         Ok(t) => t,
         Err(e) if is_abort(&e) => {
-            q.unpop();
+            // Refused only without the pop above.
+            let _ = q.unpop();
             return Err(e);
         }
         Err(_) => {
@@ -508,31 +524,36 @@ fn deliver(
         }
     };
     let need = (HDR_LEN + frame.len()) as u64;
+    // The frame is used from here on: a failed publication must not have
+    // it delivered again into the next buffer.
+    let published = |r: Result<(), DeviceError>| match r {
+        Ok(()) => Delivered::Consumed,
+        Err(e) => Delivered::ConsumedUnpublished(e),
+    };
     if total < need {
         bump(&c.rx_dropped, 1);
-        q.push_used(head, 0)?;
-        return Ok(Delivered::Consumed);
+        return Ok(published(q.push_used(head, 0)));
     }
     let mut space = &**q.space();
     match scatter_frame(&mut space, descs, &plain_header(true), frame) {
         Ok(()) => {
             bump(&c.rx_frames, 1);
             bump(&c.rx_bytes, frame.len() as u64);
-            q.push_used(head, need as u32)?;
+            Ok(published(q.push_used(head, need as u32)))
         }
         Err(e) if matches!(e.fault, AccessError::Cancelled { .. }) => {
-            q.unpop();
-            return Err(DeviceError::DmaAborted {
+            // Refused only without the pop above.
+            let _ = q.unpop();
+            Err(DeviceError::DmaAborted {
                 queue: sn::RX_QUEUE,
                 what: "buffer",
                 iova: e.iova,
                 access: e.access,
-            });
+            })
         }
         Err(_) => {
             bump(&c.rx_dropped, 1);
-            q.push_used(head, 0)?;
+            Ok(published(q.push_used(head, 0)))
         }
     }
-    Ok(Delivered::Consumed)
 }
