@@ -685,4 +685,103 @@ mod tests {
         assert_eq!(r.q.finish(), 4);
         assert_eq!(r.used_idx(), 4);
     }
+
+    /// Runs a blk worker on `q` until `until` holds (or 10 s), then stops
+    /// it as the session does (stop flag, then the space's waits
+    /// cancelled); returns the base it reports and its counters.
+    fn run_blk_worker(
+        q: Queue,
+        disk: &Arc<crate::disk::Disk>,
+        until: impl Fn() -> bool,
+    ) -> (u16, crate::blk::BlkStats) {
+        let shared = q.shared.clone();
+        let space = q.space().clone();
+        let counters = Arc::new(crate::blk::BlkCounters::default());
+        let w = crate::blk::Worker::new(q, disk.clone(), counters.clone());
+        let h = std::thread::spawn(move || w.run());
+        let t0 = std::time::Instant::now();
+        while !until() && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        shared.stop.store(true, Ordering::Release);
+        space.cancel();
+        let base = h.join().unwrap();
+        (base, counters.snapshot())
+    }
+
+    #[test]
+    fn a_blk_worker_stopped_with_a_completion_unpublished_reports_the_used_index_and_serves_it_again(
+    ) {
+        use softiommu_virtio::spec::blk as sb;
+        const DATA: u64 = RINGS + 0x2000;
+        const HDR: u64 = RINGS + 0x800;
+        const STATUS: u64 = RINGS + 0x900;
+        let path = std::env::temp_dir().join(format!("softiommu-vhost-q-{}.img", std::process::id()));
+        let image: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+        std::fs::write(&path, &image).unwrap();
+        let disk = Arc::new(crate::disk::Disk::open(&path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+
+        let mut r = rig(0);
+        r.q.space()
+            .update(DATA, 0x1000, UA + 0x2000, m::ACCESS_RW)
+            .unwrap();
+        // A read of sector 1 into DATA.
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&sb::T_IN.to_le_bytes());
+        h[8..16].copy_from_slice(&1u64.to_le_bytes());
+        r.poke(HDR, &h);
+        r.poke(STATUS, &[0xff]);
+        r.desc(0, HDR, 16, d::F_NEXT, 1);
+        r.desc(1, DATA, 512, d::F_NEXT | d::F_WRITE, 2);
+        r.desc(2, STATUS, 1, d::F_WRITE, 0);
+        r.offer(0, 0, 1);
+        // The used ring's page gone, no front-end to answer its miss.
+        r.q.space().invalidate(USED_PAGE, 0x1000).unwrap();
+        let space = r.q.space().clone();
+        let layout = r.q.ring.layout();
+        let idle = Arc::new(WorkerShared {
+            stop: AtomicBool::new(false),
+            enabled: AtomicBool::new(false),
+            call: Mutex::new(None),
+        });
+        // The worker takes the queue; the rig keeps an idle one, to look
+        // at the memory with.
+        let idle = Queue::new(space.clone(), layout, 0, &mut None, idle, 0).unwrap();
+        let q = std::mem::replace(&mut r.q, idle);
+        let served = || r.peek(STATUS, 1)[0] == sb::S_OK;
+        // Served, its completion not publishable; stopped a little later.
+        let t0 = std::time::Instant::now();
+        let (base, stats) = run_blk_worker(q, &disk, || {
+            served() && t0.elapsed() > Duration::from_millis(100)
+        });
+        assert!(served());
+        assert_eq!(r.peek(DATA, 512), image[512..1024]);
+        assert!(stats.ring_faults >= 1, "{stats:?}");
+        assert_eq!(r.used_idx(), 0);
+        assert_eq!(base, 0, "the base is the used index the driver sees");
+
+        // Resumed at that base with the page back: the read is served
+        // again and completed once, in used entry 0.
+        space.resume();
+        space
+            .update(USED_PAGE, 0x1000, UA + 0x1000, m::ACCESS_RW)
+            .unwrap();
+        r.poke(STATUS, &[0xff]);
+        r.poke(DATA, &[0u8; 512]);
+        let flags = Arc::new(WorkerShared {
+            stop: AtomicBool::new(false),
+            enabled: AtomicBool::new(true),
+            call: Mutex::new(None),
+        });
+        let q = Queue::new(space, layout, 0, &mut None, flags, base).unwrap();
+        let (base, stats) = run_blk_worker(q, &disk, || r.used_idx() == 1);
+        assert_eq!(base, 1);
+        assert_eq!(r.used_idx(), 1);
+        assert_eq!(r.peek(USED + 4, 8), [0, 0, 0, 0, 1, 2, 0, 0]);
+        assert!(served());
+        assert_eq!(r.peek(DATA, 512), image[512..1024]);
+        assert_eq!(stats.requests, 1);
+        assert_eq!(stats.ring_faults, 0);
+    }
 }
