@@ -87,6 +87,18 @@ impl Queue {
         })
     }
 
+    /// What the queue's worker shares with the session.
+    #[cfg(test)]
+    pub(crate) fn worker_shared(&self) -> &Arc<WorkerShared> {
+        &self.shared
+    }
+
+    /// The ring's layout.
+    #[cfg(test)]
+    pub(crate) fn ring_layout(&self) -> QueueLayout {
+        self.ring.layout()
+    }
+
     /// The space the ring and its buffers translate through.
     pub(crate) fn space(&self) -> &Arc<DmaSpace> {
         self.rings.space()
@@ -133,8 +145,10 @@ impl Queue {
         self.ring.unpop()
     }
 
-    /// Publishes the used entry a failed [`Queue::push_used`] left, if any.
-    fn publish_pending(&mut self) -> Result<(), DeviceError> {
+    /// Publishes the used entry a failed [`Queue::push_used`] left, if any
+    /// (a worker that pops only when it has work, as the receive side,
+    /// calls it first so the entry is not held back until then).
+    pub(crate) fn publish_pending(&mut self) -> Result<(), DeviceError> {
         if let Some((head, len)) = self.pending_used {
             self.ring.add_used(&self.rings, head, len)?;
             self.pending_used = None;
@@ -250,7 +264,7 @@ impl Queue {
 }
 
 #[cfg(all(test, not(loom)))]
-mod tests {
+pub(crate) mod tests {
     //! The ring checks the back-ends had in their own ring code, on the
     //! shared one over the front-end's IOTLB: each bad index or chain is
     //! its typed error, nothing taken or written past it.
@@ -262,25 +276,27 @@ mod tests {
     use super::*;
     use crate::proto::iotlb as m;
 
-    const UA: u64 = 0x7f00_0000_0000;
+    pub(crate) const UA: u64 = 0x7f00_0000_0000;
     const SHARED: usize = 64 << 10;
     /// The descriptor table's and available ring's IOVA page, mapped
     /// read-write at the shared memory's start.
-    const RINGS: u64 = 0x10000;
+    pub(crate) const RINGS: u64 = 0x10000;
     const DESC: u64 = RINGS;
     const AVAIL: u64 = RINGS + 0x100;
     /// The used ring's own IOVA page, mapped read-write after it (one
     /// can be invalidated without the other).
-    const USED_PAGE: u64 = RINGS + 0x1000;
-    const USED: u64 = USED_PAGE;
+    pub(crate) const USED_PAGE: u64 = RINGS + 0x1000;
+    pub(crate) const USED: u64 = USED_PAGE;
     const NUM: u16 = 8;
 
-    struct Rig {
-        q: Queue,
+    /// A queue over a test space (rings at [`RINGS`], used ring on its
+    /// own page at [`USED_PAGE`]) and the host pointer of its memory.
+    pub(crate) struct Rig {
+        pub(crate) q: Queue,
         shared: *mut u8,
     }
 
-    fn rig(base: u16) -> Rig {
+    pub(crate) fn rig(base: u16) -> Rig {
         let (space, shared) =
             crate::testing::shared_space(c"ring-test", SHARED, UA, Duration::from_millis(20));
         let space = Arc::new(space);
@@ -305,7 +321,7 @@ mod tests {
     }
 
     impl Rig {
-        fn poke(&self, iova: u64, bytes: &[u8]) {
+        pub(crate) fn poke(&self, iova: u64, bytes: &[u8]) {
             let off = (iova - RINGS) as usize;
             assert!(off + bytes.len() <= SHARED);
             // SAFETY: within the shared mapping (checked above).
@@ -314,7 +330,7 @@ mod tests {
             };
         }
 
-        fn peek(&self, iova: u64, len: usize) -> Vec<u8> {
+        pub(crate) fn peek(&self, iova: u64, len: usize) -> Vec<u8> {
             let mut v = vec![0u8; len];
             // SAFETY: as in poke.
             unsafe {
@@ -327,19 +343,19 @@ mod tests {
             v
         }
 
-        fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        pub(crate) fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
             let b = crate::testing::desc(addr, len, flags, next);
             self.poke(DESC + 16 * u64::from(i), &b);
         }
 
         /// Publishes `head` in avail entry `slot` and the avail index `idx`.
-        fn offer(&self, slot: u16, head: u16, idx: u16) {
+        pub(crate) fn offer(&self, slot: u16, head: u16, idx: u16) {
             self.poke(AVAIL + 4 + 2 * u64::from(slot % NUM), &head.to_le_bytes());
             self.poke(AVAIL + 2, &idx.to_le_bytes());
         }
 
         /// The used index the driver sees.
-        fn used_idx(&self) -> u16 {
+        pub(crate) fn used_idx(&self) -> u16 {
             let b = self.peek(USED + 2, 2);
             u16::from_le_bytes([b[0], b[1]])
         }
