@@ -599,7 +599,9 @@ mod tests {
         let (dev, mut peer, _) = wire(WireConfig::default());
         let mut r = rig(0);
         let space = r.q.space().clone();
-        space.update(BUF, 0x1000, UA + 0x2000, m::ACCESS_RW).unwrap();
+        space
+            .update(BUF, 0x1000, UA + 0x2000, m::ACCESS_RW)
+            .unwrap();
         r.desc(0, BUF, 0x800, d::F_WRITE, 0);
         r.desc(1, BUF + 0x800, 0x800, d::F_WRITE, 0);
         r.offer(0, 0, 1);

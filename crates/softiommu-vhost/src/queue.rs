@@ -732,7 +732,8 @@ pub(crate) mod tests {
         const DATA: u64 = RINGS + 0x2000;
         const HDR: u64 = RINGS + 0x800;
         const STATUS: u64 = RINGS + 0x900;
-        let path = std::env::temp_dir().join(format!("softiommu-vhost-q-{}.img", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("softiommu-vhost-q-{}.img", std::process::id()));
         let image: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
         std::fs::write(&path, &image).unwrap();
         let disk = Arc::new(crate::disk::Disk::open(&path).unwrap());

@@ -116,8 +116,7 @@ pub struct DeviceQueue {
 /// The ring features [`DeviceQueue`] does not implement: a queue asked to
 /// run with any of them is refused rather than run without honouring them
 /// (an indirect table walked as a plain buffer, event indices ignored).
-const UNIMPLEMENTED_FEATURES: u64 =
-    1 << feature::RING_INDIRECT_DESC | 1 << feature::RING_EVENT_IDX;
+const UNIMPLEMENTED_FEATURES: u64 = 1 << feature::RING_INDIRECT_DESC | 1 << feature::RING_EVENT_IDX;
 
 /// Gives each live queue a number of its own (see
 /// [`DeviceQueue::generation`]).
@@ -595,8 +594,11 @@ mod tests {
 
     /// Publishes `head` in avail entry `slot` and the avail index `idx`.
     fn offer(m: &GuestMemoryMmap, slot: u16, head: u16, idx: u16) {
-        m.write_obj(head.to_le(), GuestAddress(AVAIL + 4 + 2 * u64::from(slot % NUM)))
-            .unwrap();
+        m.write_obj(
+            head.to_le(),
+            GuestAddress(AVAIL + 4 + 2 * u64::from(slot % NUM)),
+        )
+        .unwrap();
         m.write_obj(idx.to_le(), GuestAddress(AVAIL + 2)).unwrap();
     }
 
