@@ -88,13 +88,13 @@ impl Queue {
     }
 
     /// What the queue's worker shares with the session.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn worker_shared(&self) -> &Arc<WorkerShared> {
         &self.shared
     }
 
     /// The ring's layout.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn ring_layout(&self) -> QueueLayout {
         self.ring.layout()
     }
