@@ -141,7 +141,10 @@ impl Worker {
         }
     }
 
-    /// Serves the ring until told to stop; returns the next avail index.
+    /// Serves the ring until told to stop; returns the ring's base, equal
+    /// to the used index it shows ([`Queue::finish`]: a request whose
+    /// completion could not be published is given back and re-executed
+    /// after resuming, the same sectors from the same buffers).
     pub(crate) fn run(mut self) -> u16 {
         while !self.q.stopping() {
             if self.q.enabled() {
@@ -161,7 +164,7 @@ impl Worker {
         self.counters
             .worker_cpu_ns
             .fetch_add(thread_cpu_ns(), Ordering::Relaxed);
-        self.q.last_avail()
+        self.q.finish()
     }
 
     /// Asks the front-end for the missing pages of the chains available
@@ -207,10 +210,13 @@ impl Worker {
                     let len = match self.serve(head) {
                         Ok(l) => l,
                         Err(e) => {
-                            self.q.unpop();
+                            // Refused only without the pop just above.
+                            let _ = self.q.unpop();
                             break Err(e);
                         }
                     };
+                    // A failure keeps the entry, published before the
+                    // next pop or given back when the worker stops.
                     if let Err(e) = self.q.push_used(head, len) {
                         break Err(e);
                     }

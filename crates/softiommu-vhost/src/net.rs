@@ -281,7 +281,10 @@ impl TxWorker {
             self.q.wait_kick(KICK_POLL);
         }
         bump(&self.counters.worker_cpu_ns, thread_cpu_ns());
-        (self.q.last_avail(), self.tx)
+        // A frame whose completion could not be published is given back
+        // and sent once more after resuming (a duplicate the network
+        // tolerates), so the base equals the used index.
+        (self.q.finish(), self.tx)
     }
 
     fn drain(&mut self) -> Result<(), DeviceError> {
@@ -292,7 +295,8 @@ impl TxWorker {
             match self.q.pop() {
                 Ok(Some(h)) => {
                     if let Err(e) = self.send(h) {
-                        self.q.unpop();
+                        // Refused only without the pop just above.
+                        let _ = self.q.unpop();
                         break Err(e);
                     }
                     if let Err(e) = self.q.push_used(h, 0) {
@@ -413,6 +417,10 @@ enum Delivered {
     Kept,
     /// No buffer available.
     NoBuffer,
+    /// The frame was used, but publishing its buffer's used entry failed
+    /// (kept by the queue, published before the next pop): the frame is
+    /// not delivered again, and the error ends the batch.
+    ConsumedUnpublished(DeviceError),
 }
 
 impl RxWorker {
@@ -438,7 +446,10 @@ impl RxWorker {
             }
         }
         bump(&self.counters.worker_cpu_ns, thread_cpu_ns());
-        (self.q.last_avail(), self.rx)
+        // A buffer whose completion could not be published is given back
+        // and filled again after resuming (its frame lost, as a drop), so
+        // the base equals the used index.
+        (self.q.finish(), self.rx)
     }
 
     fn fault(&self, e: DeviceError) {
@@ -451,6 +462,9 @@ impl RxWorker {
     /// Delivers arrived frames while there are buffers; returns how long to
     /// wait before the next try (`None`: go again now).
     fn pump(&mut self) -> Result<Option<Duration>, DeviceError> {
+        // A buffer filled whose completion could not be published goes
+        // out now, not only when the next frame arrives.
+        self.q.publish_pending()?;
         let mut n = 0u32;
         loop {
             if self.q.stopping() {
@@ -471,6 +485,10 @@ impl RxWorker {
                 }
                 Delivered::Kept => {}
                 Delivered::NoBuffer => return Ok(Some(IDLE_WAIT)),
+                Delivered::ConsumedUnpublished(e) => {
+                    self.rx.consume();
+                    return Err(e);
+                }
             }
         }
     }
@@ -498,7 +516,8 @@ fn deliver(
     let total = match q.walk(head, ChainDir::Writable, descs) {
         Ok(t) => t,
         Err(e) if is_abort(&e) => {
-            q.unpop();
+            // Refused only without the pop above.
+            let _ = q.unpop();
             return Err(e);
         }
         Err(_) => {
@@ -508,31 +527,127 @@ fn deliver(
         }
     };
     let need = (HDR_LEN + frame.len()) as u64;
+    // The frame is used from here on: a failed publication must not have
+    // it delivered again into the next buffer.
+    let published = |r: Result<(), DeviceError>| match r {
+        Ok(()) => Delivered::Consumed,
+        Err(e) => Delivered::ConsumedUnpublished(e),
+    };
     if total < need {
         bump(&c.rx_dropped, 1);
-        q.push_used(head, 0)?;
-        return Ok(Delivered::Consumed);
+        return Ok(published(q.push_used(head, 0)));
     }
     let mut space = &**q.space();
     match scatter_frame(&mut space, descs, &plain_header(true), frame) {
         Ok(()) => {
             bump(&c.rx_frames, 1);
             bump(&c.rx_bytes, frame.len() as u64);
-            q.push_used(head, need as u32)?;
+            Ok(published(q.push_used(head, need as u32)))
         }
         Err(e) if matches!(e.fault, AccessError::Cancelled { .. }) => {
-            q.unpop();
-            return Err(DeviceError::DmaAborted {
+            // Refused only without the pop above.
+            let _ = q.unpop();
+            Err(DeviceError::DmaAborted {
                 queue: sn::RX_QUEUE,
                 what: "buffer",
                 iova: e.iova,
                 access: e.access,
-            });
+            })
         }
         Err(_) => {
             bump(&c.rx_dropped, 1);
-            q.push_used(head, 0)?;
+            Ok(published(q.push_used(head, 0)))
         }
     }
-    Ok(Delivered::Consumed)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    //! The receive worker when a buffer's completion cannot be published:
+    //! the frame is not delivered twice, the completion goes out once the
+    //! used ring is back.
+
+    use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
+
+    use softiommu_virtio::net::{wire, WireConfig};
+    use softiommu_virtio::spec::desc as d;
+
+    use super::*;
+    use crate::proto::iotlb as m;
+    use crate::queue::tests::{rig, RINGS, UA, USED, USED_PAGE};
+    use crate::queue::WorkerShared;
+
+    const BUF: u64 = RINGS + 0x2000;
+
+    fn wait(what: &str, f: impl Fn() -> bool) {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never: {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn send(tx: &mut WireTx, byte: u8) {
+        let mut slot = tx.reserve().unwrap();
+        slot.buf()[..60].fill(byte);
+        slot.commit(60);
+    }
+
+    #[test]
+    fn a_received_frame_whose_completion_failed_is_not_delivered_again() {
+        let (dev, mut peer, _) = wire(WireConfig::default());
+        let mut r = rig(0);
+        let space = r.q.space().clone();
+        space
+            .update(BUF, 0x1000, UA + 0x2000, m::ACCESS_RW)
+            .unwrap();
+        r.desc(0, BUF, 0x800, d::F_WRITE, 0);
+        r.desc(1, BUF + 0x800, 0x800, d::F_WRITE, 0);
+        r.offer(0, 0, 1);
+        // The used ring's page gone, no front-end to answer its miss.
+        space.invalidate(USED_PAGE, 0x1000).unwrap();
+        let layout = r.q.ring_layout();
+        let idle = Arc::new(WorkerShared {
+            stop: AtomicBool::new(false),
+            enabled: AtomicBool::new(false),
+            call: Mutex::new(None),
+        });
+        let idle = Queue::new(space.clone(), layout, 0, &mut None, idle, 0).unwrap();
+        let q = std::mem::replace(&mut r.q, idle);
+        let shared = q.worker_shared().clone();
+        let counters = Arc::new(NetCounters::default());
+        let w = RxWorker {
+            q,
+            rx: dev.rx,
+            counters: counters.clone(),
+            descs: Vec::new(),
+        };
+        let h = std::thread::spawn(move || w.run());
+        send(&mut peer.tx, 0xa1);
+        wait("frame A in buffer 0", || r.peek(BUF + 12, 60) == [0xa1; 60]);
+        wait("a failed publication", || {
+            counters.ring_faults.load(Ordering::Relaxed) >= 1
+        });
+        assert_eq!(r.used_idx(), 0);
+        // A second buffer, then the used ring back: A's completion goes out
+        // without a new frame, and A is not put into buffer 1.
+        r.offer(1, 1, 2);
+        space
+            .update(USED_PAGE, 0x1000, UA + 0x1000, m::ACCESS_RW)
+            .unwrap();
+        wait("A's completion", || r.used_idx() == 1);
+        assert_eq!(r.peek(USED + 4, 8), [0, 0, 0, 0, 72, 0, 0, 0]);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(r.peek(BUF + 0x800 + 12, 60), [0u8; 60]);
+        send(&mut peer.tx, 0xb2);
+        wait("B's completion", || r.used_idx() == 2);
+        assert_eq!(r.peek(USED + 12, 8), [1, 0, 0, 0, 72, 0, 0, 0]);
+        assert_eq!(r.peek(BUF + 0x800 + 12, 60), [0xb2; 60]);
+        shared.stop.store(true, Ordering::Release);
+        space.cancel();
+        let (base, _rx) = h.join().unwrap();
+        assert_eq!(base, 2);
+        assert_eq!(counters.snapshot().rx_frames, 2);
+    }
 }

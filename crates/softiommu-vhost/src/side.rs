@@ -4,8 +4,12 @@
 //! softiommu unit — the same device code, rings and buffers through the
 //! [`DmaSpace`].
 //!
-//! Rings translate as `SET_VRING_ADDR`'s addresses do ([`AddrKind::Ring`]),
-//! buffers as descriptors' ([`AddrKind::Buffer`]); a miss is asked of the
+//! A device's rings and buffers both translate as descriptors' addresses
+//! do ([`AddrKind::Buffer`]: an IOVA, or with the space's IOMMU off a
+//! guest-physical address): its driver programs the rings in the address
+//! space of its buffers, unlike a vhost-user front-end's `SET_VRING_ADDR`
+//! (front-end virtual addresses without an IOMMU, [`AddrKind::Ring`], what
+//! the back-end's own queues use); a miss is asked of the
 //! front-end and waited for within the space's bound, and a wait
 //! cancelled because the rings stop is an abort (`DeviceError::DmaAborted`
 //! on a ring, `ServeError::Aborted` in the request code). Every access
@@ -26,33 +30,50 @@ use crate::error::AccessError;
 use crate::space::{AddrKind, DmaSpace};
 
 /// The space's ring addresses, as the [`RingMemory`] the shared ring code
-/// reads and writes through.
+/// reads and writes through, translated as one [`AddrKind`] says.
 #[derive(Debug, Clone)]
-pub struct SpaceRings(pub(crate) Arc<DmaSpace>);
+pub struct SpaceRings {
+    space: Arc<DmaSpace>,
+    kind: AddrKind,
+}
+
+impl SpaceRings {
+    /// Rings at addresses of `kind` in `space`: [`AddrKind::Ring`] for a
+    /// vhost-user ring (`SET_VRING_ADDR`), [`AddrKind::Buffer`] for a
+    /// device whose driver writes ring addresses as it writes buffers'.
+    pub(crate) fn new(space: Arc<DmaSpace>, kind: AddrKind) -> Self {
+        Self { space, kind }
+    }
+
+    /// The space the rings translate through.
+    pub(crate) fn space(&self) -> &Arc<DmaSpace> {
+        &self.space
+    }
+}
 
 impl RingMemory for SpaceRings {
     type Fault = AccessError;
 
     #[inline]
     fn read_ring(&self, addr: u64, buf: &mut [u8]) -> Result<(), AccessError> {
-        self.0.read_bytes(AddrKind::Ring, addr, buf)
+        self.space.read_bytes(self.kind, addr, buf)
     }
 
     #[inline]
     fn write_ring(&self, addr: u64, buf: &[u8]) -> Result<(), AccessError> {
-        self.0.write_bytes(AddrKind::Ring, addr, buf)
+        self.space.write_bytes(self.kind, addr, buf)
     }
 
     #[inline]
     fn load_u16(&self, addr: u64, _order: Ordering) -> Result<u16, AccessError> {
         // Acquire whatever was asked: never weaker.
-        self.0.load_u16_acquire(AddrKind::Ring, addr)
+        self.space.load_u16_acquire(self.kind, addr)
     }
 
     #[inline]
     fn store_u16(&self, addr: u64, v: u16, _order: Ordering) -> Result<(), AccessError> {
         // Release whatever was asked: never weaker.
-        self.0.store_u16_release(AddrKind::Ring, addr, v)
+        self.space.store_u16_release(self.kind, addr, v)
     }
 
     fn is_abort(fault: &AccessError) -> bool {
@@ -125,7 +146,8 @@ impl DmaSide for SpaceSide {
 
     fn attach(&self) -> Result<Attached<Self>, Infallible> {
         Ok(Attached {
-            ring: SpaceRings(self.space.clone()),
+            // The driver programs the rings where it puts buffers.
+            ring: SpaceRings::new(self.space.clone(), AddrKind::Buffer),
             dma: SpaceDma(self.space.clone()),
             fence: SpaceFence,
         })
@@ -287,5 +309,30 @@ mod tests {
         );
         assert_eq!(t.status() & status::DEVICE_NEEDS_RESET, 0);
         dev.stop().unwrap();
+    }
+
+    #[test]
+    fn with_the_iommu_off_a_devices_rings_are_at_guest_physical_addresses() {
+        // Guest-physical 0 is front-end address UA: a driver behind the
+        // space programs its rings at guest-physical addresses, as its
+        // buffers, never at the front-end's virtual ones.
+        let (space, shared) =
+            crate::testing::shared_space(c"side-gpa", SHARED, UA, Duration::from_millis(20));
+        space.set_iommu(false);
+        let side = SpaceSide::new(Arc::new(space), "fe-gpa");
+        let a = side.attach().unwrap();
+        // SAFETY: within the shared mapping (SHARED bytes).
+        unsafe { std::ptr::copy_nonoverlapping([0x34u8, 0x12].as_ptr(), shared.add(0x102), 2) };
+        assert_eq!(a.ring.load_u16(0x102, Ordering::Acquire).unwrap(), 0x1234);
+        a.ring.store_u16(0x200, 0xbeef, Ordering::Release).unwrap();
+        let mut b = [0u8; 2];
+        a.ring.read_ring(0x200, &mut b).unwrap();
+        assert_eq!(b, 0xbeefu16.to_le_bytes());
+        // The front-end's virtual address is not a guest-physical one.
+        let e = a.ring.load_u16(UA + 0x102, Ordering::Acquire).unwrap_err();
+        assert!(
+            matches!(e, AccessError::OutsideMemory { iova, .. } if iova == UA + 0x102),
+            "{e:?}"
+        );
     }
 }

@@ -536,9 +536,13 @@ impl<S: DmaSide> Worker<S> {
                 Ok(Received::Delivered) => b.used += 1,
                 Ok(Received::NoRoom) => {
                     // Nothing was written: the chain goes back for the
-                    // next frame.
-                    q.unpop();
+                    // next frame (refused only without the pop above,
+                    // which would be this device's own mistake).
                     dropped += 1;
+                    if let Err(e) = q.unpop() {
+                        fail(end, q, e);
+                        break;
+                    }
                 }
                 Err(e) => {
                     fail(end, q, e);

@@ -106,9 +106,17 @@ pub struct DeviceQueue {
     /// published, so it is re-read only when the device catches up.
     avail_seen: u16,
     stopped: bool,
-    indirect: bool,
+    /// The available entry the last [`DeviceQueue::pop`] took, while it
+    /// may still be given back (neither given back nor followed by a
+    /// completion).
+    last_popped: Option<u16>,
     generation: u64,
 }
+
+/// The ring features [`DeviceQueue`] does not implement: a queue asked to
+/// run with any of them is refused rather than run without honouring them
+/// (an indirect table walked as a plain buffer, event indices ignored).
+const UNIMPLEMENTED_FEATURES: u64 = 1 << feature::RING_INDIRECT_DESC | 1 << feature::RING_EVENT_IDX;
 
 /// Gives each live queue a number of its own (see
 /// [`DeviceQueue::generation`]).
@@ -146,8 +154,17 @@ impl DeviceQueue {
     /// a power of two in `1..=32768` or an area is misaligned
     /// ([`DeviceError::QueueLayoutInvalid`], §2.7's table), or if a ring
     /// runs past the end of the 64-bit address space
-    /// ([`QueueLayout::check_extents`]).
+    /// ([`QueueLayout::check_extents`]). Features with
+    /// `VIRTIO_F_INDIRECT_DESC` or `VIRTIO_F_EVENT_IDX`, which this ring
+    /// code does not implement, are refused
+    /// ([`DeviceError::RingFeatureUnsupported`]).
     pub fn new(layout: QueueLayout, features: u64) -> Result<Self, DeviceError> {
+        if features & UNIMPLEMENTED_FEATURES != 0 {
+            return Err(DeviceError::RingFeatureUnsupported {
+                queue: layout.index,
+                features: features & UNIMPLEMENTED_FEATURES,
+            });
+        }
         layout.check_extents()?;
         let bad = |what, addr, align| DeviceError::QueueLayoutInvalid {
             queue: layout.index,
@@ -173,7 +190,7 @@ impl DeviceQueue {
             next_used: 0,
             avail_seen: 0,
             stopped: false,
-            indirect: features & 1 << feature::RING_INDIRECT_DESC != 0,
+            last_popped: None,
             generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
         })
     }
@@ -186,6 +203,7 @@ impl DeviceQueue {
         self.next_avail = base;
         self.next_used = base;
         self.avail_seen = base;
+        self.last_popped = None;
     }
 
     /// The next available entry the device will take (what a vhost-user
@@ -299,22 +317,37 @@ impl DeviceQueue {
         }
         let head = self.head_at(mem, next)?;
         self.next_avail = next.wrapping_add(1);
+        self.last_popped = Some(next);
         Ok(Some(head))
     }
 
     /// Gives back the chain the last [`pop`](Self::pop) returned, unused
     /// and untouched (a frame the device dropped, a request whose access
-    /// was aborted): the next `pop` returns it again. Call only right
-    /// after a `pop` that returned a head.
-    pub fn unpop(&mut self) {
-        self.next_avail = self.next_avail.wrapping_sub(1);
+    /// was aborted): the next `pop` returns it again. Refused
+    /// ([`DeviceError::UnpopWithoutPop`], nothing moved) unless a `pop`
+    /// returned a head since the last `unpop`, [`add_used`](Self::add_used)
+    /// or [`set_base`](Self::set_base): a chain given back twice, or after
+    /// a completion, would be served and completed twice.
+    pub fn unpop(&mut self) -> Result<(), DeviceError> {
+        let prev = self.next_avail.wrapping_sub(1);
+        if self.last_popped != Some(prev) {
+            return Err(DeviceError::UnpopWithoutPop {
+                queue: self.layout.index,
+                next_avail: self.next_avail,
+            });
+        }
+        self.next_avail = prev;
+        self.last_popped = None;
+        Ok(())
     }
 
     /// Walks the chain from `head` into `out` (cleared first), checking
     /// every index, the length (at most the queue size: §2.7.5.2, so a loop
-    /// is caught), the direction each descriptor must have, and that no
-    /// indirect table appears unless negotiated. Returns the chain's total
-    /// bytes.
+    /// is caught), and the direction each descriptor must have. An
+    /// indirect descriptor is refused
+    /// ([`DeviceError::IndirectNotNegotiated`]): indirect tables are not
+    /// implemented, so the feature is never negotiated
+    /// ([`DeviceQueue::new`] refuses it). Returns the chain's total bytes.
     pub fn walk<M: RingMemory + ?Sized>(
         &self,
         mem: &M,
@@ -358,7 +391,7 @@ impl DeviceQueue {
             let len = u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
             let flags = u16::from_le_bytes([raw[12], raw[13]]);
             let next = u16::from_le_bytes([raw[14], raw[15]]);
-            if flags & desc::F_INDIRECT != 0 && !self.indirect {
+            if flags & desc::F_INDIRECT != 0 {
                 return Err(DeviceError::IndirectNotNegotiated { queue: q, index });
             }
             let writable = flags & desc::F_WRITE != 0;
@@ -407,6 +440,8 @@ impl DeviceQueue {
     /// Returns the chain at `head` to the driver with `len` bytes written
     /// (§2.7.8): the element, then the used index published with Release.
     /// A head past the table is [`DeviceError::DescriptorIndexOutOfRange`].
+    /// On any error the used position is unchanged (the entry may be
+    /// tried again).
     pub fn add_used<M: RingMemory + ?Sized>(
         &mut self,
         mem: &M,
@@ -433,10 +468,22 @@ impl DeviceQueue {
         elem[4..8].copy_from_slice(&len.to_le_bytes());
         mem.write_ring(at, &elem)
             .map_err(|e| fault::<M>(q, "used ring", at, Access::Write, e))?;
-        self.next_used = self.next_used.wrapping_add(1);
+        let next = self.next_used.wrapping_add(1);
         let idx_at = self.at("used ring", self.layout.used, 2, 2)?;
-        mem.store_u16(idx_at, self.next_used, Ordering::Release)
-            .map_err(|e| fault::<M>(q, "used ring", idx_at, Access::Write, e))
+        mem.store_u16(idx_at, next, Ordering::Release)
+            .map_err(|e| fault::<M>(q, "used ring", idx_at, Access::Write, e))?;
+        // Moved only once the index is published: a failed call leaves the
+        // position where it was, so trying the same entry again fills the
+        // same slot and the device's count never runs ahead of the ring's.
+        self.next_used = next;
+        self.last_popped = None;
+        Ok(())
+    }
+
+    /// The next used entry the device will fill: the used index it last
+    /// published.
+    pub fn next_used(&self) -> u16 {
+        self.next_used
     }
 
     /// Whether the driver wants an interrupt for what was just used: the
@@ -500,5 +547,177 @@ impl DeviceQueue {
     /// not popped (without reading memory).
     pub fn known_pending(&self) -> bool {
         !self.stopped && self.next_avail != self.avail_seen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The queue's own refusals: ring features it does not implement, an
+    //! indirect descriptor, a give-back without a take, and a used entry
+    //! whose publication failed leaving the position where it was.
+
+    use std::cell::Cell;
+    use std::sync::atomic::Ordering;
+
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+
+    const DESC: u64 = 0x1000;
+    const AVAIL: u64 = 0x2000;
+    const USED: u64 = 0x3000;
+    const NUM: u16 = 8;
+
+    fn layout() -> QueueLayout {
+        QueueLayout {
+            index: 2,
+            size: NUM,
+            desc: DESC,
+            avail: AVAIL,
+            used: USED,
+        }
+    }
+
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap()
+    }
+
+    fn put_desc(m: &GuestMemoryMmap, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let mut b = [0u8; 16];
+        b[0..8].copy_from_slice(&addr.to_le_bytes());
+        b[8..12].copy_from_slice(&len.to_le_bytes());
+        b[12..14].copy_from_slice(&flags.to_le_bytes());
+        b[14..16].copy_from_slice(&next.to_le_bytes());
+        m.write_slice(&b, GuestAddress(DESC + 16 * u64::from(i)))
+            .unwrap();
+    }
+
+    /// Publishes `head` in avail entry `slot` and the avail index `idx`.
+    fn offer(m: &GuestMemoryMmap, slot: u16, head: u16, idx: u16) {
+        m.write_obj(
+            head.to_le(),
+            GuestAddress(AVAIL + 4 + 2 * u64::from(slot % NUM)),
+        )
+        .unwrap();
+        m.write_obj(idx.to_le(), GuestAddress(AVAIL + 2)).unwrap();
+    }
+
+    #[test]
+    fn ring_features_not_implemented_are_refused_when_the_queue_is_made() {
+        for bit in [feature::RING_INDIRECT_DESC, feature::RING_EVENT_IDX] {
+            let f = 1u64 << feature::VERSION_1 | 1 << bit;
+            let e = DeviceQueue::new(layout(), f).unwrap_err();
+            assert!(
+                matches!(e, DeviceError::RingFeatureUnsupported { queue: 2, features }
+                    if features == 1 << bit),
+                "{e:?}"
+            );
+        }
+        assert!(DeviceQueue::new(layout(), 1 << feature::VERSION_1).is_ok());
+    }
+
+    #[test]
+    fn an_indirect_descriptor_is_refused_by_the_walk() {
+        let m = memory();
+        let q = DeviceQueue::new(layout(), 0).unwrap();
+        put_desc(&m, 1, 0x8000, 16, desc::F_NEXT, 3);
+        put_desc(&m, 3, 0x9000, 32, desc::F_INDIRECT, 0);
+        let mut out = Vec::new();
+        let e = q.walk(&m, 1, ChainDir::Readable, &mut out).unwrap_err();
+        assert!(
+            matches!(e, DeviceError::IndirectNotNegotiated { queue: 2, index: 3 }),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn unpop_is_refused_without_a_pop_after_a_completion_and_twice() {
+        let m = memory();
+        let mut q = DeviceQueue::new(layout(), 0).unwrap();
+        q.set_base(5);
+        // Nothing taken yet.
+        let e = q.unpop().unwrap_err();
+        assert!(matches!(
+            e,
+            DeviceError::UnpopWithoutPop {
+                queue: 2,
+                next_avail: 5
+            }
+        ));
+        assert_eq!(q.next_avail(), 5);
+        offer(&m, 5, 0, 6);
+        offer(&m, 6, 1, 7);
+        assert_eq!(q.pop(&m).unwrap(), Some(0));
+        // Given back once, then refused.
+        q.unpop().unwrap();
+        assert_eq!(q.next_avail(), 5);
+        assert!(matches!(
+            q.unpop().unwrap_err(),
+            DeviceError::UnpopWithoutPop { next_avail: 5, .. }
+        ));
+        assert_eq!(q.next_avail(), 5);
+        // Taken again and completed: it cannot be given back.
+        assert_eq!(q.pop(&m).unwrap(), Some(0));
+        q.add_used(&m, 0, 0).unwrap();
+        assert!(matches!(
+            q.unpop().unwrap_err(),
+            DeviceError::UnpopWithoutPop { next_avail: 6, .. }
+        ));
+        assert_eq!(q.next_avail(), 6);
+        assert_eq!(q.pop(&m).unwrap(), Some(1));
+        assert_eq!(q.pop(&m).unwrap(), None);
+    }
+
+    /// Memory whose used-index store fails while `fail_index` is set.
+    struct IndexStoreFails<'a> {
+        m: &'a GuestMemoryMmap,
+        fail_index: Cell<bool>,
+    }
+
+    impl RingMemory for IndexStoreFails<'_> {
+        type Fault = vm_memory::GuestMemoryError;
+        fn read_ring(&self, addr: u64, buf: &mut [u8]) -> Result<(), Self::Fault> {
+            self.m.read_ring(addr, buf)
+        }
+        fn write_ring(&self, addr: u64, buf: &[u8]) -> Result<(), Self::Fault> {
+            self.m.write_ring(addr, buf)
+        }
+        fn load_u16(&self, addr: u64, order: Ordering) -> Result<u16, Self::Fault> {
+            self.m.load_u16(addr, order)
+        }
+        fn store_u16(&self, addr: u64, v: u16, order: Ordering) -> Result<(), Self::Fault> {
+            if addr == USED + 2 && self.fail_index.get() {
+                return Err(vm_memory::GuestMemoryError::InvalidGuestAddress(
+                    GuestAddress(addr),
+                ));
+            }
+            self.m.store_u16(addr, v, order)
+        }
+    }
+
+    #[test]
+    fn a_used_index_store_that_fails_leaves_the_used_position_for_a_retry() {
+        let m = memory();
+        let mem = IndexStoreFails {
+            m: &m,
+            fail_index: Cell::new(true),
+        };
+        let mut q = DeviceQueue::new(layout(), 0).unwrap();
+        offer(&m, 0, 3, 1);
+        assert_eq!(q.pop(&mem).unwrap(), Some(3));
+        let e = q.add_used(&mem, 3, 7).unwrap_err();
+        assert!(
+            matches!(e, DeviceError::DmaFault { queue: 2, what: "used ring", iova, .. } if iova == USED + 2),
+            "{e:?}"
+        );
+        assert_eq!(q.next_used(), 0);
+        // Tried again: the same slot, and the index published once.
+        mem.fail_index.set(false);
+        q.add_used(&mem, 3, 7).unwrap();
+        assert_eq!(q.next_used(), 1);
+        let idx: u16 = m.read_obj(GuestAddress(USED + 2)).unwrap();
+        assert_eq!(u16::from_le(idx), 1);
+        let elem: [u8; 8] = m.read_obj(GuestAddress(USED + 4)).unwrap();
+        assert_eq!(elem, [3, 0, 0, 0, 7, 0, 0, 0]);
     }
 }
