@@ -224,6 +224,37 @@ fn requests_served_on_the_notifying_thread_pay_the_modelled_exit() {
     assert!(dev.stats().requests >= 4, "{:?}", dev.stats());
 }
 
+/// With `serve_in_notifier`, the request queue is the notifying thread's
+/// alone: the device thread, looking every 100 µs, never takes a chain
+/// the driver published, not even while the notifier pays its modelled
+/// exit (had it taken one, the notifier would wait on the state lock for
+/// it and the thread would count it as work to busy-poll for, taking a
+/// CPU from the threads that need it). The request is served once the
+/// exit is paid, by the notifier.
+#[test]
+fn the_device_thread_leaves_the_notifiers_requests_alone() {
+    let exit = std::time::Duration::from_millis(300);
+    let mut cfg = config();
+    cfg.serve_in_notifier = true;
+    cfg.poll = std::time::Duration::ZERO;
+    cfg.idle_wait = std::time::Duration::from_micros(100);
+    cfg.transport.notify_exit = exit;
+    let Rig { dev, mut drv, .. } = rig_with(cfg, Default::default());
+    let before = dev.stats().requests;
+    let t0 = std::time::Instant::now();
+    let attach = std::thread::spawn(move || (drv.attach(1, EA, 0), drv));
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    assert_eq!(
+        dev.stats().requests,
+        before,
+        "the device thread took the chain during the exit"
+    );
+    let (st, _drv) = attach.join().expect("driver thread");
+    assert_eq!(st.expect("attach"), Some(Status::Ok));
+    assert!(t0.elapsed() >= exit);
+    assert_eq!(dev.stats().requests, before + 1);
+}
+
 /// A map and an unmap take their IOVA from the domain's per-thread cache
 /// once it is warm (Linux's `alloc_iova_fast` and its per-CPU rcache),
 /// not from the locked tree: in both modes, 256 reads' worth of three

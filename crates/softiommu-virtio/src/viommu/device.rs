@@ -102,7 +102,7 @@ impl ViommuDevice {
             transport.set_notify_hook(1 << s::REQUEST_QUEUE, move |t, _| {
                 if let Some(sh) = weak.upgrade() {
                     let end = DeviceEnd::new(t);
-                    serve(&c, &end, &mem, &sh, &mut lock(&sh.state));
+                    serve(&c, &end, &mem, &sh, &mut lock(&sh.state), true);
                 }
             });
         }
@@ -174,7 +174,12 @@ impl Drop for ViommuDevice {
 
 /// The device thread: each pass applies a reset or a new `bypass`, serves
 /// one round of requests and reports faults; it sleeps at most
-/// `idle_wait` when neither had work.
+/// `idle_wait` when neither had work. With
+/// [`ViommuConfig::serve_in_notifier`] the request queue is the notifying
+/// thread's alone: the device thread never takes its chains (it would
+/// take them while the notifier pays its modelled exit, make the
+/// notifier wait on the state lock, and count that as work to busy-poll
+/// for, taking a CPU from the threads that need it).
 fn run(
     cfg: &ViommuConfig,
     end: &DeviceEnd,
@@ -189,7 +194,7 @@ fn run(
         let mut busy = false;
         {
             let mut state = lock(&sh.state);
-            busy |= serve(cfg, end, mem, sh, &mut state);
+            busy |= serve(cfg, end, mem, sh, &mut state, !cfg.serve_in_notifier);
             busy |= reporter.poll(&state, end, mem, &sh.counters, cfg.fault_batch);
         }
         if busy {
@@ -204,14 +209,15 @@ fn run(
 }
 
 /// One pass over the request queue, with `state` locked: applies a reset
-/// or a new `bypass`, then serves one round. Returns whether chains were
-/// taken.
+/// or a new `bypass`, then serves one round if `requests`. Returns
+/// whether chains were taken.
 fn serve(
     cfg: &ViommuConfig,
     end: &DeviceEnd,
     mem: &PhysGuestMemory,
     sh: &Shared,
     state: &mut State,
+    requests: bool,
 ) -> bool {
     let mut sv = lock_serving(&sh.serving);
     let sv = &mut *sv;
@@ -232,7 +238,7 @@ fn serve(
         let _ = state.reset();
     }
     sv.generation = Some(gen);
-    sv.server.round(q, state, cfg, end, mem, &sh.counters)
+    requests && sv.server.round(q, state, cfg, end, mem, &sh.counters)
 }
 
 fn lock_serving(m: &Mutex<Serving>) -> std::sync::MutexGuard<'_, Serving> {
