@@ -32,7 +32,24 @@ fn lab_viommu_json_has_the_contract_fields() {
     assert_eq!(v["exit_us"].as_f64(), Some(3.0));
     assert_eq!(v["device_model_us"].as_f64(), Some(80.0));
     let rows = v["rows"].as_array().expect("rows");
-    assert_eq!(rows.len(), 9);
+    // Three storage jobs (null, the ssd's IOPS job, the ssd's bandwidth
+    // job) and the UDP stream, three modes each.
+    assert_eq!(rows.len(), 12);
+    // The ssd target rows run fio's bandwidth shape, 128 KiB at depth
+    // 16, whatever --bs and --depth say (those shape the null and IOPS
+    // rows); each row says its shape.
+    assert_eq!(v["bw_bs"].as_u64(), Some(131_072));
+    assert_eq!(v["bw_depth"].as_u64(), Some(16));
+    for r in rows {
+        let shape = (r["bs"].as_u64(), r["depth"].as_u64());
+        match r["device"].as_str().expect("device") {
+            "virtio-blk/ssd-80us-3500MBps" => assert_eq!(shape, (Some(131_072), Some(16))),
+            "virtio-blk/null" | "virtio-blk/ssd-80us-3500MBps/iops" => {
+                assert_eq!(shape, (Some(4096), Some(2)))
+            }
+            _ => assert!(shape.0.is_some() && shape.1.is_some(), "{r}"),
+        }
+    }
     let udp = rows
         .iter()
         .filter(|r| r["device"] == "virtio-net/udp-32B")
@@ -54,6 +71,7 @@ fn lab_viommu_json_has_the_contract_fields() {
         assert!(
             device == "virtio-blk/null"
                 || device == "virtio-blk/ssd-80us-3500MBps"
+                || device == "virtio-blk/ssd-80us-3500MBps/iops"
                 || device == "virtio-net/udp-32B"
         );
         assert!(r["valid"].as_bool().is_some(), "valid in {r}");
@@ -126,5 +144,23 @@ fn lab_viommu_refuses_a_bad_exit_cost_in_one_line() {
         assert_eq!(out.status.code(), Some(2), "{bad}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.trim().lines().count(), 1, "{bad}: {err}");
+    }
+}
+
+/// The bandwidth job's shape is checked as `--bs` and `--depth` are:
+/// one line naming the allowed values, exit 2, nothing run.
+#[test]
+fn lab_viommu_refuses_a_bad_bandwidth_shape_in_one_line() {
+    for (bad, allowed) in [
+        (["--bw-bs", "1000"], "4096..=131072"),
+        (["--bw-bs", "256k"], "4096..=131072"),
+        (["--bw-depth", "0"], "1..=32"),
+        (["--bw-depth", "33"], "1..=32"),
+    ] {
+        let out = softiommu(&["lab", "viommu", bad[0], bad[1]]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{bad:?}: {err}");
+        assert!(err.contains(allowed), "{bad:?}: {err}");
     }
 }

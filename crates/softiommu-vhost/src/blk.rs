@@ -20,13 +20,11 @@ use std::time::Duration;
 use softiommu_virtio::blk::{BlkLimits, BlkOp, BlkRequests, Completed, ServeError};
 use softiommu_virtio::cpu_clock;
 use softiommu_virtio::spec::blk::{self as sb, SECTOR_SIZE};
-use softiommu_virtio::spec::desc;
+use softiommu_virtio::transport::{ChainDesc, ChainDir, DeviceError};
 
-use crate::device_dma::chain_descs;
 use crate::disk::Disk;
-use crate::error::AccessError;
+use crate::queue::{is_abort, Queue};
 use crate::session::SEG_MAX;
-use crate::vring::{Chain, Desc, Pop, Queue};
 
 /// The id string `VIRTIO_BLK_T_GET_ID` answers (NUL-padded to 20 bytes).
 pub const DEVICE_ID: &[u8] = b"softiommu-vhost-blk";
@@ -99,6 +97,8 @@ pub(crate) struct Worker {
     counters: Arc<BlkCounters>,
     /// The avail index up to which chains were looked at ahead.
     ahead: u16,
+    /// The chain looked at ahead (its vector reused).
+    ahead_chain: Vec<ChainDesc>,
     /// The request code shared with the devices behind a softiommu unit.
     req: BlkRequests,
 }
@@ -111,22 +111,10 @@ const LOOK_AHEAD: u16 = 4;
 /// Asks for every missing page of `chain`: the header and device-read
 /// data, then the device-written data and status. Returns the last page
 /// asked (or still outstanding), to wait for.
-fn prefetch_chain(space: &crate::space::DmaSpace, chain: &[Desc]) -> Option<u64> {
-    let seg = |d: &Desc| (d.addr, u64::from(d.len));
-    let r = space.prefetch(
-        &mut chain
-            .iter()
-            .filter(|d| d.flags & desc::F_WRITE == 0)
-            .map(seg),
-        false,
-    );
-    let w = space.prefetch(
-        &mut chain
-            .iter()
-            .filter(|d| d.flags & desc::F_WRITE != 0)
-            .map(seg),
-        true,
-    );
+fn prefetch_chain(space: &crate::space::DmaSpace, chain: &[ChainDesc]) -> Option<u64> {
+    let seg = |d: &ChainDesc| (d.addr, u64::from(d.len));
+    let r = space.prefetch(&mut chain.iter().filter(|d| !d.writable).map(seg), false);
+    let w = space.prefetch(&mut chain.iter().filter(|d| d.writable).map(seg), true);
     w.or(r)
 }
 
@@ -144,7 +132,8 @@ impl Worker {
         let mut id = [0u8; sb::ID_BYTES];
         id[..DEVICE_ID.len()].copy_from_slice(DEVICE_ID);
         Self {
-            ahead: q.last_avail,
+            ahead: q.last_avail(),
+            ahead_chain: Vec::new(),
             q,
             disk,
             counters,
@@ -152,14 +141,18 @@ impl Worker {
         }
     }
 
-    /// Serves the ring until told to stop; returns the next avail index.
+    /// Serves the ring until told to stop; returns the ring's base, equal
+    /// to the used index it shows ([`Queue::finish`]: a request whose
+    /// completion could not be published is given back and re-executed
+    /// after resuming, the same sectors from the same buffers).
     pub(crate) fn run(mut self) -> u16 {
         while !self.q.stopping() {
             if self.q.enabled() {
                 match self.drain() {
                     // Misses cancelled: the rings are stopping (the stop
                     // flag ends the loop) or another ring stopped.
-                    Ok(()) | Err(AccessError::Cancelled { .. }) => {}
+                    Ok(()) => {}
+                    Err(e) if is_abort(&e) => {}
                     Err(e) => {
                         self.counters.ring_faults.fetch_add(1, Ordering::Relaxed);
                         eprintln!("softiommu-vhost: ring access failed: {e}");
@@ -171,7 +164,7 @@ impl Worker {
         self.counters
             .worker_cpu_ns
             .fetch_add(thread_cpu_ns(), Ordering::Relaxed);
-        self.q.last_avail
+        self.q.finish()
     }
 
     /// Asks the front-end for the missing pages of the chains available
@@ -182,15 +175,13 @@ impl Worker {
         let Ok(avail) = self.q.avail_idx() else {
             return;
         };
-        let ahead = avail.wrapping_sub(self.q.last_avail);
-        if ahead > self.q.ring.num {
-            return;
-        }
+        let last = self.q.last_avail();
+        let ahead = avail.wrapping_sub(last);
         // Chains looked at before stay looked at (`self.ahead` is at or
-        // past `last_avail`, the chain after the one being served, and
-        // within what is available; else it starts there again).
-        if self.ahead.wrapping_sub(self.q.last_avail) > ahead {
-            self.ahead = self.q.last_avail;
+        // past `last`, the chain after the one being served, and within
+        // what is available; else it starts there again).
+        if self.ahead.wrapping_sub(last) > ahead {
+            self.ahead = last;
         }
         let mut budget = LOOK_AHEAD;
         while self.ahead != avail && budget > 0 {
@@ -200,34 +191,38 @@ impl Worker {
             let Ok(head) = self.q.head_at(idx) else {
                 return;
             };
-            if let Ok(Chain::Ok(chain)) = self.q.walk(head) {
-                prefetch_chain(&self.q.space, &chain);
-                self.q.recycle(chain);
+            let dir = ChainDir::ReadableThenWritable;
+            if self.q.walk(head, dir, &mut self.ahead_chain).is_ok() {
+                prefetch_chain(self.q.space(), &self.ahead_chain);
             }
         }
     }
 
-    /// Serves every available chain, then signals the driver once.
-    fn drain(&mut self) -> Result<(), AccessError> {
+    /// Serves every available chain, then signals the driver once. An
+    /// avail index past the ring is counted and left for the next kick.
+    fn drain(&mut self) -> Result<(), DeviceError> {
         let r = loop {
             if self.q.stopping() {
                 break Ok(());
             }
             match self.q.pop() {
-                Ok(Pop::Head(head)) => {
+                Ok(Some(head)) => {
                     let len = match self.serve(head) {
                         Ok(l) => l,
                         Err(e) => {
-                            self.q.unpop();
+                            // Refused only without the pop just above.
+                            let _ = self.q.unpop();
                             break Err(e);
                         }
                     };
+                    // A failure keeps the entry, published before the
+                    // next pop or given back when the worker stops.
                     if let Err(e) = self.q.push_used(head, len) {
                         break Err(e);
                     }
                 }
-                Ok(Pop::Empty) => break Ok(()),
-                Ok(Pop::Overrun) => {
+                Ok(None) => break Ok(()),
+                Err(DeviceError::AvailIndexTooFar { .. }) => {
                     self.counters.ring_faults.fetch_add(1, Ordering::Relaxed);
                     break Ok(());
                 }
@@ -238,43 +233,33 @@ impl Worker {
         r
     }
 
-    /// Serves one chain; returns the used length. Only a cancelled access
-    /// (the rings stopping) is an error: every other failure completes the
+    /// Serves one chain; returns the used length. Only an aborted access
+    /// (the rings stopping) is an error: a chain the walk refuses (a loop,
+    /// an index past the ring, an indirect descriptor, a readable
+    /// descriptor after a writable one, an unreachable table) is completed
+    /// with length 0 and counted, every other failure completes the
     /// request.
-    fn serve(&mut self, head: u16) -> Result<u32, AccessError> {
-        let c = &self.counters;
-        let chain = match self.q.walk(head) {
-            Ok(Chain::Ok(d)) => d,
-            Ok(Chain::Bad) => {
-                c.bad_chains.fetch_add(1, Ordering::Relaxed);
-                return Ok(0);
-            }
-            Err(e @ AccessError::Cancelled { .. }) => return Err(e),
+    fn serve(&mut self, head: u16) -> Result<u32, DeviceError> {
+        let dir = ChainDir::ReadableThenWritable;
+        match self.q.walk(head, dir, self.req.chain_mut()) {
+            Ok(_) => {}
+            Err(e) if is_abort(&e) => return Err(e),
             Err(_) => {
-                c.bad_chains.fetch_add(1, Ordering::Relaxed);
+                self.counters.bad_chains.fetch_add(1, Ordering::Relaxed);
                 return Ok(0);
             }
-        };
-        let r = self.serve_chain(&chain);
-        self.q.recycle(chain);
-        r
-    }
-
-    /// Serves one walked chain (see [`Worker::serve`]) with the shared
-    /// request code over the space.
-    fn serve_chain(&mut self, chain: &[Desc]) -> Result<u32, AccessError> {
+        }
         // Every missing page of the request asked at once (unless the look
         // ahead already did), then those of the chains available after it
         // (answered while this one is served), then one wait for the last
         // page of this one: the front-end answers in order, so the
         // accesses below hit instead of waking once per page.
-        let last = prefetch_chain(&self.q.space, chain);
+        let last = prefetch_chain(self.q.space(), self.req.chain_mut());
         self.look_ahead();
         if let Some(pg) = last {
-            self.q.space.await_page(pg);
+            self.q.space().await_page(pg);
         }
-        chain_descs(chain, self.req.chain_mut());
-        let mut space = &*self.q.space;
+        let mut space = &**self.q.space();
         let c = &self.counters;
         let done = match self.req.serve(&mut space, &*self.disk, true) {
             Ok(done) => Some(done),
@@ -282,7 +267,14 @@ impl Worker {
                 c.bad_chains.fetch_add(1, Ordering::Relaxed);
                 return Ok(0);
             }
-            Err(ServeError::Aborted { fault, .. }) => return Err(fault),
+            Err(ServeError::Aborted { iova, access, .. }) => {
+                return Err(DeviceError::DmaAborted {
+                    queue: 0,
+                    what: "buffer",
+                    iova,
+                    access,
+                })
+            }
             Err(ServeError::Status { done, .. }) => {
                 self.count(&done);
                 None

@@ -10,23 +10,9 @@
 //! ring, uncompleted.
 
 use softiommu_virtio::device_dma::DeviceDma;
-use softiommu_virtio::transport::ChainDesc;
 
 use crate::error::AccessError;
 use crate::space::{AddrKind, DmaSpace};
-use crate::vring::Desc;
-
-/// Puts a walked chain into `out` (cleared first) as the shared request
-/// and frame code take it (no allocation once `out` has grown).
-pub(crate) fn chain_descs(chain: &[Desc], out: &mut Vec<ChainDesc>) {
-    out.clear();
-    out.extend(chain.iter().map(|d| ChainDesc {
-        addr: d.addr,
-        len: d.len,
-        writable: d.writable(),
-        index: 0,
-    }));
-}
 
 impl DeviceDma for &DmaSpace {
     type Fault = AccessError;
@@ -68,7 +54,6 @@ mod tests {
     use softiommu_virtio::transport::ChainDesc;
 
     use super::*;
-    use crate::memtable::MemTable;
     use crate::proto::iotlb as m;
 
     const UA: u64 = 0x7f00_0000_0000;
@@ -101,14 +86,8 @@ mod tests {
             .unwrap();
         let acc = p.accessor(0).unwrap().unwrap();
         let unit = UnitDma::new(acc, DmaAttrs::ORDERED);
-        let (fd, shared) = crate::testing::shared_memory(c"dev-dma", SHARED).unwrap();
-        let mut payload = vec![0u8; 8 + 32];
-        payload[0..4].copy_from_slice(&1u32.to_le_bytes());
-        payload[16..24].copy_from_slice(&(SHARED as u64).to_le_bytes());
-        payload[24..32].copy_from_slice(&UA.to_le_bytes());
-        let space = DmaSpace::new(64, Duration::from_millis(50));
-        space.set_memory(MemTable::map(&payload, &[fd]).unwrap());
-        space.set_iommu(true);
+        let (space, shared) =
+            crate::testing::shared_space(c"dev-dma", SHARED, UA, Duration::from_millis(50));
         Rig {
             p,
             unit,

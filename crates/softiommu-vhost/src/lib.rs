@@ -18,6 +18,8 @@
 //! - [`blk`]: virtio-blk on one split ring;
 //! - [`net`]: virtio-net on a receive and a transmit ring, frames on a wire;
 //! - [`session`]: the message handling and the ring lifecycle;
+//! - [`side`]: the space as a `DmaSide`, so `softiommu-virtio`'s devices
+//!   themselves can run behind a front-end's IOTLB;
 //! - [`peer`]: a smoltcp TCP peer on the net back-end's wire;
 //! - [`guest`]: a real Linux guest under QEMU for tests and the lab.
 
@@ -37,15 +39,16 @@ pub mod net;
 pub(crate) mod pagecache;
 pub mod peer;
 pub mod proto;
+pub(crate) mod queue;
 pub(crate) mod readers;
 pub(crate) mod seat;
 pub mod session;
+pub mod side;
 pub mod space;
 #[cfg(all(test, not(loom)))]
 mod space_bench;
 pub(crate) mod sync;
 pub mod testing;
-pub(crate) mod vring;
 pub(crate) mod wire;
 
 pub use blk::BlkStats;

@@ -1,6 +1,7 @@
 //! The virtio-net device as a vhost-user back-end (virtio 1.2 §5.1): queue
 //! 0 receives, queue 1 transmits, each served by its own worker over the
-//! shared split-ring code (`vring`), every ring and buffer access
+//! ring code shared with the devices behind a softiommu unit
+//! (`softiommu-virtio`'s `DeviceQueue`), every ring and buffer access
 //! through the [`DmaSpace`](crate::space::DmaSpace)'s device IOTLB. Frames travel on one end of
 //! `softiommu-virtio`'s wire ([`WirePort`]); the other end is the peer's
 //! (a smoltcp stack in the tests).
@@ -23,17 +24,17 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use softiommu_virtio::net::{
-    gather_frame, offloads, plain_header, scatter_frame, WirePort, WireRx, WireTx, HDR_LEN,
+    gather_frame, offloads, plain_header, scatter_frame, FrameFault, WirePort, WireRx, WireTx,
+    HDR_LEN,
 };
 use softiommu_virtio::spec::net as sn;
-use softiommu_virtio::transport::ChainDesc;
+use softiommu_virtio::transport::{ChainDesc, ChainDir, DeviceError};
 
 use crate::blk::thread_cpu_ns;
-use crate::device_dma::chain_descs;
 use crate::error::{AccessError, ConfigError};
 use crate::proto::{pf, vf};
+use crate::queue::{is_abort, is_fault, Queue};
 use crate::session::{serve_device, SessionReport, VhostDevice, CONFIG_MAX};
-use crate::vring::{chain_len, Chain, Desc, Pop, Queue};
 
 /// `VIRTIO_NET_F_MAC` (virtio 1.2 §5.1.3): the device has a MAC address.
 pub const F_MAC: u32 = 5;
@@ -271,7 +272,7 @@ impl TxWorker {
         while !self.q.stopping() {
             if self.q.enabled() {
                 if let Err(e) = self.drain() {
-                    if !matches!(e, AccessError::Cancelled { .. }) {
+                    if !is_abort(&e) {
                         bump(&self.counters.ring_faults, 1);
                         eprintln!("softiommu-vhost: net tx ring access failed: {e}");
                     }
@@ -280,26 +281,30 @@ impl TxWorker {
             self.q.wait_kick(KICK_POLL);
         }
         bump(&self.counters.worker_cpu_ns, thread_cpu_ns());
-        (self.q.last_avail, self.tx)
+        // A frame whose completion could not be published is given back
+        // and sent once more after resuming (a duplicate the network
+        // tolerates), so the base equals the used index.
+        (self.q.finish(), self.tx)
     }
 
-    fn drain(&mut self) -> Result<(), AccessError> {
+    fn drain(&mut self) -> Result<(), DeviceError> {
         let r = loop {
             if self.q.stopping() {
                 break Ok(());
             }
             match self.q.pop() {
-                Ok(Pop::Head(h)) => {
+                Ok(Some(h)) => {
                     if let Err(e) = self.send(h) {
-                        self.q.unpop();
+                        // Refused only without the pop just above.
+                        let _ = self.q.unpop();
                         break Err(e);
                     }
                     if let Err(e) = self.q.push_used(h, 0) {
                         break Err(e);
                     }
                 }
-                Ok(Pop::Empty) => break Ok(()),
-                Ok(Pop::Overrun) => {
+                Ok(None) => break Ok(()),
+                Err(DeviceError::AvailIndexTooFar { .. }) => {
                     bump(&self.counters.ring_faults, 1);
                     break Ok(());
                 }
@@ -310,53 +315,52 @@ impl TxWorker {
         r
     }
 
-    /// Puts one chain's frame on the wire, or drops and counts it. Only a
-    /// cancelled access is an error.
-    fn send(&mut self, head: u16) -> Result<(), AccessError> {
-        let chain = match self.q.walk(head) {
-            Ok(Chain::Ok(d)) => d,
-            Ok(Chain::Bad) => {
-                bump(&self.counters.tx_bad, 1);
-                return Ok(());
-            }
-            Err(e @ AccessError::Cancelled { .. }) => return Err(e),
-            Err(_) => {
+    /// Puts one chain's frame on the wire, or drops and counts it: a chain
+    /// the walk refuses (a loop, an index past the ring, an indirect or
+    /// writable descriptor) as bad, an unreachable descriptor table as a
+    /// fault. Only an aborted access is an error.
+    fn send(&mut self, head: u16) -> Result<(), DeviceError> {
+        let total = match self.q.walk(head, ChainDir::Readable, &mut self.descs) {
+            Ok(t) => t,
+            Err(e) if is_abort(&e) => return Err(e),
+            Err(e) if is_fault(&e) => {
                 bump(&self.counters.tx_faults, 1);
                 return Ok(());
             }
-        };
-        let r = self.send_chain(&chain);
-        self.q.recycle(chain);
-        r
-    }
-
-    /// Puts one walked chain's frame on the wire (see [`TxWorker::send`]).
-    fn send_chain(&mut self, chain: &[Desc]) -> Result<(), AccessError> {
-        let c = &self.counters;
-        let total = chain_len(chain);
-        let max = self.tx.max_frame() as u64;
-        let frame_len = match total {
-            Some(t)
-                if !chain.iter().any(Desc::writable)
-                    && t >= (HDR_LEN + sn::ETH_HLEN) as u64
-                    && t - HDR_LEN as u64 <= max =>
-            {
-                (t - HDR_LEN as u64) as usize
-            }
-            _ => {
-                bump(&c.tx_bad, 1);
+            Err(_) => {
+                bump(&self.counters.tx_bad, 1);
                 return Ok(());
             }
         };
-        chain_descs(chain, &mut self.descs);
-        let mut space = &*self.q.space;
+        self.send_chain(total).map_err(|e| DeviceError::DmaAborted {
+            queue: sn::TX_QUEUE,
+            what: "buffer",
+            iova: e.iova,
+            access: e.access,
+        })
+    }
+
+    /// Puts the walked chain's frame (`total` bytes with its header) on
+    /// the wire (see [`TxWorker::send`]); only an aborted access is an
+    /// error.
+    fn send_chain(&mut self, total: u64) -> Result<(), FrameFault<AccessError>> {
+        let c = &self.counters;
+        let max = self.tx.max_frame() as u64;
+        let frame_len = if total >= (HDR_LEN + sn::ETH_HLEN) as u64 && total - HDR_LEN as u64 <= max
+        {
+            (total - HDR_LEN as u64) as usize
+        } else {
+            bump(&c.tx_bad, 1);
+            return Ok(());
+        };
+        let mut space = &**self.q.space();
         let mut hdr = [0u8; HDR_LEN];
         let Some(mut slot) = self.tx.reserve() else {
             // The wire is full: the header alone is read, as a NIC learns
             // of an offload before it learns the port is congested.
             match gather_frame(&mut space, &self.descs, &mut hdr, &mut []) {
                 Ok(()) => {}
-                Err(e) if matches!(e.fault, AccessError::Cancelled { .. }) => return Err(e.fault),
+                Err(e) if matches!(e.fault, AccessError::Cancelled { .. }) => return Err(e),
                 Err(_) => {
                     bump(&c.tx_faults, 1);
                     return Ok(());
@@ -380,7 +384,7 @@ impl TxWorker {
             &mut slot.buf()[..frame_len],
         ) {
             Ok(()) => {}
-            Err(e) if matches!(e.fault, AccessError::Cancelled { .. }) => return Err(e.fault),
+            Err(e) if matches!(e.fault, AccessError::Cancelled { .. }) => return Err(e),
             Err(_) => {
                 bump(&c.tx_faults, 1);
                 return Ok(());
@@ -413,6 +417,10 @@ enum Delivered {
     Kept,
     /// No buffer available.
     NoBuffer,
+    /// The frame was used, but publishing its buffer's used entry failed
+    /// (kept by the queue, published before the next pop): the frame is
+    /// not delivered again, and the error ends the batch.
+    ConsumedUnpublished(DeviceError),
 }
 
 impl RxWorker {
@@ -438,11 +446,14 @@ impl RxWorker {
             }
         }
         bump(&self.counters.worker_cpu_ns, thread_cpu_ns());
-        (self.q.last_avail, self.rx)
+        // A buffer whose completion could not be published is given back
+        // and filled again after resuming (its frame lost, as a drop), so
+        // the base equals the used index.
+        (self.q.finish(), self.rx)
     }
 
-    fn fault(&self, e: AccessError) {
-        if !matches!(e, AccessError::Cancelled { .. }) {
+    fn fault(&self, e: DeviceError) {
+        if !is_abort(&e) {
             bump(&self.counters.ring_faults, 1);
             eprintln!("softiommu-vhost: net rx ring access failed: {e}");
         }
@@ -450,7 +461,10 @@ impl RxWorker {
 
     /// Delivers arrived frames while there are buffers; returns how long to
     /// wait before the next try (`None`: go again now).
-    fn pump(&mut self) -> Result<Option<Duration>, AccessError> {
+    fn pump(&mut self) -> Result<Option<Duration>, DeviceError> {
+        // A buffer filled whose completion could not be published goes
+        // out now, not only when the next frame arrives.
+        self.q.publish_pending()?;
         let mut n = 0u32;
         loop {
             if self.q.stopping() {
@@ -471,42 +485,39 @@ impl RxWorker {
                 }
                 Delivered::Kept => {}
                 Delivered::NoBuffer => return Ok(Some(IDLE_WAIT)),
+                Delivered::ConsumedUnpublished(e) => {
+                    self.rx.consume();
+                    return Err(e);
+                }
             }
         }
     }
 }
 
-/// Puts `frame` into the next receive buffer. Only a cancelled access or a
-/// failed ring access is an error.
+/// Puts `frame` into the next receive buffer. A chain the walk refuses (a
+/// readable descriptor, a loop, an index past the ring, an indirect
+/// descriptor, an unreachable table) is completed with length 0 and the
+/// frame kept. Only an aborted access or a failed ring access is an error.
 fn deliver(
     q: &mut Queue,
     c: &NetCounters,
     descs: &mut Vec<ChainDesc>,
     frame: &[u8],
-) -> Result<Delivered, AccessError> {
-    let head = match q.pop()? {
-        Pop::Head(h) => h,
-        Pop::Empty => return Ok(Delivered::NoBuffer),
-        Pop::Overrun => {
+) -> Result<Delivered, DeviceError> {
+    let head = match q.pop() {
+        Ok(Some(h)) => h,
+        Ok(None) => return Ok(Delivered::NoBuffer),
+        Err(DeviceError::AvailIndexTooFar { .. }) => {
             bump(&c.ring_faults, 1);
             return Ok(Delivered::NoBuffer);
         }
+        Err(e) => return Err(e),
     };
-    let chain = match q.walk(head) {
-        Ok(Chain::Ok(d)) if d.iter().all(Desc::writable) => d,
-        Ok(Chain::Ok(d)) => {
-            q.recycle(d);
-            bump(&c.rx_bad, 1);
-            q.push_used(head, 0)?;
-            return Ok(Delivered::Kept);
-        }
-        Ok(Chain::Bad) => {
-            bump(&c.rx_bad, 1);
-            q.push_used(head, 0)?;
-            return Ok(Delivered::Kept);
-        }
-        Err(e @ AccessError::Cancelled { .. }) => {
-            q.unpop();
+    let total = match q.walk(head, ChainDir::Writable, descs) {
+        Ok(t) => t,
+        Err(e) if is_abort(&e) => {
+            // Refused only without the pop above.
+            let _ = q.unpop();
             return Err(e);
         }
         Err(_) => {
@@ -515,43 +526,128 @@ fn deliver(
             return Ok(Delivered::Kept);
         }
     };
-    let r = deliver_chain(q, c, descs, head, &chain, frame);
-    q.recycle(chain);
-    r
-}
-
-/// Puts `frame` into the walked, device-writable chain of `head`.
-fn deliver_chain(
-    q: &mut Queue,
-    c: &NetCounters,
-    descs: &mut Vec<ChainDesc>,
-    head: u16,
-    chain: &[Desc],
-    frame: &[u8],
-) -> Result<Delivered, AccessError> {
     let need = (HDR_LEN + frame.len()) as u64;
-    if chain_len(chain).is_none_or(|t| t < need) {
+    // The frame is used from here on: a failed publication must not have
+    // it delivered again into the next buffer.
+    let published = |r: Result<(), DeviceError>| match r {
+        Ok(()) => Delivered::Consumed,
+        Err(e) => Delivered::ConsumedUnpublished(e),
+    };
+    if total < need {
         bump(&c.rx_dropped, 1);
-        q.push_used(head, 0)?;
-        return Ok(Delivered::Consumed);
+        return Ok(published(q.push_used(head, 0)));
     }
-    chain_descs(chain, descs);
-    let mut space = &*q.space;
-    let r = scatter_frame(&mut space, descs, &plain_header(true), frame).map_err(|e| e.fault);
-    match r {
+    let mut space = &**q.space();
+    match scatter_frame(&mut space, descs, &plain_header(true), frame) {
         Ok(()) => {
             bump(&c.rx_frames, 1);
             bump(&c.rx_bytes, frame.len() as u64);
-            q.push_used(head, need as u32)?;
+            Ok(published(q.push_used(head, need as u32)))
         }
-        Err(e @ AccessError::Cancelled { .. }) => {
-            q.unpop();
-            return Err(e);
+        Err(e) if matches!(e.fault, AccessError::Cancelled { .. }) => {
+            // Refused only without the pop above.
+            let _ = q.unpop();
+            Err(DeviceError::DmaAborted {
+                queue: sn::RX_QUEUE,
+                what: "buffer",
+                iova: e.iova,
+                access: e.access,
+            })
         }
         Err(_) => {
             bump(&c.rx_dropped, 1);
-            q.push_used(head, 0)?;
+            Ok(published(q.push_used(head, 0)))
         }
     }
-    Ok(Delivered::Consumed)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    //! The receive worker when a buffer's completion cannot be published:
+    //! the frame is not delivered twice, the completion goes out once the
+    //! used ring is back.
+
+    use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
+
+    use softiommu_virtio::net::{wire, WireConfig};
+    use softiommu_virtio::spec::desc as d;
+
+    use super::*;
+    use crate::proto::iotlb as m;
+    use crate::queue::tests::{rig, RINGS, UA, USED, USED_PAGE};
+    use crate::queue::WorkerShared;
+
+    const BUF: u64 = RINGS + 0x2000;
+
+    fn wait(what: &str, f: impl Fn() -> bool) {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never: {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn send(tx: &mut WireTx, byte: u8) {
+        let mut slot = tx.reserve().unwrap();
+        slot.buf()[..60].fill(byte);
+        slot.commit(60);
+    }
+
+    #[test]
+    fn a_received_frame_whose_completion_failed_is_not_delivered_again() {
+        let (dev, mut peer, _) = wire(WireConfig::default());
+        let mut r = rig(0);
+        let space = r.q.space().clone();
+        space
+            .update(BUF, 0x1000, UA + 0x2000, m::ACCESS_RW)
+            .unwrap();
+        r.desc(0, BUF, 0x800, d::F_WRITE, 0);
+        r.desc(1, BUF + 0x800, 0x800, d::F_WRITE, 0);
+        r.offer(0, 0, 1);
+        // The used ring's page gone, no front-end to answer its miss.
+        space.invalidate(USED_PAGE, 0x1000).unwrap();
+        let layout = r.q.ring_layout();
+        let idle = Arc::new(WorkerShared {
+            stop: AtomicBool::new(false),
+            enabled: AtomicBool::new(false),
+            call: Mutex::new(None),
+        });
+        let idle = Queue::new(space.clone(), layout, 0, &mut None, idle, 0).unwrap();
+        let q = std::mem::replace(&mut r.q, idle);
+        let shared = q.worker_shared().clone();
+        let counters = Arc::new(NetCounters::default());
+        let w = RxWorker {
+            q,
+            rx: dev.rx,
+            counters: counters.clone(),
+            descs: Vec::new(),
+        };
+        let h = std::thread::spawn(move || w.run());
+        send(&mut peer.tx, 0xa1);
+        wait("frame A in buffer 0", || r.peek(BUF + 12, 60) == [0xa1; 60]);
+        wait("a failed publication", || {
+            counters.ring_faults.load(Ordering::Relaxed) >= 1
+        });
+        assert_eq!(r.used_idx(), 0);
+        // A second buffer, then the used ring back: A's completion goes out
+        // without a new frame, and A is not put into buffer 1.
+        r.offer(1, 1, 2);
+        space
+            .update(USED_PAGE, 0x1000, UA + 0x1000, m::ACCESS_RW)
+            .unwrap();
+        wait("A's completion", || r.used_idx() == 1);
+        assert_eq!(r.peek(USED + 4, 8), [0, 0, 0, 0, 72, 0, 0, 0]);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(r.peek(BUF + 0x800 + 12, 60), [0u8; 60]);
+        send(&mut peer.tx, 0xb2);
+        wait("B's completion", || r.used_idx() == 2);
+        assert_eq!(r.peek(USED + 12, 8), [1, 0, 0, 0, 72, 0, 0, 0]);
+        assert_eq!(r.peek(BUF + 0x800 + 12, 60), [0xb2; 60]);
+        shared.stop.store(true, Ordering::Release);
+        space.cancel();
+        let (base, _rx) = h.join().unwrap();
+        assert_eq!(base, 2);
+        assert_eq!(counters.snapshot().rx_frames, 2);
+    }
 }

@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use softiommu_virtio::spec::blk as sb;
+use softiommu_virtio::transport::QueueLayout;
 
 use crate::blk::{BlkCounters, BlkStats, Worker};
 use crate::disk::Disk;
@@ -22,8 +23,8 @@ use crate::error::{ConfigError, MsgError, SessionError};
 use crate::memtable::MemTable;
 use crate::net::NetStats;
 use crate::proto::{self, iotlb as m, pf, req, vf, FLAG_NEED_REPLY};
+use crate::queue::{Queue, WorkerShared};
 use crate::space::{DmaSpace, IotlbStats};
-use crate::vring::{Queue, RingAddrs, WorkerShared};
 use crate::wire::{self, Msg};
 
 /// Largest ring this back-end takes (virtio 1.2 §2.7: at most 32768).
@@ -564,16 +565,30 @@ impl Session<'_> {
         });
         let queue = Queue::new(
             self.space.clone(),
-            RingAddrs {
-                num: r.num,
+            QueueLayout {
+                index: q as u16,
+                size: r.num,
                 desc,
                 avail,
                 used,
             },
-            kick.take(),
+            self.acked,
+            kick,
             shared.clone(),
             r.base,
         );
+        let queue = match queue {
+            Ok(queue) => queue,
+            Err(e) => {
+                // Refused before anything started: the ring keeps its call
+                // for a corrected SET_VRING_ADDR and SET_VRING_KICK.
+                r.call = shared.call.lock().unwrap_or_else(|p| p.into_inner()).take();
+                return Err(MsgError::Invalid {
+                    name: "SET_VRING_KICK",
+                    what: format!("the ring cannot start: {e}"),
+                });
+            }
+        };
         self.space.resume();
         let h = self
             .dev

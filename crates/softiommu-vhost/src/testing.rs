@@ -70,3 +70,34 @@ pub fn shared_memory(name: &std::ffi::CStr, bytes: usize) -> std::io::Result<(Ow
         Ok((fd, p.cast()))
     }
 }
+
+/// One split-ring descriptor (virtio 1.2 §2.7.5) as a driver writes it.
+pub fn desc(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..8].copy_from_slice(&addr.to_le_bytes());
+    b[8..12].copy_from_slice(&len.to_le_bytes());
+    b[12..14].copy_from_slice(&flags.to_le_bytes());
+    b[14..16].copy_from_slice(&next.to_le_bytes());
+    b
+}
+
+/// A device IOTLB (under `ACCESS_PLATFORM`, 64 entries, misses bounded by
+/// `miss_timeout`) whose memory table is `bytes` of fresh shared memory at
+/// front-end address `ua`, and the host pointer of that memory.
+#[cfg(test)]
+pub(crate) fn shared_space(
+    name: &std::ffi::CStr,
+    bytes: usize,
+    ua: u64,
+    miss_timeout: std::time::Duration,
+) -> (crate::space::DmaSpace, *mut u8) {
+    let (fd, p) = shared_memory(name, bytes).expect("shared memory");
+    let mut t = vec![0u8; 8 + 32];
+    t[0..4].copy_from_slice(&1u32.to_le_bytes());
+    t[16..24].copy_from_slice(&(bytes as u64).to_le_bytes());
+    t[24..32].copy_from_slice(&ua.to_le_bytes());
+    let space = crate::space::DmaSpace::new(64, miss_timeout);
+    space.set_memory(crate::memtable::MemTable::map(&t, &[fd]).expect("memory table"));
+    space.set_iommu(true);
+    (space, p)
+}

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use softiommu_vhost::proto::{iotlb as m, pf, req, vf};
 use softiommu_vhost::testing;
-use softiommu_vhost::{NetBackend, NetBackendConfig, NetStats, SessionEnd, SessionReport};
+use softiommu_vhost::{
+    MsgError, NetBackend, NetBackendConfig, NetStats, SessionEnd, SessionReport,
+};
 use softiommu_virtio::net::{wire, WireConfig, WirePort, WireStats};
 
 const MEM_BYTES: usize = 1 << 20;
@@ -42,14 +44,7 @@ struct Fe {
     wire: WireStats,
 }
 
-fn desc(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
-    let mut b = [0u8; 16];
-    b[0..8].copy_from_slice(&addr.to_le_bytes());
-    b[8..12].copy_from_slice(&len.to_le_bytes());
-    b[12..14].copy_from_slice(&flags.to_le_bytes());
-    b[14..16].copy_from_slice(&next.to_le_bytes());
-    b
-}
+use testing::desc;
 
 /// A frame of `len` bytes: broadcast destination, a source, IPv4 type, a pattern.
 fn frame(len: usize, seed: u8) -> Vec<u8> {
@@ -382,22 +377,34 @@ fn a_frame_whose_buffer_invalidation_was_acknowledged_is_never_sent() {
 }
 
 #[test]
-fn a_descriptor_table_wrapping_past_2_pow_64_is_a_counted_fault_not_a_panic() {
+fn a_descriptor_table_wrapping_past_2_pow_64_is_refused_when_the_ring_starts_and_the_session_goes_on(
+) {
     let mut fe = Fe::start(Duration::from_millis(100));
     // Stop the transmit ring and move its descriptor table to the top of
-    // the address space (16-byte aligned, so the session takes it).
+    // the address space (16-byte aligned, so SET_VRING_ADDR takes it).
     let state = |i: u32, v: u32| (u64::from(i) | (u64::from(v) << 32)).to_le_bytes();
     testing::send(&fe.sock, req::GET_VRING_BASE, &state(1, 0), &[], false).unwrap();
     let (code, _, _) = testing::recv(&fe.sock).unwrap();
     assert_eq!(code, req::GET_VRING_BASE);
-    let mut a = Vec::new();
-    a.extend_from_slice(&1u32.to_le_bytes());
-    a.extend_from_slice(&0u32.to_le_bytes());
-    for v in [u64::MAX - 15, RING[1] + 0x200, RING[1] + 0x100, 0] {
-        a.extend_from_slice(&v.to_le_bytes());
-    }
-    assert_eq!(fe.ack(req::SET_VRING_ADDR, &a, &[]), 0);
+    let addr = |d: u64| {
+        let mut a = Vec::new();
+        a.extend_from_slice(&1u32.to_le_bytes());
+        a.extend_from_slice(&0u32.to_le_bytes());
+        for v in [d, RING[1] + 0x200, RING[1] + 0x100, 0] {
+            a.extend_from_slice(&v.to_le_bytes());
+        }
+        a
+    };
+    assert_eq!(fe.ack(req::SET_VRING_ADDR, &addr(u64::MAX - 15), &[]), 0);
+    // The ring's table (NUM descriptors) would run past 2^64: the shared
+    // ring code refuses the layout before the worker computes an address.
     let idx = 1u64.to_le_bytes();
+    assert_eq!(
+        fe.ack(req::SET_VRING_KICK, &idx, &[fe.kick[1].as_raw_fd()]),
+        1
+    );
+    // Corrected, the ring starts and serves.
+    assert_eq!(fe.ack(req::SET_VRING_ADDR, &addr(RING[1]), &[]), 0);
     assert_eq!(
         fe.ack(req::SET_VRING_KICK, &idx, &[fe.kick[1].as_raw_fd()]),
         0
@@ -405,16 +412,20 @@ fn a_descriptor_table_wrapping_past_2_pow_64_is_a_counted_fault_not_a_panic() {
     assert_eq!(fe.ack(req::SET_VRING_ENABLE, &state(1, 1), &[]), 0);
     // The ring's stop dropped the IOTLB: map the memory again.
     fe.iotlb(m::UPDATE, 0, MEM_BYTES as u64, UA);
-    // Head 1: its descriptor would be at (2^64 - 16) + 16.
-    fe.poke(RING[1] + 0x100 + 4, &1u16.to_le_bytes());
-    fe.next_avail[1] = 1;
-    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    fe.poke(RING[1] + 0x100 + 2, &1u16.to_le_bytes());
-    let one = 1u64;
-    // SAFETY: 8 bytes to an eventfd.
-    unsafe { libc::write(fe.kick[1].as_raw_fd(), (&one as *const u64).cast(), 8) };
-    assert_eq!(fe.wait_used(1, 1), 0);
-    assert!(fe.peer_frames().is_empty());
-    let n = fe.finish().net;
-    assert_eq!((n.tx_faults, n.tx_frames), (1, 0), "{n:?}");
+    let good = frame(64, 9);
+    fe.send_frame(&good);
+    assert_eq!(fe.peer_frames(), vec![good]);
+    let r = fe.finish();
+    assert_eq!((r.net.tx_faults, r.net.tx_frames), (0, 1), "{:?}", r.net);
+    assert_eq!(r.rejected_messages, 1);
+    assert!(
+        matches!(
+            &r.last_rejection,
+            Some(MsgError::Invalid { name: "SET_VRING_KICK", what })
+                if what.contains("descriptor table at 0xfffffffffffffff0")
+                    && what.contains("runs past the end of the 64-bit address space")
+        ),
+        "{:?}",
+        r.last_rejection
+    );
 }

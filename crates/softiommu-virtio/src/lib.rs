@@ -40,6 +40,7 @@ pub mod blk;
 pub use softiommu::cpu_clock;
 pub mod device_dma;
 pub(crate) mod device_thread;
+pub mod dma_side;
 mod driver_init;
 pub mod host;
 mod host_platform;

@@ -198,3 +198,38 @@ fn a_device_granule_larger_than_a_cpu_page_is_refused_before_any_request() {
         ViommuDmaError::Driver(ViommuDriverError::Timeout(Duration::from_millis(50)))
     );
 }
+
+/// A lazy unmap whose own UNMAP is queued succeeds, even when the flush
+/// it triggers finds another UNMAP refused: that refusal is the next
+/// `flush`'s to report. Before, the unmap returned it, though its own
+/// UNMAP was done and its IOVA freed — a caller taking the error for its
+/// own would unmap again, over whatever mapping got the IOVA next.
+#[test]
+fn a_lazy_unmap_is_not_failed_by_another_unmaps_refusal() {
+    let r = rig();
+    let phys = r.ram(0);
+    let Rig { dev, drv, .. } = r;
+    let mut d = ViommuDma::new(drv, 1, &[EA], ViommuMode::Lazy { flush_queue: 2 }).unwrap();
+    let to = DmaDirection::ToDevice;
+    let a = d.map(phys, 0x1000, to).unwrap();
+    let b = d.map(phys, 0x1000, to).unwrap();
+    // `a`'s UNMAP (the round's first table unmap) is refused.
+    dev.inject_unmap_failure(0);
+    d.unmap(a).unwrap();
+    // The second unmap fills the flush queue: the flush runs here.
+    d.unmap(b).unwrap();
+    let left: Vec<u64> = dev.mappings(1).unwrap().iter().map(|m| m.start).collect();
+    assert_eq!(left, vec![a.iova], "b is unmapped, a (refused) stays");
+    assert_eq!(
+        d.flush().unwrap_err(),
+        ViommuDmaError::Refused {
+            op: "UNMAP",
+            status: Some(softiommu_virtio::viommu::Status::DevErr)
+        }
+    );
+    // Reported once; b's IOVA came back, a's never does.
+    d.flush().unwrap();
+    let c = d.map(phys, 0x1000, to).unwrap();
+    assert_eq!(c.iova, b.iova);
+    assert_ne!(c.iova, a.iova);
+}

@@ -137,3 +137,51 @@ fn a_quota_of_zero_frames_is_refused() {
         })
     ));
 }
+
+/// The mapping quota (`ViommuConfig::max_mappings`): each MAP's record
+/// costs host memory and an UNMAP removes every record its range holds,
+/// so a guest mapping one 4 KiB page at a time (the table quota alone
+/// allowed millions of records) is stopped at the quota, across its
+/// domains, with `NOMEM` and nothing mapped; an UNMAP makes room again.
+#[test]
+fn a_map_past_the_mapping_quota_is_nomem_and_maps_nothing() {
+    let mut r = rig_with(
+        ViommuConfig {
+            max_mappings: 3,
+            ..config()
+        },
+        ViommuDriverConfig::default(),
+    );
+    let p = r.ram(0);
+    r.attach_ok(1, EA);
+    r.attach_ok(2, EB);
+    r.map_ok(1, 0x1000, 0x1fff, p);
+    r.map_ok(1, 0x3000, 0x3fff, p);
+    r.map_ok(2, 0x1000, 0x1fff, p);
+    assert_eq!(
+        r.drv.map(1, 0x5000, 0x5fff, p, RW).unwrap(),
+        Some(Status::NoMem)
+    );
+    assert_eq!(r.ranges(1), [(0x1000, 0x1fff), (0x3000, 0x3fff)]);
+    assert!(matches!(
+        r.reach(A, 0x5000, Access::Read),
+        Err(TranslateError::NotPresent { .. })
+    ));
+    assert_eq!(r.drv.unmap(2, 0, 0xffff).unwrap(), Some(Status::Ok));
+    r.map_ok(1, 0x5000, 0x5fff, p);
+    assert_eq!(
+        ViommuDevice::spawn(
+            ViommuConfig {
+                max_mappings: 0,
+                ..config()
+            },
+            r.system.clone(),
+            r.unit,
+        )
+        .map(|_| ()),
+        Err(ViommuError::InvalidConfig {
+            field: "max_mappings",
+            value: 0
+        })
+    );
+}

@@ -104,3 +104,48 @@ fn a_chain_that_loops_stops_the_queue_and_a_reset_recovers() {
     let mut drv = ViommuDriver::probe(t, mem, Default::default()).unwrap();
     assert_eq!(drv.attach(1, EA, 0).unwrap(), Some(Status::Ok));
 }
+
+#[test]
+fn rings_in_a_bounce_pool_are_never_touched() {
+    use softiommu::dma::{DmaDomain, DmaDomainConfig};
+    let r = rig();
+    let Rig {
+        mem,
+        dev,
+        drv,
+        system,
+        ..
+    } = r;
+    drop(drv);
+    // A DMA domain of the same unit whose untrusted device gets a bounce
+    // pool in guest RAM: RAM, but the DMA layer's.
+    let dom = DmaDomain::new(
+        system.clone(),
+        DmaDomainConfig {
+            did: 4000,
+            bounce_bytes: 1 << 16,
+            ..DmaDomainConfig::default()
+        },
+    )
+    .unwrap();
+    let _b = dom.attach(B, u64::MAX, true).unwrap();
+    let pool = (0..RAM)
+        .step_by(4096)
+        .find(|&p| mem.check_device_range(p, 4096).is_err())
+        .expect("a bounce frame in RAM");
+    mem.fill(pool, 4096, 0x5a).unwrap();
+    let before = snapshot(&mem, pool, 4096);
+    let t = dev.transport().clone();
+    live_with_queue(&t, 16, (pool, pool + 0x400, pool + 0x800));
+    t.write(reg::QUEUE_NOTIFY, 0);
+    needs_reset(&t);
+    assert!(t
+        .errors()
+        .snapshot()
+        .iter()
+        .any(|e| matches!(e, DeviceError::DmaFault { queue: 0, .. })));
+    assert_eq!(snapshot(&mem, pool, 4096), before);
+    assert_eq!(dev.stats().requests, 0);
+    let mut drv = ViommuDriver::probe(t, mem, Default::default()).unwrap();
+    assert_eq!(drv.attach(1, EA, 0).unwrap(), Some(Status::Ok));
+}

@@ -53,7 +53,12 @@ fn rig(policy: DmaPolicy) -> Rig {
 impl Rig {
     fn iommu_memory(&self) -> IommuMemory<PhysGuestMemory, UnitIommu> {
         let view = UnitIommu::for_device(&self.dev).unwrap();
-        IommuMemory::new(PhysGuestMemory::new(self.mem.clone()), view, true, ())
+        IommuMemory::new(
+            PhysGuestMemory::behind_iommu(self.mem.clone()),
+            view,
+            true,
+            (),
+        )
     }
 
     fn fault_reasons(&self) -> Vec<FaultReason> {

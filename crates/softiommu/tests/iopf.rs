@@ -606,7 +606,7 @@ fn iommu_memory_serves_faults_outside_a_device_section() {
     r.mem.write(r.phys + 3 * PAGE_SIZE, b"faulted in").unwrap();
     let view = UnitIommu::new(r.sys.clone(), DEV).unwrap();
     let m = IommuMemory::new(
-        softiommu::PhysGuestMemory::new(r.mem.clone()),
+        softiommu::PhysGuestMemory::behind_iommu(r.mem.clone()),
         view,
         true,
         (),

@@ -610,7 +610,7 @@ fn a_hundred_threads_use_one_iommu_memory_at_once() {
         .unwrap();
     let view = UnitIommu::for_device(&p.devices[0]).unwrap();
     let m = Arc::new(IommuMemory::new(
-        PhysGuestMemory::new(p.mem.clone()),
+        PhysGuestMemory::behind_iommu(p.mem.clone()),
         view,
         true,
         (),

@@ -10,8 +10,8 @@ use softiommu::hw::{ContextEntry, UnitId};
 use softiommu::iopf::{IopfConfig, IopfDomain, IopfHandler, Region};
 use softiommu::mem::MemError;
 use softiommu::{
-    Access, AccessError, DmaAccessor, DmaAttrs, DmaDirection, DmaPolicy, Perm, PhysMemory,
-    Platform, SourceId, System, TranslateError, UnitConfig, PAGE_SIZE,
+    Access, AccessError, DmaAccessor, DmaAttrs, DmaDirection, DmaPolicy, FaultReason, Perm,
+    PhysMemory, Platform, SourceId, System, TranslateError, UnitConfig, PAGE_SIZE,
 };
 
 const DEV: SourceId = SourceId(0x0900);
@@ -202,4 +202,251 @@ fn a_pass_through_device_cannot_name_the_reserve() {
         })
     ));
     assert_eq!(p.mem.load_u64(ring, Ordering::Acquire).unwrap(), before);
+}
+
+const NIC: SourceId = SourceId(0x0901);
+
+/// A bounce-policy domain whose device `NIC` owns a pool, and `DEV` on the
+/// same unit in pass-through (IOVA = physical address). A frame is taken
+/// before the pool is made, so that plain RAM lies below the pool.
+struct PoolRig {
+    mem: Arc<PhysMemory>,
+    system: Arc<System>,
+    domain: Arc<softiommu::DmaDomain>,
+    nic: softiommu::DmaDevice,
+}
+
+impl PoolRig {
+    fn unit(&self) -> &softiommu::Unit {
+        self.system.unit_of(DEV).unwrap().1
+    }
+}
+
+fn pool_and_pass_through() -> (PoolRig, u64) {
+    let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
+    mem.alloc_zeroed_frames(0).unwrap();
+    let mut sys = System::new(mem.clone());
+    let unit = sys.add_unit(UnitConfig::default()).unwrap();
+    sys.assign(NIC, unit).unwrap();
+    sys.assign(DEV, unit).unwrap();
+    let system = Arc::new(sys);
+    let domain = softiommu::DmaDomain::new(
+        system.clone(),
+        softiommu::DmaDomainConfig {
+            policy: DmaPolicy::Bounce,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let nic = domain.attach(NIC, u64::MAX, false).unwrap();
+    let rig = PoolRig {
+        mem,
+        system,
+        domain,
+        nic,
+    };
+    rig.unit().attach(DEV, ContextEntry::PassThrough).unwrap();
+    let pool = (0..rig.mem.size())
+        .step_by(PAGE_SIZE as usize)
+        .find(|&a| rig.mem.is_iommu_frame(a))
+        .expect("a bounce pool in RAM");
+    assert!(pool >= PAGE_SIZE && !rig.mem.is_iommu_frame(pool - PAGE_SIZE));
+    (rig, pool)
+}
+
+#[test]
+fn a_pass_through_device_reaches_no_bounce_pool_frame() {
+    let (p, pool) = pool_and_pass_through();
+    let u = p.unit();
+    p.mem.write(pool, &[0x5a; 64]).unwrap();
+    let below = pool - 64;
+    p.mem.write(below, &[0x11; 64]).unwrap();
+    let mut acc = DmaAccessor::new(u, DEV).unwrap();
+    assert_eq!(
+        acc.write(pool, &[0xee; 16], O),
+        Err(AccessError::Translate(TranslateError::BounceFrame {
+            sid: DEV,
+            iova: pool,
+            access: Access::Write
+        }))
+    );
+    // Running from plain RAM into the pool: refused whole, nothing moved.
+    assert_eq!(
+        acc.write(below, &[0xee; 128], O),
+        Err(AccessError::Translate(TranslateError::BounceFrame {
+            sid: DEV,
+            iova: pool,
+            access: Access::Write
+        }))
+    );
+    let mut b = [0u8; 16];
+    assert_eq!(
+        acc.read(pool + 8, &mut b, O),
+        Err(AccessError::Translate(TranslateError::BounceFrame {
+            sid: DEV,
+            iova: pool + 8,
+            access: Access::Read
+        }))
+    );
+    assert_eq!(b, [0; 16], "nothing read");
+    assert!(matches!(
+        acc.read_u64(pool + 8, O),
+        Err(AccessError::Translate(TranslateError::BounceFrame { .. }))
+    ));
+    let mut got = [0u8; 128];
+    p.mem.read(below, &mut got).unwrap();
+    assert!(got[..64].iter().all(|&x| x == 0x11) && got[64..].iter().all(|&x| x == 0x5a));
+    let faults = u.faults().drain().records;
+    assert!(
+        faults
+            .iter()
+            .any(|f| f.sid == DEV && f.iova == pool && f.reason == FaultReason::BounceFrame),
+        "{faults:?}"
+    );
+    // Plain RAM stays reachable in pass-through, up to the pool.
+    acc.write(below, &[0x22; 64], O).unwrap();
+    // The pool's own domain still reaches it through its mappings.
+    let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+    let mut cpu = p.domain.cpu();
+    let iova = cpu.map(&p.nic, buf, 64, DmaDirection::FromDevice).unwrap();
+    let mut nic = DmaAccessor::for_device(&p.nic).unwrap();
+    nic.write(iova, b"bounced", O).unwrap();
+    cpu.unmap(&p.nic, iova, 64, DmaDirection::FromDevice)
+        .unwrap();
+    let mut back = [0u8; 7];
+    p.mem.read(buf, &mut back).unwrap();
+    assert_eq!(&back, b"bounced");
+}
+
+#[test]
+fn a_pass_through_device_reaches_no_table_or_queue_of_any_kind() {
+    let (p, _) = pool_and_pass_through();
+    let u = p.unit();
+    let Some(ContextEntry::Translated { root, .. }) = u.context(NIC) else {
+        panic!("the bounce device is translated");
+    };
+    let kinds = [
+        ("page table", root),
+        ("invalidation queue", u.queue_registers().base),
+        ("page request queue", u.page_request_registers().base),
+    ];
+    let mut acc = DmaAccessor::new(u, DEV).unwrap();
+    for (what, at) in kinds {
+        assert!(at >= p.mem.iommu_reserve().0, "{what}");
+        let before = p.mem.load_u64(at, Ordering::Acquire).unwrap();
+        assert_eq!(
+            acc.write_u64(at, !before, O),
+            Err(AccessError::Memory {
+                sid: DEV,
+                iova: at,
+                source: MemError::IommuFrame { addr: at }
+            }),
+            "{what}"
+        );
+        assert_eq!(p.mem.load_u64(at, Ordering::Acquire).unwrap(), before);
+    }
+}
+
+#[test]
+fn vm_memory_views_reach_no_iommu_frame() {
+    use softiommu::{PhysGuestMemory, UnitIommu};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryError, IommuMemory};
+    let (p, pool) = pool_and_pass_through();
+    let u = p.unit();
+    let ring = u.queue_registers().base;
+    p.mem.write(pool, &[0x5a; 64]).unwrap();
+    let plain = pool - PAGE_SIZE;
+    // A device with no IOMMU in front (the virtio-iommu's own view).
+    let direct = PhysGuestMemory::new(p.mem.clone());
+    for at in [pool, pool - 8] {
+        assert!(matches!(
+            direct.write_slice(&[0xee; 16], GuestAddress(at)),
+            Err(GuestMemoryError::InvalidBackendAddress)
+        ));
+    }
+    let mut b = [0u8; 8];
+    assert!(matches!(
+        direct.read_slice(&mut b, GuestAddress(pool)),
+        Err(GuestMemoryError::InvalidBackendAddress)
+    ));
+    assert!(direct.write_slice(&[0xee; 8], GuestAddress(ring)).is_err());
+    direct.write_slice(&[0x33; 8], GuestAddress(plain)).unwrap();
+    // Through the unit, pass-through: the translation refuses the pool.
+    let view = UnitIommu::new(p.system.clone(), DEV).unwrap();
+    let m = IommuMemory::new(PhysGuestMemory::behind_iommu(p.mem.clone()), view, true, ());
+    assert!(matches!(
+        m.write_slice(&[0xee; 16], GuestAddress(pool)),
+        Err(GuestMemoryError::IommuError(_))
+    ));
+    assert!(m.write_slice(&[0xee; 8], GuestAddress(ring)).is_err());
+    m.write_slice(&[0x44; 8], GuestAddress(plain)).unwrap();
+    let mut got = [0u8; 64];
+    p.mem.read(pool, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 0x5a), "the pool is untouched");
+    // The pool's own device reaches its slot through the same backend.
+    let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+    let mut cpu = p.domain.cpu();
+    let iova = cpu.map(&p.nic, buf, 64, DmaDirection::FromDevice).unwrap();
+    let nic = IommuMemory::new(
+        PhysGuestMemory::behind_iommu(p.mem.clone()),
+        UnitIommu::for_device(&p.nic).unwrap(),
+        true,
+        (),
+    );
+    nic.write_slice(b"slot", GuestAddress(iova)).unwrap();
+    cpu.unmap(&p.nic, iova, 64, DmaDirection::FromDevice)
+        .unwrap();
+    let mut back = [0u8; 4];
+    p.mem.read(buf, &mut back).unwrap();
+    assert_eq!(&back, b"slot");
+}
+
+#[test]
+fn a_pass_through_span_cached_before_ram_became_a_bounce_pool_is_not_served() {
+    use softiommu::{PhysGuestMemory, UnitIommu};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryError, IommuMemory};
+    let (p, pool) = pool_and_pass_through();
+    // The pool's domain goes away: its frames are plain RAM again.
+    let PoolRig {
+        mem,
+        system,
+        domain,
+        nic,
+    } = p;
+    drop(nic);
+    drop(domain);
+    assert!(!mem.is_iommu_frame(pool));
+    // A pass-through device reaches them through vm-memory, whose cache
+    // keeps the span.
+    let view = UnitIommu::new(system.clone(), DEV).unwrap();
+    let m = IommuMemory::new(PhysGuestMemory::behind_iommu(mem.clone()), view, true, ());
+    m.write_obj(0x11u64, GuestAddress(pool)).unwrap();
+    // A new domain's pool takes them again.
+    let domain = softiommu::DmaDomain::new(
+        system.clone(),
+        softiommu::DmaDomainConfig {
+            policy: DmaPolicy::Bounce,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let _nic = domain.attach(NIC, u64::MAX, false).unwrap();
+    assert!(
+        mem.is_iommu_frame(pool),
+        "the same frames make the new pool"
+    );
+    mem.write(pool, &[0x5a; 8]).unwrap();
+    // The cached span is not served: the translation is asked again and
+    // refuses the pool.
+    assert!(matches!(
+        m.write_obj(0xeeu64, GuestAddress(pool)),
+        Err(GuestMemoryError::IommuError(_))
+    ));
+    assert!(matches!(
+        m.read_obj::<u64>(GuestAddress(pool)),
+        Err(GuestMemoryError::IommuError(_))
+    ));
+    let mut b = [0u8; 8];
+    mem.read(pool, &mut b).unwrap();
+    assert_eq!(b, [0x5a; 8]);
 }

@@ -131,7 +131,7 @@ impl Driver {
     /// device's unit as its IOMMU.
     fn device_memory(&self) -> Mem {
         IommuMemory::new(
-            PhysGuestMemory::new(self.mem.clone()),
+            PhysGuestMemory::behind_iommu(self.mem.clone()),
             UnitIommu::for_device(&self.dev).unwrap(),
             true,
             (),

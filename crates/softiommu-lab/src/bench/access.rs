@@ -351,7 +351,7 @@ fn measure(args: &AccessBenchArgs) -> LabResult<AccessBenchReport> {
         .collect::<Result<_, _>>()?;
     let view = UnitIommu::for_device(&ring.dev)?;
     devices.push(Device::VmMemory(Box::new(IommuMemory::new(
-        PhysGuestMemory::new(ring.mem.clone()),
+        PhysGuestMemory::behind_iommu(ring.mem.clone()),
         view,
         true,
         (),

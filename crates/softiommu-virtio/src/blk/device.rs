@@ -21,9 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
-use softiommu::access::{DmaAccessor, DmaAttrs, PhysGuestMemory, UnitIommu};
+use softiommu::access::DmaAttrs;
 use softiommu::hw::{HwError, SourceId, System};
-use vm_memory::IommuMemory;
 
 use super::backend::{BackendConfig, BackendError, BlkBackend};
 use super::config::{BlkConfig, BlkConfigError};
@@ -31,8 +30,8 @@ use super::request::BlkLimits;
 use super::slow::{SlowRegion, MAX_HOLD};
 use super::stats::{BlkDeviceStats, Counters, RequestLog};
 use super::worker::{Worker, WorkerParts};
-use crate::device_dma::UnitDma;
 use crate::device_thread::{DeviceThreads, Lifecycle, Started};
+use crate::dma_side::{DmaSide, UnitAttachError, UnitSide};
 use crate::spec::blk;
 use crate::transport::{DeviceEnd, MmioTransport, TransportConfig};
 
@@ -131,22 +130,55 @@ pub struct BlkDevice {
 /// The id string `VIRTIO_BLK_T_GET_ID` returns for device `sid`
 /// (`softiommu-<sid>`, NUL-padded to 20 bytes).
 pub fn device_id_string(sid: SourceId) -> [u8; blk::ID_BYTES] {
+    id_string(&sid.to_string())
+}
+
+/// `softiommu-<name>`, NUL-padded (or cut) to 20 bytes.
+fn id_string(name: &str) -> [u8; blk::ID_BYTES] {
     let mut id = [0u8; blk::ID_BYTES];
-    let s = format!("softiommu-{sid}");
+    let s = format!("softiommu-{name}");
     let n = s.len().min(id.len());
     id[..n].copy_from_slice(&s.as_bytes()[..n]);
     id
 }
 
+/// A side whose threads always attach (a front-end's IOTLB).
+impl From<std::convert::Infallible> for BlkDeviceError {
+    fn from(e: std::convert::Infallible) -> Self {
+        match e {}
+    }
+}
+
+impl From<UnitAttachError> for BlkDeviceError {
+    fn from(e: UnitAttachError) -> Self {
+        BlkDeviceError::Setup {
+            sid: e.sid,
+            source: e.source,
+        }
+    }
+}
+
 impl BlkDevice {
-    /// Opens the back-end and starts the device `sid` of `system`: its
-    /// workers, each on its own thread. Returns once every worker has made
-    /// its translators.
+    /// Opens the back-end and starts the device `sid` of `system` (its DMA
+    /// through the unit `sid` is attached to, copies ordered by
+    /// `cfg.attrs`): [`spawn_on`](Self::spawn_on) a [`UnitSide`].
     pub fn spawn(
         cfg: &BlkDeviceConfig,
         system: Arc<System>,
         sid: SourceId,
     ) -> Result<Self, BlkDeviceError> {
+        Self::spawn_on(cfg, UnitSide::new(system, sid, cfg.attrs))
+    }
+
+    /// Opens the back-end and starts the device with its DMA translated
+    /// where `side` says: its workers, each on its own thread, each
+    /// attached to `side` on itself. Returns once every worker has
+    /// attached. `cfg.attrs` is the unit side's (a `side` carries its own
+    /// copy ordering).
+    pub fn spawn_on<S: DmaSide>(cfg: &BlkDeviceConfig, side: S) -> Result<Self, BlkDeviceError>
+    where
+        BlkDeviceError: From<S::Error>,
+    {
         cfg.blk.check()?;
         if let Some(s) = cfg.slow {
             if s.hold > MAX_HOLD {
@@ -182,28 +214,18 @@ impl BlkDevice {
             let counters = Arc::new(CachePadded::new(Counters::default()));
             dev.counters.push(counters.clone());
             let queues: Vec<u16> = (0..nq).filter(|q| usize::from(*q) % n == w).collect();
-            let (system, backend, log) = (system.clone(), backend.clone(), dev.log.clone());
+            let (side, backend, log) = (side.clone(), backend.clone(), dev.log.clone());
             let end = DeviceEnd::new(&dev.transport);
             let c = cfg.clone();
             let idle_wait = cfg.idle_wait;
+            let name = side.name();
+            let thread = format!("virtio-blk {name} w{w}");
             let setup = move || {
-                let setup = |source| BlkDeviceError::Setup { sid, source };
-                let (_, unit) = system
-                    .unit_of(sid)
-                    .ok_or(setup(HwError::DeviceNotAssigned { sid }))?;
-                let dma = DmaAccessor::new(unit, sid).map_err(setup)?;
-                let view = UnitIommu::new(system.clone(), sid).map_err(setup)?;
-                let mem = IommuMemory::new(
-                    PhysGuestMemory::new(system.memory().clone()),
-                    view.clone(),
-                    true,
-                    (),
-                );
-                let worker = Worker::new(WorkerParts {
-                    mem,
-                    view,
-                    system: system.clone(),
-                    dma: UnitDma::new(dma, c.attrs),
+                let a = side.attach()?;
+                let worker = Worker::<S>::new(WorkerParts {
+                    ring: a.ring,
+                    fence: a.fence,
+                    dma: a.dma,
                     backend,
                     limits,
                     queues,
@@ -212,18 +234,16 @@ impl BlkDevice {
                     slow: c.slow,
                     counters,
                     log,
-                    id: device_id_string(sid),
+                    id: id_string(&name),
                 });
                 end.register_queues(worker.mask());
                 Ok((worker, end))
             };
             dev.threads
-                .spawn(
-                    format!("virtio-blk {sid} w{w}"),
-                    setup,
-                    move |(worker, end), stop| worker.run(&end, stop, idle_wait),
-                )
-                .map_err(BlkDeviceError::from)?;
+                .spawn(thread, setup, move |(worker, end), stop| {
+                    worker.run(&end, stop, idle_wait)
+                })
+                .map_err(<BlkDeviceError as From<Lifecycle>>::from)?;
         }
         dev.threads.started().map_err(Started::into_error)?;
         Ok(dev)
@@ -289,5 +309,84 @@ impl From<Lifecycle> for BlkDeviceError {
 impl Drop for BlkDevice {
     fn drop(&mut self) {
         let _ = self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Instant;
+
+    use softiommu::dma::{DmaDomainConfig, DmaPolicy};
+    use softiommu::hw::LatencyModel;
+
+    use super::*;
+    use crate::blk::{BlkDriver, BlkDriverConfig, BlkOp};
+    use crate::dma_side::counting::Counting;
+    use crate::host_platform::{HostPlatform, HostPlatformSpec};
+
+    /// The device spawned on a side other than a bare unit: a write and
+    /// its read-back complete whole, every ring and buffer access through
+    /// that side (its counters move).
+    #[test]
+    fn a_device_spawned_on_another_dma_side_reaches_memory_only_through_it() {
+        let sid = SourceId(0x0501);
+        let p = HostPlatform::build(HostPlatformSpec {
+            mem_bytes: 64 << 20,
+            latency: LatencyModel::zero(),
+            sid,
+            domain: DmaDomainConfig {
+                policy: DmaPolicy::Strict,
+                ..Default::default()
+            },
+            iopf: None,
+        })
+        .unwrap();
+        let cfg = BlkDeviceConfig {
+            backend: BackendConfig::Memory { capacity: 1 << 20 },
+            ..BlkDeviceConfig::default()
+        };
+        let side = Counting::new(UnitSide::new(p.system.clone(), sid, cfg.attrs));
+        let (rings, dmas) = (side.ring.clone(), side.dma.clone());
+        let device = BlkDevice::spawn_on(&cfg, side).unwrap();
+        let mut d = BlkDriver::probe(
+            device.transport().clone(),
+            &p.domain,
+            p.dev.clone(),
+            BlkDriverConfig {
+                queues: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut q = d.take_queue(0).unwrap();
+        let (r0, d0) = (rings.load(Ordering::Relaxed), dmas.load(Ordering::Relaxed));
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 31 + 7) as u8).collect();
+        let mut run = |op, buf: Option<&[u8]>| {
+            q.submit(op, 8, 4096, buf).unwrap().unwrap();
+            assert!(q.commit());
+            let mut got = None;
+            let t0 = Instant::now();
+            while got.is_none() {
+                assert!(t0.elapsed() < Duration::from_secs(10), "not completed");
+                q.reap(None, |c, s| {
+                    let mut b = vec![0u8; 4096];
+                    s.read(&mut b).unwrap();
+                    got = Some((c.status, b));
+                })
+                .unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            got.unwrap()
+        };
+        assert_eq!(run(BlkOp::Write, Some(&data)).0, blk::S_OK);
+        let (status, back) = run(BlkOp::Read, None);
+        assert_eq!((status, back == data), (blk::S_OK, true));
+        assert!(dmas.load(Ordering::Relaxed) > d0);
+        assert!(rings.load(Ordering::Relaxed) > r0);
+        assert!(device.transport().errors().drain().is_empty());
+        drop(q);
+        drop(d);
+        device.stop().unwrap();
     }
 }

@@ -30,7 +30,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use softiommu::access::{AccessError, UnitIommu};
 use softiommu::hw::Access;
 
 use super::backend::BlkBackend;
@@ -40,18 +39,18 @@ use super::slow::{
     device_priority, due_with_bandwidth, precise_timers, Held, HeldQueue, SlowRegion, DUE_SPIN,
 };
 use super::stats::{bump, Counters, RequestLog, RequestRecord};
-use crate::device_dma::UnitDma;
+use crate::dma_side::{DmaFence, DmaSide};
 use crate::spec::blk;
-use crate::transport::{ChainDir, DeviceEnd, DeviceError, DeviceMemory, DeviceQueue};
+use crate::transport::{ChainDir, DeviceEnd, DeviceError, DeviceQueue};
 
 /// What a worker is built from.
-#[derive(Debug)]
-pub(crate) struct WorkerParts {
-    pub(crate) mem: DeviceMemory,
-    pub(crate) view: UnitIommu,
-    /// The system, to see whether the device may fault (IOPF mode).
-    pub(crate) system: Arc<softiommu::hw::System>,
-    pub(crate) dma: UnitDma,
+pub(crate) struct WorkerParts<S: DmaSide> {
+    /// What the rings are reached through.
+    pub(crate) ring: S::Ring,
+    /// How a turn is held against invalidations.
+    pub(crate) fence: S::Fence,
+    /// What buffers move through.
+    pub(crate) dma: S::Dma,
     pub(crate) backend: Arc<dyn BlkBackend>,
     pub(crate) limits: BlkLimits,
     pub(crate) queues: Vec<u16>,
@@ -71,8 +70,8 @@ struct Turn {
     next_due: Option<Instant>,
 }
 
-pub(crate) struct Worker {
-    p: WorkerParts,
+pub(crate) struct Worker<S: DmaSide> {
+    p: WorkerParts<S>,
     mask: u64,
     blocking: bool,
     held: Vec<HeldQueue>,
@@ -80,11 +79,10 @@ pub(crate) struct Worker {
     req: BlkRequests,
 }
 
-/// Runs `f` inside a section of `view` when one is given (falling back to
-/// running it bare if the unit has no translator for the thread).
-fn scoped<R>(view: Option<&UnitIommu>, mut f: impl FnMut() -> R) -> R {
-    match view {
-        Some(v) => v.section(&mut f).unwrap_or_else(|_| f()),
+/// Runs `f` inside a section of `fence` when one is given.
+fn scoped<F: DmaFence, R>(fence: Option<&F>, mut f: impl FnMut() -> R) -> R {
+    match fence {
+        Some(v) => v.section(f),
         None => f(),
     }
 }
@@ -96,8 +94,8 @@ pub(crate) fn runs_blocking(backend: &dyn BlkBackend) -> bool {
     backend.blocks()
 }
 
-impl Worker {
-    pub(crate) fn new(p: WorkerParts) -> Self {
+impl<S: DmaSide> Worker<S> {
+    pub(crate) fn new(p: WorkerParts<S>) -> Self {
         let n = p.queues.len();
         let mask = p.queues.iter().fold(0u64, |m, &q| m | 1 << (q & 63));
         let cap = usize::from(p.queue_max);
@@ -123,11 +121,11 @@ impl Worker {
     /// Whether the controller's misses raise page requests (it was
     /// attached to an `IopfDomain`).
     fn may_fault(&self) -> bool {
-        crate::iopf_mode::may_fault(&self.p.system, self.p.view.source_id())
+        self.p.fence.may_fault()
     }
 
     pub(crate) fn run(mut self, end: &DeviceEnd, stop: &AtomicBool, idle_wait: Duration) {
-        let view = self.p.view.clone();
+        let view = self.p.fence.clone();
         if self.p.slow.is_some() {
             // Held chains fall due at deadlines: sleeps must end on time,
             // and the thread must get a CPU then.
@@ -197,9 +195,9 @@ impl Worker {
                 continue;
             };
             let r = if on {
-                q.enable_notification(&self.p.mem).map(|p| pending |= p)
+                q.enable_notification(&self.p.ring).map(|p| pending |= p)
             } else {
-                q.disable_notification(&self.p.mem)
+                q.disable_notification(&self.p.ring)
             };
             match r {
                 Ok(()) => *cur = on,
@@ -211,7 +209,7 @@ impl Worker {
 
     /// One batch per queue. `view`: run each request's DMA in sections of
     /// its own (a blocking back-end); `None`: the caller holds one.
-    fn turn(&mut self, end: &DeviceEnd, view: Option<&UnitIommu>) -> Turn {
+    fn turn(&mut self, end: &DeviceEnd, view: Option<&S::Fence>) -> Turn {
         let mut t = Turn::default();
         let flush = end.features() & 1 << blk::F_FLUSH != 0;
         for k in 0..self.p.queues.len() {
@@ -233,7 +231,7 @@ impl Worker {
                     t.more |= q.known_pending();
                     break;
                 }
-                let head = match q.pop(&self.p.mem) {
+                let head = match q.pop(&self.p.ring) {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
                     Err(e) => {
@@ -251,7 +249,7 @@ impl Worker {
                 }
             }
             if used > 0 && !q.is_stopped() {
-                match q.interrupt_wanted(&self.p.mem) {
+                match q.interrupt_wanted(&self.p.ring) {
                     Ok(true) => end.queue_interrupt(qi),
                     Ok(false) => {}
                     Err(e) => fail(end, q, e),
@@ -273,7 +271,7 @@ impl Worker {
         let now = Instant::now();
         let mut n = 0;
         while let Some(h) = self.held[k].pop_due(now) {
-            if let Err(e) = q.add_used(&self.p.mem, h.head, h.len) {
+            if let Err(e) = q.add_used(&self.p.ring, h.head, h.len) {
                 fail(end, q, e);
                 break;
             }
@@ -296,7 +294,7 @@ impl Worker {
         k: usize,
         head: u16,
         flush: bool,
-        view: Option<&UnitIommu>,
+        view: Option<&S::Fence>,
     ) -> Result<bool, DeviceError> {
         let arrived = Instant::now();
         let mut prep = scoped(view, || self.prepare(q, head, flush))?;
@@ -316,7 +314,7 @@ impl Worker {
         flush: bool,
     ) -> Result<Prepared, DeviceError> {
         q.walk(
-            &self.p.mem,
+            &self.p.ring,
             head,
             ChainDir::ReadableThenWritable,
             self.req.chain_mut(),
@@ -375,7 +373,7 @@ impl Worker {
                 }
             }
         }
-        q.add_used(&self.p.mem, head, len)?;
+        q.add_used(&self.p.ring, head, len)?;
         bump(&self.p.counters.requests, 1);
         Ok(true)
     }
@@ -415,9 +413,10 @@ impl Worker {
     }
 }
 
-/// The queue error for a chain the request code could not complete (a
-/// unit access never aborts; were one to, it breaks the queue as a fault).
-fn serve_error(queue: u16, head: u16, e: ServeError<AccessError>) -> DeviceError {
+/// The queue error for a chain the request code could not complete (an
+/// aborted access — the device being stopped — breaks the queue too: the
+/// device is going away).
+fn serve_error<F: std::error::Error>(queue: u16, head: u16, e: ServeError<F>) -> DeviceError {
     match e {
         ServeError::Shape { readable, writable } => DeviceError::BlkRequestShape {
             queue,

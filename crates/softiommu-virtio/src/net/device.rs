@@ -35,19 +35,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use softiommu::access::{AccessError, DmaAccessor, DmaAttrs, PhysGuestMemory, UnitIommu};
+use softiommu::access::DmaAttrs;
 use softiommu::hw::{HwError, SourceId, System};
-use vm_memory::IommuMemory;
 
 use super::config::NetConfig;
 use super::frame::{gather_frame, scatter_frame, FrameFault};
 use super::hdr::{self, HDR_LEN};
 use super::wire::WirePort;
-use crate::device_dma::UnitDma;
+use crate::device_dma::DeviceDma;
 use crate::device_thread::{DeviceThreads, Lifecycle, Started};
+use crate::dma_side::{DmaFence, DmaSide, UnitAttachError, UnitSide};
 use crate::spec::net;
 use crate::transport::{
-    ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceMemory, DeviceQueue, MmioTransport,
+    ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceQueue, MmioTransport, RingMemory,
     TransportConfig,
 };
 
@@ -173,31 +173,66 @@ pub struct NetDevice {
     counters: Arc<Counters>,
 }
 
+/// A side whose threads always attach (a front-end's IOTLB).
+impl From<std::convert::Infallible> for NetDeviceError {
+    fn from(e: std::convert::Infallible) -> Self {
+        match e {}
+    }
+}
+
+impl From<UnitAttachError> for NetDeviceError {
+    fn from(e: UnitAttachError) -> Self {
+        NetDeviceError::Setup {
+            sid: e.sid,
+            source: e.source,
+        }
+    }
+}
+
 impl NetDevice {
     /// Starts a device `sid` of `system` on its own thread, on wire port
-    /// `port`. Returns once the thread has made its translators. Refused
-    /// ([`NetDeviceError::WireSlotTooSmall`]) when the wire's slots cannot
-    /// hold the device's largest frame.
+    /// `port`, its DMA through the unit `sid` is attached to (copies
+    /// ordered by `cfg.attrs`): [`spawn_on`](Self::spawn_on) a
+    /// [`UnitSide`]. Returns once the thread has made its translators.
     pub fn spawn(
         cfg: NetDeviceConfig,
         system: Arc<System>,
         sid: SourceId,
         port: WirePort,
     ) -> Result<Self, NetDeviceError> {
+        Self::spawn_on(cfg, UnitSide::new(system, sid, cfg.attrs), port)
+    }
+
+    /// Starts the device on its own thread, on wire port `port`, with its
+    /// DMA translated where `side` says (the thread attaches to it on
+    /// itself; `cfg.attrs` is the unit side's). Returns once the thread
+    /// has attached. Refused ([`NetDeviceError::WireSlotTooSmall`]) when
+    /// the wire's slots cannot hold the device's largest frame.
+    pub fn spawn_on<S: DmaSide>(
+        cfg: NetDeviceConfig,
+        side: S,
+        port: WirePort,
+    ) -> Result<Self, NetDeviceError>
+    where
+        NetDeviceError: From<S::Error>,
+    {
         let (max_frame, slot) = (cfg.net.max_frame(), port.tx.max_frame());
         if slot < max_frame {
             return Err(NetDeviceError::WireSlotTooSmall { max_frame, slot });
         }
-        Self::start(cfg, system, sid, port)
+        Self::start(cfg, side, port)
     }
 
-    /// [`spawn`](Self::spawn) without the wire check.
-    fn start(
+    /// [`spawn_on`](Self::spawn_on) without the wire check.
+    fn start<S: DmaSide>(
         cfg: NetDeviceConfig,
-        system: Arc<System>,
-        sid: SourceId,
+        side: S,
         port: WirePort,
-    ) -> Result<Self, NetDeviceError> {
+    ) -> Result<Self, NetDeviceError>
+    where
+        NetDeviceError: From<S::Error>,
+    {
+        let name = format!("virtio-net {}", side.name());
         let transport = MmioTransport::new(cfg.net.device_info(), cfg.transport);
         let end = DeviceEnd::new(&transport);
         let counters = Arc::new(Counters::default());
@@ -207,7 +242,7 @@ impl NetDevice {
             if let Some(c) = cfg.cpu {
                 crate::affinity::pin_current(c);
             }
-            let worker = Worker::new(&cfg, &system, sid, port, counters2)?;
+            let worker = Worker::<S>::new(&cfg, &side, port, counters2)?;
             end.register_thread();
             worker.port.rx.register_receiver();
             Ok((worker, end))
@@ -217,11 +252,9 @@ impl NetDevice {
             thread: DeviceThreads::new(),
             counters,
         };
-        dev.thread.spawn(
-            format!("virtio-net {sid}"),
-            setup,
-            move |(worker, end), stop| worker.run(&end, stop, idle_wait),
-        )?;
+        dev.thread.spawn(name, setup, move |(worker, end), stop| {
+            worker.run(&end, stop, idle_wait)
+        })?;
         dev.thread.started().map_err(Started::into_error)?;
         Ok(dev)
     }
@@ -291,13 +324,13 @@ struct Batch {
 }
 
 /// The device thread's state.
-struct Worker {
-    mem: DeviceMemory,
-    /// The view `mem` translates through, for its sections.
-    view: UnitIommu,
-    /// The system, to see whether the device may fault (IOPF mode).
-    system: Arc<System>,
-    dma: UnitDma,
+struct Worker<S: DmaSide> {
+    /// What the rings are reached through.
+    ring: S::Ring,
+    /// How a turn is held against invalidations.
+    fence: S::Fence,
+    /// What buffers move through.
+    dma: S::Dma,
     port: WirePort,
     chain: Vec<ChainDesc>,
     scratch: Vec<u8>,
@@ -310,32 +343,22 @@ struct Worker {
     rx_notify: bool,
 }
 
-impl Worker {
+impl<S: DmaSide> Worker<S> {
     fn new(
         cfg: &NetDeviceConfig,
-        system: &Arc<System>,
-        sid: SourceId,
+        side: &S,
         port: WirePort,
         counters: Arc<Counters>,
-    ) -> Result<Self, NetDeviceError> {
-        let setup = |source| NetDeviceError::Setup { sid, source };
-        let (_, unit) = system
-            .unit_of(sid)
-            .ok_or(setup(HwError::DeviceNotAssigned { sid }))?;
-        let dma = DmaAccessor::new(unit, sid).map_err(setup)?;
-        let view = UnitIommu::new(system.clone(), sid).map_err(setup)?;
-        let mem = IommuMemory::new(
-            PhysGuestMemory::new(system.memory().clone()),
-            view.clone(),
-            true,
-            (),
-        );
+    ) -> Result<Self, NetDeviceError>
+    where
+        NetDeviceError: From<S::Error>,
+    {
+        let a = side.attach()?;
         let max_frame = cfg.net.max_frame();
         Ok(Self {
-            mem,
-            view,
-            system: system.clone(),
-            dma: UnitDma::new(dma, cfg.attrs),
+            ring: a.ring,
+            fence: a.fence,
+            dma: a.dma,
             port,
             chain: Vec::with_capacity(usize::from(cfg.net.queue_max)),
             scratch: vec![0u8; max_frame],
@@ -348,7 +371,7 @@ impl Worker {
     }
 
     fn run(mut self, end: &DeviceEnd, stop: &AtomicBool, idle_wait: Duration) {
-        let view = self.view.clone();
+        let view = self.fence.clone();
         while !stop.load(Ordering::Acquire) {
             let _ = end.take_notified();
             // One batch per queue, inside one translation section: every
@@ -360,19 +383,14 @@ impl Worker {
                 let rx = w.rx_batch(end);
                 (tx, rx)
             };
-            let (tx, rx) = if crate::iopf_mode::may_fault(&self.system, view.source_id()) {
+            let (tx, rx) = if view.may_fault() {
                 // IOPF mode: no section spans the batch, so that each
                 // access that faults can wait for its page request's
                 // answer (every access still translates in a section of
                 // its own).
                 batch(&mut self)
             } else {
-                match view.section(|| batch(&mut self)) {
-                    Ok(r) => r,
-                    // No translator for the section (cannot happen once
-                    // the worker exists): each access still holds its own.
-                    Err(_) => batch(&mut self),
-                }
+                view.section(|| batch(&mut self))
             };
             if tx.used + rx.used > 0 {
                 bump(&self.counters.batches, 1);
@@ -417,11 +435,11 @@ impl Worker {
                 continue;
             };
             let r = if on {
-                q.enable_notification(&self.mem).map(|pending| {
+                q.enable_notification(&self.ring).map(|pending| {
                     more[k] = pending;
                 })
             } else if *cur {
-                q.disable_notification(&self.mem)
+                q.disable_notification(&self.ring)
             } else {
                 Ok(())
             };
@@ -450,7 +468,7 @@ impl Worker {
                 b.more = q.known_pending();
                 break;
             }
-            let head = match q.pop(&self.mem) {
+            let head = match q.pop(&self.ring) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => {
@@ -467,7 +485,7 @@ impl Worker {
             }
         }
         bump(&self.counters.tx_frames, b.used as u64);
-        interrupt(end, q, &self.mem, b.used);
+        interrupt(end, q, &self.ring, b.used);
         b
     }
 
@@ -501,7 +519,7 @@ impl Worker {
                 dropped += 1;
                 continue;
             }
-            let head = match q.pop(&self.mem) {
+            let head = match q.pop(&self.ring) {
                 Ok(Some(h)) => h,
                 Ok(None) => {
                     b.starved = true;
@@ -512,15 +530,19 @@ impl Worker {
                     break;
                 }
             };
-            let r = receive(&self.mem, &mut self.dma, &mut self.chain, q, head, frame);
+            let r = receive(&self.ring, &mut self.dma, &mut self.chain, q, head, frame);
             self.port.rx.consume();
             match r {
                 Ok(Received::Delivered) => b.used += 1,
                 Ok(Received::NoRoom) => {
                     // Nothing was written: the chain goes back for the
-                    // next frame.
-                    q.unpop();
+                    // next frame (refused only without the pop above,
+                    // which would be this device's own mistake).
                     dropped += 1;
+                    if let Err(e) = q.unpop() {
+                        fail(end, q, e);
+                        break;
+                    }
                 }
                 Err(e) => {
                     fail(end, q, e);
@@ -530,7 +552,7 @@ impl Worker {
         }
         bump(&self.counters.rx_frames, b.used as u64);
         bump(&self.counters.rx_oversize_drops, dropped);
-        interrupt(end, q, &self.mem, b.used);
+        interrupt(end, q, &self.ring, b.used);
         b
     }
 }
@@ -543,7 +565,7 @@ fn fail(end: &DeviceEnd, q: &mut DeviceQueue, e: DeviceError) {
 
 /// One interrupt for a batch, if anything was used and the driver wants
 /// it.
-fn interrupt(end: &DeviceEnd, q: &mut DeviceQueue, mem: &DeviceMemory, used: usize) {
+fn interrupt<M: RingMemory>(end: &DeviceEnd, q: &mut DeviceQueue, mem: &M, used: usize) {
     if used == 0 || q.is_stopped() {
         return;
     }
@@ -554,7 +576,7 @@ fn interrupt(end: &DeviceEnd, q: &mut DeviceQueue, mem: &DeviceMemory, used: usi
     }
 }
 
-fn dma_fault(queue: u16, e: FrameFault<AccessError>) -> DeviceError {
+fn dma_fault<F: std::error::Error>(queue: u16, e: FrameFault<F>) -> DeviceError {
     DeviceError::DmaFault {
         queue,
         what: "buffer",
@@ -566,9 +588,13 @@ fn dma_fault(queue: u16, e: FrameFault<AccessError>) -> DeviceError {
 
 /// Transmits the chain at `head`: walk, check, copy onto the wire (or drop
 /// when the wire is full), return it used.
-fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), DeviceError> {
+fn transmit<S: DmaSide>(
+    w: &mut Worker<S>,
+    q: &mut DeviceQueue,
+    head: u16,
+) -> Result<(), DeviceError> {
     let queue = q.index();
-    let total = q.walk(&w.mem, head, ChainDir::Readable, &mut w.chain)?;
+    let total = q.walk(&w.ring, head, ChainDir::Readable, &mut w.chain)?;
     let (min, max) = (
         (HDR_LEN + net::ETH_HLEN) as u64,
         (HDR_LEN + w.max_frame) as u64,
@@ -601,7 +627,7 @@ fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), Device
         // Longer than a wire slot (a wire `spawn` would have refused):
         // dropped, never copied past the slot nor cut.
         bump(&w.counters.tx_oversize_drops, 1);
-        return q.add_used(&w.mem, head, 0);
+        return q.add_used(&w.ring, head, 0);
     }
     match w.port.tx.reserve() {
         Some(mut slot) => match slot.buf().get_mut(..frame_len) {
@@ -626,7 +652,7 @@ fn transmit(w: &mut Worker, q: &mut DeviceQueue, head: u16) -> Result<(), Device
             bump(&w.counters.tx_dropped, 1);
         }
     }
-    q.add_used(&w.mem, head, 0)
+    q.add_used(&w.ring, head, 0)
 }
 
 /// What became of a frame offered to a receive chain.
@@ -645,9 +671,9 @@ enum Received {
 /// cannot hold even the virtio-net header ([`DeviceError::ChainLength`]);
 /// otherwise the frame is what does not fit ([`Received::NoRoom`]),
 /// whatever the chain's size relative to §5.1.6.3.1's SHOULD.
-fn receive(
-    mem: &DeviceMemory,
-    dma: &mut UnitDma,
+fn receive<M: RingMemory, D: DeviceDma>(
+    mem: &M,
+    dma: &mut D,
     chain: &mut Vec<ChainDesc>,
     q: &mut DeviceQueue,
     head: u16,
@@ -681,6 +707,7 @@ fn receive(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dma_side::counting::Counting;
     use crate::net::{wire, NetConfig, NetDriver, NetDriverConfig, WireConfig};
     use crate::spec::status;
     use softiommu::dma::{DmaDomain, DmaDomainConfig};
@@ -688,20 +715,76 @@ mod tests {
     use softiommu::mem::PhysMemory;
     use std::time::Instant;
 
+    /// A unit with `sid` assigned, attached to a fresh domain with a
+    /// 64-bit mask: the system, the domain, the driver's handle, `sid`.
+    fn platform(
+        sid: SourceId,
+    ) -> (
+        Arc<System>,
+        Arc<DmaDomain>,
+        softiommu::dma::DmaDevice,
+        SourceId,
+    ) {
+        let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
+        let mut sys = System::new(mem);
+        let unit = sys.add_unit(UnitConfig::default()).unwrap();
+        sys.assign(sid, unit).unwrap();
+        let system = Arc::new(sys);
+        let domain = DmaDomain::new(system.clone(), DmaDomainConfig::default()).unwrap();
+        let dev = domain.attach(sid, u64::MAX, false).unwrap();
+        (system, domain, dev, sid)
+    }
+
+    /// The next frame on `port`'s receive side, waited for up to 10 s
+    /// after `t0`.
+    fn next_frame(port: &mut WirePort, t0: Instant) -> Vec<u8> {
+        loop {
+            if let Ok(f) = port.rx.peek() {
+                return f.to_vec();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "nothing sent");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The device spawned on a side other than a bare unit: every ring
+    /// and buffer access of a transmitted and a received frame goes through
+    /// that side (its counters move), and the frames arrive whole.
+    #[test]
+    fn a_device_spawned_on_another_dma_side_reaches_memory_only_through_it() {
+        let (system, domain, dev, sid) = platform(SourceId(0x0301));
+        let (pa, mut pb, _) = wire(WireConfig::default());
+        let cfg = NetDeviceConfig::default();
+        let side = Counting::new(UnitSide::new(system, sid, cfg.attrs));
+        let (rings, dmas) = (side.ring.clone(), side.dma.clone());
+        let device = NetDevice::spawn_on(cfg, side, pa).unwrap();
+        let mut d = NetDriver::probe(
+            device.transport().clone(),
+            domain.cpu(),
+            dev,
+            NetDriverConfig::default(),
+        )
+        .unwrap();
+        let (r0, d0) = (rings.load(Ordering::Relaxed), dmas.load(Ordering::Relaxed));
+        assert!(d.transmit_with(60, |b| b.fill(0x5a)).unwrap());
+        assert_eq!(next_frame(&mut pb, Instant::now()), vec![0x5a; 60]);
+        // The frame was gathered through the side's DMA and its chain
+        // popped, walked and used through the side's rings.
+        assert!(dmas.load(Ordering::Relaxed) > d0);
+        assert!(rings.load(Ordering::Relaxed) > r0);
+        assert_eq!(device.transport().status() & status::DEVICE_NEEDS_RESET, 0);
+        assert!(device.transport().errors().drain().is_empty());
+        drop(d);
+        device.stop().unwrap();
+    }
+
     /// A device started, past `spawn`'s check, on a wire whose slots are
     /// shorter than its largest frame: a frame longer than a slot is
     /// dropped and counted, never copied past the slot; the thread goes on
     /// and the next frame is sent.
     #[test]
     fn a_frame_longer_than_the_wire_slot_is_dropped_and_counted() {
-        let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
-        let mut sys = System::new(mem);
-        let unit = sys.add_unit(UnitConfig::default()).unwrap();
-        let sid = SourceId(0x0300);
-        sys.assign(sid, unit).unwrap();
-        let system = Arc::new(sys);
-        let domain = DmaDomain::new(system.clone(), DmaDomainConfig::default()).unwrap();
-        let dev = domain.attach(sid, u64::MAX, false).unwrap();
+        let (system, domain, dev, sid) = platform(SourceId(0x0300));
         let (pa, mut pb, _) = wire(WireConfig::default());
         let cfg = NetDeviceConfig {
             net: NetConfig {
@@ -710,7 +793,8 @@ mod tests {
             },
             ..NetDeviceConfig::default()
         };
-        let device = NetDevice::start(cfg, system, sid, pa).unwrap();
+        let side = UnitSide::new(system, sid, cfg.attrs);
+        let device = NetDevice::start(cfg, side, pa).unwrap();
         let mut d = NetDriver::probe(
             device.transport().clone(),
             domain.cpu(),
@@ -724,14 +808,7 @@ mod tests {
         assert!(d.transmit_with(9014, |b| b.fill(0x11)).unwrap());
         assert!(d.transmit_with(60, |b| b.fill(0x22)).unwrap());
         let t0 = Instant::now();
-        let got = loop {
-            if let Ok(f) = pb.rx.peek() {
-                break f.to_vec();
-            }
-            assert!(t0.elapsed() < Duration::from_secs(10), "nothing sent");
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        assert_eq!(got, vec![0x22; 60]);
+        assert_eq!(next_frame(&mut pb, t0), vec![0x22; 60]);
         while device.stats().tx_frames < 2 {
             assert!(t0.elapsed() < Duration::from_secs(10), "not used");
             std::thread::sleep(Duration::from_millis(1));

@@ -152,6 +152,31 @@ pub enum DeviceError {
         /// The descriptor.
         index: u16,
     },
+    /// A queue made live with ring features the device's ring code does
+    /// not implement (`VIRTIO_F_INDIRECT_DESC`, `VIRTIO_F_EVENT_IDX`,
+    /// §6.3): a driver or transport that acknowledged a feature no device
+    /// offers. The queue is not made. Sets `DEVICE_NEEDS_RESET`.
+    #[error("queue {queue}: ring features {features:#x} are not implemented")]
+    RingFeatureUnsupported {
+        /// The queue.
+        queue: u16,
+        /// The unimplemented feature bits asked for.
+        features: u64,
+    },
+    /// The device gave back a chain ([`DeviceQueue::unpop`]) it had not
+    /// just taken, or had already completed or given back: moving the
+    /// position back would hand the driver's chain out twice. The
+    /// position is left where it was. A device's own mistake, not the
+    /// driver's; sets `DEVICE_NEEDS_RESET` if recorded.
+    ///
+    /// [`DeviceQueue::unpop`]: super::DeviceQueue::unpop
+    #[error("queue {queue}: no chain to give back before available entry {next_avail}")]
+    UnpopWithoutPop {
+        /// The queue.
+        queue: u16,
+        /// The device's position, unchanged.
+        next_avail: u16,
+    },
     /// A device-writable descriptor where the device must read (a transmit
     /// chain), or a readable one where it must write (a receive chain)
     /// (§2.7.5: transmit buffers are device-readable, receive buffers
@@ -260,6 +285,23 @@ pub enum DeviceError {
         access: Access,
         /// What the IOMMU said.
         reason: String,
+    },
+    /// A ring access was cancelled because the device is being stopped (a
+    /// vhost-user ring stop cancelling a wait for the front-end's
+    /// translation): not the driver's doing. The device moved no byte of
+    /// it and leaves the chain on the ring, uncompleted.
+    #[error(
+        "queue {queue}: DMA {access} of {what} at IOVA {iova:#x} aborted: the device is stopping"
+    )]
+    DmaAborted {
+        /// The queue.
+        queue: u16,
+        /// What the device was reaching, as for `DmaFault`.
+        what: &'static str,
+        /// The IOVA (the first byte of the access).
+        iova: u64,
+        /// Read or write.
+        access: Access,
     },
 }
 

@@ -34,6 +34,7 @@ mod device_end;
 mod error;
 mod mmio;
 mod queue;
+mod ring_memory;
 
 pub use device_end::DeviceEnd;
 
@@ -41,8 +42,9 @@ use softiommu::access::{PhysGuestMemory, UnitIommu};
 use vm_memory::IommuMemory;
 
 /// A device's view of memory: the arena through its IOMMU unit, as
-/// vm-memory's `GuestMemory` (what `virtio-queue` reads rings through).
+/// vm-memory's `GuestMemory` (a [`RingMemory`] the queues read rings through).
 pub type DeviceMemory = IommuMemory<PhysGuestMemory, UnitIommu>;
 pub use error::{DeviceError, ErrorLog};
 pub use mmio::{DeviceInfo, MmioTransport, QueueGuard, QueueSlot, TransportConfig};
 pub use queue::{ChainDesc, ChainDir, DeviceQueue, QueueLayout};
+pub use ring_memory::RingMemory;

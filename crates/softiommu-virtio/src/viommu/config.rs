@@ -20,6 +20,13 @@ pub const INPUT_END: u64 = (1 << VTD_IOVA_BITS) - 1;
 /// Bytes of one RESV_MEM property, header included.
 pub const RESV_MEM_PROP: usize = s::PROBE_PROP_HEAD + s::RESV_MEM_LEN;
 
+/// The largest `probe_size` the device takes (64 KiB: room for 2,730
+/// reserved regions). §5.13.4 sets no bound, but the device zeroes and
+/// writes up to `probe_size` bytes per PROBE, and a guest may send as
+/// many PROBEs as it likes: the work and memory one request costs must
+/// stay small whatever the configuration.
+pub const MAX_PROBE_SIZE: u32 = 1 << 16;
+
 /// How to build a virtio-iommu device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ViommuConfig {
@@ -29,11 +36,15 @@ pub struct ViommuConfig {
     /// `NOENT`.
     pub endpoints: Vec<SourceId>,
     /// `domain_range` (inclusive). Domain `d` is the unit's domain id
-    /// `d`: every id in the range belongs to the device. At least 1 (the
-    /// unit's id 0 stays unused) and below the unit's domain count.
+    /// `d`: every id in the range belongs to the device, which claims the
+    /// range on the unit at creation (refused, `Hw(DomainIdInUse)`, while
+    /// a context uses one of its ids), so no other user of the unit takes
+    /// one. At least 1 (the unit's id 0 stays unused) and below the
+    /// unit's domain count.
     pub domain_range: (u32, u32),
     /// `probe_size`: bytes of PROBE properties (room for the MSI window
-    /// and every reserved region, a multiple of 4).
+    /// and every reserved region, a multiple of 4, at most
+    /// [`MAX_PROBE_SIZE`]).
     pub probe_size: u32,
     /// `bypass` at creation (and after a system reset; a device reset
     /// keeps the driver's value, §5.13.4.2).
@@ -53,6 +64,12 @@ pub struct ViommuConfig {
     /// fewer); an ATTACH that would make a translated domain past it,
     /// `NOMEM`. At least 1.
     pub table_frames: u64,
+    /// The most mappings (MAPs' records) the device's domains may hold
+    /// together: each costs host memory beside the tables, and an UNMAP
+    /// of a range removes every one it holds, so both the memory a guest
+    /// can pin and the work of one request are bounded by it. A MAP past
+    /// it is answered `NOMEM` with nothing mapped. At least 1.
+    pub max_mappings: usize,
     /// `QueueNumMax` of both queues (a power of two).
     pub queue_max: u16,
     /// Chains taken from the request queue per round: the device's work
@@ -99,6 +116,8 @@ impl Default for ViommuConfig {
             // 64 MiB of tables: 16,383 leaf tables, 32 GiB of 4 KiB
             // mappings scattered one per 2 MiB.
             table_frames: 16_384,
+            // About 64 MiB of records; 4 GiB mapped at 4 KiB.
+            max_mappings: 1 << 20,
             queue_max: 256,
             // A whole queue: the requests of one notification are one
             // round, and their UNMAPs one invalidation per domain.
@@ -166,9 +185,15 @@ impl ViommuConfig {
         if self.table_frames == 0 {
             return bad("table_frames", 0);
         }
+        if self.max_mappings == 0 {
+            return bad("max_mappings", 0);
+        }
         let props = self.reserved.len().saturating_add(1);
         let need = props.saturating_mul(RESV_MEM_PROP);
-        if (self.probe_size as usize) < need || !self.probe_size.is_multiple_of(4) {
+        if (self.probe_size as usize) < need
+            || !self.probe_size.is_multiple_of(4)
+            || self.probe_size > MAX_PROBE_SIZE
+        {
             return bad("probe_size", u64::from(self.probe_size));
         }
         // Each region granule-aligned, inside the input range, apart from

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use softiommu::dma::DmaDirection;
-use softiommu::iova::{IovaDomain, IovaError, IovaPolicy};
+use softiommu::iova::{IovaCpuCache, IovaDomain, IovaError, IovaPolicy, IovaStats};
 use softiommu::mem::{PAGE_SHIFT, PAGE_SIZE};
 
 use super::driver::{ViommuDriver, ViommuDriverError};
@@ -119,6 +119,12 @@ pub struct ViommuDma {
     domain: u32,
     mode: ViommuMode,
     iova: Arc<IovaDomain>,
+    /// The IOVAs this domain hands out and takes back, through a
+    /// per-thread cache in front of the domain's tree (Linux's
+    /// `alloc_iova_fast` and its per-CPU rcache): a map and an unmap
+    /// take no lock once the cache is warm. The domain is used from one
+    /// thread (`&mut self`), so one cache serves it.
+    cache: IovaCpuCache,
     /// Lazy mode: the requests queued on the driver, in its order (its
     /// completions come back in the same order). An IOVA is freed only
     /// when its UNMAP's completion says `OK` (or its MAP's says it mapped
@@ -133,6 +139,10 @@ pub struct ViommuDma {
     /// The statuses of a sync, in `queued`'s order (reused: no
     /// allocation per sync).
     statuses: Vec<Option<Status>>,
+    /// Lazy mode: what a flush an unmap triggered found wrong with other
+    /// requests, kept for the next [`flush`](ViommuDma::flush) to report
+    /// (the unmap itself succeeded: its UNMAP is queued).
+    deferred: Option<ViommuDmaError>,
     stats: ViommuDmaStats,
 }
 
@@ -201,15 +211,18 @@ impl ViommuDma {
                 });
             }
         }
+        let cache = iova.cpu_cache();
         Ok(Self {
             drv,
             domain,
             mode,
             iova,
+            cache,
             queued: Vec::new(),
             unmaps_queued: 0,
             serial: 0,
             refused_maps: Vec::new(),
+            deferred: None,
             statuses: Vec::new(),
             stats: ViommuDmaStats::default(),
         })
@@ -223,6 +236,12 @@ impl ViommuDma {
     /// Counts so far.
     pub fn stats(&self) -> ViommuDmaStats {
         self.stats
+    }
+
+    /// The IOVA space's counts (its tree's allocations and frees: what
+    /// the per-thread cache did not serve).
+    pub fn iova_stats(&self) -> IovaStats {
+        self.iova.stats()
     }
 
     /// The mode.
@@ -267,7 +286,7 @@ impl ViommuDma {
                 .ok_or(ViommuDmaError::BadLength { len })?;
             let mapped = bytes.div_ceil(PAGE_SIZE);
             let pages = mapped.next_power_of_two();
-            let pfn = match self.iova.alloc(pages, u64::MAX) {
+            let pfn = match self.cache.alloc(pages, u64::MAX) {
                 Ok(p) => p,
                 Err(e) => {
                     self.abandon(&out, first_serial);
@@ -321,7 +340,7 @@ impl ViommuDma {
                     }
                 );
                 if answered || !matches!(self.mode, ViommuMode::Strict) {
-                    let _ = self.iova.free(pfn, pages);
+                    let _ = self.cache.free(pfn, pages);
                     self.abandon(&out, first_serial);
                 } else {
                     let mut maybe = out.clone();
@@ -372,19 +391,33 @@ impl ViommuDma {
         match self.mode {
             ViommuMode::Strict => {
                 self.expect_ok("UNMAP", &req)?;
-                self.iova.free(m.pfn, m.pages)?;
+                self.cache.free(m.pfn, m.pages)?;
             }
             ViommuMode::Lazy { flush_queue } => {
+                // What a flush here finds wrong with *other* requests (an
+                // UNMAP refused) is not this call's to report: a caller
+                // that took it for its own would unmap `m` again, maybe
+                // over the next mapping given its IOVA. It is kept for
+                // the next `flush`.
                 if self.drv.free_slots() == 0 {
                     // The ring is full of queued requests: flush them
-                    // (and check them) before queueing more.
-                    self.flush()?;
+                    // (and check them) before queueing more. Still full
+                    // (the driver failed): `m` stays mapped, an error.
+                    self.flush_deferring();
+                    if self.drv.free_slots() == 0 {
+                        return Err(self.deferred.take().unwrap_or(ViommuDmaError::Refused {
+                            op: "UNMAP",
+                            status: None,
+                        }));
+                    }
                 }
                 self.drv.queue(&req, s::TAIL_LEN as u32)?;
                 self.queued.push(Queued::Unmap(m));
                 self.unmaps_queued += 1;
                 if self.unmaps_queued >= flush_queue.max(1) {
-                    self.flush()?;
+                    // `m`'s UNMAP is queued: this unmap is done, as a
+                    // lazy unmap is.
+                    self.flush_deferring();
                 }
             }
         }
@@ -393,12 +426,37 @@ impl ViommuDma {
 
     /// Sends every queued request with one notification, waits for them,
     /// and frees the IOVAs of the unmaps among them.
+    ///
+    /// Also reports what a flush an [`unmap`](Self::unmap) triggered
+    /// found (the first such error, before this flush's own, which the
+    /// next flush then reports).
     pub fn flush(&mut self) -> Result<(), ViommuDmaError> {
+        let r = if self.queued.is_empty() && self.drv.queued() == 0 {
+            Ok(())
+        } else {
+            self.stats.flushes += 1;
+            self.sync()
+        };
+        match (self.deferred.take(), r) {
+            (Some(e), Err(later)) => {
+                self.deferred = Some(later);
+                Err(e)
+            }
+            (Some(e), Ok(())) => Err(e),
+            (None, r) => r,
+        }
+    }
+
+    /// [`flush`](Self::flush) for an unmap: its error kept for the next
+    /// `flush` (the first one kept) instead of returned.
+    fn flush_deferring(&mut self) {
         if self.queued.is_empty() && self.drv.queued() == 0 {
-            return Ok(());
+            return;
         }
         self.stats.flushes += 1;
-        self.sync()
+        if let Err(e) = self.sync() {
+            self.deferred.get_or_insert(e);
+        }
     }
 
     /// Sends what is queued and judges each completion against the
@@ -417,7 +475,7 @@ impl ViommuDma {
             let st = self.statuses.get(i).copied().flatten();
             let err = match (q, st) {
                 (Queued::Unmap(m), Some(Status::Ok)) => {
-                    self.iova.free(m.pfn, m.pages).err().map(Into::into)
+                    self.cache.free(m.pfn, m.pages).err().map(Into::into)
                 }
                 (Queued::Unmap(_), status) => Some(ViommuDmaError::Refused {
                     op: "UNMAP",
@@ -426,7 +484,7 @@ impl ViommuDma {
                 (Queued::Map(..), Some(Status::Ok)) => None,
                 (Queued::Map(m, serial), status) => {
                     if status.is_some() {
-                        let _ = self.iova.free(m.pfn, m.pages);
+                        let _ = self.cache.free(m.pfn, m.pages);
                         self.refused_maps.push(serial);
                     }
                     Some(ViommuDmaError::Refused { op: "MAP", status })
@@ -476,7 +534,7 @@ impl ViommuDma {
             let start = m.pfn << PAGE_SHIFT;
             let req = encode::unmap(self.domain, start, start + m.mapped * PAGE_SIZE - 1);
             if matches!(self.drv.request(&req), Ok(Some(Status::Ok))) {
-                let _ = self.iova.free(m.pfn, m.pages);
+                let _ = self.cache.free(m.pfn, m.pages);
             }
         }
     }

@@ -49,7 +49,9 @@ mod state;
 mod stats;
 mod status;
 
-pub use config::{ViommuConfig, ViommuError, GRANULE, INPUT_END, PAGE_SIZE_MASK, RESV_MEM_PROP};
+pub use config::{
+    ViommuConfig, ViommuError, GRANULE, INPUT_END, MAX_PROBE_SIZE, PAGE_SIZE_MASK, RESV_MEM_PROP,
+};
 pub use device::ViommuDevice;
 pub use dma::{resv_regions, ViommuDma, ViommuDmaError, ViommuDmaStats, ViommuMapping, ViommuMode};
 pub use domain::MappingRecord;

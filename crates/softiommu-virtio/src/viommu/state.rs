@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use softiommu::hw::{ContextEntry, HwError, QiError, SourceId, System, Unit, UnitId};
+use softiommu::hw::{
+    ContextEntry, DomainIdClaim, HwError, QiError, SourceId, System, Unit, UnitId,
+};
 use softiommu::mem::PhysMemory;
 use softiommu::pgtable::IoPageTable;
 
@@ -80,6 +82,13 @@ pub(crate) struct State {
     unmap_failpoint: Failpoint,
     /// The most table frames the domains may hold together.
     table_frames: u64,
+    /// The most mappings the domains may hold together.
+    max_mappings: usize,
+    /// The unit's domain ids of `domain_range`, the device's alone: no
+    /// other user of the unit (the host's DMA domains) gives a device a
+    /// context with one, so a guest's domain never aliases one it did not
+    /// make.
+    claim: DomainIdClaim,
 }
 
 /// Why the device broke: what it reports with `DEVICE_NEEDS_RESET`.
@@ -143,6 +152,12 @@ impl State {
             .map(|&sid| (u32::from(sid.0), (sid, None)))
             .collect();
         let mem = system.memory().clone();
+        let (lo, hi) = cfg.domain_range;
+        let did = |d: u32| u16::try_from(d).unwrap_or(u16::MAX);
+        let claim = system
+            .unit(unit)
+            .ok_or(HwError::UnknownUnit(unit))?
+            .claim_domain_ids(did(lo), did(hi))?;
         let st = Self {
             system,
             unit,
@@ -161,6 +176,8 @@ impl State {
             victims: Vec::new(),
             unmap_failpoint: Failpoint::default(),
             table_frames: cfg.table_frames,
+            max_mappings: cfg.max_mappings,
+            claim,
         };
         for &(sid, _) in st.endpoints.values() {
             st.set_unattached(sid)?;
@@ -446,7 +463,9 @@ impl State {
         let stop = &*self.stop;
         let r = self
             .unit()
-            .attach_bounded(sid, ctx, self.timeout, || stop.load(Ordering::Acquire));
+            .attach_bounded_claimed(&self.claim, sid, ctx, self.timeout, || {
+                stop.load(Ordering::Acquire)
+            });
         match r {
             Ok(()) => {}
             Err(e) if undrained(&e) => {
@@ -593,6 +612,7 @@ impl State {
         }
         let reserved = self.hits_reserved(start, end);
         let held = self.frames_held();
+        let records = self.mappings_held();
         let Some(d) = self.domains.get_mut(&domain) else {
             return Status::NoEnt;
         };
@@ -605,6 +625,10 @@ impl State {
             phys,
             flags,
         };
+        if records >= self.max_mappings {
+            // Checked before the table is touched, as the frame quota.
+            return Status::NoMem;
+        }
         if held.saturating_add(worst_tables(start, end)) > self.table_frames {
             // Checked before the table is touched: a MAP refused for the
             // quota takes no frame (an undone MAP would leave its new,
@@ -615,6 +639,12 @@ impl State {
             Ok(()) => Status::Ok,
             Err(st) => st,
         }
+    }
+
+    /// The mappings the device's domains hold (one record per MAP; the
+    /// domains are at most the endpoints, so this is a short sum).
+    fn mappings_held(&self) -> usize {
+        self.domains.values().map(|d| d.maps.len()).sum()
     }
 
     /// The table frames the device holds: those linked into its domains'

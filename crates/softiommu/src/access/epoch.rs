@@ -69,8 +69,12 @@ pub(crate) fn device_epoch(unit: &Unit, sid: SourceId) -> DeviceEpoch {
             let gen = iotlb.gen(did);
             gen.wrapping_add(iotlb.ticket(did, gen).psi)
         }
-        // Pass-through, blocked or absent: only a context change (seen in
-        // `ctx`) changes what the device reaches.
+        // Pass-through: what the device reaches changes with its context
+        // (seen in `ctx`) and when RAM becomes a bounce pool's, which an
+        // untranslated span cached before must not cover (Acquire: a new
+        // count comes with the pool's bits, which the refill then sees).
+        Some(ContextEntry::PassThrough) => unit.memory().bounce_generation(),
+        // Blocked or absent: only a context change.
         _ => 0,
     };
     DeviceEpoch { ctx, inv }

@@ -175,3 +175,31 @@ fn a_mapping_is_ordered_as_a_whole() {
         assert!(!bad, "{m}");
     }
 }
+
+/// The bounce generation (`PhysMemory::mark_bounce` and the pass-through
+/// epoch in `epoch`): the maker sets a pool's bitmap bits (Release), then
+/// bumps the count (`gen_store`); a device that reads the new count
+/// (Acquire) and refills its cache must then see the bits. Forbidden: the
+/// new count with the bit clear.
+fn bounce_generation(gen_store: Ordering) -> bool {
+    explore(move || {
+        let bits = Arc::new(loom::sync::atomic::AtomicU64::new(0));
+        let gen = Arc::new(loom::sync::atomic::AtomicU64::new(0));
+        let (b, g) = (bits.clone(), gen.clone());
+        let device = thread::spawn(move || {
+            let seen = g.load(Acquire);
+            let bit = b.load(Acquire) & 1;
+            (seen, bit)
+        });
+        bits.fetch_or(1, Release);
+        gen.fetch_add(1, gen_store);
+        device.join().unwrap() == (1, 0)
+    })
+}
+
+#[test]
+fn a_new_bounce_generation_comes_with_the_pools_bits() {
+    assert!(!bounce_generation(Release));
+    // The model sees the reordering the Release exists to prevent.
+    assert!(bounce_generation(Relaxed));
+}

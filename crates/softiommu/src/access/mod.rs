@@ -89,7 +89,7 @@
 //! With the `vm-memory` feature (on by default), [`UnitIommu`] implements
 //! vm-memory's `Iommu` trait for one device's view of a unit and
 //! [`PhysGuestMemory`] is a vm-memory backend over [`PhysMemory`](crate::mem::PhysMemory),
-//! so `vm_memory::IommuMemory::new(PhysGuestMemory::new(mem), view, true, ())`
+//! so `vm_memory::IommuMemory::new(PhysGuestMemory::behind_iommu(mem), view, true, ())`
 //! (or an `IommuMemory` over vm-memory's own `GuestMemoryMmap`) translates
 //! through softiommu, and crates such as `virtio-queue` work through it.
 //!

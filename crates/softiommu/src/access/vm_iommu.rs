@@ -411,7 +411,7 @@ mod tests {
             .map(dev, buf, 4096, DmaDirection::Bidirectional)
             .unwrap();
         let m = IommuMemory::new(
-            PhysGuestMemory::new(p.mem.clone()),
+            PhysGuestMemory::behind_iommu(p.mem.clone()),
             UnitIommu::for_device(dev).unwrap(),
             true,
             (),

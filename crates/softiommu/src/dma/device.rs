@@ -37,6 +37,10 @@ pub struct DmaDevice {
     pt_keys: [u64; 3],
 }
 
+/// The longest a new bounce pool waits for the translations in flight
+/// on every unit (see `quiesce_for_pool`).
+const POOL_QUIESCE: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl DmaDevice {
     /// Its pass-through owner key for direction `dir`.
     #[inline(always)]
@@ -229,6 +233,19 @@ impl DmaDomain {
                 return Err(DmaError::from(e));
             }
         };
+        // The frames may be RAM a guest mapped (a paravirtual IOMMU's
+        // domain): its walks now refuse them (their bounce bits are set),
+        // no IOTLB entry cached before serves them, and no access that
+        // translated before is still copying when the pool gets data. A
+        // section that stays open past the bound: no pool from these
+        // frames (they are RAM again), the attach fails.
+        for (_, unit) in self.system.units() {
+            if let Err(e) = unit.shared.quiesce_for_pool(POOL_QUIESCE) {
+                let _ = self.mem.free_owned(phys, order, FrameOwner::Bounce);
+                let _ = self.iova.free(pfn, pages);
+                return Err(DmaError::from(e));
+            }
+        }
         if let Err(e) = self
             .table
             .map(pfn << PAGE_SHIFT, phys, pages << PAGE_SHIFT, dir.perm())

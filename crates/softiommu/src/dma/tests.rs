@@ -370,17 +370,24 @@ fn passthrough_and_switching_rules() {
     let buf = r.mem.alloc_frames(0).unwrap();
     let a = r.cpu.map(&r.dev, buf, 64, DmaDirection::ToDevice).unwrap();
     assert_eq!(a, buf);
-    assert!(
-        reachable(&mut r, 0x12345),
-        "pass-through reaches everything"
-    );
+    // Plain RAM nobody mapped, at the top of the arena.
+    let plain = r.mem.size() - PAGE_SIZE + 0x345;
+    assert!(!r.mem.is_iommu_frame(plain));
+    assert!(reachable(&mut r, plain), "pass-through reaches all RAM");
+    // But no bounce pool, not even its own domain's (it maps nothing
+    // there for a pass-through device).
+    let pool = (0..r.mem.size())
+        .step_by(PAGE_SIZE as usize)
+        .find(|&f| r.mem.is_iommu_frame(f))
+        .expect("the domain's bounce pool");
+    assert!(!reachable(&mut r, pool + 0x345), "a bounce pool");
     assert_eq!(
         r.domain.set_policy(DmaPolicy::Strict),
         Err(DmaError::PolicySwitchBusy { live: 1 })
     );
     r.cpu.unmap(&r.dev, a, 64, DmaDirection::ToDevice).unwrap();
     r.domain.set_policy(DmaPolicy::Strict).unwrap();
-    assert!(!reachable(&mut r, 0x12345), "translated now");
+    assert!(!reachable(&mut r, plain), "translated now");
     let b = r.cpu.map(&r.dev, buf, 64, DmaDirection::ToDevice).unwrap();
     // Strict, deferred and bounce switch freely with live mappings.
     r.domain.set_policy(DmaPolicy::Deferred).unwrap();

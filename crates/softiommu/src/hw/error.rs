@@ -131,6 +131,18 @@ pub enum TranslateError {
         /// Its address.
         table: PhysAddr,
     },
+    /// An untranslated (pass-through) access names a bounce pool's frame:
+    /// RAM, but the DMA layer's, reachable only through the mappings the
+    /// pool's own domain made of it.
+    #[error("{sid}: {access} of {iova:#x} names a bounce pool's frame")]
+    BounceFrame {
+        /// The requester.
+        sid: SourceId,
+        /// The address (the physical address too).
+        iova: u64,
+        /// Read or write.
+        access: Access,
+    },
 }
 
 impl TranslateError {
@@ -148,6 +160,7 @@ impl TranslateError {
             TranslateError::PermissionDenied { .. } => FaultReason::PermissionDenied,
             TranslateError::ReservedEntry { .. } => FaultReason::ReservedEntry,
             TranslateError::BadTableAddress { .. } => FaultReason::BadTableAddress,
+            TranslateError::BounceFrame { .. } => FaultReason::BounceFrame,
         })
     }
 }
@@ -219,6 +232,20 @@ pub enum HwError {
         did: u16,
         /// The number of domains.
         domains: u32,
+    },
+    /// A translated context with a domain id another owner claimed
+    /// ([`Unit::claim_domain_ids`](super::Unit::claim_domain_ids)).
+    #[error("domain id {did} is claimed by another owner")]
+    DomainIdClaimed {
+        /// The DID.
+        did: u16,
+    },
+    /// A claim of domain ids of which one is in use: a context uses it,
+    /// or another claim holds it.
+    #[error("domain id {did} is in use")]
+    DomainIdInUse {
+        /// The lowest such DID.
+        did: u16,
     },
     /// A table root that is not a 4 KiB-aligned page of physical memory.
     #[error("page-table root {root:#x} is not an aligned page of physical memory")]

@@ -64,6 +64,8 @@ pub enum FaultReason {
     /// A page request for the address was refused (answered `Invalid`,
     /// the queue full, or no answer before the deadline).
     PageRequestDenied,
+    /// A pass-through access named a bounce pool's frame.
+    BounceFrame,
 }
 
 impl FaultReason {
@@ -89,6 +91,10 @@ impl FaultReason {
             // No VT-d code: a zero-length request cannot reach the
             // hardware, and a bus bounds a request's length itself.
             FaultReason::ZeroLength | FaultReason::TooLong => 0x0,
+            // No VT-d code: pass-through hardware reaches all memory; the
+            // model keeps the DMA layer's bounce pools from untranslated
+            // requests.
+            FaultReason::BounceFrame => 0x0,
             // The request was answered; the access that caused it failed
             // as the not-present (or read-only) access it was.
             FaultReason::PageRequestDenied => match access {

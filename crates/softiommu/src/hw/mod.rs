@@ -103,6 +103,7 @@
 
 #[cfg(all(test, not(loom)))]
 mod bounded_tests;
+mod claims;
 mod clock;
 mod context;
 mod descriptor;
@@ -127,6 +128,7 @@ mod unit;
 mod walker;
 
 pub use crate::sync::barrier::DrainBarrier;
+pub use claims::DomainIdClaim;
 pub use context::{ContextEntry, SourceId, UnitId};
 pub use descriptor::{
     covering_mask, ContextScope, InvDescriptor, IotlbScope, IqeReason, StatusWrite, WaitDescriptor,

@@ -175,6 +175,41 @@ impl Shared {
     /// the queue, and charges and counts it as a revocation. The caller
     /// must have checked that it holds no section of this unit
     /// (`check_caller`): the drain would wait for itself.
+    /// Makes RAM that just became a bounce pool's unreachable to every
+    /// translation that may have reached it before: every IOTLB entry of
+    /// the unit is dropped (a claimed domain's walk then refuses the pool,
+    /// see `claims`), and every translation section open now is waited
+    /// for, at most `timeout` (`InvalidationTimeout`: one is still open
+    /// and may still be copying through an older translation). Refused
+    /// from inside a section of this unit (`GuardHeld`).
+    pub(crate) fn quiesce_for_pool(&self, timeout: Duration) -> Result<(), QiError> {
+        self.check_caller()?;
+        self.iotlb.invalidate_global();
+        let mut never = || false;
+        let mut limit = Limit::new(timeout, &mut never);
+        // Not a revocation around the queue: counted as a drain only.
+        let t0 = Instant::now();
+        let mut pending = self.slots.drain_start(self.barrier);
+        let waited = pending.len() as u64;
+        let mut backoff = Backoff::default();
+        while !self.slots.drain_poll(&mut pending) {
+            limit.check()?;
+            if backoff.is_spinning() {
+                backoff.snooze();
+            } else {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        let c = &self.counters;
+        Counters::add(&c.drains, 1);
+        Counters::add(&c.drain_waited, waited);
+        Counters::add(
+            &c.drain_ns,
+            u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
+        Ok(())
+    }
+
     pub(crate) fn drain_direct(&self) {
         let t0 = Instant::now();
         let st = self.slots.drain(self.barrier);

@@ -123,6 +123,20 @@ fn span_of(leaf: Leaf, iova: u64) -> PhysSpan {
     }
 }
 
+/// Where a page of a pass-through context starts (IOVA = physical address)
+/// and how far it runs: to the next bounce pool frame at most, so that
+/// an untranslated access never reaches a pool (the pool is reachable only
+/// through the mappings its domain made of it); `None` when `iova`'s own
+/// frame is a pool's. Memory past RAM is left to the access's RAM check.
+#[inline(always)]
+fn pass_through_span(mem: &PhysMemory, iova: u64) -> Option<PhysSpan> {
+    Some(PhysSpan {
+        phys: iova,
+        len: mem.direct_run(iova, 1 << VTD_ADDR_BITS)?,
+        perm: Perm::RW,
+    })
+}
+
 /// xorshift64: a translator's own generator, so that choosing a victim
 /// writes nothing shared.
 fn xorshift(state: &mut u64) -> u64 {
@@ -257,7 +271,7 @@ impl Translator {
         let word = sh.contexts.load(sid);
         // Translated first, with one mask and compare: the common case.
         let Some(did) = context::translated_did(word) else {
-            return Self::hit_other(word, iova);
+            return Self::hit_other(sh, word, iova);
         };
         if iova >> VTD_IOVA_BITS != 0 {
             return None;
@@ -300,15 +314,14 @@ impl Translator {
     }
 
     /// The hit path of a context that is not translated: pass-through
-    /// within the address width, else `None` (the slow path faults).
+    /// within the address width and off the bounce pools, else `None` (the
+    /// slow path faults).
     #[inline(always)]
-    fn hit_other(word: u64, iova: u64) -> Option<PhysSpan> {
+    fn hit_other(sh: &Shared, word: u64, iova: u64) -> Option<PhysSpan> {
         match context::decode(word) {
-            Some(ContextEntry::PassThrough) if iova < 1 << VTD_ADDR_BITS => Some(PhysSpan {
-                phys: iova,
-                len: (1 << VTD_ADDR_BITS) - iova,
-                perm: Perm::RW,
-            }),
+            Some(ContextEntry::PassThrough) if iova < 1 << VTD_ADDR_BITS => {
+                pass_through_span(&sh.mem, iova)
+            }
             _ => None,
         }
     }
@@ -364,12 +377,12 @@ impl Translator {
                 width: VTD_IOVA_BITS,
             },
             Some(ContextEntry::PassThrough) if iova < 1 << VTD_ADDR_BITS => {
-                // The context changed since the hit path looked.
-                return Ok(PhysSpan {
-                    phys: iova,
-                    len: (1 << VTD_ADDR_BITS) - iova,
-                    perm: Perm::RW,
-                });
+                // The context changed since the hit path looked, or the
+                // address is a bounce pool's frame.
+                match pass_through_span(&self.shared.mem, iova) {
+                    Some(span) => return Ok(span),
+                    None => TranslateError::BounceFrame { sid, iova, access },
+                }
             }
             Some(ContextEntry::PassThrough) => TranslateError::AddressTooWide {
                 sid,
@@ -400,6 +413,13 @@ impl Translator {
         self.stats.walks += 1;
         self.stats.modelled_ns += spin_ns(sh.latency.walk_level_ns() * u64::from(w.levels));
         let err = match w.end {
+            WalkEnd::Leaf { phys, size, .. }
+                if sh.is_claimed(did) && sh.mem.check_device_range(phys, size.bytes()).is_err() =>
+            {
+                // A guest's leaf over a bounce pool (RAM it mapped before
+                // the pool took it): never cached, never reached.
+                TranslateError::BounceFrame { sid, iova, access }
+            }
             WalkEnd::Leaf { phys, size, perm } => {
                 let leaf = Leaf { phys, size, perm };
                 let rnd = xorshift(&mut self.rng);
@@ -465,7 +485,8 @@ impl Translator {
                 | TranslateError::NotPresent { sid, .. }
                 | TranslateError::PermissionDenied { sid, .. }
                 | TranslateError::ReservedEntry { sid, .. }
-                | TranslateError::BadTableAddress { sid, .. } => sid,
+                | TranslateError::BadTableAddress { sid, .. }
+                | TranslateError::BounceFrame { sid, .. } => sid,
             };
             self.shared.faults.record(FaultRecord {
                 sid,

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use super::claims::{Claims, DomainIdClaim};
 use super::context::{self, ContextEntry, ContextTable, SourceId};
 use super::descriptor::{ContextScope, InvDescriptor, Limits};
 use super::epoch::Slots;
@@ -294,6 +295,45 @@ pub(crate) struct Shared {
     /// they may still be open (see `revoke`).
     pub(crate) fenced: Mutex<Vec<(usize, u64)>>,
     bindings: Mutex<HashMap<u16, Binding>>,
+    /// Domain-id claims (locked after `bindings`).
+    claims: Mutex<Claims>,
+    /// One bit per domain id, set while a claim holds it (written under
+    /// `claims`, read by walks without a lock).
+    claimed: Box<[AtomicU64]>,
+}
+
+impl Shared {
+    /// Forgets a dropped claim.
+    pub(crate) fn release_claim(&self, token: u64) {
+        let _b = lock(&self.bindings);
+        let mut claims = lock(&self.claims);
+        if let Some((lo, hi)) = claims.remove(token) {
+            self.mark_claimed(lo, hi, false);
+        }
+    }
+
+    /// Sets or clears the claimed bits of `lo..=hi` (under `claims`).
+    fn mark_claimed(&self, lo: u16, hi: u16, set: bool) {
+        for did in lo..=hi {
+            if let Some(w) = self.claimed.get(usize::from(did) / 64) {
+                let bit = 1u64 << (did % 64);
+                if set {
+                    w.fetch_or(bit, Ordering::Release);
+                } else {
+                    w.fetch_and(!bit, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// Whether a claim holds domain id `did`: its owner is a guest's
+    /// paravirtual IOMMU, whose mappings never reach a bounce pool.
+    #[inline]
+    pub(crate) fn is_claimed(&self, did: u16) -> bool {
+        self.claimed
+            .get(usize::from(did) / 64)
+            .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (did % 64)) != 0)
+    }
 }
 
 /// A token for the calling thread, unique among live threads, non-zero.
@@ -359,6 +399,10 @@ impl Unit {
             worker_gone: AtomicBool::new(false),
             fenced: Mutex::new(Vec::new()),
             bindings: Mutex::new(HashMap::new()),
+            claims: Mutex::new(Claims::default()),
+            claimed: (0..domains.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             mem,
         });
         let worker = match config.queue_mode {
@@ -411,10 +455,23 @@ impl Unit {
     /// that no device uses any more is released, and taking it again starts
     /// it with a fresh generation (nothing cached under its earlier life can
     /// hit).
+    ///
+    /// A domain id another owner claimed ([`claim_domain_ids`](Self::claim_domain_ids))
+    /// is refused ([`HwError::DomainIdClaimed`]).
     pub fn set_context(
         &self,
         sid: SourceId,
         ctx: Option<ContextEntry>,
+    ) -> Result<Option<ContextEntry>, HwError> {
+        self.set_context_as(sid, ctx, None)
+    }
+
+    /// [`set_context`](Self::set_context) by the holder of claim `owner`.
+    fn set_context_as(
+        &self,
+        sid: SourceId,
+        ctx: Option<ContextEntry>,
+        owner: Option<u64>,
     ) -> Result<Option<ContextEntry>, HwError> {
         let sh = &*self.shared;
         let mut bindings = lock(&sh.bindings);
@@ -424,6 +481,11 @@ impl Unit {
                     did,
                     domains: sh.limits.domains,
                 });
+            }
+            if let Some(t) = lock(&sh.claims).owner_of(did) {
+                if Some(t) != owner {
+                    return Err(HwError::DomainIdClaimed { did });
+                }
             }
             // Tables live only in the IOMMU reserve: a root in RAM is a
             // table a device could be given, and write.
@@ -482,14 +544,14 @@ impl Unit {
     /// the crate's queue-less revocation does — and the call succeeds: a
     /// context change is never left in force without its drain.
     pub fn attach(&self, sid: SourceId, ctx: ContextEntry) -> Result<(), HwError> {
-        self.replace_context(sid, Some(ctx), true, None)
+        self.replace_context(sid, Some(ctx), true, None, None)
     }
 
     /// Removes `sid`'s context (its requests fault as having none), and
     /// waits as [`attach`](Self::attach) does; fails, and changes nothing,
     /// as `attach` does.
     pub fn detach(&self, sid: SourceId) -> Result<(), HwError> {
-        self.replace_context(sid, None, true, None)
+        self.replace_context(sid, None, true, None, None)
     }
 
     /// As [`attach`](Self::attach), but waits at most `timeout` for the
@@ -514,7 +576,60 @@ impl Unit {
         mut give_up: impl FnMut() -> bool,
     ) -> Result<(), HwError> {
         let mut limit = Limit::new(timeout, &mut give_up);
-        self.replace_context(sid, Some(ctx), true, Some(&mut limit))
+        self.replace_context(sid, Some(ctx), true, Some(&mut limit), None)
+    }
+
+    /// Reserves domain ids `lo..=hi` for the caller: from now on only
+    /// [`attach_bounded_claimed`](Self::attach_bounded_claimed) with the
+    /// returned claim gives a device a translated context with one of
+    /// them, until the claim is dropped. Refused, with nothing claimed,
+    /// when `lo > hi` or `hi` is beyond the unit's domains
+    /// ([`HwError::DomainOutOfRange`]), or when a context uses one of the
+    /// ids or another claim holds one ([`HwError::DomainIdInUse`], the
+    /// lowest such id).
+    pub fn claim_domain_ids(&self, lo: u16, hi: u16) -> Result<DomainIdClaim, HwError> {
+        let sh = &*self.shared;
+        if lo > hi || u32::from(hi) >= sh.limits.domains {
+            return Err(HwError::DomainOutOfRange {
+                did: if lo > hi { lo } else { hi },
+                domains: sh.limits.domains,
+            });
+        }
+        let bindings = lock(&sh.bindings);
+        let mut claims = lock(&sh.claims);
+        let bound = bindings
+            .keys()
+            .copied()
+            .filter(|d| (lo..=hi).contains(d))
+            .min();
+        if let Some(did) = [bound, claims.overlap(lo, hi)].into_iter().flatten().min() {
+            return Err(HwError::DomainIdInUse { did });
+        }
+        let token = claims.add(lo, hi);
+        sh.mark_claimed(lo, hi, true);
+        Ok(DomainIdClaim {
+            unit: Arc::downgrade(&self.shared),
+            lo,
+            hi,
+            token,
+        })
+    }
+
+    /// [`attach_bounded`](Self::attach_bounded) by the holder of `claim`:
+    /// the one way to give a device a translated context with a claimed
+    /// domain id. A claim made on another unit claims nothing here.
+    pub fn attach_bounded_claimed(
+        &self,
+        claim: &DomainIdClaim,
+        sid: SourceId,
+        ctx: ContextEntry,
+        timeout: Duration,
+        mut give_up: impl FnMut() -> bool,
+    ) -> Result<(), HwError> {
+        let ours = std::ptr::eq(claim.unit.as_ptr(), Arc::as_ptr(&self.shared));
+        let mut limit = Limit::new(timeout, &mut give_up);
+        let owner = ours.then_some(claim.token);
+        self.replace_context(sid, Some(ctx), true, Some(&mut limit), owner)
     }
 
     /// [`detach`](Self::detach) bounded as
@@ -528,7 +643,7 @@ impl Unit {
         mut give_up: impl FnMut() -> bool,
     ) -> Result<(), HwError> {
         let mut limit = Limit::new(timeout, &mut give_up);
-        self.replace_context(sid, None, true, Some(&mut limit))
+        self.replace_context(sid, None, true, Some(&mut limit), None)
     }
 
     /// Changes `sid`'s context as [`attach`](Self::attach) does, but goes
@@ -541,7 +656,7 @@ impl Unit {
         sid: SourceId,
         ctx: Option<ContextEntry>,
     ) -> Result<(), HwError> {
-        self.replace_context(sid, ctx, false, None)
+        self.replace_context(sid, ctx, false, None, None)
     }
 
     /// Fails if the queue could not carry an invalidation now: stopped
@@ -558,13 +673,14 @@ impl Unit {
         ctx: Option<ContextEntry>,
         refuse_stopped: bool,
         mut limit: Option<&mut Limit<'_>>,
+        owner: Option<u64>,
     ) -> Result<(), HwError> {
         // Everything that can refuse is checked before the write.
         self.shared.check_caller()?;
         if refuse_stopped {
             self.shared.check_queue()?;
         }
-        let old = self.set_context(sid, ctx)?;
+        let old = self.set_context_as(sid, ctx, owner)?;
         let did = match (old, ctx) {
             (Some(ContextEntry::Translated { did, .. }), _) => did,
             (_, Some(ContextEntry::Translated { did, .. })) => did,

@@ -75,6 +75,10 @@ pub struct PhysMemory {
     /// mappings, never mapped as a caller's buffer nor written by a wait
     /// descriptor. Read without a lock.
     bounce_frames: Reservation,
+    /// Bumped (Release, after the bits) whenever frames become a bounce
+    /// pool's: a cache of untranslated spans filled before the bump may
+    /// cover them, and must be dropped.
+    bounce_gen: AtomicU64,
 }
 
 impl PhysMemory {
@@ -115,6 +119,7 @@ impl PhysMemory {
             frames: Mutex::new(Buddy::new(frames)),
             iommu: Mutex::new(Buddy::new(reserve >> PAGE_SHIFT)),
             bounce_frames,
+            bounce_gen: AtomicU64::new(0),
         })
     }
 
@@ -438,6 +443,12 @@ impl PhysMemory {
         unsafe { AtomicU64::from_ptr(self.bounce_frames.base().add(byte as usize).cast()) }
     }
 
+    /// The count of blocks ever made bounce pools' (Acquire: a reader
+    /// that sees a count also sees those blocks' bounce bits).
+    pub(crate) fn bounce_generation(&self) -> u64 {
+        self.bounce_gen.load(Ordering::Acquire)
+    }
+
     /// Sets or clears the bounce bits of a block (under the frame lock).
     fn mark_bounce(&self, pfn: u64, order: u32, set: bool) {
         for f in pfn..pfn + (1u64 << order) {
@@ -451,6 +462,10 @@ impl PhysMemory {
                     w.fetch_and(!bit, Ordering::Release);
                 }
             }
+        }
+        if set {
+            // After the bits: whoever sees the new count sees them.
+            self.bounce_gen.fetch_add(1, Ordering::Release);
         }
     }
 
@@ -491,6 +506,33 @@ impl PhysMemory {
             return Ok(());
         }
         self.check_frames_of_device_range(first, last)
+    }
+
+    /// How far an untranslated (pass-through) access starting at `addr`
+    /// may run before it reaches a bounce pool's frame: `None` if `addr`'s
+    /// own frame is a pool's, else the bytes up to the next pool frame or
+    /// the end of `addr`'s 64-frame group of the bitmap (one load), at
+    /// least to the end of `addr`'s page. Addresses past RAM hold no pool:
+    /// up to `limit` (the caller's address-space end, above `addr`); the
+    /// RAM check of the access itself refuses them.
+    #[inline(always)]
+    pub(crate) fn direct_run(&self, addr: PhysAddr, limit: u64) -> Option<u64> {
+        if addr >= self.size {
+            return Some(limit - addr);
+        }
+        let pfn = addr >> PAGE_SHIFT;
+        let bits = self.ram_bounce_word(pfn).load(Ordering::Acquire) >> (pfn % 64);
+        if bits & 1 != 0 {
+            return None;
+        }
+        // Frames of the group from `pfn` on that hold no pool: the shifted
+        // word's zeros up to its first bit, or to the group's end.
+        let clean = if bits == 0 {
+            64 - pfn % 64
+        } else {
+            u64::from(bits.trailing_zeros())
+        };
+        Some(((pfn + clean) << PAGE_SHIFT) - addr)
     }
 
     /// [`check_device_range`](Self::check_device_range)'s bitmap check of

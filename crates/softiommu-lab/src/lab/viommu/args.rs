@@ -12,7 +12,7 @@ pub struct ViommuArgs {
     /// Reads per row (100..=10000000; default 4000 with --quick, else 40000).
     #[arg(long)]
     pub ios: Option<Ranged<100, 10_000_000>>,
-    /// Reads in flight (1..=32).
+    /// Reads in flight of the null and the ssd IOPS rows (1..=32).
     #[arg(long, default_value = "4")]
     pub depth: Ranged<1, 32>,
     /// Rounds per row, interleaved; the median round is reported (1..=20;
@@ -27,11 +27,19 @@ pub struct ViommuArgs {
     /// both devices in every mode (0..=1000; 0: none).
     #[arg(long, default_value_t = EXIT_US, value_parser = parse_exit_us)]
     pub exit_us: f64,
-    /// Bytes per read: a multiple of 4096 in 4096..=131072 (the disk's
+    /// Bytes per read of the null and the ssd IOPS rows: a multiple of 4096 in 4096..=131072 (the disk's
     /// `size_max`: one data segment). The `ssd` back-end's bandwidth
     /// makes a large block cost its transfer time.
     #[arg(long, default_value = "4096", value_parser = parse_bs)]
     pub bs: u64,
+    /// Bytes per read of the ssd bandwidth job, the target's rows (as
+    /// `--bs`; default 128 KiB: fio's bandwidth shape).
+    #[arg(long, default_value = "131072", value_parser = parse_bs)]
+    pub bw_bs: u64,
+    /// Reads in flight of the ssd bandwidth job (1..=32; default 16:
+    /// enough for the link, not the latency, to bound it).
+    #[arg(long, default_value = "16")]
+    pub bw_depth: Ranged<1, 32>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     #[serde(skip)]
@@ -47,6 +55,8 @@ impl Default for ViommuArgs {
             quick: false,
             exit_us: EXIT_US,
             bs: 4096,
+            bw_bs: super::BW_BS,
+            bw_depth: Ranged::new(super::BW_DEPTH),
             json: false,
         }
     }

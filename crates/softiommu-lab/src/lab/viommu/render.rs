@@ -11,15 +11,19 @@ pub(super) fn report(r: &ViommuReport, rounds: u64) -> Report {
     let mut t = Table::new(
         "results",
         format!(
-            "{} KiB reads on virtio-blk through a virtio-iommu, depth {}, {} reads per row{}",
+            "{} KiB reads on virtio-blk through a virtio-iommu, depth {} (the {SSD_DEVICE} rows: {} KiB at depth {}), {} reads per row{}",
             r.bs / 1024,
             r.depth,
+            r.bw_bs / 1024,
+            r.bw_depth,
             r.ios,
             if r.quick { ", quick" } else { "" }
         ),
         vec![
             Column::label("device"),
             Column::label("mode"),
+            Column::metric("bs", "bytes/read", Unit::Count, 0),
+            Column::metric("depth", "depth", Unit::Count, 0),
             Column::metric("iops", "reads/s", Unit::Count, 0).modelled_if(modelled),
             Column::metric("pct_of_none", "of none", Unit::Percent, 1).modelled_if(modelled),
             Column::metric("driver_cpu_us_per_io", "driver CPU/read", Unit::UsPerReq, 2)
@@ -41,6 +45,8 @@ pub(super) fn report(r: &ViommuReport, rounds: u64) -> Report {
         t.row(vec![
             x.device.clone().into(),
             x.mode.into(),
+            (x.bs as f64).into(),
+            (x.depth as f64).into(),
             x.iops.into(),
             x.pct_of_none.into(),
             x.driver_cpu_us_per_io.into(),
@@ -67,6 +73,8 @@ pub(super) fn report(r: &ViommuReport, rounds: u64) -> Report {
         Param::text("latency_model", r.latency_model),
         Param::text("device_model_us", r.device_model_us),
         Param::new("bs", r.bs, Unit::Count),
+        Param::new("bw_bs", r.bw_bs, Unit::Count),
+        Param::new("bw_depth", r.bw_depth, Unit::Count),
         Param::text("ssd_bytes_per_sec", r.ssd_bytes_per_sec),
         Param::text("exit_us", r.exit_us),
         Param::text("exit_model", r.exit_model),
@@ -86,7 +94,9 @@ pub(super) fn report(r: &ViommuReport, rounds: u64) -> Report {
     ];
     rep.tables.push(t);
     rep.notes.push(format!(
-        "{SSD_DEVICE}: lazy >= 95 % of none and >= 1.2x strict: {}{}",
+        "{SSD_DEVICE} ({} KiB at depth {}, bandwidth-bound): lazy >= 95 % of none and >= 1.2x strict: {}{}",
+        r.bw_bs / 1024,
+        r.bw_depth,
         if r.ssd_lazy_target_met { "met" } else { "NOT met" },
         if r.load_avg_1m > 2.0 {
             format!(" (load average {:.1} on this machine: the cross-thread round trips measure its scheduler too)", r.load_avg_1m)
@@ -94,6 +104,7 @@ pub(super) fn report(r: &ViommuReport, rounds: u64) -> Report {
             String::new()
         }
     ));
+    rep.notes.push(r.shapes.to_string());
     rep.notes.extend(r.notes.iter().cloned());
     rep.notes.push(format!(
         "anchor (Brucker 2023, fio on an assigned NVMe, quoted): strict {} %, lazy {} %, lazy with sync-map batching {} % of host bandwidth",

@@ -7,6 +7,8 @@ fn row(mode: &'static str, why: Option<String>) -> ViommuRow {
     ViommuRow {
         device: "virtio-blk/ssd-80us".into(),
         mode,
+        bs: 4096,
+        depth: 4,
         iops: 1.0,
         pct_of_none: 100.0,
         driver_cpu_us_per_io: 1.0,
@@ -29,6 +31,9 @@ fn report_of(rows: Vec<ViommuRow>) -> ViommuReport {
         latency_model: "",
         device_model_us: 80.0,
         bs: 4096,
+        bw_bs: BW_BS,
+        bw_depth: BW_DEPTH,
+        shapes: SHAPES,
         ssd_bytes_per_sec: SSD_BYTES_PER_SEC,
         exit_us: 0.0,
         exit_model: "",
@@ -171,4 +176,26 @@ fn bs_and_bandwidth_are_reported() {
         "{}",
         rep.tables[0].title
     );
+}
+
+/// The target's job is bandwidth-bound by the model's own numbers: its
+/// reads in flight cover a read's latency and transfer (the link never
+/// idles for want of a read), and its defaults are what the CLI and the
+/// JSON say; the default IOPS job is latency-bound (its reads in flight
+/// carry less than one latency of link time).
+#[test]
+fn the_target_job_is_bandwidth_bound_and_the_iops_job_latency_bound() {
+    let transfer_us = |bs: u64| bs as f64 / SSD_BYTES_PER_SEC as f64 * 1e6;
+    let hold_us = SSD_HOLD.as_secs_f64() * 1e6;
+    let a = ViommuArgs::default();
+    assert_eq!((a.bw_bs, a.bw_depth.get()), (BW_BS, BW_DEPTH));
+    assert_eq!((BW_BS, BW_DEPTH), (131_072, 16));
+    let t = transfer_us(a.bw_bs);
+    assert!(a.bw_depth.get() as f64 * t >= 3.0 * (hold_us + t), "{t}");
+    let t4 = transfer_us(a.bs);
+    assert!(a.depth.get() as f64 * t4 < hold_us, "{t4}");
+    let rep = report(&report_of(vec![row("none", None)]), 1);
+    assert_eq!(rep.contract["bw_bs"], 131_072);
+    assert_eq!(rep.contract["bw_depth"], 16);
+    assert!(rep.notes.iter().any(|n| n.contains("bandwidth-bound")));
 }

@@ -396,6 +396,8 @@ pub(super) fn udp_rows(ios: u64, rounds: u64, exit: Duration) -> LabResult<Vec<V
             ViommuRow {
                 device: DEVICE.to_string(),
                 mode: mode.name(),
+                bs: MSG as u64,
+                depth: WINDOW,
                 iops: rate,
                 pct_of_none: 100.0 * rate / none_rate,
                 driver_cpu_us_per_io: m.cpu_secs * 1e6 / ios as f64,

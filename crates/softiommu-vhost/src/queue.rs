@@ -1,0 +1,804 @@
+//! One split virtqueue of a vhost-user back-end: `softiommu-virtio`'s
+//! [`DeviceQueue`] — the same ring code the devices behind a softiommu
+//! unit use, with every check it makes (an avail index more than the
+//! ring's size ahead, a descriptor index past the ring, a chain longer than
+//! the ring, an indirect descriptor not offered, each a typed
+//! [`DeviceError`]) — over the [`DmaSpace`]'s ring translation, plus what
+//! is vhost-user's own: the kick (an eventfd the worker polls), the call
+//! (an eventfd it writes), and the stop and enable flags the session sets.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use softiommu_virtio::transport::{ChainDesc, ChainDir, DeviceError, DeviceQueue, QueueLayout};
+
+use crate::side::SpaceRings;
+use crate::space::{AddrKind, DmaSpace};
+
+/// What a queue's worker shares with the session.
+#[derive(Debug)]
+pub(crate) struct WorkerShared {
+    pub(crate) stop: AtomicBool,
+    pub(crate) enabled: AtomicBool,
+    pub(crate) call: Mutex<Option<OwnedFd>>,
+}
+
+/// Whether a ring error is the device's being stopped (a cancelled miss):
+/// the chain in hand is left on the ring, and nothing is counted.
+pub(crate) fn is_abort(e: &DeviceError) -> bool {
+    matches!(e, DeviceError::DmaAborted { .. })
+}
+
+/// Whether a walk's error is a translation the space refused (the
+/// descriptor table unreachable), rather than a chain of the wrong shape.
+pub(crate) fn is_fault(e: &DeviceError) -> bool {
+    matches!(
+        e,
+        DeviceError::DmaFault { .. }
+            | DeviceError::AddressOverflow {
+                what: "descriptor table",
+                ..
+            }
+    )
+}
+
+/// The device side of one split ring of a vhost-user back-end.
+#[derive(Debug)]
+pub(crate) struct Queue {
+    /// The space the rings translate through.
+    rings: SpaceRings,
+    ring: DeviceQueue,
+    kick: Option<OwnedFd>,
+    shared: Arc<WorkerShared>,
+    /// Used entries published since the last signal.
+    pending_signal: u32,
+    /// A served chain whose used entry could not be published (the used
+    /// ring's page missed and the wait timed out or was cancelled):
+    /// `(head, len)`. Published before anything else is taken; given back
+    /// to the ring if the worker stops with it still here (see
+    /// [`Queue::finish`]).
+    pending_used: Option<(u16, u32)>,
+}
+
+impl Queue {
+    /// The ring `layout` gives with the acknowledged `features`, resuming
+    /// at `base`, woken by the kick it takes out of `kick`. Refused (the
+    /// typed error, `kick` left in place) if a ring runs past the end of
+    /// the address space or the layout is one a split ring cannot have.
+    pub(crate) fn new(
+        space: Arc<DmaSpace>,
+        layout: QueueLayout,
+        features: u64,
+        kick: &mut Option<OwnedFd>,
+        shared: Arc<WorkerShared>,
+        base: u16,
+    ) -> Result<Self, DeviceError> {
+        let mut ring = DeviceQueue::new(layout, features)?;
+        ring.set_base(base);
+        Ok(Self {
+            rings: SpaceRings::new(space, AddrKind::Ring),
+            ring,
+            kick: kick.take(),
+            shared,
+            pending_signal: 0,
+            pending_used: None,
+        })
+    }
+
+    /// What the queue's worker shares with the session.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn worker_shared(&self) -> &Arc<WorkerShared> {
+        &self.shared
+    }
+
+    /// The ring's layout.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn ring_layout(&self) -> QueueLayout {
+        self.ring.layout()
+    }
+
+    /// The space the ring and its buffers translate through.
+    pub(crate) fn space(&self) -> &Arc<DmaSpace> {
+        self.rings.space()
+    }
+
+    /// Whether the session asked the worker to stop.
+    pub(crate) fn stopping(&self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+
+    /// Whether the ring is enabled.
+    pub(crate) fn enabled(&self) -> bool {
+        self.shared.enabled.load(Ordering::Acquire)
+    }
+
+    /// The next avail entry to take (the ring's base when it stops).
+    pub(crate) fn last_avail(&self) -> u16 {
+        self.ring.next_avail()
+    }
+
+    /// The driver's avail index now, checked against the ring's size.
+    pub(crate) fn avail_idx(&self) -> Result<u16, DeviceError> {
+        self.ring.avail_idx(&self.rings)
+    }
+
+    /// The head in avail entry `idx`, without taking it.
+    pub(crate) fn head_at(&self, idx: u16) -> Result<u16, DeviceError> {
+        self.ring.head_at(&self.rings, idx)
+    }
+
+    /// The next available head, if any. A used entry still unpublished
+    /// is published first; while that fails (its error returned), nothing
+    /// more is taken, so the chain in hand stays the last one popped.
+    pub(crate) fn pop(&mut self) -> Result<Option<u16>, DeviceError> {
+        self.publish_pending()?;
+        self.ring.pop(&self.rings)
+    }
+
+    /// Gives back the head [`Queue::pop`] just took (its request was
+    /// cancelled before it completed), so the ring's base stays on it.
+    /// Refused ([`DeviceError::UnpopWithoutPop`], nothing moved) unless a
+    /// pop took a head since the last completion or give-back.
+    pub(crate) fn unpop(&mut self) -> Result<(), DeviceError> {
+        self.ring.unpop()
+    }
+
+    /// Publishes the used entry a failed [`Queue::push_used`] left, if any
+    /// (a worker that pops only when it has work, as the receive side,
+    /// calls it first so the entry is not held back until then).
+    pub(crate) fn publish_pending(&mut self) -> Result<(), DeviceError> {
+        if let Some((head, len)) = self.pending_used {
+            self.ring.add_used(&self.rings, head, len)?;
+            self.pending_used = None;
+            self.pending_signal += 1;
+        }
+        Ok(())
+    }
+
+    /// Ends the worker's use of the ring; returns the base the ring
+    /// resumes at (what `GET_VRING_BASE` answers), always equal to the
+    /// used index the ring shows: a used entry still unpublished is tried
+    /// once more (a hit, or a miss the front-end answers within the bound
+    /// unless the stop cancelled it) and signalled; if it still fails, its
+    /// chain is given back, so the driver sees it neither completed nor
+    /// skipped and the device serves it again after resuming. Serving it
+    /// again re-executes it: a block read or write of the same sectors
+    /// from the same buffers (the driver has not seen it complete, so its
+    /// buffers are still the device's, §2.7.13), a transmitted frame sent
+    /// once more (a duplicate the network tolerates), a receive buffer
+    /// filled again with a later frame (the first frame lost, as a drop).
+    pub(crate) fn finish(&mut self) -> u16 {
+        if self.pending_used.is_some() {
+            match self.publish_pending() {
+                Ok(()) => {
+                    // The driver learns of it now (or when it polls).
+                    let _ = self.signal_if_wanted();
+                }
+                Err(_) => {
+                    // The pending entry's chain is the last popped (nothing
+                    // is popped while one is pending), so this cannot be
+                    // refused.
+                    if self.ring.unpop().is_ok() {
+                        self.pending_used = None;
+                    }
+                }
+            }
+        }
+        self.ring.next_avail()
+    }
+
+    /// Walks the chain from `head` into `out`, each descriptor in the
+    /// direction `dir` asks; returns its total bytes.
+    pub(crate) fn walk(
+        &self,
+        head: u16,
+        dir: ChainDir,
+        out: &mut Vec<ChainDesc>,
+    ) -> Result<u64, DeviceError> {
+        self.ring.walk(&self.rings, head, dir, out)
+    }
+
+    /// Publishes `(head, len)` as the next used entry. If that fails the
+    /// entry is kept and published before the next [`Queue::pop`] takes
+    /// anything (or, at the end, by [`Queue::finish`]): the chain is never
+    /// lost, and the error is returned for the caller to stop on.
+    pub(crate) fn push_used(&mut self, head: u16, len: u32) -> Result<(), DeviceError> {
+        if self.pending_used.is_some() {
+            // Callers complete only a head popped since their last
+            // completion, and a pop publishes the pending entry first, so
+            // none is pending here; were one, it goes first, in order.
+            self.publish_pending()?;
+        }
+        self.pending_used = Some((head, len));
+        self.publish_pending()
+    }
+
+    /// Signals the driver once for everything published since the last
+    /// signal, unless it asked for no interrupts. If the driver's flags
+    /// cannot be read, it is signalled anyway (a spurious interrupt is
+    /// harmless, a lost one stalls the driver) and the read's error
+    /// returned; the count is cleared only once the signal went out.
+    pub(crate) fn signal_if_wanted(&mut self) -> Result<(), DeviceError> {
+        if self.pending_signal == 0 {
+            return Ok(());
+        }
+        let wanted = self.ring.interrupt_wanted(&self.rings);
+        if wanted.as_ref().map_or(true, |w| *w) {
+            let call = self.shared.call.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = call.as_ref() {
+                let v = 1u64;
+                // SAFETY: writes 8 bytes to the eventfd. It fails only if
+                // the counter is at its maximum, when the driver is
+                // signalled already.
+                unsafe { libc::write(c.as_raw_fd(), (&v as *const u64).cast(), 8) };
+            }
+        }
+        self.pending_signal = 0;
+        wanted.map(|_| ())
+    }
+
+    /// Waits up to `max` for a kick; returns whether one came.
+    pub(crate) fn wait_kick(&self, max: Duration) -> bool {
+        let Some(k) = &self.kick else {
+            std::thread::sleep(max.min(Duration::from_millis(1)));
+            return false;
+        };
+        let mut p = libc::pollfd {
+            fd: k.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = max.as_millis().clamp(0, 1000) as i32;
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n > 0 && p.revents & libc::POLLIN != 0 {
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into v from the eventfd.
+            unsafe { libc::read(k.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            return true;
+        }
+        false
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+pub(crate) mod tests {
+    //! The ring checks the back-ends had in their own ring code, on the
+    //! shared one over the front-end's IOTLB: each bad index or chain is
+    //! its typed error, nothing taken or written past it.
+
+    use std::time::Duration;
+
+    use softiommu_virtio::spec::desc as d;
+
+    use super::*;
+    use crate::proto::iotlb as m;
+
+    pub(crate) const UA: u64 = 0x7f00_0000_0000;
+    const SHARED: usize = 64 << 10;
+    /// The descriptor table's and available ring's IOVA page, mapped
+    /// read-write at the shared memory's start.
+    pub(crate) const RINGS: u64 = 0x10000;
+    const DESC: u64 = RINGS;
+    const AVAIL: u64 = RINGS + 0x100;
+    /// The used ring's own IOVA page, mapped read-write after it (one
+    /// can be invalidated without the other).
+    pub(crate) const USED_PAGE: u64 = RINGS + 0x1000;
+    pub(crate) const USED: u64 = USED_PAGE;
+    const NUM: u16 = 8;
+
+    /// A queue over a test space (rings at [`RINGS`], used ring on its
+    /// own page at [`USED_PAGE`]) and the host pointer of its memory.
+    pub(crate) struct Rig {
+        pub(crate) q: Queue,
+        shared: *mut u8,
+    }
+
+    pub(crate) fn rig(base: u16) -> Rig {
+        let (space, shared) =
+            crate::testing::shared_space(c"ring-test", SHARED, UA, Duration::from_millis(20));
+        let space = Arc::new(space);
+        space.update(RINGS, 0x1000, UA, m::ACCESS_RW).unwrap();
+        space
+            .update(USED_PAGE, 0x1000, UA + 0x1000, m::ACCESS_RW)
+            .unwrap();
+        let shared_flags = Arc::new(WorkerShared {
+            stop: AtomicBool::new(false),
+            enabled: AtomicBool::new(true),
+            call: Mutex::new(None),
+        });
+        let layout = QueueLayout {
+            index: 1,
+            size: NUM,
+            desc: DESC,
+            avail: AVAIL,
+            used: USED,
+        };
+        let q = Queue::new(space, layout, 0, &mut None, shared_flags, base).unwrap();
+        Rig { q, shared }
+    }
+
+    impl Rig {
+        pub(crate) fn poke(&self, iova: u64, bytes: &[u8]) {
+            let off = (iova - RINGS) as usize;
+            assert!(off + bytes.len() <= SHARED);
+            // SAFETY: within the shared mapping (checked above).
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.shared.add(off), bytes.len())
+            };
+        }
+
+        pub(crate) fn peek(&self, iova: u64, len: usize) -> Vec<u8> {
+            let mut v = vec![0u8; len];
+            // SAFETY: as in poke.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.shared.add((iova - RINGS) as usize),
+                    v.as_mut_ptr(),
+                    len,
+                )
+            };
+            v
+        }
+
+        pub(crate) fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+            let b = crate::testing::desc(addr, len, flags, next);
+            self.poke(DESC + 16 * u64::from(i), &b);
+        }
+
+        /// Publishes `head` in avail entry `slot` and the avail index `idx`.
+        pub(crate) fn offer(&self, slot: u16, head: u16, idx: u16) {
+            self.poke(AVAIL + 4 + 2 * u64::from(slot % NUM), &head.to_le_bytes());
+            self.poke(AVAIL + 2, &idx.to_le_bytes());
+        }
+
+        /// The used index the driver sees.
+        pub(crate) fn used_idx(&self) -> u16 {
+            let b = self.peek(USED + 2, 2);
+            u16::from_le_bytes([b[0], b[1]])
+        }
+
+        /// Gives the queue a call eventfd (non-blocking); returns a copy
+        /// to read the signals from.
+        fn call(&self) -> OwnedFd {
+            // SAFETY: eventfd returns a fresh descriptor or -1 (checked).
+            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            assert!(fd >= 0);
+            // SAFETY: `fd` is valid and owned here only.
+            let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            let copy = fd.try_clone().unwrap();
+            *self.q.shared.call.lock().unwrap() = Some(fd);
+            copy
+        }
+    }
+
+    /// The signals the call eventfd counted since the last read (0 if none:
+    /// the read would block).
+    fn signals(fd: &OwnedFd) -> u64 {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into `v` from the eventfd.
+        let n = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if n == 8 {
+            v
+        } else {
+            assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::EAGAIN)
+            );
+            0
+        }
+    }
+
+    #[test]
+    fn a_ring_resumed_at_its_base_pops_walks_and_publishes_through_the_iotlb() {
+        let mut r = rig(13);
+        r.desc(2, 0x5000, 16, d::F_NEXT, 4);
+        r.desc(4, 0x6000, 512, d::F_NEXT | d::F_WRITE, 5);
+        r.desc(5, 0x7000, 1, d::F_WRITE, 0);
+        r.offer(13, 2, 14);
+        assert_eq!(r.q.avail_idx().unwrap(), 14);
+        assert_eq!(r.q.pop().unwrap(), Some(2));
+        assert_eq!(r.q.pop().unwrap(), None);
+        let mut chain = Vec::new();
+        let total =
+            r.q.walk(2, ChainDir::ReadableThenWritable, &mut chain)
+                .unwrap();
+        assert_eq!(total, 16 + 512 + 1);
+        let got: Vec<_> = chain.iter().map(|c| (c.addr, c.len, c.writable)).collect();
+        assert_eq!(
+            got,
+            [(0x5000, 16, false), (0x6000, 512, true), (0x7000, 1, true)]
+        );
+        r.q.push_used(2, 513).unwrap();
+        // Used entry 13 (slot 5), then the used index 14.
+        let e = r.peek(USED + 4 + 8 * 5, 8);
+        assert_eq!(e, [2, 0, 0, 0, 1, 2, 0, 0]);
+        assert_eq!(r.peek(USED + 2, 2), 14u16.to_le_bytes());
+        assert_eq!(r.q.last_avail(), 14);
+    }
+
+    #[test]
+    fn an_avail_index_more_than_the_ring_ahead_is_refused_and_nothing_is_taken() {
+        let mut r = rig(0);
+        r.offer(0, 0, NUM + 1);
+        let e = r.q.pop().unwrap_err();
+        assert_eq!(
+            e,
+            DeviceError::AvailIndexTooFar {
+                queue: 1,
+                avail: NUM + 1,
+                next: 0,
+                size: NUM
+            }
+        );
+        assert_eq!(r.q.last_avail(), 0);
+        assert!(matches!(
+            r.q.avail_idx(),
+            Err(DeviceError::AvailIndexTooFar { .. })
+        ));
+    }
+
+    #[test]
+    fn an_index_past_the_ring_a_loop_and_an_indirect_descriptor_are_typed_errors() {
+        let r = rig(0);
+        let mut chain = Vec::new();
+        let dir = ChainDir::Readable;
+        // A head past the ring.
+        assert_eq!(
+            r.q.walk(NUM, dir, &mut chain).unwrap_err(),
+            DeviceError::DescriptorIndexOutOfRange {
+                queue: 1,
+                index: NUM,
+                size: NUM
+            }
+        );
+        // A next past the ring.
+        r.desc(0, 0x5000, 16, d::F_NEXT, NUM + 3);
+        assert_eq!(
+            r.q.walk(0, dir, &mut chain).unwrap_err(),
+            DeviceError::DescriptorIndexOutOfRange {
+                queue: 1,
+                index: NUM + 3,
+                size: NUM
+            }
+        );
+        // A loop: 1 -> 2 -> 1, longer than the ring.
+        r.desc(1, 0x5000, 16, d::F_NEXT, 2);
+        r.desc(2, 0x5000, 16, d::F_NEXT, 1);
+        assert_eq!(
+            r.q.walk(1, dir, &mut chain).unwrap_err(),
+            DeviceError::ChainLoop {
+                queue: 1,
+                head: 1,
+                size: NUM
+            }
+        );
+        // An indirect descriptor (not offered).
+        r.desc(3, 0x5000, 32, d::F_INDIRECT, 0);
+        assert_eq!(
+            r.q.walk(3, dir, &mut chain).unwrap_err(),
+            DeviceError::IndirectNotNegotiated { queue: 1, index: 3 }
+        );
+    }
+
+    #[test]
+    fn a_readable_descriptor_after_a_writable_one_is_the_wrong_direction_for_a_request() {
+        let r = rig(0);
+        let mut chain = Vec::new();
+        // Header, status (writable), then data the device would read.
+        r.desc(0, 0x5000, 16, d::F_NEXT, 1);
+        r.desc(1, 0x7000, 1, d::F_NEXT | d::F_WRITE, 2);
+        r.desc(2, 0x6000, 512, 0, 0);
+        assert_eq!(
+            r.q.walk(0, ChainDir::ReadableThenWritable, &mut chain)
+                .unwrap_err(),
+            DeviceError::WrongDirection {
+                queue: 1,
+                head: 0,
+                index: 2,
+                found: "read-only after a write-only",
+                needed: "writable"
+            }
+        );
+    }
+
+    #[test]
+    fn a_ring_page_invalidated_is_a_dma_fault_and_a_cancelled_miss_an_abort() {
+        let mut r = rig(0);
+        r.offer(0, 0, 1);
+        r.q.space().invalidate(RINGS, 0x1000).unwrap();
+        // No front-end to answer the miss: refused after the bound.
+        let e = r.q.pop().unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                DeviceError::DmaFault { queue: 1, what: "available ring", iova, .. }
+                    if *iova == AVAIL + 2
+            ),
+            "{e:?}"
+        );
+        assert!(!is_abort(&e));
+        // The rings stopping: the wait is cancelled, an abort.
+        r.q.space().cancel();
+        let e = r.q.pop().unwrap_err();
+        assert!(is_abort(&e), "{e:?}");
+        assert!(matches!(
+            e,
+            DeviceError::DmaAborted {
+                queue: 1,
+                what: "available ring",
+                ..
+            }
+        ));
+        assert_eq!(r.q.last_avail(), 0);
+    }
+
+    #[test]
+    fn a_used_entry_that_cannot_be_published_is_kept_and_the_stopped_base_is_the_used_index() {
+        let mut r = rig(0);
+        r.offer(0, 0, 1);
+        assert_eq!(r.q.pop().unwrap(), Some(0));
+        // The used ring's page gone and the rings stopping: the publication
+        // is aborted.
+        r.q.space().invalidate(USED_PAGE, 0x1000).unwrap();
+        r.q.space().cancel();
+        let e = r.q.push_used(0, 1).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DeviceError::DmaAborted {
+                    queue: 1,
+                    what: "used ring",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        // Nothing more is taken while the entry is unpublished.
+        r.offer(1, 3, 2);
+        assert!(matches!(
+            r.q.pop().unwrap_err(),
+            DeviceError::DmaAborted {
+                what: "used ring",
+                ..
+            }
+        ));
+        assert_eq!(r.q.last_avail(), 1);
+        // The worker stops: the base it reports is the used index the
+        // driver sees, the chain given back to be served after resuming.
+        assert_eq!(r.q.finish(), 0);
+        assert_eq!(r.used_idx(), 0);
+        // Resumed at that base, the chain is taken again.
+        let mut r2 = Rig {
+            q: {
+                let space = r.q.space().clone();
+                space.resume();
+                space
+                    .update(USED_PAGE, 0x1000, UA + 0x1000, m::ACCESS_RW)
+                    .unwrap();
+                let layout = r.q.ring.layout();
+                Queue::new(space, layout, 0, &mut None, r.q.shared.clone(), 0).unwrap()
+            },
+            shared: r.shared,
+        };
+        assert_eq!(r2.q.pop().unwrap(), Some(0));
+        r2.q.push_used(0, 1).unwrap();
+        assert_eq!(r2.used_idx(), 1);
+        assert_eq!(r2.peek(USED + 4, 8), [0, 0, 0, 0, 1, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_used_entry_that_failed_is_published_before_the_next_pop_and_signalled() {
+        let mut r = rig(0);
+        let call = r.call();
+        r.offer(0, 2, 1);
+        r.offer(1, 5, 2);
+        assert_eq!(r.q.pop().unwrap(), Some(2));
+        r.q.space().invalidate(USED_PAGE, 0x1000).unwrap();
+        // No front-end to answer the miss: refused after the bound.
+        assert!(matches!(
+            r.q.push_used(2, 7).unwrap_err(),
+            DeviceError::DmaFault {
+                what: "used ring",
+                ..
+            }
+        ));
+        assert_eq!(r.used_idx(), 0);
+        // Nothing published, nothing signalled.
+        r.q.signal_if_wanted().unwrap();
+        assert_eq!(signals(&call), 0);
+        // The page back: the next pop publishes the kept entry first.
+        r.q.space()
+            .update(USED_PAGE, 0x1000, UA + 0x1000, m::ACCESS_RW)
+            .unwrap();
+        assert_eq!(r.q.pop().unwrap(), Some(5));
+        assert_eq!(r.used_idx(), 1);
+        assert_eq!(r.peek(USED + 4, 8), [2, 0, 0, 0, 7, 0, 0, 0]);
+        r.q.push_used(5, 0).unwrap();
+        assert_eq!(r.used_idx(), 2);
+        assert_eq!(r.peek(USED + 12, 8), [5, 0, 0, 0, 0, 0, 0, 0]);
+        r.q.signal_if_wanted().unwrap();
+        assert_eq!(signals(&call), 1);
+        assert_eq!(r.q.finish(), 2);
+    }
+
+    #[test]
+    fn a_stop_with_the_used_page_back_publishes_the_kept_entry_and_signals() {
+        let mut r = rig(0);
+        let call = r.call();
+        r.offer(0, 4, 1);
+        assert_eq!(r.q.pop().unwrap(), Some(4));
+        r.q.space().invalidate(USED_PAGE, 0x1000).unwrap();
+        r.q.space().cancel();
+        assert!(matches!(
+            r.q.push_used(4, 9).unwrap_err(),
+            DeviceError::DmaAborted {
+                what: "used ring",
+                ..
+            }
+        ));
+        r.q.space().resume();
+        r.q.space()
+            .update(USED_PAGE, 0x1000, UA + 0x1000, m::ACCESS_RW)
+            .unwrap();
+        assert_eq!(r.q.finish(), 1);
+        assert_eq!(r.used_idx(), 1);
+        assert_eq!(r.peek(USED + 4, 8), [4, 0, 0, 0, 9, 0, 0, 0]);
+        assert_eq!(signals(&call), 1);
+    }
+
+    #[test]
+    fn the_driver_is_signalled_even_when_its_flags_cannot_be_read() {
+        let mut r = rig(0);
+        let call = r.call();
+        r.offer(0, 1, 1);
+        assert_eq!(r.q.pop().unwrap(), Some(1));
+        r.q.push_used(1, 3).unwrap();
+        assert_eq!(r.used_idx(), 1);
+        // The available ring's page gone and the rings stopping: the flags
+        // read is aborted, the signal goes out anyway.
+        r.q.space().invalidate(RINGS, 0x1000).unwrap();
+        r.q.space().cancel();
+        let e = r.q.signal_if_wanted().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DeviceError::DmaAborted {
+                    queue: 1,
+                    what: "available ring",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(signals(&call), 1);
+        // Counted once: nothing more to signal.
+        r.q.signal_if_wanted().unwrap();
+        assert_eq!(signals(&call), 0);
+    }
+
+    #[test]
+    fn unpop_without_a_pop_is_refused_and_nothing_moves() {
+        let mut r = rig(3);
+        assert!(matches!(
+            r.q.unpop().unwrap_err(),
+            DeviceError::UnpopWithoutPop {
+                queue: 1,
+                next_avail: 3
+            }
+        ));
+        assert_eq!(r.q.last_avail(), 3);
+        r.offer(3, 0, 4);
+        assert_eq!(r.q.pop().unwrap(), Some(0));
+        r.q.push_used(0, 0).unwrap();
+        assert!(matches!(
+            r.q.unpop().unwrap_err(),
+            DeviceError::UnpopWithoutPop { next_avail: 4, .. }
+        ));
+        assert_eq!(r.q.last_avail(), 4);
+        assert_eq!(r.q.finish(), 4);
+        assert_eq!(r.used_idx(), 4);
+    }
+
+    /// Runs a blk worker on `q` until `until` holds (or 10 s), then stops
+    /// it as the session does (stop flag, then the space's waits
+    /// cancelled); returns the base it reports and its counters.
+    fn run_blk_worker(
+        q: Queue,
+        disk: &Arc<crate::disk::Disk>,
+        until: impl Fn() -> bool,
+    ) -> (u16, crate::blk::BlkStats) {
+        let shared = q.shared.clone();
+        let space = q.space().clone();
+        let counters = Arc::new(crate::blk::BlkCounters::default());
+        let w = crate::blk::Worker::new(q, disk.clone(), counters.clone());
+        let h = std::thread::spawn(move || w.run());
+        let t0 = std::time::Instant::now();
+        while !until() && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        shared.stop.store(true, Ordering::Release);
+        space.cancel();
+        let base = h.join().unwrap();
+        (base, counters.snapshot())
+    }
+
+    #[test]
+    fn a_blk_worker_stopped_with_a_completion_unpublished_reports_the_used_index_and_serves_it_again(
+    ) {
+        use softiommu_virtio::spec::blk as sb;
+        const DATA: u64 = RINGS + 0x2000;
+        const HDR: u64 = RINGS + 0x800;
+        const STATUS: u64 = RINGS + 0x900;
+        let path =
+            std::env::temp_dir().join(format!("softiommu-vhost-q-{}.img", std::process::id()));
+        let image: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+        std::fs::write(&path, &image).unwrap();
+        let disk = Arc::new(crate::disk::Disk::open(&path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+
+        let mut r = rig(0);
+        r.q.space()
+            .update(DATA, 0x1000, UA + 0x2000, m::ACCESS_RW)
+            .unwrap();
+        // A read of sector 1 into DATA.
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&sb::T_IN.to_le_bytes());
+        h[8..16].copy_from_slice(&1u64.to_le_bytes());
+        r.poke(HDR, &h);
+        r.poke(STATUS, &[0xff]);
+        r.desc(0, HDR, 16, d::F_NEXT, 1);
+        r.desc(1, DATA, 512, d::F_NEXT | d::F_WRITE, 2);
+        r.desc(2, STATUS, 1, d::F_WRITE, 0);
+        r.offer(0, 0, 1);
+        // The used ring's page gone, no front-end to answer its miss.
+        r.q.space().invalidate(USED_PAGE, 0x1000).unwrap();
+        let space = r.q.space().clone();
+        let layout = r.q.ring.layout();
+        let idle = Arc::new(WorkerShared {
+            stop: AtomicBool::new(false),
+            enabled: AtomicBool::new(false),
+            call: Mutex::new(None),
+        });
+        // The worker takes the queue; the rig keeps an idle one, to look
+        // at the memory with.
+        let idle = Queue::new(space.clone(), layout, 0, &mut None, idle, 0).unwrap();
+        let q = std::mem::replace(&mut r.q, idle);
+        let served = || r.peek(STATUS, 1)[0] == sb::S_OK;
+        // Served, its completion not publishable; stopped a little later.
+        let t0 = std::time::Instant::now();
+        let (base, stats) = run_blk_worker(q, &disk, || {
+            served() && t0.elapsed() > Duration::from_millis(100)
+        });
+        assert!(served());
+        assert_eq!(r.peek(DATA, 512), image[512..1024]);
+        assert!(stats.ring_faults >= 1, "{stats:?}");
+        assert_eq!(r.used_idx(), 0);
+        assert_eq!(base, 0, "the base is the used index the driver sees");
+
+        // Resumed at that base with the page back: the read is served
+        // again and completed once, in used entry 0.
+        space.resume();
+        space
+            .update(USED_PAGE, 0x1000, UA + 0x1000, m::ACCESS_RW)
+            .unwrap();
+        r.poke(STATUS, &[0xff]);
+        r.poke(DATA, &[0u8; 512]);
+        let flags = Arc::new(WorkerShared {
+            stop: AtomicBool::new(false),
+            enabled: AtomicBool::new(true),
+            call: Mutex::new(None),
+        });
+        let q = Queue::new(space, layout, 0, &mut None, flags, base).unwrap();
+        let (base, stats) = run_blk_worker(q, &disk, || r.used_idx() == 1);
+        assert_eq!(base, 1);
+        assert_eq!(r.used_idx(), 1);
+        assert_eq!(r.peek(USED + 4, 8), [0, 0, 0, 0, 1, 2, 0, 0]);
+        assert!(served());
+        assert_eq!(r.peek(DATA, 512), image[512..1024]);
+        assert_eq!(stats.requests, 1);
+        assert_eq!(stats.ring_faults, 0);
+    }
+}
