@@ -117,6 +117,13 @@ pub(crate) fn encode(ctx: Option<ContextEntry>) -> u64 {
     }
 }
 
+/// The domain of a word written by [`encode`] if it is a translated
+/// entry: the hit path's test, one mask and compare (no jump table).
+#[inline(always)]
+pub(crate) fn translated_did(word: u64) -> Option<u16> {
+    (word & STATE_MASK == STATE_TRANSLATED).then_some((word >> DID_SHIFT) as u16)
+}
+
 /// Unpacks a word written by [`encode`].
 #[inline(always)]
 pub(crate) fn decode(word: u64) -> Option<ContextEntry> {

@@ -165,13 +165,9 @@ fn perm_bits(perm: Perm) -> u64 {
     u64::from(perm.read()) | u64::from(perm.write()) << 1
 }
 
+#[inline(always)]
 fn perm_of(bits: u64) -> Perm {
-    match bits & 3 {
-        1 => Perm::READ,
-        2 => Perm::WRITE,
-        3 => Perm::RW,
-        _ => Perm::NONE,
-    }
+    Perm::from_low_bits(bits)
 }
 
 /// A cached leaf.
@@ -275,7 +271,11 @@ impl Iotlb {
     /// An empty IOTLB of shape `cfg` (which must be valid) for
     /// `domains` domain ids (a power of two).
     pub(crate) fn new(cfg: IotlbConfig, domains: usize) -> Self {
-        debug_assert!(cfg.is_valid() && domains.is_power_of_two());
+        // A hard check: `set` indexes without bounds checks on the shape
+        // (the unit refuses an invalid one with a typed error first).
+        assert!(cfg.is_valid(), "IOTLB shape {cfg:?}");
+        // A hard check: `domain` indexes without a bounds check.
+        assert!(domains.is_power_of_two(), "{domains} domains");
         Self {
             entries: (0..cfg.capacity()).map(|_| Entry::default()).collect(),
             ways: cfg.ways,
@@ -292,14 +292,23 @@ impl Iotlb {
     fn domain(&self, did: u16) -> &DomainGen {
         // The mask keeps the index in bounds; DIDs beyond the unit's range
         // are refused before they get here.
-        &self.domains[usize::from(did) & self.dom_mask]
+        let i = usize::from(did) & self.dom_mask;
+        debug_assert!(i < self.domains.len());
+        // SAFETY: `domains` holds `dom_mask + 1` entries (`new`: a power
+        // of two, and `dom_mask` is one less), and `i <= dom_mask`.
+        unsafe { self.domains.get_unchecked(i) }
     }
 
     #[inline(always)]
     fn set(&self, key: u64) -> &[Entry] {
         let set = (key.wrapping_mul(HASH_MUL) >> 32) as usize & self.set_mask;
         let start = set * self.ways;
-        self.entries.get(start..start + self.ways).unwrap_or(&[])
+        debug_assert!(start + self.ways <= self.entries.len());
+        // SAFETY: `entries` holds `(set_mask + 1) * ways` entries (`new`)
+        // and `set <= set_mask`, so `start + ways <= entries.len()`; the
+        // checked `get` cost the hit path five instructions and two
+        // branches.
+        unsafe { self.entries.get_unchecked(start..start + self.ways) }
     }
 
     /// The generation an entry of `did` must carry to be valid now.
@@ -340,17 +349,29 @@ impl Iotlb {
         }
     }
 
-    /// The cached leaf holding `iova` in `did`, if there is a valid one.
+    /// The cached leaf holding `iova` in `did`, if there is a valid one
+    /// (the tests' and models' call; the hit path calls its two halves).
+    #[cfg(any(test, loom))]
     #[inline(always)]
     pub(crate) fn lookup(&self, did: u16, iova: u64, gen: u64) -> Option<Leaf> {
-        if let Some(l) = self.probe(did, iova, PageSize::Size4K, gen) {
+        if let Some(l) = self.lookup_4k(did, iova, gen) {
             return Some(l);
         }
         self.lookup_large(did, iova, gen)
     }
 
+    /// [`lookup`](Self::lookup)'s first probe: a valid 4 KiB entry for
+    /// `iova` in `did`. Split out so that the hit path, which probes it
+    /// inline, computes a 4 KiB leaf's span with constants.
+    #[inline(always)]
+    pub(crate) fn lookup_4k(&self, did: u16, iova: u64, gen: u64) -> Option<Leaf> {
+        self.probe(did, iova, PageSize::Size4K, gen)
+    }
+
+    /// [`lookup`](Self::lookup)'s later probes, out of line: the 2 MiB and
+    /// 1 GiB sets, if the unit ever cached such a leaf.
     #[inline(never)]
-    fn lookup_large(&self, did: u16, iova: u64, gen: u64) -> Option<Leaf> {
+    pub(crate) fn lookup_large(&self, did: u16, iova: u64, gen: u64) -> Option<Leaf> {
         // Relaxed: a hint only; missing a large entry costs a walk.
         let large = self.large.load(Ordering::Relaxed);
         if large & 1 != 0 {
@@ -391,7 +412,11 @@ impl Iotlb {
             }
         };
         while candidates != 0 {
-            let e = &ways[candidates.trailing_zeros() as usize];
+            let w = candidates.trailing_zeros() as usize;
+            debug_assert!(w < ways.len());
+            // SAFETY: `candidates` has bits only below `ways.len()` (one
+            // per way above, or the low `ways.len()` bits under loom).
+            let e = unsafe { ways.get_unchecked(w) };
             candidates &= candidates - 1;
             // Acquire: pairs with the Release store that published the
             // entry, so the fields below are at least that writer's.

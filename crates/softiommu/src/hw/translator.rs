@@ -238,7 +238,7 @@ impl Translator {
     /// Translates the page holding `iova`: where `iova` lands and how many
     /// bytes run on contiguously from there. The cheap call for an access
     /// that stays in one page.
-    #[inline]
+    #[inline(always)]
     pub fn translate_page(
         &mut self,
         sid: SourceId,
@@ -268,26 +268,57 @@ impl Translator {
     #[inline(always)]
     fn hit(&mut self, sid: SourceId, iova: u64, access: Access) -> Option<PhysSpan> {
         let sh = &*self.shared;
-        match context::decode(sh.contexts.load(sid)) {
-            Some(ContextEntry::Translated { did, .. }) if iova >> VTD_IOVA_BITS == 0 => {
-                // The domain's expiry deadline, on the line `gen` is read
-                // from below: 0 (strict, idle deferred) costs this one
-                // predictable branch. Armed, every hit compares the clock
-                // with it, so no access that begins past it is served from
-                // the cache, whatever became of the flush timer.
-                let (dl, gen) = sh.iotlb.deadline_then_gen(did);
-                if dl != 0 && Self::expired(sh, &mut self.stats, did, dl) {
-                    return None;
-                }
-                let leaf = sh.iotlb.lookup(did, iova, gen())?;
-                if !leaf.perm.contains(access.perm()) {
-                    // Walk, in case the mapping was upgraded (hardware
-                    // re-walks on a permission miss before faulting).
-                    return None;
-                }
-                self.stats.hits += 1;
-                Some(span_of(leaf, iova))
-            }
+        let word = sh.contexts.load(sid);
+        // Translated first, with one mask and compare: the common case.
+        let Some(did) = context::translated_did(word) else {
+            return Self::hit_other(sh, word, iova);
+        };
+        if iova >> VTD_IOVA_BITS != 0 {
+            return None;
+        }
+        // The domain's expiry deadline, on the line `gen` is read from
+        // below: 0 (strict, idle deferred) costs this one predictable
+        // branch. Armed, every hit compares the clock with it, so no access
+        // that begins past it is served from the cache, whatever became of
+        // the flush timer.
+        let (dl, gen) = sh.iotlb.deadline_then_gen(did);
+        if dl != 0 && Self::expired(sh, &mut self.stats, did, dl) {
+            return None;
+        }
+        let gen = gen();
+        // The 4 KiB probe inline, its span computed with constants (a
+        // separate return, so the compiler does not merge it with the
+        // large leaves' span); the large sets out of line.
+        if let Some(leaf) = sh.iotlb.lookup_4k(did, iova, gen) {
+            return Self::served(&mut self.stats, leaf, iova, access);
+        }
+        let leaf = sh.iotlb.lookup_large(did, iova, gen)?;
+        Self::served(&mut self.stats, leaf, iova, access)
+    }
+
+    /// A hit's last step: the rights check, the count, the span.
+    #[inline(always)]
+    fn served(
+        stats: &mut TranslatorStats,
+        leaf: Leaf,
+        iova: u64,
+        access: Access,
+    ) -> Option<PhysSpan> {
+        if !leaf.perm.contains(access.perm()) {
+            // Walk, in case the mapping was upgraded (hardware re-walks on
+            // a permission miss before faulting).
+            return None;
+        }
+        stats.hits += 1;
+        Some(span_of(leaf, iova))
+    }
+
+    /// The hit path of a context that is not translated: pass-through
+    /// within the address width and off the bounce pools, else `None` (the
+    /// slow path faults).
+    #[inline(always)]
+    fn hit_other(sh: &Shared, word: u64, iova: u64) -> Option<PhysSpan> {
+        match context::decode(word) {
             Some(ContextEntry::PassThrough) if iova < 1 << VTD_ADDR_BITS => {
                 pass_through_span(&sh.mem, iova)
             }
@@ -600,7 +631,7 @@ impl TranslationGuard<'_> {
     }
 
     /// As [`Translator::translate_page`], inside this section.
-    #[inline]
+    #[inline(always)]
     pub fn translate_page(
         &mut self,
         sid: SourceId,

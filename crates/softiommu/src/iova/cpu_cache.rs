@@ -427,11 +427,38 @@ impl IovaCpuCache {
     }
 
     /// Frees a block: `pfn` and the `pages` it was allocated with.
-    #[inline]
+    ///
+    /// The common case inline: a live block of a cached order into a
+    /// loaded magazine with room, its state word found once (checked, then
+    /// marked cached); everything else out of line.
+    #[inline(always)]
     pub fn free(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;
-        // The state word through this cache's cursor; the domain's check
-        // builds the precise error.
+        // A flush the epoch asks for is left to the out-of-line path (after
+        // its checks, as before: a refused free changes nothing).
+        if order < 64 && self.domain.flush_epoch.load(Relaxed) == self.epoch {
+            // SAFETY: `live_cur` is only ever used with this domain's
+            // state map (as in `live_cell`; the fields are borrowed apart
+            // so that the word stays in hand for the store below).
+            let cell = unsafe { self.live_cur.cell(&self.domain.live, pfn) };
+            if let (Some(c), Some(class)) = (cell, self.classes.get_mut(order as usize)) {
+                if c.get() == state(LIVE, order) && class.loaded.push(pfn) {
+                    c.put(state(CACHED, order));
+                    self.cached += 1;
+                    self.shared.cached.store(self.cached, Relaxed);
+                    return Ok(());
+                }
+            }
+        }
+        self.free_other(pfn, order)
+    }
+
+    /// [`free`](Self::free) of anything but the common case: the state
+    /// checked again through the domain, which builds the precise error,
+    /// then a flush asked for, a full magazine, an uncached order or an
+    /// unclaimed chunk.
+    #[inline(never)]
+    fn free_other(&mut self, pfn: u64, order: u32) -> Result<(), IovaError> {
         let live = order < 64 && self.live_cell(pfn).map(|c| c.get()) == Some(state(LIVE, order));
         if !live {
             self.domain.check_live(pfn, order)?;

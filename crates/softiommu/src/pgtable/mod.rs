@@ -76,6 +76,14 @@ impl Perm {
         self.0 == 0
     }
 
+    /// The rights in the two low bits of `bits` (bit 0 read, bit 1
+    /// write): a mask, where a `match` compiled to a jump table on the
+    /// IOTLB's hit path.
+    #[inline(always)]
+    pub(crate) const fn from_low_bits(bits: u64) -> Perm {
+        Perm((bits & 3) as u8)
+    }
+
     /// Whether every access in `other` is allowed by `self`.
     pub fn contains(self, other: Perm) -> bool {
         self.0 & other.0 == other.0
