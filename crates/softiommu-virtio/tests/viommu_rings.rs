@@ -5,10 +5,12 @@
 
 mod viommu_common;
 
+use std::sync::Arc;
+
 use softiommu::mem::PhysMemory;
 use softiommu_virtio::spec::{self, desc, iommu as s, reg, status};
 use softiommu_virtio::transport::{DeviceError, MmioTransport};
-use softiommu_virtio::viommu::{encode, Status, ViommuDriver};
+use softiommu_virtio::viommu::{encode, Status, ViommuDevice, ViommuDriver};
 use softiommu_virtio::vring::{DriverRing, RingLayout};
 use viommu_common::*;
 
@@ -58,20 +60,7 @@ fn rings_in_the_units_reserve_are_never_touched() {
     let (start, len) = mem.iommu_reserve();
     let base = start + len - 8192;
     let before = snapshot(&mem, base, 8192);
-    let t = dev.transport().clone();
-    live_with_queue(&t, 16, (base, base + 0x400, base + 0x800));
-    t.write(reg::QUEUE_NOTIFY, 0);
-    needs_reset(&t);
-    assert!(t
-        .errors()
-        .snapshot()
-        .iter()
-        .any(|e| matches!(e, DeviceError::DmaFault { queue: 0, .. })));
-    assert_eq!(snapshot(&mem, base, 8192), before);
-    assert_eq!(dev.stats().requests, 0);
-    // A reset and a proper driver: served again.
-    let mut drv = ViommuDriver::probe(t, mem, Default::default()).unwrap();
-    assert_eq!(drv.attach(1, EA, 0).unwrap(), Some(Status::Ok));
+    rings_refused_untouched_then_served(&dev, mem, base, 8192, before);
 }
 
 #[test]
@@ -135,8 +124,22 @@ fn rings_in_a_bounce_pool_are_never_touched() {
         .expect("a bounce frame in RAM");
     mem.fill(pool, 4096, 0x5a).unwrap();
     let before = snapshot(&mem, pool, 4096);
+    rings_refused_untouched_then_served(&dev, mem, pool, 4096, before);
+}
+
+/// Rings at `at` (`len` bytes holding `before`): the first notification
+/// faults on queue 0 and puts the device in NEEDS_RESET, the bytes stay as
+/// they were and no request is served; after a reset a proper driver is
+/// served again.
+fn rings_refused_untouched_then_served(
+    dev: &ViommuDevice,
+    mem: Arc<PhysMemory>,
+    at: u64,
+    len: usize,
+    before: Vec<u8>,
+) {
     let t = dev.transport().clone();
-    live_with_queue(&t, 16, (pool, pool + 0x400, pool + 0x800));
+    live_with_queue(&t, 16, (at, at + 0x400, at + 0x800));
     t.write(reg::QUEUE_NOTIFY, 0);
     needs_reset(&t);
     assert!(t
@@ -144,7 +147,7 @@ fn rings_in_a_bounce_pool_are_never_touched() {
         .snapshot()
         .iter()
         .any(|e| matches!(e, DeviceError::DmaFault { queue: 0, .. })));
-    assert_eq!(snapshot(&mem, pool, 4096), before);
+    assert_eq!(snapshot(&mem, at, len), before);
     assert_eq!(dev.stats().requests, 0);
     let mut drv = ViommuDriver::probe(t, mem, Default::default()).unwrap();
     assert_eq!(drv.attach(1, EA, 0).unwrap(), Some(Status::Ok));

@@ -155,6 +155,16 @@ impl Shared {
     /// the limit's error, the drain not complete (sections that began
     /// before it may still be open), when the limit does.
     pub(crate) fn drain_direct_bounded(&self, limit: &mut Limit<'_>) -> Result<(), QiError> {
+        let (t0, waited) = self.drain_within(limit)?;
+        self.count_direct_drain(t0, waited);
+        Ok(())
+    }
+
+    /// Waits, on the calling thread, for every translation section open
+    /// now to end, looking at `limit` between polls; returns when the wait
+    /// began and how many sections it waited for, or the limit's error
+    /// (sections that began before it may still be open).
+    fn drain_within(&self, limit: &mut Limit<'_>) -> Result<(Instant, u64), QiError> {
         let t0 = Instant::now();
         let mut pending = self.slots.drain_start(self.barrier);
         let waited = pending.len() as u64;
@@ -167,14 +177,9 @@ impl Shared {
                 std::thread::sleep(Duration::from_micros(100));
             }
         }
-        self.count_direct_drain(t0, waited);
-        Ok(())
+        Ok((t0, waited))
     }
 
-    /// Drains every translation in flight on the calling thread, without
-    /// the queue, and charges and counts it as a revocation. The caller
-    /// must have checked that it holds no section of this unit
-    /// (`check_caller`): the drain would wait for itself.
     /// Makes RAM that just became a bounce pool's unreachable to every
     /// translation that may have reached it before: every IOTLB entry of
     /// the unit is dropped (a claimed domain's walk then refuses the pool,
@@ -188,18 +193,7 @@ impl Shared {
         let mut never = || false;
         let mut limit = Limit::new(timeout, &mut never);
         // Not a revocation around the queue: counted as a drain only.
-        let t0 = Instant::now();
-        let mut pending = self.slots.drain_start(self.barrier);
-        let waited = pending.len() as u64;
-        let mut backoff = Backoff::default();
-        while !self.slots.drain_poll(&mut pending) {
-            limit.check()?;
-            if backoff.is_spinning() {
-                backoff.snooze();
-            } else {
-                std::thread::sleep(Duration::from_micros(100));
-            }
-        }
+        let (t0, waited) = self.drain_within(&mut limit)?;
         let c = &self.counters;
         Counters::add(&c.drains, 1);
         Counters::add(&c.drain_waited, waited);
@@ -210,6 +204,10 @@ impl Shared {
         Ok(())
     }
 
+    /// Drains every translation in flight on the calling thread, without
+    /// the queue, and charges and counts it as a revocation. The caller
+    /// must have checked that it holds no section of this unit
+    /// (`check_caller`): the drain would wait for itself.
     pub(crate) fn drain_direct(&self) {
         let t0 = Instant::now();
         let st = self.slots.drain(self.barrier);
