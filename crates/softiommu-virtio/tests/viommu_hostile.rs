@@ -256,3 +256,67 @@ fn a_bounce_pool_is_not_made_under_an_open_guest_mapping_of_its_frames() {
         Err(TranslateError::BounceFrame { .. })
     ));
 }
+
+/// The device goes away while its unit's queue is dead: no queued detach
+/// can be made, yet every endpoint must lose its guest context (cleared
+/// without a wait) and the device's domain ids stay claimed while any
+/// context may still name them. A pool the host later makes on a frame
+/// the guest had mapped is never reached through the guest's mapping.
+#[test]
+fn a_device_dropped_with_a_dead_queue_leaves_no_endpoint_on_a_guest_table() {
+    use softiommu::hw::{QueueMode, UnitConfig};
+    use softiommu_virtio::viommu::ViommuDriverConfig;
+    let mut r = rig_on(
+        config(),
+        ViommuDriverConfig::default(),
+        UnitConfig {
+            queue_mode: QueueMode::Thread,
+            ..UnitConfig::default()
+        },
+    );
+    // Where a pool lands: made, then given back.
+    let (dom, dev, pool) = host_pool(&r);
+    drop(dev);
+    drop(dom);
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0x10_0000, 0x10_0fff, pool);
+    assert!(r.reach(A, 0x10_0000, Access::Write).is_ok());
+    let unit = r.system.unit(r.unit).unwrap();
+    assert!(unit.inject_queue_thread_death());
+    while unit.queue_thread_alive() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let Rig {
+        mem,
+        system,
+        unit: uid,
+        dev,
+        drv,
+    } = r;
+    // The device goes first: the driver's reset would detach.
+    drop(dev);
+    let dom = DmaDomain::new(
+        system.clone(),
+        DmaDomainConfig {
+            did: 4000,
+            bounce_bytes: 1 << 16,
+            ..DmaDomainConfig::default()
+        },
+    )
+    .unwrap();
+    // On the other unit: the dead one's queue takes no attach.
+    let _dev = dom.attach(C, u64::MAX, true).unwrap();
+    assert!(
+        mem.check_device_range(pool, 4096).is_err(),
+        "the pool is on the guest's frame"
+    );
+    let got = reach_in(&system, uid, A, 0x10_0000, Access::Write);
+    drop(drv);
+    assert!(
+        matches!(
+            got,
+            Err(TranslateError::NoContext { .. } | TranslateError::BounceFrame { .. })
+        ),
+        "{got:?}"
+    );
+}

@@ -87,8 +87,10 @@ pub(crate) struct State {
     /// The unit's domain ids of `domain_range`, the device's alone: no
     /// other user of the unit (the host's DMA domains) gives a device a
     /// context with one, so a guest's domain never aliases one it did not
-    /// make.
-    claim: DomainIdClaim,
+    /// make. Given back on drop only once no endpoint can hold a context
+    /// naming one of its ids (leaked otherwise: a context still naming an
+    /// unclaimed id would escape the walk's bounce-frame check).
+    claim: std::mem::ManuallyDrop<DomainIdClaim>,
 }
 
 /// Why the device broke: what it reports with `DEVICE_NEEDS_RESET`.
@@ -177,7 +179,7 @@ impl State {
             unmap_failpoint: Failpoint::default(),
             table_frames: cfg.table_frames,
             max_mappings: cfg.max_mappings,
-            claim,
+            claim: std::mem::ManuallyDrop::new(claim),
         };
         for &(sid, _) in st.endpoints.values() {
             st.set_unattached(sid)?;
@@ -759,26 +761,32 @@ impl Drop for State {
     /// reach a freed table page. An endpoint the unit would not detach,
     /// or whose detach did not drain within the device's bound, keeps the
     /// tables alive: they are leaked, never freed early. A broken device
-    /// does not wait at all.
+    /// does not wait at all. Whenever not every endpoint was detached and
+    /// drained (a broken device, or a unit whose queue refused: stopped,
+    /// shut down, timed out), every endpoint is blocked without a wait
+    /// and the device's domain-id claim is leaked with the tables: an
+    /// endpoint whose context could not be cleared keeps naming a claimed
+    /// id, so its walks still refuse a leaf over a bounce pool.
     fn drop(&mut self) {
-        let all_detached = if self.broken {
-            // An invalidation already failed or stalled: no wait (the
-            // device is going away); every endpoint blocked at once, the
-            // tables leaked.
-            for &(sid, _) in self.endpoints.values() {
-                let _ = self.unit().set_context(sid, None);
-            }
-            false
-        } else {
+        let all_detached = !self.broken && {
             // Bounded by the device's timeout, not its stop flag (set by
             // now): a healthy unit drains, and the tables are freed.
             self.stop = Arc::new(AtomicBool::new(false));
             self.set_all(true).is_ok()
         };
         if !all_detached {
+            // No wait (the queue failed, stalled or refused, or the device
+            // is broken): every endpoint blocked at once, whatever the
+            // queued path managed.
+            for &(sid, _) in self.endpoints.values() {
+                let _ = self.unit().set_context(sid, None);
+            }
             for (_, d) in std::mem::take(&mut self.domains) {
                 std::mem::forget(d);
             }
+        } else {
+            // SAFETY: dropped once, here, in `drop`; never used after.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.claim) };
         }
     }
 }

@@ -49,6 +49,33 @@ pub fn rig_with(cfg: ViommuConfig, dcfg: ViommuDriverConfig) -> Rig {
     for sid in [A, B] {
         sys.assign(sid, unit).expect("assign");
     }
+    finish(cfg, dcfg, mem, sys, unit)
+}
+
+/// Endpoint C: requester 00:03.0, on a second unit (only in [`rig_on`]).
+pub const C: SourceId = SourceId(0x0018);
+
+/// [`rig_with`] on a unit made with `ucfg`, and a second (default) unit
+/// the device does not use, with endpoint [`C`] in its scope.
+pub fn rig_on(cfg: ViommuConfig, dcfg: ViommuDriverConfig, ucfg: UnitConfig) -> Rig {
+    let mem = Arc::new(PhysMemory::new(RAM).expect("memory"));
+    let mut sys = System::new(mem.clone());
+    let unit = sys.add_unit(ucfg).expect("unit");
+    for sid in [A, B] {
+        sys.assign(sid, unit).expect("assign");
+    }
+    let other = sys.add_unit(UnitConfig::default()).expect("unit");
+    sys.assign(C, other).expect("assign");
+    finish(cfg, dcfg, mem, sys, unit)
+}
+
+fn finish(
+    cfg: ViommuConfig,
+    dcfg: ViommuDriverConfig,
+    mem: Arc<PhysMemory>,
+    sys: System,
+    unit: UnitId,
+) -> Rig {
     let system = Arc::new(sys);
     let dev = ViommuDevice::spawn(cfg, system.clone(), unit).expect("device");
     let drv = ViommuDriver::probe(dev.transport().clone(), mem.clone(), dcfg).expect("driver");
