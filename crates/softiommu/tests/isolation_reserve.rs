@@ -450,3 +450,60 @@ fn a_pass_through_span_cached_before_ram_became_a_bounce_pool_is_not_served() {
     mem.read(pool, &mut b).unwrap();
     assert_eq!(b, [0x5a; 8]);
 }
+
+/// A pass-through device holds a section over RAM frames while the host
+/// makes a bounce pool of them: its write, translated before the frames
+/// became the pool's, lands while the pool waits for the section. The
+/// pool is zeroed only after that wait, so it starts clean: no byte a
+/// device wrote before it existed is left in it.
+#[test]
+fn a_pass_through_write_finishing_while_a_pool_is_made_is_not_left_in_it() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let (p, pool) = pool_and_pass_through();
+    let PoolRig {
+        mem,
+        system,
+        domain,
+        nic,
+    } = p;
+    drop(nic);
+    drop(domain);
+    assert!(!mem.is_iommu_frame(pool));
+    let unit = system.unit_of(DEV).unwrap().1;
+    let (opened, open_rx) = mpsc::channel();
+    std::thread::scope(|sc| {
+        let mem2 = mem.clone();
+        sc.spawn(move || {
+            let mut t = unit.translator().unwrap();
+            t.section(|g| {
+                let span = g.translate(DEV, pool, 64, Access::Write).unwrap();
+                let phys = span.as_slice()[0].phys;
+                opened.send(()).unwrap();
+                // The pool's frames are marked, and (with the zeroing
+                // before the drain) zeroed long since: the device's copy
+                // of the span it translated lands now.
+                while !mem2.is_iommu_frame(pool) {
+                    std::thread::yield_now();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+                mem2.write(phys, &[0xee; 64]).unwrap();
+            });
+        });
+        open_rx.recv().unwrap();
+        let domain = softiommu::DmaDomain::new(
+            system.clone(),
+            softiommu::DmaDomainConfig {
+                policy: DmaPolicy::Bounce,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let nic = domain.attach(NIC, u64::MAX, false).unwrap();
+        assert!(mem.is_iommu_frame(pool), "the same frames make the pool");
+        let mut b = [0xffu8; 64];
+        mem.read(pool, &mut b).unwrap();
+        assert_eq!(b, [0; 64], "the pool starts zeroed");
+        drop(nic);
+    });
+}

@@ -226,7 +226,10 @@ impl DmaDomain {
         let order = pages.ilog2();
         let limit = self.iova.limit_for_mask(mask);
         let pfn = self.iova.alloc(pages, limit)?;
-        let phys = match self.mem.alloc_zeroed_owned(order, FrameOwner::Bounce) {
+        // Owned (bounce bits set) first, zeroed only after the drain
+        // below: a write translated before the bits were set may land
+        // until the drain ends, and must not be left in the pool.
+        let phys = match self.mem.alloc_owned(order, FrameOwner::Bounce) {
             Ok(p) => p,
             Err(e) => {
                 let _ = self.iova.free(pfn, pages);
@@ -245,6 +248,11 @@ impl DmaDomain {
                 let _ = self.iova.free(pfn, pages);
                 return Err(DmaError::from(e));
             }
+        }
+        if let Err(e) = self.mem.fill(phys, PAGE_SIZE << order, 0) {
+            let _ = self.mem.free_owned(phys, order, FrameOwner::Bounce);
+            let _ = self.iova.free(pfn, pages);
+            return Err(DmaError::from(e));
         }
         if let Err(e) = self
             .table
