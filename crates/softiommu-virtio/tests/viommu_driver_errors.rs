@@ -233,3 +233,71 @@ fn a_lazy_unmap_is_not_failed_by_another_unmaps_refusal() {
     assert_eq!(c.iova, b.iova);
     assert_ne!(c.iova, a.iova);
 }
+
+/// A lazy unmap that finds the ring full, and the flush it makes fail in
+/// the driver (the device stopped answering), returns that failure — its
+/// own UNMAP is not queued — not a refusal of another UNMAP an earlier
+/// ring-full flush kept; that refusal stays for the next `flush`, which
+/// reports it once.
+#[test]
+fn a_lazy_unmap_on_a_full_ring_returns_its_own_failure_not_a_kept_refusal() {
+    let wait = Duration::from_millis(50);
+    let r = rig_with(
+        config(),
+        ViommuDriverConfig {
+            queue_size: 8,
+            wait,
+            ..Default::default()
+        },
+    );
+    let phys = r.ram(0);
+    let Rig { dev, drv, .. } = r;
+    let mut d = ViommuDma::new(drv, 1, &[EA], ViommuMode::Lazy { flush_queue: 1000 }).unwrap();
+    let to = DmaDirection::ToDevice;
+    let mut ms = Vec::new();
+    for _ in 0..60 {
+        ms.push(d.map(phys, 0x1000, to).unwrap());
+        d.flush().unwrap();
+    }
+    // The first queued UNMAP is refused; the ring fills, and the unmap
+    // that finds it full flushes it: the refusal is kept.
+    dev.inject_unmap_failure(0);
+    let flushes = d.stats().flushes;
+    while d.stats().flushes == flushes {
+        d.unmap(ms.pop().unwrap()).unwrap();
+    }
+    // A second ring-full flush with a refusal while the first is kept:
+    // counted, not reported.
+    dev.inject_unmap_failure(0);
+    let flushes = d.stats().flushes;
+    while d.stats().flushes == flushes {
+        d.unmap(ms.pop().unwrap()).unwrap();
+    }
+    assert_eq!(d.stats().errors_coalesced, 1);
+    // The device stops answering; the ring fills again.
+    dev.stop();
+    let got = loop {
+        match d.unmap(
+            ms.pop()
+                .expect("the ring fills before the mappings run out"),
+        ) {
+            Ok(()) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(
+        got,
+        ViommuDmaError::Driver(ViommuDriverError::Timeout(wait))
+    );
+    assert_eq!(
+        d.flush().unwrap_err(),
+        ViommuDmaError::Refused {
+            op: "UNMAP",
+            status: Some(softiommu_virtio::viommu::Status::DevErr)
+        }
+    );
+    assert!(matches!(
+        d.flush().unwrap_err(),
+        ViommuDmaError::Driver(ViommuDriverError::Timeout(_))
+    ));
+}

@@ -95,6 +95,10 @@ pub struct ViommuDmaStats {
     pub requests: u64,
     /// Flushes of the lazy flush queue.
     pub flushes: u64,
+    /// Errors a flush an unmap triggered found while an earlier one was
+    /// still kept for the next [`flush`](ViommuDma::flush): counted here,
+    /// not reported (the earlier one is).
+    pub errors_coalesced: u64,
 }
 
 /// One mapping handed out.
@@ -403,12 +407,18 @@ impl ViommuDma {
                     // The ring is full of queued requests: flush them
                     // (and check them) before queueing more. Still full
                     // (the driver failed): `m` stays mapped, an error.
-                    self.flush_deferring();
+                    // That failure is this call's (the driver's: a
+                    // flush that completed emptied the ring); what an
+                    // earlier flush kept stays for the next `flush`.
+                    let r = self.flush_now();
                     if self.drv.free_slots() == 0 {
-                        return Err(self.deferred.take().unwrap_or(ViommuDmaError::Refused {
+                        return Err(r.err().unwrap_or(ViommuDmaError::Refused {
                             op: "UNMAP",
                             status: None,
                         }));
+                    }
+                    if let Err(e) = r {
+                        self.defer(e);
                     }
                 }
                 self.drv.queue(&req, s::TAIL_LEN as u32)?;
@@ -450,12 +460,28 @@ impl ViommuDma {
     /// [`flush`](Self::flush) for an unmap: its error kept for the next
     /// `flush` (the first one kept) instead of returned.
     fn flush_deferring(&mut self) {
+        if let Err(e) = self.flush_now() {
+            self.defer(e);
+        }
+    }
+
+    /// Sends what is queued, if anything; its error returned, nothing
+    /// kept.
+    fn flush_now(&mut self) -> Result<(), ViommuDmaError> {
         if self.queued.is_empty() && self.drv.queued() == 0 {
-            return;
+            return Ok(());
         }
         self.stats.flushes += 1;
-        if let Err(e) = self.sync() {
-            self.deferred.get_or_insert(e);
+        self.sync()
+    }
+
+    /// Keeps `e` for the next [`flush`](Self::flush): the first one kept,
+    /// a later one counted (`errors_coalesced`) while one is waiting.
+    fn defer(&mut self, e: ViommuDmaError) {
+        if self.deferred.is_some() {
+            self.stats.errors_coalesced += 1;
+        } else {
+            self.deferred = Some(e);
         }
     }
 
