@@ -320,3 +320,53 @@ fn a_device_dropped_with_a_dead_queue_leaves_no_endpoint_on_a_guest_table() {
         "{got:?}"
     );
 }
+
+/// The device's own writes to guest memory (a request's tail, through a
+/// view that checks the bounce bitmap when it hands out the slice) are
+/// made inside its thread's translation section on its unit: a bounce
+/// pool made while such a write is still to come waits for it, so the
+/// pool never gets a byte written through a slice handed out before its
+/// frames were marked.
+#[test]
+fn a_bounce_pool_waits_for_the_devices_own_write_in_progress() {
+    use softiommu::hw::UnitConfig;
+    use softiommu_virtio::viommu::ViommuDriverConfig;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let mut r = rig_on(
+        config(),
+        ViommuDriverConfig::default(),
+        UnitConfig::default(),
+    );
+    let (entered, release) = r.dev.inject_access_stall();
+    let released = AtomicBool::new(false);
+    let system = r.system.clone();
+    let drv = &mut r.drv;
+    std::thread::scope(|sc| {
+        let guest = sc.spawn(move || drv.attach(1, EA, 0));
+        // The device thread holds the tail's slice, not yet written.
+        entered.recv().unwrap();
+        let released = &released;
+        sc.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            released.store(true, Ordering::SeqCst);
+            release.send(()).unwrap();
+        });
+        let dom = DmaDomain::new(
+            system.clone(),
+            DmaDomainConfig {
+                did: 4000,
+                bounce_bytes: 1 << 16,
+                ..DmaDomainConfig::default()
+            },
+        )
+        .unwrap();
+        // On the other unit: the pool's drain covers every unit.
+        let _dev = dom.attach(C, u64::MAX, true).unwrap();
+        assert!(
+            released.load(Ordering::SeqCst),
+            "the pool was made while the device's write was still to come"
+        );
+        assert_eq!(guest.join().unwrap().unwrap(), Some(Status::Ok));
+    });
+}

@@ -156,6 +156,23 @@ impl ViommuDevice {
         lock(&self.shared.state).inject_unmap_failure(nth);
     }
 
+    /// Fault injection: the next request tail the device writes (not an
+    /// UNMAP's) is written by a thread preempted after it was given the
+    /// slice: inside its translation section on the unit, it first sends
+    /// on the first channel returned, then waits until the second is sent
+    /// to (or dropped). For tests of what a bounce pool made meanwhile
+    /// waits for.
+    pub fn inject_access_stall(
+        &self,
+    ) -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel();
+        lock_serving(&self.shared.serving)
+            .server
+            .inject_access_stall(entered_tx, release_rx);
+        (entered_rx, release_tx)
+    }
+
     /// Stops the thread (the endpoints keep their contexts).
     pub fn stop(mut self) {
         self.halt();
@@ -195,7 +212,14 @@ fn run(
         {
             let mut state = lock(&sh.state);
             busy |= serve(cfg, end, mem, sh, &mut state, !cfg.serve_in_notifier);
-            busy |= reporter.poll(&state, end, mem, &sh.counters, cfg.fault_batch);
+            // Its event writes inside the thread's section on the unit,
+            // as the request queue's are (see `serve::sec`); without one
+            // (no translator for the thread: the request queue is refused
+            // the same way) no event is written this pass.
+            busy |= softiommu::access::unit_section(state.unit(), || {
+                reporter.poll(&state, end, mem, &sh.counters, cfg.fault_batch)
+            })
+            .unwrap_or(false);
         }
         if busy {
             last_work = std::time::Instant::now();

@@ -4,7 +4,10 @@
 //! returned — so an UNMAP is used only after the unit's invalidation for
 //! it has completed, and one notification's UNMAPs cost one wait.
 
-use softiommu::access::PhysGuestMemory;
+use std::sync::mpsc;
+
+use softiommu::access::{unit_section, PhysGuestMemory};
+use softiommu::hw::Unit;
 
 use super::chain::Parts;
 use super::config::ViommuConfig;
@@ -35,6 +38,26 @@ pub(crate) struct Server {
     parts: Parts,
     done: Vec<Done>,
     probe: Vec<u8>,
+    /// Fault injection: the next tail written in [`one`](Self::one)
+    /// first signals the sender, then waits for the receiver, inside its
+    /// section (a device thread preempted between a slice and its write).
+    stall: Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
+}
+
+/// The device's unit, when its thread has no translation section there.
+const NO_SECTION: DeviceError = DeviceError::BackendFailed {
+    what: "no translation section for the device thread",
+};
+
+/// Runs `f`, a piece of the device's own accesses to guest memory (made
+/// through an unchecked-after-handout [`PhysGuestMemory`] view), inside
+/// the thread's translation section on `unit`: a bounce pool being made
+/// waits for it, so no write through a slice handed out before the
+/// pool's frames were marked lands after the pool starts. Never around a
+/// request's own work on the unit (a wait inside a section is refused).
+/// `no_section` if the thread can get no section (made once per thread).
+fn sec<T, E>(unit: &Unit, no_section: E, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    unit_section(unit, f).unwrap_or(Err(no_section))
 }
 
 impl Server {
@@ -50,9 +73,21 @@ impl Server {
         c: &Counters,
     ) -> bool {
         let neg = Negotiated::from_features(end.features());
+        let (system, uid) = state.unit_handle();
+        let Some(unit) = system.unit(uid) else {
+            return false;
+        };
         self.done.clear();
         for _ in 0..cfg.batch {
-            let head = match q.pop(mem) {
+            let parts = &mut self.parts;
+            let taken = sec(unit, NO_SECTION, || {
+                let Some(head) = q.pop(mem)? else {
+                    return Ok(None);
+                };
+                q.walk(mem, head, ChainDir::ReadableThenWritable, &mut parts.descs)?;
+                Ok(Some(head))
+            });
+            let head = match taken {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => {
@@ -61,17 +96,7 @@ impl Server {
                     break;
                 }
             };
-            if let Err(e) = q.walk(
-                mem,
-                head,
-                ChainDir::ReadableThenWritable,
-                &mut self.parts.descs,
-            ) {
-                q.stop();
-                end.report(e);
-                break;
-            }
-            let d = self.one(head, state, cfg, neg, mem, c);
+            let d = self.one(head, state, cfg, neg, mem, c, unit);
             self.done.push(d);
         }
         if self.done.is_empty() {
@@ -97,8 +122,11 @@ impl Server {
             for d in &mut self.done {
                 if let Some(at) = d.unmap_status_at.take() {
                     let ok = [Status::Ok.code()];
-                    if vm_memory::Bytes::write_slice(mem, &ok, vm_memory::GuestAddress(at)).is_ok()
-                    {
+                    let at = vm_memory::GuestAddress(at);
+                    let w = sec(unit, (), || {
+                        vm_memory::Bytes::write_slice(mem, &ok, at).map_err(|_| ())
+                    });
+                    if w.is_ok() {
                         d.status = Some(Status::Ok);
                     }
                 }
@@ -114,13 +142,13 @@ impl Server {
                     bump(&c.unwritten, 1);
                 }
             }
-            if let Err(e) = q.add_used(mem, d.head, d.used) {
+            if let Err(e) = sec(unit, NO_SECTION, || q.add_used(mem, d.head, d.used)) {
                 q.stop();
                 end.report(e);
                 return true;
             }
         }
-        match q.interrupt_wanted(mem) {
+        match sec(unit, NO_SECTION, || q.interrupt_wanted(mem)) {
             Ok(true) => end.queue_interrupt(s::REQUEST_QUEUE),
             Ok(false) => {}
             Err(e) => {
@@ -153,6 +181,7 @@ impl Server {
     /// A successful UNMAP's `OK` is not written here: its tail keeps the
     /// provisional `DEVERR` until the round's invalidation has completed
     /// ([`round`](Self::round) writes `OK` then).
+    #[allow(clippy::too_many_arguments)]
     fn one(
         &mut self,
         head: u16,
@@ -161,6 +190,7 @@ impl Server {
         neg: Negotiated,
         mem: &PhysGuestMemory,
         c: &Counters,
+        unit: &Unit,
     ) -> Done {
         let unwritten = Done {
             head,
@@ -176,7 +206,7 @@ impl Server {
         let rlen = usize::try_from(self.parts.readable_len()).unwrap_or(usize::MAX);
         let mut buf = [0u8; MAX_REQUEST];
         let mut ty = None;
-        let parsed = match self.parts.read(mem, &mut buf) {
+        let parsed = match sec(unit, (), || self.parts.read(mem, &mut buf)) {
             Err(()) => Err(Status::Fault),
             Ok(got) => {
                 ty = (got > 0).then_some(buf[0]);
@@ -202,12 +232,12 @@ impl Server {
         self.probe.resize(tail_at as usize, 0);
         self.probe
             .extend_from_slice(&[Status::DevErr.code(), 0, 0, 0]);
-        if self.parts.write(mem, 0, &self.probe).is_err() {
+        if sec(unit, (), || self.parts.write(mem, 0, &self.probe)).is_err() {
             return unwritten;
         }
         let status = match parsed {
             Err(st) => st,
-            Ok(req) => self.execute(req, state, cfg, neg, mem, tail_at, c),
+            Ok(req) => self.execute(req, state, cfg, neg, mem, tail_at, c, unit),
         };
         // `tail_at <= probe_size`, which the configuration bounds far
         // below `u32::MAX - 4`.
@@ -223,7 +253,15 @@ impl Server {
             };
         }
         let tail = [status.code(), 0, 0, 0];
-        if self.parts.write(mem, tail_at, &tail).is_err() {
+        let (parts, stall) = (&self.parts, &mut self.stall);
+        let w = sec(unit, (), || {
+            if let Some((entered, release)) = stall.take() {
+                let _ = entered.send(());
+                let _ = release.recv();
+            }
+            parts.write(mem, tail_at, &tail)
+        });
+        if w.is_err() {
             return unwritten;
         }
         Done {
@@ -256,6 +294,7 @@ impl Server {
         mem: &PhysGuestMemory,
         tail_at: u64,
         c: &Counters,
+        unit: &Unit,
     ) -> Status {
         if state.is_broken() {
             // An invalidation the device owed did not complete: nothing
@@ -310,11 +349,20 @@ impl Server {
                 }
                 self.probe.resize(cfg.probe_size as usize, 0);
                 properties(state.reserved_regions(), &mut self.probe);
-                match self.parts.write(mem, 0, &self.probe) {
+                match sec(unit, (), || self.parts.write(mem, 0, &self.probe)) {
                     Ok(()) => Status::Ok,
                     Err(()) => Status::Fault,
                 }
             }
         }
+    }
+
+    /// Fault injection: see `stall`.
+    pub(crate) fn inject_access_stall(
+        &mut self,
+        entered: mpsc::Sender<()>,
+        release: mpsc::Receiver<()>,
+    ) {
+        self.stall = Some((entered, release));
     }
 }

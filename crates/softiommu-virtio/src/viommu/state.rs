@@ -187,6 +187,12 @@ impl State {
         Ok(st)
     }
 
+    /// The system and the device's unit in it (a handle that outlives a
+    /// borrow of the state).
+    pub(crate) fn unit_handle(&self) -> (Arc<System>, UnitId) {
+        (self.system.clone(), self.unit)
+    }
+
     /// The unit.
     pub(crate) fn unit(&self) -> &Unit {
         // Checked at creation; a system's units are never removed.

@@ -122,6 +122,6 @@ pub use attrs::{DmaAttrs, DmaFence, OrderMode};
 pub use error::AccessError;
 pub use mapping::DmaMapping;
 #[cfg(feature = "vm-memory")]
-pub use vm_iommu::{IotlbSection, UnitIommu};
+pub use vm_iommu::{unit_section, IotlbSection, UnitIommu};
 #[cfg(feature = "vm-memory")]
 pub use vm_phys::{PhysGuestMemory, PhysRegion};

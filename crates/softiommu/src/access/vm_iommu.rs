@@ -117,6 +117,24 @@ impl UnitIommu {
     }
 }
 
+/// Runs `f` with the calling thread's translation section for `unit`
+/// held open throughout (nested calls share it), for a device that
+/// reaches guest memory without a translation of its own — through
+/// [`PhysGuestMemory::new`](super::PhysGuestMemory::new), e.g. a
+/// paravirtual IOMMU's rings. Such a view checks the bounce-pool bitmap
+/// when it hands out a slice, but writes through the slice afterwards;
+/// inside the section, making a bounce pool (which waits for every
+/// unit's sections after marking its frames) cannot finish while the
+/// write is still to come, so a pool never gets a byte written through a
+/// slice handed out before its frames were marked.
+///
+/// Keep `f` bounded and never wait on the unit in it (such a call fails
+/// with `QiError::GuardHeld`). Fails only if no translator can be made
+/// for the thread.
+pub fn unit_section<R>(unit: &Unit, f: impl FnOnce() -> R) -> Result<R, HwError> {
+    vm_thread::scope(unit, f)
+}
+
 /// The guard of a translation: the translations, a snapshot that never
 /// changes under it. It holds no section (see
 /// [`UnitIommu::section`] for what keeps the translations the device's
