@@ -69,7 +69,7 @@ use crate::error::{LabError, LabResult};
 use crate::lab::policy_physics::{check_by_with, PolicyCost, Spread, VIOMMU_MODES};
 use crate::report::Report;
 use render::report;
-use run::{measure_round, Measured};
+use run::{measure_round, median_rounds};
 
 /// The disk's requester id (00:01.0), the virtio-iommu's endpoint 8.
 const BLK_SID: SourceId = SourceId(0x0008);
@@ -304,26 +304,7 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
         (SSD_DEVICE, Some(SSD_HOLD), args.bw_bs, bw_depth),
     ];
     for (device, hold, bs, depth) in jobs {
-        let mut per_mode: Vec<Vec<Measured>> = vec![Vec::new(); Mode::ALL.len()];
-        for _ in 0..rounds {
-            for (i, m) in measure_round(hold, ios, depth, exit, bs)?
-                .into_iter()
-                .enumerate()
-            {
-                per_mode[i].push(m);
-            }
-        }
-        let secs: Vec<Vec<f64>> = per_mode
-            .iter()
-            .map(|v| v.iter().map(|m| m.secs).collect())
-            .collect();
-        let med: Vec<Measured> = per_mode
-            .iter_mut()
-            .map(|v| {
-                v.sort_by(|a, b| a.secs.total_cmp(&b.secs));
-                v[(v.len() - 1) / 2]
-            })
-            .collect();
+        let (secs, med) = median_rounds(rounds, || measure_round(hold, ios, depth, exit, bs))?;
         let none_iops = ios as f64 / med[0].secs;
         let model_us = hold.map_or(0.0, |h| h.as_secs_f64() * 1e6);
         // With `depth` reads queued on the link, each waits `depth`

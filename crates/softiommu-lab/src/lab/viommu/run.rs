@@ -95,3 +95,31 @@ pub(super) fn interleave<R: Sliced>(
     }
     Ok(out)
 }
+
+/// Every mode's rounds and their medians: `round` measures one round of
+/// every mode (in [`Mode::ALL`]'s order), `rounds` times. Returns each
+/// mode's seconds per round (for the spread and the physics checks) and
+/// each mode's median round by seconds.
+pub(super) fn median_rounds(
+    rounds: u64,
+    mut round: impl FnMut() -> LabResult<Vec<Measured>>,
+) -> LabResult<(Vec<Vec<f64>>, Vec<Measured>)> {
+    let mut per_mode: Vec<Vec<Measured>> = vec![Vec::new(); Mode::ALL.len()];
+    for _ in 0..rounds {
+        for (i, m) in round()?.into_iter().enumerate() {
+            per_mode[i].push(m);
+        }
+    }
+    let secs = per_mode
+        .iter()
+        .map(|v| v.iter().map(|m| m.secs).collect())
+        .collect();
+    let med = per_mode
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+            v[(v.len() - 1) / 2]
+        })
+        .collect();
+    Ok((secs, med))
+}

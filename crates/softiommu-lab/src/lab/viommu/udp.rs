@@ -42,7 +42,7 @@ use softiommu_virtio::viommu::{
 };
 
 use super::rig::Guest;
-use super::run::{interleave, Measured, Sliced};
+use super::run::{interleave, median_rounds, Measured, Sliced};
 use super::{physics, Mode, ViommuRow};
 use crate::error::{LabError, LabResult};
 
@@ -368,23 +368,7 @@ fn measure_round(ios: u64, exit: Duration) -> LabResult<Vec<Measured>> {
 /// `rounds` rounds (the median round reported), every notification of
 /// the guest's devices costing `exit`.
 pub(super) fn udp_rows(ios: u64, rounds: u64, exit: Duration) -> LabResult<Vec<ViommuRow>> {
-    let mut per_mode: Vec<Vec<Measured>> = vec![Vec::new(); Mode::ALL.len()];
-    for _ in 0..rounds {
-        for (i, m) in measure_round(ios, exit)?.into_iter().enumerate() {
-            per_mode[i].push(m);
-        }
-    }
-    let secs: Vec<Vec<f64>> = per_mode
-        .iter()
-        .map(|v| v.iter().map(|m| m.secs).collect())
-        .collect();
-    let med: Vec<Measured> = per_mode
-        .iter_mut()
-        .map(|v| {
-            v.sort_by(|a, b| a.secs.total_cmp(&b.secs));
-            v[(v.len() - 1) / 2]
-        })
-        .collect();
+    let (secs, med) = median_rounds(rounds, || measure_round(ios, exit))?;
     let none_rate = ios as f64 / med[0].secs;
     let per = |x: u64| x as f64 / ios as f64;
     Ok(Mode::ALL
