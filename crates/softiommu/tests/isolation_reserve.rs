@@ -222,14 +222,9 @@ impl PoolRig {
     }
 }
 
-fn pool_and_pass_through() -> (PoolRig, u64) {
-    let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
-    mem.alloc_zeroed_frames(0).unwrap();
-    let mut sys = System::new(mem.clone());
-    let unit = sys.add_unit(UnitConfig::default()).unwrap();
-    sys.assign(NIC, unit).unwrap();
-    sys.assign(DEV, unit).unwrap();
-    let system = Arc::new(sys);
+/// A bounce-policy domain with the NIC attached: its bounce pool is made
+/// of free RAM frames as the attach returns.
+fn bounce_domain(system: &Arc<System>) -> (Arc<softiommu::DmaDomain>, softiommu::DmaDevice) {
     let domain = softiommu::DmaDomain::new(
         system.clone(),
         softiommu::DmaDomainConfig {
@@ -239,6 +234,34 @@ fn pool_and_pass_through() -> (PoolRig, u64) {
     )
     .unwrap();
     let nic = domain.attach(NIC, u64::MAX, false).unwrap();
+    (domain, nic)
+}
+
+/// [`pool_and_pass_through`] with the pool's domain gone again: the
+/// pool's frames are plain RAM, the pass-through device still attached.
+fn pool_given_back() -> (Arc<PhysMemory>, Arc<System>, u64) {
+    let (p, pool) = pool_and_pass_through();
+    let PoolRig {
+        mem,
+        system,
+        domain,
+        nic,
+    } = p;
+    drop(nic);
+    drop(domain);
+    assert!(!mem.is_iommu_frame(pool));
+    (mem, system, pool)
+}
+
+fn pool_and_pass_through() -> (PoolRig, u64) {
+    let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
+    mem.alloc_zeroed_frames(0).unwrap();
+    let mut sys = System::new(mem.clone());
+    let unit = sys.add_unit(UnitConfig::default()).unwrap();
+    sys.assign(NIC, unit).unwrap();
+    sys.assign(DEV, unit).unwrap();
+    let system = Arc::new(sys);
+    let (domain, nic) = bounce_domain(&system);
     let rig = PoolRig {
         mem,
         system,
@@ -405,32 +428,15 @@ fn vm_memory_views_reach_no_iommu_frame() {
 fn a_pass_through_span_cached_before_ram_became_a_bounce_pool_is_not_served() {
     use softiommu::{PhysGuestMemory, UnitIommu};
     use vm_memory::{Bytes, GuestAddress, GuestMemoryError, IommuMemory};
-    let (p, pool) = pool_and_pass_through();
     // The pool's domain goes away: its frames are plain RAM again.
-    let PoolRig {
-        mem,
-        system,
-        domain,
-        nic,
-    } = p;
-    drop(nic);
-    drop(domain);
-    assert!(!mem.is_iommu_frame(pool));
+    let (mem, system, pool) = pool_given_back();
     // A pass-through device reaches them through vm-memory, whose cache
     // keeps the span.
     let view = UnitIommu::new(system.clone(), DEV).unwrap();
     let m = IommuMemory::new(PhysGuestMemory::behind_iommu(mem.clone()), view, true, ());
     m.write_obj(0x11u64, GuestAddress(pool)).unwrap();
     // A new domain's pool takes them again.
-    let domain = softiommu::DmaDomain::new(
-        system.clone(),
-        softiommu::DmaDomainConfig {
-            policy: DmaPolicy::Bounce,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let _nic = domain.attach(NIC, u64::MAX, false).unwrap();
+    let (_domain, _nic) = bounce_domain(&system);
     assert!(
         mem.is_iommu_frame(pool),
         "the same frames make the new pool"
@@ -460,16 +466,7 @@ fn a_pass_through_span_cached_before_ram_became_a_bounce_pool_is_not_served() {
 fn a_pass_through_write_finishing_while_a_pool_is_made_is_not_left_in_it() {
     use std::sync::mpsc;
     use std::time::Duration;
-    let (p, pool) = pool_and_pass_through();
-    let PoolRig {
-        mem,
-        system,
-        domain,
-        nic,
-    } = p;
-    drop(nic);
-    drop(domain);
-    assert!(!mem.is_iommu_frame(pool));
+    let (mem, system, pool) = pool_given_back();
     let unit = system.unit_of(DEV).unwrap().1;
     let (opened, open_rx) = mpsc::channel();
     std::thread::scope(|sc| {
@@ -491,15 +488,7 @@ fn a_pass_through_write_finishing_while_a_pool_is_made_is_not_left_in_it() {
             });
         });
         open_rx.recv().unwrap();
-        let domain = softiommu::DmaDomain::new(
-            system.clone(),
-            softiommu::DmaDomainConfig {
-                policy: DmaPolicy::Bounce,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let nic = domain.attach(NIC, u64::MAX, false).unwrap();
+        let (_domain, nic) = bounce_domain(&system);
         assert!(mem.is_iommu_frame(pool), "the same frames make the pool");
         let mut b = [0xffu8; 64];
         mem.read(pool, &mut b).unwrap();
