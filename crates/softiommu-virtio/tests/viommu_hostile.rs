@@ -3,7 +3,7 @@
 
 mod viommu_common;
 
-use softiommu::dma::{DmaDomain, DmaDomainConfig};
+use softiommu::dma::DmaDomain;
 use softiommu::hw::{Access, FaultReason, TranslateError};
 use softiommu_virtio::spec::iommu as s;
 use softiommu_virtio::viommu::{Status, ViommuConfig, ViommuDevice, ViommuError, MAX_PROBE_SIZE};
@@ -13,20 +13,9 @@ use viommu_common::*;
 /// range) on the device's unit, whose untrusted device is `B`: its first
 /// frame.
 fn host_pool(r: &Rig) -> (std::sync::Arc<DmaDomain>, softiommu::DmaDevice, u64) {
-    let dom = DmaDomain::new(
-        r.system.clone(),
-        DmaDomainConfig {
-            did: 4000,
-            bounce_bytes: 1 << 16,
-            ..DmaDomainConfig::default()
-        },
-    )
-    .unwrap();
+    let dom = host_bounce_domain(&r.system);
     let dev = dom.attach(B, u64::MAX, true).unwrap();
-    let pool = (0..RAM)
-        .step_by(4096)
-        .find(|&p| r.mem.check_device_range(p, 4096).is_err())
-        .expect("a bounce frame in RAM");
+    let pool = first_pool_frame(&r.mem);
     (dom, dev, pool)
 }
 
@@ -231,15 +220,7 @@ fn a_bounce_pool_is_not_made_under_an_open_guest_mapping_of_its_frames() {
             .unwrap();
         });
         open_rx.recv().unwrap();
-        let dom = DmaDomain::new(
-            r.system.clone(),
-            DmaDomainConfig {
-                did: 4000,
-                bounce_bytes: 1 << 16,
-                ..DmaDomainConfig::default()
-            },
-        )
-        .unwrap();
+        let dom = host_bounce_domain(&r.system);
         let t0 = std::time::Instant::now();
         assert!(matches!(
             dom.attach(B, u64::MAX, true),
@@ -295,15 +276,7 @@ fn a_device_dropped_with_a_dead_queue_leaves_no_endpoint_on_a_guest_table() {
     } = r;
     // The device goes first: the driver's reset would detach.
     drop(dev);
-    let dom = DmaDomain::new(
-        system.clone(),
-        DmaDomainConfig {
-            did: 4000,
-            bounce_bytes: 1 << 16,
-            ..DmaDomainConfig::default()
-        },
-    )
-    .unwrap();
+    let dom = host_bounce_domain(&system);
     // On the other unit: the dead one's queue takes no attach.
     let _dev = dom.attach(C, u64::MAX, true).unwrap();
     assert!(
@@ -352,15 +325,7 @@ fn a_bounce_pool_waits_for_the_devices_own_write_in_progress() {
             released.store(true, Ordering::SeqCst);
             release.send(()).unwrap();
         });
-        let dom = DmaDomain::new(
-            system.clone(),
-            DmaDomainConfig {
-                did: 4000,
-                bounce_bytes: 1 << 16,
-                ..DmaDomainConfig::default()
-            },
-        )
-        .unwrap();
+        let dom = host_bounce_domain(&system);
         // On the other unit: the pool's drain covers every unit.
         let _dev = dom.attach(C, u64::MAX, true).unwrap();
         assert!(

@@ -96,7 +96,6 @@ fn a_chain_that_loops_stops_the_queue_and_a_reset_recovers() {
 
 #[test]
 fn rings_in_a_bounce_pool_are_never_touched() {
-    use softiommu::dma::{DmaDomain, DmaDomainConfig};
     let r = rig();
     let Rig {
         mem,
@@ -108,20 +107,9 @@ fn rings_in_a_bounce_pool_are_never_touched() {
     drop(drv);
     // A DMA domain of the same unit whose untrusted device gets a bounce
     // pool in guest RAM: RAM, but the DMA layer's.
-    let dom = DmaDomain::new(
-        system.clone(),
-        DmaDomainConfig {
-            did: 4000,
-            bounce_bytes: 1 << 16,
-            ..DmaDomainConfig::default()
-        },
-    )
-    .unwrap();
+    let dom = host_bounce_domain(&system);
     let _b = dom.attach(B, u64::MAX, true).unwrap();
-    let pool = (0..RAM)
-        .step_by(4096)
-        .find(|&p| mem.check_device_range(p, 4096).is_err())
-        .expect("a bounce frame in RAM");
+    let pool = first_pool_frame(&mem);
     mem.fill(pool, 4096, 0x5a).unwrap();
     let before = snapshot(&mem, pool, 4096);
     rings_refused_untouched_then_served(&dev, mem, pool, 4096, before);

@@ -206,3 +206,26 @@ pub fn needs_reset(t: &softiommu_virtio::transport::MmioTransport) {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
+
+/// A host DMA domain (id 4000, outside the guest's domain range) of the
+/// bounce policy with a 64 KiB pool: what a host's untrusted device gets
+/// on the same machine as the guest. Attach a device to make its pool.
+pub fn host_bounce_domain(system: &Arc<System>) -> Arc<softiommu::dma::DmaDomain> {
+    softiommu::dma::DmaDomain::new(
+        system.clone(),
+        softiommu::dma::DmaDomainConfig {
+            did: 4000,
+            bounce_bytes: 1 << 16,
+            ..Default::default()
+        },
+    )
+    .expect("host bounce domain")
+}
+
+/// The first guest RAM frame a bounce pool holds.
+pub fn first_pool_frame(mem: &PhysMemory) -> u64 {
+    (0..RAM)
+        .step_by(4096)
+        .find(|&p| mem.check_device_range(p, 4096).is_err())
+        .expect("a bounce frame in RAM")
+}
