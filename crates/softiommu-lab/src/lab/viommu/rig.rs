@@ -258,14 +258,12 @@ impl Sliced for Rig {
         if let Some(d) = self.disk.take() {
             let _ = d.stop();
         }
-        Ok(Measured {
+        Ok(Measured::moved(
             secs,
-            cpu_secs: cpu,
-            requests: c1.0 - c0.0,
-            notifications: c1.1 - c0.1,
-            invalidations: c1.2 - c0.2,
-            ..Measured::default()
-        })
+            cpu,
+            [c0.0, c0.1, c0.2],
+            [c1.0, c1.1, c1.2],
+        ))
     }
 }
 

@@ -20,6 +20,20 @@ pub(super) struct Measured {
 }
 
 impl Measured {
+    /// A slice that took `secs` of wall time and `cpu_secs` of the
+    /// driver's CPU while the virtio-iommu's requests, notifications and
+    /// invalidations counters went from `c0` to `c1`.
+    pub(super) fn moved(secs: f64, cpu_secs: f64, c0: [u64; 3], c1: [u64; 3]) -> Self {
+        Self {
+            secs,
+            cpu_secs,
+            requests: c1[0] - c0[0],
+            notifications: c1[1] - c0[1],
+            invalidations: c1[2] - c0[2],
+            ..Self::default()
+        }
+    }
+
     pub(super) fn add(&mut self, o: &Measured) {
         self.secs += o.secs;
         self.cpu_secs += o.cpu_secs;

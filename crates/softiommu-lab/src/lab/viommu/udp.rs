@@ -254,13 +254,13 @@ impl UdpRig {
         Ok(rig)
     }
 
-    fn counts(&self) -> (u64, u64, u64) {
+    fn counts(&self) -> [u64; 3] {
         let v = self.viommu.stats();
-        (
+        [
             v.requests,
             self.viommu.transport().notifications(),
             v.invalidations,
-        )
+        ]
     }
 
     /// Sends `n` datagrams and returns once the peer's socket has all of
@@ -321,14 +321,12 @@ impl Sliced for UdpRig {
         let c0 = self.counts();
         let (wall, cpu) = self.stream(n)?;
         let c1 = self.counts();
-        Ok(Measured {
-            secs: wall.as_secs_f64(),
-            cpu_secs: cpu.as_secs_f64(),
-            requests: c1.0 - c0.0,
-            notifications: c1.1 - c0.1,
-            invalidations: c1.2 - c0.2,
-            ..Measured::default()
-        })
+        Ok(Measured::moved(
+            wall.as_secs_f64(),
+            cpu.as_secs_f64(),
+            c0,
+            c1,
+        ))
     }
 
     /// The transmit buffers still held reclaimed and lazy's last flush
@@ -342,14 +340,7 @@ impl Sliced for UdpRig {
         let secs = t0.elapsed().as_secs_f64();
         let cpu = cpu_clock::thread().saturating_sub(cpu0).as_secs_f64();
         let c1 = self.counts();
-        Ok(Measured {
-            secs,
-            cpu_secs: cpu,
-            requests: c1.0 - c0.0,
-            notifications: c1.1 - c0.1,
-            invalidations: c1.2 - c0.2,
-            ..Measured::default()
-        })
+        Ok(Measured::moved(secs, cpu, c0, c1))
     }
 }
 
