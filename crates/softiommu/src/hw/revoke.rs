@@ -194,13 +194,7 @@ impl Shared {
         let mut limit = Limit::new(timeout, &mut never);
         // Not a revocation around the queue: counted as a drain only.
         let (t0, waited) = self.drain_within(&mut limit)?;
-        let c = &self.counters;
-        Counters::add(&c.drains, 1);
-        Counters::add(&c.drain_waited, waited);
-        Counters::add(
-            &c.drain_ns,
-            u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        );
+        self.count_drain(t0, waited);
         Ok(())
     }
 
@@ -217,6 +211,14 @@ impl Shared {
     /// Counts a drain done around the queue that began at `t0` and waited
     /// for `waited` sections, and spins the modelled completion wait.
     fn count_direct_drain(&self, t0: Instant, waited: u64) {
+        self.count_drain(t0, waited);
+        let c = &self.counters;
+        Counters::add(&c.modelled_ns, spin_ns(self.latency.wait_completion_ns()));
+        Counters::add(&c.bypass_revocations, 1);
+    }
+
+    /// Counts a drain that began at `t0` and waited for `waited` sections.
+    fn count_drain(&self, t0: Instant, waited: u64) {
         let c = &self.counters;
         Counters::add(&c.drains, 1);
         Counters::add(&c.drain_waited, waited);
@@ -224,7 +226,5 @@ impl Shared {
             &c.drain_ns,
             u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
         );
-        Counters::add(&c.modelled_ns, spin_ns(self.latency.wait_completion_ns()));
-        Counters::add(&c.bypass_revocations, 1);
     }
 }
