@@ -567,7 +567,6 @@ mod tests {
     //! the frame is not delivered twice, the completion goes out once the
     //! used ring is back.
 
-    use std::sync::atomic::AtomicBool;
     use std::time::Instant;
 
     use softiommu_virtio::net::{wire, WireConfig};
@@ -576,7 +575,6 @@ mod tests {
     use super::*;
     use crate::proto::iotlb as m;
     use crate::queue::tests::{rig, RINGS, UA, USED, USED_PAGE};
-    use crate::queue::WorkerShared;
 
     const BUF: u64 = RINGS + 0x2000;
 
@@ -607,14 +605,7 @@ mod tests {
         r.offer(0, 0, 1);
         // The used ring's page gone, no front-end to answer its miss.
         space.invalidate(USED_PAGE, 0x1000).unwrap();
-        let layout = r.q.ring_layout();
-        let idle = Arc::new(WorkerShared {
-            stop: AtomicBool::new(false),
-            enabled: AtomicBool::new(false),
-            call: Mutex::new(None),
-        });
-        let idle = Queue::new(space.clone(), layout, 0, &mut None, idle, 0).unwrap();
-        let q = std::mem::replace(&mut r.q, idle);
+        let q = r.take_queue();
         let shared = q.worker_shared().clone();
         let counters = Arc::new(NetCounters::default());
         let w = RxWorker {

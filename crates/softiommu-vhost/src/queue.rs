@@ -354,6 +354,21 @@ pub(crate) mod tests {
             self.poke(AVAIL + 2, &idx.to_le_bytes());
         }
 
+        /// Hands the rig's queue to a worker under test and keeps an idle
+        /// one (disabled, no call fd) on the same rings, to look at the
+        /// memory with.
+        pub(crate) fn take_queue(&mut self) -> Queue {
+            let space = self.q.space().clone();
+            let layout = self.q.ring_layout();
+            let idle = Arc::new(WorkerShared {
+                stop: AtomicBool::new(false),
+                enabled: AtomicBool::new(false),
+                call: Mutex::new(None),
+            });
+            let idle = Queue::new(space, layout, 0, &mut None, idle, 0).unwrap();
+            std::mem::replace(&mut self.q, idle)
+        }
+
         /// The used index the driver sees.
         pub(crate) fn used_idx(&self) -> u16 {
             let b = self.peek(USED + 2, 2);
@@ -756,16 +771,9 @@ pub(crate) mod tests {
         // The used ring's page gone, no front-end to answer its miss.
         r.q.space().invalidate(USED_PAGE, 0x1000).unwrap();
         let space = r.q.space().clone();
-        let layout = r.q.ring.layout();
-        let idle = Arc::new(WorkerShared {
-            stop: AtomicBool::new(false),
-            enabled: AtomicBool::new(false),
-            call: Mutex::new(None),
-        });
-        // The worker takes the queue; the rig keeps an idle one, to look
-        // at the memory with.
-        let idle = Queue::new(space.clone(), layout, 0, &mut None, idle, 0).unwrap();
-        let q = std::mem::replace(&mut r.q, idle);
+        let layout = r.q.ring_layout();
+        // The worker takes the queue; the rig keeps an idle one.
+        let q = r.take_queue();
         let served = || r.peek(STATUS, 1)[0] == sb::S_OK;
         // Served, its completion not publishable; stopped a little later.
         let t0 = std::time::Instant::now();
