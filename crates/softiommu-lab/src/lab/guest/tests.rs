@@ -82,6 +82,49 @@ fn a_net_run_is_a_row_with_frames_as_ios_and_device_cpu_per_io() {
     assert_eq!(median(&[]), None);
 }
 
+/// The invalidation ratio is the median of each round's own lazy/strict
+/// ratio (not the ratio of the median-time runs), and a checksum mismatch
+/// in any round is reported, not only in the median runs.
+#[test]
+fn ratios_are_per_round_medians_and_every_round_is_checksummed() {
+    let strict = vec![
+        net_run(IommuMode::Strict, 200),
+        net_run(IommuMode::Strict, 400),
+        net_run(IommuMode::Strict, 100),
+    ];
+    let lazy = vec![
+        net_run(IommuMode::Lazy, 20),
+        net_run(IommuMode::Lazy, 20),
+        net_run(IommuMode::Lazy, 20),
+    ];
+    let per_round = per_round_lazy_over_strict(&[strict, lazy], "virtio-net");
+    assert_eq!(per_round, vec![0.1, 0.05, 0.2]);
+    assert_eq!(median(&per_round), Some(0.1));
+    let mut bad = net_run(IommuMode::Lazy, 20);
+    bad.result = "ok=0 sent=s got=x".into();
+    bad.fields.insert("got".into(), "x".into());
+    let good = net_run(IommuMode::Strict, 200);
+    assert!(good.checksum_ok());
+    assert!(!bad.checksum_ok());
+    let lines = checksum_failures([&good, &bad].into_iter());
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("virtio-net lazy: checksum mismatch"),
+        "{lines:?}"
+    );
+}
+
+/// Three rounds by default, one with `--quick`, as given otherwise.
+#[test]
+fn three_rounds_by_default_one_when_quick() {
+    let mut a = GuestArgs::default();
+    assert_eq!(a.rounds(), 3);
+    a.quick = true;
+    assert_eq!(a.rounds(), 1);
+    a.rounds = Some(crate::args::Ranged::new(5));
+    assert_eq!(a.rounds(), 5);
+}
+
 /// Without the kit the lab still reports: one line saying it was
 /// skipped, why and how to get the kit, and a contract saying so
 /// (which `run` turns into the scenario's one progress line).
