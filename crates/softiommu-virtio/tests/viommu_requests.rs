@@ -567,3 +567,27 @@ fn an_unmap_the_table_refuses_midway_removes_no_mapping() {
         Err(TranslateError::NotPresent { .. })
     ));
 }
+
+/// §5.13.4.2: a driver's write of `bypass` is in effect when the write
+/// returns — an unattached endpoint's very next access passes through
+/// after `bypass = 1` and faults after `bypass = 0`, with no wait for the
+/// device thread.
+#[test]
+fn a_bypass_write_is_in_effect_when_it_returns() {
+    let r = rig();
+    for _ in 0..20 {
+        assert!(r.drv.set_bypass(true));
+        assert_eq!(
+            r.reach(A, 0x1000, Access::Read)
+                .expect("bypassed")
+                .as_slice()[0]
+                .phys,
+            0x1000
+        );
+        assert!(r.drv.set_bypass(false));
+        assert!(matches!(
+            r.reach(A, 0x1000, Access::Read),
+            Err(TranslateError::NoContext { .. })
+        ));
+    }
+}

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use softiommu::hw::{Access, TranslateError};
 use softiommu_virtio::spec::reg;
 use softiommu_virtio::transport::DeviceError;
-use softiommu_virtio::viommu::{Status, ViommuConfig, ViommuDriverConfig, ViommuDriverError};
+use softiommu_virtio::viommu::{
+    Status, ViommuConfig, ViommuDriver, ViommuDriverConfig, ViommuDriverError,
+};
 use viommu_common::*;
 
 /// The device's bound on an invalidation.
@@ -182,4 +184,54 @@ fn dropping_the_device_during_a_stalled_wait_returns_before_the_bound() {
     drop(drv);
     release.send(()).unwrap();
     holder.join().unwrap();
+}
+
+/// A reset whose endpoint detach stalls (§2.4: the status write returns
+/// within the bound) leaves the device broken, and says so: the next
+/// driver's requests are `DEVERR` and the device sets
+/// `DEVICE_NEEDS_RESET` (§2.1.2) instead of failing every request
+/// silently; once the stall ends, a reset brings it back.
+#[test]
+fn a_reset_whose_detach_stalls_asks_for_another_reset() {
+    let mut r = stall_rig(BOUND, Duration::from_secs(5));
+    let phys = r.ram(0);
+    r.attach_ok(1, EA);
+    r.map_ok(1, 0x1000, 0x1fff, phys);
+    let (holder, release) = hold_section(&r);
+    let Rig {
+        mem,
+        system,
+        unit,
+        dev,
+        drv,
+    } = r;
+    let t0 = Instant::now();
+    // The driver goes away: its status write of 0 resets the device, whose
+    // detach of the endpoint cannot drain.
+    drop(drv);
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    let t = dev.transport();
+    assert_eq!(t.read(reg::STATUS), 0, "a reset reads 0 once done");
+    let mut drv = ViommuDriver::probe(t.clone(), mem.clone(), ViommuDriverConfig::default())
+        .expect("a new driver");
+    assert_eq!(drv.attach(2, EB, 0).unwrap(), Some(Status::DevErr));
+    needs_reset(t);
+    assert!(t.errors().snapshot().contains(&DeviceError::BackendFailed {
+        what: "a reset's endpoint detach did not complete"
+    }));
+    // The stalled endpoint reaches nothing meanwhile.
+    assert!(matches!(
+        reach_in(&system, unit, A, 0x1000, Access::Read),
+        Err(TranslateError::NoContext { .. })
+    ));
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    drop(drv);
+    let mut drv = ViommuDriver::probe(t.clone(), mem, ViommuDriverConfig::default())
+        .expect("a driver after the reset");
+    assert_eq!(drv.attach(2, EB, 0).unwrap(), Some(Status::Ok));
+    assert_eq!(
+        t.read(reg::STATUS) & softiommu_virtio::spec::status::DEVICE_NEEDS_RESET,
+        0
+    );
 }

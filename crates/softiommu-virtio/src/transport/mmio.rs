@@ -174,6 +174,19 @@ pub(crate) struct Shared {
     /// queues in its mask (a hypervisor handling the exit on the
     /// notifying CPU), instead of waking its thread.
     notify_hook: OnceLock<NotifyHook>,
+    /// What the device does, synchronously, with a driver's accepted
+    /// config write.
+    config_hook: OnceLock<ConfigHook>,
+}
+
+/// A device's work on a driver's accepted config write, given the
+/// transport.
+struct ConfigHook(Box<dyn Fn(&MmioTransport) + Send + Sync>);
+
+impl std::fmt::Debug for ConfigHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConfigHook")
+    }
 }
 
 /// A device's reset work, run by the driver's status write of 0.
@@ -295,6 +308,7 @@ impl MmioTransport {
                 config_writable: OnceLock::new(),
                 reset_hook: OnceLock::new(),
                 notify_hook: OnceLock::new(),
+                config_hook: OnceLock::new(),
             }),
         }
     }
@@ -374,6 +388,20 @@ impl MmioTransport {
             .is_ok()
     }
 
+    /// Sets the work a device does with a driver's accepted config write
+    /// ([`write_config`](Self::write_config)), inside that write: a field
+    /// whose effect the driver may rely on as soon as its write returns
+    /// (a virtio-iommu's `bypass`, §5.13.4.2) takes effect before it
+    /// does. `hook` gets the transport; it runs with no transport lock
+    /// held and must bound its work. Set once; returns whether this call
+    /// set it.
+    pub fn set_config_hook(&self, hook: impl Fn(&MmioTransport) + Send + Sync + 'static) -> bool {
+        self.shared
+            .config_hook
+            .set(ConfigHook(Box::new(hook)))
+            .is_ok()
+    }
+
     /// Sets the work a notification of a queue in `mask` (bit `q` for
     /// queue `q`) does on the notifying thread, inside its `QueueNotify`
     /// write and after the modelled exit, instead of waking a device
@@ -400,8 +428,9 @@ impl MmioTransport {
     /// write that carries a writable byte and its read-only neighbours
     /// unchanged). Otherwise — no window, a byte past the config space, or
     /// a read-only byte changed — nothing is written and the write is
-    /// recorded as [`DeviceError::ConfigWrite`]. Wakes the device thread,
-    /// which applies the new value.
+    /// recorded as [`DeviceError::ConfigWrite`]. An accepted write runs
+    /// the device's [config hook](Self::set_config_hook), if it set one,
+    /// then wakes the device thread.
     pub fn write_config(&self, offset: u64, bytes: &[u8]) {
         let s = &*self.shared;
         let refuse = || s.report(DeviceError::ConfigWrite { offset });
@@ -433,6 +462,9 @@ impl MmioTransport {
             for (o, v) in new {
                 r.config[o] = v;
             }
+        }
+        if let Some(h) = s.config_hook.get() {
+            (h.0)(self);
         }
         if let Some(t) = s.device_thread.get() {
             t.unpark();

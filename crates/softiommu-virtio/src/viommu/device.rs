@@ -95,6 +95,16 @@ impl ViommuDevice {
                 }
             }
         });
+        // §5.13.4.2: a driver that writes `bypass` may rely on it as soon
+        // as the write returns (an unattached endpoint's next access
+        // faults, or passes), so the write applies it; a switch the unit
+        // refuses now is retried by the device thread's passes.
+        let weak = Arc::downgrade(&shared);
+        transport.set_config_hook(move |t| {
+            if let Some(sh) = weak.upgrade() {
+                apply_bypass(t, &DeviceEnd::new(t), &mut lock(&sh.state));
+            }
+        });
         let end = DeviceEnd::new(&transport);
         let mem = PhysGuestMemory::new(system.memory().clone());
         if cfg.serve_in_notifier {

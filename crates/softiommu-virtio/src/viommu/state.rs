@@ -383,9 +383,14 @@ impl State {
         }
         let domains = std::mem::take(&mut self.domains);
         // A reset whose detaches all succeeded starts afresh; one that
-        // failed stays broken, and the next pass tries again.
+        // failed stays broken — every request DEVERR, and the device asks
+        // for another reset (`DEVICE_NEEDS_RESET`) after the first round
+        // the driver sends — and the next pass tries again.
         self.broken = first.is_err();
-        self.broke = None;
+        self.broke = first.as_ref().err().map(|e| Broke {
+            what: "a reset's endpoint detach did not complete",
+            timed_out: undrained(e),
+        });
         if first.is_ok() {
             // Contexts are switched and drained: no walker reaches a table.
             drop(domains);
