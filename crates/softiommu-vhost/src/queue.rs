@@ -8,7 +8,7 @@
 //! (an eventfd it writes), and the stop and enable flags the session sets.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +22,22 @@ use crate::space::{AddrKind, DmaSpace};
 pub(crate) struct WorkerShared {
     pub(crate) stop: AtomicBool,
     pub(crate) enabled: AtomicBool,
-    pub(crate) call: Mutex<Option<OwnedFd>>,
+    /// The call eventfd; the worker clones the `Arc` and signals without
+    /// holding the lock, so `SET_VRING_CALL` never waits for a signal.
+    pub(crate) call: Mutex<Option<Arc<OwnedFd>>>,
+    /// The session's counts of what the front-end's descriptors did.
+    pub(crate) faults: Arc<FdFaults>,
+}
+
+/// What the front-end's kick and call descriptors did that a device
+/// must not wait for (counted per session).
+#[derive(Debug, Default)]
+pub(crate) struct FdFaults {
+    /// Signals not delivered because the call eventfd's counter was full
+    /// (the driver is signalled already) or the write failed.
+    pub(crate) call_dropped: AtomicU64,
+    /// Kick descriptors dropped because they reported hang-up or an error.
+    pub(crate) kick_hangups: AtomicU64,
 }
 
 /// Whether a ring error is the device's being stopped (a cancelled miss):
@@ -60,6 +75,8 @@ pub(crate) struct Queue {
     /// to the ring if the worker stops with it still here (see
     /// [`Queue::finish`]).
     pending_used: Option<(u16, u32)>,
+    /// The kick descriptor hung up and was dropped.
+    kick_dead: bool,
 }
 
 impl Queue {
@@ -84,6 +101,7 @@ impl Queue {
             shared,
             pending_signal: 0,
             pending_used: None,
+            kick_dead: false,
         })
     }
 
@@ -226,40 +244,60 @@ impl Queue {
         }
         let wanted = self.ring.interrupt_wanted(&self.rings);
         if wanted.as_ref().map_or(true, |w| *w) {
-            let call = self.shared.call.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(c) = call.as_ref() {
-                let v = 1u64;
-                // SAFETY: writes 8 bytes to the eventfd. It fails only if
-                // the counter is at its maximum, when the driver is
-                // signalled already.
-                unsafe { libc::write(c.as_raw_fd(), (&v as *const u64).cast(), 8) };
+            let call = self
+                .shared
+                .call
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(c) = call {
+                // Never waits: a counter at its maximum means the driver
+                // is signalled already.
+                if !matches!(crate::peerfd::signal_eventfd(c.as_raw_fd()), Ok(true)) {
+                    self.shared
+                        .faults
+                        .call_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         self.pending_signal = 0;
         wanted.map(|_| ())
     }
 
-    /// Waits up to `max` for a kick; returns whether one came.
-    pub(crate) fn wait_kick(&self, max: Duration) -> bool {
+    /// Waits up to `max` for a kick; returns whether one came. A kick
+    /// descriptor that reports hang-up or an error is dropped, counted and
+    /// reported once: from then on the ring is served at the pace of the
+    /// bound (each wait sleeps `max`) until a new `SET_VRING_KICK`, never
+    /// in a busy loop.
+    pub(crate) fn wait_kick(&mut self, max: Duration) -> bool {
         let Some(k) = &self.kick else {
-            std::thread::sleep(max.min(Duration::from_millis(1)));
+            let nap = if self.kick_dead {
+                max
+            } else {
+                max.min(Duration::from_millis(1))
+            };
+            std::thread::sleep(nap);
             return false;
         };
-        let mut p = libc::pollfd {
-            fd: k.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = max.as_millis().clamp(0, 1000) as i32;
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, ms) };
-        if n > 0 && p.revents & libc::POLLIN != 0 {
-            let mut v = 0u64;
-            // SAFETY: reads 8 bytes into v from the eventfd.
-            unsafe { libc::read(k.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-            return true;
+        match crate::peerfd::wait_eventfd(k.as_raw_fd(), max) {
+            crate::peerfd::Kick::Kicked => true,
+            crate::peerfd::Kick::Quiet => false,
+            crate::peerfd::Kick::Dead(revents) => {
+                eprintln!(
+                    "softiommu-vhost: queue {}: kick descriptor reports {revents:#x} \
+                     (hang-up or error): dropped, the ring polled every {max:?}",
+                    self.ring.layout().index
+                );
+                self.kick = None;
+                self.kick_dead = true;
+                self.shared
+                    .faults
+                    .kick_hangups
+                    .fetch_add(1, Ordering::Relaxed);
+                false
+            }
         }
-        false
     }
 }
 
@@ -308,6 +346,7 @@ pub(crate) mod tests {
             stop: AtomicBool::new(false),
             enabled: AtomicBool::new(true),
             call: Mutex::new(None),
+            faults: Default::default(),
         });
         let layout = QueueLayout {
             index: 1,
@@ -364,6 +403,7 @@ pub(crate) mod tests {
                 stop: AtomicBool::new(false),
                 enabled: AtomicBool::new(false),
                 call: Mutex::new(None),
+                faults: Default::default(),
             });
             let idle = Queue::new(space, layout, 0, &mut None, idle, 0).unwrap();
             std::mem::replace(&mut self.q, idle)
@@ -384,7 +424,7 @@ pub(crate) mod tests {
             // SAFETY: `fd` is valid and owned here only.
             let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
             let copy = fd.try_clone().unwrap();
-            *self.q.shared.call.lock().unwrap() = Some(fd);
+            *self.q.shared.call.lock().unwrap() = Some(Arc::new(fd));
             copy
         }
     }
@@ -798,6 +838,7 @@ pub(crate) mod tests {
             stop: AtomicBool::new(false),
             enabled: AtomicBool::new(true),
             call: Mutex::new(None),
+            faults: Default::default(),
         });
         let q = Queue::new(space, layout, 0, &mut None, flags, base).unwrap();
         let (base, stats) = run_blk_worker(q, &disk, || r.used_idx() == 1);

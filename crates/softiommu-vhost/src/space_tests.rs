@@ -443,7 +443,13 @@ fn updates_for_other_pages_never_keep_an_access_past_its_bound() {
 /// asked again. (Before: it grew by every page asked, for the ring's life.)
 #[test]
 fn outstanding_misses_are_capped() {
-    let (s, _) = space_with(64, Duration::from_secs(60));
+    let (s, peer) = space_with_channel(Duration::from_secs(60));
+    // A front-end that reads every miss and answers none.
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut b = [0u8; 4096];
+        while let Ok(1..) = (&peer).read(&mut b) {}
+    });
     let per = REQUEST_PREFETCH_PAGES as u64;
     for k in 0..20u64 {
         let at = UNMAPPED + k * per * PAGE;
@@ -465,7 +471,7 @@ fn outstanding_misses_are_capped() {
 /// Entries older than the bound are dropped as new ones come.
 #[test]
 fn outstanding_misses_older_than_the_bound_are_dropped() {
-    let (s, _) = space_with(64, Duration::from_millis(5));
+    let (s, _peer) = space_with_channel(Duration::from_millis(5));
     s.prefetch(&mut std::iter::once((UNMAPPED, 10 * PAGE)), false);
     assert_eq!(s.miss_state().outstanding.len(), 10);
     std::thread::sleep(Duration::from_millis(20));
