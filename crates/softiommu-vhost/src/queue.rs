@@ -850,4 +850,156 @@ pub(crate) mod tests {
         assert_eq!(stats.requests, 1);
         assert_eq!(stats.ring_faults, 0);
     }
+
+    /// A kick descriptor that hangs up (a pipe whose writer closed: poll
+    /// reports POLLHUP without POLLIN) is dropped and counted once; the
+    /// waits after it sleep their bound instead of returning at once.
+    /// (Before: every wait returned at once, a busy loop per ring.)
+    #[test]
+    fn a_kick_that_hangs_up_is_dropped_counted_and_never_spun_on() {
+        let r = rig(0);
+        let mut fds = [0; 2];
+        // SAFETY: pipe fills two descriptors we own.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors.
+        let (rd, wr) = unsafe {
+            use std::os::fd::FromRawFd;
+            (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+        };
+        drop(wr);
+        let shared = r.q.shared.clone();
+        let mut q = Queue::new(
+            r.q.space().clone(),
+            r.q.ring_layout(),
+            0,
+            &mut Some(rd),
+            shared.clone(),
+            0,
+        )
+        .unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..5 {
+            assert!(!q.wait_kick(Duration::from_millis(20)));
+        }
+        assert!(
+            t.elapsed() >= Duration::from_millis(80),
+            "spun: {:?}",
+            t.elapsed()
+        );
+        assert_eq!(shared.faults.kick_hangups.load(Ordering::Relaxed), 1);
+        assert!(q.kick.is_none());
+    }
+
+    /// A blk request whose status byte cannot be written (its page mapped
+    /// read-only) is not completed — a driver would read whatever the
+    /// byte held — and is served again once it can be. (Before: completed
+    /// with used length 0 and the byte untouched.)
+    #[test]
+    fn a_blk_request_whose_status_cannot_be_written_stays_on_the_ring_until_it_can() {
+        use softiommu_virtio::spec::blk as sb;
+        const HDR: u64 = RINGS + 0x800;
+        const DATA: u64 = RINGS + 0x2000;
+        const STATUS_PAGE: u64 = RINGS + 0x3000;
+        let disk = test_disk("status");
+        let mut r = rig(0);
+        let sp = r.q.space().clone();
+        sp.update(DATA, 0x1000, UA + 0x2000, m::ACCESS_RW).unwrap();
+        sp.update(STATUS_PAGE, 0x1000, UA + 0x3000, m::ACCESS_RO)
+            .unwrap();
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&sb::T_IN.to_le_bytes());
+        r.poke(HDR, &h);
+        r.poke(STATUS_PAGE, &[0xff]);
+        r.desc(0, HDR, 16, d::F_NEXT, 1);
+        r.desc(1, DATA, 512, d::F_NEXT | d::F_WRITE, 2);
+        r.desc(2, STATUS_PAGE, 1, d::F_WRITE, 0);
+        r.offer(0, 0, 1);
+        let q = r.take_queue();
+        let t0 = std::time::Instant::now();
+        let (base, stats) = run_blk_worker(q, &disk, || t0.elapsed() > Duration::from_millis(200));
+        assert_eq!(r.used_idx(), 0, "completed without its status");
+        assert_eq!(r.peek(STATUS_PAGE, 1), [0xff]);
+        assert_eq!(base, 0);
+        assert!(stats.ring_faults >= 1, "{stats:?}");
+        assert_eq!(stats.requests, 0, "{stats:?}");
+        // Writable again: served and completed once, OK.
+        sp.update(STATUS_PAGE, 0x1000, UA + 0x3000, m::ACCESS_RW)
+            .unwrap();
+        let q = fresh_queue(&r, r.q.ring_layout(), base);
+        let (base, stats) = run_blk_worker(q, &disk, || r.used_idx() == 1);
+        assert_eq!((base, r.used_idx()), (1, 1));
+        assert_eq!(r.peek(STATUS_PAGE, 1), [sb::S_OK]);
+        assert_eq!(stats.requests, 1);
+    }
+
+    /// A chain whose descriptor table cannot be read (the page missed and
+    /// the front-end did not answer) is left on the ring, not completed
+    /// with length 0 as a malformed chain is, and served once the table
+    /// is back. (Before: counted as a bad chain and completed, so the
+    /// driver read a stale status.)
+    #[test]
+    fn a_chain_whose_descriptor_table_cannot_be_read_is_left_on_the_ring() {
+        use softiommu_virtio::spec::blk as sb;
+        const HDR: u64 = RINGS + 0x800;
+        const STATUS: u64 = RINGS + 0x900;
+        const DATA: u64 = RINGS + 0x2000;
+        // The descriptor table on a page of its own, not mapped.
+        const TABLE: u64 = RINGS + 0x4000;
+        let disk = test_disk("table");
+        let r = rig(0);
+        let sp = r.q.space().clone();
+        sp.update(DATA, 0x1000, UA + 0x2000, m::ACCESS_RW).unwrap();
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&sb::T_IN.to_le_bytes());
+        r.poke(HDR, &h);
+        r.poke(STATUS, &[0xff]);
+        let at = |i: u64| TABLE + 16 * i;
+        r.poke(at(0), &crate::testing::desc(HDR, 16, d::F_NEXT, 1));
+        r.poke(
+            at(1),
+            &crate::testing::desc(DATA, 512, d::F_NEXT | d::F_WRITE, 2),
+        );
+        r.poke(at(2), &crate::testing::desc(STATUS, 1, d::F_WRITE, 0));
+        r.offer(0, 0, 1);
+        let layout = QueueLayout {
+            desc: TABLE,
+            ..r.q.ring_layout()
+        };
+        let q = Queue::new(sp.clone(), layout, 0, &mut None, r.q.shared.clone(), 0).unwrap();
+        let t0 = std::time::Instant::now();
+        let (base, stats) = run_blk_worker(q, &disk, || t0.elapsed() > Duration::from_millis(200));
+        assert_eq!(r.used_idx(), 0);
+        assert_eq!(base, 0);
+        assert_eq!(stats.bad_chains, 0, "{stats:?}");
+        assert!(stats.ring_faults >= 1, "{stats:?}");
+        sp.update(TABLE, 0x1000, UA + 0x4000, m::ACCESS_RW).unwrap();
+        let q = fresh_queue(&r, layout, base);
+        let (base, stats) = run_blk_worker(q, &disk, || r.used_idx() == 1);
+        assert_eq!((base, r.used_idx()), (1, 1));
+        assert_eq!(r.peek(STATUS, 1), [sb::S_OK]);
+        assert_eq!(stats.requests, 1);
+    }
+
+    /// A one-sector disk image for the blk worker tests.
+    fn test_disk(tag: &str) -> Arc<crate::disk::Disk> {
+        let path =
+            std::env::temp_dir().join(format!("softiommu-vhost-{tag}-{}.img", std::process::id()));
+        std::fs::write(&path, vec![0x3c; 4096]).unwrap();
+        let disk = Arc::new(crate::disk::Disk::open(&path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        disk
+    }
+
+    /// A new enabled queue on the rig's space with `layout`, resumed at `base`.
+    fn fresh_queue(r: &Rig, layout: QueueLayout, base: u16) -> Queue {
+        let space = r.q.space().clone();
+        space.resume();
+        let flags = Arc::new(WorkerShared {
+            stop: AtomicBool::new(false),
+            enabled: AtomicBool::new(true),
+            call: Mutex::new(None),
+            faults: Default::default(),
+        });
+        Queue::new(space, layout, 0, &mut None, flags, base).unwrap()
+    }
 }
