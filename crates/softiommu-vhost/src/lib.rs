@@ -17,7 +17,9 @@
 //!   is the `DeviceDma` the shared request code runs over;
 //! - [`blk`]: virtio-blk on one split ring;
 //! - [`net`]: virtio-net on a receive and a transmit ring, frames on a wire;
-//! - [`session`]: the message handling and the ring lifecycle;
+//! - [`session`]: the message handling and the ring lifecycle; the
+//!   descriptors a front-end hands over are checked for their kind and
+//!   never waited on (the internal `peerfd`);
 //! - [`side`]: the space as a `DmaSide`, so `softiommu-virtio`'s devices
 //!   themselves can run behind a front-end's IOTLB;
 //! - [`peer`]: a smoltcp TCP peer on the net back-end's wire;

@@ -329,6 +329,34 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(2));
     }
 
+    /// A reader that keeps taking a little (so every call makes some
+    /// progress) cannot stretch the send past its one deadline.
+    #[test]
+    fn a_drip_reader_cannot_stretch_a_send_past_its_deadline() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut chunk = [0u8; 64];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = (&b).read(&mut chunk);
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        let big = vec![0u8; 8 << 20];
+        let t = Instant::now();
+        let e = send_all(a.as_raw_fd(), &big, t + Duration::from_millis(100)).unwrap_err();
+        let took = t.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(a);
+        reader.join().unwrap();
+        assert_eq!(e.error.kind(), io::ErrorKind::TimedOut);
+        assert!(took < Duration::from_secs(1), "{took:?}");
+    }
+
     #[test]
     fn a_worker_stuck_in_a_blocking_read_is_interrupted_and_joined() {
         let (r, _w) = pipe();

@@ -655,3 +655,31 @@ fn a_prefetch_over_cached_pages_looks_at_a_bounded_number_of_them() {
     assert_eq!(r, None);
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
+
+/// Without a back-end channel a request's look-ahead asks nothing and
+/// leaves nothing outstanding, so the request does not wait for an
+/// answer that cannot come; its access fails at once with `NoChannel`.
+/// (Before: the pages stayed outstanding and the request slept out the
+/// whole miss bound first.)
+#[test]
+fn without_a_channel_nothing_is_left_outstanding_and_the_access_fails_at_once() {
+    let (s, _) = space_with(64, Duration::from_secs(2));
+    let r = s.prefetch(&mut std::iter::once((UNMAPPED, 4 * PAGE)), false);
+    assert_eq!(r, None);
+    assert!(s.miss_state().outstanding.is_empty());
+    let t = Instant::now();
+    let mut buf = [0u8; 8];
+    let e = s
+        .read_bytes(AddrKind::Buffer, UNMAPPED, &mut buf)
+        .unwrap_err();
+    assert!(
+        matches!(e, AccessError::NoChannel { iova: UNMAPPED, .. }),
+        "{e:?}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(s.miss_state().outstanding.is_empty());
+}
