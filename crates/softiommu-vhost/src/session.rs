@@ -263,7 +263,7 @@ struct Ring {
     call: Option<Arc<OwnedFd>>,
     enabled: bool,
     running: Option<(JoinHandle<u16>, Arc<WorkerShared>)>,
-    /// Its worker did not end when stopped (see [`SessionReport::wedged_rings`]).
+    /// Its worker did not end when stopped (see [`FdStats::wedged_rings`]).
     wedged: bool,
 }
 
