@@ -772,3 +772,104 @@ fn is_get(code: u32) -> bool {
             | req::GET_CONFIG
     )
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::testing;
+
+    /// A device whose next queue thread fails to start when asked to; it
+    /// records whether each queue it was given had a call descriptor.
+    struct Flaky {
+        fail_next: AtomicBool,
+        had_call: Mutex<Vec<bool>>,
+    }
+
+    impl VhostDevice for Flaky {
+        fn features(&self) -> u64 {
+            vf::VERSION_1
+        }
+
+        fn queues(&self) -> u32 {
+            1
+        }
+
+        fn config(&self, _: &mut [u8; CONFIG_MAX]) {}
+
+        fn spawn(&self, _: u32, q: Queue) -> std::io::Result<JoinHandle<u16>> {
+            let call = q.worker_shared().call.lock().unwrap().is_some();
+            self.had_call.lock().unwrap().push(call);
+            if self.fail_next.swap(false, Ordering::Relaxed) {
+                return Err(std::io::Error::other("no thread for you"));
+            }
+            let base = q.last_avail();
+            std::thread::Builder::new().spawn(move || {
+                drop(q);
+                base
+            })
+        }
+    }
+
+    fn eventfd() -> OwnedFd {
+        // SAFETY: plain syscall; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor we own.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    /// A queue thread that cannot be started leaves the ring its call
+    /// descriptor: the next SET_VRING_KICK starts the worker with it.
+    /// (Before: the call was dropped with the failed start, and the ring
+    /// ran without ever signalling the driver.)
+    #[test]
+    fn a_queue_thread_that_cannot_start_leaves_the_ring_its_call() {
+        let dev = Flaky {
+            fail_next: AtomicBool::new(true),
+            had_call: Mutex::new(Vec::new()),
+        };
+        let (fe, be) = UnixStream::pair().unwrap();
+        fe.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let ack = |code: u32, payload: &[u8], fds: &[i32]| -> u64 {
+            testing::send(&fe, code, payload, fds, true).unwrap();
+            let (c, _, p) = testing::recv(&fe).unwrap();
+            assert_eq!(c, code);
+            u64::from_le_bytes(p.try_into().unwrap())
+        };
+        std::thread::scope(|s| {
+            let session = s.spawn(|| serve_device(&dev, be, 64, Duration::from_millis(100)));
+            const UA: u64 = 0x7f00_0000_0000;
+            let (mem, _) = testing::shared_memory(c"flaky", 64 << 10).unwrap();
+            let mut t = vec![0u8; 8 + 32];
+            t[0..4].copy_from_slice(&1u32.to_le_bytes());
+            t[16..24].copy_from_slice(&(64u64 << 10).to_le_bytes());
+            t[24..32].copy_from_slice(&UA.to_le_bytes());
+            assert_eq!(ack(req::SET_MEM_TABLE, &t, &[mem.as_raw_fd()]), 0);
+            assert_eq!(ack(req::SET_VRING_NUM, &(8u64 << 32).to_le_bytes(), &[]), 0);
+            let mut a = vec![0u8; 8];
+            for v in [UA, UA + 0x200, UA + 0x100, 0] {
+                a.extend_from_slice(&v.to_le_bytes());
+            }
+            assert_eq!(ack(req::SET_VRING_ADDR, &a, &[]), 0);
+            let (call, kick1, kick2) = (eventfd(), eventfd(), eventfd());
+            let zero = 0u64.to_le_bytes();
+            assert_eq!(ack(req::SET_VRING_CALL, &zero, &[call.as_raw_fd()]), 0);
+            assert_eq!(ack(req::SET_VRING_KICK, &zero, &[kick1.as_raw_fd()]), 1);
+            assert_eq!(ack(req::SET_VRING_KICK, &zero, &[kick2.as_raw_fd()]), 0);
+            fe.shutdown(std::net::Shutdown::Both).unwrap();
+            let r = session.join().unwrap();
+            assert_eq!(r.rejected_messages, 1);
+            assert!(matches!(
+                r.last_rejection,
+                Some(MsgError::Invalid {
+                    name: "SET_VRING_KICK",
+                    ref what
+                }) if what.contains("cannot start the queue thread")
+            ));
+        });
+        assert_eq!(*dev.had_call.lock().unwrap(), [true, true]);
+    }
+}
