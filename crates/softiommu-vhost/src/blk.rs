@@ -110,8 +110,20 @@ const LOOK_AHEAD: u16 = 4;
 
 /// Asks for every missing page of `chain`: the header and device-read
 /// data, then the device-written data and status. Returns the last page
-/// asked (or still outstanding), to wait for.
+/// asked (or still outstanding), to wait for. A chain past the request
+/// limits (more than `seg_max` data segments or [`MAX_REQUEST_BYTES`] of
+/// data: the request checks refuse it before any data moves) is not
+/// looked at: no scan of a chain that will not be served.
 fn prefetch_chain(space: &crate::space::DmaSpace, chain: &[ChainDesc]) -> Option<u64> {
+    // Header and status besides the data segments.
+    let segs_max = SEG_MAX as usize + 2;
+    let bytes_max = MAX_REQUEST_BYTES + 16 + 1;
+    let bytes = chain
+        .iter()
+        .try_fold(0u64, |t, d| t.checked_add(u64::from(d.len)));
+    if chain.len() > segs_max || bytes.is_none_or(|b| b > bytes_max) {
+        return None;
+    }
     let seg = |d: &ChainDesc| (d.addr, u64::from(d.len));
     let r = space.prefetch(&mut chain.iter().filter(|d| !d.writable).map(seg), false);
     let w = space.prefetch(&mut chain.iter().filter(|d| d.writable).map(seg), true);
@@ -233,17 +245,23 @@ impl Worker {
         r
     }
 
-    /// Serves one chain; returns the used length. Only an aborted access
-    /// (the rings stopping) is an error: a chain the walk refuses (a loop,
-    /// an index past the ring, an indirect descriptor, a readable
-    /// descriptor after a writable one, an unreachable table) is completed
-    /// with length 0 and counted, every other failure completes the
-    /// request.
+    /// Serves one chain; returns the used length. A chain the walk
+    /// refuses for its shape (a loop, an index past the ring, an indirect
+    /// descriptor, a readable descriptor after a writable one) is
+    /// completed with length 0 and counted; a request that fails completes
+    /// with its status (`IOERR`). Not completed — an error, the head given
+    /// back to the ring to be served again after the next kick or poll —
+    /// are a request whose status byte cannot be written (a guest driver
+    /// reads the status byte, not the used length: completing it would
+    /// show whatever the byte held, `OK` for a fresh Linux request) and a
+    /// chain whose descriptor table cannot be read (its status byte is not
+    /// even known), as well as an aborted access (the rings stopping).
     fn serve(&mut self, head: u16) -> Result<u32, DeviceError> {
         let dir = ChainDir::ReadableThenWritable;
         match self.q.walk(head, dir, self.req.chain_mut()) {
             Ok(_) => {}
             Err(e) if is_abort(&e) => return Err(e),
+            Err(e @ DeviceError::DmaFault { .. }) => return Err(e),
             Err(_) => {
                 self.counters.bad_chains.fetch_add(1, Ordering::Relaxed);
                 return Ok(0);
@@ -275,9 +293,18 @@ impl Worker {
                     access,
                 })
             }
-            Err(ServeError::Status { done, .. }) => {
-                self.count(&done);
-                None
+            Err(ServeError::Status { iova, fault, .. }) => {
+                // Served again after a kick: a read reads the same sectors
+                // into the same buffers, a write writes the same data (the
+                // driver has not seen it complete; its buffers are still
+                // the device's, virtio 1.2 §2.7.13).
+                return Err(DeviceError::DmaFault {
+                    queue: 0,
+                    what: "status byte",
+                    iova,
+                    access: softiommu::hw::Access::Write,
+                    reason: fault.to_string(),
+                });
             }
         };
         Ok(done.map_or(0, |d| {

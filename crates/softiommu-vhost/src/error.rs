@@ -98,6 +98,25 @@ pub enum AccessError {
         /// Why.
         reason: String,
     },
+    /// The front-end did not read the back-end channel within the miss
+    /// bound: the miss was not sent (nothing of it), the channel stays.
+    #[error("cannot ask the front-end for iova {iova:#x}: the back-end channel stayed full for {waited_ms} ms")]
+    ChannelFull {
+        /// The first IOVA not asked.
+        iova: u64,
+        /// How long the send waited.
+        waited_ms: u64,
+    },
+    /// The back-end channel was given up (a miss went out in part, or the
+    /// socket failed): every miss fails so at once until the front-end
+    /// sends a new one (`SET_BACKEND_REQ_FD`).
+    #[error("cannot ask the front-end for iova {iova:#x}: back-end channel broken ({reason})")]
+    ChannelBroken {
+        /// The IOVA.
+        iova: u64,
+        /// What broke it.
+        reason: String,
+    },
     /// The data transfer between the backing file and guest memory failed.
     #[error("backing file I/O failed: {0}")]
     Io(String),
@@ -128,6 +147,15 @@ pub enum MsgError {
         /// Descriptors expected.
         want: usize,
     },
+    /// A descriptor of the wrong kind: a kick or call that is not an
+    /// eventfd, a back-end channel that is not an `AF_UNIX` stream socket.
+    #[error("{name}: {reason}")]
+    BadFdKind {
+        /// The request's name.
+        name: &'static str,
+        /// What the descriptor is.
+        reason: String,
+    },
     /// A queue index past the queues this device has.
     #[error("{name}: queue {index} (the device has {queues})")]
     BadQueue {
@@ -155,6 +183,28 @@ pub enum MsgError {
     /// An IOTLB message the device IOTLB refused.
     #[error(transparent)]
     Iotlb(#[from] IotlbError),
+    /// A region's descriptor is not a file sealed against shrinking
+    /// (`F_SEAL_SHRINK`): one the front-end could truncate under the
+    /// mapping, so that an access would raise `SIGBUS`.
+    #[error("SET_MEM_TABLE: region {index}: {reason}")]
+    RegionUnsealed {
+        /// The region's index in the table.
+        index: usize,
+        /// What the descriptor is or lacks.
+        reason: String,
+    },
+    /// A region (`mmap_offset + memory_size`) runs past the end of its file.
+    #[error(
+        "SET_MEM_TABLE: region {index} ends at {end:#x}, past its file's {file_size:#x} bytes"
+    )]
+    RegionPastFile {
+        /// The region's index in the table.
+        index: usize,
+        /// Where the region ends in the file.
+        end: u64,
+        /// The file's size.
+        file_size: u64,
+    },
     /// A shared memory region could not be mapped.
     #[error("SET_MEM_TABLE: mapping region {index} failed: {reason}")]
     Map {

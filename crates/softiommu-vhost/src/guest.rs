@@ -587,6 +587,7 @@ mod tests {
             last_rejection: None,
             acked_features: 0,
             session_cpu_ns: 10,
+            fds: Default::default(),
         }
     }
 

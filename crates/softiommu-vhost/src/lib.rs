@@ -17,7 +17,9 @@
 //!   is the `DeviceDma` the shared request code runs over;
 //! - [`blk`]: virtio-blk on one split ring;
 //! - [`net`]: virtio-net on a receive and a transmit ring, frames on a wire;
-//! - [`session`]: the message handling and the ring lifecycle;
+//! - [`session`]: the message handling and the ring lifecycle; the
+//!   descriptors a front-end hands over are checked for their kind and
+//!   never waited on (the internal `peerfd`);
 //! - [`side`]: the space as a `DmaSide`, so `softiommu-virtio`'s devices
 //!   themselves can run behind a front-end's IOTLB;
 //! - [`peer`]: a smoltcp TCP peer on the net back-end's wire;
@@ -38,6 +40,7 @@ pub(crate) mod memtable;
 pub mod net;
 pub(crate) mod pagecache;
 pub mod peer;
+pub(crate) mod peerfd;
 pub mod proto;
 pub(crate) mod queue;
 pub(crate) mod readers;
@@ -54,5 +57,5 @@ pub(crate) mod wire;
 pub use blk::BlkStats;
 pub use error::{AccessError, ConfigError, IotlbError, MsgError, SessionError};
 pub use net::{NetBackend, NetBackendConfig, NetStats};
-pub use session::{BlkBackend, BlkBackendConfig, SessionEnd, SessionReport};
+pub use session::{BlkBackend, BlkBackendConfig, FdStats, SessionEnd, SessionReport};
 pub use space::{DmaSpace, IotlbStats};

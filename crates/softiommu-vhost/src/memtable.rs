@@ -38,6 +38,67 @@ impl Drop for Region {
     }
 }
 
+/// Refuses a region's descriptor unless touching any byte of its
+/// mapping (`[0, end)` of the file) can never fault: it must be a regular
+/// file sealed against shrinking (`F_SEAL_SHRINK`, as QEMU's
+/// `memory-backend-memfd` seals by default) and, the seal taken, at least
+/// `end` bytes long. A mapping past the end of a file, or of a file
+/// truncated later, raises `SIGBUS` on access, which would kill the
+/// back-end; an unsealed file (or one on a file system that cannot be
+/// sealed, such as FUSE, whose page faults the front-end could also stall)
+/// could be truncated at any time.
+fn check_region_fd(index: usize, fd: &OwnedFd, end: u64) -> Result<(), MsgError> {
+    // SAFETY: fstat into a zeroed stat of a descriptor we hold.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(MsgError::RegionUnsealed {
+            index,
+            reason: format!("fstat: {}", std::io::Error::last_os_error()),
+        });
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(MsgError::RegionUnsealed {
+            index,
+            reason: format!("not a regular file (mode {:#o})", st.st_mode),
+        });
+    }
+    // SAFETY: F_GET_SEALS on a descriptor we hold; the result checked.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err(MsgError::RegionUnsealed {
+            index,
+            reason: format!(
+                "the file cannot be sealed ({}): not a memfd",
+                std::io::Error::last_os_error()
+            ),
+        });
+    }
+    if seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(MsgError::RegionUnsealed {
+            index,
+            reason: format!("seals {seals:#x} lack F_SEAL_SHRINK"),
+        });
+    }
+    // Sealed: the size read now can only grow.
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(MsgError::RegionUnsealed {
+            index,
+            reason: format!("fstat: {}", std::io::Error::last_os_error()),
+        });
+    }
+    let file_size = u64::try_from(st.st_size).unwrap_or(0);
+    if end > file_size {
+        return Err(MsgError::RegionPastFile {
+            index,
+            end,
+            file_size,
+        });
+    }
+    Ok(())
+}
+
 /// Which address space an address is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Space {
@@ -105,6 +166,7 @@ impl MemTable {
                         "region {i}: offset {offset:#x} + size {size:#x} overflows"
                     ))
                 })?;
+            check_region_fd(i, fd, map_len as u64)?;
             // SAFETY: a fresh shared mapping of the descriptor; checked below.
             let base = unsafe {
                 libc::mmap(

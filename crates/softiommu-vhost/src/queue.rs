@@ -8,7 +8,7 @@
 //! (an eventfd it writes), and the stop and enable flags the session sets.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +22,22 @@ use crate::space::{AddrKind, DmaSpace};
 pub(crate) struct WorkerShared {
     pub(crate) stop: AtomicBool,
     pub(crate) enabled: AtomicBool,
-    pub(crate) call: Mutex<Option<OwnedFd>>,
+    /// The call eventfd; the worker clones the `Arc` and signals without
+    /// holding the lock, so `SET_VRING_CALL` never waits for a signal.
+    pub(crate) call: Mutex<Option<Arc<OwnedFd>>>,
+    /// The session's counts of what the front-end's descriptors did.
+    pub(crate) faults: Arc<FdFaults>,
+}
+
+/// What the front-end's kick and call descriptors did that a device
+/// must not wait for (counted per session).
+#[derive(Debug, Default)]
+pub(crate) struct FdFaults {
+    /// Signals not delivered because the call eventfd's counter was full
+    /// (the driver is signalled already) or the write failed.
+    pub(crate) call_dropped: AtomicU64,
+    /// Kick descriptors dropped because they reported hang-up or an error.
+    pub(crate) kick_hangups: AtomicU64,
 }
 
 /// Whether a ring error is the device's being stopped (a cancelled miss):
@@ -60,6 +75,8 @@ pub(crate) struct Queue {
     /// to the ring if the worker stops with it still here (see
     /// [`Queue::finish`]).
     pending_used: Option<(u16, u32)>,
+    /// The kick descriptor hung up and was dropped.
+    kick_dead: bool,
 }
 
 impl Queue {
@@ -84,6 +101,7 @@ impl Queue {
             shared,
             pending_signal: 0,
             pending_used: None,
+            kick_dead: false,
         })
     }
 
@@ -226,40 +244,60 @@ impl Queue {
         }
         let wanted = self.ring.interrupt_wanted(&self.rings);
         if wanted.as_ref().map_or(true, |w| *w) {
-            let call = self.shared.call.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(c) = call.as_ref() {
-                let v = 1u64;
-                // SAFETY: writes 8 bytes to the eventfd. It fails only if
-                // the counter is at its maximum, when the driver is
-                // signalled already.
-                unsafe { libc::write(c.as_raw_fd(), (&v as *const u64).cast(), 8) };
+            let call = self
+                .shared
+                .call
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(c) = call {
+                // Never waits: a counter at its maximum means the driver
+                // is signalled already.
+                if !matches!(crate::peerfd::signal_eventfd(c.as_raw_fd()), Ok(true)) {
+                    self.shared
+                        .faults
+                        .call_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         self.pending_signal = 0;
         wanted.map(|_| ())
     }
 
-    /// Waits up to `max` for a kick; returns whether one came.
-    pub(crate) fn wait_kick(&self, max: Duration) -> bool {
+    /// Waits up to `max` for a kick; returns whether one came. A kick
+    /// descriptor that reports hang-up or an error is dropped, counted and
+    /// reported once: from then on the ring is served at the pace of the
+    /// bound (each wait sleeps `max`) until a new `SET_VRING_KICK`, never
+    /// in a busy loop.
+    pub(crate) fn wait_kick(&mut self, max: Duration) -> bool {
         let Some(k) = &self.kick else {
-            std::thread::sleep(max.min(Duration::from_millis(1)));
+            let nap = if self.kick_dead {
+                max
+            } else {
+                max.min(Duration::from_millis(1))
+            };
+            std::thread::sleep(nap);
             return false;
         };
-        let mut p = libc::pollfd {
-            fd: k.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = max.as_millis().clamp(0, 1000) as i32;
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, ms) };
-        if n > 0 && p.revents & libc::POLLIN != 0 {
-            let mut v = 0u64;
-            // SAFETY: reads 8 bytes into v from the eventfd.
-            unsafe { libc::read(k.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-            return true;
+        match crate::peerfd::wait_eventfd(k.as_raw_fd(), max) {
+            crate::peerfd::Kick::Kicked => true,
+            crate::peerfd::Kick::Quiet => false,
+            crate::peerfd::Kick::Dead(revents) => {
+                eprintln!(
+                    "softiommu-vhost: queue {}: kick descriptor reports {revents:#x} \
+                     (hang-up or error): dropped, the ring polled every {max:?}",
+                    self.ring.layout().index
+                );
+                self.kick = None;
+                self.kick_dead = true;
+                self.shared
+                    .faults
+                    .kick_hangups
+                    .fetch_add(1, Ordering::Relaxed);
+                false
+            }
         }
-        false
     }
 }
 
@@ -308,6 +346,7 @@ pub(crate) mod tests {
             stop: AtomicBool::new(false),
             enabled: AtomicBool::new(true),
             call: Mutex::new(None),
+            faults: Default::default(),
         });
         let layout = QueueLayout {
             index: 1,
@@ -364,6 +403,7 @@ pub(crate) mod tests {
                 stop: AtomicBool::new(false),
                 enabled: AtomicBool::new(false),
                 call: Mutex::new(None),
+                faults: Default::default(),
             });
             let idle = Queue::new(space, layout, 0, &mut None, idle, 0).unwrap();
             std::mem::replace(&mut self.q, idle)
@@ -384,7 +424,7 @@ pub(crate) mod tests {
             // SAFETY: `fd` is valid and owned here only.
             let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
             let copy = fd.try_clone().unwrap();
-            *self.q.shared.call.lock().unwrap() = Some(fd);
+            *self.q.shared.call.lock().unwrap() = Some(Arc::new(fd));
             copy
         }
     }
@@ -798,6 +838,7 @@ pub(crate) mod tests {
             stop: AtomicBool::new(false),
             enabled: AtomicBool::new(true),
             call: Mutex::new(None),
+            faults: Default::default(),
         });
         let q = Queue::new(space, layout, 0, &mut None, flags, base).unwrap();
         let (base, stats) = run_blk_worker(q, &disk, || r.used_idx() == 1);
@@ -808,5 +849,157 @@ pub(crate) mod tests {
         assert_eq!(r.peek(DATA, 512), image[512..1024]);
         assert_eq!(stats.requests, 1);
         assert_eq!(stats.ring_faults, 0);
+    }
+
+    /// A kick descriptor that hangs up (a pipe whose writer closed: poll
+    /// reports POLLHUP without POLLIN) is dropped and counted once; the
+    /// waits after it sleep their bound instead of returning at once.
+    /// (Before: every wait returned at once, a busy loop per ring.)
+    #[test]
+    fn a_kick_that_hangs_up_is_dropped_counted_and_never_spun_on() {
+        let r = rig(0);
+        let mut fds = [0; 2];
+        // SAFETY: pipe fills two descriptors we own.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors.
+        let (rd, wr) = unsafe {
+            use std::os::fd::FromRawFd;
+            (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+        };
+        drop(wr);
+        let shared = r.q.shared.clone();
+        let mut q = Queue::new(
+            r.q.space().clone(),
+            r.q.ring_layout(),
+            0,
+            &mut Some(rd),
+            shared.clone(),
+            0,
+        )
+        .unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..5 {
+            assert!(!q.wait_kick(Duration::from_millis(20)));
+        }
+        assert!(
+            t.elapsed() >= Duration::from_millis(80),
+            "spun: {:?}",
+            t.elapsed()
+        );
+        assert_eq!(shared.faults.kick_hangups.load(Ordering::Relaxed), 1);
+        assert!(q.kick.is_none());
+    }
+
+    /// A blk request whose status byte cannot be written (its page mapped
+    /// read-only) is not completed — a driver would read whatever the
+    /// byte held — and is served again once it can be. (Before: completed
+    /// with used length 0 and the byte untouched.)
+    #[test]
+    fn a_blk_request_whose_status_cannot_be_written_stays_on_the_ring_until_it_can() {
+        use softiommu_virtio::spec::blk as sb;
+        const HDR: u64 = RINGS + 0x800;
+        const DATA: u64 = RINGS + 0x2000;
+        const STATUS_PAGE: u64 = RINGS + 0x3000;
+        let disk = test_disk("status");
+        let mut r = rig(0);
+        let sp = r.q.space().clone();
+        sp.update(DATA, 0x1000, UA + 0x2000, m::ACCESS_RW).unwrap();
+        sp.update(STATUS_PAGE, 0x1000, UA + 0x3000, m::ACCESS_RO)
+            .unwrap();
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&sb::T_IN.to_le_bytes());
+        r.poke(HDR, &h);
+        r.poke(STATUS_PAGE, &[0xff]);
+        r.desc(0, HDR, 16, d::F_NEXT, 1);
+        r.desc(1, DATA, 512, d::F_NEXT | d::F_WRITE, 2);
+        r.desc(2, STATUS_PAGE, 1, d::F_WRITE, 0);
+        r.offer(0, 0, 1);
+        let q = r.take_queue();
+        let t0 = std::time::Instant::now();
+        let (base, stats) = run_blk_worker(q, &disk, || t0.elapsed() > Duration::from_millis(200));
+        assert_eq!(r.used_idx(), 0, "completed without its status");
+        assert_eq!(r.peek(STATUS_PAGE, 1), [0xff]);
+        assert_eq!(base, 0);
+        assert!(stats.ring_faults >= 1, "{stats:?}");
+        assert_eq!(stats.requests, 0, "{stats:?}");
+        // Writable again: served and completed once, OK.
+        sp.update(STATUS_PAGE, 0x1000, UA + 0x3000, m::ACCESS_RW)
+            .unwrap();
+        let q = fresh_queue(&r, r.q.ring_layout(), base);
+        let (base, stats) = run_blk_worker(q, &disk, || r.used_idx() == 1);
+        assert_eq!((base, r.used_idx()), (1, 1));
+        assert_eq!(r.peek(STATUS_PAGE, 1), [sb::S_OK]);
+        assert_eq!(stats.requests, 1);
+    }
+
+    /// A chain whose descriptor table cannot be read (the page missed and
+    /// the front-end did not answer) is left on the ring, not completed
+    /// with length 0 as a malformed chain is, and served once the table
+    /// is back. (Before: counted as a bad chain and completed, so the
+    /// driver read a stale status.)
+    #[test]
+    fn a_chain_whose_descriptor_table_cannot_be_read_is_left_on_the_ring() {
+        use softiommu_virtio::spec::blk as sb;
+        const HDR: u64 = RINGS + 0x800;
+        const STATUS: u64 = RINGS + 0x900;
+        const DATA: u64 = RINGS + 0x2000;
+        // The descriptor table on a page of its own, not mapped.
+        const TABLE: u64 = RINGS + 0x4000;
+        let disk = test_disk("table");
+        let r = rig(0);
+        let sp = r.q.space().clone();
+        sp.update(DATA, 0x1000, UA + 0x2000, m::ACCESS_RW).unwrap();
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&sb::T_IN.to_le_bytes());
+        r.poke(HDR, &h);
+        r.poke(STATUS, &[0xff]);
+        let at = |i: u64| TABLE + 16 * i;
+        r.poke(at(0), &crate::testing::desc(HDR, 16, d::F_NEXT, 1));
+        r.poke(
+            at(1),
+            &crate::testing::desc(DATA, 512, d::F_NEXT | d::F_WRITE, 2),
+        );
+        r.poke(at(2), &crate::testing::desc(STATUS, 1, d::F_WRITE, 0));
+        r.offer(0, 0, 1);
+        let layout = QueueLayout {
+            desc: TABLE,
+            ..r.q.ring_layout()
+        };
+        let q = Queue::new(sp.clone(), layout, 0, &mut None, r.q.shared.clone(), 0).unwrap();
+        let t0 = std::time::Instant::now();
+        let (base, stats) = run_blk_worker(q, &disk, || t0.elapsed() > Duration::from_millis(200));
+        assert_eq!(r.used_idx(), 0);
+        assert_eq!(base, 0);
+        assert_eq!(stats.bad_chains, 0, "{stats:?}");
+        assert!(stats.ring_faults >= 1, "{stats:?}");
+        sp.update(TABLE, 0x1000, UA + 0x4000, m::ACCESS_RW).unwrap();
+        let q = fresh_queue(&r, layout, base);
+        let (base, stats) = run_blk_worker(q, &disk, || r.used_idx() == 1);
+        assert_eq!((base, r.used_idx()), (1, 1));
+        assert_eq!(r.peek(STATUS, 1), [sb::S_OK]);
+        assert_eq!(stats.requests, 1);
+    }
+
+    /// A one-sector disk image for the blk worker tests.
+    fn test_disk(tag: &str) -> Arc<crate::disk::Disk> {
+        let path =
+            std::env::temp_dir().join(format!("softiommu-vhost-{tag}-{}.img", std::process::id()));
+        std::fs::write(&path, vec![0x3c; 4096]).unwrap();
+        let disk = Arc::new(crate::disk::Disk::open(&path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        disk
+    }
+
+    /// A new enabled queue on the rig's space with `layout`, resumed at `base`.
+    fn fresh_queue(r: &Rig, layout: QueueLayout, base: u16) -> Queue {
+        let space = r.q.space().clone();
+        space.resume();
+        let flags = Arc::new(WorkerShared {
+            stop: AtomicBool::new(false),
+            enabled: AtomicBool::new(true),
+            call: Mutex::new(None),
+            faults: Default::default(),
+        });
+        Queue::new(space, layout, 0, &mut None, flags, base).unwrap()
     }
 }

@@ -23,7 +23,7 @@ use crate::error::{ConfigError, MsgError, SessionError};
 use crate::memtable::MemTable;
 use crate::net::NetStats;
 use crate::proto::{self, iotlb as m, pf, req, vf, FLAG_NEED_REPLY};
-use crate::queue::{Queue, WorkerShared};
+use crate::queue::{FdFaults, Queue, WorkerShared};
 use crate::space::{DmaSpace, IotlbStats};
 use crate::wire::{self, Msg};
 
@@ -115,6 +115,24 @@ pub struct SessionReport {
     /// CPU time of the session's message handling, nanoseconds (the
     /// queue threads' is in `blk.worker_cpu_ns`).
     pub session_cpu_ns: u64,
+    /// What the front-end's descriptors did that the back-end would not wait for.
+    pub fds: FdStats,
+}
+
+/// What a front-end's kick and call descriptors did that the back-end
+/// would not wait for, and what a stop could not finish.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FdStats {
+    /// Signals the back-end could not deliver without waiting: the call
+    /// eventfd's counter was full (the driver was signalled already).
+    pub call_dropped: u64,
+    /// Kick descriptors dropped because they reported hang-up or an
+    /// error (the ring then polled at the kick bound, never spun).
+    pub kick_hangups: u64,
+    /// Queue threads that did not end within their bound when stopped,
+    /// even interrupted: left behind, their ring never started again in
+    /// the session.
+    pub wedged_rings: u64,
 }
 
 /// A vhost-user-blk back-end over one disk; serves sessions one at a time.
@@ -212,6 +230,10 @@ pub(crate) fn serve_device(
         rings: (0..dev.queues()).map(|_| Ring::default()).collect(),
         rejected: 0,
         last_rejection: None,
+        faults: Arc::new(FdFaults::default()),
+        ran: false,
+        wedged: 0,
+        join_bound: miss_timeout + Duration::from_secs(1),
     };
     let end = s.run();
     s.stop_all();
@@ -224,6 +246,11 @@ pub(crate) fn serve_device(
         last_rejection: s.last_rejection,
         acked_features: s.acked,
         session_cpu_ns: crate::blk::thread_cpu_ns().saturating_sub(cpu0),
+        fds: FdStats {
+            call_dropped: s.faults.call_dropped.load(Ordering::Relaxed),
+            kick_hangups: s.faults.kick_hangups.load(Ordering::Relaxed),
+            wedged_rings: s.wedged,
+        },
     }
 }
 
@@ -233,9 +260,11 @@ struct Ring {
     addrs: Option<(u64, u64, u64)>,
     base: u16,
     kick: Option<Option<OwnedFd>>,
-    call: Option<OwnedFd>,
+    call: Option<Arc<OwnedFd>>,
     enabled: bool,
     running: Option<(JoinHandle<u16>, Arc<WorkerShared>)>,
+    /// Its worker did not end when stopped (see [`FdStats::wedged_rings`]).
+    wedged: bool,
 }
 
 struct Session<'a> {
@@ -247,6 +276,22 @@ struct Session<'a> {
     rings: Vec<Ring>,
     rejected: u64,
     last_rejection: Option<MsgError>,
+    faults: Arc<FdFaults>,
+    /// A ring has run since the session began (a later start after every
+    /// ring stopped drops what the IOTLB took meanwhile).
+    ran: bool,
+    wedged: u64,
+    /// How long a stopped worker has to end before it is interrupted.
+    join_bound: Duration,
+}
+
+/// Checks that a front-end's descriptor is of the kind `name` needs.
+fn fd_kind(
+    name: &'static str,
+    fd: &OwnedFd,
+    check: fn(&OwnedFd) -> Result<(), String>,
+) -> Result<(), MsgError> {
+    check(fd).map_err(|reason| MsgError::BadFdKind { name, reason })
 }
 
 fn u64_of(name: &'static str, p: &[u8]) -> Result<u64, MsgError> {
@@ -296,7 +341,11 @@ impl Session<'_> {
                 Ok(Some(payload)) => wire::reply(self.sock, code, payload),
                 Ok(None) if need => wire::reply(self.sock, code, &0u64.to_le_bytes()),
                 Ok(None) => Ok(()),
-                Err(_) if need || is_get(code) => wire::reply(self.sock, code, &1u64.to_le_bytes()),
+                // A refused GET_* is answered with an empty payload: QEMU
+                // checks each reply's size and reports the request failed
+                // (a u64 1 would read as features 1 or vring base 0).
+                Err(_) if is_get(code) => wire::reply(self.sock, code, &[]),
+                Err(_) if need => wire::reply(self.sock, code, &1u64.to_le_bytes()),
                 Err(_) => Ok(()),
             };
             if let Err(e) = r {
@@ -354,6 +403,15 @@ impl Session<'_> {
                         what: format!("features {:#x} not offered", f & !offered),
                     });
                 }
+                let running = self.rings.iter().any(|r| r.running.is_some());
+                if running && (f ^ self.acked) & vf::ACCESS_PLATFORM != 0 {
+                    // The rings translate through the IOTLB or not: that
+                    // cannot change under a running worker.
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: "ACCESS_PLATFORM changed while a ring runs".into(),
+                    });
+                }
                 self.acked = f;
                 self.space.set_iommu(f & vf::ACCESS_PLATFORM != 0);
                 Ok(None)
@@ -362,7 +420,10 @@ impl Session<'_> {
             req::RESET_OWNER | req::RESET_DEVICE => {
                 self.stop_all();
                 for r in &mut self.rings {
-                    *r = Ring::default();
+                    *r = Ring {
+                        wedged: r.wedged,
+                        ..Ring::default()
+                    };
                 }
                 self.acked = 0;
                 self.space.set_iommu(false);
@@ -390,8 +451,9 @@ impl Session<'_> {
                         want: 1,
                     });
                 }
-                self.space
-                    .set_channel(Some(UnixStream::from(fds.remove(0))));
+                let fd = fds.remove(0);
+                fd_kind(name, &fd, crate::peerfd::check_unix_stream)?;
+                self.space.set_channel(Some(UnixStream::from(fd)));
                 Ok(None)
             }
             req::SET_MEM_TABLE => {
@@ -466,16 +528,27 @@ impl Session<'_> {
                     });
                 }
                 let fd = fds.pop();
+                if let (Some(fd), req::SET_VRING_KICK | req::SET_VRING_CALL) = (&fd, request) {
+                    fd_kind(name, fd, crate::peerfd::check_eventfd)?;
+                }
                 match request {
                     req::SET_VRING_KICK => {
+                        // Everything checked before the running ring is
+                        // touched: a refusal leaves it running as it was.
+                        self.check_start(q)?;
                         self.stop_ring(q);
                         self.rings[q].kick = Some(fd);
                         self.start_ring(q)?;
                     }
-                    req::SET_VRING_CALL => match &self.rings[q].running {
-                        Some((_, sh)) => *sh.call.lock().unwrap_or_else(|p| p.into_inner()) = fd,
-                        None => self.rings[q].call = fd,
-                    },
+                    req::SET_VRING_CALL => {
+                        let fd = fd.map(Arc::new);
+                        match &self.rings[q].running {
+                            Some((_, sh)) => {
+                                *sh.call.lock().unwrap_or_else(|p| p.into_inner()) = fd
+                            }
+                            None => self.rings[q].call = fd,
+                        }
+                    }
                     _ => {}
                 }
                 Ok(None)
@@ -538,31 +611,74 @@ impl Session<'_> {
         Ok(Some(out))
     }
 
-    /// Starts ring `q`'s worker once the ring has everything it needs.
-    fn start_ring(&mut self, q: usize) -> Result<(), MsgError> {
-        let r = &mut self.rings[q];
-        let (Some((desc, avail, used)), Some(kick)) = (r.addrs, r.kick.as_mut()) else {
+    /// Refuses, before anything changes, a `SET_VRING_KICK` that would
+    /// start ring `q` with what it cannot run on: no size, no memory, a
+    /// layout the split ring refuses, or a ring whose worker never ended.
+    fn check_start(&self, q: usize) -> Result<(), MsgError> {
+        let name = "SET_VRING_KICK";
+        let r = &self.rings[q];
+        if r.wedged {
+            return Err(MsgError::Invalid {
+                name,
+                what: format!("queue {q}'s thread did not end when stopped"),
+            });
+        }
+        let Some((desc, avail, used)) = r.addrs else {
             return Ok(());
         };
         if r.num == 0 {
             return Err(MsgError::Invalid {
-                name: "SET_VRING_KICK",
+                name,
                 what: "ring started before SET_VRING_NUM".into(),
             });
         }
         if !self.space.has_memory() {
             return Err(MsgError::Invalid {
-                name: "SET_VRING_KICK",
+                name,
                 what: "ring started before SET_MEM_TABLE".into(),
             });
         }
+        let layout = QueueLayout {
+            index: q as u16,
+            size: r.num,
+            desc,
+            avail,
+            used,
+        };
+        softiommu_virtio::transport::DeviceQueue::new(layout, self.acked).map_err(|e| {
+            MsgError::Invalid {
+                name,
+                what: format!("the ring cannot start: {e}"),
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Starts ring `q`'s worker once the ring has everything it needs
+    /// ([`Session::check_start`] passed). The first start after every
+    /// ring stopped drops what the IOTLB took while none ran (a late
+    /// answer to a miss the stop cancelled — an identity entry QEMU gave
+    /// the firmware — must not outlive the stop).
+    fn start_ring(&mut self, q: usize) -> Result<(), MsgError> {
+        let r = &self.rings[q];
+        let (Some((desc, avail, used)), Some(_)) = (r.addrs, r.kick.as_ref()) else {
+            return Ok(());
+        };
+        if self.ran && self.rings.iter().all(|r| r.running.is_none()) {
+            self.space.flush();
+        }
+        let r = &mut self.rings[q];
+        let kick = r.kick.as_mut().expect("checked above");
         // Without protocol features a ring starts enabled (vhost-user.rst, "Ring states").
         let enabled = r.enabled || self.acked & vf::PROTOCOL_FEATURES == 0;
         let shared = Arc::new(WorkerShared {
             stop: AtomicBool::new(false),
             enabled: AtomicBool::new(enabled),
             call: Mutex::new(r.call.take()),
+            faults: self.faults.clone(),
         });
+        // A copy of the kick, to give the ring back if the thread cannot start.
+        let kick_copy = kick.as_ref().and_then(|k| k.try_clone().ok());
         let queue = Queue::new(
             self.space.clone(),
             QueueLayout {
@@ -580,8 +696,8 @@ impl Session<'_> {
         let queue = match queue {
             Ok(queue) => queue,
             Err(e) => {
-                // Refused before anything started: the ring keeps its call
-                // for a corrected SET_VRING_ADDR and SET_VRING_KICK.
+                // Refused before anything started (check_start makes the
+                // same check): the ring keeps its call.
                 r.call = shared.call.lock().unwrap_or_else(|p| p.into_inner()).take();
                 return Err(MsgError::Invalid {
                     name: "SET_VRING_KICK",
@@ -590,26 +706,44 @@ impl Session<'_> {
             }
         };
         self.space.resume();
-        let h = self
-            .dev
-            .spawn(q as u32, queue)
-            .map_err(|e| MsgError::Invalid {
-                name: "SET_VRING_KICK",
-                what: format!("cannot start the queue thread: {e}"),
-            })?;
-        self.rings[q].running = Some((h, shared));
-        Ok(())
+        match self.dev.spawn(q as u32, queue) {
+            Ok(h) => {
+                self.rings[q].running = Some((h, shared));
+                self.ran = true;
+                Ok(())
+            }
+            Err(e) => {
+                // The ring keeps its call and kick for a later SET_VRING_KICK.
+                let r = &mut self.rings[q];
+                r.call = shared.call.lock().unwrap_or_else(|p| p.into_inner()).take();
+                r.kick = Some(kick_copy);
+                Err(MsgError::Invalid {
+                    name: "SET_VRING_KICK",
+                    what: format!("cannot start the queue thread: {e}"),
+                })
+            }
+        }
     }
 
     /// Stops ring `q`'s worker (waiting misses cancelled), keeps its avail
     /// index as the ring's base, and drops the device IOTLB. Another ring's
-    /// worker whose miss was cancelled meanwhile retries it.
+    /// worker whose miss was cancelled meanwhile retries it. The join is
+    /// bounded ([`crate::peerfd::join_bounded`]): a worker that does not
+    /// end even interrupted is left behind, its ring wedged (its base kept
+    /// as it was, never started again in this session).
     fn stop_ring(&mut self, q: usize) {
         if let Some((h, shared)) = self.rings[q].running.take() {
             shared.stop.store(true, Ordering::Release);
             self.space.cancel();
-            match h.join() {
-                Ok(last) => self.rings[q].base = last,
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::peerfd::join_bounded(h, self.join_bound)
+            })) {
+                Ok(Ok(last)) => self.rings[q].base = last,
+                Ok(Err(_left)) => {
+                    eprintln!("softiommu-vhost: queue {q}'s thread did not stop; left behind");
+                    self.rings[q].wedged = true;
+                    self.wedged += 1;
+                }
                 Err(_) => eprintln!("softiommu-vhost: queue thread panicked"),
             }
             self.rings[q].call = shared.call.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -637,4 +771,105 @@ fn is_get(code: u32) -> bool {
             | req::GET_VRING_BASE
             | req::GET_CONFIG
     )
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::testing;
+
+    /// A device whose next queue thread fails to start when asked to; it
+    /// records whether each queue it was given had a call descriptor.
+    struct Flaky {
+        fail_next: AtomicBool,
+        had_call: Mutex<Vec<bool>>,
+    }
+
+    impl VhostDevice for Flaky {
+        fn features(&self) -> u64 {
+            vf::VERSION_1
+        }
+
+        fn queues(&self) -> u32 {
+            1
+        }
+
+        fn config(&self, _: &mut [u8; CONFIG_MAX]) {}
+
+        fn spawn(&self, _: u32, q: Queue) -> std::io::Result<JoinHandle<u16>> {
+            let call = q.worker_shared().call.lock().unwrap().is_some();
+            self.had_call.lock().unwrap().push(call);
+            if self.fail_next.swap(false, Ordering::Relaxed) {
+                return Err(std::io::Error::other("no thread for you"));
+            }
+            let base = q.last_avail();
+            std::thread::Builder::new().spawn(move || {
+                drop(q);
+                base
+            })
+        }
+    }
+
+    fn eventfd() -> OwnedFd {
+        // SAFETY: plain syscall; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor we own.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    /// A queue thread that cannot be started leaves the ring its call
+    /// descriptor: the next SET_VRING_KICK starts the worker with it.
+    /// (Before: the call was dropped with the failed start, and the ring
+    /// ran without ever signalling the driver.)
+    #[test]
+    fn a_queue_thread_that_cannot_start_leaves_the_ring_its_call() {
+        let dev = Flaky {
+            fail_next: AtomicBool::new(true),
+            had_call: Mutex::new(Vec::new()),
+        };
+        let (fe, be) = UnixStream::pair().unwrap();
+        fe.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let ack = |code: u32, payload: &[u8], fds: &[i32]| -> u64 {
+            testing::send(&fe, code, payload, fds, true).unwrap();
+            let (c, _, p) = testing::recv(&fe).unwrap();
+            assert_eq!(c, code);
+            u64::from_le_bytes(p.try_into().unwrap())
+        };
+        std::thread::scope(|s| {
+            let session = s.spawn(|| serve_device(&dev, be, 64, Duration::from_millis(100)));
+            const UA: u64 = 0x7f00_0000_0000;
+            let (mem, _) = testing::shared_memory(c"flaky", 64 << 10).unwrap();
+            let mut t = vec![0u8; 8 + 32];
+            t[0..4].copy_from_slice(&1u32.to_le_bytes());
+            t[16..24].copy_from_slice(&(64u64 << 10).to_le_bytes());
+            t[24..32].copy_from_slice(&UA.to_le_bytes());
+            assert_eq!(ack(req::SET_MEM_TABLE, &t, &[mem.as_raw_fd()]), 0);
+            assert_eq!(ack(req::SET_VRING_NUM, &(8u64 << 32).to_le_bytes(), &[]), 0);
+            let mut a = vec![0u8; 8];
+            for v in [UA, UA + 0x200, UA + 0x100, 0] {
+                a.extend_from_slice(&v.to_le_bytes());
+            }
+            assert_eq!(ack(req::SET_VRING_ADDR, &a, &[]), 0);
+            let (call, kick1, kick2) = (eventfd(), eventfd(), eventfd());
+            let zero = 0u64.to_le_bytes();
+            assert_eq!(ack(req::SET_VRING_CALL, &zero, &[call.as_raw_fd()]), 0);
+            assert_eq!(ack(req::SET_VRING_KICK, &zero, &[kick1.as_raw_fd()]), 1);
+            assert_eq!(ack(req::SET_VRING_KICK, &zero, &[kick2.as_raw_fd()]), 0);
+            fe.shutdown(std::net::Shutdown::Both).unwrap();
+            let r = session.join().unwrap();
+            assert_eq!(r.rejected_messages, 1);
+            assert!(matches!(
+                r.last_rejection,
+                Some(MsgError::Invalid {
+                    name: "SET_VRING_KICK",
+                    ref what
+                }) if what.contains("cannot start the queue thread")
+            ));
+        });
+        assert_eq!(*dev.had_call.lock().unwrap(), [true, true]);
+    }
 }

@@ -42,7 +42,7 @@
 //! (a page dropped is asked again by the next access that needs it).
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -70,6 +70,17 @@ pub const REQUEST_PREFETCH_PAGES: usize = 512;
 /// IOVAs the front-end never maps cannot grow the set without bound
 /// (about 32 bytes a page: 128 KiB at most).
 pub const MISS_OUTSTANDING_MAX: usize = 4096;
+/// Most pages one [`DmaSpace::prefetch`] looks at, cached or not: the
+/// pages of a request of `MAX_REQUEST_BYTES` (8 MiB, 2,048 pages) in
+/// up to `seg_max` (126) segments, each of which may straddle one more
+/// page, with room to spare; a chain longer than that is refused by the
+/// request checks anyway, so the scan stops there instead of walking it.
+pub const PREFETCH_SCAN_PAGES: usize = 4096;
+/// Pages looked at per section of a prefetch scan: an invalidation waits
+/// for at most this many cache lookups, never for the whole scan.
+const PREFETCH_SECTION_PAGES: usize = 64;
+/// Bytes of one miss on the back-end channel (header and `vhost_iotlb_msg`).
+const MISS_MSG_LEN: usize = crate::proto::HEADER_LEN + m::MSG_LEN;
 
 /// What a ring or buffer address is, which decides how it translates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +124,12 @@ pub struct IotlbStats {
     pub miss_wakeups: u64,
     /// Sum of the time accesses spent waiting for misses, nanoseconds.
     pub miss_wait_ns: u64,
+    /// Miss batches not sent because the front-end did not read the
+    /// back-end channel within the bound (nothing of them sent).
+    pub channel_full: u64,
+    /// Back-end channels given up: a send failed or timed out with a
+    /// message sent in part (the stream would be out of step).
+    pub channel_broken: u64,
 }
 
 #[derive(Debug, Default)]
@@ -130,6 +147,21 @@ struct Counters {
     miss_rtt_ns: AtomicU64,
     miss_wakeups: AtomicU64,
     miss_wait_ns: AtomicU64,
+    channel_full: AtomicU64,
+    channel_broken: AtomicU64,
+}
+
+/// The back-end channel misses go out on.
+#[derive(Debug, Default)]
+enum Channel {
+    /// None received (`SET_BACKEND_REQ_FD`).
+    #[default]
+    None,
+    /// Open and in step: every message sent whole.
+    Open(UnixStream),
+    /// Given up (the reason): a message went out in part or the socket
+    /// failed. Misses fail at once until a new `SET_BACKEND_REQ_FD`.
+    Broken(String),
 }
 
 /// Pages of an update cached at once (more are cached as accesses touch them).
@@ -201,7 +233,7 @@ pub struct DmaSpace {
     generation: AtomicU64,
     misses: Mutex<MissState>,
     wake: Condvar,
-    channel: Mutex<Option<UnixStream>>,
+    channel: Mutex<Channel>,
     miss_timeout: Duration,
     counters: Counters,
 }
@@ -244,7 +276,7 @@ impl DmaSpace {
             generation: AtomicU64::new(0),
             misses: Mutex::new(MissState::default()),
             wake: Condvar::new(),
-            channel: Mutex::new(None),
+            channel: Mutex::new(Channel::None),
             miss_timeout,
             counters: Counters::default(),
         }
@@ -268,6 +300,8 @@ impl DmaSpace {
             miss_rtt_ns: l(&c.miss_rtt_ns),
             miss_wakeups: l(&c.miss_wakeups),
             miss_wait_ns: l(&c.miss_wait_ns),
+            channel_full: l(&c.channel_full),
+            channel_broken: l(&c.channel_broken),
         }
     }
 
@@ -325,15 +359,17 @@ impl DmaSpace {
         !self.mem().is_empty()
     }
 
-    /// Sets the back-end channel misses go out on. A send blocks at most
-    /// the miss bound (a front-end that stops reading the channel — QEMU
-    /// does while it waits for a reply on the main one — cannot hang the
-    /// device).
+    /// Sets the back-end channel misses go out on (an `AF_UNIX` stream
+    /// socket, checked by the session). A batch of misses is sent within
+    /// the miss bound as a whole, never in a blocking call (a front-end
+    /// that stops reading the channel — QEMU does while it waits for a
+    /// reply on the main one — cannot hang the device); see
+    /// [`DmaSpace::send_misses`].
     pub(crate) fn set_channel(&self, s: Option<UnixStream>) {
-        if let Some(s) = &s {
-            let _ = s.set_write_timeout(Some(self.miss_timeout));
-        }
-        *self.channel.lock().unwrap_or_else(|p| p.into_inner()) = s;
+        *self.channel.lock().unwrap_or_else(|p| p.into_inner()) = match s {
+            Some(s) => Channel::Open(s),
+            None => Channel::None,
+        };
     }
 
     /// Caches the piece of page `page` that the IOTLB entry covering
@@ -759,29 +795,40 @@ impl DmaSpace {
             return None;
         }
         let mut missing = Vec::new();
-        {
-            // The pages the cache holds are not asked; the others are
-            // checked in the IOTLB, under the lock once for the request.
-            let _s = self.section();
-            'segs: for (a, len) in segs {
-                let Some(last) = len.checked_sub(1).and_then(|l| a.checked_add(l)) else {
-                    continue;
-                };
-                let mut pg = a & !(PAGE - 1);
-                loop {
-                    if self.cache.lookup(pg.max(a), write).is_none() {
-                        missing.push(pg.max(a));
-                        if missing.len() >= REQUEST_PREFETCH_PAGES {
-                            break 'segs;
-                        }
+        // The pages the cache holds are not asked; the others are checked
+        // in the IOTLB, under the lock once for the request. At most
+        // PREFETCH_SCAN_PAGES pages are looked at, in sections of
+        // PREFETCH_SECTION_PAGES, so no chain holds up an invalidation's
+        // drain for longer than a few lookups.
+        let mut looked = 0usize;
+        let mut s = Some(self.section());
+        'segs: for (a, len) in segs {
+            let Some(last) = len.checked_sub(1).and_then(|l| a.checked_add(l)) else {
+                continue;
+            };
+            let mut pg = a & !(PAGE - 1);
+            loop {
+                if looked >= PREFETCH_SCAN_PAGES {
+                    break 'segs;
+                }
+                looked += 1;
+                if looked.is_multiple_of(PREFETCH_SECTION_PAGES) {
+                    drop(s.take());
+                    s = Some(self.section());
+                }
+                if self.cache.lookup(pg.max(a), write).is_none() {
+                    missing.push(pg.max(a));
+                    if missing.len() >= REQUEST_PREFETCH_PAGES {
+                        break 'segs;
                     }
-                    match pg.checked_add(PAGE) {
-                        Some(n) if n <= last => pg = n,
-                        _ => break,
-                    }
+                }
+                match pg.checked_add(PAGE) {
+                    Some(n) if n <= last => pg = n,
+                    _ => break,
                 }
             }
         }
+        drop(s);
         if !missing.is_empty() {
             let t = self.lock();
             missing.retain(|&at| t.lookup(at).is_none());
@@ -797,22 +844,28 @@ impl DmaSpace {
         }
         missing.retain(|&pg| st.ask(pg, now, self.miss_timeout));
         drop(st);
-        if !missing.is_empty() {
-            let _ = self.send_misses(&missing, write);
+        if !missing.is_empty() && self.send_misses(&missing, write).is_err() {
+            // Not asked: the accesses that follow ask (or fail) themselves
+            // rather than wait for an answer that cannot come.
+            return None;
         }
         Some(last)
     }
 
+    /// Sends one miss per page of `pages` (recorded as asked by the
+    /// caller), all within the miss bound from the call: `MSG_DONTWAIT`
+    /// sends and `poll` ([`crate::peerfd::send_all`]), never a blocking
+    /// call, the channel's lock held at most that long. The bound passing
+    /// on a message boundary fails the pages not sent
+    /// ([`AccessError::ChannelFull`]); a message sent in part, or a
+    /// socket error, gives the channel up ([`AccessError::ChannelBroken`]
+    /// now and for every later miss, at once) — a stream out of step would
+    /// be read by the front-end as garbage. Pages not sent are no longer
+    /// outstanding.
     fn send_misses(&self, pages: &[u64], write: bool) -> Result<(), AccessError> {
-        let mut ch = self.channel.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(s) = ch.as_mut() else {
-            return Err(AccessError::NoChannel {
-                iova: pages[0],
-                reason: "no back-end channel (SET_BACKEND_REQ_FD not received)".into(),
-            });
-        };
+        let deadline = Instant::now() + self.miss_timeout;
         let perm = if write { m::ACCESS_WO } else { m::ACCESS_RO };
-        let mut buf = Vec::with_capacity(pages.len() * (12 + m::MSG_LEN));
+        let mut buf = Vec::with_capacity(pages.len() * MISS_MSG_LEN);
         for &pg in pages {
             let mut p = [0u8; m::MSG_LEN];
             p[0..8].copy_from_slice(&pg.to_le_bytes());
@@ -821,14 +874,70 @@ impl DmaSpace {
             p[25] = m::MISS;
             buf.extend_from_slice(&wire::encode(backend_req::IOTLB_MSG, VERSION, &p));
         }
-        s.write_all(&buf).map_err(|e| AccessError::NoChannel {
-            iova: pages[0],
-            reason: e.to_string(),
-        })?;
+        let mut ch = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        let (sent, err) = match &*ch {
+            Channel::None => (
+                0,
+                Some(AccessError::NoChannel {
+                    iova: pages[0],
+                    reason: "no back-end channel (SET_BACKEND_REQ_FD not received)".into(),
+                }),
+            ),
+            Channel::Broken(reason) => (
+                0,
+                Some(AccessError::ChannelBroken {
+                    iova: pages[0],
+                    reason: reason.clone(),
+                }),
+            ),
+            Channel::Open(s) => match crate::peerfd::send_all(s.as_raw_fd(), &buf, deadline) {
+                Ok(()) => (buf.len(), None),
+                Err(f) => {
+                    let whole = f.sent / MISS_MSG_LEN;
+                    let timed_out = f.error.kind() == std::io::ErrorKind::TimedOut;
+                    if timed_out && f.sent % MISS_MSG_LEN == 0 {
+                        self.counters.channel_full.fetch_add(1, Ordering::Relaxed);
+                        (
+                            f.sent,
+                            Some(AccessError::ChannelFull {
+                                iova: pages[whole],
+                                waited_ms: self.miss_timeout.as_millis() as u64,
+                            }),
+                        )
+                    } else {
+                        let reason = format!(
+                            "{} of a {}-byte miss sent, then: {}",
+                            f.sent % MISS_MSG_LEN,
+                            MISS_MSG_LEN,
+                            f.error
+                        );
+                        eprintln!("softiommu-vhost: back-end channel given up: {reason}");
+                        self.counters.channel_broken.fetch_add(1, Ordering::Relaxed);
+                        *ch = Channel::Broken(reason.clone());
+                        (
+                            f.sent,
+                            Some(AccessError::ChannelBroken {
+                                iova: pages[whole],
+                                reason,
+                            }),
+                        )
+                    }
+                }
+            },
+        };
+        drop(ch);
+        let whole = sent / MISS_MSG_LEN;
         self.counters
             .misses
-            .fetch_add(pages.len() as u64, Ordering::Relaxed);
-        Ok(())
+            .fetch_add(whole as u64, Ordering::Relaxed);
+        let Some(err) = err else {
+            return Ok(());
+        };
+        let mut st = self.miss_state();
+        for pg in &pages[whole..] {
+            st.outstanding.remove(pg);
+        }
+        Err(err)
     }
 
     /// Reads `buf.len()` bytes at `addr` as the device (a DMA read), waiting for misses within the bound.

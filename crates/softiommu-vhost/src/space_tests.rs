@@ -443,7 +443,13 @@ fn updates_for_other_pages_never_keep_an_access_past_its_bound() {
 /// asked again. (Before: it grew by every page asked, for the ring's life.)
 #[test]
 fn outstanding_misses_are_capped() {
-    let (s, _) = space_with(64, Duration::from_secs(60));
+    let (s, peer) = space_with_channel(Duration::from_secs(60));
+    // A front-end that reads every miss and answers none.
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut b = [0u8; 4096];
+        while let Ok(1..) = (&peer).read(&mut b) {}
+    });
     let per = REQUEST_PREFETCH_PAGES as u64;
     for k in 0..20u64 {
         let at = UNMAPPED + k * per * PAGE;
@@ -465,7 +471,7 @@ fn outstanding_misses_are_capped() {
 /// Entries older than the bound are dropped as new ones come.
 #[test]
 fn outstanding_misses_older_than_the_bound_are_dropped() {
-    let (s, _) = space_with(64, Duration::from_millis(5));
+    let (s, _peer) = space_with_channel(Duration::from_millis(5));
     s.prefetch(&mut std::iter::once((UNMAPPED, 10 * PAGE)), false);
     assert_eq!(s.miss_state().outstanding.len(), 10);
     std::thread::sleep(Duration::from_millis(20));
@@ -474,4 +480,206 @@ fn outstanding_misses_older_than_the_bound_are_dropped() {
     let st = s.miss_state();
     assert_eq!(st.outstanding.len(), 1, "{:?}", st.outstanding);
     assert!(st.outstanding.contains_key(&other));
+}
+
+/// Fills the send buffer of `a` (its `SO_SNDBUF` at the minimum) until a
+/// one-byte send would block; returns the bytes written.
+fn fill(a: &UnixStream) -> usize {
+    let one: libc::c_int = 1;
+    // SAFETY: sets one int option on our socket.
+    unsafe {
+        libc::setsockopt(
+            a.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    let mut n = 0;
+    for chunk in [4096usize, 1] {
+        let b = vec![0u8; chunk];
+        loop {
+            // SAFETY: sends from a live buffer.
+            let r =
+                unsafe { libc::send(a.as_raw_fd(), b.as_ptr().cast(), chunk, libc::MSG_DONTWAIT) };
+            if r <= 0 {
+                break;
+            }
+            n += r as usize;
+        }
+    }
+    n
+}
+
+/// A front-end that does not read the back-end channel: the miss is not
+/// sent (nothing of it), the access fails within its bound with
+/// `ChannelFull` and its page is no longer outstanding; once the
+/// front-end reads again, the next miss goes out whole.
+/// (Before: `write_all` under `SO_SNDTIMEO`, `NoChannel`.)
+#[test]
+fn a_channel_the_front_end_does_not_read_fails_the_miss_whole_and_stays_usable() {
+    let (s, _) = space_with(64, Duration::from_millis(100));
+    let (a, b) = UnixStream::pair().unwrap();
+    let junk = fill(&a);
+    s.set_channel(Some(a));
+    let t = Instant::now();
+    let mut buf = [0u8; 8];
+    let e = s
+        .read_bytes(AddrKind::Buffer, UNMAPPED, &mut buf)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AccessError::ChannelFull {
+                iova: UNMAPPED,
+                waited_ms: 100
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(!s.miss_state().outstanding.contains_key(&UNMAPPED));
+    assert_eq!((s.stats().channel_full, s.stats().channel_broken), (1, 0));
+    assert_eq!(s.stats().misses, 0);
+    // The front-end reads the stream: exactly the junk, no part of a miss.
+    {
+        use std::io::Read;
+        let mut got = vec![0u8; junk];
+        (&b).read_exact(&mut got).unwrap();
+        assert_eq!(got, vec![0u8; junk]);
+    }
+    // Now the miss goes out whole (and is not answered).
+    let e = s
+        .read_bytes(AddrKind::Buffer, UNMAPPED, &mut buf)
+        .unwrap_err();
+    assert!(
+        matches!(e, AccessError::MissTimeout { iova: UNMAPPED, .. }),
+        "{e:?}"
+    );
+    assert_eq!(misses_sent(&b), vec![UNMAPPED]);
+}
+
+/// A burst of misses the front-end reads none of: it cannot all go out
+/// within the bound, and the part that did ends inside a message — the
+/// channel is given up (the front-end would read the rest as garbage),
+/// the failure is `ChannelBroken`, every later miss fails so at once,
+/// and what the stream holds is whole messages and one partial one,
+/// never followed by another. A new channel serves again.
+/// (Before: a partial `write_all` left half a message and the next burst
+/// wrote after it.)
+#[test]
+fn a_miss_sent_in_part_gives_the_channel_up_and_later_misses_fail_at_once() {
+    let (s, _) = space_with(64, Duration::from_millis(100));
+    let (a, b) = UnixStream::pair().unwrap();
+    let one: libc::c_int = 1;
+    // SAFETY: sets one int option on our socket.
+    unsafe {
+        libc::setsockopt(
+            a.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    s.set_channel(Some(a));
+    let pages = REQUEST_PREFETCH_PAGES as u64;
+    let r = s.prefetch(&mut std::iter::once((UNMAPPED, pages * PAGE)), false);
+    assert_eq!(r, None, "nothing to wait for: the burst failed");
+    let st = s.stats();
+    assert_eq!((st.channel_broken, st.channel_full), (1, 0), "{st:?}");
+    // Later misses fail at once, typed.
+    let t = Instant::now();
+    let mut buf = [0u8; 8];
+    let e = s
+        .read_bytes(AddrKind::Buffer, UNMAPPED, &mut buf)
+        .unwrap_err();
+    assert!(
+        matches!(e, AccessError::ChannelBroken { iova: UNMAPPED, .. }),
+        "{e:?}"
+    );
+    assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+    // The stream: whole messages, then part of one, and nothing after it.
+    let msg = crate::proto::HEADER_LEN + m::MSG_LEN;
+    let mut got = Vec::new();
+    {
+        use std::io::Read;
+        b.set_nonblocking(true).unwrap();
+        let mut chunk = [0u8; 4096];
+        while let Ok(n @ 1..) = (&b).read(&mut chunk) {
+            got.extend_from_slice(&chunk[..n]);
+        }
+    }
+    assert_ne!(got.len() % msg, 0, "{} bytes", got.len());
+    assert_eq!(st.misses, (got.len() / msg) as u64);
+    // No page the burst did not send whole is left outstanding.
+    let sent: Vec<u64> = (0..got.len() / msg)
+        .map(|k| UNMAPPED + k as u64 * PAGE)
+        .collect();
+    let st = s.miss_state();
+    assert!(st.outstanding.keys().all(|pg| sent.contains(pg)));
+    drop(st);
+    // A new channel: misses go out again.
+    let (a2, b2) = UnixStream::pair().unwrap();
+    s.set_channel(Some(a2));
+    let other = UNMAPPED + 4 * pages * PAGE;
+    let e = s.read_bytes(AddrKind::Buffer, other, &mut buf).unwrap_err();
+    assert!(matches!(e, AccessError::MissTimeout { .. }), "{e:?}");
+    assert_eq!(misses_sent(&b2), vec![other]);
+}
+
+/// A prefetch over segments whose pages are all cached never meets the
+/// 512 missing pages that ended its scan: it looks at a bounded number of
+/// pages however many segments a chain names, in short sections, so a
+/// concurrent invalidation is acknowledged without waiting for the scan.
+/// (Before: every page of every segment was looked at, inside one
+/// section: for this chain, 2^26 lookups.)
+#[test]
+fn a_prefetch_over_cached_pages_looks_at_a_bounded_number_of_them() {
+    let (s, _) = space_with(64, Duration::from_millis(50));
+    s.update(IOVA, PAGE, UA, RW).unwrap();
+    assert!(s.cache.lookup(IOVA, false).is_some());
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let r = s.prefetch(&mut std::iter::repeat_n((IOVA, PAGE), 1 << 26), false);
+            let _ = tx.send((r, t.elapsed()));
+        });
+    }
+    let (r, took) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the scan is bounded");
+    assert_eq!(r, None);
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}
+
+/// Without a back-end channel a request's look-ahead asks nothing and
+/// leaves nothing outstanding, so the request does not wait for an
+/// answer that cannot come; its access fails at once with `NoChannel`.
+/// (Before: the pages stayed outstanding and the request slept out the
+/// whole miss bound first.)
+#[test]
+fn without_a_channel_nothing_is_left_outstanding_and_the_access_fails_at_once() {
+    let (s, _) = space_with(64, Duration::from_secs(2));
+    let r = s.prefetch(&mut std::iter::once((UNMAPPED, 4 * PAGE)), false);
+    assert_eq!(r, None);
+    assert!(s.miss_state().outstanding.is_empty());
+    let t = Instant::now();
+    let mut buf = [0u8; 8];
+    let e = s
+        .read_bytes(AddrKind::Buffer, UNMAPPED, &mut buf)
+        .unwrap_err();
+    assert!(
+        matches!(e, AccessError::NoChannel { iova: UNMAPPED, .. }),
+        "{e:?}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(s.miss_state().outstanding.is_empty());
 }

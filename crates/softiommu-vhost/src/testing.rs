@@ -37,15 +37,31 @@ pub fn recv(sock: &UnixStream) -> std::io::Result<(u32, u32, Vec<u8>)> {
 }
 
 /// A front-end's guest memory: `bytes` of a fresh memfd named `name`,
-/// mapped shared and read-write. The fd is what a fake front-end sends in
-/// its memory table; the pointer stays valid for the life of the process
-/// (the mapping is never unmapped: tests only).
+/// sealed against resizing (`F_SEAL_SHRINK | F_SEAL_GROW`, as QEMU's
+/// `memory-backend-memfd` does by default), mapped shared and read-write.
+/// The fd is what a fake front-end sends in its memory table; the pointer
+/// stays valid for the life of the process (the mapping is never
+/// unmapped: tests only).
 pub fn shared_memory(name: &std::ffi::CStr, bytes: usize) -> std::io::Result<(OwnedFd, *mut u8)> {
-    let len = libc::off_t::try_from(bytes)
+    memfd(name, bytes, bytes, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+}
+
+/// A memfd of `file_bytes` with `seals` added (0: none), of which the
+/// first `map_bytes` are mapped shared (a mapping may run past the file,
+/// as a hostile front-end's table may), and the host pointer.
+pub fn memfd(
+    name: &std::ffi::CStr,
+    file_bytes: usize,
+    map_bytes: usize,
+    seals: libc::c_int,
+) -> std::io::Result<(OwnedFd, *mut u8)> {
+    let bytes = map_bytes;
+    let file_len = libc::off_t::try_from(file_bytes)
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     // SAFETY: memfd_create takes a NUL-terminated name; the fd it returns
     // is owned here at once.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -53,7 +69,10 @@ pub fn shared_memory(name: &std::ffi::CStr, bytes: usize) -> std::io::Result<(Ow
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ftruncate and mmap on our own fd; results checked.
     unsafe {
-        if libc::ftruncate(fd.as_raw_fd(), len) != 0 {
+        if libc::ftruncate(fd.as_raw_fd(), file_len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if seals != 0 && libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
             return Err(std::io::Error::last_os_error());
         }
         let p = libc::mmap(

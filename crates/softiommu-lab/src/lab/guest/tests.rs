@@ -41,6 +41,7 @@ fn net_run(mode: IommuMode, invalidations: u64) -> GuestRun {
             last_rejection: None,
             acked_features: 0,
             session_cpu_ns: 50_000,
+            fds: Default::default(),
         }),
         host: HostSide::Net {
             peer: PeerReport {
