@@ -48,7 +48,7 @@ pub(super) fn report(r: &NetperfReport, args: &NetperfArgs, pinning: &str) -> Re
     let mut t = Table::new(
         "results",
         format!(
-            "UDP_STREAM through smoltcp, virtio-net and two IOMMUs, {} byte datagrams, every policy offered {:.1} kpps ({} % of the slowest policy's maximum) in batches every {:.2} ms, {:.1} s per row in {} interleaved rounds (median round shown, [lowest–highest round] beside it); service demand = CPU of both hosts' driver+stack threads and both flush timers per datagram delivered",
+            "UDP_STREAM through smoltcp, virtio-net and two IOMMUs, {} byte datagrams, every policy offered {:.1} kpps ({} % of the slowest policy's maximum) in batches every {:.2} ms, {:.1} s per row in {} interleaved rounds (median round shown, [lowest–highest round] beside it); service demand = CPU of both hosts' driver+stack threads and both flush timers per datagram delivered, without the modelled IOMMU's queue passes run on them (apart)",
             r.msg_size,
             r.offered_pps / 1e3,
             r.pace_percent,
