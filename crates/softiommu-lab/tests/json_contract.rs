@@ -178,6 +178,15 @@ fn lab_netperf_udp() {
         // The timers' share is inside it.
         assert!(sd >= number(r, "flush_cpu_us_per_pkt"), "{r}");
         assert!(number(r, "flush_cpu_us_per_pkt") >= 0.0, "{r}");
+        // The modelled IOMMU's inline work is apart: pass-through runs no
+        // queue pass at all, strict one per unmap.
+        let unit = number(r, "unit_inline_cpu_us_per_pkt");
+        assert!(unit >= 0.0, "{r}");
+        match r["policy"].as_str() {
+            Some("passthrough") => assert_eq!(unit, 0.0, "{r}"),
+            Some("strict") => assert!(unit > 0.0, "{r}"),
+            _ => {}
+        }
         assert_eq!(r["offered_pps"], v["offered_pps"], "one rate for all: {r}");
         assert!(r["valid"].is_boolean(), "{r}");
         assert_eq!(r.get("why").is_some(), r["valid"] == false, "{r}");
@@ -301,6 +310,13 @@ fn lab_iperf_tcp() {
             assert_eq!(share, 0.0);
         } else {
             assert!(number(r, "lines_flushed_per_gb") > 0.0, "{r}");
+        }
+        // The modelled IOMMU's inline work, apart from driver CPU: strict
+        // runs a queue pass per unmap.
+        let unit = number(r, "unit_inline_cpu_s_per_gb");
+        assert!(unit >= 0.0, "{r}");
+        if r["policy"] == "strict" {
+            assert!(unit > 0.0, "{r}");
         }
     }
 }

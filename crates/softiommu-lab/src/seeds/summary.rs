@@ -188,7 +188,7 @@ fn seed_000(reports: &[Report]) -> SeedLine {
         ours_spread: spread,
         unit: "×",
         detail: format!(
-            "smoltcp over virtio-net, every policy paced to one rate with no drops; CPU of both hosts' driver+stack threads and flush timers per datagram delivered: deferred {} pass-through's (rounds {} to {}); strict {} (theirs 1.81×), bounce {}",
+            "smoltcp over virtio-net, every policy paced to one rate with no drops; CPU of both hosts' driver+stack threads and flush timers per datagram delivered, the modelled IOMMU's own work run on them (its queue passes) apart: deferred {} pass-through's (rounds {} to {}); strict {} (theirs 1.81×), bounce {}",
             fmt(ours, "×"),
             fmt(spread.map(|s| s.min), "×"),
             fmt(spread.map(|s| s.max), "×"),

@@ -11,7 +11,7 @@ use softiommu::dma::DmaPolicy;
 use softiommu::hw::LatencyModel;
 
 use crate::cpu_clock;
-use crate::host::HostConfig;
+use crate::host::{HostConfig, HostPair};
 use crate::net::{NetConfig, NetDeviceConfig, NetDriverConfig};
 
 /// Host A's address.
@@ -44,8 +44,13 @@ impl Phase {
 /// What a side measured over the window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Window {
-    /// CPU time of the side's thread.
+    /// CPU time of the side's thread: its own work, without the units'
+    /// inline passes it ran (`unit`).
     pub(crate) cpu: Duration,
+    /// The part of the thread's CPU clock that ran units' invalidation
+    /// queue passes inline: the IOMMU hardware's work, apart (see
+    /// `softiommu::hw::thread_inline_pass_cpu`).
+    pub(crate) unit: Duration,
     /// Its count (packets, datagrams).
     pub(crate) count: u64,
     /// Its bytes.
@@ -68,8 +73,10 @@ impl Meter {
         if p == self.seen {
             return p == STOP;
         }
+        let unit = softiommu::hw::thread_inline_pass_cpu();
         let now = Window {
-            cpu: cpu_clock::thread(),
+            cpu: cpu_clock::thread().saturating_sub(unit),
+            unit,
             count,
             bytes,
         };
@@ -79,6 +86,7 @@ impl Meter {
         if p == STOP {
             self.window = Window {
                 cpu: now.cpu.saturating_sub(self.start.cpu),
+                unit: now.unit.saturating_sub(self.start.unit),
                 count: now.count.saturating_sub(self.start.count),
                 bytes: now.bytes.saturating_sub(self.start.bytes),
             };
@@ -163,5 +171,75 @@ pub(crate) fn us_per(d: Duration, n: u64) -> f64 {
         0.0
     } else {
         d.as_secs_f64() * 1e6 / n as f64
+    }
+}
+
+/// Both hosts' units charge their inline passes to themselves, so each
+/// driver's and timer's CPU can be read without the IOMMU hardware's work
+/// (see `softiommu::hw::thread_inline_pass_cpu`).
+pub(crate) fn charge_passes(hosts: &HostPair) {
+    for h in [&hosts.a, &hosts.b] {
+        if let Some(u) = h.system.unit(h.unit) {
+            u.set_pass_accounting(true);
+        }
+    }
+}
+
+/// Both hosts' flush timers: their CPU without the units' inline passes
+/// they ran, and those passes' CPU (a thread whose clock the kernel will
+/// not give counts zero).
+pub(crate) fn timers(hosts: &HostPair) -> (Duration, Duration) {
+    let mut own = Duration::ZERO;
+    let mut unit = Duration::ZERO;
+    for h in [&hosts.a, &hosts.b] {
+        let cpu = h.domain.timer_cpu_time().unwrap_or_default();
+        let passes = h.domain.timer_inline_pass_cpu();
+        own += cpu.saturating_sub(passes);
+        unit += passes;
+    }
+    (own, unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use softiommu::hw::{Unit, UnitConfig};
+    use softiommu::mem::PhysMemory;
+
+    use super::*;
+
+    /// A side's window leaves out the units' inline passes its thread ran:
+    /// they are counted apart (`unit`), and the two together are no more
+    /// than the thread's CPU clock moved.
+    #[test]
+    fn a_windows_cpu_leaves_out_the_inline_passes_its_thread_ran() {
+        let mem = Arc::new(PhysMemory::new(16 << 20).unwrap());
+        let unit = Unit::new(mem, UnitConfig::default()).unwrap();
+        unit.set_pass_accounting(true);
+        let (phase, mut meter) = (Phase::default(), Meter::default());
+        let raw0 = cpu_clock::thread();
+        phase.set(MEASURE);
+        assert!(!meter.observe(&phase, 0, 0));
+        let passes0 = softiommu::hw::thread_inline_pass_cpu();
+        for _ in 0..200 {
+            let mut b = unit.batch();
+            b.domain(1);
+            b.wait().unwrap();
+        }
+        let passes = softiommu::hw::thread_inline_pass_cpu() - passes0;
+        phase.set(STOP);
+        assert!(meter.observe(&phase, 200, 0));
+        let raw = cpu_clock::thread() - raw0;
+        let w = meter.window;
+        assert_eq!(unit.stats().inline_passes, 200);
+        assert_eq!(w.unit, passes);
+        assert_eq!(
+            w.unit,
+            Duration::from_nanos(unit.stats().inline_pass_cpu_ns)
+        );
+        assert!(w.unit > Duration::ZERO);
+        assert!(w.cpu + w.unit <= raw, "{w:?} against {raw:?}");
+        assert_eq!(w.count, 200);
     }
 }

@@ -21,11 +21,12 @@
 //! has descheduled inside one would keep the unmapping thread waiting for
 //! a scheduling slice.
 //!
-//! The owner issues and polls without waiting for a device (a busy list
-//! is left to whoever holds it; only a flight whose queue failed it is
-//! revoked there, and that revocation drains); everyone else that must see
-//! the batches gone (the timer's round, `flush_all`, a CPU handle's drop,
-//! a policy switch) completes them blocking, sleeping on the oldest wait
+//! The owner and the timer's round issue and poll without waiting for a
+//! device (a busy list is left to whoever holds it; only a flight whose
+//! queue failed it is revoked there, and that revocation drains; a round
+//! that leaves a flight waiting is due again); everyone else that must
+//! see the batches gone (`flush_all`, a CPU handle's drop, a policy
+//! switch) completes them blocking, sleeping on the oldest wait
 //! pending. At most [`MAX_IN_FLIGHT`] batches wait: past it the owner
 //! completes blocking too (every batch issued before its call), so the
 //! IOVAs a device can keep from being freed by holding a section are

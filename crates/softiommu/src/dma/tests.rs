@@ -231,6 +231,68 @@ fn an_owners_flush_behind_an_open_section_returns_and_frees_nothing_until_it_end
     assert_eq!((st.flushes, st.flushed_entries, st.live()), (2, 8, 0));
 }
 
+/// The timer's round does not wait for a flush whose drain is stalled on
+/// a device's open section: it frees what completed and returns, due again
+/// (the flight still counts), and a later round frees the rest once the
+/// section has ended. Before, the round waited for the drain, polling it
+/// every 50 µs (a wake-up each), for as long as the section stayed open.
+#[test]
+fn a_timer_round_does_not_wait_for_a_flush_stalled_on_an_open_section() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    r.domain.set_timeout(Duration::from_secs(60)).unwrap();
+    r.domain.set_high_water(2).unwrap();
+    let buf = r.mem.alloc_zeroed_frames(1).unwrap();
+    let addrs: Vec<u64> = (0..2)
+        .map(|i| {
+            r.cpu
+                .map(&r.dev, buf + i * 4096, 4096, DmaDirection::ToDevice)
+                .unwrap()
+        })
+        .collect();
+    let system = r.domain.system().clone();
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let device = std::thread::spawn(move || {
+        let (_, unit) = system.units().next().unwrap();
+        let mut tr = unit.translator().unwrap();
+        tr.section(|_| {
+            entered_tx.send(()).unwrap();
+            // Held until the test lets go, or 10 s: a round that waits for
+            // it then fails the test rather than hanging it.
+            let _ = release_rx.recv_timeout(Duration::from_secs(10));
+        });
+    });
+    entered_rx.recv().unwrap();
+    for &a in &addrs {
+        r.cpu
+            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+            .unwrap();
+    }
+    assert_eq!(r.domain.in_flight.len(), 1, "issued, its drain stalled");
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let domain = r.domain.clone();
+    let round = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        let next = domain.flush_expired(t0, Duration::from_secs(30));
+        done_tx.send((next, t0)).unwrap();
+    });
+    let got = done_rx.recv_timeout(Duration::from_secs(3));
+    release_tx.send(()).unwrap();
+    device.join().unwrap();
+    round.join().unwrap();
+    let (next, t0) = got.expect("the round returned while the section was open");
+    assert_eq!(next, Some(t0), "due again: a flight is still waiting");
+    assert_eq!(r.domain.stats().flushes, 0, "nothing completed");
+    // The section has ended: the next round completes and frees it.
+    let next = r
+        .domain
+        .flush_expired(std::time::Instant::now(), Duration::from_secs(30));
+    assert_eq!(next, None, "nothing queued or in flight");
+    assert_eq!(r.domain.in_flight.len(), 0);
+    let st = r.domain.stats();
+    assert_eq!((st.flushes, st.flushed_entries, st.live()), (1, 2, 0));
+}
+
 /// The device-side backstop: a deferred unmap arms its domain's expiry
 /// deadline in the unit before it returns, and a translator that finds it
 /// due drops the domain's cached translations itself, at its next hit,

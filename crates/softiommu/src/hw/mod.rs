@@ -116,6 +116,9 @@ mod latency;
 #[cfg(all(test, loom))]
 mod loom_tests;
 mod page_requests;
+mod pass_cpu;
+#[cfg(all(test, not(loom)))]
+mod pass_cpu_tests;
 mod processor;
 mod prq;
 mod prq_route;
@@ -143,6 +146,7 @@ pub use latency::{
     VTD_2015_WALK_LEVEL_NS,
 };
 pub use page_requests::Taken;
+pub use pass_cpu::thread_inline_pass_cpu;
 pub use prq::{
     PageRequest, PageRequestError, PrqRegisters, PrqStats, ResponseCode, DEFAULT_PRQ_ORDER,
     MAX_PRQ_ORDER, PRG_INDICES, PRQ_DESCRIPTOR_BYTES,

@@ -153,7 +153,7 @@ impl Shared {
         match self.config.queue_mode {
             QueueMode::Inline => {
                 let mut p = lock(&self.proc);
-                self.run_queue(&mut p);
+                self.run_inline(&mut p);
             }
             QueueMode::Thread => {
                 let _g = lock(&self.signal);
@@ -235,10 +235,7 @@ impl Shared {
                 // still happen is the drain at the next wait.
                 p.invalidated();
                 Counters::add(&c.context_invalidations, 1);
-                Counters::add(
-                    &c.modelled_ns,
-                    spin_ns(self.latency.context_invalidation_ns()),
-                );
+                p.spun(c, spin_ns(self.latency.context_invalidation_ns()));
             }
             InvDescriptor::Iotlb { scope, .. } => {
                 match scope {
@@ -257,10 +254,7 @@ impl Shared {
                     }
                 }
                 p.invalidated();
-                Counters::add(
-                    &c.modelled_ns,
-                    spin_ns(self.latency.iotlb_invalidation_ns()),
-                );
+                p.spun(c, spin_ns(self.latency.iotlb_invalidation_ns()));
             }
             InvDescriptor::PageGroupResponse {
                 sid, prgi, code, ..
@@ -300,7 +294,7 @@ impl Shared {
                     Counters::add(&c.drains, 1);
                     Counters::add(&c.drain_waited, d.waited);
                     Counters::add(&c.drain_ns, nanos(d.t0.elapsed()));
-                    Counters::add(&c.modelled_ns, spin_ns(self.latency.wait_completion_ns()));
+                    p.spun(c, spin_ns(self.latency.wait_completion_ns()));
                     p.drain = None;
                     p.dirty = false;
                 }
@@ -341,6 +335,13 @@ pub(crate) struct PendingDrain {
 }
 
 impl ProcState {
+    /// Modelled latency `ns` was spun by this pass: counted as the unit's
+    /// modelled time, and kept apart from its inline CPU (`pass_cpu`).
+    fn spun(&mut self, c: &Counters, ns: u64) {
+        Counters::add(&c.modelled_ns, ns);
+        self.spun_ns = self.spun_ns.wrapping_add(ns);
+    }
+
     /// An invalidation ran: the next wait drains, with a snapshot taken
     /// after it (one taken before would not cover it; one can be left here
     /// only if the wait that took it was skipped or rewritten).

@@ -488,7 +488,7 @@ impl Unit {
             QueueMode::Inline => {
                 let stalled = {
                     let mut p = lock(&sh.proc);
-                    sh.run_queue(&mut p).stalled
+                    sh.run_inline(&mut p).stalled
                 };
                 if stalled {
                     // The head waits on a drain: give the translations it
@@ -572,7 +572,7 @@ impl Unit {
         // would only find itself.
         if sh.config.queue_mode == QueueMode::Inline && sh.check_caller().is_ok() {
             if let Some(mut p) = crate::sync::try_lock_std(&sh.proc) {
-                sh.run_queue(&mut p);
+                sh.run_inline(&mut p);
             }
         }
         Ok(sh.ticket_outcome(t)?.then(|| done_at(sh)))

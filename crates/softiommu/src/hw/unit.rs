@@ -163,6 +163,10 @@ pub(crate) struct Counters {
     pub(crate) queue_errors: AtomicU64,
     pub(crate) bypass_revocations: AtomicU64,
     pub(crate) fenced_sections: AtomicU64,
+    /// Inline passes' CPU charged to the unit (see `pass_cpu`).
+    pub(crate) inline_pass_cpu_ns: AtomicU64,
+    /// Inline passes charged.
+    pub(crate) inline_passes: AtomicU64,
 }
 
 impl Counters {
@@ -225,6 +229,14 @@ pub struct UnitStats {
     /// again; every other wait still does. See
     /// [`Unit::fenced_sections_open`].
     pub fenced_sections: u64,
+    /// CPU the unit's inline passes took on the threads that ran them
+    /// (drivers, flush timers), less the modelled latency they spun, in
+    /// nanoseconds: the IOMMU hardware's work, which a driver's CPU
+    /// figure leaves out. Counted only with
+    /// [`Unit::set_pass_accounting`] on (see `hw::pass_cpu`).
+    pub inline_pass_cpu_ns: u64,
+    /// Inline passes counted in `inline_pass_cpu_ns`.
+    pub inline_passes: u64,
 }
 
 /// The processor's state, under the processing lock.
@@ -234,6 +246,9 @@ pub(crate) struct ProcState {
     pub(crate) dirty: bool,
     /// The drain of the wait at the head, if a pass stalled on it.
     pub(crate) drain: Option<super::processor::PendingDrain>,
+    /// Modelled queue latency spun by passes, nanoseconds, ever (what an
+    /// inline pass's CPU charge leaves with the thread; see `pass_cpu`).
+    pub(crate) spun_ns: u64,
 }
 
 /// A domain id in use and the root its devices share.
@@ -291,6 +306,8 @@ pub(crate) struct Shared {
     pub(crate) crash: AtomicBool,
     /// The queue thread has exited (set on its way out, however it ends).
     pub(crate) worker_gone: AtomicBool,
+    /// Whether inline passes are charged to the unit (`pass_cpu`).
+    pub(crate) account_passes: AtomicBool,
     /// Sections fenced by a bounded revocation, as (slot, state) while
     /// they may still be open (see `revoke`).
     pub(crate) fenced: Mutex<Vec<(usize, u64)>>,
@@ -397,6 +414,7 @@ impl Unit {
             shutdown: AtomicBool::new(false),
             crash: AtomicBool::new(false),
             worker_gone: AtomicBool::new(false),
+            account_passes: AtomicBool::new(false),
             fenced: Mutex::new(Vec::new()),
             bindings: Mutex::new(HashMap::new()),
             claims: Mutex::new(Claims::default()),
@@ -796,6 +814,8 @@ impl Unit {
             ring_tampered: self.shared.queue.tampered(),
             queue_bypass_revocations: r(&c.bypass_revocations),
             fenced_sections: r(&c.fenced_sections),
+            inline_pass_cpu_ns: r(&c.inline_pass_cpu_ns),
+            inline_passes: r(&c.inline_passes),
         }
     }
 }

@@ -39,6 +39,12 @@ pub struct IperfTcpRow {
     pub cpu_above_coherent_share: Option<f64>,
     /// The flush timers' share of `cpu_s_per_gb` (CPU seconds per GB).
     pub flush_timer_cpu_s_per_gb: f64,
+    /// The modelled IOMMU's work that ran on the drivers' and timers'
+    /// threads (the units' invalidation-queue passes, run inline), CPU
+    /// seconds per GB: apart like the device threads' and *not* in
+    /// `cpu_s_per_gb` (the modelled wait latency those passes spun stays
+    /// in it).
+    pub unit_inline_cpu_s_per_gb: f64,
     /// `cpu_s_per_gb` over the rounds.
     pub cpu_s_per_gb_spread: Spread,
     /// `mbit_s` over the rounds.

@@ -25,6 +25,7 @@ fn paced(policy: &str, rounds: &[f64]) -> NetperfRow {
         service_demand_us_per_pkt: spread.median,
         service_demand_spread: spread,
         flush_cpu_us_per_pkt: 0.0,
+        unit_inline_cpu_us_per_pkt: 0.0,
         offered_pps: Some(90_000.0),
         valid: true,
         why: None,
@@ -189,4 +190,55 @@ fn the_common_rate_is_a_share_of_the_slowest_maximum() {
     b.rx_pps_max = 100_000.0;
     assert_eq!(common_rate(&[a, b], 75), 75_000.0);
     assert_eq!(common_rate(&[], 75), 1.0);
+}
+
+/// The modelled IOMMU's inline work is reported beside service demand,
+/// in JSON, in the table (labelled as the IOMMU's, not in service demand)
+/// and in the notes, and is not part of service demand or its ratio.
+#[test]
+fn the_units_inline_work_is_shown_apart_and_not_in_service_demand() {
+    let mut rows = vec![
+        paced("passthrough", &[2.4, 2.5, 2.6]),
+        paced("strict", &[7.0, 7.2, 7.4]),
+        paced("deferred", &[2.7, 2.8, 2.9]),
+    ];
+    rows[1].unit_inline_cpu_us_per_pkt = 4.0;
+    rows[2].unit_inline_cpu_us_per_pkt = 0.05;
+    let rep = seed_report(rows);
+    let json = rep.contract["rows"].as_array().unwrap();
+    let field = |i: usize| json[i]["unit_inline_cpu_us_per_pkt"].as_f64();
+    assert_eq!(
+        (field(0), field(1), field(2)),
+        (Some(0.0), Some(4.0), Some(0.05))
+    );
+    // Service demand and the ratio are the rows' own, the unit's work not
+    // added back.
+    assert_eq!(json[1]["service_demand_us_per_pkt"], 7.2);
+    let ratio = json[2]["service_demand_vs_passthrough"].as_f64().unwrap();
+    assert!((ratio - 2.8 / 2.5).abs() < 1e-9, "{ratio}");
+    let t = rep.table("results").unwrap();
+    let col = t
+        .columns
+        .iter()
+        .find(|c| c.key == "unit_inline_us_per_pkt")
+        .expect("the column");
+    assert_eq!(
+        col.label,
+        "IOMMU unit inline (apart, not in service demand)"
+    );
+    assert_eq!(t.get("strict/ordered", "unit_inline_us_per_pkt"), Some(4.0));
+    assert!(rep
+        .table("full_speed")
+        .unwrap()
+        .columns
+        .iter()
+        .any(|c| c.key == "unit_inline_us_per_pkt"));
+    assert!(crate::render::render_table(t).contains("IOMMU unit inline"));
+    assert!(
+        rep.notes
+            .iter()
+            .any(|n| n.contains("NOT in service demand") && n.contains("wait_completion")),
+        "{:?}",
+        rep.notes
+    );
 }
