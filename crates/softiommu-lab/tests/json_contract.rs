@@ -65,6 +65,7 @@ fn bench_iova() {
     assert!(names.contains(&"softiommu") && names.contains(&"offset-allocator"));
     for r in results {
         assert!(number(r, "ns_per_pair") > 0.0);
+        assert!(number(r, "cpu_ns_per_pair") > 0.0);
         assert!(r["ns_per_pair_spread"].is_null(), "one round: no spread");
     }
 }
@@ -607,6 +608,8 @@ fn bench_iova_on_two_threads_reports_scaling() {
     assert_eq!(v["threads"], 2);
     let s = &v["softiommu_scaling"];
     assert!(number(s, "per_thread_throughput_ratio") > 0.0);
+    assert!(number(s, "cpu_cost_ratio") > 0.0);
+    assert!(number(s, "cpu_ns_per_pair_n_threads") > 0.0);
 }
 
 #[test]
