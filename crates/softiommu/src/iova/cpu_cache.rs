@@ -29,24 +29,29 @@ const PREFETCH_AHEAD: usize = 16;
 struct Class {
     loaded: Magazine,
     prev: Magazine,
+    /// `2^order - 1`: a block starting at `pfn` ends at `pfn + span_m1`.
+    span_m1: u64,
 }
 
 impl Class {
-    /// The IOVAs both magazines hold.
+    /// Pops the loaded magazine's top block if it ends at or below
+    /// `limit`. (`pfn + span_m1` cannot overflow: a cached block lies in
+    /// its domain, whose frames a state map covers, below 2^41.)
     #[inline(always)]
-    fn held(&self) -> u32 {
-        // At most 2 * MAX_MAGAZINE_SIZE: fits.
-        (self.loaded.len() + self.prev.len()) as u32
+    fn pop_top_within(&mut self, limit: u64) -> Option<u64> {
+        self.loaded.pop_top_if(|pfn| pfn + self.span_m1 <= limit)
     }
 }
 
-/// Publishes what class `order` holds for [`IovaDomain::stats`]: one
-/// relaxed store (a plain move) of a count computed from the magazines,
-/// which the call has in hand; no read-modify-write.
+/// Publishes what the loaded magazine of class `order` holds, for
+/// [`IovaDomain::stats`]: one relaxed store (a plain move) of its length,
+/// which the call has in hand; no read-modify-write. (What `prev` holds
+/// changes only on slow paths, which publish it: `IovaCpuCache::publish`.)
 #[inline(always)]
 fn publish(shared: &CacheShared, order: u32, class: &Class) {
     if let Some(c) = shared.cached.get(order as usize) {
-        c.store(class.held(), Relaxed);
+        // At most MAX_MAGAZINE_SIZE: fits.
+        c.store(class.loaded.len() as u32, Relaxed);
     }
 }
 
@@ -90,10 +95,11 @@ impl IovaCpuCache {
     pub(super) fn new(domain: Arc<IovaDomain>, shared: Arc<CacheShared>) -> Self {
         let p = domain.params();
         let classes = (0..=p.max_cached_order)
-            .map(|_| {
+            .map(|order| {
                 CachePadded::new(Class {
                     loaded: Magazine::new(p.magazine_size),
                     prev: Magazine::new(p.magazine_size),
+                    span_m1: (1 << order) - 1,
                 })
             })
             .collect();
@@ -200,18 +206,22 @@ impl IovaCpuCache {
         }
     }
 
-    /// Publishes what class `order` holds (see [`publish`]).
+    /// Publishes what class `order` holds, both magazines (see
+    /// [`publish`]).
     #[inline]
     fn publish(&self, order: u32) {
         if let Some(class) = self.classes.get(order as usize) {
             publish(&self.shared, order, class);
+            if let Some(c) = self.shared.cached_prev.get(order as usize) {
+                c.store(class.prev.len() as u32, Relaxed);
+            }
         }
     }
 
     /// Publishes every class.
     fn publish_all(&self) {
-        for (order, class) in self.classes.iter().enumerate() {
-            publish(&self.shared, order as u32, class);
+        for order in 0..self.classes.len() {
+            self.publish(order as u32);
         }
     }
 
@@ -278,9 +288,9 @@ impl IovaCpuCache {
         }
         self.check_epoch();
         if let Some(class) = self.classes.get_mut(order as usize) {
-            let mut got = class.loaded.pop_top_below(last_start(low, order));
+            let mut got = class.pop_top_within(low);
             if got.is_none() && self.recycle_any && low < limit {
-                got = class.loaded.pop_top_below(last_start(limit, order));
+                got = class.pop_top_within(limit);
             }
             if let Some(pfn) = got {
                 publish(&self.shared, order, class);
@@ -340,7 +350,7 @@ impl IovaCpuCache {
                 // nor one below its first frame, is ever cached, so a pop
                 // finds a block only for a request `check_request` passes;
                 // the miss path checks it.)
-                if let Some(pfn) = class.loaded.pop_top_below(last_start(limit_pfn, order)) {
+                if let Some(pfn) = class.pop_top_within(limit_pfn) {
                     publish(&self.shared, order, class);
                     self.set_state(pfn, state(LIVE, order));
                     return Ok(pfn);
@@ -389,7 +399,7 @@ impl IovaCpuCache {
         let mut both_empty = false;
         if pfn.is_none() && class.loaded.is_empty() {
             if !class.prev.is_empty() {
-                let Class { loaded, prev } = &mut **class;
+                let Class { loaded, prev, .. } = &mut **class;
                 std::mem::swap(loaded, prev);
                 pfn = class.loaded.pop_below(last_start);
             } else if let Some(full) = self.domain.depot_pop(order, self.shared.id) {
@@ -700,7 +710,7 @@ impl IovaCpuCache {
         let size = self.domain.params().magazine_size;
         let class = &mut self.classes[order as usize];
         if !class.prev.is_full() {
-            let Class { loaded, prev } = &mut **class;
+            let Class { loaded, prev, .. } = &mut **class;
             std::mem::swap(loaded, prev);
         } else {
             let full = std::mem::replace(&mut class.loaded, Magazine::new(size));

@@ -220,19 +220,25 @@ pub struct IovaStats {
 pub(super) struct CacheShared {
     /// The cache's id, tagging the magazines it puts in the depot.
     pub(super) id: u32,
-    /// IOVAs the cache holds, per size class (both magazines). One count
-    /// per class, stored whole from the magazines' lengths, so that a
-    /// fast-path call publishes with one store of a value it has in hand:
-    /// a single running total would be a load, an add and a store on
-    /// every call, a dependency chain through memory from each call to
-    /// the next.
+    /// IOVAs in the cache's loaded magazine, per size class: stored whole
+    /// from the magazine's length, so that a fast-path call publishes
+    /// with one store of a value it has in hand (a single running total
+    /// would be a load, an add and a store on every call: a dependency
+    /// chain through memory from each call to the next).
     pub(super) cached: CachePadded<[AtomicU32; MAX_CACHED_ORDER as usize + 1]>,
+    /// IOVAs in its other magazine, per size class (which only slow paths
+    /// change).
+    pub(super) cached_prev: [AtomicU32; MAX_CACHED_ORDER as usize + 1],
 }
 
 impl CacheShared {
     /// The IOVAs the cache holds, all classes.
     fn cached_total(&self) -> u64 {
-        self.cached.iter().map(|c| u64::from(c.load(Relaxed))).sum()
+        self.cached
+            .iter()
+            .chain(self.cached_prev.iter())
+            .map(|c| u64::from(c.load(Relaxed)))
+            .sum()
     }
 }
 

@@ -101,13 +101,13 @@ impl Magazine {
         self.pop_scan(limit)
     }
 
-    /// Pops the top entry if it is at or below `limit`.
-    #[inline]
-    pub(crate) fn pop_top_below(&mut self, limit: u64) -> Option<u64> {
+    /// Pops the top entry if `fits` accepts it.
+    #[inline(always)]
+    pub(crate) fn pop_top_if(&mut self, fits: impl FnOnce(u64) -> bool) -> Option<u64> {
         let top = self.len.checked_sub(1)?;
         // SAFETY: as in `pop_below`.
         let pfn = unsafe { *self.slots.get_unchecked(PAD + top) };
-        if pfn <= limit {
+        if fits(pfn) {
             self.len = top;
             return Some(pfn);
         }
