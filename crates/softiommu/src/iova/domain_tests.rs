@@ -653,7 +653,11 @@ fn every_bad_free_through_the_fast_path_is_refused_exactly() {
         c.free(one, 1).unwrap();
         let before = snapshot(&d);
         // Never allocated: a frame inside the domain no block starts at.
-        let never = if a > 1 << 12 { a - (1 << 12) } else { a + (1 << 12) };
+        let never = if a > 1 << 12 {
+            a - (1 << 12)
+        } else {
+            a + (1 << 12)
+        };
         assert_eq!(
             c.free(never, 1),
             Err(IovaError::NotAllocated { pfn: never }),
@@ -696,7 +700,11 @@ fn every_bad_free_through_the_fast_path_is_refused_exactly() {
             Err(IovaError::NotAllocated { pfn: f }),
             "{policy}: a foreign allocator's IOVA"
         );
-        assert_eq!(snapshot(&d), before, "{policy}: a refused free changed state");
+        assert_eq!(
+            snapshot(&d),
+            before,
+            "{policy}: a refused free changed state"
+        );
         oc.free(f, 4).expect("still live in its own domain");
         // A retired block is freed only by `free_retired`.
         d.retire_block(a, 4).unwrap();
