@@ -152,6 +152,12 @@ pub struct Scaling {
     /// perfect; above 1, what sharing the allocator costs a thread while
     /// it runs, not while the machine's other load holds its core).
     pub cpu_cost_ratio: f64,
+    /// The same ratio for the empty harness loop (when it runs): the
+    /// machine's own share of `cpu_cost_ratio` (two busy threads on
+    /// cores that share caches or a host core), which no allocator can
+    /// remove.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harness_cpu_cost_ratio: Option<f64>,
 }
 
 const SEQ: usize = 1 << 16;
@@ -298,6 +304,14 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
                 )
             }),
         ));
+        if threads > 1 {
+            // The empty loop at one thread too: what the machine alone
+            // does to a per-thread figure at N threads.
+            runners.push((
+                "harness@1",
+                Box::new(move |b| measure("harness@1", vec![Harness::default()], live, b)),
+            ));
+        }
     }
     if want("linux-2016") {
         runners.push((
@@ -355,8 +369,16 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
             }
         })
         .collect();
+    let harness_one = results
+        .iter()
+        .position(|r| r.name == "harness@1")
+        .map(|i| results.remove(i));
     let softiommu_scaling = (threads > 1).then(|| {
         let one = results.remove(1);
+        let harness_cpu_cost_ratio = harness_one.as_ref().and_then(|h1| {
+            let hn = results.iter().find(|r| r.name == "harness")?;
+            Some(hn.cpu_ns_per_pair / h1.cpu_ns_per_pair)
+        });
         Scaling {
             ns_per_pair_1_thread: one.ns_per_pair,
             ns_per_pair_n_threads: results[0].ns_per_pair,
@@ -364,6 +386,7 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
             cpu_ns_per_pair_1_thread: one.cpu_ns_per_pair,
             cpu_ns_per_pair_n_threads: results[0].cpu_ns_per_pair,
             cpu_cost_ratio: results[0].cpu_ns_per_pair / one.cpu_ns_per_pair,
+            harness_cpu_cost_ratio,
         }
     });
     IovaBenchReport {
@@ -434,6 +457,7 @@ fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
                 Column::metric("cpu_ns_per_pair_1_thread", "CPU, 1 thread", Unit::Ns, 1),
                 Column::metric("cpu_ns_per_pair_n_threads", "CPU, N threads", Unit::Ns, 1),
                 Column::metric("cpu_cost_ratio", "CPU cost N/1", Unit::Ratio, 2),
+                Column::metric("harness_cpu_cost_ratio", "harness CPU N/1", Unit::Ratio, 2),
             ],
         );
         s.row(vec![
@@ -444,6 +468,7 @@ fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
             sc.cpu_ns_per_pair_1_thread.into(),
             sc.cpu_ns_per_pair_n_threads.into(),
             sc.cpu_cost_ratio.into(),
+            sc.harness_cpu_cost_ratio.map_or(Cell::Missing, Cell::from),
         ]);
         rep.tables.push(s);
     }
