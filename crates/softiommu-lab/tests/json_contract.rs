@@ -65,6 +65,7 @@ fn bench_iova() {
     assert!(names.contains(&"softiommu") && names.contains(&"offset-allocator"));
     for r in results {
         assert!(number(r, "ns_per_pair") > 0.0);
+        assert!(number(r, "cpu_ns_per_pair") > 0.0);
         assert!(r["ns_per_pair_spread"].is_null(), "one round: no spread");
     }
 }
@@ -623,6 +624,44 @@ fn bench_iova_on_two_threads_reports_scaling() {
     assert_eq!(v["threads"], 2);
     let s = &v["softiommu_scaling"];
     assert!(number(s, "per_thread_throughput_ratio") > 0.0);
+    assert!(number(s, "cpu_cost_ratio") > 0.0);
+    assert!(number(s, "cpu_ns_per_pair_n_threads") > 0.0);
+    assert!(
+        s.get("harness_cpu_cost_ratio").is_none(),
+        "no harness run, no harness ratio: {s}"
+    );
+}
+
+#[test]
+fn bench_iova_on_two_threads_with_the_harness_reports_its_own_ratio() {
+    let v = run(&[
+        "bench",
+        "iova",
+        "--json",
+        "--threads",
+        "2",
+        "--seconds",
+        "0.05",
+        "--rounds",
+        "1",
+        "--live",
+        "256",
+        "--impls",
+        "harness",
+    ]);
+    let s = &v["softiommu_scaling"];
+    assert!(number(s, "harness_cpu_cost_ratio") > 0.0, "{s}");
+    let names: Vec<_> = v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["impl"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["softiommu", "harness"],
+        "the 1-thread runs are not rows"
+    );
 }
 
 #[test]

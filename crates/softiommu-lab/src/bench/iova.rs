@@ -104,6 +104,11 @@ pub struct ImplResult {
     pub name: String,
     /// Wall-clock nanoseconds per alloc+free pair, per thread (median round).
     pub ns_per_pair: f64,
+    /// CPU nanoseconds per pair, per thread (each thread's own CPU clock,
+    /// `CLOCK_THREAD_CPUTIME_ID`; median round): the pair's cost without
+    /// the time its thread was not running, whether the machine's other
+    /// load took the core or (a shared peer) it slept on the peer's lock.
+    pub cpu_ns_per_pair: f64,
     /// Pairs done in all threads and rounds.
     pub pairs: u64,
     /// `ns_per_pair` over the rounds (min, median, max); `null` with one
@@ -139,6 +144,20 @@ pub struct Scaling {
     pub ns_per_pair_n_threads: f64,
     /// Per-thread throughput at N threads / at 1 thread.
     pub per_thread_throughput_ratio: f64,
+    /// CPU ns per pair on one thread (see `ImplResult::cpu_ns_per_pair`).
+    pub cpu_ns_per_pair_1_thread: f64,
+    /// CPU ns per pair per thread at `threads`.
+    pub cpu_ns_per_pair_n_threads: f64,
+    /// Per-thread cost at N threads over at 1 thread, in CPU time (1.0 =
+    /// perfect; above 1, what sharing the allocator costs a thread while
+    /// it runs, not while the machine's other load holds its core).
+    pub cpu_cost_ratio: f64,
+    /// The same ratio for the empty harness loop (when it runs): the
+    /// machine's own share of `cpu_cost_ratio` (two busy threads on
+    /// cores that share caches or a host core), which no allocator can
+    /// remove.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harness_cpu_cost_ratio: Option<f64>,
 }
 
 const SEQ: usize = 1 << 16;
@@ -149,12 +168,16 @@ fn thread_loop<A: PairAlloc>(
     live: usize,
     budget: Duration,
     go: &Barrier,
-) -> (u64, Duration) {
+) -> (u64, Duration, Duration) {
     let sizes = DMA_MIX.sequence(seed, SEQ);
     let mut rng = Rng::new(seed ^ 0xabcdef);
     let slots: Vec<u32> = (0..SEQ).map(|_| rng.below(live as u64) as u32).collect();
     let mut held: Vec<Option<A::Handle>> = (0..live).map(|i| a.alloc(sizes[i % SEQ])).collect();
     go.wait();
+    // Everything the loop reads was built by this thread (no line shared
+    // with another thread's loop); the barrier and the clocks sit outside
+    // the timed region.
+    let cpu_start = softiommu::cpu_clock::thread();
     let start = Instant::now();
     let (mut i, mut pairs) = (0usize, 0u64);
     loop {
@@ -172,10 +195,11 @@ fn thread_loop<A: PairAlloc>(
         }
     }
     let took = start.elapsed();
+    let cpu = softiommu::cpu_clock::thread().saturating_sub(cpu_start);
     for h in held.into_iter().flatten() {
         a.free(h);
     }
-    (pairs, took)
+    (pairs, took, cpu)
 }
 
 fn measure<A: PairAlloc + 'static>(
@@ -193,19 +217,21 @@ fn measure<A: PairAlloc + 'static>(
             std::thread::spawn(move || thread_loop(a, 0x5eed + t as u64, live, budget, &go))
         })
         .collect();
-    let res: Vec<(u64, Duration)> = handles
+    let res: Vec<(u64, Duration, Duration)> = handles
         .into_iter()
         .map(|h| h.join().expect("bench thread"))
         .collect();
     let pairs: u64 = res.iter().map(|r| r.0).sum();
-    let ns = res
-        .iter()
-        .map(|(p, d)| d.as_nanos() as f64 / *p as f64)
-        .sum::<f64>()
-        / res.len() as f64;
+    let per_pair = |d: &dyn Fn(&(u64, Duration, Duration)) -> Duration| {
+        res.iter()
+            .map(|r| d(r).as_nanos() as f64 / r.0 as f64)
+            .sum::<f64>()
+            / res.len() as f64
+    };
     ImplResult {
         name: name.to_string(),
-        ns_per_pair: ns,
+        ns_per_pair: per_pair(&|r| r.1),
+        cpu_ns_per_pair: per_pair(&|r| r.2),
         pairs,
         ns_per_pair_spread: None,
     }
@@ -278,6 +304,14 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
                 )
             }),
         ));
+        if threads > 1 {
+            // The empty loop at one thread too: what the machine alone
+            // does to a per-thread figure at N threads.
+            runners.push((
+                "harness@1",
+                Box::new(move |b| measure("harness@1", vec![Harness::default()], live, b)),
+            ));
+        }
     }
     if want("linux-2016") {
         runners.push((
@@ -321,6 +355,8 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
     let mut results: Vec<ImplResult> = rounds_of
         .into_iter()
         .map(|mut v| {
+            let mut cpu: Vec<f64> = v.iter().map(|r| r.cpu_ns_per_pair).collect();
+            cpu.sort_by(f64::total_cmp);
             v.sort_by(|a, b| a.ns_per_pair.total_cmp(&b.ns_per_pair));
             let pairs = v.iter().map(|r| r.pairs).sum();
             ImplResult {
@@ -328,16 +364,29 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
                 ns_per_pair_spread: Spread::of_rounds(
                     &v.iter().map(|r| r.ns_per_pair).collect::<Vec<_>>(),
                 ),
+                cpu_ns_per_pair: cpu[cpu.len() / 2],
                 ..v[v.len() / 2].clone()
             }
         })
         .collect();
+    let harness_one = results
+        .iter()
+        .position(|r| r.name == "harness@1")
+        .map(|i| results.remove(i));
     let softiommu_scaling = (threads > 1).then(|| {
         let one = results.remove(1);
+        let harness_cpu_cost_ratio = harness_one.as_ref().and_then(|h1| {
+            let hn = results.iter().find(|r| r.name == "harness")?;
+            Some(hn.cpu_ns_per_pair / h1.cpu_ns_per_pair)
+        });
         Scaling {
             ns_per_pair_1_thread: one.ns_per_pair,
             ns_per_pair_n_threads: results[0].ns_per_pair,
             per_thread_throughput_ratio: one.ns_per_pair / results[0].ns_per_pair,
+            cpu_ns_per_pair_1_thread: one.cpu_ns_per_pair,
+            cpu_ns_per_pair_n_threads: results[0].cpu_ns_per_pair,
+            cpu_cost_ratio: results[0].cpu_ns_per_pair / one.cpu_ns_per_pair,
+            harness_cpu_cost_ratio,
         }
     });
     IovaBenchReport {
@@ -363,6 +412,7 @@ fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
         vec![
             Column::label("impl"),
             Column::metric("ns_per_pair", "per pair", Unit::Ns, 1),
+            Column::metric("cpu_ns_per_pair", "CPU per pair", Unit::Ns, 1),
             Column::metric("vs_softiommu", "vs softiommu", Unit::Ratio, 1),
             Column::metric("pairs", "pairs", Unit::Count, 0),
         ],
@@ -371,6 +421,7 @@ fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
         t.row(vec![
             x.name.clone().into(),
             Cell::figure(x.ns_per_pair, x.ns_per_pair_spread),
+            x.cpu_ns_per_pair.into(),
             Cell::figure(
                 x.ns_per_pair / ours,
                 // Ours over itself is 1 exactly: no spread.
@@ -403,6 +454,10 @@ fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
                 Column::metric("ns_per_pair_1_thread", "1 thread", Unit::Ns, 1),
                 Column::metric("ns_per_pair_n_threads", "N threads", Unit::Ns, 1),
                 Column::metric("per_thread_throughput_ratio", "ratio", Unit::Ratio, 2),
+                Column::metric("cpu_ns_per_pair_1_thread", "CPU, 1 thread", Unit::Ns, 1),
+                Column::metric("cpu_ns_per_pair_n_threads", "CPU, N threads", Unit::Ns, 1),
+                Column::metric("cpu_cost_ratio", "CPU cost N/1", Unit::Ratio, 2),
+                Column::metric("harness_cpu_cost_ratio", "harness CPU N/1", Unit::Ratio, 2),
             ],
         );
         s.row(vec![
@@ -410,6 +465,10 @@ fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
             sc.ns_per_pair_1_thread.into(),
             sc.ns_per_pair_n_threads.into(),
             sc.per_thread_throughput_ratio.into(),
+            sc.cpu_ns_per_pair_1_thread.into(),
+            sc.cpu_ns_per_pair_n_threads.into(),
+            sc.cpu_cost_ratio.into(),
+            sc.harness_cpu_cost_ratio.map_or(Cell::Missing, Cell::from),
         ]);
         rep.tables.push(s);
     }

@@ -29,6 +29,30 @@ const PREFETCH_AHEAD: usize = 16;
 struct Class {
     loaded: Magazine,
     prev: Magazine,
+    /// `2^order - 1`: a block starting at `pfn` ends at `pfn + span_m1`.
+    span_m1: u64,
+}
+
+impl Class {
+    /// Pops the loaded magazine's top block if it ends at or below
+    /// `limit`. (`pfn + span_m1` cannot overflow: a cached block lies in
+    /// its domain, whose frames a state map covers, below 2^41.)
+    #[inline(always)]
+    fn pop_top_within(&mut self, limit: u64) -> Option<u64> {
+        self.loaded.pop_top_if(|pfn| pfn + self.span_m1 <= limit)
+    }
+}
+
+/// Publishes what the loaded magazine of class `order` holds, for
+/// [`IovaDomain::stats`]: one relaxed store (a plain move) of its length,
+/// which the call has in hand; no read-modify-write. (What `prev` holds
+/// changes only on slow paths, which publish it: `IovaCpuCache::publish`.)
+#[inline(always)]
+fn publish(shared: &CacheShared, order: u32, class: &Class) {
+    if let Some(c) = shared.cached.get(order as usize) {
+        // At most MAX_MAGAZINE_SIZE: fits.
+        c.store(class.loaded.len() as u32, Relaxed);
+    }
 }
 
 /// A thread's cache over an [`IovaDomain`]. Create one per allocating
@@ -42,7 +66,6 @@ pub struct IovaCpuCache {
     domain: Arc<IovaDomain>,
     classes: Box<[CachePadded<Class>]>,
     epoch: u64,
-    cached: u64,
     misses: u64,
     /// The domain's bounds, kept here so that a hit reads no domain field
     /// but the flush epoch.
@@ -72,10 +95,11 @@ impl IovaCpuCache {
     pub(super) fn new(domain: Arc<IovaDomain>, shared: Arc<CacheShared>) -> Self {
         let p = domain.params();
         let classes = (0..=p.max_cached_order)
-            .map(|_| {
+            .map(|order| {
                 CachePadded::new(Class {
                     loaded: Magazine::new(p.magazine_size),
                     prev: Magazine::new(p.magazine_size),
+                    span_m1: (1 << order) - 1,
                 })
             })
             .collect();
@@ -86,7 +110,6 @@ impl IovaCpuCache {
             domain,
             classes,
             epoch,
-            cached: 0,
             misses: 0,
             start_pfn,
             end_pfn,
@@ -183,9 +206,23 @@ impl IovaCpuCache {
         }
     }
 
+    /// Publishes what class `order` holds, both magazines (see
+    /// [`publish`]).
     #[inline]
-    fn publish(&self) {
-        self.shared.cached.store(self.cached, Relaxed);
+    fn publish(&self, order: u32) {
+        if let Some(class) = self.classes.get(order as usize) {
+            publish(&self.shared, order, class);
+            if let Some(c) = self.shared.cached_prev.get(order as usize) {
+                c.store(class.prev.len() as u32, Relaxed);
+            }
+        }
+    }
+
+    /// Publishes every class.
+    fn publish_all(&self) {
+        for order in 0..self.classes.len() {
+            self.publish(order as u32);
+        }
     }
 
     /// Allocates a block of `pages` (rounded up to a power of two, aligned to
@@ -251,15 +288,12 @@ impl IovaCpuCache {
         }
         self.check_epoch();
         if let Some(class) = self.classes.get_mut(order as usize) {
-            let last_start = (low + 1).saturating_sub(1 << order);
-            let mut got = class.loaded.pop_top_below(last_start);
+            let mut got = class.pop_top_within(low);
             if got.is_none() && self.recycle_any && low < limit {
-                let last_any = (limit.min(self.end_pfn) + 1).saturating_sub(1 << order);
-                got = class.loaded.pop_top_below(last_any);
+                got = class.pop_top_within(limit);
             }
             if let Some(pfn) = got {
-                self.cached -= 1;
-                self.publish();
+                publish(&self.shared, order, class);
                 self.set_state(pfn, state(LIVE, order));
                 return Ok(pfn);
             }
@@ -306,23 +340,44 @@ impl IovaCpuCache {
         limit_pfn: u64,
     ) -> Result<u64, IovaError> {
         let order = super::order_of(pages)?;
+        // A flush the epoch asks for is left to the miss path (after the
+        // request's checks: a refused call changes nothing).
+        if self.domain.flush_epoch.load(Relaxed) == self.epoch {
+            if let Some(class) = self.classes.get_mut(order as usize) {
+                // The whole block must end at or below the limit, not only
+                // start there: cached blocks are checked by their start
+                // against this. (No block of an order past the domain's,
+                // nor one below its first frame, is ever cached, so a pop
+                // finds a block only for a request `check_request` passes;
+                // the miss path checks it.)
+                if let Some(pfn) = class.pop_top_within(limit_pfn) {
+                    publish(&self.shared, order, class);
+                    self.set_state(pfn, state(LIVE, order));
+                    return Ok(pfn);
+                }
+            }
+        }
+        self.alloc_miss::<GIVE_BACK>(order, pages, limit_pfn)
+    }
+
+    /// [`alloc_in`](Self::alloc_in) past the loaded magazine's top: the
+    /// request checked (the domain builds the precise error), then the
+    /// rest of the cache and the tree.
+    #[cold]
+    #[inline(never)]
+    fn alloc_miss<const GIVE_BACK: bool>(
+        &mut self,
+        order: u32,
+        pages: u64,
+        limit_pfn: u64,
+    ) -> Result<u64, IovaError> {
         if order > self.max_order || limit_pfn < self.start_pfn {
-            // The domain builds the precise error.
             self.domain.check_request(pages, limit_pfn)?;
         }
         let limit = limit_pfn.min(self.end_pfn);
         self.check_epoch();
-        if let Some(class) = self.classes.get_mut(order as usize) {
-            // The whole block must end at or below the limit, not only start
-            // there: cached blocks are checked by their start against this.
-            let last_start = (limit + 1).saturating_sub(1 << order);
-            if let Some(pfn) = class.loaded.pop_top_below(last_start) {
-                self.cached -= 1;
-                self.publish();
-                self.set_state(pfn, state(LIVE, order));
-                return Ok(pfn);
-            }
-            return self.alloc_slow::<GIVE_BACK>(order, limit, last_start);
+        if (order as usize) < self.classes.len() {
+            return self.alloc_slow::<GIVE_BACK>(order, limit, last_start(limit, order));
         }
         self.tree_alloc::<GIVE_BACK>(order, limit)
     }
@@ -344,12 +399,11 @@ impl IovaCpuCache {
         let mut both_empty = false;
         if pfn.is_none() && class.loaded.is_empty() {
             if !class.prev.is_empty() {
-                let Class { loaded, prev } = &mut **class;
+                let Class { loaded, prev, .. } = &mut **class;
                 std::mem::swap(loaded, prev);
                 pfn = class.loaded.pop_below(last_start);
             } else if let Some(full) = self.domain.depot_pop(order, self.shared.id) {
                 // The empty loaded magazine is dropped, as Linux frees it.
-                self.cached += full.len() as u64;
                 let class = &mut self.classes[order as usize];
                 class.loaded = full;
                 pfn = class.loaded.pop_below(last_start);
@@ -359,8 +413,7 @@ impl IovaCpuCache {
         }
         match pfn {
             Some(pfn) => {
-                self.cached -= 1;
-                self.publish();
+                self.publish(order);
                 self.set_state(pfn, state(LIVE, order));
                 Ok(pfn)
             }
@@ -371,7 +424,7 @@ impl IovaCpuCache {
                         return Ok(pfn);
                     }
                 }
-                self.publish();
+                self.publish(order);
                 self.tree_alloc::<GIVE_BACK>(order, limit)
             }
         }
@@ -404,8 +457,7 @@ impl IovaCpuCache {
                 class.loaded.push(pfn);
             }
         }
-        self.cached += n - 1;
-        self.publish();
+        self.publish(order);
         let top = start + ((n - 1) << order);
         self.set_state(top, state(LIVE, order));
         Some(top)
@@ -435,18 +487,21 @@ impl IovaCpuCache {
     pub fn free(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;
         // A flush the epoch asks for is left to the out-of-line path (after
-        // its checks, as before: a refused free changes nothing).
-        if order < 64 && self.domain.flush_epoch.load(Relaxed) == self.epoch {
-            // SAFETY: `live_cur` is only ever used with this domain's
-            // state map (as in `live_cell`; the fields are borrowed apart
-            // so that the word stays in hand for the store below).
-            let cell = unsafe { self.live_cur.cell(&self.domain.live, pfn) };
-            if let (Some(c), Some(class)) = (cell, self.classes.get_mut(order as usize)) {
-                if c.get() == state(LIVE, order) && class.loaded.push(pfn) {
-                    c.put(state(CACHED, order));
-                    self.cached += 1;
-                    self.shared.cached.store(self.cached, Relaxed);
-                    return Ok(());
+        // its checks, as before: a refused free changes nothing). A cached
+        // order is at most `MAX_CACHED_ORDER`, so the state word below
+        // holds the order whole.
+        if let Some(class) = self.classes.get_mut(order as usize) {
+            if self.domain.flush_epoch.load(Relaxed) == self.epoch {
+                // SAFETY: `live_cur` is only ever used with this domain's
+                // state map (as in `live_cell`; the fields are borrowed
+                // apart so that the word stays in hand for the store
+                // below).
+                if let Some(c) = unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
+                    if c.get() == state(LIVE, order) && class.loaded.push(pfn) {
+                        c.put(state(CACHED, order));
+                        publish(&self.shared, order, class);
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -502,8 +557,7 @@ impl IovaCpuCache {
         match self.classes.get_mut(order as usize) {
             Some(class) if !class.loaded.is_full() => {
                 class.loaded.push(pfn);
-                self.cached += 1;
-                self.publish();
+                publish(&self.shared, order, class);
             }
             Some(_) => self.free_slow(pfn, order),
             None => self.domain.free_to_tree(pfn, order),
@@ -552,7 +606,7 @@ impl IovaCpuCache {
                 i += n;
             }
         }
-        self.publish();
+        self.publish_all();
         result
     }
 
@@ -572,7 +626,6 @@ impl IovaCpuCache {
             domain,
             classes,
             live_cur,
-            cached,
             ..
         } = self;
         let Some(class) = classes.get_mut(order as usize) else {
@@ -607,7 +660,6 @@ impl IovaCpuCache {
             class.loaded.push(pfn);
             n += 1;
         }
-        *cached += n as u64;
         n
     }
 
@@ -625,7 +677,6 @@ impl IovaCpuCache {
         match self.classes.get_mut(order as usize) {
             Some(class) if !class.loaded.is_full() => {
                 class.loaded.push(pfn);
-                self.cached += 1;
             }
             Some(_) => self.free_slow(pfn, order),
             None => self.domain.free_to_tree(pfn, order),
@@ -639,9 +690,8 @@ impl IovaCpuCache {
         match self.classes.get_mut(order as usize) {
             Some(class) if !class.loaded.is_full() => {
                 class.loaded.push(pfn);
+                publish(&self.shared, order, class);
                 self.set_state(pfn, state(CACHED, order));
-                self.cached += 1;
-                self.publish();
                 Ok(())
             }
             Some(_) => {
@@ -660,15 +710,13 @@ impl IovaCpuCache {
         let size = self.domain.params().magazine_size;
         let class = &mut self.classes[order as usize];
         if !class.prev.is_full() {
-            let Class { loaded, prev } = &mut **class;
+            let Class { loaded, prev, .. } = &mut **class;
             std::mem::swap(loaded, prev);
         } else {
             let full = std::mem::replace(&mut class.loaded, Magazine::new(size));
-            let moved = full.len() as u64;
             match self.domain.depot_push(order, self.shared.id, full) {
-                Ok(()) => self.cached -= moved,
+                Ok(()) => {}
                 Err((mut full, WhenFull::FreeMagazine)) => {
-                    self.cached -= moved;
                     self.domain.free_magazine(&mut full, order);
                 }
                 Err((full, WhenFull::FlushAllCaches)) => {
@@ -684,20 +732,27 @@ impl IovaCpuCache {
         }
         self.classes[order as usize].loaded.push(pfn);
         self.set_state(pfn, state(CACHED, order));
-        self.cached += 1;
-        self.publish();
+        self.publish(order);
     }
 
     /// Gives every IOVA this cache holds back to the tree.
     pub fn flush(&mut self) {
         for (order, class) in self.classes.iter_mut().enumerate() {
-            self.cached -= (class.loaded.len() + class.prev.len()) as u64;
             self.domain.free_magazine(&mut class.loaded, order as u32);
             self.domain.free_magazine(&mut class.prev, order as u32);
         }
         self.epoch = self.domain.flush_epoch.load(Relaxed);
-        self.publish();
+        self.publish_all();
     }
+}
+
+/// The highest start a cached block of `order` may have to end at or below
+/// `limit`: `limit + 1 - 2^order`, 0 when the block cannot fit (a pop then
+/// takes nothing, as no block starts at frame 0), with no overflow for any
+/// `limit`.
+#[inline(always)]
+fn last_start(limit: u64, order: u32) -> u64 {
+    limit.saturating_sub((1 << order) - 1)
 }
 
 impl Drop for IovaCpuCache {

@@ -12,7 +12,7 @@ use super::gap_tree::GapTree;
 use super::linear_tree::{LinearTree, DMA_32BIT_PFN};
 use super::live_map::{order_in, state, LiveMap, TagMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
 use super::magazine::Magazine;
-use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull};
+use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull, MAX_CACHED_ORDER};
 use super::{order_of, IovaError};
 
 /// The range allocator behind the caches.
@@ -220,7 +220,26 @@ pub struct IovaStats {
 pub(super) struct CacheShared {
     /// The cache's id, tagging the magazines it puts in the depot.
     pub(super) id: u32,
-    pub(super) cached: CachePadded<AtomicU64>,
+    /// IOVAs in the cache's loaded magazine, per size class: stored whole
+    /// from the magazine's length, so that a fast-path call publishes
+    /// with one store of a value it has in hand (a single running total
+    /// would be a load, an add and a store on every call: a dependency
+    /// chain through memory from each call to the next).
+    pub(super) cached: CachePadded<[AtomicU32; MAX_CACHED_ORDER as usize + 1]>,
+    /// IOVAs in its other magazine, per size class (which only slow paths
+    /// change).
+    pub(super) cached_prev: [AtomicU32; MAX_CACHED_ORDER as usize + 1],
+}
+
+impl CacheShared {
+    /// The IOVAs the cache holds, all classes.
+    fn cached_total(&self) -> u64 {
+        self.cached
+            .iter()
+            .chain(self.cached_prev.iter())
+            .map(|c| u64::from(c.load(Relaxed)))
+            .sum()
+    }
 }
 
 /// An IOVA space with its caches. Share it as `Arc<IovaDomain>`; give each
@@ -916,7 +935,7 @@ impl IovaDomain {
         let in_cpus: u64 = lock(&self.caches)
             .iter()
             .filter_map(Weak::upgrade)
-            .map(|c| c.cached.load(Relaxed))
+            .map(|c| c.cached_total())
             .sum();
         let (depot_magazines, depot_iovas) = self.depots.totals();
         IovaStats {

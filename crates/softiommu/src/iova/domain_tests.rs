@@ -637,3 +637,93 @@ fn a_batch_free_frees_every_retired_block_and_refuses_the_rest() {
         );
     }
 }
+
+/// Every bad free through a cache's inlined fast path (a cached order, a
+/// loaded magazine with room, no flush asked) is refused with its exact
+/// error, and changes nothing: the state word is read before anything is
+/// written, whatever the fast path's layout.
+#[test]
+fn every_bad_free_through_the_fast_path_is_refused_exactly() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1, END, policy).unwrap();
+        let mut c = d.cpu_cache();
+        // Warm the classes, so each free below meets a magazine with room.
+        let a = c.alloc(4, END).unwrap();
+        let one = c.alloc(1, END).unwrap();
+        c.free(one, 1).unwrap();
+        let before = snapshot(&d);
+        // Never allocated: a frame inside the domain no block starts at.
+        let never = if a > 1 << 12 {
+            a - (1 << 12)
+        } else {
+            a + (1 << 12)
+        };
+        assert_eq!(
+            c.free(never, 1),
+            Err(IovaError::NotAllocated { pfn: never }),
+            "{policy}: never allocated"
+        );
+        // Inside a live block, not at its start.
+        assert_eq!(
+            c.free(a + 2, 2),
+            Err(IovaError::NotAllocated { pfn: a + 2 }),
+            "{policy}: interior frame"
+        );
+        // Wrong size, smaller and larger.
+        for pages in [1, 2, 8, 256] {
+            assert_eq!(
+                c.free(a, pages),
+                Err(IovaError::WrongSize {
+                    pfn: a,
+                    pages,
+                    allocated_pages: 4
+                }),
+                "{policy}: freed with {pages} pages"
+            );
+        }
+        // Double free of a block sitting in this cache's loaded magazine.
+        assert_eq!(
+            c.free(one, 1),
+            Err(IovaError::NotAllocated { pfn: one }),
+            "{policy}: double free into the same magazine"
+        );
+        // A foreign allocator's block: another domain over the same frames
+        // handed it out; this domain never did.
+        let other = IovaDomain::new(1, END, policy).unwrap();
+        let mut oc = other.cpu_cache();
+        let f = (0..512)
+            .map(|_| oc.alloc(4, END).unwrap())
+            .find(|&p| d.find(p).is_none())
+            .expect("a block this domain does not hold");
+        assert_eq!(
+            c.free(f, 4),
+            Err(IovaError::NotAllocated { pfn: f }),
+            "{policy}: a foreign allocator's IOVA"
+        );
+        assert_eq!(
+            snapshot(&d),
+            before,
+            "{policy}: a refused free changed state"
+        );
+        oc.free(f, 4).expect("still live in its own domain");
+        // A retired block is freed only by `free_retired`.
+        d.retire_block(a, 4).unwrap();
+        assert_eq!(
+            c.free(a, 4),
+            Err(IovaError::NotAllocated { pfn: a }),
+            "{policy}: a retired block"
+        );
+        c.free_retired(a, 4).unwrap();
+        // A freed block, now cached: a second free is refused as well.
+        assert_eq!(
+            c.free(a, 4),
+            Err(IovaError::NotAllocated { pfn: a }),
+            "{policy}: double free of a cached block"
+        );
+        // The good frees still go through.
+        let b = c.alloc(4, END).unwrap();
+        assert_eq!(d.find(b).map(|x| x.state), Some(BlockState::Live));
+        c.free(b, 4).unwrap();
+        assert_eq!(d.find(b).map(|x| x.state), Some(BlockState::Cached));
+    }
+}

@@ -15,6 +15,9 @@ pub(crate) struct Magazine {
     /// `PAD` unused words, the entries, `PAD` unused words.
     slots: Box<[u64]>,
     len: usize,
+    /// `slots.len() - 2 * PAD`, kept so that a push compares with a field
+    /// instead of computing it.
+    cap: usize,
 }
 
 impl Magazine {
@@ -26,12 +29,13 @@ impl Magazine {
         Self {
             slots: vec![0; capacity + 2 * PAD].into_boxed_slice(),
             len: 0,
+            cap: capacity,
         }
     }
 
     #[inline]
     fn capacity(&self) -> usize {
-        self.slots.len() - 2 * PAD
+        self.cap
     }
 
     #[inline]
@@ -62,10 +66,11 @@ impl Magazine {
         if self.len >= self.capacity() {
             return false;
         }
-        // SAFETY: `len < capacity` (checked above) and `capacity ==
-        // slots.len() - 2 * PAD` (by construction in `new`, where the sum
-        // cannot overflow), so `PAD + len < slots.len()`. (The compiler
-        // keeps this one comparison instead of a second bounds check.)
+        // SAFETY: `len < capacity` (checked above) and `capacity == cap ==
+        // slots.len() - 2 * PAD` (both set in `new`, where the sum cannot
+        // overflow, and never changed), so `PAD + len < slots.len()`. (The
+        // compiler keeps this one comparison instead of a second bounds
+        // check.)
         unsafe { *self.slots.get_unchecked_mut(PAD + self.len) = pfn };
         self.len += 1;
         true
@@ -87,7 +92,7 @@ impl Magazine {
         let top = self.len.checked_sub(1)?;
         // SAFETY: `top < len <= capacity` (`len` only grows in `push`, which
         // keeps it at most `capacity`, and `capacity == slots.len() - 2 *
-        // PAD`), so `PAD + top < slots.len()`.
+        // PAD`, as in `push`), so `PAD + top < slots.len()`.
         let pfn = unsafe { *self.slots.get_unchecked(PAD + top) };
         if pfn <= limit {
             self.len = top;
@@ -96,13 +101,13 @@ impl Magazine {
         self.pop_scan(limit)
     }
 
-    /// Pops the top entry if it is at or below `limit`.
-    #[inline]
-    pub(crate) fn pop_top_below(&mut self, limit: u64) -> Option<u64> {
+    /// Pops the top entry if `fits` accepts it.
+    #[inline(always)]
+    pub(crate) fn pop_top_if(&mut self, fits: impl FnOnce(u64) -> bool) -> Option<u64> {
         let top = self.len.checked_sub(1)?;
         // SAFETY: as in `pop_below`.
         let pfn = unsafe { *self.slots.get_unchecked(PAD + top) };
-        if pfn <= limit {
+        if fits(pfn) {
             self.len = top;
             return Some(pfn);
         }
