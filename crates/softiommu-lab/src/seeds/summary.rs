@@ -92,19 +92,6 @@ fn spread_of(ours: Option<f64>, t: &Table, row: &str, key: &str) -> Option<Sprea
     (c.value() == ours).then(|| c.spread()).flatten()
 }
 
-/// Ours against `threshold` (a published figure, or a line the verdict
-/// is drawn at, taken as a point) by the one rule ([`judge`]):
-/// `Some(Less)` when ours' whole interval lies below it, `Some(Greater)`
-/// when above, `None` when the interval holds it (say
-/// [`WITHIN_THE_SPREAD`]) or ours was measured once (no interval, no
-/// verdict).
-pub fn side(spread: Option<Spread>, threshold: f64) -> Option<Ordering> {
-    match judge(spread, threshold, None) {
-        Verdict::Beyond(o) => Some(o),
-        Verdict::Within | Verdict::None(_) => None,
-    }
-}
-
 /// Why the first of `rows` of `t` is marked invalid, as `row: why`.
 pub fn invalid_among(t: &Table, rows: &[&str]) -> Option<String> {
     rows.iter()
@@ -277,7 +264,7 @@ fn seed_002(reports: &[Report]) -> SeedLine {
     let rounds = if repeats == "1" {
         "each figure from one round, so it has no spread".to_string()
     } else {
-        format!("CPU figures the median of {repeats} repeats with their spread, wall figures the fastest")
+        format!("CPU figures the median of the timed runs (at least {repeats}, and enough for {} sends per row) with their spread, wall figures the fastest of {repeats}", crate::lab::iopf::TIMED_SENDS)
     };
     SeedLine {
         seed: "002",
@@ -513,10 +500,16 @@ mod tests {
     #[test]
     fn ours_is_judged_only_where_every_round_lies_on_one_side() {
         let s = Spread::of(&[1.1, 1.2, 1.3]);
-        assert_eq!(side(Some(s), 1.0), Some(Ordering::Greater));
-        assert_eq!(side(Some(s), 1.5), Some(Ordering::Less));
-        assert_eq!(side(Some(s), 1.25), None, "straddles");
-        assert_eq!(side(None, 1.25), None, "one round: no interval, no verdict");
+        assert_eq!(
+            judge(Some(s), 1.0, None),
+            Verdict::Beyond(Ordering::Greater)
+        );
+        assert_eq!(judge(Some(s), 1.5, None), Verdict::Beyond(Ordering::Less));
+        assert_eq!(judge(Some(s), 1.25, None), Verdict::Within, "straddles");
+        assert!(
+            matches!(judge(None, 1.25, None), Verdict::None(_)),
+            "one round: no interval, no verdict"
+        );
     }
 
     #[test]
