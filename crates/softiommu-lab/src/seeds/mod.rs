@@ -4,6 +4,7 @@
 
 mod summary;
 mod theirs;
+pub mod verdict;
 
 pub use summary::{summarise, SeedLine};
 pub use theirs::their_table;

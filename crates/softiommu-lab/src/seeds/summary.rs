@@ -10,7 +10,9 @@ use std::cmp::Ordering;
 
 use serde::Serialize;
 
-use crate::report::{Place, Report, Spread, Table};
+use crate::report::{Report, Spread, Table};
+
+use super::verdict::{judge, Verdict};
 
 /// The verdict where ours' rounds straddle the figure it is judged by.
 pub const WITHIN_THE_SPREAD: &str =
@@ -88,23 +90,6 @@ pub fn summarise(reports: &[Report]) -> Vec<SeedLine> {
 fn spread_of(ours: Option<f64>, t: &Table, row: &str, key: &str) -> Option<Spread> {
     let c = t.cell(row, key)?;
     (c.value() == ours).then(|| c.spread()).flatten()
-}
-
-/// Ours against `threshold` (a published figure, or a line the verdict
-/// is drawn at, taken as a point): `Some(Less)` when every round of ours
-/// lies below it, `Some(Greater)` when every round lies above, `None` when
-/// the rounds straddle it (say [`WITHIN_THE_SPREAD`], give no verdict). A
-/// figure measured once (`spread` `None`) is compared as a point. Seeds'
-/// verdicts call this rather than comparing medians.
-pub fn side(ours: f64, spread: Option<Spread>, threshold: f64) -> Option<Ordering> {
-    match spread {
-        Some(s) => match s.place(threshold) {
-            Place::Above => Some(Ordering::Less),
-            Place::Below => Some(Ordering::Greater),
-            Place::Within => None,
-        },
-        None => ours.partial_cmp(&threshold),
-    }
 }
 
 /// Why the first of `rows` of `t` is marked invalid, as `row: why`.
@@ -195,17 +180,19 @@ fn seed_000(reports: &[Report]) -> SeedLine {
             fmt(strict, "×"),
             fmt(bounce, "×")
         ),
-        verdict: match (invalid, ours) {
-            (Some(why), _) => format!("no verdict: {why}"),
+        verdict: match (&invalid, ours) {
             (None, None) => "no deferred or pass-through row".into(),
-            (None, Some(o)) => match side(o, spread, theirs) {
-                Some(Ordering::Less) => {
+            _ => match judge(spread, theirs, invalid) {
+                Verdict::None(why) => format!("no verdict: {why}"),
+                Verdict::Beyond(Ordering::Less) => {
                     "deferred costs less over no-IOMMU than the seed's batching, beyond the spread".into()
                 }
-                Some(Ordering::Greater) => {
+                Verdict::Beyond(_) => {
                     "deferred costs more over no-IOMMU than the seed's batching, beyond the spread".into()
                 }
-                _ => format!("deferred against the seed's batching: {WITHIN_THE_SPREAD}"),
+                Verdict::Within => {
+                    format!("deferred against the seed's batching: {WITHIN_THE_SPREAD}")
+                }
             },
         },
         scenario: Some("udp-32".into()),
@@ -277,7 +264,7 @@ fn seed_002(reports: &[Report]) -> SeedLine {
     let rounds = if repeats == "1" {
         "each figure from one round, so it has no spread".to_string()
     } else {
-        format!("CPU figures the median of {repeats} repeats with their spread, wall figures the fastest")
+        format!("CPU figures the median of the timed runs (at least {repeats}, and enough for {} sends per row) with their spread, wall figures the fastest of {repeats}", crate::lab::iopf::TIMED_SENDS)
     };
     SeedLine {
         seed: "002",
@@ -334,10 +321,16 @@ fn seed_003(reports: &[Report]) -> SeedLine {
     };
     let row = "non-coherent/deferred";
     let ours = t.get(row, "saturated_vs_coherent");
-    let (lo, hi) = (
-        t.get(row, "saturated_vs_coherent_min"),
-        t.get(row, "saturated_vs_coherent_max"),
-    );
+    // The rounds' paired ratios; a report stored before figures carried
+    // their spread kept it in `_min` and `_max` columns.
+    let spread = t.spread(row, "saturated_vs_coherent").or_else(|| {
+        Some(Spread {
+            min: t.get(row, "saturated_vs_coherent_min")?,
+            median: ours?,
+            max: t.get(row, "saturated_vs_coherent_max")?,
+        })
+    });
+    let (lo, hi) = (spread.map(|s| s.min), spread.map(|s| s.max));
     let measured = t.get(row, "vs_coherent");
     let strict = t.get("non-coherent/strict", "saturated_vs_coherent");
     let share = t.get(row, "flush_cpu_share_pct");
@@ -348,23 +341,21 @@ fn seed_003(reports: &[Report]) -> SeedLine {
     );
     let invalid = ["coherent/deferred", row]
         .iter()
-        .any(|r| t.invalid_why(r).is_some());
-    let why = invalid
+        .any(|r| t.invalid_why(r).is_some())
         .then(|| {
             invalid_walk(reports, "tcp-64k")
                 .or_else(|| invalid_among(t, &["coherent/deferred", row]))
-        })
-        .flatten()
-        .unwrap_or_else(|| "a row is marked invalid".into());
+                .unwrap_or_else(|| "a row is marked invalid".into())
+        });
     SeedLine {
         seed: "003",
         claim: claim.into(),
         theirs: Some(theirs),
         ours,
-        ours_spread: None,
+        ours_spread: spread,
         unit: "×",
         detail: format!(
-            "one smoltcp TCP stream, deferred, stated as CPU per unit of work (the stream need not saturate its driver threads): driver CPU (both hosts' driver+stack threads and flush timers) {} per GB coherent, {} non-coherent, so a CPU-saturated driver would reach {} of coherent's throughput (rounds {} to {}); measured below saturation {} of coherent's Mbit/s; {} lines flushed per GB, flush share {} of driver CPU (estimated; theirs 5.86 %); strict {}",
+            "one smoltcp TCP stream, deferred, stated as CPU per unit of work (the stream need not saturate its driver threads): driver CPU (both hosts' driver+stack threads and flush timers) {} per GB coherent, {} non-coherent, so a CPU-saturated driver would reach {} of coherent's throughput (each round's paired ratio, rounds {} to {}); measured below saturation {} of coherent's Mbit/s; {} lines flushed per GB, flush share {} of driver CPU (estimated; theirs 5.86 %); strict {}",
             fmt(cpu_c, " s"),
             fmt(cpu_n, " s"),
             fmt(ours, "×"),
@@ -375,16 +366,40 @@ fn seed_003(reports: &[Report]) -> SeedLine {
             fmt(share, " %"),
             fmt(strict, "×")
         ),
-        verdict: match (ours, lo, hi) {
-            _ if invalid => format!("no verdict: {why}"),
-            (Some(_), Some(l), _) if l > theirs => "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread".into(),
-            (Some(_), _, Some(h)) if h < theirs => "flushing costs as much CPU per GB as the seed's or more, beyond the spread".into(),
-            (Some(_), _, _) => "flushing costs what the seed's did, within the spread of the rounds".into(),
-            (None, _, _) => "no deferred rows for both walks".into(),
+        verdict: match ours {
+            None if invalid.is_none() => "no deferred rows for both walks".into(),
+            _ => seed_003_verdict(spread, theirs, invalid),
         },
         scenario: Some("tcp-64k".into()),
         spark: Some(("tcp-64k", "results", "non-coherent/deferred", "saturated_vs_coherent")),
     }
+}
+
+/// Seed 003's verdict by the one rule, twice on the same interval: the
+/// claim's direction (a non-coherent walk costs more driver CPU per GB
+/// than a coherent one: ours below 1.0) and its size against the seed's.
+fn seed_003_verdict(spread: Option<Spread>, theirs: f64, invalid: Option<String>) -> String {
+    let direction = match judge(spread, 1.0, invalid.clone()) {
+        Verdict::None(why) => return format!("no verdict: {why}"),
+        Verdict::Beyond(Ordering::Greater) => {
+            "a non-coherent walk cost less driver CPU per GB than a coherent one in every round"
+        }
+        Verdict::Beyond(_) => {
+            "a non-coherent walk costs more driver CPU per GB than a coherent one, beyond the spread"
+        }
+        Verdict::Within => "a non-coherent walk's extra driver CPU per GB is within the spread",
+    };
+    let size = match judge(spread, theirs, invalid) {
+        Verdict::None(why) => return format!("no verdict: {why}"),
+        Verdict::Beyond(Ordering::Greater) => {
+            "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread"
+        }
+        Verdict::Beyond(_) => {
+            "flushing costs as much CPU per GB as the seed's or more, beyond the spread"
+        }
+        Verdict::Within => "flushing costs what the seed's did, within the spread of the rounds",
+    };
+    format!("{direction}; {size}")
 }
 
 fn seed_004(reports: &[Report]) -> SeedLine {
@@ -397,15 +412,16 @@ fn seed_004(reports: &[Report]) -> SeedLine {
     let alone = t.get("softiommu", "retained");
     let wall = t.get("softiommu", "retained_wall");
     let base = |p: &str| t.get(p, "retained_vs_fresh");
-    // The baseline that fell furthest, named in the verdict only when it
-    // fell off a cliff: a quick run on a loaded machine may end before
-    // the slow I/Os come back, and a baseline's drift within ±0.3 of 1
-    // is no cliff.
-    let cliff = BASELINES
+    // Every baseline that fell off a cliff, named in the verdict (their
+    // figures are in the detail): a quick run on a loaded machine may end
+    // before the slow I/Os come back, and a baseline's drift within ±0.3
+    // of 1 is no cliff. Which of two that both fell went lower (0.02 or
+    // 0.04) is noise, not a verdict.
+    let fell: Vec<&str> = BASELINES
         .iter()
-        .filter_map(|&p| base(p).map(|r| (p, r)))
-        .filter(|&(_, r)| r < CLIFF)
-        .min_by(|a, b| a.1.total_cmp(&b.1));
+        .copied()
+        .filter(|&p| base(p).is_some_and(|r| r < CLIFF))
+        .collect();
     // The same figure on the storage path, where that scenario ran: ours
     // against a fresh device driven by the same job threads.
     let storage = find(reports, "storage-aging", "summary").map_or_else(String::new, |s| {
@@ -433,13 +449,17 @@ fn seed_004(reports: &[Report]) -> SeedLine {
             fmt(base("linux-2023"), "×"),
             storage
         ),
-        verdict: match (ours, cliff) {
-            (Some(o), Some((p, r))) if o >= 0.9 => {
-                format!("ours stays flat; the {p} design falls off a cliff ({r:.2}×)")
-            }
-            (Some(o), None) if o >= 0.9 => {
+        verdict: match (ours, &fell[..]) {
+            (Some(o), []) if o >= 0.9 => {
                 "ours stays flat (no baseline fell off a cliff in this run)".into()
             }
+            (Some(o), [p]) if o >= 0.9 => {
+                format!("ours stays flat; the {p} design falls off a cliff (below {CLIFF}×)")
+            }
+            (Some(o), [ps @ .., p]) if o >= 0.9 => format!(
+                "ours stays flat; the {} and {p} designs fall off a cliff (below {CLIFF}×)",
+                ps.join(", ")
+            ),
             (Some(_), _) => "ours LOST throughput against a fresh allocator too (median of the last quarter / first, past a warm-up)".into(),
             _ => "no softiommu row".into(),
         },
@@ -485,13 +505,15 @@ mod tests {
     #[test]
     fn ours_is_judged_only_where_every_round_lies_on_one_side() {
         let s = Spread::of(&[1.1, 1.2, 1.3]);
-        assert_eq!(side(1.2, Some(s), 1.0), Some(Ordering::Greater));
-        assert_eq!(side(1.2, Some(s), 1.5), Some(Ordering::Less));
-        assert_eq!(side(1.2, Some(s), 1.25), None, "straddles");
         assert_eq!(
-            side(1.2, None, 1.25),
-            Some(Ordering::Less),
-            "one round: a point"
+            judge(Some(s), 1.0, None),
+            Verdict::Beyond(Ordering::Greater)
+        );
+        assert_eq!(judge(Some(s), 1.5, None), Verdict::Beyond(Ordering::Less));
+        assert_eq!(judge(Some(s), 1.25, None), Verdict::Within, "straddles");
+        assert!(
+            matches!(judge(None, 1.25, None), Verdict::None(_)),
+            "one round: no interval, no verdict"
         );
     }
 
@@ -631,7 +653,7 @@ mod tests {
         assert_eq!(l.ours, Some(0.99));
         assert_eq!(
             l.verdict,
-            "ours stays flat; the linux-2020 design falls off a cliff (0.13×)"
+            "ours stays flat; the linux-2020 design falls off a cliff (below 0.5×)"
         );
         assert!(
             l.detail.starts_with(
@@ -673,6 +695,35 @@ mod tests {
             "{}",
             l.detail
         );
+    }
+
+    #[test]
+    fn seed_004_names_every_baseline_that_fell_whichever_fell_lower() {
+        // Quiet, 2023 fell lower; busy, 2020 did: the same verdict.
+        let aging = |r2020: f64, r2023: f64| {
+            let mut t = Table::new(
+                "summary",
+                "t",
+                vec![
+                    Column::label("policy"),
+                    Column::metric("retained_vs_fresh", "r", Unit::Ratio, 2),
+                ],
+            );
+            t.row(vec!["linux-2016".into(), Cell::Num(0.62)]);
+            t.row(vec!["linux-2020".into(), Cell::Num(r2020)]);
+            t.row(vec!["linux-2023".into(), Cell::Num(r2023)]);
+            t.row(vec!["softiommu".into(), Cell::Num(0.99)]);
+            let mut r = Report::new("x", "x", serde_json::json!({}));
+            r.scenario = "aging".into();
+            r.tables.push(t);
+            summarise(&[r]).remove(4).verdict
+        };
+        let quiet = aging(0.041, 0.034);
+        assert_eq!(
+            quiet,
+            "ours stays flat; the linux-2020 and linux-2023 designs fall off a cliff (below 0.5×)"
+        );
+        assert_eq!(aging(0.018, 0.021), quiet);
     }
 
     #[test]

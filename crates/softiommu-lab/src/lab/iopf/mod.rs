@@ -60,9 +60,11 @@ mod args;
 mod out;
 mod render;
 mod run;
+#[cfg(test)]
+mod tests;
 
 pub use args::IopfArgs;
-pub use run::run;
+pub use run::{run, TIMED_SENDS};
 
 use softiommu::SourceId;
 

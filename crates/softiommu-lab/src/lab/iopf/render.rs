@@ -95,6 +95,7 @@ pub(super) fn report(r: &IopfReport, plan: &Plan) -> Report {
                 .join(", "),
         ),
         Param::new("repeats", plan.repeats, Unit::Count),
+        Param::new("timed_sends_min", super::run::TIMED_SENDS, Unit::Count),
         Param::new("handler_threads", plan.threads, Unit::Threads),
         Param::new("handler_spin_polls", plan.spin, Unit::Count),
         Param::text(

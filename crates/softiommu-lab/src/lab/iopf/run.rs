@@ -42,12 +42,21 @@ pub(super) struct Plan {
     pub(super) promote: bool,
 }
 
+/// The timed runs per row take at least this many sends in all, so a row
+/// of few sends (a single 1 MiB send: ~0.2 ms of the pinned device's CPU,
+/// ~1 ms with faults) is the median of many paired runs, not of the two
+/// or three repeats that suit its wall-clock figure: one send's CPU time
+/// moves ±30 % run to run with the caches and the page-table memory it
+/// finds (measured: a premap 512 send, one fault, read 70-135 % of the
+/// pinned one's in single runs).
+pub const TIMED_SENDS: u64 = 25;
+
 /// Sends per row in the quick form, for messages up to 1 MiB and above.
 const QUICK_TIMES_SMALL: [u64; 4] = [1, 100, 1000, 5000];
 const QUICK_TIMES_LARGE: [u64; 2] = [1, 100];
 
 impl Plan {
-    fn of(a: &IopfArgs) -> Self {
+    pub(super) fn of(a: &IopfArgs) -> Self {
         let list = |v: Vec<u64>, d: &[u64]| if v.is_empty() { d.to_vec() } else { v };
         Self {
             msg_lens: list(
@@ -67,6 +76,13 @@ impl Plan {
             quick: a.quick,
             promote: a.promote.on(),
         }
+    }
+
+    /// The timed runs of a row of `times` sends: the repeats, and more
+    /// until they hold [`TIMED_SENDS`] sends.
+    pub(super) fn timed_runs(&self, times: u64) -> usize {
+        let more = usize::try_from(TIMED_SENDS.div_ceil(times.max(1))).unwrap_or(1);
+        self.repeats.max(more)
     }
 
     /// The sends of the rows of `msg_len`.
@@ -206,7 +222,10 @@ fn send(acc: &mut DmaAccessor, msg_len: u64, expect: u64, buf: &mut [u8]) -> Lab
 /// pinned one mapped whole first, the others empty with a handler each),
 /// then `times` rounds in which each device sends once, in turn, so a
 /// burst of load from elsewhere on the machine falls on all of them
-/// alike. Returns each configuration's seconds and CPU seconds (summed
+/// alike; the configuration that goes first in the first round is
+/// `first` (runs pass their index, so a run of one send does not always
+/// start on the pinned device, whose send then finds the caches the rig's
+/// setup left). Returns each configuration's seconds and CPU seconds (summed
 /// over its sends), page requests and promotions. With `timed`, the
 /// device's waits and the handlers' service are timed on CPU clocks (the
 /// CPU figures; the clock reads slow each fault), and no latency is
@@ -222,6 +241,7 @@ fn run_once(
     buf: &mut [u8],
     latency: &Latencies,
     timed: bool,
+    first: usize,
 ) -> LabResult<Vec<RunOut>> {
     // The handler threads inherit the CPU of the thread that starts them:
     // theirs, then the device's (this thread's) own, so the two never
@@ -282,7 +302,7 @@ fn run_once(
         // Rotate who goes first, so no configuration always follows
         // another.
         for j in 0..accs.len() {
-            let i = (j + round as usize) % accs.len();
+            let i = turn(j, first, round, accs.len());
             let before = accs[i].stats().page_requests;
             let w0 = accs[i].stats().page_wait_cpu_ns;
             let (h0, c0) = (handler_cpu(i), cpu_clock::thread());
@@ -348,6 +368,13 @@ fn run_once(
         .collect())
 }
 
+/// Which configuration sends `j`-th in round `round` of a run whose
+/// first round starts with configuration `first`, of `n`.
+pub(super) fn turn(j: usize, first: usize, round: u64, n: usize) -> usize {
+    let round = usize::try_from(round % n as u64).unwrap_or(0);
+    (j + first + round) % n
+}
+
 /// One configuration's run.
 #[derive(Debug, Clone, Copy)]
 struct RunOut {
@@ -407,21 +434,23 @@ fn measure(plan: &Plan) -> LabResult<IopfReport> {
                 promotions: 0,
             };
             let mut best = vec![empty; 1 + plan.premaps.len()];
-            let mut runs: Vec<Vec<RunOut>> = Vec::with_capacity(plan.repeats);
-            for _ in 0..plan.repeats {
+            let mut runs: Vec<Vec<RunOut>> = Vec::with_capacity(plan.timed_runs(times));
+            for rep in 0..plan.repeats {
                 // Untimed, for the wall-clock figures and the latencies
                 // (the CPU clock reads would slow every fault)...
                 let r = run_once(
-                    &rig, plan, msg_len, times, expect, &mut buf, &latency, false,
+                    &rig, plan, msg_len, times, expect, &mut buf, &latency, false, rep,
                 )?;
                 for (b, x) in best.iter_mut().zip(&r) {
                     if x.wall_s < b.wall_s {
                         *b = *x;
                     }
                 }
-                // ... then timed, for the CPU figures.
+            }
+            // ... then timed, for the CPU figures.
+            for rep in 0..plan.timed_runs(times) {
                 runs.push(run_once(
-                    &rig, plan, msg_len, times, expect, &mut buf, &latency, true,
+                    &rig, plan, msg_len, times, expect, &mut buf, &latency, true, rep,
                 )?);
             }
             let bytes = msg_len * times;

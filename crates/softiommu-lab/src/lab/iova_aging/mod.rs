@@ -35,11 +35,19 @@
 //! shows. The wall-clock figures stand beside them (`retained_wall`,
 //! `stability_wall`); see `softiommu_virtio::workload::aging` for the
 //! CPU floor below which a window is merged with its neighbours.
+//!
+//! The windows themselves are CPU time: a window ends when the worker
+//! threads have spent `seconds / windows` of CPU each in the two arms'
+//! slices (at the latest after four times that in wall time), so a run
+//! does the same work on a busy machine as on a quiet one, and the slow
+//! I/Os held for a count of I/Os come back at the same point of it.
 
 mod args;
 mod out;
 mod render;
 mod run;
+#[cfg(test)]
+mod tests;
 
 pub use args::AgingArgs;
 pub use run::run;

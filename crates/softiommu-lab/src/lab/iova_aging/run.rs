@@ -392,6 +392,28 @@ pub(super) fn low_window_mib(args: &AgingArgs) -> u64 {
     args.low_window_mib.map_or(4096, Ranged::get)
 }
 
+/// How often the conductor looks at the workers' CPU time within a
+/// window.
+const POLL: Duration = Duration::from_millis(10);
+
+/// A window ends at the latest after this many times its length in wall
+/// time, however little CPU its workers got.
+const WALL_CAP: u32 = 4;
+
+/// The worker CPU time, in ns, of a window of `window` per thread.
+pub(super) fn window_cpu_ns(window: Duration, threads: usize) -> u64 {
+    u64::try_from(window.as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(threads as u64)
+}
+
+/// Whether the arms' CPU time (aged, index 1, and fresh, index 3, of the
+/// counters) went `budget` ns past `from`.
+pub(super) fn window_done(from: &[u64; 6], now: &[u64; 6], budget: u64) -> bool {
+    let cpu = |a: &[u64; 6]| a[1].saturating_add(a[3]);
+    cpu(now).saturating_sub(cpu(from)) >= budget
+}
+
 pub(super) fn run_policy(
     policy: IovaPolicy,
     args: &AgingArgs,
@@ -478,18 +500,27 @@ pub(super) fn run_policy(
     let mut last_steps = 0u64;
     let mut t0 = Instant::now();
     let start = t0;
+    // A window is CPU time of the worker threads (both arms' slices,
+    // summed over the threads), not wall time: a co-runner that takes a
+    // core stretches the window and leaves its work the same, so the
+    // slow I/Os come back at the same point of the run and the Linux
+    // trees' cliffs (tree walks: CPU work) show on a busy machine as on
+    // a quiet one. A window whose workers got almost no CPU ends after
+    // `WALL_CAP` times its length in wall time (the run is bounded).
+    let budget = window_cpu_ns(window, threads);
     for _ in 0..windows {
-        let end = t0 + window;
-        let mut s = sh.domain.stats();
-        while Instant::now() < end {
+        let cap = t0 + window * WALL_CAP;
+        let from = last_arms;
+        let s = loop {
             // A sample of what the caches hold (the background work runs
             // on the workers, inside the aged arm's timed slices).
-            std::thread::sleep(
-                Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())),
-            );
-            s = sh.domain.stats();
+            std::thread::sleep(POLL.min(cap.saturating_duration_since(Instant::now())));
+            let s = sh.domain.stats();
             peak_cached = peak_cached.max(s.cached_iovas);
-        }
+            if window_done(&from, &arms(&sh), budget) || Instant::now() >= cap {
+                break s;
+            }
+        };
         let now_ops = total(&sh);
         let a = arms(&sh);
         let now = Instant::now();

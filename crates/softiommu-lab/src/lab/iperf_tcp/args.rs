@@ -9,13 +9,13 @@ use crate::args::{DmaPolicyName, Latency, Placement, Ranged, Seconds, Walk};
 #[serde(default, deny_unknown_fields)]
 pub struct IperfTcpArgs {
     /// Measured seconds per row, split over the rounds (0.01..=86400;
-    /// default 0.8 with --quick, else 4). Each round adds an unmeasured
+    /// default 2 with --quick, else 5). Each round adds an unmeasured
     /// warm-up (connection, slow start) of 40 % of its share (0.2..=0.5 s).
     #[arg(long)]
     pub seconds: Option<Seconds>,
     /// Rounds: every row runs once per round, rounds interleaved, and each
-    /// row's median round (by Mbit/s) is reported (1..=100; default 2 with
-    /// --quick, else 3).
+    /// row's median round (by Mbit/s) is reported (1..=100; default 5, the
+    /// seed summary's least, `--quick` too).
     #[arg(long)]
     pub rounds: Option<Ranged<1, 100>>,
     /// Short runs, same shape.

@@ -16,8 +16,10 @@
 //! figure compared with the seed's is the driver side's CPU per GB (both
 //! hosts' driver+stack threads and flush timers): `saturated_vs_coherent`
 //! = the coherent row's CPU per GB ÷ this row's, the throughput ratio a
-//! driver saturated on CPU reaches. Its spread is the widest the rounds
-//! allow. The measured Mbit/s ratio (`vs_coherent`) stays beside it.
+//! driver saturated on CPU reaches, taken per round (the rows run one
+//! after the other in each round, so a change of the machine's speed
+//! between rounds falls on both) and reported as the median of the rounds'
+//! paired ratios with their spread. The measured Mbit/s ratio (`vs_coherent`) stays beside it.
 //!
 //! A non-coherent walk does all a coherent one does and flushes the lines
 //! it writes: a non-coherent row whose CPU per GB is below the coherent

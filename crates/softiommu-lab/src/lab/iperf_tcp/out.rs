@@ -49,12 +49,20 @@ pub struct IperfTcpRow {
     pub cpu_s_per_gb_spread: Spread,
     /// `mbit_s` over the rounds.
     pub mbit_s_spread: Spread,
-    /// The coherent row's CPU per GB ÷ this row's (same policy), median
-    /// round over median round: the throughput ratio a driver saturated on
-    /// CPU reaches, the figure compared with seed 003's.
+    /// The coherent row's CPU per GB ÷ this row's (same policy), the
+    /// median over the rounds of each round's paired ratio (the two rows
+    /// run one after the other in a round, so a change of the machine's
+    /// speed between rounds falls on both and cancels): the throughput
+    /// ratio a driver saturated on CPU reaches, the figure compared with
+    /// seed 003's.
     pub saturated_vs_coherent: Option<f64>,
-    /// Its spread over the rounds (the widest the two rows allow).
+    /// Its spread over the rounds' paired ratios (lowest, median,
+    /// highest).
     pub saturated_vs_coherent_spread: Option<Spread>,
+    /// `cpu_s_per_gb` of each round, in the order the rounds ran (for
+    /// the paired ratios; not in the contract).
+    #[serde(skip)]
+    pub cpu_s_per_gb_rounds: Vec<f64>,
     /// Whether the row's figures stand (false: a non-coherent walk cost
     /// less than the coherent one in every round).
     pub valid: bool,

@@ -121,7 +121,7 @@ pub(super) fn report(r: &IperfTcpReport, args: &IperfTcpArgs, pinning: &str) -> 
         r.seed.clflush_share * 100.0
     ));
     rep.notes.push(
-        "Seed 003's figure is throughput with the CPU saturated; this stream need not saturate its driver threads, so the figure compared with it is CPU per unit of work: 'vs coherent at CPU saturation' = the coherent row's driver CPU per GB ÷ this row's (both hosts' driver+stack threads and DMA flush timers), the throughput ratio a CPU-bound driver reaches; min/max over the rounds. The measured Mbit/s ratio ('vs coherent') stands beside it."
+        "Seed 003's figure is throughput with the CPU saturated; this stream need not saturate its driver threads, so the figure compared with it is CPU per unit of work: 'vs coherent at CPU saturation' = the coherent row's driver CPU per GB ÷ this row's (both hosts' driver+stack threads and DMA flush timers), the throughput ratio a CPU-bound driver reaches, the median of each round's paired ratio (the rows run one after the other in a round); min/max over the rounds' paired ratios. The measured Mbit/s ratio ('vs coherent') stands beside it."
             .into(),
     );
     rep.notes.push(

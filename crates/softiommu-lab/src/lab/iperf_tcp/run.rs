@@ -36,6 +36,7 @@ pub(super) fn row(r: &TcpStreamResult) -> IperfTcpRow {
         mbit_s_spread: Spread::of(&[r.mbit_s]),
         saturated_vs_coherent: None,
         saturated_vs_coherent_spread: None,
+        cpu_s_per_gb_rounds: vec![r.cpu_s_per_gb],
         valid: true,
         why: None,
     }
@@ -64,10 +65,12 @@ pub fn run(args: &IperfTcpArgs) -> LabResult<Report> {
     };
     let seconds = args
         .seconds
-        .map_or(if args.quick { 0.8 } else { 4.0 }, Seconds::get);
+        .map_or(if args.quick { 2.0 } else { 5.0 }, Seconds::get);
+    // Five rounds: their lowest and highest paired ratio then bound the
+    // median with 93.75 % confidence (`seeds::verdict`).
     let rounds = args
         .rounds
-        .map_or(if args.quick { 2 } else { 3 }, Ranged::us);
+        .map_or(crate::seeds::verdict::MIN_ROUNDS, Ranged::us);
     let per_round = seconds / rounds as f64;
     let cpus = args.placement.pair_cpus(&allowed_cpus());
     let cells: Vec<(Walk, DmaPolicy)> = walks
@@ -127,27 +130,24 @@ pub fn run(args: &IperfTcpArgs) -> LabResult<Report> {
 /// Each row beside the coherent row of its policy (Mbit/s, CPU per GB at
 /// saturation, CPU above coherent), then the physics check.
 pub(super) fn compare(rows: &mut [IperfTcpRow]) {
-    let coherent: Vec<(String, f64, f64)> = rows
+    let coherent: Vec<(String, f64, f64, Vec<f64>)> = rows
         .iter()
         .filter(|r| r.walk == Walk::Coherent.name())
-        .map(|r| (r.policy.clone(), r.mbit_s, r.cpu_s_per_gb))
-        .collect();
-    let coherent_spread: Vec<(String, Spread)> = rows
-        .iter()
-        .filter(|r| r.walk == Walk::Coherent.name())
-        .map(|r| (r.policy.clone(), r.cpu_s_per_gb_spread))
+        .map(|r| {
+            (
+                r.policy.clone(),
+                r.mbit_s,
+                r.cpu_s_per_gb,
+                r.cpu_s_per_gb_rounds.clone(),
+            )
+        })
         .collect();
     for r in rows.iter_mut() {
-        let Some(&(_, mbit_s, cpu)) = coherent.iter().find(|(p, _, _)| *p == r.policy) else {
+        let Some((_, mbit_s, cpu, c_rounds)) = coherent.iter().find(|c| c.0 == r.policy) else {
             continue;
         };
-        r.vs_coherent = (mbit_s > 0.0).then(|| r.mbit_s / mbit_s);
-        // Over the rounds' medians: the row's own CPU per GB is its
-        // median round by Mbit/s, which need not be the median by CPU.
-        r.saturated_vs_coherent_spread = coherent_spread
-            .iter()
-            .find(|(p, _)| *p == r.policy)
-            .and_then(|(_, c)| c.ratio(&r.cpu_s_per_gb_spread));
+        r.vs_coherent = (*mbit_s > 0.0).then(|| r.mbit_s / mbit_s);
+        r.saturated_vs_coherent_spread = paired_ratios(c_rounds, &r.cpu_s_per_gb_rounds);
         r.saturated_vs_coherent = r.saturated_vs_coherent_spread.map(|s| s.median);
         if r.walk != Walk::Coherent.name() && r.cpu_s_per_gb > 0.0 {
             r.cpu_above_coherent_share = Some((r.cpu_s_per_gb - cpu) / r.cpu_s_per_gb);
@@ -156,7 +156,19 @@ pub(super) fn compare(rows: &mut [IperfTcpRow]) {
     mark_physics(rows);
 }
 
-/// A row's median round by Mbit/s, with the spreads of its rounds.
+/// Each round's `base` over its `row` (the two measured one after the
+/// other in that round), their spread; `None` when the rounds do not
+/// pair up or a round cost nothing.
+pub(super) fn paired_ratios(base: &[f64], row: &[f64]) -> Option<Spread> {
+    if base.len() != row.len() || base.is_empty() || row.iter().any(|&c| c <= 0.0) {
+        return None;
+    }
+    let ratios: Vec<f64> = base.iter().zip(row).map(|(b, r)| b / r).collect();
+    Some(Spread::of(&ratios))
+}
+
+/// A row's median round by Mbit/s, with the spreads of its rounds and
+/// its rounds' CPU per GB in the order they ran.
 pub(super) fn median_round(mut v: Vec<IperfTcpRow>) -> IperfTcpRow {
     let cpu: Vec<f64> = v.iter().map(|r| r.cpu_s_per_gb).collect();
     let mbit: Vec<f64> = v.iter().map(|r| r.mbit_s).collect();
@@ -164,6 +176,7 @@ pub(super) fn median_round(mut v: Vec<IperfTcpRow>) -> IperfTcpRow {
     let mut r = v.swap_remove(v.len() / 2);
     r.cpu_s_per_gb_spread = Spread::of(&cpu);
     r.mbit_s_spread = Spread::of(&mbit);
+    r.cpu_s_per_gb_rounds = cpu;
     r
 }
 

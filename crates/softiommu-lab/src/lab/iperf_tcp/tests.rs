@@ -32,6 +32,7 @@ fn round(walk: Walk, policy: &str, mbit_s: f64, cpu: f64) -> IperfTcpRow {
         mbit_s_spread: Spread::of(&[mbit_s]),
         saturated_vs_coherent: None,
         saturated_vs_coherent_spread: None,
+        cpu_s_per_gb_rounds: vec![cpu],
         valid: true,
         why: None,
     }
@@ -115,9 +116,11 @@ fn seed_003_compares_cpu_per_gb_not_throughput_below_saturation() {
     assert!(rows.iter().all(|r| r["valid"] == true), "{rows:?}");
     let sat = rows[1]["saturated_vs_coherent"].as_f64().unwrap();
     assert!((sat - 1.64 / 2.12).abs() < 1e-9, "{sat}");
+    // The spread is over the rounds' paired ratios (coherent's round over
+    // non-coherent's same round), not the widest cross of the two rows.
     let spread = &rows[1]["saturated_vs_coherent_spread"];
-    assert!((spread["min"].as_f64().unwrap() - 1.60 / 2.16).abs() < 1e-9);
-    assert!((spread["max"].as_f64().unwrap() - 1.68 / 2.08).abs() < 1e-9);
+    assert!((spread["min"].as_f64().unwrap() - 1.60 / 2.08).abs() < 1e-9);
+    assert!((spread["max"].as_f64().unwrap() - 1.68 / 2.16).abs() < 1e-9);
     // The measured Mbit/s ratio says 1.00x; the seed line does not.
     assert!((rows[1]["vs_coherent"].as_f64().unwrap() - 1.0).abs() < 1e-9);
     let seed = summarise(&[rep]).remove(3);
@@ -134,6 +137,55 @@ fn seed_003_compares_cpu_per_gb_not_throughput_below_saturation() {
     );
     assert_eq!(
         seed.verdict,
-        "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread"
+        "a non-coherent walk costs more driver CPU per GB than a coherent one, beyond the spread; flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread"
+    );
+}
+
+#[test]
+fn seed_003_pairs_each_rounds_rows_so_a_machine_that_slows_between_rounds_keeps_its_verdict() {
+    // A co-runner slows the machine by up to 40 % from round to round;
+    // within each round non-coherent costs ~1.5 times coherent. The
+    // widest cross of the two rows' rounds (1.70 / 3.60 = 0.47) would
+    // straddle the seed's 0.554; each round's own ratio does not.
+    let rep = seed_report(&[
+        (Walk::Coherent, "deferred", &[1.70, 2.00, 2.40, 1.80, 2.20]),
+        (
+            Walk::NonCoherent,
+            "deferred",
+            &[2.60, 3.05, 3.60, 2.75, 3.35],
+        ),
+    ]);
+    let rows = rep.contract["rows"].as_array().unwrap();
+    let spread = &rows[1]["saturated_vs_coherent_spread"];
+    assert!((spread["min"].as_f64().unwrap() - 1.70 / 2.60).abs() < 1e-9);
+    assert!((spread["max"].as_f64().unwrap() - 2.40 / 3.60).abs() < 1e-9);
+    let seed = summarise(&[rep]).remove(3);
+    assert_eq!(
+        seed.verdict,
+        "a non-coherent walk costs more driver CPU per GB than a coherent one, beyond the spread; flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread"
+    );
+    assert!(
+        seed.ours_spread
+            .is_some_and(|s| s.min > 0.65 && s.max < 0.67),
+        "{:?}",
+        seed.ours_spread
+    );
+}
+
+#[test]
+fn seed_003_gives_no_verdict_on_the_size_where_the_rounds_straddle_the_seeds_figure() {
+    // Paired ratios 0.50 .. 0.62 hold the seed's 0.554.
+    let rep = seed_report(&[
+        (Walk::Coherent, "deferred", &[1.00, 1.00, 1.00, 1.00, 1.00]),
+        (
+            Walk::NonCoherent,
+            "deferred",
+            &[2.00, 1.90, 1.80, 1.70, 1.61],
+        ),
+    ]);
+    let seed = summarise(&[rep]).remove(3);
+    assert_eq!(
+        seed.verdict,
+        "a non-coherent walk costs more driver CPU per GB than a coherent one, beyond the spread; flushing costs what the seed's did, within the spread of the rounds"
     );
 }
