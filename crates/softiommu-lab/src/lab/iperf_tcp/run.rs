@@ -157,14 +157,22 @@ pub(super) fn compare(rows: &mut [IperfTcpRow]) {
 }
 
 /// Each round's `base` over its `row` (the two measured one after the
-/// other in that round), their spread; `None` when the rounds do not
-/// pair up or a round cost nothing.
+/// other in that round), their spread. A round in which either side
+/// measured no CPU per GB (it moved nothing: a starved round on a loaded
+/// machine) gives no ratio and is left out, so the spread has fewer
+/// rounds and the verdict rule may then give none; `None` when the rounds
+/// do not pair up or no round pairs.
 pub(super) fn paired_ratios(base: &[f64], row: &[f64]) -> Option<Spread> {
-    if base.len() != row.len() || base.is_empty() || row.iter().any(|&c| c <= 0.0) {
+    if base.len() != row.len() {
         return None;
     }
-    let ratios: Vec<f64> = base.iter().zip(row).map(|(b, r)| b / r).collect();
-    Some(Spread::of(&ratios))
+    let ratios: Vec<f64> = base
+        .iter()
+        .zip(row)
+        .filter(|&(&b, &r)| b > 0.0 && r > 0.0)
+        .map(|(b, r)| b / r)
+        .collect();
+    (!ratios.is_empty()).then(|| Spread::of(&ratios))
 }
 
 /// A row's median round by Mbit/s, with the spreads of its rounds and

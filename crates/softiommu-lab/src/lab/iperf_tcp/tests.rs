@@ -189,3 +189,15 @@ fn seed_003_gives_no_verdict_on_the_size_where_the_rounds_straddle_the_seeds_fig
         "a non-coherent walk costs more driver CPU per GB than a coherent one, beyond the spread; flushing costs what the seed's did, within the spread of the rounds"
     );
 }
+
+/// A round that moved nothing (no CPU per GB on one side: a starved round
+/// on a loaded machine) is left out of the paired ratios instead of
+/// taking the whole figure with it; rounds that do not pair give none.
+#[test]
+fn a_round_that_moved_nothing_is_left_out_of_the_paired_ratios() {
+    let s = super::run::paired_ratios(&[2.0, 0.0, 2.2, 2.0], &[4.0, 3.0, 4.0, 0.0])
+        .expect("two rounds pair");
+    assert_eq!((s.min, s.max), (0.5, 0.55));
+    assert!(super::run::paired_ratios(&[2.0, 2.0], &[4.0]).is_none());
+    assert!(super::run::paired_ratios(&[0.0], &[4.0]).is_none());
+}
