@@ -113,10 +113,7 @@ fn a_failing_scenario_is_its_result_and_the_suite_goes_on() {
             && last.contains("the report written to"),
         "{last}"
     );
-    assert!(
-        !lines.iter().any(|l| l.contains("panicked")),
-        "{lines:?}"
-    );
+    assert!(!lines.iter().any(|l| l.contains("panicked")), "{lines:?}");
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["run_id"], 1);
     assert_eq!(v["failed"], serde_json::json!(["real-guest"]));
@@ -127,10 +124,16 @@ fn a_failing_scenario_is_its_result_and_the_suite_goes_on() {
     let names: Vec<&str> = sc.iter().map(|x| x["scenario"].as_str().unwrap()).collect();
     assert_eq!(names, ["iova-alloc", "real-guest", "dma-map"]);
     assert_eq!(
-        sc.iter().map(|x| x["stored"].as_bool().unwrap()).collect::<Vec<_>>(),
+        sc.iter()
+            .map(|x| x["stored"].as_bool().unwrap())
+            .collect::<Vec<_>>(),
         [true, false, true]
     );
-    assert!(sc[1]["error"].as_str().unwrap().starts_with("guest:"), "{}", sc[1]);
+    assert!(
+        sc[1]["error"].as_str().unwrap().starts_with("guest:"),
+        "{}",
+        sc[1]
+    );
     assert_eq!(sc[1]["result"], Value::Null);
     assert_eq!(sc[0]["error"], Value::Null);
     assert_eq!(sc[2]["result"]["bench"], "dma");
@@ -139,9 +142,15 @@ fn a_failing_scenario_is_its_result_and_the_suite_goes_on() {
     let h = softiommu(&[os("history"), os("--json"), os("--db"), db.as_os_str()]);
     let h: Value = serde_json::from_slice(&h.stdout).unwrap();
     let r = &h["runs"][0];
-    assert_eq!((&r["status"], &r["scenarios"]), (&Value::from("failed"), &Value::from(2)));
+    assert_eq!(
+        (&r["status"], &r["scenarios"]),
+        (&Value::from("failed"), &Value::from(2))
+    );
     assert!(
-        r["failure"].as_str().unwrap().starts_with("scenario real-guest failed: guest:"),
+        r["failure"]
+            .as_str()
+            .unwrap()
+            .starts_with("scenario real-guest failed: guest:"),
         "{r}"
     );
     std::fs::remove_dir_all(d).unwrap();
@@ -159,7 +168,13 @@ fn an_output_that_is_a_fifo_or_a_device_is_refused_at_once() {
     let db = d.join("b.db");
     for (args, flag) in [
         (
-            vec![os("report"), os("--db"), db.as_os_str(), os("--out"), fifo.as_os_str()],
+            vec![
+                os("report"),
+                os("--db"),
+                db.as_os_str(),
+                os("--out"),
+                fifo.as_os_str(),
+            ],
             "--out",
         ),
         (
@@ -199,7 +214,11 @@ fn an_output_that_is_a_fifo_or_a_device_is_refused_at_once() {
         os("--report"),
         os("/dev/full"),
     ]);
-    one_line(&out, 2, "refusing to write /dev/full (--report): it is a device");
+    one_line(
+        &out,
+        2,
+        "refusing to write /dev/full (--report): it is a device",
+    );
     assert!(!db.exists(), "nothing is created before the refusal");
     std::fs::remove_dir_all(d).unwrap();
 }
@@ -222,11 +241,21 @@ fn paths_that_are_not_utf8_never_panic() {
     );
     assert!(report.exists());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(v["report"].as_str().unwrap().ends_with("\u{fffd}.html"), "{v}");
+    assert!(
+        v["report"].as_str().unwrap().ends_with("\u{fffd}.html"),
+        "{v}"
+    );
     for args in [
         vec![os("history"), os("--json"), os("--db"), db.as_os_str()],
         vec![os("history"), os("--db"), db.as_os_str()],
-        vec![os("compare"), os("1"), os("1"), os("--json"), os("--db"), db.as_os_str()],
+        vec![
+            os("compare"),
+            os("1"),
+            os("1"),
+            os("--json"),
+            os("--db"),
+            db.as_os_str(),
+        ],
     ] {
         let out = softiommu(&args);
         assert_eq!(
@@ -345,7 +374,11 @@ fn git_rev_is_the_binarys_revision_not_the_current_directorys() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let h = softiommu(&[os("history"), os("--json"), os("--db"), db.as_os_str()]);
     let h: Value = serde_json::from_slice(&h.stdout).unwrap();
     let rev = h["runs"][0]["git_rev"].as_str().unwrap().to_string();

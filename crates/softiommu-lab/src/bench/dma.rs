@@ -661,7 +661,11 @@ mod tests {
             .unwrap();
             // 50 ms of 20 ms transfers: 3 pairs, a fourth on a slow
             // machine; never 64.
-            assert!((1..=5).contains(&r.pairs), "untimed {untimed}: {} pairs", r.pairs);
+            assert!(
+                (1..=5).contains(&r.pairs),
+                "untimed {untimed}: {} pairs",
+                r.pairs
+            );
             assert!(t0.elapsed() < std::time::Duration::from_millis(900));
         }
     }

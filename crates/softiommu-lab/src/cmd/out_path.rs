@@ -104,7 +104,10 @@ fn non_regular(p: &Path) -> Option<&'static str> {
 /// systems), hidden, named after this process.
 pub fn temp_beside(out: &Path) -> PathBuf {
     let mut name = std::ffi::OsString::from(".");
-    name.push(out.file_name().unwrap_or_else(|| std::ffi::OsStr::new("out")));
+    name.push(
+        out.file_name()
+            .unwrap_or_else(|| std::ffi::OsStr::new("out")),
+    );
     name.push(format!(".tmp-{}", std::process::id()));
     out.with_file_name(name)
 }
@@ -239,7 +242,16 @@ mod tests {
                 "{e}"
             );
             let e = write_atomically(out, "--report", b"x").unwrap_err();
-            assert!(matches!(e, LabError::OutputNotAFile { flag: "--report", .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    LabError::OutputNotAFile {
+                        flag: "--report",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
         }
         std::fs::remove_dir_all(&d).unwrap();
     }
@@ -262,7 +274,10 @@ mod tests {
         let tmp = temp_beside(&blocked);
         std::fs::create_dir_all(tmp.join("x")).unwrap();
         let e = write_atomically(&blocked, "--out", b"new").unwrap_err();
-        assert!(matches!(&e, LabError::Write { path, .. } if path == &blocked), "{e}");
+        assert!(
+            matches!(&e, LabError::Write { path, .. } if path == &blocked),
+            "{e}"
+        );
         assert_eq!(std::fs::read_to_string(&blocked).unwrap(), "old");
         std::fs::remove_dir_all(&d).unwrap();
     }

@@ -408,17 +408,21 @@ fn run_with(
         }
         crate::out::print(&text)?;
     }
-    if !problems.is_empty() && !(store_err.is_some() && failures(&done).is_empty()) {
+    // A scenario failed or was refused: that error names it (and the
+    // database held, if it was); held alone, `NotStored` below.
+    if !failures(&done).is_empty() {
         let kept = done.iter().filter(|d| d.stored).count();
-        let mut rest = format!("the other {kept} scenario(s) are stored in {}", a.db.db.display());
+        let mut rest = format!(
+            "the other {kept} scenario(s) are stored in {}",
+            a.db.db.display()
+        );
         match (&store_err, &html_error) {
             (Some(e), _) => {
                 rest = not_stored(a, run_id, &done, e, marked).to_string();
             }
-            (None, None) => rest.push_str(&format!(
-                ", the report written to {}",
-                a.report.display()
-            )),
+            (None, None) => {
+                rest.push_str(&format!(", the report written to {}", a.report.display()))
+            }
             (None, Some(e)) => rest.push_str(&format!(", the report not written: {e}")),
         }
         if store_err.is_none() {

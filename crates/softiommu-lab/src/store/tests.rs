@@ -339,7 +339,10 @@ fn a_scenario_with_absent_figures_is_stored_and_reads_back() {
         x: Axis::new("s", Unit::Count),
         y: Axis::new("r", Unit::Ratio),
         categories: Vec::new(),
-        series: vec![Series::new("a", vec![(0.0, 1.0), (1.0, f64::NAN), (2.0, 3.0)])],
+        series: vec![Series::new(
+            "a",
+            vec![(0.0, 1.0), (1.0, f64::NAN), (2.0, 3.0)],
+        )],
         modelled: false,
     });
     store.add_scenario(id, 0, &r, 1.0).unwrap();

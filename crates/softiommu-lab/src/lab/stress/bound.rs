@@ -378,7 +378,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         for &g in &groups {
-            assert_eq!(live_in_group(g), Vec::<i32>::new(), "group {g} left running");
+            assert_eq!(
+                live_in_group(g),
+                Vec::<i32>::new(),
+                "group {g} left running"
+            );
         }
     }
 

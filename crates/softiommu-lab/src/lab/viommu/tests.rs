@@ -152,8 +152,11 @@ fn a_scenario_file_or_set_is_checked_like_the_command_line() {
             "{line}: {e}"
         );
     }
-    let s = Scenario::parse(&format!("{head}bs = \"8k\"\nexit_us = 2.5\n"), Path::new("v.toml"))
-        .unwrap();
+    let s = Scenario::parse(
+        &format!("{head}bs = \"8k\"\nexit_us = 2.5\n"),
+        Path::new("v.toml"),
+    )
+    .unwrap();
     let crate::registry::LabArgs::Viommu(a) = s.lab() else {
         panic!("not viommu")
     };
