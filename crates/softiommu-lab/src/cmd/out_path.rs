@@ -81,6 +81,20 @@ pub fn check_writable(out: &Path, flag: &'static str) -> LabResult<()> {
     std::fs::remove_file(&tmp).map_err(fail)
 }
 
+/// Refuses an output `out` (given as `flag`) that exists and is a FIFO,
+/// a device or a socket, without opening it (a cheap first look, before
+/// anything is created; [`check_writable`] makes it too).
+pub fn refuse_non_regular(out: &Path, flag: &'static str) -> LabResult<()> {
+    match non_regular(out) {
+        Some(kind) => Err(LabError::OutputNotAFile {
+            flag,
+            out: out.to_path_buf(),
+            kind,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// What `p` is when it exists and is neither a regular file nor a
 /// directory (looked at with `metadata`, which never opens it).
 fn non_regular(p: &Path) -> Option<&'static str> {

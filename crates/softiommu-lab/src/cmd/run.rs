@@ -224,12 +224,14 @@ fn run_with(
 ) -> LabResult<()> {
     let scenarios = selected(a)?;
     super::out_path::refuse_database_as_output(&a.report, "--report", &a.db.db)?;
-    // The report's path is looked at before the database is opened or
-    // created: a FIFO or device is refused with nothing made.
-    super::out_path::check_writable(&a.report, "--report")?;
+    // A FIFO or a device as the report is refused before the database
+    // is opened or created.
+    super::out_path::refuse_non_regular(&a.report, "--report")?;
     // Open (or create) the database first: a bad --db fails in a moment,
     // not after minutes of work.
     let mut store = Store::create(&a.db.db)?;
+    // And the report's path: a bad --report fails now, not after the suite.
+    super::out_path::check_writable(&a.report, "--report")?;
     let host = Host::detect();
     let command = std::env::args_os()
         .map(|x| x.to_string_lossy().into_owned())
