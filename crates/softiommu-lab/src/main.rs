@@ -119,7 +119,12 @@ fn run_lab(lab: registry::LabArgs) -> LabResult<()> {
 
 /// Runs a scenario file, or a built-in scenario by that name.
 fn lab_file(a: &LabCli, file: &std::path::Path) -> LabResult<()> {
-    let s = if file.exists() {
+    // A directory of a built-in scenario's name (`mkdir ring`) does not
+    // hide the built-in scenario; any other directory is refused as a
+    // file that cannot be read.
+    let s = if file.is_dir() {
+        scenario::builtin(&file.to_string_lossy()).or_else(|_| scenario::Scenario::load(file))?
+    } else if file.exists() {
         scenario::Scenario::load(file)?
     } else {
         scenario::builtin(&file.to_string_lossy())?

@@ -388,3 +388,39 @@ fn git_rev_is_the_binarys_revision_not_the_current_directorys() {
     }
     std::fs::remove_dir_all(d).unwrap();
 }
+
+/// `lab NAME` with a directory called NAME where it is run (`mkdir
+/// iova-alloc`) refused with `cannot read scenario iova-alloc: Is a
+/// directory`: the built-in scenario runs.
+#[test]
+fn a_directory_does_not_hide_a_built_in_scenario() {
+    let d = dir("shadow");
+    std::fs::create_dir_all(d.join("iova-alloc")).unwrap();
+    let out = bin()
+        .current_dir(&d)
+        .args(["lab", "iova-alloc", "--quick", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["bench"], "iova");
+    let out = bin()
+        .current_dir(&d)
+        .args(["lab", "not-a-scenario-dir"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    std::fs::create_dir_all(d.join("other")).unwrap();
+    let out = bin()
+        .current_dir(&d)
+        .args(["lab", "other"])
+        .output()
+        .unwrap();
+    one_line(&out, 2, "cannot read scenario other");
+    std::fs::remove_dir_all(d).unwrap();
+}
