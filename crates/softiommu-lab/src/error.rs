@@ -175,6 +175,49 @@ pub enum LabError {
         /// The database as given.
         db: PathBuf,
     },
+    /// Standard output could not be written (a full disk, a closed pipe);
+    /// a closed pipe (`| head -1`) ends the command quietly, exit 1.
+    #[error("cannot write to standard output: {source}")]
+    Stdout {
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A `run` finished, but scenarios failed or could not be stored:
+    /// the rest ran, what finished is stored and printed.
+    #[error("run {run_id}: {failed}; {rest}")]
+    RunFailed {
+        /// The run.
+        run_id: i64,
+        /// The scenarios that failed or were not stored, each with why.
+        failed: String,
+        /// What became of the rest, the report and the run's row.
+        rest: String,
+    },
+    /// `compare` of two runs that share no scenario: no figure of one
+    /// has a counterpart in the other (the wrong run ids, say).
+    #[error("runs {a} and {b} share no scenario, so no figure can be compared (run {a}: {a_scenarios}; run {b}: {b_scenarios})")]
+    NothingInCommon {
+        /// The earlier run.
+        a: i64,
+        /// The later run.
+        b: i64,
+        /// The earlier run's scenarios.
+        a_scenarios: String,
+        /// The later run's scenarios.
+        b_scenarios: String,
+    },
+    /// An output path exists and is not a regular file (a FIFO, a device,
+    /// a socket): opening a FIFO to write would block until a reader came,
+    /// and a report is written by renaming a new file over its path.
+    #[error("refusing to write {out} ({flag}): it is {kind}, not a regular file; nothing was written, choose another {flag}")]
+    OutputNotAFile {
+        /// The option that named it.
+        flag: &'static str,
+        /// The output path as given.
+        out: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
     /// Figures were printed but do not measure what they claim (I/O
     /// errors, wrong data); the report marks them `"valid": false`.
     #[error("{what}: the figures above are invalid: {why}")]

@@ -49,44 +49,12 @@ impl Host {
     }
 }
 
-/// The git revision of the working directory's checkout or, failing that,
-/// of the checkout the binary sits in (`-dirty` when it has changes;
-/// `unknown` outside any).
+/// The git revision the binary was built from (`-dirty` when its tracked
+/// files differed from it then; `unknown` when built outside a checkout),
+/// set by the build script: never the checkout of the directory a run is
+/// started from.
 pub fn git_revision() -> String {
-    let here = git_revision_in(None);
-    if here != "unknown" {
-        return here;
-    }
-    // Not run from a checkout: the checkout the binary was built in.
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| git_revision_in(Some(d))))
-        .unwrap_or(here)
-}
-
-fn git_revision_in(dir: Option<&std::path::Path>) -> String {
-    let run = |args: &[&str]| {
-        let mut c = std::process::Command::new("git");
-        if let Some(d) = dir {
-            c.current_dir(d);
-        }
-        c.args(args)
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    match run(&["rev-parse", "--short=12", "HEAD"]) {
-        Some(rev) => {
-            let dirty = run(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
-            if dirty {
-                format!("{rev}-dirty")
-            } else {
-                rev
-            }
-        }
-        None => "unknown".to_string(),
-    }
+    option_env!("SOFTIOMMU_GIT_REV")
+        .unwrap_or("unknown")
+        .to_string()
 }

@@ -11,6 +11,7 @@ mod interrupt;
 mod lab;
 mod lists;
 mod metrics;
+mod out;
 mod progress;
 mod registry;
 mod render;
@@ -82,9 +83,9 @@ struct LabCli {
 fn emit(report: LabResult<Report>, json: bool) -> LabResult<()> {
     let report = report?;
     if json {
-        println!("{}", render::json(&report));
+        out::println(&render::json(&report))?;
     } else {
-        print!("{}", render::render_report(&report, &host::Host::detect()));
+        out::print(&render::render_report(&report, &host::Host::detect()))?;
     }
     violations(&report)
 }
@@ -118,7 +119,12 @@ fn run_lab(lab: registry::LabArgs) -> LabResult<()> {
 
 /// Runs a scenario file, or a built-in scenario by that name.
 fn lab_file(a: &LabCli, file: &std::path::Path) -> LabResult<()> {
-    let s = if file.exists() {
+    // A directory of a built-in scenario's name (`mkdir ring`) does not
+    // hide the built-in scenario; any other directory is refused as a
+    // file that cannot be read.
+    let s = if file.is_dir() {
+        scenario::builtin(&file.to_string_lossy()).or_else(|_| scenario::Scenario::load(file))?
+    } else if file.exists() {
         scenario::Scenario::load(file)?
     } else {
         scenario::builtin(&file.to_string_lossy())?
@@ -138,7 +144,10 @@ fn parse_cli() -> Result<Cli, std::process::ExitCode> {
         }
         // Clap would show the help; its first line is no refusal.
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            let args: Vec<String> = std::env::args().skip(1).collect();
+            let args: Vec<String> = std::env::args_os()
+                .skip(1)
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
             eprintln!("softiommu: {}", printable(&missing_subcommand(&args)));
             std::process::ExitCode::from(2)
         }
@@ -240,13 +249,21 @@ fn main() -> std::process::ExitCode {
     };
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // A closed pipe (`| head -1`): the reader has what it wanted.
+        Err(error::LabError::Stdout { source })
+            if source.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
+            std::process::ExitCode::from(1)
+        }
         Err(e) => {
             eprintln!("softiommu: {}", printable(&e.to_string()));
             match e {
                 error::LabError::Interrupted { .. } => std::process::ExitCode::from(130),
                 error::LabError::Violations { .. }
                 | error::LabError::InvalidFigures { .. }
-                | error::LabError::NotStored { .. } => std::process::ExitCode::from(1),
+                | error::LabError::NotStored { .. }
+                | error::LabError::RunFailed { .. }
+                | error::LabError::Stdout { .. } => std::process::ExitCode::from(1),
                 _ => std::process::ExitCode::from(2),
             }
         }

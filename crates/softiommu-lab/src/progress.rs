@@ -31,6 +31,11 @@ impl Progress {
 
     /// Scenario `index` (1-based) starts.
     pub fn start(&mut self, index: usize, name: &str, about: &str) {
+        // A scenario file's name and about: no escape reaches the terminal.
+        let (name, about) = (
+            &crate::render::printable(name),
+            &crate::render::printable(about),
+        );
         self.index = index;
         self.name = name.to_string();
         if self.tty {

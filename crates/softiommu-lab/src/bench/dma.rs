@@ -214,9 +214,13 @@ fn run_policy(
                     let c0 = ticks();
                     if untimed {
                         // The pair and a counter: `--iters` stops at its
-                        // count, else the clock is read every 64 pairs.
+                        // count, else the clock is read every 64 pairs,
+                        // or after every pair with a transfer (the spin
+                        // dwarfs a clock read; 64 transfers of up to 1 s
+                        // would overrun `--seconds` by a minute).
                         let (limit, every) = match iters {
                             Some(k) => (k, u64::MAX),
+                            None if trans != 0 => (u64::MAX, 0),
                             None => (u64::MAX, 63),
                         };
                         if trans == 0 {
@@ -251,7 +255,12 @@ fn run_policy(
                             n += 1;
                             match iters {
                                 Some(k) if n >= k => break,
-                                None if n % 64 == 0 && start.elapsed() >= budget => break,
+                                // Every pair with a transfer (as above).
+                                None if (trans != 0 || n % 64 == 0)
+                                    && start.elapsed() >= budget =>
+                                {
+                                    break
+                                }
                                 _ => {}
                             }
                         }
@@ -627,6 +636,40 @@ mod tests {
     /// `--untimed` runs exactly `--iters` pairs with no clock read per
     /// call: no histogram, the mean pair time split evenly; the mapping
     /// is gone after each pair.
+    /// With a transfer the clock is read after every pair: `--seconds`
+    /// is overrun by at most one pair (it was read every 64 pairs: 64
+    /// transfers of 20 ms ran 1.3 s when 50 ms was asked for), timed or
+    /// untimed.
+    #[test]
+    fn a_long_transfer_overruns_the_seconds_by_at_most_one_pair() {
+        for untimed in [false, true] {
+            let args = DmaBenchArgs {
+                seconds: crate::args::Seconds::new(0.05),
+                dma_trans_ns: Ranged::new(20_000_000),
+                threads: Ranged::new(1),
+                untimed,
+                latency: Latency::Zero,
+                ..DmaBenchArgs::default()
+            };
+            let t0 = std::time::Instant::now();
+            let (r, _) = run_policy(
+                DmaPolicy::Passthrough,
+                &args,
+                DmaDirection::Bidirectional,
+                LatencyModel::zero(),
+            )
+            .unwrap();
+            // 50 ms of 20 ms transfers: 3 pairs, a fourth on a slow
+            // machine; never 64.
+            assert!(
+                (1..=5).contains(&r.pairs),
+                "untimed {untimed}: {} pairs",
+                r.pairs
+            );
+            assert!(t0.elapsed() < std::time::Duration::from_millis(900));
+        }
+    }
+
     #[test]
     fn an_untimed_run_makes_exactly_its_pairs_and_no_histogram() {
         let args = DmaBenchArgs {

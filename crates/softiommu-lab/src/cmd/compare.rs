@@ -144,6 +144,26 @@ pub fn compare(a: &CompareArgs) -> LabResult<Report> {
     );
     let mut rows = Vec::new();
     let mut differ = Vec::new();
+    let common = sa
+        .iter()
+        .filter(|x| sb.iter().any(|y| y.report.scenario == x.report.scenario))
+        .count();
+    if common == 0 {
+        let names = |v: &[crate::store::StoredScenario]| {
+            let n: Vec<&str> = v.iter().map(|x| x.report.scenario.as_str()).collect();
+            if n.is_empty() {
+                "none".to_string()
+            } else {
+                n.join(", ")
+            }
+        };
+        return Err(crate::error::LabError::NothingInCommon {
+            a: ra.id,
+            b: rb.id,
+            a_scenarios: names(&sa),
+            b_scenarios: names(&sb),
+        });
+    }
     for x in &sa {
         let Some(y) = sb.iter().find(|y| y.report.scenario == x.report.scenario) else {
             continue;
@@ -217,7 +237,14 @@ pub fn compare(a: &CompareArgs) -> LabResult<Report> {
             rb.id,
             rows.len()
         ),
-        json!({ "a": ra.id, "b": rb.id, "db": a.db.db, "params_differ": differ, "rows": rows }),
+        json!({
+            "a": ra.id,
+            "b": rb.id,
+            "db": a.db.db.display().to_string(),
+            "params_differ": differ,
+            "rows": rows,
+            "common_scenarios": common,
+        }),
     );
     if !differ.is_empty() {
         rep.notes.push(format!(
@@ -237,6 +264,40 @@ pub fn compare(a: &CompareArgs) -> LabResult<Report> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two runs without a scenario in common (the wrong run ids, two
+    /// different labs) were "0 figures, 0 changed", exit 0: as if nothing
+    /// had changed. Refused, naming each run's scenarios.
+    #[test]
+    fn runs_without_a_common_scenario_are_refused_not_called_unchanged() {
+        let d = std::env::temp_dir().join(format!("softiommu-cmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let db = d.join("c.db");
+        let mut store = Store::create(&db).unwrap();
+        let host = crate::host::Host::detect();
+        for name in ["dma-map", "iova-alloc"] {
+            let id = store.begin_run("x", true, &host, "rev").unwrap();
+            let mut r = Report::new("bench dma", "t", json!({}));
+            r.scenario = name.into();
+            store.add_scenario(id, 0, &r, 1.0).unwrap();
+        }
+        drop(store);
+        let args = |a, b| CompareArgs {
+            a,
+            b,
+            json: true,
+            db: DbArgs { db: db.clone() },
+        };
+        let e = compare(&args(1, 2)).unwrap_err();
+        assert!(
+            matches!(&e, crate::error::LabError::NothingInCommon { a: 1, b: 2, a_scenarios, b_scenarios }
+                if a_scenarios == "dma-map" && b_scenarios == "iova-alloc"),
+            "{e}"
+        );
+        let same = compare(&args(1, 1)).unwrap();
+        assert_eq!(same.contract["common_scenarios"], 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn noise_is_the_spread_of_consecutive_runs_with_a_floor() {

@@ -49,7 +49,7 @@ pub fn history(a: &HistoryArgs) -> LabResult<Report> {
         ]);
     }
     let contract = json!({
-        "db": a.db.db,
+        "db": a.db.db.display().to_string(),
         "runs": runs.iter().map(|r| json!({
             "run_id": r.id,
             "started_at": r.started_at,

@@ -23,11 +23,12 @@ pub struct ReportArgs {
 /// Writes the report; returns the run it shows.
 pub fn report(a: &ReportArgs) -> LabResult<i64> {
     super::out_path::refuse_database_as_output(&a.out, "--out", &a.db.db)?;
+    super::out_path::check_writable(&a.out, "--out")?;
     let store = Store::open(&a.db.db)?;
     let id = match a.run {
         Some(id) => store.run(id)?.id,
         None => store.latest_run()?.id,
     };
-    crate::html::write(&store, id, &a.out)?;
+    crate::html::write(&store, id, &a.out, "--out")?;
     Ok(id)
 }

@@ -91,15 +91,17 @@ fn run_one(s: &Scenario, progress: &Progress) -> Option<LabResult<Report>> {
     }
 }
 
-/// The scenarios to run.
+/// The scenarios to run. A name is compared without its `.toml`, so
+/// `dma-map,dma-map.toml` names one scenario twice and is refused.
 fn selected(a: &RunArgs) -> LabResult<Vec<Scenario>> {
     let names: Vec<String> = if a.scenarios.is_empty() {
         BUILTIN.iter().map(|(f, _)| f.to_string()).collect()
     } else {
         a.scenarios.clone()
     };
+    let key = |n: &str| n.strip_suffix(".toml").unwrap_or(n).to_string();
     for (i, n) in names.iter().enumerate() {
-        if names[..i].contains(n) {
+        if names[..i].iter().any(|m| key(m) == key(n)) {
             return Err(crate::error::LabError::ListRepeats {
                 option: "--scenarios".into(),
                 value: n.clone(),
@@ -115,21 +117,37 @@ fn selected(a: &RunArgs) -> LabResult<Vec<Scenario>> {
         .collect()
 }
 
-/// A finished scenario: where it ran in the suite, its report, seconds.
+/// A scenario that ran: where it ran in the suite, its report (or the
+/// error it failed with), seconds.
 struct Done {
     ord: usize,
-    report: Report,
+    name: String,
+    report: Result<Report, String>,
     secs: f64,
     stored: bool,
+    /// Why the database refused this scenario's rows (not a lock: the
+    /// same rows would be refused again), when it did.
+    store_error: Option<String>,
 }
 
-/// Stores the finished scenarios not stored yet, in order, stopping at
-/// the first the database refuses (each waits at most the write wait).
+impl Done {
+    /// Whether its rows are still to be written.
+    fn pending(&self) -> bool {
+        self.report.is_ok() && !self.stored && self.store_error.is_none()
+    }
+}
+
+/// Stores the finished scenarios not stored yet, in order. A scenario
+/// the database refuses for its own rows is marked so and the rest go
+/// on; a database held past the write wait stops the lot (each would
+/// wait as long), and that `Locked` is returned.
 fn store_pending(store: &mut Store, run_id: i64, done: &mut [Done]) -> Option<StoreError> {
-    for d in done.iter_mut().filter(|d| !d.stored) {
-        match store.add_scenario(run_id, d.ord, &d.report, d.secs) {
+    for d in done.iter_mut().filter(|d| d.pending()) {
+        let Ok(report) = &d.report else { continue };
+        match store.add_scenario(run_id, d.ord, report, d.secs) {
             Ok(()) => d.stored = true,
-            Err(e) => return Some(e),
+            Err(e @ StoreError::Locked { .. }) => return Some(e),
+            Err(e) => d.store_error = Some(e.to_string()),
         }
     }
     None
@@ -149,12 +167,21 @@ fn store_why(a: &RunArgs, err: &StoreError) -> String {
     }
 }
 
+/// What became of the run's row, in words.
+fn row_words(marked: bool) -> &'static str {
+    if marked {
+        "the run is marked failed, with the reason (see `softiommu history`)"
+    } else {
+        "its row could not be marked failed either and still says running (the next `softiommu run` on this database marks it failed as abandoned)"
+    }
+}
+
 /// What the end of a run could not store, as one error.
 fn not_stored(a: &RunArgs, run_id: i64, done: &[Done], err: &StoreError, marked: bool) -> LabError {
     let names: Vec<&str> = done
         .iter()
-        .filter(|d| !d.stored)
-        .map(|d| d.report.scenario.as_str())
+        .filter(|d| d.report.is_ok() && !d.stored)
+        .map(|d| d.name.as_str())
         .collect();
     LabError::NotStored {
         why: store_why(a, err),
@@ -166,25 +193,50 @@ fn not_stored(a: &RunArgs, run_id: i64, done: &[Done], err: &StoreError, marked:
                 names.join(", ")
             )
         },
-        row: if marked {
-            "the run is marked failed, with the reason (see `softiommu history`)"
-        } else {
-            "its row could not be marked failed either and still says running (the next `softiommu run` on this database marks it failed as abandoned)"
-        },
+        row: row_words(marked),
     }
+}
+
+/// The scenarios that failed, and those the database refused, each with
+/// why; empty when there are none.
+fn failures(done: &[Done]) -> Vec<String> {
+    done.iter()
+        .filter_map(|d| match (&d.report, &d.store_error) {
+            (Err(e), _) => Some(format!("scenario {} failed: {e}", d.name)),
+            (Ok(_), Some(e)) => Some(format!("scenario {} was not stored: {e}", d.name)),
+            (Ok(_), None) => None,
+        })
+        .collect()
 }
 
 /// Runs the suite.
 pub fn run(a: &RunArgs) -> LabResult<()> {
+    run_with(a, &mut |s, progress| run_one(s, progress))
+}
+
+/// Runs the suite, each scenario through `run_scenario` (`None`:
+/// interrupted). A scenario that fails is that scenario's result: the
+/// rest run, what finished is stored and printed, the report written, and
+/// the run ends failed naming it.
+fn run_with(
+    a: &RunArgs,
+    run_scenario: &mut dyn FnMut(&Scenario, &Progress) -> Option<LabResult<Report>>,
+) -> LabResult<()> {
     let scenarios = selected(a)?;
     super::out_path::refuse_database_as_output(&a.report, "--report", &a.db.db)?;
+    // A FIFO or a device as the report is refused before the database
+    // is opened or created.
+    super::out_path::refuse_non_regular(&a.report, "--report")?;
     // Open (or create) the database first: a bad --db fails in a moment,
     // not after minutes of work.
     let mut store = Store::create(&a.db.db)?;
     // And the report's path: a bad --report fails now, not after the suite.
-    super::out_path::check_writable(&a.report)?;
+    super::out_path::check_writable(&a.report, "--report")?;
     let host = Host::detect();
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let command = std::env::args_os()
+        .map(|x| x.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
     let run_id = store.begin_run(&command, a.quick, &host, &git_revision())?;
     // From here on a write waits longer for another process (a reader
     // such as `history` holds the file while it reads): what was measured
@@ -198,7 +250,7 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
     for (i, s) in scenarios.iter().enumerate() {
         progress.start(i + 1, &s.name, &s.about);
         let t0 = Instant::now();
-        match run_one(s, &progress) {
+        let r = match run_scenario(s, &progress) {
             None => {
                 progress.abandon("interrupted");
                 let unstored = store_pending(&mut store, run_id, &mut done);
@@ -217,28 +269,25 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
                     row,
                 });
             }
-            Some(Err(e)) => {
-                progress.abandon("failed");
-                store_pending(&mut store, run_id, &mut done);
-                let why = format!("scenario {} failed: {e}", s.name);
-                let _ = store.finish_run_why(run_id, RunStatus::Failed, Some(&why), final_wait);
-                return Err(e);
-            }
-            Some(Ok(r)) => {
-                let secs = t0.elapsed().as_secs_f64();
-                done.push(Done {
-                    ord: i,
-                    report: r,
-                    secs,
-                    stored: false,
-                });
-                store_err = store_pending(&mut store, run_id, &mut done);
-                match done.last().and_then(|d| skipped_why(&d.report)) {
-                    Some(why) => progress.skipped(why),
-                    None => progress.done(secs),
-                }
-            }
+            Some(r) => r,
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        match &r {
+            Err(e) => progress.abandon(&format!("FAILED: {e}")),
+            Ok(rep) => match skipped_why(rep) {
+                Some(why) => progress.skipped(why),
+                None => progress.done(secs),
+            },
         }
+        done.push(Done {
+            ord: i,
+            name: s.name.clone(),
+            report: r.map_err(|e| e.to_string()),
+            secs,
+            stored: false,
+            store_error: None,
+        });
+        store_err = store_pending(&mut store, run_id, &mut done);
     }
     // The end of the run: what is left to store, and how it ended, are
     // retried within the final bound (what was measured is not given up
@@ -248,9 +297,14 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
         store.set_write_wait(final_wait)?;
         store_err = store_pending(&mut store, run_id, &mut done);
     }
-    let (status, why) = match &store_err {
-        None => (RunStatus::Complete, None),
-        Some(e) => (RunStatus::Failed, Some(store_why(a, e))),
+    let mut problems = failures(&done);
+    if let Some(e) = &store_err {
+        problems.push(store_why(a, e));
+    }
+    let (status, why) = if problems.is_empty() {
+        (RunStatus::Complete, None)
+    } else {
+        (RunStatus::Failed, Some(problems.join("; ")))
     };
     let left = final_wait.saturating_sub(t_final.elapsed());
     let marked = match store.finish_run_why(run_id, status, why.as_deref(), left) {
@@ -260,45 +314,77 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
             false
         }
     };
-    let only: Vec<Report> = done.iter().map(|d| d.report.clone()).collect();
+    let only: Vec<Report> = done
+        .iter()
+        .filter_map(|d| d.report.as_ref().ok().cloned())
+        .collect();
     let seeds = summarise(&only);
-    // The HTML report shows what is stored: written only when all is.
-    let html = match &store_err {
-        None => crate::html::write(&store, run_id, &a.report),
-        Some(_) => Ok(()),
+    // The HTML report shows what is stored: written unless the database
+    // was held (then what it holds is not the run).
+    let html: Option<LabResult<()>> = match &store_err {
+        None => Some(crate::html::write(&store, run_id, &a.report, "--report")),
+        Some(_) => None,
     };
-    let stored = store_err.is_none();
+    let html_error: Option<String> = match &html {
+        Some(Ok(())) => None,
+        Some(Err(e)) => Some(e.to_string()),
+        None => Some("the database was held by another process".to_string()),
+    };
+    let stored = store_err.is_none() && done.iter().all(|d| d.report.is_err() || d.stored);
+    let failed: Vec<&str> = done
+        .iter()
+        .filter(|d| d.report.is_err())
+        .map(|d| d.name.as_str())
+        .collect();
     if a.json {
         let scen: Vec<_> = done
             .iter()
-            .map(|d| {
-                json!({
-                    "scenario": d.report.scenario,
-                    "kind": d.report.kind,
-                    "seed": d.report.seed,
+            .map(|d| match &d.report {
+                Ok(r) => json!({
+                    "scenario": r.scenario,
+                    "kind": r.kind,
+                    "seed": r.seed,
                     "seconds": d.secs,
-                    "result": d.report.contract,
-                    "skipped": skipped_why(&d.report),
+                    "result": r.contract,
+                    "skipped": skipped_why(r),
                     "stored": d.stored,
-                })
+                    "error": null,
+                    "store_error": d.store_error,
+                }),
+                Err(e) => {
+                    let s = &scenarios[d.ord];
+                    json!({
+                        "scenario": s.name,
+                        "kind": s.lab_table().replacen('-', " ", 1),
+                        "seed": s.seed,
+                        "seconds": d.secs,
+                        "result": null,
+                        "skipped": null,
+                        "stored": false,
+                        "error": e,
+                        "store_error": null,
+                    })
+                }
             })
             .collect();
-        println!(
-            "{}",
-            json!({
+        crate::out::println(
+            &json!({
                 "run_id": run_id,
-                "db": a.db.db,
-                "report": a.report,
+                "db": a.db.db.display().to_string(),
+                "report": html_error.is_none().then(|| a.report.display().to_string()),
+                "report_error": html_error,
                 "quick": a.quick,
                 "seeds": seeds,
                 "scenarios": scen,
+                "failed": failed,
                 "stored": stored,
                 "store_error": store_err.as_ref().map(|e| store_why(a, e)),
             })
-        );
+            .to_string(),
+        )?;
     } else {
-        println!(
-            "softiommu run {run_id}{} on {}: {} scenarios {} {}, report {}\n",
+        let mut text = format!(
+            "softiommu run {run_id}{} on {}: {} scenarios {} {}, report {}\n\n",
             if a.quick { " (quick)" } else { "" },
             host.line(),
             done.len(),
@@ -308,22 +394,54 @@ pub fn run(a: &RunArgs) -> LabResult<()> {
                 "run, NOT all stored in"
             },
             a.db.db.display(),
-            if stored {
-                a.report.display().to_string()
-            } else {
-                "not written".to_string()
+            match &html_error {
+                None => a.report.display().to_string(),
+                Some(e) => format!("not written ({e})"),
             }
         );
-        print!("{}", render_table(&seed_table(&seeds)));
-        println!();
+        text.push_str(&render_table(&seed_table(&seeds)));
+        text.push('\n');
         for d in &done {
-            println!("{}", render_report(&d.report, &host));
+            match &d.report {
+                Ok(r) => text.push_str(&render_report(r, &host)),
+                Err(e) => text.push_str(&format!("scenario {}: FAILED: {e}\n", d.name)),
+            }
+            text.push('\n');
         }
+        crate::out::print(&text)?;
+    }
+    // A scenario failed or was refused: that error names it (and the
+    // database held, if it was); held alone, `NotStored` below.
+    if !failures(&done).is_empty() {
+        let kept = done.iter().filter(|d| d.stored).count();
+        let mut rest = format!(
+            "the other {kept} scenario(s) are stored in {}",
+            a.db.db.display()
+        );
+        match (&store_err, &html_error) {
+            (Some(e), _) => {
+                rest = not_stored(a, run_id, &done, e, marked).to_string();
+            }
+            (None, None) => {
+                rest.push_str(&format!(", the report written to {}", a.report.display()))
+            }
+            (None, Some(e)) => rest.push_str(&format!(", the report not written: {e}")),
+        }
+        if store_err.is_none() {
+            rest.push_str(&format!("; {}", row_words(marked)));
+        }
+        return Err(LabError::RunFailed {
+            run_id,
+            failed: failures(&done).join("; "),
+            rest,
+        });
     }
     if let Some(e) = &store_err {
         return Err(not_stored(a, run_id, &done, e, marked));
     }
-    html?;
+    if let Some(Err(e)) = html {
+        return Err(e);
+    }
     let bad: Vec<String> = only
         .iter()
         .filter_map(|r| crate::validity::invalid(r).map(|why| format!("{}: {why}", r.scenario)))

@@ -14,8 +14,10 @@ use crate::store::Store;
 
 pub use page::{render, PageData};
 
-/// Writes the report of run `run_id` to `out`.
-pub fn write(store: &Store, run_id: i64, out: &Path) -> LabResult<()> {
+/// Writes the report of run `run_id` to `out` (named by the option
+/// `flag` in errors) atomically: a new file renamed over `out`, so a write
+/// that fails keeps the old report whole.
+pub fn write(store: &Store, run_id: i64, out: &Path, flag: &'static str) -> LabResult<()> {
     let data = PageData::load(store, run_id)?;
     let html = render(&data);
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -24,10 +26,7 @@ pub fn write(store: &Store, run_id: i64, out: &Path) -> LabResult<()> {
             source,
         })?;
     }
-    std::fs::write(out, html).map_err(|source| LabError::Write {
-        path: out.to_path_buf(),
-        source,
-    })
+    crate::cmd::out_path::write_atomically(out, flag, html.as_bytes())
 }
 
 #[cfg(test)]

@@ -223,7 +223,7 @@ fn the_report_of_a_fixture_database_has_its_structure() {
 fn the_report_is_written_to_a_file() {
     let (store, dir, ids) = fixture("file");
     let out = dir.join("out/report.html");
-    super::write(&store, ids[0], &out).unwrap();
+    super::write(&store, ids[0], &out, "--out").unwrap();
     let h = std::fs::read_to_string(&out).unwrap();
     assert!(h.contains("softiommu lab report — run 1"));
     assert!(!h.contains("This run is"), "run 1 is complete");

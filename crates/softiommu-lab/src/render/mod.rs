@@ -3,7 +3,7 @@
 
 mod terminal;
 
-pub use terminal::{format_cell, render_report, render_table};
+pub use terminal::{format_cell, printable, render_report, render_table};
 
 use crate::report::Report;
 

@@ -73,6 +73,20 @@ pub fn render_table(t: &Table) -> String {
     out
 }
 
+/// `text` with every control character escaped (`\u{1b}`, `\n`): text a
+/// scenario file supplies reaches no terminal as an escape sequence.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// A whole report: a heading naming scenario, host and parameters, the
 /// tables, what is modelled, and the notes; a report that did not run
 /// here (its contract says `skipped`) is its one line saying why.
@@ -80,11 +94,17 @@ pub fn render_report(r: &Report, host: &Host) -> String {
     if let Some(why) = r.contract.get("skipped").and_then(|v| v.as_str()) {
         return format!("{} skipped: {why}\n", r.kind);
     }
-    let mut s = format!("== {} [{}]", r.scenario, r.kind);
+    // A scenario file's name, seed and about reach the terminal: their
+    // control characters (escape sequences) are shown escaped.
+    let mut s = format!("== {} [{}]", printable(&r.scenario), r.kind);
     if let Some(seed) = &r.seed {
-        s.push_str(&format!(" (seed {seed})"));
+        s.push_str(&format!(" (seed {})", printable(seed)));
     }
-    s.push_str(&format!("\n{}\nhost: {}\n", r.title, host.line()));
+    s.push_str(&format!(
+        "\n{}\nhost: {}\n",
+        printable(&r.title),
+        host.line()
+    ));
     if !r.params.is_empty() {
         let p: Vec<String> = r
             .params
@@ -104,4 +124,24 @@ pub fn render_report(r: &Report, host: &Host) -> String {
         s.push_str(&format!("{n}\n"));
     }
     s
+}
+
+#[cfg(test)]
+mod escape_tests {
+    use super::*;
+
+    /// A scenario's `name` and `about` reached the terminal raw: an
+    /// `about` of `ESC ] 0 ; PWNED BEL ESC [ 2 J` retitled the terminal
+    /// and cleared it. They are shown escaped.
+    #[test]
+    fn a_scenarios_name_and_about_reach_no_terminal_as_escapes() {
+        let mut r = Report::new("lab litmus", "t", serde_json::json!({}));
+        r.scenario = "x\u{1b}[31m".into();
+        r.title = "\u{1b}]0;PWNED\u{7}\u{1b}[2J".into();
+        r.seed = Some("0\n1".into());
+        let out = render_report(&r, &Host::detect());
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
+        assert!(out.contains("\\u{1b}]0;PWNED\\u{7}\\u{1b}[2J"), "{out:?}");
+        assert!(out.contains("(seed 0\\n1)"), "{out:?}");
+    }
 }

@@ -35,7 +35,13 @@ impl Scenario {
     /// Checks the text of a scenario file read from `path`.
     pub fn parse(text: &str, path: &Path) -> Result<Scenario, ScenarioError> {
         let file: ScenarioFile = toml::from_str(text).map_err(|e| field_error(&e, text, path))?;
-        Self::from_file(file, path)
+        let s = Self::from_file(file, path)?;
+        // The `[quick]` table is checked now, with or without `--quick`,
+        // and its errors name the file and line, not a `--set`.
+        if let Err(e) = s.quick() {
+            return Err(quick_error(e, text, path));
+        }
+        Ok(s)
     }
 
     fn from_file(file: ScenarioFile, path: &Path) -> Result<Scenario, ScenarioError> {
@@ -80,7 +86,14 @@ impl Scenario {
             return Ok(self.clone());
         }
         let file = apply_sets(&self.file, self.lab_table(), sets)?;
-        Self::from_file(file, &self.path)
+        // A second table is the `--set`'s doing, not the file's.
+        Self::from_file(file, &self.path).map_err(|e| match e {
+            ScenarioError::TwoLabs { found, .. } => ScenarioError::Set {
+                set: sets.join(" --set "),
+                message: format!("adds a second bench or lab table ({found}); a scenario runs one"),
+            },
+            e => e,
+        })
     }
 
     /// The scenario as `run --quick` runs it: its `[quick]` overrides
@@ -117,6 +130,42 @@ impl Scenario {
             r.title = self.about.clone();
         }
         Ok(r)
+    }
+}
+
+/// An error of the `[quick]` table's override `table.key=value` as
+/// "file:line: field `quick.key`: message", the line the key's in the
+/// `[quick]` table.
+fn quick_error(e: ScenarioError, text: &str, path: &Path) -> ScenarioError {
+    let ScenarioError::Set { set, message } = e else {
+        return e;
+    };
+    let key = set
+        .split_once('=')
+        .map(|(k, _)| k.rsplit_once('.').map_or(k, |(_, f)| f).trim().to_string())
+        .unwrap_or_default();
+    let mut in_quick = false;
+    let mut line = 1;
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim();
+        if let Some(h) = t.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            in_quick = h.trim() == "quick";
+            if in_quick {
+                line = i + 1;
+            }
+            continue;
+        }
+        let k = t.split_once('=').map(|(k, _)| k.trim().trim_matches('"'));
+        if in_quick && k == Some(key.as_str()) {
+            line = i + 1;
+            break;
+        }
+    }
+    ScenarioError::Field {
+        path: path.to_path_buf(),
+        line,
+        field: format!("field `quick.{key}`: "),
+        message,
     }
 }
 
@@ -192,6 +241,43 @@ mod tests {
         let e = parse("[bench-dma]\npolicies = [\"lazy\"]\n").unwrap_err();
         assert!(
             matches!(&e, ScenarioError::Field { message, .. } if message.contains("valid: passthrough")),
+            "{e}"
+        );
+    }
+
+    /// A `[quick]` table's mistake was blamed on a `--set` the user never
+    /// gave (`--set bench-iova.threadz=2: unknown field`), without file
+    /// or line, and was not looked at without `--quick`: it names the
+    /// file, the line and `quick.KEY`, at parse.
+    #[test]
+    fn a_quick_tables_mistake_names_the_file_and_line_with_or_without_quick() {
+        let e =
+            parse("[bench-iova]\nthreads = 1\n[quick]\nseconds = 0.1\nthreadz = 2\n").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Field { line: 5, field, message, .. }
+                if field == "field `quick.threadz`: " && message.contains("unknown field `threadz`")),
+            "{e}"
+        );
+        assert!(
+            e.to_string().starts_with("t.toml:5: field `quick.threadz`"),
+            "{e}"
+        );
+        let e = parse("[bench-iova]\n[quick]\nthreads = 0\n").unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Field { line: 3, message, .. } if message.contains("0 is not in 1..=256")),
+            "{e}"
+        );
+    }
+
+    /// A `--set` that adds a second table was blamed on the file ("t.toml:
+    /// more than one bench or lab table"), which has one.
+    #[test]
+    fn a_set_that_adds_a_second_table_is_blamed_on_the_set() {
+        let s = parse("[bench-iova]\n").unwrap();
+        let e = s.with_sets(&["lab-litmus.runs=5".into()]).unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Set { set, message }
+                if set == "lab-litmus.runs=5" && message.contains("adds a second bench or lab table")),
             "{e}"
         );
     }

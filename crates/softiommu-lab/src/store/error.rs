@@ -95,6 +95,14 @@ pub enum StoreError {
         /// Why.
         source: serde_json::Error,
     },
+    /// A writer died mid-transaction and left its hot journal, and this
+    /// process cannot roll it back (the file or its directory is not
+    /// writable to it): nothing can be read until it is.
+    #[error("results database {path} holds the unfinished write of a process that ended (its hot journal), which this user cannot roll back; any softiommu command run by a user who can write {path} and its directory recovers it")]
+    HotJournal {
+        /// The path.
+        path: PathBuf,
+    },
     /// Any other SQLite failure.
     #[error("results database {path}: {source}")]
     Sql {
@@ -118,6 +126,14 @@ impl StoreError {
     pub(super) fn sql(path: &std::path::Path, e: rusqlite::Error) -> Self {
         use rusqlite::ErrorCode;
         let path = path.to_path_buf();
+        // SQLITE_READONLY_ROLLBACK (sqlite.org/rescode.html#readonly_rollback):
+        // SQLITE_READONLY | (3 << 8).
+        const READONLY_ROLLBACK: std::ffi::c_int = 8 | (3 << 8);
+        if let rusqlite::Error::SqliteFailure(f, _) = &e {
+            if f.extended_code == READONLY_ROLLBACK {
+                return StoreError::HotJournal { path };
+            }
+        }
         match e.sqlite_error_code() {
             Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
                 StoreError::Locked { path }

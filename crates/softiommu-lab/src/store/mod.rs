@@ -4,6 +4,7 @@
 //! user_version`, migrated by `rusqlite_migration`); a database written by
 //! a newer softiommu is refused before anything touches it.
 
+mod absent;
 mod error;
 mod open;
 mod read;

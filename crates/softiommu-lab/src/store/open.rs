@@ -52,10 +52,14 @@ impl Store {
         )
     }
 
-    /// Opens an existing `path` read-only (`SQLITE_OPEN_READ_ONLY`) to read
-    /// results: nothing is created, migrated or written, and a file that
-    /// is not a softiommu results database of this build's schema is
-    /// refused.
+    /// Opens an existing `path` to read results: nothing is created,
+    /// migrated or written (`PRAGMA query_only`), and a file that is not a
+    /// softiommu results database of a schema this build reads is refused.
+    /// It is opened read-write where the file allows (without creating),
+    /// so that SQLite can roll back the hot journal a writer that died
+    /// mid-transaction left; a file this user cannot write is read
+    /// read-only (SQLite's own fallback), and such a journal then is
+    /// [`StoreError::HotJournal`].
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         if !path.exists() {
             return Err(StoreError::Missing {
@@ -64,7 +68,7 @@ impl Store {
         }
         refuse_non_regular(path)?;
         precheck_header(path)?;
-        Self::open_with(path, OpenFlags::SQLITE_OPEN_READ_ONLY, false)
+        Self::open_with(path, OpenFlags::SQLITE_OPEN_READ_WRITE, false)
     }
 
     /// How long each later write waits for another process holding the
@@ -80,6 +84,11 @@ impl Store {
         let flags = flags | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let mut conn = Connection::open_with_flags(path, flags).map_err(sql)?;
         conn.busy_timeout(OPEN_WAIT).map_err(sql)?;
+        if !writer {
+            // A reader never writes; the first read below may still roll
+            // back a dead writer's hot journal (the pager does, not SQL).
+            conn.execute_batch("PRAGMA query_only = ON").map_err(sql)?;
+        }
         // Reading the header first: a file that is not a database, or one
         // locked by a writer, fails here, before anything is written.
         let version: i64 = conn
@@ -91,6 +100,14 @@ impl Store {
                 path: path.to_path_buf(),
                 found: version,
                 supported: LATEST,
+            });
+        }
+        if version < 0 {
+            return Err(StoreError::NotOurs {
+                path: path.to_path_buf(),
+                why: format!(
+                    "schema version {version}, not softiommu's {OLDEST_READABLE} to {LATEST}"
+                ),
             });
         }
         let fresh = version == 0 && tables.is_empty();
@@ -358,6 +375,72 @@ mod tests {
             matches!(&e, StoreError::Sql { source, .. } if source.sqlite_error_code() == Some(rusqlite::ErrorCode::ReadOnly)),
             "{e}"
         );
+    }
+
+    /// A writer that died inside a transaction leaves a hot journal; a
+    /// reader opened read-only cannot roll it back and every read failed
+    /// with "attempt to write a readonly database". Readers now let
+    /// SQLite recover it: the unfinished write is undone and the runs
+    /// before it read.
+    #[test]
+    fn a_reader_recovers_the_hot_journal_of_a_writer_that_died() {
+        let p = tmp("hot");
+        let store = Store::create(&p).unwrap();
+        store
+            .begin_run("x", false, &crate::host::Host::detect(), "rev")
+            .unwrap();
+        drop(store);
+        // A writer in a child process changes the file inside a
+        // transaction (a cache too small to hold the change, so the pages
+        // reach the file) and dies before committing.
+        let script = format!(
+            "import sqlite3, os\n\
+             c = sqlite3.connect({:?}, isolation_level=None)\n\
+             c.execute('PRAGMA cache_size=1')\n\
+             c.execute('BEGIN')\n\
+             c.execute(\"UPDATE runs SET command = hex(randomblob(20000))\")\n\
+             c.execute(\"CREATE TABLE junk(x)\")\n\
+             c.execute(\"INSERT INTO junk SELECT randomblob(4000) FROM (WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i<200) SELECT i FROM n)\")\n\
+             os._exit(0)\n",
+            p.to_str().unwrap()
+        );
+        let st = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let mut journal = p.as_os_str().to_owned();
+        journal.push("-journal");
+        assert!(
+            std::fs::metadata(&journal).is_ok_and(|m| m.len() > 0),
+            "the dead writer left a hot journal"
+        );
+        let store = Store::open(&p).unwrap();
+        let runs = store.runs().unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].command, "x");
+        drop(store);
+        let tables: Vec<String> = table_names(&Connection::open(&p).unwrap()).unwrap();
+        assert!(!tables.iter().any(|t| t == "junk"), "{tables:?}");
+    }
+
+    /// A negative schema version is no version of ours: readers refused
+    /// it (they read it as if it were ours), and `run` failed with the
+    /// migration library's words.
+    #[test]
+    fn a_negative_schema_version_is_not_ours() {
+        let p = tmp("negative");
+        drop(Store::create(&p).unwrap());
+        Connection::open(&p)
+            .unwrap()
+            .execute_batch("PRAGMA user_version = -1")
+            .unwrap();
+        for e in [Store::open(&p).unwrap_err(), Store::create(&p).unwrap_err()] {
+            assert!(
+                matches!(&e, StoreError::NotOurs { why, .. } if why == "schema version -1, not softiommu's 1 to 3"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -295,3 +295,81 @@ fn the_newest_run_with_results_of_a_database_without_any_is_a_typed_error() {
     );
     assert!(!e.to_string().contains("run 0"), "{e}");
 }
+
+/// The lab's deliberate "absent" figures (NaN) are stored as absent: the
+/// scenario is stored (it was refused by `metrics.value NOT NULL`), the
+/// NaN figure has no metric row while its neighbours do, and the stored
+/// report reads back (a NaN plot point or spread made it unreadable).
+#[test]
+fn a_scenario_with_absent_figures_is_stored_and_reads_back() {
+    use crate::report::{Axis, Cell, Column, Plot, PlotKind, Report, Series, Spread, Table, Unit};
+    let p = tmp("nan");
+    let mut store = Store::create(&p).unwrap();
+    let id = begin(&store);
+    let mut r = Report::new("lab fio-aging", "absent figures", serde_json::json!({}));
+    r.scenario = "storage-aging".into();
+    let mut t = Table::new(
+        "aging",
+        "aging",
+        vec![
+            Column::label("policy"),
+            Column::metric("ratio", "vs pass-through", Unit::Ratio, 2),
+            Column::metric("retained", "retained", Unit::Ratio, 2),
+        ],
+    );
+    t.row(vec![
+        "softiommu".into(),
+        Cell::Num(f64::NAN),
+        Cell::figure(0.9, Some(Spread::of(&[0.8, 0.9, 1.0]))),
+    ]);
+    t.row(vec![
+        "strict".into(),
+        Cell::median(Spread {
+            min: f64::NAN,
+            median: f64::NAN,
+            max: f64::NAN,
+        }),
+        Cell::Num(0.5),
+    ]);
+    r.tables.push(t);
+    r.plots.push(Plot {
+        name: "timeline".into(),
+        title: "t".into(),
+        kind: PlotKind::Lines,
+        x: Axis::new("s", Unit::Count),
+        y: Axis::new("r", Unit::Ratio),
+        categories: Vec::new(),
+        series: vec![Series::new(
+            "a",
+            vec![(0.0, 1.0), (1.0, f64::NAN), (2.0, 3.0)],
+        )],
+        modelled: false,
+    });
+    store.add_scenario(id, 0, &r, 1.0).unwrap();
+    let rows: Vec<(String, String)> = Connection::open(&p)
+        .unwrap()
+        .prepare("SELECT row, name FROM metrics ORDER BY row, name")
+        .unwrap()
+        .query_map([], |x| Ok((x.get(0)?, x.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        rows,
+        [
+            ("softiommu".to_string(), "retained".to_string()),
+            ("strict".to_string(), "retained".to_string())
+        ]
+    );
+    drop(store);
+    let back = Store::open(&p).unwrap().scenarios(id).unwrap();
+    assert_eq!(back.len(), 1);
+    let t = &back[0].report.tables[0];
+    assert_eq!(t.rows[0][1], Cell::Missing);
+    assert_eq!(t.rows[1][1], Cell::Missing);
+    assert_eq!(t.get("softiommu", "retained"), Some(0.9));
+    assert_eq!(
+        back[0].report.plots[0].series[0].points,
+        [(0.0, 1.0), (2.0, 3.0)]
+    );
+}

@@ -113,7 +113,8 @@ impl Store {
     }
 
     /// Stores one finished scenario: its report, parameters and figures,
-    /// in one transaction.
+    /// in one transaction. A figure that is not finite is absent (see
+    /// [`super::absent`]): no metric row, an empty cell, no plot point.
     pub fn add_scenario(
         &mut self,
         run_id: i64,
@@ -123,6 +124,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let path = self.path.clone();
         let err = |e| StoreError::sql(&path, e);
+        let report = &super::absent::without_absent(report);
         let json = serde_json::to_string(report).map_err(|source| StoreError::BadReport {
             run: run_id,
             scenario: report.scenario.clone(),

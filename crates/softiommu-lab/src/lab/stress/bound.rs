@@ -67,15 +67,23 @@ pub struct BoundResult {
     pub max_probe_age_us: u64,
 }
 
-/// Busy processes (`sh -c 'while :; do :; done'`) at nice 0, killed when
-/// dropped; each is also wrapped in `timeout` where it exists, so none
-/// outlives the run by more than its length even if the lab is killed.
+/// Busy processes (`sh -c 'while :; do :; done'`) at nice 0, each the
+/// leader of a process group of its own, killed with its whole group when
+/// dropped (on every return, error or panic path that unwinds past it).
+/// Each is also wrapped in `timeout` where it exists, so none outlives the
+/// run by more than its length even if the lab itself is killed. Killing
+/// `timeout` alone would not do: it cannot pass on a SIGKILL, and its
+/// `sh` would spin on for ever, adopted by init.
+#[derive(Debug)]
 pub struct Hogs(Vec<Child>);
 
 impl Hogs {
     /// Starts `n` of them, each living at most `limit`.
     pub fn start(n: u64, limit: Duration) -> LabResult<Hogs> {
-        let mut v = Vec::new();
+        use std::os::unix::process::CommandExt;
+        // Pushed as each starts: one that fails to start drops the ones
+        // started before it, and their groups are killed.
+        let mut hogs = Hogs(Vec::new());
         let secs = limit.as_secs().saturating_add(2).to_string();
         for _ in 0..n {
             let loop_ = ["sh", "-c", "while :; do :; done"];
@@ -85,23 +93,38 @@ impl Hogs {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
+                .process_group(0)
                 .spawn()
                 .or_else(|_| {
                     Command::new(loop_[0])
                         .args(&loop_[1..])
                         .stdin(Stdio::null())
+                        .process_group(0)
                         .spawn()
                 })
                 .map_err(|_| LabError::Setup("could not start a busy process (--hogs)"))?;
-            v.push(child);
+            hogs.0.push(child);
         }
-        Ok(Hogs(v))
+        Ok(hogs)
+    }
+
+    /// The process groups of the hogs (each hog's process id).
+    #[cfg(test)]
+    pub fn groups(&self) -> Vec<i32> {
+        self.0.iter().map(|c| c.id() as i32).collect()
     }
 }
 
 impl Drop for Hogs {
     fn drop(&mut self) {
         for c in &mut self.0 {
+            // The group's id is its leader's, the child's own: SIGKILL to
+            // the group reaches `timeout` and the loop it runs.
+            if let Ok(pgid) = libc::pid_t::try_from(c.id()) {
+                // SAFETY: kill(2) with a negative pid signals the process
+                // group we created for this child; it touches no memory.
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -306,6 +329,62 @@ fn offend(row: &mut PhaseResult, what: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The processes (not zombies) whose process group is `pgid`, from
+    /// `/proc/PID/stat` (field 5 is the group, field 3 the state).
+    fn live_in_group(pgid: i32) -> Vec<i32> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // The command name (field 2) is in parentheses and may hold
+            // spaces: the fields after the last `)` are plain.
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            if f.len() > 2 && f[0] != "Z" && f[0] != "X" && f[2] == pgid.to_string() {
+                out.push(pid);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn no_busy_process_outlives_its_guard() {
+        let hogs = Hogs::start(2, Duration::from_secs(60)).unwrap();
+        let groups = hogs.groups();
+        assert_eq!(groups.len(), 2);
+        // `timeout` starts its `sh`: wait until each group has two
+        // processes (or one, where `timeout` is missing).
+        let t0 = Instant::now();
+        while groups.iter().any(|&g| live_in_group(g).len() < 2)
+            && t0.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for &g in &groups {
+            assert!(!live_in_group(g).is_empty(), "group {g} never ran");
+        }
+        drop(hogs);
+        let t0 = Instant::now();
+        while groups.iter().any(|&g| !live_in_group(g).is_empty())
+            && t0.elapsed() < Duration::from_secs(2)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for &g in &groups {
+            assert_eq!(
+                live_in_group(g),
+                Vec::<i32>::new(),
+                "group {g} left running"
+            );
+        }
+    }
 
     #[test]
     fn an_access_begun_at_or_past_the_bound_is_a_violation() {

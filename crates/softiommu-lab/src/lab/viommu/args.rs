@@ -26,15 +26,18 @@ pub struct ViommuArgs {
     /// busy-waited by the notifying thread on every `QueueNotify` of
     /// both devices in every mode (0..=1000; 0: none).
     #[arg(long, default_value_t = EXIT_US, value_parser = parse_exit_us)]
+    #[serde(deserialize_with = "de_exit_us")]
     pub exit_us: f64,
     /// Bytes per read of the null and the ssd IOPS rows: a multiple of 4096 in 4096..=131072 (the disk's
     /// `size_max`: one data segment). The `ssd` back-end's bandwidth
     /// makes a large block cost its transfer time.
     #[arg(long, default_value = "4096", value_parser = parse_bs)]
+    #[serde(deserialize_with = "de_bs")]
     pub bs: u64,
     /// Bytes per read of the ssd bandwidth job, the target's rows (as
     /// `--bs`; default 128 KiB: fio's bandwidth shape).
     #[arg(long, default_value = "131072", value_parser = parse_bs)]
+    #[serde(deserialize_with = "de_bs")]
     pub bw_bs: u64,
     /// Reads in flight of the ssd bandwidth job (1..=32; default 16:
     /// enough for the link, not the latency, to bound it).
@@ -85,4 +88,41 @@ pub(super) fn parse_bs(s: &str) -> Result<u64, String> {
     } else {
         Err(bad())
     }
+}
+
+/// A number or a string in a scenario file (`bs = 4096`, `bs = "4k"`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumOrText {
+    Int(u64),
+    Float(f64),
+    Text(String),
+}
+
+impl NumOrText {
+    fn text(self) -> String {
+        match self {
+            NumOrText::Int(v) => v.to_string(),
+            NumOrText::Float(v) => v.to_string(),
+            NumOrText::Text(t) => t,
+        }
+    }
+}
+
+/// `exit_us` from a scenario file or `--set`: the command line's check
+/// ([`parse_exit_us`]), so a file cannot give NaN, a negative or 1e9 µs.
+fn de_exit_us<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = match NumOrText::deserialize(d)? {
+        NumOrText::Int(v) => v.to_string(),
+        // `{:?}` keeps `nan`, `inf` and every digit as written.
+        NumOrText::Float(v) => format!("{v:?}"),
+        NumOrText::Text(t) => t,
+    };
+    parse_exit_us(&v).map_err(serde::de::Error::custom)
+}
+
+/// `bs` and `bw_bs` from a scenario file or `--set`: the command line's
+/// check ([`parse_bs`]).
+fn de_bs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    parse_bs(&NumOrText::deserialize(d)?.text()).map_err(serde::de::Error::custom)
 }

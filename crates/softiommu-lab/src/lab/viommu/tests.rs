@@ -125,6 +125,51 @@ fn exit_us_is_bounded() {
     assert!(matches!(parse_exit_us("nan"), Err(e) if e.contains("0..=1000")));
 }
 
+/// `[lab-viommu]` in a scenario file, or `--set`, passes the command
+/// line's checks: `exit_us` NaN, negative or 1e9 (a hang: 1000 s busy-
+/// waited per notification) and `bs`/`bw_bs` 0 or 1 are one typed error
+/// naming the file, line and field, before any work (they were accepted,
+/// and failed or hung only while running).
+#[test]
+fn a_scenario_file_or_set_is_checked_like_the_command_line() {
+    use crate::scenario::{Scenario, ScenarioError};
+    use std::path::Path;
+    let head = "[lab-viommu]\nquick = true\nrounds = 1\n";
+    for (line, want) in [
+        ("exit_us = nan", "0..=1000"),
+        ("exit_us = -1.0", "0..=1000"),
+        ("exit_us = 1e9", "0..=1000"),
+        ("bs = 0", "4096..=131072"),
+        ("bs = 1", "4096..=131072"),
+        ("bw_bs = 1", "4096..=131072"),
+        ("bs = \"3k\"", "4096..=131072"),
+    ] {
+        let e = Scenario::parse(&format!("{head}{line}\n"), Path::new("v.toml")).unwrap_err();
+        let key = line.split(' ').next().unwrap();
+        assert!(
+            matches!(&e, ScenarioError::Field { line: 4, field, message, .. }
+                if field.contains(key) && message.contains(want)),
+            "{line}: {e}"
+        );
+    }
+    let s = Scenario::parse(
+        &format!("{head}bs = \"8k\"\nexit_us = 2.5\n"),
+        Path::new("v.toml"),
+    )
+    .unwrap();
+    let crate::registry::LabArgs::Viommu(a) = s.lab() else {
+        panic!("not viommu")
+    };
+    assert_eq!((a.bs, a.exit_us), (8192, 2.5));
+    for set in ["exit_us=nan", "exit_us=1e9", "bs=0", "bw_bs=1"] {
+        let e = s.with_sets(&[set.to_string()]).unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Set { set: x, message } if x == set && (message.contains("0..=1000") || message.contains("4096..=131072"))),
+            "{set}: {e}"
+        );
+    }
+}
+
 /// A short ssd-80us round: every read is held to its deadline and
 /// never returned before it (the achieved device time is at least
 /// the model's 80 us; an upper bound would measure the machine's
