@@ -233,6 +233,7 @@ pub(crate) fn serve_device(
         faults: Arc::new(FdFaults::default()),
         ran: false,
         wedged: 0,
+        left_behind: Vec::new(),
         join_bound: miss_timeout + Duration::from_secs(1),
     };
     let end = s.run();
@@ -281,6 +282,10 @@ struct Session<'a> {
     /// ring stopped drops what the IOTLB took meanwhile).
     ran: bool,
     wedged: u64,
+    /// Workers that did not end when stopped and still run: while one
+    /// does, nothing it may still reach changes under it (memory table,
+    /// whether rings translate through the IOTLB, a device reset).
+    left_behind: Vec<JoinHandle<u16>>,
     /// How long a stopped worker has to end before it is interrupted.
     join_bound: Duration,
 }
@@ -396,6 +401,7 @@ impl Session<'_> {
             req::GET_FEATURES => reply(self.dev.features()),
             req::SET_FEATURES => {
                 let f = u64_of(name, &p)?;
+                self.refuse_while_left_behind(name)?;
                 let offered = self.dev.features();
                 if f & !offered != 0 {
                     return Err(MsgError::Invalid {
@@ -419,6 +425,7 @@ impl Session<'_> {
             req::SET_OWNER => Ok(None),
             req::RESET_OWNER | req::RESET_DEVICE => {
                 self.stop_all();
+                self.refuse_while_left_behind(name)?;
                 for r in &mut self.rings {
                     *r = Ring {
                         wedged: r.wedged,
@@ -457,6 +464,7 @@ impl Session<'_> {
                 Ok(None)
             }
             req::SET_MEM_TABLE => {
+                self.refuse_while_left_behind(name)?;
                 let t = MemTable::map(&p, &fds)?;
                 self.space.set_memory(t);
                 Ok(None)
@@ -512,6 +520,15 @@ impl Session<'_> {
                 self.stop_ring(q);
                 self.rings[q].kick = None;
                 self.rings[q].enabled = false;
+                if self.rings[q].wedged {
+                    // Its worker never said where it stopped: a base would
+                    // be a guess (a front-end resuming from it could serve
+                    // completed chains again).
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: format!("queue {q}'s thread did not end when stopped"),
+                    });
+                }
                 let v = u64::from(i) | u64::from(self.rings[q].base) << 32;
                 Ok(Some(v.to_le_bytes().to_vec()))
             }
@@ -739,10 +756,11 @@ impl Session<'_> {
                 crate::peerfd::join_bounded(h, self.join_bound)
             })) {
                 Ok(Ok(last)) => self.rings[q].base = last,
-                Ok(Err(_left)) => {
+                Ok(Err(left)) => {
                     eprintln!("softiommu-vhost: queue {q}'s thread did not stop; left behind");
                     self.rings[q].wedged = true;
                     self.wedged += 1;
+                    self.left_behind.push(left);
                 }
                 Err(_) => eprintln!("softiommu-vhost: queue thread panicked"),
             }
@@ -751,6 +769,32 @@ impl Session<'_> {
             if self.rings.iter().any(|r| r.running.is_some()) {
                 self.space.resume();
             }
+        }
+    }
+
+    /// Refuses `name` while a worker left behind still runs: it may
+    /// still reach guest memory through the space, so the memory table,
+    /// the IOMMU switch and a device reset must not change under it (an
+    /// access of a worker that wakes after `set_iommu(false)` would take
+    /// an IOVA for an address). Workers that ended meanwhile are joined.
+    fn refuse_while_left_behind(&mut self, name: &'static str) -> Result<(), MsgError> {
+        let (ended, alive): (Vec<_>, Vec<_>) = std::mem::take(&mut self.left_behind)
+            .into_iter()
+            .partition(|h| h.is_finished());
+        for h in ended {
+            let _ = h.join();
+        }
+        self.left_behind = alive;
+        if self.left_behind.is_empty() {
+            Ok(())
+        } else {
+            Err(MsgError::Invalid {
+                name,
+                what: format!(
+                    "{} queue thread(s) left behind still run",
+                    self.left_behind.len()
+                ),
+            })
         }
     }
 
@@ -871,5 +915,104 @@ mod tests {
             ));
         });
         assert_eq!(*dev.had_call.lock().unwrap(), [true, true]);
+    }
+
+    /// A device whose queue thread ignores its stop flag until `release`
+    /// (asleep in a call the interrupt does not end: `thread::sleep`
+    /// retries on `EINTR`).
+    struct Stuck {
+        release: Arc<AtomicBool>,
+    }
+
+    impl VhostDevice for Stuck {
+        fn features(&self) -> u64 {
+            vf::VERSION_1 | vf::ACCESS_PLATFORM
+        }
+
+        fn queues(&self) -> u32 {
+            1
+        }
+
+        fn config(&self, _: &mut [u8; CONFIG_MAX]) {}
+
+        fn spawn(&self, _: u32, q: Queue) -> std::io::Result<JoinHandle<u16>> {
+            let release = self.release.clone();
+            std::thread::Builder::new().spawn(move || {
+                while !release.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                q.last_avail()
+            })
+        }
+    }
+
+    /// A queue thread that does not end when its ring stops is left
+    /// behind, and while it runs nothing it may still reach changes under
+    /// it: `GET_VRING_BASE` is refused (its base would be a guess), and so
+    /// are `SET_MEM_TABLE`, `SET_FEATURES` (the IOMMU switch) and
+    /// `RESET_OWNER`; once it has ended they are taken again. (Before: the
+    /// base was answered, and `RESET_OWNER` switched the space to
+    /// untranslated addresses under the still-running thread.)
+    #[test]
+    fn while_a_left_behind_thread_runs_nothing_it_reaches_changes() {
+        let release = Arc::new(AtomicBool::new(false));
+        let dev = Stuck {
+            release: release.clone(),
+        };
+        let (fe, be) = UnixStream::pair().unwrap();
+        fe.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let call = |code: u32, payload: &[u8], fds: &[i32]| -> Vec<u8> {
+            testing::send(&fe, code, payload, fds, true).unwrap();
+            let (c, _, p) = testing::recv(&fe).unwrap();
+            assert_eq!(c, code);
+            p
+        };
+        let ack = |code: u32, payload: &[u8], fds: &[i32]| -> u64 {
+            u64::from_le_bytes(call(code, payload, fds).try_into().unwrap())
+        };
+        /// Shuts the front-end's socket when dropped, so a failed assertion
+        /// ends the session (and the scope) instead of hanging on it.
+        struct Hangup<'a>(&'a UnixStream);
+        impl Drop for Hangup<'_> {
+            fn drop(&mut self) {
+                let _ = self.0.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        std::thread::scope(|s| {
+            let session = s.spawn(|| serve_device(&dev, be, 64, Duration::from_millis(100)));
+            let _hangup = Hangup(&fe);
+            const UA: u64 = 0x7f00_0000_0000;
+            let (mem, _) = testing::shared_memory(c"stuck", 64 << 10).unwrap();
+            let mut t = vec![0u8; 8 + 32];
+            t[0..4].copy_from_slice(&1u32.to_le_bytes());
+            t[16..24].copy_from_slice(&(64u64 << 10).to_le_bytes());
+            t[24..32].copy_from_slice(&UA.to_le_bytes());
+            assert_eq!(ack(req::SET_MEM_TABLE, &t, &[mem.as_raw_fd()]), 0);
+            let features = (vf::VERSION_1 | vf::ACCESS_PLATFORM).to_le_bytes();
+            assert_eq!(ack(req::SET_FEATURES, &features, &[]), 0);
+            assert_eq!(ack(req::SET_VRING_NUM, &(8u64 << 32).to_le_bytes(), &[]), 0);
+            let mut a = vec![0u8; 8];
+            for v in [0x1000u64, 0x1200, 0x1100, 0] {
+                a.extend_from_slice(&v.to_le_bytes());
+            }
+            assert_eq!(ack(req::SET_VRING_ADDR, &a, &[]), 0);
+            let kick = eventfd();
+            let zero = 0u64.to_le_bytes();
+            assert_eq!(ack(req::SET_VRING_KICK, &zero, &[kick.as_raw_fd()]), 0);
+            // The stop cannot end the thread: no base.
+            assert!(call(req::GET_VRING_BASE, &zero, &[]).is_empty());
+            assert_ne!(ack(req::SET_MEM_TABLE, &t, &[mem.as_raw_fd()]), 0);
+            assert_ne!(ack(req::SET_FEATURES, &vf::VERSION_1.to_le_bytes(), &[]), 0);
+            assert_ne!(ack(req::RESET_OWNER, &[], &[]), 0);
+            // It ends: the session takes them again.
+            release.store(true, Ordering::Release);
+            std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(ack(req::SET_MEM_TABLE, &t, &[mem.as_raw_fd()]), 0);
+            assert_eq!(ack(req::RESET_OWNER, &[], &[]), 0);
+            fe.shutdown(std::net::Shutdown::Both).unwrap();
+            let r = session.join().unwrap();
+            assert_eq!(r.rejected_messages, 4);
+            assert_eq!(r.fds.wedged_rings, 1);
+        });
     }
 }

@@ -147,8 +147,10 @@ pub(super) fn compare(rows: &mut [IperfTcpRow]) {
             continue;
         };
         r.vs_coherent = (*mbit_s > 0.0).then(|| r.mbit_s / mbit_s);
-        r.saturated_vs_coherent_spread = paired_ratios(c_rounds, &r.cpu_s_per_gb_rounds);
-        r.saturated_vs_coherent = r.saturated_vs_coherent_spread.map(|s| s.median);
+        let paired = paired_ratios(c_rounds, &r.cpu_s_per_gb_rounds);
+        r.saturated_vs_coherent = paired.map(|(s, _)| s.median);
+        // One paired round is a figure, not a spread: no verdict rests on it.
+        r.saturated_vs_coherent_spread = paired.and_then(|(s, n)| (n > 1).then_some(s));
         if r.walk != Walk::Coherent.name() && r.cpu_s_per_gb > 0.0 {
             r.cpu_above_coherent_share = Some((r.cpu_s_per_gb - cpu) / r.cpu_s_per_gb);
         }
@@ -157,12 +159,11 @@ pub(super) fn compare(rows: &mut [IperfTcpRow]) {
 }
 
 /// Each round's `base` over its `row` (the two measured one after the
-/// other in that round), their spread. A round in which either side
-/// measured no CPU per GB (it moved nothing: a starved round on a loaded
-/// machine) gives no ratio and is left out, so the spread has fewer
-/// rounds and the verdict rule may then give none; `None` when the rounds
-/// do not pair up or no round pairs.
-pub(super) fn paired_ratios(base: &[f64], row: &[f64]) -> Option<Spread> {
+/// other in that round): their spread and how many rounds paired. A
+/// round in which either side measured no CPU per GB (it moved nothing: a
+/// starved round on a loaded machine) gives no ratio and is left out;
+/// `None` when the rounds do not pair up or no round pairs.
+pub(super) fn paired_ratios(base: &[f64], row: &[f64]) -> Option<(Spread, usize)> {
     if base.len() != row.len() {
         return None;
     }
@@ -172,7 +173,7 @@ pub(super) fn paired_ratios(base: &[f64], row: &[f64]) -> Option<Spread> {
         .filter(|&(&b, &r)| b > 0.0 && r > 0.0)
         .map(|(b, r)| b / r)
         .collect();
-    (!ratios.is_empty()).then(|| Spread::of(&ratios))
+    (!ratios.is_empty()).then(|| (Spread::of(&ratios), ratios.len()))
 }
 
 /// A row's median round by Mbit/s, with the spreads of its rounds and

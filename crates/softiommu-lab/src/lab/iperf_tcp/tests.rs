@@ -195,9 +195,24 @@ fn seed_003_gives_no_verdict_on_the_size_where_the_rounds_straddle_the_seeds_fig
 /// taking the whole figure with it; rounds that do not pair give none.
 #[test]
 fn a_round_that_moved_nothing_is_left_out_of_the_paired_ratios() {
-    let s = super::run::paired_ratios(&[2.0, 0.0, 2.2, 2.0], &[4.0, 3.0, 4.0, 0.0])
+    let (s, n) = super::run::paired_ratios(&[2.0, 0.0, 2.2, 2.0], &[4.0, 3.0, 4.0, 0.0])
         .expect("two rounds pair");
-    assert_eq!((s.min, s.max), (0.5, 0.55));
+    assert_eq!((s.min, s.max, n), (0.5, 0.55, 2));
     assert!(super::run::paired_ratios(&[2.0, 2.0], &[4.0]).is_none());
     assert!(super::run::paired_ratios(&[0.0], &[4.0]).is_none());
+}
+
+/// One paired round is seed 003's figure but not a spread: the verdict
+/// rule gives no verdict from it (before, a one-round "spread" was judged
+/// as if the rounds bounded the median).
+#[test]
+fn one_round_gives_seed_003_a_figure_but_no_verdict() {
+    let mut rows = vec![
+        round(Walk::Coherent, "deferred", 1000.0, 2.0),
+        round(Walk::NonCoherent, "deferred", 1000.0, 4.0),
+    ];
+    compare(&mut rows);
+    let nc = &rows[1];
+    assert_eq!(nc.saturated_vs_coherent, Some(0.5));
+    assert!(nc.saturated_vs_coherent_spread.is_none());
 }
