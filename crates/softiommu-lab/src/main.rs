@@ -205,15 +205,7 @@ fn one_line(msg: &str) -> String {
 /// or value given with a newline in it keeps the message on one line,
 /// and escape sequences reach no terminal.
 fn printable(msg: &str) -> String {
-    msg.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_debug().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
+    render::printable(msg)
 }
 
 fn main() -> std::process::ExitCode {
