@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::hw::{Access, SourceId, Translator};
+use crate::hw::{Access, SourceId, System, Translator};
 use crate::mem::{PhysMemory, PAGE_SIZE};
 
 const SID: SourceId = SourceId(0x0100);
@@ -177,20 +177,7 @@ fn an_owners_flush_behind_an_open_section_returns_and_frees_nothing_until_it_end
     for &a in &addrs {
         assert!(reachable(&mut r, a), "cached by the device");
     }
-    let system = r.domain.system().clone();
-    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let device = std::thread::spawn(move || {
-        let (_, unit) = system.units().next().unwrap();
-        let mut tr = unit.translator().unwrap();
-        tr.section(|_| {
-            entered_tx.send(()).unwrap();
-            // Held until the test lets go (or 10 s, so that a build whose
-            // unmap waits for it fails rather than hangs).
-            let _ = release_rx.recv_timeout(Duration::from_secs(10));
-        });
-    });
-    entered_rx.recv().unwrap();
+    let (device, release_tx) = hold_section(r.domain.system());
     for &a in &addrs {
         r.cpu
             .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
@@ -249,20 +236,7 @@ fn a_timer_round_does_not_wait_for_a_flush_stalled_on_an_open_section() {
                 .unwrap()
         })
         .collect();
-    let system = r.domain.system().clone();
-    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let device = std::thread::spawn(move || {
-        let (_, unit) = system.units().next().unwrap();
-        let mut tr = unit.translator().unwrap();
-        tr.section(|_| {
-            entered_tx.send(()).unwrap();
-            // Held until the test lets go, or 10 s: a round that waits for
-            // it then fails the test rather than hanging it.
-            let _ = release_rx.recv_timeout(Duration::from_secs(10));
-        });
-    });
-    entered_rx.recv().unwrap();
+    let (device, release_tx) = hold_section(r.domain.system());
     for &a in &addrs {
         r.cpu
             .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
@@ -792,4 +766,26 @@ fn a_passthrough_buffer_at_a_bounce_pool_iova_unmaps() {
         cpu.unmap(&dev, addr, 64, dir),
         Err(DmaError::NotMapped { addr })
     );
+}
+
+/// A device thread of `system`'s first unit inside a translation section
+/// until the sender is sent to (or 10 s pass, so that code that waits for
+/// the section fails its test rather than hanging it): every drain begun
+/// meanwhile stalls on it.
+fn hold_section(
+    system: &Arc<System>,
+) -> (std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>) {
+    let system = system.clone();
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let device = std::thread::spawn(move || {
+        let (_, unit) = system.units().next().unwrap();
+        let mut tr = unit.translator().unwrap();
+        tr.section(|_| {
+            entered_tx.send(()).unwrap();
+            let _ = release_rx.recv_timeout(Duration::from_secs(10));
+        });
+    });
+    entered_rx.recv().unwrap();
+    (device, release_tx)
 }
