@@ -6,13 +6,11 @@
 //! point), a verdict is given only when every round lies on one side of
 //! it; where the rounds straddle it the line says "within the spread".
 
-use std::cmp::Ordering;
-
 use serde::Serialize;
 
 use crate::report::{Report, Spread, Table};
 
-use super::verdict::{judge, Verdict};
+use super::verdict::judge;
 
 /// The verdict where ours' rounds straddle the figure it is judged by.
 pub const WITHIN_THE_SPREAD: &str =
@@ -182,18 +180,17 @@ fn seed_000(reports: &[Report]) -> SeedLine {
         ),
         verdict: match (&invalid, ours) {
             (None, None) => "no deferred or pass-through row".into(),
-            _ => match judge(spread, theirs, invalid) {
-                Verdict::None(why) => format!("no verdict: {why}"),
-                Verdict::Beyond(Ordering::Less) => {
-                    "deferred costs less over no-IOMMU than the seed's batching, beyond the spread".into()
+            _ => {
+                let within = format!("deferred against the seed's batching: {WITHIN_THE_SPREAD}");
+                match judge(spread, theirs, invalid).words(
+                    "deferred costs less over no-IOMMU than the seed's batching, beyond the spread",
+                    "deferred costs more over no-IOMMU than the seed's batching, beyond the spread",
+                    &within,
+                ) {
+                    Ok(w) => w.into(),
+                    Err(why) => format!("no verdict: {why}"),
                 }
-                Verdict::Beyond(_) => {
-                    "deferred costs more over no-IOMMU than the seed's batching, beyond the spread".into()
-                }
-                Verdict::Within => {
-                    format!("deferred against the seed's batching: {WITHIN_THE_SPREAD}")
-                }
-            },
+            }
         },
         scenario: Some("udp-32".into()),
         spark: Some(("udp-32", "results", "deferred/ordered", "vs_passthrough")),
@@ -379,25 +376,21 @@ fn seed_003(reports: &[Report]) -> SeedLine {
 /// claim's direction (a non-coherent walk costs more driver CPU per GB
 /// than a coherent one: ours below 1.0) and its size against the seed's.
 fn seed_003_verdict(spread: Option<Spread>, theirs: f64, invalid: Option<String>) -> String {
-    let direction = match judge(spread, 1.0, invalid.clone()) {
-        Verdict::None(why) => return format!("no verdict: {why}"),
-        Verdict::Beyond(Ordering::Greater) => {
-            "a non-coherent walk cost less driver CPU per GB than a coherent one in every round"
-        }
-        Verdict::Beyond(_) => {
-            "a non-coherent walk costs more driver CPU per GB than a coherent one, beyond the spread"
-        }
-        Verdict::Within => "a non-coherent walk's extra driver CPU per GB is within the spread",
-    };
-    let size = match judge(spread, theirs, invalid) {
-        Verdict::None(why) => return format!("no verdict: {why}"),
-        Verdict::Beyond(Ordering::Greater) => {
-            "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread"
-        }
-        Verdict::Beyond(_) => {
-            "flushing costs as much CPU per GB as the seed's or more, beyond the spread"
-        }
-        Verdict::Within => "flushing costs what the seed's did, within the spread of the rounds",
+    let direction = judge(spread, 1.0, invalid.clone());
+    let direction = direction.words(
+        "a non-coherent walk costs more driver CPU per GB than a coherent one, beyond the spread",
+        "a non-coherent walk cost less driver CPU per GB than a coherent one in every round",
+        "a non-coherent walk's extra driver CPU per GB is within the spread",
+    );
+    let size = judge(spread, theirs, invalid);
+    let size = size.words(
+        "flushing costs as much CPU per GB as the seed's or more, beyond the spread",
+        "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread",
+        "flushing costs what the seed's did, within the spread of the rounds",
+    );
+    let (direction, size) = match (direction, size) {
+        (Ok(d), Ok(s)) => (d, s),
+        (Err(why), _) | (_, Err(why)) => return format!("no verdict: {why}"),
     };
     format!("{direction}; {size}")
 }
@@ -483,6 +476,8 @@ fn fmt(v: Option<f64>, unit: &str) -> String {
 mod tests {
     use super::*;
     use crate::report::{Cell, Column, Unit};
+    use crate::seeds::verdict::Verdict;
+    use std::cmp::Ordering;
 
     /// A report of `scenario` whose `table` has one row `row` (label
     /// cells split on `/`) with figure `key`.

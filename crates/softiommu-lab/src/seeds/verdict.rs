@@ -43,6 +43,25 @@ pub enum Verdict {
     Beyond(Ordering),
 }
 
+impl Verdict {
+    /// The words a seed gives this verdict: `below` when ours' whole
+    /// interval lies below the point, `above` above it, `within` when it
+    /// holds the point; `Err(why)` when there is no verdict.
+    pub fn words<'a>(
+        &'a self,
+        below: &'a str,
+        above: &'a str,
+        within: &'a str,
+    ) -> Result<&'a str, &'a str> {
+        match self {
+            Verdict::None(why) => Err(why),
+            Verdict::Beyond(Ordering::Less) => Ok(below),
+            Verdict::Beyond(_) => Ok(above),
+            Verdict::Within => Ok(within),
+        }
+    }
+}
+
 /// Why a figure measured once gets no verdict.
 pub const NO_SPREAD: &str = "measured once, so it has no spread to judge by";
 
