@@ -241,9 +241,14 @@ pub struct ViommuDriver {
     wlen: Vec<u32>,
     /// Slots queued but not yet notified.
     queued: Vec<u16>,
-    /// Per slot: the used length of its last return (reused by every
-    /// sync: no allocation per request).
+    /// Per slot: the used length of its return, `None` until the device
+    /// returns it (cleared when the slot is filled, never by a later
+    /// wait: an answer taken by a wait that then timed out is kept for
+    /// the retry that judges it).
     used: Vec<Option<u32>>,
+    /// Per slot: whether its chain is on the ring and not yet returned
+    /// (a used element naming any other chain is refused, `BadUsed`).
+    in_flight: Vec<bool>,
     /// The slots of the sync being judged (reused, as `used`).
     judged: Vec<u16>,
     /// The statuses of [`call_status`](Self::call_status)'s sync (reused).
@@ -267,14 +272,14 @@ fn wait_all(
     transport: &MmioTransport,
     wait: Duration,
     spin: Duration,
-    mut out: impl FnMut(u16, u32),
+    mut out: impl FnMut(u16, u32) -> Result<(), ViommuDriverError>,
 ) -> Result<(), ViommuDriverError> {
     let mut start: Option<Instant> = None;
     while req.outstanding() > 0 {
         match req.pop_used() {
             Some((id, len)) => {
                 let head = u16::try_from(id).map_err(|_| ViommuDriverError::BadUsed(id))?;
-                out(head, len);
+                out(head, len)?;
             }
             None => {
                 let st = transport.status();
@@ -405,6 +410,7 @@ impl ViommuDriver {
             wlen: vec![0; usize::from(nslots)],
             queued: Vec::with_capacity(usize::from(nslots)),
             used: vec![None; usize::from(nslots)],
+            in_flight: vec![false; usize::from(nslots)],
             judged: Vec::with_capacity(usize::from(nslots)),
             statuses: Vec::with_capacity(usize::from(nslots)),
             events,
@@ -484,6 +490,8 @@ impl ViommuDriver {
             .set_desc(d1, base + SLOT_WRITABLE, wlen, desc::F_WRITE, 0);
         self.req.push_avail(d0);
         self.wlen[usize::from(slot)] = wlen;
+        self.used[usize::from(slot)] = None;
+        self.in_flight[usize::from(slot)] = true;
         self.queued.push(slot);
         Ok(slot)
     }
@@ -558,16 +566,24 @@ impl ViommuDriver {
     /// slots to `judged` with their used lengths in `used` (the caller
     /// reads their answers, then frees them). On an error the slots stay
     /// queued (nothing is judged or freed).
+    ///
+    /// A used element must name a chain in flight — a slot's head (even),
+    /// queued and not yet returned — or the wait fails `BadUsed`: a device
+    /// returning a chain twice, or one it was never given, would otherwise
+    /// have the driver judge and free a slot the device still owns.
     fn send_and_wait(&mut self) -> Result<(), ViommuDriverError> {
         self.kick();
-        for &slot in &self.queued {
-            self.used[usize::from(slot)] = None;
-        }
-        let used = &mut self.used;
+        let (used, in_flight) = (&mut self.used, &mut self.in_flight);
         let (req, transport) = (&mut self.req, &self.transport);
         wait_all(req, transport, self.wait, self.spin, |head, len| {
-            if let Some(u) = used.get_mut(usize::from(head / 2)) {
-                *u = Some(len);
+            let slot = usize::from(head / 2);
+            match in_flight.get_mut(slot) {
+                Some(f) if *f && head % 2 == 0 => {
+                    *f = false;
+                    used[slot] = Some(len);
+                    Ok(())
+                }
+                _ => Err(ViommuDriverError::BadUsed(u32::from(head))),
             }
         })?;
         self.judged.clear();
@@ -634,7 +650,10 @@ impl ViommuDriver {
             &self.transport,
             self.wait,
             self.spin,
-            |_, len| used = len,
+            |_, len| {
+                used = len;
+                Ok(())
+            },
         )?;
         Ok(used)
     }
