@@ -76,6 +76,20 @@ pub enum ViommuDmaError {
     /// `VIRTIO_IOMMU_F_MAP_UNMAP`: its domains cannot be mapped by request.
     #[error("VIRTIO_IOMMU_F_MAP_UNMAP not negotiated")]
     NoMapUnmap,
+    /// A lazy UNMAP the device refused (`None`: returned unwritten) when a
+    /// flush sent it: the mapping may still be live, so it is kept and its
+    /// UNMAP sent again by every later flush until the device answers `OK`
+    /// (its IOVA is held until then, never reused). Names the mapping, as
+    /// [`ViommuMapping`] gave it: `iova` and `len`.
+    #[error("the device answered the UNMAP of {len:#x} bytes at IOVA {iova:#x} with {status:?}; kept and sent again by the next flush")]
+    UnmapKept {
+        /// The mapping's DMA address.
+        iova: u64,
+        /// The mapping's length.
+        len: u64,
+        /// The device's status.
+        status: Option<Status>,
+    },
     /// A length of zero, or one whose pages overflow.
     #[error("bad DMA length {len:#x}")]
     BadLength {
@@ -140,6 +154,12 @@ pub struct ViommuDma {
     serial: u64,
     /// Serials of queued MAPs the device refused (nothing mapped).
     refused_maps: Vec<u64>,
+    /// Mappings owed an UNMAP that no caller holds any more: lazy UNMAPs
+    /// the device refused, and MAPs of a failed `map_sg` whose outcome
+    /// could not be learnt (or whose undo failed). Every sync sends their
+    /// UNMAPs again (behind anything queued before) until one is answered
+    /// `OK`, which frees the IOVA; never dropped.
+    owed: Vec<ViommuMapping>,
     /// The statuses of a sync, in `queued`'s order (reused: no
     /// allocation per sync).
     statuses: Vec<Option<Status>>,
@@ -155,6 +175,10 @@ pub struct ViommuDma {
 enum Queued {
     /// A MAP, with its serial.
     Map(ViommuMapping, u64),
+    /// A MAP of a failed `map_sg` whose answer could not be learnt before
+    /// the call returned: owned by nobody, its UNMAP owed (`owed`), so
+    /// its answer is judged by nobody either.
+    Orphan,
     /// An UNMAP.
     Unmap(ViommuMapping),
 }
@@ -191,7 +215,10 @@ impl ViommuDma {
         let end_pfn = g.input_range.1 >> PAGE_SHIFT;
         let start_pfn = (g.input_range.0 >> PAGE_SHIFT).max(1);
         let iova = IovaDomain::new(start_pfn, end_pfn, IovaPolicy::Softiommu)?;
-        for &ep in endpoints {
+        // §5.13.6.5: PROBE only with VIRTIO_IOMMU_F_PROBE; without it the
+        // IOVA space keeps out the MSI window on its own.
+        let probe = drv.features() & 1 << s::F_PROBE != 0;
+        for &ep in endpoints.iter().filter(|_| probe) {
             let (st, props) = drv.probe_endpoint(ep)?;
             if st != Some(Status::Ok) {
                 return Err(ViommuDmaError::Refused {
@@ -207,6 +234,8 @@ impl ViommuDma {
                     let _ = iova.reserve(a.max(start_pfn), b.min(end_pfn));
                 }
             }
+        }
+        for &ep in endpoints {
             let st = drv.attach(domain, ep, 0)?;
             if st != Some(Status::Ok) {
                 return Err(ViommuDmaError::Refused {
@@ -226,6 +255,7 @@ impl ViommuDma {
             unmaps_queued: 0,
             serial: 0,
             refused_maps: Vec::new(),
+            owed: Vec::new(),
             deferred: None,
             statuses: Vec::new(),
             stats: ViommuDmaStats::default(),
@@ -317,7 +347,7 @@ impl ViommuDma {
                 ViommuMode::Strict => self.expect_ok("MAP", &req),
                 ViommuMode::Lazy { .. } => {
                     let synced = if self.drv.free_slots() == 0 {
-                        self.sync()
+                        self.sync(Some(first_serial))
                     } else {
                         Ok(())
                     };
@@ -364,7 +394,7 @@ impl ViommuDma {
             // them) with one notification. A refused MAP fails the whole
             // call, and the MAPs that succeeded are undone: nothing the
             // caller was not given stays mapped.
-            if let Err(e) = self.sync() {
+            if let Err(e) = self.sync(Some(first_serial)) {
                 self.abandon(&out, first_serial);
                 return Err(e);
             }
@@ -435,17 +465,21 @@ impl ViommuDma {
     }
 
     /// Sends every queued request with one notification, waits for them,
-    /// and frees the IOVAs of the unmaps among them.
+    /// and frees the IOVAs of the unmaps among them. Every UNMAP still
+    /// owed — one the device refused before ([`ViommuDmaError::UnmapKept`]),
+    /// or the undo of a failed map whose outcome was unknown — is sent
+    /// again with them.
     ///
-    /// Also reports what a flush an [`unmap`](Self::unmap) triggered
-    /// found (the first such error, before this flush's own, which the
-    /// next flush then reports).
+    /// Also reports what a flush an [`unmap`](Self::unmap) or a
+    /// [`map_sg`](Self::map_sg) found wrong with other requests (the
+    /// first such error, before this flush's own, which the next flush
+    /// then reports).
     pub fn flush(&mut self) -> Result<(), ViommuDmaError> {
-        let r = if self.queued.is_empty() && self.drv.queued() == 0 {
+        let r = if self.nothing_to_send() {
             Ok(())
         } else {
             self.stats.flushes += 1;
-            self.sync()
+            self.sync(None)
         };
         match (self.deferred.take(), r) {
             (Some(e), Err(later)) => {
@@ -455,6 +489,18 @@ impl ViommuDma {
             (Some(e), Ok(())) => Err(e),
             (None, r) => r,
         }
+    }
+
+    /// Mappings whose UNMAP is owed and not yet answered `OK` (kept and
+    /// sent again by every flush): a caller may keep their buffers pinned
+    /// until this is empty.
+    pub fn unmaps_owed(&self) -> Vec<(u64, u64)> {
+        self.owed.iter().map(|m| (m.iova, m.len)).collect()
+    }
+
+    /// Whether a sync would send nothing.
+    fn nothing_to_send(&self) -> bool {
+        self.queued.is_empty() && self.drv.queued() == 0 && self.owed.is_empty()
     }
 
     /// [`flush`](Self::flush) for an unmap: its error kept for the next
@@ -468,11 +514,11 @@ impl ViommuDma {
     /// Sends what is queued, if anything; its error returned, nothing
     /// kept.
     fn flush_now(&mut self) -> Result<(), ViommuDmaError> {
-        if self.queued.is_empty() && self.drv.queued() == 0 {
+        if self.nothing_to_send() {
             return Ok(());
         }
         self.stats.flushes += 1;
-        self.sync()
+        self.sync(None)
     }
 
     /// Keeps `e` for the next [`flush`](Self::flush): the first one kept,
@@ -485,39 +531,83 @@ impl ViommuDma {
         }
     }
 
-    /// Sends what is queued and judges each completion against the
-    /// request it answers (never discarding one): an UNMAP's IOVA is freed
-    /// only on `OK` (a refused UNMAP may leave the range mapped: its IOVA
-    /// is never reused); a MAP refused with a status mapped nothing (its
-    /// IOVA is freed, its serial kept in `refused_maps`); a MAP with no
-    /// status may have mapped, and is left to the caller's undo. A driver
-    /// error (timeout, reset) judges nothing and frees nothing.
-    fn sync(&mut self) -> Result<(), ViommuDmaError> {
+    /// Queues the UNMAPs owed (`owed`) behind whatever is queued, as far
+    /// as the ring has free slots (the rest wait for the next sync).
+    fn queue_owed(&mut self) {
+        while self.drv.free_slots() > 0 {
+            let Some(m) = self.owed.pop() else { break };
+            let start = m.pfn << PAGE_SHIFT;
+            let req = encode::unmap(self.domain, start, start + m.mapped * PAGE_SIZE - 1);
+            if self.drv.queue(&req, s::TAIL_LEN as u32).is_err() {
+                // A free slot, so only guest memory refused: still owed.
+                self.owed.push(m);
+                break;
+            }
+            self.stats.requests += 1;
+            self.queued.push(Queued::Unmap(m));
+        }
+    }
+
+    /// Sends what is queued (and the UNMAPs owed, behind it) and judges
+    /// each completion against the request it answers (never discarding
+    /// one): an UNMAP's IOVA is freed only on `OK`; a refused UNMAP may
+    /// leave the range mapped, so its mapping is owed again (`owed`:
+    /// sent again by every later sync, its IOVA never reused meanwhile)
+    /// and reported as [`ViommuDmaError::UnmapKept`]; a MAP refused with
+    /// a status mapped nothing (its IOVA is freed, its serial kept in
+    /// `refused_maps`); a MAP with no status may have mapped, and is left
+    /// to the caller's undo; an orphaned MAP's answer is nobody's (its
+    /// UNMAP is owed). A driver error (timeout, reset) judges nothing and
+    /// frees nothing: everything stays queued for the next sync, which
+    /// judges the answers the device gave meanwhile.
+    ///
+    /// `own`: `None` — every error is the caller's (the first returned);
+    /// `Some(first)` — only the MAPs of serial `first` on are (a
+    /// `map_sg`'s): any other request's error is kept for the next
+    /// [`flush`](Self::flush) ([`defer`](Self::defer)), never returned as
+    /// the call's own.
+    fn sync(&mut self, own: Option<u64>) -> Result<(), ViommuDmaError> {
+        self.queue_owed();
         self.drv.sync_statuses(&mut self.statuses)?;
         self.unmaps_queued = 0;
+        // Requests the driver sent for a strict call whose wait failed
+        // come first, and are answered here too: nobody judges them (their
+        // mappings are owed or the caller's).
+        let skip = self.statuses.len().saturating_sub(self.queued.len());
         let mut first: Option<ViommuDmaError> = None;
         for i in 0..self.queued.len() {
             let q = self.queued[i];
-            let st = self.statuses.get(i).copied().flatten();
-            let err = match (q, st) {
-                (Queued::Unmap(m), Some(Status::Ok)) => {
-                    self.cache.free(m.pfn, m.pages).err().map(Into::into)
+            let st = self.statuses.get(skip + i).copied().flatten();
+            let (err, mine) = match (q, st) {
+                (Queued::Unmap(m), Some(Status::Ok)) => (
+                    self.cache.free(m.pfn, m.pages).err().map(Into::into),
+                    own.is_none(),
+                ),
+                (Queued::Unmap(m), status) => {
+                    self.owed.push(m);
+                    let e = ViommuDmaError::UnmapKept {
+                        iova: m.iova,
+                        len: m.len,
+                        status,
+                    };
+                    (Some(e), own.is_none())
                 }
-                (Queued::Unmap(_), status) => Some(ViommuDmaError::Refused {
-                    op: "UNMAP",
-                    status,
-                }),
-                (Queued::Map(..), Some(Status::Ok)) => None,
+                (Queued::Orphan, _) | (Queued::Map(..), Some(Status::Ok)) => (None, true),
                 (Queued::Map(m, serial), status) => {
                     if status.is_some() {
                         let _ = self.cache.free(m.pfn, m.pages);
                         self.refused_maps.push(serial);
                     }
-                    Some(ViommuDmaError::Refused { op: "MAP", status })
+                    let e = ViommuDmaError::Refused { op: "MAP", status };
+                    (Some(e), own.is_none_or(|f| serial >= f))
                 }
             };
-            if let Some(e) = err {
-                first.get_or_insert(e);
+            match err {
+                Some(e) if mine => {
+                    first.get_or_insert(e);
+                }
+                Some(e) => self.defer(e),
+                None => {}
             }
         }
         self.queued.clear();
@@ -526,24 +616,36 @@ impl ViommuDma {
 
     /// A `map_segments` that fails undoes what it did: in lazy mode the
     /// queue is synced first (its statuses judged, not lost), then every
-    /// MAP of `out` not refused is unmapped.
+    /// MAP of `out` not refused is unmapped. If the sync fails (the
+    /// driver timed out: the MAPs may be applied whenever the device gets
+    /// to them), those MAPs are orphaned and their UNMAPs owed: the next
+    /// sync sends them behind the MAPs, and their IOVAs are freed only on
+    /// `OK` — no mapping the caller was not given stays reachable once
+    /// the device has answered.
     fn abandon(&mut self, out: &[ViommuMapping], first_serial: u64) {
-        let mut live: Vec<ViommuMapping> = out.to_vec();
         if matches!(self.mode, ViommuMode::Lazy { .. }) {
-            let _ = self.sync();
-            if !self.queued.is_empty() {
-                // The driver failed: nothing could be judged, so nothing
-                // is undone or freed (the IOVAs stay taken).
-                return;
-            }
-            live = out
+            // Its own MAPs' errors are why it abandons; others' are kept.
+            let _ = self.sync(Some(first_serial));
+            let live: Vec<ViommuMapping> = out
                 .iter()
                 .zip(first_serial..)
                 .filter(|(_, s)| !self.refused_maps.contains(s))
                 .map(|(m, _)| *m)
                 .collect();
+            for q in &mut self.queued {
+                if matches!(*q, Queued::Map(_, s) if s >= first_serial) {
+                    *q = Queued::Orphan;
+                }
+            }
+            self.owed.extend(live);
+            if self.queued.is_empty() {
+                // Judged: undo now, with one notification (errors kept
+                // for the next flush; refused UNMAPs stay owed).
+                let _ = self.sync(Some(u64::MAX));
+            }
+            return;
         }
-        self.undo(&live);
+        self.undo(out);
     }
 
     fn expect_ok(&mut self, op: &'static str, req: &[u8]) -> Result<(), ViommuDmaError> {
@@ -553,14 +655,23 @@ impl ViommuDma {
         }
     }
 
-    /// Gives back the mappings of a failed `map_sg` (best effort: each
-    /// UNMAP sent and waited for, then its IOVA freed).
+    /// Gives back the mappings of a failed strict `map_sg`: each UNMAP
+    /// sent and waited for, then its IOVA freed. One refused stays owed
+    /// (sent again by the next flush); once the driver fails, the rest are
+    /// owed without a wait each, so the call waits at most once more.
     fn undo(&mut self, done: &[ViommuMapping]) {
-        for m in done {
+        for (i, m) in done.iter().enumerate() {
             let start = m.pfn << PAGE_SHIFT;
             let req = encode::unmap(self.domain, start, start + m.mapped * PAGE_SIZE - 1);
-            if matches!(self.drv.request(&req), Ok(Some(Status::Ok))) {
-                let _ = self.cache.free(m.pfn, m.pages);
+            match self.drv.request(&req) {
+                Ok(Some(Status::Ok)) => {
+                    let _ = self.cache.free(m.pfn, m.pages);
+                }
+                Ok(_) => self.owed.push(*m),
+                Err(_) => {
+                    self.owed.extend_from_slice(&done[i..]);
+                    return;
+                }
             }
         }
     }
