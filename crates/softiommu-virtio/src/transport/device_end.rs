@@ -73,6 +73,25 @@ impl DeviceEnd {
         self.shared.engine.features.load(Ordering::Acquire)
     }
 
+    /// The features the driver has accepted and the device taken: the
+    /// negotiated ones once `FEATURES_OK` is set (before `DRIVER_OK` too),
+    /// 0 before. For a config field the driver may write as soon as a
+    /// feature is negotiated (a virtio-iommu's `bypass`, §5.13.4.1).
+    pub fn accepted_features(&self) -> u64 {
+        let f = self.features();
+        if f != 0 {
+            return f;
+        }
+        let r = lock(&self.shared.regs);
+        // Read under the register lock: a status write sets FEATURES_OK
+        // and a reset clears the features with it held.
+        if self.shared.status.load(Ordering::Acquire) & status::FEATURES_OK != 0 {
+            r.driver_features
+        } else {
+            0
+        }
+    }
+
     /// Takes the queues notified since the last call (bit `q` for queue
     /// `q`). Acquire: pairs with the release in the `QueueNotify` write, so
     /// the rings the driver filled before notifying are visible.

@@ -102,10 +102,10 @@ struct QueueRegs {
 
 /// The setup registers.
 #[derive(Debug)]
-struct Regs {
+pub(crate) struct Regs {
     device_features_sel: u32,
     driver_features_sel: u32,
-    driver_features: u64,
+    pub(crate) driver_features: u64,
     queue_sel: u32,
     queues: Vec<QueueRegs>,
     config: Vec<u8>,
@@ -146,7 +146,7 @@ impl Engine {
 pub(crate) struct Shared {
     pub(crate) info: DeviceInfo,
     pub(crate) cfg: TransportConfig,
-    regs: Mutex<Regs>,
+    pub(crate) regs: Mutex<Regs>,
     pub(crate) status: AtomicU32,
     pub(crate) isr: AtomicU32,
     /// Bit `q`: queue `q` was notified since the device last looked.

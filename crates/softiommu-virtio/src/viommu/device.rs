@@ -12,7 +12,7 @@ use super::domain::MappingRecord;
 use super::events::Reporter;
 use super::serve::Server;
 use super::state::{Negotiated, State};
-use super::stats::{Counters, ViommuStats};
+use super::stats::{bump, Counters, ViommuStats};
 use crate::device_thread::{DeviceThreads, Lifecycle};
 use crate::spec::iommu as s;
 use crate::transport::{DeviceEnd, DeviceInfo, MmioTransport};
@@ -102,7 +102,8 @@ impl ViommuDevice {
         let weak = Arc::downgrade(&shared);
         transport.set_config_hook(move |t| {
             if let Some(sh) = weak.upgrade() {
-                apply_bypass(t, &DeviceEnd::new(t), &mut lock(&sh.state));
+                let end = DeviceEnd::new(t);
+                apply_bypass(t, &end, &mut lock(&sh.state), &sh.counters);
             }
         });
         let end = DeviceEnd::new(&transport);
@@ -255,7 +256,7 @@ fn serve(
 ) -> bool {
     let mut sv = lock_serving(&sh.serving);
     let sv = &mut *sv;
-    apply_bypass(&end.transport(), end, state);
+    apply_bypass(&end.transport(), end, state, &sh.counters);
     if end.features() == 0 && state.is_dirty() {
         let _ = state.reset();
         sv.generation = None;
@@ -280,17 +281,29 @@ fn lock_serving(m: &Mutex<Serving>) -> std::sync::MutexGuard<'_, Serving> {
 }
 
 /// Applies the driver's `bypass` (§5.13.4.2) — only if it negotiated
-/// `VIRTIO_IOMMU_F_BYPASS_CONFIG`. A live device that did not negotiate it
-/// ignores the write, and puts back the value it applies, so the config
-/// space never shows a mode the device is not in. Before `DRIVER_OK` the
-/// features are not known yet: a value written then waits.
-fn apply_bypass(transport: &MmioTransport, end: &DeviceEnd, state: &mut State) {
+/// `VIRTIO_IOMMU_F_BYPASS_CONFIG`, which it has once the device accepted
+/// `FEATURES_OK` (§5.13.4.1: the driver may write `bypass` from then on,
+/// before `DRIVER_OK` too, and the value holds when `DRIVER_OK` returns). A
+/// device that did not negotiate it ignores the write, and puts back the
+/// value it applies, so the config space never shows a mode the device is
+/// not in. Before `FEATURES_OK` a value written waits. A switch to "no
+/// bypass" that failed broke the device (every unattached endpoint is
+/// blocked): reported here (`DEVICE_NEEDS_RESET`), so the writer learns
+/// it as soon as its write returns.
+fn apply_bypass(transport: &MmioTransport, end: &DeviceEnd, state: &mut State, c: &Counters) {
     let mut b = [0u8];
     transport.read_config(s::CFG_BYPASS as u64, &mut b);
     let asked = b[0] & 1 != 0;
-    let features = end.features();
+    let features = end.accepted_features();
     if Negotiated::from_features(features).bypass_config {
-        let _ = state.set_bypass(asked);
+        if state.set_bypass(asked).is_err() {
+            if let Some(b) = state.take_broke() {
+                if b.timed_out {
+                    bump(&c.invalidation_timeouts, 1);
+                }
+                end.report(crate::transport::DeviceError::BackendFailed { what: b.what });
+            }
+        }
     } else if features != 0 && asked != state.bypass() {
         let mut cfg = vec![0u8; s::CONFIG_LEN];
         transport.read_config(0, &mut cfg);

@@ -340,12 +340,20 @@ impl State {
         self.bypass
     }
 
-    /// Applies a new `bypass` to every unattached endpoint. `bypass`
-    /// takes the new value only once every endpoint has it: a switch the
-    /// unit refused part-way is tried again whole on the next call (a
-    /// switch to "no bypass" must never leave an endpoint in
-    /// pass-through). Until then, the stricter of the two values holds for
-    /// endpoints that become unattached.
+    /// Applies a new `bypass` to every unattached endpoint.
+    ///
+    /// A switch to bypass the unit refuses part-way is tried again whole
+    /// on the next call; until then `bypass` reads off, the stricter value
+    /// for endpoints that become unattached.
+    ///
+    /// A switch to "no bypass" fails closed: once one endpoint's change is
+    /// refused or not drained within the bound, that endpoint and every
+    /// unattached one after it get no context at once (a context write
+    /// needs no queue, and a translation reads its context afresh), so no
+    /// unattached endpoint stays in pass-through once this returns; the
+    /// change is not known drained (a translation begun before it may
+    /// still be in flight), so the device is broken — every request
+    /// `DEVERR`, `DEVICE_NEEDS_RESET` — until a reset.
     pub(crate) fn set_bypass(&mut self, on: bool) -> Result<(), softiommu::hw::HwError> {
         if self.bypass == on && !self.bypass_pending {
             return Ok(());
@@ -353,22 +361,40 @@ impl State {
         let old = self.bypass;
         self.bypass = on;
         let mut first = Ok(());
+        let mut closed = false;
         for &(sid, dom) in self.endpoints.values() {
-            if dom.is_none() {
-                if let Err(e) = self.set_unattached(sid) {
-                    // A stalled queue would stall every later change too:
-                    // the rest wait for the retry.
-                    let stalled = undrained(&e);
-                    first = first.and(Err(e));
-                    if stalled {
-                        break;
-                    }
+            if dom.is_some() {
+                continue;
+            }
+            if closed {
+                // No wait: refused only inside a section, which the
+                // threads applying `bypass` never hold.
+                let _ = self.unit().set_context(sid, None);
+                continue;
+            }
+            if let Err(e) = self.set_unattached(sid) {
+                // A stalled queue would stall every later change too.
+                let stalled = undrained(&e);
+                first = first.and(Err(e));
+                if !on {
+                    let _ = self.unit().set_context(sid, None);
+                    closed = true;
+                } else if stalled {
+                    break;
                 }
             }
         }
-        self.bypass_pending = first.is_err();
+        self.bypass_pending = first.is_err() && on;
         if self.bypass_pending {
             self.bypass = old && on;
+        }
+        if let Err(e) = &first {
+            if !on {
+                self.mark_broken(Broke {
+                    what: "a bypass switch's context invalidation did not complete",
+                    timed_out: undrained(e),
+                });
+            }
         }
         first
     }
