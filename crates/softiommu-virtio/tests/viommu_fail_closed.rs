@@ -143,3 +143,70 @@ fn bypass_written_before_driver_ok_holds_when_driver_ok_returns() {
         mem.free_frames(ep, 0).unwrap();
     }
 }
+
+/// Resets whose endpoint detach stalls (a section open) cannot make the
+/// device hold more table frames than its quota: the tables such a reset
+/// must keep stay counted, and the first later reset that drains frees
+/// them. Before, each stalled reset leaked every domain's tables and the
+/// next session got a fresh quota: 38, 76, 114, 152 frames held against
+/// a quota of 40.
+#[test]
+fn resets_whose_detach_stalls_hold_no_more_table_frames_than_the_quota() {
+    let quota = 40u64;
+    let r = rig_with(
+        ViommuConfig {
+            table_frames: quota,
+            invalidation_timeout: Duration::from_millis(50),
+            ..config()
+        },
+        ViommuDriverConfig::default(),
+    );
+    let phys = r.ram(0);
+    let Rig {
+        mem,
+        dev,
+        drv,
+        system,
+        unit,
+    } = r;
+    let base = mem.iommu_frame_stats().allocated_frames;
+    let mut drv = Some(drv);
+    for round in 0..4 {
+        let mut d = drv.take().unwrap_or_else(|| {
+            ViommuDriver::probe(
+                dev.transport().clone(),
+                mem.clone(),
+                ViommuDriverConfig::default(),
+            )
+            .unwrap()
+        });
+        assert_eq!(d.attach(1, EA, 0).unwrap(), Some(Status::Ok), "round {round}");
+        // One 4 KiB mapping per 2 MiB (a leaf table each) until NOMEM.
+        let mut n = 0u64;
+        while n < 1000 {
+            let iova = (1u64 << 32) + n * (2 << 20);
+            match d.map(1, iova, iova + 0xfff, phys, RW).unwrap() {
+                Some(Status::Ok) => n += 1,
+                other => {
+                    assert_eq!(other, Some(Status::NoMem), "round {round}");
+                    break;
+                }
+            }
+        }
+        assert!(n > 0, "round {round}");
+        let held = || mem.iommu_frame_stats().allocated_frames - base;
+        assert!(held() <= quota, "round {round}: {} frames held", held());
+        // The reset dropping the driver stalls on an open section: the
+        // tables must be kept.
+        let (holder, release) = hold_section(&system, unit);
+        drop(d);
+        assert!(held() > 0, "control: the reset kept the tables");
+        assert!(held() <= quota, "round {round}: {} frames kept", held());
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        // A reset that drains (this one, or the device thread's own pass)
+        // frees what the stalled one kept.
+        dev.transport().write(reg::STATUS, 0);
+        assert_eq!(held(), 0, "round {round}");
+    }
+}

@@ -55,6 +55,12 @@ pub(crate) struct Pending {
     /// The domain ids of the last flush that failed: their endpoints may
     /// still reach what was unmapped.
     pub(crate) failed: Vec<u16>,
+    /// The table pages of flushes that failed: no proof their
+    /// invalidation completed, so kept (counted against the device's
+    /// quota) until a reset whose changes all drain
+    /// ([`release_held`](Self::release_held)); leaked if the device goes
+    /// away first.
+    held: Vec<IotlbGather>,
 }
 
 impl Pending {
@@ -69,6 +75,28 @@ impl Pending {
                 s.3 = s.3.saturating_add(pages);
             }
             None => self.spans.push((did, first, last, pages)),
+        }
+    }
+
+    /// Table pages kept by failed flushes.
+    pub(crate) fn held_frames(&self) -> u64 {
+        self.held
+            .iter()
+            .map(|g| g.freed_tables().len() as u64)
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Whether failed flushes kept table pages.
+    pub(crate) fn holds(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Frees the pages failed flushes kept: the caller has switched every
+    /// endpoint's context and the change has drained, so no walk can
+    /// reach them.
+    pub(crate) fn release_held(&mut self) {
+        for mut g in self.held.drain(..) {
+            let _ = g.complete();
         }
     }
 
@@ -117,8 +145,11 @@ impl Pending {
                 Ok(n)
             }
             Err(e) => {
-                // No proof the invalidation completed: hand the pages to a
-                // fresh gather's drop, which leaks them.
+                // No proof the invalidation completed: the pages are kept
+                // with their gather, never freed early.
+                if !self.gather.freed_tables().is_empty() {
+                    self.held.push(std::mem::take(&mut self.gather));
+                }
                 let _ = self.gather.defer();
                 Err(e)
             }

@@ -59,6 +59,11 @@ pub(crate) struct State {
     /// Endpoint id → (requester id, domain attached to).
     endpoints: BTreeMap<u32, (SourceId, Option<u32>)>,
     domains: BTreeMap<u32, Domain>,
+    /// Domains a reset dropped before every endpoint's detach drained: a
+    /// walk may still read their tables, so they are kept (counted in
+    /// the table-frame quota, [`frames_held`](Self::frames_held)) until a
+    /// later reset whose changes all drain frees them.
+    held: Vec<Domain>,
     /// `bypass` as the device applies it now.
     bypass: bool,
     /// A `bypass` switch the unit refused for some endpoint: to retry.
@@ -168,6 +173,7 @@ impl State {
             resv,
             endpoints,
             domains: BTreeMap::new(),
+            held: Vec::new(),
             bypass: cfg.bypass,
             bypass_pending: false,
             pending: Pending::default(),
@@ -418,20 +424,24 @@ impl State {
             timed_out: undrained(e),
         });
         if first.is_ok() {
-            // Contexts are switched and drained: no walker reaches a table.
+            // Contexts are switched and drained: no walker reaches a table,
+            // neither the domains' nor those an earlier reset or a failed
+            // flush had to keep.
             drop(domains);
+            self.held.clear();
+            self.pending.release_held();
         } else {
-            // An endpoint may still point at a table: leak, never free early.
-            for (_, d) in domains {
-                std::mem::forget(d);
-            }
+            // An endpoint may still point at a table: kept, never freed
+            // early, and still counted against the quota.
+            self.held.extend(domains.into_values());
         }
         first
     }
 
-    /// Whether anything is attached (a reset has work to do).
+    /// Whether a reset has work to do: anything attached, tables kept, or
+    /// the device broken.
     pub(crate) fn is_dirty(&self) -> bool {
-        !self.domains.is_empty() || self.broken
+        !self.domains.is_empty() || !self.held.is_empty() || self.pending.holds() || self.broken
     }
 
     /// ATTACH (§5.13.6.1.2).
@@ -695,9 +705,12 @@ impl State {
         let linked = self
             .domains
             .values()
+            .chain(&self.held)
             .filter_map(|d| d.table.as_ref())
             .fold(0u64, |a, t| a.saturating_add(t.stats().table_pages));
-        linked.saturating_add(self.pending.gather.freed_tables().len() as u64)
+        linked
+            .saturating_add(self.pending.gather.freed_tables().len() as u64)
+            .saturating_add(self.pending.held_frames())
     }
 
     /// UNMAP (§5.13.6.4.2). What it removes is owed an invalidation, in
@@ -821,6 +834,11 @@ impl Drop for State {
             for (_, d) in std::mem::take(&mut self.domains) {
                 std::mem::forget(d);
             }
+            for d in std::mem::take(&mut self.held) {
+                std::mem::forget(d);
+            }
+            // The pending's kept gathers leak with it (a gather dropped
+            // before its invalidation completed frees nothing).
         } else {
             // SAFETY: dropped once, here, in `drop`; never used after.
             unsafe { std::mem::ManuallyDrop::drop(&mut self.claim) };
