@@ -210,3 +210,45 @@ fn resets_whose_detach_stalls_hold_no_more_table_frames_than_the_quota() {
         assert_eq!(held(), 0, "round {round}");
     }
 }
+
+/// A notification of many ATTACHes, each of whose drains waits on a
+/// slow endpoint's sections, no longer holds the request queue for all
+/// of them: a round stops taking chains once one bound has passed, so a
+/// reset written meanwhile returns within a few bounds. Before, the
+/// round ran every chain (30 waits here) and the reset's write waited
+/// for all of them.
+#[test]
+fn a_round_of_slow_drains_is_cut_so_a_reset_returns_within_a_few_bounds() {
+    let bound = Duration::from_millis(300);
+    let mut r = rig_with(
+        ViommuConfig {
+            invalidation_timeout: bound,
+            ..config()
+        },
+        ViommuDriverConfig {
+            wait: Duration::from_millis(500),
+            ..Default::default()
+        },
+    );
+    r.attach_ok(1, EA);
+    let stop = Arc::new(AtomicBool::new(false));
+    let h = churn_sections(&r, Duration::from_millis(150), stop.clone());
+    std::thread::sleep(Duration::from_millis(20));
+    for i in 0..30 {
+        let dom = if i % 2 == 0 { 2 } else { 1 };
+        r.drv.queue(&encode::attach(dom, EA, 0), 4).unwrap();
+    }
+    let t = r.dev.transport().clone();
+    let resetter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = Instant::now();
+        t.write(reg::STATUS, 0);
+        t0.elapsed()
+    });
+    // Times out or hears the reset; either way the device got the round.
+    let _ = r.drv.sync();
+    let took = resetter.join().unwrap();
+    stop.store(true, Ordering::Release);
+    h.join().unwrap();
+    assert!(took < Duration::from_secs(2), "the reset took {took:?}");
+}

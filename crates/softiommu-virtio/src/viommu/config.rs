@@ -90,8 +90,14 @@ pub struct ViommuConfig {
     /// wait stalls only while a translation section stays open (an
     /// endpoint parked or hostile inside one). Past it the device answers
     /// `DEVERR`, blocks the endpoints the invalidation was for and asks
-    /// for a reset. Keep it below the driver's own wait, so the driver
-    /// learns the status rather than its own timeout.
+    /// for a reset. It also bounds a round: no chain is taken once one
+    /// bound has passed since the round began (the rest wait for the next
+    /// round), so a round — and a reset or `bypass` write waiting for it —
+    /// lasts at most about three bounds (chains taken for one, the last
+    /// one's wait, the round's invalidation). Keep three bounds below the
+    /// driver's own wait (the defaults: 1 s here, 4 s in
+    /// `ViommuDriverConfig`), so the driver learns a round's statuses
+    /// rather than its own timeout.
     pub invalidation_timeout: Duration,
     /// Serve the request queue on the thread that notifies it, inside
     /// its `QueueNotify` write, instead of waking the device thread: a

@@ -113,7 +113,13 @@ impl ViommuDevice {
             transport.set_notify_hook(1 << s::REQUEST_QUEUE, move |t, _| {
                 if let Some(sh) = weak.upgrade() {
                     let end = DeviceEnd::new(t);
-                    serve(&c, &end, &mem, &sh, &mut lock(&sh.state), true);
+                    // A round cut for its time leaves chains behind, and
+                    // no notification will come for them: serve on, one
+                    // round at a time (the state lock is let go between
+                    // rounds, so a reset gets in).
+                    while serve(&c, &end, &mem, &sh, &mut lock(&sh.state), true)
+                        && lock_serving(&sh.serving).server.was_cut()
+                    {}
                 }
             });
         }

@@ -37,7 +37,9 @@ pub struct ViommuDriverConfig {
     pub short_events: u16,
     /// Features to accept, among those offered (`VERSION_1` is added).
     pub accept: u64,
-    /// The longest wait for the device.
+    /// The longest wait for the device (one sync's requests, all
+    /// together). Keep it above three of the device's
+    /// `invalidation_timeout`s (a round's longest).
     pub wait: Duration,
     /// How long a wait polls the used ring before it sleeps between
     /// looks (a request the device answers within it costs no wake-up).
@@ -51,7 +53,9 @@ impl Default for ViommuDriverConfig {
             events: 16,
             short_events: 0,
             accept: u64::MAX,
-            wait: Duration::from_secs(2),
+            // Above three of the device's default bounds (1 s each): the
+            // longest a round of the device's can take.
+            wait: Duration::from_secs(4),
             spin: Duration::from_micros(50),
         }
     }

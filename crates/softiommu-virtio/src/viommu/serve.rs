@@ -1,4 +1,6 @@
-//! One round of the request queue: at most `batch` chains taken, each
+//! One round of the request queue: at most `batch` chains taken — and
+//! none once one `invalidation_timeout` has passed since the round began,
+//! the rest left for the next round — each
 //! parsed and carried out on the [`State`], the round's invalidations
 //! issued together and waited for, and only then every chain of the round
 //! returned — so an UNMAP is used only after the unit's invalidation for
@@ -38,6 +40,9 @@ pub(crate) struct Server {
     parts: Parts,
     done: Vec<Done>,
     probe: Vec<u8>,
+    /// Whether the last round stopped taking chains because its time ran
+    /// out (chains may be waiting: serve another round at once).
+    cut: bool,
     /// Fault injection: the next tail written in [`one`](Self::one)
     /// first signals the sender, then waits for the receiver, inside its
     /// section (a device thread preempted between a slice and its write).
@@ -63,6 +68,15 @@ fn sec<T, E>(unit: &Unit, no_section: E, f: impl FnOnce() -> Result<T, E>) -> Re
 impl Server {
     /// Serves one round; returns whether chains were taken (the caller
     /// goes on without sleeping).
+    ///
+    /// The round takes chains until the queue is empty, `batch` are taken,
+    /// or one `invalidation_timeout` has passed since it began (each chain
+    /// may wait up to that bound for an ATTACH's or DETACH's drain, so
+    /// `batch` of them could otherwise hold the queue — and a reset or a
+    /// `bypass` write waiting for it — for `batch` bounds): a round lasts
+    /// at most about three bounds (chains taken for one, the last one's
+    /// wait, the round's invalidation), and what is left waits for the
+    /// next round ([`was_cut`](Self::was_cut)).
     pub(crate) fn round(
         &mut self,
         q: &mut DeviceQueue,
@@ -78,7 +92,13 @@ impl Server {
             return false;
         };
         self.done.clear();
+        self.cut = false;
+        let deadline = std::time::Instant::now().checked_add(cfg.invalidation_timeout);
         for _ in 0..cfg.batch {
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                self.cut = true;
+                break;
+            }
             let parts = &mut self.parts;
             let taken = sec(unit, NO_SECTION, || {
                 let Some(head) = q.pop(mem)? else {
@@ -355,6 +375,11 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Whether the last round stopped for its time, chains maybe left.
+    pub(crate) fn was_cut(&self) -> bool {
+        self.cut
     }
 
     /// Fault injection: see `stall`.
