@@ -307,3 +307,40 @@ fn a_lazy_unmap_on_a_full_ring_returns_its_own_failure_not_a_kept_refusal() {
         ViommuDmaError::Driver(ViommuDriverError::Timeout(_))
     ));
 }
+
+/// A device that returns a chain the driver does not have in flight (a
+/// slot never sent, here) is refused `BadUsed`: the driver neither
+/// judges a request from it nor frees a slot the device may still own.
+/// Before, any used id counted as an answer for its slot, and the
+/// request actually sent was judged "no status" and its slot freed.
+#[test]
+fn a_used_element_naming_no_chain_in_flight_is_bad_used() {
+    let mem = std::sync::Arc::new(softiommu::mem::PhysMemory::new(RAM).unwrap());
+    let t = device_with_mask(0x1000);
+    let end = softiommu_virtio::transport::DeviceEnd::new(&t);
+    let gm = softiommu::access::PhysGuestMemory::new(mem.clone());
+    let mut drv = ViommuDriver::probe(
+        t.clone(),
+        mem.clone(),
+        ViommuDriverConfig {
+            wait: Duration::from_millis(500),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // The "device": once the request is notified, it returns head 2 (the
+    // second slot's, never queued) instead of the request's head 0.
+    let fake = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        while end.take_notified() & 1 == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(5));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut g = end.queue(0).unwrap();
+        let q = g.as_mut().expect("the request queue is live");
+        q.add_used(&gm, 2, 4).unwrap();
+    });
+    let got = drv.request(&encode::detach(1, EA));
+    fake.join().unwrap();
+    assert_eq!(got, Err(ViommuDriverError::BadUsed(2)));
+}

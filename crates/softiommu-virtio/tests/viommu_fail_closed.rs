@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use softiommu::hw::{Access, System, TranslateError, UnitId};
 use softiommu_virtio::spec::{iommu as s, reg, status as st};
-use softiommu_virtio::viommu::{
-    encode, Status, ViommuConfig, ViommuDriver, ViommuDriverConfig,
-};
+use softiommu_virtio::viommu::{encode, Status, ViommuConfig, ViommuDriver, ViommuDriverConfig};
 use softiommu_virtio::vring::{DriverRing, RingLayout};
 use viommu_common::*;
 
@@ -66,7 +64,10 @@ fn bypass_turned_off_under_a_stalled_drain_blocks_every_endpoint_and_asks_for_a_
         ViommuDriverConfig::default(),
     );
     assert!(r.drv.set_bypass(true));
-    assert!(r.reach(B, 0x1000, Access::Write).is_ok(), "control: bypassed");
+    assert!(
+        r.reach(B, 0x1000, Access::Write).is_ok(),
+        "control: bypassed"
+    );
     let (holder, release) = hold_section(&r.system, r.unit);
     assert!(r.drv.set_bypass(false));
     let (a, b) = (
@@ -80,7 +81,9 @@ fn bypass_turned_off_under_a_stalled_drain_blocks_every_endpoint_and_asks_for_a_
     assert!(no_context(&b), "{b:?}");
     assert_ne!(status & st::DEVICE_NEEDS_RESET, 0, "{status:#x}");
     let mut cfg = [0u8];
-    r.dev.transport().read_config(s::CFG_BYPASS as u64, &mut cfg);
+    r.dev
+        .transport()
+        .read_config(s::CFG_BYPASS as u64, &mut cfg);
     assert_eq!(cfg, [0]);
 }
 
@@ -180,7 +183,11 @@ fn resets_whose_detach_stalls_hold_no_more_table_frames_than_the_quota() {
             )
             .unwrap()
         });
-        assert_eq!(d.attach(1, EA, 0).unwrap(), Some(Status::Ok), "round {round}");
+        assert_eq!(
+            d.attach(1, EA, 0).unwrap(),
+            Some(Status::Ok),
+            "round {round}"
+        );
         // One 4 KiB mapping per 2 MiB (a leaf table each) until NOMEM.
         let mut n = 0u64;
         while n < 1000 {
