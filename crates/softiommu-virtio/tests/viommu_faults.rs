@@ -167,3 +167,87 @@ fn faults_a_full_unit_log_dropped_are_counted_as_missed() {
     assert_eq!(evs.len(), 1);
     assert_eq!(evs[0].address, 0x9000);
 }
+
+/// An event buffer the device may not write (a read-only descriptor, a
+/// driver's bug) is returned unwritten, as a too-short one is: the
+/// device does not stop the event queue or ask for a reset, so the
+/// request queue stays usable, and the next event finds the next
+/// buffer. Before, one such buffer set `DEVICE_NEEDS_RESET`, and every
+/// driver wait that polled before an answer failed with it.
+#[test]
+fn a_read_only_event_buffer_is_returned_unwritten_and_breaks_nothing() {
+    use softiommu_virtio::spec::{desc, reg, status as st};
+    use softiommu_virtio::viommu::encode;
+    use softiommu_virtio::vring::{DriverRing, RingLayout};
+    let r = rig();
+    let Rig {
+        mem,
+        system,
+        unit,
+        dev,
+        drv,
+    } = r;
+    drop(drv);
+    let t = dev.transport().clone();
+    t.write(reg::STATUS, st::ACKNOWLEDGE | st::DRIVER);
+    for sel in 0..2 {
+        t.write(reg::DEVICE_FEATURES_SEL, sel);
+        let f = t.read(reg::DEVICE_FEATURES);
+        t.write(reg::DRIVER_FEATURES_SEL, sel);
+        t.write(reg::DRIVER_FEATURES, f);
+    }
+    t.write(reg::STATUS, st::ACKNOWLEDGE | st::DRIVER | st::FEATURES_OK);
+    let l = RingLayout::new(8);
+    let (rp, ep, buf) = (
+        mem.alloc_zeroed_frames(0).unwrap(),
+        mem.alloc_zeroed_frames(0).unwrap(),
+        mem.alloc_zeroed_frames(0).unwrap(),
+    );
+    let mut req = DriverRing::new(mem.clone(), rp, rp, l).unwrap();
+    let mut evt = DriverRing::new(mem.clone(), ep, ep, l).unwrap();
+    t.program_queue(0, 8, req.device_addresses());
+    t.program_queue(1, 8, evt.device_addresses());
+    t.write(
+        reg::STATUS,
+        st::ACKNOWLEDGE | st::DRIVER | st::FEATURES_OK | st::DRIVER_OK,
+    );
+    // A read-only event buffer, then a good one.
+    evt.set_desc(0, buf, 64, 0, 0);
+    evt.set_desc(1, buf + 0x40, 64, desc::F_WRITE, 0);
+    evt.push_avail(0);
+    evt.push_avail(1);
+    evt.publish();
+    t.write(reg::QUEUE_NOTIFY, 1);
+    let send = |req: &mut DriverRing, bytes: &[u8]| -> Option<(u32, u32)> {
+        mem.write(buf + 0x100, bytes).unwrap();
+        req.set_desc(0, buf + 0x100, bytes.len() as u32, desc::F_NEXT, 1);
+        req.set_desc(1, buf + 0x200, 4, desc::F_WRITE, 0);
+        req.push_avail(0);
+        req.publish();
+        t.write(reg::QUEUE_NOTIFY, 0);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) {
+            if let Some(u) = req.pop_used() {
+                return Some(u);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    };
+    assert_eq!(send(&mut req, &encode::attach(1, EA, 0)), Some((0, 4)));
+    assert!(reach_in(&system, unit, A, 0x5000, Access::Read).is_err());
+    let mut used = Vec::new();
+    let t0 = Instant::now();
+    while used.len() < 2 && t0.elapsed() < Duration::from_secs(5) {
+        used.extend(evt.pop_used());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(used, vec![(0, 0), (1, s::FAULT_LEN as u32)]);
+    assert_eq!(t.read(reg::STATUS) & st::DEVICE_NEEDS_RESET, 0);
+    assert_eq!(dev.stats().event_buffers_refused, 1);
+    // The request queue goes on: DETACH answered OK.
+    assert_eq!(send(&mut req, &encode::detach(1, EA)), Some((0, 4)));
+    let mut tail = [0u8; 4];
+    mem.read(buf + 0x200, &mut tail).unwrap();
+    assert_eq!(tail[0], Status::Ok.code());
+}

@@ -11,7 +11,7 @@ use super::chain::Parts;
 use super::state::State;
 use super::stats::{bump, Counters};
 use crate::spec::iommu as s;
-use crate::transport::{ChainDir, DeviceEnd};
+use crate::transport::{ChainDir, DeviceEnd, DeviceError};
 
 /// The `virtio_iommu_fault` bytes for `rec` of `endpoint`: reason DOMAIN
 /// for an endpoint with no usable context, MAPPING for an address not
@@ -110,7 +110,7 @@ impl Reporter {
 
     /// Writes one event into the next event buffer that can hold it;
     /// `false` if none could (the event is dropped). A buffer too short
-    /// for an event is returned with used length 0 (the driver gets it
+    /// for an event, or not device-writable, is returned with used length 0 (the driver gets it
     /// back, and is interrupted for it) and the next one is tried: at
     /// most the queue's size of them, so the work is bounded.
     fn send(&mut self, end: &DeviceEnd, mem: &PhysGuestMemory, ev: &[u8], c: &Counters) -> bool {
@@ -132,10 +132,19 @@ impl Reporter {
                     return false;
                 }
             };
-            if let Err(e) = q.walk(mem, head, ChainDir::Writable, &mut self.parts.descs) {
-                q.stop();
-                end.report(e);
-                return false;
+            match q.walk(mem, head, ChainDir::Writable, &mut self.parts.descs) {
+                Ok(_) => {}
+                // A buffer the device may not write (a read-only
+                // descriptor, §2.7.4): returned unwritten as a too-short
+                // one is, not a reason to stop the queue and break the
+                // device (§2.7 permits either; this keeps the request
+                // queue usable for a driver that posted one bad buffer).
+                Err(DeviceError::WrongDirection { .. }) => self.parts.descs.clear(),
+                Err(e) => {
+                    q.stop();
+                    end.report(e);
+                    return false;
+                }
             }
             let fits = self.parts.writable_len() >= ev.len() as u64;
             wrote = fits && self.parts.write(mem, 0, ev).is_ok();
