@@ -1,63 +1,96 @@
 //! Bounce buffers for untrusted devices.
 //!
-//! A pool of pages is mapped once into the device's domain and stays
-//! mapped. Mapping a buffer takes a slot of the pool (a power-of-two number
-//! of 256-byte units, from a buddy allocator), copies the caller's buffer
-//! into it whatever the direction, and hands out the slot's IOVA;
-//! unmapping copies the slot back (`FromDevice`, `Bidirectional`) and
-//! returns the slot. The device only ever reaches pool pages: never the
-//! pages around a small buffer, never a buffer after its unmap has copied it
-//! back. What it can still reach after an unmap is the slot, which holds
-//! only data bounced for this same domain.
+//! A domain keeps pools of pages that no device reaches by default: a
+//! pool's IOVA range is reserved in the domain's allocator, but nothing of
+//! it is mapped until a buffer is bounced. Mapping a buffer takes a slot
+//! of whole pages (next fit, see `bounce_alloc`: a slot just given back is
+//! the last one reused; no other mapping's bytes share a page with it), places the buffer at its
+//! own offset within its first page (the DMA address keeps that offset, as
+//! every other policy's does), zeroes everything around it, copies the
+//! caller's buffer in whatever the direction, and maps just the pages the
+//! buffer touches with the direction's permission. Unmapping clears those
+//! entries, invalidates and waits (always strict, whatever the policy),
+//! then copies the slot back (`FromDevice`, `Bidirectional`) and returns
+//! the slot: after an unmap returns the device faults at the address, and
+//! its late writes can never land in the slot's next user's buffer.
 //!
-//! Two rules close the holes a pool can open:
+//! The device thus only ever reaches the pages of its live mappings, and
+//! within them only the caller's bytes and zeroes:
 //!
 //! - **A pool the device can reach.** A domain keeps one pool per DMA-mask
 //!   class ([`BouncePools`]): a device is given the highest pool that lies
 //!   wholly below its mask, made below that mask when none does. A device
 //!   with a 24-bit mask is never handed an IOVA near the top of the 48-bit
 //!   space.
-//! - **No stale bytes.** The slot is filled from the caller's buffer at
-//!   map even for `FromDevice` (as Linux's swiotlb does since the fix for
-//!   CVE-2022-0854): the copy back at unmap then returns the caller's own
-//!   bytes wherever the device wrote nothing, never what the slot's
-//!   previous user left there.
+//! - **No stale bytes.** The padding of the pages a mapping exposes is
+//!   zeroed, and the buffer's bytes in the slot are filled from the
+//!   caller's buffer at map even for `FromDevice` (as Linux's swiotlb does
+//!   since the fix for CVE-2022-0854): the copy back at unmap then returns
+//!   the caller's own bytes wherever the device wrote nothing, never what
+//!   the slot's previous user (or its device) left there.
+//! - **Direction lanes.** A pool has one lane per direction, so that a
+//!   burst of one direction cannot starve the others; each mapping carries
+//!   its own direction's permission.
 //!
-//! Each pool is behind one lock: bounce buffering is the safe path for
-//! untrusted devices, and its cost is dominated by the copies.
+//! Each lane's allocator is behind one lock: bounce buffering is the safe
+//! path for untrusted devices, and its cost is dominated by the copies,
+//! the zeroing and the invalidation every unmap waits for.
 
 #![deny(clippy::indexing_slicing)]
 
 use std::sync::{Mutex, OnceLock};
 
+use super::bounce_alloc::NextFit;
 use super::policy::DmaDirection;
-use crate::mem::frames::{Buddy, FrameOwner};
-use crate::mem::{MemError, PhysAddr, PhysMemory};
+use crate::mem::{MemError, PhysAddr, PhysMemory, PAGE_SIZE};
 use crate::sync::lock_std as lock;
 
-/// Bytes in one unit of a bounce slot.
-pub const BOUNCE_UNIT: u64 = 256;
+/// Bytes in one unit of a bounce slot: a page, the IOVA granule, so that
+/// no two mappings share a page the device can reach.
+pub const BOUNCE_UNIT: u64 = PAGE_SIZE;
 
 /// The most pools a domain holds: one per DMA-mask width at most.
 const MAX_POOLS: usize = 64;
 
-/// A slot of a pool.
+/// A slot of a pool, holding one buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BounceSlot {
-    /// The slot's IOVA (what the device is given).
+    /// The IOVA of the slot's first page.
     pub(crate) iova: u64,
-    /// The slot's physical address in the pool.
+    /// The physical address of the slot's first page.
     pub(crate) phys: PhysAddr,
-    /// log2 of the slot's size in units.
-    pub(crate) order: u32,
+    /// The buffer's offset within its first page (and the slot's).
+    pub(crate) off: u64,
+    /// The pages the buffer touches: what is mapped for the device.
+    pub(crate) pages: u64,
     /// The lane (direction) the slot belongs to.
     pub(crate) lane: usize,
 }
 
-/// The lanes of a pool, one per direction, in this order: each mapped
-/// with its direction's permission only, so a device can neither write a
-/// `ToDevice` slot nor read a `FromDevice` one (slots of one direction
-/// share pages, never with another direction's).
+impl BounceSlot {
+    /// The address the device is given: the slot's IOVA plus the buffer's
+    /// offset in its page.
+    #[inline]
+    pub(crate) fn dma(&self) -> u64 {
+        self.iova + self.off
+    }
+
+    /// Where the buffer's copy lies in the pool.
+    #[inline]
+    pub(crate) fn data(&self) -> PhysAddr {
+        self.phys + self.off
+    }
+
+    /// The bytes mapped for the device: whole pages.
+    #[inline]
+    pub(crate) fn mapped_bytes(&self) -> u64 {
+        self.pages * PAGE_SIZE
+    }
+}
+
+/// The lanes of a pool, one per direction, in this order (each slot is
+/// mapped with its own mapping's direction; the lanes keep one
+/// direction's burst from starving the others).
 pub(crate) const LANES: [DmaDirection; 3] = [
     DmaDirection::ToDevice,
     DmaDirection::FromDevice,
@@ -73,12 +106,12 @@ pub(crate) fn lane_of(dir: DmaDirection) -> usize {
     }
 }
 
-/// One lane: pages mapped with one direction's permission.
+/// One lane: pages of one direction's slots.
 #[derive(Debug)]
 struct Lane {
     iova: u64,
     phys: PhysAddr,
-    units: Mutex<Buddy>,
+    pages: Mutex<NextFit>,
 }
 
 /// One pool of a domain: three lanes of `bytes` each.
@@ -102,7 +135,7 @@ impl BouncePool {
             lanes: lanes.map(|(iova, phys)| Lane {
                 iova,
                 phys,
-                units: Mutex::new(Buddy::new(bytes / BOUNCE_UNIT)),
+                pages: Mutex::new(NextFit::new(bytes / BOUNCE_UNIT)),
             }),
             bytes,
             span: (lo, hi),
@@ -119,33 +152,42 @@ impl BouncePool {
         self.lanes.iter().map(|l| (l.phys, self.bytes))
     }
 
-    /// Takes a slot of at least `len` bytes in the lane of `dir`, or
-    /// `None` when that lane is full (or `len` larger than a lane).
-    pub(crate) fn take(&self, len: u64, dir: DmaDirection) -> Option<BounceSlot> {
-        if len > self.bytes {
+    /// Takes a slot in the lane of `dir` for the `len` bytes of a buffer
+    /// at `buf`: the whole pages the buffer touches at its own offset in
+    /// its page (next fit: see `bounce_alloc`). `None` when that lane is full (or the buffer needs more
+    /// pages than a lane has).
+    pub(crate) fn take(&self, buf: PhysAddr, len: u64, dir: DmaDirection) -> Option<BounceSlot> {
+        let off = buf % PAGE_SIZE;
+        let pages = off.checked_add(len.max(1))?.div_ceil(PAGE_SIZE);
+        if pages > self.bytes / PAGE_SIZE {
             return None;
         }
         let lane = lane_of(dir);
         let l = self.lanes.get(lane)?;
-        let units = len.max(1).div_ceil(BOUNCE_UNIT);
-        let order = 64 - (units - 1).leading_zeros();
-        let unit = lock(&l.units).alloc(order, FrameOwner::User).ok()?;
+        let page = lock(&l.pages).alloc(pages)?;
         Some(BounceSlot {
-            iova: l.iova + unit * BOUNCE_UNIT,
-            phys: l.phys + unit * BOUNCE_UNIT,
-            order,
+            iova: l.iova + page * BOUNCE_UNIT,
+            phys: l.phys + page * BOUNCE_UNIT,
+            off,
+            pages,
             lane,
         })
     }
 
-    /// Returns a slot.
+    /// Returns a slot (its pages unmapped and invalidated already). A
+    /// slot not taken, or given back already, is refused
+    /// (`NotAllocated`).
     pub(crate) fn give_back(&self, slot: BounceSlot) -> Result<(), MemError> {
-        let l = self.lanes.get(slot.lane).ok_or(MemError::NotAllocated {
-            addr: slot.phys,
-            order: slot.order,
-        })?;
-        let unit = (slot.phys - l.phys) / BOUNCE_UNIT;
-        lock(&l.units).free(unit, slot.order, FrameOwner::User)
+        let l = self
+            .lanes
+            .get(slot.lane)
+            .filter(|l| slot.phys >= l.phys)
+            .ok_or(MemError::NotAllocated {
+                addr: slot.phys,
+                order: 0,
+            })?;
+        let page = (slot.phys - l.phys) / BOUNCE_UNIT;
+        lock(&l.pages).free(page, slot.pages)
     }
 
     /// Whether `iova` lies in the pool.
@@ -159,14 +201,25 @@ impl BouncePool {
                 .any(|l| iova >= l.iova && iova - l.iova < self.bytes)
     }
 
-    /// Copies `len` bytes from the buffer at `buf` into the slot.
-    pub(crate) fn copy_in(
+    /// Fills the pages of `slot` the device will reach: the `len` bytes
+    /// of the buffer at `buf` copied in at the buffer's offset, every
+    /// other byte of those pages zeroed (the padding never shows a
+    /// previous user's bytes).
+    pub(crate) fn fill(
         mem: &PhysMemory,
         slot: &BounceSlot,
         buf: PhysAddr,
         len: u64,
     ) -> Result<(), MemError> {
-        mem.copy_within(buf, slot.phys, len)
+        if slot.off > 0 {
+            mem.fill(slot.phys, slot.off, 0)?;
+        }
+        mem.copy_within(buf, slot.data(), len)?;
+        let tail = slot.mapped_bytes() - slot.off - len;
+        if tail > 0 {
+            mem.fill(slot.data() + len, tail, 0)?;
+        }
+        Ok(())
     }
 
     /// Copies `len` bytes from the slot back to the buffer at `buf`.
@@ -176,7 +229,7 @@ impl BouncePool {
         buf: PhysAddr,
         len: u64,
     ) -> Result<(), MemError> {
-        mem.copy_within(slot.phys, buf, len)
+        mem.copy_within(slot.data(), buf, len)
     }
 }
 
@@ -247,27 +300,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_are_sub_page_and_recycled() {
+    fn slots_are_whole_pages_keep_the_offset_and_are_recycled() {
         let pool = BouncePool::new(
             [
                 (0x10_0000, 0x4000),
-                (0x20_0000, 0x5000),
-                (0x30_0000, 0x6000),
+                (0x20_0000, 0x8000),
+                (0x30_0000, 0xc000),
             ],
-            4096,
+            4 * PAGE_SIZE,
         );
-        let a = pool.take(100, DmaDirection::ToDevice).unwrap();
-        let b = pool.take(300, DmaDirection::ToDevice).unwrap();
-        let c = pool.take(300, DmaDirection::FromDevice).unwrap();
-        assert_eq!((c.iova, c.phys, c.lane), (0x20_0000, 0x5000, 1));
+        let a = pool.take(0x5_0123, 100, DmaDirection::ToDevice).unwrap();
+        assert_eq!((a.off, a.pages), (0x123, 1));
+        assert_eq!(a.dma() & (PAGE_SIZE - 1), 0x123, "the offset is kept");
+        // Two pages: the buffer crosses a page boundary.
+        let b = pool.take(0x5_0f00, 0x200, DmaDirection::ToDevice).unwrap();
+        assert_eq!(b.pages, 2);
+        assert_eq!(b.iova % PAGE_SIZE, 0);
+        assert!(b.iova >= a.iova + PAGE_SIZE || a.iova >= b.iova + b.mapped_bytes());
+        let c = pool.take(0, 300, DmaDirection::FromDevice).unwrap();
+        assert_eq!((c.iova, c.phys, c.lane), (0x20_0000, 0x8000, 1));
         pool.give_back(c).unwrap();
-        assert_eq!(a.order, 0);
-        assert_eq!(b.order, 1);
-        assert_ne!(a.iova, b.iova);
-        assert!(pool.contains(a.iova) && pool.contains(b.iova));
+        assert!(pool.contains(a.dma()) && pool.contains(b.dma()));
         assert!(
-            pool.take(8192, DmaDirection::ToDevice).is_none(),
-            "larger than the pool"
+            pool.take(0x123, 4 * PAGE_SIZE, DmaDirection::ToDevice)
+                .is_none(),
+            "five pages: larger than the lane"
         );
         pool.give_back(a).unwrap();
         assert!(matches!(
@@ -276,11 +333,15 @@ mod tests {
         ));
         pool.give_back(b).unwrap();
         assert_eq!(
-            pool.take(4096, DmaDirection::ToDevice).unwrap().iova,
+            pool.take(0, 4 * PAGE_SIZE, DmaDirection::ToDevice)
+                .unwrap()
+                .iova,
             0x10_0000,
-            "all merged back"
+            "all free again"
         );
-        assert!(pool.take(u64::MAX, DmaDirection::Bidirectional).is_none());
+        assert!(pool
+            .take(0x10, u64::MAX, DmaDirection::Bidirectional)
+            .is_none());
     }
 
     #[test]
@@ -311,13 +372,22 @@ mod tests {
     }
 
     #[test]
-    fn copies_go_both_ways() {
+    fn a_fill_zeroes_the_padding_and_copies_go_both_ways() {
         let mem = PhysMemory::new(1 << 20).unwrap();
-        let pool = BouncePool::new([(0, 0x8000), (0x1000, 0x9000), (0x2000, 0xa000)], 4096);
+        let pool = BouncePool::new(
+            [(0, 0x8000), (0x1_0000, 0xa000), (0x2_0000, 0xc000)],
+            2 * PAGE_SIZE,
+        );
         mem.write(0x100, b"payload").unwrap();
-        let s = pool.take(7, DmaDirection::Bidirectional).unwrap();
-        BouncePool::copy_in(&mem, &s, 0x100, 7).unwrap();
-        mem.write(s.phys, b"PAY").unwrap();
+        let s = pool.take(0x100, 7, DmaDirection::Bidirectional).unwrap();
+        // A previous user's bytes all over the slot.
+        mem.fill(s.phys, s.mapped_bytes(), 0x5e).unwrap();
+        BouncePool::fill(&mem, &s, 0x100, 7).unwrap();
+        let mut page = vec![0u8; PAGE_SIZE as usize];
+        mem.read(s.phys, &mut page).unwrap();
+        assert_eq!(&page[0x100..0x107], b"payload");
+        assert!(page[..0x100].iter().chain(&page[0x107..]).all(|&b| b == 0));
+        mem.write(s.data(), b"PAY").unwrap();
         BouncePool::copy_out(&mem, &s, 0x100, 7).unwrap();
         let mut b = [0u8; 7];
         mem.read(0x100, &mut b).unwrap();

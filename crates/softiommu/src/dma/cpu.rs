@@ -737,6 +737,10 @@ impl Work {
         Ok(())
     }
 
+    /// Bounces `len` bytes at `phys` for `dev`: a slot of whole pages
+    /// taken, filled (the buffer at its own page offset, the rest of the
+    /// pages zeroed), and those pages alone mapped with `dir`'s
+    /// permission. A failed map leaves nothing mapped and the slot free.
     fn bounce_map(
         &mut self,
         cpu: &CpuSlot,
@@ -750,17 +754,31 @@ impl Work {
             .bounce
             .and_then(|i| Some((i, d.bounce.get(i)?)))
             .ok_or(DmaError::BounceUnavailable { mask: dev.mask })?;
-        let slot = pool.take(len, dir).ok_or(DmaError::BounceFull { len })?;
+        let slot = pool
+            .take(phys, len, dir)
+            .ok_or(DmaError::BounceFull { len })?;
         // Whatever the direction: a `FromDevice` slot starts as the
         // caller's buffer, so the copy back at unmap returns the caller's
         // own bytes where the device wrote none (module `bounce`).
-        if let Err(e) = BouncePool::copy_in(&d.mem, &slot, phys, len) {
+        if let Err(e) = BouncePool::fill(&d.mem, &slot, phys, len) {
+            let _ = pool.give_back(slot);
+            return Err(e.into());
+        }
+        // The slot's pages were unmapped (and invalidated) before it was
+        // given back, or never mapped: nothing is mapped there.
+        if let Err(e) = d.table.map_hinted(
+            slot.iova,
+            slot.phys,
+            slot.mapped_bytes(),
+            dir.perm(),
+            &mut self.hint,
+        ) {
             let _ = pool.give_back(slot);
             return Err(e.into());
         }
         cpu.stats.bounced(len);
         lock(&d.bounce_map).insert(
-            slot.iova,
+            slot.dma(),
             BounceRecord {
                 slot,
                 pool: pool_index,
@@ -771,7 +789,7 @@ impl Work {
             },
         );
         d.bounce_live.fetch_add(1, Relaxed);
-        Ok(slot.iova)
+        Ok(slot.dma())
     }
 
     /// [`DmaCpu::map`] past its pass-through fast path, inside the gate.
@@ -877,7 +895,8 @@ impl Work {
     }
 
     /// Unmaps the bounce slot at `addr` (in a pool): checked against its
-    /// record, then the device's data copied back and the slot freed.
+    /// record (and the record taken, so that of two racing unmaps one
+    /// fails), then released (see [`bounce_release`](Self::bounce_release)).
     #[inline(never)]
     fn bounce_unmap(
         &mut self,
@@ -887,15 +906,49 @@ impl Work {
         sid: SourceId,
         dir: DmaDirection,
     ) -> Result<(), DmaError> {
-        let d = &self.domain;
-        let mut map = lock(&d.bounce_map);
-        let rec = match map.get(&addr) {
-            Some(r) => *r,
-            None => return Err(DmaError::NotMapped { addr }),
+        // The wait below must not wait for this thread's own section:
+        // checked before anything changes.
+        self.domain.check_callers()?;
+        let rec = {
+            let mut map = lock(&self.domain.bounce_map);
+            let rec = match map.get(&addr) {
+                Some(r) => *r,
+                None => return Err(DmaError::NotMapped { addr }),
+            };
+            check_bounce_owner(&rec, addr, len, sid, dir)?;
+            map.remove(&addr);
+            rec
         };
-        check_bounce_owner(&rec, addr, len, sid, dir)?;
-        map.remove(&addr);
-        drop(map);
+        self.bounce_release(cpu, &rec)
+    }
+
+    /// Releases a bounce mapping whose record was taken: its pages
+    /// unmapped, invalidated on every unit of the domain and waited for
+    /// (strict, whatever the policy), the device's data copied back
+    /// (`FromDevice`, `Bidirectional`), then the slot given back. If the
+    /// invalidation fails the slot (and any table page unlinked) is kept
+    /// out of use for good: leaked, never reused while a device may still
+    /// reach it.
+    fn bounce_release(&mut self, cpu: &CpuSlot, rec: &BounceRecord) -> Result<(), DmaError> {
+        let d = &*self.domain;
+        let (iova, bytes) = (rec.slot.iova, rec.slot.mapped_bytes());
+        if let Err(e) = d
+            .table
+            .unmap_hinted(iova, bytes, &mut self.gather, &mut self.hint, true)
+        {
+            // Nothing was cleared: the mapping is live again.
+            lock(&d.bounce_map).insert(rec.slot.dma(), *rec);
+            return Err(e.into());
+        }
+        d.bounce_live.fetch_sub(1, Relaxed);
+        match d.invalidate(d.unit_mask_after_clear(), iova, bytes) {
+            Ok(n) => cpu.stats.invalidations(n),
+            Err(e) => {
+                drop(self.gather.defer());
+                return Err(e);
+            }
+        }
+        self.gather.complete()?;
         if rec.dir != DmaDirection::ToDevice {
             BouncePool::copy_out(&d.mem, &rec.slot, rec.buf, rec.len)?;
             cpu.stats.bounced(rec.len);
@@ -903,7 +956,6 @@ impl Work {
         if let Some(pool) = d.bounce.get(rec.pool) {
             pool.give_back(rec.slot)?;
         }
-        d.bounce_live.fetch_sub(1, Relaxed);
         Ok(())
     }
 
@@ -1174,16 +1226,16 @@ impl Work {
                 Some(r) => *r,
                 None => *map
                     .values()
-                    .find(|r| r.slot.iova <= addr && addr - r.slot.iova < r.len)
+                    .find(|r| r.slot.dma() <= addr && addr - r.slot.dma() < r.len)
                     .ok_or(DmaError::NotMapped { addr })?,
             }
         };
         // `addr` lies in the record: no subtraction underflows.
-        let off = addr - rec.slot.iova;
-        if end - rec.slot.iova > rec.len {
+        let off = addr - rec.slot.dma();
+        if end - rec.slot.dma() > rec.len {
             return Err(DmaError::WrongLength { addr, len });
         }
-        let (buf, at) = (rec.buf + off, rec.slot.phys + off);
+        let (buf, at) = (rec.buf + off, rec.slot.data() + off);
         if to_device {
             d.mem.copy_within(buf, at, len)?;
         } else {

@@ -12,7 +12,6 @@ use super::passthrough::{owner_key, pt_owner};
 use super::policy::DmaDirection;
 use crate::hw::{HwError, SourceId};
 use crate::mem::{FrameOwner, PAGE_SHIFT, PAGE_SIZE};
-use crate::pgtable::{IoPageTable, IotlbGather};
 use crate::sync::lock_std as lock;
 
 /// A device attached to a [`DmaDomain`]; made by [`DmaDomain::attach`].
@@ -215,13 +214,16 @@ impl DmaDomain {
         }
     }
 
-    /// One lane of a bounce pool: `pages` pages below `mask`, mapped with
-    /// `dir`'s permission only; (IOVA, physical address).
+    /// One lane of a bounce pool: `pages` pages of IOVA below `mask`,
+    /// reserved in the allocator (so that no other mapping is ever placed
+    /// there) but mapped in no page table: a slot's pages are mapped for
+    /// one mapping at a time, with that mapping's direction (`dir` names
+    /// the lane). (IOVA, physical address).
     fn bounce_lane(
         &self,
         mask: u64,
         pages: u64,
-        dir: DmaDirection,
+        _dir: DmaDirection,
     ) -> Result<(u64, u64), DmaError> {
         let order = pages.ilog2();
         let limit = self.iova.limit_for_mask(mask);
@@ -254,25 +256,13 @@ impl DmaDomain {
             let _ = self.iova.free(pfn, pages);
             return Err(DmaError::from(e));
         }
-        if let Err(e) = self
-            .table
-            .map(pfn << PAGE_SHIFT, phys, pages << PAGE_SHIFT, dir.perm())
-        {
-            let _ = self.mem.free_owned(phys, order, FrameOwner::Bounce);
-            let _ = self.iova.free(pfn, pages);
-            return Err(e.into());
-        }
         Ok((pfn << PAGE_SHIFT, phys))
     }
 
-    /// Undoes a [`bounce_lane`](Self::bounce_lane) no device was given:
-    /// unmapped (nothing can have cached it), then freed.
+    /// Undoes a [`bounce_lane`](Self::bounce_lane) no device was given
+    /// (nothing of it was mapped): freed.
     fn drop_bounce_lane(&self, iova: u64, phys: u64, pages: u64) {
-        let mut g = IotlbGather::new();
-        if self.table.unmap(iova, pages << PAGE_SHIFT, &mut g).is_ok() {
-            let _ = g.complete();
-            let _ = self.mem.free_owned(phys, pages.ilog2(), FrameOwner::Bounce);
-            let _ = self.iova.free(iova >> PAGE_SHIFT, pages);
-        }
+        let _ = self.mem.free_owned(phys, pages.ilog2(), FrameOwner::Bounce);
+        let _ = self.iova.free(iova >> PAGE_SHIFT, pages);
     }
 }

@@ -21,6 +21,7 @@
 //! only after the invalidation that covers it has completed.
 
 mod bounce;
+mod bounce_alloc;
 mod cpu;
 mod device;
 mod domain;

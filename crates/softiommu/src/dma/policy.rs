@@ -16,9 +16,10 @@ pub enum DmaPolicy {
     /// a flush (high-water mark or timeout) invalidates each unit with work
     /// once, waits once, then frees the batch. Linux's "lazy" (seed `000`).
     Deferred,
-    /// For untrusted devices: data is copied through bounce buffers that
-    /// stay mapped; the device never sees a page it was not given, even at
-    /// sub-page granularity. Unmaps of bounce slots are strict.
+    /// For untrusted devices: data is copied through bounce slots of whole
+    /// pages, mapped only while their mapping lives; the device never sees
+    /// a page it was not given, and in its pages only the buffer's bytes
+    /// and zeroes (sub-page isolation). Unmaps of bounce slots are strict.
     Bounce,
 }
 
