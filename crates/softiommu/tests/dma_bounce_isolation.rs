@@ -219,3 +219,52 @@ fn a_bounce_dma_address_keeps_the_buffers_page_offset() {
         }
     }
 }
+
+#[test]
+fn a_sync_for_device_of_a_from_device_bounce_keeps_what_the_device_wrote() {
+    for (policy, untrusted) in BOUNCING {
+        let p = plat(policy, untrusted);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let mut acc = DmaAccessor::for_device(dev).unwrap();
+        let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+        let dma = cpu.map(dev, buf, 256, D::FromDevice).unwrap();
+        acc.write(dma, &[0xab; 256], O).unwrap();
+        // Linux's swiotlb copies toward the device only for ToDevice and
+        // Bidirectional: here a checked no-op.
+        cpu.sync_for_device(dma, 256).unwrap();
+        cpu.unmap(dev, dma, 256, D::FromDevice).unwrap();
+        let mut got = [0u8; 256];
+        p.mem.read(buf, &mut got).unwrap();
+        assert_eq!(got, [0xab; 256], "{policy}: the device's data kept");
+    }
+}
+
+#[test]
+fn a_sync_for_cpu_of_a_to_device_bounce_leaves_the_cpus_buffer() {
+    for (policy, untrusted) in BOUNCING {
+        let p = plat(policy, untrusted);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+        p.mem.write(buf, b"AAAA").unwrap();
+        let dma = cpu.map(dev, buf, 4, D::ToDevice).unwrap();
+        cpu.sync_for_cpu(dma, 4).unwrap();
+        p.mem.write(buf, b"BBBB").unwrap();
+        cpu.sync_for_cpu(dma, 4).unwrap();
+        let mut got = [0u8; 4];
+        p.mem.read(buf, &mut got).unwrap();
+        assert_eq!(&got, b"BBBB", "{policy}: not overwritten from the slot");
+        // A ToDevice sync for the device still copies the CPU's update.
+        cpu.sync_for_device(dma, 4).unwrap();
+        let mut acc = DmaAccessor::for_device(dev).unwrap();
+        acc.read(dma, &mut got, O).unwrap();
+        assert_eq!(&got, b"BBBB", "{policy}");
+        // Still checked: past the end is refused.
+        assert!(matches!(
+            cpu.sync_for_cpu(dma, 5),
+            Err(softiommu::DmaError::WrongLength { .. })
+        ));
+        cpu.unmap(dev, dma, 4, D::ToDevice).unwrap();
+    }
+}

@@ -237,7 +237,9 @@ fn a_partial_bounce_sync_at_an_offset_copies_exactly_its_range() {
     let dev = &p.devices[0];
     let mut acc = DmaAccessor::for_device(dev).unwrap();
     let buf = p.mem.alloc_zeroed_frames(0).unwrap();
-    let iova = cpu.map(dev, buf, 256, DmaDirection::FromDevice).unwrap();
+    // Bidirectional: both syncs copy (a FromDevice mapping's
+    // sync_for_device is a no-op, see `tests/dma_bounce_isolation.rs`).
+    let iova = cpu.map(dev, buf, 256, DmaDirection::Bidirectional).unwrap();
     acc.write(iova + 120, &[0xab; 32], DmaAttrs::ORDERED)
         .unwrap();
     assert_eq!(cpu.sync_for_cpu(iova + 128, 16), Ok(()));
@@ -264,7 +266,10 @@ fn a_partial_bounce_sync_at_an_offset_copies_exactly_its_range() {
     // Never mapped (past the slot, inside the pool).
     let r = cpu.sync_for_cpu(iova + 0x10_0000, 16);
     assert!(matches!(r, Err(DmaError::NotMapped { .. })), "{r:?}");
-    assert_eq!(cpu.unmap(dev, iova, 256, DmaDirection::FromDevice), Ok(()));
+    assert_eq!(
+        cpu.unmap(dev, iova, 256, DmaDirection::Bidirectional),
+        Ok(())
+    );
     // Unmapped now: refused.
     let r = cpu.sync_for_cpu(iova, 16);
     assert!(matches!(r, Err(DmaError::NotMapped { .. })), "{r:?}");

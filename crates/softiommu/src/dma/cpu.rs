@@ -512,8 +512,10 @@ impl DmaCpu {
     }
 
     /// Makes the CPU's writes to a streaming buffer visible to the device
-    /// (bounce mappings: the bytes `[addr, addr + len)` copied in again;
-    /// others: nothing to do, memory is coherent). The range may start
+    /// (bounce mappings: the bytes `[addr, addr + len)` copied in again,
+    /// for `ToDevice` and `Bidirectional` mappings only — a `FromDevice`
+    /// slot keeps what the device wrote; others: nothing to do, memory is
+    /// coherent). The range may start
     /// anywhere inside a live mapping but must end inside it: an address no
     /// live mapping holds is `NotMapped`, a range running past its mapping's
     /// end `WrongLength`, a zero length `ZeroLength`; a refused sync copies
@@ -523,7 +525,9 @@ impl DmaCpu {
     }
 
     /// Makes the device's writes visible to the CPU (bounce mappings: the
-    /// bytes `[addr, addr + len)` copied out; others: nothing to do).
+    /// bytes `[addr, addr + len)` copied out, for `FromDevice` and
+    /// `Bidirectional` mappings only — a `ToDevice` buffer is left as the
+    /// CPU wrote it; others: nothing to do).
     /// Checked as [`sync_for_device`](Self::sync_for_device) is.
     pub fn sync_for_cpu(&mut self, addr: u64, len: u64) -> Result<(), DmaError> {
         self.w.sync(&self.slot, addr, len, false)
@@ -1209,7 +1213,14 @@ impl Work {
     }
 
     /// A bounce sync: the slot holding `addr` found, the range checked
-    /// against it, exactly `[addr, end)` copied.
+    /// against it, exactly `[addr, end)` copied — in the direction the
+    /// mapping allows, as swiotlb does: toward the device only for
+    /// `ToDevice` and `Bidirectional` mappings, toward the CPU only for
+    /// `FromDevice` and `Bidirectional` ones; otherwise a checked no-op
+    /// (a `FromDevice` slot holds what the device wrote, a `ToDevice`
+    /// buffer is the CPU's). The copy runs under the records' lock, so
+    /// that an unmap racing the sync (and a new map of the same slot)
+    /// cannot make it copy for a record no longer live.
     #[cold]
     fn bounce_sync(
         &mut self,
@@ -1220,15 +1231,13 @@ impl Work {
         to_device: bool,
     ) -> Result<(), DmaError> {
         let d = &*self.domain;
-        let rec = {
-            let map = lock(&d.bounce_map);
-            match map.get(&addr) {
-                Some(r) => *r,
-                None => *map
-                    .values()
-                    .find(|r| r.slot.dma() <= addr && addr - r.slot.dma() < r.len)
-                    .ok_or(DmaError::NotMapped { addr })?,
-            }
+        let map = lock(&d.bounce_map);
+        let rec = match map.get(&addr) {
+            Some(r) => *r,
+            None => *map
+                .values()
+                .find(|r| r.slot.dma() <= addr && addr - r.slot.dma() < r.len)
+                .ok_or(DmaError::NotMapped { addr })?,
         };
         // `addr` lies in the record: no subtraction underflows.
         let off = addr - rec.slot.dma();
@@ -1236,11 +1245,12 @@ impl Work {
             return Err(DmaError::WrongLength { addr, len });
         }
         let (buf, at) = (rec.buf + off, rec.slot.data() + off);
-        if to_device {
-            d.mem.copy_within(buf, at, len)?;
-        } else {
-            d.mem.copy_within(at, buf, len)?;
+        match (to_device, rec.dir) {
+            (true, DmaDirection::FromDevice) | (false, DmaDirection::ToDevice) => return Ok(()),
+            (true, _) => d.mem.copy_within(buf, at, len)?,
+            (false, _) => d.mem.copy_within(at, buf, len)?,
         }
+        drop(map);
         slot.stats.bounced(len);
         Ok(())
     }
