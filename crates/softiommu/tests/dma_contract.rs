@@ -142,6 +142,70 @@ fn unmap_sg_by_another_device_or_direction_is_refused() {
     }
 }
 
+/// A stale `SgMapping` (it is `Copy`) replayed after its list was unmapped
+/// and the IOVA handed to another device's list, or to a list of the same
+/// device in another direction: the translated `unmap_sg` checks the
+/// block's own device and direction, so the live list is not torn down.
+#[test]
+fn a_stale_unmap_sg_never_tears_down_another_live_list() {
+    for policy in [DmaPolicy::Strict, DmaPolicy::Deferred] {
+        for other_device in [true, false] {
+            let p = platform(policy);
+            let mut cpu = p.domain.cpu();
+            let (nic, disk) = (&p.devices[0], &p.devices[1]);
+            let (second, dir2) = if other_device {
+                (disk, DmaDirection::ToDevice)
+            } else {
+                (nic, DmaDirection::FromDevice)
+            };
+            let f = p.mem.alloc_zeroed_frames(0).unwrap();
+            let sg = [SgEntry { phys: f, len: 4096 }];
+            let mut out1 = [0u64; 1];
+            let m1 = cpu
+                .map_sg(nic, &sg, DmaDirection::ToDevice, &mut out1)
+                .unwrap();
+            cpu.unmap_sg(nic, &m1, &sg, &out1, DmaDirection::ToDevice)
+                .unwrap();
+            cpu.flush_own().unwrap();
+            p.domain.flush_all().unwrap();
+            let mut out2 = [0u64; 1];
+            let m2 = cpu.map_sg(second, &sg, dir2, &mut out2).unwrap();
+            assert_eq!(out1, out2, "{policy}: the IOVA is reused");
+            let r = cpu.unmap_sg(nic, &m1, &sg, &out1, DmaDirection::ToDevice);
+            if other_device {
+                assert!(
+                    matches!(r, Err(DmaError::WrongDevice { .. })),
+                    "{policy}: {r:?}"
+                );
+            } else {
+                assert!(
+                    matches!(
+                        r,
+                        Err(DmaError::WrongDirection {
+                            mapped: DmaDirection::FromDevice,
+                            asked: DmaDirection::ToDevice,
+                            ..
+                        })
+                    ),
+                    "{policy}: {r:?}"
+                );
+            }
+            // The live list is intact: still translated, and its own
+            // unmap succeeds.
+            assert!(
+                p.domain.iova_to_phys(out2[0]).unwrap().is_some(),
+                "{policy}"
+            );
+            assert_eq!(
+                cpu.unmap_sg(second, &m2, &sg, &out2, dir2),
+                Ok(()),
+                "{policy}"
+            );
+            assert_eq!(p.domain.stats().live(), 0, "{policy}");
+        }
+    }
+}
+
 #[test]
 fn unmap_in_another_direction_is_refused_and_changes_nothing() {
     for policy in DmaPolicy::ALL {

@@ -371,7 +371,7 @@ impl DmaCpu {
             deferred,
             BlockKind::ScatterList,
             dev,
-            0,
+            owner_tag(dev.owner, dir_bits(dir)),
         )?;
         slot.stats.unmap();
         Ok(())
@@ -643,6 +643,16 @@ impl Work {
         // Only `unmap_sg` may retire this block (a streaming unmap naming
         // it is refused).
         let pfn = self.alloc_iova_as(slot, dev, pages, BlockKind::ScatterList)?;
+        // The list's device and direction on its block, as a streaming
+        // mapping's: `unmap_sg` checks them against the block itself, not
+        // only against the caller's (copyable, replayable) `SgMapping`.
+        if let Err(e) = self
+            .cache
+            .set_tag(pfn, SG_TAG | owner_tag(dev.owner, dir_bits(dir)))
+        {
+            self.free_fresh(pfn, pages, BlockKind::ScatterList)?;
+            return Err(e.into());
+        }
         let mut at = pfn << PAGE_SHIFT;
         for (e, o) in sg.iter().zip(out.iter_mut()) {
             let n = pages_of(e.phys, e.len);
@@ -970,8 +980,8 @@ impl Work {
     /// that can fail runs before an entry is cleared: a failed unmap leaves
     /// the mapping as it was. A streaming (`Plain`) block's tag must be
     /// exactly the unmap's `span_tag` with `owner` (the device's and the
-    /// direction's bits); other kinds' owners are checked by their callers
-    /// (`owner` unused).
+    /// direction's bits); a scatter list's block's tag `SG_TAG | owner`;
+    /// a coherent block's owner is checked by its caller (`owner` unused).
     #[allow(clippy::too_many_arguments)]
     fn unmap_pages(
         &mut self,
@@ -1009,6 +1019,13 @@ impl Work {
         if kind == BlockKind::Plain && tag != want {
             let _ = d.iova.unretire_block(pfn, pages, kind);
             return Err(tag_mismatch(tag, want, addr, len, dev.sid));
+        }
+        // A scatter list's block: its device and direction (a stale
+        // `SgMapping` replayed over another device's list, or another
+        // direction's, at the same IOVA).
+        if kind == BlockKind::ScatterList && tag != SG_TAG | owner {
+            let _ = d.iova.unretire_block(pfn, pages, kind);
+            return Err(tag_mismatch(tag, SG_TAG | owner, addr, len, dev.sid));
         }
         if let Err(e) = self.unmap_checks(slot, iova, pages, deferred) {
             // Nothing was changed: the block is the caller's again.
@@ -1487,3 +1504,7 @@ fn span_tag(addr: u64, len: u64) -> u32 {
 
 /// The bits of a [`span_tag`] that hold the start's offset in its page.
 const TAG_OFFSET: u32 = 0xfff;
+
+/// The tag of a scatter list's block, with its owner bits: non-zero, no
+/// offsets (a list's entries keep their own).
+const SG_TAG: u32 = 1 << 31;
