@@ -268,3 +268,51 @@ fn a_sync_for_cpu_of_a_to_device_bounce_leaves_the_cpus_buffer() {
         cpu.unmap(dev, dma, 4, D::ToDevice).unwrap();
     }
 }
+
+#[test]
+fn an_untrusted_device_is_never_in_pass_through() {
+    // Attached to a pass-through domain: refused, the device not claimed.
+    let r = Platform::builder()
+        .memory(64 << 20)
+        .policy(DmaPolicy::Passthrough)
+        .device_spec(DeviceSpec {
+            sid: NIC,
+            unit: 0,
+            mask: u64::MAX,
+            untrusted: true,
+        })
+        .build();
+    assert!(
+        matches!(
+            r,
+            Err(softiommu::Error::Dma(
+                softiommu::DmaError::UntrustedPassthrough { .. }
+            ))
+        ),
+        "{r:?}"
+    );
+    // A translating domain with untrusted devices attached: no switch to
+    // pass-through, even with nothing live; the policy stays.
+    let p = plat(DmaPolicy::Strict, true);
+    assert!(matches!(
+        p.domain.set_policy(DmaPolicy::Passthrough),
+        Err(softiommu::DmaError::UntrustedPassthrough { .. })
+    ));
+    assert_eq!(p.domain.policy(), DmaPolicy::Strict);
+    let mut cpu = p.domain.cpu();
+    let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+    let dma = cpu.map(&p.devices[0], buf, 8, D::ToDevice).unwrap();
+    assert_ne!(dma, buf, "still bounced");
+    cpu.unmap(&p.devices[0], dma, 8, D::ToDevice).unwrap();
+    // Once they are detached, the switch goes through.
+    for d in &p.devices {
+        p.domain.detach(d).unwrap();
+    }
+    assert_eq!(p.domain.set_policy(DmaPolicy::Passthrough), Ok(()));
+    // And then an untrusted attach is refused, the device left free.
+    assert!(matches!(
+        p.domain.attach(NIC, u64::MAX, true),
+        Err(softiommu::DmaError::UntrustedPassthrough { .. })
+    ));
+    assert!(p.domain.attach(NIC, u64::MAX, false).is_ok());
+}

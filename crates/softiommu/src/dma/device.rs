@@ -9,7 +9,7 @@ use super::bounce::{BouncePool, LANES};
 use super::domain::DmaDomain;
 use super::error::DmaError;
 use super::passthrough::{owner_key, pt_owner};
-use super::policy::DmaDirection;
+use super::policy::{DmaDirection, DmaPolicy};
 use crate::hw::{HwError, SourceId};
 use crate::mem::{FrameOwner, PAGE_SHIFT, PAGE_SIZE};
 use crate::sync::lock_std as lock;
@@ -71,8 +71,10 @@ impl DmaDevice {
 
 impl DmaDomain {
     /// Attaches device `sid` (which the system has assigned to a unit) with
-    /// DMA mask `mask`. `untrusted` devices have every buffer bounced while
-    /// the policy translates. A device attached to another domain is
+    /// DMA mask `mask`. `untrusted` devices have every buffer bounced, and
+    /// are never in pass-through: attaching one to a domain in
+    /// pass-through is refused ([`DmaError::UntrustedPassthrough`]), and so
+    /// is a switch to pass-through while one is attached. A device attached to another domain is
     /// refused ([`HwError::DeviceOwned`]): detach it there first. Attaching
     /// a device of this domain again gives another handle on it (the mask
     /// and trust of the first attach stay in force for its context).
@@ -101,11 +103,26 @@ impl DmaDomain {
             .system
             .unit_of(sid)
             .ok_or(HwError::DeviceNotAssigned { sid })?;
+        let refuse_untrusted = || {
+            if untrusted && self.policy() == DmaPolicy::Passthrough {
+                Err(DmaError::UntrustedPassthrough {
+                    sid: sid.to_string(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        // Before a pool is made for it, and again below under the switch
+        // lock (a switch to pass-through cannot complete between that
+        // check and the attach: it refuses while an untrusted device is
+        // attached).
+        refuse_untrusted()?;
         let bounce = self.bounce_pool_for(mask)?;
         if untrusted && bounce.is_none() {
             return Err(DmaError::BounceUnavailable { mask });
         }
         let _switch = lock(&self.switch);
+        refuse_untrusted()?;
         self.system.claim(sid, self.id)?;
         let ctx = self.context_for(self.policy());
         // The unit joins the mask before the device can translate (see
@@ -126,6 +143,12 @@ impl DmaDomain {
             devices.push(sid);
         }
         drop(devices);
+        if untrusted {
+            let mut list = lock(&self.untrusted);
+            if !list.contains(&sid) {
+                list.push(sid);
+            }
+        }
         let owner =
             super::owner::device_tag(super::owner::owner_index(&mut lock(&self.owners), sid));
         Ok(DmaDevice {
@@ -176,6 +199,7 @@ impl DmaDomain {
             unit.revoke(self.did, 0, 0)?;
         }
         devices.swap_remove(i);
+        lock(&self.untrusted).retain(|&s| s != dev.sid);
         self.system.release(dev.sid, self.id);
         Ok(())
     }

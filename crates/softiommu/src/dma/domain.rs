@@ -171,6 +171,9 @@ pub struct DmaDomain {
     pub(crate) bounce: BouncePools,
     pub(crate) bounce_live: AtomicU64,
     pub(crate) bounce_map: Mutex<HashMap<u64, BounceRecord>>,
+    /// The attached devices attached as untrusted: while one is, the
+    /// domain never goes to pass-through.
+    pub(crate) untrusted: Mutex<Vec<SourceId>>,
     pub(crate) coherent: Mutex<HashMap<PhysAddr, CoherentRecord>>,
     /// Pass-through mappings of CPU handles that were dropped.
     pub(crate) pt_retired: PtRecord,
@@ -250,6 +253,7 @@ impl DmaDomain {
             bounce: BouncePools::default(),
             bounce_live: AtomicU64::new(0),
             bounce_map: Mutex::new(HashMap::new()),
+            untrusted: Mutex::new(Vec::new()),
             coherent: Mutex::new(HashMap::new()),
             pt_retired: PtRecord::default(),
             pending: Pending::default(),
@@ -714,7 +718,8 @@ impl DmaDomain {
     /// Switches the policy at run time. Between strict, deferred and bounce
     /// any time: live mappings stay valid (leaving deferred flushes every
     /// queue first). To or from pass-through only with no mapping live,
-    /// else [`DmaError::PolicySwitchBusy`]; the devices' contexts change and
+    /// else [`DmaError::PolicySwitchBusy`]; to pass-through never while an
+    /// untrusted device is attached ([`DmaError::UntrustedPassthrough`]); the devices' contexts change and
     /// the domain's IOTLB entries are invalidated. A refused switch
     /// changes nothing: the section check, the queues of the devices'
     /// units (a stopped one: `Hw(Queue(Stopped))`) are checked before any
@@ -731,6 +736,13 @@ impl DmaDomain {
         let old = self.policy();
         if old == policy {
             return Ok(());
+        }
+        if policy == DmaPolicy::Passthrough {
+            if let Some(sid) = lock(&self.untrusted).first() {
+                return Err(DmaError::UntrustedPassthrough {
+                    sid: sid.to_string(),
+                });
+            }
         }
         let switch_contexts = old.is_translated() != policy.is_translated();
         if switch_contexts {

@@ -57,6 +57,15 @@ pub enum DmaError {
         /// Mappings live at the time.
         live: u64,
     },
+    /// An untrusted device and pass-through: attaching one to a domain in
+    /// pass-through, or switching a domain with one attached to
+    /// pass-through, is refused (an untrusted device is always
+    /// translated and bounced; Linux never gives one an identity domain).
+    #[error("untrusted device {sid} cannot be in pass-through")]
+    UntrustedPassthrough {
+        /// The untrusted device.
+        sid: String,
+    },
     /// No bounce pool lies below the device's DMA mask (bounce buffering
     /// is off for the domain, or no pool fits under the mask).
     #[error("no bounce pool reachable with DMA mask {mask:#x}")]
