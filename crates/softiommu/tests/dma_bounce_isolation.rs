@@ -316,3 +316,61 @@ fn an_untrusted_device_is_never_in_pass_through() {
     ));
     assert!(p.domain.attach(NIC, u64::MAX, false).is_ok());
 }
+
+/// A bounced scatter list's `unmap_sg` racing a single `unmap` of one of
+/// its entries (caller misuse): the list is all or nothing. Either the
+/// `unmap_sg` wins (and the single unmap is refused), or it is refused
+/// with every other entry still mapped — never half unmapped.
+#[test]
+fn a_bounced_unmap_sg_racing_an_entrys_unmap_is_all_or_nothing() {
+    use softiommu::dma::SgEntry;
+    use std::sync::mpsc::channel;
+    use std::sync::{Arc, Barrier};
+    let p = Arc::new(plat(DmaPolicy::Bounce, false));
+    let f0 = p.mem.alloc_zeroed_frames(0).unwrap();
+    let f1 = p.mem.alloc_zeroed_frames(0).unwrap();
+    let sg = [
+        SgEntry { phys: f0, len: 512 },
+        SgEntry { phys: f1, len: 300 },
+    ];
+    let bar = Arc::new(Barrier::new(2));
+    let (tx, rx) = channel::<u64>();
+    let (txr, rxr) = channel::<bool>();
+    let h = {
+        let (p, bar) = (p.clone(), bar.clone());
+        std::thread::spawn(move || {
+            let mut cpu = p.domain.cpu();
+            while let Ok(a) = rx.recv() {
+                bar.wait();
+                let ok = cpu.unmap(&p.devices[0], a, 300, D::ToDevice).is_ok();
+                txr.send(ok).unwrap();
+            }
+        })
+    };
+    let mut cpu = p.domain.cpu();
+    let dev = &p.devices[0];
+    let mut half = 0;
+    for _ in 0..3000 {
+        let mut out = [0u64; 2];
+        let m = cpu.map_sg(dev, &sg, D::ToDevice, &mut out).unwrap();
+        tx.send(out[1]).unwrap();
+        bar.wait();
+        let r = cpu.unmap_sg(dev, &m, &sg, &out, D::ToDevice);
+        let single = rxr.recv().unwrap();
+        match (r, single) {
+            (Ok(()), false) => {}
+            (Err(softiommu::DmaError::NotMapped { addr }), true) => {
+                assert_eq!(addr, out[1]);
+                // Entry 0 must still be mapped.
+                if cpu.unmap(dev, out[0], 512, D::ToDevice).is_err() {
+                    half += 1;
+                }
+            }
+            (r, single) => panic!("unmap_sg {r:?}, single unmap ok: {single}"),
+        }
+    }
+    drop(tx);
+    h.join().unwrap();
+    assert_eq!(half, 0, "refused unmap_sg calls that unmapped entry 0");
+    assert_eq!(p.domain.stats().live(), 0);
+}

@@ -350,6 +350,21 @@ impl DmaCpu {
             });
         }
         if m.pages == 0 {
+            // Bounced entries: checked and taken all at once (an entry
+            // unmapped meanwhile on its own refuses the whole call, every
+            // other entry left mapped). In pass-through no slot is live.
+            let (slot, w) = (&*self.slot, &mut self.w);
+            let op = w.domain.gate.enter(&slot.active);
+            let first = dma.first().copied().unwrap_or(m.dma);
+            if w.domain.policy() != DmaPolicy::Passthrough && w.domain.bounce.find(first).is_some()
+            {
+                w.bounce_unmap_sg(slot, dev.sid, sg, dma, dir)?;
+                for _ in sg {
+                    slot.stats.unmap();
+                }
+                return Ok(());
+            }
+            drop(op);
             // One mapping per entry: each must still be live as mapped
             // (not unmapped on its own meanwhile) before the first goes.
             for (e, &a) in sg.iter().zip(dma) {
@@ -934,6 +949,43 @@ impl Work {
             rec
         };
         self.bounce_release(cpu, &rec)
+    }
+
+    /// Unmaps the bounce slots of a scatter list, all or none: every
+    /// entry's record is checked, then all are taken, under one hold of
+    /// the records' lock (an entry unmapped meanwhile on its own refuses
+    /// the whole call, with every entry still mapped).
+    fn bounce_unmap_sg(
+        &mut self,
+        cpu: &CpuSlot,
+        sid: SourceId,
+        sg: &[SgEntry],
+        dma: &[u64],
+        dir: DmaDirection,
+    ) -> Result<(), DmaError> {
+        self.domain.check_callers()?;
+        let recs: Vec<BounceRecord> = {
+            let mut map = lock(&self.domain.bounce_map);
+            for (e, &a) in sg.iter().zip(dma) {
+                match map.get(&a) {
+                    Some(rec) => check_bounce_owner(rec, a, e.len, sid, dir)?,
+                    None => return Err(DmaError::NotMapped { addr: a }),
+                }
+            }
+            dma.iter()
+                .take(sg.len())
+                .filter_map(|a| map.remove(a))
+                .collect()
+        };
+        let mut first_err = Ok(());
+        for rec in &recs {
+            if let Err(e) = self.bounce_release(cpu, rec) {
+                if first_err.is_ok() {
+                    first_err = Err(e);
+                }
+            }
+        }
+        first_err
     }
 
     /// Releases a bounce mapping whose record was taken: its pages
