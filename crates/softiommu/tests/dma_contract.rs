@@ -355,6 +355,63 @@ fn a_partial_bounce_sync_at_an_offset_copies_exactly_its_range() {
     assert!(matches!(r, Err(DmaError::NotMapped { .. })), "{r:?}");
 }
 
+/// A sync must stay inside one scatter-list entry, or inside a coherent
+/// buffer's exact length, in every policy (strict and deferred read the
+/// list's page tags and the coherent record; pass-through and bounce
+/// their per-entry records).
+#[test]
+fn a_sync_past_a_scatter_list_entry_or_a_coherent_buffer_is_refused() {
+    for policy in DmaPolicy::ALL {
+        let p = platform(policy);
+        let mut cpu = p.domain.cpu();
+        let dev = &p.devices[0];
+        let f0 = p.mem.alloc_zeroed_frames(0).unwrap();
+        let f1 = p.mem.alloc_zeroed_frames(0).unwrap();
+        let f2 = p.mem.alloc_zeroed_frames(0).unwrap();
+        let sg = [
+            SgEntry {
+                phys: f0,
+                len: 4096,
+            },
+            SgEntry { phys: f1, len: 100 },
+            SgEntry {
+                phys: f2 + 0x80,
+                len: 100,
+            },
+        ];
+        let mut out = [0u64; 3];
+        let m = cpu
+            .map_sg(dev, &sg, DmaDirection::FromDevice, &mut out)
+            .unwrap();
+        let wrong = |r: Result<(), DmaError>| matches!(r, Err(DmaError::WrongLength { .. }));
+        let unmapped = |r: Result<(), DmaError>| matches!(r, Err(DmaError::NotMapped { .. }));
+        // Inside an entry: accepted.
+        assert_eq!(cpu.sync_for_cpu(out[1], 100), Ok(()), "{policy}");
+        assert_eq!(cpu.sync_for_cpu(out[0] + 10, 4086), Ok(()), "{policy}");
+        assert_eq!(cpu.sync_for_cpu(out[2] + 99, 1), Ok(()), "{policy}");
+        // Past an entry's end, across two entries: WrongLength.
+        assert!(wrong(cpu.sync_for_cpu(out[1], 200)), "{policy}");
+        assert!(wrong(cpu.sync_for_cpu(out[0], 4196)), "{policy}");
+        assert!(wrong(cpu.sync_for_cpu(out[2], 101)), "{policy}");
+        // In the gap after an entry, or before an entry's first byte:
+        // NotMapped.
+        assert!(unmapped(cpu.sync_for_cpu(out[1] + 100, 1)), "{policy}");
+        assert!(unmapped(cpu.sync_for_cpu(out[2] - 1, 1)), "{policy}");
+        // A coherent buffer of 100 bytes (its page is mapped whole).
+        // Pass-through keeps no record of one: every sync of it is
+        // `NotMapped` there (coherent memory needs no sync).
+        let (ph, cd) = cpu.alloc_coherent(dev, 100).unwrap();
+        if policy.is_translated() {
+            assert_eq!(cpu.sync_for_cpu(cd, 100), Ok(()), "{policy}");
+            assert!(wrong(cpu.sync_for_cpu(cd + 50, 100)), "{policy}");
+        }
+        assert!(unmapped(cpu.sync_for_cpu(cd + 100, 1000)), "{policy}");
+        cpu.unmap_sg(dev, &m, &sg, &out, DmaDirection::FromDevice)
+            .unwrap();
+        cpu.free_coherent(dev, ph, cd, 100).unwrap();
+    }
+}
+
 #[test]
 fn a_sync_of_an_address_never_mapped_is_refused() {
     for policy in DmaPolicy::ALL {

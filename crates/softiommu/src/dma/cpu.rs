@@ -658,15 +658,27 @@ impl Work {
         // Only `unmap_sg` may retire this block (a streaming unmap naming
         // it is refused).
         let pfn = self.alloc_iova_as(slot, dev, pages, BlockKind::ScatterList)?;
-        // The list's device and direction on its block, as a streaming
-        // mapping's: `unmap_sg` checks them against the block itself, not
-        // only against the caller's (copyable, replayable) `SgMapping`.
-        if let Err(e) = self
-            .cache
-            .set_tag(pfn, SG_TAG | owner_tag(dev.owner, dir_bits(dir)))
-        {
-            self.free_fresh(pfn, pages, BlockKind::ScatterList)?;
-            return Err(e.into());
+        // Every page's tag (see `sg_page_tag`): where entries start and
+        // end, for a sync; on the block's first page also the list's
+        // device and direction, as a streaming mapping's, which `unmap_sg`
+        // checks against the block itself, not only against the caller's
+        // (copyable, replayable) `SgMapping`. Written before anything is
+        // mapped: a failure here changes nothing.
+        let owner = owner_tag(dev.owner, dir_bits(dir));
+        let mut p = pfn;
+        for e in sg {
+            let n = pages_of(e.phys, e.len);
+            for i in 0..n {
+                let mut tag = sg_page_tag(e, i, n);
+                if p == pfn {
+                    tag = (tag & !(TAG_DIR | TAG_OWNER)) | owner;
+                }
+                if let Err(err) = self.cache.set_tag(p, tag) {
+                    self.free_fresh(pfn, pages, BlockKind::ScatterList)?;
+                    return Err(err.into());
+                }
+                p += 1;
+            }
         }
         let mut at = pfn << PAGE_SHIFT;
         for (e, o) in sg.iter().zip(out.iter_mut()) {
@@ -1075,9 +1087,10 @@ impl Work {
         // A scatter list's block: its device and direction (a stale
         // `SgMapping` replayed over another device's list, or another
         // direction's, at the same IOVA).
-        if kind == BlockKind::ScatterList && tag != SG_TAG | owner {
+        let sg_owner = tag & (SG_TAG | TAG_DIR | TAG_OWNER);
+        if kind == BlockKind::ScatterList && sg_owner != SG_TAG | owner {
             let _ = d.iova.unretire_block(pfn, pages, kind);
-            return Err(tag_mismatch(tag, SG_TAG | owner, addr, len, dev.sid));
+            return Err(tag_mismatch(sg_owner, SG_TAG | owner, addr, len, dev.sid));
         }
         if let Err(e) = self.unmap_checks(slot, iova, pages, deferred) {
             // Nothing was changed: the block is the caller's again.
@@ -1364,7 +1377,10 @@ impl Work {
     }
 
     /// [`translated_covers`](Self::translated_covers) for an address no
-    /// streaming block holds.
+    /// streaming block holds: a coherent buffer's (checked against its
+    /// record's exact length) or a scatter list's (checked against its
+    /// entries, from its page tags: the range must lie in one entry, from
+    /// its first byte to its end).
     #[cold]
     fn other_block_covers(
         &self,
@@ -1379,13 +1395,51 @@ impl Work {
             .find(first)
             .filter(|b| b.state == crate::iova::BlockState::Live)
             .ok_or(DmaError::NotMapped { addr })?;
-        if d.table.iova_to_phys(first << PAGE_SHIFT)?.is_none() {
+        let mapped = |p: u64| -> Result<bool, DmaError> {
+            Ok(p - b.pfn < b.pages && d.table.iova_to_phys(p << PAGE_SHIFT)?.is_some())
+        };
+        if !mapped(first)? {
             return Err(DmaError::NotMapped { addr });
         }
         for p in first + 1..=last {
-            if p - b.pfn >= b.pages || d.table.iova_to_phys(p << PAGE_SHIFT)?.is_none() {
+            if !mapped(p)? {
                 return Err(DmaError::WrongLength { addr, len });
             }
+        }
+        let end = addr + len;
+        let coherent = lock(&d.coherent)
+            .values()
+            .find(|r| r.dma >> PAGE_SHIFT == b.pfn)
+            .map(|r| (r.dma, r.len));
+        if let Some((dma, bytes)) = coherent {
+            // `addr` lies in the block, which starts at `dma`.
+            return if addr - dma >= bytes {
+                Err(DmaError::NotMapped { addr })
+            } else if end - dma > bytes {
+                Err(DmaError::WrongLength { addr, len })
+            } else {
+                Ok(())
+            };
+        }
+        // A scatter list: every page of the list carries its tag.
+        let is_first = |p: u64| p == b.pfn || d.iova.tag(p) & SG_FIRST != 0;
+        let is_last = |p: u64| -> Result<bool, DmaError> { Ok(!mapped(p + 1)? || is_first(p + 1)) };
+        let end_off = |p: u64| match (d.iova.tag(p) >> 12) & TAG_OFFSET {
+            0 => PAGE_SIZE,
+            o => u64::from(o),
+        };
+        let off = addr & (PAGE_SIZE - 1);
+        if is_first(first) && off < u64::from(d.iova.tag(first) & TAG_OFFSET) {
+            return Err(DmaError::NotMapped { addr });
+        }
+        if is_last(first)? && off >= end_off(first) {
+            return Err(DmaError::NotMapped { addr });
+        }
+        if (first + 1..=last).any(is_first) {
+            return Err(DmaError::WrongLength { addr, len });
+        }
+        if is_last(last)? && end - (last << PAGE_SHIFT) > end_off(last) {
+            return Err(DmaError::WrongLength { addr, len });
         }
         Ok(())
     }
@@ -1557,6 +1611,26 @@ fn span_tag(addr: u64, len: u64) -> u32 {
 /// The bits of a [`span_tag`] that hold the start's offset in its page.
 const TAG_OFFSET: u32 = 0xfff;
 
-/// The tag of a scatter list's block, with its owner bits: non-zero, no
-/// offsets (a list's entries keep their own).
+/// The bit every page tag of a scatter list's block has (its first
+/// page's tag also holds the list's owner bits).
 const SG_TAG: u32 = 1 << 31;
+
+/// In a scatter list's page tag (not the block's first page, which is
+/// always an entry's first): the page is its entry's first.
+const SG_FIRST: u32 = 1 << 24;
+
+/// The tag of page `i` of the `n` pages of scatter-list entry `e`:
+/// [`SG_TAG`], [`SG_FIRST`] on its first page, the offset of the entry's
+/// first byte on its first page (bits 0..12) and of its end on its last
+/// page (bits 12..24; 0: the page's end). A sync reads them to stay
+/// inside one entry.
+fn sg_page_tag(e: &SgEntry, i: u64, n: u64) -> u32 {
+    let mut tag = SG_TAG;
+    if i == 0 {
+        tag |= SG_FIRST | (e.phys & (PAGE_SIZE - 1)) as u32;
+    }
+    if i + 1 == n {
+        tag |= (((e.phys + e.len) & (PAGE_SIZE - 1)) as u32) << 12;
+    }
+    tag
+}
