@@ -350,28 +350,31 @@ impl DmaCpu {
             });
         }
         if m.pages == 0 {
-            // Bounced entries: checked and taken all at once (an entry
-            // unmapped meanwhile on its own refuses the whole call, every
-            // other entry left mapped). In pass-through no slot is live.
-            let (slot, w) = (&*self.slot, &mut self.w);
-            let op = w.domain.gate.enter(&slot.active);
-            let first = dma.first().copied().unwrap_or(m.dma);
-            if w.domain.policy() != DmaPolicy::Passthrough && w.domain.bounce.find(first).is_some()
-            {
-                w.bounce_unmap_sg(slot, dev.sid, sg, dma, dir)?;
-                for _ in sg {
-                    slot.stats.unmap();
-                }
-                return Ok(());
-            }
-            drop(op);
-            // One mapping per entry: each must still be live as mapped
+            // One mapping per entry (a list mapped while the policy
+            // switched between bounce and a translating one mixes bounced
+            // and translated entries): each must still be live as mapped
             // (not unmapped on its own meanwhile) before the first goes.
             for (e, &a) in sg.iter().zip(dma) {
                 self.w.check_entry_live(&self.slot, dev, a, e.len, dir)?;
             }
+            // The bounced entries: checked again and taken all at once (an
+            // entry unmapped meanwhile on its own refuses the whole call,
+            // every entry left mapped). In pass-through no slot is live.
+            let (slot, w) = (&*self.slot, &mut self.w);
+            let op = w.domain.gate.enter(&slot.active);
+            if w.domain.policy() != DmaPolicy::Passthrough {
+                let n = w.bounce_unmap_sg(slot, dev.sid, sg, dma, dir)?;
+                for _ in 0..n {
+                    slot.stats.unmap();
+                }
+            }
+            drop(op);
             for (e, &a) in sg.iter().zip(dma) {
-                self.unmap(dev, a, e.len, dir)?;
+                if self.w.domain.policy() == DmaPolicy::Passthrough
+                    || self.w.domain.bounce.find(a).is_none()
+                {
+                    self.unmap(dev, a, e.len, dir)?;
+                }
             }
             return Ok(());
         }
@@ -963,10 +966,11 @@ impl Work {
         self.bounce_release(cpu, &rec)
     }
 
-    /// Unmaps the bounce slots of a scatter list, all or none: every
-    /// entry's record is checked, then all are taken, under one hold of
-    /// the records' lock (an entry unmapped meanwhile on its own refuses
-    /// the whole call, with every entry still mapped).
+    /// Unmaps the bounced entries of a scatter list (those whose address
+    /// lies in a pool), all or none: every such entry's record is
+    /// checked, then all are taken, under one hold of the records' lock
+    /// (an entry unmapped meanwhile on its own refuses the whole call,
+    /// with every entry still mapped). Returns how many were unmapped.
     fn bounce_unmap_sg(
         &mut self,
         cpu: &CpuSlot,
@@ -974,30 +978,36 @@ impl Work {
         sg: &[SgEntry],
         dma: &[u64],
         dir: DmaDirection,
-    ) -> Result<(), DmaError> {
-        self.domain.check_callers()?;
+    ) -> Result<usize, DmaError> {
+        let d = &*self.domain;
+        let bounced = |a: &u64| d.bounce.find(*a).is_some();
+        if !dma.iter().take(sg.len()).any(bounced) {
+            return Ok(0);
+        }
+        d.check_callers()?;
         let recs: Vec<BounceRecord> = {
-            let mut map = lock(&self.domain.bounce_map);
-            for (e, &a) in sg.iter().zip(dma) {
-                match map.get(&a) {
-                    Some(rec) => check_bounce_owner(rec, a, e.len, sid, dir)?,
-                    None => return Err(DmaError::NotMapped { addr: a }),
+            let mut map = lock(&d.bounce_map);
+            for (e, a) in sg.iter().zip(dma).filter(|(_, a)| bounced(a)) {
+                match map.get(a) {
+                    Some(rec) => check_bounce_owner(rec, *a, e.len, sid, dir)?,
+                    None => return Err(DmaError::NotMapped { addr: *a }),
                 }
             }
             dma.iter()
                 .take(sg.len())
+                .filter(|a| bounced(a))
                 .filter_map(|a| map.remove(a))
                 .collect()
         };
-        let mut first_err = Ok(());
+        let mut result = Ok(recs.len());
         for rec in &recs {
             if let Err(e) = self.bounce_release(cpu, rec) {
-                if first_err.is_ok() {
-                    first_err = Err(e);
+                if result.is_ok() {
+                    result = Err(e);
                 }
             }
         }
-        first_err
+        result
     }
 
     /// Releases a bounce mapping whose record was taken: its pages
