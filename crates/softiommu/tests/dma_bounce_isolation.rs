@@ -374,3 +374,57 @@ fn a_bounced_unmap_sg_racing_an_entrys_unmap_is_all_or_nothing() {
     assert_eq!(half, 0, "refused unmap_sg calls that unmapped entry 0");
     assert_eq!(p.domain.stats().live(), 0);
 }
+
+/// Devices of one domain share its IOVAs (as in Linux, where an untrusted
+/// device gets a group, and so a domain, of its own): a device never
+/// reaches a live slot of a device in another domain, at the slot's own
+/// address or anywhere else, and the bytes it reaches in its own domain
+/// are its own mappings' (checked above). Each domain has its own pools.
+#[test]
+fn a_device_never_reaches_a_live_slot_of_another_domains_device() {
+    use softiommu::{DmaDomain, DmaDomainConfig};
+    let p = Platform::builder()
+        .memory(64 << 20)
+        .policy(DmaPolicy::Bounce)
+        .device_spec(DeviceSpec {
+            sid: NIC,
+            unit: 0,
+            mask: u64::MAX,
+            untrusted: true,
+        })
+        .build()
+        .unwrap();
+    let (unit, _) = p.system.units().next().unwrap();
+    p.system.assign(DISK, unit).unwrap();
+    let other = DmaDomain::new(
+        p.system.clone(),
+        DmaDomainConfig {
+            did: 2,
+            policy: DmaPolicy::Bounce,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let disk = other.attach(DISK, u64::MAX, true).unwrap();
+    let nic = &p.devices[0];
+    let mut nic_acc = DmaAccessor::for_device(nic).unwrap();
+    let (mut cpu_a, mut cpu_b) = (p.domain.cpu(), other.cpu());
+    let theirs = p.mem.alloc_zeroed_frames(0).unwrap();
+    p.mem.write(theirs, b"DISK-PRIVATE-DATA").unwrap();
+    let b = cpu_b.map(&disk, theirs, 17, D::Bidirectional).unwrap();
+    let mine = p.mem.alloc_zeroed_frames(0).unwrap();
+    // NIC's own live slot elsewhere (its domain's pools may sit at the
+    // same IOVAs as DISK's: its own slot must not be the one probed).
+    let a = cpu_a.map(nic, mine, 64, D::ToDevice).unwrap();
+    assert_ne!(a & !(PAGE_SIZE - 1), b & !(PAGE_SIZE - 1));
+    let mut got = [0u8; 17];
+    let r = nic_acc.read(b, &mut got, O);
+    assert!(not_present(&r), "{r:?}");
+    let r = nic_acc.write(b, b"forged", O);
+    assert!(not_present(&r), "{r:?}");
+    assert_eq!(got, [0; 17]);
+    cpu_b.unmap(&disk, b, 17, D::Bidirectional).unwrap();
+    p.mem.read(theirs, &mut got).unwrap();
+    assert_eq!(&got, b"DISK-PRIVATE-DATA");
+    cpu_a.unmap(nic, a, 64, D::ToDevice).unwrap();
+}
