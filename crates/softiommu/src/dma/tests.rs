@@ -128,8 +128,10 @@ fn a_batch_held_by_a_stalled_taker_is_still_dropped_from_the_iotlb_at_its_age() 
         reachable(&mut r, a),
         "inside its window the device may still reach it (from the IOTLB)"
     );
-    // Past the age (half the timeout) the timer runs, and blocks on the
-    // taker this thread holds; the drop must not wait for it.
+    // At 3/4 of the timeout the unmap's expiry deadline falls due, and a
+    // timeout after the unmap the timer runs and meets the taker this
+    // thread holds (never waiting for it); the drop must wait for
+    // neither the taker nor the flush.
     let t0 = std::time::Instant::now();
     while reachable(&mut r, a) {
         assert!(
