@@ -570,8 +570,8 @@ impl DmaDomain {
 
     /// The timer's round: retries failed flushes, then flushes every queue
     /// whose oldest entry has waited `age` at `now` (the timer passes 0:
-    /// every queue with anything), then polls the flushes in flight for
-    /// up to `drain_wait`. Returns the oldest entry still queued, if any
+    /// every queue with anything), then, if it issued a flush, polls the
+    /// flushes in flight for up to `drain_wait`. Returns the oldest entry still queued, if any
     /// (`now` while a flush is in flight or failed), and what the round
     /// found.
     pub(crate) fn flush_round(
@@ -595,6 +595,8 @@ impl DmaDomain {
         }
         let mut cache_guard = lock(&self.timer_cache);
         let mut oldest: Option<Instant> = None;
+        // Whether this round issued a flush of its own.
+        let mut issued = false;
         if let Some(cache) = cache_guard.as_mut() {
             if self.retry_pending(cache, &self.completed_stats).is_err() {
                 oldest = Some(now);
@@ -615,7 +617,7 @@ impl DmaDomain {
                 if let Some(mut taker) = slot.fq.try_taker() {
                     if let Some(batch) = taker.take_if_older(now, age) {
                         // A failed issue keeps its batch for the next round.
-                        let _ = self.issue_flush(batch);
+                        issued |= self.issue_flush(batch).is_ok();
                     }
                 }
             }
@@ -624,22 +626,26 @@ impl DmaDomain {
             }
         }
         // The flushes issued, by this round or by the owners, whose waits
-        // have completed are freed. The round polls them for up to
-        // `drain_wait` (a drain stalls while a device thread is inside a
-        // translation section that began before the invalidation: usually
-        // microseconds), so that a flush completes when its drain does,
-        // not at the next pass someone happens to run; it never waits
-        // longer for a device (a section held open by a thread the host
-        // has descheduled): the rest are polled again by the owners' next
-        // unmaps and by the next round, which the `in_flight` check below
-        // makes due. A batch that cannot be revoked is kept for the next
-        // round.
+        // have completed are freed. A round that issued a flush polls for
+        // up to `drain_wait` (a drain stalls while a device thread is
+        // inside a translation section that began before the
+        // invalidation: usually microseconds), so that its flush completes
+        // when its drain does, not at the next pass someone happens to
+        // run; it never waits longer for a device (a section held open by
+        // a thread the host has descheduled): the rest are polled again by
+        // the owners' next unmaps and by the next round, which the
+        // `in_flight` check below keeps armed. A batch that cannot be
+        // revoked is kept for the next round.
         if let Some(cache) = cache_guard.as_mut() {
             let start = Instant::now();
             let mut backoff = crate::sync::Backoff::default();
             loop {
                 let _ = self.complete_flushes(cache, &self.completed_stats, false);
-                if self.in_flight.len() == 0 || start.elapsed() >= drain_wait {
+                // Only a round that issued a flush waits for it: the
+                // owners' own flights are polled by their next unmaps (at
+                // full speed some are always in flight, and waiting for
+                // them every round would burn the wait every period).
+                if !issued || self.in_flight.len() == 0 || start.elapsed() >= drain_wait {
                     break;
                 }
                 backoff.snooze();
