@@ -7,6 +7,7 @@
 //! different order than allocations. Sizes and slots are drawn before the
 //! clock starts. Every figure is measured; nothing is modelled.
 
+use std::num::NonZeroU64;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
@@ -243,8 +244,13 @@ fn thread_loop_batch(
     go: &Barrier,
 ) -> LoopResult {
     let (sizes, slots) = sequences(seed, live);
-    let mut held: Vec<Option<(u64, u64)>> =
-        (0..live).map(|i| a.alloc_block(sizes[i % SEQ])).collect();
+    // Handles packed as the per-pair loop's (`pfn << 12 | pages`), so
+    // that the slots the loop reads at random take the same 8 bytes each.
+    let pack = |(pfn, pages): (u64, u64)| NonZeroU64::new(pfn << 12 | pages);
+    let unpack = |h: NonZeroU64| (h.get() >> 12, h.get() & 0xfff);
+    let mut held: Vec<Option<NonZeroU64>> = (0..live)
+        .map(|i| a.alloc_block(sizes[i % SEQ]).and_then(pack))
+        .collect();
     let mut frees: Vec<(u64, u64)> = Vec::with_capacity(BATCH);
     let mut news: Vec<(u64, u64)> = Vec::with_capacity(BATCH);
     let mut at = [0usize; BATCH];
@@ -261,7 +267,7 @@ fn thread_loop_batch(
                 // A slot drawn twice in one batch is freed and refilled once.
                 if let Some(h) = held[s].take() {
                     at[frees.len()] = s;
-                    frees.push(h);
+                    frees.push(unpack(h));
                     news.push((0, sizes[(i + live) & (SEQ - 1)]));
                 }
                 i += 1;
@@ -269,7 +275,7 @@ fn thread_loop_batch(
             a.free_all(&frees);
             a.alloc_all(&mut news);
             for (&s, &b) in at.iter().zip(&news) {
-                held[s] = Some(b);
+                held[s] = pack(b);
             }
             pairs += frees.len() as u64;
         }
@@ -279,7 +285,7 @@ fn thread_loop_batch(
     }
     let took = start.elapsed();
     let cpu = softiommu::cpu_clock::thread().saturating_sub(cpu_start);
-    let rest: Vec<(u64, u64)> = held.into_iter().flatten().collect();
+    let rest: Vec<(u64, u64)> = held.into_iter().flatten().map(unpack).collect();
     a.free_all(&rest);
     (pairs, took, cpu)
 }
