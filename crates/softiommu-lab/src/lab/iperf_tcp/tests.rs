@@ -258,4 +258,17 @@ fn a_co_runner_on_one_run_of_a_round_does_not_move_seed_003s_figure() {
         seed.verdict,
         "a non-coherent walk costs more driver CPU per GB than a coherent one, beyond the spread; flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread"
     );
+    // The old lab's rounds, the disturbed run being round 2's only one:
+    // the direction gets no verdict.
+    let rep = seed_report(&[
+        (Walk::Coherent, "deferred", &[1.80, 1.81, 1.80]),
+        (Walk::NonCoherent, "deferred", &[2.45, 1.20, 2.48]),
+    ]);
+    let seed = summarise(&[rep]).remove(3);
+    assert!(
+        seed.verdict
+            .starts_with("a non-coherent walk's extra driver CPU per GB is within the spread"),
+        "{}",
+        seed.verdict
+    );
 }
