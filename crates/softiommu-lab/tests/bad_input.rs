@@ -458,7 +458,7 @@ fn bad_scenarios_and_overrides_are_refused_naming_the_field_file_and_line() {
     );
     refused(
         &["lab", "litmus-ordering", "--set", "runz=5"],
-        "--set runz=5: unknown field `runz`, expected `runs` or `quick`",
+        "--set runz=5: unknown field `runz`, expected one of `runs`, `max_seconds`, `quick`",
     );
     refused(
         &["lab", "litmus-ordering", "--set", "runs=0"],
