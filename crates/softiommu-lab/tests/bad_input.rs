@@ -332,7 +332,7 @@ fn sizes_and_counts_out_of_range_are_refused() {
 fn unknown_names_in_lists_are_refused_with_the_valid_ones() {
     refused(
         &["bench", "iova", "--impls", "offset-allocator,nope"],
-        "[possible values: softiommu, harness, linux-2016, offset-allocator, range-alloc, vm-allocator]",
+        "[possible values: softiommu, harness, softiommu-batch16, linux-2016, offset-allocator, range-alloc, vm-allocator]",
     );
     refused(
         &["lab", "iopf", "--placement", "nowhere"],
@@ -458,7 +458,7 @@ fn bad_scenarios_and_overrides_are_refused_naming_the_field_file_and_line() {
     );
     refused(
         &["lab", "litmus-ordering", "--set", "runz=5"],
-        "--set runz=5: unknown field `runz`, expected `runs` or `quick`",
+        "--set runz=5: unknown field `runz`, expected one of `runs`, `max_seconds`, `quick`",
     );
     refused(
         &["lab", "litmus-ordering", "--set", "runs=0"],

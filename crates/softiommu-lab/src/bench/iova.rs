@@ -7,6 +7,7 @@
 //! different order than allocations. Sizes and slots are drawn before the
 //! clock starts. Every figure is measured; nothing is modelled.
 
+use std::num::NonZeroU64;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,6 +71,12 @@ pub enum Impl {
     Softiommu,
     /// The loop alone, no allocator.
     Harness,
+    /// Ours through its batch calls (`free_all`, `alloc_all`), 16 pairs a
+    /// call: a different measurement from a single pair (see
+    /// `ImplResult::pairs_per_call`).
+    #[value(name = "softiommu-batch16")]
+    #[serde(rename = "softiommu-batch16")]
+    SoftiommuBatch16,
     /// Our Linux 2016 baseline.
     #[value(name = "linux-2016")]
     #[serde(rename = "linux-2016")]
@@ -88,6 +95,7 @@ impl Impl {
         match self {
             Impl::Softiommu => "softiommu",
             Impl::Harness => "harness",
+            Impl::SoftiommuBatch16 => "softiommu-batch16",
             Impl::Linux2016 => "linux-2016",
             Impl::OffsetAllocator => "offset-allocator",
             Impl::RangeAlloc => "range-alloc",
@@ -114,6 +122,11 @@ pub struct ImplResult {
     /// `ns_per_pair` over the rounds (min, median, max); `null` with one
     /// round.
     pub ns_per_pair_spread: Option<Spread>,
+    /// Alloc+free pairs per call into the allocator: 1 for every row but a
+    /// batch row (`softiommu-batch16`: 16 frees in one `free_all`, then 16
+    /// allocs in one `alloc_all`), whose per-pair figure is a batch's cost
+    /// divided by its pairs, not the cost of one pair on its own.
+    pub pairs_per_call: usize,
 }
 
 /// The JSON object `bench iova --json` prints.
@@ -162,16 +175,34 @@ pub struct Scaling {
 
 const SEQ: usize = 1 << 16;
 
+/// Pairs per call of the batch row.
+const BATCH: usize = 16;
+
+/// A thread's pre-drawn sizes and slots, as arrays of `SEQ` entries so
+/// that the loop's masked indices need no bounds check (the harness's own
+/// instructions, the same for every row).
+#[allow(clippy::type_complexity)]
+fn sequences(seed: u64, live: usize) -> (Box<[u64; SEQ]>, Box<[u32; SEQ]>) {
+    let sizes = DMA_MIX.sequence(seed, SEQ);
+    let mut rng = Rng::new(seed ^ 0xabcdef);
+    let slots: Vec<u32> = (0..SEQ).map(|_| rng.below(live as u64) as u32).collect();
+    (
+        sizes.into_boxed_slice().try_into().expect("SEQ sizes"),
+        slots.into_boxed_slice().try_into().expect("SEQ slots"),
+    )
+}
+
+/// What one thread's loop returns: pairs, wall time, CPU time.
+type LoopResult = (u64, Duration, Duration);
+
 fn thread_loop<A: PairAlloc>(
     mut a: A,
     seed: u64,
     live: usize,
     budget: Duration,
     go: &Barrier,
-) -> (u64, Duration, Duration) {
-    let sizes = DMA_MIX.sequence(seed, SEQ);
-    let mut rng = Rng::new(seed ^ 0xabcdef);
-    let slots: Vec<u32> = (0..SEQ).map(|_| rng.below(live as u64) as u32).collect();
+) -> LoopResult {
+    let (sizes, slots) = sequences(seed, live);
     let mut held: Vec<Option<A::Handle>> = (0..live).map(|i| a.alloc(sizes[i % SEQ])).collect();
     go.wait();
     // Everything the loop reads was built by this thread (no line shared
@@ -202,11 +233,79 @@ fn thread_loop<A: PairAlloc>(
     (pairs, took, cpu)
 }
 
+/// [`thread_loop`] in batches: each step takes the handles of `BATCH`
+/// random slots (the same slot and size sequences), frees them in one
+/// `free_all` and allocates as many new sizes in one `alloc_all`.
+fn thread_loop_batch(
+    mut a: Iova,
+    seed: u64,
+    live: usize,
+    budget: Duration,
+    go: &Barrier,
+) -> LoopResult {
+    let (sizes, slots) = sequences(seed, live);
+    // Handles packed as the per-pair loop's (`pfn << 12 | pages`), so
+    // that the slots the loop reads at random take the same 8 bytes each.
+    let pack = |(pfn, pages): (u64, u64)| NonZeroU64::new(pfn << 12 | pages);
+    let unpack = |h: NonZeroU64| (h.get() >> 12, h.get() & 0xfff);
+    let mut held: Vec<Option<NonZeroU64>> = (0..live)
+        .map(|i| a.alloc_block(sizes[i % SEQ]).and_then(pack))
+        .collect();
+    let mut frees: Vec<(u64, u64)> = Vec::with_capacity(BATCH);
+    let mut news: Vec<(u64, u64)> = Vec::with_capacity(BATCH);
+    let mut at = [0usize; BATCH];
+    go.wait();
+    let cpu_start = softiommu::cpu_clock::thread();
+    let start = Instant::now();
+    let (mut i, mut pairs) = (0usize, 0u64);
+    loop {
+        for _ in 0..1024 / BATCH {
+            frees.clear();
+            news.clear();
+            for _ in 0..BATCH {
+                let s = slots[i & (SEQ - 1)] as usize;
+                // A slot drawn twice in one batch is freed and refilled once.
+                if let Some(h) = held[s].take() {
+                    at[frees.len()] = s;
+                    frees.push(unpack(h));
+                    news.push((0, sizes[(i + live) & (SEQ - 1)]));
+                }
+                i += 1;
+            }
+            a.free_all(&frees);
+            a.alloc_all(&mut news);
+            for (&s, &b) in at.iter().zip(&news) {
+                held[s] = pack(b);
+            }
+            pairs += frees.len() as u64;
+        }
+        if start.elapsed() >= budget {
+            break;
+        }
+    }
+    let took = start.elapsed();
+    let cpu = softiommu::cpu_clock::thread().saturating_sub(cpu_start);
+    let rest: Vec<(u64, u64)> = held.into_iter().flatten().map(unpack).collect();
+    a.free_all(&rest);
+    (pairs, took, cpu)
+}
+
 fn measure<A: PairAlloc + 'static>(
     name: &str,
     allocs: Vec<A>,
     live: usize,
     budget: Duration,
+) -> ImplResult {
+    measure_with(name, allocs, live, budget, 1, thread_loop::<A>)
+}
+
+fn measure_with<A: Send + 'static>(
+    name: &str,
+    allocs: Vec<A>,
+    live: usize,
+    budget: Duration,
+    pairs_per_call: usize,
+    lp: fn(A, u64, usize, Duration, &Barrier) -> LoopResult,
 ) -> ImplResult {
     let go = Arc::new(Barrier::new(allocs.len()));
     let handles: Vec<_> = allocs
@@ -214,15 +313,15 @@ fn measure<A: PairAlloc + 'static>(
         .enumerate()
         .map(|(t, a)| {
             let go = go.clone();
-            std::thread::spawn(move || thread_loop(a, 0x5eed + t as u64, live, budget, &go))
+            std::thread::spawn(move || lp(a, 0x5eed + t as u64, live, budget, &go))
         })
         .collect();
-    let res: Vec<(u64, Duration, Duration)> = handles
+    let res: Vec<LoopResult> = handles
         .into_iter()
         .map(|h| h.join().expect("bench thread"))
         .collect();
     let pairs: u64 = res.iter().map(|r| r.0).sum();
-    let per_pair = |d: &dyn Fn(&(u64, Duration, Duration)) -> Duration| {
+    let per_pair = |d: &dyn Fn(&LoopResult) -> Duration| {
         res.iter()
             .map(|r| d(r).as_nanos() as f64 / r.0 as f64)
             .sum::<f64>()
@@ -234,6 +333,7 @@ fn measure<A: PairAlloc + 'static>(
         cpu_ns_per_pair: per_pair(&|r| r.2),
         pairs,
         ns_per_pair_spread: None,
+        pairs_per_call,
     }
 }
 
@@ -312,6 +412,21 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
                 Box::new(move |b| measure("harness@1", vec![Harness::default()], live, b)),
             ));
         }
+    }
+    if want("softiommu-batch16") {
+        runners.push((
+            "softiommu-batch16",
+            Box::new(move |b| {
+                measure_with(
+                    "softiommu-batch16",
+                    Iova::per_thread(IovaPolicy::Softiommu, threads),
+                    live,
+                    b,
+                    BATCH,
+                    thread_loop_batch,
+                )
+            }),
+        ));
     }
     if want("linux-2016") {
         runners.push((

@@ -8,8 +8,9 @@
 //! as Linux's VT-d driver flushes a lazy flush queue with one
 //! domain-selective invalidation (`intel_flush_iotlb_all`). The unit's
 //! page-selective invalidation visits every way of the set of every page
-//! of its block (a block of 2^am pages costs 4 * 2^am entry locks on the
-//! default 4-way IOTLB, the whole IOTLB past 1,024 pages), while a
+//! of its block (a block of 2^am pages costs 8 * 2^am entry locks on the
+//! default 8-way IOTLB, more once a large leaf was cached, the whole
+//! IOTLB past 512 pages), while a
 //! domain-selective one is a generation bump whose price is a walk for
 //! each of the domain's translations still in use: scattered ranges of
 //! one round (one read's header, data and status IOVAs, from different

@@ -37,7 +37,7 @@ use super::side::{
     MEASURE, STOP,
 };
 use super::WorkloadError;
-use crate::host::{pair, Host, HostError};
+use crate::host::{pair, Host, HostError, HostPair};
 use crate::net::{LaneStats, WireConfig};
 
 /// How to run a UDP stream.
@@ -163,8 +163,19 @@ pub struct UdpStreamResult {
     /// Ethernet frames per datagram (more than 1 when fragmented).
     pub frames_per_packet: f64,
     /// The longest an unmapped buffer stayed reachable through a stale
-    /// IOTLB entry in the window (deferred; the worse host), milliseconds.
+    /// IOTLB entry in the window (deferred; the worse host), milliseconds:
+    /// from its unmap to the earlier of its flush's completion and its
+    /// expiry deadline (three quarters of the flush timeout after it, past
+    /// which every translator drops the domain's cached translations).
     pub stale_window_ms_max: f64,
+    /// The longest from an unmap to its flush's completion in the window
+    /// (deferred; the worse host), milliseconds, whatever the deadline
+    /// did: the end of the window for a translation a device thread held
+    /// inside an open section.
+    pub stale_completion_ms_max: f64,
+    /// Both domains' flush timer threads' wake-ups per second of the
+    /// window.
+    pub timer_wakeups_per_s: f64,
     /// Deferred flushes in the window, both hosts.
     pub flushes: u64,
     /// The rate offered (paced), datagrams per second; `None` at full
@@ -252,6 +263,7 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
                 std::thread::sleep(cfg.warmup);
                 let dev0 = (hosts.a.device.cpu_time(), hosts.b.device.cpu_time());
                 let timer0 = timers(&hosts);
+                let wakeups0 = wakeups(&hosts);
                 let w0 = hosts.wire.a_to_b();
                 hosts.a.domain.reset_stale_window();
                 hosts.b.domain.reset_stale_window();
@@ -263,6 +275,7 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
                 let wall = t0.elapsed();
                 let dev1 = (hosts.a.device.cpu_time(), hosts.b.device.cpu_time());
                 let timer1 = timers(&hosts);
+                let wakeups1 = wakeups(&hosts);
                 let w1 = hosts.wire.a_to_b();
                 let deferred = Deferred {
                     stale_max: hosts
@@ -271,6 +284,13 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
                         .stale_window()
                         .max
                         .max(hosts.b.domain.stale_window().max),
+                    completion_max: hosts
+                        .a
+                        .domain
+                        .stale_window()
+                        .completion_max
+                        .max(hosts.b.domain.stale_window().completion_max),
+                    wakeups: wakeups1.saturating_sub(wakeups0),
                     flushes: flushes().saturating_sub(f0),
                     timer_cpu: timer1.0.saturating_sub(timer0.0),
                     timer_unit: timer1.1.saturating_sub(timer0.1),
@@ -328,6 +348,8 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
             (wire.sent + wire.dropped) as f64 / a.count as f64
         },
         stale_window_ms_max: deferred.stale_max.as_secs_f64() * 1e3,
+        stale_completion_ms_max: deferred.completion_max.as_secs_f64() * 1e3,
+        timer_wakeups_per_s: deferred.wakeups as f64 / secs,
         flushes: deferred.flushes,
         offered_pps: pace,
         service_demand_us_per_pkt: us_per(a.cpu + b.cpu + deferred.timer_cpu, b.count),
@@ -339,11 +361,19 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
 /// The deferred policy's figures over the window.
 struct Deferred {
     stale_max: Duration,
+    completion_max: Duration,
+    /// Both flush timers' wake-ups.
+    wakeups: u64,
     flushes: u64,
     /// Both flush timer threads' CPU, without their units' inline passes.
     timer_cpu: Duration,
     /// Those passes' CPU.
     timer_unit: Duration,
+}
+
+/// Both hosts' flush timers' wake-ups, ever.
+fn wakeups(hosts: &HostPair) -> u64 {
+    hosts.a.domain.timer_wakeups() + hosts.b.domain.timer_wakeups()
 }
 
 /// The paced run's totals, warm-up included: what the sender sent, and

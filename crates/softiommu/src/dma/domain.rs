@@ -295,6 +295,14 @@ impl DmaDomain {
         Duration::from_nanos(self.timer_pass_ns.load(Relaxed))
     }
 
+    /// How many times the domain's flush timer thread has woken (from a
+    /// nap between rounds, or from its sleep while nothing was queued),
+    /// ever: a figure of the timer's CPU that does not depend on the
+    /// kernel's clocks.
+    pub fn timer_wakeups(&self) -> u64 {
+        self.arm.wakeups()
+    }
+
     /// The domain id.
     pub fn did(&self) -> u16 {
         self.did
@@ -352,13 +360,15 @@ impl DmaDomain {
     }
 
     /// Sets the deferred policy's timeout ([`MIN_TIMEOUT`]..=[`MAX_TIMEOUT`]):
-    /// the bound on how long an unmapped buffer stays reachable. Queued
-    /// entries are flushed at half of it (by the timer thread, or by their
-    /// owner's next unmaps), the other half absorbing wake-up and
-    /// scheduling delay; on a machine with
-    /// more runnable threads than CPUs the window can run past it by the
-    /// scheduler's delay (`stale_window` reports the longest seen). Takes
-    /// effect at the timer's next round; a shorter timeout wakes it now.
+    /// the bound on how long an unmapped buffer stays reachable. Each
+    /// deferred unmap arms an expiry deadline three quarters of it later,
+    /// past which the devices' translators drop the domain's cached
+    /// translations themselves; queued entries are flushed at half of it
+    /// by their owner's next unmaps, and by the timer thread, which fires
+    /// once per timeout while anything is queued (as Linux's). The stale
+    /// window (`stale_window`) ends at the earlier of the flush's
+    /// completion and the deadline. Takes effect at the timer's next
+    /// round; a shorter timeout wakes it now.
     pub fn set_timeout(&self, timeout: Duration) -> Result<(), DmaError> {
         if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
             return Err(DmaError::InvalidTunable {
@@ -472,8 +482,9 @@ impl DmaDomain {
 
     /// The end of a flush whose `invalidations` completed at `done_at`:
     /// records the stale window (from the oldest entry's unmap to the
-    /// completion, not to this call, which may come a poll later) and the
-    /// flush, frees the IOVAs into `cache` and the table pages.
+    /// completion, not to this call, which may come a poll later, or to
+    /// the entry's expiry deadline if that came first; see `stale`) and
+    /// the flush, frees the IOVAs into `cache` and the table pages.
     pub(crate) fn free_flushed(
         &self,
         batch: Batch,
@@ -483,8 +494,12 @@ impl DmaDomain {
         stats: &CpuStats,
     ) -> Result<(), DmaError> {
         if let Some(t) = batch.oldest {
+            // Reachable until the completion or the oldest entry's expiry
+            // deadline (armed by its unmap no later than the period after
+            // it), whichever came first.
             self.stale.record(
                 done_at.saturating_duration_since(t),
+                self.expiry_period(),
                 batch.entries.len() as u64,
             );
         }
@@ -548,11 +563,29 @@ impl DmaDomain {
         Ok(())
     }
 
-    /// The timer's round: retries failed flushes, then flushes every queue
-    /// whose oldest entry has waited `age` at `now`; returns the oldest
-    /// entry still queued, if any.
+    /// A round as the timer's, with queues flushed only once their oldest
+    /// entry has waited `age` at `now` and no wait for the drains: retries
+    /// failed flushes, then flushes those queues; returns the oldest entry
+    /// still queued, if any (`now` while a flush is in flight or failed).
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn flush_expired(&self, now: Instant, age: Duration) -> Option<Instant> {
+        self.flush_round(now, age, Duration::ZERO).0
+    }
+
+    /// The timer's round: retries failed flushes, then flushes every queue
+    /// whose oldest entry has waited `age` at `now` (the timer passes 0:
+    /// every queue with anything), then, if it issued a flush, polls the
+    /// flushes in flight for up to `drain_wait`. Returns the oldest entry still queued, if any
+    /// (`now` while a flush is in flight or failed), and what the round
+    /// found.
+    pub(crate) fn flush_round(
+        &self,
+        now: Instant,
+        age: Duration,
+        drain_wait: Duration,
+    ) -> (Option<Instant>, timer::Round) {
         let cpus = lock(&self.cpus).clone();
+        let mut worked = self.pending.count.load(Relaxed) > 0 || self.in_flight.len() > 0;
         // A queue past its age has its domain's cached translations dropped
         // at once, lock-free: the flush below may wait for a queue's taker
         // or the unit's processing lock, held by a thread the host's
@@ -566,6 +599,8 @@ impl DmaDomain {
         }
         let mut cache_guard = lock(&self.timer_cache);
         let mut oldest: Option<Instant> = None;
+        // Whether this round issued a flush of its own.
+        let mut issued = false;
         if let Some(cache) = cache_guard.as_mut() {
             if self.retry_pending(cache, &self.completed_stats).is_err() {
                 oldest = Some(now);
@@ -582,10 +617,11 @@ impl DmaDomain {
             // mark (which never waits for a taker) skip a flush nobody
             // then does.
             if slot.fq.oldest().is_some_and(overdue) {
+                worked = true;
                 if let Some(mut taker) = slot.fq.try_taker() {
                     if let Some(batch) = taker.take_if_older(now, age) {
                         // A failed issue keeps its batch for the next round.
-                        let _ = self.issue_flush(batch);
+                        issued |= self.issue_flush(batch).is_ok();
                     }
                 }
             }
@@ -594,21 +630,37 @@ impl DmaDomain {
             }
         }
         // The flushes issued, by this round or by the owners, whose waits
-        // have completed are freed; the round does not wait for the rest
-        // (a drain stalled on a device's open section): they are polled
-        // again by the owners' next unmaps and by the next round, which
-        // the `in_flight` check below makes due. Waiting here polled a
-        // stalled drain every 50 µs, a wake-up each (on 2 cores the
-        // sending host's timer woke about 2,000 times a second); Linux's
-        // flush-queue timer fires at most once per 10 ms. A batch that
-        // cannot be revoked is kept for the next round.
+        // have completed are freed. A round that issued a flush polls for
+        // up to `drain_wait` (a drain stalls while a device thread is
+        // inside a translation section that began before the
+        // invalidation: usually microseconds), so that its flush completes
+        // when its drain does, not at the next pass someone happens to
+        // run; it never waits longer for a device (a section held open by
+        // a thread the host has descheduled): the rest are polled again by
+        // the owners' next unmaps and by the next round, which the
+        // `in_flight` check below keeps armed. A batch that cannot be
+        // revoked is kept for the next round.
         if let Some(cache) = cache_guard.as_mut() {
-            let _ = self.complete_flushes(cache, &self.completed_stats, false);
+            let start = Instant::now();
+            let mut backoff = crate::sync::Backoff::default();
+            loop {
+                let _ = self.complete_flushes(cache, &self.completed_stats, false);
+                // Only a round that issued a flush waits for it: the
+                // owners' own flights are polled by their next unmaps (at
+                // full speed some are always in flight, and waiting for
+                // them every round would burn the wait every period).
+                if !issued || self.in_flight.len() == 0 || start.elapsed() >= drain_wait {
+                    break;
+                }
+                backoff.snooze();
+            }
         }
-        if self.pending.count.load(Relaxed) > 0 || self.in_flight.len() > 0 {
+        let open = self.pending.count.load(Relaxed) > 0 || self.in_flight.len() > 0;
+        if open {
             oldest = Some(oldest.map_or(now, |o| o.min(now)));
         }
-        oldest
+        worked |= oldest.is_some();
+        (oldest, timer::Round { worked, open })
     }
 
     /// The units of `mask` (bits of the domain's unit list).
@@ -619,9 +671,12 @@ impl DmaDomain {
     }
 
     /// How far past an unmap its expiry deadline falls: three quarters of
-    /// the flush timeout, so that the timer (due at half) goes first and a
-    /// translator's own check still ends the stale window inside it.
-    fn expiry_period(&self) -> Duration {
+    /// the flush timeout. An owner that keeps unmapping flushes its queue
+    /// at half (`Tunables::flush_after`), before it; the timer fires once
+    /// per timeout (`Tunables::timer_period`), so an entry it flushes may
+    /// have passed it: the deadline, not the timer, ends the stale window
+    /// inside the timeout.
+    pub(crate) fn expiry_period(&self) -> Duration {
         self.tunables.timeout() * 3 / 4
     }
 
@@ -839,17 +894,21 @@ impl TimerWork for DmaDomain {
         &self.arm
     }
 
-    fn flush_after(&self) -> Duration {
-        self.tunables.flush_after()
+    fn timer_period(&self) -> Duration {
+        self.tunables.timer_period()
     }
 
-    fn flush_expired(&self, now: Instant, age: Duration) -> Option<Instant> {
-        let oldest = DmaDomain::flush_expired(self, now, age);
+    fn round(&self, now: Instant, drain_wait: Duration) -> timer::Round {
+        let (_, round) = self.flush_round(now, Duration::ZERO, drain_wait);
         // Once per round, read by the labs (`timer_inline_pass_cpu`).
         let ns = crate::hw::thread_inline_pass_cpu().as_nanos();
         self.timer_pass_ns
             .store(u64::try_from(ns).unwrap_or(u64::MAX), Relaxed);
-        oldest
+        round
+    }
+
+    fn retry_due(&self) -> bool {
+        self.pending.count.load(Relaxed) > 0
     }
 
     fn any_queued(&self) -> bool {

@@ -351,6 +351,8 @@ impl Taker<'_> {
 #[derive(Debug)]
 pub struct TimerArm {
     armed: AtomicBool,
+    /// Times the timer returned from a nap or a sleep (its wake-ups).
+    wakeups: AtomicU64,
     /// Tests only: the timer does nothing while set (a timer thread the
     /// scheduler keeps off its CPU).
     #[cfg(test)]
@@ -371,6 +373,7 @@ impl TimerArm {
     pub(crate) fn new(barrier: Barrier) -> Self {
         Self {
             armed: AtomicBool::new(false),
+            wakeups: AtomicU64::new(0),
             #[cfg(test)]
             paused: AtomicBool::new(false),
             barrier,
@@ -432,6 +435,12 @@ impl TimerArm {
         self.armed.store(true, Ordering::Relaxed);
     }
 
+    /// How many times the timer thread has woken (returned from a nap or a
+    /// sleep), ever.
+    pub fn wakeups(&self) -> u64 {
+        self.wakeups.load(Ordering::Relaxed)
+    }
+
     /// Wakes the timer whatever its state (shutdown, tunable change).
     pub fn kick(&self) {
         *lock(&self.wake) = true;
@@ -448,6 +457,7 @@ impl TimerArm {
             .wait_timeout_while(w, dur, |w| !*w)
             .unwrap_or_else(|e| e.into_inner());
         *w = false;
+        self.wakeups.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Under loom the timer thread never runs (the models drive the queue
@@ -470,6 +480,7 @@ impl TimerArm {
             }
         }
         *w = false;
+        self.wakeups.fetch_add(1, Ordering::Relaxed);
     }
 }
 

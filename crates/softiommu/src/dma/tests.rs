@@ -128,8 +128,10 @@ fn a_batch_held_by_a_stalled_taker_is_still_dropped_from_the_iotlb_at_its_age() 
         reachable(&mut r, a),
         "inside its window the device may still reach it (from the IOTLB)"
     );
-    // Past the age (half the timeout) the timer runs, and blocks on the
-    // taker this thread holds; the drop must not wait for it.
+    // At 3/4 of the timeout the unmap's expiry deadline falls due, and a
+    // timeout after the unmap the timer runs and meets the taker this
+    // thread holds (never waiting for it); the drop must wait for
+    // neither the taker nor the flush.
     let t0 = std::time::Instant::now();
     while reachable(&mut r, a) {
         assert!(
@@ -267,6 +269,93 @@ fn a_timer_round_does_not_wait_for_a_flush_stalled_on_an_open_section() {
     assert_eq!((st.flushes, st.flushed_entries, st.live()), (1, 2, 0));
 }
 
+/// A flush the timer issues while a device thread holds a translation
+/// section open stalls on its drain, and completes only once the section
+/// ends, well past the timeout here. The stale window still ends inside
+/// the timeout: at the unmap's expiry deadline (three quarters of it),
+/// past which no translator uses the domain's cached translations; the
+/// completion itself is reported beside it. (The window used to run to
+/// the completion, and read above the timeout.)
+#[test]
+fn a_drain_held_open_across_timer_rounds_keeps_the_stale_window_inside_the_timeout() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    let timeout = Duration::from_millis(20);
+    r.domain.set_timeout(timeout).unwrap();
+    let buf = r.mem.alloc_zeroed_frames(1).unwrap();
+    let addrs: Vec<u64> = (0..2)
+        .map(|i| {
+            r.cpu
+                .map(&r.dev, buf + i * 4096, 4096, DmaDirection::ToDevice)
+                .unwrap()
+        })
+        .collect();
+    let (device, release_tx) = hold_section(r.domain.system());
+    let t0 = std::time::Instant::now();
+    // Below the high-water mark: only the timer flushes them.
+    for &a in &addrs {
+        r.cpu
+            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+            .unwrap();
+    }
+    // Several periods: the timer's round issues the flush and leaves its
+    // stalled drain, and looks again, while the section stays open.
+    std::thread::sleep(4 * timeout);
+    assert_eq!(r.domain.stats().flushes, 0, "stalled on the open section");
+    assert_eq!(r.domain.in_flight.len(), 1, "issued by the timer");
+    release_tx.send(()).unwrap();
+    device.join().unwrap();
+    let held = t0.elapsed();
+    let t = std::time::Instant::now();
+    while r.domain.stats().flushes == 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(r.domain.stats().flushes, 1, "the timer completed it");
+    let w = r.domain.stale_window();
+    assert!(
+        w.max <= timeout * 3 / 4,
+        "the window ends at the expiry deadline, inside the timeout: {w:?}"
+    );
+    assert!(
+        w.completion_max >= held - Duration::from_millis(1),
+        "the completion came after the section ended ({held:?}): {w:?}"
+    );
+    assert!(w.mean <= w.max);
+}
+
+/// Under a steady stream of unmaps the timer fires once per timeout (as
+/// Linux's flush-queue timer does), not once per half-timeout after each
+/// queue's oldest entry: it used to wake about twice a period here.
+#[test]
+fn under_steady_unmaps_the_timer_wakes_about_once_per_timeout() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    let timeout = Duration::from_millis(10);
+    r.domain.set_timeout(timeout).unwrap();
+    let buf = r.mem.alloc_zeroed_frames(0).unwrap();
+    let w0 = r.domain.timer_wakeups();
+    let t0 = std::time::Instant::now();
+    let mut unmaps = 0u64;
+    while t0.elapsed() < Duration::from_millis(300) {
+        let a = r
+            .cpu
+            .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
+            .unwrap();
+        r.cpu
+            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+            .unwrap();
+        unmaps += 1;
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let woke = r.domain.timer_wakeups() - w0;
+    let periods = (t0.elapsed().as_secs_f64() / timeout.as_secs_f64()).ceil() as u64;
+    assert!(
+        woke <= periods + periods / 4 + 2,
+        "{woke} wake-ups in {periods} periods ({unmaps} unmaps)"
+    );
+    assert!(r.domain.stats().flushes > 0);
+    let w = r.domain.stale_window();
+    assert!(w.max <= timeout * 3 / 4, "{w:?}");
+}
+
 /// The device-side backstop: a deferred unmap arms its domain's expiry
 /// deadline in the unit before it returns, and a translator that finds it
 /// due drops the domain's cached translations itself, at its next hit,
@@ -377,8 +466,9 @@ fn the_high_water_mark_and_the_timer_flush() {
         1,
         "the fourth unmap reached the mark"
     );
-    // The timer: a short timeout flushes a lone entry by itself, once it
-    // has waited half the timeout.
+    // The timer: a short timeout flushes a lone entry by itself, a
+    // timeout after it woke the timer (the window reads the earlier
+    // expiry deadline, three quarters of it, or the completion).
     r.domain.set_timeout(Duration::from_millis(5)).unwrap();
     let a = r
         .cpu

@@ -298,6 +298,51 @@ fn a_drain_begun_by_one_pass_and_finished_by_another() {
     });
 }
 
+/// A 2 MiB leaf filled for the first time (no large leaf cached yet, so
+/// a page-selective invalidation that reads no `large` bit skips the large
+/// sets) races the unmap and page-selective invalidation of a 4 KiB page
+/// inside it: after the invalidation, no lookup finds the leaf. Fails if
+/// the invalidation reads `large` with a plain load, or the fill sets its
+/// bit only when a plain load finds it clear.
+#[test]
+fn loom_a_large_fill_racing_a_page_invalidation_is_caught() {
+    model("large fill vs page invalidation", || {
+        let t = Arc::new(Iotlb::new(IotlbConfig { sets: 1, ways: 1 }, 1));
+        let pte = Arc::new(AtomicU64::new(PHYS));
+        let dev = {
+            let (t, pte) = (t.clone(), pte.clone());
+            spawn(move || {
+                let gen = t.gen(DID);
+                let ticket = t.ticket(DID, gen);
+                let phys = pte.load(Ordering::Acquire);
+                if phys != 0 {
+                    let l = Leaf {
+                        phys,
+                        size: PageSize::Size2M,
+                        perm: Perm::RW,
+                    };
+                    t.fill(DID, IOVA, l, ticket, 0);
+                }
+            })
+        };
+        pte.store(0, Ordering::Relaxed);
+        t.invalidate_pages(DID, IOVA, 0);
+        // From the invalidation's return on, whether the fill is still
+        // running or over.
+        assert_eq!(
+            t.lookup(DID, IOVA, t.gen(DID)),
+            None,
+            "a 2 MiB leaf filled from the old table seen after the invalidation"
+        );
+        dev.join().unwrap();
+        assert_eq!(
+            t.lookup(DID, IOVA, t.gen(DID)),
+            None,
+            "a 2 MiB leaf filled from the old table outlived the invalidation"
+        );
+    });
+}
+
 /// The expiry deadline's world: the IOTLB holding a cached translation of
 /// `IOVA`, its table entry, the deferred queue (one entry or none) and a
 /// clock.

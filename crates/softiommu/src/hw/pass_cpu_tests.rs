@@ -1,11 +1,14 @@
 //! Inline passes charged to the unit: counted once per pass with work,
-//! only with accounting on, on the unit and on the thread alike, with the
-//! modelled latency spun left to the thread.
+//! only with accounting on, one in `PASS_SAMPLE` timed (each thread's
+//! first, then every `PASS_SAMPLE`-th), on the unit and on the thread
+//! alike, with the modelled latency spun left to the thread. (The test
+//! harness runs each test on a thread of its own: its first pass is
+//! timed.)
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{thread_inline_pass_cpu, LatencyModel, QueueMode, Unit, UnitConfig};
+use super::{thread_inline_pass_cpu, LatencyModel, QueueMode, Unit, UnitConfig, PASS_SAMPLE};
 use crate::mem::PhysMemory;
 
 fn unit(mode: QueueMode) -> Unit {
@@ -87,4 +90,40 @@ fn a_unit_threads_pass_is_not_an_inline_one() {
     assert_eq!(u.stats().inline_passes, 0);
     assert_eq!(u.stats().inline_pass_cpu_ns, 0);
     assert_eq!(thread_inline_pass_cpu(), mine);
+}
+
+/// Timing a pass costs two clock system calls, which a strict unmap paid
+/// on every pass: a thread times only one pass with work in
+/// `PASS_SAMPLE` and charges it `PASS_SAMPLE` times over, while every
+/// pass is still counted.
+#[test]
+fn one_pass_in_pass_sample_is_timed_and_stands_for_its_group() {
+    let u = unit(QueueMode::Inline);
+    u.set_pass_accounting(true);
+    let mine0 = thread_inline_pass_cpu();
+    flush(&u);
+    let first = thread_inline_pass_cpu() - mine0;
+    assert!(first > Duration::ZERO, "the thread's first pass is timed");
+    assert_eq!(
+        first.as_nanos() % u128::from(PASS_SAMPLE),
+        0,
+        "and counts for its group"
+    );
+    for _ in 1..PASS_SAMPLE {
+        flush(&u);
+    }
+    let s = u.stats();
+    assert_eq!(s.inline_passes, PASS_SAMPLE, "every pass is counted");
+    assert_eq!(
+        thread_inline_pass_cpu() - mine0,
+        first,
+        "the rest of the group is not timed"
+    );
+    assert_eq!(Duration::from_nanos(s.inline_pass_cpu_ns), first);
+    flush(&u);
+    assert!(
+        thread_inline_pass_cpu() - mine0 > first,
+        "the next group's first is timed"
+    );
+    assert_eq!(u.stats().inline_passes, PASS_SAMPLE + 1);
 }

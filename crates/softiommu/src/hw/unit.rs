@@ -165,7 +165,7 @@ pub(crate) struct Counters {
     pub(crate) fenced_sections: AtomicU64,
     /// Inline passes' CPU charged to the unit (see `pass_cpu`).
     pub(crate) inline_pass_cpu_ns: AtomicU64,
-    /// Inline passes charged.
+    /// Inline passes with work run with accounting on.
     pub(crate) inline_passes: AtomicU64,
 }
 
@@ -233,9 +233,13 @@ pub struct UnitStats {
     /// (drivers, flush timers), less the modelled latency they spun, in
     /// nanoseconds: the IOMMU hardware's work, which a driver's CPU
     /// figure leaves out. Counted only with
-    /// [`Unit::set_pass_accounting`] on (see `hw::pass_cpu`).
+    /// [`Unit::set_pass_accounting`] on (see `hw::pass_cpu`); an
+    /// estimate: one pass in [`PASS_SAMPLE`](super::PASS_SAMPLE) of each
+    /// thread's is timed and counts that many times.
     pub inline_pass_cpu_ns: u64,
-    /// Inline passes counted in `inline_pass_cpu_ns`.
+    /// Inline passes with work run with accounting on, each counted
+    /// (`inline_pass_cpu_ns` is estimated from one in
+    /// [`PASS_SAMPLE`](super::PASS_SAMPLE) of each thread's).
     pub inline_passes: u64,
 }
 

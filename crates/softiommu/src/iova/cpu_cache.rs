@@ -1,5 +1,7 @@
 //! The per-CPU (per-thread) front of the allocator: two magazines per size
-//! class, touched without locks or atomic read-modify-writes.
+//! class, touched without locks; the one atomic read-modify-write is a
+//! free's claim on the block's state word (of two threads freeing one
+//! block at once, exactly one may).
 
 use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 use std::sync::atomic::{AtomicU16, AtomicU32};
@@ -7,8 +9,8 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
-use super::domain::{BlockKind, CacheShared, IovaDomain};
-use super::live_map::{state, Cursor, Word, CACHED, LIVE, RETIRED};
+use super::domain::{BlockKind, CacheShared, IovaDomain, COUNT_SLOTS};
+use super::live_map::{claim_for_free, state, Cursor, Word, CACHED, LIVE, RETIRED};
 use super::magazine::Magazine;
 use super::policy::WhenFull;
 use super::IovaError;
@@ -49,10 +51,10 @@ impl Class {
 /// changes only on slow paths, which publish it: `IovaCpuCache::publish`.)
 #[inline(always)]
 fn publish(shared: &CacheShared, order: u32, class: &Class) {
-    if let Some(c) = shared.cached.get(order as usize) {
-        // At most MAX_MAGAZINE_SIZE: fits.
-        c.store(class.loaded.len() as u32, Relaxed);
-    }
+    // A cached order is below `COUNT_SLOTS`, so the mask keeps it as it
+    // is (and costs one instruction where a bounds check cost two). At
+    // most MAX_MAGAZINE_SIZE: fits.
+    shared.cached[order as usize & (COUNT_SLOTS - 1)].store(class.loaded.len() as u32, Relaxed);
 }
 
 /// A thread's cache over an [`IovaDomain`]. Create one per allocating
@@ -481,8 +483,11 @@ impl IovaCpuCache {
     /// Frees a block: `pfn` and the `pages` it was allocated with.
     ///
     /// The common case inline: a live block of a cached order into a
-    /// loaded magazine with room, its state word found once (checked, then
-    /// marked cached); everything else out of line.
+    /// loaded magazine with room, its state word found once and claimed
+    /// (live to cached) with one compare-exchange, so that of two threads
+    /// freeing the same block at once exactly one frees it and the other
+    /// gets [`IovaError::NotAllocated`], as a double free one after the
+    /// other does; everything else out of line.
     #[inline(always)]
     pub fn free(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;
@@ -497,8 +502,10 @@ impl IovaCpuCache {
                 // apart so that the word stays in hand for the store
                 // below).
                 if let Some(c) = unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
-                    if c.get() == state(LIVE, order) && class.loaded.push(pfn) {
-                        c.put(state(CACHED, order));
+                    // Room first, then the claim: a claimed block always
+                    // finds its place, and a refused one changed nothing.
+                    if !class.loaded.is_full() && claim_for_free(c, order).is_ok() {
+                        class.loaded.push(pfn);
                         publish(&self.shared, order, class);
                         return Ok(());
                     }
@@ -508,34 +515,135 @@ impl IovaCpuCache {
         self.free_other(pfn, order)
     }
 
-    /// [`free`](Self::free) of anything but the common case: the state
-    /// checked again through the domain, which builds the precise error,
-    /// then a flush asked for, a full magazine, an uncached order or an
-    /// unclaimed chunk.
+    /// [`free`](Self::free) of anything but the common case: the block
+    /// claimed as the fast path claims it (a refusal named by the domain,
+    /// which builds the precise error), then a flush asked for, a full
+    /// magazine, an uncached order or an unclaimed chunk.
     #[inline(never)]
     fn free_other(&mut self, pfn: u64, order: u32) -> Result<(), IovaError> {
-        let live = order < 64 && self.live_cell(pfn).map(|c| c.get()) == Some(state(LIVE, order));
-        if !live {
-            self.domain.check_live(pfn, order)?;
+        let claimed = order < 64
+            && self
+                .live_cell(pfn)
+                .is_some_and(|c| claim_for_free(c, order).is_ok());
+        if !claimed {
+            return Err(self.domain.free_error(pfn, order));
         }
         self.free_checked(pfn, order)
     }
 
     /// Frees every `(pfn, pages)` of `blocks`, as [`free`](Self::free)
-    /// does one by one, with the state of the blocks a few places ahead
-    /// already on its way into the cache (a flush queue's batch, say).
-    /// Every block is tried; the first error is returned.
+    /// does one by one (each block claimed with its own compare-exchange,
+    /// each refusal the same error), with the state of the blocks a few
+    /// places ahead already on its way into the cache (a flush queue's
+    /// batch, a scatter list's unmap). The flush epoch is checked and what
+    /// the cache holds published once for the batch, not per block. Every
+    /// block is tried; the first error is returned.
     pub fn free_all(&mut self, blocks: &[(u64, u64)]) -> Result<(), IovaError> {
+        self.check_epoch();
         let mut result = Ok(());
+        let mut touched = 0u32;
         for (i, &(pfn, pages)) in blocks.iter().enumerate() {
             if let Some(&(ahead, _)) = blocks.get(i + PREFETCH_AHEAD) {
                 self.domain.live.prefetch(ahead);
             }
-            if let Err(e) = self.free(pfn, pages) {
+            let r = match super::order_of(pages) {
+                Ok(order) if self.free_quiet(pfn, order) => {
+                    touched |= class_bit(order);
+                    Ok(())
+                }
+                Ok(order) => self.free_other(pfn, order),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
                 result = result.and(Err(e));
             }
         }
+        self.publish_touched(touched);
         result
+    }
+
+    /// Publishes the classes whose bits `touched` holds (see
+    /// [`class_bit`]).
+    #[inline]
+    fn publish_touched(&self, mut touched: u32) {
+        while touched != 0 {
+            self.publish(touched.trailing_zeros());
+            touched &= touched - 1;
+        }
+    }
+
+    /// The common case of a free, with no epoch check and no publish (the
+    /// batch does both): a live block of a cached order claimed into a
+    /// loaded magazine with room. `false`: nothing done, the general path
+    /// must take it.
+    #[inline(always)]
+    fn free_quiet(&mut self, pfn: u64, order: u32) -> bool {
+        let Some(class) = self.classes.get_mut(order as usize) else {
+            return false;
+        };
+        // SAFETY: as in `free`.
+        match unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
+            Some(c) if !class.loaded.is_full() && claim_for_free(c, order).is_ok() => {
+                class.loaded.push(pfn);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Allocates a block for every `(pfn, pages)` of `blocks` at or below
+    /// `limit_pfn`, writing each block's first frame into its `pfn`, as
+    /// [`alloc`](Self::alloc) does one by one (a scatter list's map). The
+    /// flush epoch is checked and what the cache holds published once for
+    /// the batch, not per block. All or nothing: on an error, the blocks
+    /// this call allocated are freed again (the `pfn`s written are then
+    /// meaningless) and the first error is returned.
+    pub fn alloc_all(
+        &mut self,
+        blocks: &mut [(u64, u64)],
+        limit_pfn: u64,
+    ) -> Result<(), IovaError> {
+        self.check_epoch();
+        let mut touched = 0u32;
+        for i in 0..blocks.len() {
+            let pages = blocks[i].1;
+            let got = match super::order_of(pages) {
+                Ok(order) => match self.pop_quiet(order, limit_pfn) {
+                    Some(pfn) => {
+                        touched |= class_bit(order);
+                        Ok(pfn)
+                    }
+                    None => self.alloc_miss::<true>(order, pages, limit_pfn),
+                },
+                Err(e) => Err(e),
+            };
+            match got {
+                Ok(pfn) => blocks[i].0 = pfn,
+                Err(e) => {
+                    for &(pfn, pages) in &blocks[..i] {
+                        // Live and ours (allocated just above): cannot fail.
+                        let _ = self.free(pfn, pages);
+                    }
+                    self.publish_touched(touched);
+                    return Err(e);
+                }
+            }
+        }
+        self.publish_touched(touched);
+        Ok(())
+    }
+
+    /// The common case of an alloc, with no epoch check and no publish
+    /// (the batch does both): the loaded magazine's top, if it ends at or
+    /// below `limit`, marked live.
+    #[inline(always)]
+    fn pop_quiet(&mut self, order: u32, limit: u64) -> Option<u64> {
+        let pfn = self
+            .classes
+            .get_mut(order as usize)?
+            .pop_top_within(limit)?;
+        self.set_state(pfn, state(LIVE, order));
+        Some(pfn)
     }
 
     /// Frees a block its user retired with [`IovaDomain::retire_block`],
@@ -684,6 +792,8 @@ impl IovaCpuCache {
         Ok(())
     }
 
+    /// Puts a block this thread has claimed (its state word moved from
+    /// live to cached) into this cache, or the tree.
     #[inline]
     fn free_checked(&mut self, pfn: u64, order: u32) -> Result<(), IovaError> {
         self.check_epoch();
@@ -691,7 +801,6 @@ impl IovaCpuCache {
             Some(class) if !class.loaded.is_full() => {
                 class.loaded.push(pfn);
                 publish(&self.shared, order, class);
-                self.set_state(pfn, state(CACHED, order));
                 Ok(())
             }
             Some(_) => {
@@ -744,6 +853,13 @@ impl IovaCpuCache {
         self.epoch = self.domain.flush_epoch.load(Relaxed);
         self.publish_all();
     }
+}
+
+/// The bit of a cached class in a batch's mask of classes to publish: a
+/// cached order is below `COUNT_SLOTS` (32), so the mask keeps it whole.
+#[inline(always)]
+fn class_bit(order: u32) -> u32 {
+    1 << (order & (COUNT_SLOTS as u32 - 1))
 }
 
 /// The highest start a cached block of `order` may have to end at or below

@@ -10,7 +10,7 @@ use crossbeam_utils::CachePadded;
 use super::depot::Depots;
 use super::gap_tree::GapTree;
 use super::linear_tree::{LinearTree, DMA_32BIT_PFN};
-use super::live_map::{order_in, state, LiveMap, TagMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
+use super::live_map::{free_error_seen, state, LiveMap, TagMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
 use super::magazine::Magazine;
 use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull, MAX_CACHED_ORDER};
 use super::{order_of, IovaError};
@@ -225,11 +225,18 @@ pub(super) struct CacheShared {
     /// with one store of a value it has in hand (a single running total
     /// would be a load, an add and a store on every call: a dependency
     /// chain through memory from each call to the next).
-    pub(super) cached: CachePadded<[AtomicU32; MAX_CACHED_ORDER as usize + 1]>,
+    /// (`COUNT_SLOTS` entries, a power of two above every cached order,
+    /// so that a class's entry is found with a mask, not a bounds check:
+    /// the entries past `MAX_CACHED_ORDER` stay 0.)
+    pub(super) cached: CachePadded<[AtomicU32; COUNT_SLOTS]>,
     /// IOVAs in its other magazine, per size class (which only slow paths
     /// change).
     pub(super) cached_prev: [AtomicU32; MAX_CACHED_ORDER as usize + 1],
 }
+
+/// Entries of [`CacheShared::cached`].
+pub(super) const COUNT_SLOTS: usize = 32;
+const _: () = assert!((MAX_CACHED_ORDER as usize) < COUNT_SLOTS && COUNT_SLOTS.is_power_of_two());
 
 impl CacheShared {
     /// The IOVAs the cache holds, all classes.
@@ -566,7 +573,16 @@ impl IovaDomain {
     /// cache) straight to the tree.
     pub fn free(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = order_of(pages)?;
-        self.check_live(pfn, order)?;
+        // Claimed with one compare-exchange (as a cache's free): of two
+        // threads freeing one block at once, exactly one frees it.
+        if order >= 64
+            || self
+                .live
+                .compare_exchange(pfn, state(LIVE, order), state(CACHED, order))
+                .is_err()
+        {
+            return Err(self.free_error(pfn, order));
+        }
         self.free_to_tree(pfn, order);
         Ok(())
     }
@@ -690,18 +706,9 @@ impl IovaDomain {
         if pfn < self.start_pfn || pfn > self.end_pfn {
             return IovaError::OutsideDomain { lo: pfn, hi: pfn };
         }
-        let s = self.live.get(pfn);
-        if s & (LIVE | CACHED) == LIVE && order_in(s) != order {
-            IovaError::WrongSize {
-                pfn,
-                pages: 1u64.checked_shl(order).unwrap_or(0),
-                allocated_pages: 1 << order_in(s),
-            }
-        } else {
-            // Free, cached, retired, or live as another kind with the size
-            // asked: not a block the caller may free.
-            IovaError::NotAllocated { pfn }
-        }
+        // Free, cached, retired, or live as another kind with the size
+        // asked: not a block the caller may free.
+        free_error_seen(pfn, order, self.live.get(pfn))
     }
 
     /// Returns a validated block to the tree, clearing its state.

@@ -727,3 +727,126 @@ fn every_bad_free_through_the_fast_path_is_refused_exactly() {
         assert_eq!(d.find(b).map(|x| x.state), Some(BlockState::Cached));
     }
 }
+
+#[test]
+fn two_threads_freeing_the_same_blocks_free_each_exactly_once() {
+    // Two threads, each through its own cache, free the same live blocks
+    // in the same order, started together so that their frees of one block
+    // meet: each block is freed by exactly one, the other refused as a
+    // double free, and no block is later handed out twice.
+    const BLOCKS: usize = 256;
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1, END, policy).unwrap();
+        let mut main = d.cpu_cache();
+        let mut caches = [d.cpu_cache(), d.cpu_cache()];
+        for round in 0..40 {
+            let pages = [1u64, 1, 2, 8][round % 4];
+            let blocks: Vec<u64> = (0..BLOCKS)
+                .map(|_| main.alloc(pages, END).unwrap())
+                .collect();
+            let go = std::sync::Barrier::new(2);
+            let results: Vec<Vec<Result<(), IovaError>>> = std::thread::scope(|s| {
+                let handles: Vec<_> = caches
+                    .iter_mut()
+                    .map(|c| {
+                        let (blocks, go) = (&blocks, &go);
+                        s.spawn(move || {
+                            go.wait();
+                            blocks.iter().map(|&b| c.free(b, pages)).collect()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (i, &b) in blocks.iter().enumerate() {
+                let (x, y) = (&results[0][i], &results[1][i]);
+                let refused = Err(IovaError::NotAllocated { pfn: b });
+                assert!(
+                    (x.is_ok() && *y == refused) || (y.is_ok() && *x == refused),
+                    "{policy}: block {b:#x} freed as {x:?} and {y:?}"
+                );
+            }
+        }
+        // Every block sits in one place only: allocating through all three
+        // caches never hands one out twice.
+        let mut seen = std::collections::HashSet::new();
+        for c in std::iter::once(&mut main).chain(caches.iter_mut()) {
+            for _ in 0..4 * BLOCKS {
+                let b = c.alloc(1, END).unwrap();
+                assert!(seen.insert(b), "{policy}: {b:#x} handed out twice");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_batch_alloc_is_all_or_nothing_and_a_batch_publishes_exactly() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1, END, policy).unwrap();
+        let mut c = d.cpu_cache();
+        // A batch of mixed sizes: each block live, aligned, distinct.
+        let mut blocks: Vec<(u64, u64)> = [1u64, 4, 1, 32, 2, 1].iter().map(|&p| (0, p)).collect();
+        c.alloc_all(&mut blocks, END).unwrap();
+        for &(pfn, pages) in &blocks {
+            let b = d.find(pfn).expect("allocated");
+            assert_eq!((b.state, b.pfn % pages), (BlockState::Live, 0), "{policy}");
+        }
+        let mut pfns: Vec<u64> = blocks.iter().map(|b| b.0).collect();
+        pfns.sort_unstable();
+        pfns.dedup();
+        assert_eq!(pfns.len(), blocks.len(), "{policy}: distinct blocks");
+        // Freed as a batch: every block cached, and the published count
+        // exact once the call returns.
+        let cached_before = d.stats().cached_iovas;
+        c.free_all(&blocks).unwrap();
+        assert_eq!(
+            d.stats().cached_iovas,
+            cached_before + blocks.len() as u64,
+            "{policy}"
+        );
+        for &(pfn, _) in &blocks {
+            assert_eq!(
+                d.find(pfn).map(|b| b.state),
+                Some(BlockState::Cached),
+                "{policy}"
+            );
+        }
+        // A batch that fails part way (the third request is too large)
+        // allocates nothing: the two blocks it took are cached again.
+        let mut bad = vec![(0, 1), (0, 2), (0, 1 << 21), (0, 1)];
+        assert!(matches!(
+            c.alloc_all(&mut bad, END),
+            Err(IovaError::TooLarge { pages, .. }) if pages == 1 << 21
+        ));
+        for &(pfn, _) in &bad[..2] {
+            assert_eq!(
+                d.find(pfn).map(|b| b.state),
+                Some(BlockState::Cached),
+                "{policy}: given back"
+            );
+        }
+        // A zero-sized request first: refused before anything is taken.
+        let before = snapshot(&d);
+        assert_eq!(
+            c.alloc_all(&mut [(0, 0), (0, 1)], END),
+            Err(IovaError::ZeroSize)
+        );
+        assert_eq!(
+            snapshot(&d),
+            before,
+            "{policy}: a refused batch changed state"
+        );
+        // A batch free refuses each bad block exactly and frees the rest.
+        let a = c.alloc(1, END).unwrap();
+        assert_eq!(
+            c.free_all(&[(a, 1), (a, 1)]),
+            Err(IovaError::NotAllocated { pfn: a }),
+            "{policy}: a double free inside one batch"
+        );
+        assert_eq!(
+            d.find(a).map(|b| b.state),
+            Some(BlockState::Cached),
+            "{policy}"
+        );
+    }
+}

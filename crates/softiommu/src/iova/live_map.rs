@@ -20,14 +20,14 @@
 //! so the hot paths never allocate; an access then costs one more load
 //! (the chunk's base). A per-CPU cache reaches the words through a
 //! [`Cursor`] of its own (the flat map, or the chunk it last used): a
-//! subtraction and a compare per access, in either form. Access is relaxed atomic loads and stores, which compile to
-//! plain moves: no read-modify-write on the allocator's hot path. The cost
-//! of that choice: a check and its update are two steps, so two threads
-//! freeing the *same* IOVA through caches at the same instant can both pass
-//! the check (every sequential misuse is caught). The DMA layer does not
-//! rely on that path for its unmaps: it retires a block with one
-//! compare-exchange ([`IovaDomain::retire_block`]), so of two concurrent
-//! unmaps of one mapping exactly one proceeds.
+//! subtraction and a compare per access, in either form. Access is relaxed
+//! atomic loads and stores (plain moves), but for the transitions two
+//! threads may race on, which are one compare-exchange each: a free's
+//! claim (live to cached, [`claim_for_free`]), so that of two threads
+//! freeing the *same* IOVA at the same instant exactly one frees it and
+//! the other is refused as a double free; an unmap's retire
+//! ([`IovaDomain::retire_block`]); a retired block's free. An alloc's
+//! store stays plain: the block it marks live is its own cache's.
 //!
 //! [`IovaDomain::retire_block`]: super::IovaDomain::retire_block
 
@@ -390,6 +390,55 @@ impl LiveMap {
             }
         }
         None
+    }
+}
+
+/// A 16-bit state word a free can claim: the map's own word, or (under
+/// loom) a model's.
+pub(crate) trait ClaimWord {
+    /// `compare_exchange(from, to)`, AcqRel on success (as
+    /// [`LiveMap::compare_exchange`]); `Err` holds the state seen.
+    fn claim(&self, from: u16, to: u16) -> Result<(), u16>;
+}
+
+impl ClaimWord for AtomicU16 {
+    #[inline(always)]
+    fn claim(&self, from: u16, to: u16) -> Result<(), u16> {
+        self.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ())
+    }
+}
+
+#[cfg(loom)]
+impl ClaimWord for loom::sync::atomic::AtomicU16 {
+    fn claim(&self, from: u16, to: u16) -> Result<(), u16> {
+        self.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ())
+    }
+}
+
+/// A free's claim on the block of `order` whose state word is `word`: one
+/// compare-exchange from live (plain kind) to cached, so that of two
+/// threads freeing one block at the same instant exactly one gets it (a
+/// load and a store would let both pass their check, and the block would
+/// sit in two caches). `Err` holds the state seen instead, from which
+/// [`free_error_seen`] names the refusal.
+#[inline(always)]
+pub(crate) fn claim_for_free(word: &impl ClaimWord, order: u32) -> Result<(), u16> {
+    word.claim(state(LIVE, order), state(CACHED, order))
+}
+
+/// Why a free of a block of `order` at `pfn` (inside the domain) was
+/// refused, its state word having been `seen`: a live block of the kind
+/// freed but another order is [`IovaError::WrongSize`]; anything else
+/// (free, cached, retired, another kind) is [`IovaError::NotAllocated`].
+pub(crate) fn free_error_seen(pfn: u64, order: u32, seen: u16) -> super::IovaError {
+    if seen & (LIVE | CACHED) == LIVE && order_in(seen) != order {
+        super::IovaError::WrongSize {
+            pfn,
+            pages: 1u64.checked_shl(order).unwrap_or(0),
+            allocated_pages: 1 << order_in(seen),
+        }
+    } else {
+        super::IovaError::NotAllocated { pfn }
     }
 }
 

@@ -14,8 +14,9 @@
 //!   whatever the holes, and frees coalesce neighbours. Linux's holds
 //!   *allocated* ranges and is walked linearly from a cached node.
 //! - **The caches.** Each thread that allocates owns an [`IovaCpuCache`]: two
-//!   magazines per size class, touched with no lock and no atomic
-//!   read-modify-write. "Per CPU" in user space is per thread: a thread is
+//!   magazines per size class, touched with no lock; a free claims its
+//!   block's state word with one compare-exchange, the only atomic
+//!   read-modify-write of the fast path. "Per CPU" in user space is per thread: a thread is
 //!   the unit that runs without preemption by its peers on the cache's data,
 //!   so a thread-owned cache needs no lock, where a cache per core would need
 //!   one (threads migrate). Full magazines go to a per-class depot behind a
@@ -164,3 +165,5 @@ pub(crate) fn order_of(pages: u64) -> Result<u32, IovaError> {
 
 #[cfg(test)]
 mod domain_tests;
+#[cfg(all(test, loom))]
+mod loom_tests;

@@ -8,12 +8,14 @@ use crate::args::{DmaPolicyName, Latency, Placement, Ranged, Seconds, Walk};
 #[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IperfTcpArgs {
-    /// Measured seconds per row, split over the rounds (0.01..=86400;
-    /// default 2 with --quick, else 5). Each round adds an unmeasured
-    /// warm-up (connection, slow start) of 40 % of its share (0.2..=0.5 s).
+    /// Measured seconds per row, split over the rounds and their three
+    /// runs each (0.01..=86400; default 6 with --quick, else 15). Each run
+    /// adds an unmeasured warm-up (connection, slow start) of 40 % of its
+    /// share (0.2..=0.5 s).
     #[arg(long)]
     pub seconds: Option<Seconds>,
-    /// Rounds: every row runs once per round, rounds interleaved, and each
+    /// Rounds: every row runs three times per round, interleaved, the
+    /// round keeping each row's median run by CPU per GB, and each
     /// row's median round (by Mbit/s) is reported (1..=100; default 5, the
     /// seed summary's least, `--quick` too).
     #[arg(long)]

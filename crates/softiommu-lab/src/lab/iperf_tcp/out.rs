@@ -94,6 +94,9 @@ pub struct IperfTcpReport {
     pub seconds: f64,
     /// Rounds.
     pub rounds: usize,
+    /// Runs of every row in each round, interleaved; a round keeps each
+    /// row's median run by CPU per GB.
+    pub runs_per_round: usize,
     /// Where the threads ran.
     pub placement: Placement,
     /// How `flush_cpu_share` is obtained.

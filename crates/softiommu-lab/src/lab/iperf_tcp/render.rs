@@ -19,8 +19,8 @@ pub(super) fn report(r: &IperfTcpReport, args: &IperfTcpArgs, pinning: &str) -> 
     let mut t = Table::new(
         "results",
         format!(
-            "one TCP stream through smoltcp, virtio-net and two IOMMUs, {} byte writes, MTU {}, {:.1} s per row in {} interleaved rounds (median round shown); CPU = both hosts' driver+stack threads and flush timers, without the modelled IOMMU's inline work (apart)",
-            args.write_size, args.mtu, r.seconds, r.rounds
+            "one TCP stream through smoltcp, virtio-net and two IOMMUs, {} byte writes, MTU {}, {:.1} s per row in {} interleaved rounds of {} runs each (a round keeps each row's median run by CPU per GB; median round shown); CPU = both hosts' driver+stack threads and flush timers, without the modelled IOMMU's inline work (apart)",
+            args.write_size, args.mtu, r.seconds, r.rounds, r.runs_per_round
         ),
         vec![
             Column::label("walk"),
@@ -109,6 +109,7 @@ pub(super) fn report(r: &IperfTcpReport, args: &IperfTcpArgs, pinning: &str) -> 
         Param::new("mtu", args.mtu, Unit::Bytes),
         Param::new("seconds", format!("{:.2}", r.seconds), Unit::S),
         Param::new("rounds", r.rounds, Unit::Count),
+        Param::new("runs_per_round", r.runs_per_round, Unit::Count),
         Param::text("placement", pinning),
         Param::text("latency", args.latency.name()),
     ];
@@ -121,7 +122,7 @@ pub(super) fn report(r: &IperfTcpReport, args: &IperfTcpArgs, pinning: &str) -> 
         r.seed.clflush_share * 100.0
     ));
     rep.notes.push(
-        "Seed 003's figure is throughput with the CPU saturated; this stream need not saturate its driver threads, so the figure compared with it is CPU per unit of work: 'vs coherent at CPU saturation' = the coherent row's driver CPU per GB ÷ this row's (both hosts' driver+stack threads and DMA flush timers), the throughput ratio a CPU-bound driver reaches, the median of each round's paired ratio (the rows run one after the other in a round); min/max over the rounds' paired ratios. The measured Mbit/s ratio ('vs coherent') stands beside it."
+        "Seed 003's figure is throughput with the CPU saturated; this stream need not saturate its driver threads, so the figure compared with it is CPU per unit of work: 'vs coherent at CPU saturation' = the coherent row's driver CPU per GB ÷ this row's (both hosts' driver+stack threads and DMA flush timers), the throughput ratio a CPU-bound driver reaches, the median of each round's paired ratio (the rows run one after the other in a round, three times each, interleaved, and the round keeps each row's median run, so a co-runner landing on one run does not move the round); min/max over the rounds' paired ratios. The measured Mbit/s ratio ('vs coherent') stands beside it."
             .into(),
     );
     rep.notes.push(

@@ -58,6 +58,7 @@ fn seed_report(cells: &[(Walk, &str, &[f64])]) -> Report {
         stack: "smoltcp",
         seconds: 0.8,
         rounds: 3,
+        runs_per_round: RUNS_PER_ROUND,
         placement: Placement::Split,
         flush_share_method: FLUSH_SHARE_METHOD,
         modelled: Vec::new(),
@@ -215,4 +216,59 @@ fn one_round_gives_seed_003_a_figure_but_no_verdict() {
     let nc = &rows[1];
     assert_eq!(nc.saturated_vs_coherent, Some(0.5));
     assert!(nc.saturated_vs_coherent_spread.is_none());
+}
+
+/// A co-runner that lands on one run of a round (here the non-coherent
+/// run in round 2 reads 1.2 s/GB where the others read 2.4-2.6) no longer
+/// becomes that round's figure: the round keeps each row's median of its
+/// three runs, so the paired ratios stay 0.68-0.75 and both halves of
+/// seed 003's verdict stand. With one run per round (the lab before) that
+/// round's paired ratio was 1.8 / 1.2 = 1.5, the spread 0.69-1.5 held
+/// both 1.0 and the seed's 0.554, and the direction got no verdict.
+#[test]
+fn a_co_runner_on_one_run_of_a_round_does_not_move_seed_003s_figure() {
+    let c = [[1.80, 1.82, 1.78], [1.79, 1.81, 1.80], [1.80, 1.80, 1.83]];
+    let n = [[2.45, 2.50, 2.40], [2.50, 1.20, 2.60], [2.42, 2.55, 2.48]];
+    let rounds = |w: Walk, runs: &[[f64; 3]; 3]| -> IperfTcpRow {
+        median_round(
+            runs.iter()
+                .map(|r| round_row(r.iter().map(|&x| round(w, "deferred", 1430.0, x)).collect()))
+                .collect(),
+        )
+    };
+    let mut rows = vec![rounds(Walk::Coherent, &c), rounds(Walk::NonCoherent, &n)];
+    // Each round's figure is its median run, a run as measured.
+    assert_eq!(rows[1].cpu_s_per_gb_rounds, vec![2.45, 2.50, 2.48]);
+    assert_eq!(rows[0].cpu_s_per_gb_rounds, vec![1.80, 1.80, 1.80]);
+    compare(&mut rows);
+    let s = rows[1].saturated_vs_coherent_spread.expect("three rounds");
+    assert!((s.min - 1.80 / 2.50).abs() < 1e-12, "{s:?}");
+    assert!((s.max - 1.80 / 2.45).abs() < 1e-12, "{s:?}");
+    assert!(rows.iter().all(|r| r.valid), "{rows:?}");
+    // The one-run round of the old lab: the disturbed run is the round.
+    let old = round_row(vec![round(Walk::NonCoherent, "deferred", 1430.0, 1.20)]);
+    assert_eq!(old.cpu_s_per_gb, 1.20);
+    // Through the seed summary: the same verdict as an undisturbed run.
+    let rep = seed_report(&[
+        (Walk::Coherent, "deferred", &rows[0].cpu_s_per_gb_rounds),
+        (Walk::NonCoherent, "deferred", &rows[1].cpu_s_per_gb_rounds),
+    ]);
+    let seed = summarise(&[rep]).remove(3);
+    assert_eq!(
+        seed.verdict,
+        "a non-coherent walk costs more driver CPU per GB than a coherent one, beyond the spread; flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread"
+    );
+    // The old lab's rounds, the disturbed run being round 2's only one:
+    // the direction gets no verdict.
+    let rep = seed_report(&[
+        (Walk::Coherent, "deferred", &[1.80, 1.81, 1.80]),
+        (Walk::NonCoherent, "deferred", &[2.45, 1.20, 2.48]),
+    ]);
+    let seed = summarise(&[rep]).remove(3);
+    assert!(
+        seed.verdict
+            .starts_with("a non-coherent walk's extra driver CPU per GB is within the spread"),
+        "{}",
+        seed.verdict
+    );
 }

@@ -12,7 +12,14 @@ pub struct LitmusArgs {
     /// (1..=10000000000).
     #[arg(long, default_value = "4000000")]
     pub runs: Ranged<1, 10_000_000_000>,
-    /// A short run (1,000,000 iterations per test and mode; seconds).
+    /// At most this many seconds per test and mode (1..=86400): past it
+    /// the run stops at a whole batch and its row says `cut_short` (two
+    /// threads meet before every iteration, and on cores other work holds
+    /// each meeting can wait a time slice). `--quick` caps it at 10.
+    #[arg(long, default_value = "120")]
+    pub max_seconds: Ranged<1, 86_400>,
+    /// A short run (1,000,000 iterations per test and mode, at most 10 s
+    /// each).
     #[arg(long)]
     pub quick: bool,
     /// Print one JSON object instead of a table.
@@ -25,6 +32,7 @@ impl Default for LitmusArgs {
     fn default() -> Self {
         Self {
             runs: Ranged::new(4_000_000),
+            max_seconds: Ranged::new(120),
             quick: false,
             json: false,
         }

@@ -23,6 +23,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
@@ -37,6 +38,14 @@ const BATCH: u64 = 4096;
 const STRIDE: u64 = 128;
 /// The device's requester id.
 const SID: SourceId = SourceId(0x0300);
+/// Spins of a meeting before it yields its core.
+const SPINS: u32 = 64;
+/// Yields of a meeting before it sleeps between looks.
+const YIELDS: u32 = 16;
+/// A meeting's sleep between looks once spinning and yielding failed: the
+/// thread it waits for is off its CPU (another process holds the core),
+/// and a sleeper is woken ahead of a busy process where a yielder is not.
+const NAP: Duration = Duration::from_micros(20);
 
 /// A two-thread pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,6 +91,8 @@ pub struct LitmusResult {
     pub mode: OrderMode,
     /// Iterations run.
     pub runs: u64,
+    /// Whether the time budget stopped the run before `runs` asked for.
+    pub cut_short: bool,
     /// Iterations whose outcome was the forbidden one.
     pub forbidden: u64,
     /// How often each `(r1, r2)` was seen: index `r1 * 2 + r2`.
@@ -135,12 +146,16 @@ impl Rendezvous {
             }
             // Spin briefly (the other side is a core away), then give the
             // core up: on two cores shared with other work, the thread we
-            // wait for may need this one.
-            spins += 1;
-            if spins < 64 {
+            // wait for may need this one. Past a few yields, sleep: a
+            // process busy at the same priority keeps a yielder off its
+            // core for a whole time slice, every meeting.
+            spins = spins.saturating_add(1);
+            if spins < SPINS {
                 std::hint::spin_loop();
-            } else {
+            } else if spins < SPINS + YIELDS {
                 std::thread::yield_now();
+            } else {
+                std::thread::sleep(NAP);
             }
         }
         true
@@ -254,13 +269,23 @@ fn cpu_step(test: LitmusTest, x: &AtomicU32, y: &AtomicU32) -> (u32, u32) {
 }
 
 /// Runs `test` with the device accessing in `mode`, `runs` times (rounded
-/// up to a whole batch of 4,096).
-pub fn run(test: LitmusTest, mode: OrderMode, runs: u64) -> Result<LitmusResult, LitmusError> {
+/// up to a whole batch of 4,096), or fewer whole batches once `budget` has
+/// passed (at least one batch runs): a machine whose cores other work
+/// holds makes every meeting wait, and the run stops rather than take
+/// hours; the result says how many ran and whether it was cut.
+pub fn run(
+    test: LitmusTest,
+    mode: OrderMode,
+    runs: u64,
+    budget: Option<Duration>,
+) -> Result<LitmusResult, LitmusError> {
+    let start = Instant::now();
     let rig = rig()?;
     let batches = runs.div_ceil(BATCH).max(1);
     let meet = Rendezvous::default();
     let dev_r: Vec<AtomicU8> = (0..BATCH).map(|_| AtomicU8::new(0)).collect();
     let mut outcomes = [0u64; 4];
+    let mut done = 0u64;
     let mem = &*rig.mem;
     let region = BATCH * STRIDE;
     std::thread::scope(|s| -> Result<(), LitmusError> {
@@ -325,6 +350,14 @@ pub fn run(test: LitmusTest, mode: OrderMode, runs: u64) -> Result<LitmusResult,
                 if !meet.meet(false, round) {
                     return Err(LitmusError::Access("the device thread stopped".into()));
                 }
+                done += 1;
+                if budget.is_some_and(|b| start.elapsed() >= b) {
+                    // The device thread waits at the next batch's first
+                    // meeting, or finished: either way the abort ends it
+                    // cleanly (its meeting returns `false`, it returns Ok).
+                    meet.abort.store(true, Ordering::Relaxed);
+                    break;
+                }
             }
             Ok(())
         };
@@ -341,7 +374,8 @@ pub fn run(test: LitmusTest, mode: OrderMode, runs: u64) -> Result<LitmusResult,
     Ok(LitmusResult {
         test,
         mode,
-        runs: batches * BATCH,
+        runs: done * BATCH,
+        cut_short: done < batches,
         forbidden: outcomes[(f1 * 2 + f2) as usize],
         outcomes,
         drain_barrier: rig.drain_barrier,
@@ -359,7 +393,7 @@ mod tests {
     fn ordered_and_full_never_show_a_forbidden_outcome() {
         for test in LitmusTest::ALL {
             for mode in [OrderMode::Ordered, OrderMode::Full] {
-                let r = run(test, mode, RUNS).unwrap();
+                let r = run(test, mode, RUNS, None).unwrap();
                 assert_eq!(r.runs, RUNS);
                 assert_eq!(r.outcomes.iter().sum::<u64>(), r.runs);
                 assert_eq!(
@@ -379,9 +413,27 @@ mod tests {
     fn relaxed_runs_and_counts_every_outcome() {
         // Whether relaxed shows a forbidden outcome depends on the CPU and
         // on timing; that it runs and accounts for every iteration does not.
-        let r = run(LitmusTest::Sb, OrderMode::Relaxed, 4096).unwrap();
+        let r = run(LitmusTest::Sb, OrderMode::Relaxed, 4096, None).unwrap();
         assert_eq!(r.runs, 4096);
+        assert!(!r.cut_short);
         assert_eq!(r.outcomes.iter().sum::<u64>(), 4096);
         assert!(!r.drain_barrier.is_empty());
+    }
+
+    #[test]
+    fn a_spent_budget_stops_at_a_whole_batch_and_says_so() {
+        // A zero budget is spent at the first batch's end: one batch runs,
+        // every one of its iterations counted, and the run is marked cut.
+        let r = run(
+            LitmusTest::Mp,
+            OrderMode::Ordered,
+            64 * BATCH,
+            Some(Duration::ZERO),
+        )
+        .unwrap();
+        assert_eq!(r.runs, BATCH);
+        assert!(r.cut_short);
+        assert_eq!(r.outcomes.iter().sum::<u64>(), BATCH);
+        assert_eq!(r.forbidden, 0);
     }
 }

@@ -21,3 +21,5 @@ pub use run::run;
 
 /// Iterations per test and mode in the quick form.
 const QUICK_RUNS: u64 = 1_000_000;
+/// The most seconds per test and mode in the quick form.
+const QUICK_MAX_SECONDS: u64 = 10;

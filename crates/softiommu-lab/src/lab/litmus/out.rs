@@ -11,6 +11,9 @@ pub struct LitmusRow {
     pub mode: &'static str,
     /// Iterations run.
     pub runs: u64,
+    /// Whether the time budget (`--max-seconds`) stopped the row before
+    /// the iterations asked for.
+    pub cut_short: bool,
     /// Iterations with the forbidden outcome.
     pub forbidden: u64,
     /// The forbidden outcome, as `r1,r2`.

@@ -1,6 +1,6 @@
 //! The measurement: each litmus test in each ordering mode.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use softiommu::access::OrderMode;
 
@@ -26,12 +26,18 @@ pub(super) fn measure(args: &LitmusArgs) -> LabResult<LitmusReport> {
     } else {
         args.runs.get()
     };
+    let secs = if args.quick {
+        QUICK_MAX_SECONDS.min(args.max_seconds.get())
+    } else {
+        args.max_seconds.get()
+    };
+    let budget = Some(Duration::from_secs(secs));
     let mut rows = Vec::new();
     let mut drain_barrier = "fence";
     for test in LitmusTest::ALL {
         for mode in OrderMode::ALL {
             let t0 = Instant::now();
-            let r = run_one(test, mode, runs)?;
+            let r = run_one(test, mode, runs, budget)?;
             let secs = t0.elapsed().as_secs_f64();
             drain_barrier = r.drain_barrier;
             let (f1, f2) = test.forbidden();
@@ -39,6 +45,7 @@ pub(super) fn measure(args: &LitmusArgs) -> LabResult<LitmusReport> {
                 test: test.name(),
                 mode: mode.name(),
                 runs: r.runs,
+                cut_short: r.cut_short,
                 forbidden: r.forbidden,
                 forbidden_outcome: format!("{f1},{f2}"),
                 outcomes: r.outcomes,

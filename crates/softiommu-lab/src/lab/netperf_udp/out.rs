@@ -72,9 +72,20 @@ pub struct NetperfRow {
     /// Ethernet frames per datagram (more than 1 when fragmented).
     pub frames_per_packet: f64,
     /// Deferred only: the longest an unmapped buffer stayed reachable in
-    /// any round's window (the worse host), milliseconds.
+    /// any round's window (the worse host), milliseconds: from its unmap to
+    /// the earlier of its flush's completion and its expiry deadline
+    /// (three quarters of the flush timeout after the unmap; past it every
+    /// translator drops the domain's cached translations itself).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stale_window_ms_max: Option<f64>,
+    /// Deferred only: the longest from an unmap to its flush's completion
+    /// in any round's window (the worse host), milliseconds, whatever the
+    /// deadline did (the end of the window for a translation a device
+    /// thread held inside an open section).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_completion_ms_max: Option<f64>,
+    /// Both flush timer threads' wake-ups per second (the row's round).
+    pub timer_wakeups_per_s: f64,
     /// Deferred only: flushes in every round's window, both hosts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flushes: Option<u64>,
@@ -137,6 +148,8 @@ pub(super) fn row(r: &UdpStreamResult) -> NetperfRow {
         wire_drops: r.wire_drops,
         frames_per_packet: r.frames_per_packet,
         stale_window_ms_max: deferred.then_some(r.stale_window_ms_max),
+        stale_completion_ms_max: deferred.then_some(r.stale_completion_ms_max),
+        timer_wakeups_per_s: r.timer_wakeups_per_s,
         flushes: deferred.then_some(r.flushes),
     }
 }

@@ -164,12 +164,16 @@ pub(super) fn mark_unequal(rows: &mut [NetperfRow], offered: f64) {
 }
 
 /// A row's median round by service demand, with the spread of every
-/// round; the stale window is the worst of every round, and the flushes
+/// round; the stale window (and its completion) is the worst of every round, and the flushes
 /// and drops their sums (a bound and counts, not typical values).
 pub(super) fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
     let stale = runs
         .iter()
         .filter_map(|r| r.stale_window_ms_max)
+        .reduce(f64::max);
+    let completion = runs
+        .iter()
+        .filter_map(|r| r.stale_completion_ms_max)
         .reduce(f64::max);
     let flushes = runs.iter().filter_map(|r| r.flushes).reduce(|a, b| a + b);
     let drops = runs.iter().map(|r| r.drops).sum();
@@ -186,6 +190,7 @@ pub(super) fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
     });
     let mut row = runs.swap_remove((runs.len() - 1) / 2);
     row.stale_window_ms_max = stale;
+    row.stale_completion_ms_max = completion;
     row.flushes = flushes;
     row.service_demand_spread = spread;
     row.rx_pps_max = rx_max;

@@ -34,6 +34,8 @@ fn paced(policy: &str, rounds: &[f64]) -> NetperfRow {
         wire_drops: 0,
         frames_per_packet: 1.0,
         stale_window_ms_max: None,
+        stale_completion_ms_max: None,
+        timer_wakeups_per_s: 0.0,
         flushes: None,
     }
 }

@@ -1,0 +1,116 @@
+//! Loom model of the free's claim on a block's state word: two threads
+//! free one live block at the same instant (each through its own cache,
+//! or the domain); exactly one may free it, and the other must be refused
+//! with the exact error a sequential double free gets.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p
+//! softiommu --release --lib iova::loom`.
+//!
+//! The word is a loom atomic; the claim and the naming of the refusal are
+//! the functions the caches and the domain run (`claim_for_free`,
+//! `free_error_seen`). A check-then-store protocol (a load, then a store)
+//! is modelled beside it and must be *seen* to let both threads pass, so
+//! the model is known to explore the interleaving the claim exists for.
+
+use std::sync::atomic::AtomicBool as StdBool;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+
+use loom::sync::atomic::AtomicU16;
+use loom::sync::Arc;
+use loom::thread;
+
+use super::live_map::{claim_for_free, free_error_seen, state, CACHED, LIVE};
+use super::IovaError;
+
+const PFN: u64 = 0x1234;
+
+/// Runs `body` under loom; returns whether any execution returned `true`.
+fn explore(body: impl Fn() -> bool + Sync + Send + 'static) -> bool {
+    let seen = std::sync::Arc::new(StdBool::new(false));
+    let s = seen.clone();
+    loom::model(move || {
+        if body() {
+            s.store(true, SeqCst);
+        }
+    });
+    seen.load(SeqCst)
+}
+
+/// The free the caches run: the claim, or the refusal named from the state
+/// seen.
+fn free_claiming(word: &AtomicU16, order: u32) -> Result<(), IovaError> {
+    claim_for_free(word, order).map_err(|seen| free_error_seen(PFN, order, seen))
+}
+
+/// The check-then-store free (a load, a compare, a store).
+fn free_checking(word: &AtomicU16, order: u32) -> Result<(), IovaError> {
+    let seen = word.load(Relaxed);
+    if seen != state(LIVE, order) {
+        return Err(free_error_seen(PFN, order, seen));
+    }
+    word.store(state(CACHED, order), Relaxed);
+    Ok(())
+}
+
+/// Two threads free one live block of `order` with `free`; returns the two
+/// results and the word's final state.
+fn race(
+    order: u32,
+    free: fn(&AtomicU16, u32) -> Result<(), IovaError>,
+) -> (Result<(), IovaError>, Result<(), IovaError>, u16) {
+    let word = Arc::new(AtomicU16::new(state(LIVE, order)));
+    let w = word.clone();
+    let other = thread::spawn(move || free(&w, order));
+    let mine = free(&word, order);
+    let theirs = other.join().unwrap();
+    (mine, theirs, word.load(Relaxed))
+}
+
+#[test]
+fn of_two_frees_of_one_block_exactly_one_succeeds() {
+    for order in [0, 3] {
+        let bad = explore(move || {
+            let (a, b, end) = race(order, free_claiming);
+            let refused = Err(IovaError::NotAllocated { pfn: PFN });
+            let one_won = (a.is_ok() && b == refused) || (b.is_ok() && a == refused);
+            !one_won || end != state(CACHED, order)
+        });
+        assert!(
+            !bad,
+            "order {order}: both frees passed, or none, or a wrong error"
+        );
+    }
+}
+
+#[test]
+fn the_check_then_store_free_lets_both_pass() {
+    assert!(
+        explore(|| {
+            let (a, b, _) = race(0, free_checking);
+            a.is_ok() && b.is_ok()
+        }),
+        "the model must see the interleaving where both checks pass"
+    );
+}
+
+#[test]
+fn a_free_racing_one_of_another_size_is_refused_exactly() {
+    // One thread frees the block with its size, the other with the wrong
+    // one: the wrong size is always refused, as `WrongSize` while the
+    // block is live and `NotAllocated` once it is cached.
+    let bad = explore(|| {
+        let word = Arc::new(AtomicU16::new(state(LIVE, 2)));
+        let w = word.clone();
+        let other = thread::spawn(move || free_claiming(&w, 1));
+        let mine = free_claiming(&word, 2);
+        let theirs = other.join().unwrap();
+        let wrong = IovaError::WrongSize {
+            pfn: PFN,
+            pages: 2,
+            allocated_pages: 4,
+        };
+        mine.is_err()
+            || !(theirs == Err(wrong) || theirs == Err(IovaError::NotAllocated { pfn: PFN }))
+    });
+    assert!(!bad);
+}
