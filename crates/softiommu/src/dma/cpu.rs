@@ -986,7 +986,10 @@ impl Work {
             // of it is refused, and only the flush frees it.
             let tables = gather.defer();
             let entry = FqEntry { pfn, pages };
-            let (units, high_water) = (d.unit_mask_after_clear(), d.tunables.high_water());
+            // The barrier mode read once for both light fences (the
+            // mask's after the clear, the arm's after the push).
+            let barrier = d.barrier;
+            let (units, high_water) = (d.units.mask_after_clear(barrier), d.tunables.high_water());
             let pushed = slot.fq.push(entry, &tables, units, high_water);
             if matches!(pushed, Pushed::NoRoom) {
                 // Room was made above and only this CPU pushes.
@@ -994,7 +997,7 @@ impl Work {
                     capacity: slot.fq.capacity(),
                 });
             }
-            d.arm.on_push();
+            d.arm.on_push_with(barrier);
             // After `on_push`'s light fence: the deadline that bounds this
             // unmap's stale window is armed before it returns (one load
             // per unit when one is).
