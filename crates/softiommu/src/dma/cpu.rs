@@ -1134,64 +1134,31 @@ impl Work {
             // of it is refused, and only the flush frees it.
             let tables = gather.defer();
             let entry = FqEntry { pfn, pages };
-            let (units, high_water) = (d.unit_mask_after_clear(), d.tunables.high_water());
-            match slot.fq.push(entry, &tables, units, high_water) {
-                Pushed::Queued { .. } => {
-                    d.arm.on_push();
-                    // After `on_push`'s light fence: the deadline that
-                    // bounds this unmap's stale window is armed before it
-                    // returns (one load per unit when one is).
-                    d.cover_unmap(units);
-                    // The owner enforces the age limit too, every few
-                    // pushes, so the stale window holds while the timer
-                    // thread waits for a core.
-                    *pushes = pushes.wrapping_add(1);
-                    if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
-                        let after = d.tunables.flush_after();
-                        // Never blocks: a taker that holds the queue is
-                        // flushing it already (and may be waiting for a
-                        // section this thread holds).
-                        let now = Instant::now();
-                        if let Some(mut taker) = slot.fq.try_taker() {
-                            if let Some(b) = taker.take_if_older(now, after) {
-                                // A failed flush keeps its batch for a
-                                // retry and is counted; this unmap itself
-                                // is done.
-                                let _ = d.issue_flush(b);
-                            }
-                            drop(taker);
-                            d.reap_owned(cache, &slot.stats);
-                        } else if slot
-                            .fq
-                            .oldest()
-                            .is_some_and(|t| now.saturating_duration_since(t) >= after)
-                        {
-                            // Its taker (the timer, or `flush_all`) may be
-                            // off its CPU mid-flush: the batch past its age
-                            // leaves the IOTLB now, lock-free.
-                            d.drop_cached();
-                        }
-                    }
-                }
-                Pushed::Full => {
-                    d.arm.on_push();
-                    d.cover_unmap(units);
-                    if let Some(mut taker) = slot.fq.try_taker() {
-                        if let Some(b) = taker.take_all() {
-                            // Issued, not waited for: its IOVAs are freed
-                            // by a later look (below, at the next push
-                            // check, or the timer's round).
-                            let _ = d.issue_flush(b);
-                        }
-                        drop(taker);
-                        d.reap_owned(cache, &slot.stats);
-                    }
-                }
+            // The barrier mode read once for both light fences (the
+            // mask's after the clear, the arm's after the push).
+            let barrier = d.barrier;
+            let (units, high_water) = (d.units.mask_after_clear(barrier), d.tunables.high_water());
+            let pushed = slot.fq.push(entry, &tables, units, high_water);
+            if matches!(pushed, Pushed::NoRoom) {
                 // Room was made above and only this CPU pushes.
-                Pushed::NoRoom => {
-                    return Err(DmaError::QueueFull {
-                        capacity: slot.fq.capacity(),
-                    })
+                return Err(DmaError::QueueFull {
+                    capacity: slot.fq.capacity(),
+                });
+            }
+            d.arm.on_push_with(barrier);
+            // After `on_push`'s light fence: the deadline that bounds this
+            // unmap's stale window is armed before it returns (one load
+            // per unit when one is).
+            d.cover_unmap(units);
+            if matches!(pushed, Pushed::Full) {
+                flush_full_queue(d, slot, cache);
+            } else {
+                // The owner enforces the age limit too, every few pushes,
+                // so the stale window holds while the timer thread waits
+                // for a core.
+                *pushes = pushes.wrapping_add(1);
+                if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
+                    owner_expiry_check(d, slot, cache);
                 }
             }
         } else {
@@ -1495,6 +1462,54 @@ impl Work {
             }
         }
         Ok(())
+    }
+}
+
+/// A deferred unmap filled its queue to the high-water mark: the queue is
+/// taken and its flush issued, not waited for (its IOVAs are freed by a
+/// later look: here, at the next check, or the timer's round). Out of line:
+/// one unmap in the high-water mark gets here, and kept inline its
+/// registers cost every unmap a larger frame.
+#[cold]
+#[inline(never)]
+fn flush_full_queue(d: &DmaDomain, slot: &CpuSlot, cache: &mut IovaCpuCache) {
+    if let Some(mut taker) = slot.fq.try_taker() {
+        if let Some(b) = taker.take_all() {
+            // A failed flush keeps its batch for a retry and is counted;
+            // the unmap that got here is done.
+            let _ = d.issue_flush(b);
+        }
+        drop(taker);
+        d.reap_owned(cache, &slot.stats);
+    }
+}
+
+/// The owner's own age check of its queue, every [`OWNER_EXPIRY_EVERY`]
+/// deferred unmaps (out of line, as [`flush_full_queue`]): a queue whose
+/// oldest entry waited `flush_after` is taken and flushed; if a taker
+/// holds it (the timer, or `flush_all`, possibly off its CPU mid-flush),
+/// a batch past its age leaves the IOTLB now, lock-free.
+#[cold]
+#[inline(never)]
+fn owner_expiry_check(d: &DmaDomain, slot: &CpuSlot, cache: &mut IovaCpuCache) {
+    let after = d.tunables.flush_after();
+    // Never blocks: a taker that holds the queue is flushing it already
+    // (and may be waiting for a section this thread holds).
+    let now = Instant::now();
+    if let Some(mut taker) = slot.fq.try_taker() {
+        if let Some(b) = taker.take_if_older(now, after) {
+            // A failed flush keeps its batch for a retry and is counted;
+            // this unmap itself is done.
+            let _ = d.issue_flush(b);
+        }
+        drop(taker);
+        d.reap_owned(cache, &slot.stats);
+    } else if slot
+        .fq
+        .oldest()
+        .is_some_and(|t| now.saturating_duration_since(t) >= after)
+    {
+        d.drop_cached();
     }
 }
 
