@@ -113,15 +113,11 @@ fn bench_ring() {
         assert_eq!(r["device_errors"], 0, "the device verified every frame");
         let deferred = r["policy"] == "deferred";
         assert_eq!(r.get("stale_window_ms_max").is_some(), deferred, "{r}");
-        assert_eq!(r.get("stale_completion_ms_max").is_some(), deferred, "{r}");
         if deferred {
             // The window ends at the earlier of the flush's completion and
             // the expiry deadline, 3/4 of the default 10 ms timeout.
-            let stale = number(r, "stale_window_ms_max");
-            assert!(stale <= 7.5 + 1e-6, "{r}");
-            assert!(stale <= number(r, "stale_completion_ms_max"), "{r}");
+            assert!(number(r, "stale_window_ms_max") <= 7.5 + 1e-6, "{r}");
         }
-        assert!(number(r, "timer_wakeups_per_s") >= 0.0, "{r}");
         assert_eq!(r.get("flushes").is_some(), deferred, "{r}");
         assert!(r["us_per_pkt_spread"].is_null(), "one round: no spread");
         assert!(r["valid"].is_boolean(), "{r}");
