@@ -179,7 +179,7 @@ impl IovaCpuCache {
 
     /// [`IovaDomain::set_tag`] through this cache's cursor (a chunk not
     /// claimed yet is claimed by the domain's path).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn set_tag(&mut self, pfn: u64, tag: u32) -> Result<(), IovaError> {
         // SAFETY: as in `tag`.
         match unsafe { self.tag_cur.cell(&self.domain.tags, pfn) } {

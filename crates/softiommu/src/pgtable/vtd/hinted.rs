@@ -104,7 +104,7 @@ impl VtdPageTable {
     /// one store per page when the range lies in one 2 MiB region of a
     /// coherent table whose last-level table exists; otherwise through
     /// `map_fresh`. `phys` and `len` are 4 KiB aligned.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn map_hinted(
         &self,
         iova: u64,
@@ -155,7 +155,7 @@ impl VtdPageTable {
     /// last-level table of a coherent table; otherwise through the general
     /// unmap (which checks and reports everything). A deferred unmap needs
     /// no range: its flush invalidates the whole domain.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn unmap_hinted(
         &self,
         iova: u64,
