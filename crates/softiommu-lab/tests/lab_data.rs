@@ -569,6 +569,24 @@ fn fio_aging_with_a_back_end_file_that_shrinks_marks_its_figures_invalid_and_exi
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    // The file is open, but its size is checked just after: shrinking it
+    // now could fail the open instead of the I/O. Wait until the device
+    // has read from it (the process's read-syscall byte count grows by
+    // 256 KiB, 64 of the 4 KiB reads).
+    let rchar = || -> Option<u64> {
+        let io = std::fs::read_to_string(format!("/proc/{}/io", child.id())).ok()?;
+        io.lines()
+            .find_map(|l| l.strip_prefix("rchar:"))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let base = rchar().expect("/proc/PID/io is readable");
+    while rchar().is_some_and(|r| r < base + (256 << 10)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the device never read the file"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
     std::fs::OpenOptions::new()
         .write(true)
         .open(&disk)
