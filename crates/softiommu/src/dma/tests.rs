@@ -322,6 +322,60 @@ fn a_drain_held_open_across_timer_rounds_keeps_the_stale_window_inside_the_timeo
     assert!(w.mean <= w.max);
 }
 
+/// A timer round never waits for a drain: with a device thread's
+/// translation section held open, each round issues its flush, polls it
+/// once and returns, leaving it in flight; the first round after the
+/// section ends completes them all. A round used to poll a stalled drain
+/// for up to 200 µs, spinning and yielding on the timer's CPU while the
+/// device thread (the hardware) was held — CPU inside the deferred
+/// policy's service demand that followed the machine's load — so on the
+/// old code every round here took at least 200 µs.
+#[test]
+fn a_timer_round_leaves_a_stalled_drain_in_flight_without_waiting_for_it() {
+    use super::timer::TimerWork;
+    let mut r = rig(DmaPolicy::Deferred, false);
+    // Only these rounds flush: the timer thread is paused, and the owner
+    // never reaches its own flush (high-water mark, half the timeout).
+    r.domain.arm.pause(true);
+    r.domain.set_timeout(MAX_TIMEOUT).unwrap();
+    let buf = r.mem.alloc_zeroed_frames(0).unwrap();
+    let (device, release_tx) = hold_section(r.domain.system());
+    let rounds = 5;
+    let mut fastest = Duration::MAX;
+    for i in 0..rounds {
+        let a = r
+            .cpu
+            .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
+            .unwrap();
+        r.cpu
+            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+            .unwrap();
+        let t = std::time::Instant::now();
+        let round = TimerWork::round(&*r.domain, std::time::Instant::now());
+        fastest = fastest.min(t.elapsed());
+        assert!(round.worked && round.open, "{round:?}");
+        assert_eq!(r.domain.in_flight.len(), i + 1, "left in flight");
+    }
+    assert_eq!(r.domain.stats().flushes, 0, "stalled on the open section");
+    // The fastest of five rounds: a round preempted by the host in its
+    // poll is not the round's waiting.
+    assert!(
+        fastest < Duration::from_micros(200),
+        "a round waited for the drain: {fastest:?}"
+    );
+    release_tx.send(()).unwrap();
+    device.join().unwrap();
+    let round = TimerWork::round(&*r.domain, std::time::Instant::now());
+    assert!(!round.open, "{round:?}");
+    assert_eq!(r.domain.in_flight.len(), 0);
+    let st = r.domain.stats();
+    assert_eq!(
+        (st.flushes, st.flushed_entries, st.live()),
+        (rounds as u64, rounds as u64, 0)
+    );
+    r.domain.arm.pause(false);
+}
+
 /// Under a steady stream of unmaps the timer fires once per timeout (as
 /// Linux's flush-queue timer does), not once per half-timeout after each
 /// queue's oldest entry: it used to wake about twice a period here.

@@ -33,15 +33,18 @@
 //!
 //! A flush's wait completes only when a pass over the unit's queue finds
 //! its drain done (the device threads' translation sections open at the
-//! invalidation have closed). A round that issued a flush polls for up to
-//! [`DRAIN_WAIT`] (spinning, then yielding), which covers a section a
-//! device thread is inside for a few microseconds without another
-//! wake-up; a flight still open after that (a device thread the host took
-//! off its CPU mid-section) is left to the owners' unmaps and the next
-//! round. (Looking again [`RECHECK`] later while any flight was open woke
-//! the timer 270–540 times a second at full speed in `lab netperf-udp`
-//! (1,400 in a debug build), where some owner's flush is always in
-//! flight.)
+//! invalidation have closed). A round polls the flushes in flight once
+//! and never waits for a drain: a flight still open (a device thread
+//! inside a section, or one the host took off its CPU mid-section) is
+//! left to the owners' unmaps and the next round. The device threads
+//! stand for the hardware, and a round that waited for them spent the
+//! timer's CPU on however long the host kept them off their CPUs: it
+//! used to poll for up to 200 µs, spinning then yielding, and in `lab
+//! netperf-udp` at load 12 on 2 cores that wait took 14-28 µs per
+//! round that issued a flush, in rounds of 20-34 µs on the timer's
+//! clock. (Looking again [`RECHECK`] later while
+//! any flight was open woke the timer 270–540 times a second at full
+//! speed, where some owner's flush is always in flight.)
 //!
 //! The timer knows its domain only through [`TimerWork`], so that this
 //! module depends on the flush queue's arm and nothing above it.
@@ -60,9 +63,9 @@ pub(crate) trait TimerWork: Send + Sync {
     fn arm(&self) -> &Arc<TimerArm>;
     /// How long the timer waits between rounds while armed.
     fn timer_period(&self) -> Duration;
-    /// The round: flushes every queue, polls the flushes in flight for up
-    /// to `drain_wait`, and says what it found.
-    fn round(&self, now: Instant, drain_wait: Duration) -> Round;
+    /// The round: flushes every queue, polls the flushes in flight once
+    /// (never waiting for a drain), and says what it found.
+    fn round(&self, now: Instant) -> Round;
     /// Whether a failed flush waits for a retry (a kick then runs a round
     /// at once).
     fn retry_due(&self) -> bool;
@@ -84,17 +87,10 @@ pub(crate) struct Round {
     /// It took a batch, retried a failed flush, or left something queued
     /// or in flight: the timer stays armed for another period.
     pub(crate) worked: bool,
-    /// A flush is still in flight (its drain stalled past the round's
-    /// wait) or a failed one waits for a retry.
+    /// A flush is still in flight (its drain was not done at the round's
+    /// poll) or a failed one waits for a retry.
     pub(crate) open: bool,
 }
-
-/// How long a round that issued a flush polls the flushes in flight
-/// before leaving them: a few hundred microseconds is far more than a
-/// device thread's translation section takes when it runs (at most 2 % of
-/// one CPU at 100 rounds a second, and only while a section is held open
-/// past it).
-pub(crate) const DRAIN_WAIT: Duration = Duration::from_micros(200);
 
 /// While a failed flush waits for its retry, the timer retries it this
 /// often (or at its period, if that is sooner).
@@ -163,7 +159,7 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
             continue;
         }
         last_round = Some(now);
-        let round = d.round(now, DRAIN_WAIT);
+        let round = d.round(now);
         if round.worked {
             // Work waits or may come: its deadline must be armed (an
             // owner's arming can lose to the clearing below, on an earlier
