@@ -64,8 +64,27 @@ fn lab_viommu_json_has_the_contract_fields() {
             "invalidations_per_io",
             "driver_wait_cpu_us_per_io",
             "device_us_per_io",
+            "pct_of_none_min",
+            "pct_of_none_median",
+            "pct_of_none_max",
         ] {
             assert!(r[key].as_f64().is_some(), "{key} in {r}");
+        }
+        // The spread over the run's slices, each against none's beside
+        // it: ordered, over at least one slice, none's all 100.
+        let sp = |k: &str| r[k].as_f64().unwrap();
+        assert!(r["spread_slices"].as_u64().is_some_and(|n| n >= 1), "{r}");
+        assert!(
+            sp("pct_of_none_min") <= sp("pct_of_none_median")
+                && sp("pct_of_none_median") <= sp("pct_of_none_max"),
+            "{r}"
+        );
+        if r["mode"] == "none" {
+            assert_eq!(
+                (sp("pct_of_none_min"), sp("pct_of_none_max")),
+                (100.0, 100.0),
+                "{r}"
+            );
         }
         let device = r["device"].as_str().expect("device");
         assert!(

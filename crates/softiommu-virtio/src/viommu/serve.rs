@@ -38,6 +38,9 @@ struct Done {
 #[derive(Debug, Default)]
 pub(crate) struct Server {
     parts: Parts,
+    /// The readable part of the chain being served (`MAX_REQUEST` bytes
+    /// once a round has run).
+    buf: Vec<u8>,
     done: Vec<Done>,
     probe: Vec<u8>,
     /// Whether the last round stopped taking chains because its time ran
@@ -48,6 +51,10 @@ pub(crate) struct Server {
     /// section (a device thread preempted between a slice and its write).
     stall: Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
 }
+
+/// Chains a round takes between two looks at the clock when none of them
+/// may wait (see [`Server::round`]).
+const CLOCK_EVERY: usize = 16;
 
 /// The device's unit, when its thread has no translation section there.
 const NO_SECTION: DeviceError = DeviceError::BackendFailed {
@@ -93,21 +100,33 @@ impl Server {
         };
         self.done.clear();
         self.cut = false;
+        self.buf.resize(MAX_REQUEST, 0);
         let deadline = std::time::Instant::now().checked_add(cfg.invalidation_timeout);
-        for _ in 0..cfg.batch {
-            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+        // Whether the clock must be read before the next chain: after a
+        // chain that may have waited (an ATTACH's or DETACH's drain, up
+        // to one bound) and every `CLOCK_EVERY` chains — the others
+        // (MAP, UNMAP, PROBE) never wait, so between two looks the round
+        // runs at most `CLOCK_EVERY` of them past its bound.
+        let mut look = false;
+        for i in 0..cfg.batch {
+            if (look || i % CLOCK_EVERY == 0)
+                && deadline.is_some_and(|d| std::time::Instant::now() >= d)
+            {
                 self.cut = true;
                 break;
             }
-            let parts = &mut self.parts;
+            let (parts, buf) = (&mut self.parts, &mut self.buf);
+            // The chain taken, walked and its readable part read in one
+            // section (reads only: a fault reading the request is the
+            // request's `FAULT`, not the queue's).
             let taken = sec(unit, NO_SECTION, || {
                 let Some(head) = q.pop(mem)? else {
                     return Ok(None);
                 };
                 q.walk(mem, head, ChainDir::ReadableThenWritable, &mut parts.descs)?;
-                Ok(Some(head))
+                Ok(Some((head, parts.read(mem, &mut buf[..]))))
             });
-            let head = match taken {
+            let (head, got) = match taken {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => {
@@ -116,7 +135,9 @@ impl Server {
                     break;
                 }
             };
-            let d = self.one(head, state, cfg, neg, mem, c, unit);
+            look =
+                matches!(got, Ok(n) if n > 0 && matches!(self.buf[0], s::T_ATTACH | s::T_DETACH));
+            let d = self.one(head, got, state, cfg, neg, mem, c, unit);
             self.done.push(d);
         }
         if self.done.is_empty() {
@@ -137,43 +158,44 @@ impl Server {
                 }
             }
         }
-        // The UNMAPs whose invalidation completed: `OK` now.
-        if invalidated {
-            for d in &mut self.done {
-                if let Some(at) = d.unmap_status_at.take() {
+        // Every chain returned in one section (guest-memory writes only,
+        // no wait): each UNMAP whose invalidation completed gets its `OK`
+        // first, then its used element.
+        let done = &mut self.done;
+        let returned = sec(unit, NO_SECTION, || {
+            for d in done.iter_mut() {
+                if let Some(at) = d.unmap_status_at.take().filter(|_| invalidated) {
                     let ok = [Status::Ok.code()];
                     let at = vm_memory::GuestAddress(at);
-                    let w = sec(unit, (), || {
-                        vm_memory::Bytes::write_slice(mem, &ok, at).map_err(|_| ())
-                    });
-                    if w.is_ok() {
+                    if vm_memory::Bytes::write_slice(mem, &ok, at).is_ok() {
                         d.status = Some(Status::Ok);
                     }
                 }
-            }
-        }
-        for d in &self.done {
-            bump(&c.requests, 1);
-            match d.status {
-                Some(Status::Ok) => {}
-                Some(_) => bump(&c.failed, 1),
-                None => {
-                    bump(&c.failed, 1);
-                    bump(&c.unwritten, 1);
+                bump(&c.requests, 1);
+                match d.status {
+                    Some(Status::Ok) => {}
+                    Some(_) => bump(&c.failed, 1),
+                    None => {
+                        bump(&c.failed, 1);
+                        bump(&c.unwritten, 1);
+                    }
                 }
+                q.add_used(mem, d.head, d.used)?;
             }
-            if let Err(e) = sec(unit, NO_SECTION, || q.add_used(mem, d.head, d.used)) {
+            Ok(q.interrupt_wanted(mem))
+        });
+        match returned {
+            Ok(Ok(true)) => end.queue_interrupt(s::REQUEST_QUEUE),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                q.stop();
+                end.report(e);
+            }
+            Err(e) => {
+                // A used element not written: the queue stops there.
                 q.stop();
                 end.report(e);
                 return true;
-            }
-        }
-        match sec(unit, NO_SECTION, || q.interrupt_wanted(mem)) {
-            Ok(true) => end.queue_interrupt(s::REQUEST_QUEUE),
-            Ok(false) => {}
-            Err(e) => {
-                q.stop();
-                end.report(e);
             }
         }
         if let Some(b) = state.take_broke() {
@@ -201,10 +223,14 @@ impl Server {
     /// A successful UNMAP's `OK` is not written here: its tail keeps the
     /// provisional `DEVERR` until the round's invalidation has completed
     /// ([`round`](Self::round) writes `OK` then).
+    ///
+    /// `got`: what reading the readable part into `self.buf` gave (the
+    /// bytes read, or `Err` on a fault).
     #[allow(clippy::too_many_arguments)]
     fn one(
         &mut self,
         head: u16,
+        got: Result<usize, ()>,
         state: &mut State,
         cfg: &ViommuConfig,
         neg: Negotiated,
@@ -224,13 +250,13 @@ impl Server {
             return unwritten;
         }
         let rlen = usize::try_from(self.parts.readable_len()).unwrap_or(usize::MAX);
-        let mut buf = [0u8; MAX_REQUEST];
         let mut ty = None;
-        let parsed = match sec(unit, (), || self.parts.read(mem, &mut buf)) {
+        let parsed = match got {
             Err(()) => Err(Status::Fault),
             Ok(got) => {
-                ty = (got > 0).then_some(buf[0]);
-                match Request::parse(&buf[..got], rlen) {
+                let got = got.min(MAX_REQUEST);
+                ty = (got > 0).then_some(self.buf[0]);
+                match Request::parse(&self.buf[..got], rlen) {
                     // §5.13.6.2: an unknown type is returned unwritten.
                     Err(ParseError::UnknownType(_)) => return unwritten,
                     Err(ParseError::NoHead | ParseError::Short { .. }) => Err(Status::Inval),

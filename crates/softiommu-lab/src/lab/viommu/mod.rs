@@ -4,8 +4,11 @@
 //! API over the virtio-iommu device — with no IOMMU (the endpoint in
 //! bypass, buffers at their physical addresses), guest strict (every MAP
 //! and UNMAP sent and waited for) and guest lazy (Linux 6.8: one
-//! notification per request's map sync, UNMAPs queued behind it, IOVAs
-//! freed after them).
+//! notification per map sync — of the requests submitted together, one
+//! or more — UNMAPs queued behind it, IOVAs freed after them). The
+//! driver submits the reads whose slots one pass over the used ring
+//! freed together, in every mode: their buffers mapped by one DMA call,
+//! the disk notified once.
 //!
 //! Two back-ends: `null` (no device time: the raw costs) and
 //! `ssd-80us-3500MBps`, a stated model of an NVMe SSD — every request
@@ -127,6 +130,16 @@ pub struct ViommuRow {
     pub iops: f64,
     /// Throughput as % of the same back-end with no IOMMU.
     pub pct_of_none: f64,
+    /// The least of `pct_of_none` over the run's slices: each slice of
+    /// the mode against none's slice of the same index and round, run
+    /// beside it (the spread within the run; 100 for none).
+    pub pct_of_none_min: f64,
+    /// The median of the slices' `pct_of_none` (as `pct_of_none_min`).
+    pub pct_of_none_median: f64,
+    /// The greatest of the slices' `pct_of_none` (as `pct_of_none_min`).
+    pub pct_of_none_max: f64,
+    /// Slices the spread is over (every round's).
+    pub spread_slices: u64,
     /// The driver thread's CPU time per read, µs, less its waiting for
     /// the disk's completions: its work, with the modelled exits and the
     /// virtio-iommu's handling of its requests (on the notifying thread,
@@ -304,7 +317,8 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
         (SSD_DEVICE, Some(SSD_HOLD), args.bw_bs, bw_depth),
     ];
     for (device, hold, bs, depth) in jobs {
-        let (secs, med) = median_rounds(rounds, || measure_round(hold, ios, depth, exit, bs))?;
+        let (secs, med, spread) =
+            median_rounds(rounds, || measure_round(hold, ios, depth, exit, bs))?;
         let none_iops = ios as f64 / med[0].secs;
         let model_us = hold.map_or(0.0, |h| h.as_secs_f64() * 1e6);
         // With `depth` reads queued on the link, each waits `depth`
@@ -312,7 +326,7 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
         let transfer_us = bs as f64 / SSD_BYTES_PER_SEC as f64 * 1e6;
         let model_hi_us = model_us.max(depth as f64 * transfer_us);
         let whys = physics_all(&secs);
-        for ((mode, m), why) in Mode::ALL.iter().zip(&med).zip(whys) {
+        for (((mode, m), why), sp) in Mode::ALL.iter().zip(&med).zip(whys).zip(&spread) {
             let iops = ios as f64 / m.secs;
             let per = |x: u64| x as f64 / ios as f64;
             let device_us = if m.released > 0 {
@@ -335,6 +349,10 @@ pub fn run(args: &ViommuArgs) -> LabResult<Report> {
                 depth: depth as u64,
                 iops,
                 pct_of_none: 100.0 * iops / none_iops,
+                pct_of_none_min: sp.min,
+                pct_of_none_median: sp.median,
+                pct_of_none_max: sp.max,
+                spread_slices: sp.n,
                 driver_cpu_us_per_io: m.cpu_secs * 1e6 / ios as f64,
                 driver_wait_cpu_us_per_io: m.wait_cpu_secs * 1e6 / ios as f64,
                 device_us_per_io: device_us,

@@ -42,7 +42,7 @@ use softiommu_virtio::viommu::{
 };
 
 use super::rig::Guest;
-use super::run::{interleave, median_rounds, Measured, Sliced};
+use super::run::{interleave, median_rounds, Measured, Round, Sliced};
 use super::{physics, Mode, ViommuRow};
 use crate::error::{LabError, LabResult};
 
@@ -347,7 +347,7 @@ impl Sliced for UdpRig {
 /// One round: the three modes on three rigs built side by side, `ios`
 /// datagrams each in slices of [`SLICE`] interleaved (the order reversed
 /// every other slice). Returned in [`Mode::ALL`]'s order.
-fn measure_round(ios: u64, exit: Duration) -> LabResult<Vec<Measured>> {
+fn measure_round(ios: u64, exit: Duration) -> LabResult<Round> {
     let mut rigs = Mode::ALL
         .iter()
         .map(|&m| UdpRig::new(m, exit))
@@ -359,13 +359,14 @@ fn measure_round(ios: u64, exit: Duration) -> LabResult<Vec<Measured>> {
 /// `rounds` rounds (the median round reported), every notification of
 /// the guest's devices costing `exit`.
 pub(super) fn udp_rows(ios: u64, rounds: u64, exit: Duration) -> LabResult<Vec<ViommuRow>> {
-    let (secs, med) = median_rounds(rounds, || measure_round(ios, exit))?;
+    let (secs, med, spread) = median_rounds(rounds, || measure_round(ios, exit))?;
     let none_rate = ios as f64 / med[0].secs;
     let per = |x: u64| x as f64 / ios as f64;
     Ok(Mode::ALL
         .iter()
         .zip(&med)
-        .map(|(&mode, m)| {
+        .zip(&spread)
+        .map(|((&mode, m), sp)| {
             let why = physics(mode, &secs);
             let rate = ios as f64 / m.secs;
             ViommuRow {
@@ -375,6 +376,10 @@ pub(super) fn udp_rows(ios: u64, rounds: u64, exit: Duration) -> LabResult<Vec<V
                 depth: WINDOW,
                 iops: rate,
                 pct_of_none: 100.0 * rate / none_rate,
+                pct_of_none_min: sp.min,
+                pct_of_none_median: sp.median,
+                pct_of_none_max: sp.max,
+                spread_slices: sp.n,
                 driver_cpu_us_per_io: m.cpu_secs * 1e6 / ios as f64,
                 driver_wait_cpu_us_per_io: 0.0,
                 device_us_per_io: 0.0,
@@ -401,7 +406,7 @@ mod tests {
     /// map sync and far fewer invalidations; none sends nothing.
     #[test]
     fn each_mode_counts_its_own_requests_per_datagram() {
-        let m = measure_round(300, Duration::ZERO).unwrap();
+        let (m, _) = measure_round(300, Duration::ZERO).unwrap();
         let per = |i: usize, x: fn(&Measured) -> u64| x(&m[i]) as f64 / 300.0;
         assert_eq!((m[0].requests, m[0].notifications), (0, 0), "{m:?}");
         // Exactly a MAP and an UNMAP per datagram in both modes (the
