@@ -259,6 +259,21 @@ fn start_run(db: &Path, d: &Path, scenarios: &str, extra: &[&str]) -> (Child, Re
     (child, rx)
 }
 
+/// Every stderr line `err` has left, up to the child's end of stderr
+/// (its reader thread then drops the sender). The child has exited, but
+/// its reader thread may not have read its last lines yet: a sleep is no
+/// proof that it has, the end of the channel is.
+fn rest_of(err: Receiver<String>) -> Vec<String> {
+    let mut lines = Vec::new();
+    loop {
+        match err.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) => lines.push(l),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return lines,
+            Err(e) => panic!("stderr not closed 60 s after the exit: {e}; {lines:?}"),
+        }
+    }
+}
+
 /// A reader's lock: a read transaction holding SQLite's SHARED lock,
 /// which keeps any writer from committing.
 fn hold_as_reader(db: &Path) -> Connection {
@@ -346,8 +361,7 @@ fn a_database_held_past_the_bound_prints_the_figures_and_says_what_was_not_store
     let child_out = wait_within(child, Duration::from_secs(120), "run");
     holder.execute_batch("ROLLBACK").unwrap();
     drop(holder);
-    std::thread::sleep(Duration::from_millis(100));
-    let lines: Vec<String> = err.try_iter().collect();
+    let lines = rest_of(err);
     assert_eq!(child_out.status.code(), Some(1), "{lines:?}");
     let last = lines.last().unwrap();
     assert!(

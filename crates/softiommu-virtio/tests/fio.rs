@@ -3,6 +3,9 @@
 //! that fails is counted per job while the run goes on; every bad setting
 //! is its own typed error.
 
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
 use softiommu::dma::DmaPolicy;
@@ -230,44 +233,83 @@ fn a_rate_based_slow_tail_sends_its_rate_whatever_the_percentage() {
     assert_eq!(r.io_errors, 0);
 }
 
+/// An inotify descriptor watching `path` for reads (`IN_ACCESS`).
+fn watch_reads(path: &std::path::Path) -> OwnedFd {
+    // SAFETY: no pointer arguments; the result is checked.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    assert!(
+        fd >= 0,
+        "inotify_init1: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), libc::IN_ACCESS) };
+    assert!(
+        wd >= 0,
+        "inotify_add_watch: {}",
+        std::io::Error::last_os_error()
+    );
+    fd
+}
+
+/// Whether the watched file was read within `limit`.
+fn read_within(fd: &OwnedFd, limit: Duration) -> bool {
+    let t0 = std::time::Instant::now();
+    loop {
+        let left = limit.saturating_sub(t0.elapsed());
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, valid for the call.
+        let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n > 0 {
+            return true;
+        }
+        let interrupted = std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+        if !(n < 0 && interrupted && !left.is_zero()) {
+            return false;
+        }
+    }
+}
+
 #[test]
 fn backend_errors_are_counted_per_job_and_the_run_goes_on() {
-    // The disk says 4 MiB; 50 ms into the run the file is cut to its
-    // first half: reads past it fail (end of file), reads before it
-    // succeed. On a loaded machine the cut can land before the back-end
-    // has opened the file, which refuses it as too small: that attempt
-    // proves nothing about a run going on, so it is tried again later.
-    for attempt in 1..=5u64 {
-        let path = std::env::temp_dir().join(format!(
-            "softiommu-fio-{}-{attempt}.img",
-            std::process::id()
-        ));
-        let f = std::fs::File::create(&path).unwrap();
-        f.set_len(4 << 20).unwrap();
-        let cfg = host(BackendConfig::File {
-            path: path.clone(),
-            direct: false,
-            size: Some(4 << 20),
-        });
-        let shrink = std::thread::spawn({
-            let f = f.try_clone().unwrap();
-            move || {
-                std::thread::sleep(Duration::from_millis(50 * attempt));
-                f.set_len(2 << 20).unwrap();
-            }
-        });
-        let r = run_fio(&cfg, &quick());
-        shrink.join().unwrap();
-        let _ = std::fs::remove_file(&path);
-        let r = match r {
-            Err(e) if format!("{e:?}").contains("TooSmall") && attempt < 5 => continue,
-            r => r.expect("run"),
-        };
-        assert!(r.io_errors > 0, "{r:?}");
-        assert!(r.ops > 0, "the run went on");
-        assert!(r.jobs.iter().all(|j| j.io_errors > 0 && j.ops > 0));
-        return;
-    }
+    // The disk says 4 MiB; once the back-end has read from the file (so
+    // it has opened it and checked its size) the file is cut to its first
+    // half: reads past it fail (end of file), reads before it succeed.
+    // Cut at a time instead, it could land before the open or between
+    // the open and the size check on a loaded machine, and the back-end
+    // refused the file as too small.
+    let path =
+        std::env::temp_dir().join(format!("softiommu-fio-{}-shrink.img", std::process::id()));
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(4 << 20).unwrap();
+    let cfg = host(BackendConfig::File {
+        path: path.clone(),
+        direct: false,
+        size: Some(4 << 20),
+    });
+    let reads = watch_reads(&path);
+    let shrink = std::thread::spawn(move || {
+        let read = read_within(&reads, Duration::from_secs(60));
+        if read {
+            f.set_len(2 << 20).unwrap();
+        }
+        read
+    });
+    let r = run_fio(&cfg, &quick());
+    let shrunk = shrink.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(shrunk, "the back-end never read the file");
+    let r = r.expect("run");
+    assert!(r.io_errors > 0, "{r:?}");
+    assert!(r.ops > 0, "the run went on");
+    assert!(r.jobs.iter().all(|j| j.io_errors > 0 && j.ops > 0));
 }
 
 #[test]

@@ -660,13 +660,18 @@ mod tests {
             )
             .unwrap();
             // 50 ms of 20 ms transfers: 3 pairs, a fourth on a slow
-            // machine; never 64.
+            // machine; never 64. The count is the contract: every pair
+            // spends its 20 ms transfer whatever the machine's load, so a
+            // loaded machine cannot raise it, while a wall-clock bound on
+            // the whole call (setup included: 900 ms here before) failed
+            // on one.
             assert!(
                 (1..=5).contains(&r.pairs),
                 "untimed {untimed}: {} pairs",
                 r.pairs
             );
-            assert!(t0.elapsed() < std::time::Duration::from_millis(900));
+            // No hang.
+            assert!(t0.elapsed() < std::time::Duration::from_secs(30));
         }
     }
 

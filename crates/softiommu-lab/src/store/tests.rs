@@ -60,15 +60,22 @@ fn recording_the_end_outlasts_a_reader_within_the_final_bound() {
             .unwrap();
         tx.send(()).unwrap();
         std::thread::sleep(Duration::from_millis(1500));
+        // Taken before the lock goes: the writer cannot have committed
+        // before this instant.
+        let released = Instant::now();
         c.execute_batch("COMMIT").unwrap();
+        released
     });
     rx.recv().unwrap();
-    let t0 = Instant::now();
     store
         .finish_run_why(id, RunStatus::Complete, None, Duration::from_secs(20))
         .unwrap();
-    assert!(t0.elapsed() >= Duration::from_millis(1000));
-    reader.join().unwrap();
+    let done = Instant::now();
+    let released = reader.join().unwrap();
+    // The write waited for the reader (its 1.5 s are far past the 100 ms
+    // write wait). Compared with the instant the reader let go, not with
+    // a clock started after its signal: this thread may run late.
+    assert!(done >= released, "committed under the reader's lock");
     assert_eq!(store.run(id).unwrap().status, "complete");
     // Past the bound: Locked, and the row still says running.
     let id2 = begin(&store);

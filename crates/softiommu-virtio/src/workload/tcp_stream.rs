@@ -244,6 +244,7 @@ pub fn tcp_stream(cfg: &TcpStreamConfig) -> Result<TcpStreamResult, WorkloadErro
     let phase = Phase::default();
     let sender_done = AtomicBool::new(false);
     let (ready_tx, ready_rx) = mpsc::channel::<&'static str>();
+    let (flowing_tx, flowing_rx) = mpsc::channel::<()>();
     let out = std::thread::scope(|s| {
         let rx_ready = ready_tx.clone();
         let receiver = s.spawn(|| {
@@ -255,6 +256,7 @@ pub fn tcp_stream(cfg: &TcpStreamConfig) -> Result<TcpStreamResult, WorkloadErro
                 &phase,
                 &sender_done,
                 rx_ready,
+                flowing_tx,
             )
         });
         let sender = s.spawn(|| {
@@ -280,6 +282,17 @@ pub fn tcp_stream(cfg: &TcpStreamConfig) -> Result<TcpStreamResult, WorkloadErro
                         secs: 10,
                     })?;
             }
+            // The warm-up starts once the stream flows, not when the
+            // drivers are up: on a loaded machine the connection can take
+            // longer than the warm-up and the window, and the window then
+            // measured a stream that had not started (0 bytes).
+            flowing_rx
+                .recv_timeout(FLOW_WAIT)
+                .map_err(|_| WorkloadError::Timeout {
+                    side: "b",
+                    what: "the stream's first bytes",
+                    secs: FLOW_WAIT.as_secs(),
+                })?;
             std::thread::sleep(cfg.warmup);
             let dev0 = hosts.a.device.cpu_time() + hosts.b.device.cpu_time();
             let timer0 = timers(&hosts);
@@ -355,6 +368,10 @@ fn tcp_socket(buf: usize) -> tcp::Socket<'static> {
 
 /// How long the tail (close, last bytes) may take after the window.
 const TAIL: Duration = Duration::from_secs(15);
+
+/// How long the stream may take to deliver its first bytes once both
+/// drivers are up (the handshake and the first segments).
+const FLOW_WAIT: Duration = Duration::from_secs(30);
 
 #[allow(clippy::too_many_arguments)]
 fn send(
@@ -454,8 +471,10 @@ fn receive(
     phase: &Phase,
     sender_done: &AtomicBool,
     ready: mpsc::Sender<&'static str>,
+    flowing: mpsc::Sender<()>,
 ) -> Result<(Window, u64, u64), WorkloadError> {
     let side = "b";
+    let mut flowing = Some(flowing);
     let drv = |source| WorkloadError::Driver { side, source };
     let mut st = host.stack(common.driver(), cidr(B_IP)).map_err(drv)?;
     let mut sock = tcp_socket(buf.saturating_mul(4));
@@ -486,6 +505,11 @@ fn receive(
                 })?;
         }
         got += n as u64;
+        if got > 0 {
+            if let Some(f) = flowing.take() {
+                let _ = f.send(());
+            }
+        }
         if let Some(t) = stopped {
             // After the window: read until the sender's FIN, then keep
             // the stack running (ACKs, retransmissions) until the sender

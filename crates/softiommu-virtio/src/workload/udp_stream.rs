@@ -239,11 +239,14 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
     let tally = Tally::default();
     let phase = Phase::default();
     let (ready_tx, ready_rx) = mpsc::channel::<&'static str>();
+    let (flowing_tx, flowing_rx) = mpsc::channel::<()>();
     let out = std::thread::scope(|s| {
         let rx_ready = ready_tx.clone();
         let receiver = s.spawn(|| {
             pin(common.cpus.receiver);
-            receive(&hosts.b, &common, &phase, pace, &tally, rx_ready)
+            receive(
+                &hosts.b, &common, &phase, pace, &tally, rx_ready, flowing_tx,
+            )
         });
         let sender = s.spawn(|| {
             pin(common.cpus.sender);
@@ -260,6 +263,16 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
                             secs: 10,
                         })?;
                 }
+                // The warm-up starts once datagrams arrive, not when the
+                // drivers are up: on a loaded machine ARP and the first
+                // datagrams can take longer than the warm-up.
+                flowing_rx
+                    .recv_timeout(FLOW_WAIT)
+                    .map_err(|_| WorkloadError::Timeout {
+                        side: "b",
+                        what: "the first datagram",
+                        secs: FLOW_WAIT.as_secs(),
+                    })?;
                 std::thread::sleep(cfg.warmup);
                 let dev0 = (hosts.a.device.cpu_time(), hosts.b.device.cpu_time());
                 let timer0 = timers(&hosts);
@@ -512,6 +525,11 @@ fn send(
     }
 }
 
+/// How long the first datagram may take to arrive once both drivers are
+/// up (ARP and the first sends).
+const FLOW_WAIT: Duration = Duration::from_secs(30);
+
+#[allow(clippy::too_many_arguments)]
 fn receive(
     host: &Host,
     common: &Common,
@@ -519,8 +537,10 @@ fn receive(
     pace: Option<f64>,
     tally: &Tally,
     ready: mpsc::Sender<&'static str>,
+    flowing: mpsc::Sender<()>,
 ) -> Result<Window, WorkloadError> {
     let side = "b";
+    let mut flowing = Some(flowing);
     let drv = |source| WorkloadError::Driver { side, source };
     let mut st = host.stack(common.driver(), cidr(B_IP)).map_err(drv)?;
     // A datagram that lost a fragment frees its reassembly buffer soon.
@@ -553,6 +573,11 @@ fn receive(
             n += 1;
         }
         got += n;
+        if got > 0 {
+            if let Some(f) = flowing.take() {
+                let _ = f.send(());
+            }
+        }
         if n == 0 && !changed {
             match period {
                 // The queues are empty: sleep to the next poll, the

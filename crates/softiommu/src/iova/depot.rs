@@ -74,6 +74,11 @@ impl Depots {
         self.slots.len() / self.shards
     }
 
+    /// Shard `i`'s part of a bound of `bound` magazines over all shards.
+    fn share(&self, bound: usize, i: usize) -> usize {
+        bound / self.shards + usize::from(i < bound % self.shards)
+    }
+
     fn shard(&self, order: u32, i: usize) -> &Mutex<Shard> {
         &self.slots[order as usize * self.shards + i % self.shards]
     }
@@ -82,6 +87,10 @@ impl Depots {
     /// depot: the core's shard, or, if that one holds its share of `bound`
     /// magazines, any other shard below its share. `None` bounds nothing.
     /// Returns the magazine if every shard is full.
+    ///
+    /// The shares add up to `bound` exactly, whatever the shard (core)
+    /// count: shard `i` holds `bound / shards` magazines, one more for
+    /// the first `bound % shards` shards.
     pub(super) fn push(
         &self,
         order: u32,
@@ -91,11 +100,11 @@ impl Depots {
         bound: Option<usize>,
         now: Instant,
     ) -> Result<(), Magazine> {
-        let share = bound.map(|b| b.div_ceil(self.shards));
         for k in 0..self.shards {
-            let mut s = lock(self.shard(order, core + k));
+            let i = (core + k) % self.shards;
+            let mut s = lock(self.shard(order, i));
             s.last_touch = now;
-            if share.is_some_and(|cap| s.mags.len() >= cap) {
+            if bound.is_some_and(|b| s.mags.len() >= self.share(b, i)) {
                 continue;
             }
             s.iovas += mag.len() as u64;
@@ -208,18 +217,40 @@ mod tests {
     fn a_full_shard_spills_to_another_and_the_bound_holds_over_all() {
         let now = Instant::now();
         let d = Depots::new(1, 2, now);
-        // A bound of 3 over 2 shards: 2 per shard.
-        for i in 0..4 {
+        // A bound of 3 over 2 shards: 2 in shard 0, 1 in shard 1 (not 2
+        // each: the bound is over all shards, whatever the core count).
+        for i in 0..3 {
             d.push(0, 0, 7, full(4, i * 10), Some(3), now).unwrap();
         }
         assert!(matches!(d.push(0, 0, 7, full(4, 99), Some(3), now), Err(m) if m.len() == 4));
-        assert_eq!(d.totals(), (4, 16));
+        assert_eq!(d.totals(), (3, 12));
         // Core 1 takes its own shard's magazines first, then core 0's.
-        for _ in 0..4 {
+        for _ in 0..3 {
             assert!(d.pop(0, 1, 9, now).is_some());
         }
         assert!(d.pop(0, 1, 9, now).is_none());
         assert_eq!(d.totals(), (0, 0));
+    }
+
+    /// Any shard count holds exactly the bound (a 3-core machine's
+    /// depot of bound 8 held 9: 3 shards of 3).
+    #[test]
+    fn the_bound_holds_over_all_shards_whatever_their_count() {
+        let now = Instant::now();
+        for shards in 1..=9 {
+            for bound in [1, 2, 3, 7, 8, 9, 32] {
+                let d = Depots::new(1, shards, now);
+                let mut n = 0;
+                while d
+                    .push(0, n % 3, 7, full(1, n as u64), Some(bound), now)
+                    .is_ok()
+                {
+                    n += 1;
+                    assert!(n <= bound, "{shards} shards, bound {bound}");
+                }
+                assert_eq!(d.totals(), (bound as u64, bound as u64), "{shards} shards");
+            }
+        }
     }
 
     #[test]

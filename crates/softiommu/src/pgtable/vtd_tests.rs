@@ -734,7 +734,6 @@ fn a_walker_sees_the_same_translation_throughout_a_collapse() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut x = 0x1234_5678_u64;
-            let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -742,15 +741,26 @@ fn a_walker_sees_the_same_translation_throughout_a_collapse() {
                 let off = (x % (BLOCKS * M2)) & !7;
                 let got = t.iova_to_phys(base + off).unwrap();
                 assert_eq!(got.map(|g| g.phys), Some(phys + off), "at {off:#x}");
-                n += 1;
+                walks.fetch_add(1, Ordering::Relaxed);
             }
-            walks.store(n, Ordering::Relaxed);
         });
+        // Waits (bounded) for the walker to walk past `n` walks: on a
+        // loaded machine its thread may start late, and a sleep is no
+        // proof that it ran at all.
+        let walked_past = |n: u64| {
+            let t0 = std::time::Instant::now();
+            while walks.load(Ordering::Relaxed) <= n {
+                assert!(t0.elapsed() < std::time::Duration::from_secs(30), "no walk");
+                std::thread::yield_now();
+            }
+        };
+        walked_past(0);
         for b in 0..BLOCKS {
             std::thread::yield_now();
             assert!(t.collapse_2m(base + b * M2, &mut g).unwrap().is_some());
         }
-        std::thread::sleep(std::time::Duration::from_millis(5));
+        // And walks the collapsed table before it stops.
+        walked_past(walks.load(Ordering::Relaxed));
         stop.store(true, Ordering::Relaxed);
     });
     // Freed only once the walker has stopped (the caller's "wait").

@@ -249,9 +249,33 @@ impl UdpRig {
         rig.stream(WARMUP)?;
         // Every datagram of the warm-up has left: its buffers reclaimed
         // and lazy's UNMAPs sent, so none is counted in a slice.
-        rig.guest.driver.reclaim_tx().map_err(err)?;
+        rig.drain_tx()?;
         rig.guest.driver.flush_dma().map_err(err)?;
         Ok(rig)
+    }
+
+    /// Waits (bounded by [`STALL`]) until the NIC has returned every
+    /// transmit buffer, reclaiming each (strict's UNMAPs sent, lazy's
+    /// queued). The peer's socket having a datagram does not mean its
+    /// buffer is back: the NIC puts the frame on the wire before it
+    /// returns the buffer used, so a bare `reclaim_tx` can miss the last
+    /// ones and their UNMAPs land in the next slice's counts.
+    fn drain_tx(&mut self) -> LabResult<()> {
+        let t0 = Instant::now();
+        loop {
+            self.guest.driver.reclaim_tx().map_err(err)?;
+            let left = self.guest.driver.tx_in_flight();
+            if left == 0 {
+                return Ok(());
+            }
+            if t0.elapsed() > STALL {
+                return Err(err(format!(
+                    "{left} transmit buffers not returned in {STALL:?}; mode {}",
+                    self.mode.name()
+                )));
+            }
+            std::thread::park_timeout(Duration::from_micros(50));
+        }
     }
 
     fn counts(&self) -> [u64; 3] {
@@ -335,7 +359,7 @@ impl Sliced for UdpRig {
         let c0 = self.counts();
         let cpu0 = cpu_clock::thread();
         let t0 = Instant::now();
-        self.guest.driver.reclaim_tx().map_err(err)?;
+        self.drain_tx()?;
         self.guest.driver.flush_dma().map_err(err)?;
         let secs = t0.elapsed().as_secs_f64();
         let cpu = cpu_clock::thread().saturating_sub(cpu0).as_secs_f64();
@@ -423,6 +447,22 @@ mod tests {
             "{m:?}"
         );
         assert!(per(2, |x| x.invalidations) < 0.1, "{m:?}");
+    }
+
+    /// The warm-up and `finish` return only once the NIC has given back
+    /// every transmit buffer, so each datagram's UNMAP is counted in the
+    /// slice (or finish) of its own datagram, never the next one's. The
+    /// NIC puts a frame on the wire before it returns the buffer used, so
+    /// a peer holding every datagram proves nothing about the buffers.
+    #[test]
+    fn warm_up_and_finish_leave_no_transmit_buffer_in_flight() {
+        for mode in [Mode::Strict, Mode::Lazy] {
+            let mut rig = UdpRig::new(mode, Duration::ZERO).unwrap();
+            assert_eq!(rig.guest.driver.tx_in_flight(), 0, "{}", mode.name());
+            rig.slice(100).unwrap();
+            rig.finish().unwrap();
+            assert_eq!(rig.guest.driver.tx_in_flight(), 0, "{}", mode.name());
+        }
     }
 
     /// No IOMMU maps nothing: the device address is the physical one.
