@@ -234,6 +234,17 @@ pub(super) fn mark_physics(rows: &mut [IperfTcpRow]) {
         "driver CPU per GB",
     );
     for (r, why) in rows.iter_mut().zip(why) {
+        // A row that moved nothing in its window measured no work: its
+        // CPU per GB is not a figure (a stream that never started, or a
+        // window the machine's load swallowed whole).
+        let why = if r.mbit_s > 0.0 && r.cpu_s_per_gb.is_finite() {
+            why
+        } else {
+            Some(format!(
+                "measurement invalid: {} ({}) moved {:.1} Mbit/s in its window, so its CPU per GB is no figure",
+                r.policy, r.walk, r.mbit_s
+            ))
+        };
         r.valid = why.is_none();
         r.why = why;
     }

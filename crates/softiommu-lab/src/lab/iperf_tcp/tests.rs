@@ -272,3 +272,20 @@ fn a_co_runner_on_one_run_of_a_round_does_not_move_seed_003s_figure() {
         seed.verdict
     );
 }
+
+#[test]
+fn a_row_that_moved_nothing_in_its_window_is_invalid() {
+    let mut rows = vec![
+        round(Walk::Coherent, "deferred", 1430.0, 1.6),
+        round(Walk::Coherent, "strict", 0.0, f64::INFINITY),
+    ];
+    mark_physics(&mut rows);
+    assert!(rows[0].valid, "{rows:?}");
+    assert!(!rows[1].valid);
+    assert!(
+        rows[1].why.as_deref().is_some_and(|w| w
+            .starts_with("measurement invalid: strict (coherent) moved 0.0 Mbit/s in its window")),
+        "{:?}",
+        rows[1].why
+    );
+}
