@@ -21,7 +21,15 @@ use softiommu_virtio::net::{wire, WireConfig, WireStats};
 
 use crate::net::{NetBackend, NetBackendConfig};
 use crate::peer::{run_peer, PeerConfig, PeerReport};
-use crate::sched::{load_average, process_threads, Sched};
+use crate::sched::{
+    load_average, process_threads, set_thread_nice, set_threads_nice, thread_nice, Sched,
+    IO_THREAD_NICE_DELTA,
+};
+
+/// The nice value for the threads a miss round trip waits on.
+fn io_nice() -> i32 {
+    (thread_nice() + IO_THREAD_NICE_DELTA).max(-20)
+}
 use crate::session::{BlkBackend, BlkBackendConfig, SessionReport};
 
 /// The prefix of the guest's result line.
@@ -179,6 +187,10 @@ pub struct RunSched {
     /// `read-start` mark line to its `read-end` (console lines, so a
     /// few milliseconds late each; `None` without both marks).
     pub host_read_seconds: Option<f64>,
+    /// The nice value QEMU's main thread (and our back-end's message
+    /// thread) ran at, [`IO_THREAD_NICE_DELTA`] below the harness's own;
+    /// `None` if not permitted (they ran at the harness's).
+    pub io_nice: Option<i32>,
     /// QEMU's threads by name: `qemu-system-x86` (the main loop, which
     /// answers a vhost back-end's misses), `CPU 0/TCG` (the guest), `worker`
     /// (its block thread pool, the anchor's I/O).
@@ -308,6 +320,8 @@ pub fn run_blk(
             let (tx, rx) = mpsc::channel();
             std::thread::spawn(move || {
                 if let Ok((s, _)) = listener.accept() {
+                    // Our side of a miss round trip, as QEMU's main loop.
+                    let _ = set_thread_nice(0, io_nice());
                     let _ = tx.send(backend.serve(s));
                 }
             });
@@ -468,6 +482,16 @@ fn boot(
     let mut child = qemu
         .spawn()
         .map_err(|e| GuestError::Setup(format!("qemu-system-x86_64: {e}")))?;
+    // QEMU's main loop (its thread id is the process id) answers a vhost
+    // back-end's misses and injects every device's interrupts under TCG:
+    // above its vCPU thread, for either device alike. Threads it creates
+    // inherit its value: the vCPU's is put back once the guest prints
+    // (its thread exists by then).
+    let base_nice = thread_nice();
+    sched.io_nice = set_thread_nice(child.id(), io_nice())
+        .ok()
+        .map(|()| io_nice());
+    let mut vcpu_reset = sched.io_nice.is_none();
     let (line_tx, line_rx) = mpsc::channel::<String>();
     let out = child.stdout.take().expect("piped");
     std::thread::spawn(move || {
@@ -493,6 +517,9 @@ fn boot(
         };
         if l.starts_with(DMESG_PREFIX) {
             dmesg.push(l.clone());
+        }
+        if !vcpu_reset {
+            vcpu_reset = set_threads_nice(child.id(), "CPU ", base_nice) > 0;
         }
         if let Some(mark) = l.strip_prefix(MARK_PREFIX).map(str::trim) {
             match mark {

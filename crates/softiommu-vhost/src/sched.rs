@@ -82,6 +82,50 @@ pub fn process_threads(pid: u32) -> Vec<(String, Sched)> {
     by_name
 }
 
+/// How much lower than the run's other threads the nice value of the
+/// threads a miss round trip waits on is set (QEMU's main loop, for
+/// both devices alike, and our back-end's message thread): Linux's
+/// scheduler (EEVDF) lets a woken thread of greater weight run before a
+/// busy one's slice ends, and a TCG vCPU thread is always busy.
+pub const IO_THREAD_NICE_DELTA: i32 = -5;
+
+/// The calling thread's nice value.
+pub fn thread_nice() -> i32 {
+    // SAFETY: getpriority has no memory effects; errno is cleared first
+    // because -1 is also a valid nice value.
+    unsafe {
+        *libc::__errno_location() = 0;
+        libc::getpriority(libc::PRIO_PROCESS, 0)
+    }
+}
+
+/// Sets the nice value of thread `tid` (0: the caller); raising one
+/// (a lower value) needs `CAP_SYS_NICE`.
+pub fn set_thread_nice(tid: u32, nice: i32) -> std::io::Result<()> {
+    // SAFETY: setpriority on one thread has no memory effects.
+    match unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// Sets the nice value of the threads of process `pid` whose name starts
+/// with `prefix` (QEMU's vCPU threads: `CPU `); returns how many were set.
+pub fn set_threads_nice(pid: u32, prefix: &str, nice: i32) -> usize {
+    let dir = Path::new("/proc").join(pid.to_string()).join("task");
+    let Ok(tasks) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&tid| set_thread_nice(tid, nice).is_ok())
+        .count()
+}
+
 /// The host's one-minute load average.
 pub fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
@@ -112,6 +156,20 @@ mod tests {
         let b = Sched::parse("15 25 4").unwrap();
         assert_eq!(b.since(&a), Sched::parse("5 5 1").unwrap());
         assert_eq!(a.since(&b), Sched::default());
+    }
+
+    #[test]
+    fn a_thread_may_always_lower_its_own_priority() {
+        let h = std::thread::spawn(|| {
+            let n = thread_nice();
+            let lower = (n + 1).min(19);
+            set_thread_nice(0, lower).unwrap();
+            thread_nice()
+        });
+        let me = thread_nice();
+        assert_eq!(h.join().unwrap(), (me + 1).min(19));
+        // Only that thread changed.
+        assert_eq!(thread_nice(), me);
     }
 
     #[test]

@@ -140,6 +140,8 @@ pub struct SessionTiming {
     pub frontend_turn_ns: u64,
     /// Of them, those that took over a millisecond.
     pub frontend_turns_over_1ms: u64,
+    /// Their time, summed, nanoseconds.
+    pub frontend_turn_over_1ms_ns: u64,
     /// The socket thread's scheduler figures over the session.
     pub socket: Sched,
 }
@@ -383,7 +385,10 @@ impl Session<'_> {
                 let ns = read_at.saturating_duration_since(acked).as_nanos() as u64;
                 t.frontend_turns += 1;
                 t.frontend_turn_ns = t.frontend_turn_ns.saturating_add(ns);
-                t.frontend_turns_over_1ms += u64::from(ns > 1_000_000);
+                if ns > 1_000_000 {
+                    t.frontend_turns_over_1ms += 1;
+                    t.frontend_turn_over_1ms_ns = t.frontend_turn_over_1ms_ns.saturating_add(ns);
+                }
             }
             let r = self.handle(msg);
             let sent = match &r {

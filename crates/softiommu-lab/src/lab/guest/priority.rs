@@ -47,21 +47,10 @@ fn autogroups_on() -> bool {
         .is_ok_and(|s| s.trim() == "1")
 }
 
-fn thread_nice() -> i32 {
-    // SAFETY: getpriority has no memory effects; errno is cleared first
-    // because -1 is also a valid nice value.
-    unsafe {
-        *libc::__errno_location() = 0;
-        libc::getpriority(libc::PRIO_PROCESS, 0)
-    }
-}
+use softiommu_vhost::sched::thread_nice;
 
 fn set_thread_nice(n: i32) -> std::io::Result<()> {
-    // SAFETY: setpriority on the calling thread (who 0) has no memory effects.
-    match unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, n) } {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
+    softiommu_vhost::sched::set_thread_nice(0, n)
 }
 
 impl Priority {

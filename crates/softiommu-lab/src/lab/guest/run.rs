@@ -63,6 +63,7 @@ pub(super) fn host_json(r: &GuestRun) -> Value {
     let (main, vcpu, worker) = (thread("main"), thread("CPU 0/TCG"), thread("worker"));
     let mut v = json!({
         "host_read_seconds": r.sched.host_read_seconds,
+        "io_thread_nice": r.sched.io_nice,
         "load_start": r.sched.load_start,
         "load_end": r.sched.load_end,
         "qemu_main_cpu_ms": ms(main.run_ns),
@@ -81,6 +82,7 @@ pub(super) fn host_json(r: &GuestRun) -> Value {
         v["frontend_turns"] = json!(t.frontend_turns);
         v["frontend_turn_us"] = json!(per(t.frontend_turn_ns, t.frontend_turns));
         v["frontend_turns_over_1ms"] = json!(t.frontend_turns_over_1ms);
+        v["frontend_turn_over_1ms_ms"] = json!(ms(t.frontend_turn_over_1ms_ns));
         v["socket_cpu_ms"] = json!(ms(t.socket.run_ns));
         v["socket_wait_ms"] = json!(ms(t.socket.wait_ns));
         v["socket_slices"] = json!(t.socket.slices);
