@@ -55,6 +55,11 @@ pub struct BlkStats {
     pub ring_faults: u64,
     /// CPU time of the queue threads, nanoseconds (summed over ring starts).
     pub worker_cpu_ns: u64,
+    /// Time the queue threads were runnable but waited for a CPU,
+    /// nanoseconds (Linux's `schedstat`; zero where it is missing).
+    pub worker_wait_ns: u64,
+    /// Time slices the queue threads ran (each wake-up counts one).
+    pub worker_slices: u64,
 }
 
 #[derive(Debug, Default)]
@@ -67,6 +72,8 @@ pub(crate) struct BlkCounters {
     bytes_written: AtomicU64,
     ring_faults: AtomicU64,
     worker_cpu_ns: AtomicU64,
+    worker_wait_ns: AtomicU64,
+    worker_slices: AtomicU64,
 }
 
 /// CPU time of the calling thread, nanoseconds (the workspace's one
@@ -87,6 +94,8 @@ impl BlkCounters {
             bytes_written: l(&self.bytes_written),
             ring_faults: l(&self.ring_faults),
             worker_cpu_ns: l(&self.worker_cpu_ns),
+            worker_wait_ns: l(&self.worker_wait_ns),
+            worker_slices: l(&self.worker_slices),
         }
     }
 }
@@ -176,6 +185,11 @@ impl Worker {
         self.counters
             .worker_cpu_ns
             .fetch_add(thread_cpu_ns(), Ordering::Relaxed);
+        // The thread serves this ring only: its figures since it started.
+        let sched = crate::sched::Sched::this_thread();
+        let c = &self.counters;
+        c.worker_wait_ns.fetch_add(sched.wait_ns, Ordering::Relaxed);
+        c.worker_slices.fetch_add(sched.slices, Ordering::Relaxed);
         self.q.finish()
     }
 

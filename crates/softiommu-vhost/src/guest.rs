@@ -21,10 +21,22 @@ use softiommu_virtio::net::{wire, WireConfig, WireStats};
 
 use crate::net::{NetBackend, NetBackendConfig};
 use crate::peer::{run_peer, PeerConfig, PeerReport};
+use crate::sched::{
+    load_average, process_threads, set_thread_nice, set_threads_nice, thread_nice, Sched,
+    IO_THREAD_NICE_DELTA,
+};
+
+/// The nice value for the threads a miss round trip waits on.
+fn io_nice() -> i32 {
+    (thread_nice() + IO_THREAD_NICE_DELTA).max(-20)
+}
 use crate::session::{BlkBackend, BlkBackendConfig, SessionReport};
 
 /// The prefix of the guest's result line.
 pub const RESULT_PREFIX: &str = "SOFTIOMMU-GUEST-RESULT";
+/// The prefix of the guest's timing marks, which the host timestamps as
+/// they arrive (`read-start`, `read-end` around a disk run's read).
+pub const MARK_PREFIX: &str = "guest-mark:";
 /// The prefix of the guest's echoed kernel log lines (version, DMAR, policy).
 pub const DMESG_PREFIX: &str = "guest-dmesg:";
 
@@ -158,6 +170,31 @@ pub struct GuestRun {
     pub host: HostSide,
     /// Wall time of the whole run (boot to power-off), seconds.
     pub wall_seconds: f64,
+    /// The host around the run: its load and QEMU's threads.
+    pub sched: RunSched,
+}
+
+/// The host around one guest run: the load average when QEMU started and
+/// when the result line came, and what the scheduler did to QEMU's
+/// threads from boot to the result line (summed by thread name).
+#[derive(Debug, Clone, Default)]
+pub struct RunSched {
+    /// One-minute load average at boot.
+    pub load_start: Option<f64>,
+    /// One-minute load average at the result line.
+    pub load_end: Option<f64>,
+    /// The guest's read of a disk run timed by the host, seconds: from its
+    /// `read-start` mark line to its `read-end` (console lines, so a
+    /// few milliseconds late each; `None` without both marks).
+    pub host_read_seconds: Option<f64>,
+    /// The nice value QEMU's main thread (and our back-end's message
+    /// thread) ran at, [`IO_THREAD_NICE_DELTA`] below the harness's own;
+    /// `None` if not permitted (they ran at the harness's).
+    pub io_nice: Option<i32>,
+    /// QEMU's threads by name: `qemu-system-x86` (the main loop, which
+    /// answers a vhost back-end's misses), `CPU 0/TCG` (the guest), `worker`
+    /// (its block thread pool, the anchor's I/O).
+    pub qemu_threads: Vec<(String, Sched)>,
 }
 
 impl GuestRun {
@@ -283,6 +320,8 @@ pub fn run_blk(
             let (tx, rx) = mpsc::channel();
             std::thread::spawn(move || {
                 if let Ok((s, _)) = listener.accept() {
+                    // Our side of a miss round trip, as QEMU's main loop.
+                    let _ = set_thread_nice(0, io_nice());
                     let _ = tx.send(backend.serve(s));
                 }
             });
@@ -295,9 +334,8 @@ pub fn run_blk(
                 ]);
         }
         GuestDevice::QemuBlk => {
-            qemu.arg("-drive")
-                .arg(format!("file={},if=none,id=d0,format=raw,cache=none,aio=threads", disk.display()))
-                .args([
+            qemu.arg("-drive").arg(anchor_drive(&disk));
+            qemu                .args([
                     "-device",
                     "virtio-blk-pci,drive=d0,bus=rp1,num-queues=1,iommu_platform=on,ats=on,disable-legacy=on",
                 ]);
@@ -313,7 +351,7 @@ pub fn run_blk(
     let report = session.and_then(|rx| rx.recv_timeout(Duration::from_secs(30)).ok());
     let disk_sha256 = sha256_file(&disk)?;
     let _ = std::fs::remove_dir_all(&dir);
-    let (result, fields, dmesg, wall_seconds) = b.into_result(deadline)?;
+    let (result, fields, dmesg, wall_seconds, sched) = b.into_result(deadline)?;
     Ok(GuestRun {
         device: match device {
             GuestDevice::VhostBlk => "virtio-blk",
@@ -328,7 +366,21 @@ pub fn run_blk(
             sha256: disk_sha256,
         },
         wall_seconds,
+        sched,
     })
+}
+
+/// The anchor's `-drive`: the host page cache serves both devices. Our
+/// back-end reads and writes its file with pread/pwrite, so the anchor
+/// does too (`cache=writeback`, QEMU's default; a flush is an fdatasync
+/// either way). With `cache=none` the anchor's reads went to the host's
+/// disk, shared with the machine's other work, and its time followed that
+/// disk's load rather than the device's.
+fn anchor_drive(disk: &Path) -> String {
+    format!(
+        "file={},if=none,id=d0,format=raw,cache=writeback,aio=threads",
+        disk.display()
+    )
 }
 
 /// QEMU's machine: TCG, 512 MiB of memfd-backed shared memory, an
@@ -345,6 +397,10 @@ fn machine() -> Command {
         "1",
         "-nodefaults",
         "-no-user-config",
+        // Threads named by role (`CPU 0/TCG`, `worker`), for the host's
+        // per-thread figures.
+        "-name",
+        "guest,debug-threads=on",
     ])
     .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
     .args(["-M", "q35,memory-backend=mem"])
@@ -360,6 +416,7 @@ struct Booted {
     dmesg: Vec<String>,
     wall_seconds: f64,
     stderr: String,
+    sched: RunSched,
 }
 
 impl Booted {
@@ -368,7 +425,7 @@ impl Booted {
     fn into_result(
         self,
         deadline: Duration,
-    ) -> Result<(String, BTreeMap<String, String>, Vec<String>, f64), GuestError> {
+    ) -> Result<(String, BTreeMap<String, String>, Vec<String>, f64, RunSched), GuestError> {
         let Some(result) = self.result else {
             return Err(GuestError::NoResult {
                 seconds: deadline.as_secs(),
@@ -381,7 +438,7 @@ impl Booted {
             .filter_map(|kv| kv.split_once('='))
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Ok((result, fields, self.dmesg, self.wall_seconds))
+        Ok((result, fields, self.dmesg, self.wall_seconds, self.sched))
     }
 }
 
@@ -418,9 +475,23 @@ fn boot(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let started = Instant::now();
+    let mut sched = RunSched {
+        load_start: load_average(),
+        ..RunSched::default()
+    };
     let mut child = qemu
         .spawn()
         .map_err(|e| GuestError::Setup(format!("qemu-system-x86_64: {e}")))?;
+    // QEMU's main loop (its thread id is the process id) answers a vhost
+    // back-end's misses and injects every device's interrupts under TCG:
+    // above its vCPU thread, for either device alike. Threads it creates
+    // inherit its value: the vCPU's is put back once the guest prints
+    // (its thread exists by then).
+    let base_nice = thread_nice();
+    sched.io_nice = set_thread_nice(child.id(), io_nice())
+        .ok()
+        .map(|()| io_nice());
+    let mut vcpu_reset = sched.io_nice.is_none();
     let (line_tx, line_rx) = mpsc::channel::<String>();
     let out = child.stdout.take().expect("piped");
     std::thread::spawn(move || {
@@ -436,6 +507,7 @@ fn boot(
             .collect::<Vec<_>>()
     });
     let mut result = None;
+    let mut read_start = None;
     let mut console = Vec::new();
     let mut dmesg = Vec::new();
     while result.is_none() {
@@ -446,8 +518,22 @@ fn boot(
         if l.starts_with(DMESG_PREFIX) {
             dmesg.push(l.clone());
         }
+        if !vcpu_reset {
+            vcpu_reset = set_threads_nice(child.id(), "CPU ", base_nice) > 0;
+        }
+        if let Some(mark) = l.strip_prefix(MARK_PREFIX).map(str::trim) {
+            match mark {
+                "read-start" => read_start = Some(Instant::now()),
+                "read-end" => {
+                    sched.host_read_seconds = read_start.map(|t| t.elapsed().as_secs_f64())
+                }
+                _ => {}
+            }
+        }
         if l.starts_with(RESULT_PREFIX) {
             result = Some(l.clone());
+            sched.load_end = load_average();
+            sched.qemu_threads = process_threads(child.id());
         }
         console.push(l);
     }
@@ -466,6 +552,7 @@ fn boot(
         dmesg,
         wall_seconds,
         stderr,
+        sched,
     })
 }
 
@@ -529,7 +616,7 @@ pub fn run_net(
         .map_err(setup)?;
     let report = rx.recv_timeout(Duration::from_secs(30)).ok();
     let _ = std::fs::remove_dir_all(&dir);
-    let (result, fields, dmesg, wall_seconds) = booted?.into_result(deadline)?;
+    let (result, fields, dmesg, wall_seconds, sched) = booted?.into_result(deadline)?;
     Ok(GuestRun {
         device: "virtio-net",
         mode,
@@ -542,6 +629,7 @@ pub fn run_net(
             wire: wire_stats,
         },
         wall_seconds,
+        sched,
     })
 }
 
@@ -565,6 +653,7 @@ mod tests {
             report,
             host,
             wall_seconds: 1.0,
+            sched: RunSched::default(),
         }
     }
 
@@ -588,7 +677,18 @@ mod tests {
             acked_features: 0,
             session_cpu_ns: 10,
             fds: Default::default(),
+            timing: Default::default(),
         }
+    }
+
+    /// The anchor reads through the host page cache as our back-end does,
+    /// not past it to the shared disk.
+    #[test]
+    fn the_anchor_reads_through_the_host_page_cache_like_ours() {
+        let d = anchor_drive(Path::new("/t/disk.img"));
+        assert!(d.contains("cache=writeback"), "{d}");
+        assert!(!d.contains("cache=none"), "{d}");
+        assert!(d.starts_with("file=/t/disk.img,"), "{d}");
     }
 
     /// One result type serves both devices: each is checked against its

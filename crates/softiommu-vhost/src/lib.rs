@@ -23,7 +23,9 @@
 //! - [`side`]: the space as a `DmaSide`, so `softiommu-virtio`'s devices
 //!   themselves can run behind a front-end's IOTLB;
 //! - [`peer`]: a smoltcp TCP peer on the net back-end's wire;
-//! - [`guest`]: a real Linux guest under QEMU for tests and the lab.
+//! - [`guest`]: a real Linux guest under QEMU for tests and the lab;
+//! - [`sched`]: what the host's scheduler did to a thread (where a guest
+//!   run's time went on a shared machine).
 
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
@@ -44,6 +46,7 @@ pub(crate) mod peerfd;
 pub mod proto;
 pub(crate) mod queue;
 pub(crate) mod readers;
+pub mod sched;
 pub(crate) mod seat;
 pub mod session;
 pub mod side;
@@ -57,5 +60,7 @@ pub(crate) mod wire;
 pub use blk::BlkStats;
 pub use error::{AccessError, ConfigError, IotlbError, MsgError, SessionError};
 pub use net::{NetBackend, NetBackendConfig, NetStats};
-pub use session::{BlkBackend, BlkBackendConfig, FdStats, SessionEnd, SessionReport};
+pub use session::{
+    BlkBackend, BlkBackendConfig, FdStats, SessionEnd, SessionReport, SessionTiming,
+};
 pub use space::{DmaSpace, IotlbStats};

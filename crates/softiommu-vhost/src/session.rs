@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use softiommu_virtio::spec::blk as sb;
 use softiommu_virtio::transport::QueueLayout;
@@ -24,6 +24,7 @@ use crate::memtable::MemTable;
 use crate::net::NetStats;
 use crate::proto::{self, iotlb as m, pf, req, vf, FLAG_NEED_REPLY};
 use crate::queue::{FdFaults, Queue, WorkerShared};
+use crate::sched::Sched;
 use crate::space::{DmaSpace, IotlbStats};
 use crate::wire::{self, Msg};
 
@@ -117,6 +118,32 @@ pub struct SessionReport {
     pub session_cpu_ns: u64,
     /// What the front-end's descriptors did that the back-end would not wait for.
     pub fds: FdStats,
+    /// Where the socket thread's time went.
+    pub timing: SessionTiming,
+}
+
+/// Where the socket thread's time went: the IOTLB round trips a miss
+/// costs (the front-end's answer, our ack) and what the host's scheduler
+/// did to the thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionTiming {
+    /// IOTLB messages handled (update or invalidation, acked where asked).
+    pub iotlb_messages: u64,
+    /// Their time from read whole to ack sent, summed, nanoseconds.
+    pub iotlb_handle_ns: u64,
+    /// IOTLB messages read while misses were outstanding at the ack of
+    /// the IOTLB message before them: the front-end's side of a round
+    /// trip (its main loop, translation and send, and its scheduling).
+    pub frontend_turns: u64,
+    /// Their time from the previous ack sent to this message read,
+    /// summed, nanoseconds.
+    pub frontend_turn_ns: u64,
+    /// Of them, those that took over a millisecond.
+    pub frontend_turns_over_1ms: u64,
+    /// Their time, summed, nanoseconds.
+    pub frontend_turn_over_1ms_ns: u64,
+    /// The socket thread's scheduler figures over the session.
+    pub socket: Sched,
 }
 
 /// What a front-end's kick and call descriptors did that the back-end
@@ -221,6 +248,7 @@ pub(crate) fn serve_device(
     miss_timeout: Duration,
 ) -> SessionReport {
     let cpu0 = crate::blk::thread_cpu_ns();
+    let sched0 = Sched::this_thread();
     let mut s = Session {
         dev,
         sock: &sock,
@@ -235,6 +263,8 @@ pub(crate) fn serve_device(
         wedged: 0,
         left_behind: Vec::new(),
         join_bound: miss_timeout + Duration::from_secs(1),
+        timing: SessionTiming::default(),
+        acked_iotlb_at: None,
     };
     let end = s.run();
     s.stop_all();
@@ -251,6 +281,10 @@ pub(crate) fn serve_device(
             call_dropped: s.faults.call_dropped.load(Ordering::Relaxed),
             kick_hangups: s.faults.kick_hangups.load(Ordering::Relaxed),
             wedged_rings: s.wedged,
+        },
+        timing: SessionTiming {
+            socket: Sched::this_thread().since(&sched0),
+            ..s.timing
         },
     }
 }
@@ -288,6 +322,9 @@ struct Session<'a> {
     left_behind: Vec<JoinHandle<u16>>,
     /// How long a stopped worker has to end before it is interrupted.
     join_bound: Duration,
+    timing: SessionTiming,
+    /// When the last IOTLB message was acked while misses were outstanding.
+    acked_iotlb_at: Option<Instant>,
 }
 
 /// Checks that a front-end's descriptor is of the kind `name` needs.
@@ -340,7 +377,19 @@ impl Session<'_> {
                 }
                 Err(e) => return SessionEnd::Failed(e),
             };
+            let read_at = Instant::now();
             let (code, need) = (msg.request, msg.flags & FLAG_NEED_REPLY != 0);
+            let iotlb = code == req::IOTLB_MSG;
+            if let Some(acked) = self.acked_iotlb_at.take().filter(|_| iotlb) {
+                let t = &mut self.timing;
+                let ns = read_at.saturating_duration_since(acked).as_nanos() as u64;
+                t.frontend_turns += 1;
+                t.frontend_turn_ns = t.frontend_turn_ns.saturating_add(ns);
+                if ns > 1_000_000 {
+                    t.frontend_turns_over_1ms += 1;
+                    t.frontend_turn_over_1ms_ns = t.frontend_turn_over_1ms_ns.saturating_add(ns);
+                }
+            }
             let r = self.handle(msg);
             let sent = match &r {
                 Ok(Some(payload)) => wire::reply(self.sock, code, payload),
@@ -363,6 +412,18 @@ impl Session<'_> {
             }
             if let Err(e) = sent {
                 return SessionEnd::Failed(SessionError::Io(e));
+            }
+            if iotlb {
+                let now = Instant::now();
+                let t = &mut self.timing;
+                t.iotlb_messages += 1;
+                let ns = now.saturating_duration_since(read_at).as_nanos() as u64;
+                t.iotlb_handle_ns = t.iotlb_handle_ns.saturating_add(ns);
+                // The next IOTLB message is the front-end's turn of a
+                // round trip only while a miss waits for it.
+                if self.space.misses_outstanding() {
+                    self.acked_iotlb_at = Some(now);
+                }
             }
         }
     }

@@ -521,6 +521,11 @@ impl DmaSpace {
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Whether pages asked of the front-end are still unanswered.
+    pub(crate) fn misses_outstanding(&self) -> bool {
+        !self.miss_state().outstanding.is_empty()
+    }
+
     /// Wakes every access waiting for a miss with [`AccessError::Cancelled`],
     /// and makes later misses fail so until [`DmaSpace::resume`].
     pub fn cancel(&self) {

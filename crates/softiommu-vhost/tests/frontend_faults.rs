@@ -513,3 +513,42 @@ fn the_next_available_request_s_misses_are_asked_before_the_first_completes() {
     assert_eq!(r.blk.requests, 2);
     assert_eq!(r.blk.io_errors, 0);
 }
+
+/// The session times the miss round trips: each IOTLB message's handling
+/// (read to ack) and, while a miss waits, the front-end's turn from our
+/// ack to its next message. A front-end that answers each of a request's
+/// three misses (header, data page, status) 20 ms after the last shows
+/// two turns of at least 20 ms each (the first answer follows the ring's
+/// map, acked when no miss waited).
+#[test]
+fn the_session_times_the_front_end_s_turn_of_each_miss_round_trip() {
+    const DELAY: Duration = Duration::from_millis(20);
+    let mut fe = FrontEnd::start("turns", Duration::from_secs(10));
+    fe.map(RING_IOVA, 0x1000);
+    fe.start_ring();
+    fe.submit_read(4096);
+    fe.chan
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let asked: Vec<u64> = (0..3).map(|_| fe.read_miss().1).collect();
+    for iova in asked {
+        std::thread::sleep(DELAY);
+        assert_eq!(fe.iotlb(m::UPDATE, iova, 0x1000, UA + iova, RW), 0);
+    }
+    assert!(fe.wait_used(1, Duration::from_secs(10)));
+    fe.sock.shutdown(std::net::Shutdown::Both).unwrap();
+    let r = fe
+        .report
+        .recv_timeout(Duration::from_secs(10))
+        .expect("session ends");
+    let t = &r.timing;
+    // The ring's map and the three answers.
+    assert_eq!(t.iotlb_messages, 4, "{t:?}");
+    assert!(t.iotlb_handle_ns > 0, "{t:?}");
+    assert_eq!(t.frontend_turns, 2, "{t:?}");
+    assert_eq!(t.frontend_turns_over_1ms, 2, "{t:?}");
+    assert!(t.frontend_turn_ns >= 2 * DELAY.as_nanos() as u64, "{t:?}");
+    assert_eq!(t.frontend_turn_over_1ms_ns, t.frontend_turn_ns, "{t:?}");
+    assert_eq!(r.blk.requests, 1);
+    assert_eq!(r.blk.io_errors, 0);
+}

@@ -25,6 +25,13 @@ pub struct GuestArgs {
     /// A smaller disk (16 MiB) and transfer (1 MiB).
     #[arg(long)]
     pub quick: bool,
+    /// Leave the runs at the priority the lab was started with. By
+    /// default the lab raises its guest runs (ours and the anchor alike)
+    /// to nice -10 where it may (its autogroup's nice, else its own), so
+    /// the machine's other work does not decide the time ratio; the JSON
+    /// says whether it did (`priority`).
+    #[arg(long)]
+    pub no_raise_priority: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     #[serde(skip)]
@@ -47,6 +54,7 @@ impl Default for GuestArgs {
             net_mib: Ranged::new(4),
             rounds: None,
             quick: false,
+            no_raise_priority: false,
             json: false,
         }
     }

@@ -18,6 +18,7 @@
 //! why, in one line.
 
 mod args;
+mod priority;
 mod render;
 mod run;
 #[cfg(test)]

@@ -42,6 +42,7 @@ fn net_run(mode: IommuMode, invalidations: u64) -> GuestRun {
             acked_features: 0,
             session_cpu_ns: 50_000,
             fds: Default::default(),
+            timing: Default::default(),
         }),
         host: HostSide::Net {
             peer: PeerReport {
@@ -54,6 +55,7 @@ fn net_run(mode: IommuMode, invalidations: u64) -> GuestRun {
             wire,
         },
         wall_seconds: 3.0,
+        sched: Default::default(),
     }
 }
 
@@ -152,4 +154,32 @@ fn a_missing_kit_is_one_skipped_line_not_a_silent_pass() {
     assert!(why.contains("scripts/guest-kit.sh"), "{why}");
     assert!(rep.tables.is_empty());
     assert!(crate::validity::invalid(&rep).is_none());
+}
+
+/// The autogroup file's nice value is read from its `nice V` field; a
+/// raise to a value no lower than the current one is not made, and says
+/// why (so the JSON never claims a raise that did not happen).
+#[test]
+fn priority_reads_the_autogroup_nice_and_never_claims_a_raise_it_did_not_make() {
+    use super::priority::{autogroup_nice, Priority};
+    assert_eq!(autogroup_nice("/autogroup-586 nice 0\n"), Some(0));
+    assert_eq!(autogroup_nice("/autogroup-7 nice -10"), Some(-10));
+    assert_eq!(autogroup_nice("/autogroup-7 weight 3"), None);
+    assert_eq!(autogroup_nice(""), None);
+    // Nice 19 is the lowest priority: never below the current one.
+    let p = Priority::raise(19);
+    assert_eq!(p.how, None);
+    assert!(
+        p.why.as_deref().is_some_and(|w| w.contains("already")),
+        "{:?}",
+        p.why
+    );
+}
+
+/// Each round's figures come with their spread: `[min, max]` of the
+/// rounds' ratios.
+#[test]
+fn the_spread_is_min_and_max_of_the_rounds() {
+    assert_eq!(spread(&[1.1, 0.9, 1.3]), vec![0.9, 1.3]);
+    assert_eq!(spread(&[]), Vec::<f64>::new());
 }
