@@ -4,11 +4,11 @@
 //! API over the virtio-iommu device — with no IOMMU (the endpoint in
 //! bypass, buffers at their physical addresses), guest strict (every MAP
 //! and UNMAP sent and waited for) and guest lazy (Linux 6.8: one
-//! notification per map sync — of the requests submitted together, one
-//! or more — UNMAPs queued behind it, IOVAs freed after them). The
-//! driver submits the reads whose slots one pass over the used ring
-//! freed together, in every mode: their buffers mapped by one DMA call,
-//! the disk notified once.
+//! notification per map sync, one map sync per request's mapping call,
+//! UNMAPs queued behind it, IOVAs freed after them). The driver submits
+//! the reads whose slots one pass over the used ring freed together, in
+//! every mode: each read's buffers mapped by its own DMA call, the disk
+//! notified once for the batch.
 //!
 //! Two back-ends: `null` (no device time: the raw costs) and
 //! `ssd-80us-3500MBps`, a stated model of an NVMe SSD — every request

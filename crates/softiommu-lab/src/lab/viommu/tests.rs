@@ -199,9 +199,9 @@ fn an_ssd_round_keeps_the_deadline_and_counts_the_work() {
         (m[0].requests, m[1].requests, m[2].requests),
         (0, 1800, 1800)
     );
-    // Lazy: one map sync per submission (a read, or the reads submitted
-    // together), so at most one notification per read.
-    assert!(per(1) >= 6.0 && per(2) > 0.0 && per(2) < 1.1, "{m:?}");
+    // Lazy: one map sync per read (its own mapping call), and the
+    // flushes' few on top.
+    assert!(per(1) >= 6.0 && (1.0..1.1).contains(&per(2)), "{m:?}");
 }
 
 /// `--bs` takes a multiple of 4096 in 4096..=131072 bytes (or KiB with
