@@ -249,3 +249,89 @@ mod tests {
         assert_eq!(w.count, n);
     }
 }
+
+/// How long the conductor waits for a stream's first bytes at most.
+pub(crate) const FLOW_WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until the receiver says the stream flows, for at most
+/// [`FLOW_WAIT`]. Gives up at once (with the same `Timeout`, which the
+/// caller ranks below the sides' own errors) when the receiver is gone
+/// (its end of `flowing` dropped: it failed before its first bytes) or
+/// `side_ended` says a side's thread has ended (the sender failed before
+/// sending): a side's failure is reported as itself, not as 30 s of
+/// waiting.
+pub(crate) fn wait_flowing(
+    flowing: &std::sync::mpsc::Receiver<()>,
+    side_ended: impl Fn() -> bool,
+    what: &'static str,
+) -> Result<(), crate::workload::WorkloadError> {
+    use std::sync::mpsc::RecvTimeoutError;
+    let timeout = crate::workload::WorkloadError::Timeout {
+        side: "b",
+        what,
+        secs: FLOW_WAIT.as_secs(),
+    };
+    let deadline = std::time::Instant::now() + FLOW_WAIT;
+    loop {
+        match flowing.recv_timeout(Duration::from_millis(20)) {
+            Ok(()) => return Ok(()),
+            Err(RecvTimeoutError::Disconnected) => return Err(timeout),
+            Err(RecvTimeoutError::Timeout) => {
+                if side_ended() || std::time::Instant::now() >= deadline {
+                    return Err(timeout);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod flow_tests {
+    use super::*;
+    use crate::workload::WorkloadError;
+    use std::time::Instant;
+
+    fn is_flow_timeout(r: &Result<(), WorkloadError>) -> bool {
+        matches!(
+            r,
+            Err(WorkloadError::Timeout {
+                side: "b",
+                what: "first bytes",
+                secs: 30
+            })
+        )
+    }
+
+    #[test]
+    fn a_receiver_gone_before_its_first_bytes_ends_the_wait_at_once() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        drop(tx);
+        let t0 = Instant::now();
+        let r = wait_flowing(&rx, || false, "first bytes");
+        assert!(is_flow_timeout(&r), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn a_side_that_ended_before_the_stream_flowed_ends_the_wait_within_a_poll() {
+        let (_tx, rx) = std::sync::mpsc::channel::<()>();
+        let t0 = Instant::now();
+        let r = wait_flowing(&rx, || true, "first bytes");
+        assert!(is_flow_timeout(&r), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn first_bytes_end_the_wait() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            tx.send(()).unwrap();
+            // The receiver keeps its end: only the message ends the wait.
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let r = wait_flowing(&rx, || false, "first bytes");
+        assert!(matches!(r, Ok(())), "{r:?}");
+        h.join().unwrap();
+    }
+}

@@ -29,7 +29,8 @@ use softiommu::pgtable::{IoPageTable, IotlbGather, Perm, TableStats, VtdConfig, 
 
 use super::hash::StreamHash;
 use super::side::{
-    charge_passes, cidr, pin, timers, Common, Cpus, Meter, Phase, Window, A_IP, B_IP, MEASURE, STOP,
+    charge_passes, cidr, pin, timers, wait_flowing, Common, Cpus, Meter, Phase, Window, A_IP, B_IP,
+    MEASURE, STOP,
 };
 use super::WorkloadError;
 use crate::cpu_clock;
@@ -286,13 +287,11 @@ pub fn tcp_stream(cfg: &TcpStreamConfig) -> Result<TcpStreamResult, WorkloadErro
             // drivers are up: on a loaded machine the connection can take
             // longer than the warm-up and the window, and the window then
             // measured a stream that had not started (0 bytes).
-            flowing_rx
-                .recv_timeout(FLOW_WAIT)
-                .map_err(|_| WorkloadError::Timeout {
-                    side: "b",
-                    what: "the stream's first bytes",
-                    secs: FLOW_WAIT.as_secs(),
-                })?;
+            wait_flowing(
+                &flowing_rx,
+                || sender.is_finished() || receiver.is_finished(),
+                "the stream's first bytes",
+            )?;
             std::thread::sleep(cfg.warmup);
             let dev0 = hosts.a.device.cpu_time() + hosts.b.device.cpu_time();
             let timer0 = timers(&hosts);
@@ -317,8 +316,9 @@ pub fn tcp_stream(cfg: &TcpStreamConfig) -> Result<TcpStreamResult, WorkloadErro
         phase.set(STOP);
         let a = sender.join().map_err(|_| WorkloadError::Panicked)?;
         let b = receiver.join().map_err(|_| WorkloadError::Panicked)?;
-        let c = c?;
-        Ok::<_, WorkloadError>((a?, b?, c))
+        // A side's own error first: the conductor's wait for the first
+        // bytes ends at once when a side fails, and says only that.
+        Ok::<_, WorkloadError>((a?, b?, c?))
     });
     let ((a, sent), (b, received, hash), (wall, dev, lines, timer)) = out?;
     let secs = wall.as_secs_f64().max(1e-9);
@@ -368,10 +368,6 @@ fn tcp_socket(buf: usize) -> tcp::Socket<'static> {
 
 /// How long the tail (close, last bytes) may take after the window.
 const TAIL: Duration = Duration::from_secs(15);
-
-/// How long the stream may take to deliver its first bytes once both
-/// drivers are up (the handshake and the first segments).
-const FLOW_WAIT: Duration = Duration::from_secs(30);
 
 #[allow(clippy::too_many_arguments)]
 fn send(

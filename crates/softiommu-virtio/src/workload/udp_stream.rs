@@ -33,8 +33,8 @@ use softiommu::dma::DmaPolicy;
 use softiommu::hw::LatencyModel;
 
 use super::side::{
-    charge_passes, cidr, pin, timers, us_per, Common, Cpus, Meter, Phase, Window, A_IP, B_IP,
-    MEASURE, STOP,
+    charge_passes, cidr, pin, timers, us_per, wait_flowing, Common, Cpus, Meter, Phase, Window,
+    A_IP, B_IP, MEASURE, STOP,
 };
 use super::WorkloadError;
 use crate::host::{pair, Host, HostError, HostPair};
@@ -266,13 +266,11 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
                 // The warm-up starts once datagrams arrive, not when the
                 // drivers are up: on a loaded machine ARP and the first
                 // datagrams can take longer than the warm-up.
-                flowing_rx
-                    .recv_timeout(FLOW_WAIT)
-                    .map_err(|_| WorkloadError::Timeout {
-                        side: "b",
-                        what: "the first datagram",
-                        secs: FLOW_WAIT.as_secs(),
-                    })?;
+                wait_flowing(
+                    &flowing_rx,
+                    || sender.is_finished() || receiver.is_finished(),
+                    "the first datagram",
+                )?;
                 std::thread::sleep(cfg.warmup);
                 let dev0 = (hosts.a.device.cpu_time(), hosts.b.device.cpu_time());
                 let timer0 = timers(&hosts);
@@ -326,8 +324,10 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
         phase.set(STOP);
         let a = sender.join().map_err(|_| WorkloadError::Panicked)?;
         let b = receiver.join().map_err(|_| WorkloadError::Panicked)?;
+        // A side's own error first (see the TCP stream).
+        let (a, b) = (a?, b?);
         let (wall, dev_a, dev_b, wire, deferred) = c?;
-        Ok::<_, WorkloadError>((a?, b?, wall, dev_a, dev_b, wire, deferred))
+        Ok::<_, WorkloadError>((a, b, wall, dev_a, dev_b, wire, deferred))
     });
     let (a, b, wall, dev_a, dev_b, wire, deferred) = out?;
     let secs = wall.as_secs_f64().max(1e-9);
@@ -524,10 +524,6 @@ fn send(
         }
     }
 }
-
-/// How long the first datagram may take to arrive once both drivers are
-/// up (ARP and the first sends).
-const FLOW_WAIT: Duration = Duration::from_secs(30);
 
 #[allow(clippy::too_many_arguments)]
 fn receive(
