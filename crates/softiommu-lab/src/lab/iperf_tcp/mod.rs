@@ -24,8 +24,8 @@
 //! A non-coherent walk does all a coherent one does and flushes the lines
 //! it writes: a non-coherent row whose CPU per GB is below the coherent
 //! row's in every round is marked `"valid": false` with the reason, and
-//! the seed summary gives no verdict from it. So is a row that moved
-//! nothing in its window (its CPU per GB is no figure).
+//! the seed summary gives no verdict from it. So is a row one of whose
+//! rounds moved nothing in its window (its CPU per GB is no figure).
 //!
 //! The lines flushed are counted by the page tables (real `clflushopt` /
 //! `clwb` / `clflush` of exactly the lines written). The flush share is an

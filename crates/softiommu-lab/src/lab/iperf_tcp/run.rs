@@ -201,6 +201,11 @@ pub const RUNS_PER_ROUND: usize = 3;
 /// with it. `subs` holds at least one run (a round runs
 /// [`RUNS_PER_ROUND`]).
 pub(super) fn round_row(mut subs: Vec<IperfTcpRow>) -> IperfTcpRow {
+    // A run that moved nothing has no CPU per GB (it reads 0): it is not
+    // the round's figure while another run moved data.
+    if subs.iter().any(|r| r.mbit_s > 0.0) {
+        subs.retain(|r| r.mbit_s > 0.0);
+    }
     subs.sort_by(|a, b| a.cpu_s_per_gb.total_cmp(&b.cpu_s_per_gb));
     let mid = subs.len().saturating_sub(1) / 2;
     subs.swap_remove(mid)
@@ -234,15 +239,16 @@ pub(super) fn mark_physics(rows: &mut [IperfTcpRow]) {
         "driver CPU per GB",
     );
     for (r, why) in rows.iter_mut().zip(why) {
-        // A row that moved nothing in its window measured no work: its
-        // CPU per GB is not a figure (a stream that never started, or a
+        // A row of which a round moved nothing in its window measured no
+        // work there: that round's CPU per GB (0) is not a figure (a stream that never started, or a
         // window the machine's load swallowed whole).
-        let why = if r.mbit_s > 0.0 && r.cpu_s_per_gb.is_finite() {
+        let moved = r.mbit_s_spread.min.min(r.mbit_s);
+        let why = if moved > 0.0 && r.cpu_s_per_gb.is_finite() {
             why
         } else {
             Some(format!(
-                "measurement invalid: {} ({}) moved {:.1} Mbit/s in its window, so its CPU per GB is no figure",
-                r.policy, r.walk, r.mbit_s
+                "measurement invalid: {} ({}) moved {:.1} Mbit/s in a round's window, so its CPU per GB is no figure",
+                r.policy, r.walk, moved
             ))
         };
         r.valid = why.is_none();

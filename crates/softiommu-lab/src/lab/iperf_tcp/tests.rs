@@ -283,9 +283,38 @@ fn a_row_that_moved_nothing_in_its_window_is_invalid() {
     assert!(rows[0].valid, "{rows:?}");
     assert!(!rows[1].valid);
     assert!(
-        rows[1].why.as_deref().is_some_and(|w| w
-            .starts_with("measurement invalid: strict (coherent) moved 0.0 Mbit/s in its window")),
+        rows[1].why.as_deref().is_some_and(|w| w.starts_with(
+            "measurement invalid: strict (coherent) moved 0.0 Mbit/s in a round's window"
+        )),
         "{:?}",
         rows[1].why
+    );
+}
+
+#[test]
+fn a_run_or_round_that_moved_nothing_is_no_figure() {
+    // A round's figure is never a run that moved nothing while another
+    // moved data.
+    let r = round_row(vec![
+        round(Walk::Coherent, "deferred", 0.0, 0.0),
+        round(Walk::Coherent, "deferred", 1400.0, 1.7),
+        round(Walk::Coherent, "deferred", 1420.0, 1.9),
+    ]);
+    assert_eq!(r.cpu_s_per_gb, 1.7);
+    // A row one of whose rounds moved nothing is invalid, its median
+    // round's figures whatever they are.
+    let mut rows = vec![median_round(vec![
+        round(Walk::Coherent, "deferred", 0.0, 0.0),
+        round(Walk::Coherent, "deferred", 900.0, 1.2),
+        round(Walk::Coherent, "deferred", 950.0, 1.3),
+    ])];
+    mark_physics(&mut rows);
+    assert!(!rows[0].valid, "{rows:?}");
+    assert!(
+        rows[0].why.as_deref().is_some_and(|w| w.starts_with(
+            "measurement invalid: deferred (coherent) moved 0.0 Mbit/s in a round's window"
+        )),
+        "{:?}",
+        rows[0].why
     );
 }
