@@ -103,6 +103,10 @@ fn an_idle_rounds_expiry_clearing_reuses_the_timers_buffer() {
         TimerWork::begin_clear_expiry(&*domain, &mut marks);
         TimerWork::finish_clear_expiry(&*domain, &marks, false);
     });
-    assert_eq!(marks.len(), 1, "the deadline stayed armed and was marked again");
+    assert_eq!(
+        marks.len(),
+        1,
+        "the deadline stayed armed and was marked again"
+    );
     assert_eq!(n, 0, "allocations in an idle round's expiry clearing");
 }

@@ -46,6 +46,18 @@
 //! any flight was open woke the timer 270–540 times a second at full
 //! speed, where some owner's flush is always in flight.)
 //!
+//! ## What a round costs
+//!
+//! A round allocates nothing (the domain copies its CPU slots into a
+//! buffer it keeps; an idle round's expiry marks go into `marks` below),
+//! reads the monotonic clock once (the next round is due a period after
+//! this one began) and makes no system call of its own beyond the sleep
+//! (the drain fence of the unit's inline pass it runs is the unit's).
+//! Its cost is its wake-up: a round with work is a few thousand
+//! instructions, while sleeping and waking a thread costs tens of
+//! microseconds of its CPU clock on a shared VM whatever the thread does
+//! (docs/ARCHITECTURE.md, the deferred unmap).
+//!
 //! The timer knows its domain only through [`TimerWork`], so that this
 //! module depends on the flush queue's arm and nothing above it.
 
