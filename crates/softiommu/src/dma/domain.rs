@@ -150,6 +150,10 @@ pub struct DmaDomain {
     pub(crate) owners: Mutex<Vec<SourceId>>,
     pub(crate) tunables: Tunables,
     pub(crate) cpus: Mutex<Vec<Arc<CpuSlot>>>,
+    /// The CPU slots a round works on, copied from `cpus` under its lock
+    /// into this buffer, which keeps its capacity: a round allocates
+    /// nothing (only the first after a CPU handle is added may grow it).
+    round_slots: Mutex<Vec<Arc<CpuSlot>>>,
     pub(crate) arm: Arc<TimerArm>,
     /// What maps and unmaps pass and a policy switch closes.
     pub(crate) gate: Gate,
@@ -239,6 +243,7 @@ impl DmaDomain {
             owners: Mutex::new(Vec::new()),
             tunables: Tunables::new(config.policy),
             cpus: Mutex::new(Vec::new()),
+            round_slots: Mutex::new(Vec::new()),
             arm: Arc::new(TimerArm::new(barrier)),
             gate: Gate::new(barrier),
             barrier,
@@ -583,7 +588,10 @@ impl DmaDomain {
         now: Instant,
         age: Duration,
     ) -> (Option<Instant>, timer::Round) {
-        let cpus = lock(&self.cpus).clone();
+        // The slots, into the round's own buffer (no allocation); the
+        // `cpus` lock is not held while flushing (a new handle would wait).
+        let mut cpus = lock(&self.round_slots);
+        cpus.clone_from(&lock(&self.cpus));
         let mut worked = self.pending.count.load(Relaxed) > 0 || self.in_flight.len() > 0;
         // A queue past its age has its domain's cached translations dropped
         // at once, lock-free: the flush below may wait for a queue's taker
@@ -603,7 +611,7 @@ impl DmaDomain {
                 oldest = Some(now);
             }
         }
-        for slot in &cpus {
+        for slot in cpus.iter() {
             // A queue whose taker is held is being flushed by its owner (or
             // by `flush_all`); never wait for it here: a holder the host
             // has descheduled would hold the timer too, and with it every
@@ -646,6 +654,8 @@ impl DmaDomain {
             oldest = Some(oldest.map_or(now, |o| o.min(now)));
         }
         worked |= oldest.is_some();
+        // Drops the slots' references now, keeping the buffer's capacity.
+        cpus.clear();
         (oldest, timer::Round { worked, open })
     }
 
@@ -692,17 +702,17 @@ impl DmaDomain {
     }
 
     /// The timer found nothing queued: marks every unit's deadline as
-    /// being cleared (still in force); returns the marks, for
+    /// being cleared (still in force); puts the marks into `marks`
+    /// (cleared first; a buffer the timer keeps across rounds, so an idle
+    /// round allocates nothing), for
     /// [`finish_clear_expiry`](Self::finish_clear_expiry) after the
     /// timer's barrier and rescan.
-    pub(crate) fn begin_clear_expiry(&self) -> Vec<(UnitId, u64)> {
-        self.units
-            .in_mask(self.unit_mask())
-            .filter_map(|id| {
-                let marked = self.system.unit(id)?.begin_clear_expiry(self.did)?;
-                Some((id, marked))
-            })
-            .collect()
+    pub(crate) fn begin_clear_expiry(&self, marks: &mut Vec<(UnitId, u64)>) {
+        marks.clear();
+        marks.extend(self.units.in_mask(self.unit_mask()).filter_map(|id| {
+            let marked = self.system.unit(id)?.begin_clear_expiry(self.did)?;
+            Some((id, marked))
+        }));
     }
 
     /// Clears the marked deadlines if `idle` (the rescan after the barrier
@@ -905,8 +915,8 @@ impl TimerWork for DmaDomain {
         DmaDomain::arm_expiry(self, self.unit_mask());
     }
 
-    fn begin_clear_expiry(&self) -> Vec<(UnitId, u64)> {
-        DmaDomain::begin_clear_expiry(self)
+    fn begin_clear_expiry(&self, marks: &mut Vec<(UnitId, u64)>) {
+        DmaDomain::begin_clear_expiry(self, marks)
     }
 
     fn finish_clear_expiry(&self, marks: &[(UnitId, u64)], idle: bool) {

@@ -40,6 +40,8 @@ mod timer;
 mod units;
 
 #[cfg(all(test, not(loom)))]
+mod round_alloc_tests;
+#[cfg(all(test, not(loom)))]
 mod tests;
 
 pub use bounce::BOUNCE_UNIT;

@@ -46,6 +46,18 @@
 //! any flight was open woke the timer 270–540 times a second at full
 //! speed, where some owner's flush is always in flight.)
 //!
+//! ## What a round costs
+//!
+//! A round allocates nothing (the domain copies its CPU slots into a
+//! buffer it keeps; an idle round's expiry marks go into `marks` below),
+//! reads the monotonic clock once (the next round is due a period after
+//! this one began) and makes no system call of its own beyond the sleep
+//! (the drain fence of the unit's inline pass it runs is the unit's).
+//! Its cost is its wake-up: a round with work is a few thousand
+//! instructions, while sleeping and waking a thread costs tens of
+//! microseconds of its CPU clock on a shared VM whatever the thread does
+//! (docs/ARCHITECTURE.md, the deferred unmap).
+//!
 //! The timer knows its domain only through [`TimerWork`], so that this
 //! module depends on the flush queue's arm and nothing above it.
 
@@ -73,9 +85,9 @@ pub(crate) trait TimerWork: Send + Sync {
     fn any_queued(&self) -> bool;
     /// Arms the device-side expiry deadline where none no later is armed.
     fn arm_expiry(&self);
-    /// Marks the expiry deadlines as being cleared (still in force);
-    /// returns the marks.
-    fn begin_clear_expiry(&self) -> Vec<(UnitId, u64)>;
+    /// Marks the expiry deadlines as being cleared (still in force); puts
+    /// the marks into `marks` (cleared first), which the timer reuses.
+    fn begin_clear_expiry(&self, marks: &mut Vec<(UnitId, u64)>);
     /// Clears the marked deadlines if `idle` and no unmap removed a mark;
     /// else leaves them armed.
     fn finish_clear_expiry(&self, marks: &[(UnitId, u64)], idle: bool);
@@ -124,6 +136,9 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
     let mut due: Option<Instant> = None;
     // When the last round ran.
     let mut last_round: Option<Instant> = None;
+    // The expiry marks of an idle round, kept across rounds (no
+    // allocation per round).
+    let mut marks: Vec<(UnitId, u64)> = Vec::new();
     loop {
         let Some(d) = domain.upgrade() else { return };
         if d.shutting_down() {
@@ -171,7 +186,8 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
             // next round (looking again sooner woke the timer every
             // `RECHECK` at full speed, where some owner's flight is always
             // in flight); its stale window has ended at its deadline.
-            due = Some(Instant::now() + period);
+            // Due a period after the round began: one clock read a round.
+            due = Some(now + period);
             continue;
         }
         // Nothing queued: mark the expiry deadlines as being cleared and
@@ -181,14 +197,14 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
         // clearing fails), or saw the deadline cleared and armed its own.
         // Taken off the CPU anywhere in between, the timer leaves the
         // deadlines in force, never an unmap uncovered.
-        let marks = d.begin_clear_expiry();
+        d.begin_clear_expiry(&mut marks);
         arm.disarm();
         let busy = d.any_queued();
         d.finish_clear_expiry(&marks, !busy);
         if busy {
             arm.rearm();
             d.arm_expiry();
-            due = Some(Instant::now() + period);
+            due = Some(now + period);
         } else {
             due = None;
         }
