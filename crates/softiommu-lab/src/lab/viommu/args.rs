@@ -16,7 +16,7 @@ pub struct ViommuArgs {
     #[arg(long, default_value = "4")]
     pub depth: Ranged<1, 32>,
     /// Rounds per row, interleaved; the median round is reported (1..=20;
-    /// default 1 with --quick, else 3).
+    /// default 3: one disturbed round is never the figure).
     #[arg(long)]
     pub rounds: Option<Ranged<1, 20>>,
     /// Short runs, same shape.
