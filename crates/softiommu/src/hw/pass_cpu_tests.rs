@@ -127,3 +127,17 @@ fn one_pass_in_pass_sample_is_timed_and_stands_for_its_group() {
     );
     assert_eq!(u.stats().inline_passes, PASS_SAMPLE + 1);
 }
+
+/// The part of the clock calls inside a timed interval is measured (two
+/// back-to-back reads of the thread's CPU clock) and is never charged to
+/// the unit: a pass's charge is its interval less that, times
+/// `PASS_SAMPLE`.
+#[test]
+fn the_clock_calls_inside_a_timed_pass_are_not_charged_to_the_unit() {
+    let pair = super::pass_cpu::clock_pair_ns();
+    // Two reads of a CPU clock measure something (the calls take time)
+    // and far less than a millisecond.
+    assert!(pair > 0 && pair < 1_000_000, "{pair} ns");
+    // Stable: measured once per process.
+    assert_eq!(super::pass_cpu::clock_pair_ns(), pair);
+}
