@@ -13,7 +13,8 @@
 //! `kernel.sched_autogroup_enabled` is 1: then a nice value only orders
 //! threads within the group, and the group's own nice
 //! (`/proc/self/autogroup`, written by a privileged process) is what
-//! weighs it against the machine's other sessions. Without autogroups the
+//! weighs it against the machine's other sessions. Without autogroups, or
+//! in no autogroup of its own (its autogroup file is then empty), the
 //! calling thread's nice is lowered, which the QEMU processes and back-end
 //! threads started after inherit. Either is put back when the guard drops.
 
@@ -53,39 +54,75 @@ fn set_thread_nice(n: i32) -> std::io::Result<()> {
     softiommu_vhost::sched::set_thread_nice(0, n)
 }
 
+/// What [`Priority::raise`] will do, decided from what it read.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Plan {
+    /// Write the autogroup's nice; `old` is put back on drop.
+    Autogroup { old: i32 },
+    /// Lower the calling thread's nice; `old` is put back on drop.
+    Thread { old: i32 },
+    /// Nothing to raise, and why.
+    Not(String),
+}
+
+/// Decides how to raise the runs to `nice`. With autogroups on and the
+/// group's nice readable, the group is raised (a thread's nice would only
+/// order it within its group). A process in no autogroup of its own (its
+/// session's leader never called `setsid`, as under some containers'
+/// init) is in the root task group: Linux prints nothing in its autogroup
+/// file, and there the thread's nice weighs the run against the machine's
+/// other work directly, so it is lowered instead, as when autogroups are
+/// off, and the JSON says `"thread"`. An unreadable file is treated alike.
+pub(super) fn plan(
+    nice: i32,
+    autogroups_on: bool,
+    autogroup_text: Option<&str>,
+    current_thread_nice: i32,
+) -> Plan {
+    if autogroups_on {
+        if let Some(old) = autogroup_text.and_then(autogroup_nice) {
+            return if old <= nice {
+                Plan::Not(format!("autogroup nice already {old}"))
+            } else {
+                Plan::Autogroup { old }
+            };
+        }
+    }
+    if current_thread_nice <= nice {
+        return Plan::Not(format!("nice already {current_thread_nice}"));
+    }
+    Plan::Thread {
+        old: current_thread_nice,
+    }
+}
+
 impl Priority {
     /// Raises the runs to `nice` (autogroup, else thread), or records why not.
     pub(super) fn raise(nice: i32) -> Self {
-        if autogroups_on() {
-            let old = std::fs::read_to_string(AUTOGROUP)
-                .ok()
-                .and_then(|t| autogroup_nice(&t));
-            let Some(old) = old else {
-                return Self::not("no readable /proc/self/autogroup".into());
-            };
-            if old <= nice {
-                return Self::not(format!("autogroup nice already {old}"));
-            }
-            return match std::fs::write(AUTOGROUP, nice.to_string()) {
+        let on = autogroups_on();
+        let text = if on {
+            std::fs::read_to_string(AUTOGROUP).ok()
+        } else {
+            None
+        };
+        match plan(nice, on, text.as_deref(), thread_nice()) {
+            Plan::Autogroup { old } => match std::fs::write(AUTOGROUP, nice.to_string()) {
                 Ok(()) => Self {
                     how: Some("autogroup"),
                     old,
                     why: None,
                 },
                 Err(e) => Self::not(format!("autogroup nice {nice}: {e}")),
-            };
-        }
-        let old = thread_nice();
-        if old <= nice {
-            return Self::not(format!("nice already {old}"));
-        }
-        match set_thread_nice(nice) {
-            Ok(()) => Self {
-                how: Some("thread"),
-                old,
-                why: None,
             },
-            Err(e) => Self::not(format!("nice {nice}: {e}")),
+            Plan::Thread { old } => match set_thread_nice(nice) {
+                Ok(()) => Self {
+                    how: Some("thread"),
+                    old,
+                    why: None,
+                },
+                Err(e) => Self::not(format!("nice {nice}: {e}")),
+            },
+            Plan::Not(why) => Self::not(why),
         }
     }
 

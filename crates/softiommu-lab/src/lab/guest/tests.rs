@@ -158,15 +158,34 @@ fn a_missing_kit_is_one_skipped_line_not_a_silent_pass() {
 
 /// The autogroup file's nice value is read from its `nice V` field; a
 /// raise to a value no lower than the current one is not made, and says
-/// why (so the JSON never claims a raise that did not happen).
+/// why (so the JSON never claims a raise that did not happen); a group
+/// file that cannot be read falls back to the thread's nice.
 #[test]
 fn priority_reads_the_autogroup_nice_and_never_claims_a_raise_it_did_not_make() {
-    use super::priority::{autogroup_nice, Priority};
+    use super::priority::{autogroup_nice, plan, Plan, Priority};
     assert_eq!(autogroup_nice("/autogroup-586 nice 0\n"), Some(0));
     assert_eq!(autogroup_nice("/autogroup-7 nice -10"), Some(-10));
     assert_eq!(autogroup_nice("/autogroup-7 weight 3"), None);
     assert_eq!(autogroup_nice(""), None);
-    // Nice 19 is the lowest priority: never below the current one.
+    let group = Some("/autogroup-7 nice 0\n");
+    assert_eq!(plan(-10, true, group, 0), Plan::Autogroup { old: 0 });
+    assert_eq!(
+        plan(-10, true, Some("/autogroup-7 nice -10"), 0),
+        Plan::Not("autogroup nice already -10".into())
+    );
+    // Autogroups on but this process in no autogroup of its own (its file
+    // is empty), or the file unreadable or garbled: the thread.
+    assert_eq!(plan(-10, true, Some(""), 0), Plan::Thread { old: 0 });
+    assert_eq!(plan(-10, true, None, 0), Plan::Thread { old: 0 });
+    assert_eq!(plan(-10, true, Some("garbage"), 5), Plan::Thread { old: 5 });
+    // Autogroups off: the group's text is not consulted.
+    assert_eq!(plan(-10, false, group, 0), Plan::Thread { old: 0 });
+    assert_eq!(
+        plan(-10, false, None, -12),
+        Plan::Not("nice already -12".into())
+    );
+    // On this machine, whatever it offers: nice 19 is the lowest priority,
+    // never below the current one, so nothing is raised and the reason says so.
     let p = Priority::raise(19);
     assert_eq!(p.how, None);
     assert!(
