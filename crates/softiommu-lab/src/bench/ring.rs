@@ -366,7 +366,11 @@ impl Sender {
             if !start.met && now >= warm_until {
                 sent = 0;
                 start.meet();
-            } else if start.met && now >= until {
+            } else if start.met && now >= until && (sent > 0 || now >= until + LATE_START) {
+                // A window never closes on a sender that has not yet been
+                // scheduled in it (a busy machine): it runs on until it
+                // has counted work, for at most `LATE_START` more; a row
+                // that still counted nothing is marked invalid.
                 break;
             }
             for _ in 0..32 {
@@ -413,6 +417,10 @@ impl Sender {
         Ok(sent)
     }
 }
+
+/// How long past its window's end a sender that has counted no packet yet
+/// keeps sending before its row is given up as invalid.
+const LATE_START: Duration = Duration::from_secs(10);
 
 fn run_policy(
     policy: DmaPolicy,
@@ -572,8 +580,8 @@ fn run_policy(
         flushes: deferred.then_some(stats.flushes),
         host_steal_pct,
         us_per_pkt_spread: None,
-        valid: true,
-        why: None,
+        valid: packets > 0,
+        why: (packets == 0).then(|| "no packet was sent in the measured window".to_string()),
     })
 }
 
@@ -620,6 +628,8 @@ fn median_round(mut runs: Vec<RingRow>) -> RingRow {
         .iter()
         .filter_map(|r| r.host_steal_pct)
         .reduce(f64::max);
+    // A round that sent nothing has no figure: the row is invalid with it.
+    let empty = runs.iter().find(|r| !r.valid).and_then(|r| r.why.clone());
     let spread = Spread::of_rounds(&runs.iter().map(|r| r.us_per_pkt).collect::<Vec<_>>());
     runs.sort_by(|a, b| a.us_per_pkt.total_cmp(&b.us_per_pkt));
     let mut row = runs.swap_remove(runs.len() / 2);
@@ -627,6 +637,10 @@ fn median_round(mut runs: Vec<RingRow>) -> RingRow {
     row.stale_window_ms_max = stale;
     row.flushes = flushes;
     row.host_steal_pct = steal;
+    if let Some(why) = empty {
+        row.valid = false;
+        row.why = Some(why);
+    }
     row
 }
 
@@ -828,5 +842,29 @@ mod tests {
         rows[1].us_per_pkt = 0.4;
         check_policies(&mut rows);
         assert!(!rows[1].valid);
+    }
+
+    /// A round that sent no packet (its sender never ran in the window)
+    /// leaves its policy's row invalid with the reason, whichever round
+    /// the median picks.
+    #[test]
+    fn a_round_that_sent_nothing_leaves_the_row_invalid() {
+        let ok = |us: f64| RingRow {
+            us_per_pkt: us,
+            ..row("deferred", &[us])
+        };
+        let mut empty = ok(4583.0);
+        empty.packets = 0;
+        empty.valid = false;
+        empty.why = Some("no packet was sent in the measured window".into());
+        let r = median_round(vec![ok(1.0), empty, ok(1.1)]);
+        assert_eq!(r.us_per_pkt, 1.1);
+        assert!(!r.valid);
+        assert_eq!(
+            r.why.as_deref(),
+            Some("no packet was sent in the measured window")
+        );
+        let r = median_round(vec![ok(1.0), ok(1.2), ok(1.1)]);
+        assert!(r.valid && r.why.is_none());
     }
 }
