@@ -1,4 +1,4 @@
-//! Issue 12: a long aging run stays within memory bounds. Our IOVA policy's
+//! A long aging run stays within memory bounds. Our IOVA policy's
 //! caches are bounded by construction (per-CPU magazines and a depot of
 //! `max(capacity, per_cpu × caches)` magazines per cached order); the
 //! test runs the allocator-only aging lab and the storage-path one, reads

@@ -1,4 +1,4 @@
-//! Issue 13 part 4: a virtio-blk controller in IOPF mode. Its memory is not
+//! A virtio-blk controller in IOPF mode. Its memory is not
 //! pre-mapped: the driver's maps are registrations (a pass-through DMA
 //! domain hands it physical addresses), the controller sits in an
 //! `IopfDomain` over the guest's RAM that starts empty, and its first

@@ -1,4 +1,4 @@
-//! Issue 13 part 4 for virtio-net: a NIC in IOPF mode. Its memory is not
+//! virtio-net with a NIC in IOPF mode. Its memory is not
 //! pre-mapped: the driver's maps are registrations (a pass-through DMA
 //! domain hands it physical addresses), the NIC sits in an `IopfDomain`
 //! over the guest's RAM that starts empty, and its first touch of every

@@ -289,9 +289,9 @@ fn leaking_what_vm_memory_hands_out_never_holds_off_a_wait() {
 }
 
 /// Keeps the behaviour the scoped section replaced: an unmap still waits for
-/// a device section in progress. (Not a regression test of issue 10: the
-/// old guard already behaved so; the leak tests above are the ones that
-/// fail on the old code.)
+/// a device section in progress. (The guard before the scoped section
+/// already behaved so; the leak tests above are the ones that failed
+/// on it.)
 #[test]
 fn an_unmap_waits_for_a_device_section_that_uses_the_buffer() {
     let mut r = rig(DmaPolicy::Strict);

@@ -1,4 +1,4 @@
-//! Fault injection (issue 15 part 3): each test injects one fault and
+//! Fault injection: each test injects one fault and
 //! checks that the system reports it, recovers from it, or fails closed,
 //! and that it never leaves a stale mapping reachable nor a thread hung.
 //! `docs/ERRORS.md` ("Fault injection") names each test beside its fault.

@@ -1,4 +1,4 @@
-//! I/O page faults end to end (issue 13): a fault-capable device misses,
+//! I/O page faults end to end: a fault-capable device misses,
 //! the unit raises a page request, the handler maps on demand and answers,
 //! the device's access is retried; refusals, the pre-map window, queue
 //! overflow, a dead handler, detach, reclaim racing faults, several

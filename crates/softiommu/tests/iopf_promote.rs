@@ -1,4 +1,4 @@
-//! Promotion in the IOPF domain (issue 13, seed 002): a 2 MiB block that
+//! Promotion in the IOPF domain (seed 002's huge-page case): a 2 MiB block that
 //! faults complete is collapsed into one 2 MiB leaf, with no translation
 //! changing for a device that keeps reading it meanwhile; a block with a
 //! hole, a misaligned backing or a region end in it is left alone; a

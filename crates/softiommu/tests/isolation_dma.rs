@@ -1,7 +1,7 @@
-//! The protection holes of issue 10 through the DMA API, one test each
-//! (items 2–4 and 6–13): a failed operation leaves the old state or the
-//! finished new one, every free checks ownership, every caller-supplied
-//! size is checked, and a device never reaches what it was not given.
+//! Protection through the DMA API, one test per hole: a failed operation
+//! leaves the old state or the finished new one, every free checks
+//! ownership, every caller-supplied size is checked, and a device never
+//! reaches what it was not given.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};

@@ -1,6 +1,6 @@
 //! Isolation of the unit's own state from what descriptors and devices can
-//! write (issue 10, item 1): the completion of the unit's waits, the ring's
-//! queued descriptors, and the IOMMU's own frames.
+//! write: the completion of the unit's waits, the ring's queued
+//! descriptors, and the IOMMU's own frames.
 
 use std::sync::Arc;
 use std::time::Duration;
