@@ -187,6 +187,13 @@ fn make_key(did: u16, iova: u64, size: PageSize) -> u64 {
     KEY_VALID | size_code(size) << KEY_SIZE_SHIFT | u64::from(did) << KEY_DID_SHIFT | vpn
 }
 
+/// The tag of `did`'s 4 KiB leaf at IOVA 0: OR in a page number for the
+/// tag of that page.
+#[inline(always)]
+pub(crate) fn key_4k_base(did: u16) -> u64 {
+    make_key(did, 0, PageSize::Size4K)
+}
+
 /// A decoded tag: domain, leaf start, leaf size.
 fn split_key(key: u64) -> Option<(u16, u64, PageSize)> {
     if key & KEY_VALID == 0 {
@@ -205,6 +212,28 @@ fn perm_bits(perm: Perm) -> u64 {
 #[inline(always)]
 fn perm_of(bits: u64) -> Perm {
     Perm::from_low_bits(bits)
+}
+
+/// The physical address an entry's value word holds.
+#[inline(always)]
+pub(crate) fn val_phys(val: u64) -> PhysAddr {
+    val & VAL_ADDR_MASK
+}
+
+/// The rights an entry's value word holds.
+#[inline(always)]
+pub(crate) fn val_perm(val: u64) -> Perm {
+    perm_of(val)
+}
+
+/// The leaf of `size` an entry's value word describes.
+#[inline(always)]
+fn leaf_of(val: u64, size: PageSize) -> Leaf {
+    Leaf {
+        phys: val_phys(val),
+        size,
+        perm: val_perm(val),
+    }
 }
 
 /// A cached leaf.
@@ -251,7 +280,7 @@ struct Entry {
 /// A domain's invalidation counters, and its expiry deadline.
 #[derive(Debug, Default)]
 #[repr(C, align(32))]
-struct DomainGen {
+pub(crate) struct DomainGen {
     /// Bumped by each domain-selective invalidation.
     gen: AtomicU64,
     /// Bumped by each page-selective invalidation.
@@ -405,13 +434,23 @@ impl Iotlb {
             .wrapping_add(self.domain(did).gen.load(Ordering::Acquire))
     }
 
-    /// Domain `did`'s deadline word and then the generation its entries
-    /// must carry, as [`deadline`](Self::deadline) and [`gen`](Self::gen)
-    /// read them (same loads, same order), indexing the domain array once:
-    /// the hit path's pair.
+    /// Domain `did`'s counters, which live (at a fixed address) as long as
+    /// the IOTLB: a translator keeps those of the domain it served last.
     #[inline(always)]
-    pub(crate) fn deadline_then_gen(&self, did: u16) -> (u64, impl Fn() -> u64 + '_) {
-        let d = self.domain(did);
+    pub(crate) fn domain_of(&self, did: u16) -> &DomainGen {
+        self.domain(did)
+    }
+
+    /// The deadline word and then the generation entries must carry of
+    /// the domain whose counters `d` are (from
+    /// [`domain_of`](Self::domain_of)), as [`deadline`](Self::deadline)
+    /// and [`gen`](Self::gen) read them (same loads, same order): the hit
+    /// path's pair.
+    #[inline(always)]
+    pub(crate) fn deadline_then_gen_at<'a>(
+        &'a self,
+        d: &'a DomainGen,
+    ) -> (u64, impl Fn() -> u64 + 'a) {
         // Acquire: as in `deadline`.
         let dl = d.deadline.load(Ordering::Acquire);
         // Acquire, both: as in `gen`.
@@ -437,18 +476,31 @@ impl Iotlb {
     #[cfg(any(test, loom))]
     #[inline(always)]
     pub(crate) fn lookup(&self, did: u16, iova: u64, gen: u64) -> Option<Leaf> {
-        if let Some(l) = self.lookup_4k(did, iova, gen) {
-            return Some(l);
+        if let Some(val) = self.lookup_4k(did, iova, gen) {
+            return Some(leaf_of(val, PageSize::Size4K));
         }
         self.lookup_large(did, iova, gen)
     }
 
-    /// [`lookup`](Self::lookup)'s first probe: a valid 4 KiB entry for
-    /// `iova` in `did`. Split out so that the hit path, which probes it
-    /// inline, computes a 4 KiB leaf's span with constants.
+    /// [`lookup`](Self::lookup)'s first probe: the value word of a valid
+    /// 4 KiB entry for `iova` in `did` (decode it with [`val_phys`] and
+    /// [`val_perm`]).
+    #[cfg(any(test, loom))]
     #[inline(always)]
-    pub(crate) fn lookup_4k(&self, did: u16, iova: u64, gen: u64) -> Option<Leaf> {
-        self.probe(did, iova, PageSize::Size4K, gen)
+    pub(crate) fn lookup_4k(&self, did: u16, iova: u64, gen: u64) -> Option<u64> {
+        self.probe(make_key(did, iova, PageSize::Size4K), gen)
+    }
+
+    /// [`lookup_4k`](Self::lookup_4k) with the domain's part of the tag
+    /// precomputed (`key_4k_base(did)`), for an `iova` below 2^48: the hit
+    /// path's probe, inline. Raw, so that the hit path checks the rights
+    /// and computes the span from the word in registers, with constants.
+    #[inline(always)]
+    pub(crate) fn lookup_4k_keyed(&self, base: u64, iova: u64, gen: u64) -> Option<u64> {
+        debug_assert_eq!(iova >> VTD_IOVA_BITS, 0);
+        debug_assert_eq!(base & ((1 << KEY_VPN_BITS) - 1), 0);
+        // Below 2^48, the page number fits the tag's VPN bits as it is.
+        self.probe(base | iova >> PAGE_SHIFT, gen)
     }
 
     /// [`lookup`](Self::lookup)'s later probes, out of line: the 2 MiB and
@@ -458,19 +510,20 @@ impl Iotlb {
         // Relaxed: a hint only; missing a large entry costs a walk.
         let large = self.large.load(Ordering::Relaxed);
         if large & 1 != 0 {
-            if let Some(l) = self.probe(did, iova, PageSize::Size2M, gen) {
-                return Some(l);
+            if let Some(val) = self.probe(make_key(did, iova, PageSize::Size2M), gen) {
+                return Some(leaf_of(val, PageSize::Size2M));
             }
         }
         if large & 2 != 0 {
-            return self.probe(did, iova, PageSize::Size1G, gen);
+            let val = self.probe(make_key(did, iova, PageSize::Size1G), gen)?;
+            return Some(leaf_of(val, PageSize::Size1G));
         }
         None
     }
 
+    /// The value word of a valid entry tagged `key`.
     #[inline(always)]
-    fn probe(&self, did: u16, iova: u64, size: PageSize, gen: u64) -> Option<Leaf> {
-        let key = make_key(did, iova, size);
+    fn probe(&self, key: u64, gen: u64) -> Option<u64> {
         let (set, fp) = self.place(key);
         let ways = self.ways_of(set);
         // Under loom every way is a candidate: the fingerprints can only
@@ -480,7 +533,7 @@ impl Iotlb {
         #[cfg(loom)]
         {
             let _ = fp;
-            ways.iter().find_map(|e| Self::validate(e, key, size, gen))
+            ways.iter().find_map(|e| Self::validate(e, key, gen))
         }
         // Which ways hold `key`: the set's fingerprint word(s), one relaxed
         // load and a few ALU instructions for up to 8 ways, instead of a
@@ -492,11 +545,11 @@ impl Iotlb {
             // out of line: a loop over the words cost the hit path about
             // 20 instructions, its counter kept in memory.
             let m = fp_matches(self.fp_word(set, 0).load(Ordering::Relaxed), fp);
-            if let Some(l) = Self::validate_matches(ways, 0, m, key, size, gen) {
-                return Some(l);
+            if let Some(v) = Self::validate_matches(ways, 0, m, key, gen) {
+                return Some(v);
             }
             if self.fp_words > 1 {
-                return self.probe_high_ways(set, ways, fp, key, size, gen);
+                return self.probe_high_ways(set, ways, fp, key, gen);
             }
             None
         }
@@ -511,17 +564,17 @@ impl Iotlb {
         ways: &[Entry],
         fp: u64,
         key: u64,
-        size: PageSize,
         gen: u64,
-    ) -> Option<Leaf> {
+    ) -> Option<u64> {
         (1..self.fp_words).find_map(|i| {
             let m = fp_matches(self.fp_word(set, i).load(Ordering::Relaxed), fp);
-            Self::validate_matches(ways, i * FP_WAYS, m, key, size, gen)
+            Self::validate_matches(ways, i * FP_WAYS, m, key, gen)
         })
     }
 
     /// Validates the ways `first + b` for each byte `b` that `matches`
-    /// (from [`fp_matches`]) marks; the first that holds `key`.
+    /// (from [`fp_matches`]) marks; the value word of the first that holds
+    /// `key`.
     #[cfg(not(loom))]
     #[inline(always)]
     fn validate_matches(
@@ -529,25 +582,28 @@ impl Iotlb {
         first: usize,
         mut matches: u64,
         key: u64,
-        size: PageSize,
         gen: u64,
-    ) -> Option<Leaf> {
+    ) -> Option<u64> {
         while matches != 0 {
             let w = first + (matches.trailing_zeros() / 8) as usize;
             matches &= matches - 1;
-            // A byte past the set's ways is never written (it stays 0,
-            // which no fingerprint equals): `get` is a guard only.
-            if let Some(l) = ways.get(w).and_then(|e| Self::validate(e, key, size, gen)) {
-                return Some(l);
+            debug_assert!(w < ways.len());
+            // SAFETY: a byte past the set's ways is never written (`fill`
+            // sets only the byte of the way it filled); it stays 0, which
+            // no fingerprint equals (bit 7 is set in every one), so
+            // `fp_matches` never marks it and `w < ways.len()`.
+            let e = unsafe { ways.get_unchecked(w) };
+            if let Some(v) = Self::validate(e, key, gen) {
+                return Some(v);
             }
         }
         None
     }
 
-    /// The sequence-lock read of one way: its leaf if it holds `key` under
-    /// generation `gen`, stably.
+    /// The sequence-lock read of one way: its value word if it holds `key`
+    /// under generation `gen`, stably.
     #[inline(always)]
-    fn validate(e: &Entry, key: u64, size: PageSize, gen: u64) -> Option<Leaf> {
+    fn validate(e: &Entry, key: u64, gen: u64) -> Option<u64> {
         // Acquire: pairs with the Release store that published the
         // entry, so the fields below are at least that writer's.
         let s1 = e.seq.load(Ordering::Acquire);
@@ -563,11 +619,7 @@ impl Iotlb {
         if e.seq.load(Ordering::Relaxed) != s1 || g != gen {
             return None;
         }
-        Some(Leaf {
-            phys: val & VAL_ADDR_MASK,
-            size,
-            perm: perm_of(val),
-        })
+        Some(val)
     }
 
     /// Caches `leaf`, which a walk of `did` found for `iova` after taking
