@@ -7,14 +7,15 @@
 //! one leaf: its tag (domain id, IOVA of the leaf's start, leaf size), the
 //! physical address of the leaf and its rights, and the *generation* it was
 //! filled under. The set is chosen by a multiplicative hash of the tag, and
-//! seven other bits of the hash are the tag's *fingerprint*: each set has a
-//! word per 8 ways holding a byte per way (the fingerprint of the tag the
-//! way was last filled with, bit 7 set; 0 for a way never filled). A probe
-//! loads the set's word, marks the bytes equal to its fingerprint with a
-//! few word-wide ALU operations, and runs the sequence-lock read below on
-//! the marked ways only: one small, L1-resident word and one entry line
-//! per hit, where reading every way's key touched all of a 4-way set's two
-//! lines. The words are hints, written Relaxed by fills under the way's
+//! seven other bits of the hash are the tag's *fingerprint*: each set has
+//! two words holding a byte per way, up to 16 (the fingerprint of the tag
+//! the way was last filled with, bit 7 set; 0 for a way never filled or
+//! past the set's ways). A probe loads the set's two words, marks the
+//! bytes equal to its fingerprint with one 16-byte compare (SSE2 on
+//! x86-64, word-wide ALU operations elsewhere), and runs the sequence-lock
+//! read below on the marked ways only: 16 L1-resident bytes and one entry
+//! line per hit, where reading every way's key touched all of a 4-way
+//! set's two lines. The words are hints, written Relaxed by fills under the way's
 //! lock and never cleared: a stale byte costs a miss or a wasted
 //! validation, never a wrong hit (the full tag and the generation decide).
 //! A lookup probes the 4 KiB set first and, only if the unit has ever
@@ -100,9 +101,13 @@ impl Default for IotlbConfig {
     /// 512 sets of 8 ways: 4,096 entries (128 KiB), the order of the
     /// IOTLB sizes reported for server VT-d units, and small enough that a
     /// working set of a few thousand 4 KiB buffers shows misses. Eight
-    /// ways, one fingerprint word a set: at half occupancy under random
-    /// addresses about 1 % of lookups are conflict misses, against 4 % with
-    /// four ways (`bench translate`'s hit case: 98.9 % against 95.8 %).
+    /// ways: at half occupancy under random addresses about 1 % of lookups
+    /// are conflict misses, against 4 % with four ways (`bench translate`'s
+    /// hit case: 98.9 % against 95.8 %). Sixteen cost a hit no more (one
+    /// fingerprint compare covers them) and miss about 0.1 %, but every
+    /// page-selective invalidation locks every way of the page's set:
+    /// strict's map+unmap pair cost 5.7 % more instructions
+    /// (`bench dma --instructions`: 3,217 against 3,401).
     fn default() -> Self {
         Self { sets: 512, ways: 8 }
     }
@@ -134,6 +139,9 @@ const VAL_ADDR_MASK: u64 = ((1 << 52) - 1) & !((1 << PAGE_SHIFT) - 1);
 const HASH_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Ways per fingerprint word (a byte each).
 const FP_WAYS: usize = 8;
+/// Fingerprint words per set, whatever its ways (16 at most): a probe
+/// compares all sixteen bytes at once.
+const FP_WORDS: usize = 2;
 /// Every byte of a word set to 0x01, and to 0x7f.
 #[cfg(all(not(loom), any(test, not(target_arch = "x86_64"))))]
 const BYTES_01: u64 = 0x0101_0101_0101_0101;
@@ -147,43 +155,41 @@ fn fingerprint(h: u64) -> u64 {
     (h >> 25) & 0x7f | 0x80
 }
 
-/// The bytes of fingerprint word `word` equal to `fp`, as a way mask: bit
-/// `b` set if and only if byte `b` equals `fp` (exact: every match, and
-/// nothing else).
+/// The ways of a set whose fingerprint bytes (`lo`: ways 0 to 7, `hi`:
+/// ways 8 to 15) equal `fp`, as a way mask: bit `w` set if and only if
+/// way `w`'s byte equals `fp` (exact: every match, and nothing else).
 ///
-/// On x86-64 one SSE2 byte compare and a mask move (SSE2 is part of the
-/// x86-64 baseline), where the word-wide ALU form below cost the hit path
-/// about ten instructions more.
+/// On x86-64 one SSE2 byte compare of all sixteen and a mask move (SSE2 is
+/// part of the x86-64 baseline), where the word-wide ALU form below cost
+/// the hit path about ten instructions more a word.
 #[cfg(all(not(loom), target_arch = "x86_64"))]
 #[inline(always)]
-fn fp_matches(word: u64, fp: u64) -> u32 {
-    use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_cvtsi64_si128, _mm_movemask_epi8, _mm_set1_epi8};
+fn fp_matches(lo: u64, hi: u64, fp: u64) -> u32 {
+    use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_movemask_epi8, _mm_set1_epi8, _mm_set_epi64x};
     // SAFETY: the intrinsics need SSE2 only, which every x86-64 target
     // enables (it is part of the architecture's baseline); they read and
-    // write registers only. The casts keep the bits: a word's bytes and a
-    // fingerprint byte, as the intrinsics' signed types take them.
+    // write registers only. The casts keep the bits: the words' bytes and
+    // a fingerprint byte, as the intrinsics' signed types take them.
     let mask = unsafe {
         let eq = _mm_cmpeq_epi8(
-            _mm_cvtsi64_si128(word as i64),
+            _mm_set_epi64x(hi as i64, lo as i64),
             _mm_set1_epi8(fp as u8 as i8),
         );
         _mm_movemask_epi8(eq)
     };
-    // The low 8 lanes are the word's bytes; the high 8 are zero, which no
-    // fingerprint equals (bit 7 is set in each), so their bits are clear.
     mask as u32
 }
 
 /// [`fp_matches`] elsewhere.
 #[cfg(all(not(loom), not(target_arch = "x86_64")))]
 #[inline(always)]
-fn fp_matches(word: u64, fp: u64) -> u32 {
-    fp_matches_swar(word, fp)
+fn fp_matches(lo: u64, hi: u64, fp: u64) -> u32 {
+    fp_matches_swar(lo, fp) | fp_matches_swar(hi, fp) << 8
 }
 
-/// [`fp_matches`] in word-wide ALU operations: bit 7 of each byte equal to
-/// `fp` (no false match from a borrow), then those eight bits gathered by
-/// a multiply.
+/// The bytes of one fingerprint word equal to `fp` as an 8-bit mask, in
+/// word-wide ALU operations: bit 7 of each byte equal to `fp` (no false
+/// match from a borrow), then those eight bits gathered by a multiply.
 #[cfg(all(not(loom), any(test, not(target_arch = "x86_64"))))]
 #[inline(always)]
 fn fp_matches_swar(word: u64, fp: u64) -> u32 {
@@ -356,13 +362,12 @@ pub(crate) struct Iotlb {
     entries: Box<[Entry]>,
     ways: usize,
     set_mask: usize,
-    /// Each set's way fingerprints, `fp_words` words a set: byte `w % 8`
+    /// Each set's way fingerprints, `FP_WORDS` words a set: byte `w % 8`
     /// of word `w / 8` is a hash byte of the tag way `w` was last filled
-    /// with (bit 7 set), 0 if never filled. A hint only: a probe validates
-    /// every way whose byte matches, and a stale byte costs a miss or a
-    /// wasted validation, never a wrong hit.
+    /// with (bit 7 set), 0 if never filled (or past the set's ways). A
+    /// hint only: a probe validates every way whose byte matches, and a
+    /// stale byte costs a miss or a wasted validation, never a wrong hit.
     fps: Box<[AtomicU64]>,
-    fp_words: usize,
     domains: Box<[DomainGen]>,
     dom_mask: usize,
     /// Bumped by each global invalidation. Read on every translation.
@@ -393,10 +398,9 @@ impl Iotlb {
             entries: (0..cfg.capacity()).map(|_| Entry::default()).collect(),
             ways: cfg.ways,
             set_mask: cfg.sets - 1,
-            fps: (0..cfg.sets * cfg.ways.div_ceil(FP_WAYS))
+            fps: (0..cfg.sets * FP_WORDS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            fp_words: cfg.ways.div_ceil(FP_WAYS),
             domains: new_domains(domains),
             dom_mask: domains - 1,
             global: CachePadded::new(AtomicU64::new(0)),
@@ -440,14 +444,14 @@ impl Iotlb {
         self.ways_of(self.place(key).0)
     }
 
-    /// Fingerprint word `i` (below `fp_words`) of set `set` (at most
+    /// Fingerprint word `i` (below `FP_WORDS`) of set `set` (at most
     /// `set_mask`).
     #[inline(always)]
     fn fp_word(&self, set: usize, i: usize) -> &AtomicU64 {
-        let at = set * self.fp_words + i;
+        let at = set * FP_WORDS + i;
         debug_assert!(at < self.fps.len());
-        // SAFETY: `fps` holds `(set_mask + 1) * fp_words` words (`new`),
-        // `set <= set_mask` and `i < fp_words`.
+        // SAFETY: `fps` holds `(set_mask + 1) * FP_WORDS` words (`new`),
+        // `set <= set_mask` and `i < FP_WORDS`.
         unsafe { self.fps.get_unchecked(at) }
     }
 
@@ -573,57 +577,30 @@ impl Iotlb {
             let _ = fp;
             ways.iter().find_map(|e| Self::validate(e, key, gen))
         }
-        // Which ways hold `key`: the set's fingerprint word(s), one relaxed
-        // load and a few ALU instructions for up to 8 ways, instead of a
-        // load and compare per way's key (which spread over the set's
-        // lines); a hint only, each matching way is validated below.
+        // Which ways hold `key`: the set's two fingerprint words, two
+        // relaxed loads (of one 16-byte aligned pair, a line of its own
+        // with three other sets') and one byte compare for up to 16 ways,
+        // instead of a load and compare per way's key (which spread over
+        // the set's lines); a hint only, each matching way is validated
+        // below.
         #[cfg(not(loom))]
         {
-            // The first word inline; a second (sets of more than 8 ways)
-            // out of line: a loop over the words cost the hit path about
-            // 20 instructions, its counter kept in memory.
-            let m = fp_matches(self.fp_word(set, 0).load(Ordering::Relaxed), fp);
-            if let Some(v) = Self::validate_matches(ways, 0, m, key, gen) {
-                return Some(v);
-            }
-            if self.fp_words > 1 {
-                return self.probe_high_ways(set, ways, fp, key, gen);
-            }
-            None
+            let m = fp_matches(
+                self.fp_word(set, 0).load(Ordering::Relaxed),
+                self.fp_word(set, 1).load(Ordering::Relaxed),
+                fp,
+            );
+            Self::validate_matches(ways, m, key, gen)
         }
     }
 
-    /// [`probe`](Self::probe) in the fingerprint words past the first.
-    #[cfg(not(loom))]
-    #[inline(never)]
-    fn probe_high_ways(
-        &self,
-        set: usize,
-        ways: &[Entry],
-        fp: u64,
-        key: u64,
-        gen: u64,
-    ) -> Option<u64> {
-        (1..self.fp_words).find_map(|i| {
-            let m = fp_matches(self.fp_word(set, i).load(Ordering::Relaxed), fp);
-            Self::validate_matches(ways, i * FP_WAYS, m, key, gen)
-        })
-    }
-
-    /// Validates the ways `first + b` for each bit `b` set in `matches`
-    /// (from [`fp_matches`]); the value word of the first that holds
-    /// `key`.
+    /// Validates the ways `w` for each bit `w` set in `matches` (from
+    /// [`fp_matches`]); the value word of the first that holds `key`.
     #[cfg(not(loom))]
     #[inline(always)]
-    fn validate_matches(
-        ways: &[Entry],
-        first: usize,
-        mut matches: u32,
-        key: u64,
-        gen: u64,
-    ) -> Option<u64> {
+    fn validate_matches(ways: &[Entry], mut matches: u32, key: u64, gen: u64) -> Option<u64> {
         while matches != 0 {
-            let w = first + matches.trailing_zeros() as usize;
+            let w = matches.trailing_zeros() as usize;
             matches &= matches - 1;
             debug_assert!(w < ways.len());
             // SAFETY: a byte past the set's ways is never written (`fill`
@@ -1068,7 +1045,7 @@ mod tests {
     fn every_way_of_a_full_set_hits_in_every_shape() {
         // One set, so every page lands in it: the probe must find each way
         // through its fingerprint byte, in the first fingerprint word and
-        // (past 8 ways) the second.
+        // (past 8 ways) the second, whatever the shape.
         for ways in 1..=16 {
             let t = Iotlb::new(IotlbConfig { sets: 1, ways }, 4);
             for p in 0..ways as u64 {
@@ -1137,9 +1114,12 @@ mod tests {
         // 0x92 right above a matching 0x93: the borrow of the usual
         // `(x - 0x01..) & !x & 0x80..` test would mark it.
         let word = 0x93_94_00_93_13_92_93_01u64;
-        // Both forms (the one in use on this target, and the portable
-        // one), on the same words.
-        for m in [fp_matches, fp_matches_swar] {
+        // Both forms (the one in use on this target, over both words, and
+        // the portable one of one word), on the same words.
+        let lo = |w, f| fp_matches(w, 0, f);
+        let hi = |w, f| fp_matches(0, w, f) >> 8;
+        assert_eq!(fp_matches(word, word, fp), 0b1001_0010_1001_0010);
+        for m in [&lo as &dyn Fn(u64, u64) -> u32, &hi, &fp_matches_swar] {
             assert_eq!(m(word, fp), 0b1001_0010);
             assert_eq!(m(0, fp), 0);
             assert_eq!(m(u64::MAX, 0xff), 0xff);
