@@ -120,6 +120,9 @@ impl fmt::Debug for Translator {
 /// returns.
 pub struct TranslationGuard<'a> {
     t: &'a mut Translator,
+    /// The slot state this section stored (odd); the translator's own
+    /// copy is brought up to date when the section ends.
+    state: u64,
 }
 
 impl fmt::Debug for TranslationGuard<'_> {
@@ -255,9 +258,11 @@ impl Translator {
     /// only through [`section`](Self::section), so none can be leaked).
     #[inline(always)]
     pub(crate) fn begin(&mut self) -> TranslationGuard<'_> {
-        self.state += 1;
-        Slots::enter_cell(self.cell(), self.state, self.barrier);
-        TranslationGuard { t: self }
+        // Kept in the guard, in a register on the hit path; `self.state`
+        // is written once, at the end (nothing reads it in between).
+        let state = self.state + 1;
+        Slots::enter_cell(self.cell(), state, self.barrier);
+        TranslationGuard { t: self, state }
     }
 
     /// Translates `[iova, iova + len)` of device `sid` for `access`: the
@@ -779,7 +784,8 @@ impl TranslationGuard<'_> {
 impl Drop for TranslationGuard<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.t.state += 1;
-        Slots::exit_cell(self.t.cell(), self.t.state);
+        let state = self.state + 1;
+        self.t.state = state;
+        Slots::exit_cell(self.t.cell(), state);
     }
 }
