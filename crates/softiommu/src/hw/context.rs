@@ -138,6 +138,10 @@ pub(crate) fn decode(word: u64) -> Option<ContextEntry> {
     }
 }
 
+/// A context word (a std atomic under loom too: the models do not
+/// explore context changes).
+pub(crate) type ContextWord = AtomicU64;
+
 /// One bus's 256 context words.
 type Bus = [AtomicU64; 256];
 
@@ -173,6 +177,15 @@ impl ContextTable {
             Some(bus) => bus[usize::from(sid.devfn())].load(Ordering::Acquire),
             None => 0,
         }
+    }
+
+    /// The word for `sid` itself, if its bus is in use. A bus, once in
+    /// use, stays (at a fixed address) as long as the table: a translator
+    /// keeps the word of the device it last served, so that its hit path
+    /// reads the context with one load and no bus lookup.
+    pub(crate) fn cell(&self, sid: SourceId) -> Option<&ContextWord> {
+        let bus = self.buses[usize::from(sid.bus())].get()?;
+        Some(&bus[usize::from(sid.devfn())])
     }
 
     /// Replaces the word for `sid`; returns the old one.

@@ -7,14 +7,15 @@
 //! one leaf: its tag (domain id, IOVA of the leaf's start, leaf size), the
 //! physical address of the leaf and its rights, and the *generation* it was
 //! filled under. The set is chosen by a multiplicative hash of the tag, and
-//! seven other bits of the hash are the tag's *fingerprint*: each set has a
-//! word per 8 ways holding a byte per way (the fingerprint of the tag the
-//! way was last filled with, bit 7 set; 0 for a way never filled). A probe
-//! loads the set's word, marks the bytes equal to its fingerprint with a
-//! few word-wide ALU operations, and runs the sequence-lock read below on
-//! the marked ways only: one small, L1-resident word and one entry line
-//! per hit, where reading every way's key touched all of a 4-way set's two
-//! lines. The words are hints, written Relaxed by fills under the way's
+//! seven other bits of the hash are the tag's *fingerprint*: each set has
+//! two words holding a byte per way, up to 16 (the fingerprint of the tag
+//! the way was last filled with, bit 7 set; 0 for a way never filled or
+//! past the set's ways). A probe loads the set's two words, marks the
+//! bytes equal to its fingerprint with one 16-byte compare (SSE2 on
+//! x86-64, word-wide ALU operations elsewhere), and runs the sequence-lock
+//! read below on the marked ways only: 16 L1-resident bytes and one entry
+//! line per hit, where reading every way's key touched all of a 4-way
+//! set's two lines. The words are hints, written Relaxed by fills under the way's
 //! lock and never cleared: a stale byte costs a miss or a wasted
 //! validation, never a wrong hit (the full tag and the generation decide).
 //! A lookup probes the 4 KiB set first and, only if the unit has ever
@@ -100,9 +101,13 @@ impl Default for IotlbConfig {
     /// 512 sets of 8 ways: 4,096 entries (128 KiB), the order of the
     /// IOTLB sizes reported for server VT-d units, and small enough that a
     /// working set of a few thousand 4 KiB buffers shows misses. Eight
-    /// ways, one fingerprint word a set: at half occupancy under random
-    /// addresses about 1 % of lookups are conflict misses, against 4 % with
-    /// four ways (`bench translate`'s hit case: 98.9 % against 95.8 %).
+    /// ways: at half occupancy under random addresses about 1 % of lookups
+    /// are conflict misses, against 4 % with four ways (`bench translate`'s
+    /// hit case: 98.9 % against 95.8 %). Sixteen cost a hit no more (one
+    /// fingerprint compare covers them) and miss about 0.1 %, but every
+    /// page-selective invalidation locks every way of the page's set:
+    /// strict's map+unmap pair cost 5.7 % more instructions
+    /// (`bench dma --instructions`: 3,217 against 3,401).
     fn default() -> Self {
         Self { sets: 512, ways: 8 }
     }
@@ -134,10 +139,13 @@ const VAL_ADDR_MASK: u64 = ((1 << 52) - 1) & !((1 << PAGE_SHIFT) - 1);
 const HASH_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Ways per fingerprint word (a byte each).
 const FP_WAYS: usize = 8;
+/// Fingerprint words per set, whatever its ways (16 at most): a probe
+/// compares all sixteen bytes at once.
+const FP_WORDS: usize = 2;
 /// Every byte of a word set to 0x01, and to 0x7f.
-#[cfg_attr(loom, allow(dead_code))]
+#[cfg(all(not(loom), any(test, not(target_arch = "x86_64"))))]
 const BYTES_01: u64 = 0x0101_0101_0101_0101;
-#[cfg_attr(loom, allow(dead_code))]
+#[cfg(all(not(loom), any(test, not(target_arch = "x86_64"))))]
 const BYTES_7F: u64 = 0x7f7f_7f7f_7f7f_7f7f;
 
 /// A tag's way fingerprint, from its hash `h`: seven bits the set index
@@ -147,13 +155,49 @@ fn fingerprint(h: u64) -> u64 {
     (h >> 25) & 0x7f | 0x80
 }
 
-/// The bytes of fingerprint word `word` equal to `fp`: bit 7 of each such
-/// byte set, every other bit clear (exact: no false match from a borrow).
-#[cfg_attr(loom, allow(dead_code))]
+/// The ways of a set whose fingerprint bytes (`lo`: ways 0 to 7, `hi`:
+/// ways 8 to 15) equal `fp`, as a way mask: bit `w` set if and only if
+/// way `w`'s byte equals `fp` (exact: every match, and nothing else).
+///
+/// On x86-64 one SSE2 byte compare of all sixteen and a mask move (SSE2 is
+/// part of the x86-64 baseline), where the word-wide ALU form below cost
+/// the hit path about ten instructions more a word.
+#[cfg(all(not(loom), target_arch = "x86_64"))]
 #[inline(always)]
-fn fp_matches(word: u64, fp: u64) -> u64 {
+fn fp_matches(lo: u64, hi: u64, fp: u64) -> u32 {
+    use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_movemask_epi8, _mm_set1_epi8, _mm_set_epi64x};
+    // SAFETY: the intrinsics need SSE2 only, which every x86-64 target
+    // enables (it is part of the architecture's baseline); they read and
+    // write registers only. The casts keep the bits: the words' bytes and
+    // a fingerprint byte, as the intrinsics' signed types take them.
+    let mask = unsafe {
+        let eq = _mm_cmpeq_epi8(
+            _mm_set_epi64x(hi as i64, lo as i64),
+            _mm_set1_epi8(fp as u8 as i8),
+        );
+        _mm_movemask_epi8(eq)
+    };
+    mask as u32
+}
+
+/// [`fp_matches`] elsewhere.
+#[cfg(all(not(loom), not(target_arch = "x86_64")))]
+#[inline(always)]
+fn fp_matches(lo: u64, hi: u64, fp: u64) -> u32 {
+    fp_matches_swar(lo, fp) | fp_matches_swar(hi, fp) << 8
+}
+
+/// The bytes of one fingerprint word equal to `fp` as an 8-bit mask, in
+/// word-wide ALU operations: bit 7 of each byte equal to `fp` (no false
+/// match from a borrow), then those eight bits gathered by a multiply.
+#[cfg(all(not(loom), any(test, not(target_arch = "x86_64"))))]
+#[inline(always)]
+fn fp_matches_swar(word: u64, fp: u64) -> u32 {
     let x = word ^ fp.wrapping_mul(BYTES_01);
-    !((x & BYTES_7F).wrapping_add(BYTES_7F) | x | BYTES_7F)
+    let high = !((x & BYTES_7F).wrapping_add(BYTES_7F) | x | BYTES_7F);
+    // Bit 8b + 7 to bit b: the products of the shifted bits land in
+    // distinct bits of the top byte.
+    ((high >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
 }
 
 /// `seq` bit 0: a writer holds the entry.
@@ -187,6 +231,13 @@ fn make_key(did: u16, iova: u64, size: PageSize) -> u64 {
     KEY_VALID | size_code(size) << KEY_SIZE_SHIFT | u64::from(did) << KEY_DID_SHIFT | vpn
 }
 
+/// The tag of `did`'s 4 KiB leaf at IOVA 0: OR in a page number for the
+/// tag of that page.
+#[inline(always)]
+pub(crate) fn key_4k_base(did: u16) -> u64 {
+    make_key(did, 0, PageSize::Size4K)
+}
+
 /// A decoded tag: domain, leaf start, leaf size.
 fn split_key(key: u64) -> Option<(u16, u64, PageSize)> {
     if key & KEY_VALID == 0 {
@@ -205,6 +256,28 @@ fn perm_bits(perm: Perm) -> u64 {
 #[inline(always)]
 fn perm_of(bits: u64) -> Perm {
     Perm::from_low_bits(bits)
+}
+
+/// The physical address an entry's value word holds.
+#[inline(always)]
+pub(crate) fn val_phys(val: u64) -> PhysAddr {
+    val & VAL_ADDR_MASK
+}
+
+/// The rights an entry's value word holds.
+#[inline(always)]
+pub(crate) fn val_perm(val: u64) -> Perm {
+    perm_of(val)
+}
+
+/// The leaf of `size` an entry's value word describes.
+#[inline(always)]
+fn leaf_of(val: u64, size: PageSize) -> Leaf {
+    Leaf {
+        phys: val_phys(val),
+        size,
+        perm: val_perm(val),
+    }
 }
 
 /// A cached leaf.
@@ -251,7 +324,7 @@ struct Entry {
 /// A domain's invalidation counters, and its expiry deadline.
 #[derive(Debug, Default)]
 #[repr(C, align(32))]
-struct DomainGen {
+pub(crate) struct DomainGen {
     /// Bumped by each domain-selective invalidation.
     gen: AtomicU64,
     /// Bumped by each page-selective invalidation.
@@ -289,13 +362,12 @@ pub(crate) struct Iotlb {
     entries: Box<[Entry]>,
     ways: usize,
     set_mask: usize,
-    /// Each set's way fingerprints, `fp_words` words a set: byte `w % 8`
+    /// Each set's way fingerprints, `FP_WORDS` words a set: byte `w % 8`
     /// of word `w / 8` is a hash byte of the tag way `w` was last filled
-    /// with (bit 7 set), 0 if never filled. A hint only: a probe validates
-    /// every way whose byte matches, and a stale byte costs a miss or a
-    /// wasted validation, never a wrong hit.
+    /// with (bit 7 set), 0 if never filled (or past the set's ways). A
+    /// hint only: a probe validates every way whose byte matches, and a
+    /// stale byte costs a miss or a wasted validation, never a wrong hit.
     fps: Box<[AtomicU64]>,
-    fp_words: usize,
     domains: Box<[DomainGen]>,
     dom_mask: usize,
     /// Bumped by each global invalidation. Read on every translation.
@@ -326,10 +398,9 @@ impl Iotlb {
             entries: (0..cfg.capacity()).map(|_| Entry::default()).collect(),
             ways: cfg.ways,
             set_mask: cfg.sets - 1,
-            fps: (0..cfg.sets * cfg.ways.div_ceil(FP_WAYS))
+            fps: (0..cfg.sets * FP_WORDS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            fp_words: cfg.ways.div_ceil(FP_WAYS),
             domains: new_domains(domains),
             dom_mask: domains - 1,
             global: CachePadded::new(AtomicU64::new(0)),
@@ -373,14 +444,14 @@ impl Iotlb {
         self.ways_of(self.place(key).0)
     }
 
-    /// Fingerprint word `i` (below `fp_words`) of set `set` (at most
+    /// Fingerprint word `i` (below `FP_WORDS`) of set `set` (at most
     /// `set_mask`).
     #[inline(always)]
     fn fp_word(&self, set: usize, i: usize) -> &AtomicU64 {
-        let at = set * self.fp_words + i;
+        let at = set * FP_WORDS + i;
         debug_assert!(at < self.fps.len());
-        // SAFETY: `fps` holds `(set_mask + 1) * fp_words` words (`new`),
-        // `set <= set_mask` and `i < fp_words`.
+        // SAFETY: `fps` holds `(set_mask + 1) * FP_WORDS` words (`new`),
+        // `set <= set_mask` and `i < FP_WORDS`.
         unsafe { self.fps.get_unchecked(at) }
     }
 
@@ -405,13 +476,23 @@ impl Iotlb {
             .wrapping_add(self.domain(did).gen.load(Ordering::Acquire))
     }
 
-    /// Domain `did`'s deadline word and then the generation its entries
-    /// must carry, as [`deadline`](Self::deadline) and [`gen`](Self::gen)
-    /// read them (same loads, same order), indexing the domain array once:
-    /// the hit path's pair.
+    /// Domain `did`'s counters, which live (at a fixed address) as long as
+    /// the IOTLB: a translator keeps those of the domain it served last.
     #[inline(always)]
-    pub(crate) fn deadline_then_gen(&self, did: u16) -> (u64, impl Fn() -> u64 + '_) {
-        let d = self.domain(did);
+    pub(crate) fn domain_of(&self, did: u16) -> &DomainGen {
+        self.domain(did)
+    }
+
+    /// The deadline word and then the generation entries must carry of
+    /// the domain whose counters `d` are (from
+    /// [`domain_of`](Self::domain_of)), as [`deadline`](Self::deadline)
+    /// and [`gen`](Self::gen) read them (same loads, same order): the hit
+    /// path's pair.
+    #[inline(always)]
+    pub(crate) fn deadline_then_gen_at<'a>(
+        &'a self,
+        d: &'a DomainGen,
+    ) -> (u64, impl Fn() -> u64 + 'a) {
         // Acquire: as in `deadline`.
         let dl = d.deadline.load(Ordering::Acquire);
         // Acquire, both: as in `gen`.
@@ -437,18 +518,31 @@ impl Iotlb {
     #[cfg(any(test, loom))]
     #[inline(always)]
     pub(crate) fn lookup(&self, did: u16, iova: u64, gen: u64) -> Option<Leaf> {
-        if let Some(l) = self.lookup_4k(did, iova, gen) {
-            return Some(l);
+        if let Some(val) = self.lookup_4k(did, iova, gen) {
+            return Some(leaf_of(val, PageSize::Size4K));
         }
         self.lookup_large(did, iova, gen)
     }
 
-    /// [`lookup`](Self::lookup)'s first probe: a valid 4 KiB entry for
-    /// `iova` in `did`. Split out so that the hit path, which probes it
-    /// inline, computes a 4 KiB leaf's span with constants.
+    /// [`lookup`](Self::lookup)'s first probe: the value word of a valid
+    /// 4 KiB entry for `iova` in `did` (decode it with [`val_phys`] and
+    /// [`val_perm`]).
+    #[cfg(any(test, loom))]
     #[inline(always)]
-    pub(crate) fn lookup_4k(&self, did: u16, iova: u64, gen: u64) -> Option<Leaf> {
-        self.probe(did, iova, PageSize::Size4K, gen)
+    pub(crate) fn lookup_4k(&self, did: u16, iova: u64, gen: u64) -> Option<u64> {
+        self.probe(make_key(did, iova, PageSize::Size4K), gen)
+    }
+
+    /// [`lookup_4k`](Self::lookup_4k) with the domain's part of the tag
+    /// precomputed (`key_4k_base(did)`), for an `iova` below 2^48: the hit
+    /// path's probe, inline. Raw, so that the hit path checks the rights
+    /// and computes the span from the word in registers, with constants.
+    #[inline(always)]
+    pub(crate) fn lookup_4k_keyed(&self, base: u64, iova: u64, gen: u64) -> Option<u64> {
+        debug_assert_eq!(iova >> VTD_IOVA_BITS, 0);
+        debug_assert_eq!(base & ((1 << KEY_VPN_BITS) - 1), 0);
+        // Below 2^48, the page number fits the tag's VPN bits as it is.
+        self.probe(base | iova >> PAGE_SHIFT, gen)
     }
 
     /// [`lookup`](Self::lookup)'s later probes, out of line: the 2 MiB and
@@ -458,19 +552,20 @@ impl Iotlb {
         // Relaxed: a hint only; missing a large entry costs a walk.
         let large = self.large.load(Ordering::Relaxed);
         if large & 1 != 0 {
-            if let Some(l) = self.probe(did, iova, PageSize::Size2M, gen) {
-                return Some(l);
+            if let Some(val) = self.probe(make_key(did, iova, PageSize::Size2M), gen) {
+                return Some(leaf_of(val, PageSize::Size2M));
             }
         }
         if large & 2 != 0 {
-            return self.probe(did, iova, PageSize::Size1G, gen);
+            let val = self.probe(make_key(did, iova, PageSize::Size1G), gen)?;
+            return Some(leaf_of(val, PageSize::Size1G));
         }
         None
     }
 
+    /// The value word of a valid entry tagged `key`.
     #[inline(always)]
-    fn probe(&self, did: u16, iova: u64, size: PageSize, gen: u64) -> Option<Leaf> {
-        let key = make_key(did, iova, size);
+    fn probe(&self, key: u64, gen: u64) -> Option<u64> {
         let (set, fp) = self.place(key);
         let ways = self.ways_of(set);
         // Under loom every way is a candidate: the fingerprints can only
@@ -480,74 +575,50 @@ impl Iotlb {
         #[cfg(loom)]
         {
             let _ = fp;
-            ways.iter().find_map(|e| Self::validate(e, key, size, gen))
+            ways.iter().find_map(|e| Self::validate(e, key, gen))
         }
-        // Which ways hold `key`: the set's fingerprint word(s), one relaxed
-        // load and a few ALU instructions for up to 8 ways, instead of a
-        // load and compare per way's key (which spread over the set's
-        // lines); a hint only, each matching way is validated below.
+        // Which ways hold `key`: the set's two fingerprint words, two
+        // relaxed loads (of one 16-byte aligned pair, a line of its own
+        // with three other sets') and one byte compare for up to 16 ways,
+        // instead of a load and compare per way's key (which spread over
+        // the set's lines); a hint only, each matching way is validated
+        // below.
         #[cfg(not(loom))]
         {
-            // The first word inline; a second (sets of more than 8 ways)
-            // out of line: a loop over the words cost the hit path about
-            // 20 instructions, its counter kept in memory.
-            let m = fp_matches(self.fp_word(set, 0).load(Ordering::Relaxed), fp);
-            if let Some(l) = Self::validate_matches(ways, 0, m, key, size, gen) {
-                return Some(l);
-            }
-            if self.fp_words > 1 {
-                return self.probe_high_ways(set, ways, fp, key, size, gen);
-            }
-            None
+            let m = fp_matches(
+                self.fp_word(set, 0).load(Ordering::Relaxed),
+                self.fp_word(set, 1).load(Ordering::Relaxed),
+                fp,
+            );
+            Self::validate_matches(ways, m, key, gen)
         }
     }
 
-    /// [`probe`](Self::probe) in the fingerprint words past the first.
-    #[cfg(not(loom))]
-    #[inline(never)]
-    fn probe_high_ways(
-        &self,
-        set: usize,
-        ways: &[Entry],
-        fp: u64,
-        key: u64,
-        size: PageSize,
-        gen: u64,
-    ) -> Option<Leaf> {
-        (1..self.fp_words).find_map(|i| {
-            let m = fp_matches(self.fp_word(set, i).load(Ordering::Relaxed), fp);
-            Self::validate_matches(ways, i * FP_WAYS, m, key, size, gen)
-        })
-    }
-
-    /// Validates the ways `first + b` for each byte `b` that `matches`
-    /// (from [`fp_matches`]) marks; the first that holds `key`.
+    /// Validates the ways `w` for each bit `w` set in `matches` (from
+    /// [`fp_matches`]); the value word of the first that holds `key`.
     #[cfg(not(loom))]
     #[inline(always)]
-    fn validate_matches(
-        ways: &[Entry],
-        first: usize,
-        mut matches: u64,
-        key: u64,
-        size: PageSize,
-        gen: u64,
-    ) -> Option<Leaf> {
+    fn validate_matches(ways: &[Entry], mut matches: u32, key: u64, gen: u64) -> Option<u64> {
         while matches != 0 {
-            let w = first + (matches.trailing_zeros() / 8) as usize;
+            let w = matches.trailing_zeros() as usize;
             matches &= matches - 1;
-            // A byte past the set's ways is never written (it stays 0,
-            // which no fingerprint equals): `get` is a guard only.
-            if let Some(l) = ways.get(w).and_then(|e| Self::validate(e, key, size, gen)) {
-                return Some(l);
+            debug_assert!(w < ways.len());
+            // SAFETY: a byte past the set's ways is never written (`fill`
+            // sets only the byte of the way it filled); it stays 0, which
+            // no fingerprint equals (bit 7 is set in every one), so
+            // `fp_matches` never marks it and `w < ways.len()`.
+            let e = unsafe { ways.get_unchecked(w) };
+            if let Some(v) = Self::validate(e, key, gen) {
+                return Some(v);
             }
         }
         None
     }
 
-    /// The sequence-lock read of one way: its leaf if it holds `key` under
-    /// generation `gen`, stably.
+    /// The sequence-lock read of one way: its value word if it holds `key`
+    /// under generation `gen`, stably.
     #[inline(always)]
-    fn validate(e: &Entry, key: u64, size: PageSize, gen: u64) -> Option<Leaf> {
+    fn validate(e: &Entry, key: u64, gen: u64) -> Option<u64> {
         // Acquire: pairs with the Release store that published the
         // entry, so the fields below are at least that writer's.
         let s1 = e.seq.load(Ordering::Acquire);
@@ -563,11 +634,7 @@ impl Iotlb {
         if e.seq.load(Ordering::Relaxed) != s1 || g != gen {
             return None;
         }
-        Some(Leaf {
-            phys: val & VAL_ADDR_MASK,
-            size,
-            perm: perm_of(val),
-        })
+        Some(val)
     }
 
     /// Caches `leaf`, which a walk of `did` found for `iova` after taking
@@ -978,7 +1045,7 @@ mod tests {
     fn every_way_of_a_full_set_hits_in_every_shape() {
         // One set, so every page lands in it: the probe must find each way
         // through its fingerprint byte, in the first fingerprint word and
-        // (past 8 ways) the second.
+        // (past 8 ways) the second, whatever the shape.
         for ways in 1..=16 {
             let t = Iotlb::new(IotlbConfig { sets: 1, ways }, 4);
             for p in 0..ways as u64 {
@@ -1047,9 +1114,26 @@ mod tests {
         // 0x92 right above a matching 0x93: the borrow of the usual
         // `(x - 0x01..) & !x & 0x80..` test would mark it.
         let word = 0x93_94_00_93_13_92_93_01u64;
-        assert_eq!(fp_matches(word, fp), 0x80_00_00_80_00_00_80_00);
-        assert_eq!(fp_matches(0, fp), 0);
-        assert_eq!(fp_matches(u64::MAX, 0xff), 0x8080_8080_8080_8080);
+        // Both forms (the one in use on this target, over both words, and
+        // the portable one of one word), on the same words.
+        let lo = |w, f| fp_matches(w, 0, f);
+        let hi = |w, f| fp_matches(0, w, f) >> 8;
+        assert_eq!(fp_matches(word, word, fp), 0b1001_0010_1001_0010);
+        for m in [&lo as &dyn Fn(u64, u64) -> u32, &hi, &fp_matches_swar] {
+            assert_eq!(m(word, fp), 0b1001_0010);
+            assert_eq!(m(0, fp), 0);
+            assert_eq!(m(u64::MAX, 0xff), 0xff);
+            // Each byte alone at every position, and a neighbour one off
+            // right above a match, against every fingerprint.
+            for b in 0..8 {
+                for f in 0x80..=0xffu64 {
+                    assert_eq!(m(f << (8 * b), f), 1 << b);
+                    if b > 0 {
+                        assert_eq!(m((f ^ 1) << (8 * b) | f, f), 1);
+                    }
+                }
+            }
+        }
         for h in [0u64, 1 << 25, u64::MAX, HASH_MUL] {
             assert!((0x80..=0xff).contains(&fingerprint(h)));
         }

@@ -25,18 +25,19 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::context::{self, ContextEntry, SourceId};
+use super::context::{self, ContextEntry, ContextWord, SourceId};
 use super::epoch::Slots;
 use super::error::HwError;
 use super::error::TranslateError;
 use super::fault::{Access, FaultRecord};
-use super::iotlb::{FillOutcome, Iotlb, Leaf};
+use super::iotlb::{key_4k_base, val_perm, val_phys, DomainGen, FillOutcome, Iotlb, Leaf};
 use super::latency::spin_ns;
 use super::prq::{Raised, ResponseCode};
 use super::ranges::{PhysRanges, PhysSpan};
 use super::unit::{thread_token, Shared, Unit};
 use super::walker::{walk, WalkEnd};
 use crate::mem::PhysMemory;
+use crate::mem::PAGE_SIZE;
 use crate::pgtable::{Perm, VTD_ADDR_BITS, VTD_IOVA_BITS};
 use crate::sync::barrier::Barrier;
 use crate::sync::AtomicU64;
@@ -77,6 +78,21 @@ pub struct Translator {
     cell: NonNull<AtomicU64>,
     /// The slot's state as last stored (even outside a section).
     state: u64,
+    /// The source id whose context word `ctx_cell` is, widened; `NO_SID`
+    /// until a translation finds its device's bus in use.
+    ctx_sid: u32,
+    /// That device's context word, in `shared.contexts` (which outlives
+    /// it, as `cell`'s slot does): the hit path's context read is one load.
+    ctx_cell: NonNull<ContextWord>,
+    /// The translated context word the hit path last served, `NO_WORD`
+    /// before the first; for it: its domain, that domain's counters (in
+    /// `shared.iotlb`, which outlives them) and the domain's part of a
+    /// 4 KiB tag. The hit path compares the word it loads with this one
+    /// instead of decoding it and indexing the domains.
+    ctx_word: u64,
+    ctx_did: u16,
+    ctx_dom: NonNull<DomainGen>,
+    ctx_key: u64,
     barrier: Barrier,
     /// The unit's longest access (its configuration, kept here).
     max_access: u64,
@@ -84,6 +100,8 @@ pub struct Translator {
     stats: TranslatorStats,
     /// Lookups that took the slow path (`stats.lookups` is hits + these).
     slow: u64,
+    /// The error of the last lookup that failed (see `lookup`).
+    err: TranslateError,
     /// Neither `Send` nor `Sync`: bound to the thread that made it.
     _thread: PhantomData<*const ()>,
 }
@@ -102,6 +120,9 @@ impl fmt::Debug for Translator {
 /// returns.
 pub struct TranslationGuard<'a> {
     t: &'a mut Translator,
+    /// The slot state this section stored (odd); the translator's own
+    /// copy is brought up to date when the section ends.
+    state: u64,
 }
 
 impl fmt::Debug for TranslationGuard<'_> {
@@ -136,6 +157,19 @@ fn pass_through_span(mem: &PhysMemory, iova: u64) -> Option<PhysSpan> {
         perm: Perm::RW,
     })
 }
+
+/// `ctx_sid` of a translator that caches no context word: no source id
+/// (a `u16`) widens to it.
+const NO_SID: u32 = u32::MAX;
+
+/// `ctx_word` of a translator that has served no translated context: no
+/// context word is all ones (`context::encode` leaves bits 58 and up 0).
+const NO_WORD: u64 = u64::MAX;
+
+/// Where `slow_split` packs a span's rights in its length word: spans run
+/// at most to the end of the 2^52 address space, far below.
+const SPLIT_PERM_SHIFT: u32 = 56;
+const SPLIT_LEN_MASK: u64 = (1 << SPLIT_PERM_SHIFT) - 1;
 
 /// xorshift64: a translator's own generator, so that choosing a victim
 /// writes nothing shared.
@@ -183,11 +217,18 @@ impl Translator {
             slot,
             cell,
             state,
+            ctx_sid: NO_SID,
+            ctx_cell: NonNull::dangling(),
+            ctx_word: NO_WORD,
+            ctx_did: 0,
+            ctx_dom: NonNull::dangling(),
+            ctx_key: 0,
             barrier,
             max_access,
             rng: 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(slot as u64 + 1) | 1,
             stats: TranslatorStats::default(),
             slow: 0,
+            err: TranslateError::NoContext { sid: SourceId(0) },
             _thread: PhantomData,
         }
     }
@@ -217,9 +258,11 @@ impl Translator {
     /// only through [`section`](Self::section), so none can be leaked).
     #[inline(always)]
     pub(crate) fn begin(&mut self) -> TranslationGuard<'_> {
-        self.state += 1;
-        Slots::enter_cell(self.cell(), self.state, self.barrier);
-        TranslationGuard { t: self }
+        // Kept in the guard, in a register on the hit path; `self.state`
+        // is written once, at the end (nothing reads it in between).
+        let state = self.state + 1;
+        Slots::enter_cell(self.cell(), state, self.barrier);
+        TranslationGuard { t: self, state }
     }
 
     /// Translates `[iova, iova + len)` of device `sid` for `access`: the
@@ -261,38 +304,108 @@ impl Translator {
         &self.shared.mem
     }
 
+    /// The context word of `sid`, as `ContextTable::load` reads it: one
+    /// load when `sid` is the device this translator served last.
+    #[inline(always)]
+    fn context_word(&mut self, sid: SourceId) -> u64 {
+        if u32::from(sid.0) == self.ctx_sid {
+            // SAFETY: `ctx_sid` is set only with `ctx_cell` pointing at a
+            // word of `shared.contexts`, whose buses are freed only with
+            // the table, which `self.shared` keeps alive. Acquire: as in
+            // `ContextTable::load`.
+            return unsafe { self.ctx_cell.as_ref() }.load(std::sync::atomic::Ordering::Acquire);
+        }
+        self.context_word_cold(sid)
+    }
+
+    /// [`context_word`](Self::context_word) for a device other than the
+    /// last one: looks its word up, and keeps it if its bus is in use.
+    #[inline(never)]
+    fn context_word_cold(&mut self, sid: SourceId) -> u64 {
+        match self.shared.contexts.cell(sid) {
+            Some(cell) => {
+                self.ctx_sid = u32::from(sid.0);
+                self.ctx_cell = NonNull::from(cell);
+                // Acquire: as in `ContextTable::load`.
+                cell.load(std::sync::atomic::Ordering::Acquire)
+            }
+            None => 0,
+        }
+    }
+
     /// The hit path: the translation of `iova`'s page if the context is
     /// pass-through, or translated and the IOTLB holds a valid entry that
     /// allows `access`; `None` for everything else (a miss, a fault). Small
     /// enough a result to stay in registers.
     #[inline(always)]
     fn hit(&mut self, sid: SourceId, iova: u64, access: Access) -> Option<PhysSpan> {
-        let sh = &*self.shared;
-        let word = sh.contexts.load(sid);
-        // Translated first, with one mask and compare: the common case.
+        let word = self.context_word(sid);
+        // The translated context served last: one compare.
+        if word != self.ctx_word {
+            return self.hit_other(word, iova, access);
+        }
+        self.hit_translated(iova, access)
+    }
+
+    /// [`hit`](Self::hit) in a context other than the translated one
+    /// served last: pass-through within the address width and off the
+    /// bounce pools; a translated one, kept for the next hits; else `None`
+    /// (the slow path faults).
+    #[inline(never)]
+    fn hit_other(&mut self, word: u64, iova: u64, access: Access) -> Option<PhysSpan> {
         let Some(did) = context::translated_did(word) else {
-            return Self::hit_other(sh, word, iova);
+            return match context::decode(word) {
+                Some(ContextEntry::PassThrough) if iova < 1 << VTD_ADDR_BITS => {
+                    pass_through_span(&self.shared.mem, iova)
+                }
+                _ => None,
+            };
         };
+        self.ctx_dom = NonNull::from(self.shared.iotlb.domain_of(did));
+        self.ctx_did = did;
+        self.ctx_key = key_4k_base(did);
+        self.ctx_word = word;
+        self.hit_translated(iova, access)
+    }
+
+    /// [`hit`](Self::hit) in the translated context `ctx_word`.
+    #[inline(always)]
+    fn hit_translated(&mut self, iova: u64, access: Access) -> Option<PhysSpan> {
         if iova >> VTD_IOVA_BITS != 0 {
             return None;
         }
+        let sh = &*self.shared;
+        // SAFETY: `ctx_dom` is set (with `ctx_word`, which is `NO_WORD`
+        // until then, and no loaded word equals) to counters in
+        // `shared.iotlb`, freed only with it; `self.shared` keeps it alive.
+        let dom = unsafe { self.ctx_dom.as_ref() };
         // The domain's expiry deadline, on the line `gen` is read from
         // below: 0 (strict, idle deferred) costs this one predictable
         // branch. Armed, every hit compares the clock with it, so no access
         // that begins past it is served from the cache, whatever became of
         // the flush timer.
-        let (dl, gen) = sh.iotlb.deadline_then_gen(did);
-        if dl != 0 && Self::expired(sh, &mut self.stats, did, dl) {
+        let (dl, gen) = sh.iotlb.deadline_then_gen_at(dom);
+        if dl != 0 && Self::expired(sh, &mut self.stats, self.ctx_did, dl) {
             return None;
         }
         let gen = gen();
-        // The 4 KiB probe inline, its span computed with constants (a
-        // separate return, so the compiler does not merge it with the
-        // large leaves' span); the large sets out of line.
-        if let Some(leaf) = sh.iotlb.lookup_4k(did, iova, gen) {
-            return Self::served(&mut self.stats, leaf, iova, access);
+        // The 4 KiB probe inline, its rights and span computed from the
+        // entry's value word with constants; the large sets out of line.
+        if let Some(val) = sh.iotlb.lookup_4k_keyed(self.ctx_key, iova, gen) {
+            let perm = val_perm(val);
+            if !perm.contains(access.perm()) {
+                // Walk, as `served` does.
+                return None;
+            }
+            self.stats.hits += 1;
+            let off = iova & (PAGE_SIZE - 1);
+            return Some(PhysSpan {
+                phys: val_phys(val) + off,
+                len: PAGE_SIZE - off,
+                perm,
+            });
         }
-        let leaf = sh.iotlb.lookup_large(did, iova, gen)?;
+        let leaf = sh.iotlb.lookup_large(self.ctx_did, iova, gen)?;
         Self::served(&mut self.stats, leaf, iova, access)
     }
 
@@ -311,19 +424,6 @@ impl Translator {
         }
         stats.hits += 1;
         Some(span_of(leaf, iova))
-    }
-
-    /// The hit path of a context that is not translated: pass-through
-    /// within the address width and off the bounce pools, else `None` (the
-    /// slow path faults).
-    #[inline(always)]
-    fn hit_other(sh: &Shared, word: u64, iova: u64) -> Option<PhysSpan> {
-        match context::decode(word) {
-            Some(ContextEntry::PassThrough) if iova < 1 << VTD_ADDR_BITS => {
-                pass_through_span(&sh.mem, iova)
-            }
-            _ => None,
-        }
     }
 
     /// Whether domain `did`'s armed deadline word `dl` has fallen due; if
@@ -350,9 +450,37 @@ impl Translator {
         iova: u64,
         access: Access,
     ) -> Result<PhysSpan, TranslateError> {
-        match self.hit(sid, iova, access) {
-            Some(s) => Ok(s),
-            None => self.slow(sid, iova, access),
+        if let Some(s) = self.hit(sid, iova, access) {
+            return Ok(s);
+        }
+        // The slow path's span comes back in two registers and its error
+        // through `self.err`: its result never merges with the hit's in a
+        // `Result` kept in memory, which the inline hit would have to build.
+        let (phys, len_perm) = self.slow_split(sid, iova, access);
+        if len_perm == 0 {
+            return Err(self.err);
+        }
+        Ok(PhysSpan {
+            phys,
+            len: len_perm & SPLIT_LEN_MASK,
+            perm: Perm::from_low_bits(len_perm >> SPLIT_PERM_SHIFT),
+        })
+    }
+
+    /// [`slow`](Self::slow), its span packed in two words: the address,
+    /// and the length (never 0) with the rights above bit
+    /// `SPLIT_PERM_SHIFT`; its error in `self.err`, with a length word of 0.
+    #[inline(never)]
+    fn slow_split(&mut self, sid: SourceId, iova: u64, access: Access) -> (u64, u64) {
+        match self.slow(sid, iova, access) {
+            Ok(s) => {
+                debug_assert!(s.len != 0 && s.len <= SPLIT_LEN_MASK);
+                (s.phys, s.len | s.perm.low_bits() << SPLIT_PERM_SHIFT)
+            }
+            Err(e) => {
+                self.err = e;
+                (0, 0)
+            }
         }
     }
 
@@ -656,7 +784,8 @@ impl TranslationGuard<'_> {
 impl Drop for TranslationGuard<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.t.state += 1;
-        Slots::exit_cell(self.t.cell(), self.t.state);
+        let state = self.state + 1;
+        self.t.state = state;
+        Slots::exit_cell(self.t.cell(), state);
     }
 }

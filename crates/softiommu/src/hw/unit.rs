@@ -843,7 +843,7 @@ impl Drop for Unit {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::hw::{Access, TranslateError};
+    use crate::hw::{Access, TranslateError, Translator};
     use crate::mem::MemError;
     use crate::pgtable::{IoPageTable, Perm, VtdConfig, VtdPageTable};
 
@@ -1049,6 +1049,64 @@ mod tests {
         assert_eq!(unit.faults().len(), 3);
         assert_eq!(t.stats().faults, 3);
         let _ = Perm::RW;
+    }
+
+    #[test]
+    fn a_translator_follows_its_devices_through_context_changes() {
+        // The hit path keeps the context word (and its domain) of the
+        // device it served last: every change of that word, and every
+        // switch of device, must still be seen on the next access.
+        let (mem, unit, t1) = setup();
+        let t2 = VtdPageTable::new(mem.clone(), VtdConfig::default()).unwrap();
+        let iova = 0x4000_0000;
+        t1.map(iova, 0x10_0000, 4096, Perm::RW).unwrap();
+        t2.map(iova, 0x20_0000, 4096, Perm::READ).unwrap();
+        let mut t = unit.translator().unwrap();
+        // A device on a bus no context was ever set on, then set.
+        let (a, b) = (SourceId(0x0300), SourceId(0x0500));
+        assert_eq!(
+            t.translate_page(a, iova, Access::Read),
+            Err(TranslateError::NoContext { sid: a })
+        );
+        let on = |did, table: &VtdPageTable| ContextEntry::Translated {
+            did,
+            root: table.root(),
+        };
+        unit.attach(a, on(1, &t1)).unwrap();
+        unit.attach(b, on(2, &t2)).unwrap();
+        let phys = |t: &mut Translator, sid, access| {
+            t.translate_page(sid, iova + 0x40, access).map(|s| s.phys)
+        };
+        for _ in 0..2 {
+            // Miss, then hit; each device its own domain, alternately.
+            assert_eq!(phys(&mut t, a, Access::Write), Ok(0x10_0040));
+            assert_eq!(phys(&mut t, b, Access::Read), Ok(0x20_0040));
+            assert!(matches!(
+                phys(&mut t, b, Access::Write),
+                Err(TranslateError::PermissionDenied { sid, .. }) if sid == b
+            ));
+        }
+        // The same device moved to the other domain, to pass-through, to
+        // blocked, and off.
+        unit.attach(a, on(2, &t2)).unwrap();
+        assert_eq!(phys(&mut t, a, Access::Read), Ok(0x20_0040));
+        unit.attach(a, ContextEntry::PassThrough).unwrap();
+        assert_eq!(phys(&mut t, a, Access::Read), Ok(iova + 0x40));
+        unit.attach(a, ContextEntry::Blocked).unwrap();
+        assert_eq!(
+            phys(&mut t, a, Access::Read),
+            Err(TranslateError::ContextBlocked { sid: a })
+        );
+        unit.detach(a).unwrap();
+        assert_eq!(
+            phys(&mut t, a, Access::Read),
+            Err(TranslateError::NoContext { sid: a })
+        );
+        unit.attach(a, on(1, &t1)).unwrap();
+        assert_eq!(phys(&mut t, a, Access::Read), Ok(0x10_0040));
+        assert_eq!(phys(&mut t, a, Access::Read), Ok(0x10_0040));
+        assert_eq!(t.stats().faults, 5);
+        assert_eq!(unit.faults().len(), 5);
     }
 
     #[test]

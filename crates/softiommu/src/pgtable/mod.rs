@@ -84,6 +84,12 @@ impl Perm {
         Perm((bits & 3) as u8)
     }
 
+    /// The rights as [`from_low_bits`](Self::from_low_bits) reads them.
+    #[inline(always)]
+    pub(crate) const fn low_bits(self) -> u64 {
+        self.0 as u64
+    }
+
     /// Whether every access in `other` is allowed by `self`.
     pub fn contains(self, other: Perm) -> bool {
         self.0 & other.0 == other.0
