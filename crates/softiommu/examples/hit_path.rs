@@ -3,8 +3,9 @@
 //! of random pages out of 2,048 scattered 4 KiB mappings, each checked to
 //! fit in what the translation returns), run a fixed number of times.
 //!
-//! `cargo run --release -p softiommu --example hit_path -- [LOOKUPS]`;
-//! under callgrind, collect only `hits` for the per-hit count:
+//! `cargo run --release -p softiommu --example hit_path -- [LOOKUPS] [pt]`
+//! (`pt`: the device in pass-through, reading random physical pages of the
+//! first GiB instead); under callgrind, collect only `hits` for the per-hit count:
 //! `valgrind --tool=callgrind --toggle-collect='*hit_path*hits*' ...`.
 
 use std::sync::Arc;
@@ -50,6 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|s| s.parse())
         .transpose()?
         .unwrap_or(1 << 20);
+    let pt = std::env::args().nth(2).as_deref() == Some("pt");
     let mem = Arc::new(PhysMemory::new(8 << 30)?);
     let mut sys = System::new(mem.clone());
     let unit = sys.add_unit(UnitConfig::default())?;
@@ -67,16 +69,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         iovas.push(pfn << 12);
     }
     let lookups: Vec<u64> = (0..SEQ)
-        .map(|_| iovas[rng.below(PAGES) as usize] + 64 * rng.below(64))
+        .map(|_| match pt {
+            true => (rng.below(1 << 18) << 12) + 64 * rng.below(64),
+            false => iovas[rng.below(PAGES) as usize] + 64 * rng.below(64),
+        })
         .collect();
     let u = sys.unit(unit).ok_or("unit")?;
-    u.attach(
-        SID,
-        ContextEntry::Translated {
+    let ctx = match pt {
+        true => ContextEntry::PassThrough,
+        false => ContextEntry::Translated {
             did: 1,
             root: table.root(),
         },
-    )?;
+    };
+    u.attach(SID, ctx)?;
     let mut tr = u.translator()?;
     for &iova in &iovas {
         let _ = tr.translate(SID, iova, 64, Access::Read);

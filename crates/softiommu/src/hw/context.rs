@@ -117,6 +117,10 @@ pub(crate) fn encode(ctx: Option<ContextEntry>) -> u64 {
     }
 }
 
+/// The word [`encode`] writes for a pass-through entry: the hit path
+/// tests it with one compare.
+pub(crate) const PASS_THROUGH_WORD: u64 = STATE_PASS_THROUGH;
+
 /// The domain of a word written by [`encode`] if it is a translated
 /// entry: the hit path's test, one mask and compare (no jump table).
 #[inline(always)]

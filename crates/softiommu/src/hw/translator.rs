@@ -342,6 +342,11 @@ impl Translator {
         let word = self.context_word(sid);
         // The translated context served last: one compare.
         if word != self.ctx_word {
+            // Pass-through inline too (one more compare): its accesses are
+            // the baseline every policy is measured against.
+            if word == context::PASS_THROUGH_WORD && iova < 1 << VTD_ADDR_BITS {
+                return pass_through_span(&self.shared.mem, iova);
+            }
             return self.hit_other(word, iova, access);
         }
         self.hit_translated(iova, access)
