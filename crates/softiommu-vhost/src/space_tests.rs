@@ -573,7 +573,14 @@ fn a_miss_sent_in_part_gives_the_channel_up_and_later_misses_fail_at_once() {
     // A miss that waited would take the whole miss timeout: a second,
     // far above what a loaded machine adds to an answer given at once.
     let miss_timeout = Duration::from_secs(1);
-    let (s, _) = space_with(64, miss_timeout);
+    let (mut s, _) = space_with(64, miss_timeout);
+    // One batch of the whole request: a burst past the socket's buffer
+    // (paced batches of MISS_BATCH_PAGES fit in it whole).
+    Arc::get_mut(&mut s).unwrap().set_pacing(
+        REQUEST_PREFETCH_PAGES,
+        Duration::ZERO,
+        MISS_BATCH_STALE,
+    );
     let (a, b) = UnixStream::pair().unwrap();
     let one: libc::c_int = 1;
     // SAFETY: sets one int option on our socket.
@@ -685,4 +692,117 @@ fn without_a_channel_nothing_is_left_outstanding_and_the_access_fails_at_once() 
         t.elapsed()
     );
     assert!(s.miss_state().outstanding.is_empty());
+}
+
+/// A request's hundred and more missing pages go out a batch of
+/// `MISS_BATCH_PAGES` at a time: the next batch only once every page of
+/// the one before is answered and `MISS_BATCH_GAP` has passed, so the
+/// front-end's main loop (which answers misses holding its big lock) goes
+/// back to sleep between batches and a vCPU thread waiting for the lock
+/// gets it. Every page is still asked exactly once, in order, and the
+/// wait for the last one ends when it is answered. (Before: all 160 went
+/// out at once.)
+#[test]
+fn a_request_s_misses_go_out_in_batches_each_after_the_one_before_is_answered() {
+    const N: u64 = 160;
+    let (mut s, peer) = space_with_channel(Duration::from_secs(5));
+    // Only answers release a batch here, however slowly this thread runs.
+    Arc::get_mut(&mut s).unwrap().set_pacing(
+        MISS_BATCH_PAGES,
+        MISS_BATCH_GAP,
+        Duration::from_secs(5),
+    );
+    let last = s.prefetch(&mut std::iter::once((UNMAPPED, N * PAGE)), true);
+    assert_eq!(last, Some(UNMAPPED + (N - 1) * PAGE));
+    // Only the first batch is out; the rest waits for its answers.
+    let first = misses_sent(&peer);
+    let want: Vec<u64> = (0..MISS_BATCH_PAGES as u64)
+        .map(|k| UNMAPPED + k * PAGE)
+        .collect();
+    assert_eq!(first, want);
+    assert_eq!(s.stats().misses, MISS_BATCH_PAGES as u64);
+    let waiter = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            s.await_page(UNMAPPED + (N - 1) * PAGE);
+            Instant::now()
+        })
+    };
+    // A batch unanswered holds the next back.
+    std::thread::sleep(Duration::from_millis(2));
+    assert!(misses_sent(&peer).is_empty());
+    let mut asked = first.clone();
+    for &pg in &first {
+        s.update(pg, PAGE, UA + (pg - UNMAPPED), RW).unwrap();
+    }
+    let answered_at = Instant::now();
+    let mut batches = vec![first.len()];
+    let mut gaps = Vec::new();
+    while asked.len() < N as usize {
+        let t = Instant::now();
+        let b = loop {
+            let b = misses_sent(&peer);
+            if !b.is_empty() {
+                break b;
+            }
+            assert!(t.elapsed() < Duration::from_secs(2), "no next batch");
+            std::thread::yield_now();
+        };
+        if batches.len() == 1 {
+            gaps.push(answered_at.elapsed());
+        }
+        batches.push(b.len());
+        asked.extend_from_slice(&b);
+        for &pg in &b {
+            s.update(pg, PAGE, UA + (pg - UNMAPPED), RW).unwrap();
+        }
+    }
+    let done = waiter.join().unwrap();
+    let all: Vec<u64> = (0..N).map(|k| UNMAPPED + k * PAGE).collect();
+    assert_eq!(asked, all, "each page asked once, in order");
+    assert!(
+        batches.iter().all(|&b| b <= MISS_BATCH_PAGES),
+        "{batches:?}"
+    );
+    assert_eq!(batches.len(), (N as usize).div_ceil(MISS_BATCH_PAGES));
+    assert!(gaps[0] >= MISS_BATCH_GAP, "{gaps:?}");
+    assert!(done.elapsed() < Duration::from_secs(5));
+    assert_eq!(s.stats().misses, N);
+    assert_eq!(s.stats().answered, N);
+}
+
+/// A batch the front-end never answers (QEMU answers nothing for an IOVA
+/// it cannot translate) holds the next back for `MISS_BATCH_STALE` only,
+/// not for the miss bound: the pages queued behind it go out and their
+/// waiter is answered long before the bound.
+#[test]
+fn an_unanswered_batch_holds_the_next_back_only_briefly() {
+    let (s, peer) = space_with_channel(Duration::from_secs(10));
+    let n = MISS_BATCH_PAGES as u64;
+    // The first batch: pages nobody answers.
+    s.prefetch(&mut std::iter::once((UNMAPPED, n * PAGE)), false);
+    assert_eq!(misses_sent(&peer).len(), MISS_BATCH_PAGES);
+    let other = UNMAPPED + 100 * PAGE;
+    let t = Instant::now();
+    let waiter = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            s.read_bytes(AddrKind::Buffer, other, &mut b)
+        })
+    };
+    let sent = loop {
+        let b = misses_sent(&peer);
+        if !b.is_empty() {
+            break b;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "held back");
+        std::thread::sleep(Duration::from_micros(200));
+    };
+    assert!(t.elapsed() >= MISS_BATCH_STALE / 2, "{:?}", t.elapsed());
+    assert_eq!(sent[0], other);
+    s.update(other, PAGE, UA, RW).unwrap();
+    let r = waiter.join().unwrap();
+    assert!(matches!(r, Ok(())), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
