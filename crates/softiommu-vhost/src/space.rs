@@ -29,11 +29,18 @@
 //!
 //! # Misses
 //! A miss registers the pages of the access that are not already
-//! outstanding (at most [`MISS_PREFETCH_PAGES`]) and sends one
-//! `BACKEND_IOTLB_MSG` per page on the back-end channel, then waits,
+//! outstanding (at most [`MISS_PREFETCH_PAGES`]) and queues one
+//! `BACKEND_IOTLB_MSG` per page for the back-end channel, then waits,
 //! outside its section and without the table lock, until an update answers
 //! its page, the rings stop ([`AccessError::Cancelled`]), or the access's
-//! bound passes ([`AccessError::MissTimeout`]). The bound is checked first
+//! bound passes ([`AccessError::MissTimeout`]). Queued misses go out in
+//! batches of [`MISS_BATCH_PAGES`], sent by the waiters: the next batch
+//! once every page of the one before is answered (or it is
+//! [`MISS_BATCH_STALE`]) and [`MISS_BATCH_GAP`] has passed. QEMU answers
+//! a miss on its main loop holding its big lock, and between two misses
+//! re-takes the lock before a vCPU thread woken for it runs: a request's
+//! hundred and more misses sent at once kept the guest's CPU from every
+//! MMIO exit and interrupt for the whole storm. The bound is checked first
 //! on every wake: updates for other pages neither extend it nor keep the
 //! access from asking for its own. An outstanding page is not asked again
 //! until the bound has passed since it was asked. The set of outstanding
@@ -388,14 +395,6 @@ impl MissState {
     }
 }
 
-// EXPERIMENT: pacing overrides for the measurement runs (removed before merge).
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The device's view of guest memory through the front-end's IOMMU.
 #[derive(Debug)]
 pub struct DmaSpace {
@@ -465,11 +464,8 @@ impl DmaSpace {
             channel: Mutex::new(Channel::None),
             miss_timeout,
             pacing: Pacing {
-                batch: env_or("SOFTIOMMU_MISS_BATCH", MISS_BATCH_PAGES as u64).max(1) as usize,
-                gap: Duration::from_micros(env_or(
-                    "SOFTIOMMU_MISS_GAP_US",
-                    MISS_BATCH_GAP.as_micros() as u64,
-                )),
+                batch: MISS_BATCH_PAGES,
+                gap: MISS_BATCH_GAP,
                 stale: MISS_BATCH_STALE,
             },
             counters: Counters::default(),
