@@ -752,8 +752,7 @@ impl DmaSpace {
 
     /// Whether pages asked of the front-end are still unanswered.
     pub(crate) fn misses_outstanding(&self) -> bool {
-        self.miss_state()
-            .in_flight_at(Instant::now(), self.pacing.stale)
+        !self.miss_state().outstanding.is_empty()
     }
 
     /// Wakes every access waiting for a miss with [`AccessError::Cancelled`],
