@@ -29,18 +29,11 @@
 //!
 //! # Misses
 //! A miss registers the pages of the access that are not already
-//! outstanding (at most [`MISS_PREFETCH_PAGES`]) and queues one
-//! `BACKEND_IOTLB_MSG` per page for the back-end channel, then waits,
+//! outstanding (at most [`MISS_PREFETCH_PAGES`]) and sends one
+//! `BACKEND_IOTLB_MSG` per page on the back-end channel, then waits,
 //! outside its section and without the table lock, until an update answers
 //! its page, the rings stop ([`AccessError::Cancelled`]), or the access's
-//! bound passes ([`AccessError::MissTimeout`]). Queued misses go out in
-//! batches of [`MISS_BATCH_PAGES`], sent by the waiters: the next batch
-//! once every page of the one before is answered (or it is
-//! [`MISS_BATCH_STALE`]) and [`MISS_BATCH_GAP`] has passed. QEMU answers
-//! a miss on its main loop holding its big lock, and between two misses
-//! re-takes the lock before a vCPU thread woken for it runs: a request's
-//! hundred and more misses sent at once kept the guest's CPU from every
-//! MMIO exit and interrupt for the whole storm. The bound is checked first
+//! bound passes ([`AccessError::MissTimeout`]). The bound is checked first
 //! on every wake: updates for other pages neither extend it nor keep the
 //! access from asking for its own. An outstanding page is not asked again
 //! until the bound has passed since it was asked. The set of outstanding
@@ -48,7 +41,7 @@
 //! the bound are dropped as new ones come, and past the cap the oldest go
 //! (a page dropped is asked again by the next access that needs it).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
@@ -86,20 +79,6 @@ pub const PREFETCH_SCAN_PAGES: usize = 4096;
 /// Pages looked at per section of a prefetch scan: an invalidation waits
 /// for at most this many cache lookups, never for the whole scan.
 const PREFETCH_SECTION_PAGES: usize = 64;
-/// Misses sent to the front-end at once. QEMU answers each on its main
-/// loop holding its big lock, and re-takes the lock between misses before
-/// a vCPU thread waiting for it wakes: a burst of a request's hundred and
-/// more misses kept the guest's CPU off every MMIO exit and interrupt for
-/// the whole burst (milliseconds). The next batch goes out once this one
-/// is answered and [`MISS_BATCH_GAP`] has passed.
-pub const MISS_BATCH_PAGES: usize = 16;
-/// The pause between the last answer of a batch and the next batch: the
-/// front-end's main loop finds the channel empty and sleeps without its
-/// lock, and a vCPU thread woken for the lock takes it.
-pub const MISS_BATCH_GAP: Duration = Duration::from_micros(50);
-/// A batch unanswered this long no longer holds back the next (a
-/// front-end answers nothing for an IOVA it cannot translate).
-pub const MISS_BATCH_STALE: Duration = Duration::from_millis(5);
 /// Bytes of one miss on the back-end channel (header and `vhost_iotlb_msg`).
 const MISS_MSG_LEN: usize = crate::proto::HEADER_LEN + m::MSG_LEN;
 
@@ -190,55 +169,10 @@ const UPDATE_PREFILL_PAGES: u64 = 8;
 /// Most page-cache entries a space keeps (32 bytes each).
 const CACHE_MAX: usize = 8192;
 
-/// One page asked of the front-end (or queued to be).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Asked {
-    /// When it was asked (queued).
-    pub(crate) at: Instant,
-    /// The batch it went out in, 0 while it waits in the queue.
-    batch: u64,
-    /// Whether the access wants to write (the miss's perm).
-    write: bool,
-}
-
-/// What a waiter is to do about the queue of misses not yet sent.
-#[derive(Debug, PartialEq, Eq)]
-enum Pace {
-    /// Nothing queued (or the rings stop).
-    Idle,
-    /// Send these pages (recorded as the new batch).
-    Send(Vec<(u64, bool)>),
-    /// The batch in flight is unanswered or the gap after it has not
-    /// passed: look again at this instant at the latest.
-    Until(Instant),
-}
-
-/// How misses are paced: [`MISS_BATCH_PAGES`], [`MISS_BATCH_GAP`],
-/// [`MISS_BATCH_STALE`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Pacing {
-    batch: usize,
-    gap: Duration,
-    stale: Duration,
-}
-
 #[derive(Debug, Default)]
 struct MissState {
     /// Page -> when it was asked; at most [`MISS_OUTSTANDING_MAX`] entries.
-    outstanding: HashMap<u64, Asked>,
-    /// Pages asked and not sent yet, in the order they go out.
-    queue: VecDeque<u64>,
-    /// The batch last sent (batches count from 1).
-    batch: u64,
-    /// Its pages not answered yet.
-    in_flight: usize,
-    /// When it was sent.
-    batch_sent: Option<Instant>,
-    /// When its last page was answered, if it was a full batch (the gap
-    /// runs from there: a smaller one emptied the queue, no burst goes on).
-    batch_done: Option<Instant>,
-    /// Whether the batch last sent was full.
-    batch_full: bool,
+    outstanding: HashMap<u64, Instant>,
     /// When `outstanding` was last rid of entries older than the bound.
     pruned: Option<Instant>,
     /// The outstanding pages waiters sleep on (one entry per waiter): an
@@ -254,8 +188,8 @@ impl MissState {
     /// the set is full); a set full of fresh entries drops its oldest
     /// quarter. Amortized O(1) per call; the set never exceeds
     /// [`MISS_OUTSTANDING_MAX`].
-    fn ask(&mut self, pg: u64, write: bool, now: Instant, bound: Duration) -> bool {
-        let fresh = |a: &Asked| now.saturating_duration_since(a.at) < bound;
+    fn ask(&mut self, pg: u64, now: Instant, bound: Duration) -> bool {
+        let fresh = |t: &Instant| now.saturating_duration_since(*t) < bound;
         if self.outstanding.get(&pg).is_some_and(fresh) {
             return false;
         }
@@ -264,134 +198,18 @@ impl MissState {
             .pruned
             .is_none_or(|t| now.saturating_duration_since(t) >= bound);
         if full || due {
-            self.retain(|a| fresh(a));
+            self.outstanding.retain(|_, t| fresh(t));
             self.pruned = Some(now);
         }
         if self.outstanding.len() >= MISS_OUTSTANDING_MAX {
-            let mut times: Vec<Instant> = self.outstanding.values().map(|a| a.at).collect();
+            let mut times: Vec<Instant> = self.outstanding.values().copied().collect();
             let k = MISS_OUTSTANDING_MAX / 4;
             let (_, cut, _) = times.select_nth_unstable(k);
             let cut = *cut;
-            self.retain(|a| a.at > cut);
+            self.outstanding.retain(|_, t| *t > cut);
         }
-        let batch = 0;
-        self.outstanding.insert(
-            pg,
-            Asked {
-                at: now,
-                batch,
-                write,
-            },
-        );
+        self.outstanding.insert(pg, now);
         true
-    }
-
-    /// Keeps the outstanding pages `keep` accepts; the batch in flight
-    /// loses those it drops.
-    fn retain(&mut self, mut keep: impl FnMut(&Asked) -> bool) {
-        let (cur, mut gone) = (self.batch, 0usize);
-        self.outstanding.retain(|_, a| {
-            let k = keep(a);
-            if !k && a.batch == cur && cur != 0 {
-                gone += 1;
-            }
-            k
-        });
-        self.in_flight = self.in_flight.saturating_sub(gone);
-    }
-
-    /// Forgets page `pg` (answered, given up or not sent); returns when
-    /// it was asked if it was outstanding. The last page of the batch in
-    /// flight starts the gap at `now`.
-    fn forget(&mut self, pg: u64, now: Instant) -> Option<Instant> {
-        let a = self.outstanding.remove(&pg)?;
-        if a.batch == self.batch && a.batch != 0 && self.in_flight > 0 {
-            self.in_flight -= 1;
-            if self.in_flight == 0 && self.batch_full {
-                self.batch_done = Some(now);
-            }
-        }
-        Some(a.at)
-    }
-
-    /// Queues pages recorded by [`MissState::ask`], at the back (a
-    /// request's pages and its look-ahead) or the front (an access
-    /// waiting now). Entries no longer waiting to be sent are dropped
-    /// when the queue outgrows the outstanding set.
-    fn enqueue(&mut self, pages: &[u64], front: bool) {
-        if front {
-            for &pg in pages.iter().rev() {
-                self.queue.push_front(pg);
-            }
-        } else {
-            self.queue.extend(pages.iter().copied());
-        }
-        if self.queue.len() > MISS_OUTSTANDING_MAX {
-            let mut seen = std::collections::HashSet::new();
-            let out = &self.outstanding;
-            self.queue
-                .retain(|pg| out.get(pg).is_some_and(|a| a.batch == 0) && seen.insert(*pg));
-        }
-    }
-
-    /// Whether a batch of misses is unanswered and was sent less than
-    /// `stale` ago ([`MISS_BATCH_STALE`]).
-    fn in_flight_at(&self, now: Instant, stale: Duration) -> bool {
-        self.in_flight > 0
-            && self
-                .batch_sent
-                .is_some_and(|t| now.saturating_duration_since(t) < stale)
-    }
-
-    /// The next batch of misses to send, if one is due at `now`: at most
-    /// `batch` pages from the queue once the batch before is answered
-    /// (or `stale`) and `gap` has passed since its last answer.
-    fn pace(&mut self, now: Instant, p: Pacing) -> Pace {
-        let Pacing { batch, gap, stale } = p;
-        if self.cancelled {
-            return Pace::Idle;
-        }
-        let out = &self.outstanding;
-        while let Some(pg) = self.queue.front() {
-            if out.get(pg).is_some_and(|a| a.batch == 0) {
-                break;
-            }
-            self.queue.pop_front();
-        }
-        if self.queue.is_empty() {
-            return Pace::Idle;
-        }
-        if self.in_flight_at(now, stale) {
-            let sent = self.batch_sent.unwrap_or(now);
-            return Pace::Until(sent + stale);
-        }
-        if self.in_flight == 0 {
-            if let Some(done) = self.batch_done {
-                if now < done + gap {
-                    return Pace::Until(done + gap);
-                }
-            }
-        }
-        self.batch += 1;
-        let id = self.batch;
-        let mut pages = Vec::with_capacity(batch.min(self.queue.len()));
-        while pages.len() < batch {
-            let Some(pg) = self.queue.pop_front() else {
-                break;
-            };
-            if let Some(a) = self.outstanding.get_mut(&pg).filter(|a| a.batch == 0) {
-                a.batch = id;
-                pages.push((pg, a.write));
-            }
-        }
-        self.in_flight = pages.len();
-        self.batch_full = pages.len() == batch;
-        self.batch_sent = Some(now);
-        self.batch_done = None;
-        if pages.is_empty() {
-            return Pace::Idle;
-        }
-        Pace::Send(pages)
     }
 }
 
@@ -417,7 +235,6 @@ pub struct DmaSpace {
     wake: Condvar,
     channel: Mutex<Channel>,
     miss_timeout: Duration,
-    pacing: Pacing,
     counters: Counters,
 }
 
@@ -426,8 +243,6 @@ enum Slept {
     Answered,
     Cancelled,
     TimedOut,
-    /// A batch this waiter sent failed (its pages and the queue dropped).
-    Failed(AccessError),
 }
 
 /// Outcome of one translation attempt on the locked path.
@@ -463,24 +278,8 @@ impl DmaSpace {
             wake: Condvar::new(),
             channel: Mutex::new(Channel::None),
             miss_timeout,
-            pacing: Pacing {
-                batch: MISS_BATCH_PAGES,
-                gap: MISS_BATCH_GAP,
-                stale: MISS_BATCH_STALE,
-            },
             counters: Counters::default(),
         }
-    }
-
-    /// Sets the misses per batch (at least 1), the pause after one and
-    /// how long an unanswered one holds the next back.
-    #[cfg(test)]
-    pub(crate) fn set_pacing(&mut self, batch: usize, gap: Duration, stale: Duration) {
-        self.pacing = Pacing {
-            batch: batch.max(1),
-            gap,
-            stale,
-        };
     }
 
     /// A snapshot of the counters.
@@ -681,34 +480,26 @@ impl DmaSpace {
         let pages = (last - first) / PAGE + 1;
         let now = Instant::now();
         let (mut answered, mut rtt) = (0u64, 0u64);
-        let was_in_flight = st.in_flight > 0;
         if pages <= (st.outstanding.len() as u64).max(64) {
             // The common answer to a miss: one page; no walk of the whole
             // set. Either way the work is at most the cap.
             for k in 0..pages {
-                if let Some(t) = st.forget(first + k * PAGE, now) {
+                if let Some(t) = st.outstanding.remove(&(first + k * PAGE)) {
                     answered += 1;
                     rtt += now.duration_since(t).as_nanos() as u64;
                 }
             }
         } else {
-            let hit: Vec<u64> = st
-                .outstanding
-                .keys()
-                .copied()
-                .filter(|&pg| pg >= first && pg <= last)
-                .collect();
-            for pg in hit {
-                if let Some(t) = st.forget(pg, now) {
+            st.outstanding.retain(|&pg, t| {
+                let keep = pg < first || pg > last;
+                if !keep {
                     answered += 1;
-                    rtt += now.duration_since(t).as_nanos() as u64;
+                    rtt += now.duration_since(*t).as_nanos() as u64;
                 }
-            }
+                keep
+            });
         }
-        // Woken: the waiters of a page answered, and, when this answer
-        // ended a batch with more queued, the one that sends the next.
-        let batch_ended = was_in_flight && st.in_flight == 0 && !st.queue.is_empty();
-        let wake = batch_ended || st.watched.iter().any(|&pg| pg >= first && pg <= last);
+        let wake = st.watched.iter().any(|&pg| pg >= first && pg <= last);
         drop(st);
         if answered > 0 {
             self.counters
@@ -761,8 +552,6 @@ impl DmaSpace {
         let mut st = self.miss_state();
         st.cancelled = true;
         st.outstanding.clear();
-        st.queue.clear();
-        st.in_flight = 0;
         drop(st);
         self.wake.notify_all();
     }
@@ -931,7 +720,7 @@ impl DmaSpace {
         let mut ask = Vec::new();
         let mut pg = first;
         for _ in 0..MISS_PREFETCH_PAGES {
-            if st.ask(pg, write, now, self.miss_timeout) {
+            if st.ask(pg, now, self.miss_timeout) {
                 ask.push(pg);
             }
             match pg.checked_add(PAGE) {
@@ -939,8 +728,11 @@ impl DmaSpace {
                 _ => break,
             }
         }
-        // Ahead of what a look-ahead queued: this access waits now.
-        st.enqueue(&ask, true);
+        if !ask.is_empty() {
+            drop(st);
+            self.send_misses(&ask, write)?;
+            st = self.miss_state();
+        }
         match self.sleep_on(st, first, deadline) {
             Slept::Answered => Ok(()),
             Slept::Cancelled => {
@@ -948,13 +740,12 @@ impl DmaSpace {
                 Err(AccessError::Cancelled { iova })
             }
             Slept::TimedOut => Err(self.timed_out(iova, first)),
-            Slept::Failed(e) => Err(e),
         }
     }
 
     /// The access's bound passed with page `first` (of `iova`) unanswered.
     fn timed_out(&self, iova: u64, first: u64) -> AccessError {
-        self.miss_state().forget(first, Instant::now());
+        self.miss_state().outstanding.remove(&first);
         self.counters.miss_timeouts.fetch_add(1, Ordering::Relaxed);
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
         AccessError::MissTimeout {
@@ -965,14 +756,10 @@ impl DmaSpace {
 
     /// Sleeps until page `pg` is no longer outstanding (an update answered
     /// it, or it was never asked), the rings stop, or `deadline` passes.
-    /// Meanwhile it sends the queued misses a batch at a time
-    /// ([`MISS_BATCH_PAGES`], each after the one before is answered and
-    /// [`MISS_BATCH_GAP`] has passed); a batch that cannot be sent ends
-    /// the wait with its error. Only an update that answers `pg`, or ends
-    /// a batch with more queued, wakes this waiter.
-    fn sleep_on<'a>(
-        &'a self,
-        mut st: std::sync::MutexGuard<'a, MissState>,
+    /// Only an update that answers `pg` wakes this waiter.
+    fn sleep_on(
+        &self,
+        mut st: std::sync::MutexGuard<'_, MissState>,
         pg: u64,
         deadline: Instant,
     ) -> Slept {
@@ -989,22 +776,9 @@ impl DmaSpace {
             if now >= deadline {
                 break Slept::TimedOut;
             }
-            let until = match st.pace(now, self.pacing) {
-                Pace::Send(pages) => {
-                    drop(st);
-                    let sent = self.send_misses(&pages);
-                    st = self.miss_state();
-                    if let Err(e) = sent {
-                        break Slept::Failed(e);
-                    }
-                    continue;
-                }
-                Pace::Until(t) => t.min(deadline),
-                Pace::Idle => deadline,
-            };
             st = self
                 .wake
-                .wait_timeout(st, until.saturating_duration_since(now))
+                .wait_timeout(st, deadline - now)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
             self.counters.miss_wakeups.fetch_add(1, Ordering::Relaxed);
@@ -1093,24 +867,17 @@ impl DmaSpace {
         if st.cancelled {
             return None;
         }
-        missing.retain(|&pg| st.ask(pg, write, now, self.miss_timeout));
-        st.enqueue(&missing, false);
-        // The first batch goes now if none is in flight; the rest as the
-        // wait for `last` paces them.
-        let pace = st.pace(now, self.pacing);
+        missing.retain(|&pg| st.ask(pg, now, self.miss_timeout));
         drop(st);
-        if let Pace::Send(pages) = pace {
-            if self.send_misses(&pages).is_err() {
-                // Not asked (nor the queue): the accesses that follow ask
-                // (or fail) themselves rather than wait for an answer
-                // that cannot come.
-                return None;
-            }
+        if !missing.is_empty() && self.send_misses(&missing, write).is_err() {
+            // Not asked: the accesses that follow ask (or fail) themselves
+            // rather than wait for an answer that cannot come.
+            return None;
         }
         Some(last)
     }
 
-    /// Sends one miss per page of `batch` (recorded as asked by the
+    /// Sends one miss per page of `pages` (recorded as asked by the
     /// caller), all within the miss bound from the call: `MSG_DONTWAIT`
     /// sends and `poll` ([`crate::peerfd::send_all`]), never a blocking
     /// call, the channel's lock held at most that long. The bound passing
@@ -1119,13 +886,12 @@ impl DmaSpace {
     /// socket error, gives the channel up ([`AccessError::ChannelBroken`]
     /// now and for every later miss, at once) — a stream out of step would
     /// be read by the front-end as garbage. Pages not sent are no longer
-    /// outstanding, nor are the pages queued behind them.
-    fn send_misses(&self, batch: &[(u64, bool)]) -> Result<(), AccessError> {
+    /// outstanding.
+    fn send_misses(&self, pages: &[u64], write: bool) -> Result<(), AccessError> {
         let deadline = Instant::now() + self.miss_timeout;
-        let pages: Vec<u64> = batch.iter().map(|&(pg, _)| pg).collect();
+        let perm = if write { m::ACCESS_WO } else { m::ACCESS_RO };
         let mut buf = Vec::with_capacity(pages.len() * MISS_MSG_LEN);
-        for &(pg, write) in batch {
-            let perm = if write { m::ACCESS_WO } else { m::ACCESS_RO };
+        for &pg in pages {
             let mut p = [0u8; m::MSG_LEN];
             p[0..8].copy_from_slice(&pg.to_le_bytes());
             p[8..16].copy_from_slice(&PAGE.to_le_bytes());
@@ -1192,24 +958,10 @@ impl DmaSpace {
         let Some(err) = err else {
             return Ok(());
         };
-        // The pages not sent, and every page queued behind them, are no
-        // longer outstanding: their waiters retry, ask again and meet the
-        // channel's state themselves.
         let mut st = self.miss_state();
-        let now = Instant::now();
-        for &pg in &pages[whole..] {
-            st.forget(pg, now);
+        for pg in &pages[whole..] {
+            st.outstanding.remove(pg);
         }
-        let queued: Vec<u64> = st.queue.drain(..).collect();
-        for pg in queued {
-            if st.outstanding.get(&pg).is_some_and(|a| a.batch == 0) {
-                st.forget(pg, now);
-            }
-        }
-        // Nothing went out to pause after.
-        st.batch_done = None;
-        drop(st);
-        self.wake.notify_all();
         Err(err)
     }
 
