@@ -404,7 +404,8 @@ impl Session<'_> {
             // QEMU waits for an update's ack on its main loop holding its
             // big lock (the guest's CPU waits for that lock): an update the
             // table will take is acked first, then taken.
-            let early = iotlb && need && DmaSpace::acks_early(&msg.payload);
+            // (One with descriptors attached is refused: never acked early.)
+            let early = iotlb && need && msg.fds.is_empty() && DmaSpace::acks_early(&msg.payload);
             if early {
                 if let Err(e) = wire::ack(self.sock, code, 0) {
                     return SessionEnd::Failed(SessionError::Io(e));
@@ -1139,9 +1140,21 @@ mod tests {
                 assert!(t.elapsed() < Duration::from_secs(5), "never taken");
                 std::thread::yield_now();
             }
-            // A refused update: acked with failure.
+            // A refused update: acked with failure; so is a valid one
+            // that came with a descriptor.
             iotlb(m::UPDATE, 0x3000, 0);
             assert_eq!(acked(), 1);
+            {
+                let mut p = [0u8; 32];
+                p[0..8].copy_from_slice(&0x5000u64.to_le_bytes());
+                p[8..16].copy_from_slice(&0x1000u64.to_le_bytes());
+                p[24] = crate::proto::iotlb::ACCESS_RW;
+                p[25] = m::UPDATE;
+                let fd = eventfd();
+                testing::send(&fe, req::IOTLB_MSG, &p, &[fd.as_raw_fd()], true).unwrap();
+                assert_eq!(acked(), 1);
+                assert_eq!(space.iotlb_len(), 1);
+            }
             // An invalidation while the table is held: no ack until it is free.
             let held = space.hold_table();
             fe.set_read_timeout(Some(Duration::from_millis(300)))
@@ -1154,7 +1167,7 @@ mod tests {
             assert_eq!(space.iotlb_len(), 0);
             fe.shutdown(std::net::Shutdown::Both).unwrap();
             let r = session.join().unwrap();
-            assert_eq!(r.rejected_messages, 1);
+            assert_eq!(r.rejected_messages, 2);
             assert_eq!((r.iotlb.updates, r.iotlb.invalidations), (1, 1));
         });
     }
