@@ -406,10 +406,12 @@ impl Session<'_> {
             // table will take is acked first, then taken.
             // (One with descriptors attached is refused: never acked early.)
             let early = iotlb && need && msg.fds.is_empty() && DmaSpace::acks_early(&msg.payload);
+            let mut acked_at = None;
             if early {
                 if let Err(e) = wire::ack(self.sock, code, 0) {
                     return SessionEnd::Failed(SessionError::Io(e));
                 }
+                acked_at = Some(Instant::now());
             }
             let r = self.handle(msg);
             let sent = match &r {
@@ -436,7 +438,8 @@ impl Session<'_> {
                 return SessionEnd::Failed(SessionError::Io(e));
             }
             if iotlb {
-                let now = Instant::now();
+                // Read to ack: an update acked early is timed to its ack.
+                let now = acked_at.unwrap_or_else(Instant::now);
                 let t = &mut self.timing;
                 t.iotlb_messages += 1;
                 let ns = now.saturating_duration_since(read_at).as_nanos() as u64;
