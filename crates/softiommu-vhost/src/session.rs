@@ -247,12 +247,23 @@ pub(crate) fn serve_device(
     iotlb_capacity: usize,
     miss_timeout: Duration,
 ) -> SessionReport {
+    let space = Arc::new(DmaSpace::new(iotlb_capacity, miss_timeout));
+    serve_space(dev, sock, space, miss_timeout)
+}
+
+/// [`serve_device`] over a given space.
+fn serve_space(
+    dev: &dyn VhostDevice,
+    sock: UnixStream,
+    space: Arc<DmaSpace>,
+    miss_timeout: Duration,
+) -> SessionReport {
     let cpu0 = crate::blk::thread_cpu_ns();
     let sched0 = Sched::this_thread();
     let mut s = Session {
         dev,
         sock: &sock,
-        space: Arc::new(DmaSpace::new(iotlb_capacity, miss_timeout)),
+        space,
         acked: 0,
         protocol: 0,
         rings: (0..dev.queues()).map(|_| Ring::default()).collect(),
@@ -390,16 +401,29 @@ impl Session<'_> {
                     t.frontend_turn_over_1ms_ns = t.frontend_turn_over_1ms_ns.saturating_add(ns);
                 }
             }
+            // QEMU waits for an update's ack on its main loop holding its
+            // big lock (the guest's CPU waits for that lock): an update the
+            // table will take is acked first, then taken.
+            // (One with descriptors attached is refused: never acked early.)
+            let early = iotlb && need && msg.fds.is_empty() && DmaSpace::acks_early(&msg.payload);
+            let mut acked_at = None;
+            if early {
+                if let Err(e) = wire::ack(self.sock, code, 0) {
+                    return SessionEnd::Failed(SessionError::Io(e));
+                }
+                acked_at = Some(Instant::now());
+            }
             let r = self.handle(msg);
             let sent = match &r {
+                _ if early => Ok(()),
                 Ok(Some(payload)) => wire::reply(self.sock, code, payload),
-                Ok(None) if need => wire::reply(self.sock, code, &0u64.to_le_bytes()),
+                Ok(None) if need => wire::ack(self.sock, code, 0),
                 Ok(None) => Ok(()),
                 // A refused GET_* is answered with an empty payload: QEMU
                 // checks each reply's size and reports the request failed
                 // (a u64 1 would read as features 1 or vring base 0).
                 Err(_) if is_get(code) => wire::reply(self.sock, code, &[]),
-                Err(_) if need => wire::reply(self.sock, code, &1u64.to_le_bytes()),
+                Err(_) if need => wire::ack(self.sock, code, 1),
                 Err(_) => Ok(()),
             };
             if let Err(e) = r {
@@ -414,7 +438,8 @@ impl Session<'_> {
                 return SessionEnd::Failed(SessionError::Io(e));
             }
             if iotlb {
-                let now = Instant::now();
+                // Read to ack: an update acked early is timed to its ack.
+                let now = acked_at.unwrap_or_else(Instant::now);
                 let t = &mut self.timing;
                 t.iotlb_messages += 1;
                 let ns = now.saturating_duration_since(read_at).as_nanos() as u64;
@@ -1074,6 +1099,79 @@ mod tests {
             let r = session.join().unwrap();
             assert_eq!(r.rejected_messages, 4);
             assert_eq!(r.fds.wedged_rings, 1);
+        });
+    }
+
+    /// An update is acknowledged before it is taken: its ack arrives while
+    /// the table is held (QEMU waits for it holding its big lock, with the
+    /// guest's CPU waiting behind). An invalidation is not: its ack comes
+    /// only once the table was free and the range removed. A refused
+    /// update is still refused. (Before: every ack came after the work.)
+    #[test]
+    fn an_update_is_acked_before_it_is_taken_and_an_invalidation_after() {
+        let dev = Flaky {
+            fail_next: AtomicBool::new(false),
+            had_call: Mutex::new(Vec::new()),
+        };
+        let space = Arc::new(DmaSpace::new(64, Duration::from_millis(100)));
+        let (fe, be) = UnixStream::pair().unwrap();
+        fe.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let iotlb = |kind: u8, iova: u64, size: u64| {
+            let mut p = [0u8; 32];
+            p[0..8].copy_from_slice(&iova.to_le_bytes());
+            p[8..16].copy_from_slice(&size.to_le_bytes());
+            p[16..24].copy_from_slice(&0x7f00_0000_0000u64.to_le_bytes());
+            p[24] = crate::proto::iotlb::ACCESS_RW;
+            p[25] = kind;
+            testing::send(&fe, req::IOTLB_MSG, &p, &[], true).unwrap();
+        };
+        let acked = || {
+            let (c, _, p) = testing::recv(&fe).unwrap();
+            assert_eq!(c, req::IOTLB_MSG);
+            u64::from_le_bytes(p.try_into().unwrap())
+        };
+        std::thread::scope(|s| {
+            let sp = space.clone();
+            let session = s.spawn(|| serve_space(&dev, be, sp, Duration::from_millis(100)));
+            let held = space.hold_table();
+            iotlb(m::UPDATE, 0x1000, 0x1000);
+            // Within the read timeout, the table still held.
+            assert_eq!(acked(), 0);
+            drop(held);
+            let t = Instant::now();
+            while space.iotlb_len() != 1 {
+                assert!(t.elapsed() < Duration::from_secs(5), "never taken");
+                std::thread::yield_now();
+            }
+            // A refused update: acked with failure; so is a valid one
+            // that came with a descriptor.
+            iotlb(m::UPDATE, 0x3000, 0);
+            assert_eq!(acked(), 1);
+            {
+                let mut p = [0u8; 32];
+                p[0..8].copy_from_slice(&0x5000u64.to_le_bytes());
+                p[8..16].copy_from_slice(&0x1000u64.to_le_bytes());
+                p[24] = crate::proto::iotlb::ACCESS_RW;
+                p[25] = m::UPDATE;
+                let fd = eventfd();
+                testing::send(&fe, req::IOTLB_MSG, &p, &[fd.as_raw_fd()], true).unwrap();
+                assert_eq!(acked(), 1);
+                assert_eq!(space.iotlb_len(), 1);
+            }
+            // An invalidation while the table is held: no ack until it is free.
+            let held = space.hold_table();
+            fe.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            iotlb(m::INVALIDATE, 0x1000, 0x1000);
+            assert!(testing::recv(&fe).is_err(), "acked before it was taken");
+            drop(held);
+            fe.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            assert_eq!(acked(), 0);
+            assert_eq!(space.iotlb_len(), 0);
+            fe.shutdown(std::net::Shutdown::Both).unwrap();
+            let r = session.join().unwrap();
+            assert_eq!(r.rejected_messages, 2);
+            assert_eq!((r.iotlb.updates, r.iotlb.invalidations), (1, 1));
         });
     }
 }

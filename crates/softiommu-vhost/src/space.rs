@@ -310,6 +310,12 @@ impl DmaSpace {
         self.lock().len()
     }
 
+    /// The table lock, held by a test to stand for a slow change.
+    #[cfg(test)]
+    pub(crate) fn hold_table(&self) -> std::sync::MutexGuard<'_, DeviceIotlb> {
+        self.lock()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, DeviceIotlb> {
         self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -402,6 +408,20 @@ impl DmaSpace {
         if let Some(p) = p {
             self.cache.fill(p);
         }
+    }
+
+    /// Whether the IOTLB message `p` may be acknowledged before it is
+    /// taken: an update the table will take (the same checks as
+    /// [`DeviceIotlb::update`]). An update only adds a translation, so
+    /// nothing the front-end does after the ack depends on it having
+    /// landed, and the session takes it before reading the next message.
+    /// An invalidation is acknowledged only once it has drained.
+    pub(crate) fn acks_early(p: &[u8]) -> bool {
+        let Ok(p) = <&[u8; m::MSG_LEN]>::try_from(p) else {
+            return false;
+        };
+        let f = |k: usize| u64::from_le_bytes(p[k * 8..k * 8 + 8].try_into().expect("8 bytes"));
+        p[25] == m::UPDATE && crate::iotlb::check_update(f(0), f(1), f(2), p[24]).is_ok()
     }
 
     /// Takes one IOTLB message payload (`struct vhost_iotlb_msg`) from the front-end.

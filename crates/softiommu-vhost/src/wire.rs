@@ -67,6 +67,17 @@ pub(crate) fn reply(sock: &UnixStream, request: u32, payload: &[u8]) -> io::Resu
     (&*sock).write_all(&encode(request, VERSION | FLAG_REPLY, payload))
 }
 
+/// Sends the reply-ack `v` (0 success, 1 failure) to `request`, from a
+/// buffer on the stack.
+pub(crate) fn ack(sock: &UnixStream, request: u32, v: u64) -> io::Result<()> {
+    let mut b = [0u8; HEADER_LEN + 8];
+    b[0..4].copy_from_slice(&request.to_le_bytes());
+    b[4..8].copy_from_slice(&(VERSION | FLAG_REPLY).to_le_bytes());
+    b[8..12].copy_from_slice(&8u32.to_le_bytes());
+    b[12..20].copy_from_slice(&v.to_le_bytes());
+    (&*sock).write_all(&b)
+}
+
 /// `recvmsg` of up to `buf.len()` bytes with room for [`MAX_FDS`]
 /// descriptors; every descriptor received is owned by the result (closed
 /// on drop), including when the control data was truncated.
