@@ -89,12 +89,7 @@ fn last_of(start: u64, size: u64) -> Option<u64> {
 /// Checks an update of `[iova, +size) -> uaddr` with `perm`: its last
 /// IOVA and its perm, or why it is refused. The table takes every update
 /// this accepts, whatever it holds.
-pub(crate) fn check_update(
-    iova: u64,
-    size: u64,
-    uaddr: u64,
-    perm: u8,
-) -> Result<(u64, Perm), IotlbError> {
+fn check_update(iova: u64, size: u64, uaddr: u64, perm: u8) -> Result<(u64, Perm), IotlbError> {
     let op = "update";
     if size == 0 {
         return Err(IotlbError::ZeroLength { op, iova });

@@ -401,21 +401,13 @@ impl Session<'_> {
                     t.frontend_turn_over_1ms_ns = t.frontend_turn_over_1ms_ns.saturating_add(ns);
                 }
             }
-            // QEMU waits for an update's ack on its main loop holding its
-            // big lock (the guest's CPU waits for that lock): an update the
-            // table will take is acked first, then taken.
-            // (One with descriptors attached is refused: never acked early.)
-            let early = iotlb && need && msg.fds.is_empty() && DmaSpace::acks_early(&msg.payload);
-            let mut acked_at = None;
-            if early {
-                if let Err(e) = wire::ack(self.sock, code, 0) {
-                    return SessionEnd::Failed(SessionError::Io(e));
-                }
-                acked_at = Some(Instant::now());
-            }
+            // Every ack follows its work: a front-end that sends an
+            // update, waits for its ack and then kicks a queue must find
+            // the translation in place (the kick reaches a worker thread,
+            // not this one, so an ack sent before the update is taken
+            // would race it into a miss).
             let r = self.handle(msg);
             let sent = match &r {
-                _ if early => Ok(()),
                 Ok(Some(payload)) => wire::reply(self.sock, code, payload),
                 Ok(None) if need => wire::ack(self.sock, code, 0),
                 Ok(None) => Ok(()),
@@ -438,8 +430,7 @@ impl Session<'_> {
                 return SessionEnd::Failed(SessionError::Io(e));
             }
             if iotlb {
-                // Read to ack: an update acked early is timed to its ack.
-                let now = acked_at.unwrap_or_else(Instant::now);
+                let now = Instant::now();
                 let t = &mut self.timing;
                 t.iotlb_messages += 1;
                 let ns = now.saturating_duration_since(read_at).as_nanos() as u64;
@@ -1102,20 +1093,19 @@ mod tests {
         });
     }
 
-    /// An update is acknowledged before it is taken: its ack arrives while
-    /// the table is held (QEMU waits for it holding its big lock, with the
-    /// guest's CPU waiting behind). An invalidation is not: its ack comes
-    /// only once the table was free and the range removed. A refused
-    /// update is still refused. (Before: every ack came after the work.)
+    /// An update's ack, like an invalidation's, follows its work: while
+    /// the table is held no ack arrives, and once one arrives the
+    /// translation is in place (a front-end may kick a queue right after
+    /// it and expect no miss). A refused update, or one that came with a
+    /// descriptor, is acked 1.
     #[test]
-    fn an_update_is_acked_before_it_is_taken_and_an_invalidation_after() {
+    fn an_update_or_invalidation_is_acked_only_once_it_is_taken() {
         let dev = Flaky {
             fail_next: AtomicBool::new(false),
             had_call: Mutex::new(Vec::new()),
         };
         let space = Arc::new(DmaSpace::new(64, Duration::from_millis(100)));
         let (fe, be) = UnixStream::pair().unwrap();
-        fe.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let iotlb = |kind: u8, iova: u64, size: u64| {
             let mut p = [0u8; 32];
             p[0..8].copy_from_slice(&iova.to_le_bytes());
@@ -1130,21 +1120,21 @@ mod tests {
             assert_eq!(c, req::IOTLB_MSG);
             u64::from_le_bytes(p.try_into().unwrap())
         };
+        let quiet = Some(Duration::from_millis(300));
+        let long = Some(Duration::from_secs(5));
         std::thread::scope(|s| {
             let sp = space.clone();
             let session = s.spawn(|| serve_space(&dev, be, sp, Duration::from_millis(100)));
+            // An update while the table is held: no ack until it is taken.
             let held = space.hold_table();
+            fe.set_read_timeout(quiet).unwrap();
             iotlb(m::UPDATE, 0x1000, 0x1000);
-            // Within the read timeout, the table still held.
-            assert_eq!(acked(), 0);
+            assert!(testing::recv(&fe).is_err(), "acked before it was taken");
             drop(held);
-            let t = Instant::now();
-            while space.iotlb_len() != 1 {
-                assert!(t.elapsed() < Duration::from_secs(5), "never taken");
-                std::thread::yield_now();
-            }
-            // A refused update: acked with failure; so is a valid one
-            // that came with a descriptor.
+            fe.set_read_timeout(long).unwrap();
+            assert_eq!(acked(), 0);
+            assert_eq!(space.iotlb_len(), 1, "acked, so in place");
+            // A refused update, and a valid one with a descriptor: 1.
             iotlb(m::UPDATE, 0x3000, 0);
             assert_eq!(acked(), 1);
             {
@@ -1160,12 +1150,11 @@ mod tests {
             }
             // An invalidation while the table is held: no ack until it is free.
             let held = space.hold_table();
-            fe.set_read_timeout(Some(Duration::from_millis(300)))
-                .unwrap();
+            fe.set_read_timeout(quiet).unwrap();
             iotlb(m::INVALIDATE, 0x1000, 0x1000);
             assert!(testing::recv(&fe).is_err(), "acked before it was taken");
             drop(held);
-            fe.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            fe.set_read_timeout(long).unwrap();
             assert_eq!(acked(), 0);
             assert_eq!(space.iotlb_len(), 0);
             fe.shutdown(std::net::Shutdown::Both).unwrap();

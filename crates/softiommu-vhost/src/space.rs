@@ -410,20 +410,6 @@ impl DmaSpace {
         }
     }
 
-    /// Whether the IOTLB message `p` may be acknowledged before it is
-    /// taken: an update the table will take (the same checks as
-    /// [`DeviceIotlb::update`]). An update only adds a translation, so
-    /// nothing the front-end does after the ack depends on it having
-    /// landed, and the session takes it before reading the next message.
-    /// An invalidation is acknowledged only once it has drained.
-    pub(crate) fn acks_early(p: &[u8]) -> bool {
-        let Ok(p) = <&[u8; m::MSG_LEN]>::try_from(p) else {
-            return false;
-        };
-        let f = |k: usize| u64::from_le_bytes(p[k * 8..k * 8 + 8].try_into().expect("8 bytes"));
-        p[25] == m::UPDATE && crate::iotlb::check_update(f(0), f(1), f(2), p[24]).is_ok()
-    }
-
     /// Takes one IOTLB message payload (`struct vhost_iotlb_msg`) from the front-end.
     pub(crate) fn iotlb_message(&self, p: &[u8; m::MSG_LEN]) -> Result<IotlbOutcome, IotlbError> {
         let f = |k: usize| u64::from_le_bytes(p[k * 8..k * 8 + 8].try_into().expect("8 bytes"));
