@@ -143,9 +143,15 @@ const FP_WAYS: usize = 8;
 /// compares all sixteen bytes at once.
 const FP_WORDS: usize = 2;
 /// Every byte of a word set to 0x01, and to 0x7f.
-#[cfg(all(not(loom), any(test, not(target_arch = "x86_64"))))]
+#[cfg(all(
+    not(loom),
+    any(test, not(all(target_arch = "x86_64", target_feature = "sse2")))
+))]
 const BYTES_01: u64 = 0x0101_0101_0101_0101;
-#[cfg(all(not(loom), any(test, not(target_arch = "x86_64"))))]
+#[cfg(all(
+    not(loom),
+    any(test, not(all(target_arch = "x86_64", target_feature = "sse2")))
+))]
 const BYTES_7F: u64 = 0x7f7f_7f7f_7f7f_7f7f;
 
 /// A tag's way fingerprint, from its hash `h`: seven bits the set index
@@ -162,12 +168,12 @@ fn fingerprint(h: u64) -> u64 {
 /// On x86-64 one SSE2 byte compare of all sixteen and a mask move (SSE2 is
 /// part of the x86-64 baseline), where the word-wide ALU form below cost
 /// the hit path about ten instructions more a word.
-#[cfg(all(not(loom), target_arch = "x86_64"))]
+#[cfg(all(not(loom), target_arch = "x86_64", target_feature = "sse2"))]
 #[inline(always)]
 fn fp_matches(lo: u64, hi: u64, fp: u64) -> u32 {
     use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_movemask_epi8, _mm_set1_epi8, _mm_set_epi64x};
-    // SAFETY: the intrinsics need SSE2 only, which every x86-64 target
-    // enables (it is part of the architecture's baseline); they read and
+    // SAFETY: the intrinsics need SSE2 only, which this build enables
+    // (the `cfg` above; every x86-64 target does); they read and
     // write registers only. The casts keep the bits: the words' bytes and
     // a fingerprint byte, as the intrinsics' signed types take them.
     let mask = unsafe {
@@ -181,7 +187,7 @@ fn fp_matches(lo: u64, hi: u64, fp: u64) -> u32 {
 }
 
 /// [`fp_matches`] elsewhere.
-#[cfg(all(not(loom), not(target_arch = "x86_64")))]
+#[cfg(all(not(loom), not(all(target_arch = "x86_64", target_feature = "sse2"))))]
 #[inline(always)]
 fn fp_matches(lo: u64, hi: u64, fp: u64) -> u32 {
     fp_matches_swar(lo, fp) | fp_matches_swar(hi, fp) << 8
@@ -190,7 +196,10 @@ fn fp_matches(lo: u64, hi: u64, fp: u64) -> u32 {
 /// The bytes of one fingerprint word equal to `fp` as an 8-bit mask, in
 /// word-wide ALU operations: bit 7 of each byte equal to `fp` (no false
 /// match from a borrow), then those eight bits gathered by a multiply.
-#[cfg(all(not(loom), any(test, not(target_arch = "x86_64"))))]
+#[cfg(all(
+    not(loom),
+    any(test, not(all(target_arch = "x86_64", target_feature = "sse2")))
+))]
 #[inline(always)]
 fn fp_matches_swar(word: u64, fp: u64) -> u32 {
     let x = word ^ fp.wrapping_mul(BYTES_01);
@@ -578,8 +587,7 @@ impl Iotlb {
             ways.iter().find_map(|e| Self::validate(e, key, gen))
         }
         // Which ways hold `key`: the set's two fingerprint words, two
-        // relaxed loads (of one 16-byte aligned pair, a line of its own
-        // with three other sets') and one byte compare for up to 16 ways,
+        // relaxed loads (of one adjacent pair of words) and one byte compare for up to 16 ways,
         // instead of a load and compare per way's key (which spread over
         // the set's lines); a hint only, each matching way is validated
         // below.

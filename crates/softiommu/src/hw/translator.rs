@@ -76,7 +76,10 @@ pub struct Translator {
     /// is held here). Kept so that opening and closing a section are one
     /// store each, with no chunk lookup.
     cell: NonNull<AtomicU64>,
-    /// The slot's state as last stored (even outside a section).
+    /// The slot's state as of the last section's end (even): a section
+    /// stores `state + 1` (kept in its guard) on entry and `state + 2` on
+    /// exit, which becomes this. Sections open only through guards that
+    /// cannot be leaked (see `section`), so entries never repeat a value.
     state: u64,
     /// The source id whose context word `ctx_cell` is, widened; `NO_SID`
     /// until a translation finds its device's bus in use.
@@ -170,6 +173,9 @@ const NO_WORD: u64 = u64::MAX;
 /// at most to the end of the 2^52 address space, far below.
 const SPLIT_PERM_SHIFT: u32 = 56;
 const SPLIT_LEN_MASK: u64 = (1 << SPLIT_PERM_SHIFT) - 1;
+// A span never reaches past the address width, so its length fits below
+// the rights, in release builds too.
+const _: () = assert!(VTD_ADDR_BITS < SPLIT_PERM_SHIFT);
 
 /// xorshift64: a translator's own generator, so that choosing a victim
 /// writes nothing shared.

@@ -1102,9 +1102,17 @@ mod tests {
             phys(&mut t, a, Access::Read),
             Err(TranslateError::NoContext { sid: a })
         );
+        // The table changed while no device was bound to its domain, with
+        // no invalidation: re-attached with the very word the translator
+        // kept, the domain's first binding drops what it cached.
+        t1.unmap(iova, 4096, &mut crate::pgtable::IotlbGather::new())
+            .unwrap();
+        t1.map(iova, 0x30_0000, 4096, Perm::RW).unwrap();
+        let walks = t.stats().walks;
         unit.attach(a, on(1, &t1)).unwrap();
-        assert_eq!(phys(&mut t, a, Access::Read), Ok(0x10_0040));
-        assert_eq!(phys(&mut t, a, Access::Read), Ok(0x10_0040));
+        assert_eq!(phys(&mut t, a, Access::Read), Ok(0x30_0040));
+        assert_eq!(phys(&mut t, a, Access::Read), Ok(0x30_0040));
+        assert_eq!(t.stats().walks, walks + 1, "one new walk, then a hit");
         assert_eq!(t.stats().faults, 5);
         assert_eq!(unit.faults().len(), 5);
     }
