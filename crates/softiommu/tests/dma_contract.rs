@@ -509,10 +509,13 @@ fn a_sync_of_a_scatter_list_entry_is_accepted() {
 
 #[test]
 fn a_per_entry_unmap_sg_checks_every_entry_before_the_first_goes() {
-    // Pass-through and bounce map a list entry by entry: an entry unmapped
-    // on its own meanwhile makes the whole `unmap_sg` refused, with the
-    // other entries still mapped.
-    for policy in [DmaPolicy::Passthrough, DmaPolicy::Bounce] {
+    // Bounce maps a list entry by entry, and a bounce slot's record does
+    // not keep its kind: an entry unmapped on its own meanwhile makes the
+    // whole `unmap_sg` refused, with the other entries still mapped. (In
+    // pass-through, which maps entry by entry too, a single unmap of an
+    // entry is refused: see the test below.)
+    {
+        let policy = DmaPolicy::Bounce;
         let p = platform(policy);
         let mut cpu = p.domain.cpu();
         let dev = &p.devices[0];
@@ -539,4 +542,59 @@ fn a_per_entry_unmap_sg_checks_every_entry_before_the_first_goes() {
             "{policy}: entry 0 still mapped"
         );
     }
+}
+
+/// In pass-through a scatter list is mapped entry by entry, each entry's
+/// DMA address its physical one, so a single mapping and a list's entry
+/// can share an address and length. An unmap takes only a mapping of its
+/// own kind, as DMA-API debug checks the unmap function against the map:
+/// a single unmap naming a list's entry is refused (the list stays whole)
+/// and, beside another device's single mapping of those bytes, names
+/// that device.
+#[test]
+fn in_pass_through_a_single_unmap_never_takes_a_scatter_list_entry() {
+    let p = platform(DmaPolicy::Passthrough);
+    let mut cpu = p.domain.cpu();
+    let (nic, disk) = (&p.devices[0], &p.devices[1]);
+    let f = p.mem.alloc_zeroed_frames(0).unwrap();
+    let sg = [
+        SgEntry { phys: f, len: 1 },
+        SgEntry {
+            phys: f + 100,
+            len: 8,
+        },
+    ];
+    let mut out = [0u64; 2];
+    let m = cpu
+        .map_sg(nic, &sg, DmaDirection::FromDevice, &mut out)
+        .unwrap();
+    assert_eq!(out, [f, f + 100]);
+    // The list's own device and direction, as a single unmap: refused.
+    let r = cpu.unmap(nic, f, 1, DmaDirection::FromDevice);
+    assert!(
+        matches!(r, Err(DmaError::NotMapped { addr }) if addr == f),
+        "{r:?}"
+    );
+    // Another device's single mapping of the same byte.
+    let a = cpu.map(disk, f, 1, DmaDirection::Bidirectional).unwrap();
+    assert_eq!(a, f);
+    let r = cpu.unmap(nic, f, 1, DmaDirection::ToDevice);
+    assert!(matches!(r, Err(DmaError::WrongDevice { .. })), "{r:?}");
+    let r = cpu.unmap(disk, f, 1, DmaDirection::ToDevice);
+    assert!(
+        matches!(
+            r,
+            Err(DmaError::WrongDirection {
+                mapped: DmaDirection::Bidirectional,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // Each goes by its own kind of unmap, whole.
+    cpu.unmap(disk, f, 1, DmaDirection::Bidirectional).unwrap();
+    cpu.unmap_sg(nic, &m, &sg, &out, DmaDirection::FromDevice)
+        .unwrap();
+    let r = cpu.unmap_sg(nic, &m, &sg, &out, DmaDirection::FromDevice);
+    assert!(matches!(r, Err(DmaError::NotMapped { .. })), "{r:?}");
 }

@@ -195,7 +195,7 @@ pub(crate) struct PtRecord {
 }
 
 /// Bits of a record's key length that hold the mapping's length; its
-/// owner (see [`pt_owner`], 18 bits) sits above them. A mapping lies in
+/// owner (see [`pt_owner`], 18 bits, and [`PT_SG`]) sits above them. A mapping lies in
 /// the arena, so its length fits.
 const LEN_BITS: u32 = 44;
 const LEN_MASK: u64 = (1 << LEN_BITS) - 1;
@@ -256,13 +256,15 @@ impl PtRecord {
         len != 0 && len <= LEN_MASK && self.live.with(|t| t.find(addr, key(len, owner)).is_some())
     }
 
-    /// The owner of some mapping of exactly `len` bytes at `addr`
-    /// (whichever owner: to tell a wrong device or direction).
-    fn owner_of(&self, addr: u64, len: u64) -> Option<u32> {
+    /// The owner of some mapping of exactly `len` bytes at `addr` whose
+    /// [`PT_SG`] bit is `sg`'s (whichever device and direction: to tell a
+    /// wrong device or direction).
+    fn owner_of(&self, addr: u64, len: u64, sg: u32) -> Option<u32> {
         self.live.with(|t| {
             t.iter()
-                .find(|s| s.addr == addr && s.len & LEN_MASK == len)
+                .filter(|s| s.addr == addr && s.len & LEN_MASK == len)
                 .map(|s| (s.len >> LEN_BITS) as u32)
+                .find(|o| o & PT_SG == sg)
         })
     }
 
@@ -311,11 +313,12 @@ impl PtRecord {
 }
 
 /// Removes one mapping of `len` bytes at `addr` made by device `sid` in
-/// direction `dir` from the first record of `records` (`own` first) that
-/// has it. If none does, nothing changes and the reason is given:
-/// `WrongDevice` or `WrongDirection` (the exact mapping is another
-/// device's or direction's), `WrongLength` (one of another length starts
-/// there), else `NotMapped`.
+/// direction `dir` (a scatter-list entry's if `sg`) from the first record
+/// of `records` (`own` first) that has it. If none does, nothing changes
+/// and the reason is given: `WrongDevice` or `WrongDirection` (the exact
+/// mapping of that kind is another device's or direction's), `NotMapped`
+/// (only one of the other kind is), `WrongLength` (one of another length
+/// starts there), else `NotMapped`.
 pub(crate) fn take_any<'a>(
     own: &PtRecord,
     others: impl Iterator<Item = &'a PtRecord> + Clone,
@@ -323,16 +326,19 @@ pub(crate) fn take_any<'a>(
     len: u64,
     sid: SourceId,
     dir: DmaDirection,
+    sg: bool,
 ) -> Result<(), DmaError> {
-    let owner = pt_owner(sid, dir);
+    let kind = if sg { PT_SG } else { 0 };
+    let owner = pt_owner(sid, dir) | kind;
     if own.take(addr, len, owner) || others.clone().any(|r| r.take(addr, len, owner)) {
         return Ok(());
     }
-    let other = own
-        .owner_of(addr, len)
-        .or_else(|| others.clone().find_map(|r| r.owner_of(addr, len)));
-    if let Some(o) = other {
-        return Err(if o >> 2 != owner >> 2 {
+    let of = |kind| {
+        own.owner_of(addr, len, kind)
+            .or_else(|| others.clone().find_map(|r| r.owner_of(addr, len, kind)))
+    };
+    if let Some(o) = of(kind) {
+        return Err(if o & OWNER_DEVICE != owner & OWNER_DEVICE {
             DmaError::WrongDevice {
                 sid: sid.to_string(),
             }
@@ -344,12 +350,24 @@ pub(crate) fn take_any<'a>(
             }
         });
     }
+    if of(kind ^ PT_SG).is_some() {
+        return Err(DmaError::NotMapped { addr });
+    }
     if own.has_addr(addr) || others.into_iter().any(|r| r.has_addr(addr)) {
         Err(DmaError::WrongLength { addr, len })
     } else {
         Err(DmaError::NotMapped { addr })
     }
 }
+
+/// The owner bit of a scatter-list entry mapped entry by entry: a single
+/// unmap never takes one, nor a scatter-list unmap a single mapping (as
+/// DMA-API debug checks the unmap's kind against the map's).
+pub(crate) const PT_SG: u32 = 1 << 18;
+const _: () = assert!(LEN_BITS + 19 <= 64);
+
+/// The bits of an owner that name its device.
+const OWNER_DEVICE: u32 = 0xffff << 2;
 
 /// The bits an owner sets in a record's key length (see [`key`]).
 #[inline]
@@ -382,7 +400,7 @@ mod tests {
         assert!(!r.take(0x1000, 100 | 1 << LEN_BITS, O));
         assert!(!r.take(0x1000, 100, O ^ 1));
         assert_eq!(
-            take_any(&r, std::iter::empty(), 0x1000, 100, SourceId(2), D),
+            take_any(&r, std::iter::empty(), 0x1000, 100, SourceId(2), D, false),
             Err(DmaError::WrongDevice {
                 sid: SourceId(2).to_string()
             })
@@ -394,7 +412,8 @@ mod tests {
                 0x1000,
                 100,
                 S,
-                DmaDirection::FromDevice
+                DmaDirection::FromDevice,
+                false
             ),
             Err(DmaError::WrongDirection {
                 addr: 0x1000,
@@ -457,25 +476,34 @@ mod tests {
         a.add(0x1000, 64, O);
         a.add(0x1000, 64, O);
         b.add(0x9000, 8, O);
-        assert_eq!(take_any(&b, [&a].into_iter(), 0x1000, 64, S, D), Ok(()));
         assert_eq!(
-            take_any(&b, [&a].into_iter(), 0x1000, 65, S, D),
+            take_any(&b, [&a].into_iter(), 0x1000, 64, S, D, false),
+            Ok(())
+        );
+        assert_eq!(
+            take_any(&b, [&a].into_iter(), 0x1000, 65, S, D, false),
             Err(DmaError::WrongLength {
                 addr: 0x1000,
                 len: 65
             })
         );
         assert_eq!(
-            take_any(&a, [&b].into_iter(), 0x5000, 1, S, D),
+            take_any(&a, [&b].into_iter(), 0x5000, 1, S, D, false),
             Err(DmaError::NotMapped { addr: 0x5000 })
         );
         assert_eq!(a.len(), 1);
         b.move_into(&a);
         assert_eq!(a.len(), 2);
-        assert_eq!(take_any(&a, std::iter::empty(), 0x9000, 8, S, D), Ok(()));
-        assert_eq!(take_any(&a, std::iter::empty(), 0x1000, 64, S, D), Ok(()));
         assert_eq!(
-            take_any(&a, std::iter::empty(), 0x1000, 64, S, D),
+            take_any(&a, std::iter::empty(), 0x9000, 8, S, D, false),
+            Ok(())
+        );
+        assert_eq!(
+            take_any(&a, std::iter::empty(), 0x1000, 64, S, D, false),
+            Ok(())
+        );
+        assert_eq!(
+            take_any(&a, std::iter::empty(), 0x1000, 64, S, D, false),
             Err(DmaError::NotMapped { addr: 0x1000 })
         );
     }

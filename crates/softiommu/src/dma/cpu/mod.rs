@@ -12,7 +12,7 @@ use super::domain::{BounceRecord, DmaDomain};
 use super::error::DmaError;
 use super::flush_queue::{FqEntry, Pushed};
 use super::owner::{dir_bits, owner_tag, perm_bits, tag_dir, TAG_DIR, TAG_OWNER};
-use super::passthrough::take_any;
+use super::passthrough::{owner_key, take_any, PT_SG};
 use super::policy::{DmaDirection, DmaPolicy};
 use super::slot::CpuSlot;
 use crate::hw::SourceId;
@@ -56,6 +56,14 @@ struct Work {
 /// 10 ms timeout. At 16 its clock read, taker lock and poll of the flushes
 /// in flight cost about 28 instructions a pair (callgrind).
 const OWNER_EXPIRY_EVERY: u32 = 64;
+
+/// A pass-through record's key for `dev` in `dir`: a scatter-list entry's
+/// if `sg` (a constant at every call but the scatter list's, so the single
+/// map's and unmap's fast paths build the key they built before).
+#[inline(always)]
+fn pt_key(dev: &DmaDevice, dir: DmaDirection, sg: bool) -> u64 {
+    dev.pt_key(dir) | if sg { owner_key(PT_SG) } else { 0 }
+}
 
 /// The pages `[addr, addr + len)` touches; `len` is not zero and the
 /// range was checked to lie in the arena (so nothing overflows).
@@ -122,6 +130,20 @@ impl DmaCpu {
         len: u64,
         dir: DmaDirection,
     ) -> Result<u64, DmaError> {
+        self.map_as(dev, phys, len, dir, false)
+    }
+
+    /// [`map`](Self::map), of a scatter-list entry mapped on its own if
+    /// `sg` (its pass-through record carries [`PT_SG`]).
+    #[inline(always)]
+    fn map_as(
+        &mut self,
+        dev: &DmaDevice,
+        phys: PhysAddr,
+        len: u64,
+        dir: DmaDirection,
+        sg: bool,
+    ) -> Result<u64, DmaError> {
         self.check_device(dev)?;
         if len == 0 {
             return Err(DmaError::ZeroLength);
@@ -134,7 +156,7 @@ impl DmaCpu {
         // The pass-through map inline (a probe of this CPU's record); the
         // rest out of line. In the arena (checked above), so no sum wraps.
         if w.domain.tunables.is_passthrough() && phys + (len - 1) <= dev.mask {
-            slot.passthrough.add_keyed(phys, len, dev.pt_key(dir));
+            slot.passthrough.add_keyed(phys, len, pt_key(dev, dir, sg));
             slot.stats.map();
             return Ok(phys);
         }
@@ -156,6 +178,20 @@ impl DmaCpu {
         len: u64,
         dir: DmaDirection,
     ) -> Result<(), DmaError> {
+        self.unmap_as(dev, addr, len, dir, false)
+    }
+
+    /// [`unmap`](Self::unmap) of what [`map_as`](Self::map_as) mapped with
+    /// the same `sg`.
+    #[inline(always)]
+    fn unmap_as(
+        &mut self,
+        dev: &DmaDevice,
+        addr: u64,
+        len: u64,
+        dir: DmaDirection,
+        sg: bool,
+    ) -> Result<(), DmaError> {
         self.check_device(dev)?;
         if len == 0 {
             return Err(DmaError::ZeroLength);
@@ -167,12 +203,12 @@ impl DmaCpu {
         // CPU recorded is the answer the bounce check would not change:
         // the usual unmap is one probe, inline; the rest out of line.
         if w.domain.tunables.is_passthrough()
-            && slot.passthrough.take_keyed(addr, len, dev.pt_key(dir))
+            && slot.passthrough.take_keyed(addr, len, pt_key(dev, dir, sg))
         {
             slot.stats.unmap();
             return Ok(());
         }
-        let r = w.unmap_entered(slot, dev, addr, len, dir);
+        let r = w.unmap_entered(slot, dev, addr, len, dir, sg);
         drop(op);
         r
     }
@@ -416,6 +452,7 @@ impl Work {
         addr: u64,
         len: u64,
         dir: DmaDirection,
+        sg: bool,
     ) -> Result<(), DmaError> {
         let policy = self.domain.policy();
         if self.try_bounce_unmap(slot, addr, len, dev.sid, dir)? {
@@ -425,7 +462,7 @@ impl Work {
         match policy {
             DmaPolicy::Passthrough => {
                 // Mapped on another CPU (or on one whose handle went).
-                self.take_other_pt(slot, addr, len, dev.sid, dir)?;
+                self.take_other_pt(slot, addr, len, dev.sid, dir, sg)?;
             }
             policy => self.unmap_pages(
                 slot,
@@ -453,6 +490,7 @@ impl Work {
         len: u64,
         sid: SourceId,
         dir: DmaDirection,
+        sg: bool,
     ) -> Result<(), DmaError> {
         let cpus = lock(&self.domain.cpus).clone();
         take_any(
@@ -462,6 +500,7 @@ impl Work {
             len,
             sid,
             dir,
+            sg,
         )
     }
 

@@ -7,7 +7,7 @@ use crate::dma::device::DmaDevice;
 use crate::dma::domain::BounceRecord;
 use crate::dma::error::DmaError;
 use crate::dma::owner::{dir_bits, owner_tag, TAG_DIR, TAG_OWNER};
-use crate::dma::passthrough::pt_owner;
+use crate::dma::passthrough::{pt_owner, PT_SG};
 use crate::dma::policy::{DmaDirection, DmaPolicy};
 use crate::dma::slot::CpuSlot;
 use crate::hw::SourceId;
@@ -144,11 +144,11 @@ impl DmaCpu {
         // One mapping per entry; passed through or bounced (each map reads
         // the policy in force inside the gate itself).
         for (i, (e, slot)) in sg.iter().zip(out.iter_mut()).enumerate() {
-            match self.map(dev, e.phys, e.len, dir) {
+            match self.map_as(dev, e.phys, e.len, dir, true) {
                 Ok(a) => *slot = a,
                 Err(err) => {
                     for (p, &a) in sg.iter().zip(out.iter()).take(i) {
-                        let _ = self.unmap(dev, a, p.len, dir);
+                        let _ = self.unmap_as(dev, a, p.len, dir, true);
                     }
                     return Err(err);
                 }
@@ -238,7 +238,7 @@ impl DmaCpu {
                 if self.w.domain.policy() == DmaPolicy::Passthrough
                     || self.w.domain.bounce.find(a).is_none()
                 {
-                    self.unmap(dev, a, e.len, dir)?;
+                    self.unmap_as(dev, a, e.len, dir, true)?;
                 }
             }
             return Ok(());
@@ -399,7 +399,7 @@ impl Work {
         if d.policy() == DmaPolicy::Passthrough
             && slot
                 .passthrough
-                .take_keyed_probe(addr, len, dev.pt_key(dir))
+                .take_keyed_probe(addr, len, super::pt_key(dev, dir, true))
         {
             return Ok(());
         }
@@ -410,7 +410,7 @@ impl Work {
             };
         }
         if d.policy() == DmaPolicy::Passthrough {
-            let owner = pt_owner(dev.sid, dir);
+            let owner = pt_owner(dev.sid, dir) | PT_SG;
             let own = slot.passthrough.holds(addr, len, owner);
             let any = own || {
                 let cpus = lock(&d.cpus).clone();
