@@ -183,3 +183,30 @@ fn an_unmap_of_one_kind_cannot_take_a_scatter_list_or_a_coherent_block() {
         assert_eq!(p.domain.stats().live(), 0);
     }
 }
+
+/// `dma_api_model`, `crash-c5075eb5…`: in pass-through, device 1 mapped a
+/// byte single and device 0 mapped the same byte as entries of a scatter
+/// list; a single unmap of it through device 0 in another direction was
+/// answered `WrongDirection` from the list's entry, which a single unmap
+/// must not name (and with the list's direction it would have taken the
+/// entry). Entries are now recorded as a list's.
+#[test]
+fn a_pass_through_single_unmap_is_judged_against_single_mappings_only() {
+    let p = platform(DmaPolicy::Passthrough);
+    let mut cpu = p.domain.cpu();
+    let (d0, d1) = (&p.devices[0], &p.devices[1]);
+    let f = p.mem.alloc_zeroed_frames(0).unwrap() + PAGE_SIZE - 1;
+    cpu.map(d1, f, 1, DmaDirection::Bidirectional).unwrap();
+    let sg = [softiommu::dma::SgEntry { phys: f, len: 1 }; 3];
+    let mut out = [0u64; 3];
+    let m = cpu
+        .map_sg(d0, &sg, DmaDirection::FromDevice, &mut out)
+        .unwrap();
+    let r = cpu.unmap(d0, f, 1, DmaDirection::ToDevice);
+    assert!(matches!(r, Err(DmaError::WrongDevice { .. })), "{r:?}");
+    let r = cpu.unmap(d0, f, 1, DmaDirection::FromDevice);
+    assert!(matches!(r, Err(DmaError::WrongDevice { .. })), "{r:?}");
+    cpu.unmap_sg(d0, &m, &sg, &out, DmaDirection::FromDevice)
+        .unwrap();
+    cpu.unmap(d1, f, 1, DmaDirection::Bidirectional).unwrap();
+}
