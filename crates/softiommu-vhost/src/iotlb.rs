@@ -86,22 +86,6 @@ fn last_of(start: u64, size: u64) -> Option<u64> {
     start.checked_add(size - 1)
 }
 
-/// Checks an update of `[iova, +size) -> uaddr` with `perm`: its last
-/// IOVA and its perm, or why it is refused. The table takes every update
-/// this accepts, whatever it holds.
-fn check_update(iova: u64, size: u64, uaddr: u64, perm: u8) -> Result<(u64, Perm), IotlbError> {
-    let op = "update";
-    if size == 0 {
-        return Err(IotlbError::ZeroLength { op, iova });
-    }
-    let last = last_of(iova, size).ok_or(IotlbError::IovaWraps { op, iova, size })?;
-    if last_of(uaddr, size).is_none() {
-        return Err(IotlbError::UaddrWraps { uaddr, size });
-    }
-    let perm = Perm::from_byte(perm).ok_or(IotlbError::BadPerm { perm })?;
-    Ok((last, perm))
-}
-
 /// The table. Not synchronised: [`crate::space`] guards it.
 #[derive(Debug)]
 pub struct DeviceIotlb {
@@ -147,7 +131,15 @@ impl DeviceIotlb {
         uaddr: u64,
         perm: u8,
     ) -> Result<IotlbOutcome, IotlbError> {
-        let (last, perm) = check_update(iova, size, uaddr, perm)?;
+        let op = "update";
+        if size == 0 {
+            return Err(IotlbError::ZeroLength { op, iova });
+        }
+        let last = last_of(iova, size).ok_or(IotlbError::IovaWraps { op, iova, size })?;
+        if last_of(uaddr, size).is_none() {
+            return Err(IotlbError::UaddrWraps { uaddr, size });
+        }
+        let perm = Perm::from_byte(perm).ok_or(IotlbError::BadPerm { perm })?;
         let replaced = self.punch(iova, last);
         let evicted = self.map.len() >= self.capacity;
         if evicted {

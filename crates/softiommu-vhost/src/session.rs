@@ -1106,15 +1106,16 @@ mod tests {
         };
         let space = Arc::new(DmaSpace::new(64, Duration::from_millis(100)));
         let (fe, be) = UnixStream::pair().unwrap();
-        let iotlb = |kind: u8, iova: u64, size: u64| {
+        let iotlb_with = |kind: u8, iova: u64, size: u64, fds: &[i32]| {
             let mut p = [0u8; 32];
             p[0..8].copy_from_slice(&iova.to_le_bytes());
             p[8..16].copy_from_slice(&size.to_le_bytes());
             p[16..24].copy_from_slice(&0x7f00_0000_0000u64.to_le_bytes());
             p[24] = crate::proto::iotlb::ACCESS_RW;
             p[25] = kind;
-            testing::send(&fe, req::IOTLB_MSG, &p, &[], true).unwrap();
+            testing::send(&fe, req::IOTLB_MSG, &p, fds, true).unwrap();
         };
+        let iotlb = |kind: u8, iova: u64, size: u64| iotlb_with(kind, iova, size, &[]);
         let acked = || {
             let (c, _, p) = testing::recv(&fe).unwrap();
             assert_eq!(c, req::IOTLB_MSG);
@@ -1137,17 +1138,10 @@ mod tests {
             // A refused update, and a valid one with a descriptor: 1.
             iotlb(m::UPDATE, 0x3000, 0);
             assert_eq!(acked(), 1);
-            {
-                let mut p = [0u8; 32];
-                p[0..8].copy_from_slice(&0x5000u64.to_le_bytes());
-                p[8..16].copy_from_slice(&0x1000u64.to_le_bytes());
-                p[24] = crate::proto::iotlb::ACCESS_RW;
-                p[25] = m::UPDATE;
-                let fd = eventfd();
-                testing::send(&fe, req::IOTLB_MSG, &p, &[fd.as_raw_fd()], true).unwrap();
-                assert_eq!(acked(), 1);
-                assert_eq!(space.iotlb_len(), 1);
-            }
+            let fd = eventfd();
+            iotlb_with(m::UPDATE, 0x5000, 0x1000, &[fd.as_raw_fd()]);
+            assert_eq!(acked(), 1);
+            assert_eq!(space.iotlb_len(), 1);
             // An invalidation while the table is held: no ack until it is free.
             let held = space.hold_table();
             fe.set_read_timeout(quiet).unwrap();

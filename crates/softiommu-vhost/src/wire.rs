@@ -52,12 +52,19 @@ pub(crate) fn recv(sock: &UnixStream) -> Result<Option<Msg>, SessionError> {
     }))
 }
 
+/// A message header: request, flags, payload size, little-endian.
+fn header(request: u32, flags: u32, size: u32) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..4].copy_from_slice(&request.to_le_bytes());
+    h[4..8].copy_from_slice(&flags.to_le_bytes());
+    h[8..12].copy_from_slice(&size.to_le_bytes());
+    h
+}
+
 /// Encodes a header and payload into one buffer.
 pub(crate) fn encode(request: u32, flags: u32, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(&request.to_le_bytes());
-    out.extend_from_slice(&flags.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header(request, flags, payload.len() as u32));
     out.extend_from_slice(payload);
     out
 }
@@ -71,10 +78,8 @@ pub(crate) fn reply(sock: &UnixStream, request: u32, payload: &[u8]) -> io::Resu
 /// buffer on the stack.
 pub(crate) fn ack(sock: &UnixStream, request: u32, v: u64) -> io::Result<()> {
     let mut b = [0u8; HEADER_LEN + 8];
-    b[0..4].copy_from_slice(&request.to_le_bytes());
-    b[4..8].copy_from_slice(&(VERSION | FLAG_REPLY).to_le_bytes());
-    b[8..12].copy_from_slice(&8u32.to_le_bytes());
-    b[12..20].copy_from_slice(&v.to_le_bytes());
+    b[..HEADER_LEN].copy_from_slice(&header(request, VERSION | FLAG_REPLY, 8));
+    b[HEADER_LEN..].copy_from_slice(&v.to_le_bytes());
     (&*sock).write_all(&b)
 }
 

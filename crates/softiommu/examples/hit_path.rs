@@ -69,18 +69,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         iovas.push(pfn << 12);
     }
     let lookups: Vec<u64> = (0..SEQ)
-        .map(|_| match pt {
-            true => (rng.below(1 << 18) << 12) + 64 * rng.below(64),
-            false => iovas[rng.below(PAGES) as usize] + 64 * rng.below(64),
+        .map(|_| {
+            if pt {
+                (rng.below(1 << 18) << 12) + 64 * rng.below(64)
+            } else {
+                iovas[rng.below(PAGES) as usize] + 64 * rng.below(64)
+            }
         })
         .collect();
     let u = sys.unit(unit).ok_or("unit")?;
-    let ctx = match pt {
-        true => ContextEntry::PassThrough,
-        false => ContextEntry::Translated {
+    let ctx = if pt {
+        ContextEntry::PassThrough
+    } else {
+        ContextEntry::Translated {
             did: 1,
             root: table.root(),
-        },
+        }
     };
     u.attach(SID, ctx)?;
     let mut tr = u.translator()?;

@@ -359,19 +359,12 @@ impl Translator {
     }
 
     /// [`hit`](Self::hit) in a context other than the translated one
-    /// served last: pass-through within the address width and off the
-    /// bounce pools; a translated one, kept for the next hits; else `None`
-    /// (the slow path faults).
+    /// served last and not pass-through within the address width (`hit`
+    /// serves that): a translated one, kept for the next hits; else `None`
+    /// (the slow path faults it, pass-through past the width included).
     #[inline(never)]
     fn hit_other(&mut self, word: u64, iova: u64, access: Access) -> Option<PhysSpan> {
-        let Some(did) = context::translated_did(word) else {
-            return match context::decode(word) {
-                Some(ContextEntry::PassThrough) if iova < 1 << VTD_ADDR_BITS => {
-                    pass_through_span(&self.shared.mem, iova)
-                }
-                _ => None,
-            };
-        };
+        let did = context::translated_did(word)?;
         self.ctx_dom = NonNull::from(self.shared.iotlb.domain_of(did));
         self.ctx_did = did;
         self.ctx_key = key_4k_base(did);
