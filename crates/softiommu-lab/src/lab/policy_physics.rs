@@ -127,6 +127,69 @@ pub fn check_by_with(
         .collect()
 }
 
+/// One policy's cost in each round, as [`check_paired`] sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairedCost<'a> {
+    /// The policy's name (`passthrough`, `deferred`, `strict`, ...).
+    pub policy: &'a str,
+    /// What else must match for two rows to be compared (an ordering).
+    pub group: &'a str,
+    /// The cost per unit of work of each round, in the order the rounds
+    /// ran. The rows of one round run one after the other, so round `i`
+    /// of two rows is a pair measured under the same load of the machine.
+    pub rounds: &'a [f64],
+}
+
+/// Each round's `a` over the same round's `b`: `None` unless both have
+/// the same number of rounds (at least one) and every round of `b` is
+/// above zero.
+pub fn paired_ratios(a: &[f64], b: &[f64]) -> Option<Vec<f64>> {
+    (!a.is_empty() && a.len() == b.len() && b.iter().all(|&x| x > 0.0))
+        .then(|| a.iter().zip(b).map(|(x, y)| x / y).collect())
+}
+
+/// For each row, why its figure contradicts what its DMA policy must cost
+/// ([`POLICIES`]; `None`: it stands), judged round by round: a row is
+/// invalid when in every round it cost less than the row it must cost
+/// more than did in that same round. A drift of the machine's speed
+/// between rounds falls on both rows of a round, so this catches what a
+/// comparison of the two spreads ([`check`]) hides in that drift: one
+/// row below the other in every round, by less than the rounds spread.
+/// Rows whose round counts differ are compared as spreads, by [`check`].
+pub fn check_paired(rows: &[PairedCost<'_>], what: &str) -> Vec<Option<String>> {
+    rows.iter()
+        .map(|r| {
+            POLICIES
+                .iter()
+                .filter(|rule| rule.dearer == r.policy)
+                .find_map(|rule| {
+                    let base = rows
+                        .iter()
+                        .find(|b| b.policy == rule.cheaper && b.group == r.group)?;
+                    let Some(ratios) = paired_ratios(r.rounds, base.rounds) else {
+                        let (a, b) = (Spread::of(r.rounds), Spread::of(base.rounds));
+                        return a.wholly_below(&b).then(|| {
+                            format!(
+                                "measurement invalid: {}'s {what} (at most {:.3} over the rounds) is below {}'s (at least {:.3}), but {}",
+                                rule.dearer, a.max, rule.cheaper, b.min, rule.because
+                            )
+                        });
+                    };
+                    let worst = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    (worst < 1.0).then(|| {
+                        format!(
+                            "measurement invalid: {}'s {what} is below {}'s in every one of the {} rounds (at most {worst:.3}× it in a round), but {}",
+                            rule.dearer,
+                            rule.cheaper,
+                            ratios.len(),
+                            rule.because
+                        )
+                    })
+                })
+        })
+        .collect()
+}
+
 /// One page walk's cost per unit of work under one DMA policy, as
 /// [`check_walks`] sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -182,6 +245,47 @@ mod tests {
         let r = Spread::of(&[2.0, 4.0, 6.0]).ratio(&s).unwrap();
         assert_eq!((r.min, r.median, r.max), (2.0 / 3.0, 2.0, 6.0));
         assert_eq!(Spread::of(&[1.0]).ratio(&Spread::of(&[0.0])), None);
+    }
+
+    #[test]
+    fn paired_rounds_are_judged_round_by_round_and_unpaired_ones_as_spreads() {
+        let paired = |policy, rounds| PairedCost {
+            policy,
+            group: "ordered",
+            rounds,
+        };
+        let pt = [1.0, 2.0, 3.0];
+        let below = [0.95, 1.9, 2.9];
+        let why = check_paired(
+            &[paired("passthrough", &pt), paired("deferred", &below)],
+            "cost",
+        );
+        assert!(
+            matches!(&why[1], Some(w) if w.starts_with("measurement invalid: deferred's cost is below passthrough's in every one of the 3 rounds (at most 0.967")),
+            "{why:?}"
+        );
+        assert_eq!(why[0], None);
+        // Two rounds against three: no pairs, so the spreads decide, and
+        // these overlap.
+        let why = check_paired(
+            &[paired("passthrough", &pt), paired("deferred", &below[..2])],
+            "cost",
+        );
+        assert_eq!(why, vec![None, None]);
+        let why = check_paired(
+            &[paired("passthrough", &pt), paired("deferred", &[0.5, 0.6])],
+            "cost",
+        );
+        assert!(
+            matches!(&why[1], Some(w) if w.starts_with("measurement invalid: deferred's cost (at most 0.600 over the rounds) is below passthrough's (at least 1.000)")),
+            "{why:?}"
+        );
+        assert_eq!(paired_ratios(&[1.0], &[0.0]), None);
+        assert_eq!(paired_ratios(&[], &[]), None);
+        assert_eq!(
+            paired_ratios(&[3.0, 4.0], &[1.5, 2.0]),
+            Some(vec![2.0, 2.0])
+        );
     }
 
     #[test]

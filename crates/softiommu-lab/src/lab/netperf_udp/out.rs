@@ -33,11 +33,14 @@ pub struct NetperfRow {
     pub driver_cpu_us_per_pkt: f64,
     /// Device threads' CPU µs per datagram (the hardware's, apart).
     pub device_cpu_us_per_pkt: f64,
-    /// `service_demand_us_per_pkt` over pass-through's with the same
-    /// ordering, median rounds (`null` when pass-through was not run).
+    /// Service demand over pass-through's with the same ordering: the
+    /// median of the rounds' paired ratios (each round's figure over
+    /// pass-through's in the same round; the policies of a round run one
+    /// after the other, so a change of the machine's speed between rounds
+    /// falls on both). `null` when pass-through was not run.
     pub service_demand_vs_passthrough: Option<f64>,
-    /// Its spread: the lowest round over pass-through's highest, the
-    /// medians, the highest over pass-through's lowest.
+    /// Its spread: the lowest, median and highest of the rounds' paired
+    /// ratios.
     pub vs_passthrough_spread: Option<Spread>,
     /// Service demand as netperf defines it: the CPU of every software
     /// thread the traffic makes work (both driver+stack threads, both
@@ -45,6 +48,9 @@ pub struct NetperfRow {
     pub service_demand_us_per_pkt: f64,
     /// Its spread over the rounds.
     pub service_demand_spread: Spread,
+    /// Service demand in each round, in the order the rounds ran (the
+    /// pairs behind `vs_passthrough_spread`).
+    pub service_demand_rounds: Vec<f64>,
     /// The flush timer threads' part of `service_demand_us_per_pkt`.
     pub flush_cpu_us_per_pkt: f64,
     /// The modelled IOMMU's work that ran on the drivers' and timers'
@@ -138,6 +144,7 @@ pub(super) fn row(r: &UdpStreamResult) -> NetperfRow {
         vs_passthrough_spread: None,
         service_demand_us_per_pkt: r.service_demand_us_per_pkt,
         service_demand_spread: Spread::of(&[r.service_demand_us_per_pkt]),
+        service_demand_rounds: vec![r.service_demand_us_per_pkt],
         flush_cpu_us_per_pkt: r.flush_cpu_us_per_pkt,
         unit_inline_cpu_us_per_pkt: r.unit_inline_cpu_us_per_pkt,
         offered_pps: r.offered_pps,

@@ -1,5 +1,5 @@
 use crate::dma_rig::modelled_figures;
-use crate::lab::policy_physics::Spread;
+use crate::lab::policy_physics::{paired_ratios, Spread};
 use crate::report::{
     contract, Axis, Cell, Column, Param, Plot, PlotKind, Report, Series, Table, Unit,
 };
@@ -8,15 +8,16 @@ use super::args::{orderings, NetperfArgs};
 use super::out::{NetperfReport, NetperfRow};
 
 /// The closing note: deferred over pass-through and strict over deferred
-/// (ordered DMA, the paced pass), each with the spread of its rounds.
+/// (ordered DMA, the paced pass), each the median of the rounds' paired
+/// ratios with their spread.
 pub(super) fn closing_note(rows: &[NetperfRow]) -> Option<String> {
     let find = |p: &str| {
         rows.iter()
             .find(|x| x.policy == p && x.ordering == "ordered")
-            .map(|x| x.service_demand_spread)
+            .map(|x| x.service_demand_rounds.as_slice())
     };
     let ratio = |a: &str, b: &str| -> Option<String> {
-        let s = find(a)?.ratio(&find(b)?)?;
+        let s = Spread::of(&paired_ratios(find(a)?, find(b)?)?);
         Some(format!(
             "{a}/{b} {:.2}× (rounds {:.2}× to {:.2}×)",
             s.median, s.min, s.max

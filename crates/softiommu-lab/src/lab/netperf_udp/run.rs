@@ -8,7 +8,7 @@ use softiommu_virtio::workload::{pace_period, udp_stream, UdpStreamConfig};
 use crate::args::{dma_policies, Ranged, Seconds};
 use crate::dma_rig::modelled;
 use crate::error::{LabError, LabResult};
-use crate::lab::policy_physics::{self, PolicyCost, Spread};
+use crate::lab::policy_physics::{self, PairedCost, Spread};
 use crate::report::Report;
 
 use super::args::{orderings, NetperfArgs};
@@ -99,36 +99,34 @@ pub fn common_rate(full_speed: &[NetperfRow], percent: u64) -> f64 {
     }
 }
 
-/// Fills each row's ratio to pass-through (same ordering) and marks the
-/// rows whose service demand contradicts what the policy must cost.
+/// Fills each row's ratio to pass-through (same ordering), round by
+/// round, and marks the rows whose service demand contradicts what the
+/// policy must cost (in every round below the policy it must cost more
+/// than, in that round).
 pub fn compare(rows: &mut [NetperfRow]) {
-    let base: Vec<(String, f64, Spread)> = rows
+    let base: Vec<(String, Vec<f64>)> = rows
         .iter()
         .filter(|r| r.policy == "passthrough")
-        .map(|r| {
-            (
-                r.ordering.clone(),
-                r.service_demand_us_per_pkt,
-                r.service_demand_spread,
-            )
-        })
+        .map(|r| (r.ordering.clone(), r.service_demand_rounds.clone()))
         .collect();
     for r in rows.iter_mut() {
-        let b = base.iter().find(|(o, _, _)| *o == r.ordering);
-        r.service_demand_vs_passthrough = b
-            .filter(|(_, b, _)| *b > 0.0)
-            .map(|(_, b, _)| r.service_demand_us_per_pkt / b);
-        r.vs_passthrough_spread = b.and_then(|(_, _, s)| r.service_demand_spread.ratio(s));
+        let ratios = base
+            .iter()
+            .find(|(o, _)| *o == r.ordering)
+            .and_then(|(_, b)| policy_physics::paired_ratios(&r.service_demand_rounds, b));
+        let spread = ratios.as_deref().map(Spread::of);
+        r.service_demand_vs_passthrough = spread.map(|s| s.median);
+        r.vs_passthrough_spread = spread;
     }
-    let costs: Vec<PolicyCost<'_>> = rows
+    let costs: Vec<PairedCost<'_>> = rows
         .iter()
-        .map(|r| PolicyCost {
+        .map(|r| PairedCost {
             policy: &r.policy,
             group: &r.ordering,
-            cost: r.service_demand_spread,
+            rounds: &r.service_demand_rounds,
         })
         .collect();
-    let why = policy_physics::check(&costs, "service demand");
+    let why = policy_physics::check_paired(&costs, "service demand");
     for (r, w) in rows.iter_mut().zip(why) {
         if let Some(w) = w {
             r.valid = false;
@@ -178,12 +176,8 @@ pub(super) fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
     let flushes = runs.iter().filter_map(|r| r.flushes).reduce(|a, b| a + b);
     let drops = runs.iter().map(|r| r.drops).sum();
     let rx_max = runs.iter().map(|r| r.rx_pps).fold(0.0, f64::max);
-    let spread = Spread::of(
-        &runs
-            .iter()
-            .map(|r| r.service_demand_us_per_pkt)
-            .collect::<Vec<_>>(),
-    );
+    let per_round: Vec<f64> = runs.iter().map(|r| r.service_demand_us_per_pkt).collect();
+    let spread = Spread::of(&per_round);
     runs.sort_by(|a, b| {
         a.service_demand_us_per_pkt
             .total_cmp(&b.service_demand_us_per_pkt)
@@ -193,6 +187,7 @@ pub(super) fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
     row.stale_completion_ms_max = completion;
     row.flushes = flushes;
     row.service_demand_spread = spread;
+    row.service_demand_rounds = per_round;
     row.rx_pps_max = rx_max;
     if row.offered_pps.is_some() {
         row.drops = drops;

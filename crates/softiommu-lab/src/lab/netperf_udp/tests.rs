@@ -24,6 +24,7 @@ fn paced(policy: &str, rounds: &[f64]) -> NetperfRow {
         vs_passthrough_spread: None,
         service_demand_us_per_pkt: spread.median,
         service_demand_spread: spread,
+        service_demand_rounds: rounds.to_vec(),
         flush_cpu_us_per_pkt: 0.0,
         unit_inline_cpu_us_per_pkt: 0.0,
         offered_pps: Some(90_000.0),
@@ -137,13 +138,14 @@ fn rows_that_obey_physics_stand_and_get_a_verdict_with_their_spread() {
     ]);
     let rows = rep.contract["rows"].as_array().unwrap();
     assert!(rows.iter().all(|r| r["valid"] == true), "{rows:?}");
+    // Paired round by round: 2.7/2.4, 2.8/2.5, 2.9/2.6.
     let vs = &rows[2]["vs_passthrough_spread"];
     assert!(
-        (vs["min"].as_f64().unwrap() - 2.7 / 2.6).abs() < 1e-9,
+        (vs["min"].as_f64().unwrap() - 2.9 / 2.6).abs() < 1e-9,
         "{vs}"
     );
     assert!(
-        (vs["max"].as_f64().unwrap() - 2.9 / 2.4).abs() < 1e-9,
+        (vs["max"].as_f64().unwrap() - 2.7 / 2.4).abs() < 1e-9,
         "{vs}"
     );
     let seed = summarise(&[rep]).remove(0);
@@ -243,4 +245,52 @@ fn the_units_inline_work_is_shown_apart_and_not_in_service_demand() {
         "{:?}",
         rep.notes
     );
+}
+
+/// The rounds are paired: a machine whose speed drifts between rounds
+/// moves both rows of a round, and the ratio is taken within each round.
+#[test]
+fn the_ratio_to_pass_through_is_taken_round_by_round() {
+    // Pass-through 1.0, 2.0, 3.0 in rounds the machine slowed; deferred
+    // 1.3× it in each. Compared as spreads these overlap (1.3..3.9 against
+    // 1.0..3.0) and the ratio's widest interval would run from 0.43 to 3.9.
+    let rows = vec![
+        paced("passthrough", &[1.0, 2.0, 3.0]),
+        paced("deferred", &[1.3, 2.6, 3.9]),
+    ];
+    let mut rows = rows;
+    compare(&mut rows);
+    let s = rows[1].vs_passthrough_spread.unwrap();
+    assert!(
+        [s.min, s.median, s.max]
+            .iter()
+            .all(|v| (v - 1.3).abs() < 1e-9),
+        "{s:?}"
+    );
+    assert_eq!(rows[1].service_demand_vs_passthrough, Some(s.median));
+    assert!(rows[1].valid);
+}
+
+/// Deferred below pass-through in every round, by less than the rounds
+/// spread, is a measurement error the spreads alone do not show.
+#[test]
+fn deferred_below_passthrough_in_every_round_is_invalid_though_the_spreads_overlap() {
+    let mut rows = vec![
+        paced("passthrough", &[1.0, 2.0, 3.0]),
+        paced("deferred", &[0.9, 1.9, 2.9]),
+    ];
+    compare(&mut rows);
+    assert!(
+        matches!(&rows[1].why, Some(w) if w.starts_with("measurement invalid: deferred's service demand is below passthrough's in every one of the 3 rounds")),
+        "{:?}",
+        rows[1].why
+    );
+    assert!(!rows[1].valid);
+    // One round where it was not: the row stands.
+    let mut rows = vec![
+        paced("passthrough", &[1.0, 2.0, 3.0]),
+        paced("deferred", &[0.9, 2.1, 2.9]),
+    ];
+    compare(&mut rows);
+    assert!(rows[1].valid, "{:?}", rows[1].why);
 }
