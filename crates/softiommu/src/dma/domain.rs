@@ -593,6 +593,7 @@ impl DmaDomain {
         let mut cpus = lock(&self.round_slots);
         cpus.clone_from(&lock(&self.cpus));
         let mut worked = self.pending.count.load(Relaxed) > 0 || self.in_flight.len() > 0;
+        let own_flushes = cpus.iter().map(|s| s.stats.own_flushes()).sum();
         // A queue past its age has its domain's cached translations dropped
         // at once, lock-free: the flush below may wait for a queue's taker
         // or the unit's processing lock, held by a thread the host's
@@ -656,7 +657,14 @@ impl DmaDomain {
         worked |= oldest.is_some();
         // Drops the slots' references now, keeping the buffer's capacity.
         cpus.clear();
-        (oldest, timer::Round { worked, open })
+        (
+            oldest,
+            timer::Round {
+                worked,
+                open,
+                own_flushes,
+            },
+        )
     }
 
     /// The units of `mask` (bits of the domain's unit list).

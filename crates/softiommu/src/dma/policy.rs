@@ -159,7 +159,9 @@ impl Tunables {
         self.timeout() / 2
     }
 
-    /// How often the flush timer fires while anything is queued: once per
+    /// How often the flush timer fires while anything is queued and the
+    /// owners do not flush on their own (while they do, every other
+    /// period; see the timer's module): once per
     /// [`timeout`](Self::timeout), as Linux's flush-queue timer does
     /// (`fq_flush_timeout`, armed for `IOVA_FQ_TIMEOUT`, 10 ms, by the
     /// first entry queued and flushing every queue when it fires), so a

@@ -20,6 +20,10 @@ struct Counters {
     flushed_entries: AtomicU64,
     invalidations: AtomicU64,
     bounced_bytes: AtomicU64,
+    /// Flushes this CPU's owner issued of its own queue (at the high-water
+    /// mark, at the owners' flush age, or asked to): the flush timer reads
+    /// them to tell whether the owners flush on their own.
+    own_flushes: AtomicU64,
 }
 
 /// A snapshot of counters, one CPU's or summed.
@@ -98,6 +102,16 @@ impl CpuStats {
         bump(&self.inner.flushes, 1);
         bump(&self.inner.flushed_entries, entries);
         bump(&self.inner.invalidations, invalidations);
+    }
+
+    /// Counts a flush the owner issued of its own queue.
+    pub(crate) fn own_flush(&self) {
+        bump(&self.inner.own_flushes, 1);
+    }
+
+    /// Flushes the owner issued of its own queue, ever.
+    pub(crate) fn own_flushes(&self) -> u64 {
+        self.inner.own_flushes.load(Relaxed)
     }
 
     /// Counts invalidation requests outside flushes (strict unmaps).

@@ -758,6 +758,7 @@ impl Work {
         let retried = self.domain.retry_pending(&mut self.cache, &slot.stats);
         let mut taker = slot.fq.taker();
         if let Some(b) = taker.take_all() {
+            slot.stats.own_flush();
             self.domain.issue_flush(b)?;
         }
         // What this CPU issued now or earlier, freed before the return.
@@ -777,6 +778,7 @@ impl Work {
 fn flush_full_queue(d: &DmaDomain, slot: &CpuSlot, cache: &mut IovaCpuCache) {
     if let Some(mut taker) = slot.fq.try_taker() {
         if let Some(b) = taker.take_all() {
+            slot.stats.own_flush();
             // A failed flush keeps its batch for a retry and is counted;
             // the unmap that got here is done.
             let _ = d.issue_flush(b);
@@ -800,6 +802,7 @@ fn owner_expiry_check(d: &DmaDomain, slot: &CpuSlot, cache: &mut IovaCpuCache) {
     let now = Instant::now();
     if let Some(mut taker) = slot.fq.try_taker() {
         if let Some(b) = taker.take_if_older(now, after) {
+            slot.stats.own_flush();
             // A failed flush keeps its batch for a retry and is counted;
             // this unmap itself is done.
             let _ = d.issue_flush(b);
