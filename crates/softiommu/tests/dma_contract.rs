@@ -509,39 +509,80 @@ fn a_sync_of_a_scatter_list_entry_is_accepted() {
 
 #[test]
 fn a_per_entry_unmap_sg_checks_every_entry_before_the_first_goes() {
-    // Bounce maps a list entry by entry, and a bounce slot's record does
-    // not keep its kind: an entry unmapped on its own meanwhile makes the
-    // whole `unmap_sg` refused, with the other entries still mapped. (In
-    // pass-through, which maps entry by entry too, a single unmap of an
-    // entry is refused: see the test below.)
-    {
-        let policy = DmaPolicy::Bounce;
-        let p = platform(policy);
-        let mut cpu = p.domain.cpu();
-        let dev = &p.devices[0];
-        let sg = two_entries(&p, 512);
-        let mut out = [0u64; 2];
-        let m = cpu
-            .map_sg(dev, &sg, DmaDirection::ToDevice, &mut out)
-            .unwrap();
-        assert_eq!(
-            cpu.unmap(dev, out[1], 100, DmaDirection::ToDevice),
-            Ok(()),
-            "{policy}"
-        );
-        let live = p.domain.stats().live();
-        let r = cpu.unmap_sg(dev, &m, &sg, &out, DmaDirection::ToDevice);
-        assert!(
-            matches!(r, Err(DmaError::NotMapped { addr }) if addr == out[1]),
-            "{policy}: {r:?}"
-        );
-        assert_eq!(p.domain.stats().live(), live, "{policy}: entry 0 kept");
-        assert_eq!(
-            cpu.unmap(dev, out[0], 512, DmaDirection::ToDevice),
-            Ok(()),
-            "{policy}: entry 0 still mapped"
-        );
-    }
+    // Bounce maps a list entry by entry: an `unmap_sg` naming one entry
+    // wrongly (here the second entry's DMA address; the list's fingerprint
+    // of its addresses refuses it before any entry's record is asked) is
+    // refused with every entry still mapped, and the right `unmap_sg`
+    // then succeeds.
+    let p = platform(DmaPolicy::Bounce);
+    let mut cpu = p.domain.cpu();
+    let dev = &p.devices[0];
+    let sg = two_entries(&p, 512);
+    let mut out = [0u64; 2];
+    let m = cpu
+        .map_sg(dev, &sg, DmaDirection::ToDevice, &mut out)
+        .unwrap();
+    let live = p.domain.stats().live();
+    let wrong = [out[0], out[1] + 4096];
+    let r = cpu.unmap_sg(dev, &m, &sg, &wrong, DmaDirection::ToDevice);
+    assert!(matches!(r, Err(DmaError::NotMapped { .. })), "{r:?}");
+    assert_eq!(p.domain.stats().live(), live, "entry 0 kept");
+    assert_eq!(
+        cpu.unmap_sg(dev, &m, &sg, &out, DmaDirection::ToDevice),
+        Ok(())
+    );
+    assert_eq!(p.domain.stats().live(), 0);
+}
+
+/// Bounce maps a scatter list entry by entry, each entry in a slot of its
+/// own, so a list's entry and a single mapping look alike at the slot. An
+/// unmap takes only a mapping of its own kind, as DMA-API debug checks the
+/// unmap function against the map: a single unmap naming a list's entry
+/// is refused (the list stays whole), and so is an `unmap_sg` naming a
+/// single mapping (the mapping stays).
+#[test]
+fn in_bounce_an_unmap_never_takes_a_mapping_of_the_other_kind() {
+    let p = platform(DmaPolicy::Bounce);
+    let mut cpu = p.domain.cpu();
+    let dev = &p.devices[0];
+    let sg = two_entries(&p, 512);
+    let mut out = [0u64; 2];
+    let m = cpu
+        .map_sg(dev, &sg, DmaDirection::ToDevice, &mut out)
+        .unwrap();
+    let live = p.domain.stats().live();
+    let r = cpu.unmap(dev, out[1], 100, DmaDirection::ToDevice);
+    assert!(
+        matches!(r, Err(DmaError::NotMapped { addr }) if addr == out[1]),
+        "{r:?}"
+    );
+    assert_eq!(p.domain.stats().live(), live, "the list stays whole");
+    // A single mapping, and an `unmap_sg` of a one-entry list naming it.
+    let f = p.mem.alloc_zeroed_frames(0).unwrap();
+    let one = [SgEntry { phys: f, len: 64 }];
+    let a = cpu.map(dev, f, 64, DmaDirection::ToDevice).unwrap();
+    let mut o1 = [0u64; 1];
+    let m1 = cpu
+        .map_sg(dev, &one, DmaDirection::ToDevice, &mut o1)
+        .unwrap();
+    let r = cpu.unmap_sg(dev, &m1, &one, &[a], DmaDirection::ToDevice);
+    assert!(
+        matches!(r, Err(DmaError::NotMapped { addr }) if addr == a),
+        "{r:?}"
+    );
+    // Every mapping is still live (the two lists' and the single one),
+    // and each goes by its own kind's unmap.
+    assert_eq!(p.domain.stats().live(), live + 2);
+    assert_eq!(cpu.unmap(dev, a, 64, DmaDirection::ToDevice), Ok(()));
+    assert_eq!(
+        cpu.unmap_sg(dev, &m1, &one, &o1, DmaDirection::ToDevice),
+        Ok(())
+    );
+    assert_eq!(
+        cpu.unmap_sg(dev, &m, &sg, &out, DmaDirection::ToDevice),
+        Ok(())
+    );
+    assert_eq!(p.domain.stats().live(), 0);
 }
 
 /// In pass-through a scatter list is mapped entry by entry, each entry's

@@ -99,6 +99,10 @@ pub(crate) struct BounceRecord {
     /// The device the slot was mapped for (an unmap or sync through
     /// another device of the domain is refused).
     pub(crate) sid: SourceId,
+    /// Whether it is a scatter list's entry (`map_sg`) rather than a
+    /// single mapping: an unmap of the other kind does not take it
+    /// (DMA-API debug's "frees DMA memory with wrong function").
+    pub(crate) sg: bool,
 }
 
 /// A live coherent allocation.

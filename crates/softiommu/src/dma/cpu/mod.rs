@@ -160,7 +160,7 @@ impl DmaCpu {
             slot.stats.map();
             return Ok(phys);
         }
-        let r = w.map_entered(slot, dev, phys, len, dir);
+        let r = w.map_entered(slot, dev, phys, len, dir, sg);
         drop(op);
         r
     }
@@ -371,6 +371,7 @@ impl Work {
         phys: PhysAddr,
         len: u64,
         dir: DmaDirection,
+        sg: bool,
     ) -> Result<u64, DmaError> {
         let d = &self.domain;
         let (pool_index, pool) = dev
@@ -409,6 +410,7 @@ impl Work {
                 len,
                 dir,
                 sid: dev.sid,
+                sg,
             },
         );
         d.bounce_live.fetch_add(1, Relaxed);
@@ -424,6 +426,7 @@ impl Work {
         phys: PhysAddr,
         len: u64,
         dir: DmaDirection,
+        sg: bool,
     ) -> Result<u64, DmaError> {
         let addr = match self.domain.policy() {
             DmaPolicy::Passthrough => {
@@ -435,8 +438,8 @@ impl Work {
                     mask: dev.mask,
                 });
             }
-            DmaPolicy::Bounce => self.bounce_map(slot, dev, phys, len, dir)?,
-            _ if dev.untrusted => self.bounce_map(slot, dev, phys, len, dir)?,
+            DmaPolicy::Bounce => self.bounce_map(slot, dev, phys, len, dir, sg)?,
+            _ if dev.untrusted => self.bounce_map(slot, dev, phys, len, dir, sg)?,
             _ => self.map_pages(slot, dev, phys, len, dir.perm(), BlockKind::Plain)?,
         };
         slot.stats.map();
@@ -455,7 +458,7 @@ impl Work {
         sg: bool,
     ) -> Result<(), DmaError> {
         let policy = self.domain.policy();
-        if self.try_bounce_unmap(slot, addr, len, dev.sid, dir)? {
+        if self.try_bounce_unmap(slot, addr, len, dev.sid, dir, sg)? {
             slot.stats.unmap();
             return Ok(());
         }
@@ -513,11 +516,13 @@ impl Work {
         len: u64,
         sid: SourceId,
         dir: DmaDirection,
+        sg: bool,
     ) -> Result<bool, DmaError> {
         if self.domain.bounce.find(addr).is_none() {
             return Ok(false);
         }
-        self.bounce_unmap(cpu, addr, len, sid, dir).map(|()| true)
+        self.bounce_unmap(cpu, addr, len, sid, dir, sg)
+            .map(|()| true)
     }
 
     /// Unmaps the bounce slot at `addr` (in a pool): checked against its
@@ -531,6 +536,7 @@ impl Work {
         len: u64,
         sid: SourceId,
         dir: DmaDirection,
+        sg: bool,
     ) -> Result<(), DmaError> {
         // The wait below must not wait for this thread's own section:
         // checked before anything changes.
@@ -541,7 +547,7 @@ impl Work {
                 Some(r) => *r,
                 None => return Err(DmaError::NotMapped { addr }),
             };
-            check_bounce_owner(&rec, addr, len, sid, dir)?;
+            check_bounce_owner(&rec, addr, len, sid, dir, sg)?;
             map.remove(&addr);
             rec
         };
@@ -837,15 +843,21 @@ fn range_error(e: crate::mem::MemError) -> DmaError {
 }
 
 /// Checks an unmap of `[addr, addr + len)` by `sid` in `dir` against the
-/// bounce slot's record.
+/// bounce slot's record, in DMA-API debug's order: the kind (a single
+/// unmap names no scatter list's entry, nor `unmap_sg` a single mapping:
+/// `NotMapped`, as in pass-through), the length, the device, the
+/// direction.
 fn check_bounce_owner(
     rec: &BounceRecord,
     addr: u64,
     len: u64,
     sid: SourceId,
     dir: DmaDirection,
+    sg: bool,
 ) -> Result<(), DmaError> {
-    if rec.len != len {
+    if rec.sg != sg {
+        Err(DmaError::NotMapped { addr })
+    } else if rec.len != len {
         Err(DmaError::WrongLength { addr, len })
     } else if rec.sid != sid {
         Err(DmaError::WrongDevice {

@@ -360,7 +360,7 @@ impl Work {
             let mut map = lock(&d.bounce_map);
             for (e, a) in sg.iter().zip(dma).filter(|(_, a)| bounced(a)) {
                 match map.get(a) {
-                    Some(rec) => check_bounce_owner(rec, *a, e.len, sid, dir)?,
+                    Some(rec) => check_bounce_owner(rec, *a, e.len, sid, dir, true)?,
                     None => return Err(DmaError::NotMapped { addr: *a }),
                 }
             }
@@ -405,7 +405,7 @@ impl Work {
         }
         if d.bounce.find(addr).is_some() {
             return match lock(&d.bounce_map).get(&addr) {
-                Some(rec) => check_bounce_owner(rec, addr, len, dev.sid, dir),
+                Some(rec) => check_bounce_owner(rec, addr, len, dev.sid, dir, true),
                 None => Err(DmaError::NotMapped { addr }),
             };
         }
