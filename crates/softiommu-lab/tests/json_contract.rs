@@ -190,6 +190,11 @@ fn lab_netperf_udp() {
             number(spread, "max"),
         );
         assert!(0.0 < lo && lo <= med && med <= hi && med == sd, "{r}");
+        // Each round's figure, in the order the rounds ran: the pairs
+        // behind the ratio to pass-through.
+        let per_round = r["service_demand_rounds"].as_array().expect("rounds");
+        assert_eq!(Some(per_round.len() as u64), v["rounds"].as_u64(), "{r}");
+        assert!(per_round.iter().any(|x| x.as_f64() == Some(sd)), "{r}");
         // The timers' share is inside it.
         assert!(sd >= number(r, "flush_cpu_us_per_pkt"), "{r}");
         assert!(number(r, "flush_cpu_us_per_pkt") >= 0.0, "{r}");

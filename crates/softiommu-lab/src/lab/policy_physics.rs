@@ -140,12 +140,21 @@ pub struct PairedCost<'a> {
     pub rounds: &'a [f64],
 }
 
-/// Each round's `a` over the same round's `b`: `None` unless both have
-/// the same number of rounds (at least one) and every round of `b` is
-/// above zero.
+/// Each round's `a` over the same round's `b`, leaving out a round in
+/// which either is not above zero (a round that delivered nothing has no
+/// cost per unit of work): `None` unless both have the same number of
+/// rounds and at least one pair remains.
 pub fn paired_ratios(a: &[f64], b: &[f64]) -> Option<Vec<f64>> {
-    (!a.is_empty() && a.len() == b.len() && b.iter().all(|&x| x > 0.0))
-        .then(|| a.iter().zip(b).map(|(x, y)| x / y).collect())
+    if a.len() != b.len() {
+        return None;
+    }
+    let v: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| **x > 0.0 && **y > 0.0)
+        .map(|(x, y)| x / y)
+        .collect();
+    (!v.is_empty()).then_some(v)
 }
 
 /// For each row, why its figure contradicts what its DMA policy must cost
@@ -281,6 +290,8 @@ mod tests {
             "{why:?}"
         );
         assert_eq!(paired_ratios(&[1.0], &[0.0]), None);
+        assert_eq!(paired_ratios(&[1.0, 3.0], &[0.0, 1.5]), Some(vec![2.0]));
+        assert_eq!(paired_ratios(&[0.0, 3.0], &[1.0, 1.5]), Some(vec![2.0]));
         assert_eq!(paired_ratios(&[], &[]), None);
         assert_eq!(
             paired_ratios(&[3.0, 4.0], &[1.5, 2.0]),

@@ -171,6 +171,9 @@ pub struct DmaDomain {
     /// The timer thread's units' inline passes' CPU, nanoseconds (its
     /// `hw::thread_inline_pass_cpu`, published after each round).
     timer_pass_ns: AtomicU64,
+    /// The own flushes (`CpuStats::own_flushes`) of the CPU handles that
+    /// went away, kept in the timer's sum.
+    retired_own_flushes: AtomicU64,
     pub(super) timer_cache: Mutex<Option<IovaCpuCache>>,
     pub(crate) stale: StaleWindow,
     pub(crate) bounce_bytes: u64,
@@ -255,6 +258,7 @@ impl DmaDomain {
             timer: Mutex::new(None),
             timer_clock: OnceLock::new(),
             timer_pass_ns: AtomicU64::new(0),
+            retired_own_flushes: AtomicU64::new(0),
             timer_cache: Mutex::new(None),
             stale: StaleWindow::default(),
             bounce_bytes: config.bounce_bytes,
@@ -374,7 +378,8 @@ impl DmaDomain {
     /// past which the devices' translators drop the domain's cached
     /// translations themselves; queued entries are flushed at half of it
     /// by their owner's next unmaps, and by the timer thread, which fires
-    /// once per timeout while anything is queued (as Linux's). The stale
+    /// once per timeout while anything is queued (as Linux's; every other
+    /// timeout while the owners flush on their own). The stale
     /// window (`stale_window`) ends at the earlier of the flush's
     /// completion and the deadline. Takes effect at the timer's next
     /// round; a shorter timeout wakes it now.
@@ -432,6 +437,10 @@ impl DmaDomain {
         slot.passthrough.move_into(&self.pt_retired);
         let mut r = lock(&self.retired);
         *r += slot.stats.snapshot();
+        // Kept in the timer's sum, so that a handle going away (its last
+        // flush is one of its own) does not read as the owners flushing.
+        self.retired_own_flushes
+            .fetch_add(slot.stats.own_flushes(), Relaxed);
     }
 
     /// Fails with `QiError::GuardHeld` if the calling thread holds a
@@ -597,7 +606,11 @@ impl DmaDomain {
         let mut cpus = lock(&self.round_slots);
         cpus.clone_from(&lock(&self.cpus));
         let mut worked = self.pending.count.load(Relaxed) > 0 || self.in_flight.len() > 0;
-        let own_flushes = cpus.iter().map(|s| s.stats.own_flushes()).sum();
+        let own_flushes = cpus
+            .iter()
+            .map(|s| s.stats.own_flushes())
+            .sum::<u64>()
+            .wrapping_add(self.retired_own_flushes.load(Relaxed));
         // A queue past its age has its domain's cached translations dropped
         // at once, lock-free: the flush below may wait for a queue's taker
         // or the unit's processing lock, held by a thread the host's

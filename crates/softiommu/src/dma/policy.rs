@@ -166,8 +166,9 @@ impl Tunables {
     /// (`fq_flush_timeout`, armed for `IOVA_FQ_TIMEOUT`, 10 ms, by the
     /// first entry queued and flushing every queue when it fires), so a
     /// domain's timer wakes at most about 100 times a second under steady
-    /// traffic at the default timeout. An entry queued just after a round
-    /// waits for the next one, a period later: its invalidation then
+    /// traffic at the default timeout (50 while the owners flush on their
+    /// own). An entry queued just after a round waits for the next one, a
+    /// period later (two while the owners flush on their own): its invalidation then
     /// completes past the timeout by the round's latency, but its stale
     /// window has ended before, at its expiry deadline, three quarters of
     /// the timeout after its unmap (see `DmaDomain::expiry_period`).

@@ -20,8 +20,9 @@ struct Counters {
     flushed_entries: AtomicU64,
     invalidations: AtomicU64,
     bounced_bytes: AtomicU64,
-    /// Flushes this CPU's owner issued of its own queue (at the high-water
-    /// mark, at the owners' flush age, or asked to): the flush timer reads
+    /// Flushes this CPU's owner issued of its own queue as it unmapped (at
+    /// the high-water mark or at the owners' flush age; not `flush_own`,
+    /// which a handle also runs as it goes away): the flush timer reads
     /// them to tell whether the owners flush on their own.
     own_flushes: AtomicU64,
 }

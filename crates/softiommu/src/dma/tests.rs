@@ -396,9 +396,11 @@ fn a_timer_round_leaves_a_stalled_drain_in_flight_without_waiting_for_it() {
     r.domain.arm.pause(false);
 }
 
-/// Under a steady stream of unmaps the timer fires once per timeout (as
-/// Linux's flush-queue timer does), not once per half-timeout after each
-/// queue's oldest entry: it used to wake about twice a period here.
+/// Under a steady stream of unmaps the timer fires at most once per
+/// timeout (as Linux's flush-queue timer does; every other timeout once
+/// the owner flushes its queue on its own), not once per half-timeout
+/// after each queue's oldest entry: it used to wake about twice a period
+/// here.
 #[test]
 fn under_steady_unmaps_the_timer_wakes_about_once_per_timeout() {
     let mut r = rig(DmaPolicy::Deferred, false);

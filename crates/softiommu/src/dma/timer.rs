@@ -1,5 +1,6 @@
 //! The flush timer: one thread per domain that, while anything is queued,
-//! fires once per timeout and flushes every queue, and sleeps while every
+//! fires once per timeout (every other timeout while the queues' owners
+//! flush on their own) and flushes every queue, and sleeps while every
 //! queue is empty (see [`TimerArm`] for the protocol).
 //!
 //! ## Shaped as Linux's
@@ -34,10 +35,14 @@
 //! service demand). So a round that finds the owners have issued flushes
 //! of their own since the round before ([`Round::own_flushes`] changed)
 //! makes the next round due two periods later, not one: about 50
-//! wake-ups a second under steady traffic instead of 100. The price:
-//! what an owner queued just before it went quiet waits up to two
-//! periods (20 ms at the default timeout) for its IOVAs to be freed and
-//! its invalidation to complete, instead of one. Its stale window does
+//! wake-ups a second under steady traffic instead of 100. The judgement
+//! is the domain's, not each queue's: one CPU flushing its own queue puts
+//! the domain on two periods. The price: what an owner queued just
+//! before it went quiet, or a lightly used CPU's queue beside a busy
+//! one, waits up to two periods (20 ms at the default timeout, plus a
+//! round's latency) for its IOVAs and table pages to be freed and its
+//! invalidation to complete, instead of one. A shorter timeout set
+//! meanwhile has its first round one new period away. Its stale window does
 //! not move: the unmap's expiry deadline, three quarters of the timeout
 //! after it, ends it in the units whatever the timer does. A round that
 //! finds no flush of the owners' (light traffic: no queue reaches the
@@ -170,6 +175,8 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
     // periods to the next round (2 while the owners flush on their own).
     let mut own_flushes: Option<u64> = None;
     let mut periods = 1;
+    // The period the last round's due was set with.
+    let mut last_period: Option<Duration> = None;
     loop {
         let Some(d) = domain.upgrade() else { return };
         if d.shutting_down() {
@@ -189,9 +196,18 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
         }
         let period = d.timer_period();
         let now = Instant::now();
+        if last_period.is_some_and(|p| period < p) {
+            // A shorter timeout: its first round is one new period away,
+            // whatever the owners did (entries queued before it still
+            // have the old, longer deadlines, and the round's drop of the
+            // cached translations is what ends their window early).
+            periods = 1;
+        }
+        last_period = Some(period);
         // Armed by the first push (just woken) or a round that worked: due
-        // a period after. A shorter timeout set meanwhile takes effect at
-        // once (its kick woke the timer).
+        // a period after (two while the owners flush on their own). A
+        // shorter timeout set meanwhile takes effect at once (its kick
+        // woke the timer).
         let mut at = due.map_or(now + period, |t| t.min(now + period * periods));
         if d.retry_due() {
             // A failed flush (its keeping kicked the timer): retried now,

@@ -32,8 +32,13 @@ pub fn run(args: &NetperfArgs) -> LabResult<Report> {
         .collect();
     let pass = |offered: Option<f64>| -> LabResult<Vec<NetperfRow>> {
         let mut runs: Vec<Vec<NetperfRow>> = vec![Vec::new(); cells.len()];
-        for _ in 0..rounds {
-            for (i, &(policy, ordering)) in cells.iter().enumerate() {
+        for round in 0..rounds {
+            // Each round starts one row later than the one before, so no
+            // policy always runs first (a position effect would fall on
+            // every round of a row, which the paired comparison would
+            // take for the policy's cost).
+            for i in rotated(cells.len(), round) {
+                let (policy, ordering) = cells[i];
                 let r = udp_stream(&UdpStreamConfig {
                     policy,
                     ordering,
@@ -82,6 +87,12 @@ pub fn run(args: &NetperfArgs) -> LabResult<Report> {
         full_speed,
     };
     Ok(report(&r, args, &args.placement.describe(&cpus)))
+}
+
+/// The row indices of a round in the order they run: `0..n`, rotated to
+/// start at `round % n`.
+pub(super) fn rotated(n: usize, round: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |j| (j + round) % n.max(1))
 }
 
 /// The paced pass's rate: `percent` of the slowest policy's maximum

@@ -1,6 +1,6 @@
 use super::out::{NetperfReport, NetperfRow};
 use super::render::report;
-use super::run::{common_rate, compare, mark_unequal};
+use super::run::{common_rate, compare, mark_unequal, median_round, rotated};
 use super::NetperfArgs;
 use crate::args::Placement;
 use crate::lab::policy_physics::Spread;
@@ -293,4 +293,39 @@ fn deferred_below_passthrough_in_every_round_is_invalid_though_the_spreads_overl
     ];
     compare(&mut rows);
     assert!(rows[1].valid, "{:?}", rows[1].why);
+}
+
+/// Rows go through `median_round` as `run` builds them: the median round
+/// is picked by sorting, but the rounds' figures stay in the order the
+/// rounds ran, so the pairs are round against round, not rank against
+/// rank.
+#[test]
+fn the_median_round_keeps_the_rounds_in_the_order_they_ran() {
+    let rounds = |policy: &str, v: &[f64]| -> Vec<NetperfRow> {
+        v.iter().map(|&x| paced(policy, &[x])).collect()
+    };
+    // Pass-through's rounds out of order; deferred 1.5x it in every round.
+    let mut rows = vec![
+        median_round(rounds("passthrough", &[3.0, 1.0, 2.0])),
+        median_round(rounds("deferred", &[4.5, 1.5, 3.0])),
+    ];
+    assert_eq!(rows[0].service_demand_rounds, vec![3.0, 1.0, 2.0]);
+    assert_eq!(rows[1].service_demand_rounds, vec![4.5, 1.5, 3.0]);
+    assert_eq!(rows[0].service_demand_us_per_pkt, 2.0);
+    compare(&mut rows);
+    let s = rows[1].vs_passthrough_spread.unwrap();
+    assert!(
+        [s.min, s.median, s.max]
+            .iter()
+            .all(|v| (v - 1.5).abs() < 1e-9),
+        "{s:?}"
+    );
+}
+
+#[test]
+fn each_round_starts_one_row_later() {
+    assert_eq!(rotated(3, 0).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(rotated(3, 1).collect::<Vec<_>>(), [1, 2, 0]);
+    assert_eq!(rotated(3, 5).collect::<Vec<_>>(), [2, 0, 1]);
+    assert_eq!(rotated(0, 2).count(), 0);
 }

@@ -764,7 +764,6 @@ impl Work {
         let retried = self.domain.retry_pending(&mut self.cache, &slot.stats);
         let mut taker = slot.fq.taker();
         if let Some(b) = taker.take_all() {
-            slot.stats.own_flush();
             self.domain.issue_flush(b)?;
         }
         // What this CPU issued now or earlier, freed before the return.
