@@ -465,7 +465,7 @@ impl Work {
         match policy {
             DmaPolicy::Passthrough => {
                 // Mapped on another CPU (or on one whose handle went).
-                self.take_other_pt(slot, addr, len, dev.sid, dir, sg)?;
+                self.take_other_pt(addr, len, dev.sid, dir, sg)?;
             }
             policy => self.unmap_pages(
                 slot,
@@ -488,7 +488,6 @@ impl Work {
     #[inline(never)]
     fn take_other_pt(
         &mut self,
-        _slot: &CpuSlot,
         addr: u64,
         len: u64,
         sid: SourceId,
