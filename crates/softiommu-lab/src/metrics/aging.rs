@@ -43,8 +43,9 @@
 //! that drift is most of `retained`: measured on this project's 2-vCPU
 //! virtual machine with nothing else running in it (14 quick runs of
 //! `lab fio-aging --policies softiommu --no-dma`), ours' `retained` read
-//! 0.61-1.35 (mean 0.98, sd 0.21) while `retained_fresh` read 0.77-1.63
-//! (sd 0.27) in the same windows and `retained_vs_fresh` 0.90-1.05
+//! 0.61-1.35 (mean 0.98, sd 0.21) while the fresh arm's own figure read
+//! 0.77-1.63 (sd 0.27) on the same windows (taken from the time lines on
+//! the paired figure's quarters) and `retained_vs_fresh` 0.90-1.05
 //! (mean 0.985, sd 0.045); run by run the two arms' log-rate slopes
 //! agreed (-0.10 and -0.10 per second, +0.09 and +0.08) and their
 //! ratio's slope averaged +0.0007 per second. A fixed piece of work (a
