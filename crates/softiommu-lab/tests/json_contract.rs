@@ -409,6 +409,7 @@ fn vs_fresh_fields(p: &Value) -> bool {
         "vs_fresh_last",
         "fresh_ops_per_cpu_s_first",
         "fresh_ops_per_cpu_s_last",
+        "retained_fresh",
         "settled_vs_fresh",
     ] {
         assert!(p.get(k).is_some(), "{k} missing in {p}");
@@ -425,6 +426,7 @@ fn vs_fresh_fields(p: &Value) -> bool {
         "vs_fresh_last",
         "fresh_ops_per_cpu_s_first",
         "fresh_ops_per_cpu_s_last",
+        "retained_fresh",
     ] {
         assert!(number(p, k) >= 0.0, "{k} in {p}");
     }

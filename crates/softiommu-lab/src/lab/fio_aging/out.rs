@@ -73,7 +73,9 @@ pub struct AgingPolicy {
     /// second device and DMA domain of the same policies driven by the
     /// same job threads, replaced every 400 requests per job):
     /// `retained_vs_fresh`, `stability_vs_fresh`, … (null where the fresh
-    /// arm ran in too few windows for a figure).
+    /// arm ran in too few windows for a figure), and the fresh arm's own
+    /// `retained_fresh` (the machine's drift over the run, most of what
+    /// `retained` alone reads on this paced path).
     #[serde(flatten)]
     pub vs_fresh: VsFresh,
     /// Fresh hosts the control arm built over the run.

@@ -214,7 +214,12 @@ pub(super) fn report(rep: &FioAgingReport, args: &FioAgingArgs) -> Report {
          timer's CPU clock and the allocator's background work; the device threads stand for \
          hardware and are not counted. So a co-runner taking a core is not aging; a window with under a quarter of the run's median CPU \
          time is merged with its neighbours. The wall-clock figures stand beside them \
-         (retained_wall, stability_wall)."
+         (retained_wall, stability_wall). But the CPU a job thread that sleeps between \
+         requests spends on the same work drifts with the host over seconds: retained_fresh, \
+         the same statistic on the fresh arm (rebuilt every second, it cannot age), reads that \
+         drift, and retained alone is about retained_vs_fresh × retained_fresh (measured on a \
+         quiet 2-vCPU machine: retained 0.61-1.35, retained_fresh 0.77-1.63, \
+         retained_vs_fresh 0.90-1.05 in the same 14 runs)."
             .into(),
     );
     out.notes.push(match rep.rate_iops {

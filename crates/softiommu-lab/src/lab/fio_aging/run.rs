@@ -223,10 +223,11 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         let (vs_fresh, paired) = paired_figure(&r);
         match &why {
             None => progress(&format!(
-                "{} retained {:.2} vs a fresh arm, {:.2} per CPU-s alone, {:.2} wall",
+                "{} retained {:.2} vs a fresh arm, {:.2} per CPU-s alone (the fresh arm alone {:.2}: the machine), {:.2} wall",
                 ip.name(),
                 vs_fresh.retained_vs_fresh,
                 aging.retained,
+                vs_fresh.retained_fresh,
                 aging.retained_wall
             )),
             Some(w) => progress(&format!("{} INVALID: {w}", ip.name())),

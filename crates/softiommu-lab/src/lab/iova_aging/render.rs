@@ -151,7 +151,8 @@ pub(super) fn report(rep: &AgingReport, args: &AgingArgs) -> Report {
          which a co-runner moves, cancels and only the aged allocator's own slowdown remains. \
          Beside it, labelled: retained and stability on the aged arm's I/Os per CPU-second \
          alone (a window with under a quarter of the run's median CPU time merged with its \
-         neighbours), and on the wall clock (retained_wall, stability_wall)."
+         neighbours), and on the wall clock (retained_wall, stability_wall); \
+         retained_fresh is the fresh arm's own retained, the machine's drift over the run."
             .into(),
     );
     out
