@@ -234,7 +234,7 @@ impl AgingSummary {
 /// arms' rates in the first and last quarter, and the fresh arm's own
 /// retained (the machine's drift, which the aged arm's `retained` also
 /// holds).
-pub fn vs_fresh_columns() -> [Column; 5] {
+pub fn vs_fresh_columns() -> [Column; 6] {
     [
         Column::metric("retained_vs_fresh", "retained vs fresh", Unit::Ratio, 2),
         Column::metric("stability_vs_fresh", "stability vs fresh", Unit::Ratio, 2),
@@ -243,6 +243,12 @@ pub fn vs_fresh_columns() -> [Column; 5] {
         Column::metric(
             "retained_fresh",
             "fresh arm retained (machine)",
+            Unit::Ratio,
+            2,
+        ),
+        Column::metric(
+            "lowest_quarter_vs_fresh",
+            "lowest qtr vs fresh",
             Unit::Ratio,
             2,
         ),
@@ -279,6 +285,14 @@ pub struct VsFresh {
     /// control that never ages: the machine's drift over the run, which
     /// the aged arm's `retained` also holds (module docs).
     pub retained_fresh: f64,
+    /// The lowest of the four post-warm-up quarters' median aged ÷ fresh
+    /// ratios: how far the aged arm fell at its worst, whatever it did
+    /// after. A design that falls off a cliff and climbs back before the
+    /// run ends has a last quarter near its first (so `retained_vs_fresh`
+    /// near 1, or above it when the cliff began in the first quarter:
+    /// `linux-2020` read 1.22 in a quick run where it spent the middle
+    /// half at 0.01-0.05 of a fresh arm) but a lowest quarter far below.
+    pub lowest_quarter_vs_fresh: f64,
 }
 
 /// Each window's rates and their ratio, as the paired figure takes them.
@@ -332,6 +346,12 @@ impl PairedSeries {
     }
 }
 
+/// The lowest median of the four quarters of `xs` (NaN when empty).
+fn lowest_quarter_median(xs: &[f64]) -> f64 {
+    let q = (xs.len() / 4).max(1);
+    xs.chunks(q).take(4).map(median_of).fold(f64::NAN, f64::min)
+}
+
 fn median_of(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
@@ -364,6 +384,7 @@ impl VsFresh {
         let machine = aging_figure(&s.fresh, window_s, &p).map_err(err)?;
         let post = &s.fresh[f.warmup_windows..];
         let q = (post.len() / 4).max(1);
+        let lowest_quarter = lowest_quarter_median(&s.ratio[f.warmup_windows.min(s.ratio.len())..]);
         Ok((
             Self {
                 retained_vs_fresh: f.retained,
@@ -375,6 +396,7 @@ impl VsFresh {
                 fresh_ops_per_cpu_s_first: median_of(&post[..q]),
                 fresh_ops_per_cpu_s_last: median_of(&post[post.len() - q..]),
                 retained_fresh: machine.retained,
+                lowest_quarter_vs_fresh: lowest_quarter,
             },
             s,
         ))
@@ -407,17 +429,19 @@ impl VsFresh {
             fresh_ops_per_cpu_s_first: f64::NAN,
             fresh_ops_per_cpu_s_last: f64::NAN,
             retained_fresh: f64::NAN,
+            lowest_quarter_vs_fresh: f64::NAN,
         }
     }
 
     /// The cells under [`vs_fresh_columns`].
-    pub fn cells(&self) -> [Cell; 5] {
+    pub fn cells(&self) -> [Cell; 6] {
         [
             self.retained_vs_fresh.into(),
             self.stability_vs_fresh.into(),
             self.vs_fresh_first.into(),
             self.vs_fresh_last.into(),
             self.retained_fresh.into(),
+            self.lowest_quarter_vs_fresh.into(),
         ]
     }
 }
@@ -425,6 +449,17 @@ impl VsFresh {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lowest_quarter_is_the_worst_quarters_median_whatever_came_after() {
+        // Flat, a cliff in the second and third quarters, then back.
+        let xs = [
+            1.0, 1.1, 0.9, 1.0, 0.02, 0.01, 0.03, 0.02, 0.04, 0.05, 0.03, 0.04, 0.9, 1.0, 1.1, 1.0,
+        ];
+        assert_eq!(lowest_quarter_median(&xs), 0.02);
+        assert_eq!(lowest_quarter_median(&[0.7, 0.8, 0.9, 1.0]), 0.7);
+        assert!(lowest_quarter_median(&[]).is_nan());
+    }
 
     /// `n` windows of 0.25 s of the threads' CPU each, at `rate(i)`
     /// operations per CPU-second in window `i`.

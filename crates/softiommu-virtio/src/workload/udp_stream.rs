@@ -511,7 +511,15 @@ fn send(
         st.poll().map_err(drv)?;
         if let Some(p) = period {
             let queued = st.sockets.get_mut::<udp::Socket>(h).send_queue() > 0;
-            if sent >= due && !queued {
+            // A fragmented datagram leaves the socket for the fragmenter
+            // before its last fragment is out: sleeping a period then
+            // (8 ms at a low rate) spread its fragments past the
+            // receiver's 50 ms reassembly timeout, and no datagram ever
+            // arrived ("the first datagram did not happen within 30 s").
+            let now = st.now();
+            let fragmenting = fragmented
+                && matches!(st.iface.poll_at(now, &st.sockets), Some(t) if t <= now);
+            if sent >= due && !queued && !fragmenting {
                 // The batch is with the driver: sleep to the next one.
                 next_batch = (next_batch + p).max(Instant::now());
                 sleep_until(next_batch);
