@@ -250,7 +250,20 @@ fn lab_netperf_udp_orderings_and_sizes() {
         .iter()
         .map(|r| {
             assert_eq!(r["msg_size"], 16384);
-            assert!(number(r, "frames_per_packet") >= 2.0, "fragmented: {r}");
+            if number(r, "tx_pps") > 0.0 {
+                assert!(number(r, "frames_per_packet") >= 2.0, "fragmented: {r}");
+            } else {
+                // A 0.1 s window on a loaded machine can end before a
+                // policy's first 16 KiB datagram is out (the common rate
+                // then falls to its floor, 1 a second): the row says so.
+                assert!(
+                    r["valid"] == false
+                        && r["why"]
+                            .as_str()
+                            .is_some_and(|w| w.starts_with("measurement invalid")),
+                    "a row that sent nothing is not valid: {r}"
+                );
+            }
             format!(
                 "{}/{}",
                 r["policy"].as_str().unwrap(),
