@@ -517,8 +517,8 @@ fn send(
             // receiver's 50 ms reassembly timeout, and no datagram ever
             // arrived ("the first datagram did not happen within 30 s").
             let now = st.now();
-            let fragmenting = fragmented
-                && matches!(st.iface.poll_at(now, &st.sockets), Some(t) if t <= now);
+            let fragmenting =
+                fragmented && matches!(st.iface.poll_at(now, &st.sockets), Some(t) if t <= now);
             if sent >= due && !queued && !fragmenting {
                 // The batch is with the driver: sleep to the next one.
                 next_batch = (next_batch + p).max(Instant::now());
