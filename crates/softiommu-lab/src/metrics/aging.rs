@@ -286,8 +286,9 @@ pub struct VsFresh {
     /// the aged arm's `retained` also holds (module docs).
     pub retained_fresh: f64,
     /// The lowest of the four post-warm-up quarters' median aged ÷ fresh
-    /// ratios: how far the aged arm fell at its worst, whatever it did
-    /// after. A design that falls off a cliff and climbs back before the
+    /// ratios: the aged arm's speed in its worst quarter as a fraction of
+    /// a fresh arm's (a level, not a change from its first quarter),
+    /// whatever it did after. A design that falls off a cliff and climbs back before the
     /// run ends has a last quarter near its first (so `retained_vs_fresh`
     /// near 1, or above it when the cliff began in the first quarter:
     /// `linux-2020` read 1.22 in a quick run where it spent the middle

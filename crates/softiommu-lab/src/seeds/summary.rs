@@ -406,8 +406,9 @@ fn seed_004(reports: &[Report]) -> SeedLine {
     let wall = t.get("softiommu", "retained_wall");
     let base = |p: &str| t.get(p, "retained_vs_fresh");
     // Every baseline that fell off a cliff, named in the verdict (their
-    // figures are in the detail): at its worst quarter past the warm-up
-    // below CLIFF of a fresh arm, whatever it did after (a design that
+    // figures are in the detail): in its worst quarter past the warm-up
+    // slower than CLIFF of a fresh arm's speed (a level, not a change
+    // from its first quarter), whatever it did after (a design that
     // fell and climbed back before the run ended fell all the same; its
     // last-over-first figure can read above 1 when the fall began in the
     // first quarter), or, in a report without that column, its
