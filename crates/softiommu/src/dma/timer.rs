@@ -130,9 +130,11 @@ pub(crate) struct Round {
     /// A flush is still in flight (its drain was not done at the round's
     /// poll) or a failed one waits for a retry.
     pub(crate) open: bool,
-    /// Flushes the queues' owners had issued of their own queues, ever,
-    /// summed over the queues at the round (a handle that went away takes
-    /// its count with it, so compare for a change, not an increase).
+    /// Flushes the queues' owners had issued of their own queues as they
+    /// unmapped, ever, summed over the queues at the round and the handles
+    /// that went away (a handle retired between the round's copy of the
+    /// queues and its sum can be counted twice once, so the timer compares
+    /// for a change, not an increase).
     pub(crate) own_flushes: u64,
 }
 
