@@ -437,8 +437,8 @@ impl DmaDomain {
         slot.passthrough.move_into(&self.pt_retired);
         let mut r = lock(&self.retired);
         *r += slot.stats.snapshot();
-        // Kept in the timer's sum, so that a handle going away (its last
-        // flush is one of its own) does not read as the owners flushing.
+        // Kept in the timer's sum, so that the sum does not fall when a
+        // handle goes away (a change reads as the owners flushing).
         self.retired_own_flushes
             .fetch_add(slot.stats.own_flushes(), Relaxed);
     }
