@@ -96,11 +96,41 @@ pub fn check_by(
     what: &str,
 ) -> Vec<Option<String>> {
     check_by_with(rows, rules, |rule, r, base| {
-        format!(
-            "measurement invalid: {}'s {what} (at most {:.3} over the rounds) is below {}'s (at least {:.3}), but {}",
-            rule.dearer, r.cost.max, rule.cheaper, base.cost.min, rule.because
-        )
+        spread_why(rule, what, r.cost.max, base.cost.min)
     })
+}
+
+/// The reason a row whose every round lies below every round of the row
+/// it must cost more than (`max`: its highest round; `min`: the other's
+/// lowest) is invalid.
+fn spread_why(rule: &MustCostMore, what: &str, max: f64, min: f64) -> String {
+    format!(
+        "measurement invalid: {}'s {what} (at most {max:.3} over the rounds) is below {}'s (at least {min:.3}), but {}",
+        rule.dearer, rule.cheaper, rule.because
+    )
+}
+
+/// For each row, the first of `rules` it breaks, as `broken` judges a row
+/// against the row of its group it must cost more than (`None`: it
+/// stands, or no such row was run).
+fn first_broken<T>(
+    rows: &[T],
+    rules: &[MustCostMore],
+    key: impl Fn(&T) -> (&str, &str),
+    broken: impl Fn(&MustCostMore, &T, &T) -> Option<String>,
+) -> Vec<Option<String>> {
+    rows.iter()
+        .map(|r| {
+            let (policy, group) = key(r);
+            rules
+                .iter()
+                .filter(|rule| rule.dearer == policy)
+                .find_map(|rule| {
+                    let base = rows.iter().find(|b| key(b) == (rule.cheaper, group))?;
+                    broken(rule, r, base)
+                })
+        })
+        .collect()
 }
 
 /// As [`check_by`], the message of a broken rule written by `why` (from
@@ -112,19 +142,12 @@ pub fn check_by_with(
     rules: &[MustCostMore],
     why: impl Fn(&MustCostMore, &PolicyCost<'_>, &PolicyCost<'_>) -> String,
 ) -> Vec<Option<String>> {
-    rows.iter()
-        .map(|r| {
-            rules
-                .iter()
-                .filter(|rule| rule.dearer == r.policy)
-                .find_map(|rule| {
-                    let base = rows
-                        .iter()
-                        .find(|b| b.policy == rule.cheaper && b.group == r.group)?;
-                    r.cost.wholly_below(&base.cost).then(|| why(rule, r, base))
-                })
-        })
-        .collect()
+    first_broken(
+        rows,
+        rules,
+        |r| (r.policy, r.group),
+        |rule, r, base| r.cost.wholly_below(&base.cost).then(|| why(rule, r, base)),
+    )
 }
 
 /// One policy's cost in each round, as [`check_paired`] sees it.
@@ -166,37 +189,29 @@ pub fn paired_ratios(a: &[f64], b: &[f64]) -> Option<Vec<f64>> {
 /// row below the other in every round, by less than the rounds spread.
 /// Rows whose round counts differ are compared as spreads, by [`check`].
 pub fn check_paired(rows: &[PairedCost<'_>], what: &str) -> Vec<Option<String>> {
-    rows.iter()
-        .map(|r| {
-            POLICIES
-                .iter()
-                .filter(|rule| rule.dearer == r.policy)
-                .find_map(|rule| {
-                    let base = rows
-                        .iter()
-                        .find(|b| b.policy == rule.cheaper && b.group == r.group)?;
-                    let Some(ratios) = paired_ratios(r.rounds, base.rounds) else {
-                        let (a, b) = (Spread::of(r.rounds), Spread::of(base.rounds));
-                        return a.wholly_below(&b).then(|| {
-                            format!(
-                                "measurement invalid: {}'s {what} (at most {:.3} over the rounds) is below {}'s (at least {:.3}), but {}",
-                                rule.dearer, a.max, rule.cheaper, b.min, rule.because
-                            )
-                        });
-                    };
-                    let worst = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    (worst < 1.0).then(|| {
-                        format!(
-                            "measurement invalid: {}'s {what} is below {}'s in every one of the {} rounds (at most {worst:.3}× it in a round), but {}",
-                            rule.dearer,
-                            rule.cheaper,
-                            ratios.len(),
-                            rule.because
-                        )
-                    })
-                })
-        })
-        .collect()
+    first_broken(
+        rows,
+        &POLICIES,
+        |r| (r.policy, r.group),
+        |rule, r, base| {
+            let Some(ratios) = paired_ratios(r.rounds, base.rounds) else {
+                let (a, b) = (Spread::of(r.rounds), Spread::of(base.rounds));
+                return a
+                    .wholly_below(&b)
+                    .then(|| spread_why(rule, what, a.max, b.min));
+            };
+            let worst = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (worst < 1.0).then(|| {
+                format!(
+                    "measurement invalid: {}'s {what} is below {}'s in every one of the {} rounds (at most {worst:.3}× it in a round), but {}",
+                    rule.dearer,
+                    rule.cheaper,
+                    ratios.len(),
+                    rule.because
+                )
+            })
+        },
+    )
 }
 
 /// One page walk's cost per unit of work under one DMA policy, as
