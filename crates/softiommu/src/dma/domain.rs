@@ -378,8 +378,8 @@ impl DmaDomain {
     /// past which the devices' translators drop the domain's cached
     /// translations themselves; queued entries are flushed at half of it
     /// by their owner's next unmaps, and by the timer thread, which fires
-    /// once per timeout while anything is queued (as Linux's; every other
-    /// timeout while the owners flush on their own). The stale
+    /// once per timeout while anything is queued (as Linux's; up to every
+    /// fourth timeout while the owners flush on their own). The stale
     /// window (`stale_window`) ends at the earlier of the flush's
     /// completion and the deadline. Takes effect at the timer's next
     /// round; a shorter timeout wakes it now.

@@ -397,8 +397,8 @@ fn a_timer_round_leaves_a_stalled_drain_in_flight_without_waiting_for_it() {
 }
 
 /// Under a steady stream of unmaps the timer fires at most once per
-/// timeout (as Linux's flush-queue timer does; every other timeout once
-/// the owner flushes its queue on its own), not once per half-timeout
+/// timeout (as Linux's flush-queue timer does; less often once the owner
+/// flushes its queue on its own), not once per half-timeout
 /// after each queue's oldest entry: it used to wake about twice a period
 /// here.
 #[test]

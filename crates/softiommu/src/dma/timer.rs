@@ -1,6 +1,6 @@
 //! The flush timer: one thread per domain that, while anything is queued,
-//! fires once per timeout (every other timeout while the queues' owners
-//! flush on their own) and flushes every queue, and sleeps while every
+//! fires once per timeout (up to every fourth timeout while the queues'
+//! owners flush on their own) and flushes every queue, and sleeps while every
 //! queue is empty (see [`TimerArm`] for the protocol).
 //!
 //! ## Shaped as Linux's
@@ -16,7 +16,7 @@
 //! certain under traffic, and waking the thread for it would cost a
 //! second wake-up a period); a round that found nothing at all disarms
 //! and sleeps. Under steady traffic that is one wake-up per period: 100 a
-//! second at the default 10 ms, or 50 while the owners flush on their own
+//! second at the default 10 ms, or 25 while the owners flush on their own
 //! (below). (The timer used to be due half a timeout
 //! after each queue's oldest entry, and woke 110 to 230 times a second in
 //! `lab netperf-udp`.) The owners flush their own queues at half the
@@ -34,20 +34,23 @@
 //! rate that was 0.17-0.36 µs of a deferred datagram's 1.1-1.4 µs of
 //! service demand). So a round that finds the owners have issued flushes
 //! of their own since the round before ([`Round::own_flushes`] changed)
-//! makes the next round due two periods later, not one: about 50
-//! wake-ups a second under steady traffic instead of 100. The judgement
-//! is the domain's, not each queue's: one CPU flushing its own queue puts
-//! the domain on two periods. The price: what an owner queued just
-//! before it went quiet, or a lightly used CPU's queue beside a busy
-//! one, waits up to two periods (20 ms at the default timeout, plus a
-//! round's latency) for its IOVAs and table pages to be freed and its
-//! invalidation to complete, instead of one. A shorter timeout set
+//! doubles the gap to the next round, up to [`OWNER_BACKOFF_PERIODS`]
+//! periods (1, 2, 4, 4, ...): about 25 wake-ups a second under steady
+//! traffic instead of 100 (with a cap of two, as this timer had first,
+//! 50). The judgement is the domain's, not each queue's: one CPU flushing
+//! its own queue puts the domain on the longer gap. The price: what an
+//! owner queued just before it went quiet, or a lightly used CPU's queue
+//! beside a busy one, waits up to four periods (40 ms at the default
+//! timeout, plus a round's latency) for its IOVAs and table pages to be
+//! freed and its invalidation to complete, instead of one. That is a
+//! delay in giving resources back, bounded: no translation outlives the
+//! deadline below. A shorter timeout set
 //! meanwhile has its first round one new period away. Its stale window does
 //! not move: the unmap's expiry deadline, three quarters of the timeout
 //! after it, ends it in the units whatever the timer does. A round that
 //! finds no flush of the owners' (light traffic: no queue reaches the
-//! owners' flush age between rounds, so the timer is the flusher) keeps
-//! one period, as Linux's timer does.
+//! owners' flush age between rounds, so the timer is the flusher) goes
+//! back to one period, as Linux's timer has.
 //!
 //! ## The stale window
 //!
@@ -138,6 +141,12 @@ pub(crate) struct Round {
     pub(crate) own_flushes: u64,
 }
 
+/// The most periods between two rounds while the queues' owners flush on
+/// their own: the gap doubles from one period with each round that finds
+/// they did (1, 2, 4), so what an owner queued just before it went quiet
+/// waits at most this many periods for its round.
+pub(crate) const OWNER_BACKOFF_PERIODS: u32 = 4;
+
 /// While a failed flush waits for its retry, the timer retries it this
 /// often (or at its period, if that is sooner).
 pub(crate) const RECHECK: Duration = Duration::from_millis(1);
@@ -174,7 +183,8 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
     // allocation per round).
     let mut marks: Vec<(UnitId, u64)> = Vec::new();
     // The owners' own flushes as the last round counted them, and the
-    // periods to the next round (2 while the owners flush on their own).
+    // periods to the next round (doubling up to `OWNER_BACKOFF_PERIODS`
+    // while the owners flush on their own).
     let mut own_flushes: Option<u64> = None;
     let mut periods = 1;
     // The period the last round's due was set with.
@@ -207,7 +217,7 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
         }
         last_period = Some(period);
         // Armed by the first push (just woken) or a round that worked: due
-        // a period after (two while the owners flush on their own). A
+        // a period after (more while the owners flush on their own). A
         // shorter timeout set meanwhile takes effect at once (its kick
         // woke the timer).
         let mut at = due.map_or(now + period, |t| t.min(now + period * periods));
@@ -236,10 +246,15 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
             // `RECHECK` at full speed, where some owner's flight is always
             // in flight); its stale window has ended at its deadline.
             // Due a period after the round began (one clock read a round),
-            // or two while the owners flush on their own (module doc).
+            // or up to `OWNER_BACKOFF_PERIODS` while the owners flush on
+            // their own (module doc).
             let owners = own_flushes.is_some_and(|n| n != round.own_flushes);
             own_flushes = Some(round.own_flushes);
-            periods = if owners { 2 } else { 1 };
+            periods = if owners {
+                (periods * 2).min(OWNER_BACKOFF_PERIODS)
+            } else {
+                1
+            };
             due = Some(now + period * periods);
             continue;
         }
@@ -335,18 +350,26 @@ mod tests {
     }
 
     /// While every round finds the owners flushed on their own since the
-    /// round before, the next is due two periods later, not one; a timer
-    /// that is the only flusher keeps one period. (Upper bounds on the
-    /// first: a machine that delays the timer only lowers its count.)
+    /// round before, the gap to the next doubles up to
+    /// `OWNER_BACKOFF_PERIODS` periods; a timer that is the only flusher
+    /// keeps one period. (Upper bounds on the first: a machine that delays
+    /// the timer only lowers its count.)
     #[test]
-    fn rounds_come_every_other_period_while_the_owners_flush_on_their_own() {
-        let window = Duration::from_millis(300);
+    fn rounds_space_out_while_the_owners_flush_on_their_own() {
+        let window = Duration::from_millis(400);
         let periods = (window.as_millis() / PERIOD.as_millis()) as u64;
+        let cap = u64::from(OWNER_BACKOFF_PERIODS);
+        assert_eq!(cap, 4);
+        // 1 + 2 + 4 periods for the first three rounds, then one every
+        // `cap`: 40 periods hold 3 + 33 / 4 = 11 rounds, and one more for
+        // the round that may be due as the window closes.
         let with = rounds(true, window);
         assert!(
-            with <= periods / 2 + 2,
+            with <= 3 + (periods - 7) / cap + 1,
             "{with} rounds in {periods} periods while the owners flushed"
         );
+        // Two periods a gap at most would have let through 20.
+        assert!(with < periods / 2, "{with} rounds in {periods} periods");
         let without = rounds(false, window);
         assert!(
             without > periods / 2 + 2 && without <= periods + 2,
