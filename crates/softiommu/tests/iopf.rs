@@ -637,3 +637,90 @@ fn iommu_memory_serves_faults_outside_a_device_section() {
         0
     );
 }
+
+/// A device that serves its own faults: an inline handler (no threads)
+/// called from the accessor's page request hook maps each page as the
+/// device raises its request, on the device's thread, and the access
+/// completes with the right bytes; a request outside the map is still
+/// refused; once the handler is stopped the hook serves nothing and the
+/// device's wait ends at the unit's bound, refused.
+#[test]
+fn an_inline_handler_serves_the_faults_on_the_device_thread() {
+    let short = UnitConfig {
+        page_response_timeout: Duration::from_millis(200),
+        ..UnitConfig::default()
+    };
+    let r = rig_with(1, 16, short, &[DEV]);
+    r.mem.write(r.phys + 3 * PAGE_SIZE, b"inline").unwrap();
+    let h = Arc::new(IopfHandler::inline(r.domain.clone(), r.unit).unwrap());
+    let mut acc = accessor(&r, DEV);
+    let served = Arc::new(AtomicU64::new(0));
+    let (hh, ss) = (h.clone(), served.clone());
+    let me = std::thread::current().id();
+    acc.on_page_request(Some(Box::new(move || {
+        assert_eq!(
+            std::thread::current().id(),
+            me,
+            "the hook runs on the device's thread"
+        );
+        ss.fetch_add(hh.serve_pending(8) as u64, Ordering::Relaxed);
+    })));
+    // Four pages, each a fault served inline.
+    let mut got = vec![0u8; 4 * PAGE_SIZE as usize];
+    acc.read(BASE + 2 * PAGE_SIZE, &mut got, O).unwrap();
+    let at = PAGE_SIZE as usize;
+    assert_eq!(&got[at..at + 6], b"inline");
+    assert_eq!(acc.stats().page_requests, 4);
+    assert_eq!(served.load(Ordering::Relaxed), 4);
+    let s = h.stats();
+    assert_eq!(
+        (s.requests, s.answered_success, s.answered_invalid),
+        (4, 4, 0)
+    );
+    // Each answer is carried out on this thread before the access goes on.
+    assert_eq!(s.latency.count, 4);
+    // Outside every region: served inline and refused.
+    let e = acc
+        .read(BASE + 64 * PAGE_SIZE, &mut [0u8; 8], O)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AccessError::Translate(TranslateError::PageRequestDenied { .. })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(h.stats().answered_invalid, 1);
+    // Dropping the hook drops the last handle on the handler, which stops
+    // it; with a hook that serves nothing, the device's wait ends at the
+    // unit's bound, refused.
+    drop(h);
+    acc.on_page_request(Some(Box::new(|| {})));
+    let t0 = Instant::now();
+    let e = acc
+        .read(BASE + 9 * PAGE_SIZE, &mut [0u8; 8], O)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AccessError::Translate(TranslateError::PageRequestDenied { .. })
+        ),
+        "{e:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert!(!r.domain.is_mapped(BASE + 9 * PAGE_SIZE));
+}
+
+/// An inline handler for a unit the system does not have is refused.
+#[test]
+fn an_inline_handler_needs_a_unit_of_the_system() {
+    let r = rig(1, 4);
+    let e = IopfHandler::inline(r.domain.clone(), UnitId(99)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            IopfError::Hw(softiommu::HwError::UnknownUnit(UnitId(99)))
+        ),
+        "{e:?}"
+    );
+}

@@ -236,7 +236,7 @@ fn seed_001(reports: &[Report]) -> SeedLine {
 }
 
 fn seed_002(reports: &[Report]) -> SeedLine {
-    let claim = "IOPF speed / pinned, one 1 MB send: ours kB per CPU-second of the threads the fault path needs (device + handler) over pinned's (device), theirs wall-clock speed";
+    let claim = "IOPF speed / pinned, one 1 MB send: ours kB per CPU-second of the fault path's work (device and handler, served inline on one core) over pinned's (device), theirs wall-clock speed";
     let Some(t) = find(reports, "page-faults", "results") else {
         return missing("002", claim, 36.6, "%", "page-faults");
     };
@@ -271,7 +271,7 @@ fn seed_002(reports: &[Report]) -> SeedLine {
         ours_spread: None,
         unit: "%",
         detail: format!(
-            "an accelerator reading through the unit, premap 1, per CPU-second of the work (device thread less its waits for answers, plus the handler's service; thread CPU clocks): one send {}, {} sends {} (theirs 99.1 % at 5000); on wall-clock time {} and {}; 10 MiB faults premap 1 {} vs 512 {}; fault raise -> answer p50 {} (theirs ~1.6 µs handler time); {rounds}",
+            "an accelerator reading through the unit, premap 1, per CPU-second of the work (the device thread's CPU clock, the handler serving its requests inline on that thread): one send {}, {} sends {} (theirs 99.1 % at 5000); on wall-clock time {} and {}; 10 MiB faults premap 1 {} vs 512 {}; fault raise -> answer p50 {} (theirs ~1.6 µs handler time); {rounds}",
             fmt(ours, " %"),
             last.as_deref().and_then(|k| k.rsplit('/').next()).unwrap_or("?"),
             fmt(long, " %"),

@@ -63,6 +63,7 @@ pub struct DmaAccessor {
     order: Orderer<CpuFences>,
     stats: AccessStats,
     time_waits: bool,
+    on_request: Option<Box<dyn FnMut()>>,
 }
 
 impl std::fmt::Debug for DmaAccessor {
@@ -108,6 +109,7 @@ impl DmaAccessor {
             order: Orderer::new(),
             stats: AccessStats::default(),
             time_waits: false,
+            on_request: None,
         })
     }
 
@@ -117,6 +119,18 @@ impl DmaAccessor {
     /// can take the device's work apart from its waiting.
     pub fn time_page_waits(&mut self, on: bool) {
         self.time_waits = on;
+    }
+
+    /// Runs `hook` on this thread each time one of this accessor's accesses
+    /// has raised a page request, before it waits for the answer, outside
+    /// any translation section; `None` removes it. For a device model that
+    /// serves its own faults: the hook calls an inline
+    /// [`IopfHandler`](crate::iopf::IopfHandler::inline)'s
+    /// `serve_pending`, and the wait then finds the answer already there.
+    /// The wait stays bounded by the unit's page response timeout whatever
+    /// the hook does.
+    pub fn on_page_request(&mut self, hook: Option<Box<dyn FnMut()>>) {
+        self.on_request = hook;
     }
 
     /// An accessor for a device attached through the DMA API, behind the
@@ -196,6 +210,9 @@ impl DmaAccessor {
         else {
             return Err(e);
         };
+        if let Some(hook) = self.on_request.as_mut() {
+            hook();
+        }
         let c0 = self.time_waits.then(crate::cpu_clock::thread);
         let answered = self.tr.wait_page_response(sid, iova, access, prgi);
         if let Some(c0) = c0 {

@@ -164,6 +164,49 @@ impl IopfHandler {
         Ok(handler)
     }
 
+    /// A handler with no threads of its own: the requests are served by
+    /// whoever calls [`serve_pending`](Self::serve_pending), typically the
+    /// faulting device's own thread between raising a request and waiting
+    /// for its answer ([`DmaAccessor::on_page_request`]). The fault path's
+    /// whole work then runs on one thread, one step after the other, with
+    /// no other thread spinning beside it: how a lab measures that work
+    /// apart from the cost of two cores talking to each other. Stopping
+    /// answers every outstanding group `Invalid`, as for threads.
+    ///
+    /// [`DmaAccessor::on_page_request`]: crate::access::DmaAccessor::on_page_request
+    pub fn inline(domain: Arc<IopfDomain>, unit: UnitId) -> Result<Self, IopfError> {
+        if domain.system().unit(unit).is_none() {
+            return Err(HwError::UnknownUnit(unit).into());
+        }
+        Ok(Self {
+            domain,
+            unit,
+            shared: Arc::new(Shared::default()),
+            threads: Vec::new(),
+        })
+    }
+
+    /// Serves, on the calling thread, the requests of the domain's devices
+    /// waiting in the unit's queue, at most `limit` of them (a device that
+    /// keeps faulting cannot hold the caller for ever); returns how many
+    /// it took. Works beside the handler's threads too (each request is
+    /// taken once), and does nothing once the handler is stopping.
+    pub fn serve_pending(&self, limit: usize) -> usize {
+        let Some(unit) = self.domain.system().unit(self.unit) else {
+            return 0;
+        };
+        let owner = self.domain.owner_id();
+        let mut n = 0;
+        while n < limit && !self.shared.stop.load(Relaxed) {
+            let Some(taken) = unit.take_routed_page_request(owner) else {
+                break;
+            };
+            serve_taken(&self.domain, unit, &self.shared, taken);
+            n += 1;
+        }
+        n
+    }
+
     /// The counts and latencies so far.
     pub fn stats(&self) -> HandlerStats {
         let s = &self.shared;
@@ -271,42 +314,53 @@ fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared, spin_polls: u32)
             continue;
         };
         idle = 0;
-        let _span = s
-            .time_service
-            .load(Relaxed)
-            .then(|| CpuSpan::start(&s.service_cpu_ns));
-        let took = unit.page_request_clock_ns();
-        let r = match taken {
-            Ok(Taken::Request(r)) => r,
-            Ok(Taken::Malformed { .. }) | Err(_) => {
-                s.malformed.fetch_add(1, Relaxed);
-                continue;
-            }
-        };
-        s.requests.fetch_add(1, Relaxed);
-        let code = if domain.is_attached(r.sid) {
-            domain.serve(&r)
-        } else {
-            s.foreign.fetch_add(1, Relaxed);
-            ResponseCode::Invalid
-        };
-        if !r.last {
-            // Only the group's last request is answered (LPIG).
-            continue;
-        }
-        // Counted before the answer goes out: a device that sees it finds
-        // the handler's counts already there.
-        match code {
-            ResponseCode::Success => s.success.fetch_add(1, Relaxed),
-            _ => s.invalid.fetch_add(1, Relaxed),
-        };
-        // A raw request's answer releases only its own reservation.
-        if unit.answer_page_request(&r, code).is_err() {
-            s.respond_errors.fetch_add(1, Relaxed);
-            continue;
-        }
-        let now = unit.page_request_clock_ns();
-        s.latency.record(now.saturating_sub(r.private[0]));
-        s.service.record(now.saturating_sub(took));
+        serve_taken(domain, unit, s, taken);
     }
+}
+
+/// Serves one request taken off the queue: maps what it asks for (or
+/// refuses it) and, for the group's last request, answers the group.
+fn serve_taken(
+    domain: &IopfDomain,
+    unit: &crate::hw::Unit,
+    s: &Shared,
+    taken: Result<Taken, crate::mem::MemError>,
+) {
+    let _span = s
+        .time_service
+        .load(Relaxed)
+        .then(|| CpuSpan::start(&s.service_cpu_ns));
+    let took = unit.page_request_clock_ns();
+    let r = match taken {
+        Ok(Taken::Request(r)) => r,
+        Ok(Taken::Malformed { .. }) | Err(_) => {
+            s.malformed.fetch_add(1, Relaxed);
+            return;
+        }
+    };
+    s.requests.fetch_add(1, Relaxed);
+    let code = if domain.is_attached(r.sid) {
+        domain.serve(&r)
+    } else {
+        s.foreign.fetch_add(1, Relaxed);
+        ResponseCode::Invalid
+    };
+    if !r.last {
+        // Only the group's last request is answered (LPIG).
+        return;
+    }
+    // Counted before the answer goes out: a device that sees it finds
+    // the handler's counts already there.
+    match code {
+        ResponseCode::Success => s.success.fetch_add(1, Relaxed),
+        _ => s.invalid.fetch_add(1, Relaxed),
+    };
+    // A raw request's answer releases only its own reservation.
+    if unit.answer_page_request(&r, code).is_err() {
+        s.respond_errors.fetch_add(1, Relaxed);
+        return;
+    }
+    let now = unit.page_request_clock_ns();
+    s.latency.record(now.saturating_sub(r.private[0]));
+    s.service.record(now.saturating_sub(took));
 }

@@ -20,7 +20,7 @@ fn mib(bytes: u64) -> String {
 pub(super) fn report(r: &IopfReport, plan: &Plan) -> Report {
     let mut t = Table::new(
         "results",
-        "speed without IOPF (pinned, pre-mapped) and with (mapped on demand), per message length, sends and pre-map window (seed 002's table): kB per CPU-second of the work (the device thread's, less its waits for answers, and with IOPF the handler's service of the requests), and wall-clock kB/s beside",
+        "speed without IOPF (pinned, pre-mapped) and with (mapped on demand), per message length, sends and pre-map window (seed 002's table): kB per CPU-second of the work (the device thread's, which with IOPF served its own page requests inline: the miss, the request through the unit's queue, the handler's map and answer, the retry, on one core one after the other), and wall-clock kB/s beside (handler threads of their own)",
         vec![
             Column::label("msg_len"),
             Column::label("premap_pages"),

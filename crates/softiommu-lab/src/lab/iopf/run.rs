@@ -51,6 +51,10 @@ pub(super) struct Plan {
 /// pinned one's in single runs).
 pub const TIMED_SENDS: u64 = 25;
 
+/// The most requests an inline handler serves per raised request: a
+/// group's worth and more (one fault raises one request here).
+const INLINE_BATCH: usize = 64;
+
 /// Sends per row in the quick form, for messages up to 1 MiB and above.
 const QUICK_TIMES_SMALL: [u64; 4] = [1, 100, 1000, 5000];
 const QUICK_TIMES_LARGE: [u64; 2] = [1, 100];
@@ -227,10 +231,14 @@ fn send(acc: &mut DmaAccessor, msg_len: u64, expect: u64, buf: &mut [u8]) -> Lab
 /// start on the pinned device, whose send then finds the caches the rig's
 /// setup left). Returns each configuration's seconds and CPU seconds (summed
 /// over its sends), page requests and promotions. With `timed`, the
-/// device's waits and the handlers' service are timed on CPU clocks (the
-/// CPU figures; the clock reads slow each fault), and no latency is
-/// merged into `latency`; without, the CPU seconds include the waiting
-/// and are not used.
+/// faulting configurations' requests are served inline, on the device's
+/// own thread between raising each and waiting for its answer
+/// (`IopfHandler::inline`), so a send's CPU seconds are its thread's
+/// CPU clock over the send: the whole fault path's work, one step after
+/// the other, with no second thread spinning beside it and no clock read
+/// per fault; no latency is merged into `latency`. Without, handler
+/// threads serve them (the wall-clock figures and the latencies), and
+/// the CPU seconds include the device's waiting and are not used.
 #[allow(clippy::too_many_arguments)]
 fn run_once(
     rig: &Rig,
@@ -257,12 +265,11 @@ fn run_once(
     for (k, &p) in plan.premaps.iter().enumerate() {
         let d = rig.domain(k + 1, msg_len, p, plan.promote)?;
         let (unit, _) = rig.unit_of(k + 1)?;
-        handlers.push(IopfHandler::start_spinning(
-            d.clone(),
-            unit,
-            plan.threads,
-            plan.spin,
-        )?);
+        handlers.push(Arc::new(if timed {
+            IopfHandler::inline(d.clone(), unit)?
+        } else {
+            IopfHandler::start_spinning(d.clone(), unit, plan.threads, plan.spin)?
+        }));
         domains.push(d);
     }
     if let Some((device_cpu, _)) = plan.cpus {
@@ -272,21 +279,16 @@ fn run_once(
     for i in 0..domains.len() {
         accs.push(DmaAccessor::new(rig.unit_of(i)?.1, dev(i))?);
     }
-    // The device's waits for page responses and the handlers' service
-    // are timed on their threads' CPU clocks: the work apart from the
-    // waiting.
-    for a in &mut accs {
-        a.time_page_waits(timed);
+    // Timed, each faulting device serves its own requests as it raises
+    // them (at most a group's worth a call, so a call stays bounded).
+    if timed {
+        for (a, h) in accs.iter_mut().skip(1).zip(&handlers) {
+            let h = h.clone();
+            a.on_page_request(Some(Box::new(move || {
+                h.serve_pending(INLINE_BATCH);
+            })));
+        }
     }
-    for h in &handlers {
-        h.time_service(timed);
-    }
-    // Configuration `i`'s handler CPU so far (none for the pinned one).
-    let handler_cpu = |i: usize| -> Duration {
-        i.checked_sub(1)
-            .and_then(|k| handlers.get(k))
-            .map_or(Duration::ZERO, IopfHandler::service_cpu)
-    };
     // Per configuration: the (wall, CPU) seconds of the sends that
     // faulted, and each fault-free send's.
     let mut faulting = vec![(0.0f64, 0.0f64); accs.len()];
@@ -304,15 +306,9 @@ fn run_once(
         for j in 0..accs.len() {
             let i = turn(j, first, round, accs.len());
             let before = accs[i].stats().page_requests;
-            let w0 = accs[i].stats().page_wait_cpu_ns;
-            let (h0, c0) = (handler_cpu(i), cpu_clock::thread());
+            let c0 = cpu_clock::thread();
             let t = send(&mut accs[i], msg_len, expect, buf)?;
-            let waited = Duration::from_nanos(accs[i].stats().page_wait_cpu_ns - w0);
-            let cpu = (cpu_clock::thread()
-                .saturating_sub(c0)
-                .saturating_sub(waited)
-                + handler_cpu(i).saturating_sub(h0))
-            .as_secs_f64();
+            let cpu = cpu_clock::thread().saturating_sub(c0).as_secs_f64();
             if accs[i].stats().page_requests != before {
                 faulting[i].0 += t;
                 faulting[i].1 += cpu;
@@ -336,8 +332,10 @@ fn run_once(
     if faults[0] != 0 {
         return Err(LabError::Setup("the pinned device faulted"));
     }
+    // The hooks hold the inline handlers: dropped with the accessors.
     drop(accs);
     for (k, h) in handlers.into_iter().enumerate() {
+        let h = Arc::into_inner(h).ok_or(LabError::Setup("a page request handler still shared"))?;
         // Every answer was carried out before its device saw it; the
         // handler records the latency just after: wait for the last.
         let t0 = Instant::now();
@@ -380,8 +378,8 @@ pub(super) fn turn(j: usize, first: usize, round: u64, n: usize) -> usize {
 struct RunOut {
     /// Wall-clock seconds of its sends.
     wall_s: f64,
-    /// CPU seconds of its sends: the device thread's and its handler
-    /// threads'.
+    /// CPU seconds of its sends (timed runs): the device thread's, which
+    /// served its own page requests inline.
     cpu_s: f64,
     /// Page requests raised.
     faults: u64,
