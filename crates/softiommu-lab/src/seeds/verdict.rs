@@ -9,7 +9,10 @@
 //!
 //! **The interval** is the lowest to the highest round of the figure's
 //! spread ([`Spread`]; for a ratio of two rows measured one after the other
-//! in each round, the spread of the rounds' paired ratios). With
+//! in each round, the spread of the rounds' paired ratios), or, where a
+//! lab gives the rounds' own order-statistic interval
+//! ([`median_interval`], at no less than the same confidence; with more
+//! than eight rounds it leaves the extreme rounds out), that. With
 //! [`MIN_ROUNDS`] rounds it is a distribution-free confidence interval for
 //! the median at [`CONFIDENCE`]: all five rounds fall on one side of the
 //! true median with probability 2 × 2⁻⁵, whatever the noise's shape. The
@@ -60,6 +63,45 @@ impl Verdict {
             Verdict::Within => Ok(within),
         }
     }
+}
+
+/// The most rounds [`median_interval`] takes (its binomial sums stay well
+/// inside `f64`: 2^1000 is about 1e301).
+pub const MAX_INTERVAL_ROUNDS: usize = 1000;
+
+/// The distribution-free confidence interval for the median of `values`
+/// (its rounds) at no less than [`CONFIDENCE`]: the `k`-th lowest to the
+/// `k`-th highest round, `k` the largest for which the median lies
+/// outside with probability at most 1 − [`CONFIDENCE`] (twice the chance
+/// that fewer than `k` of `n` fair coin flips land heads). With five
+/// rounds that is the lowest to the highest ([`MIN_ROUNDS`]); with nine,
+/// the second lowest to the second highest (96.1 %), so one disturbed
+/// round at either end no longer decides the interval. `None` with fewer
+/// than [`MIN_ROUNDS`] rounds, more than [`MAX_INTERVAL_ROUNDS`], or any
+/// value not a number.
+pub fn median_interval(values: &[f64]) -> Option<(f64, f64)> {
+    let n = values.len();
+    if !(MIN_ROUNDS..=MAX_INTERVAL_ROUNDS).contains(&n) || values.iter().any(|v| !v.is_finite()) {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    // P(Bin(n, 1/2) <= j) for j = 0, 1, ...: the chance that the median
+    // lies below the (j+1)-th lowest round.
+    let total = 2f64.powi(n as i32);
+    let mut below = 0.0;
+    let mut choose = 1.0;
+    let mut k = 0;
+    for j in 0..n / 2 {
+        below += choose / total;
+        if 1.0 - 2.0 * below < CONFIDENCE - 1e-12 {
+            break;
+        }
+        k = j + 1;
+        choose = choose * (n - j) as f64 / (j + 1) as f64;
+    }
+    let k = k.max(1);
+    Some((*v.get(k - 1)?, *v.get(n - k)?))
 }
 
 /// Why a figure measured once gets no verdict.
@@ -117,6 +159,24 @@ mod tests {
         assert_eq!(judge(None, 0.554, None), Verdict::None(NO_SPREAD.into()));
         let nan = Spread::of(&[f64::NAN, 1.0]);
         assert!(matches!(judge(Some(nan), 1.0, None), Verdict::None(_)));
+    }
+
+    #[test]
+    fn the_median_interval_drops_extreme_rounds_only_where_the_confidence_allows() {
+        // Five rounds: lowest to highest, as `judge` takes a spread.
+        let five = [1.3, 1.1, 1.2, 2.6, 1.25];
+        assert_eq!(median_interval(&five), Some((1.1, 2.6)));
+        // Nine: the second lowest to the second highest (96.1 %); eight
+        // would fall short (93.0 %) and keep the extremes.
+        let nine = [1.3, 1.1, 1.2, 2.6, 1.25, 1.28, 1.22, 1.31, 0.5];
+        assert_eq!(median_interval(&nine), Some((1.1, 1.31)));
+        assert_eq!(median_interval(&nine[..8]), Some((1.1, 2.6)));
+        // Twelve: the third (96.1 %).
+        let twelve: Vec<f64> = (1..=12).map(f64::from).collect();
+        assert_eq!(median_interval(&twelve), Some((3.0, 10.0)));
+        // Too few rounds, or a round not a number: none.
+        assert_eq!(median_interval(&five[..4]), None);
+        assert_eq!(median_interval(&[1.0, 2.0, f64::NAN, 3.0, 4.0]), None);
     }
 
     #[test]

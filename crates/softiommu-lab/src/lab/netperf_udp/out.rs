@@ -42,6 +42,12 @@ pub struct NetperfRow {
     /// Its spread: the lowest, median and highest of the rounds' paired
     /// ratios.
     pub vs_passthrough_spread: Option<Spread>,
+    /// The confidence interval for that median the seed summary judges
+    /// by, `[low, high]`: distribution-free, at no less than 93.75 %
+    /// (`seeds::verdict::median_interval`: with five rounds the lowest
+    /// and highest, with nine the second lowest and second highest).
+    /// `null` with fewer than five paired rounds.
+    pub vs_passthrough_interval: Option<[f64; 2]>,
     /// Service demand as netperf defines it: the CPU of every software
     /// thread the traffic makes work (both driver+stack threads, both
     /// flush timer threads) per datagram delivered, µs; the median round.
@@ -142,6 +148,7 @@ pub(super) fn row(r: &UdpStreamResult) -> NetperfRow {
         device_cpu_us_per_pkt: r.device_cpu_us_per_pkt,
         service_demand_vs_passthrough: None,
         vs_passthrough_spread: None,
+        vs_passthrough_interval: None,
         service_demand_us_per_pkt: r.service_demand_us_per_pkt,
         service_demand_spread: Spread::of(&[r.service_demand_us_per_pkt]),
         service_demand_rounds: vec![r.service_demand_us_per_pkt],

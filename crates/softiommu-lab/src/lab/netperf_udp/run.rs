@@ -139,6 +139,10 @@ pub fn compare(rows: &mut [NetperfRow]) {
         let spread = ratios.as_deref().map(Spread::of);
         r.service_demand_vs_passthrough = spread.map(|s| s.median);
         r.vs_passthrough_spread = spread;
+        r.vs_passthrough_interval = ratios
+            .as_deref()
+            .and_then(crate::seeds::verdict::median_interval)
+            .map(|(lo, hi)| [lo, hi]);
     }
     let costs: Vec<PairedCost<'_>> = rows
         .iter()
