@@ -183,7 +183,10 @@ fn seed_000(reports: &[Report]) -> SeedLine {
     };
     // Named only where it is not the rounds' own lowest and highest.
     let interval_words = interval
-        .filter(|&(lo, hi)| spread.is_none_or(|s| (lo, hi) != (s.min, s.max)))
+        .filter(|&(lo, hi)| {
+            let differs = |a: f64, b: f64| (a - b).abs() > 1e-9 * a.abs().max(b.abs());
+            spread.is_none_or(|s| differs(lo, s.min) || differs(hi, s.max))
+        })
         .map_or_else(String::new, |(lo, hi)| {
             format!(
                 "; the median's interval (at least {:.2} % confidence) {} to {}",

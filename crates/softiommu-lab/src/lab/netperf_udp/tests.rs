@@ -375,4 +375,6 @@ fn one_disturbed_round_of_nine_does_not_decide_seed_000s_verdict() {
         "{}",
         seed.verdict
     );
+    // The interval is the rounds' own lowest and highest: not named twice.
+    assert!(!seed.detail.contains("interval"), "{}", seed.detail);
 }
