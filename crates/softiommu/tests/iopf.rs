@@ -694,8 +694,10 @@ fn an_inline_handler_serves_the_faults_on_the_device_thread() {
     // Dropping the hook drops the last handle on the handler, which stops
     // it; with a hook that serves nothing, the device's wait ends at the
     // unit's bound, refused.
+    let gone = Arc::downgrade(&h);
     drop(h);
     acc.on_page_request(Some(Box::new(|| {})));
+    assert!(gone.upgrade().is_none(), "the handler went with its hook");
     let t0 = Instant::now();
     let e = acc
         .read(BASE + 9 * PAGE_SIZE, &mut [0u8; 8], O)
@@ -707,7 +709,11 @@ fn an_inline_handler_serves_the_faults_on_the_device_thread() {
         ),
         "{e:?}"
     );
-    assert!(t0.elapsed() < Duration::from_secs(10));
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(150) && waited < Duration::from_secs(10),
+        "{waited:?}: the wait ends at the unit's 200 ms bound"
+    );
     assert!(!r.domain.is_mapped(BASE + 9 * PAGE_SIZE));
 }
 
@@ -723,4 +729,55 @@ fn an_inline_handler_needs_a_unit_of_the_system() {
         ),
         "{e:?}"
     );
+}
+
+/// `serve_pending` takes at most `limit` requests a call, and only its
+/// own domain's: requests routed to another domain on the same unit are
+/// left for that domain's handler.
+#[test]
+fn serve_pending_is_bounded_and_takes_only_its_domains_requests() {
+    const DEV2: SourceId = SourceId(0x0701);
+    let r = rig_with(1, 16, patient(), &[DEV, DEV2]);
+    r.domain.detach(DEV2).unwrap();
+    // A domain id of its own (the rig's domain has the default).
+    let d2 = IopfDomain::new(
+        r.sys.clone(),
+        IopfConfig {
+            did: IopfConfig::default().did + 1,
+            ..IopfConfig::default()
+        },
+    )
+    .unwrap();
+    d2.attach(DEV2).unwrap();
+    let unit = r.sys.unit(r.unit).unwrap();
+    let raw = |sid: SourceId, prgi: u16| {
+        PageRequest {
+            sid,
+            pasid: None,
+            read: true,
+            write: false,
+            exec: false,
+            privileged: false,
+            last: true,
+            prgi,
+            addr: BASE + u64::from(prgi) * PAGE_SIZE,
+            private: [0, 0],
+        }
+        .encode()
+    };
+    for i in 0..5 {
+        assert_eq!(unit.inject_page_request_from(DEV, raw(DEV, i)), Ok(true));
+    }
+    for i in 0..2 {
+        assert_eq!(unit.inject_page_request_from(DEV2, raw(DEV2, i)), Ok(true));
+    }
+    let h = IopfHandler::inline(r.domain.clone(), r.unit).unwrap();
+    let h2 = IopfHandler::inline(d2.clone(), r.unit).unwrap();
+    assert_eq!(h.serve_pending(3), 3);
+    assert_eq!(h.serve_pending(10), 2);
+    assert_eq!(h.serve_pending(10), 0, "the other domain's are not taken");
+    assert_eq!(h.stats().answered_success, 5);
+    assert_eq!(h2.serve_pending(10), 2);
+    // Outside the second domain's (empty) map: refused.
+    assert_eq!(h2.stats().answered_invalid, 2);
 }

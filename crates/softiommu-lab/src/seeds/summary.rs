@@ -3,8 +3,11 @@
 //! Verdicts are drawn only from figures that stand: a seed whose headline
 //! row is marked "measurement invalid" gets none, and where ours was
 //! measured in rounds and is compared with their published figure (a
-//! point), a verdict is given only when every round lies on one side of
-//! it; where the rounds straddle it the line says "within the spread".
+//! point), a verdict is given only when ours' interval lies on one side
+//! of it — every round, or, for seed 000 measured in nine rounds or more,
+//! the median's order-statistic interval (`verdict::median_interval`),
+//! whose verdict then says "beyond the median's interval"; otherwise the
+//! line says "within the spread".
 
 use serde::Serialize;
 
@@ -182,19 +185,23 @@ fn seed_000(reports: &[Report]) -> SeedLine {
         _ => spread,
     };
     // Named only where it is not the rounds' own lowest and highest.
-    let interval_words = interval
-        .filter(|&(lo, hi)| {
-            let differs = |a: f64, b: f64| (a - b).abs() > 1e-9 * a.abs().max(b.abs());
-            spread.is_none_or(|s| differs(lo, s.min) || differs(hi, s.max))
-        })
-        .map_or_else(String::new, |(lo, hi)| {
-            format!(
-                "; the median's interval (at least {:.2} % confidence) {} to {}",
-                super::verdict::CONFIDENCE * 100.0,
-                fmt(Some(lo), "×"),
-                fmt(Some(hi), "×")
-            )
-        });
+    let narrower = interval.filter(|&(lo, hi)| {
+        let differs = |a: f64, b: f64| (a - b).abs() > 1e-9 * a.abs().max(b.abs());
+        spread.is_none_or(|s| differs(lo, s.min) || differs(hi, s.max))
+    });
+    let beyond = if narrower.is_some() {
+        "beyond the median's interval"
+    } else {
+        "beyond the spread"
+    };
+    let interval_words = narrower.map_or_else(String::new, |(lo, hi)| {
+        format!(
+            "; the median's interval (at least {:.2} % confidence) {} to {}",
+            super::verdict::CONFIDENCE * 100.0,
+            fmt(Some(lo), "×"),
+            fmt(Some(hi), "×")
+        )
+    });
     let strict = t.get("strict/ordered", "vs_passthrough");
     let bounce = t.get("bounce/ordered", "vs_passthrough");
     let rows = ["passthrough/ordered", "deferred/ordered", "strict/ordered"];
@@ -219,11 +226,11 @@ fn seed_000(reports: &[Report]) -> SeedLine {
             (None, None) => "no deferred or pass-through row".into(),
             _ => {
                 let within = format!("deferred against the seed's batching: {WITHIN_THE_SPREAD}");
-                match judge(judged, theirs, invalid).words(
-                    "deferred costs less over no-IOMMU than the seed's batching, beyond the spread",
-                    "deferred costs more over no-IOMMU than the seed's batching, beyond the spread",
-                    &within,
-                ) {
+                let less =
+                    format!("deferred costs less over no-IOMMU than the seed's batching, {beyond}");
+                let more =
+                    format!("deferred costs more over no-IOMMU than the seed's batching, {beyond}");
+                match judge(judged, theirs, invalid).words(&less, &more, &within) {
                     Ok(w) => w.into(),
                     Err(why) => format!("no verdict: {why}"),
                 }

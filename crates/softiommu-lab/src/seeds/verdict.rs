@@ -78,7 +78,7 @@ pub const MAX_INTERVAL_ROUNDS: usize = 1000;
 /// the second lowest to the second highest (96.1 %), so one disturbed
 /// round at either end no longer decides the interval. `None` with fewer
 /// than [`MIN_ROUNDS`] rounds, more than [`MAX_INTERVAL_ROUNDS`], or any
-/// value not a number.
+/// value not finite.
 pub fn median_interval(values: &[f64]) -> Option<(f64, f64)> {
     let n = values.len();
     if !(MIN_ROUNDS..=MAX_INTERVAL_ROUNDS).contains(&n) || values.iter().any(|v| !v.is_finite()) {

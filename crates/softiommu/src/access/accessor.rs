@@ -123,12 +123,14 @@ impl DmaAccessor {
 
     /// Runs `hook` on this thread each time one of this accessor's accesses
     /// has raised a page request, before it waits for the answer, outside
-    /// any translation section; `None` removes it. For a device model that
-    /// serves its own faults: the hook calls an inline
+    /// this accessor's translation section; `None` removes it. For a
+    /// device model that serves its own faults: the hook calls an inline
     /// [`IopfHandler`](crate::iopf::IopfHandler::inline)'s
-    /// `serve_pending`, and the wait then finds the answer already there.
-    /// The wait stays bounded by the unit's page response timeout whatever
-    /// the hook does.
+    /// `serve_pending`, and the wait then finds the answer carried out
+    /// (with the unit's queue in inline mode; a queue thread's pass
+    /// otherwise). After the hook returns, the wait is bounded by the
+    /// unit's page response timeout; a hook that blocks holds its device
+    /// as long.
     pub fn on_page_request(&mut self, hook: Option<Box<dyn FnMut()>>) {
         self.on_request = hook;
     }

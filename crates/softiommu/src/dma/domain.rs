@@ -694,7 +694,8 @@ impl DmaDomain {
     /// How far past an unmap its expiry deadline falls: three quarters of
     /// the flush timeout. An owner that keeps unmapping flushes its queue
     /// at half (`Tunables::flush_after`), before it; the timer fires once
-    /// per timeout (`Tunables::timer_period`), so an entry it flushes may
+    /// per timeout or less often (`Tunables::timer_period`, up to four
+    /// while the owners flush on their own), so an entry it flushes may
     /// have passed it: the deadline, not the timer, ends the stale window
     /// inside the timeout.
     pub(crate) fn expiry_period(&self) -> Duration {

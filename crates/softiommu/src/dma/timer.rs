@@ -35,7 +35,8 @@
 //! service demand). So a round that finds the owners have issued flushes
 //! of their own since the round before ([`Round::own_flushes`] changed)
 //! doubles the gap to the next round, up to [`OWNER_BACKOFF_PERIODS`]
-//! periods (1, 2, 4, 4, ...): about 25 wake-ups a second under steady
+//! periods (after arming 1, 1, 2, 4, 4, ...: the first round has no count
+//! to compare with): about 25 wake-ups a second under steady
 //! traffic instead of 100 (with a cap of two, as this timer had first,
 //! 50). The judgement is the domain's, not each queue's: one CPU flushing
 //! its own queue puts the domain on the longer gap. The price: what an
@@ -147,6 +148,17 @@ pub(crate) struct Round {
 /// waits at most this many periods for its round.
 pub(crate) const OWNER_BACKOFF_PERIODS: u32 = 4;
 
+/// The periods to the round after one that found work: twice the gap
+/// before, up to [`OWNER_BACKOFF_PERIODS`], while the owners flushed on
+/// their own since the round before (`owners`); one otherwise.
+fn next_periods(periods: u32, owners: bool) -> u32 {
+    if owners {
+        periods.saturating_mul(2).clamp(1, OWNER_BACKOFF_PERIODS)
+    } else {
+        1
+    }
+}
+
 /// While a failed flush waits for its retry, the timer retries it this
 /// often (or at its period, if that is sooner).
 pub(crate) const RECHECK: Duration = Duration::from_millis(1);
@@ -250,11 +262,7 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
             // their own (module doc).
             let owners = own_flushes.is_some_and(|n| n != round.own_flushes);
             own_flushes = Some(round.own_flushes);
-            periods = if owners {
-                (periods * 2).min(OWNER_BACKOFF_PERIODS)
-            } else {
-                1
-            };
+            periods = next_periods(periods, owners);
             due = Some(now + period * periods);
             continue;
         }
@@ -330,8 +338,9 @@ mod tests {
         fn finish_clear_expiry(&self, _marks: &[(UnitId, u64)], _idle: bool) {}
     }
 
-    /// Rounds the timer ran over `window` of steady work.
-    fn rounds(owners: bool, window: Duration) -> u64 {
+    /// Rounds the timer ran over about `window` of steady work, and the
+    /// time that really passed.
+    fn rounds(owners: bool, window: Duration) -> (u64, Duration) {
         let d = Arc::new(Busy {
             arm: Arc::new(TimerArm::new(Barrier::Fence)),
             owners,
@@ -340,40 +349,63 @@ mod tests {
         });
         let weak = Arc::downgrade(&d);
         let t = std::thread::spawn(move || run(weak));
+        let t0 = Instant::now();
         d.arm.on_push();
         std::thread::sleep(window);
         let n = d.rounds.load(Relaxed);
+        let took = t0.elapsed();
         d.stop.store(true, Relaxed);
         d.arm.kick();
         t.join().unwrap();
-        n
+        (n, took)
     }
 
-    /// While every round finds the owners flushed on their own since the
-    /// round before, the gap to the next doubles up to
-    /// `OWNER_BACKOFF_PERIODS` periods; a timer that is the only flusher
-    /// keeps one period. (Upper bounds on the first: a machine that delays
-    /// the timer only lowers its count.)
+    /// The gap rule alone: doubling from one period while the owners
+    /// flush on their own, never past the cap, back to one as soon as a
+    /// round finds they did not.
+    #[test]
+    fn the_gap_doubles_to_the_cap_and_falls_back_to_one() {
+        let mut p = 1;
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            p = next_periods(p, true);
+            seen.push(p);
+        }
+        assert_eq!(seen, [2, 4, 4, 4, 4]);
+        assert_eq!(OWNER_BACKOFF_PERIODS, 4);
+        assert_eq!(next_periods(4, false), 1);
+        assert_eq!(next_periods(1, false), 1);
+        assert_eq!(next_periods(0, true), 1, "never a gap of no period");
+        assert_eq!(next_periods(u32::MAX, true), OWNER_BACKOFF_PERIODS);
+    }
+
+    /// The timer thread follows the rule: while every round finds the
+    /// owners flushed on their own since the round before, rounds space
+    /// out (gaps 1, 1, 2, 4, 4, ... periods after arming); a timer that is
+    /// the only flusher keeps one period. Upper bounds only, from the
+    /// time that really passed (a machine that delays the timer only
+    /// lowers its count).
     #[test]
     fn rounds_space_out_while_the_owners_flush_on_their_own() {
         let window = Duration::from_millis(400);
-        let periods = (window.as_millis() / PERIOD.as_millis()) as u64;
         let cap = u64::from(OWNER_BACKOFF_PERIODS);
-        assert_eq!(cap, 4);
-        // 1 + 2 + 4 periods for the first three rounds, then one every
-        // `cap`: 40 periods hold 3 + 33 / 4 = 11 rounds, and one more for
-        // the round that may be due as the window closes.
-        let with = rounds(true, window);
+        let (with, took) = rounds(true, window);
+        let periods = (took.as_millis() / PERIOD.as_millis()) as u64;
+        // Rounds at 1, 2, 4, 8 periods, then one every `cap`; one more for
+        // a round due as the window closed.
         assert!(
-            with <= 3 + (periods - 7) / cap + 1,
+            with <= 4 + periods.saturating_sub(8) / cap + 1,
             "{with} rounds in {periods} periods while the owners flushed"
         );
-        // Two periods a gap at most would have let through 20.
-        assert!(with < periods / 2, "{with} rounds in {periods} periods");
-        let without = rounds(false, window);
+        let (without, took) = rounds(false, window);
+        let periods = (took.as_millis() / PERIOD.as_millis()) as u64;
         assert!(
-            without > periods / 2 + 2 && without <= periods + 2,
+            without <= periods + 2,
             "{without} rounds in {periods} periods with the timer the only flusher"
+        );
+        assert!(
+            without > with,
+            "{without} rounds alone against {with} while the owners flushed"
         );
     }
 }

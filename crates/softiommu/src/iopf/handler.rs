@@ -1,6 +1,7 @@
-//! The page request handler: threads that drain a unit's page request
-//! queue, serve each request from its domain's memory map, answer the
-//! group, and measure how long each request waited.
+//! The page request handler: threads (or, inline, the caller) that drain
+//! a unit's page request queue, serve each request from its domain's
+//! memory map, answer the group, and measure how long each request
+//! waited.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -96,7 +97,9 @@ impl Drop for CpuSpan<'_> {
 }
 
 /// Serves the page requests of one unit for one [`IopfDomain`], on
-/// threads of its own, until stopped or dropped. It takes only the
+/// threads of its own ([`start`](Self::start)) or on whoever calls
+/// [`serve_pending`](Self::serve_pending) ([`inline`](Self::inline)),
+/// until stopped or dropped. It takes only the
 /// requests of the domain's own devices (the unit routes each request by
 /// its stamped requester id to the domain that owns the device), so
 /// several domains on one unit, each with a handler, never see or answer
@@ -190,7 +193,11 @@ impl IopfHandler {
     /// waiting in the unit's queue, at most `limit` of them (a device that
     /// keeps faulting cannot hold the caller for ever); returns how many
     /// it took. Works beside the handler's threads too (each request is
-    /// taken once), and does nothing once the handler is stopping.
+    /// taken once), and does nothing once the handler is stopping. A
+    /// request past `limit` (another device's, or a group of several
+    /// requests) waits for the next call, a handler thread, or its
+    /// device's response timeout: an inline handler serves a domain whose
+    /// every device calls it as it faults.
     pub fn serve_pending(&self, limit: usize) -> usize {
         let Some(unit) = self.domain.system().unit(self.unit) else {
             return 0;

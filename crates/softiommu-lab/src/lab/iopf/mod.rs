@@ -48,7 +48,10 @@
 //! send. That is the same work — the miss, the request through the unit's
 //! queue, the handler's map and answer, the retry — done one step after
 //! the other on one core, without the cost of two cores talking and with
-//! no waiting to take out. Each repeat runs twice: untimed with handler
+//! no waiting to take out: a lower bound on a fault path's CPU (a real
+//! one moves the request and the page table's lines between cores and
+//! pays a doorbell or a wake-up), where the threaded figure was an upper
+//! one that the machine's placement moved. Each repeat runs twice: untimed with handler
 //! threads for the wall-clock figures and the latencies, then timed with
 //! inline handlers for the CPU figures. The same robust step applies
 //! (fault-free sends count as their median). The headline ratio,

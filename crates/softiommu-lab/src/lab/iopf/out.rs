@@ -25,7 +25,9 @@ pub struct IopfRow {
 
 /// One row's figures on CPU time (kept beside the rows, which hold
 /// exactly the seed's columns): kB of message per CPU-second of the
-/// threads the fault path needs.
+/// fault path's work, the device thread's CPU clock with the page
+/// requests served inline on it (a lower bound: no cross-core transfer,
+/// doorbell or wake-up).
 #[derive(Debug, Clone, Serialize)]
 pub struct IopfCpu {
     /// Message length, bytes.
@@ -37,9 +39,8 @@ pub struct IopfCpu {
     /// Pinned: kB (10^3 bytes) per CPU-second of the device thread's work
     /// (median over the repeats).
     pub kbps_per_cpu_s_without: f64,
-    /// With IOPF: kB per CPU-second of the device thread's work (less its
-    /// waits for page responses) and the handler threads' service of the
-    /// requests together (median over the repeats).
+    /// With IOPF: kB per CPU-second of the device thread's work, which
+    /// served its own page requests inline (median over the timed runs).
     pub kbps_per_cpu_s_with: f64,
     /// With / without per CPU-second: the median over the repeats of each
     /// repeat's paired ratio.

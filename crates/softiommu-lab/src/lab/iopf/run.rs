@@ -21,7 +21,8 @@ use super::out::{FaultLatency, IopfCpu, IopfPromotions, IopfReport, IopfRow};
 use super::render::report;
 use super::{CHUNK, DEV, MSG_IOVA};
 
-/// The handlers' histograms, merged over every run with IOPF.
+/// The handler threads' histograms, merged over the untimed runs (the
+/// timed ones serve inline and are not merged).
 #[derive(Default)]
 struct Latencies {
     raise_to_answer: LatencyHistogram,
@@ -235,8 +236,8 @@ fn send(acc: &mut DmaAccessor, msg_len: u64, expect: u64, buf: &mut [u8]) -> Lab
 /// own thread between raising each and waiting for its answer
 /// (`IopfHandler::inline`), so a send's CPU seconds are its thread's
 /// CPU clock over the send: the whole fault path's work, one step after
-/// the other, with no second thread spinning beside it and no clock read
-/// per fault; no latency is merged into `latency`. Without, handler
+/// the other, with no second thread spinning beside it and no CPU-clock
+/// read per fault; no latency is merged into `latency`. Without, handler
 /// threads serve them (the wall-clock figures and the latencies), and
 /// the CPU seconds include the device's waiting and are not used.
 #[allow(clippy::too_many_arguments)]

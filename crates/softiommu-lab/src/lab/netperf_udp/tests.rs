@@ -354,7 +354,7 @@ fn one_disturbed_round_of_nine_does_not_decide_seed_000s_verdict() {
     let seed = summarise(&[rep]).remove(0);
     assert_eq!(
         seed.verdict,
-        "deferred costs less over no-IOMMU than the seed's batching, beyond the spread"
+        "deferred costs less over no-IOMMU than the seed's batching, beyond the median's interval"
     );
     assert!(
         seed.detail.contains("rounds 1.25× to 2.60×")
