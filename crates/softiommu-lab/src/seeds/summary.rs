@@ -120,16 +120,23 @@ fn missing(
     }
 }
 
-/// Why one of `policies`' ordered rows of `scenario`'s contract is
-/// invalid, the first such; `None` when all stand (or say nothing).
-fn invalid_row(reports: &[Report], scenario: &str, policies: &[&str]) -> Option<String> {
-    let rows = reports
+/// The rows of `scenario`'s contract (its lab's JSON), when it ran and
+/// has them.
+fn contract_rows<'a>(reports: &'a [Report], scenario: &str) -> Option<&'a [serde_json::Value]> {
+    reports
         .iter()
         .find(|r| r.scenario == scenario)?
         .contract
         .get("rows")?
-        .as_array()?;
-    rows.iter()
+        .as_array()
+        .map(Vec::as_slice)
+}
+
+/// Why one of `policies`' ordered rows of `scenario`'s contract is
+/// invalid, the first such; `None` when all stand (or say nothing).
+fn invalid_row(reports: &[Report], scenario: &str, policies: &[&str]) -> Option<String> {
+    contract_rows(reports, scenario)?
+        .iter()
         .filter(|r| {
             r["ordering"] == "ordered"
                 && policies.iter().any(|p| r["policy"] == *p)
@@ -164,10 +171,7 @@ fn seed_000(reports: &[Report]) -> SeedLine {
     // The interval the verdict is judged on: the median's confidence
     // interval where the lab gave one (with nine rounds it leaves out the
     // lowest and highest round), else the spread.
-    let interval = reports
-        .iter()
-        .find(|r| r.scenario == "udp-32")
-        .and_then(|r| r.contract.get("rows")?.as_array())
+    let interval = contract_rows(reports, "udp-32")
         .and_then(|rows| {
             rows.iter()
                 .find(|r| r["policy"] == "deferred" && r["ordering"] == "ordered")
@@ -340,20 +344,17 @@ fn seed_002(reports: &[Report]) -> SeedLine {
 fn seed_003(reports: &[Report]) -> SeedLine {
     /// Why a row of `scenario`'s walks is invalid, the first such.
     fn invalid_walk(reports: &[Report], scenario: &str) -> Option<String> {
-        let rows = reports
+        contract_rows(reports, scenario)?
             .iter()
-            .find(|r| r.scenario == scenario)?
-            .contract
-            .get("rows")?
-            .as_array()?;
-        rows.iter().filter(|r| r["valid"] == false).find_map(|r| {
-            Some(format!(
-                "{}/{}: {}",
-                r["walk"].as_str()?,
-                r["policy"].as_str()?,
-                r["why"].as_str().unwrap_or("(no reason recorded)")
-            ))
-        })
+            .filter(|r| r["valid"] == false)
+            .find_map(|r| {
+                Some(format!(
+                    "{}/{}: {}",
+                    r["walk"].as_str()?,
+                    r["policy"].as_str()?,
+                    r["why"].as_str().unwrap_or("(no reason recorded)")
+                ))
+            })
     }
     let theirs = 4380.0 / 7908.0;
     let claim = "non-coherent walk vs coherent, throughput with the driver CPU saturated: theirs measured at saturation, ours stated as CPU per unit of work (coherent driver CPU per GB / non-coherent's)";
@@ -539,19 +540,44 @@ mod tests {
     /// A report of `scenario` whose `table` has one row `row` (label
     /// cells split on `/`) with figure `key`.
     fn one(scenario: &str, table: &str, row: &str, key: &str, cell: Cell) -> Report {
+        one_row(scenario, table, row, &[key], vec![cell])
+    }
+
+    /// A report of `scenario` whose table `table` has one row `row` (label
+    /// cells split on `/`) with the figures `keys` valued `cells`.
+    fn one_row(scenario: &str, table: &str, row: &str, keys: &[&str], cells: Vec<Cell>) -> Report {
         let labels: Vec<&str> = row.split('/').collect();
         let mut cols: Vec<Column> = (0..labels.len())
             .map(|i| Column::label(&format!("l{i}")))
             .collect();
-        cols.push(Column::metric(key, key, Unit::Ratio, 2));
+        cols.extend(keys.iter().map(|k| Column::metric(k, k, Unit::Ratio, 2)));
         let mut t = Table::new(table, "t", cols);
-        let mut cells: Vec<Cell> = labels.iter().map(|l| (*l).into()).collect();
-        cells.push(cell);
-        t.row(cells);
+        t.row(labels.iter().map(|l| (*l).into()).chain(cells).collect());
+        report_with(scenario, t)
+    }
+
+    /// A report of `scenario` holding `t`.
+    fn report_with(scenario: &str, t: Table) -> Report {
         let mut r = Report::new("x", "x", serde_json::json!({}));
         r.scenario = scenario.into();
         r.tables.push(t);
         r
+    }
+
+    /// Seed 004's `summary` table: one row per policy, its `metrics`.
+    fn policy_table(metrics: &[&str], rows: &[(&str, &[f64])]) -> Table {
+        let cols = std::iter::once(Column::label("policy"))
+            .chain(metrics.iter().map(|m| Column::metric(m, m, Unit::Ratio, 2)))
+            .collect();
+        let mut t = Table::new("summary", "t", cols);
+        for (policy, xs) in rows {
+            t.row(
+                std::iter::once((*policy).into())
+                    .chain(xs.iter().map(|&x| Cell::Num(x)))
+                    .collect(),
+            );
+        }
+        t
     }
 
     #[test]
@@ -613,21 +639,13 @@ mod tests {
     /// A report of `scenario` whose `results` table has one row `row`
     /// with the CPU figure `cpu` and the wall-clock figure `wall`.
     fn cpu_and_wall(scenario: &str, row: &str, keys: [&str; 2], cpu: f64, wall: f64) -> Report {
-        let labels: Vec<&str> = row.split('/').collect();
-        let mut cols: Vec<Column> = (0..labels.len())
-            .map(|i| Column::label(&format!("l{i}")))
-            .collect();
-        cols.push(Column::metric(keys[0], keys[0], Unit::Ratio, 2));
-        cols.push(Column::metric(keys[1], keys[1], Unit::Ratio, 2));
-        let mut t = Table::new("results", "t", cols);
-        let mut cells: Vec<Cell> = labels.iter().map(|l| (*l).into()).collect();
-        cells.push(Cell::Num(cpu));
-        cells.push(Cell::Num(wall));
-        t.row(cells);
-        let mut r = Report::new("x", "x", serde_json::json!({}));
-        r.scenario = scenario.into();
-        r.tables.push(t);
-        r
+        one_row(
+            scenario,
+            "results",
+            row,
+            &keys,
+            vec![Cell::Num(cpu), Cell::Num(wall)],
+        )
     }
 
     #[test]
@@ -669,38 +687,16 @@ mod tests {
     fn seed_004_judges_the_figure_against_the_fresh_arm_and_shows_the_others_beside() {
         // A co-runner moved the aged arm's CPU figure alone to 1.58; against
         // the fresh arm ours is 0.99.
-        let mut t = Table::new(
-            "summary",
-            "t",
-            vec![
-                Column::label("policy"),
-                Column::metric("retained_vs_fresh", "r", Unit::Ratio, 2),
-                Column::metric("retained", "r", Unit::Ratio, 2),
-                Column::metric("retained_wall", "r", Unit::Ratio, 2),
+        let t = policy_table(
+            &["retained_vs_fresh", "retained", "retained_wall"],
+            &[
+                ("linux-2016", &[0.80, 0.45, 0.5]),
+                ("linux-2020", &[0.13, 0.1, 0.1]),
+                ("softiommu", &[0.99, 1.58, 1.2]),
             ],
         );
-        t.row(vec![
-            "linux-2016".into(),
-            Cell::Num(0.80),
-            Cell::Num(0.45),
-            Cell::Num(0.5),
-        ]);
-        t.row(vec![
-            "linux-2020".into(),
-            Cell::Num(0.13),
-            Cell::Num(0.1),
-            Cell::Num(0.1),
-        ]);
-        t.row(vec![
-            "softiommu".into(),
-            Cell::Num(0.99),
-            Cell::Num(1.58),
-            Cell::Num(1.2),
-        ]);
-        let mut r = Report::new("x", "x", serde_json::json!({}));
-        r.scenario = "aging".into();
-        r.tables.push(t);
-        let l = summarise(&[r.clone()]).remove(4);
+        let r = report_with("aging", t);
+        let l = summarise(std::slice::from_ref(&r)).remove(4);
         assert_eq!(l.seed, "004");
         assert_eq!(l.ours, Some(0.99));
         assert_eq!(
@@ -753,21 +749,16 @@ mod tests {
     fn seed_004_names_every_baseline_that_fell_whichever_fell_lower() {
         // Quiet, 2023 fell lower; busy, 2020 did: the same verdict.
         let aging = |r2020: f64, r2023: f64| {
-            let mut t = Table::new(
-                "summary",
-                "t",
-                vec![
-                    Column::label("policy"),
-                    Column::metric("retained_vs_fresh", "r", Unit::Ratio, 2),
+            let t = policy_table(
+                &["retained_vs_fresh"],
+                &[
+                    ("linux-2016", &[0.62]),
+                    ("linux-2020", &[r2020]),
+                    ("linux-2023", &[r2023]),
+                    ("softiommu", &[0.99]),
                 ],
             );
-            t.row(vec!["linux-2016".into(), Cell::Num(0.62)]);
-            t.row(vec!["linux-2020".into(), Cell::Num(r2020)]);
-            t.row(vec!["linux-2023".into(), Cell::Num(r2023)]);
-            t.row(vec!["softiommu".into(), Cell::Num(0.99)]);
-            let mut r = Report::new("x", "x", serde_json::json!({}));
-            r.scenario = "aging".into();
-            r.tables.push(t);
+            let r = report_with("aging", t);
             summarise(&[r]).remove(4).verdict
         };
         let quiet = aging(0.041, 0.034);
@@ -784,26 +775,16 @@ mod tests {
     /// quarter; a gradual drift (2016's worst quarter 0.65) is not.
     #[test]
     fn seed_004_names_a_baseline_that_fell_and_climbed_back() {
-        let mut t = Table::new(
-            "summary",
-            "t",
-            vec![
-                Column::label("policy"),
-                Column::metric("retained_vs_fresh", "r", Unit::Ratio, 2),
-                Column::metric("lowest_quarter_vs_fresh", "l", Unit::Ratio, 2),
+        let t = policy_table(
+            &["retained_vs_fresh", "lowest_quarter_vs_fresh"],
+            &[
+                ("linux-2016", &[0.51, 0.65]),
+                ("linux-2020", &[1.22, 0.035]),
+                ("linux-2023", &[0.019, 0.012]),
+                ("softiommu", &[0.99, 1.08]),
             ],
         );
-        t.row(vec!["linux-2016".into(), Cell::Num(0.51), Cell::Num(0.65)]);
-        t.row(vec!["linux-2020".into(), Cell::Num(1.22), Cell::Num(0.035)]);
-        t.row(vec![
-            "linux-2023".into(),
-            Cell::Num(0.019),
-            Cell::Num(0.012),
-        ]);
-        t.row(vec!["softiommu".into(), Cell::Num(0.99), Cell::Num(1.08)]);
-        let mut r = Report::new("x", "x", serde_json::json!({}));
-        r.scenario = "aging".into();
-        r.tables.push(t);
+        let r = report_with("aging", t);
         let l = summarise(&[r]).remove(4);
         assert_eq!(
             l.verdict,
