@@ -255,8 +255,9 @@ fn run_once(
     // The handler threads inherit the CPU of the thread that starts them:
     // theirs, then the device's (this thread's) own, so the two never
     // take turns on one core (a spinning party on the core the other
-    // waits for costs it a scheduler tick, milliseconds).
-    if let Some((_, handlers_cpu)) = plan.cpus {
+    // waits for costs it a scheduler tick, milliseconds). Timed runs
+    // start no threads.
+    if let Some((_, handlers_cpu)) = plan.cpus.filter(|_| !timed) {
         affinity::pin_current(handlers_cpu);
     }
     let pinned = rig.domain(0, msg_len, 1, plan.promote)?;
