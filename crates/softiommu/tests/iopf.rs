@@ -83,6 +83,32 @@ fn accessor(r: &Rig, sid: SourceId) -> DmaAccessor {
     DmaAccessor::new(r.sys.unit(r.unit).unwrap(), sid).unwrap()
 }
 
+/// The raw descriptor of a read request from `sid`, last of group `prgi`,
+/// at `addr`: what a device injects into the page request queue itself.
+fn read_request(sid: SourceId, prgi: u16, addr: u64) -> [u64; 4] {
+    PageRequest {
+        sid,
+        pasid: None,
+        read: true,
+        write: false,
+        exec: false,
+        privileged: false,
+        last: true,
+        prgi,
+        addr,
+        private: [0, 0],
+    }
+    .encode()
+}
+
+/// Whether an access was refused because its page request was denied.
+fn denied(e: &AccessError) -> bool {
+    matches!(
+        e,
+        AccessError::Translate(TranslateError::PageRequestDenied { .. })
+    )
+}
+
 #[test]
 fn a_miss_is_served_and_the_access_retried() {
     let r = rig(1, 16);
@@ -157,10 +183,7 @@ fn a_request_outside_the_map_is_refused_and_recorded() {
     let h = IopfHandler::start(r.domain.clone(), r.unit, 1).unwrap();
     let mut acc = accessor(&r, DEV);
     let e = acc.read_u32(BASE + 64 * PAGE_SIZE, O).unwrap_err();
-    assert!(matches!(
-        e,
-        AccessError::Translate(TranslateError::PageRequestDenied { .. })
-    ));
+    assert!(denied(&e), "{e:?}");
     let f = r.sys.unit(r.unit).unwrap().faults().drain();
     assert_eq!(f.records.len(), 1);
     assert_eq!(f.records[0].reason, FaultReason::PageRequestDenied);
@@ -235,19 +258,7 @@ fn a_full_queue_answers_invalid_at_once_and_sets_overflow() {
     );
     let unit = r.sys.unit(r.unit).unwrap();
     // A flooding device fills the 128-entry queue (no handler runs).
-    let junk = PageRequest {
-        sid: SourceId(0x0999),
-        pasid: None,
-        read: true,
-        write: false,
-        exec: false,
-        privileged: false,
-        last: true,
-        prgi: 0,
-        addr: 0,
-        private: [0, 0],
-    }
-    .encode();
+    let junk = read_request(SourceId(0x0999), 0, 0);
     let mut queued = 0;
     while unit.inject_page_request(junk).unwrap() {
         queued += 1;
@@ -542,19 +553,7 @@ fn bad_input_is_typed_or_answered_invalid_and_counted() {
     // Requests with reserved bits, and beyond the address width: the
     // handler drops the first and answers the second `Invalid`.
     let h = IopfHandler::start(r.domain.clone(), r.unit, 1).unwrap();
-    let mut reserved = PageRequest {
-        sid: DEV,
-        pasid: None,
-        read: true,
-        write: false,
-        exec: false,
-        privileged: false,
-        last: true,
-        prgi: 300,
-        addr: 1 << 50,
-        private: [0, 0],
-    }
-    .encode();
+    let mut reserved = read_request(DEV, 300, 1 << 50);
     unit.inject_page_request(reserved).unwrap();
     reserved[0] |= 1 << 60;
     unit.inject_page_request(reserved).unwrap();
@@ -683,13 +682,7 @@ fn an_inline_handler_serves_the_faults_on_the_device_thread() {
     let e = acc
         .read(BASE + 64 * PAGE_SIZE, &mut [0u8; 8], O)
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            AccessError::Translate(TranslateError::PageRequestDenied { .. })
-        ),
-        "{e:?}"
-    );
+    assert!(denied(&e), "{e:?}");
     assert_eq!(h.stats().answered_invalid, 1);
     // Dropping the hook drops the last handle on the handler, which stops
     // it; with a hook that serves nothing, the device's wait ends at the
@@ -702,13 +695,7 @@ fn an_inline_handler_serves_the_faults_on_the_device_thread() {
     let e = acc
         .read(BASE + 9 * PAGE_SIZE, &mut [0u8; 8], O)
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            AccessError::Translate(TranslateError::PageRequestDenied { .. })
-        ),
-        "{e:?}"
-    );
+    assert!(denied(&e), "{e:?}");
     let waited = t0.elapsed();
     assert!(
         waited >= Duration::from_millis(150) && waited < Duration::from_secs(10),
@@ -750,21 +737,8 @@ fn serve_pending_is_bounded_and_takes_only_its_domains_requests() {
     .unwrap();
     d2.attach(DEV2).unwrap();
     let unit = r.sys.unit(r.unit).unwrap();
-    let raw = |sid: SourceId, prgi: u16| {
-        PageRequest {
-            sid,
-            pasid: None,
-            read: true,
-            write: false,
-            exec: false,
-            privileged: false,
-            last: true,
-            prgi,
-            addr: BASE + u64::from(prgi) * PAGE_SIZE,
-            private: [0, 0],
-        }
-        .encode()
-    };
+    let raw =
+        |sid: SourceId, prgi: u16| read_request(sid, prgi, BASE + u64::from(prgi) * PAGE_SIZE);
     for i in 0..5 {
         assert_eq!(unit.inject_page_request_from(DEV, raw(DEV, i)), Ok(true));
     }
