@@ -4,11 +4,15 @@
 //! overflow, a dead handler, detach, reclaim racing faults, several
 //! devices and handler threads, and bad input.
 
+mod page_requests;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use softiommu::hw::{InvDescriptor, PageRequest, QueueMode, ResponseCode, Taken, UnitId};
+use softiommu::hw::{InvDescriptor, QueueMode, ResponseCode, Taken, UnitId};
+
+use page_requests::read_request;
 use softiommu::iopf::{IopfConfig, IopfDomain, IopfError, IopfHandler, Region};
 use softiommu::{
     AccessError, DmaAccessor, DmaAttrs, FaultReason, Perm, PhysMemory, SourceId, System,
@@ -81,24 +85,6 @@ fn rig(premap: u64, pages: u64) -> Rig {
 
 fn accessor(r: &Rig, sid: SourceId) -> DmaAccessor {
     DmaAccessor::new(r.sys.unit(r.unit).unwrap(), sid).unwrap()
-}
-
-/// The raw descriptor of a read request from `sid`, last of group `prgi`,
-/// at `addr`: what a device injects into the page request queue itself.
-fn read_request(sid: SourceId, prgi: u16, addr: u64) -> [u64; 4] {
-    PageRequest {
-        sid,
-        pasid: None,
-        read: true,
-        write: false,
-        exec: false,
-        privileged: false,
-        last: true,
-        prgi,
-        addr,
-        private: [0, 0],
-    }
-    .encode()
 }
 
 /// Whether an access was refused because its page request was denied.

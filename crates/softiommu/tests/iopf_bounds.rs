@@ -3,11 +3,15 @@
 //! translation section cannot hold up another device's attach or detach
 //! without limit (the drain is bounded and fences, as reclaim's is).
 
+mod page_requests;
+
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use softiommu::hw::{Access, PageRequest, ResponseCode, Taken};
+use softiommu::hw::{Access, ResponseCode, Taken};
+
+use page_requests::read_request;
 use softiommu::iopf::{IopfConfig, IopfDomain, IopfError, IopfHandler, Region};
 use softiommu::{
     ContextEntry, DmaAccessor, DmaAttrs, Perm, PhysMemory, SourceId, System, UnitConfig, PAGE_SIZE,
@@ -19,19 +23,7 @@ const OTHER: SourceId = SourceId(0x0901);
 const BASE: u64 = 0x1000_0000;
 
 fn forged(sid: SourceId, prgi: u16) -> [u64; 4] {
-    PageRequest {
-        sid,
-        pasid: None,
-        read: true,
-        write: false,
-        exec: false,
-        privileged: false,
-        last: true,
-        prgi,
-        addr: 0x7000_0000,
-        private: [0, 0],
-    }
-    .encode()
+    read_request(sid, prgi, 0x7000_0000)
 }
 
 #[test]

@@ -6,11 +6,15 @@
 //! faults; and a device parked inside a translation section cannot stall
 //! reclaim or other devices' faults: it is fenced after a bounded wait.
 
+mod page_requests;
+
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use softiommu::hw::{Access, PageRequest, UnitId};
+use softiommu::hw::{Access, UnitId};
+
+use page_requests::read_request;
 use softiommu::iopf::{IopfConfig, IopfDomain, IopfError, IopfHandler, Region};
 use softiommu::{
     AccessError, DmaAccessor, DmaAttrs, Perm, PhysMemory, SourceId, System, TranslateError,
@@ -94,19 +98,7 @@ fn accessor(r: &Rig, sid: SourceId) -> DmaAccessor {
 /// A request for `sid`'s group `prgi` at an address outside every region:
 /// served, it would be answered `Invalid`.
 fn forged(sid: SourceId, prgi: u16) -> [u64; 4] {
-    PageRequest {
-        sid,
-        pasid: None,
-        read: true,
-        write: false,
-        exec: false,
-        privileged: false,
-        last: true,
-        prgi,
-        addr: 0x7000_0000,
-        private: [0, 0],
-    }
-    .encode()
+    read_request(sid, prgi, 0x7000_0000)
 }
 
 fn wait_raised(r: &Rig, n: u64) {
