@@ -76,6 +76,7 @@
 )]
 
 pub mod access;
+mod affinity;
 pub mod cpu_clock;
 pub mod dma;
 mod error;

@@ -1,9 +1,10 @@
 //! What both workloads share: the run's phases (warm-up, measured window,
 //! stop), a per-thread meter that snapshots its thread's CPU clock and its
-//! counters at the window's edges, and the hosts' configuration.
+//! counters at the window's edges (less the CPU it spent idling between
+//! paced batches), and the hosts' configuration.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use smoltcp::wire::{Ipv4Address, Ipv4Cidr};
 use softiommu::access::OrderMode;
@@ -62,6 +63,9 @@ pub(crate) struct Window {
 pub(crate) struct Meter {
     seen: u8,
     start: Window,
+    /// CPU the thread spent idling (spinning for its next batch) inside
+    /// the window: not work, so not in the window's `cpu`.
+    idle: Duration,
     pub(crate) window: Window,
 }
 
@@ -85,7 +89,10 @@ impl Meter {
         }
         if p == STOP {
             self.window = Window {
-                cpu: now.cpu.saturating_sub(self.start.cpu),
+                cpu: now
+                    .cpu
+                    .saturating_sub(self.start.cpu)
+                    .saturating_sub(self.idle),
                 unit: now.unit.saturating_sub(self.start.unit),
                 count: now.count.saturating_sub(self.start.count),
                 bytes: now.bytes.saturating_sub(self.start.bytes),
@@ -94,11 +101,32 @@ impl Meter {
         self.seen = p;
         p == STOP
     }
+
+    /// Idles until `due`, or until the phase moves on (so the wait is
+    /// bounded by the conductor too), by polling the clock and yielding
+    /// the CPU to any other runnable thread, never sleeping: the CPU does
+    /// not go idle between batches, so no batch pays for waking it (on a
+    /// 2-vCPU VM a sleep and its wake-up cost a paced pass-through
+    /// datagram about as much CPU as its work, and that cost moved with
+    /// the host). The CPU spent here is idling, not work: within the
+    /// window it is left out of the window's `cpu`, as netperf's busy-poll
+    /// mode counts polling that finds nothing as idle.
+    pub(crate) fn idle_until(&mut self, phase: &Phase, due: Instant) {
+        let t0 = cpu_clock::thread();
+        while Instant::now() < due && phase.get() == self.seen {
+            std::thread::yield_now();
+        }
+        if self.seen == MEASURE {
+            self.idle += cpu_clock::thread().saturating_sub(t0);
+        }
+    }
 }
 
 /// Where a workload's four threads run: each `Some` pins that thread to
 /// the CPU (a CPU the kernel refuses is ignored), `None` leaves it to the
-/// scheduler. The default pins nothing.
+/// scheduler. The default pins nothing. A UDP stream pins each host's
+/// flush timer beside its driver (the sender's CPU for host A, the
+/// receiver's for host B), where Linux's flush-queue timer fires.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cpus {
     /// Host A's driver+stack thread (the sender).
@@ -247,6 +275,67 @@ mod tests {
         // never more than the clock moved.
         assert!(w.cpu <= raw, "{w:?} against {raw:?}");
         assert_eq!(w.count, n);
+    }
+
+    /// Some work the optimiser cannot drop, about `ms` of CPU.
+    fn work(ms: u64) {
+        let t0 = cpu_clock::thread();
+        let mut x = 1u64;
+        while cpu_clock::thread() - t0 < Duration::from_millis(ms) {
+            for _ in 0..1000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        }
+    }
+
+    /// Idling inside the window burns CPU (it spins) but is left out of
+    /// the window; the work around it is not.
+    #[test]
+    fn a_windows_cpu_leaves_out_its_idling_and_keeps_its_work() {
+        let (phase, mut meter) = (Phase::default(), Meter::default());
+        let raw0 = cpu_clock::thread();
+        phase.set(MEASURE);
+        assert!(!meter.observe(&phase, 0, 0));
+        work(5);
+        meter.idle_until(&phase, Instant::now() + Duration::from_millis(30));
+        work(5);
+        phase.set(STOP);
+        assert!(meter.observe(&phase, 1, 0));
+        let raw = cpu_clock::thread() - raw0;
+        let w = meter.window;
+        assert!(meter.idle > Duration::ZERO, "the spin took no CPU");
+        assert!(w.cpu >= Duration::from_millis(10), "{w:?}");
+        // The idling is not in the window: the window and the idling
+        // together are no more than the clock moved.
+        assert!(
+            w.cpu + meter.idle <= raw,
+            "{w:?} + {:?} against {raw:?}",
+            meter.idle
+        );
+    }
+
+    /// Idling before the window opens is not subtracted from it, and the
+    /// conductor's next phase ends an idle wait long before its due time.
+    #[test]
+    fn idling_ends_at_the_next_phase_and_counts_only_inside_the_window() {
+        let phase = Arc::new(Phase::default());
+        let mut meter = Meter::default();
+        assert!(!meter.observe(&phase, 0, 0));
+        let p = Arc::clone(&phase);
+        let conductor = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            p.set(MEASURE);
+        });
+        let t0 = Instant::now();
+        meter.idle_until(&phase, t0 + Duration::from_secs(60));
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        conductor.join().unwrap();
+        assert_eq!(meter.idle, Duration::ZERO, "warm-up idling counted");
+        assert!(!meter.observe(&phase, 0, 0));
+        phase.set(STOP);
+        // Already in the next phase: returns at once.
+        meter.idle_until(&phase, Instant::now() + Duration::from_secs(60));
+        assert!(meter.observe(&phase, 0, 0));
     }
 }
 

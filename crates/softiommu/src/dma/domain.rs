@@ -298,6 +298,21 @@ impl DmaDomain {
         self.timer_clock.get().and_then(ThreadClock::read)
     }
 
+    /// Pins the domain's flush timer thread to `cpu` (`sched_setaffinity`
+    /// on that thread). Linux's flush-queue timer fires on the CPU that
+    /// armed it, the one that unmapped; a caller whose mapping threads are
+    /// pinned can keep the timer beside them, so that its rounds run on a
+    /// CPU that is already awake rather than waking another. Whether the
+    /// kernel took it: false for a CPU it refuses (or out of the set's
+    /// range), or once the timer has stopped.
+    pub fn pin_timer(&self, cpu: usize) -> bool {
+        let timer = lock(&self.timer);
+        let Some(handle) = timer.as_ref().filter(|h| !h.is_finished()) else {
+            return false;
+        };
+        crate::affinity::pin_thread(handle, cpu)
+    }
+
     /// The part of [`timer_cpu_time`](Self::timer_cpu_time) the timer spent
     /// running units' invalidation-queue passes inline (with the units'
     /// [`Unit::set_pass_accounting`](crate::hw::Unit::set_pass_accounting)

@@ -897,6 +897,30 @@ fn the_flush_timers_cpu_time_is_read_from_its_own_clock() {
     );
 }
 
+/// The timer can be pinned beside the mapping threads, and keeps flushing
+/// there; a CPU past the set's range is refused.
+#[test]
+fn the_flush_timer_can_be_pinned_to_a_cpu_and_still_flushes() {
+    let mut r = rig(DmaPolicy::Deferred, false);
+    assert!(r.domain.pin_timer(0), "CPU 0 is one every process may use");
+    assert!(!r.domain.pin_timer(usize::MAX));
+    r.domain.set_timeout(Duration::from_millis(2)).unwrap();
+    let buf = r.mem.alloc_zeroed_frames(1).unwrap();
+    let a = r
+        .cpu
+        .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    r.cpu
+        .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    // Below the high-water mark: only the (pinned) timer flushes it.
+    let t = std::time::Instant::now();
+    while r.domain.stats().flushes == 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(r.domain.stats().flushes, 1);
+}
+
 /// Pass-through never bounces, and a switch waits for every mapping to go,
 /// so no bounce slot is live in pass-through: a buffer whose physical
 /// address is also an IOVA of a bounce pool's lane (RAM reaching past the

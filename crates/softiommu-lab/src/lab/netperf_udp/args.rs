@@ -17,15 +17,17 @@ pub struct NetperfArgs {
     #[arg(long, value_delimiter = ',')]
     pub ordering: Vec<OrderModeName>,
     /// Measured seconds per row, split over the rounds (0.01..=86400;
-    /// default 1.2 with --quick, else 6). Each round adds an unmeasured
+    /// default 1.5 with --quick, else 6). Each round adds an unmeasured
     /// warm-up of 40 % of its share (0.1..=0.5 s).
     #[arg(long)]
     pub seconds: Option<Seconds>,
     /// Rounds: every row runs once per round, rounds interleaved, and each
     /// row's median round (by service demand) is reported with the spread
-    /// of all (1..=100; default 5, so one round a co-runner disturbed
-    /// moves neither the median nor the verdict). Both passes (full
-    /// speed, paced) run this many rounds.
+    /// of all (1..=100; default 15: the rows a ratio pairs are measured
+    /// close together, and the median's 96 % interval is the 4th to the
+    /// 12th round, so three rounds a co-runner disturbed at either end
+    /// move neither the median nor the verdict). Both passes (full speed,
+    /// paced) run this many rounds.
     #[arg(long)]
     pub rounds: Option<Ranged<1, 100>>,
     /// The paced pass's common rate, percent of the slowest policy's
