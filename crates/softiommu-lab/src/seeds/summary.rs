@@ -132,6 +132,61 @@ fn contract_rows<'a>(reports: &'a [Report], scenario: &str) -> Option<&'a [serde
         .map(Vec::as_slice)
 }
 
+/// The interval a seed's verdict is judged on, and how the summary names
+/// it.
+struct Judged {
+    /// The rounds' spread with its ends replaced by the median's
+    /// confidence interval where the lab gave one (a contract row's
+    /// `[low, high]` field; with nine rounds or more it leaves out the
+    /// extreme rounds), else the spread as it is.
+    spread: Option<Spread>,
+    /// "beyond the median's interval" where that interval is narrower
+    /// than the rounds' lowest to highest, else "beyond the spread".
+    beyond: &'static str,
+    /// "; the median's interval (…) low to high" where it is narrower,
+    /// else empty.
+    words: String,
+}
+
+impl Judged {
+    /// From `row`'s `field` (`[low, high]`) and the rounds' `spread`.
+    fn of(row: Option<&serde_json::Value>, field: &str, spread: Option<Spread>) -> Self {
+        let interval = row.and_then(|r| {
+            let i = r.get(field)?.as_array()?;
+            Some((i.first()?.as_f64()?, i.get(1)?.as_f64()?))
+        });
+        let judged = match (interval, spread) {
+            (Some((lo, hi)), Some(s)) => Some(Spread {
+                min: lo,
+                median: s.median,
+                max: hi,
+            }),
+            _ => spread,
+        };
+        // Named only where it is not the rounds' own lowest and highest.
+        let narrower = interval.filter(|&(lo, hi)| {
+            let differs = |a: f64, b: f64| (a - b).abs() > 1e-9 * a.abs().max(b.abs());
+            spread.is_none_or(|s| differs(lo, s.min) || differs(hi, s.max))
+        });
+        Judged {
+            spread: judged,
+            beyond: if narrower.is_some() {
+                "beyond the median's interval"
+            } else {
+                "beyond the spread"
+            },
+            words: narrower.map_or_else(String::new, |(lo, hi)| {
+                format!(
+                    "; the median's interval (at least {:.2} % confidence) {} to {}",
+                    super::verdict::CONFIDENCE * 100.0,
+                    fmt(Some(lo), "×"),
+                    fmt(Some(hi), "×")
+                )
+            }),
+        }
+    }
+}
+
 /// Why one of `policies`' ordered rows of `scenario`'s contract is
 /// invalid, the first such; `None` when all stand (or say nothing).
 fn invalid_row(reports: &[Report], scenario: &str, policies: &[&str]) -> Option<String> {
@@ -168,44 +223,15 @@ fn seed_000(reports: &[Report]) -> SeedLine {
             max: t.get("deferred/ordered", "vs_passthrough_max")?,
         })
     });
-    // The interval the verdict is judged on: the median's confidence
-    // interval where the lab gave one (with nine rounds it leaves out the
-    // lowest and highest round), else the spread.
-    let interval = contract_rows(reports, "udp-32")
-        .and_then(|rows| {
-            rows.iter()
-                .find(|r| r["policy"] == "deferred" && r["ordering"] == "ordered")
-        })
-        .and_then(|r| {
-            let i = r.get("vs_passthrough_interval")?.as_array()?;
-            Some((i.first()?.as_f64()?, i.get(1)?.as_f64()?))
-        });
-    let judged = match (interval, spread) {
-        (Some((lo, hi)), Some(s)) => Some(Spread {
-            min: lo,
-            median: s.median,
-            max: hi,
-        }),
-        _ => spread,
-    };
-    // Named only where it is not the rounds' own lowest and highest.
-    let narrower = interval.filter(|&(lo, hi)| {
-        let differs = |a: f64, b: f64| (a - b).abs() > 1e-9 * a.abs().max(b.abs());
-        spread.is_none_or(|s| differs(lo, s.min) || differs(hi, s.max))
+    let row = contract_rows(reports, "udp-32").and_then(|rows| {
+        rows.iter()
+            .find(|r| r["policy"] == "deferred" && r["ordering"] == "ordered")
     });
-    let beyond = if narrower.is_some() {
-        "beyond the median's interval"
-    } else {
-        "beyond the spread"
-    };
-    let interval_words = narrower.map_or_else(String::new, |(lo, hi)| {
-        format!(
-            "; the median's interval (at least {:.2} % confidence) {} to {}",
-            super::verdict::CONFIDENCE * 100.0,
-            fmt(Some(lo), "×"),
-            fmt(Some(hi), "×")
-        )
-    });
+    let Judged {
+        spread: judged,
+        beyond,
+        words: interval_words,
+    } = Judged::of(row, "vs_passthrough_interval", spread);
     let strict = t.get("strict/ordered", "vs_passthrough");
     let bounce = t.get("bounce/ordered", "vs_passthrough");
     let rows = ["passthrough/ordered", "deferred/ordered", "strict/ordered"];
@@ -373,6 +399,11 @@ fn seed_003(reports: &[Report]) -> SeedLine {
         })
     });
     let (lo, hi) = (spread.map(|s| s.min), spread.map(|s| s.max));
+    let contract = contract_rows(reports, "tcp-64k").and_then(|rows| {
+        rows.iter()
+            .find(|r| r["walk"] == "non-coherent" && r["policy"] == "deferred")
+    });
+    let judged = Judged::of(contract, "saturated_vs_coherent_interval", spread);
     let measured = t.get(row, "vs_coherent");
     let strict = t.get("non-coherent/strict", "saturated_vs_coherent");
     let share = t.get(row, "flush_cpu_share_pct");
@@ -397,12 +428,13 @@ fn seed_003(reports: &[Report]) -> SeedLine {
         ours_spread: spread,
         unit: "×",
         detail: format!(
-            "one smoltcp TCP stream, deferred, stated as CPU per unit of work (the stream need not saturate its driver threads): driver CPU (both hosts' driver+stack threads and flush timers) {} per GB coherent, {} non-coherent, so a CPU-saturated driver would reach {} of coherent's throughput (each round's paired ratio, rounds {} to {}); measured below saturation {} of coherent's Mbit/s; {} lines flushed per GB, flush share {} of driver CPU (estimated; theirs 5.86 %); strict {}",
+            "one smoltcp TCP stream, deferred, stated as CPU per unit of work (the stream need not saturate its driver threads): driver CPU (both hosts' driver+stack threads and flush timers) {} per GB coherent, {} non-coherent, so a CPU-saturated driver would reach {} of coherent's throughput (each round's paired ratio, rounds {} to {}{}); measured below saturation {} of coherent's Mbit/s; {} lines flushed per GB, flush share {} of driver CPU (estimated; theirs 5.86 %); strict {}",
             fmt(cpu_c, " s"),
             fmt(cpu_n, " s"),
             fmt(ours, "×"),
             fmt(lo, "×"),
             fmt(hi, "×"),
+            judged.words,
             fmt(measured, "×"),
             fmt(lines.map(|l| l / 1e6), " M"),
             fmt(share, " %"),
@@ -410,7 +442,7 @@ fn seed_003(reports: &[Report]) -> SeedLine {
         ),
         verdict: match ours {
             None if invalid.is_none() => "no deferred rows for both walks".into(),
-            _ => seed_003_verdict(spread, theirs, invalid),
+            _ => seed_003_verdict(judged.spread, judged.beyond, theirs, invalid),
         },
         scenario: Some("tcp-64k".into()),
         spark: Some(("tcp-64k", "results", "non-coherent/deferred", "saturated_vs_coherent")),
@@ -420,17 +452,31 @@ fn seed_003(reports: &[Report]) -> SeedLine {
 /// Seed 003's verdict by the one rule, twice on the same interval: the
 /// claim's direction (a non-coherent walk costs more driver CPU per GB
 /// than a coherent one: ours below 1.0) and its size against the seed's.
-fn seed_003_verdict(spread: Option<Spread>, theirs: f64, invalid: Option<String>) -> String {
+/// `beyond` names the interval ("beyond the spread", or the median's).
+fn seed_003_verdict(
+    spread: Option<Spread>,
+    beyond: &str,
+    theirs: f64,
+    invalid: Option<String>,
+) -> String {
     let direction = judge(spread, 1.0, invalid.clone());
+    let more =
+        format!("a non-coherent walk costs more driver CPU per GB than a coherent one, {beyond}");
+    let less =
+        format!("a non-coherent walk costs less driver CPU per GB than a coherent one, {beyond}");
     let direction = direction.words(
-        "a non-coherent walk costs more driver CPU per GB than a coherent one, beyond the spread",
-        "a non-coherent walk cost less driver CPU per GB than a coherent one in every round",
+        &more,
+        &less,
         "a non-coherent walk's extra driver CPU per GB is within the spread",
     );
     let size = judge(spread, theirs, invalid);
+    let as_much = format!("flushing costs as much CPU per GB as the seed's or more, {beyond}");
+    let cheaper = format!(
+        "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, {beyond}"
+    );
     let size = size.words(
-        "flushing costs as much CPU per GB as the seed's or more, beyond the spread",
-        "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, beyond the spread",
+        &as_much,
+        &cheaper,
         "flushing costs what the seed's did, within the spread of the rounds",
     );
     let (direction, size) = match (direction, size) {

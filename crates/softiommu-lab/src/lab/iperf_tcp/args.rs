@@ -9,15 +9,17 @@ use crate::args::{DmaPolicyName, Latency, Placement, Ranged, Seconds, Walk};
 #[serde(default, deny_unknown_fields)]
 pub struct IperfTcpArgs {
     /// Measured seconds per row, split over the rounds and their three
-    /// runs each (0.01..=86400; default 6 with --quick, else 15). Each run
+    /// runs each (0.01..=86400; default 8 with --quick, else 15). Each run
     /// adds an unmeasured warm-up (connection, slow start) of 40 % of its
     /// share (0.2..=0.5 s).
     #[arg(long)]
     pub seconds: Option<Seconds>,
     /// Rounds: every row runs three times per round, interleaved, the
-    /// round keeping each row's median run by CPU per GB, and each
-    /// row's median round (by Mbit/s) is reported (1..=100; default 5, the
-    /// seed summary's least, `--quick` too).
+    /// round keeping each row's median run by CPU per GB, and each row's
+    /// median round (by Mbit/s) is reported; the non-coherent walk's
+    /// ratio to the coherent one is paired round by round, with the
+    /// median's interval over the rounds (1..=100; default 9, `--quick`
+    /// too: the interval is then the 2nd to the 8th round, at 96 %).
     #[arg(long)]
     pub rounds: Option<Ranged<1, 100>>,
     /// Short runs, same shape.

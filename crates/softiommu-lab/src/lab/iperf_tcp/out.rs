@@ -59,6 +59,11 @@ pub struct IperfTcpRow {
     /// Its spread over the rounds' paired ratios (lowest, median,
     /// highest).
     pub saturated_vs_coherent_spread: Option<Spread>,
+    /// The median's distribution-free confidence interval over the
+    /// rounds' paired ratios (`[low, high]`, at least 93.75 %; with 15
+    /// rounds the 4th to the 12th), the interval seed 003's verdict is
+    /// judged on; null with fewer than five rounds.
+    pub saturated_vs_coherent_interval: Option<[f64; 2]>,
     /// `cpu_s_per_gb` of each round, in the order the rounds ran (for
     /// the paired ratios; not in the contract).
     #[serde(skip)]
