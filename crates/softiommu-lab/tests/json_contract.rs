@@ -329,9 +329,14 @@ fn lab_iperf_tcp() {
             "lines_flushed_per_gb",
             "flush_cpu_share",
             "checksum_ok",
+            "saturated_vs_coherent",
+            "saturated_vs_coherent_spread",
+            "saturated_vs_coherent_interval",
         ] {
             assert!(r.get(k).is_some(), "{k} missing in {r}");
         }
+        // One round: no spread and no interval to judge by.
+        assert!(r["saturated_vs_coherent_interval"].is_null(), "{r}");
         assert_eq!(r["checksum_ok"], true);
         for k in ["mbit_s", "cpu_s_per_gb"] {
             assert!(number(r, k) > 0.0, "{k} in {r}");

@@ -1,51 +1,88 @@
-//! Pinning a thread the library spawned to one CPU
-//! (`pthread_setaffinity_np(3)`).
+//! Pinning the calling thread to one CPU (`sched_setaffinity(2)`), and
+//! the CPUs it may use. The library's own threads pin themselves (a
+//! thread pinned from outside through its `pthread_t` could have exited,
+//! and an exited thread's id is no longer its own).
 
-use std::os::unix::thread::JoinHandleExt;
-use std::thread::JoinHandle;
+/// No CPU requested: the value an unset pin request holds.
+pub(crate) const NO_CPU: usize = usize::MAX;
 
-/// Pins the thread behind `handle` (live, not joined: the caller holds
-/// the handle) to `cpu`; false if `cpu` is past the set's range or the
-/// kernel refused it.
-pub(crate) fn pin_thread<T>(handle: &JoinHandle<T>, cpu: usize) -> bool {
+/// Whether the calling thread may run on `cpu` (its current affinity
+/// mask holds it); false past the set's range or if the kernel will not
+/// say.
+#[cfg(target_os = "linux")]
+pub(crate) fn allowed(cpu: usize) -> bool {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return false;
+    }
+    // SAFETY: `set` is a plain bit set the kernel fills, its size passed;
+    // `cpu` is checked against that size above.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
+            && libc::CPU_ISSET(cpu, &set)
+    }
+}
+
+/// Whether the calling thread may run on `cpu` (never, where pinning is
+/// not supported).
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn allowed(_cpu: usize) -> bool {
+    false
+}
+
+/// Pins the calling thread to `cpu`; false past the set's range or if the
+/// kernel refused.
+#[cfg(target_os = "linux")]
+pub(crate) fn pin_current(cpu: usize) -> bool {
     if cpu >= libc::CPU_SETSIZE as usize {
         return false;
     }
     // SAFETY: `set` is a plain bit set, zeroed and then given one CPU
-    // checked against its size above; the pthread_t comes from a handle
-    // the caller holds, so the thread has not been joined and its id is
-    // still valid; the size passed is the set's.
+    // checked against its size above; pid 0 is the calling thread, and the
+    // size passed is the set's.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        libc::pthread_setaffinity_np(
-            handle.as_pthread_t() as libc::pthread_t,
-            std::mem::size_of::<libc::cpu_set_t>(),
-            &set,
-        ) == 0
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
     }
+}
+
+/// Pins the calling thread (never, where pinning is not supported).
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn pin_current(_cpu: usize) -> bool {
+    false
+}
+
+/// The CPUs the calling thread may run on, in order (empty if the kernel
+/// will not say).
+#[cfg(test)]
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| allowed(c))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The CPU the calling thread runs on now.
-    fn current_cpu() -> i32 {
-        // SAFETY: `sched_getcpu` has no preconditions.
-        unsafe { libc::sched_getcpu() }
-    }
-
     #[test]
-    fn a_spawned_thread_moves_to_the_cpu_it_is_pinned_to() {
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let h = std::thread::spawn(move || {
-            go_rx.recv().unwrap();
-            current_cpu()
-        });
-        assert!(pin_thread(&h, 0));
-        assert!(!pin_thread(&h, usize::MAX));
-        go_tx.send(()).unwrap();
-        assert_eq!(h.join().unwrap(), 0);
+    fn a_thread_pins_itself_to_a_cpu_it_may_use_and_no_other() {
+        let cpus = allowed_cpus();
+        let c = *cpus.last().expect("the kernel names at least one CPU");
+        let (ok, on, mask) = std::thread::spawn(move || {
+            let ok = pin_current(c);
+            // SAFETY: `sched_getcpu` has no preconditions.
+            (ok, unsafe { libc::sched_getcpu() }, allowed_cpus())
+        })
+        .join()
+        .unwrap();
+        assert!(ok);
+        assert_eq!(on, c as i32);
+        assert_eq!(mask, vec![c]);
+        // The spawning thread's own mask is untouched.
+        assert_eq!(allowed_cpus(), cpus);
+        assert!(!pin_current(usize::MAX));
+        assert!(!allowed(usize::MAX));
     }
 }

@@ -4,10 +4,11 @@
 //! row is marked "measurement invalid" gets none, and where ours was
 //! measured in rounds and is compared with their published figure (a
 //! point), a verdict is given only when ours' interval lies on one side
-//! of it — every round, or, for seed 000 measured in nine rounds or more,
-//! the median's order-statistic interval (`verdict::median_interval`),
-//! whose verdict then says "beyond the median's interval"; otherwise the
-//! line says "within the spread".
+//! of it — every round, or, for seeds 000 and 003 measured in nine rounds
+//! or more, the median's order-statistic interval
+//! (`verdict::median_interval`), whose verdict then says "beyond the
+//! median's interval"; otherwise the line says "within the spread" (or
+//! "within the median's interval").
 
 use serde::Serialize;
 
@@ -18,6 +19,11 @@ use super::verdict::judge;
 /// The verdict where ours' rounds straddle the figure it is judged by.
 pub const WITHIN_THE_SPREAD: &str =
     "within the spread: our rounds lie on both sides of the figure judged against, so no verdict";
+
+/// The verdict where the median's interval (narrower than the rounds)
+/// holds the figure it is judged by.
+pub const WITHIN_THE_INTERVAL: &str =
+    "within the median's interval: it holds the figure judged against, so no verdict";
 
 /// A seed's line of the summary.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -146,6 +152,9 @@ struct Judged {
     /// "; the median's interval (…) low to high" where it is narrower,
     /// else empty.
     words: String,
+    /// [`WITHIN_THE_INTERVAL`] where that interval is narrower, else
+    /// [`WITHIN_THE_SPREAD`].
+    within: &'static str,
 }
 
 impl Judged {
@@ -174,6 +183,11 @@ impl Judged {
                 "beyond the median's interval"
             } else {
                 "beyond the spread"
+            },
+            within: if narrower.is_some() {
+                WITHIN_THE_INTERVAL
+            } else {
+                WITHIN_THE_SPREAD
             },
             words: narrower.map_or_else(String::new, |(lo, hi)| {
                 format!(
@@ -231,6 +245,7 @@ fn seed_000(reports: &[Report]) -> SeedLine {
         spread: judged,
         beyond,
         words: interval_words,
+        within: within_words,
     } = Judged::of(row, "vs_passthrough_interval", spread);
     let strict = t.get("strict/ordered", "vs_passthrough");
     let bounce = t.get("bounce/ordered", "vs_passthrough");
@@ -255,7 +270,7 @@ fn seed_000(reports: &[Report]) -> SeedLine {
         verdict: match (&invalid, ours) {
             (None, None) => "no deferred or pass-through row".into(),
             _ => {
-                let within = format!("deferred against the seed's batching: {WITHIN_THE_SPREAD}");
+                let within = format!("deferred against the seed's batching: {within_words}");
                 let less =
                     format!("deferred costs less over no-IOMMU than the seed's batching, {beyond}");
                 let more =
@@ -442,7 +457,7 @@ fn seed_003(reports: &[Report]) -> SeedLine {
         ),
         verdict: match ours {
             None if invalid.is_none() => "no deferred rows for both walks".into(),
-            _ => seed_003_verdict(judged.spread, judged.beyond, theirs, invalid),
+            _ => seed_003_verdict(&judged, theirs, invalid),
         },
         scenario: Some("tcp-64k".into()),
         spark: Some(("tcp-64k", "results", "non-coherent/deferred", "saturated_vs_coherent")),
@@ -452,33 +467,28 @@ fn seed_003(reports: &[Report]) -> SeedLine {
 /// Seed 003's verdict by the one rule, twice on the same interval: the
 /// claim's direction (a non-coherent walk costs more driver CPU per GB
 /// than a coherent one: ours below 1.0) and its size against the seed's.
-/// `beyond` names the interval ("beyond the spread", or the median's).
-fn seed_003_verdict(
-    spread: Option<Spread>,
-    beyond: &str,
-    theirs: f64,
-    invalid: Option<String>,
-) -> String {
+/// `judged` names the interval ("beyond the spread", or the median's).
+fn seed_003_verdict(judged: &Judged, theirs: f64, invalid: Option<String>) -> String {
+    let (spread, beyond) = (judged.spread, judged.beyond);
+    let within = if judged.within == WITHIN_THE_INTERVAL {
+        "within the median's interval"
+    } else {
+        "within the spread"
+    };
+    let extra_within = format!("a non-coherent walk's extra driver CPU per GB is {within}");
+    let size_within = format!("flushing costs what the seed's did, {within}");
     let direction = judge(spread, 1.0, invalid.clone());
     let more =
         format!("a non-coherent walk costs more driver CPU per GB than a coherent one, {beyond}");
     let less =
         format!("a non-coherent walk costs less driver CPU per GB than a coherent one, {beyond}");
-    let direction = direction.words(
-        &more,
-        &less,
-        "a non-coherent walk's extra driver CPU per GB is within the spread",
-    );
+    let direction = direction.words(&more, &less, &extra_within);
     let size = judge(spread, theirs, invalid);
     let as_much = format!("flushing costs as much CPU per GB as the seed's or more, {beyond}");
     let cheaper = format!(
         "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, {beyond}"
     );
-    let size = size.words(
-        &as_much,
-        &cheaper,
-        "flushing costs what the seed's did, within the spread of the rounds",
-    );
+    let size = size.words(&as_much, &cheaper, &size_within);
     let (direction, size) = match (direction, size) {
         (Ok(d), Ok(s)) => (d, s),
         (Err(why), _) | (_, Err(why)) => return format!("no verdict: {why}"),

@@ -109,8 +109,8 @@ impl Meter {
     /// 2-vCPU VM a sleep and its wake-up cost a paced pass-through
     /// datagram about as much CPU as its work, and that cost moved with
     /// the host). The CPU spent here is idling, not work: within the
-    /// window it is left out of the window's `cpu`, as netperf's busy-poll
-    /// mode counts polling that finds nothing as idle.
+    /// window it is left out of the window's `cpu`, as a CPU idling in its
+    /// poll state (cpuidle's `poll`, `haltpoll`) counts as idle.
     pub(crate) fn idle_until(&mut self, phase: &Phase, due: Instant) {
         let t0 = cpu_clock::thread();
         while Instant::now() < due && phase.get() == self.seen {
@@ -124,8 +124,8 @@ impl Meter {
 
 /// Where a workload's four threads run: each `Some` pins that thread to
 /// the CPU (a CPU the kernel refuses is ignored), `None` leaves it to the
-/// scheduler. The default pins nothing. A UDP stream pins each host's
-/// flush timer beside its driver (the sender's CPU for host A, the
+/// scheduler. The default pins nothing. A paced UDP stream pins each
+/// host's flush timer beside its driver (the sender's CPU for host A, the
 /// receiver's for host B), where Linux's flush-queue timer fires.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cpus {
@@ -297,7 +297,9 @@ mod tests {
         phase.set(MEASURE);
         assert!(!meter.observe(&phase, 0, 0));
         work(5);
-        meter.idle_until(&phase, Instant::now() + Duration::from_millis(30));
+        let due = Instant::now() + Duration::from_millis(30);
+        meter.idle_until(&phase, due);
+        assert!(Instant::now() >= due, "returned before its due time");
         work(5);
         phase.set(STOP);
         assert!(meter.observe(&phase, 1, 0));

@@ -168,6 +168,10 @@ pub struct DmaDomain {
     timer: Mutex<Option<JoinHandle<()>>>,
     /// The timer thread's CPU clock, set once it is spawned.
     timer_clock: OnceLock<ThreadClock>,
+    /// A CPU the timer is asked to pin itself to (`NO_CPU`: none).
+    timer_pin: AtomicUsize,
+    /// The CPU the timer pinned itself to (`NO_CPU`: not pinned).
+    timer_pinned: AtomicUsize,
     /// The timer thread's units' inline passes' CPU, nanoseconds (its
     /// `hw::thread_inline_pass_cpu`, published after each round).
     timer_pass_ns: AtomicU64,
@@ -257,6 +261,8 @@ impl DmaDomain {
             shutdown: AtomicBool::new(false),
             timer: Mutex::new(None),
             timer_clock: OnceLock::new(),
+            timer_pin: AtomicUsize::new(crate::affinity::NO_CPU),
+            timer_pinned: AtomicUsize::new(crate::affinity::NO_CPU),
             timer_pass_ns: AtomicU64::new(0),
             retired_own_flushes: AtomicU64::new(0),
             timer_cache: Mutex::new(None),
@@ -298,19 +304,32 @@ impl DmaDomain {
         self.timer_clock.get().and_then(ThreadClock::read)
     }
 
-    /// Pins the domain's flush timer thread to `cpu` (`sched_setaffinity`
-    /// on that thread). Linux's flush-queue timer fires on the CPU that
-    /// armed it, the one that unmapped; a caller whose mapping threads are
-    /// pinned can keep the timer beside them, so that its rounds run on a
-    /// CPU that is already awake rather than waking another. Whether the
-    /// kernel took it: false for a CPU it refuses (or out of the set's
-    /// range), or once the timer has stopped.
+    /// Asks the domain's flush timer thread to pin itself to `cpu`
+    /// (`sched_setaffinity`), which it does at once (the request wakes it)
+    /// or, if it is mid-round, when the round ends. Linux's flush-queue
+    /// timer fires on the CPU that armed it, the one that unmapped; a
+    /// caller whose mapping threads are pinned can keep the timer beside
+    /// them, so that its rounds run on a CPU that is already awake rather
+    /// than waking another. Whether the request was taken: false for a
+    /// CPU the calling thread may not use (or past the set's range), and
+    /// once the domain is shutting down. [`timer_cpu`](Self::timer_cpu)
+    /// says when the timer has moved.
     pub fn pin_timer(&self, cpu: usize) -> bool {
-        let timer = lock(&self.timer);
-        let Some(handle) = timer.as_ref().filter(|h| !h.is_finished()) else {
+        if self.shutdown.load(Relaxed) || !crate::affinity::allowed(cpu) {
             return false;
-        };
-        crate::affinity::pin_thread(handle, cpu)
+        }
+        self.timer_pin.store(cpu, Relaxed);
+        // Wakes the timer from a nap or its sleep; a round that found the
+        // arm off goes back to sleep after taking the request.
+        self.arm.kick();
+        true
+    }
+
+    /// The CPU the flush timer pinned itself to ([`pin_timer`](Self::pin_timer)),
+    /// once it has; `None` before.
+    pub fn timer_cpu(&self) -> Option<usize> {
+        let c = self.timer_pinned.load(Relaxed);
+        (c != crate::affinity::NO_CPU).then_some(c)
     }
 
     /// The part of [`timer_cpu_time`](Self::timer_cpu_time) the timer spent
@@ -946,6 +965,15 @@ impl TimerWork for DmaDomain {
 
     fn retry_due(&self) -> bool {
         self.pending.count.load(Relaxed) > 0
+    }
+
+    fn take_pin(&self) -> Option<usize> {
+        let c = self.timer_pin.swap(crate::affinity::NO_CPU, Relaxed);
+        (c != crate::affinity::NO_CPU).then_some(c)
+    }
+
+    fn pinned(&self, cpu: usize) {
+        self.timer_pinned.store(cpu, Relaxed);
     }
 
     fn any_queued(&self) -> bool {

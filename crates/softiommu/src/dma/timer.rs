@@ -123,6 +123,13 @@ pub(crate) trait TimerWork: Send + Sync {
     /// Clears the marked deadlines if `idle` and no unmap removed a mark;
     /// else leaves them armed.
     fn finish_clear_expiry(&self, marks: &[(UnitId, u64)], idle: bool);
+    /// A CPU the timer was asked to move to since it last looked, taken
+    /// (the timer pins itself to it at its next wake-up).
+    fn take_pin(&self) -> Option<usize> {
+        None
+    }
+    /// The CPU the timer pinned itself to (called once the kernel took it).
+    fn pinned(&self, _cpu: usize) {}
 }
 
 /// What a round found.
@@ -205,6 +212,13 @@ pub(crate) fn run<W: TimerWork + ?Sized>(domain: Weak<W>) {
         let Some(d) = domain.upgrade() else { return };
         if d.shutting_down() {
             return;
+        }
+        if let Some(cpu) = d.take_pin() {
+            // The thread pins itself: a pin from outside through its
+            // handle could reach another thread once this one has exited.
+            if crate::affinity::pin_current(cpu) {
+                d.pinned(cpu);
+            }
         }
         let arm = d.arm().clone();
         if arm.paused() {

@@ -60,9 +60,11 @@ pub struct IperfTcpRow {
     /// highest).
     pub saturated_vs_coherent_spread: Option<Spread>,
     /// The median's distribution-free confidence interval over the
-    /// rounds' paired ratios (`[low, high]`, at least 93.75 %; with 15
-    /// rounds the 4th to the 12th), the interval seed 003's verdict is
-    /// judged on; null with fewer than five rounds.
+    /// rounds' paired ratios (`[low, high]`, at least 93.75 %; with the
+    /// default nine rounds the 2nd to the 8th, with five or eight the
+    /// lowest to the highest), the interval seed 003's verdict is judged
+    /// on; null with fewer than five paired rounds (a round that moved
+    /// nothing pairs with nothing).
     pub saturated_vs_coherent_interval: Option<[f64; 2]>,
     /// `cpu_s_per_gb` of each round, in the order the rounds ran (for
     /// the paired ratios; not in the contract).

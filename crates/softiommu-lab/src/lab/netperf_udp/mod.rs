@@ -11,7 +11,8 @@
 //! each policy's maximum delivered rate). Then every policy paced to one
 //! common rate, `--pace-percent` of the slowest policy's maximum, so all
 //! deliver the same throughput with no drops, in batches polled
-//! NAPI-style so that wake-ups do not dominate (the `results` table).
+//! NAPI-style, the threads busy-polling between batches (that idling not
+//! counted) so that wake-ups do not dominate (the `results` table).
 //! Service demand is netperf's: the CPU of every software thread the
 //! traffic makes work — both driver+stack threads and both domains'
 //! flush timer threads, thread CPU clocks — per datagram delivered; the

@@ -29,7 +29,8 @@ pub struct NetperfRow {
     /// Driver+stack CPU µs per datagram: the sender's per datagram sent
     /// plus the receiver's per datagram received (without the flush
     /// timers; `service_demand_us_per_pkt` is the whole figure; without
-    /// the units' inline passes, `unit_inline_cpu_us_per_pkt`).
+    /// the units' inline passes, `unit_inline_cpu_us_per_pkt`; paced,
+    /// without the idling they busy-poll between batches).
     pub driver_cpu_us_per_pkt: f64,
     /// Device threads' CPU µs per datagram (the hardware's, apart).
     pub device_cpu_us_per_pkt: f64,
@@ -45,8 +46,9 @@ pub struct NetperfRow {
     /// The confidence interval for that median the seed summary judges
     /// by, `[low, high]`: distribution-free, at no less than 93.75 %
     /// (`seeds::verdict::median_interval`: with five rounds the lowest
-    /// and highest, with nine the second lowest and second highest).
-    /// `null` with fewer than five paired rounds.
+    /// and highest, with nine the second lowest and second highest, with
+    /// the default fifteen the 4th to the 12th). `null` with fewer than
+    /// five paired rounds.
     pub vs_passthrough_interval: Option<[f64; 2]>,
     /// Service demand as netperf defines it: the CPU of every software
     /// thread the traffic makes work (both driver+stack threads, both
