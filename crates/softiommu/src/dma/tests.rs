@@ -18,6 +18,20 @@ struct Rig {
     mem: Arc<PhysMemory>,
 }
 
+/// Maps the page at `buf` for the rig's device (to the device) and
+/// unmaps it at once; the policy decides when the unmap takes effect.
+/// Returns the address it had.
+fn map_and_unmap(r: &mut Rig, buf: crate::mem::PhysAddr) -> u64 {
+    let a = r
+        .cpu
+        .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    r.cpu
+        .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
+        .unwrap();
+    a
+}
+
 fn rig(policy: DmaPolicy, untrusted: bool) -> Rig {
     let p = crate::Platform::builder()
         .policy(policy)
@@ -363,13 +377,7 @@ fn a_timer_round_leaves_a_stalled_drain_in_flight_without_waiting_for_it() {
     let rounds = 5;
     let mut fastest = Duration::MAX;
     for i in 0..rounds {
-        let a = r
-            .cpu
-            .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
-            .unwrap();
-        r.cpu
-            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
-            .unwrap();
+        map_and_unmap(&mut r, buf);
         let t = std::time::Instant::now();
         let round = TimerWork::round(&*r.domain, std::time::Instant::now());
         fastest = fastest.min(t.elapsed());
@@ -411,13 +419,7 @@ fn under_steady_unmaps_the_timer_wakes_about_once_per_timeout() {
     let t0 = std::time::Instant::now();
     let mut unmaps = 0u64;
     while t0.elapsed() < Duration::from_millis(300) {
-        let a = r
-            .cpu
-            .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
-            .unwrap();
-        r.cpu
-            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
-            .unwrap();
+        map_and_unmap(&mut r, buf);
         unmaps += 1;
         std::thread::sleep(Duration::from_micros(200));
     }
@@ -546,13 +548,7 @@ fn the_high_water_mark_and_the_timer_flush() {
     // timeout after it woke the timer (the window reads the earlier
     // expiry deadline, three quarters of it, or the completion).
     r.domain.set_timeout(Duration::from_millis(5)).unwrap();
-    let a = r
-        .cpu
-        .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
-        .unwrap();
-    r.cpu
-        .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
-        .unwrap();
+    let a = map_and_unmap(&mut r, buf);
     let t0 = std::time::Instant::now();
     while r.domain.stats().flushes < 2 && t0.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(1));
@@ -875,13 +871,7 @@ fn the_flush_timers_cpu_time_is_read_from_its_own_clock() {
     r.domain.set_timeout(Duration::from_millis(2)).unwrap();
     let buf = r.mem.alloc_zeroed_frames(1).unwrap();
     for _ in 0..20 {
-        let a = r
-            .cpu
-            .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
-            .unwrap();
-        r.cpu
-            .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
-            .unwrap();
+        map_and_unmap(&mut r, buf);
         // Below the high-water mark: only the timer flushes it.
         let t = std::time::Instant::now();
         let before = r.domain.stats().flushes;
@@ -917,13 +907,7 @@ fn the_flush_timer_pins_itself_to_a_cpu_and_still_flushes() {
     assert_eq!(crate::affinity::allowed_cpus(), cpus, "the caller moved");
     r.domain.set_timeout(Duration::from_millis(2)).unwrap();
     let buf = r.mem.alloc_zeroed_frames(1).unwrap();
-    let a = r
-        .cpu
-        .map(&r.dev, buf, 4096, DmaDirection::ToDevice)
-        .unwrap();
-    r.cpu
-        .unmap(&r.dev, a, 4096, DmaDirection::ToDevice)
-        .unwrap();
+    map_and_unmap(&mut r, buf);
     // Below the high-water mark: only the (pinned) timer flushes it.
     let t = std::time::Instant::now();
     while r.domain.stats().flushes == 0 && t.elapsed() < Duration::from_secs(5) {
