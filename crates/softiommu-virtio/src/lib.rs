@@ -35,7 +35,7 @@
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
 
-pub mod affinity;
+pub use softiommu::affinity;
 pub mod blk;
 pub use softiommu::cpu_clock;
 pub mod device_dma;

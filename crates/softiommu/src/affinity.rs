@@ -1,39 +1,68 @@
-//! Pinning the calling thread to one CPU (`sched_setaffinity(2)`), and
-//! the CPUs it may use. The library's own threads pin themselves (a
-//! thread pinned from outside through its `pthread_t` could have exited,
-//! and an exited thread's id is no longer its own).
+//! Where threads run: the CPUs the calling thread may use, and pinning it
+//! to one of them (`sched_setaffinity(2)`). The library's flush timer
+//! pins itself with it when asked (`DmaDomain::pin_timer`: a thread
+//! pinned from outside through its `pthread_t` could have exited, and an
+//! exited thread's id is no longer its own); the device crate's workload
+//! engines pin their driver and device threads with it, as a device
+//! model is hardware of its own and where it runs decides what its
+//! driver's CPU time means. One copy here, as with [`cpu_clock`](crate::cpu_clock).
+//! Pinning is Linux's: elsewhere no CPU is allowed and no pin is taken.
 
 /// No CPU requested: the value an unset pin request holds.
 pub(crate) const NO_CPU: usize = usize::MAX;
 
-/// Whether the calling thread may run on `cpu` (its current affinity
-/// mask holds it); false past the set's range or if the kernel will not
-/// say.
+/// The calling thread's affinity mask; `None` if the kernel will not say.
 #[cfg(target_os = "linux")]
-pub(crate) fn allowed(cpu: usize) -> bool {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return false;
-    }
+fn mask() -> Option<libc::cpu_set_t> {
     // SAFETY: `set` is a plain bit set the kernel fills, its size passed;
-    // `cpu` is checked against that size above.
+    // pid 0 is the calling thread.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
-            && libc::CPU_ISSET(cpu, &set)
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+            .then_some(set)
     }
+}
+
+/// CPUs the calling thread may run on, in order (empty if the kernel will
+/// not say).
+#[cfg(target_os = "linux")]
+pub fn allowed_cpus() -> Vec<usize> {
+    let Some(set) = mask() else {
+        return Vec::new();
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below the set's size.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// CPUs the calling thread may run on (none, where pinning is not
+/// supported).
+#[cfg(not(target_os = "linux"))]
+pub fn allowed_cpus() -> Vec<usize> {
+    Vec::new()
+}
+
+/// Whether the calling thread may run on `cpu` (its affinity mask holds
+/// it); false past the set's range or if the kernel will not say.
+#[cfg(target_os = "linux")]
+pub fn allowed(cpu: usize) -> bool {
+    // SAFETY: `cpu` is checked against the set's size first.
+    cpu < libc::CPU_SETSIZE as usize
+        && mask().is_some_and(|set| unsafe { libc::CPU_ISSET(cpu, &set) })
 }
 
 /// Whether the calling thread may run on `cpu` (never, where pinning is
 /// not supported).
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn allowed(_cpu: usize) -> bool {
+pub fn allowed(_cpu: usize) -> bool {
     false
 }
 
 /// Pins the calling thread to `cpu`; false past the set's range or if the
 /// kernel refused.
 #[cfg(target_os = "linux")]
-pub(crate) fn pin_current(cpu: usize) -> bool {
+pub fn pin_current(cpu: usize) -> bool {
     if cpu >= libc::CPU_SETSIZE as usize {
         return false;
     }
@@ -49,17 +78,8 @@ pub(crate) fn pin_current(cpu: usize) -> bool {
 
 /// Pins the calling thread (never, where pinning is not supported).
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn pin_current(_cpu: usize) -> bool {
+pub fn pin_current(_cpu: usize) -> bool {
     false
-}
-
-/// The CPUs the calling thread may run on, in order (empty if the kernel
-/// will not say).
-#[cfg(test)]
-pub(crate) fn allowed_cpus() -> Vec<usize> {
-    (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| allowed(c))
-        .collect()
 }
 
 #[cfg(test)]
@@ -70,6 +90,7 @@ mod tests {
     fn a_thread_pins_itself_to_a_cpu_it_may_use_and_no_other() {
         let cpus = allowed_cpus();
         let c = *cpus.last().expect("the kernel names at least one CPU");
+        assert!(cpus.iter().all(|&c| allowed(c)));
         let (ok, on, mask) = std::thread::spawn(move || {
             let ok = pin_current(c);
             // SAFETY: `sched_getcpu` has no preconditions.

@@ -23,6 +23,8 @@
 //!   with a pre-map window, and memory can be reclaimed.
 //! - [`Platform`]: one builder for all of it (memory, units, devices, a
 //!   domain), and [`Error`], one error type for `?` across the layers.
+//! - [`cpu_clock`], [`affinity`]: thread CPU clocks, and pinning threads
+//!   to CPUs (the flush timer's own, and the device crate's).
 //!
 //! See `docs/ARCHITECTURE.md` in the repository for the whole map, and
 //! `docs/ERRORS.md` for every error, its cause and the state it leaves.
@@ -76,7 +78,7 @@
 )]
 
 pub mod access;
-mod affinity;
+pub mod affinity;
 pub mod cpu_clock;
 pub mod dma;
 mod error;

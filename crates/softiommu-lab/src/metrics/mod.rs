@@ -6,9 +6,10 @@
 //!   crate's flush timer and the device crate's threads and workloads
 //!   read the same clocks, so the one copy lives in the core crate
 //!   (`softiommu::cpu_clock`) and is used from here.
-//! - [`pinning`]: the CPUs this process may run on and pinning the
-//!   calling thread to one (the device crate pins its device threads with
-//!   it too).
+//! - [`pinning`]: the CPUs the calling thread may run on and pinning it
+//!   to one; like the clocks, one copy in the core crate
+//!   (`softiommu::affinity`, whose flush timer pins itself with it), used
+//!   by the device crate and from here.
 //! - [`aging`]: seed `004`'s aging figure as both aging labs report it,
 //!   on work per CPU-second with the wall-clock figure beside it.
 //!
