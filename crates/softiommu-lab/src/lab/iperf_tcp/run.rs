@@ -8,7 +8,7 @@ use softiommu_virtio::workload::{tcp_stream, TcpStreamConfig, TcpStreamResult};
 use crate::args::{Ranged, Seconds, Walk};
 use crate::dma_rig::modelled;
 use crate::error::{LabError, LabResult};
-use crate::lab::policy_physics::{check_walks, Spread, WalkCost};
+use crate::lab::policy_physics::{check_walks, paired_ratios, Spread, WalkCost};
 use crate::metrics::pinning::allowed_cpus;
 use crate::report::Report;
 
@@ -153,11 +153,17 @@ pub(super) fn compare(rows: &mut [IperfTcpRow]) {
             continue;
         };
         r.vs_coherent = (*mbit_s > 0.0).then(|| r.mbit_s / mbit_s);
-        let paired = paired_ratios(c_rounds, &r.cpu_s_per_gb_rounds);
-        r.saturated_vs_coherent = paired.map(|(s, _)| s.median);
+        // Each round's coherent CPU per GB over this row's (the two
+        // measured one after the other in that round). A round in which
+        // either side measured no CPU per GB (it moved nothing: a starved
+        // round on a loaded machine) gives no ratio and is left out.
+        let ratios = paired_ratios(c_rounds, &r.cpu_s_per_gb_rounds);
+        let spread = ratios.as_deref().map(Spread::of);
+        r.saturated_vs_coherent = spread.map(|s| s.median);
         // One paired round is a figure, not a spread: no verdict rests on it.
-        r.saturated_vs_coherent_spread = paired.and_then(|(s, n)| (n > 1).then_some(s));
-        r.saturated_vs_coherent_interval = paired_values(c_rounds, &r.cpu_s_per_gb_rounds)
+        r.saturated_vs_coherent_spread =
+            spread.filter(|_| ratios.as_ref().is_some_and(|v| v.len() > 1));
+        r.saturated_vs_coherent_interval = ratios
             .as_deref()
             .and_then(crate::seeds::verdict::median_interval)
             .map(|(lo, hi)| [lo, hi]);
@@ -166,28 +172,6 @@ pub(super) fn compare(rows: &mut [IperfTcpRow]) {
         }
     }
     mark_physics(rows);
-}
-
-/// Each round's `base` over its `row` (the two measured one after the
-/// other in that round): their spread and how many rounds paired. A
-/// round in which either side measured no CPU per GB (it moved nothing: a
-/// starved round on a loaded machine) gives no ratio and is left out;
-/// `None` when the rounds do not pair up or no round pairs.
-pub(super) fn paired_ratios(base: &[f64], row: &[f64]) -> Option<(Spread, usize)> {
-    let ratios = paired_values(base, row)?;
-    (!ratios.is_empty()).then(|| (Spread::of(&ratios), ratios.len()))
-}
-
-/// Each round's `base` over its `row`, the rounds where both moved data;
-/// `None` when the rounds do not pair up.
-fn paired_values(base: &[f64], row: &[f64]) -> Option<Vec<f64>> {
-    (base.len() == row.len()).then(|| {
-        base.iter()
-            .zip(row)
-            .filter(|&(&b, &r)| b > 0.0 && r > 0.0)
-            .map(|(b, r)| b / r)
-            .collect()
-    })
 }
 
 /// Runs of each row in a round: the round keeps each row's median run

@@ -210,11 +210,27 @@ fn seed_003_gives_no_verdict_on_the_size_where_the_rounds_straddle_the_seeds_fig
 /// taking the whole figure with it; rounds that do not pair give none.
 #[test]
 fn a_round_that_moved_nothing_is_left_out_of_the_paired_ratios() {
-    let (s, n) = super::run::paired_ratios(&[2.0, 0.0, 2.2, 2.0], &[4.0, 3.0, 4.0, 0.0])
-        .expect("two rounds pair");
-    assert_eq!((s.min, s.max, n), (0.5, 0.55, 2));
-    assert!(super::run::paired_ratios(&[2.0, 2.0], &[4.0]).is_none());
-    assert!(super::run::paired_ratios(&[0.0], &[4.0]).is_none());
+    let compared = |c: &[f64], n: &[f64]| -> IperfTcpRow {
+        let rows = |w: Walk, cpu: &[f64]| {
+            median_round(
+                cpu.iter()
+                    .map(|&x| round(w, "deferred", 1430.0, x))
+                    .collect(),
+            )
+        };
+        let mut rows = vec![rows(Walk::Coherent, c), rows(Walk::NonCoherent, n)];
+        compare(&mut rows);
+        rows.remove(1)
+    };
+    let r = compared(&[2.0, 0.0, 2.2, 2.0], &[4.0, 3.0, 4.0, 0.0]);
+    let s = r.saturated_vs_coherent_spread.expect("two rounds pair");
+    assert_eq!((s.min, s.max), (0.5, 0.55));
+    // Two pairs: a figure with a spread, too few for the median's interval.
+    assert_eq!(r.saturated_vs_coherent, Some(s.median));
+    assert_eq!(r.saturated_vs_coherent_interval, None);
+    // Rounds that do not pair up, or no round that pairs: no figure.
+    assert_eq!(compared(&[2.0, 2.0], &[4.0]).saturated_vs_coherent, None);
+    assert_eq!(compared(&[0.0], &[4.0]).saturated_vs_coherent, None);
 }
 
 /// One paired round is seed 003's figure but not a spread: the verdict
