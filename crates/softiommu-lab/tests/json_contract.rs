@@ -332,9 +332,12 @@ fn lab_iperf_tcp() {
             "saturated_vs_coherent",
             "saturated_vs_coherent_spread",
             "saturated_vs_coherent_interval",
+            "wait_cpu_s_per_gb",
         ] {
             assert!(r.get(k).is_some(), "{k} missing in {r}");
         }
+        // The drivers' waits are a CPU figure of their own, apart.
+        assert!(number(r, "wait_cpu_s_per_gb") >= 0.0, "{r}");
         // One round: no spread and no interval to judge by.
         assert!(r["saturated_vs_coherent_interval"].is_null(), "{r}");
         assert_eq!(r["checksum_ok"], true);

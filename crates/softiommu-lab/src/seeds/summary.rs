@@ -443,7 +443,7 @@ fn seed_003(reports: &[Report]) -> SeedLine {
         ours_spread: spread,
         unit: "×",
         detail: format!(
-            "one smoltcp TCP stream, deferred, stated as CPU per unit of work (the stream need not saturate its driver threads): driver CPU (both hosts' driver+stack threads and flush timers) {} per GB coherent, {} non-coherent, so a CPU-saturated driver would reach {} of coherent's throughput (each round's paired ratio, rounds {} to {}{}); measured below saturation {} of coherent's Mbit/s; {} lines flushed per GB, flush share {} of driver CPU (estimated; theirs 5.86 %); strict {}",
+            "one smoltcp TCP stream, deferred, stated as CPU per unit of work (the stream need not saturate its driver threads): driver CPU (both hosts' driver+stack threads and flush timers, without the drivers' waits for their devices, which a saturated driver never makes) {} per GB coherent, {} non-coherent, so a CPU-saturated driver would reach {} of coherent's throughput (each round's paired ratio, rounds {} to {}{}); measured below saturation {} of coherent's Mbit/s; {} lines flushed per GB, flush share {} of driver CPU (estimated; theirs 5.86 %); strict {}",
             fmt(cpu_c, " s"),
             fmt(cpu_n, " s"),
             fmt(ours, "×"),

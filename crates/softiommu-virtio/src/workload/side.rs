@@ -52,6 +52,12 @@ pub(crate) struct Window {
     /// queue passes inline: the IOMMU hardware's work, apart (see
     /// `softiommu::hw::thread_inline_pass_cpu`).
     pub(crate) unit: Duration,
+    /// CPU the thread spent inside its waits for the device in the
+    /// window ([`Meter::wait`]): going idle and waking (interrupts
+    /// re-armed, the park, the wake-up, the status acknowledged). Not in
+    /// `cpu`: a driver saturated on CPU never goes idle, so this is not
+    /// part of what its work costs.
+    pub(crate) waiting: Duration,
     /// Its count (packets, datagrams).
     pub(crate) count: u64,
     /// Its bytes.
@@ -66,6 +72,9 @@ pub(crate) struct Meter {
     /// CPU the thread spent idling (spinning for its next batch) inside
     /// the window: not work, so not in the window's `cpu`.
     idle: Duration,
+    /// CPU the thread spent in its waits inside the window (see
+    /// [`Window::waiting`]).
+    waiting: Duration,
     pub(crate) window: Window,
 }
 
@@ -81,6 +90,7 @@ impl Meter {
         let now = Window {
             cpu: cpu_clock::thread().saturating_sub(unit),
             unit,
+            waiting: Duration::ZERO,
             count,
             bytes,
         };
@@ -92,14 +102,31 @@ impl Meter {
                 cpu: now
                     .cpu
                     .saturating_sub(self.start.cpu)
-                    .saturating_sub(self.idle),
+                    .saturating_sub(self.idle)
+                    .saturating_sub(self.waiting),
                 unit: now.unit.saturating_sub(self.start.unit),
+                waiting: self.waiting,
                 count: now.count.saturating_sub(self.start.count),
                 bytes: now.bytes.saturating_sub(self.start.bytes),
             };
         }
         self.seen = p;
         p == STOP
+    }
+
+    /// Runs `wait`, a wait for the device (a park until its interrupt or
+    /// a timeout, with the interrupts re-armed around it), and counts the
+    /// CPU it took as [`Window::waiting`] when inside the window, not as
+    /// work. One thread-clock read before and one after, only inside the
+    /// window.
+    pub(crate) fn wait<T>(&mut self, wait: impl FnOnce() -> T) -> T {
+        if self.seen != MEASURE {
+            return wait();
+        }
+        let t0 = cpu_clock::thread();
+        let r = wait();
+        self.waiting += cpu_clock::thread().saturating_sub(t0);
+        r
     }
 
     /// Idles until `due`, or until the phase moves on (so the wait is
@@ -314,6 +341,35 @@ mod tests {
             "{w:?} + {:?} against {raw:?}",
             meter.idle
         );
+    }
+
+    /// A wait's CPU inside the window is the window's `waiting`, not its
+    /// `cpu`; the work around it stays in `cpu`; a wait outside the window
+    /// counts nowhere; and the wait's own result comes back.
+    #[test]
+    fn a_windows_waits_are_counted_apart_from_its_work() {
+        let (phase, mut meter) = (Phase::default(), Meter::default());
+        assert_eq!(meter.wait(|| 7), 7);
+        assert_eq!(meter.waiting, Duration::ZERO, "a warm-up wait counted");
+        let raw0 = cpu_clock::thread();
+        phase.set(MEASURE);
+        assert!(!meter.observe(&phase, 0, 0));
+        work(5);
+        let r: Result<u8, ()> = meter.wait(|| {
+            work(20);
+            Err(())
+        });
+        assert_eq!(r, Err(()));
+        work(5);
+        phase.set(STOP);
+        assert!(meter.observe(&phase, 1, 0));
+        let raw = cpu_clock::thread() - raw0;
+        let w = meter.window;
+        assert!(w.waiting >= Duration::from_millis(20), "{w:?}");
+        assert!(w.cpu >= Duration::from_millis(10), "{w:?}");
+        // The wait's 20 ms are not in the work's CPU (10 ms and change).
+        assert!(w.cpu < Duration::from_millis(20), "{w:?}");
+        assert!(w.cpu + w.waiting <= raw, "{w:?} against {raw:?}");
     }
 
     /// Idling before the window opens is not subtracted from it, and the

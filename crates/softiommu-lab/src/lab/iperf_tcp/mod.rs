@@ -14,7 +14,12 @@
 //! need not saturate its driver threads (a non-coherent walk can move as
 //! many Mbit/s as a coherent one while its CPU per GB rises), so the
 //! figure compared with the seed's is the driver side's CPU per GB (both
-//! hosts' driver+stack threads and flush timers): `saturated_vs_coherent`
+//! hosts' driver+stack threads and flush timers) as a driver saturated on
+//! CPU spends it: without the CPU the drivers spent in their waits for the
+//! device (interrupts re-armed, the park, the wake-up, the status
+//! acknowledged: `wait_cpu_s_per_gb`, apart), because a saturated driver
+//! never goes idle, and because that CPU follows how often the stream runs
+//! dry, which a co-runner on the machine changes: `saturated_vs_coherent`
 //! = the coherent row's CPU per GB ÷ this row's, the throughput ratio a
 //! driver saturated on CPU reaches, taken per round (the rows run one
 //! after the other in each round, so a change of the machine's speed

@@ -15,7 +15,9 @@ pub struct IperfTcpRow {
     /// Throughput, Mbit/s (10^6 bits).
     pub mbit_s: f64,
     /// Driver+stack CPU seconds (both hosts) per GB (10^9 bytes), the
-    /// DMA domains' flush timers included.
+    /// DMA domains' flush timers included, the drivers' waits for their
+    /// devices not (`wait_cpu_s_per_gb`): what the work costs a driver
+    /// saturated on CPU.
     pub cpu_s_per_gb: f64,
     /// Page-table lines flushed per GB (both hosts).
     pub lines_flushed_per_gb: f64,
@@ -39,6 +41,12 @@ pub struct IperfTcpRow {
     pub cpu_above_coherent_share: Option<f64>,
     /// The flush timers' share of `cpu_s_per_gb` (CPU seconds per GB).
     pub flush_timer_cpu_s_per_gb: f64,
+    /// CPU seconds per GB the driver threads spent in their waits for
+    /// the device (going idle and waking: interrupts re-armed, the park,
+    /// the wake-up, the status acknowledged), apart and *not* in
+    /// `cpu_s_per_gb`: a driver saturated on CPU never goes idle. It grows
+    /// with how often the stream runs dry, which a co-runner changes.
+    pub wait_cpu_s_per_gb: f64,
     /// The modelled IOMMU's work that ran on the drivers' and timers'
     /// threads (the units' invalidation-queue passes, run inline), CPU
     /// seconds per GB: apart like the device threads' and *not* in

@@ -19,7 +19,7 @@ pub(super) fn report(r: &IperfTcpReport, args: &IperfTcpArgs, pinning: &str) -> 
     let mut t = Table::new(
         "results",
         format!(
-            "one TCP stream through smoltcp, virtio-net and two IOMMUs, {} byte writes, MTU {}, {:.1} s per row in {} interleaved rounds of {} runs each (a round keeps each row's median run by CPU per GB; median round shown); CPU = both hosts' driver+stack threads and flush timers, without the modelled IOMMU's inline work (apart)",
+            "one TCP stream through smoltcp, virtio-net and two IOMMUs, {} byte writes, MTU {}, {:.1} s per row in {} interleaved rounds of {} runs each (a round keeps each row's median run by CPU per GB; median round shown); CPU = both hosts' driver+stack threads and flush timers, without the drivers' waits for their devices and the modelled IOMMU's inline work (both apart)",
             args.write_size, args.mtu, r.seconds, r.rounds, r.runs_per_round
         ),
         vec![
@@ -57,6 +57,13 @@ pub(super) fn report(r: &IperfTcpReport, args: &IperfTcpArgs, pinning: &str) -> 
                 1,
             )
             .modelled_if(m),
+            Column::metric(
+                "wait_cpu_s_per_gb",
+                "drivers' waits (apart, not in driver CPU)",
+                Unit::SPerGb,
+                3,
+            )
+            .modelled_if(m),
             Column::metric("device_cpu_s_per_gb", "device CPU (apart)", Unit::SPerGb, 3)
                 .modelled_if(m),
             Column::metric(
@@ -91,6 +98,7 @@ pub(super) fn report(r: &IperfTcpReport, args: &IperfTcpArgs, pinning: &str) -> 
                 .then_some(x.flush_ns_per_line)
                 .into(),
             x.cpu_above_coherent_share.map(|v| v * 100.0).into(),
+            x.wait_cpu_s_per_gb.into(),
             x.device_cpu_s_per_gb.into(),
             x.unit_inline_cpu_s_per_gb.into(),
             if x.checksum_ok { "ok" } else { "MISMATCH" }.into(),
@@ -122,7 +130,7 @@ pub(super) fn report(r: &IperfTcpReport, args: &IperfTcpArgs, pinning: &str) -> 
         r.seed.clflush_share * 100.0
     ));
     rep.notes.push(
-        "Seed 003's figure is throughput with the CPU saturated; this stream need not saturate its driver threads, so the figure compared with it is CPU per unit of work: 'vs coherent at CPU saturation' = the coherent row's driver CPU per GB ÷ this row's (both hosts' driver+stack threads and DMA flush timers), the throughput ratio a CPU-bound driver reaches, the median of each round's paired ratio (the rows run one after the other in a round, three times each, interleaved, and the round keeps each row's median run, so a co-runner landing on one run does not move the round); min/max over the rounds' paired ratios. The measured Mbit/s ratio ('vs coherent') stands beside it."
+        "Seed 003's figure is throughput with the CPU saturated; this stream need not saturate its driver threads, so the figure compared with it is CPU per unit of work: 'vs coherent at CPU saturation' = the coherent row's driver CPU per GB ÷ this row's (both hosts' driver+stack threads and DMA flush timers, without the CPU the drivers spent in their waits for the device, going idle and waking, which a driver saturated on CPU never does: shown apart), the throughput ratio a CPU-bound driver reaches, the median of each round's paired ratio (the rows run one after the other in a round, three times each, interleaved, and the round keeps each row's median run, so a co-runner landing on one run does not move the round); min/max over the rounds' paired ratios. The measured Mbit/s ratio ('vs coherent') stands beside it."
             .into(),
     );
     rep.notes.push(

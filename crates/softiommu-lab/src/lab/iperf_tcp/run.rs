@@ -31,6 +31,7 @@ pub(super) fn row(r: &TcpStreamResult) -> IperfTcpRow {
         vs_coherent: None,
         cpu_above_coherent_share: None,
         flush_timer_cpu_s_per_gb: r.flush_timer_cpu_s_per_gb,
+        wait_cpu_s_per_gb: r.wait_cpu_s_per_gb,
         unit_inline_cpu_s_per_gb: r.unit_inline_cpu_s_per_gb,
         cpu_s_per_gb_spread: Spread::of(&[r.cpu_s_per_gb]),
         mbit_s_spread: Spread::of(&[r.mbit_s]),

@@ -27,6 +27,7 @@ fn round(walk: Walk, policy: &str, mbit_s: f64, cpu: f64) -> IperfTcpRow {
         vs_coherent: None,
         cpu_above_coherent_share: None,
         flush_timer_cpu_s_per_gb: 0.05,
+        wait_cpu_s_per_gb: 0.2,
         unit_inline_cpu_s_per_gb: 0.0,
         cpu_s_per_gb_spread: Spread::of(&[cpu]),
         mbit_s_spread: Spread::of(&[mbit_s]),
