@@ -21,6 +21,12 @@ pub struct NetperfRow {
     /// The best round's received rate: at full speed, the policy's
     /// maximum (a round a co-runner held back does not set it).
     pub rx_pps_max: f64,
+    /// The received rate averaged over the rounds: what a paced row's
+    /// equal load is judged on. A round's window is short (0.1 s with
+    /// `--quick`), so a receiver a co-runner held off its CPU at one of
+    /// its edges reads ~10 % high or low in that round, while a policy
+    /// that cannot keep the rate reads low in every round.
+    pub rx_pps_mean: f64,
     /// Datagrams lost. Paced rows: every datagram of the run sent and
     /// never delivered (the receiver drains what is in flight at the
     /// end). Full-speed rows: sent less received in the window (a few
@@ -145,6 +151,7 @@ pub(super) fn row(r: &UdpStreamResult) -> NetperfRow {
         tx_pps: r.tx_pps,
         rx_pps: r.rx_pps,
         rx_pps_max: r.rx_pps,
+        rx_pps_mean: r.rx_pps,
         drops: r.drops,
         driver_cpu_us_per_pkt: r.driver_cpu_us_per_pkt,
         device_cpu_us_per_pkt: r.device_cpu_us_per_pkt,

@@ -174,7 +174,9 @@ pub fn compare(rows: &mut [NetperfRow]) {
 pub const EQUAL_LOAD_TOLERANCE: f64 = 0.10;
 
 /// Marks the paced rows that lost datagrams or delivered less than the
-/// common rate: they are not compared at equal throughput.
+/// common rate over their rounds (`rx_pps_mean`: one round's short
+/// window is not the row's rate): they are not compared at equal
+/// throughput.
 pub(super) fn mark_unequal(rows: &mut [NetperfRow], offered: f64) {
     for r in rows.iter_mut().filter(|r| r.valid) {
         if r.drops > 0 {
@@ -183,11 +185,11 @@ pub(super) fn mark_unequal(rows: &mut [NetperfRow], offered: f64) {
                 "measurement invalid: {} datagrams lost at the common rate, so this policy did not deliver the throughput the others did",
                 r.drops
             ));
-        } else if r.rx_pps < offered * (1.0 - EQUAL_LOAD_TOLERANCE) {
+        } else if r.rx_pps_mean < offered * (1.0 - EQUAL_LOAD_TOLERANCE) {
             r.valid = false;
             r.why = Some(format!(
-                "measurement invalid: delivered {:.1} kpps of the {:.1} offered to every policy (the machine did not give this row's threads the CPU), so it is not at equal load",
-                r.rx_pps / 1e3,
+                "measurement invalid: delivered {:.1} kpps of the {:.1} offered to every policy, averaged over its rounds (the machine did not give this row's threads the CPU), so it is not at equal load",
+                r.rx_pps_mean / 1e3,
                 offered / 1e3
             ));
         }
@@ -209,6 +211,7 @@ pub(super) fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
     let flushes = runs.iter().filter_map(|r| r.flushes).reduce(|a, b| a + b);
     let drops = runs.iter().map(|r| r.drops).sum();
     let rx_max = runs.iter().map(|r| r.rx_pps).fold(0.0, f64::max);
+    let rx_mean = runs.iter().map(|r| r.rx_pps).sum::<f64>() / runs.len().max(1) as f64;
     let per_round: Vec<f64> = runs.iter().map(|r| r.service_demand_us_per_pkt).collect();
     let spread = Spread::of(&per_round);
     runs.sort_by(|a, b| {
@@ -222,6 +225,7 @@ pub(super) fn median_round(mut runs: Vec<NetperfRow>) -> NetperfRow {
     row.service_demand_spread = spread;
     row.service_demand_rounds = per_round;
     row.rx_pps_max = rx_max;
+    row.rx_pps_mean = rx_mean;
     if row.offered_pps.is_some() {
         row.drops = drops;
     }

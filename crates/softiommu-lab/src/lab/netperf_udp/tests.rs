@@ -17,6 +17,7 @@ fn paced(policy: &str, rounds: &[f64]) -> NetperfRow {
         tx_pps: 90_000.0,
         rx_pps: 90_000.0,
         rx_pps_max: 90_000.0,
+        rx_pps_mean: 90_000.0,
         drops: 0,
         driver_cpu_us_per_pkt: spread.median,
         device_cpu_us_per_pkt: 3.0,
@@ -176,7 +177,7 @@ fn a_paced_row_with_drops_is_not_at_the_common_rate() {
 #[test]
 fn a_paced_row_below_the_offered_rate_is_not_at_equal_load() {
     let mut rows = vec![paced("passthrough", &[2.0]), paced("strict", &[7.0])];
-    rows[1].rx_pps = 70_000.0;
+    rows[1].rx_pps_mean = 70_000.0;
     compare(&mut rows);
     mark_unequal(&mut rows, 90_000.0);
     assert_eq!(rows[0].why, None);
@@ -185,6 +186,40 @@ fn a_paced_row_below_the_offered_rate_is_not_at_equal_load() {
         "{:?}",
         rows[1].why
     );
+}
+
+/// Equal load is the row's rate over its rounds: a median round whose
+/// short window a co-runner clipped does not make the row unequal, and a
+/// row slow in every round is.
+#[test]
+fn equal_load_is_judged_on_the_rate_over_every_round() {
+    let rounds = |rx: &[f64]| {
+        let runs: Vec<NetperfRow> = rx
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| {
+                let mut x = paced("passthrough", &[1.0 + i as f64 * 0.01]);
+                x.rx_pps = r;
+                x
+            })
+            .collect();
+        median_round(runs)
+    };
+    // The median round (by service demand) read 15.7 kpps; the rounds
+    // average 17.9 of the 17.9 offered.
+    let clipped = rounds(&[19_000.0, 18_600.0, 15_700.0, 18_500.0, 17_700.0]);
+    assert_eq!(clipped.rx_pps, 15_700.0);
+    let slow = rounds(&[15_000.0, 15_500.0, 15_700.0, 15_200.0, 15_900.0]);
+    let mut rows = vec![clipped, slow];
+    mark_unequal(&mut rows, 17_900.0);
+    assert_eq!(rows[0].why, None, "{:?}", rows[0].why);
+    assert!(rows[0].valid);
+    assert!(
+        matches!(&rows[1].why, Some(w) if w.starts_with("measurement invalid: delivered 15.5 kpps of the 17.9 offered")),
+        "{:?}",
+        rows[1].why
+    );
+    assert!(!rows[1].valid);
 }
 
 #[test]
