@@ -20,6 +20,11 @@
 //! rounds, `--quick` too. One disturbed round can widen the interval (it
 //! is the extreme round), which can only withhold a verdict, never give a
 //! wrong one. A figure measured once has no interval and gets no verdict.
+//!
+//! Where ours is compared on size with a seed's own figure (not a line
+//! drawn by physics, such as 1.0), the seed's figure is taken to reach
+//! [`SEED_MARGIN`] either way ([`judge_near`]): one measurement on other
+//! hardware, without a spread.
 
 use std::cmp::Ordering;
 
@@ -104,6 +109,43 @@ pub fn median_interval(values: &[f64]) -> Option<(f64, f64)> {
     Some((*v.get(k - 1)?, *v.get(n - k)?))
 }
 
+/// How far a seed's own figure is taken to reach, as a factor either way,
+/// where ours is compared with it on size ([`judge_near`]): the 15 % a
+/// figure of ours may move between a quiet run and one beside two busy
+/// processes. A seed's figure is one measurement on other hardware,
+/// without a spread; ours is called larger or smaller only where its
+/// interval clears the seed's by more than that, so a figure of ours
+/// that lies near the seed's does not get opposite verdicts from two
+/// runs whose intervals each barely reach or miss the seed's point.
+pub const SEED_MARGIN: f64 = 1.15;
+
+/// [`judge`] against a seed's figure `point` taken to reach from
+/// `point / margin` to `point * margin`: `Beyond` only where ours'
+/// whole interval lies below the low end or above the high end, `Within`
+/// where it meets the band. `margin` is at least 1 (a smaller one is
+/// taken as 1, the point itself).
+pub fn judge_near(
+    spread: Option<Spread>,
+    point: f64,
+    margin: f64,
+    invalid: Option<String>,
+) -> Verdict {
+    let m = if margin.is_finite() {
+        margin.max(1.0)
+    } else {
+        1.0
+    };
+    match (
+        judge(spread, point / m, invalid.clone()),
+        judge(spread, point * m, invalid),
+    ) {
+        (Verdict::Beyond(Ordering::Less), _) => Verdict::Beyond(Ordering::Less),
+        (_, Verdict::Beyond(Ordering::Greater)) => Verdict::Beyond(Ordering::Greater),
+        (Verdict::None(why), _) | (_, Verdict::None(why)) => Verdict::None(why),
+        _ => Verdict::Within,
+    }
+}
+
 /// Why a figure measured once gets no verdict.
 pub const NO_SPREAD: &str = "measured once, so it has no spread to judge by";
 
@@ -147,6 +189,43 @@ mod tests {
         assert_eq!(judge(Some(s), 0.64, None), Verdict::Within);
         assert_eq!(judge(Some(s), 0.62, None), Verdict::Within);
         assert_eq!(judge(Some(s), 0.70, None), Verdict::Within);
+    }
+
+    #[test]
+    fn near_a_seeds_figure_a_verdict_only_where_the_interval_clears_its_margin() {
+        let near = |lo: f64, hi: f64| {
+            judge_near(
+                Some(Spread::of(&[lo, (lo + hi) / 2.0, hi])),
+                0.554,
+                SEED_MARGIN,
+                None,
+            )
+        };
+        // The quiet and busy runs that had flipped on the point itself:
+        // 0.59-0.73 missed 0.554, 0.53-0.72 held it. Both meet the band.
+        assert_eq!(near(0.59, 0.73), Verdict::Within);
+        assert_eq!(near(0.53, 0.72), Verdict::Within);
+        assert_eq!(
+            judge(Some(Spread::of(&[0.59, 0.66, 0.73])), 0.554, None),
+            Verdict::Beyond(Ordering::Greater)
+        );
+        // Clear of the band (0.554 x 1.15 = 0.637; / 1.15 = 0.482).
+        assert_eq!(near(0.65, 0.78), Verdict::Beyond(Ordering::Greater));
+        assert_eq!(near(0.40, 0.47), Verdict::Beyond(Ordering::Less));
+        // A margin below 1 is the point itself; an invalid row, none.
+        let s = Some(Spread::of(&[0.56, 0.58, 0.60]));
+        assert_eq!(
+            judge_near(s, 0.554, 0.5, None),
+            Verdict::Beyond(Ordering::Greater)
+        );
+        assert!(matches!(
+            judge_near(s, 0.554, SEED_MARGIN, Some("bad row".into())),
+            Verdict::None(w) if w == "bad row"
+        ));
+        assert!(matches!(
+            judge_near(None, 0.554, SEED_MARGIN, None),
+            Verdict::None(w) if w == NO_SPREAD
+        ));
     }
 
     #[test]
