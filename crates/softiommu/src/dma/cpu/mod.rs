@@ -297,7 +297,7 @@ impl Work {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn map_pages(
         &mut self,
         slot: &CpuSlot,
@@ -600,6 +600,7 @@ impl Work {
     /// direction's bits); a scatter list's block's tag `SG_TAG | owner`;
     /// a coherent block's owner is checked by its caller (`owner` unused).
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn unmap_pages(
         &mut self,
         slot: &CpuSlot,
