@@ -101,6 +101,9 @@ fn a_deferred_tcp_stream_counts_its_flush_timers_in_the_driver_cpu() {
     // reported and is part of the driver side's.
     assert!(r.flush_timer_cpu_s_per_gb > 0.0, "{r:?}");
     assert!(r.flush_timer_cpu_s_per_gb < r.cpu_s_per_gb, "{r:?}");
+    // The drivers waited for their devices (the receiver whenever the
+    // stream ran dry): that CPU is measured, and apart from the work's.
+    assert!(r.wait_cpu_s_per_gb > 0.0, "{r:?}");
 }
 
 #[test]

@@ -366,9 +366,9 @@ pub fn render(d: &PageData) -> String {
     }
     o.push_str("<a href=\"#other\">other benches</a><a href=\"#runs\">runs</a></p>");
     // The seed summary, with each seed's figure across the stored runs.
-    o.push_str(&format!("<h2 id=\"summary\">Seed summary</h2><p class=\"cap\">their figure, ours (with the spread of its rounds in brackets, lowest to highest, where it was measured in rounds), and the verdict, given only where the interval it is judged on lies wholly on one side of the figure judged against — our lowest to highest round, or, where a lab gives it (nine rounds or more), the median's {:.2} % confidence interval, which leaves the extreme rounds out; a seed's own figure compared on size is taken to reach {:.0} % either way, as one measurement without a spread — and no row it rests on is marked invalid; the sparkline is ours across the stored runs (latest in red)</p><div class=\"scroll\"><table class=\"summary\"><thead><tr><th>seed</th><th>claim</th><th class=\"n\">theirs</th><th class=\"n\">ours</th><th>history</th><th>verdict</th></tr></thead><tbody>",
+    o.push_str(&format!("<h2 id=\"summary\">Seed summary</h2><p class=\"cap\">their figure, ours (with the spread of its rounds in brackets, lowest to highest, where it was measured in rounds), and the verdict, given only where the interval it is judged on lies wholly on one side of the figure judged against — our lowest to highest round, or, where a lab gives it (nine rounds or more), the median's {:.2} % confidence interval, which leaves the extreme rounds out; a seed's own figure compared on size is taken to reach a factor of {} either way, as one measurement without a spread — and no row it rests on is marked invalid; the sparkline is ours across the stored runs (latest in red)</p><div class=\"scroll\"><table class=\"summary\"><thead><tr><th>seed</th><th>claim</th><th class=\"n\">theirs</th><th class=\"n\">ours</th><th>history</th><th>verdict</th></tr></thead><tbody>",
         crate::seeds::verdict::CONFIDENCE * 100.0,
-        (crate::seeds::verdict::SEED_MARGIN - 1.0) * 100.0
+        crate::seeds::verdict::SEED_MARGIN
     ));
     for s in &d.seeds {
         let spark = d

@@ -2,28 +2,22 @@
 //!
 //! Verdicts are drawn only from figures that stand: a seed whose headline
 //! row is marked "measurement invalid" gets none, and where ours was
-//! measured in rounds and is compared with their published figure (a
-//! point), a verdict is given only when ours' interval lies on one side
-//! of it — every round, or, for seeds 000 and 003 measured in nine rounds
-//! or more, the median's order-statistic interval
-//! (`verdict::median_interval`), whose verdict then says "beyond the
-//! median's interval"; otherwise the line says "within the spread" (or
-//! "within the median's interval").
+//! measured in rounds and is compared with a line drawn by physics (1.0),
+//! a verdict is given only when ours' interval lies on one side of it
+//! (`verdict::judge`); compared on size with a seed's own published
+//! figure (seeds 000 and 003), only when ours' interval clears that
+//! figure by more than a factor of `verdict::SEED_MARGIN` either way
+//! (`verdict::judge_near`). The interval is every round, or, for seeds
+//! 000 and 003 measured in nine rounds or more, the median's
+//! order-statistic interval (`verdict::median_interval`), whose verdict
+//! then says "beyond the median's interval"; otherwise the line says the
+//! interval meets the figure, so no verdict.
 
 use serde::Serialize;
 
 use crate::report::{Report, Spread, Table};
 
 use super::verdict::{judge, judge_near, SEED_MARGIN};
-
-/// The verdict where ours' rounds straddle the figure it is judged by.
-pub const WITHIN_THE_SPREAD: &str =
-    "within the spread: our rounds lie on both sides of the figure judged against, so no verdict";
-
-/// The verdict where the median's interval (narrower than the rounds)
-/// holds the figure it is judged by.
-pub const WITHIN_THE_INTERVAL: &str =
-    "within the median's interval: it holds the figure judged against, so no verdict";
 
 /// A seed's line of the summary.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -152,9 +146,9 @@ struct Judged {
     /// "; the median's interval (…) low to high" where it is narrower,
     /// else empty.
     words: String,
-    /// [`WITHIN_THE_INTERVAL`] where that interval is narrower, else
-    /// [`WITHIN_THE_SPREAD`].
-    within: &'static str,
+    /// "the median's interval" where that interval is narrower, else "the
+    /// spread": what the words call the interval judged on.
+    noun: &'static str,
 }
 
 impl Judged {
@@ -184,10 +178,10 @@ impl Judged {
             } else {
                 "beyond the spread"
             },
-            within: if narrower.is_some() {
-                WITHIN_THE_INTERVAL
+            noun: if narrower.is_some() {
+                "the median's interval"
             } else {
-                WITHIN_THE_SPREAD
+                "the spread"
             },
             words: narrower.map_or_else(String::new, |(lo, hi)| {
                 format!(
@@ -245,7 +239,7 @@ fn seed_000(reports: &[Report]) -> SeedLine {
         spread: judged,
         beyond,
         words: interval_words,
-        within: within_words,
+        noun,
     } = Judged::of(row, "vs_passthrough_interval", spread);
     let strict = t.get("strict/ordered", "vs_passthrough");
     let bounce = t.get("bounce/ordered", "vs_passthrough");
@@ -272,20 +266,14 @@ fn seed_000(reports: &[Report]) -> SeedLine {
             _ => {
                 // The seed's one figure is taken to reach `SEED_MARGIN`
                 // either way (see `judge_near`).
-                let noun = if within_words == WITHIN_THE_INTERVAL {
-                    "the median's interval"
-                } else {
-                    "the spread"
-                };
-                let pct = ((SEED_MARGIN - 1.0) * 100.0).round();
                 let within = format!(
-                    "deferred against the seed's batching: {noun} meets the seed's figure within {pct:.0} %, so no verdict"
+                    "deferred against the seed's batching: {noun} meets the seed's figure within a factor of {SEED_MARGIN}, so no verdict"
                 );
                 let less = format!(
-                    "deferred costs less over no-IOMMU than the seed's batching, {beyond} by more than {pct:.0} %"
+                    "deferred costs less over no-IOMMU than the seed's batching, {beyond} by more than a factor of {SEED_MARGIN}"
                 );
                 let more = format!(
-                    "deferred costs more over no-IOMMU than the seed's batching, {beyond} by more than {pct:.0} %"
+                    "deferred costs more over no-IOMMU than the seed's batching, {beyond} by more than a factor of {SEED_MARGIN}"
                 );
                 match judge_near(judged, theirs, SEED_MARGIN, invalid).words(&less, &more, &within)
                 {
@@ -477,25 +465,18 @@ fn seed_003(reports: &[Report]) -> SeedLine {
     }
 }
 
-/// Seed 003's verdict by the one rule, twice on the same interval: the
-/// claim's direction (a non-coherent walk costs more driver CPU per GB
-/// than a coherent one: ours below 1.0) and its size against the seed's.
+/// Seed 003's verdict, twice on the same interval: the claim's direction
+/// (a non-coherent walk costs more driver CPU per GB than a coherent one:
+/// ours below 1.0, by `judge`) and its size against the seed's (by
+/// `judge_near`).
 /// `judged` names the interval ("beyond the spread", or the median's).
 fn seed_003_verdict(judged: &Judged, theirs: f64, invalid: Option<String>) -> String {
     let (spread, beyond) = (judged.spread, judged.beyond);
-    let within = if judged.within == WITHIN_THE_INTERVAL {
-        "within the median's interval"
-    } else {
-        "within the spread"
-    };
-    let extra_within = format!("a non-coherent walk's extra driver CPU per GB is {within}");
-    let noun = if judged.within == WITHIN_THE_INTERVAL {
-        "the median's interval"
-    } else {
-        "the spread"
-    };
-    let pct = ((SEED_MARGIN - 1.0) * 100.0).round();
-    let size_within = format!("flushing costs what the seed's did, within {pct:.0} % of {noun}");
+    let noun = judged.noun;
+    let extra_within = format!("a non-coherent walk's extra driver CPU per GB is within {noun}");
+    let size_within = format!(
+        "flushing against the seed's: {noun} meets the seed's figure within a factor of {SEED_MARGIN}, so no verdict on the size"
+    );
     let direction = judge(spread, 1.0, invalid.clone());
     let more =
         format!("a non-coherent walk costs more driver CPU per GB than a coherent one, {beyond}");
@@ -506,10 +487,10 @@ fn seed_003_verdict(judged: &Judged, theirs: f64, invalid: Option<String>) -> St
     // either way (see `judge_near`).
     let size = judge_near(spread, theirs, SEED_MARGIN, invalid);
     let as_much = format!(
-        "flushing costs as much CPU per GB as the seed's or more, {beyond} by more than {pct:.0} %"
+        "flushing costs as much CPU per GB as the seed's or more, {beyond} by more than a factor of {SEED_MARGIN}"
     );
     let cheaper = format!(
-        "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, {beyond} by more than {pct:.0} %"
+        "flushing exactly the lines written costs less CPU per GB than the seed's flushing cost throughput, {beyond} by more than a factor of {SEED_MARGIN}"
     );
     let size = size.words(&as_much, &cheaper, &size_within);
     let (direction, size) = match (direction, size) {
@@ -688,7 +669,7 @@ mod tests {
         let l = summarise(&[r]).remove(0);
         assert_eq!(
             l.verdict,
-            "deferred against the seed's batching: the spread meets the seed's figure within 15 %, so no verdict"
+            "deferred against the seed's batching: the spread meets the seed's figure within a factor of 1.15, so no verdict"
         );
         assert_eq!((l.ours, l.ours_spread), (Some(1.5), Some(spread)));
     }

@@ -110,12 +110,15 @@ pub fn median_interval(values: &[f64]) -> Option<(f64, f64)> {
 }
 
 /// How far a seed's own figure is taken to reach, as a factor either way,
-/// where ours is compared with it on size ([`judge_near`]): the 15 % a
-/// figure of ours may move between a quiet run and one beside two busy
-/// processes. A seed's figure is one measurement on other hardware,
-/// without a spread; ours is called larger or smaller only where its
-/// interval clears the seed's by more than that, so a figure of ours
-/// that lies near the seed's does not get opposite verdicts from two
+/// where ours is compared with it on size ([`judge_near`]). A seed's
+/// figure is one measurement on other hardware, without a spread; ours
+/// moves from run to run by more than its own interval says (seed 003's
+/// median 0.54-0.67 and seed 000's 1.27-1.59 over 2026-11-30's quiet and
+/// busy `run --quick` pairs, each pair's move 3-16 %), and the project
+/// allows a figure to move 15 % between a quiet run and one beside two
+/// busy processes. Ours is called larger or smaller only where its
+/// interval clears the seed's by more than that factor, so a figure of
+/// ours that lies near the seed's does not get opposite verdicts from two
 /// runs whose intervals each barely reach or miss the seed's point.
 pub const SEED_MARGIN: f64 = 1.15;
 
@@ -135,9 +138,11 @@ pub fn judge_near(
     } else {
         1.0
     };
+    // The band's low and high ends whatever the point's sign.
+    let (lo, hi) = ((point / m).min(point * m), (point / m).max(point * m));
     match (
-        judge(spread, point / m, invalid.clone()),
-        judge(spread, point * m, invalid),
+        judge(spread, lo, invalid.clone()),
+        judge(spread, hi, invalid),
     ) {
         (Verdict::Beyond(Ordering::Less), _) => Verdict::Beyond(Ordering::Less),
         (_, Verdict::Beyond(Ordering::Greater)) => Verdict::Beyond(Ordering::Greater),
@@ -226,6 +231,9 @@ mod tests {
             judge_near(None, 0.554, SEED_MARGIN, None),
             Verdict::None(w) if w == NO_SPREAD
         ));
+        // A negative point: the band is still its low to high end.
+        let neg = Some(Spread::of(&[-1.0, -0.95, -0.9]));
+        assert_eq!(judge_near(neg, -1.0, SEED_MARGIN, None), Verdict::Within);
     }
 
     #[test]

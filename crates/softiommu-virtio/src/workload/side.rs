@@ -1,7 +1,8 @@
 //! What both workloads share: the run's phases (warm-up, measured window,
 //! stop), a per-thread meter that snapshots its thread's CPU clock and its
 //! counters at the window's edges (less the CPU it spent idling between
-//! paced batches), and the hosts' configuration.
+//! paced batches, and in the waits a workload times with `Meter::wait`),
+//! and the hosts' configuration.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
@@ -123,9 +124,12 @@ impl Meter {
         if self.seen != MEASURE {
             return wait();
         }
-        let t0 = cpu_clock::thread();
+        // Net of any unit pass the wait ran inline: that is counted as
+        // `unit` already, and `cpu` is net of it.
+        let (t0, u0) = (cpu_clock::thread(), softiommu::hw::thread_inline_pass_cpu());
         let r = wait();
-        self.waiting += cpu_clock::thread().saturating_sub(t0);
+        let unit = softiommu::hw::thread_inline_pass_cpu().saturating_sub(u0);
+        self.waiting += cpu_clock::thread().saturating_sub(t0).saturating_sub(unit);
         r
     }
 
@@ -349,7 +353,13 @@ mod tests {
     #[test]
     fn a_windows_waits_are_counted_apart_from_its_work() {
         let (phase, mut meter) = (Phase::default(), Meter::default());
-        assert_eq!(meter.wait(|| 7), 7);
+        assert_eq!(
+            meter.wait(|| {
+                work(5);
+                7
+            }),
+            7
+        );
         assert_eq!(meter.waiting, Duration::ZERO, "a warm-up wait counted");
         let raw0 = cpu_clock::thread();
         phase.set(MEASURE);

@@ -9,7 +9,10 @@
 //! clock at the window's edges, the conductor the device threads'.
 //! The sender sleeps on the transmit-completion interrupt when its ring is
 //! full, the receiver on the receive interrupt when it has nothing to do,
-//! so their CPU time is their work, not their waiting.
+//! so neither spins while it waits; the CPU of going to sleep and waking
+//! is counted in their CPU time here (unlike `tcp_stream`, which counts
+//! it apart): at full speed it is part of what each policy's maximum
+//! rate costs, and paced, the drivers busy-poll instead of sleeping.
 //!
 //! Paced ([`UdpStreamConfig::offered_pps`]): the sender offers a fixed rate
 //! in batches, one batch per pacing period (about [`PACE_BATCH`]

@@ -52,4 +52,4 @@ pub use args::IperfTcpArgs;
 pub use run::run;
 
 /// How `flush_cpu_share` is obtained, as the report and its JSON say.
-pub const FLUSH_SHARE_METHOD: &str = "estimated: lines flushed x a per-line flush cost measured on this CPU after each non-coherent run (non-coherent less coherent 4 KiB map+unmap pairs, per line flushed), over the driver threads' CPU time";
+pub const FLUSH_SHARE_METHOD: &str = "estimated: lines flushed x a per-line flush cost measured on this CPU after each non-coherent run (non-coherent less coherent 4 KiB map+unmap pairs, per line flushed), over the driver threads' CPU time without their waits for their devices";
