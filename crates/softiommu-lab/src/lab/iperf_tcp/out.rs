@@ -74,10 +74,18 @@ pub struct IperfTcpRow {
     /// on; null with fewer than five paired rounds (a round that moved
     /// nothing pairs with nothing).
     pub saturated_vs_coherent_interval: Option<[f64; 2]>,
+    /// The same median of paired ratios with the drivers' waits counted
+    /// in (`cpu_s_per_gb + wait_cpu_s_per_gb`, round by round): how the
+    /// figure read before the waits were counted apart, shown for the
+    /// reader and judged by nothing.
+    pub saturated_vs_coherent_with_waits: Option<f64>,
     /// `cpu_s_per_gb` of each round, in the order the rounds ran (for
     /// the paired ratios; not in the contract).
     #[serde(skip)]
     pub cpu_s_per_gb_rounds: Vec<f64>,
+    /// `wait_cpu_s_per_gb` of each round, in the same order.
+    #[serde(skip)]
+    pub wait_cpu_s_per_gb_rounds: Vec<f64>,
     /// Whether the row's figures stand (false: a non-coherent walk cost
     /// less than the coherent one in every round).
     pub valid: bool,

@@ -46,6 +46,13 @@ pub(super) fn report(r: &IperfTcpReport, args: &IperfTcpArgs, pinning: &str) -> 
             .modelled_if(m),
             Column::metric("saturated_vs_coherent_min", "min", Unit::Ratio, 2).modelled_if(m),
             Column::metric("saturated_vs_coherent_max", "max", Unit::Ratio, 2).modelled_if(m),
+            Column::metric(
+                "saturated_vs_coherent_with_waits",
+                "the same, waits counted in",
+                Unit::Ratio,
+                2,
+            )
+            .modelled_if(m),
             Column::metric("lines_flushed_per_gb", "lines flushed", Unit::LinesPerGb, 0),
             Column::metric("flush_cpu_share_pct", "flush share (estimated)", Unit::Percent, 2)
                 .modelled_if(m),
@@ -92,6 +99,7 @@ pub(super) fn report(r: &IperfTcpReport, args: &IperfTcpArgs, pinning: &str) -> 
             }),
             x.saturated_vs_coherent_spread.map(|s| s.min).into(),
             x.saturated_vs_coherent_spread.map(|s| s.max).into(),
+            x.saturated_vs_coherent_with_waits.into(),
             x.lines_flushed_per_gb.into(),
             (x.flush_cpu_share * 100.0).into(),
             (x.flush_ns_per_line > 0.0)

@@ -38,7 +38,9 @@ pub(super) fn row(r: &TcpStreamResult) -> IperfTcpRow {
         saturated_vs_coherent: None,
         saturated_vs_coherent_spread: None,
         saturated_vs_coherent_interval: None,
+        saturated_vs_coherent_with_waits: None,
         cpu_s_per_gb_rounds: vec![r.cpu_s_per_gb],
+        wait_cpu_s_per_gb_rounds: vec![r.wait_cpu_s_per_gb],
         valid: true,
         why: None,
     }
@@ -137,22 +139,48 @@ pub fn run(args: &IperfTcpArgs) -> LabResult<Report> {
 /// Each row beside the coherent row of its policy (Mbit/s, CPU per GB at
 /// saturation, CPU above coherent), then the physics check.
 pub(super) fn compare(rows: &mut [IperfTcpRow]) {
-    let coherent: Vec<(String, f64, f64, Vec<f64>)> = rows
+    // A row's rounds with the waits counted in.
+    let with_waits = |r: &IperfTcpRow| -> Vec<f64> {
+        r.cpu_s_per_gb_rounds
+            .iter()
+            .zip(&r.wait_cpu_s_per_gb_rounds)
+            .map(|(c, w)| if *c > 0.0 { c + w } else { *c })
+            .collect()
+    };
+    /// A policy's coherent row, as each row of that policy is compared
+    /// with it.
+    struct Coherent {
+        policy: String,
+        mbit_s: f64,
+        cpu: f64,
+        rounds: Vec<f64>,
+        with_waits: Vec<f64>,
+    }
+    let coherent: Vec<Coherent> = rows
         .iter()
         .filter(|r| r.walk == Walk::Coherent.name())
-        .map(|r| {
-            (
-                r.policy.clone(),
-                r.mbit_s,
-                r.cpu_s_per_gb,
-                r.cpu_s_per_gb_rounds.clone(),
-            )
+        .map(|r| Coherent {
+            policy: r.policy.clone(),
+            mbit_s: r.mbit_s,
+            cpu: r.cpu_s_per_gb,
+            rounds: r.cpu_s_per_gb_rounds.clone(),
+            with_waits: with_waits(r),
         })
         .collect();
     for r in rows.iter_mut() {
-        let Some((_, mbit_s, cpu, c_rounds)) = coherent.iter().find(|c| c.0 == r.policy) else {
+        let Some(Coherent {
+            mbit_s,
+            cpu,
+            rounds: c_rounds,
+            with_waits: c_waits,
+            ..
+        }) = coherent.iter().find(|c| c.policy == r.policy)
+        else {
             continue;
         };
+        r.saturated_vs_coherent_with_waits = paired_ratios(c_waits, &with_waits(r))
+            .as_deref()
+            .map(|v| Spread::of(v).median);
         r.vs_coherent = (*mbit_s > 0.0).then(|| r.mbit_s / mbit_s);
         // Each round's coherent CPU per GB over this row's (the two
         // measured one after the other in that round). A round in which
@@ -216,12 +244,14 @@ pub(super) fn round_row(mut subs: Vec<IperfTcpRow>) -> IperfTcpRow {
 /// its rounds' CPU per GB in the order they ran.
 pub(super) fn median_round(mut v: Vec<IperfTcpRow>) -> IperfTcpRow {
     let cpu: Vec<f64> = v.iter().map(|r| r.cpu_s_per_gb).collect();
+    let waits: Vec<f64> = v.iter().map(|r| r.wait_cpu_s_per_gb).collect();
     let mbit: Vec<f64> = v.iter().map(|r| r.mbit_s).collect();
     v.sort_by(|a, b| a.mbit_s.total_cmp(&b.mbit_s));
     let mut r = v.swap_remove(v.len() / 2);
     r.cpu_s_per_gb_spread = Spread::of(&cpu);
     r.mbit_s_spread = Spread::of(&mbit);
     r.cpu_s_per_gb_rounds = cpu;
+    r.wait_cpu_s_per_gb_rounds = waits;
     r
 }
 

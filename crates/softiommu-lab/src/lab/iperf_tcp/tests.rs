@@ -34,7 +34,9 @@ fn round(walk: Walk, policy: &str, mbit_s: f64, cpu: f64) -> IperfTcpRow {
         saturated_vs_coherent: None,
         saturated_vs_coherent_spread: None,
         saturated_vs_coherent_interval: None,
+        saturated_vs_coherent_with_waits: None,
         cpu_s_per_gb_rounds: vec![cpu],
+        wait_cpu_s_per_gb_rounds: vec![0.2],
         valid: true,
         why: None,
     }
@@ -119,6 +121,12 @@ fn seed_003_compares_cpu_per_gb_not_throughput_below_saturation() {
     assert!(rows.iter().all(|r| r["valid"] == true), "{rows:?}");
     let sat = rows[1]["saturated_vs_coherent"].as_f64().unwrap();
     assert!((sat - 1.64 / 2.12).abs() < 1e-9, "{sat}");
+    // Beside it, for the reader, the same paired median with each
+    // round's waits (0.2 s/GB here) counted in.
+    let with = rows[1]["saturated_vs_coherent_with_waits"]
+        .as_f64()
+        .unwrap();
+    assert!((with - 1.84 / 2.32).abs() < 1e-9, "{with}");
     // The spread is over the rounds' paired ratios (coherent's round over
     // non-coherent's same round), not the widest cross of the two rows.
     let spread = &rows[1]["saturated_vs_coherent_spread"];
