@@ -76,6 +76,30 @@ pub const VIOMMU_MODES: [MustCostMore; 3] = [
     },
 ];
 
+/// A figure taken round by round ([`paired_ratios`]): the rounds' ratios'
+/// spread, how many rounds paired, and the median's interval over them
+/// (`seeds::verdict::median_interval`, as `[low, high]`; `None` with
+/// fewer than five paired rounds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Paired {
+    /// Lowest, median and highest of the rounds' ratios.
+    pub spread: Spread,
+    /// Rounds that paired.
+    pub rounds: usize,
+    /// The median's interval over the rounds' ratios.
+    pub interval: Option<[f64; 2]>,
+}
+
+/// [`paired_ratios`] of `a` over `b`, summed up as a [`Paired`] figure.
+pub fn paired(a: &[f64], b: &[f64]) -> Option<Paired> {
+    let ratios = paired_ratios(a, b)?;
+    Some(Paired {
+        spread: Spread::of(&ratios),
+        rounds: ratios.len(),
+        interval: crate::seeds::verdict::median_interval(&ratios).map(|(lo, hi)| [lo, hi]),
+    })
+}
+
 /// For each row, why its figure contradicts what its DMA policy must cost
 /// ([`POLICIES`]; `None`: it stands). A row is invalid when every round of
 /// it is below every round of the policy it must cost more than, in its

@@ -8,7 +8,7 @@ use softiommu_virtio::workload::{tcp_stream, TcpStreamConfig, TcpStreamResult};
 use crate::args::{Ranged, Seconds, Walk};
 use crate::dma_rig::modelled;
 use crate::error::{LabError, LabResult};
-use crate::lab::policy_physics::{check_walks, paired_ratios, Spread, WalkCost};
+use crate::lab::policy_physics::{check_walks, paired, Spread, WalkCost};
 use crate::metrics::pinning::allowed_cpus;
 use crate::report::Report;
 
@@ -178,24 +178,18 @@ pub(super) fn compare(rows: &mut [IperfTcpRow]) {
         else {
             continue;
         };
-        r.saturated_vs_coherent_with_waits = paired_ratios(c_waits, &with_waits(r))
-            .as_deref()
-            .map(|v| Spread::of(v).median);
+        r.saturated_vs_coherent_with_waits =
+            paired(c_waits, &with_waits(r)).map(|p| p.spread.median);
         r.vs_coherent = (*mbit_s > 0.0).then(|| r.mbit_s / mbit_s);
         // Each round's coherent CPU per GB over this row's (the two
         // measured one after the other in that round). A round in which
         // either side measured no CPU per GB (it moved nothing: a starved
         // round on a loaded machine) gives no ratio and is left out.
-        let ratios = paired_ratios(c_rounds, &r.cpu_s_per_gb_rounds);
-        let spread = ratios.as_deref().map(Spread::of);
-        r.saturated_vs_coherent = spread.map(|s| s.median);
+        let figure = paired(c_rounds, &r.cpu_s_per_gb_rounds);
+        r.saturated_vs_coherent = figure.map(|p| p.spread.median);
         // One paired round is a figure, not a spread: no verdict rests on it.
-        r.saturated_vs_coherent_spread =
-            spread.filter(|_| ratios.as_ref().is_some_and(|v| v.len() > 1));
-        r.saturated_vs_coherent_interval = ratios
-            .as_deref()
-            .and_then(crate::seeds::verdict::median_interval)
-            .map(|(lo, hi)| [lo, hi]);
+        r.saturated_vs_coherent_spread = figure.filter(|p| p.rounds > 1).map(|p| p.spread);
+        r.saturated_vs_coherent_interval = figure.and_then(|p| p.interval);
         if r.walk != Walk::Coherent.name() && r.cpu_s_per_gb > 0.0 {
             r.cpu_above_coherent_share = Some((r.cpu_s_per_gb - cpu) / r.cpu_s_per_gb);
         }

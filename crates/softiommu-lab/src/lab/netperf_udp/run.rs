@@ -139,17 +139,13 @@ pub fn compare(rows: &mut [NetperfRow]) {
         .map(|r| (r.ordering.clone(), r.service_demand_rounds.clone()))
         .collect();
     for r in rows.iter_mut() {
-        let ratios = base
+        let paired = base
             .iter()
             .find(|(o, _)| *o == r.ordering)
-            .and_then(|(_, b)| policy_physics::paired_ratios(&r.service_demand_rounds, b));
-        let spread = ratios.as_deref().map(Spread::of);
-        r.service_demand_vs_passthrough = spread.map(|s| s.median);
-        r.vs_passthrough_spread = spread;
-        r.vs_passthrough_interval = ratios
-            .as_deref()
-            .and_then(crate::seeds::verdict::median_interval)
-            .map(|(lo, hi)| [lo, hi]);
+            .and_then(|(_, b)| policy_physics::paired(&r.service_demand_rounds, b));
+        r.service_demand_vs_passthrough = paired.map(|p| p.spread.median);
+        r.vs_passthrough_spread = paired.map(|p| p.spread);
+        r.vs_passthrough_interval = paired.and_then(|p| p.interval);
     }
     let costs: Vec<PairedCost<'_>> = rows
         .iter()
