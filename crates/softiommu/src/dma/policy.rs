@@ -138,6 +138,23 @@ impl Tunables {
         self.policy.load(Relaxed) == DmaPolicy::Passthrough.to_u8()
     }
 
+    /// Whether the policy in force is strict or deferred (one load and
+    /// compare: the map's inline translated path asks it).
+    #[inline]
+    pub(crate) fn is_strict_or_deferred(&self) -> bool {
+        self.policy
+            .load(Relaxed)
+            .wrapping_sub(DmaPolicy::Strict.to_u8())
+            < 2
+    }
+
+    /// Whether the policy in force is deferred (one load and compare: the
+    /// unmap's inline deferred path asks it).
+    #[inline]
+    pub(crate) fn is_deferred(&self) -> bool {
+        self.policy.load(Relaxed) == DmaPolicy::Deferred.to_u8()
+    }
+
     /// Entries that trigger a flush of a CPU's queue.
     pub fn high_water(&self) -> usize {
         self.high_water.load(Relaxed)

@@ -160,6 +160,17 @@ impl DmaCpu {
             slot.stats.map();
             return Ok(phys);
         }
+        // Strict and deferred maps of a device that does not bounce (the
+        // usual translated map) inline too: `map_entered` would choose
+        // `map_pages` for them, behind a call frame, spills and a result
+        // passed through memory. Measured (`bench dma --instructions`):
+        // the deferred pair 651 -> 551 instructions, pass-through 137.6 ->
+        // 140.0.
+        if !dev.untrusted && w.domain.tunables.is_strict_or_deferred() {
+            let r = w.map_translated(slot, dev, phys, len, dir.perm());
+            drop(op);
+            return r;
+        }
         let r = w.map_entered(slot, dev, phys, len, dir, sg);
         drop(op);
         r
@@ -207,6 +218,16 @@ impl DmaCpu {
         {
             slot.stats.unmap();
             return Ok(());
+        }
+        // A deferred unmap of an address no bounce pool holds: straight to
+        // `unmap_pages`, as `unmap_entered` would take it, past its policy
+        // dispatch. Out of line: inline as well, it saved the deferred
+        // pair 11 instructions and cost pass-through 13 (the caller's loop
+        // spills around it).
+        if w.domain.tunables.is_deferred() && w.domain.bounce.find(addr).is_none() {
+            let r = w.unmap_deferred(slot, dev, addr, len, dir);
+            drop(op);
+            return r;
         }
         let r = w.unmap_entered(slot, dev, addr, len, dir, sg);
         drop(op);
@@ -419,6 +440,41 @@ impl Work {
         );
         d.bounce_live.fetch_add(1, Relaxed);
         Ok(slot.dma())
+    }
+
+    /// A strict or deferred map of a device that does not bounce.
+    #[inline(always)]
+    fn map_translated(
+        &mut self,
+        slot: &CpuSlot,
+        dev: &DmaDevice,
+        phys: PhysAddr,
+        len: u64,
+        perm: Perm,
+    ) -> Result<u64, DmaError> {
+        let r = self.map_pages(slot, dev, phys, len, perm, BlockKind::Plain);
+        if r.is_ok() {
+            slot.stats.map();
+        }
+        r
+    }
+
+    /// A deferred unmap of an address no bounce pool holds.
+    #[inline(never)]
+    fn unmap_deferred(
+        &mut self,
+        slot: &CpuSlot,
+        dev: &DmaDevice,
+        addr: u64,
+        len: u64,
+        dir: DmaDirection,
+    ) -> Result<(), DmaError> {
+        let owner = owner_tag(dev.owner, dir_bits(dir));
+        let r = self.unmap_pages(slot, addr, len, true, BlockKind::Plain, dev, owner);
+        if r.is_ok() {
+            slot.stats.unmap();
+        }
+        r
     }
 
     /// [`DmaCpu::map`] past its pass-through fast path, inside the gate.
