@@ -70,10 +70,14 @@ pub enum IotlbOutcome {
         /// Whether the table was emptied to make room.
         evicted: bool,
     },
-    /// An invalidation removed (or trimmed) `removed` entries.
+    /// An invalidation removed (or trimmed) `removed` entries; `evicted`
+    /// is true when the pieces it split left the table over its capacity
+    /// and it was emptied.
     Invalidated {
         /// Entries removed or trimmed.
         removed: usize,
+        /// Whether the table was emptied to stay within its capacity.
+        evicted: bool,
     },
 }
 
@@ -172,9 +176,15 @@ impl DeviceIotlb {
                 last_of(iova, size).ok_or(IotlbError::IovaWraps { op, iova, size })?,
             ),
         };
-        Ok(IotlbOutcome::Invalidated {
-            removed: self.punch(iova, last),
-        })
+        let removed = self.punch(iova, last);
+        // An invalidation inside one entry splits it in two: a run of them
+        // would grow the table one entry each. Past the capacity it is
+        // emptied, as a full update empties it.
+        let evicted = self.map.len() > self.capacity;
+        if evicted {
+            self.map.clear();
+        }
+        Ok(IotlbOutcome::Invalidated { removed, evicted })
     }
 
     /// Removes `[first, last]` from the table, splitting entries that
@@ -232,11 +242,17 @@ mod tests {
         // What QEMU sends for a global device-IOTLB flush.
         assert_eq!(
             t.invalidate(0, 0xfef0_0000).unwrap(),
-            IotlbOutcome::Invalidated { removed: 1 }
+            IotlbOutcome::Invalidated {
+                removed: 1,
+                evicted: false
+            }
         );
         assert_eq!(
             t.invalidate(0xfef0_0000, 0xffff_ffff_0110_0000).unwrap(),
-            IotlbOutcome::Invalidated { removed: 1 }
+            IotlbOutcome::Invalidated {
+                removed: 1,
+                evicted: false
+            }
         );
         assert!(t.is_empty());
     }
@@ -251,7 +267,10 @@ mod tests {
             .unwrap();
         assert_eq!(
             t.invalidate(0x5000, 0).unwrap(),
-            IotlbOutcome::Invalidated { removed: 2 }
+            IotlbOutcome::Invalidated {
+                removed: 2,
+                evicted: false
+            }
         );
         assert!(t.is_empty());
     }
@@ -318,5 +337,35 @@ mod tests {
             }
         );
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn invalidations_that_split_an_entry_stay_within_the_capacity() {
+        let mut t = DeviceIotlb::new(4);
+        t.update(0, 1 << 40, 0x7000_0000_0000, RW).unwrap();
+        // Each one-byte hole inside the entry splits a piece in two.
+        for k in 1..=3u64 {
+            assert_eq!(
+                t.invalidate(2 * k + 1, 1).unwrap(),
+                IotlbOutcome::Invalidated {
+                    removed: 1,
+                    evicted: false
+                }
+            );
+            assert_eq!(t.len() as u64, k + 1);
+        }
+        assert_eq!(
+            t.invalidate(9, 1).unwrap(),
+            IotlbOutcome::Invalidated {
+                removed: 1,
+                evicted: true
+            }
+        );
+        assert!(t.is_empty());
+        for k in 0..1000u64 {
+            t.update(0, 1 << 40, 0x7000_0000_0000, RW).unwrap();
+            t.invalidate(2 * k + 1, 1).unwrap();
+            assert!(t.len() <= 4, "{} entries", t.len());
+        }
     }
 }

@@ -24,6 +24,9 @@ struct Region {
     /// `mmap_offset`: where the region starts in the mapping.
     offset: u64,
     map_len: usize,
+    /// The file's device and inode: two regions that share front-end
+    /// virtual addresses must be views of the same bytes.
+    file: (u64, u64),
 }
 
 // SAFETY: the mapping is plain shared memory, valid until drop.
@@ -47,7 +50,7 @@ impl Drop for Region {
 /// back-end; an unsealed file (or one on a file system that cannot be
 /// sealed, such as FUSE, whose page faults the front-end could also stall)
 /// could be truncated at any time.
-fn check_region_fd(index: usize, fd: &OwnedFd, end: u64) -> Result<(), MsgError> {
+fn check_region_fd(index: usize, fd: &OwnedFd, end: u64) -> Result<(u64, u64), MsgError> {
     // SAFETY: fstat into a zeroed stat of a descriptor we hold.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -95,6 +98,37 @@ fn check_region_fd(index: usize, fd: &OwnedFd, end: u64) -> Result<(), MsgError>
             end,
             file_size,
         });
+    }
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Whether `[a, +la)` and `[b, +lb)` share a byte (neither end wraps).
+fn overlap(a: u64, la: u64, b: u64, lb: u64) -> bool {
+    a < b + lb && b < a + la
+}
+
+/// Refuses a table in which two regions claim one guest-physical address
+/// (a buffer address would resolve to whichever came first), or one
+/// front-end virtual address for different bytes (two views of the same
+/// file at the same offsets may share them, as aliases of one RAM block).
+fn check_disjoint(regions: &[Region]) -> Result<(), MsgError> {
+    for (i, a) in regions.iter().enumerate() {
+        for (j, b) in regions.iter().enumerate().skip(i + 1) {
+            let what = if overlap(a.gpa, a.size, b.gpa, b.size) {
+                "guest-physical"
+            } else if overlap(a.uaddr, a.size, b.uaddr, b.size)
+                && (a.file != b.file
+                    || a.uaddr.wrapping_sub(a.offset) != b.uaddr.wrapping_sub(b.offset))
+            {
+                "front-end virtual"
+            } else {
+                continue;
+            };
+            return Err(MsgError::Invalid {
+                name: "SET_MEM_TABLE",
+                what: format!("regions {i} and {j} overlap in {what} addresses"),
+            });
+        }
     }
     Ok(())
 }
@@ -166,7 +200,7 @@ impl MemTable {
                         "region {i}: offset {offset:#x} + size {size:#x} overflows"
                     ))
                 })?;
-            check_region_fd(i, fd, map_len as u64)?;
+            let file = check_region_fd(i, fd, map_len as u64)?;
             // SAFETY: a fresh shared mapping of the descriptor; checked below.
             let base = unsafe {
                 libc::mmap(
@@ -191,8 +225,11 @@ impl MemTable {
                 base: base.cast(),
                 offset,
                 map_len,
+                file,
             });
         }
+        // The mappings made so far are undone with `regions` if refused.
+        check_disjoint(&regions)?;
         Ok(Self { regions })
     }
 

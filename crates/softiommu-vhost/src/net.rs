@@ -152,7 +152,7 @@ impl NetBackend {
     /// Checks the configuration; frames go out on `port.tx` and come in
     /// from `port.rx`.
     pub fn new(cfg: NetBackendConfig, port: WirePort) -> Result<Self, ConfigError> {
-        let ms = cfg.miss_timeout.as_millis() as u64;
+        let ms = u64::try_from(cfg.miss_timeout.as_millis()).unwrap_or(u64::MAX);
         if !crate::BlkBackendConfig::MISS_TIMEOUT_MS.contains(&ms) {
             return Err(ConfigError::Range {
                 option: "miss timeout (ms)",

@@ -172,7 +172,7 @@ pub struct BlkBackend {
 impl BlkBackend {
     /// Checks the configuration and opens the disk.
     pub fn open(cfg: BlkBackendConfig) -> Result<Self, ConfigError> {
-        let ms = cfg.miss_timeout.as_millis() as u64;
+        let ms = u64::try_from(cfg.miss_timeout.as_millis()).unwrap_or(u64::MAX);
         if !BlkBackendConfig::MISS_TIMEOUT_MS.contains(&ms) {
             return Err(ConfigError::Range {
                 option: "miss timeout (ms)",
@@ -356,6 +356,31 @@ fn u64_of(name: &'static str, p: &[u8]) -> Result<u64, MsgError> {
     Ok(u64::from_le_bytes(b))
 }
 
+/// The `(offset, size)` of a `GET_CONFIG` or `SET_CONFIG` payload
+/// (`offset`, `size`, `flags` as le32, then `size` bytes), checked against
+/// the payload's length and the configuration space.
+fn config_range(name: &'static str, p: &[u8]) -> Result<(usize, usize), MsgError> {
+    if p.len() < 12 {
+        return Err(MsgError::BadSize {
+            name,
+            size: p.len(),
+            want: "12 + size".into(),
+        });
+    }
+    let off = u32::from_le_bytes(p[0..4].try_into().expect("4")) as usize;
+    let size = u32::from_le_bytes(p[4..8].try_into().expect("4")) as usize;
+    if p.len() != 12 + size || off.checked_add(size).is_none_or(|e| e > CONFIG_MAX) {
+        return Err(MsgError::Invalid {
+            name,
+            what: format!(
+                "offset {off} size {size} (payload {}, space {CONFIG_MAX})",
+                p.len()
+            ),
+        });
+    }
+    Ok((off, size))
+}
+
 fn state_of(name: &'static str, p: &[u8]) -> Result<(u32, u32), MsgError> {
     let v = u64_of(name, p)?;
     Ok((v as u32, (v >> 32) as u32))
@@ -474,6 +499,25 @@ impl Session<'_> {
         ) {
             no_fds(&fds)?;
         }
+        // Requests that carry no payload (vhost-user.rst: "Back-end
+        // payload: N/A" ... the front-end's likewise): a body is a framing
+        // error of the front-end, refused as such.
+        if matches!(
+            request,
+            req::GET_FEATURES
+                | req::SET_OWNER
+                | req::RESET_OWNER
+                | req::RESET_DEVICE
+                | req::GET_PROTOCOL_FEATURES
+                | req::GET_QUEUE_NUM
+        ) && !p.is_empty()
+        {
+            return Err(MsgError::BadSize {
+                name,
+                size: p.len(),
+                want: "0".into(),
+            });
+        }
         match request {
             req::GET_FEATURES => reply(self.dev.features()),
             req::SET_FEATURES => {
@@ -501,8 +545,10 @@ impl Session<'_> {
             }
             req::SET_OWNER => Ok(None),
             req::RESET_OWNER | req::RESET_DEVICE => {
-                self.stop_all();
+                // Refused before anything stops: a refused reset leaves
+                // the running rings running.
                 self.refuse_while_left_behind(name)?;
+                self.stop_all();
                 for r in &mut self.rings {
                     *r = Ring {
                         wedged: r.wedged,
@@ -549,6 +595,7 @@ impl Session<'_> {
             req::SET_VRING_NUM => {
                 let (i, num) = state_of(name, &p)?;
                 let q = self.queue(name, i)?;
+                self.refuse_while_running(name, q)?;
                 if num == 0 || num > u32::from(MAX_QUEUE_SIZE) || !num.is_power_of_two() {
                     return Err(MsgError::Invalid {
                         name,
@@ -568,6 +615,7 @@ impl Session<'_> {
                 }
                 let i = u32::from_le_bytes(p[0..4].try_into().expect("4"));
                 let q = self.queue(name, i)?;
+                self.refuse_while_running(name, q)?;
                 let f = |k: usize| u64::from_le_bytes(p[k..k + 8].try_into().expect("8"));
                 let (d, u, a) = (f(8), f(16), f(24));
                 if d % 16 != 0 || a % 2 != 0 || u % 4 != 0 {
@@ -582,6 +630,7 @@ impl Session<'_> {
             req::SET_VRING_BASE => {
                 let (i, base) = state_of(name, &p)?;
                 let q = self.queue(name, i)?;
+                self.refuse_while_running(name, q)?;
                 if base > 0xffff {
                     return Err(MsgError::Invalid {
                         name,
@@ -673,31 +722,43 @@ impl Session<'_> {
                 Ok(None)
             }
             req::GET_CONFIG => self.get_config(&p),
-            req::SET_CONFIG => Ok(None),
+            req::SET_CONFIG => self.set_config(&p),
             code => Err(MsgError::Unsupported { code }),
         }
     }
 
-    fn get_config(&self, p: &[u8]) -> Result<Option<Vec<u8>>, MsgError> {
-        let name = "GET_CONFIG";
-        if p.len() < 12 {
-            return Err(MsgError::BadSize {
-                name,
-                size: p.len(),
-                want: "12 + size".into(),
-            });
-        }
-        let off = u32::from_le_bytes(p[0..4].try_into().expect("4")) as usize;
-        let size = u32::from_le_bytes(p[4..8].try_into().expect("4")) as usize;
-        if p.len() != 12 + size || off.checked_add(size).is_none_or(|e| e > CONFIG_MAX) {
+    /// A `SET_CONFIG`: checked as `GET_CONFIG` is, then refused — no
+    /// field of the devices' configuration is writable (virtio-blk's
+    /// `writeback` exists only with `VIRTIO_BLK_F_CONFIG_WCE`, not
+    /// offered), and acknowledging a write that changes nothing would
+    /// tell the front-end it took effect.
+    fn set_config(&self, p: &[u8]) -> Result<Option<Vec<u8>>, MsgError> {
+        let name = "SET_CONFIG";
+        let (off, size) = config_range(name, p)?;
+        Err(MsgError::Invalid {
+            name,
+            what: format!("offset {off} size {size}: the configuration has no writable field"),
+        })
+    }
+
+    /// Refuses `name`, a change of ring `q`'s set-up, while its worker
+    /// runs: the worker holds the ring as it started, so the change would
+    /// be acknowledged and then lost at the next stop (vhost-user.rst
+    /// sets a ring up before its `SET_VRING_KICK`, after a
+    /// `GET_VRING_BASE` stopped it).
+    fn refuse_while_running(&self, name: &'static str, q: usize) -> Result<(), MsgError> {
+        if self.rings[q].running.is_some() {
             return Err(MsgError::Invalid {
                 name,
-                what: format!(
-                    "offset {off} size {size} (payload {}, space {CONFIG_MAX})",
-                    p.len()
-                ),
+                what: format!("queue {q} is running (stop it with GET_VRING_BASE first)"),
             });
         }
+        Ok(())
+    }
+
+    fn get_config(&self, p: &[u8]) -> Result<Option<Vec<u8>>, MsgError> {
+        let name = "GET_CONFIG";
+        let (off, size) = config_range(name, p)?;
         let mut cfg = [0u8; CONFIG_MAX];
         self.dev.config(&mut cfg);
         let mut out = p[..12].to_vec();
@@ -745,6 +806,22 @@ impl Session<'_> {
                 what: format!("the ring cannot start: {e}"),
             }
         })?;
+        // Without ACCESS_PLATFORM the areas are the front-end's virtual
+        // addresses, known now: one outside the shared memory is refused
+        // here, not acknowledged and then faulted on every poll. (Under
+        // it they are IOVAs, translated through the IOTLB on access.)
+        if self.acked & vf::ACCESS_PLATFORM == 0 {
+            for (what, addr, len) in layout.areas() {
+                if !self.space.covers_uaddr(addr, len) {
+                    return Err(MsgError::Invalid {
+                        name,
+                        what: format!(
+                            "queue {q}'s {what} at {addr:#x} (+{len:#x}) is outside the shared memory"
+                        ),
+                    });
+                }
+            }
+        }
         Ok(())
     }
 
@@ -839,7 +916,14 @@ impl Session<'_> {
                     self.wedged += 1;
                     self.left_behind.push(left);
                 }
-                Err(_) => eprintln!("softiommu-vhost: queue thread panicked"),
+                Err(_) => {
+                    // It never said where it stopped: as a thread left
+                    // behind, no base is answered (an old one would make
+                    // the front-end serve completed chains again).
+                    eprintln!("softiommu-vhost: queue {q}'s thread panicked");
+                    self.rings[q].wedged = true;
+                    self.wedged += 1;
+                }
             }
             self.rings[q].call = shared.call.lock().unwrap_or_else(|p| p.into_inner()).take();
             self.space.flush();
@@ -940,6 +1024,24 @@ mod tests {
         assert!(fd >= 0);
         // SAFETY: a fresh descriptor we own.
         unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    /// A miss bound past what fits in 64 bits of milliseconds is refused,
+    /// not truncated into the range (2^64 + 616 ms read as 616 ms, and the
+    /// first miss's deadline overflowed `Instant`).
+    #[test]
+    fn a_miss_timeout_too_long_for_u64_milliseconds_is_refused() {
+        for secs in [18_428_297_329_635_842_065u64, 18_446_744_073_709_552] {
+            let mut cfg = BlkBackendConfig::new("/nonexistent-disk");
+            cfg.miss_timeout = Duration::from_secs(secs);
+            assert!(matches!(
+                BlkBackend::open(cfg),
+                Err(ConfigError::Range {
+                    option: "miss timeout (ms)",
+                    ..
+                })
+            ));
+        }
     }
 
     /// A queue thread that cannot be started leaves the ring its call
@@ -1090,6 +1192,116 @@ mod tests {
             let r = session.join().unwrap();
             assert_eq!(r.rejected_messages, 4);
             assert_eq!(r.fds.wedged_rings, 1);
+        });
+    }
+
+    /// Two rings: queue 0's thread ignores its stop until `release` (as
+    /// [`Stuck`]'s), queue 1's ends when stopped and says so in `ended`.
+    struct OneStuck {
+        release: Arc<AtomicBool>,
+        ended: Arc<AtomicBool>,
+    }
+
+    impl VhostDevice for OneStuck {
+        fn features(&self) -> u64 {
+            vf::VERSION_1 | vf::ACCESS_PLATFORM
+        }
+
+        fn queues(&self) -> u32 {
+            2
+        }
+
+        fn config(&self, _: &mut [u8; CONFIG_MAX]) {}
+
+        fn spawn(&self, index: u32, q: Queue) -> std::io::Result<JoinHandle<u16>> {
+            let (release, ended) = (self.release.clone(), self.ended.clone());
+            std::thread::Builder::new().spawn(move || {
+                let shared = q.worker_shared().clone();
+                while !(if index == 0 {
+                    release.load(Ordering::Acquire)
+                } else {
+                    shared.stop.load(Ordering::Acquire)
+                }) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if index == 1 {
+                    ended.store(true, Ordering::Release);
+                }
+                q.last_avail()
+            })
+        }
+    }
+
+    /// A reset refused because a thread left behind still runs changes
+    /// nothing: the other ring keeps running. (Before: every ring was
+    /// stopped, and the IOTLB flushed, before the refusal.)
+    #[test]
+    fn a_refused_reset_leaves_the_running_rings_running() {
+        let release = Arc::new(AtomicBool::new(false));
+        let ended = Arc::new(AtomicBool::new(false));
+        let dev = OneStuck {
+            release: release.clone(),
+            ended: ended.clone(),
+        };
+        let (fe, be) = UnixStream::pair().unwrap();
+        fe.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let call = |code: u32, payload: &[u8], fds: &[i32]| -> Vec<u8> {
+            testing::send(&fe, code, payload, fds, true).unwrap();
+            let (c, _, p) = testing::recv(&fe).unwrap();
+            assert_eq!(c, code);
+            p
+        };
+        let ack = |code: u32, payload: &[u8], fds: &[i32]| -> u64 {
+            u64::from_le_bytes(call(code, payload, fds).try_into().unwrap())
+        };
+        std::thread::scope(|s| {
+            let session = s.spawn(|| serve_device(&dev, be, 64, Duration::from_millis(100)));
+            let (mem, _) = testing::shared_memory(c"onestuck", 64 << 10).unwrap();
+            let mut t = vec![0u8; 8 + 32];
+            t[0..4].copy_from_slice(&1u32.to_le_bytes());
+            t[16..24].copy_from_slice(&(64u64 << 10).to_le_bytes());
+            t[24..32].copy_from_slice(&0x7f00_0000_0000u64.to_le_bytes());
+            assert_eq!(ack(req::SET_MEM_TABLE, &t, &[mem.as_raw_fd()]), 0);
+            let features = (vf::VERSION_1 | vf::ACCESS_PLATFORM).to_le_bytes();
+            assert_eq!(ack(req::SET_FEATURES, &features, &[]), 0);
+            let kicks = [eventfd(), eventfd()];
+            for q in 0..2u64 {
+                assert_eq!(
+                    ack(req::SET_VRING_NUM, &(q | 8 << 32).to_le_bytes(), &[]),
+                    0
+                );
+                let mut a = q.to_le_bytes().to_vec();
+                for v in [0x1000u64, 0x1200, 0x1100, 0] {
+                    a.extend_from_slice(&(v + q * 0x1000).to_le_bytes());
+                }
+                assert_eq!(ack(req::SET_VRING_ADDR, &a, &[]), 0);
+                let k = kicks[q as usize].as_raw_fd();
+                assert_eq!(ack(req::SET_VRING_KICK, &q.to_le_bytes(), &[k]), 0);
+            }
+            // Queue 0's thread is left behind; queue 1 runs.
+            assert!(call(req::GET_VRING_BASE, &0u64.to_le_bytes(), &[]).is_empty());
+            assert_ne!(ack(req::RESET_OWNER, &[], &[]), 0);
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(
+                !ended.load(Ordering::Acquire),
+                "the refused reset stopped queue 1"
+            );
+            // Stopped on its own request, it ends and reports its base.
+            assert_eq!(
+                call(req::GET_VRING_BASE, &1u64.to_le_bytes(), &[]),
+                1u64.to_le_bytes()
+            );
+            assert!(ended.load(Ordering::Acquire));
+            release.store(true, Ordering::Release);
+            fe.shutdown(std::net::Shutdown::Both).unwrap();
+            let r = session.join().unwrap();
+            assert!(matches!(
+                r.last_rejection,
+                Some(MsgError::Invalid {
+                    name: "RESET_OWNER",
+                    ..
+                })
+            ));
         });
     }
 

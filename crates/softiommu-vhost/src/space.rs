@@ -359,6 +359,27 @@ impl DmaSpace {
         drop(unsafe { Box::from_raw(old) });
     }
 
+    /// Whether every byte of `[uaddr, +len)` lies in the shared memory
+    /// (in one region or in several that meet), by front-end virtual
+    /// address: where a ring lies without `ACCESS_PLATFORM`. `len` is not
+    /// zero and the range does not wrap (the caller checked).
+    pub(crate) fn covers_uaddr(&self, uaddr: u64, len: u64) -> bool {
+        let _t = self.lock();
+        let mem = self.mem();
+        let (mut at, end) = (uaddr, uaddr.saturating_add(len));
+        // Each step ends at a region's end: at most one per region.
+        for _ in 0..=crate::proto::MAX_REGIONS {
+            if at >= end {
+                return true;
+            }
+            match mem.host(Space::Uaddr, at, end - at) {
+                Some((_, n)) if n > 0 => at += n,
+                _ => return false,
+            }
+        }
+        at >= end
+    }
+
     /// Whether any memory is shared.
     pub(crate) fn has_memory(&self) -> bool {
         let _t = self.lock();
@@ -504,15 +525,20 @@ impl DmaSpace {
     pub fn invalidate(&self, iova: u64, size: u64) -> Result<IotlbOutcome, IotlbError> {
         let mut t = self.lock();
         let out = t.invalidate(iova, size)?;
+        let evicted = matches!(out, IotlbOutcome::Invalidated { evicted: true, .. });
         // Accepted: size 0 is the whole space; otherwise size >= 1 and the
         // range does not wrap.
         match size {
+            _ if evicted => self.cache.clear(),
             0 => self.cache.clear(),
             _ => self.cache.clear_range(iova, iova + (size - 1)),
         }
         drop(t);
         self.readers.drain();
         self.counters.invalidations.fetch_add(1, Ordering::Relaxed);
+        if evicted {
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(out)
     }
 
@@ -716,7 +742,17 @@ impl DmaSpace {
         }
         if !ask.is_empty() {
             drop(st);
-            self.send_misses(&ask, write)?;
+            if let Err(e) = self.send_misses(&ask, write) {
+                // A send cut short because the rings stopped meanwhile (a
+                // front-end stops reading the channel while it waits for
+                // GET_VRING_BASE's reply) is the stop's: the request is
+                // left on the ring for the restart, not failed.
+                if self.miss_state().cancelled {
+                    self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                    return Err(AccessError::Cancelled { iova });
+                }
+                return Err(e);
+            }
             st = self.miss_state();
         }
         match self.sleep_on(st, first, deadline) {

@@ -100,7 +100,10 @@ fn an_access_racing_an_invalidation_never_touches_the_range_after_it_returned() 
         std::thread::sleep(Duration::from_micros(round % 7 * 30));
         assert!(matches!(
             s.invalidate(iova, PAGE),
-            Ok(IotlbOutcome::Invalidated { removed: 1 })
+            Ok(IotlbOutcome::Invalidated {
+                removed: 1,
+                evicted: false
+            })
         ));
         let at_ack = snapshot(host, pg * PAGE, PAGE as usize);
         // The writers keep trying for a while; the page must not move.
@@ -305,7 +308,10 @@ fn an_invalidation_waits_for_accesses_of_threads_past_the_slots() {
     inside.wait();
     assert!(matches!(
         s.invalidate(IOVA, PAGE),
-        Ok(IotlbOutcome::Invalidated { removed: 1 })
+        Ok(IotlbOutcome::Invalidated {
+            removed: 1,
+            evicted: false
+        })
     ));
     assert_eq!(done.load(Ordering::SeqCst), THREADS as u64);
     for t in threads {
@@ -329,7 +335,10 @@ fn a_nested_access_keeps_the_outer_section() {
     assert_eq!(s.readers.drain(), 0, "no section left open");
     assert!(matches!(
         s.invalidate(IOVA, 2 * PAGE),
-        Ok(IotlbOutcome::Invalidated { removed: 1 })
+        Ok(IotlbOutcome::Invalidated {
+            removed: 1,
+            evicted: false
+        })
     ));
 }
 

@@ -191,11 +191,13 @@ fn a_call_eventfd_the_front_end_filled_never_holds_up_the_device_or_its_stop() {
     assert_eq!(r.fds.wedged_rings, 0);
 }
 
-/// A SET_VRING_KICK the back-end refuses (a descriptor table that would
-/// end past 2^64) leaves the running ring running and the IOTLB as it
-/// was. (Before: the ring was stopped and the IOTLB flushed first.)
+/// A ring's set-up (`SET_VRING_ADDR`, `SET_VRING_NUM`, `SET_VRING_BASE`)
+/// sent while its worker runs is refused: the worker holds the ring as it
+/// started, so the change would be acknowledged and then lost at the stop
+/// (a base of 100 acked, then 1 reported). The ring keeps running, its
+/// translations untouched, and reports its own base when stopped.
 #[test]
-fn a_refused_kick_leaves_the_running_ring_and_its_translations_alone() {
+fn a_ring_set_up_sent_while_the_ring_runs_is_refused_and_the_ring_serves() {
     let mut fe = FrontEnd::start("kick9", Duration::from_secs(2));
     fe.map(RING_IOVA, 0x10000);
     fe.map(DATA_IOVA, 0x1000);
@@ -206,33 +208,189 @@ fn a_refused_kick_leaves_the_running_ring_and_its_translations_alone() {
     for v in [0xffff_ffff_ffff_fff0u64, USED, AVAIL, 0] {
         a.extend_from_slice(&v.to_le_bytes());
     }
-    assert_eq!(fe.ack(req::SET_VRING_ADDR, &a, &[]), 0);
-    let kick = eventfd();
-    assert_eq!(
-        fe.ack(
-            req::SET_VRING_KICK,
-            &0u64.to_le_bytes(),
-            &[kick.as_raw_fd()]
-        ),
-        1
-    );
+    assert_eq!(fe.ack(req::SET_VRING_ADDR, &a, &[]), 1);
+    assert_eq!(fe.ack(req::SET_VRING_NUM, &state(0, 16), &[]), 1);
+    assert_eq!(fe.ack(req::SET_VRING_BASE, &state(0, 100), &[]), 1);
     // The worker still serves, through translations that were not flushed
     // (a miss would go unanswered: IOERR).
     fe.submit_read(4096);
     assert!(fe.wait_used(1, Duration::from_secs(10)));
     assert_eq!(fe.peek(STATUS_IOVA, 1), [0]);
     assert_eq!(fe.peek(DATA_IOVA, 4096), vec![0x5c; 4096]);
+    testing::send(&fe.sock, req::GET_VRING_BASE, &state(0, 0), &[], false).unwrap();
+    assert_eq!(testing::recv(&fe.sock).unwrap().2, state(0, 1));
     let r = finish(fe);
+    assert_eq!(r.rejected_messages, 3);
     assert!(matches!(
         r.last_rejection,
         Some(MsgError::Invalid {
-            name: "SET_VRING_KICK",
-            ..
-        })
+            name: "SET_VRING_BASE",
+            ref what
+        }) if what.contains("running")
     ));
     assert_eq!(r.iotlb.misses, 0, "{:?}", r.iotlb);
-    // One flush: the disconnect's.
+    // One flush: the stop's (the disconnect finds no ring running).
     assert_eq!(r.iotlb.flushes, 1, "{:?}", r.iotlb);
+}
+
+/// A memory table whose regions claim one guest-physical address twice,
+/// or one front-end virtual address for different files, is refused
+/// (an address would resolve to whichever region came first); two views
+/// of one file at the same offsets may share virtual addresses. The
+/// table in force keeps serving.
+#[test]
+fn regions_that_overlap_are_refused_and_the_old_table_serves() {
+    let (a, _) = testing::shared_memory(c"overlap-a", MEM_BYTES).unwrap();
+    let (b, _) = testing::shared_memory(c"overlap-b", MEM_BYTES).unwrap();
+    let two = |r: [(u64, u64); 2]| {
+        let mut t = Vec::new();
+        t.extend_from_slice(&2u32.to_le_bytes());
+        t.extend_from_slice(&0u32.to_le_bytes());
+        for (gpa, ua) in r {
+            for v in [gpa, MEM_BYTES as u64, ua, 0] {
+                t.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        t
+    };
+    let m = MEM_BYTES as u64;
+    let (fa, fb) = (a.as_raw_fd(), b.as_raw_fd());
+    let cases: [(Vec<u8>, [i32; 2], Option<&str>); 4] = [
+        (
+            two([(0, UA), (m / 2, UA + 4 * m)]),
+            [fa, fb],
+            Some("guest-physical"),
+        ),
+        (
+            two([(0, UA), (4 * m, UA + m / 2)]),
+            [fa, fb],
+            Some("front-end virtual"),
+        ),
+        // One file twice at one virtual address: an alias, taken.
+        (two([(0, UA), (4 * m, UA)]), [fa, fa], None),
+        (two([(0, UA), (4 * m, UA + 4 * m)]), [fa, fb], None),
+    ];
+    for (t, fds, refused) in cases {
+        let mut fe = FrontEnd::start("overlap", Duration::from_secs(2));
+        let ack = fe.ack(req::SET_MEM_TABLE, &t, &fds);
+        assert_eq!(ack, u64::from(refused.is_some()), "{refused:?}");
+        if refused.is_none() {
+            finish(fe);
+            continue;
+        }
+        fe.map(RING_IOVA, 0x10000);
+        fe.map(DATA_IOVA, 0x1000);
+        fe.start_ring();
+        fe.submit_read(4096);
+        assert!(fe.wait_used(1, Duration::from_secs(10)));
+        assert_eq!(fe.peek(STATUS_IOVA, 1), [0]);
+        assert_eq!(fe.peek(DATA_IOVA, 4096), vec![0x5c; 4096]);
+        let r = finish(fe);
+        assert_eq!(r.rejected_messages, 1);
+        let want = refused.unwrap();
+        assert!(
+            matches!(
+                r.last_rejection,
+                Some(MsgError::Invalid { name: "SET_MEM_TABLE", ref what }) if what.contains(want)
+            ),
+            "{:?}",
+            r.last_rejection
+        );
+    }
+}
+
+/// Without ACCESS_PLATFORM a ring's addresses are the front-end's virtual
+/// addresses, known at its start: a ring outside the shared memory is
+/// refused at its SET_VRING_KICK (before: acknowledged, then faulted on
+/// every poll); inside it, taken.
+#[test]
+fn a_ring_outside_the_shared_memory_is_refused_without_access_platform() {
+    let fe = FrontEnd::start("ring-ua", Duration::from_secs(2));
+    let plain = vf::VERSION_1 | vf::PROTOCOL_FEATURES;
+    assert_eq!(fe.ack(req::SET_FEATURES, &plain.to_le_bytes(), &[]), 0);
+    let addr = |d: u64, u: u64, a: u64| {
+        let mut p = vec![0u8; 8];
+        for v in [d, u, a, 0] {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+        p
+    };
+    assert_eq!(fe.ack(req::SET_VRING_NUM, &state(0, NUM.into()), &[]), 0);
+    let kick = || {
+        let k = eventfd();
+        fe.ack(req::SET_VRING_KICK, &0u64.to_le_bytes(), &[k.as_raw_fd()])
+    };
+    // IOVA-like addresses, not the region's (it lies at UA).
+    assert_eq!(
+        fe.ack(req::SET_VRING_ADDR, &addr(DESC, USED, AVAIL), &[]),
+        0
+    );
+    assert_eq!(kick(), 1);
+    // The used ring's last bytes past the region's end.
+    let end = UA + MEM_BYTES as u64;
+    assert_eq!(
+        fe.ack(
+            req::SET_VRING_ADDR,
+            &addr(UA + DESC, end - 8, UA + AVAIL),
+            &[]
+        ),
+        0
+    );
+    assert_eq!(kick(), 1);
+    assert_eq!(
+        fe.ack(
+            req::SET_VRING_ADDR,
+            &addr(UA + DESC, UA + USED, UA + AVAIL),
+            &[]
+        ),
+        0
+    );
+    assert_eq!(kick(), 0);
+    let r = finish(fe);
+    assert_eq!(r.rejected_messages, 2);
+    assert!(matches!(
+        r.last_rejection,
+        Some(MsgError::Invalid { name: "SET_VRING_KICK", ref what }) if what.contains("outside the shared memory")
+    ));
+}
+
+/// A request that carries no payload arriving with one is refused as
+/// the framing error it is (a GET answered empty); SET_CONFIG is refused
+/// (nothing in the configuration is writable), GET_CONFIG served.
+#[test]
+fn payloads_where_none_belongs_and_config_writes_are_refused() {
+    let fe = FrontEnd::start("payload", Duration::from_secs(2));
+    testing::send(&fe.sock, req::GET_FEATURES, &[0; 8], &[], false).unwrap();
+    let (code, _, p) = testing::recv(&fe.sock).unwrap();
+    assert_eq!((code, p.len()), (req::GET_FEATURES, 0));
+    assert_eq!(fe.ack(req::SET_OWNER, &[0; 100], &[]), 1);
+    let mut cfg = vec![0u8; 12];
+    cfg[4..8].copy_from_slice(&8u32.to_le_bytes());
+    testing::send(
+        &fe.sock,
+        req::GET_CONFIG,
+        &[cfg.clone(), vec![0; 8]].concat(),
+        &[],
+        false,
+    )
+    .unwrap();
+    let (code, _, p) = testing::recv(&fe.sock).unwrap();
+    assert_eq!((code, p.len()), (req::GET_CONFIG, 20));
+    // virtio-blk's capacity, in 512-byte sectors.
+    assert_eq!(p[12..20], (DISK_BYTES / 512).to_le_bytes());
+    let r = finish_after(fe, req::SET_CONFIG, &[cfg, vec![1; 8]].concat());
+    assert_eq!(r.rejected_messages, 3);
+    assert!(matches!(
+        r.last_rejection,
+        Some(MsgError::Invalid { name: "SET_CONFIG", ref what }) if what.contains("no writable field")
+    ));
+}
+
+/// Sends `request` with `payload` (expecting it refused), then ends the
+/// session and returns its report.
+fn finish_after(fe: FrontEnd, request: u32, payload: &[u8]) -> softiommu_vhost::SessionReport {
+    assert_eq!(fe.ack(request, payload, &[]), 1);
+    finish(fe)
 }
 
 /// An update arriving after the rings stopped (a late answer to a miss the
