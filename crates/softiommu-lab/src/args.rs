@@ -23,6 +23,16 @@ pub enum ArgError {
         /// What was given.
         text: String,
     },
+    /// A number where a whole one is wanted (`0.5`, `1e3`).
+    #[error("{text:?} is not a whole number in {min}..={max}")]
+    NotWhole {
+        /// What was given.
+        text: String,
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
+    },
     /// An integer outside its documented range.
     #[error("{value} is not in {min}..={max}")]
     OutOfRange {
@@ -127,6 +137,11 @@ impl<const MIN: u64, const MAX: u64> FromStr for Ranged<MIN, MAX> {
                     max: MAX,
                 })
             }
+            Err(_) if t.parse::<f64>().is_ok_and(f64::is_finite) => Err(ArgError::NotWhole {
+                text: s.to_string(),
+                min: MIN,
+                max: MAX,
+            }),
             Err(_) => Err(ArgError::NotANumber {
                 text: s.to_string(),
             }),

@@ -30,6 +30,12 @@ pub struct DmaRig {
 }
 
 impl DmaRig {
+    /// The physical memory a domain's bounce pool of `bounce_bytes` takes:
+    /// three lanes, each rounded up to a power of two of pages.
+    pub fn bounce_memory(bounce_bytes: u64) -> u64 {
+        3 * bounce_bytes.div_ceil(4096).next_power_of_two() * 4096
+    }
+
     /// Builds the rig through the library's [`Platform`]: `mem_bytes` of
     /// memory, a unit with `model`, a domain with `policy` and
     /// `bounce_bytes` of bounce pool.

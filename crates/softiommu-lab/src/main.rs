@@ -139,8 +139,19 @@ fn parse_cli() -> Result<Cli, std::process::ExitCode> {
     use clap::error::ErrorKind;
     Cli::try_parse().map_err(|e| match e.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
-            let _ = e.print();
-            std::process::ExitCode::SUCCESS
+            // Written and flushed, or a refusal: help that could not be
+            // written (`> /dev/full`) is no success.
+            use std::io::Write;
+            match e.print().and_then(|()| std::io::stdout().flush()) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!(
+                        "softiommu: {}",
+                        printable(&format!("cannot write to standard output: {err}"))
+                    );
+                    std::process::ExitCode::from(1)
+                }
+            }
         }
         // Clap would show the help; its first line is no refusal.
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {

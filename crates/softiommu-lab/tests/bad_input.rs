@@ -238,6 +238,26 @@ fn sizes_and_counts_out_of_range_are_refused() {
         ),
         (&["lab", "fio-aging", "--backend", "file"], "--file <FILE>"),
         (
+            &["lab", "fio-aging", "--file", "/tmp/x.img"],
+            "--file and --direct are options of --backend file",
+        ),
+        (
+            &["lab", "fio-aging", "--direct"],
+            "--file and --direct are options of --backend file",
+        ),
+        (
+            &["lab", "fio-aging", "--seconds", "0.08"],
+            "--seconds must be at least 0.2",
+        ),
+        (
+            &["lab", "fio-aging", "--bs", "4k:50,4k:50"],
+            "a size named more than once",
+        ),
+        (
+            &["lab", "fio-aging", "--bs", "4k:100,16k:0"],
+            "a size at 0 percent",
+        ),
+        (
             &["lab", "fio-aging", "--backend", "tape"],
             "[possible values: null, memory, file]",
         ),
@@ -318,6 +338,14 @@ fn sizes_and_counts_out_of_range_are_refused() {
             "\"many\" is not a number",
         ),
         (&["bench", "iova", "--threads=-3"], "-3 is not in 1..=256"),
+        (
+            &["bench", "iova", "--threads", "1.5"],
+            "\"1.5\" is not a whole number in 1..=256",
+        ),
+        (
+            &["lab", "litmus", "--max-seconds", "0.5"],
+            "\"0.5\" is not a whole number",
+        ),
         (
             &["bench", "iova", "--threads", "many"],
             "\"many\" is not a number",
@@ -492,6 +520,14 @@ fn bad_scenarios_and_overrides_are_refused_naming_the_field_file_and_line() {
         &["lab", "ring", "--set", "ring=1"],
         "--set ring=1: 1 is not in 2..=4096",
     );
+    // The [quick] table is applied by --quick before the sets: a set of it
+    // was taken and never used (exit 0, whatever its values).
+    for q in ["quick={rounds=0}", "quick.rounds=0", "quick={bogus=1}"] {
+        refused(
+            &["lab", "ring", "--quick", "--set", q],
+            "the [quick] table cannot be set",
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -643,4 +679,24 @@ fn a_missing_subcommand_is_named_with_the_valid_ones() {
         &["bench"],
         "softiommu: softiommu bench needs a subcommand (iova, pgtable, dma, translate, access, ring); see `softiommu bench --help`",
     );
+}
+
+/// Help or a version that cannot be written (`> /dev/full`) is no
+/// success: exit 1 and one line on stderr (before: exit 0, nothing said).
+#[test]
+fn help_that_cannot_be_written_is_a_failure() {
+    for args in [&["--help"][..], &["-V"], &["lab", "litmus", "--help"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_softiommu"))
+            .args(args)
+            .stdout(std::fs::File::create("/dev/full").expect("/dev/full"))
+            .output()
+            .expect("the binary runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot write to standard output"),
+            "{stderr}"
+        );
+    }
 }

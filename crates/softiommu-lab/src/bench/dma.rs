@@ -192,7 +192,13 @@ fn run_policy(
 ) -> LabResult<(DmaResult, [u64; BUCKETS])> {
     let threads = args.threads.us();
     let granule = args.granule.get();
-    let rig = DmaRig::new(policy, model, SourceId(0x0300), 1 << 30, 8 << 20)?;
+    // Each thread holds one mapping of `granule` pages at a time: the
+    // bounce pool holds every thread's (8 threads of 512 pages found an
+    // 8 MiB pool exhausted), and the memory every buffer and the pool.
+    let held = (threads as u64) * granule * 4096;
+    let bounce = held.max(8 << 20);
+    let memory = (1 << 30) + held + DmaRig::bounce_memory(bounce);
+    let rig = DmaRig::new(policy, model, SourceId(0x0300), memory, bounce)?;
     let (mem, domain, dev) = (rig.mem.clone(), rig.domain.clone(), rig.dev.clone());
     let go = Arc::new(Barrier::new(threads));
     let budget = Duration::from_secs_f64(args.seconds.get());

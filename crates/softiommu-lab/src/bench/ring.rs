@@ -31,7 +31,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use softiommu::dma::{DmaCpu, DmaDevice, DmaDirection, DmaPolicy};
+use softiommu::dma::{DmaCpu, DmaDevice, DmaDirection, DmaError, DmaPolicy};
 use softiommu::hw::{Access, LatencyModel, SourceId, Translator};
 use softiommu::mem::{PhysAddr, PhysMemory};
 
@@ -392,9 +392,23 @@ impl Sender {
                 // The stack builds the frame (copying the payload in).
                 let n = packet::build(&mut self.scratch, &flow, tail as u16, &self.payload[..msg]);
                 self.mem.write(buf, &self.scratch[..n])?;
-                let dma = self
+                let dma = match self
                     .cpu
-                    .map(&self.dev, buf, len as u64, DmaDirection::ToDevice)?;
+                    .map(&self.dev, buf, len as u64, DmaDirection::ToDevice)
+                {
+                    Ok(dma) => dma,
+                    // The bounce pool full of frames in flight: as a
+                    // driver's busy transmit queue, wait for completions
+                    // to give slots back, then try again.
+                    Err(DmaError::BounceFull { .. }) => {
+                        self.ring.sender_waiting.store(true, Ordering::SeqCst);
+                        clean = self.reclaim(clean, tail)?;
+                        std::thread::park_timeout(Duration::from_millis(1));
+                        self.ring.sender_waiting.store(false, Ordering::SeqCst);
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 self.inflight[slot as usize] = (dma, len as u64);
                 let mut d = [0u8; 16];
                 d[0..8].copy_from_slice(&dma.to_le_bytes());
@@ -431,7 +445,21 @@ fn run_policy(
     let streams = args.streams.us();
     let ring_size = args.ring.get();
     let msg = args.msg_size.us();
-    let rig = DmaRig::new(policy, model, SourceId(0x0200), 2 << 30, 16 << 20)?;
+    // Memory for every stream's ring of buffers (each a power of two of
+    // pages), the bounce pool and a GiB for the rest: 8 streams of 4,096
+    // 60 KiB buffers took 2 GiB, and a fixed 2 GiB ran out. Under bounce
+    // the pool holds them all in flight (up to the domain's 1 GiB; past
+    // it a full pool holds the sender back). Sparse: only what is touched
+    // is backed.
+    let frame = ((HEADERS + msg) as u64).div_ceil(4096).next_power_of_two() * 4096;
+    let buffers = streams as u64 * ring_size * frame;
+    let bounce = if policy == DmaPolicy::Bounce {
+        buffers.clamp(16 << 20, 1 << 30)
+    } else {
+        16 << 20
+    };
+    let memory = (1 << 30) + buffers + DmaRig::bounce_memory(bounce);
+    let rig = DmaRig::new(policy, model, SourceId(0x0200), memory, bounce)?;
     if let Some(hw) = args.flush_high_water {
         // The mark is clamped to the queues' size: make room for it first
         // (queues are made with each CPU handle, below).

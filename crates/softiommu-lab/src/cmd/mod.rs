@@ -13,7 +13,8 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, clap::Args)]
 pub struct DbArgs {
     /// The results database (`run` writes it; `history`, `compare` and
-    /// `report` open it read-only).
+    /// `report` only read it, but open it for writing where they can, so
+    /// that SQLite rolls back the journal of a writer that died).
     #[arg(long, default_value = crate::store::DEFAULT_DB)]
     pub db: PathBuf,
 }

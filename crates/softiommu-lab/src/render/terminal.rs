@@ -52,7 +52,10 @@ pub fn render_table(t: &Table) -> String {
                 .zip(&t.columns)
                 .enumerate()
                 .map(|(j, (cell, col))| {
-                    let mut text = format_cell(cell, col.unit, col.decimals);
+                    // A cell's text may come from a file or a stored
+                    // run (a host name, a row label): escaped, as the
+                    // title and the lines under the table are.
+                    let mut text = printable(&format_cell(cell, col.unit, col.decimals));
                     if bad && j == 0 {
                         text = format!("INVALID {text}");
                     }
@@ -65,9 +68,9 @@ pub fn render_table(t: &Table) -> String {
                 }),
         );
     }
-    let mut out = format!("{}\n{c}\n", t.title);
+    let mut out = format!("{}\n{c}\n", printable(&t.title));
     for x in &t.invalid {
-        out.push_str(&invalid_line(&x.row, &x.why));
+        out.push_str(&printable(&invalid_line(&x.row, &x.why)));
         out.push('\n');
     }
     out
@@ -143,5 +146,28 @@ mod escape_tests {
         assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
         assert!(out.contains("\\u{1b}]0;PWNED\\u{7}\\u{1b}[2J"), "{out:?}");
         assert!(out.contains("(seed 0\\n1)"), "{out:?}");
+    }
+
+    /// A stored run's host name or row label (`history`, `compare`)
+    /// reached the terminal raw from the database: cells, titles and the
+    /// lines under a table are shown escaped.
+    #[test]
+    fn a_tables_cells_and_title_reach_no_terminal_as_escapes() {
+        use crate::report::Column;
+        let mut t = Table::new(
+            "runs",
+            "title \u{1b}[2J",
+            vec![Column::label("host"), Column::label("rev")],
+        );
+        t.row(vec![
+            "\u{1b}[2J\nx".to_string().into(),
+            "a\u{0}b".to_string().into(),
+        ]);
+        let out = render_table(&t);
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{0}'), "{out:?}");
+        assert!(
+            out.contains("\\u{1b}[2J\\nx") && out.contains("a\\0b"),
+            "{out:?}"
+        );
     }
 }

@@ -86,12 +86,23 @@ impl Scenario {
             return Ok(self.clone());
         }
         let file = apply_sets(&self.file, self.lab_table(), sets)?;
-        // A second table is the `--set`'s doing, not the file's.
+        // A second table is the `--set`'s doing, not the file's: the first
+        // set that adds it is named (the sets applied one more at a time).
         Self::from_file(file, &self.path).map_err(|e| match e {
-            ScenarioError::TwoLabs { found, .. } => ScenarioError::Set {
-                set: sets.join(" --set "),
-                message: format!("adds a second bench or lab table ({found}); a scenario runs one"),
-            },
+            ScenarioError::TwoLabs { found, .. } => {
+                let culprit = (1..=sets.len())
+                    .find(|&n| {
+                        apply_sets(&self.file, self.lab_table(), &sets[..n])
+                            .is_ok_and(|f| f.tables().len() > 1)
+                    })
+                    .map_or_else(|| sets.join(" --set "), |n| sets[n - 1].clone());
+                ScenarioError::Set {
+                    set: culprit,
+                    message: format!(
+                        "adds a second bench or lab table ({found}); a scenario runs one"
+                    ),
+                }
+            }
             e => e,
         })
     }

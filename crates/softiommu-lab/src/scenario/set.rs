@@ -6,7 +6,7 @@
 use super::file::{ScenarioFile, LAB_TABLES};
 use super::ScenarioError;
 
-const HEADER: [&str; 4] = ["name", "seed", "about", "quick"];
+const HEADER: [&str; 3] = ["name", "seed", "about"];
 
 /// `file` with every `KEY=VALUE` of `sets` applied; a bare key that is not
 /// a header field belongs to `lab_table`.
@@ -26,6 +26,17 @@ pub(super) fn apply_sets(
             set: set.clone(),
             message,
         };
+        // The `[quick]` table is the file's, applied by `--quick` before
+        // the sets: one set here would be taken and never used. (A lab's
+        // own `quick` flag, a boolean, is set as any field is.)
+        let quick_table =
+            key == "quick" && matches!(parse_value(value, None), toml::Value::Table(_));
+        if quick_table || key.starts_with("quick.") {
+            return Err(bad(
+                "the [quick] table cannot be set; --quick applies the file's, and --set KEY=VALUE sets a field of the lab"
+                    .into(),
+            ));
+        }
         let mut table = toml::Table::try_from(&out).map_err(|e| bad(e.to_string()))?;
         let (section, field) = match key.split_once('.') {
             Some((t, f)) if LAB_TABLES.contains(&t) => (Some(t), f),

@@ -127,8 +127,9 @@ pub struct FioAgingArgs {
     /// A short run with the same shape (about 30 s in all).
     #[arg(long)]
     pub quick: bool,
-    /// Seconds of the aging run per IOVA policy (0.08..=86400: eight
-    /// windows of at least 10 ms; default 6 with --quick, else 60).
+    /// Seconds of the aging run per IOVA policy (0.2..=86400: eight
+    /// windows of at least 10 ms past the jobs' start-up; default 6 with
+    /// --quick, else 60).
     #[arg(long)]
     pub seconds: Option<Seconds>,
     /// Windows in each aging time line (8..=10000, at most one per 10 ms;
@@ -152,7 +153,8 @@ pub struct FioAgingArgs {
     /// multiples of 512 up to 16 MiB).
     #[arg(long, default_value = DEFAULT_AGING_BS)]
     pub bs: BsArg,
-    /// Block size of the cost part (the seed's log: 4 KiB).
+    /// Block size of the cost part, or a mix as `--bs` takes (the seed's
+    /// log: 4 KiB).
     #[arg(long, default_value = "4k")]
     pub dma_bs: BsArg,
     /// Interrupt CPUs completing the jobs' requests in the aging part

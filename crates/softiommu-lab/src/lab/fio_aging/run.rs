@@ -103,6 +103,9 @@ pub(super) fn paired_figure(r: &FioResult) -> (VsFresh, PairedSeries) {
 /// The shortest cost part per DMA policy, seconds (`--dma-seconds`).
 const MIN_DMA_SECONDS: f64 = 0.1;
 
+/// The shortest aging run per policy, seconds.
+const MIN_AGING_SECONDS: f64 = 0.2;
+
 /// Runs the lab; `progress` hears of each run as it finishes.
 pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Report> {
     let rw = args.rw.mode();
@@ -113,9 +116,24 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
             "--backend file needs --file PATH (an existing file)",
         ));
     }
+    // The file's options without the file back-end would be dropped
+    // unsaid (the run would read `null`).
+    if args.backend != BackendName::File && (args.file.is_some() || args.direct) {
+        return Err(LabError::Setup(
+            "--file and --direct are options of --backend file",
+        ));
+    }
     let seconds = args
         .seconds
         .map_or(if args.quick { 6.0 } else { 60.0 }, Seconds::get);
+    // At 0.08 s (eight 10 ms windows) the jobs' start-up took the run:
+    // "no throughput after the warm-up", three runs of three; 0.2 s
+    // measured six of six.
+    if seconds < MIN_AGING_SECONDS {
+        return Err(LabError::Setup(
+            "--seconds must be at least 0.2 (eight windows past the jobs' start-up)",
+        ));
+    }
     // Windows of at least the fio engine's 10 ms, and at least 8 of them.
     let n_windows = args
         .windows
@@ -123,7 +141,7 @@ pub fn run(args: &FioAgingArgs, mut progress: impl FnMut(&str)) -> LabResult<Rep
         .min((seconds / MIN_WINDOW.as_secs_f64()) as usize);
     if n_windows < 8 {
         return Err(LabError::Setup(
-            "--seconds must be at least 0.08 (8 windows of at least 10 ms)",
+            "--windows: 8 windows of at least 10 ms (fewer fit in --seconds)",
         ));
     }
     let window = Duration::from_secs_f64(seconds / n_windows as f64);

@@ -16,8 +16,8 @@ pub struct AgingArgs {
     #[arg(long)]
     pub seconds: Option<Seconds>,
     /// Windows in the time line (8..=1000; default 32 with --quick, else
-    /// 60). The aging figure discards a warm-up of at least 1 s and needs
-    /// four windows after it.
+    /// 60). The aging figure discards a warm-up of 1 s (a quarter of the
+    /// run if that is shorter) and needs four windows after it.
     #[arg(long)]
     pub windows: Option<Ranged<8, 1000>>,
     /// Jobs (threads), as fio's `numjobs` (1..=256).

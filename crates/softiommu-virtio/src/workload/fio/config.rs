@@ -109,6 +109,14 @@ impl BlockSizes {
             if pct > 100 {
                 return Err(bad("a percent above 100"));
             }
+            // As fio's bssplit: each size once, each with a share (a size
+            // named twice or at 0 % is a slip, not a mix).
+            if pct == 0 {
+                return Err(bad("a size at 0 percent"));
+            }
+            if v.iter().any(|&(b, _)| b == bytes) {
+                return Err(bad("a size named more than once"));
+            }
             v.push((bytes, pct));
         }
         let b = Self(v);
