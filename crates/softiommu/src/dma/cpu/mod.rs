@@ -318,10 +318,11 @@ impl Work {
         }
     }
 
-    // Always inlined: into `map_entered`, the hot caller, it saves the
-    // call frame (with `unmap_pages` and the flush queue's push inlined
-    // too, ~65 instructions a deferred pair by callgrind); the coherent
-    // allocation's caller gets a copy as well, which costs it nothing.
+    // Always inlined: into `DmaCpu::map` (through `map_translated`), the
+    // hot caller, it saves the call frame, the spills and the result
+    // passed through memory (~100 instructions a deferred pair by
+    // callgrind); `map_entered` and the coherent allocation's caller get
+    // copies as well.
     #[inline(always)]
     fn map_pages(
         &mut self,
@@ -665,7 +666,8 @@ impl Work {
     /// direction's bits); a scatter list's block's tag `SG_TAG | owner`;
     /// a coherent block's owner is checked by its caller (`owner` unused).
     #[allow(clippy::too_many_arguments)]
-    // Always inlined, as `map_pages` (the scatter list's and the coherent
+    // Always inlined, as `map_pages`: into `unmap_deferred`, the hot
+    // caller, and `unmap_entered` (the scatter list's and the coherent
     // free's callers get copies).
     #[inline(always)]
     fn unmap_pages(
