@@ -359,3 +359,62 @@ fn request_buffer_outside_guest_ram_is_fault_or_unwritten() {
     // Unanswerable, so not carried out.
     assert_eq!(r.dev.attached(EA), None);
 }
+
+/// A PROBE whose readable part faults after its first bytes (the type
+/// read, the endpoint in memory the device may not read) is answered
+/// `FAULT` in the tail after its `probe_size` bytes of properties, where
+/// the driver reads it (§5.13.6.5). (Before: the type was lost with the
+/// fault and `FAULT` went to byte 0 with used length 4, which a driver
+/// waiting for `probe_size + 4` bytes took for its own zeroed, `OK`,
+/// tail.)
+#[test]
+fn a_probe_whose_request_faults_answers_in_its_own_tail() {
+    let mut r = rig();
+    let probe_size = config().probe_size;
+    let (reserve, _) = r.mem.iommu_reserve();
+    let base = r.drv.scratch();
+    let wbase = base + 0x800;
+    r.mem.write(base, &encode::probe(EA)[..4]).unwrap();
+    let wlen = probe_size + 4;
+    r.mem.fill(wbase, u64::from(wlen), 0xaa).unwrap();
+    let used = r
+        .drv
+        .raw(&[
+            RawDesc {
+                addr: base,
+                len: 4,
+                writable: false,
+            },
+            RawDesc {
+                addr: reserve,
+                len: s::PROBE_LEN as u32 - 4,
+                writable: false,
+            },
+            RawDesc {
+                addr: wbase,
+                len: wlen,
+                writable: true,
+            },
+        ])
+        .unwrap();
+    assert_eq!(used, wlen);
+    let mut w = vec![0u8; wlen as usize];
+    r.mem.read(wbase, &mut w).unwrap();
+    assert_eq!(w[probe_size as usize], s::S_FAULT);
+    assert!(w[..probe_size as usize].iter().all(|&b| b == 0));
+}
+
+/// A readable part of 1 to 3 bytes whose type the device does not know
+/// is returned unwritten, as any unknown type is (§5.13.6.2: "SHOULD NOT
+/// write the buffer and SHOULD set the used length to zero"); a known
+/// type that short is still `INVAL`.
+#[test]
+fn an_unknown_type_shorter_than_a_head_is_returned_unwritten() {
+    let mut r = rig();
+    for req in [&[9u8][..], &[0x7f, 0], &[0xff, 0, 0]] {
+        let (used, w) = raw(&mut r, req, &[4]);
+        assert_eq!((used, w), (0, vec![0xaa; 4]), "{req:?}");
+    }
+    let (used, w) = raw(&mut r, &[s::T_MAP], &[4]);
+    assert_eq!((used, w[0]), (4, s::S_INVAL));
+}

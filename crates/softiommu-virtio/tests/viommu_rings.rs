@@ -19,7 +19,10 @@ use viommu_common::*;
 fn live_with_queue(t: &MmioTransport, size: u16, rings: (u64, u64, u64)) {
     t.write(reg::STATUS, 0);
     t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
-    let f = 1u64 << spec::feature::VERSION_1 | 1 << s::F_MAP_UNMAP;
+    let f = 1u64 << spec::feature::VERSION_1
+        | 1 << s::F_MAP_UNMAP
+        | 1 << s::F_INPUT_RANGE
+        | 1 << s::F_DOMAIN_RANGE;
     t.write(reg::DRIVER_FEATURES_SEL, 0);
     t.write(reg::DRIVER_FEATURES, f as u32);
     t.write(reg::DRIVER_FEATURES_SEL, 1);
@@ -139,4 +142,46 @@ fn rings_refused_untouched_then_served(
     assert_eq!(dev.stats().requests, 0);
     let mut drv = ViommuDriver::probe(t, mem, Default::default()).unwrap();
     assert_eq!(drv.attach(1, EA, 0).unwrap(), Some(Status::Ok));
+}
+
+/// A driver that declines INPUT_RANGE or DOMAIN_RANGE would have every
+/// 64-bit address and every 32-bit domain id valid (§5.13.6); the unit's
+/// tables take 48 bits and its domain ids are the device's claimed range,
+/// so `FEATURES_OK` is refused (§2.2.2) — before: taken, and both limits
+/// enforced anyway (`ATTACH` of domain 0 answered `S_RANGE`). With both
+/// accepted, it is set.
+#[test]
+fn features_ok_needs_input_and_domain_range() {
+    let r = rig();
+    let Rig { dev, drv, .. } = r;
+    drop(drv);
+    let t = dev.transport().clone();
+    let base = 1u64 << spec::feature::VERSION_1 | 1 << s::F_MAP_UNMAP;
+    let both = 1 << s::F_INPUT_RANGE | 1 << s::F_DOMAIN_RANGE;
+    for (f, ok) in [
+        (base, false),
+        (base | 1 << s::F_INPUT_RANGE, false),
+        (base | 1 << s::F_DOMAIN_RANGE, false),
+        (base | both, true),
+    ] {
+        t.write(reg::STATUS, 0);
+        let _ = t.errors().drain();
+        t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
+        t.write(reg::DRIVER_FEATURES_SEL, 0);
+        t.write(reg::DRIVER_FEATURES, f as u32);
+        t.write(reg::DRIVER_FEATURES_SEL, 1);
+        t.write(reg::DRIVER_FEATURES, (f >> 32) as u32);
+        let st = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+        t.write(reg::STATUS, st);
+        assert_eq!(t.read(reg::STATUS) & status::FEATURES_OK != 0, ok, "{f:#x}");
+        let e = t.errors().drain();
+        if ok {
+            assert!(e.is_empty(), "{e:?}");
+        } else {
+            assert!(
+                matches!(&e[..], [DeviceError::FeaturesRefused { reason, .. }] if reason.contains("cannot work without")),
+                "{f:#x}: {e:?}"
+            );
+        }
+    }
 }

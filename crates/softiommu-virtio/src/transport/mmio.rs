@@ -58,6 +58,13 @@ pub struct TransportConfig {
     /// bit but maps its buffers anyway (rcore's `virtio-drivers`, whose HAL
     /// returns IOVAs) can be served with it off.
     pub require_access_platform: bool,
+    /// Device-specific features (a mask of offered bits) without which
+    /// the device cannot work as the specification defines it:
+    /// `FEATURES_OK` is refused unless the driver accepts every one
+    /// (§2.2.2: "The device SHOULD accept any valid subset of features
+    /// the driver accepts, otherwise it MUST fail to set the FEATURES_OK
+    /// device status bit"). 0 by default.
+    pub required_features: u64,
     /// A stated model of what a `QueueNotify` write costs the notifying
     /// CPU in a virtual machine: the trap to the hypervisor and back (a
     /// VM exit and entry, and the ioeventfd signal between). The writer
@@ -71,6 +78,7 @@ impl Default for TransportConfig {
     fn default() -> Self {
         Self {
             require_access_platform: true,
+            required_features: 0,
             notify_exit: Duration::ZERO,
         }
     }
@@ -806,6 +814,11 @@ impl MmioTransport {
         if s.cfg.require_access_platform && driver & 1 << feature::ACCESS_PLATFORM == 0 {
             return Err(refuse(
                 "VIRTIO_F_ACCESS_PLATFORM not accepted: the device reaches memory only through the IOMMU",
+            ));
+        }
+        if driver & s.cfg.required_features != s.cfg.required_features {
+            return Err(refuse(
+                "a device feature the device cannot work without was not accepted",
             ));
         }
         Ok(())

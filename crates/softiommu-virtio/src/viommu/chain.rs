@@ -38,16 +38,16 @@ impl Parts {
     /// Copies the first `out.len()` readable bytes (fewer if the part is
     /// shorter) into `out`; returns how many. `Err` if guest memory
     /// refused an address.
-    pub(crate) fn read(&self, mem: &PhysGuestMemory, out: &mut [u8]) -> Result<usize, ()> {
+    pub(crate) fn read(&self, mem: &PhysGuestMemory, out: &mut [u8]) -> Result<usize, usize> {
         let mut got = 0usize;
         for d in self.descs.iter().filter(|d| !d.writable) {
             if got == out.len() {
                 break;
             }
             let n = (d.len as usize).min(out.len() - got);
-            device_range(mem, d.addr, n)?;
+            device_range(mem, d.addr, n).map_err(|()| got)?;
             mem.read_slice(&mut out[got..got + n], GuestAddress(d.addr))
-                .map_err(|_| ())?;
+                .map_err(|_| got)?;
             got += n;
         }
         Ok(got)

@@ -135,6 +135,14 @@ impl Default for ViommuConfig {
             serve_in_notifier: false,
             transport: TransportConfig {
                 require_access_platform: false,
+                // Without INPUT_RANGE mappings span the whole 64-bit space
+                // and without DOMAIN_RANGE any 32-bit domain is valid
+                // (§5.13.6): the unit's tables take 48 bits and its domain
+                // ids are the device's claimed range, so a driver that
+                // declines either cannot be served as the specification
+                // says and `FEATURES_OK` is refused (§2.2.2). (Before: taken,
+                // and both limits enforced anyway.)
+                required_features: 1 << s::F_INPUT_RANGE | 1 << s::F_DOMAIN_RANGE,
                 ..TransportConfig::default()
             },
         }

@@ -65,10 +65,12 @@ impl Request {
     /// [`MAX_REQUEST`]). The head's `reserved` bytes are ignored
     /// (§5.13.6.2: the device MUST ignore them).
     pub(crate) fn parse(b: &[u8], len: usize) -> Result<Self, ParseError> {
-        if len < s::HEAD_LEN || b.len() < s::HEAD_LEN {
+        // The type first: a readable part of 1 to 3 bytes whose type is
+        // not one the device knows is returned unwritten as any unknown
+        // type is (§5.13.6.2), not answered INVAL.
+        let Some(&ty) = b.first() else {
             return Err(ParseError::NoHead);
-        }
-        let ty = b[0];
+        };
         let need = match ty {
             s::T_ATTACH => s::ATTACH_LEN,
             s::T_DETACH => s::DETACH_LEN,
@@ -77,6 +79,9 @@ impl Request {
             s::T_PROBE => s::PROBE_LEN,
             _ => return Err(ParseError::UnknownType(ty)),
         };
+        if len < s::HEAD_LEN || b.len() < s::HEAD_LEN {
+            return Err(ParseError::NoHead);
+        }
         if len < need || b.len() < need {
             return Err(ParseError::Short { ty, len });
         }
@@ -119,7 +124,14 @@ mod tests {
     #[test]
     fn short_unknown_and_whole_requests() {
         let mut b = [0u8; MAX_REQUEST];
+        assert_eq!(Request::parse(&b[..0], 0), Err(ParseError::NoHead));
+        b[0] = s::T_ATTACH;
         assert_eq!(Request::parse(&b, 3), Err(ParseError::NoHead));
+        // A known type too short for a head is `NoHead` (INVAL); an unknown
+        // one is unknown however short (returned unwritten).
+        assert_eq!(Request::parse(&b[..3], 3), Err(ParseError::NoHead));
+        b[0] = 9;
+        assert_eq!(Request::parse(&b[..1], 1), Err(ParseError::UnknownType(9)));
         b[0] = 9;
         assert_eq!(Request::parse(&b, 80), Err(ParseError::UnknownType(9)));
         b[0] = s::T_MAP;

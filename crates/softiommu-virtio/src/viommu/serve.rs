@@ -225,12 +225,12 @@ impl Server {
     /// ([`round`](Self::round) writes `OK` then).
     ///
     /// `got`: what reading the readable part into `self.buf` gave (the
-    /// bytes read, or `Err` on a fault).
+    /// bytes read, or `Err` with those read before a fault).
     #[allow(clippy::too_many_arguments)]
     fn one(
         &mut self,
         head: u16,
-        got: Result<usize, ()>,
+        got: Result<usize, usize>,
         state: &mut State,
         cfg: &ViommuConfig,
         neg: Negotiated,
@@ -250,13 +250,17 @@ impl Server {
             return unwritten;
         }
         let rlen = usize::try_from(self.parts.readable_len()).unwrap_or(usize::MAX);
-        let mut ty = None;
+        // The bytes read (before a fault too) name the type: a PROBE's
+        // tail goes after its properties (§5.13.6.5), where the driver
+        // reads it, whatever failed.
+        let read = match got {
+            Ok(n) | Err(n) => n.min(MAX_REQUEST),
+        };
+        let ty = (read > 0).then_some(self.buf[0]);
         let parsed = match got {
-            Err(()) => Err(Status::Fault),
-            Ok(got) => {
-                let got = got.min(MAX_REQUEST);
-                ty = (got > 0).then_some(self.buf[0]);
-                match Request::parse(&self.buf[..got], rlen) {
+            Err(_) => Err(Status::Fault),
+            Ok(_) => {
+                match Request::parse(&self.buf[..read], rlen) {
                     // §5.13.6.2: an unknown type is returned unwritten.
                     Err(ParseError::UnknownType(_)) => return unwritten,
                     Err(ParseError::NoHead | ParseError::Short { .. }) => Err(Status::Inval),
