@@ -30,4 +30,7 @@ pub use driver::{
 pub use frame::{gather_frame, scatter_frame, FrameFault};
 pub use hdr::{num_buffers, offloads, plain as plain_header, HDR_LEN};
 pub use stack::NetStack;
-pub use wire::{wire, LaneStats, Pacer, TxSlot, WireConfig, WirePort, WireRx, WireStats, WireTx};
+pub use wire::{
+    wire, LaneStats, Pacer, TxSlot, WireConfig, WirePort, WireRx, WireStats, WireTx,
+    ETHERNET_OVERHEAD,
+};

@@ -270,8 +270,9 @@ pub fn udp_stream(cfg: &UdpStreamConfig) -> Result<UdpStreamResult, WorkloadErro
         let rx_ready = ready_tx.clone();
         let receiver = s.spawn(|| {
             pin(common.cpus.receiver);
+            let reassembly = reassembly_timeout(msg, common.mtu, cfg.line_rate_bps);
             receive(
-                &hosts.b, &common, &phase, pace, &tally, rx_ready, flowing_tx,
+                &hosts.b, &common, &phase, pace, reassembly, &tally, rx_ready, flowing_tx,
             )
         });
         let sender = s.spawn(|| {
@@ -551,12 +552,35 @@ fn send(
     }
 }
 
+/// How long the receiver keeps a datagram's fragments: 50 ms (a datagram
+/// that lost a fragment frees its reassembly buffer soon), or where the
+/// line is slower four times the line time of one datagram's fragments,
+/// so that a whole one can arrive (at 1 Mbit/s a 16,000-byte datagram is
+/// 131 ms on the wire, and none was ever reassembled); at most 30 s,
+/// Linux's `ipfrag_time`.
+fn reassembly_timeout(msg: usize, mtu: u16, line_rate_bps: u64) -> Duration {
+    let floor = Duration::from_millis(50);
+    if line_rate_bps == 0 {
+        return floor;
+    }
+    // Each fragment carries a multiple of 8 bytes of the UDP datagram
+    // (header included) under its own IPv4 and Ethernet headers.
+    let per = (u64::from(mtu).saturating_sub(20) & !7).max(8);
+    let ip_payload = msg as u64 + 8;
+    let frags = ip_payload.div_ceil(per);
+    let wire_bytes = ip_payload + frags * (20 + 14 + crate::net::ETHERNET_OVERHEAD);
+    let ns = u128::from(wire_bytes) * 8 * 1_000_000_000 / u128::from(line_rate_bps);
+    let line = Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
+    (line * 4).clamp(floor, Duration::from_secs(30))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn receive(
     host: &Host,
     common: &Common,
     phase: &Phase,
     pace: Option<f64>,
+    reassembly: Duration,
     tally: &Tally,
     ready: mpsc::Sender<&'static str>,
     flowing: mpsc::Sender<()>,
@@ -565,9 +589,10 @@ fn receive(
     let mut flowing = Some(flowing);
     let drv = |source| WorkloadError::Driver { side, source };
     let mut st = host.stack(common.driver(), cidr(B_IP)).map_err(drv)?;
-    // A datagram that lost a fragment frees its reassembly buffer soon.
     st.iface
-        .set_reassembly_timeout(smoltcp::time::Duration::from_millis(50));
+        .set_reassembly_timeout(smoltcp::time::Duration::from_micros(
+            u64::try_from(reassembly.as_micros()).unwrap_or(u64::MAX),
+        ));
     let mut sock = socket(4096, 8 << 20);
     sock.bind(9).map_err(|e| WorkloadError::Socket {
         side,
@@ -651,4 +676,31 @@ fn drain(
         }
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reassembly timeout covers a whole datagram's line time four
+    /// times over on a slow line (at 1 Mbit/s a 16,000-byte datagram in
+    /// 11 fragments is 131 ms on the wire, longer than the 50 ms floor, and
+    /// none was ever reassembled), keeps 50 ms on an unlimited or fast
+    /// line, and never passes 30 s.
+    #[test]
+    fn the_reassembly_timeout_covers_a_datagrams_line_time() {
+        assert_eq!(
+            reassembly_timeout(16_000, 1500, 0),
+            Duration::from_millis(50)
+        );
+        assert_eq!(
+            reassembly_timeout(16_000, 1500, 10_000_000_000),
+            Duration::from_millis(50)
+        );
+        let t = reassembly_timeout(16_000, 1500, 1_000_000);
+        // 16,008 bytes in 11 fragments of 1,480, each with 58 bytes of
+        // headers and Ethernet overhead: 16,646 bytes, 133.2 ms.
+        assert_eq!(t, Duration::from_nanos(4 * 133_168_000));
+        assert_eq!(reassembly_timeout(32_000, 576, 1), Duration::from_secs(30));
+    }
 }
