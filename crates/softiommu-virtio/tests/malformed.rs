@@ -445,3 +445,45 @@ fn a_descriptor_whose_buffer_wraps_the_iova_space_is_refused() {
     );
     assert_stopped_then_recovers(&mut r, TX);
 }
+
+/// Chains the device used before a later chain of the same batch stopped
+/// the queue are announced with the used-buffer interrupt (§2.7.7.2: with
+/// the driver's flags 0 "the device MUST send a notification"); a driver
+/// reads its used ring on that bit alone (Linux's `vm_interrupt`). (Before:
+/// only the configuration-change interrupt was raised, and the two
+/// transmitted frames sat unseen.)
+#[test]
+fn chains_used_before_a_fault_in_the_batch_are_announced() {
+    let mut r = Raw::new();
+    let (_, iova) = r.buffer(4096, &packet(), DmaDirection::ToDevice);
+    r.desc(TX, 0, iova, packet().len() as u32, 0, 0);
+    r.desc(TX, 1, iova, packet().len() as u32, 0, 0);
+    // Too short for the header: stops the queue.
+    r.desc(TX, 2, iova, 8, 0, 0);
+    let (phys, _, _) = r.rings[TX];
+    for (k, head) in [0u16, 1, 2].into_iter().enumerate() {
+        let slot = phys + r.layout.avail + 4 + 2 * k as u64;
+        r.mem.write(slot, &head.to_le_bytes()).unwrap();
+    }
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+    r.mem
+        .write(phys + r.layout.avail + 2, &3u16.to_le_bytes())
+        .unwrap();
+    r.rings[TX].2 = 3;
+    r.t.write(reg::QUEUE_NOTIFY, TX as u32);
+    let e = r.errors_after_reset_request();
+    assert!(
+        matches!(
+            e[..],
+            [DeviceError::ChainLength {
+                queue: 1,
+                head: 2,
+                ..
+            }]
+        ),
+        "{e:?}"
+    );
+    assert_eq!(r.used_idx(TX), 2);
+    let isr = r.t.read(reg::INTERRUPT_STATUS);
+    assert_eq!(isr & 1, 1, "no used-buffer interrupt (status {isr:#x})");
+}

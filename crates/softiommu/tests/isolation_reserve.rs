@@ -496,3 +496,68 @@ fn a_pass_through_write_finishing_while_a_pool_is_made_is_not_left_in_it() {
         drop(nic);
     });
 }
+
+/// An I/O page-fault device over all of RAM reaches no bounce pool's
+/// frame: not one it had faulted in before the pool took the frame (its
+/// leaf stays in the domain's table, and every walk refuses it), and not
+/// one it faults on after (the request is answered `Invalid`, nothing
+/// mapped). (Before: both were served, and the device read and wrote
+/// another device's bounced data.)
+#[test]
+fn an_iopf_device_over_all_ram_reaches_no_bounce_pool_frame() {
+    let (mem, system, pool) = pool_given_back();
+    let (unit, u) = system.unit_of(DEV).unwrap();
+    let domain = IopfDomain::new(system.clone(), IopfConfig::default()).unwrap();
+    for (at, len) in guest_ram(&mem) {
+        domain
+            .add_region(Region {
+                iova: at,
+                phys: at,
+                len,
+                perm: Perm::RW,
+            })
+            .unwrap();
+    }
+    domain.attach(DEV).unwrap();
+    let _h = IopfHandler::start(domain.clone(), unit, 1).unwrap();
+    let mut acc = DmaAccessor::new(u, DEV).unwrap();
+    // Faulted in while the frame is plain RAM.
+    acc.write(pool, &[0x11; 8], O).unwrap();
+    // A new domain's pool takes the same frames.
+    let (_domain, _nic) = bounce_domain(&system);
+    assert!(
+        mem.is_iommu_frame(pool),
+        "the same frames make the new pool"
+    );
+    let later = pool + 256 * PAGE_SIZE;
+    assert!(mem.is_iommu_frame(later), "a pool frame never touched");
+    mem.write(pool, &[0x5a; 8]).unwrap();
+    mem.write(later, &[0x5a; 8]).unwrap();
+    // The leaf made before: refused by the walk.
+    assert_eq!(
+        acc.write(pool, &[0xee; 8], O),
+        Err(AccessError::Translate(TranslateError::BounceFrame {
+            sid: DEV,
+            iova: pool,
+            access: Access::Write
+        }))
+    );
+    let mut b = [0u8; 8];
+    assert!(matches!(
+        acc.read(pool, &mut b, O),
+        Err(AccessError::Translate(TranslateError::BounceFrame { .. }))
+    ));
+    // A fault on a pool frame: answered `Invalid`, nothing mapped.
+    assert!(matches!(
+        acc.read(later, &mut b, O),
+        Err(AccessError::Translate(
+            TranslateError::PageRequestDenied { .. }
+        ))
+    ));
+    for at in [pool, later] {
+        mem.read(at, &mut b).unwrap();
+        assert_eq!(b, [0x5a; 8], "{at:#x}");
+    }
+    // Its RAM outside the pool still works.
+    acc.write(pool - PAGE_SIZE, b"ok", O).unwrap();
+}

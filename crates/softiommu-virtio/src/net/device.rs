@@ -395,14 +395,25 @@ impl<S: DmaSide> Worker<S> {
             if tx.used + rx.used > 0 {
                 bump(&self.counters.batches, 1);
             }
+            // The used rings' flags are written, and the avail indices
+            // read, inside a section as the batch's accesses are: an
+            // unmap of a ring that completes has no such write still to
+            // land (vm-memory translates, then copies).
+            let notify = |w: &mut Self, tx_on: bool, rx_on: bool| {
+                if view.may_fault() {
+                    w.set_notify(end, tx_on, rx_on)
+                } else {
+                    view.section(|| w.set_notify(end, tx_on, rx_on))
+                }
+            };
             if tx.more || rx.more || (tx.used + rx.used > 0 && !rx.starved) {
                 // Busy: poll, with the driver's kicks suppressed.
-                self.set_notify(end, false, rx.starved);
+                notify(&mut self, false, rx.starved);
                 continue;
             }
             // Idle (or waiting on time or buffers): ask to be notified,
             // look once more, then sleep.
-            let (tx_more, rx_more) = self.set_notify(end, true, rx.starved);
+            let (tx_more, rx_more) = notify(&mut self, true, rx.starved);
             if (tx_more && tx.wait.is_none()) || rx_more {
                 continue;
             }
@@ -566,7 +577,17 @@ fn fail(end: &DeviceEnd, q: &mut DeviceQueue, e: DeviceError) {
 /// One interrupt for a batch, if anything was used and the driver wants
 /// it.
 fn interrupt<M: RingMemory>(end: &DeviceEnd, q: &mut DeviceQueue, mem: &M, used: usize) {
-    if used == 0 || q.is_stopped() {
+    if used == 0 {
+        return;
+    }
+    if q.is_stopped() {
+        // A chain later in the batch stopped the queue: the ones used
+        // before it are announced all the same (a driver reads its used
+        // ring on the used-buffer interrupt, Linux's `vm_interrupt` only
+        // when that bit is set; the configuration-change interrupt alone
+        // left them unseen). The driver's flag that could suppress it is
+        // a hint, and may be what faulted.
+        end.used_interrupt();
         return;
     }
     match q.interrupt_wanted(mem) {

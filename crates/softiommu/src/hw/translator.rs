@@ -546,10 +546,12 @@ impl Translator {
         self.stats.modelled_ns += spin_ns(sh.latency.walk_level_ns() * u64::from(w.levels));
         let err = match w.end {
             WalkEnd::Leaf { phys, size, .. }
-                if sh.is_claimed(did) && sh.mem.check_device_range(phys, size.bytes()).is_err() =>
+                if sh.refuses_bounce_leaves(did)
+                    && sh.mem.check_device_range(phys, size.bytes()).is_err() =>
             {
-                // A guest's leaf over a bounce pool (RAM it mapped before
-                // the pool took it): never cached, never reached.
+                // A guest's leaf over a bounce pool (RAM it, or an I/O
+                // page-fault domain over guest RAM, mapped before the pool
+                // took it): never cached, never reached.
                 TranslateError::BounceFrame { sid, iova, access }
             }
             WalkEnd::Leaf { phys, size, perm } => {

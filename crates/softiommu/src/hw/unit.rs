@@ -321,6 +321,11 @@ pub(crate) struct Shared {
     /// One bit per domain id, set while a claim holds it (written under
     /// `claims`, read by walks without a lock).
     claimed: Box<[AtomicU64]>,
+    /// One bit per domain id whose tables map guest RAM by identity (an
+    /// I/O page-fault domain over RAM): as a claimed id's, its leaves are
+    /// checked against the bounce pools on every walk, since a pool may
+    /// take RAM the domain mapped (or will map) before.
+    guest_ram: Box<[AtomicU64]>,
 }
 
 impl Shared {
@@ -354,6 +359,19 @@ impl Shared {
         self.claimed
             .get(usize::from(did) / 64)
             .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (did % 64)) != 0)
+    }
+
+    /// Whether a walk of domain `did` must refuse a leaf over a bounce
+    /// pool's frame: a claimed id's (a guest's paravirtual IOMMU), or one
+    /// marked as mapping guest RAM ([`Unit::mark_guest_ram`]). The other
+    /// domains' tables map the pools' slots themselves.
+    #[inline]
+    pub(crate) fn refuses_bounce_leaves(&self, did: u16) -> bool {
+        self.is_claimed(did)
+            || self
+                .guest_ram
+                .get(usize::from(did) / 64)
+                .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (did % 64)) != 0)
     }
 }
 
@@ -425,6 +443,9 @@ impl Unit {
             claimed: (0..domains.div_ceil(64))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            guest_ram: (0..domains.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             mem,
         });
         let worker = match config.queue_mode {
@@ -467,6 +488,25 @@ impl Unit {
     }
 
     // ----- contexts -----
+
+    /// Marks (or unmarks) domain id `did` as one whose tables map guest
+    /// RAM by identity: every walk of it refuses a leaf over a bounce
+    /// pool's frame ([`TranslateError::BounceFrame`]), as pass-through
+    /// refuses the frame, whether the leaf was made before or after the
+    /// pool took it. Set before a device's context names `did`, cleared
+    /// only once none can.
+    ///
+    /// [`TranslateError::BounceFrame`]: super::TranslateError::BounceFrame
+    pub(crate) fn mark_guest_ram(&self, did: u16, on: bool) {
+        if let Some(w) = self.shared.guest_ram.get(usize::from(did) / 64) {
+            let bit = 1u64 << (did % 64);
+            if on {
+                w.fetch_or(bit, Ordering::Release);
+            } else {
+                w.fetch_and(!bit, Ordering::Release);
+            }
+        }
+    }
 
     /// Writes `sid`'s context entry (`None`: not present), as a driver
     /// writing the context table; returns the old one. Translations already

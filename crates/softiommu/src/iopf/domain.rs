@@ -209,6 +209,10 @@ pub struct IopfDomain {
     /// a fault and a reclaim of the same page resolve in one order.
     regions: RwLock<Vec<Backed>>,
     devices: Mutex<Vec<(SourceId, UnitId)>>,
+    /// The units whose walks of this domain id refuse bounce-pool leaves
+    /// ([`Unit::mark_guest_ram`](crate::hw::Unit)): unmarked when the
+    /// domain goes, once no context names it.
+    marked: Mutex<Vec<UnitId>>,
     counters: Counters,
 }
 
@@ -244,6 +248,7 @@ impl IopfDomain {
             table: ManuallyDrop::new(table),
             regions: RwLock::new(Vec::new()),
             devices: Mutex::new(Vec::new()),
+            marked: Mutex::new(Vec::new()),
             counters: Counters::default(),
         }))
     }
@@ -351,6 +356,16 @@ impl IopfDomain {
         // around it.
         unit.check_queue().map_err(HwError::Queue)?;
         self.system.claim(sid, self.id)?;
+        // Before the context names the domain id: every walk of it checks
+        // its leaves against the bounce pools (a pool may take RAM this
+        // domain maps by identity). Cleared only when the domain goes.
+        unit.mark_guest_ram(self.config.did, true);
+        {
+            let mut marked = lock(&self.marked);
+            if !marked.contains(&id) {
+                marked.push(id);
+            }
+        }
         let ctx = ContextEntry::Translated {
             did: self.config.did,
             root: self.table.root(),
@@ -508,7 +523,21 @@ impl IopfDomain {
                 p += 1;
                 continue;
             }
-            let run_end = (p..last).find(|&q| b.is_mapped(q)).unwrap_or(last);
+            // Up to the next mapped page, or the next frame a device may
+            // not reach now (a bounce pool took RAM after the region was
+            // added): that frame is never mapped, and a request for it is
+            // answered `Invalid`.
+            let mem = self.system.memory();
+            let reachable = |q: u64| {
+                mem.check_device_range(b.region.phys + (q << PAGE_SHIFT), PAGE_SIZE)
+                    .is_ok()
+            };
+            if !reachable(p) {
+                break;
+            }
+            let run_end = (p..last)
+                .find(|&q| b.is_mapped(q) || !reachable(q))
+                .unwrap_or(last);
             let n = run_end - p;
             let iova = b.region.iova + (p << PAGE_SHIFT);
             let phys = b.region.phys + (p << PAGE_SHIFT);
@@ -840,6 +869,14 @@ impl Drop for IopfDomain {
             self.system.release(sid, self.id);
         }
         if revoked {
+            // No context names the domain id any more: another domain may
+            // take it without the check (a bounce-policy domain's tables
+            // map its pool's slots).
+            for u in std::mem::take(&mut *lock(&self.marked)) {
+                if let Some(unit) = self.system.unit(u) {
+                    unit.mark_guest_ram(self.config.did, false);
+                }
+            }
             // SAFETY: `table` is dropped here once and never used again
             // (this is the domain's `drop`); no context points at it and
             // every translation in flight was drained.
