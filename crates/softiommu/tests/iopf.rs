@@ -366,6 +366,37 @@ fn stopping_the_handler_or_detaching_answers_outstanding_groups_invalid() {
     }
 }
 
+/// A handler that stops while another of the domain's handlers on the
+/// unit still serves leaves the outstanding groups to it: the device's
+/// request is served, not cancelled. (Before: any handler's stop, or a
+/// failed start, answered every group of the domain `Invalid`.)
+#[test]
+fn one_handler_stopping_leaves_another_handlers_requests_alone() {
+    let r = rig(1, 4);
+    let unit = r.sys.unit(r.unit).unwrap();
+    let keeper = IopfHandler::inline(r.domain.clone(), r.unit).unwrap();
+    let out = std::thread::scope(|s| {
+        let t = {
+            let r = &r;
+            s.spawn(move || accessor(r, DEV).read_u32(BASE, O))
+        };
+        while unit.page_request_registers().tail == 0 {
+            std::thread::yield_now();
+        }
+        // Another handler comes and goes while the request waits.
+        drop(IopfHandler::inline(r.domain.clone(), r.unit).unwrap());
+        // The one left serves it.
+        let t0 = std::time::Instant::now();
+        while keeper.serve_pending(8) == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never taken");
+            std::thread::yield_now();
+        }
+        t.join().unwrap()
+    });
+    assert!(out.is_ok(), "{out:?}");
+    assert_eq!(unit.page_request_stats().cancelled, 0);
+}
+
 #[test]
 fn reclaim_under_heavy_faulting_keeps_the_data() {
     const PAGES: u64 = 64;

@@ -504,8 +504,12 @@ pub(crate) struct Prq {
     base: PhysAddr,
     order: u32,
     len: u32,
-    /// Written by software (`PQH_REG`).
-    head: AtomicU32,
+    /// Written by software (`PQH_REG`): the index in the low 32 bits, and
+    /// above it a count of the head's moves, so that a taker's claim (a
+    /// compare-exchange) fails if the head went round the ring and came
+    /// back to the index it read meanwhile (an index alone let a stalled
+    /// taker claim a slot refilled since, and take a stale request).
+    head: AtomicU64,
     /// Written by the unit, under `state`.
     tail: AtomicU32,
     /// The unit's own copy of each slot, written with the ring and the
@@ -555,7 +559,7 @@ impl Prq {
             base,
             order,
             len,
-            head: AtomicU32::new(0),
+            head: AtomicU64::new(0),
             tail: AtomicU32::new(0),
             shadow: (0..len).map(|_| Default::default()).collect(),
             raw: (0..len).map(|_| AtomicBool::new(false)).collect(),
@@ -625,7 +629,7 @@ impl Prq {
     fn push(&self, raw: [u64; 4], is_raw: bool) -> Result<bool, MemError> {
         // Acquire: pairs with software's Release store of the head, so the
         // slots it freed are no longer read.
-        let head = self.head.load(Ordering::Acquire);
+        let head = self.head_index();
         let tail = self.tail.load(Ordering::Relaxed);
         if (tail + 1) % self.len == head % self.len {
             self.overflow.store(true, Ordering::Release);
@@ -840,7 +844,7 @@ impl Prq {
             base: self.base,
             order: self.order,
             len: self.len,
-            head: self.head.load(Ordering::Acquire),
+            head: self.head_index(),
             tail: self.tail.load(Ordering::Acquire),
             overflow: self.overflow.load(Ordering::Acquire),
         }
@@ -857,24 +861,59 @@ impl Prq {
         Ok(raw)
     }
 
-    /// Software's `PQH_REG` write; a head past the ring is refused. Raw
-    /// requests the head moves past have left the queue (their groups'
+    /// The head's index (`PQH_REG`).
+    #[inline]
+    fn head_index(&self) -> u32 {
+        // Acquire: pairs with the Release moves of the head (the slots
+        // before it were read).
+        self.head.load(Ordering::Acquire) as u32
+    }
+
+    /// `head` as the next value of the head word `cur` (one move more).
+    fn next_head(cur: u64, head: u32) -> u64 {
+        ((cur >> 32).wrapping_add(1) << 32) | u64::from(head)
+    }
+
+    /// Software's `PQH_REG` write: the head moves forward over requests
+    /// software has read, from the head up to the tail. A head past the
+    /// ring, behind the head or past the tail is refused, nothing changed
+    /// (before: any index was taken, so old slots were handed out again
+    /// and reservations of requests still queued were aged). Raw requests
+    /// the head moves past have left the queue (their groups'
     /// reservations start to age).
     pub(crate) fn set_head(&self, head: u32) -> bool {
         if head >= self.len {
             return false;
         }
-        // Release: the slots before `head` were read.
-        let old = self.head.swap(head, Ordering::AcqRel);
-        let tail = self.tail.load(Ordering::Acquire);
-        let mut i = old;
-        // Only the slots that held requests (old head to the tail), at
-        // most the ring's length.
-        while i != head && i != tail {
-            self.left_queue(i);
-            i = (i + 1) % self.len;
+        loop {
+            let cur = self.head.load(Ordering::Acquire);
+            let old = cur as u32;
+            // The tail only moves on (a push never passes the head), so a
+            // head within the queued slots now stays within them.
+            let tail = self.tail.load(Ordering::Acquire);
+            let queued = (tail + self.len - old) % self.len;
+            if (head + self.len - old) % self.len > queued {
+                return false;
+            }
+            // Release: the slots before `head` were read.
+            if self
+                .head
+                .compare_exchange(
+                    cur,
+                    Self::next_head(cur, head),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+            {
+                let mut i = old;
+                while i != head {
+                    self.left_queue(i);
+                    i = (i + 1) % self.len;
+                }
+                return true;
+            }
         }
-        true
     }
 
     /// The slot at `index` left the queue: if it held a raw request, its
@@ -909,7 +948,8 @@ impl Prq {
     /// successful claim read it whole.
     pub(crate) fn take(&self) -> Option<Result<[u64; 4], MemError>> {
         loop {
-            let head = self.head.load(Ordering::Acquire);
+            let cur = self.head.load(Ordering::Acquire);
+            let head = cur as u32;
             // Acquire: pairs with `push`'s Release store of the tail.
             if head == self.tail.load(Ordering::Acquire) {
                 return None;
@@ -931,8 +971,8 @@ impl Prq {
             if self
                 .head
                 .compare_exchange(
-                    head,
-                    (head + 1) % self.len,
+                    cur,
+                    Self::next_head(cur, (head + 1) % self.len),
                     Ordering::Release,
                     Ordering::Relaxed,
                 )
@@ -997,9 +1037,7 @@ impl Prq {
         let st = lock(&self.state);
         // Under `state`: a request parked after this look rings the
         // doorbell under `state`, so after this thread sleeps.
-        if self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
-            || self.routes.has(owner)
-        {
+        if self.head_index() != self.tail.load(Ordering::Acquire) || self.routes.has(owner) {
             return true;
         }
         self.sleepers.fetch_add(1, Ordering::Relaxed);
@@ -1008,14 +1046,13 @@ impl Prq {
             .wait_timeout(st, timeout)
             .unwrap_or_else(|e| e.into_inner());
         self.sleepers.fetch_sub(1, Ordering::Relaxed);
-        self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
-            || self.routes.has(owner)
+        self.head_index() != self.tail.load(Ordering::Acquire) || self.routes.has(owner)
     }
 
     /// Waits until a request is in the queue or `timeout` passes.
     pub(crate) fn wait_request(&self, timeout: Duration) -> bool {
         let st = lock(&self.state);
-        if self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire) {
+        if self.head_index() != self.tail.load(Ordering::Acquire) {
             return true;
         }
         self.sleepers.fetch_add(1, Ordering::Relaxed);
@@ -1024,7 +1061,7 @@ impl Prq {
             .wait_timeout(st, timeout)
             .unwrap_or_else(|e| e.into_inner());
         self.sleepers.fetch_sub(1, Ordering::Relaxed);
-        self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
+        self.head_index() != self.tail.load(Ordering::Acquire)
     }
 
     /// Wakes every thread waiting for a request (a handler shutting down).
@@ -1116,6 +1153,39 @@ mod tests {
             PageRequest::decode(raw),
             Err(PageRequestError::ReservedBits { qword: 0, .. })
         ));
+    }
+
+    /// Software's head moves only forward over queued requests: past the
+    /// ring, behind the head or past the tail is refused with nothing
+    /// changed (before: any index was taken, and old slots were handed
+    /// out again). A claim read before the head went round the ring and
+    /// came back to the same index fails (the head word counts its moves).
+    #[test]
+    fn the_head_moves_only_forward_over_queued_requests() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let q = Prq::new(mem, 0, Duration::from_secs(60)).unwrap();
+        let sid = SourceId(9);
+        for i in 0..3 {
+            assert!(matches!(
+                q.raise(sid, i << 12, true, false),
+                Ok(Raised::Queued { .. })
+            ));
+        }
+        // head 0, tail 3.
+        assert!(!q.set_head(128), "past the ring");
+        assert!(!q.set_head(4), "past the tail");
+        assert!(!q.set_head(127), "behind the head");
+        assert_eq!(q.registers().head, 0);
+        assert!(q.set_head(2));
+        assert!(!q.set_head(1), "behind the head");
+        assert_eq!((q.registers().head, q.registers().tail), (2, 3));
+        assert!(q.set_head(3));
+        assert!(q.take().is_none());
+        // The same index, one move later: a stale claim's word differs.
+        let before = q.head.load(Ordering::Acquire);
+        assert!(q.set_head(3));
+        assert_ne!(q.head.load(Ordering::Acquire), before);
+        assert_eq!(q.head.load(Ordering::Acquire) as u32, before as u32);
     }
 
     #[test]

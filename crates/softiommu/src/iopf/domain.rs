@@ -213,6 +213,9 @@ pub struct IopfDomain {
     /// ([`Unit::mark_guest_ram`](crate::hw::Unit)): unmarked when the
     /// domain goes, once no context names it.
     marked: Mutex<Vec<UnitId>>,
+    /// Live handlers per unit ([`IopfHandler`](super::IopfHandler)s
+    /// started and not stopped).
+    handlers: Mutex<Vec<(UnitId, usize)>>,
     counters: Counters,
 }
 
@@ -249,6 +252,7 @@ impl IopfDomain {
             regions: RwLock::new(Vec::new()),
             devices: Mutex::new(Vec::new()),
             marked: Mutex::new(Vec::new()),
+            handlers: Mutex::new(Vec::new()),
             counters: Counters::default(),
         }))
     }
@@ -399,6 +403,31 @@ impl IopfDomain {
             });
         }
         Ok(id)
+    }
+
+    /// A handler of `unit` started.
+    pub(crate) fn handler_started(&self, unit: UnitId) {
+        let mut h = lock(&self.handlers);
+        match h.iter_mut().find(|(u, _)| *u == unit) {
+            Some((_, n)) => *n += 1,
+            None => h.push((unit, 1)),
+        }
+    }
+
+    /// A handler of `unit` stopped; whether it was the last.
+    pub(crate) fn handler_stopped(&self, unit: UnitId) -> bool {
+        let mut h = lock(&self.handlers);
+        let Some(i) = h.iter().position(|(u, _)| *u == unit) else {
+            return true;
+        };
+        let left = h.get_mut(i).map_or(0, |(_, n)| {
+            *n = n.saturating_sub(1);
+            *n
+        });
+        if left == 0 {
+            h.swap_remove(i);
+        }
+        left == 0
     }
 
     /// Drops `did`'s cached translations on `unit` and drains its

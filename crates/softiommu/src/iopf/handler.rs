@@ -111,6 +111,10 @@ pub struct IopfHandler {
     unit: UnitId,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// Counted among the domain's handlers of `unit` (a handler that
+    /// failed to start never was): only the last one to stop answers the
+    /// outstanding groups `Invalid`.
+    counted: bool,
 }
 
 impl IopfHandler {
@@ -155,6 +159,7 @@ impl IopfHandler {
             unit,
             shared,
             threads: Vec::with_capacity(threads),
+            counted: false,
         };
         for i in 0..threads {
             let (d, s) = (handler.domain.clone(), handler.shared.clone());
@@ -164,6 +169,8 @@ impl IopfHandler {
                 .map_err(|_| IopfError::Spawn)?;
             handler.threads.push(t);
         }
+        handler.domain.handler_started(unit);
+        handler.counted = true;
         Ok(handler)
     }
 
@@ -181,11 +188,13 @@ impl IopfHandler {
         if domain.system().unit(unit).is_none() {
             return Err(HwError::UnknownUnit(unit).into());
         }
+        domain.handler_started(unit);
         Ok(Self {
             domain,
             unit,
             shared: Arc::new(Shared::default()),
             threads: Vec::new(),
+            counted: true,
         })
     }
 
@@ -262,8 +271,9 @@ impl IopfHandler {
         self.shared.service.reset();
     }
 
-    /// Stops the threads and answers every outstanding group of the
-    /// domain's devices behind the unit `Invalid`.
+    /// Stops the threads; the domain's last handler of the unit to stop
+    /// answers every outstanding group of the domain's devices behind the
+    /// unit `Invalid` (another handler still serving them keeps them).
     pub fn stop(mut self) {
         self.shutdown();
     }
@@ -277,6 +287,13 @@ impl IopfHandler {
         for t in self.threads.drain(..) {
             // A panic on a handler thread was reported; nothing to add.
             let _ = t.join();
+        }
+        // A handler that never started changes nothing; one of several
+        // leaves the others' requests to them (before: any handler's stop,
+        // or a failed start, answered every group of the domain `Invalid`).
+        let last = std::mem::take(&mut self.counted) && self.domain.handler_stopped(self.unit);
+        if !last {
+            return;
         }
         if let Some(unit) = system.unit(self.unit) {
             for (sid, u) in self.domain.devices() {
@@ -368,6 +385,11 @@ fn serve_taken(
         return;
     }
     let now = unit.page_request_clock_ns();
-    s.latency.record(now.saturating_sub(r.private[0]));
+    // A raw request's private words are the device's own: its raise time
+    // is not the unit's, and a latency from it would be whatever the
+    // device wrote (0 read as the unit's uptime).
+    if !r.is_raw() {
+        s.latency.record(now.saturating_sub(r.private[0]));
+    }
     s.service.record(now.saturating_sub(took));
 }
