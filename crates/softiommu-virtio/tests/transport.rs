@@ -214,7 +214,27 @@ fn a_queue_size_that_is_not_a_power_of_two_is_refused() {
         }]
     ));
     assert_ne!(t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
-    // Nor can it be made ready without a size.
+    // Stopped until a reset: nothing more is set up.
+    t.write(reg::QUEUE_NUM, 64);
+    t.write(reg::QUEUE_READY, 1);
+    assert!(matches!(
+        t.errors().drain()[..],
+        [
+            DeviceError::LateWrite {
+                offset: reg::QUEUE_NUM,
+                ..
+            },
+            DeviceError::LateWrite {
+                offset: reg::QUEUE_READY,
+                ..
+            }
+        ]
+    ));
+    assert_eq!(t.read(reg::QUEUE_READY), 0);
+    // After a reset: nor can it be made ready without a size.
+    t.write(reg::STATUS, 0);
+    negotiate(&t, GOOD);
+    t.write(reg::QUEUE_SEL, 0);
     t.write(reg::QUEUE_READY, 1);
     assert!(matches!(
         t.errors().drain()[..],
@@ -225,15 +245,57 @@ fn a_queue_size_that_is_not_a_power_of_two_is_refused() {
         }]
     ));
     assert_eq!(t.read(reg::QUEUE_READY), 0);
-    // Too large, and zero.
-    t.write(reg::QUEUE_NUM, 512);
-    t.write(reg::QUEUE_NUM, 0);
+    // Too large, and zero, each on a fresh initialisation.
+    for size in [512, 0] {
+        t.write(reg::STATUS, 0);
+        negotiate(&t, GOOD);
+        t.write(reg::QUEUE_SEL, 0);
+        t.write(reg::QUEUE_NUM, size);
+        assert!(
+            matches!(
+                t.errors().drain()[..],
+                [DeviceError::QueueSizeInvalid { size: s, .. }] if s == size
+            ),
+            "{size}"
+        );
+    }
+}
+
+/// A queue is set up only after `FEATURES_OK` and while neither `FAILED`
+/// nor `DEVICE_NEEDS_RESET` is set (§3.1.1, §2.1.1); `DRIVER_OK` after
+/// `FAILED` makes nothing live. (Before: a queue made ready at status 0
+/// went live with `DRIVER_OK`, and one set up again under
+/// `DEVICE_NEEDS_RESET` was served.)
+#[test]
+fn queues_are_set_up_only_between_features_ok_and_a_failure() {
+    let t = transport();
+    t.write(reg::QUEUE_SEL, 0);
+    t.write(reg::QUEUE_NUM, 64);
+    t.write(reg::QUEUE_READY, 1);
     assert!(matches!(
         t.errors().drain()[..],
         [
-            DeviceError::QueueSizeInvalid { size: 512, .. },
-            DeviceError::QueueSizeInvalid { size: 0, .. }
+            DeviceError::LateWrite {
+                offset: reg::QUEUE_NUM,
+                status: 0
+            },
+            DeviceError::LateWrite {
+                offset: reg::QUEUE_READY,
+                status: 0
+            }
         ]
+    ));
+    assert_eq!(t.read(reg::QUEUE_READY), 0);
+    negotiate(&t, GOOD);
+    t.write(reg::STATUS, t.read(reg::STATUS) | status::FAILED);
+    t.write(reg::STATUS, t.read(reg::STATUS) | status::DRIVER_OK);
+    assert_eq!(t.read(reg::STATUS) & status::DRIVER_OK, 0);
+    assert!(matches!(
+        t.errors().drain()[..],
+        [DeviceError::LateWrite {
+            offset: reg::STATUS,
+            ..
+        }]
     ));
 }
 

@@ -37,9 +37,10 @@ pub enum DeviceError {
         /// Why.
         reason: &'static str,
     },
-    /// A write that is only allowed earlier in initialisation (driver
-    /// features after `FEATURES_OK`, queue layout while the queue is ready
-    /// or the device live). Ignored.
+    /// A write not allowed in the device's status now (driver features
+    /// after `FEATURES_OK`; a queue's layout while it is ready; a queue's
+    /// registers or `QueueReady` before `FEATURES_OK` or once `FAILED` or
+    /// `DEVICE_NEEDS_RESET` is set; `DRIVER_OK` after `FAILED`). Ignored.
     #[error("write to register {offset:#x} in status {status:#x} is not allowed now")]
     LateWrite {
         /// The register.

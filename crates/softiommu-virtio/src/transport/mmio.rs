@@ -84,6 +84,16 @@ impl Default for TransportConfig {
     }
 }
 
+/// Whether a queue's registers may be written, or a queue made ready, in
+/// device status `st`: after `FEATURES_OK` (§3.1.1: queues are set up
+/// after the features are accepted) and while neither `FAILED` (the
+/// driver gave up) nor `DEVICE_NEEDS_RESET` (the device stopped; §2.1.1:
+/// the driver resets it) is set. Before: a stopped queue could be set up
+/// again and served under `DEVICE_NEEDS_RESET`.
+fn queue_setup_allowed(st: u32) -> bool {
+    st & status::FEATURES_OK != 0 && st & (status::FAILED | status::DEVICE_NEEDS_RESET) == 0
+}
+
 /// Busy-waits `d` on the calling thread (a modelled cost that must take
 /// CPU time, as a VM exit does, not sleep).
 fn spin_for(d: Duration) {
@@ -687,7 +697,7 @@ impl MmioTransport {
                 return;
             }
         };
-        if q.ready {
+        if q.ready || !queue_setup_allowed(st) {
             drop(r);
             s.report(DeviceError::LateWrite { offset, status: st });
             return;
@@ -770,6 +780,14 @@ impl MmioTransport {
             return;
         }
         if q.ready {
+            return;
+        }
+        if !queue_setup_allowed(st) {
+            drop(r);
+            s.report(DeviceError::LateWrite {
+                offset: reg::QUEUE_READY,
+                status: st,
+            });
             return;
         }
         match Self::layout(index, q) {
@@ -866,6 +884,14 @@ impl MmioTransport {
             if (old | new) & status::FEATURES_OK == 0 {
                 new &= !status::DRIVER_OK;
                 errors.push(DeviceError::DriverOkBeforeFeaturesOk { status: value });
+            } else if (old | new) & status::FAILED != 0 {
+                // A driver that gave up must reset first (§2.1.1): no
+                // queue goes live (before: every ready queue did).
+                new &= !status::DRIVER_OK;
+                errors.push(DeviceError::LateWrite {
+                    offset: reg::STATUS,
+                    status: old,
+                });
             } else {
                 s.engine
                     .features
