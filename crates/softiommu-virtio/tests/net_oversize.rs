@@ -175,6 +175,42 @@ fn a_host_whose_mtu_the_wire_slots_cannot_carry_is_refused() {
     );
 }
 
+/// A queue size a driver could not use (0 reads as no queue; 100 is no
+/// split ring's size; past 32,768) or a zero idle wait (a spinning idle
+/// thread) is refused before the device starts.
+#[test]
+fn a_net_configuration_out_of_range_is_refused_before_the_device_starts() {
+    use std::time::Duration;
+    for (queue_max, idle_wait, field) in [
+        (0u16, Duration::from_millis(20), "queue_max"),
+        (100, Duration::from_millis(20), "queue_max"),
+        (1, Duration::from_millis(20), "queue_max"),
+        (256, Duration::ZERO, "idle_wait"),
+    ] {
+        let (pa, _pb, _) = wire(WireConfig::default());
+        let err = Host::new(
+            &HostConfig {
+                mem_bytes: 64 << 20,
+                device: NetDeviceConfig {
+                    net: NetConfig {
+                        queue_max,
+                        ..NetConfig::default()
+                    },
+                    idle_wait,
+                    ..NetDeviceConfig::default()
+                },
+                ..HostConfig::default()
+            },
+            pa,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, HostError::Device(NetDeviceError::BadConfig { field: f, .. }) if f == field),
+            "{queue_max} {idle_wait:?}: {err:?}"
+        );
+    }
+}
+
 #[test]
 fn our_driver_keeps_receiving_after_a_jumbo_frame_from_the_link_partner() {
     let (pa, mut peer, _) = wire(WireConfig {

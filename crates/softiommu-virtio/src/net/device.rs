@@ -121,6 +121,19 @@ pub enum NetDeviceError {
         /// Bytes a wire slot holds.
         slot: usize,
     },
+    /// A configuration field out of its range, refused before the thread
+    /// starts: `queue_max` not a power of two in 2..=32768 (§2.7: a split
+    /// ring's size; 0 reads as "no queue", and a driver sizes its rings by
+    /// it), `idle_wait` zero (the idle thread would spin).
+    #[error("net device configuration: {field} = {value} ({want})")]
+    BadConfig {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// What it must be.
+        want: &'static str,
+    },
 }
 
 /// A device's counters (one writer: the device thread).
@@ -216,6 +229,21 @@ impl NetDevice {
     where
         NetDeviceError: From<S::Error>,
     {
+        let q = cfg.net.queue_max;
+        if !(2..=32768).contains(&q) || !q.is_power_of_two() {
+            return Err(NetDeviceError::BadConfig {
+                field: "queue_max",
+                value: q.into(),
+                want: "a power of two in 2..=32768",
+            });
+        }
+        if cfg.idle_wait.is_zero() {
+            return Err(NetDeviceError::BadConfig {
+                field: "idle_wait",
+                value: 0,
+                want: "more than 0",
+            });
+        }
         let (max_frame, slot) = (cfg.net.max_frame(), port.tx.max_frame());
         if slot < max_frame {
             return Err(NetDeviceError::WireSlotTooSmall { max_frame, slot });

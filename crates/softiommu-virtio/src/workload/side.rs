@@ -206,7 +206,7 @@ impl Common {
                 net: NetConfig {
                     mac: [0x02, 0, 0, 0, 0, mac_last],
                     mtu: self.mtu,
-                    queue_max: self.queue_size.max(1).next_power_of_two(),
+                    queue_max: self.queue_size.clamp(2, 32768).next_power_of_two(),
                 },
                 attrs: self.ordering.attrs(),
                 cpu,
