@@ -40,7 +40,16 @@ pub enum RingError {
         /// The ring's bytes.
         bytes: u64,
     },
-    /// The physical range is not inside the memory.
+    /// The ring's physical address is not 16-byte aligned (§2.7's
+    /// descriptor table alignment): its words are accessed atomically in
+    /// place, which a misaligned address would make undefined.
+    #[error("ring at physical address {phys:#x} is not 16-byte aligned")]
+    Misaligned {
+        /// The physical address given.
+        phys: PhysAddr,
+    },
+    /// The physical range is not inside the memory's RAM (the IOMMU's
+    /// reserve included: a driver's ring never lies there).
     #[error(transparent)]
     Memory(#[from] MemError),
 }
@@ -117,6 +126,11 @@ impl DriverRing {
                 bytes: layout.bytes,
             });
         }
+        if !phys.is_multiple_of(16) {
+            return Err(RingError::Misaligned { phys });
+        }
+        // RAM only (the unit's reserve refused), then the pointer.
+        mem.check_device_range(phys, layout.bytes)?;
         let base = mem.as_ptr(phys, layout.bytes)?;
         Ok(Self {
             mem,
@@ -275,6 +289,26 @@ mod tests {
         assert_eq!(l.bytes, l.used + 4 + 8 * 256 + 2);
         let s = RingLayout::new(1);
         assert_eq!((s.avail, s.used), (16, 24));
+    }
+
+    /// A ring at a misaligned physical address (its words are accessed
+    /// atomically in place: undefined behaviour before), or in the unit's
+    /// reserve, is refused.
+    #[test]
+    fn a_ring_misaligned_or_outside_ram_is_refused() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let phys = mem.alloc_zeroed_frames(1).unwrap();
+        let l = RingLayout::new(4);
+        assert!(matches!(
+            DriverRing::new(mem.clone(), phys + 1, phys + 1, l),
+            Err(RingError::Misaligned { .. })
+        ));
+        let (reserve, _) = mem.iommu_reserve();
+        assert!(matches!(
+            DriverRing::new(mem.clone(), reserve, reserve, l),
+            Err(RingError::Memory(MemError::IommuFrame { .. }))
+        ));
+        assert!(DriverRing::new(mem, phys, phys, l).is_ok());
     }
 
     #[test]
