@@ -125,5 +125,29 @@ fn guest_ram(mem: &PhysMemory) -> Vec<(u64, u64)> {
             Err(_) => break,
         }
     }
-    runs
+    // A region is at most `MAX_REGION_BYTES`: a larger run (more than
+    // 64 GiB of RAM) is given as several (before: refused whole, so IOPF
+    // mode could not be built over such a guest).
+    runs.into_iter()
+        .flat_map(|(at, len)| {
+            let max = softiommu::iopf::MAX_REGION_BYTES;
+            (0..len.div_ceil(max)).map(move |k| (at + k * max, (len - k * max).min(max)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod guest_ram_tests {
+    use super::*;
+
+    /// RAM past one region's 64 GiB is given as several regions, each at
+    /// most `MAX_REGION_BYTES`, together the whole of it (before: one run,
+    /// refused whole).
+    #[test]
+    fn ram_past_one_regions_size_is_split_into_regions() {
+        let mem = PhysMemory::new(130 << 30).unwrap();
+        let runs = guest_ram(&mem);
+        let max = softiommu::iopf::MAX_REGION_BYTES;
+        assert_eq!(runs, vec![(0, max), (max, max), (2 * max, 2 << 30)]);
+    }
 }
