@@ -297,9 +297,17 @@ fuzz_target!(|ops: Vec<Op>| {
                 Some(Err(e)) => panic!("take: {e:?}"),
             },
             Op::SetHead(h) => {
-                let len = unit.page_request_registers().len;
+                // Forward only, over the requests queued: from the head
+                // up to the tail in ring order (nothing else moves them
+                // here: this thread raises and takes).
+                let before = unit.page_request_registers();
+                let (len, head, tail) = (before.len, before.head, before.tail);
+                let queued = (tail + len - head) % len;
+                let want = h < len && (h + len - head) % len <= queued;
                 let ok = unit.set_page_request_head(h);
-                assert_eq!(ok, h < len, "head {h} of {len}");
+                assert_eq!(ok, want, "head {h} of {len} (head {head}, tail {tail})");
+                let after = unit.page_request_registers();
+                assert_eq!(after.head, if ok { h } else { head });
             }
             Op::ReadSlot(i) => {
                 let len = unit.page_request_registers().len;
