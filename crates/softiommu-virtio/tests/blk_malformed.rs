@@ -664,3 +664,72 @@ fn a_descriptor_whose_buffer_wraps_the_iova_space_breaks_the_queue() {
     r.init(true);
     r.assert_still_serves();
 }
+
+/// A zero-length readable descriptor before the header carries nothing
+/// and is skipped (§2.7.4.1: the device makes no assumption on the
+/// descriptors' arrangement; before, its zero-length read was refused and
+/// the request failed `IOERR`).
+#[test]
+fn a_zero_length_descriptor_before_the_header_is_skipped() {
+    let mut r = Raw::new(true);
+    let (hdr, sp, si) = r.command(blk::T_IN, 8);
+    let (_, data) = r.buffer(&[], DmaDirection::FromDevice);
+    r.chain(&[
+        (hdr, 0, false),
+        (hdr, 16, false),
+        (data, 4096, true),
+        (si, 1, true),
+    ]);
+    assert_eq!(r.wait_used(), 4097);
+    assert_eq!(r.status_at(sp), S_OK);
+    assert!(r.request_errors().is_empty());
+}
+
+/// A request completed before a later chain of the same batch stopped the
+/// queue is announced with the used-buffer interrupt (§2.7.7.2: with the
+/// driver's flags 0 "the device MUST send a notification"; a driver reads
+/// its used ring on that bit alone). Before: only the configuration-change
+/// interrupt, and the completed read sat unseen.
+#[test]
+fn a_request_completed_before_a_fault_in_the_batch_is_announced() {
+    let mut r = Raw::new(true);
+    let (hdr, sp, si) = r.command(blk::T_IN, 8);
+    let (_, data) = r.buffer(&[], DmaDirection::FromDevice);
+    let (hdr2, _, _) = r.command(blk::T_IN, 0);
+    let (_, ro) = r.buffer(&[0xee], DmaDirection::ToDevice);
+    let (_, data2) = r.buffer(&[], DmaDirection::FromDevice);
+    // Chain 0..2 good; chain 3..5 with a status byte the device may not
+    // write: it stops the queue.
+    r.desc(0, hdr, 16, desc::F_NEXT, 1);
+    r.desc(1, data, 4096, desc::F_WRITE | desc::F_NEXT, 2);
+    r.desc(2, si, 1, desc::F_WRITE, 0);
+    r.desc(3, hdr2, 16, desc::F_NEXT, 4);
+    r.desc(4, data2, 512, desc::F_WRITE | desc::F_NEXT, 5);
+    r.desc(5, ro, 1, desc::F_WRITE, 0);
+    let phys = r.ring.0;
+    for (k, head) in [0u16, 3].into_iter().enumerate() {
+        let slot = phys + r.layout.avail + 4 + 2 * k as u64;
+        r.mem.write(slot, &head.to_le_bytes()).unwrap();
+    }
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+    r.avail = 2;
+    r.mem
+        .write(phys + r.layout.avail + 2, &2u16.to_le_bytes())
+        .unwrap();
+    r.t.write(reg::QUEUE_NOTIFY, 0);
+    let e = r.errors_after_reset_request();
+    assert!(
+        matches!(
+            e[..],
+            [DeviceError::DmaFault {
+                what: "status byte",
+                ..
+            }]
+        ),
+        "{e:?}"
+    );
+    assert_eq!(r.used_idx(), 1);
+    assert_eq!(r.status_at(sp), S_OK);
+    let isr = r.t.read(reg::INTERRUPT_STATUS);
+    assert_eq!(isr & 1, 1, "no used-buffer interrupt (status {isr:#x})");
+}

@@ -357,6 +357,29 @@ fn a_notification_before_driver_ok_is_an_error_that_needs_reset() {
     assert_eq!(t.notifications(), 0);
 }
 
+/// A kick at status 0 (one that raced the device's reset) is recorded but
+/// sets no `DEVICE_NEEDS_RESET`: the next initialisation sets its queues
+/// up as usual (with the queue set-up held by that bit, the late kick
+/// would otherwise leave the device unusable until another reset).
+#[test]
+fn a_kick_that_races_a_reset_does_not_break_the_next_initialisation() {
+    let t = transport();
+    t.write(reg::STATUS, 0);
+    t.write(reg::QUEUE_NOTIFY, 1);
+    assert!(matches!(
+        t.errors().drain()[..],
+        [DeviceError::LateWrite {
+            offset: reg::QUEUE_NOTIFY,
+            status: 0
+        }]
+    ));
+    assert_eq!(t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
+    negotiate(&t, GOOD);
+    setup_queue(&t, 1, 16, 0x10_0000);
+    assert!(t.errors().drain().is_empty());
+    assert_eq!(t.read(reg::QUEUE_READY), 1);
+}
+
 #[test]
 fn driver_ok_makes_ready_queues_live_and_reset_clears_everything() {
     let t = transport();

@@ -71,6 +71,10 @@ pub enum ServeError<F: std::error::Error> {
 pub struct Prepared {
     shape: Shape,
     plan: Result<BlkPlan, RequestError>,
+    /// `VIRTIO_BLK_F_FLUSH` not negotiated: a write is committed to the
+    /// back-end's storage before it completes (§5.2.6.2: without FLUSH or
+    /// CONFIG_WCE negotiated, writes are stable when they complete).
+    stable_writes: bool,
 }
 
 impl Prepared {
@@ -197,7 +201,11 @@ impl BlkRequests {
             return Err(ServeError::Shape { readable, writable });
         };
         let plan = self.decode(dma, &shape, flush)?;
-        Ok(Prepared { shape, plan })
+        Ok(Prepared {
+            shape,
+            plan,
+            stable_writes: !flush,
+        })
     }
 
     fn decode<D: DeviceDma>(
@@ -208,7 +216,10 @@ impl BlkRequests {
     ) -> Result<Result<BlkPlan, RequestError>, ServeError<D::Fault>> {
         let mut hb = [0u8; blk::HDR_LEN];
         let mut got = 0usize;
-        for d in self.chain.iter().filter(|d| !d.writable) {
+        // Zero-length descriptors carry nothing (§2.7.4.1: no assumption
+        // on how the driver lays a header out): skipped, not read (the
+        // accessor refuses a zero-length access).
+        for d in self.chain.iter().filter(|d| !d.writable && d.len > 0) {
             if got == hb.len() {
                 break;
             }
@@ -265,7 +276,15 @@ impl BlkRequests {
             ),
             BlkOp::Write => (
                 "write",
-                backend.write_at(plan.offset, self.scratch.get_mut(len)),
+                backend
+                    .write_at(plan.offset, self.scratch.get_mut(len))
+                    .and_then(|()| {
+                        if p.stable_writes {
+                            backend.flush()
+                        } else {
+                            Ok(())
+                        }
+                    }),
             ),
             BlkOp::Flush => ("flush", backend.flush()),
             BlkOp::GetId => return,

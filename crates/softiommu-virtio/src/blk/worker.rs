@@ -248,7 +248,13 @@ impl<S: DmaSide> Worker<S> {
                     }
                 }
             }
-            if used > 0 && !q.is_stopped() {
+            if used > 0 && q.is_stopped() {
+                // A later chain stopped the queue: the ones completed
+                // before it are announced all the same (§2.7.7.2; a driver
+                // reads its used ring on the used-buffer interrupt alone),
+                // and the driver's flag, a hint, may be what faulted.
+                end.queue_interrupt(qi);
+            } else if used > 0 {
                 match q.interrupt_wanted(&self.p.ring) {
                     Ok(true) => end.queue_interrupt(qi),
                     Ok(false) => {}

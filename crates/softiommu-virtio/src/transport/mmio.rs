@@ -644,6 +644,16 @@ impl MmioTransport {
     fn notify(&self, value: u32) {
         let s = &*self.shared;
         let st = s.status.load(Ordering::Acquire);
+        if st == 0 {
+            // A kick that raced the reset (another CPU's, late): ignored and
+            // recorded, but no `DEVICE_NEEDS_RESET`, which would carry into
+            // the next initialisation and refuse its queue set-up.
+            s.report(DeviceError::LateWrite {
+                offset: reg::QUEUE_NOTIFY,
+                status: st,
+            });
+            return;
+        }
         if st & status::DRIVER_OK == 0 {
             s.report(DeviceError::NotifyBeforeDriverOk {
                 queue: value,
