@@ -293,7 +293,11 @@ impl Worker {
         }
         let mut space = &**self.q.space();
         let c = &self.counters;
-        let done = match self.req.serve(&mut space, &*self.disk, true) {
+        // FLUSH as negotiated: without it a FLUSH request is unsupported
+        // and every write is committed before it completes (§5.2.6.2), as
+        // on the unit device (before: served as if negotiated).
+        let flush = self.q.features() & 1 << sb::F_FLUSH != 0;
+        let done = match self.req.serve(&mut space, &*self.disk, flush) {
             Ok(done) => Some(done),
             Err(ServeError::Shape { .. }) => {
                 c.bad_chains.fetch_add(1, Ordering::Relaxed);

@@ -65,6 +65,8 @@ pub(crate) struct Queue {
     /// The space the rings translate through.
     rings: SpaceRings,
     ring: DeviceQueue,
+    /// The features acknowledged when the ring started.
+    features: u64,
     kick: Option<OwnedFd>,
     shared: Arc<WorkerShared>,
     /// Used entries published since the last signal.
@@ -97,12 +99,18 @@ impl Queue {
         Ok(Self {
             rings: SpaceRings::new(space, AddrKind::Ring),
             ring,
+            features,
             kick: kick.take(),
             shared,
             pending_signal: 0,
             pending_used: None,
             kick_dead: false,
         })
+    }
+
+    /// The features the front-end acknowledged when the ring started.
+    pub(crate) fn features(&self) -> u64 {
+        self.features
     }
 
     /// What the queue's worker shares with the session.

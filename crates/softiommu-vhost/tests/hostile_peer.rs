@@ -479,3 +479,17 @@ fn a_refused_get_is_answered_with_an_empty_payload() {
         })
     ));
 }
+
+/// A FLUSH from a front-end that did not negotiate `VIRTIO_BLK_F_FLUSH` is
+/// unsupported, as on the unit device (before: served as if negotiated);
+/// without it every write is committed before it completes (§5.2.6.2).
+#[test]
+fn a_flush_without_the_feature_is_unsupported() {
+    let mut fe = FrontEnd::start("flush", Duration::from_secs(2));
+    fe.map(RING_IOVA, 0x10000);
+    fe.start_ring();
+    fe.submit_request(4, &[]); // VIRTIO_BLK_T_FLUSH
+    assert!(fe.wait_used(1, Duration::from_secs(10)));
+    assert_eq!(fe.peek(STATUS_IOVA, 1), [2]); // VIRTIO_BLK_S_UNSUPP
+    finish(fe);
+}

@@ -190,8 +190,14 @@ impl FrontEnd {
 
     /// Queues a read from sector 0 into the given data segments and kicks.
     pub fn submit_read_segs(&mut self, segs: &[(u64, u32)]) {
+        self.submit_request(0, segs); // VIRTIO_BLK_T_IN
+    }
+
+    /// Queues a request of type `ty` at sector 0 with the given writable
+    /// data segments, and kicks.
+    pub fn submit_request(&mut self, ty: u32, segs: &[(u64, u32)]) {
         let mut hdr = [0u8; 16];
-        hdr[0..4].copy_from_slice(&0u32.to_le_bytes()); // VIRTIO_BLK_T_IN
+        hdr[0..4].copy_from_slice(&ty.to_le_bytes());
         self.poke(HDR_IOVA, &hdr);
         self.poke(STATUS_IOVA, &[0xee]);
         let d = |addr: u64, len: u32, flags: u16, next: u16| {
