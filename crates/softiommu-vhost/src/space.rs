@@ -528,10 +528,10 @@ impl DmaSpace {
         let evicted = matches!(out, IotlbOutcome::Invalidated { evicted: true, .. });
         // Accepted: size 0 is the whole space; otherwise size >= 1 and the
         // range does not wrap.
-        match size {
-            _ if evicted => self.cache.clear(),
-            0 => self.cache.clear(),
-            _ => self.cache.clear_range(iova, iova + (size - 1)),
+        if evicted || size == 0 {
+            self.cache.clear();
+        } else {
+            self.cache.clear_range(iova, iova + (size - 1));
         }
         drop(t);
         self.readers.drain();

@@ -341,14 +341,7 @@ impl Shared {
     /// Sets or clears the claimed bits of `lo..=hi` (under `claims`).
     fn mark_claimed(&self, lo: u16, hi: u16, set: bool) {
         for did in lo..=hi {
-            if let Some(w) = self.claimed.get(usize::from(did) / 64) {
-                let bit = 1u64 << (did % 64);
-                if set {
-                    w.fetch_or(bit, Ordering::Release);
-                } else {
-                    w.fetch_and(!bit, Ordering::Release);
-                }
-            }
+            set_did_bit(&self.claimed, did, set);
         }
     }
 
@@ -356,9 +349,7 @@ impl Shared {
     /// paravirtual IOMMU, whose mappings never reach a bounce pool.
     #[inline]
     pub(crate) fn is_claimed(&self, did: u16) -> bool {
-        self.claimed
-            .get(usize::from(did) / 64)
-            .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (did % 64)) != 0)
+        did_bit(&self.claimed, did)
     }
 
     /// Whether a walk of domain `did` must refuse a leaf over a bounce
@@ -367,12 +358,30 @@ impl Shared {
     /// domains' tables map the pools' slots themselves.
     #[inline]
     pub(crate) fn refuses_bounce_leaves(&self, did: u16) -> bool {
-        self.is_claimed(did)
-            || self
-                .guest_ram
-                .get(usize::from(did) / 64)
-                .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (did % 64)) != 0)
+        self.is_claimed(did) || did_bit(&self.guest_ram, did)
     }
+}
+
+/// Sets (Release) or clears domain id `did`'s bit in a bitmap of one bit
+/// per domain id; an id past the map is ignored.
+fn set_did_bit(words: &[AtomicU64], did: u16, set: bool) {
+    if let Some(w) = words.get(usize::from(did) / 64) {
+        let bit = 1u64 << (did % 64);
+        if set {
+            w.fetch_or(bit, Ordering::Release);
+        } else {
+            w.fetch_and(!bit, Ordering::Release);
+        }
+    }
+}
+
+/// Domain id `did`'s bit in a bitmap of one bit per domain id (Acquire:
+/// pairs with [`set_did_bit`]); false past the map.
+#[inline]
+fn did_bit(words: &[AtomicU64], did: u16) -> bool {
+    words
+        .get(usize::from(did) / 64)
+        .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (did % 64)) != 0)
 }
 
 /// A token for the calling thread, unique among live threads, non-zero.
@@ -498,14 +507,7 @@ impl Unit {
     ///
     /// [`TranslateError::BounceFrame`]: super::TranslateError::BounceFrame
     pub(crate) fn mark_guest_ram(&self, did: u16, on: bool) {
-        if let Some(w) = self.shared.guest_ram.get(usize::from(did) / 64) {
-            let bit = 1u64 << (did % 64);
-            if on {
-                w.fetch_or(bit, Ordering::Release);
-            } else {
-                w.fetch_and(!bit, Ordering::Release);
-            }
-        }
+        set_did_bit(&self.shared.guest_ram, did, on);
     }
 
     /// Writes `sid`'s context entry (`None`: not present), as a driver

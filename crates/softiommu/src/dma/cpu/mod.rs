@@ -506,7 +506,8 @@ impl Work {
             }
             DmaPolicy::Bounce => self.bounce_map(slot, dev, phys, len, dir, sg)?,
             _ if dev.untrusted => self.bounce_map(slot, dev, phys, len, dir, sg)?,
-            _ => self.map_pages(slot, dev, phys, len, dir.perm(), BlockKind::Plain)?,
+            // `map_as` takes these inline before it comes here.
+            _ => return self.map_translated(slot, dev, phys, len, dir.perm()),
         };
         slot.stats.map();
         Ok(addr)
