@@ -146,7 +146,7 @@ pub use latency::{
     VTD_2015_WALK_LEVEL_NS,
 };
 pub use page_requests::Taken;
-pub use pass_cpu::{thread_inline_pass_cpu, PASS_SAMPLE};
+pub use pass_cpu::thread_inline_pass_cpu;
 pub use prq::{
     PageRequest, PageRequestError, PrqRegisters, PrqStats, ResponseCode, DEFAULT_PRQ_ORDER,
     MAX_PRQ_ORDER, PRG_INDICES, PRQ_DESCRIPTOR_BYTES,

@@ -22,29 +22,25 @@
 //! on that status word (Linux's `qi_submit_sync` does), so it is driver
 //! CPU and stays in a service demand.
 //!
-//! ## Sampled: one pass in [`PASS_SAMPLE`] is timed
+//! ## Every pass with work is timed
 //!
 //! Timing a pass costs two reads of `CLOCK_THREAD_CPUTIME_ID` (a system
 //! call; no vDSO path), about 0.45 µs each measured on the project's
-//! 2-core VM. A strict unmap makes one pass of its own, so timing every
-//! pass cost strict about 0.9 µs per datagram in `lab netperf-udp` and
-//! lowered its maximum rate (and with it the rate every policy is
-//! compared at). So each thread times one of every [`PASS_SAMPLE`] of
-//! its passes with work (its first, then every `PASS_SAMPLE`-th) and
-//! charges that pass's CPU times `PASS_SAMPLE`, to the unit and to itself:
-//! an estimate of its passes' CPU whose expected value is the exact sum
-//! over whole groups of `PASS_SAMPLE` passes, at one sixteenth of the
-//! clock reads. A thread's counter is its own (a thread-local), so each
-//! thread's share is an estimate of its own passes, never of another's.
-//! Every pass with work is still counted
-//! ([`UnitStats::inline_passes`](super::UnitStats::inline_passes)) with
-//! one shared counter added per pass, under the processing lock. Off
-//! unless asked for (the labs that report service demand turn it on).
+//! 2-core VM, and a strict unmap makes one pass of its own. Those reads
+//! are the meter's, not the driver's: the thread's share
+//! ([`thread_inline_pass_cpu`]) is the pass's interval less the spun
+//! latency *plus* one more [`clock_pair_ns`] for the parts of the two
+//! calls outside the interval, so taking it out of the thread's clock
+//! leaves the thread's CPU as it would have been unmetered; the unit's
+//! charge is the interval less the part of the calls inside it.
 //!
-//! A timed interval holds part of the two clock calls themselves; that
-//! part, measured once per process as two back-to-back reads
-//! ([`clock_pair_ns`]), is taken out of each timed pass before it is
-//! multiplied, so the thread's own cost of timing stays the thread's.
+//! (Sampling, one pass in sixteen timed and charged sixteen-fold, was
+//! tried first to save the reads: a pass that met a slow `membarrier(2)`
+//! — an IPI to a vCPU its host had descheduled — was then charged
+//! sixteen times over, and in `lab netperf-udp` one strict round in
+//! fifteen read 0.06-0.5 µs a datagram, below pass-through's, with the
+//! driver's CPU taken out by passes it never ran. Timed exactly, each
+//! pass takes out only its own CPU.)
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -53,20 +49,14 @@ use std::time::Duration;
 use super::inv_queue::Pass;
 use super::unit::{Counters, ProcState, Shared, Unit};
 
-/// One pass with work in this many is timed, per thread, and charged this
-/// many times over (module documentation). 16: the clock reads then cost
-/// strict about 0.06 µs per datagram instead of 0.9, and a second of
-/// traffic at tens of thousands of passes still times thousands.
-pub const PASS_SAMPLE: u64 = 16;
-
 /// What two back-to-back reads of a thread's CPU clock measure with
 /// nothing between them, nanoseconds: the part of the clock's own system
 /// calls that falls inside a timed interval (about one call's worth, 0.3-
-/// 0.45 µs on the project's 2-core VM). A timed pass takes it out before
-/// it is charged `PASS_SAMPLE` times over: left in, the thread's own cost
-/// of timing went to the unit sixteen-fold, and a strict unmap's driver
-/// CPU read ~0.3-0.4 µs per pass low (below deferred's in `lab
-/// netperf-udp`). Measured once per process: the median of 31 pairs.
+/// 0.45 µs on the project's 2-core VM), and about the part outside it.
+/// The unit's charge for a pass is its interval less this; the thread's
+/// share is its interval plus this (the whole of the two calls), so the
+/// meter's reads are charged to neither the unit nor the thread's work.
+/// Measured once per process: the median of 31 pairs.
 pub(crate) fn clock_pair_ns() -> u64 {
     static PAIR: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *PAIR.get_or_init(|| {
@@ -83,17 +73,15 @@ pub(crate) fn clock_pair_ns() -> u64 {
 }
 
 std::thread_local! {
-    /// The calling thread's inline passes' CPU, nanoseconds, ever (an
-    /// estimate: sampled, see the module documentation).
+    /// The calling thread's inline passes' CPU with their clock reads,
+    /// nanoseconds, ever.
     static THREAD_PASS_NS: Cell<u64> = const { Cell::new(0) };
-    /// The calling thread's passes with work, ever, with accounting on.
-    static THREAD_PASSES: Cell<u64> = const { Cell::new(0) };
 }
 
 /// The CPU the calling thread has spent running units' inline passes (with
 /// accounting on), less the modelled latency they spun: the part of the
-/// thread's CPU clock that was the IOMMU hardware's work. Sampled: one
-/// pass in [`PASS_SAMPLE`] is timed and counts [`PASS_SAMPLE`] times (see
+/// thread's CPU clock that was the IOMMU hardware's work, with the
+/// thread's own reads of its clock around each pass (the meter's cost; see
 /// the module documentation of `hw::pass_cpu`). Grows monotonically; take
 /// differences.
 pub fn thread_inline_pass_cpu() -> Duration {
@@ -111,10 +99,9 @@ impl Unit {
 
 impl Shared {
     /// A pass on the calling thread (inline mode): [`Shared::run_queue`],
-    /// counted when accounting is on and the queue has work, and, one such
-    /// pass in [`PASS_SAMPLE`] of the thread's, timed and its CPU charged
-    /// [`PASS_SAMPLE`] times over to the unit and the thread (an empty
-    /// pass reads no clock and counts nothing).
+    /// counted and timed when accounting is on and the queue has work, its
+    /// CPU charged to the unit and (with the clock reads) to the thread (an
+    /// empty pass reads no clock and counts nothing).
     pub(crate) fn run_inline(&self, p: &mut ProcState) -> Pass {
         if cfg!(loom)
             || !self.account_passes.load(Ordering::Relaxed)
@@ -122,30 +109,20 @@ impl Shared {
         {
             return self.run_queue(p);
         }
-        let n = THREAD_PASSES.with(|c| {
-            let n = c.get();
-            c.set(n.wrapping_add(1));
-            n
-        });
         // One shared add per pass, under the processing lock the pass
         // already holds: never per map or unmap.
         Counters::add(&self.counters.inline_passes, 1);
-        if !n.is_multiple_of(PASS_SAMPLE) {
-            return self.run_queue(p);
-        }
         let spun0 = p.spun_ns;
         let pair = clock_pair_ns();
         let t0 = crate::cpu_clock::thread();
         let pass = self.run_queue(p);
         let cpu = crate::cpu_clock::thread().saturating_sub(t0);
         let spun = p.spun_ns.wrapping_sub(spun0);
-        let ns = u64::try_from(cpu.as_nanos())
+        let work = u64::try_from(cpu.as_nanos())
             .unwrap_or(u64::MAX)
-            .saturating_sub(pair)
-            .saturating_sub(spun)
-            .saturating_mul(PASS_SAMPLE);
-        Counters::add(&self.counters.inline_pass_cpu_ns, ns);
-        THREAD_PASS_NS.with(|c| c.set(c.get().saturating_add(ns)));
+            .saturating_sub(spun);
+        Counters::add(&self.counters.inline_pass_cpu_ns, work.saturating_sub(pair));
+        THREAD_PASS_NS.with(|c| c.set(c.get().saturating_add(work.saturating_add(pair))));
         pass
     }
 }

@@ -233,13 +233,10 @@ pub struct UnitStats {
     /// (drivers, flush timers), less the modelled latency they spun, in
     /// nanoseconds: the IOMMU hardware's work, which a driver's CPU
     /// figure leaves out. Counted only with
-    /// [`Unit::set_pass_accounting`] on (see `hw::pass_cpu`); an
-    /// estimate: one pass in [`PASS_SAMPLE`](super::PASS_SAMPLE) of each
-    /// thread's is timed and counts that many times.
+    /// [`Unit::set_pass_accounting`] on (see `hw::pass_cpu`): every such
+    /// pass is timed on its thread's CPU clock, less the clock reads.
     pub inline_pass_cpu_ns: u64,
-    /// Inline passes with work run with accounting on, each counted
-    /// (`inline_pass_cpu_ns` is estimated from one in
-    /// [`PASS_SAMPLE`](super::PASS_SAMPLE) of each thread's).
+    /// Inline passes with work run with accounting on, each counted.
     pub inline_passes: u64,
 }
 

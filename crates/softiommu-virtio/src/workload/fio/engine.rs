@@ -453,6 +453,13 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
 
 fn run(host: &BlkHost, cfg: &FioConfig, fresh: Option<FreshSpec>) -> Result<FioResult, FioError> {
     cfg.check()?;
+    if cfg.sample_work {
+        // The sampled work leaves out the unit's inline passes (see
+        // `sample`), which the unit then times.
+        if let Some(u) = host.system.unit(host.unit) {
+            u.set_pass_accounting(true);
+        }
+    }
     let slots = cfg.slots();
     let queue_size = (3 * slots).next_power_of_two().clamp(4, 32768) as u16;
     let max_req = cfg.bs.max().next_multiple_of(4096);

@@ -159,6 +159,11 @@ impl Live {
     fn new(spec: &FreshSpec, jobs: usize, n_irq: usize, seed: u64) -> Result<Self, FioError> {
         let cfg = &spec.cfg;
         let host = BlkHost::new(&spec.host)?;
+        // As the aged arm's: its sampled work leaves out the unit's inline
+        // passes.
+        if let Some(u) = host.system.unit(host.unit) {
+            u.set_pass_accounting(true);
+        }
         if let Some(t) = cfg.flush_timeout {
             host.domain
                 .set_timeout(t)
