@@ -9,7 +9,9 @@
 //! status byte, a loop, an indirect descriptor — not offered) is
 //! completed with used length 0 and counted; a well-shaped request that
 //! fails (past the end of the disk, a buffer in the wrong direction, more
-//! than [`MAX_REQUEST_BYTES`] or `seg_max` segments, an access the IOTLB
+//! than [`MAX_REQUEST_BYTES`], more than `seg_max` segments or one longer
+//! than `size_max` where the driver acknowledged those features, an
+//! access the IOTLB
 //! refuses) completes with `VIRTIO_BLK_S_IOERR`, and the queue goes on. A
 //! miss cancelled because the rings stop leaves the request on the ring.
 
@@ -24,7 +26,7 @@ use softiommu_virtio::transport::{ChainDesc, ChainDir, DeviceError};
 
 use crate::disk::Disk;
 use crate::queue::{is_abort, Queue};
-use crate::session::SEG_MAX;
+use crate::session::{SEG_MAX, SIZE_MAX};
 
 /// The id string `VIRTIO_BLK_T_GET_ID` answers (NUL-padded to 20 bytes).
 pub const DEVICE_ID: &[u8] = b"softiommu-vhost-blk";
@@ -32,6 +34,8 @@ pub const DEVICE_ID: &[u8] = b"softiommu-vhost-blk";
 /// Linux guest's requests stay under its `max_sectors_kb` (1280 KiB by
 /// default); a larger one completes with `VIRTIO_BLK_S_IOERR`.
 pub const MAX_REQUEST_BYTES: u64 = 8 << 20;
+// What `seg_max` and `size_max` announce fits the buffer.
+const _: () = assert!(SEG_MAX as u64 * SIZE_MAX as u64 <= MAX_REQUEST_BYTES);
 /// How long the worker sleeps on its kick descriptor before looking at its
 /// stop flag again.
 const KICK_POLL: Duration = Duration::from_millis(50);
@@ -119,18 +123,19 @@ const LOOK_AHEAD: u16 = 4;
 
 /// Asks for every missing page of `chain`: the header and device-read
 /// data, then the device-written data and status. Returns the last page
-/// asked (or still outstanding), to wait for. A chain past the request
-/// limits (more than `seg_max` data segments or [`MAX_REQUEST_BYTES`] of
-/// data: the request checks refuse it before any data moves) is not
-/// looked at: no scan of a chain that will not be served.
+/// asked (or still outstanding), to wait for. A chain past the buffer
+/// ([`MAX_REQUEST_BYTES`] of data: the request checks refuse it before any
+/// data moves) is not looked at: no scan of a chain that will not be
+/// served. (Its segments are not counted here: `seg_max` binds only a
+/// front-end that acknowledged it, and the scan is bounded by itself,
+/// `PREFETCH_SCAN_PAGES`, with the chain bounded by the queue size.)
 fn prefetch_chain(space: &crate::space::DmaSpace, chain: &[ChainDesc]) -> Option<u64> {
-    // Header and status besides the data segments.
-    let segs_max = SEG_MAX as usize + 2;
+    // Header and status besides the data.
     let bytes_max = MAX_REQUEST_BYTES + 16 + 1;
     let bytes = chain
         .iter()
         .try_fold(0u64, |t, d| t.checked_add(u64::from(d.len)));
-    if chain.len() > segs_max || bytes.is_none_or(|b| b > bytes_max) {
+    if bytes.is_none_or(|b| b > bytes_max) {
         return None;
     }
     let seg = |d: &ChainDesc| (d.addr, u64::from(d.len));
@@ -146,9 +151,10 @@ impl Worker {
             capacity_sectors: disk.sectors(),
             blk_size: SECTOR_SIZE as u32,
             seg_max: SEG_MAX,
-            size_max: u32::MAX,
+            size_max: SIZE_MAX,
             max_bytes: MAX_REQUEST_BYTES,
-            flush: true,
+            // Taken from the features negotiated, per request.
+            flush: false,
         };
         let mut id = [0u8; sb::ID_BYTES];
         id[..DEVICE_ID.len()].copy_from_slice(DEVICE_ID);
@@ -293,11 +299,11 @@ impl Worker {
         }
         let mut space = &**self.q.space();
         let c = &self.counters;
-        // FLUSH as negotiated: without it a FLUSH request is unsupported
-        // and every write is committed before it completes (§5.2.6.2), as
-        // on the unit device (before: served as if negotiated).
-        let flush = self.q.features() & 1 << sb::F_FLUSH != 0;
-        let done = match self.req.serve(&mut space, &*self.disk, flush) {
+        // Limits as negotiated: without FLUSH a FLUSH request is
+        // unsupported and every write is committed before it completes
+        // (§5.2.6.2); `seg_max` and `size_max` hold only where their
+        // features were acknowledged, as on the unit device.
+        let done = match self.req.serve(&mut space, &*self.disk, self.q.features()) {
             Ok(done) => Some(done),
             Err(ServeError::Shape { .. }) => {
                 c.bad_chains.fetch_add(1, Ordering::Relaxed);

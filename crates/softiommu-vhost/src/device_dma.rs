@@ -51,6 +51,10 @@ mod tests {
     use softiommu_virtio::device_dma::UnitDma;
     use softiommu_virtio::net::{gather_frame, plain_header, scatter_frame, HDR_LEN};
     use softiommu_virtio::spec::blk as sb;
+
+    /// What the front-ends here acknowledged: FLUSH and both segment
+    /// limits (so `seg_max` and `size_max` bind).
+    const FEATURES: u64 = 1 << sb::F_FLUSH | 1 << sb::F_SEG_MAX | 1 << sb::F_SIZE_MAX;
     use softiommu_virtio::transport::ChainDesc;
 
     use super::*;
@@ -167,11 +171,11 @@ mod tests {
     ) {
         let mut a = requests(disk);
         a.chain_mut().extend_from_slice(chain);
-        let u = a.serve(&mut r.unit, disk, true);
+        let u = a.serve(&mut r.unit, disk, FEATURES);
         let mut b = requests(disk);
         b.chain_mut().extend_from_slice(chain);
         let mut space = &r.space;
-        let v = b.serve(&mut space, disk, true);
+        let v = b.serve(&mut space, disk, FEATURES);
         (u, v)
     }
 
@@ -385,7 +389,7 @@ mod tests {
             d(status, 1, true),
         ]);
         let mut space = &r.space;
-        let e = req.serve(&mut space, &*disk, true).unwrap_err();
+        let e = req.serve(&mut space, &*disk, FEATURES).unwrap_err();
         assert!(
             matches!(
                 e,

@@ -35,12 +35,17 @@ pub const FEATURES: u64 = vf::VERSION_1
     | vf::ACCESS_PLATFORM
     | vf::PROTOCOL_FEATURES
     | (1 << sb::F_SEG_MAX)
+    | (1 << sb::F_SIZE_MAX)
     | (1 << sb::F_BLK_SIZE)
     | (1 << sb::F_FLUSH);
 /// The protocol features offered (an IOMMU needs reply-ack and the back-end channel).
 pub const PROTOCOL_FEATURES: u64 = pf::REPLY_ACK | pf::BACKEND_REQ | pf::CONFIG | pf::RESET_DEVICE;
 /// Segments per request announced in `seg_max`.
 pub(crate) const SEG_MAX: u32 = 126;
+/// Bytes per segment announced in `size_max`: 64 KiB (Linux's default
+/// segment size), so `seg_max` full segments (8,064 KiB) fit the largest
+/// request the back-end serves (`blk::MAX_REQUEST_BYTES`, 8 MiB).
+pub(crate) const SIZE_MAX: u32 = 64 << 10;
 /// Largest config space read answered.
 pub(crate) const CONFIG_MAX: usize = 256;
 
@@ -226,6 +231,7 @@ impl VhostDevice for BlkDevice {
     fn config(&self, cfg: &mut [u8; CONFIG_MAX]) {
         cfg[sb::CFG_CAPACITY..sb::CFG_CAPACITY + 8]
             .copy_from_slice(&self.disk.sectors().to_le_bytes());
+        cfg[sb::CFG_SIZE_MAX..sb::CFG_SIZE_MAX + 4].copy_from_slice(&SIZE_MAX.to_le_bytes());
         cfg[sb::CFG_SEG_MAX..sb::CFG_SEG_MAX + 4].copy_from_slice(&SEG_MAX.to_le_bytes());
         cfg[sb::CFG_BLK_SIZE..sb::CFG_BLK_SIZE + 4].copy_from_slice(&512u32.to_le_bytes());
         cfg[sb::CFG_NUM_QUEUES..sb::CFG_NUM_QUEUES + 2].copy_from_slice(&1u16.to_le_bytes());

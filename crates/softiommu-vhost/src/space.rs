@@ -72,9 +72,10 @@ pub const REQUEST_PREFETCH_PAGES: usize = 512;
 pub const MISS_OUTSTANDING_MAX: usize = 4096;
 /// Most pages one [`DmaSpace::prefetch`] looks at, cached or not: the
 /// pages of a request of `MAX_REQUEST_BYTES` (8 MiB, 2,048 pages) in
-/// up to `seg_max` (126) segments, each of which may straddle one more
-/// page, with room to spare; a chain longer than that is refused by the
-/// request checks anyway, so the scan stops there instead of walking it.
+/// `seg_max` (126) segments, each of which may straddle one more page,
+/// with room to spare; past that (a chain of many short segments, from a
+/// front-end that did not acknowledge `seg_max`) the scan stops and the
+/// accesses ask for the rest as they miss.
 pub const PREFETCH_SCAN_PAGES: usize = 4096;
 /// Pages looked at per section of a prefetch scan: an invalidation waits
 /// for at most this many cache lookups, never for the whole scan.

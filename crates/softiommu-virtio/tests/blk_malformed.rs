@@ -30,6 +30,8 @@ const SIZE: u16 = 16;
 const SECTORS: u64 = 2048;
 
 struct Raw {
+    /// Whether the driver acknowledges `SEG_MAX` and `SIZE_MAX`.
+    limits: bool,
     host: BlkHost,
     cpu: DmaCpu,
     t: MmioTransport,
@@ -43,16 +45,27 @@ impl Raw {
     /// A device with a 1 MiB `memory` disk, `seg_max` 4 and `size_max`
     /// 4 KiB, driven by hand; `flush` whether the driver accepts FLUSH.
     fn new(flush: bool) -> Self {
+        Self::with(
+            flush,
+            true,
+            BlkConfig {
+                seg_max: 4,
+                size_max: 4096,
+                ..BlkConfig::default()
+            },
+        )
+    }
+
+    /// A device with a 1 MiB `memory` disk configured `blk`, driven by
+    /// hand; `flush` whether the driver accepts FLUSH, `limits` whether it
+    /// acknowledges `SEG_MAX` and `SIZE_MAX`.
+    fn with(flush: bool, limits: bool, blk: BlkConfig) -> Self {
         let host = BlkHost::new(&BlkHostConfig {
             policy: DmaPolicy::Strict,
             mem_bytes: 64 << 20,
             bounce_bytes: 1 << 20,
             device: BlkDeviceConfig {
-                blk: BlkConfig {
-                    seg_max: 4,
-                    size_max: 4096,
-                    ..BlkConfig::default()
-                },
+                blk,
                 backend: BackendConfig::Memory {
                     capacity: SECTORS * 512,
                 },
@@ -65,6 +78,7 @@ impl Raw {
         let t = host.device.transport().clone();
         let mem = host.mem.clone();
         let mut r = Self {
+            limits,
             host,
             cpu,
             t,
@@ -90,7 +104,9 @@ impl Raw {
         t.write(reg::STATUS, 0);
         t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
         let mut f = 1u64 << feature::VERSION_1 | 1 << feature::ACCESS_PLATFORM;
-        f |= 1 << blk::F_SEG_MAX | 1 << blk::F_SIZE_MAX;
+        if self.limits {
+            f |= 1 << blk::F_SEG_MAX | 1 << blk::F_SIZE_MAX;
+        }
         if flush {
             f |= 1 << blk::F_FLUSH;
         }
@@ -317,6 +333,67 @@ fn too_many_or_too_large_segments_are_io_errors() {
         }
     ));
     r.assert_still_serves();
+}
+
+/// `seg_max` and `size_max` bind a driver only once it acknowledges their
+/// features (§5.2.3): one that did not was told of no limit, and its
+/// request of more and longer segments than the device's configuration
+/// is served (bounded by the queue size and the device's buffer).
+#[test]
+fn segment_limits_not_negotiated_are_not_held_against_the_driver() {
+    let mut r = Raw::with(
+        true,
+        false,
+        BlkConfig {
+            seg_max: 4,
+            size_max: 4096,
+            ..BlkConfig::default()
+        },
+    );
+    // Six segments, past seg_max 4.
+    let (hdr, sp, si) = r.command(blk::T_IN, 0);
+    let mut parts = vec![(hdr, 16, false)];
+    for _ in 0..6 {
+        let (_, a) = r.buffer(&[], DmaDirection::FromDevice);
+        parts.push((a, 512, true));
+    }
+    parts.push((si, 1, true));
+    r.chain(&parts);
+    assert_eq!(r.wait_used(), 6 * 512 + 1);
+    assert_eq!(r.status_at(sp), S_OK);
+    // One 8 KiB segment, past size_max 4 KiB: two contiguous mapped pages.
+    let (hdr, sp, si) = r.command(blk::T_IN, 0);
+    let phys = r.mem.alloc_zeroed_frames(1).unwrap();
+    let data = r
+        .cpu
+        .map(&r.host.dev, phys, 8192, DmaDirection::FromDevice)
+        .unwrap();
+    r.chain(&[(hdr, 16, false), (data, 8192, true), (si, 1, true)]);
+    assert_eq!(r.wait_used(), 8193);
+    assert_eq!(r.status_at(sp), S_OK);
+    assert!(r.request_errors().is_empty());
+    r.assert_still_serves();
+}
+
+/// `blk_size` is the optimal size, not the protocol's unit (§5.2.5: the
+/// unit is always 512 bytes): a device announcing 4 KiB over a back-end
+/// that needs no more serves a one-sector read at an odd sector.
+#[test]
+fn a_sector_read_off_blk_size_is_served() {
+    let mut r = Raw::with(
+        true,
+        true,
+        BlkConfig {
+            blk_size: 4096,
+            ..BlkConfig::default()
+        },
+    );
+    let (hdr, sp, si) = r.command(blk::T_IN, 3);
+    let (_, a) = r.buffer(&[], DmaDirection::FromDevice);
+    r.chain(&[(hdr, 16, false), (a, 512, true), (si, 1, true)]);
+    assert_eq!(r.wait_used(), 513);
+    assert_eq!(r.status_at(sp), S_OK);
+    assert!(r.request_errors().is_empty());
 }
 
 #[test]

@@ -40,6 +40,13 @@ pub trait BlkBackend: Send + Sync + fmt::Debug {
     fn buffer_align(&self) -> usize {
         1
     }
+    /// The alignment, in bytes, the back-end needs of every offset and
+    /// length it is given: 512 (any sector) for most; for `O_DIRECT`,
+    /// [`DIRECT_ALIGN`] (the device refuses a request off it, as it has
+    /// no read-modify-write).
+    fn io_align(&self) -> u32 {
+        512
+    }
     /// Whether a call may wait on something outside the process (a disk,
     /// a socket, a lock another thread holds for long): the device then
     /// never holds a translation section of its unit across the call,
@@ -369,6 +376,14 @@ impl BlkBackend for FileBackend {
             DIRECT_ALIGN
         } else {
             1
+        }
+    }
+
+    fn io_align(&self) -> u32 {
+        if self.direct {
+            DIRECT_ALIGN as u32
+        } else {
+            512
         }
     }
 }

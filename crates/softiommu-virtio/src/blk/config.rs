@@ -10,7 +10,7 @@ pub const MAX_QUEUES: u16 = 64;
 /// The largest data segment a device may allow (`size_max`): 4 MiB.
 pub const MAX_SIZE_MAX: u32 = 4 << 20;
 /// The largest request a device may allow, in bytes (`seg_max` ×
-/// `size_max` is capped here): 16 MiB. Each device thread keeps one
+/// `size_max` may not exceed it): 16 MiB. Each device thread keeps one
 /// buffer this large at most.
 pub const MAX_REQUEST_BYTES: u64 = 16 << 20;
 
@@ -98,15 +98,19 @@ impl BlkConfig {
         range("num_queues", self.num_queues.into(), 1, MAX_QUEUES.into())?;
         range("queue_max", self.queue_max.into(), 2, 32768)?;
         pow2("queue_max", self.queue_max.into())?;
-        range("seg_max", self.seg_max.into(), 1, 4096)?;
         range("size_max", self.size_max.into(), 512, MAX_SIZE_MAX.into())?;
+        // What the device announces it takes, it takes: `seg_max` full
+        // segments of `size_max` fit the device's buffer.
+        let seg_cap = (MAX_REQUEST_BYTES / u64::from(self.size_max)).min(4096);
+        range("seg_max", self.seg_max.into(), 1, seg_cap)?;
         range("blk_size", self.blk_size.into(), 512, 64 << 10)?;
         pow2("blk_size", self.blk_size.into())?;
         Ok(())
     }
 
-    /// The most data bytes one request may carry: `seg_max` × `size_max`,
-    /// capped at [`MAX_REQUEST_BYTES`].
+    /// The most data bytes one request within the announced limits
+    /// carries: `seg_max` × `size_max` (at most [`MAX_REQUEST_BYTES`], as
+    /// [`check`](Self::check) holds it).
     pub fn max_request_bytes(&self) -> u64 {
         (u64::from(self.seg_max) * u64::from(self.size_max)).min(MAX_REQUEST_BYTES)
     }
@@ -243,6 +247,15 @@ mod tests {
                     ..Default::default()
                 },
                 "size_max",
+            ),
+            (
+                // 128 segments of 1 MiB: more than the device's buffer
+                // takes in one request.
+                BlkConfig {
+                    size_max: 1 << 20,
+                    ..Default::default()
+                },
+                "seg_max",
             ),
             (
                 BlkConfig {

@@ -14,7 +14,7 @@
 //! which on two cores leaves the other core to the drivers.
 //!
 //! Each worker has its own DMA accessor, vm-memory view and buffer (one
-//! request's data, at most [`BlkConfig::max_request_bytes`]): nothing is
+//! request's data, at most [`MAX_REQUEST_BYTES`]): nothing is
 //! shared on the data path but the back-end and the unit.
 
 use std::sync::Arc;
@@ -25,7 +25,7 @@ use softiommu::access::DmaAttrs;
 use softiommu::hw::{HwError, SourceId, System};
 
 use super::backend::{BackendConfig, BackendError, BlkBackend};
-use super::config::{BlkConfig, BlkConfigError};
+use super::config::{BlkConfig, BlkConfigError, MAX_REQUEST_BYTES};
 use super::request::BlkLimits;
 use super::slow::{SlowRegion, MAX_HOLD};
 use super::stats::{BlkDeviceStats, Counters, RequestLog};
@@ -190,16 +190,29 @@ impl BlkDevice {
         }
         let backend = cfg.backend.open()?;
         let capacity = backend.capacity();
-        let transport = MmioTransport::new(cfg.blk.device_info(capacity), cfg.transport);
+        // A back-end that needs more alignment than the announced block
+        // size (an `O_DIRECT` file) announces its own: the driver is told
+        // the size the device will hold it to.
+        let announced = BlkConfig {
+            blk_size: cfg.blk.blk_size.max(backend.io_align()),
+            ..cfg.blk
+        };
+        let transport = MmioTransport::new(announced.device_info(capacity), cfg.transport);
         let log = Arc::new(RequestLog::default());
         let nq = cfg.blk.num_queues;
         let n = cfg.workers.clamp(1, usize::from(nq));
         let limits = BlkLimits {
             capacity_sectors: capacity / blk::SECTOR_SIZE,
-            blk_size: cfg.blk.blk_size,
+            // The protocol's unit is 512 bytes whatever `blk_size` says
+            // (§5.2.5: `blk_size` is the optimal size, for performance);
+            // only a back-end that needs more alignment is given it.
+            blk_size: backend.io_align().max(blk::SECTOR_SIZE as u32),
             seg_max: cfg.blk.seg_max,
             size_max: cfg.blk.size_max,
-            max_bytes: cfg.blk.max_request_bytes(),
+            // The buffer is the largest any configuration announces (a
+            // driver that acknowledged neither segment limit was told of
+            // none): untouched pages of it cost nothing.
+            max_bytes: MAX_REQUEST_BYTES,
             flush: false,
         };
         let mut dev = Self {

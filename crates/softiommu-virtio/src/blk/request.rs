@@ -118,7 +118,8 @@ pub enum RequestError {
         bytes: u64,
     },
     /// A data length that is not a multiple of the block size (§5.2.6.1:
-    /// "a multiple of 512 bytes"; our device asks for `blk_size`).
+    /// "a multiple of 512 bytes"; a back-end that needs more alignment,
+    /// `O_DIRECT`, is given it: `BlkBackend::io_align`).
     #[error("{len} data bytes is not a multiple of the block size {blk_size}")]
     LengthUnaligned {
         /// The data length.
@@ -279,7 +280,8 @@ pub(crate) fn data_segments(
 }
 
 /// The limits a request is checked against: the device's configuration
-/// (what it announced to the driver) and what was negotiated.
+/// (what it announced to the driver) and what was negotiated
+/// ([`negotiated`](Self::negotiated)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlkLimits {
     /// The disk's size in 512-byte sectors.
@@ -294,6 +296,33 @@ pub struct BlkLimits {
     pub max_bytes: u64,
     /// Whether `VIRTIO_BLK_F_FLUSH` was negotiated.
     pub flush: bool,
+}
+
+impl BlkLimits {
+    /// The limits under the driver's `features`: `FLUSH` as negotiated,
+    /// and `seg_max` and `size_max` only where their features were (a
+    /// driver that did not negotiate `SEG_MAX` was told no limit on
+    /// segments, §5.2.3, so none is held against it beyond what bounds
+    /// every chain, the queue size; likewise `SIZE_MAX`). `max_bytes`,
+    /// the device's buffer, stays: the device announces it only through
+    /// `seg_max` × `size_max`, which fit it (`BlkConfig::check`).
+    pub fn negotiated(&self, features: u64) -> Self {
+        let has = |bit: u32| features & 1 << bit != 0;
+        Self {
+            flush: has(blk::F_FLUSH),
+            seg_max: if has(blk::F_SEG_MAX) {
+                self.seg_max
+            } else {
+                u32::MAX
+            },
+            size_max: if has(blk::F_SIZE_MAX) {
+                self.size_max
+            } else {
+                u32::MAX
+            },
+            ..*self
+        }
+    }
 }
 
 /// What the device will do for a request that passed its checks.
@@ -416,6 +445,19 @@ mod tests {
             reserved: 0,
             sector,
         }
+    }
+
+    #[test]
+    fn limits_hold_only_as_negotiated() {
+        let none = LIM.negotiated(0);
+        assert_eq!(
+            (none.flush, none.seg_max, none.size_max),
+            (false, u32::MAX, u32::MAX)
+        );
+        // The buffer and the disk bind whatever was negotiated.
+        assert_eq!((none.max_bytes, none.capacity_sectors), (16384, 2048));
+        let all = LIM.negotiated(1 << blk::F_FLUSH | 1 << blk::F_SEG_MAX | 1 << blk::F_SIZE_MAX);
+        assert_eq!(all, LIM);
     }
 
     #[test]

@@ -181,12 +181,13 @@ impl BlkRequests {
     }
 
     /// Reads the header of the chain in [`chain_mut`](Self::chain_mut)
-    /// through `dma`, checks the request (`flush`: `VIRTIO_BLK_F_FLUSH`
-    /// negotiated) and gathers a write's data into the buffer.
+    /// through `dma`, checks the request against the limits under the
+    /// driver's `features` ([`BlkLimits::negotiated`]) and gathers a
+    /// write's data into the buffer.
     pub fn prepare<D: DeviceDma>(
         &mut self,
         dma: &mut D,
-        flush: bool,
+        features: u64,
     ) -> Result<Prepared, ServeError<D::Fault>> {
         let Some(shape) = request::shape(&self.chain) else {
             let (mut readable, mut writable) = (0u64, 0u64);
@@ -200,11 +201,12 @@ impl BlkRequests {
             }
             return Err(ServeError::Shape { readable, writable });
         };
-        let plan = self.decode(dma, &shape, flush)?;
+        let lim = self.limits.negotiated(features);
+        let plan = self.decode(dma, &shape, &lim)?;
         Ok(Prepared {
             shape,
             plan,
-            stable_writes: !flush,
+            stable_writes: !lim.flush,
         })
     }
 
@@ -212,7 +214,7 @@ impl BlkRequests {
         &mut self,
         dma: &mut D,
         shape: &Shape,
-        flush: bool,
+        lim: &BlkLimits,
     ) -> Result<Result<BlkPlan, RequestError>, ServeError<D::Fault>> {
         let mut hb = [0u8; blk::HDR_LEN];
         let mut got = 0usize;
@@ -238,11 +240,7 @@ impl BlkRequests {
             return Ok(Err(RequestError::Unsupported { type_: h.type_ }));
         };
         let len = request::data_segments(&self.chain, shape, op.device_writes(), &mut self.segs);
-        let lim = BlkLimits {
-            flush,
-            ..self.limits
-        };
-        let plan = match request::check(&h, shape, &self.segs, len, &lim) {
+        let plan = match request::check(&h, shape, &self.segs, len, lim) {
             Ok(p) => p,
             Err(e) => return Ok(Err(e)),
         };
@@ -430,9 +428,9 @@ impl BlkRequests {
         &mut self,
         dma: &mut D,
         backend: &dyn BlkBackend,
-        flush: bool,
+        features: u64,
     ) -> Result<Completed, ServeError<D::Fault>> {
-        let mut p = self.prepare(dma, flush)?;
+        let mut p = self.prepare(dma, features)?;
         self.io(backend, &mut p);
         self.finish(dma, p)
     }

@@ -211,7 +211,7 @@ impl<S: DmaSide> Worker<S> {
     /// its own (a blocking back-end); `None`: the caller holds one.
     fn turn(&mut self, end: &DeviceEnd, view: Option<&S::Fence>) -> Turn {
         let mut t = Turn::default();
-        let flush = end.features() & 1 << blk::F_FLUSH != 0;
+        let features = end.features();
         for k in 0..self.p.queues.len() {
             let qi = self.p.queues[k];
             let Some(mut slot) = end.queue(qi) else {
@@ -239,7 +239,7 @@ impl<S: DmaSide> Worker<S> {
                         break;
                     }
                 };
-                match self.serve(q, k, head, flush, view) {
+                match self.serve(q, k, head, features, view) {
                     Ok(true) => used += 1,
                     Ok(false) => {}
                     Err(e) => {
@@ -299,11 +299,11 @@ impl<S: DmaSide> Worker<S> {
         q: &mut DeviceQueue,
         k: usize,
         head: u16,
-        flush: bool,
+        features: u64,
         view: Option<&S::Fence>,
     ) -> Result<bool, DeviceError> {
         let arrived = Instant::now();
-        let mut prep = scoped(view, || self.prepare(q, head, flush))?;
+        let mut prep = scoped(view, || self.prepare(q, head, features))?;
         self.req.io(&*self.p.backend, &mut prep);
         if matches!(prep.error(), Some(RequestError::Backend { .. })) {
             bump(&self.p.counters.io_errors, 1);
@@ -317,7 +317,7 @@ impl<S: DmaSide> Worker<S> {
         &mut self,
         q: &DeviceQueue,
         head: u16,
-        flush: bool,
+        features: u64,
     ) -> Result<Prepared, DeviceError> {
         q.walk(
             &self.p.ring,
@@ -326,7 +326,7 @@ impl<S: DmaSide> Worker<S> {
             self.req.chain_mut(),
         )?;
         self.req
-            .prepare(&mut self.p.dma, flush)
+            .prepare(&mut self.p.dma, features)
             .map_err(|e| serve_error(q.index(), head, e))
     }
 

@@ -419,6 +419,10 @@ pub fn sized_for(host: &BlkHostConfig, cfg: &FioConfig) -> BlkHostConfig {
         .seg_max
         .max((cfg.bs.max().div_ceil(4096)) as u32)
         .min(4096);
+    // As many segments of `size_max` as the device announces must fit its
+    // buffer (`BlkConfig::check`): more segments, shorter ones.
+    let fits = crate::blk::MAX_REQUEST_BYTES / u64::from(b.seg_max);
+    b.size_max = b.size_max.min(u32::try_from(fits).unwrap_or(u32::MAX));
     h
 }
 
