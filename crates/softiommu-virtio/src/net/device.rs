@@ -45,7 +45,7 @@ use super::wire::WirePort;
 use crate::device_dma::DeviceDma;
 use crate::device_thread::{DeviceThreads, Lifecycle, Started};
 use crate::dma_side::{DmaFence, DmaSide, UnitAttachError, UnitSide};
-use crate::spec::net;
+use crate::spec::{feature, net};
 use crate::transport::{
     ChainDesc, ChainDir, DeviceEnd, DeviceError, DeviceQueue, MmioTransport, RingMemory,
     TransportConfig,
@@ -389,7 +389,8 @@ impl<S: DmaSide> Worker<S> {
             dma: a.dma,
             port,
             chain: Vec::with_capacity(usize::from(cfg.net.queue_max)),
-            scratch: vec![0u8; max_frame],
+            // The longest frame any driver may transmit (`tx_max_frame`).
+            scratch: vec![0u8; tx_max_frame(max_frame, 0)],
             max_frame,
             batch: cfg.batch.max(1),
             counters,
@@ -498,6 +499,7 @@ impl<S: DmaSide> Worker<S> {
         let Some(q) = slot.as_mut() else {
             return b;
         };
+        let tx_max = tx_max_frame(self.max_frame, end.features());
         for i in 0..=self.batch {
             if let Some(w) = self.port.tx.busy_until() {
                 b.wait = Some(w);
@@ -515,7 +517,7 @@ impl<S: DmaSide> Worker<S> {
                     break;
                 }
             };
-            match transmit(self, q, head) {
+            match transmit(self, q, head, tx_max) {
                 Ok(()) => b.used += 1,
                 Err(e) => {
                     fail(end, q, e);
@@ -635,19 +637,33 @@ fn dma_fault<F: std::error::Error>(queue: u16, e: FrameFault<F>) -> DeviceError 
     }
 }
 
-/// Transmits the chain at `head`: walk, check, copy onto the wire (or drop
-/// when the wire is full), return it used.
+/// The longest frame a driver with `features` may transmit: the device's
+/// (`max_frame`, its MTU) once `VIRTIO_NET_F_MTU` is negotiated (§5.1.4.2:
+/// the driver then sends no more than `mtu` plus the Ethernet header); a
+/// driver that did not negotiate it was told no MTU, and may send
+/// Ethernet's default 1,500 bytes whatever the device's is (a frame the
+/// wire's slots cannot carry is then dropped and counted, not a driver
+/// error).
+pub(crate) fn tx_max_frame(max_frame: usize, features: u64) -> usize {
+    if features & 1 << feature::NET_MTU != 0 {
+        max_frame
+    } else {
+        max_frame.max(net::ETH_HLEN + 1500)
+    }
+}
+
+/// Transmits the chain at `head`: walk, check (at most `tx_max` frame
+/// bytes), copy onto the wire (or drop when the wire is full), return it
+/// used.
 fn transmit<S: DmaSide>(
     w: &mut Worker<S>,
     q: &mut DeviceQueue,
     head: u16,
+    tx_max: usize,
 ) -> Result<(), DeviceError> {
     let queue = q.index();
     let total = q.walk(&w.ring, head, ChainDir::Readable, &mut w.chain)?;
-    let (min, max) = (
-        (HDR_LEN + net::ETH_HLEN) as u64,
-        (HDR_LEN + w.max_frame) as u64,
-    );
+    let (min, max) = ((HDR_LEN + net::ETH_HLEN) as u64, (HDR_LEN + tx_max) as u64);
     if total < min || total > max {
         return Err(DeviceError::ChainLength {
             queue,
@@ -691,8 +707,8 @@ fn transmit<S: DmaSide>(
         None => {
             // The wire's queue is full: the frame is read (a NIC fetches
             // before it learns the port is congested) and dropped. The
-            // scratch buffer holds `max_frame` bytes, at least the
-            // frame's (checked above).
+            // scratch buffer holds the longest frame a driver may
+            // transmit, at least this one's (checked above).
             let n = frame_len.min(w.scratch.len());
             gather_frame(&mut w.dma, &w.chain, &mut h, &mut w.scratch[..n])
                 .map_err(|e| dma_fault(queue, e))?;
