@@ -68,6 +68,12 @@
 //!   `page_response_timeout`), and the unit gives none of its own faults a
 //!   reserved group. So the answer to a raw request can only ever be an
 //!   answer to that request.
+//! - **A late answer completes no new group.** A group the unit answers
+//!   itself before software did (its device's wait timed out, or its
+//!   requests were cancelled) is reserved the same way until software's
+//!   late answer releases it (or for `page_response_timeout`): the index
+//!   is not given to a new fault meanwhile, so that answer cannot read as
+//!   the new group's.
 //! - **The ring's bytes are not.** The unit keeps a private copy of every
 //!   descriptor it writes; taking a request returns that copy, so bytes a
 //!   device wrote into the ring (a device that reached the IOMMU's frames)
@@ -422,8 +428,9 @@ struct PrqState {
     groups: HashMap<(SourceId, u16), Arc<Group>>,
     /// Each requester's next group index to try.
     next: HashMap<SourceId, u16>,
-    /// Groups named by raw requests not yet answered: the unit raises
-    /// none of its own in them.
+    /// Groups named by raw requests not yet answered, and groups the
+    /// unit answered before software did: the unit raises none of its own
+    /// in them.
     reserved: HashMap<(SourceId, u16), Reservation>,
 }
 
@@ -450,6 +457,21 @@ impl PrqState {
                 .reserved
                 .get(&key)
                 .is_none_or(|r| r.queued == 0 && (r.taken == 0 || r.until <= now))
+    }
+
+    /// A group the unit answered itself (timed out, or cancelled) while
+    /// software may still hold its request: its index stays out of use
+    /// until that late answer comes (and [`release`](Self::release)s it)
+    /// or `until`, so the answer cannot complete a new group raised under
+    /// the same index.
+    fn reserve_late(&mut self, key: (SourceId, u16), until: Instant) {
+        let r = self.reserved.entry(key).or_insert(Reservation {
+            queued: 0,
+            taken: 0,
+            until,
+        });
+        r.taken += 1;
+        r.until = r.until.max(until);
     }
 
     /// One raw request naming `key` was answered (or its device's
@@ -611,7 +633,18 @@ impl Prq {
                 r.queued > 0 || r.taken > 0
             });
             let keys: Vec<_> = st.groups.keys().filter(|k| k.0 == sid).copied().collect();
-            keys.iter().filter_map(|k| st.groups.remove(k)).collect()
+            let until = Instant::now() + self.reserve_for;
+            let mut groups = Vec::with_capacity(keys.len());
+            for k in keys {
+                if let Some(g) = st.groups.remove(&k) {
+                    // Not answered yet: software may answer it late.
+                    if g.code().is_none() {
+                        st.reserve_late(k, until);
+                    }
+                    groups.push(g);
+                }
+            }
+            groups
         };
         for g in groups {
             if g.answer(ResponseCode::Invalid) {
@@ -818,10 +851,12 @@ impl Prq {
         let Some(g) = lock(&self.state).groups.get(&(sid, prgi)).cloned() else {
             return ResponseCode::Invalid;
         };
+        let mut timed_out = false;
         let code = match g.wait(deadline) {
             Some(c) => c,
             None => {
                 if g.answer(ResponseCode::Invalid) {
+                    timed_out = true;
                     self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
                 }
                 g.code().unwrap_or(ResponseCode::Invalid)
@@ -834,6 +869,11 @@ impl Prq {
             .is_some_and(|cur| Arc::ptr_eq(cur, &g))
         {
             st.groups.remove(&(sid, prgi));
+            // Software holds (or will take) the request and may answer it
+            // late: the index waits for that answer, or `reserve_for`.
+            if timed_out {
+                st.reserve_late((sid, prgi), Instant::now() + self.reserve_for);
+            }
         }
         code
     }
@@ -1230,6 +1270,49 @@ mod tests {
         assert!(q.enabled(sid));
         q.set_enabled(sid, false);
         assert_eq!(q.stats().cancelled, 125);
+    }
+
+    /// A group the unit timed out keeps its index until software's late
+    /// answer comes: that answer cannot complete a new group raised under
+    /// the same index after the cursor went round (before: the new group
+    /// read Success for a page never served).
+    #[test]
+    fn a_late_answer_to_a_timed_out_group_completes_no_new_group() {
+        let mem = Arc::new(PhysMemory::new(1 << 20).unwrap());
+        let q = Prq::new(mem, 0, Duration::from_secs(60)).unwrap();
+        let sid = SourceId(9);
+        assert_eq!(
+            q.raise(sid, 0x1000, true, false),
+            Ok(Raised::Queued { prgi: 0 })
+        );
+        // Software takes it, and is slow to answer: the device gives up.
+        let old = PageRequest::decode(q.take().unwrap().unwrap()).unwrap();
+        assert_eq!(q.wait(sid, 0, Instant::now()), ResponseCode::Invalid);
+        // The device's next groups take every other index, answered.
+        for p in 1..PRG_INDICES {
+            assert_eq!(
+                q.raise(sid, 0x2000, true, false),
+                Ok(Raised::Queued { prgi: p })
+            );
+            q.take().unwrap().unwrap();
+            q.respond(sid, p, ResponseCode::Success);
+            assert_eq!(q.wait(sid, p, Instant::now()), ResponseCode::Success);
+        }
+        // Index 0 is still reserved for the late answer.
+        let Ok(Raised::Queued { prgi: new }) = q.raise(sid, 0x5000, true, false) else {
+            panic!("no group raised");
+        };
+        assert_ne!(new, 0);
+        let unknown = q.stats().unknown_responses;
+        q.respond(old.sid, old.prgi, ResponseCode::Success);
+        assert_eq!(q.stats().unknown_responses, unknown + 1);
+        // The new group was never answered: it times out Invalid.
+        assert_eq!(q.wait(sid, new, Instant::now()), ResponseCode::Invalid);
+        // The late answer freed index 0; the new group's stays reserved
+        // for its own late answer.
+        let st = lock(&q.state);
+        assert!(st.free((sid, 0), Instant::now()));
+        assert!(!st.free((sid, new), Instant::now()));
     }
 
     #[test]
