@@ -738,6 +738,61 @@ fn an_inline_handler_needs_a_unit_of_the_system() {
 /// `serve_pending` takes at most `limit` requests a call, and only its
 /// own domain's: requests routed to another domain on the same unit are
 /// left for that domain's handler.
+/// A page request group of several requests gets one answer, for all of
+/// them: `Success` only if every page was served, sent once each was
+/// (PCIe PRI; VT-d §7.5.1). Before: each request was served as it came and
+/// the group answered with its last request's code alone, so a group
+/// whose first page was refused read `Success`.
+#[test]
+fn a_group_of_several_requests_is_answered_for_all_of_them() {
+    let r = rig_with(1, 16, patient(), &[DEV]);
+    let unit = r.sys.unit(r.unit).unwrap();
+    let req = |prgi: u16, addr: u64, last: bool| {
+        let mut raw = read_request(DEV, prgi, addr);
+        if !last {
+            // Clear "last page in group" (qword 1 bit 2).
+            raw[1] &= !(1 << 2);
+        }
+        raw
+    };
+    // Group 5: a page outside the map, then one inside it, last.
+    assert_eq!(
+        unit.inject_page_request_from(DEV, req(5, BASE + 64 * PAGE_SIZE, false)),
+        Ok(true)
+    );
+    assert_eq!(
+        unit.inject_page_request_from(DEV, req(5, BASE, true)),
+        Ok(true)
+    );
+    // Group 6: two pages inside the map.
+    assert_eq!(
+        unit.inject_page_request_from(DEV, req(6, BASE + PAGE_SIZE, false)),
+        Ok(true)
+    );
+    assert_eq!(
+        unit.inject_page_request_from(DEV, req(6, BASE + 2 * PAGE_SIZE, true)),
+        Ok(true)
+    );
+    let h = IopfHandler::inline(r.domain.clone(), r.unit).unwrap();
+    // The first request is held, not answered.
+    assert_eq!(h.serve_pending(1), 1);
+    assert_eq!(
+        (h.stats().answered_success, h.stats().answered_invalid),
+        (0, 0)
+    );
+    assert_eq!(h.serve_pending(10), 3);
+    let st = h.stats();
+    assert_eq!(st.requests, 4);
+    assert_eq!(
+        (st.answered_success, st.answered_invalid),
+        (1, 1),
+        "group 5 Invalid, group 6 Success"
+    );
+    // Group 6's pages were both served before its answer.
+    assert_eq!(r.domain.stats().served, 3);
+    assert_eq!(r.domain.stats().refused, 1);
+}
+
 #[test]
 fn serve_pending_is_bounded_and_takes_only_its_domains_requests() {
     const DEV2: SourceId = SourceId(0x0701);

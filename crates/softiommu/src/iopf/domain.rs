@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use super::error::IopfError;
+use super::groups::PartialGroups;
 use crate::hw::{ContextEntry, HwError, PageRequest, ResponseCode, SourceId, System, UnitId};
 use crate::mem::{PhysAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::pgtable::{
@@ -216,6 +217,10 @@ pub struct IopfDomain {
     /// Live handlers per unit ([`IopfHandler`](super::IopfHandler)s
     /// started and not stopped).
     handlers: Mutex<Vec<(UnitId, usize)>>,
+    /// Page request groups in assembly, for every handler of the domain;
+    /// its lock is held while a handler takes a request off a queue (see
+    /// `groups`). Taken before `devices` where both are.
+    groups: Mutex<PartialGroups>,
     counters: Counters,
 }
 
@@ -253,6 +258,7 @@ impl IopfDomain {
             devices: Mutex::new(Vec::new()),
             marked: Mutex::new(Vec::new()),
             handlers: Mutex::new(Vec::new()),
+            groups: Mutex::new(PartialGroups::default()),
             counters: Counters::default(),
         }))
     }
@@ -271,6 +277,13 @@ impl IopfDomain {
     /// the units route their page requests to its handlers.
     pub(crate) fn owner_id(&self) -> u64 {
         self.id
+    }
+
+    /// The groups in assembly, locked: a handler takes a request off its
+    /// unit's queue and adds it here under this one lock, so a group's
+    /// requests arrive in queue order whichever handler thread took each.
+    pub(crate) fn partial_groups(&self) -> std::sync::MutexGuard<'_, PartialGroups> {
+        lock(&self.groups)
     }
 
     /// Adds `[iova, iova + len)` backed by physical `phys` with rights
@@ -471,6 +484,9 @@ impl IopfDomain {
         }
         devices.swap_remove(i);
         drop(devices);
+        // Its groups were answered `Invalid` by the unit: what it held
+        // goes (after `devices`: that lock is not held with this one).
+        lock(&self.groups).forget(sid);
         let fenced = match drain {
             None => Ok(0),
             Some((unit, ContextEntry::Translated { did, .. })) => self.drain_unit(unit, did),

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use super::domain::IopfDomain;
 use super::error::IopfError;
+use super::groups::{worst, Assembled};
 use super::histogram::{LatencyHistogram, LatencySummary};
-use crate::hw::{HwError, ResponseCode, Taken, UnitId};
+use crate::hw::{HwError, PageRequest, ResponseCode, Taken, UnitId};
 
 /// The most handler threads per unit.
 pub const MAX_HANDLER_THREADS: usize = 16;
@@ -214,10 +215,10 @@ impl IopfHandler {
         let owner = self.domain.owner_id();
         let mut n = 0;
         while n < limit && !self.shared.stop.load(Relaxed) {
-            let Some(taken) = unit.take_routed_page_request(owner) else {
+            let Some(next) = take_next(&self.domain, self.unit, unit, owner) else {
                 break;
             };
-            serve_taken(&self.domain, unit, &self.shared, taken);
+            serve_taken(&self.domain, unit, &self.shared, next);
             n += 1;
         }
         n
@@ -323,7 +324,7 @@ fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared, spin_polls: u32)
     while !s.stop.load(Relaxed) {
         // Only the requests of devices the domain owns: others are handed
         // to their own domain's handler (see `hw::prq_route`).
-        let Some(taken) = unit.take_routed_page_request(owner) else {
+        let Some(next) = take_next(domain, unit_id, unit, owner) else {
             idle = idle.saturating_add(1);
             if idle < spin_polls.min(PAUSE_POLLS) {
                 std::hint::spin_loop();
@@ -338,41 +339,98 @@ fn serve_loop(domain: &IopfDomain, unit_id: UnitId, s: &Shared, spin_polls: u32)
             continue;
         };
         idle = 0;
-        serve_taken(domain, unit, s, taken);
+        serve_taken(domain, unit, s, next);
     }
 }
 
-/// Serves one request taken off the queue: maps what it asks for (or
-/// refuses it) and, for the group's last request, answers the group.
-fn serve_taken(
+/// A request taken off the queue, its group assembled.
+enum Next {
+    /// Held until its group's last request (`groups`).
+    Held,
+    /// A group complete: its requests before the last, and the last.
+    Group {
+        earlier: Vec<PageRequest>,
+        last: PageRequest,
+        /// A request of it was dropped past the bound: `Invalid`.
+        dropped: bool,
+    },
+    /// A request of a device not attached to the domain.
+    Foreign(PageRequest),
+    /// A descriptor that did not decode, or could not be read.
+    Malformed,
+}
+
+/// Takes the next request of the domain's devices off `unit`'s queue and
+/// adds it to its group, under the domain's group lock (so the requests
+/// of a group reach the store in queue order whichever thread took each,
+/// and none after its last).
+fn take_next(
     domain: &IopfDomain,
+    unit_id: UnitId,
     unit: &crate::hw::Unit,
-    s: &Shared,
-    taken: Result<Taken, crate::mem::MemError>,
-) {
+    owner: u64,
+) -> Option<Next> {
+    let mut groups = domain.partial_groups();
+    let r = match unit.take_routed_page_request(owner)? {
+        Ok(Taken::Request(r)) => r,
+        Ok(Taken::Malformed { .. }) | Err(_) => return Some(Next::Malformed),
+    };
+    if !domain.is_attached(r.sid) {
+        return Some(Next::Foreign(r));
+    }
+    Some(match groups.add(unit_id, &r) {
+        Assembled::Held => Next::Held,
+        Assembled::Complete { earlier, dropped } => Next::Group {
+            earlier,
+            last: r,
+            dropped,
+        },
+    })
+}
+
+/// Serves one request taken off the queue: holds it, or, for a group's
+/// last request, serves the whole group (maps what each request asks for,
+/// or refuses it) and answers it with the worst of its pages' codes.
+fn serve_taken(domain: &IopfDomain, unit: &crate::hw::Unit, s: &Shared, next: Next) {
     let _span = s
         .time_service
         .load(Relaxed)
         .then(|| CpuSpan::start(&s.service_cpu_ns));
     let took = unit.page_request_clock_ns();
-    let r = match taken {
-        Ok(Taken::Request(r)) => r,
-        Ok(Taken::Malformed { .. }) | Err(_) => {
+    let (r, code) = match next {
+        Next::Malformed => {
             s.malformed.fetch_add(1, Relaxed);
             return;
         }
+        Next::Held => {
+            s.requests.fetch_add(1, Relaxed);
+            return;
+        }
+        Next::Foreign(r) => {
+            s.requests.fetch_add(1, Relaxed);
+            s.foreign.fetch_add(1, Relaxed);
+            if !r.last {
+                // Only the group's last request is answered (LPIG).
+                return;
+            }
+            (r, ResponseCode::Invalid)
+        }
+        Next::Group {
+            earlier,
+            last,
+            dropped,
+        } => {
+            s.requests.fetch_add(1, Relaxed);
+            let code = if dropped {
+                ResponseCode::Invalid
+            } else {
+                // Every page served before the answer goes out: Success
+                // only if each was.
+                worst(earlier.iter().chain([&last]).map(|p| domain.serve(p)))
+            };
+            (last, code)
+        }
     };
-    s.requests.fetch_add(1, Relaxed);
-    let code = if domain.is_attached(r.sid) {
-        domain.serve(&r)
-    } else {
-        s.foreign.fetch_add(1, Relaxed);
-        ResponseCode::Invalid
-    };
-    if !r.last {
-        // Only the group's last request is answered (LPIG).
-        return;
-    }
     // Counted before the answer goes out: a device that sees it finds
     // the handler's counts already there.
     match code {

@@ -38,6 +38,7 @@
 
 mod domain;
 mod error;
+mod groups;
 mod handler;
 mod histogram;
 
@@ -46,6 +47,7 @@ pub use domain::{
     MAX_PREMAP_PAGES, MAX_REGION_BYTES,
 };
 pub use error::IopfError;
+pub use groups::MAX_HELD_PER_DEVICE;
 pub use handler::{
     HandlerStats, IopfHandler, DEFAULT_SPIN_POLLS, MAX_HANDLER_THREADS, MAX_SPIN_POLLS,
 };
