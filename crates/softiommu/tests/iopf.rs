@@ -735,9 +735,6 @@ fn an_inline_handler_needs_a_unit_of_the_system() {
     );
 }
 
-/// `serve_pending` takes at most `limit` requests a call, and only its
-/// own domain's: requests routed to another domain on the same unit are
-/// left for that domain's handler.
 /// A page request group of several requests gets one answer, for all of
 /// them: `Success` only if every page was served, sent once each was
 /// (PCIe PRI; VT-d §7.5.1). Before: each request was served as it came and
@@ -793,6 +790,9 @@ fn a_group_of_several_requests_is_answered_for_all_of_them() {
     assert_eq!(r.domain.stats().refused, 1);
 }
 
+/// `serve_pending` takes at most `limit` requests a call, and only its
+/// own domain's: requests routed to another domain on the same unit are
+/// left for that domain's handler.
 #[test]
 fn serve_pending_is_bounded_and_takes_only_its_domains_requests() {
     const DEV2: SourceId = SourceId(0x0701);

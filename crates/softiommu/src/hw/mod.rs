@@ -147,6 +147,8 @@ pub use latency::{
 };
 pub use page_requests::Taken;
 pub use pass_cpu::thread_inline_pass_cpu;
+#[cfg(test)]
+pub(crate) use prq::RAW_MARK;
 pub use prq::{
     PageRequest, PageRequestError, PrqRegisters, PrqStats, ResponseCode, DEFAULT_PRQ_ORDER,
     MAX_PRQ_ORDER, PRG_INDICES, PRQ_DESCRIPTOR_BYTES,

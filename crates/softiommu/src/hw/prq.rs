@@ -445,7 +445,12 @@ struct Reservation {
     queued: u32,
     /// Taken by software and not answered.
     taken: u32,
-    /// When the taken ones stop reserving the group.
+    /// Groups the unit raised under this index and answered itself
+    /// (timed out, cancelled) before software did: their late answers
+    /// are still to come. A cancel leaves them (the handler that holds
+    /// the request may answer after it).
+    late: u32,
+    /// When the taken and late ones stop reserving the group.
     until: Instant,
 }
 
@@ -456,22 +461,38 @@ impl PrqState {
             && self
                 .reserved
                 .get(&key)
-                .is_none_or(|r| r.queued == 0 && (r.taken == 0 || r.until <= now))
+                .is_none_or(|r| r.queued == 0 && (r.taken == 0 && r.late == 0 || r.until <= now))
     }
 
     /// A group the unit answered itself (timed out, or cancelled) while
     /// software may still hold its request: its index stays out of use
-    /// until that late answer comes (and [`release`](Self::release)s it)
+    /// until that late answer comes ([`release_late`](Self::release_late))
     /// or `until`, so the answer cannot complete a new group raised under
     /// the same index.
     fn reserve_late(&mut self, key: (SourceId, u16), until: Instant) {
         let r = self.reserved.entry(key).or_insert(Reservation {
             queued: 0,
             taken: 0,
+            late: 0,
             until,
         });
-        r.taken += 1;
+        r.late += 1;
         r.until = r.until.max(until);
+    }
+
+    /// An answer for `key` that found no group: a late answer to a group
+    /// the unit answered itself (or, with none reserved so, a raw
+    /// request's, as [`release`](Self::release)).
+    fn release_late(&mut self, key: (SourceId, u16)) {
+        match self.reserved.get_mut(&key) {
+            Some(r) if r.late > 0 => {
+                r.late -= 1;
+                if r.queued == 0 && r.taken == 0 && r.late == 0 {
+                    self.reserved.remove(&key);
+                }
+            }
+            _ => self.release(key),
+        }
     }
 
     /// One raw request naming `key` was answered (or its device's
@@ -479,7 +500,7 @@ impl PrqState {
     fn release(&mut self, key: (SourceId, u16)) {
         if let Some(r) = self.reserved.get_mut(&key) {
             r.taken = r.taken.saturating_sub(1);
-            if r.queued == 0 && r.taken == 0 {
+            if r.queued == 0 && r.taken == 0 && r.late == 0 {
                 self.reserved.remove(&key);
             }
         }
@@ -630,7 +651,7 @@ impl Prq {
                 if k.0 == sid {
                     r.taken = 0;
                 }
-                r.queued > 0 || r.taken > 0
+                r.queued > 0 || r.taken > 0 || r.late > 0
             });
             let keys: Vec<_> = st.groups.keys().filter(|k| k.0 == sid).copied().collect();
             let until = Instant::now() + self.reserve_for;
@@ -775,6 +796,7 @@ impl Prq {
                 .or_insert(Reservation {
                     queued: 0,
                     taken: 0,
+                    late: 0,
                     until: now,
                 })
                 .queued += 1;
@@ -798,9 +820,10 @@ impl Prq {
             let mut st = lock(&self.state);
             let g = st.groups.get(&(sid, prgi)).cloned();
             if g.is_none() {
-                // The answer to a raw request: it frees the group it
-                // reserved, and answers nothing.
-                st.release((sid, prgi));
+                // A late answer to a group the unit answered itself, or
+                // an unknown one: it frees what it reserved, and answers
+                // nothing.
+                st.release_late((sid, prgi));
             }
             g
         };
@@ -869,11 +892,13 @@ impl Prq {
             .is_some_and(|cur| Arc::ptr_eq(cur, &g))
         {
             st.groups.remove(&(sid, prgi));
-            // Software holds (or will take) the request and may answer it
-            // late: the index waits for that answer, or `reserve_for`.
-            if timed_out {
-                st.reserve_late((sid, prgi), Instant::now() + self.reserve_for);
-            }
+        }
+        // Software holds (or will take) the request and may answer it
+        // late: the index waits for that answer, or `reserve_for` (also
+        // when a cancel removed the group meanwhile: it saw it answered
+        // and reserved nothing).
+        if timed_out {
+            st.reserve_late((sid, prgi), Instant::now() + self.reserve_for);
         }
         code
     }
@@ -1288,6 +1313,11 @@ mod tests {
         // Software takes it, and is slow to answer: the device gives up.
         let old = PageRequest::decode(q.take().unwrap().unwrap()).unwrap();
         assert_eq!(q.wait(sid, 0, Instant::now()), ResponseCode::Invalid);
+        // A cancel of the device's requests (a detach, a context change)
+        // leaves the late answer's reservation: the handler still holds
+        // the request.
+        q.cancel(sid);
+        assert!(!lock(&q.state).free((sid, 0), Instant::now()));
         // The device's next groups take every other index, answered.
         for p in 1..PRG_INDICES {
             assert_eq!(
