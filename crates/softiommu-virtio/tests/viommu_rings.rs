@@ -6,6 +6,7 @@
 mod viommu_common;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use softiommu::mem::PhysMemory;
 use softiommu_virtio::spec::{self, desc, iommu as s, reg, status};
@@ -64,6 +65,78 @@ fn rings_in_the_units_reserve_are_never_touched() {
     let base = start + len - 8192;
     let before = snapshot(&mem, base, 8192);
     rings_refused_untouched_then_served(&dev, mem, base, 8192, before);
+}
+
+/// Programs queue 0 with `rings` and starts it (`QueueReady` 1), the
+/// device already live.
+fn start_queue(t: &MmioTransport, size: u16, rings: (u64, u64, u64)) {
+    t.write(reg::QUEUE_SEL, 0);
+    t.write(reg::QUEUE_NUM, u32::from(size));
+    for (lo, v) in [
+        (reg::QUEUE_DESC_LOW, rings.0),
+        (reg::QUEUE_DRIVER_LOW, rings.1),
+        (reg::QUEUE_DEVICE_LOW, rings.2),
+    ] {
+        t.write(lo, v as u32);
+        t.write(lo + 4, (v >> 32) as u32);
+    }
+    t.write(reg::QUEUE_READY, 1);
+}
+
+/// Sends `req` (a request without its tail) as a two-descriptor chain
+/// with a writable tail, and returns the status the device wrote.
+fn request(t: &MmioTransport, mem: &PhysMemory, ring: &mut DriverRing, req: &[u8]) -> Status {
+    let buf = mem.alloc_zeroed_frames(0).unwrap();
+    mem.write(buf, req).unwrap();
+    let tail = buf + 0x800;
+    mem.write(tail, &[0xff; s::TAIL_LEN]).unwrap();
+    ring.set_desc(0, buf, req.len() as u32, desc::F_NEXT, 1);
+    ring.set_desc(1, tail, s::TAIL_LEN as u32, desc::F_WRITE, 0);
+    ring.push_avail(0);
+    ring.publish();
+    t.write(reg::QUEUE_NOTIFY, 0);
+    let t0 = Instant::now();
+    while ring.pop_used().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "not used");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut b = [0u8];
+    mem.read(tail, &mut b).unwrap();
+    Status::from_code(b[0]).expect("a status code")
+}
+
+/// Restarting the request queue (`QueueReady` 0, new rings, then
+/// `QueueReady` 1) is not a device reset: the attachments and mappings
+/// stay (§2.4 and §5.13.5 clear them on a reset only). Before, the device took the new
+/// queue for a reset and dropped every domain, so the MAP below read
+/// NOENT and the endpoint was no longer attached.
+#[test]
+fn restarting_the_request_queue_keeps_domains_and_attachments() {
+    let r = rig();
+    let Rig { mem, dev, drv, .. } = r;
+    drop(drv);
+    let t = dev.transport().clone();
+    let layout = RingLayout::new(8);
+    let phys = mem.alloc_zeroed_frames(0).unwrap();
+    let mut ring = DriverRing::new(mem.clone(), phys, phys, layout).unwrap();
+    live_with_queue(&t, 8, ring.device_addresses());
+    assert_eq!(
+        request(&t, &mem, &mut ring, &encode::attach(1, EA, 0)),
+        Status::Ok
+    );
+    assert_eq!(dev.attached(EA), Some(1));
+    t.write(reg::QUEUE_SEL, 0);
+    t.write(reg::QUEUE_READY, 0);
+    assert_eq!(t.read(reg::QUEUE_READY), 0);
+    let phys2 = mem.alloc_zeroed_frames(0).unwrap();
+    let mut ring2 = DriverRing::new(mem.clone(), phys2, phys2, layout).unwrap();
+    start_queue(&t, 8, ring2.device_addresses());
+    let frame = mem.alloc_zeroed_frames(0).unwrap();
+    let map = encode::map(1, 0x1000, 0x1fff, frame, s::MAP_F_READ | s::MAP_F_WRITE);
+    assert_eq!(request(&t, &mem, &mut ring2, &map), Status::Ok);
+    assert_eq!(dev.attached(EA), Some(1));
+    assert_eq!(dev.mappings(1).unwrap().len(), 1);
+    assert_eq!(t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
 }
 
 #[test]

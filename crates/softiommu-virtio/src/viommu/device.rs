@@ -34,8 +34,6 @@ struct Shared {
 #[derive(Debug, Default)]
 struct Serving {
     server: Server,
-    /// The generation of the queue served last (a new one: a reset).
-    generation: Option<u64>,
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -265,7 +263,6 @@ fn serve(
     apply_bypass(&end.transport(), end, state, &sh.counters);
     if end.features() == 0 && state.is_dirty() {
         let _ = state.reset();
-        sv.generation = None;
     }
     let Some(mut g) = end.queue(s::REQUEST_QUEUE) else {
         return false;
@@ -273,12 +270,12 @@ fn serve(
     let Some(q) = g.as_mut() else {
         return false;
     };
-    let gen = q.generation();
-    if sv.generation.is_some_and(|old| old != gen) {
-        // A reset made new queues since the last round.
-        let _ = state.reset();
-    }
-    sv.generation = Some(gen);
+    // A new queue (QueueReady written 0, then 1) is not a reset: the
+    // domains, mappings and attachments stay (§2.4, §5.13.5 clear them on
+    // a device reset only, which the status write's hook carries out).
+    // Before, a new queue generation reset the state, so a driver that
+    // restarted its request queue lost every ATTACH and MAP, and with
+    // `bypass` its endpoints went to pass-through.
     requests && sv.server.round(q, state, cfg, end, mem, &sh.counters)
 }
 

@@ -16,7 +16,9 @@
 use std::sync::Arc;
 
 use softiommu::dma::DmaDirection;
-use softiommu::iova::{IovaCpuCache, IovaDomain, IovaError, IovaPolicy, IovaStats};
+use softiommu::iova::{
+    IovaCpuCache, IovaDomain, IovaError, IovaPolicy, IovaStats, MSI_WINDOW_PFNS,
+};
 use softiommu::mem::{PAGE_SHIFT, PAGE_SIZE};
 
 use super::driver::{ViommuDriver, ViommuDriverError};
@@ -215,8 +217,14 @@ impl ViommuDma {
         let end_pfn = g.input_range.1 >> PAGE_SHIFT;
         let start_pfn = (g.input_range.0 >> PAGE_SHIFT).max(1);
         let iova = IovaDomain::new(start_pfn, end_pfn, IovaPolicy::Softiommu)?;
+        // The MSI doorbell window never holds a DMA buffer (x86's, as the
+        // core DMA domain keeps it out), with or without PROBE to report
+        // it: an IOVA space with nothing reserved would hand it out, and
+        // the device would answer the MAP INVAL. (Before: the comment
+        // below said the space kept it out; it did not.)
+        keep_out_msi(&iova, start_pfn, end_pfn)?;
         // §5.13.6.5: PROBE only with VIRTIO_IOMMU_F_PROBE; without it the
-        // IOVA space keeps out the MSI window on its own.
+        // MSI window reserved above is all that is kept out.
         let probe = drv.features() & 1 << s::F_PROBE != 0;
         for &ep in endpoints.iter().filter(|_| probe) {
             let (st, props) = drv.probe_endpoint(ep)?;
@@ -229,8 +237,8 @@ impl ViommuDma {
             for (lo, hi) in resv_regions(&props) {
                 let (a, b) = (lo >> PAGE_SHIFT, hi >> PAGE_SHIFT);
                 if a <= end_pfn && b >= start_pfn {
-                    // A region already reserved (the MSI window, which
-                    // the IOVA space keeps out itself) is fine.
+                    // A region already reserved (the MSI window,
+                    // reserved above) is fine.
                     let _ = iova.reserve(a.max(start_pfn), b.min(end_pfn));
                 }
             }
@@ -704,4 +712,37 @@ pub fn resv_regions(props: &[u8]) -> Vec<(u64, u64)> {
         at = body.saturating_add(len);
     }
     out
+}
+
+/// Reserves the part of the MSI window inside `[start_pfn, end_pfn]` in
+/// `iova`, so no buffer is given an address there.
+fn keep_out_msi(iova: &IovaDomain, start_pfn: u64, end_pfn: u64) -> Result<(), IovaError> {
+    let (lo, hi) = MSI_WINDOW_PFNS;
+    if lo <= end_pfn && hi >= start_pfn {
+        iova.reserve(lo.max(start_pfn), hi.min(end_pfn))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An allocation just under the window's top lands below it (before:
+    /// the space reserved nothing, and the page at 0xfeeff was handed out).
+    #[test]
+    fn the_msi_window_is_kept_out_of_the_iova_space() {
+        let iova = IovaDomain::new(1, (1 << 36) - 1, IovaPolicy::Softiommu).unwrap();
+        keep_out_msi(&iova, 1, (1 << 36) - 1).unwrap();
+        let pfn = iova.alloc(1, MSI_WINDOW_PFNS.1).unwrap();
+        assert!(pfn < MSI_WINDOW_PFNS.0, "{pfn:#x}");
+        // A space that ends inside the window keeps out its part.
+        let low = IovaDomain::new(1, 0xfee80, IovaPolicy::Softiommu).unwrap();
+        keep_out_msi(&low, 1, 0xfee80).unwrap();
+        assert!(low.alloc(1, 0xfee80).unwrap() < MSI_WINDOW_PFNS.0);
+        // One below the window is untouched.
+        let below = IovaDomain::new(1, 0x1000, IovaPolicy::Softiommu).unwrap();
+        keep_out_msi(&below, 1, 0x1000).unwrap();
+        assert_eq!(below.alloc(1, 0x1000).unwrap(), 0x1000);
+    }
 }
