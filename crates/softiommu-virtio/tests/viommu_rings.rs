@@ -30,17 +30,7 @@ fn live_with_queue(t: &MmioTransport, size: u16, rings: (u64, u64, u64)) {
     t.write(reg::DRIVER_FEATURES, (f >> 32) as u32);
     let st = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
     t.write(reg::STATUS, st);
-    t.write(reg::QUEUE_SEL, 0);
-    t.write(reg::QUEUE_NUM, u32::from(size));
-    for (lo, v) in [
-        (reg::QUEUE_DESC_LOW, rings.0),
-        (reg::QUEUE_DRIVER_LOW, rings.1),
-        (reg::QUEUE_DEVICE_LOW, rings.2),
-    ] {
-        t.write(lo, v as u32);
-        t.write(lo + 4, (v >> 32) as u32);
-    }
-    t.write(reg::QUEUE_READY, 1);
+    start_queue(t, size, rings);
     t.write(reg::STATUS, st | status::DRIVER_OK);
 }
 
@@ -67,8 +57,7 @@ fn rings_in_the_units_reserve_are_never_touched() {
     rings_refused_untouched_then_served(&dev, mem, base, 8192, before);
 }
 
-/// Programs queue 0 with `rings` and starts it (`QueueReady` 1), the
-/// device already live.
+/// Programs queue 0 with `rings` and starts it (`QueueReady` 1).
 fn start_queue(t: &MmioTransport, size: u16, rings: (u64, u64, u64)) {
     t.write(reg::QUEUE_SEL, 0);
     t.write(reg::QUEUE_NUM, u32::from(size));
