@@ -88,10 +88,15 @@ fn an_unmap_whose_invalidation_stalls_is_deverr_within_the_bound_and_blocks_the_
     }));
     let s = r.dev.stats();
     assert_eq!((s.invalidation_timeouts, s.invalidation_errors), (1, 1));
-    assert!(matches!(
-        r.drv.unmap(2, 0x1000, 0x1fff),
-        Err(ViommuDriverError::NeedsReset(_))
-    ));
+    // Not carried out: the driver learns the device needs a reset, or,
+    // when the device thread takes the chain before the driver looks at
+    // the status (a loaded machine), the broken device answers it DEVERR.
+    // Either way domain 2 keeps its mapping.
+    match r.drv.unmap(2, 0x1000, 0x1fff) {
+        Err(ViommuDriverError::NeedsReset(_)) | Ok(Some(Status::DevErr)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(r.dev.mappings(2).map(|m| m.len()), Some(1));
     // The endpoint's section ends: a reset now drains and detaches all.
     release.send(()).unwrap();
     holder.join().unwrap();
