@@ -174,11 +174,19 @@ impl Raw {
     }
 
     fn publish(&mut self, head: u16) {
+        self.publish_all(&[head]);
+    }
+
+    /// Makes the chains at `heads` available at once (one index update,
+    /// one notification).
+    fn publish_all(&mut self, heads: &[u16]) {
         let phys = self.ring.0;
-        let slot = phys + self.layout.avail + 4 + 2 * u64::from(self.avail % SIZE);
-        self.mem.write(slot, &head.to_le_bytes()).unwrap();
+        for &head in heads {
+            let slot = phys + self.layout.avail + 4 + 2 * u64::from(self.avail % SIZE);
+            self.mem.write(slot, &head.to_le_bytes()).unwrap();
+            self.avail = self.avail.wrapping_add(1);
+        }
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        self.avail = self.avail.wrapping_add(1);
         self.mem
             .write(phys + self.layout.avail + 2, &self.avail.to_le_bytes())
             .unwrap();
@@ -240,8 +248,8 @@ impl Raw {
 }
 
 /// Sends a read-shaped request of type `type_` at `sector` with `data`
-/// writable descriptors `(len)` and returns (status, used len, logged error).
-fn request(r: &mut Raw, type_: u32, sector: u64, data: &[u32]) -> (u8, u32, RequestError) {
+/// writable descriptors `(len)` and returns (status, used len).
+fn send(r: &mut Raw, type_: u32, sector: u64, data: &[u32]) -> (u8, u32) {
     let (hdr, sp, si) = r.command(type_, sector);
     let mut parts = vec![(hdr, 16, false)];
     for &l in data {
@@ -251,9 +259,15 @@ fn request(r: &mut Raw, type_: u32, sector: u64, data: &[u32]) -> (u8, u32, Requ
     parts.push((si, 1, true));
     r.chain(&parts);
     let used = r.wait_used();
+    (r.status_at(sp), used)
+}
+
+/// [`send`], for a request that fails: (status, used len, logged error).
+fn request(r: &mut Raw, type_: u32, sector: u64, data: &[u32]) -> (u8, u32, RequestError) {
+    let (st, used) = send(r, type_, sector, data);
     let mut log = r.request_errors();
     assert_eq!(log.len(), 1, "{log:?}");
-    (r.status_at(sp), used, log.remove(0).error)
+    (st, used, log.remove(0).error)
 }
 
 #[test]
@@ -351,16 +365,7 @@ fn segment_limits_not_negotiated_are_not_held_against_the_driver() {
         },
     );
     // Six segments, past seg_max 4.
-    let (hdr, sp, si) = r.command(blk::T_IN, 0);
-    let mut parts = vec![(hdr, 16, false)];
-    for _ in 0..6 {
-        let (_, a) = r.buffer(&[], DmaDirection::FromDevice);
-        parts.push((a, 512, true));
-    }
-    parts.push((si, 1, true));
-    r.chain(&parts);
-    assert_eq!(r.wait_used(), 6 * 512 + 1);
-    assert_eq!(r.status_at(sp), S_OK);
+    assert_eq!(send(&mut r, blk::T_IN, 0, &[512; 6]), (S_OK, 6 * 512 + 1));
     // One 8 KiB segment, past size_max 4 KiB: two contiguous mapped pages.
     let (hdr, sp, si) = r.command(blk::T_IN, 0);
     let phys = r.mem.alloc_zeroed_frames(1).unwrap();
@@ -388,11 +393,7 @@ fn a_sector_read_off_blk_size_is_served() {
             ..BlkConfig::default()
         },
     );
-    let (hdr, sp, si) = r.command(blk::T_IN, 3);
-    let (_, a) = r.buffer(&[], DmaDirection::FromDevice);
-    r.chain(&[(hdr, 16, false), (a, 512, true), (si, 1, true)]);
-    assert_eq!(r.wait_used(), 513);
-    assert_eq!(r.status_at(sp), S_OK);
+    assert_eq!(send(&mut r, blk::T_IN, 3, &[512]), (S_OK, 513));
     assert!(r.request_errors().is_empty());
 }
 
@@ -783,17 +784,7 @@ fn a_request_completed_before_a_fault_in_the_batch_is_announced() {
     r.desc(3, hdr2, 16, desc::F_NEXT, 4);
     r.desc(4, data2, 512, desc::F_WRITE | desc::F_NEXT, 5);
     r.desc(5, ro, 1, desc::F_WRITE, 0);
-    let phys = r.ring.0;
-    for (k, head) in [0u16, 3].into_iter().enumerate() {
-        let slot = phys + r.layout.avail + 4 + 2 * k as u64;
-        r.mem.write(slot, &head.to_le_bytes()).unwrap();
-    }
-    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-    r.avail = 2;
-    r.mem
-        .write(phys + r.layout.avail + 2, &2u16.to_le_bytes())
-        .unwrap();
-    r.t.write(reg::QUEUE_NOTIFY, 0);
+    r.publish_all(&[0, 3]);
     let e = r.errors_after_reset_request();
     assert!(
         matches!(

@@ -108,13 +108,6 @@ impl BlkConfig {
         Ok(())
     }
 
-    /// The most data bytes one request within the announced limits
-    /// carries: `seg_max` × `size_max` (at most [`MAX_REQUEST_BYTES`], as
-    /// [`check`](Self::check) holds it).
-    pub fn max_request_bytes(&self) -> u64 {
-        (u64::from(self.seg_max) * u64::from(self.size_max)).min(MAX_REQUEST_BYTES)
-    }
-
     /// The device features offered: `SEG_MAX`, `SIZE_MAX`, `BLK_SIZE`,
     /// `FLUSH` (if set), `MQ` (if more than one queue).
     pub fn features(&self) -> u64 {

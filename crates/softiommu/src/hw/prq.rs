@@ -454,6 +454,13 @@ struct Reservation {
     until: Instant,
 }
 
+impl Reservation {
+    /// Reserves nothing any more: nothing queued, taken or late.
+    fn idle(&self) -> bool {
+        self.queued == 0 && self.taken == 0 && self.late == 0
+    }
+}
+
 impl PrqState {
     /// Whether `key` may be given to a fault the unit raises.
     fn free(&self, key: (SourceId, u16), now: Instant) -> bool {
@@ -487,7 +494,7 @@ impl PrqState {
         match self.reserved.get_mut(&key) {
             Some(r) if r.late > 0 => {
                 r.late -= 1;
-                if r.queued == 0 && r.taken == 0 && r.late == 0 {
+                if r.idle() {
                     self.reserved.remove(&key);
                 }
             }
@@ -500,7 +507,7 @@ impl PrqState {
     fn release(&mut self, key: (SourceId, u16)) {
         if let Some(r) = self.reserved.get_mut(&key) {
             r.taken = r.taken.saturating_sub(1);
-            if r.queued == 0 && r.taken == 0 && r.late == 0 {
+            if r.idle() {
                 self.reserved.remove(&key);
             }
         }
@@ -651,7 +658,7 @@ impl Prq {
                 if k.0 == sid {
                     r.taken = 0;
                 }
-                r.queued > 0 || r.taken > 0 || r.late > 0
+                !r.idle()
             });
             let keys: Vec<_> = st.groups.keys().filter(|k| k.0 == sid).copied().collect();
             let until = Instant::now() + self.reserve_for;

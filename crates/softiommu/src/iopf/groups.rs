@@ -58,12 +58,6 @@ struct Device {
     saturated: bool,
 }
 
-impl Device {
-    fn idle(&self) -> bool {
-        self.groups.is_empty() && self.dropped.is_empty() && !self.saturated
-    }
-}
-
 /// What [`PartialGroups::add`] made of a request.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Assembled {
@@ -98,10 +92,9 @@ impl PartialGroups {
             let earlier = d.groups.remove(&group).unwrap_or_default();
             d.held = d.held.saturating_sub(earlier.len());
             let dropped = d.dropped.remove(&group) || d.saturated;
+            // Nothing held or marked: the device's entry (and with it any
+            // saturation) goes.
             if d.groups.is_empty() && d.dropped.is_empty() {
-                d.saturated = false;
-            }
-            if d.idle() {
                 self.devices.remove(&key);
             }
             return complete(earlier, dropped);

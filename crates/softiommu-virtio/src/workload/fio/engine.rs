@@ -12,7 +12,7 @@ use softiommu::dma::{DmaCpu, DmaDomain};
 use super::config::{FioConfig, FioError, RwMode};
 use super::fresh::{FreshArm, FreshSpec};
 use super::result::{FioJobResult, FioResult, FioWindow};
-use super::sample::{Call, SampledWork, Sampler, WorkTotals};
+use super::sample::{account_passes, Call, SampledWork, Sampler, WorkTotals};
 use crate::blk::{
     BlkDriverConfig, BlkHost, BlkHostConfig, BlkOp, BlkQueue, SlowRegion, MAX_DRIVER_REQUEST,
 };
@@ -458,11 +458,7 @@ pub fn fio(host: &BlkHost, cfg: &FioConfig) -> Result<FioResult, FioError> {
 fn run(host: &BlkHost, cfg: &FioConfig, fresh: Option<FreshSpec>) -> Result<FioResult, FioError> {
     cfg.check()?;
     if cfg.sample_work {
-        // The sampled work leaves out the unit's inline passes (see
-        // `sample`), which the unit then times.
-        if let Some(u) = host.system.unit(host.unit) {
-            u.set_pass_accounting(true);
-        }
+        account_passes(host);
     }
     let slots = cfg.slots();
     let queue_size = (3 * slots).next_power_of_two().clamp(4, 32768) as u16;

@@ -31,7 +31,7 @@ use softiommu::dma::{DmaCpu, DmaPolicy};
 
 use super::config::{FioConfig, FioError};
 use super::engine::{Counters, Job, Plan};
-use super::sample::{Call, SampledWork, Sampler};
+use super::sample::{account_passes, Call, SampledWork, Sampler};
 use crate::blk::{BackendConfig, BlkDriver, BlkDriverConfig, BlkHost, BlkHostConfig};
 
 /// The fresh arm's pace and depth are the aged jobs' divided by this:
@@ -159,11 +159,8 @@ impl Live {
     fn new(spec: &FreshSpec, jobs: usize, n_irq: usize, seed: u64) -> Result<Self, FioError> {
         let cfg = &spec.cfg;
         let host = BlkHost::new(&spec.host)?;
-        // As the aged arm's: its sampled work leaves out the unit's inline
-        // passes.
-        if let Some(u) = host.system.unit(host.unit) {
-            u.set_pass_accounting(true);
-        }
+        // As the aged arm's.
+        account_passes(&host);
         if let Some(t) = cfg.flush_timeout {
             host.domain
                 .set_timeout(t)

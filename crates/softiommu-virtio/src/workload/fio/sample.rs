@@ -17,11 +17,13 @@
 //! back to back, the median of [`CALIBRATION_PAIRS`], measured as the
 //! thread starts) and less the IOMMU unit's inline passes the call ran
 //! (`softiommu::hw::thread_inline_pass_cpu`, with the unit's pass
-//! accounting on: the invalidation a flush submits and waits for,
-//! carried out on the calling thread, is the hardware's work, and its
-//! drain's `membarrier(2)` costs what the machine's other load makes it
-//! cost — measured, ours' storage-aging `retained_vs_fresh` read 0.93,
-//! 0.98 and 1.07 in three quick runs beside two busy loops with it in). The sums and the requests they covered are published
+//! accounting on, [`account_passes`]: the invalidation a flush submits
+//! and waits for, carried out on the calling thread, is the hardware's
+//! work, and its drain's `membarrier(2)` costs what the machine's other
+//! load makes it cost — measured, ours' storage-aging
+//! `retained_vs_fresh` read 0.93, 0.98 and 1.07 in three quick runs
+//! beside two busy loops with it in). The sums and the requests they
+//! covered are published
 //! per thread; the conductor divides them per window into CPU per request
 //! submitted plus CPU per request reaped. Everything between the calls is
 //! left out. A thread CPU clock does not advance while the thread is off
@@ -38,6 +40,14 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use crate::cpu_clock;
+
+/// Turns on the pass accounting of `host`'s unit, so that the calls a
+/// [`Sampler`] times leave out the unit's inline passes.
+pub(crate) fn account_passes(host: &crate::blk::BlkHost) {
+    if let Some(u) = host.system.unit(host.unit) {
+        u.set_pass_accounting(true);
+    }
+}
 
 /// One productive call in this many is timed: every one. A flush of an
 /// interrupt CPU's queue (256 frees and an invalidation) lands in one
