@@ -18,6 +18,7 @@ mod render;
 mod report;
 mod scenario;
 mod seeds;
+mod session;
 mod store;
 mod validity;
 mod workload;
@@ -224,6 +225,12 @@ fn main() -> std::process::ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // A measuring command runs in a session of its own (see `session`).
+    if matches!(cli.cmd, Cmd::Bench(_) | Cmd::Lab(_) | Cmd::Run(_)) {
+        if let Some(code) = session::enter_own() {
+            return code;
+        }
+    }
     let res = match cli.cmd {
         Cmd::Bench(b) => run_lab(b.into()),
         Cmd::Lab(LabCli { cmd: Some(c), .. }) => run_lab(c.into()),

@@ -15,8 +15,13 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use serde_json::Value;
 
+/// These tests follow the process by its pid (its open files, the pid
+/// the database records), so it measures in the caller's session: no
+/// child in a session of its own stands between the pid and the work.
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_softiommu"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_softiommu"));
+    c.env("SOFTIOMMU_SESSION", "caller");
+    c
 }
 
 fn softiommu(args: &[&str]) -> Output {

@@ -380,6 +380,7 @@ fn run_with(
                 "report": html_error.is_none().then(|| a.report.display().to_string()),
                 "report_error": html_error,
                 "quick": a.quick,
+                "session": crate::session::describe(),
                 "seeds": seeds,
                 "scenarios": scen,
                 "failed": failed,
@@ -390,9 +391,10 @@ fn run_with(
         )?;
     } else {
         let mut text = format!(
-            "softiommu run {run_id}{} on {}: {} scenarios {} {}, report {}\n\n",
+            "softiommu run {run_id}{} on {} (measured in {}): {} scenarios {} {}, report {}\n\n",
             if a.quick { " (quick)" } else { "" },
             host.line(),
+            crate::session::describe(),
             done.len(),
             if stored {
                 "stored in"

@@ -104,9 +104,10 @@ pub fn render_report(r: &Report, host: &Host) -> String {
         s.push_str(&format!(" (seed {})", printable(seed)));
     }
     s.push_str(&format!(
-        "\n{}\nhost: {}\n",
+        "\n{}\nhost: {}; measured in {}\n",
         printable(&r.title),
-        host.line()
+        host.line(),
+        crate::session::describe()
     ));
     if !r.params.is_empty() {
         let p: Vec<String> = r

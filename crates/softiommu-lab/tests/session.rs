@@ -1,0 +1,117 @@
+//! A measuring command runs in a session of its own (a new autogroup),
+//! says so on its host line, and a signal to the process started reaches
+//! the child doing the work.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn autogroups_on() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .is_ok_and(|s| s.trim() == "1")
+}
+
+/// The host line of `bench pgtable`'s tables, run with `env`.
+fn host_line(env: Option<&str>) -> String {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_softiommu"));
+    c.args(["bench", "pgtable"]);
+    match env {
+        Some(v) => c.env("SOFTIOMMU_SESSION", v),
+        None => c.env_remove("SOFTIOMMU_SESSION"),
+    };
+    let out = c.output().expect("the binary runs");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("host: "))
+        .expect("a host line")
+        .to_string()
+}
+
+#[test]
+fn the_host_line_says_where_the_command_measured() {
+    let own = host_line(None);
+    if autogroups_on() {
+        assert!(
+            own.ends_with("; measured in its own session (autogroup)"),
+            "{own}"
+        );
+    } else {
+        assert!(own.contains("autogroups off"), "{own}");
+    }
+    let caller = host_line(Some("caller"));
+    assert!(
+        caller.ends_with("; measured in the caller's session (SOFTIOMMU_SESSION=caller)"),
+        "{caller}"
+    );
+}
+
+/// `(parent pid, session id)` of process `pid`, from `/proc/PID/stat`.
+fn ppid_and_sid(pid: u32) -> Option<(u32, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name in parentheses: state, ppid,
+    // pgrp, session.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((f.get(1)?.parse().ok()?, f.get(3)?.parse().ok()?))
+}
+
+fn children_of(parent: u32) -> Vec<(u32, u32)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let (pp, sid) = ppid_and_sid(pid)?;
+            (pp == parent).then_some((pid, sid))
+        })
+        .collect()
+}
+
+#[test]
+fn a_terminate_signal_to_the_command_ends_the_child_in_its_own_session() {
+    if !autogroups_on() {
+        eprintln!("skipped: autogroups are off here, so no child is started");
+        return;
+    }
+    let mut parent = Command::new(env!("CARGO_BIN_EXE_softiommu"))
+        .args(["lab", "netperf-udp", "--seconds", "60", "--json"])
+        .env_remove("SOFTIOMMU_SESSION")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let (child, sid) = loop {
+        if let Some(&c) = children_of(parent.id()).first() {
+            break c;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no child started");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // The child leads a session of its own: a new autogroup.
+    assert_eq!(sid, child);
+    // SAFETY: kill(2) on our own child process.
+    assert_eq!(unsafe { libc::kill(parent.id() as i32, libc::SIGTERM) }, 0);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = parent.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the command did not end"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // The child was ended by the forwarded SIGTERM: the shell's 128 + 15.
+    assert_eq!(status.code(), Some(143));
+    let t0 = Instant::now();
+    while ppid_and_sid(child).is_some() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the child outlived the command"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
