@@ -195,6 +195,9 @@ pub mod net {
     pub const GSO_NONE: u8 = n::VIRTIO_NET_HDR_GSO_NONE as u8;
     /// Ethernet header: destination, source, EtherType (IEEE 802.3).
     pub const ETH_HLEN: usize = 14;
+    /// An IEEE 802.1Q tag's length: a VLAN-tagged frame's header is
+    /// `ETH_HLEN + VLAN_HLEN` bytes.
+    pub const VLAN_HLEN: usize = 4;
     /// The smallest MTU a device may offer with `VIRTIO_NET_F_MTU`
     /// (§5.1.4.1: "at least 68").
     pub const MIN_MTU: u16 = 68;

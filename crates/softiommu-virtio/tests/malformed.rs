@@ -48,7 +48,9 @@ fn a_transmit_chain_too_short_for_the_header_is_refused() {
                 head: 0,
                 len: 8,
                 min: 26,
-                max: 1526
+                // A driver told no MTU: the header and an IP packet's
+                // 16-bit length behind an 802.1Q-tagged Ethernet header.
+                max: 65565
             }]
         ),
         "{e:?}"

@@ -383,14 +383,16 @@ impl<S: DmaSide> Worker<S> {
     {
         let a = side.attach()?;
         let max_frame = cfg.net.max_frame();
+        // A frame the wire's slots cannot carry is dropped before it is
+        // read, so the scratch holds the longest a slot can.
+        let scratch = vec![0u8; port.tx.max_frame()];
         Ok(Self {
             ring: a.ring,
             fence: a.fence,
             dma: a.dma,
             port,
             chain: Vec::with_capacity(usize::from(cfg.net.queue_max)),
-            // The longest frame any driver may transmit (`tx_max_frame`).
-            scratch: vec![0u8; tx_max_frame(max_frame, 0)],
+            scratch,
             max_frame,
             batch: cfg.batch.max(1),
             counters,
@@ -637,18 +639,22 @@ fn dma_fault<F: std::error::Error>(queue: u16, e: FrameFault<F>) -> DeviceError 
     }
 }
 
-/// The longest frame a driver with `features` may transmit: the device's
-/// (`max_frame`, its MTU) once `VIRTIO_NET_F_MTU` is negotiated (§5.1.4.2:
-/// the driver then sends no more than `mtu` plus the Ethernet header); a
-/// driver that did not negotiate it was told no MTU, and may send
-/// Ethernet's default 1,500 bytes whatever the device's is (a frame the
-/// wire's slots cannot carry is then dropped and counted, not a driver
-/// error).
+/// The longest frame a driver with `features` may transmit without
+/// breaking its contract. Once `VIRTIO_NET_F_MTU` is negotiated the
+/// driver sends no more than `mtu` plus the link-level header (§5.1.6.2),
+/// an 802.1Q tag counted in that header (a VLAN on top of the interface
+/// sends `mtu` + 18 bytes, as Linux does): the device's `max_frame` +
+/// 4. A driver that did not negotiate it was told no MTU (§5.1.4: Linux
+/// then allows an MTU up to 65,535) and may send up to an IP packet's
+/// 16-bit length behind a tagged header. A frame within the bound that the
+/// wire's slots cannot carry is dropped and counted, never a driver error
+/// (as a NIC counts the giants it cannot forward); past it the chain is
+/// the driver's error.
 pub(crate) fn tx_max_frame(max_frame: usize, features: u64) -> usize {
     if features & 1 << feature::NET_MTU != 0 {
-        max_frame
+        max_frame + net::VLAN_HLEN
     } else {
-        max_frame.max(net::ETH_HLEN + 1500)
+        max_frame.max(net::ETH_HLEN + net::VLAN_HLEN + usize::from(u16::MAX))
     }
 }
 
