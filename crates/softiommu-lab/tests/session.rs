@@ -56,6 +56,27 @@ fn ppid_and_sid(pid: u32) -> Option<(u32, u32)> {
     Some((f.get(1)?.parse().ok()?, f.get(3)?.parse().ok()?))
 }
 
+/// Whether process `pid` catches `sig` (its `SigCgt` mask).
+fn catches(pid: u32, sig: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let l = s.lines().find(|l| l.starts_with("SigCgt:"))?;
+            u64::from_str_radix(l["SigCgt:".len()..].trim(), 16).ok()
+        })
+        .is_some_and(|m| m & 1 << (sig - 1) != 0)
+}
+
+/// Kills the process on drop (a failed assertion leaves no lab running).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn children_of(parent: u32) -> Vec<(u32, u32)> {
     std::fs::read_dir("/proc")
         .unwrap()
@@ -74,28 +95,36 @@ fn a_terminate_signal_to_the_command_ends_the_child_in_its_own_session() {
         eprintln!("skipped: autogroups are off here, so no child is started");
         return;
     }
-    let mut parent = Command::new(env!("CARGO_BIN_EXE_softiommu"))
-        .args(["lab", "netperf-udp", "--seconds", "60", "--json"])
-        .env_remove("SOFTIOMMU_SESSION")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut parent = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_softiommu"))
+            .args(["lab", "netperf-udp", "--seconds", "60", "--json"])
+            .env_remove("SOFTIOMMU_SESSION")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = parent.0.id();
+    // Ready once the child leads a session of its own (a new autogroup)
+    // and the command forwards SIGTERM to it.
     let t0 = Instant::now();
-    let (child, sid) = loop {
-        if let Some(&c) = children_of(parent.id()).first() {
-            break c;
+    let child = loop {
+        if let Some(&(c, sid)) = children_of(pid).first() {
+            if sid == c && catches(pid, libc::SIGTERM) {
+                break c;
+            }
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "no child started");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no child in a session of its own, or SIGTERM not caught"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
-    // The child leads a session of its own: a new autogroup.
-    assert_eq!(sid, child);
     // SAFETY: kill(2) on our own child process.
-    assert_eq!(unsafe { libc::kill(parent.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
     let t0 = Instant::now();
     let status = loop {
-        if let Some(s) = parent.try_wait().unwrap() {
+        if let Some(s) = parent.0.try_wait().unwrap() {
             break s;
         }
         assert!(
@@ -104,8 +133,10 @@ fn a_terminate_signal_to_the_command_ends_the_child_in_its_own_session() {
         );
         std::thread::sleep(Duration::from_millis(10));
     };
-    // The child was ended by the forwarded SIGTERM: the shell's 128 + 15.
-    assert_eq!(status.code(), Some(143));
+    // The child was ended by the forwarded SIGTERM, and the command dies
+    // of it too, as it would have without a child.
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     let t0 = Instant::now();
     while ppid_and_sid(child).is_some() {
         assert!(

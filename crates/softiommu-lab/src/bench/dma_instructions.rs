@@ -64,7 +64,10 @@ fn total_instructions(policy: DmaPolicy, args: &DmaBenchArgs, pairs: u64) -> Lab
         Dir::FromDevice => "from-device",
         Dir::Bidirectional => "bidirectional",
     };
+    // Counted in this process's session: a child started in a session of
+    // its own would be a process valgrind does not follow.
     let status = Command::new("valgrind")
+        .env(crate::session::ENV, "caller")
         .arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(&exe)
