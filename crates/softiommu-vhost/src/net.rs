@@ -81,8 +81,13 @@ pub struct NetStats {
     pub tx_frames: u64,
     /// Their bytes (Ethernet frames, header excluded).
     pub tx_bytes: u64,
-    /// Transmit chains dropped for their shape or header.
+    /// Transmit chains dropped for their shape or header (past the
+    /// longest frame a driver told no MTU may send among them).
     pub tx_bad: u64,
+    /// Transmit frames a driver may send (no MTU is offered: up to a
+    /// doubly tagged header and an IP packet's 16-bit length) but longer
+    /// than a wire slot: dropped unread, not the driver's fault.
+    pub tx_oversize: u64,
     /// Transmit frames dropped because the wire's queue was full.
     pub tx_wire_full: u64,
     /// Transmit frames dropped because a buffer access failed.
@@ -106,6 +111,7 @@ struct NetCounters {
     tx_frames: AtomicU64,
     tx_bytes: AtomicU64,
     tx_bad: AtomicU64,
+    tx_oversize: AtomicU64,
     tx_wire_full: AtomicU64,
     tx_faults: AtomicU64,
     rx_frames: AtomicU64,
@@ -127,6 +133,7 @@ impl NetCounters {
             tx_frames: l(&self.tx_frames),
             tx_bytes: l(&self.tx_bytes),
             tx_bad: l(&self.tx_bad),
+            tx_oversize: l(&self.tx_oversize),
             tx_wire_full: l(&self.tx_wire_full),
             tx_faults: l(&self.tx_faults),
             rx_frames: l(&self.rx_frames),
@@ -346,12 +353,18 @@ impl TxWorker {
     fn send_chain(&mut self, total: u64) -> Result<(), FrameFault<AccessError>> {
         let c = &self.counters;
         let max = self.tx.max_frame() as u64;
-        let frame_len = if total >= (HDR_LEN + sn::ETH_HLEN) as u64 && total - HDR_LEN as u64 <= max
-        {
-            (total - HDR_LEN as u64) as usize
-        } else {
-            bump(&c.tx_bad, 1);
-            return Ok(());
+        // The longest frame a driver told no MTU may send (none is offered).
+        let bound = (sn::ETH_HLEN + sn::TAGS_HLEN + usize::from(u16::MAX)) as u64;
+        let frame_len = match total.checked_sub(HDR_LEN as u64) {
+            Some(f) if f >= sn::ETH_HLEN as u64 && f <= max => f as usize,
+            Some(f) if f >= sn::ETH_HLEN as u64 && f <= bound => {
+                bump(&c.tx_oversize, 1);
+                return Ok(());
+            }
+            _ => {
+                bump(&c.tx_bad, 1);
+                return Ok(());
+            }
         };
         let mut space = &**self.q.space();
         let mut hdr = [0u8; HDR_LEN];

@@ -304,8 +304,9 @@ fn bad_transmit_chains_are_dropped_counted_and_the_queue_goes_on() {
         &[desc(BUF, 12 + 60, 2, 0)],
         // Shorter than header plus Ethernet header.
         &[desc(BUF, 12 + 13, 0, 0)],
-        // Longer than the wire's frame (1514) plus header.
-        &[desc(BUF, 12 + 1515, 0, 0)],
+        // Longer than a doubly tagged header and an IP packet's 16-bit
+        // length (the most a driver told no MTU may send) plus header.
+        &[desc(BUF, 12 + 14 + 8 + 65_535 + 1, 0, 0)],
         // An offload in the header.
         &[desc(BUF + 0x2000, hdr_gso.len() as u32, 0, 0)],
         // A loop: 0 -> 1 -> 0.
@@ -317,11 +318,22 @@ fn bad_transmit_chains_are_dropped_counted_and_the_queue_goes_on() {
         fe.offer(1, d);
         assert_eq!(fe.wait_used(1, i as u16 + 1), 0);
     }
+    // A frame a driver may send but longer than the wire's slots (1,522
+    // bytes): dropped unread and counted apart, not as the driver's fault.
+    fe.offer(1, &[desc(BUF, 12 + 4000, 0, 0)]);
+    assert_eq!(fe.wait_used(1, bad.len() as u16 + 1), 0);
+    // A full frame with an 802.1Q tag fits the slots and goes.
+    let tagged = frame(1518, 4);
+    fe.send_frame(&tagged);
     let good = frame(64, 3);
     fe.send_frame(&good);
-    assert_eq!(fe.peer_frames(), vec![good]);
+    assert_eq!(fe.peer_frames(), vec![tagged, good]);
     let n = fe.finish().net;
-    assert_eq!((n.tx_bad, n.tx_frames, n.ring_faults), (6, 1, 0), "{n:?}");
+    assert_eq!(
+        (n.tx_bad, n.tx_oversize, n.tx_frames, n.ring_faults),
+        (6, 1, 2, 0),
+        "{n:?}"
+    );
 }
 
 #[test]

@@ -197,12 +197,13 @@ pub struct HostPair {
 }
 
 /// Builds hosts `a` and `b` and wires them together. The wire's slots are
-/// made large enough for either device's largest frame.
+/// made large enough for either device's largest frame with two VLAN tags.
 pub fn pair(a: &HostConfig, b: &HostConfig, mut w: WireConfig) -> Result<HostPair, HostError> {
+    let tags = crate::spec::net::TAGS_HLEN;
     w.max_frame = w
         .max_frame
-        .max(a.device.net.max_frame())
-        .max(b.device.net.max_frame());
+        .max(a.device.net.max_frame() + tags)
+        .max(b.device.net.max_frame() + tags);
     let (pa, pb, stats) = wire(w);
     let mut bcfg = *b;
     if bcfg.device.net.mac == a.device.net.mac {

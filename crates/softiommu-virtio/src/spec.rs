@@ -198,6 +198,9 @@ pub mod net {
     /// An IEEE 802.1Q tag's length: a VLAN-tagged frame's header is
     /// `ETH_HLEN + VLAN_HLEN` bytes.
     pub const VLAN_HLEN: usize = 4;
+    /// The tags a frame's link-level header may carry beyond `ETH_HLEN`:
+    /// two (802.1ad outer, 802.1Q inner: a VLAN on a VLAN, or QinQ).
+    pub const TAGS_HLEN: usize = 2 * VLAN_HLEN;
     /// The smallest MTU a device may offer with `VIRTIO_NET_F_MTU`
     /// (§5.1.4.1: "at least 68").
     pub const MIN_MTU: u16 = 68;

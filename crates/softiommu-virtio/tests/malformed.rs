@@ -49,8 +49,8 @@ fn a_transmit_chain_too_short_for_the_header_is_refused() {
                 len: 8,
                 min: 26,
                 // A driver told no MTU: the header and an IP packet's
-                // 16-bit length behind an 802.1Q-tagged Ethernet header.
-                max: 65565
+                // 16-bit length behind a doubly tagged Ethernet header.
+                max: 65569
             }]
         ),
         "{e:?}"

@@ -181,7 +181,8 @@ fn next_on_wire(r: &mut Raw) -> Vec<u8> {
 /// (was: `ChainLength`, the device stopped and asked for a reset); a
 /// 4,000-byte one, longer than the wire's slots, is dropped and counted,
 /// never an error, and the frame after it goes; only a chain past an IP
-/// packet's 16-bit length behind a tagged header is the driver's error.
+/// packet's 16-bit length behind a doubly tagged header is the driver's
+/// error.
 #[test]
 fn a_driver_told_no_mtu_sends_full_and_tagged_frames_and_giants_are_dropped() {
     let mut r = Raw::with_wire(
@@ -212,10 +213,10 @@ fn a_driver_told_no_mtu_sends_full_and_tagged_frames_and_giants_are_dropped() {
     assert_eq!(r.host.device.stats().tx_oversize_drops, 1);
     assert_eq!(r.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
     assert!(r.t.errors().drain().is_empty());
-    // Past 14 + 4 + 65,535 frame bytes the chain is the driver's error
+    // Past 14 + 8 + 65,535 frame bytes the chain is the driver's error
     // (its length alone says so: nothing is read).
     let (_, iova) = r.buffer(4096, &plain_header(false), DmaDirection::ToDevice);
-    let too_long = (HDR_LEN + 14 + 4 + 65_535 + 1) as u32;
+    let too_long = (HDR_LEN + 14 + 8 + 65_535 + 1) as u32;
     r.desc(TX, 4, iova, too_long, 0, 0);
     r.publish(TX, 4);
     let errors = r.errors_after_reset_request();
@@ -252,7 +253,7 @@ fn a_host_whose_mtu_the_wire_slots_cannot_carry_is_refused() {
             err,
             HostError::Device(NetDeviceError::WireSlotTooSmall {
                 max_frame: 9014,
-                slot: 1514
+                slot: 1522
             })
         ),
         "{err:?}"

@@ -161,9 +161,10 @@ pub struct NetDeviceStats {
     pub rx_frames: u64,
     /// Transmitted frames the wire dropped (its queue was full).
     pub tx_dropped: u64,
-    /// Transmitted frames longer than a wire slot, dropped (none once
-    /// [`NetDevice::spawn`] has checked the wire; the copy is bounded by
-    /// the slot whatever the configuration).
+    /// Transmitted frames the driver may send but longer than a wire slot
+    /// (spawn checks the slots hold the device's MTU frame; a tagged or,
+    /// from a driver told no MTU, a longer one may not fit), dropped
+    /// unread.
     pub tx_oversize_drops: u64,
     /// Frames from the wire that could not be delivered and were dropped,
     /// the driver's buffers untouched and the queue going on: longer than
@@ -641,20 +642,20 @@ fn dma_fault<F: std::error::Error>(queue: u16, e: FrameFault<F>) -> DeviceError 
 
 /// The longest frame a driver with `features` may transmit without
 /// breaking its contract. Once `VIRTIO_NET_F_MTU` is negotiated the
-/// driver sends no more than `mtu` plus the link-level header (§5.1.6.2),
-/// an 802.1Q tag counted in that header (a VLAN on top of the interface
-/// sends `mtu` + 18 bytes, as Linux does): the device's `max_frame` +
-/// 4. A driver that did not negotiate it was told no MTU (§5.1.4: Linux
-/// then allows an MTU up to 65,535) and may send up to an IP packet's
-/// 16-bit length behind a tagged header. A frame within the bound that the
-/// wire's slots cannot carry is dropped and counted, never a driver error
-/// (as a NIC counts the giants it cannot forward); past it the chain is
-/// the driver's error.
+/// driver sends no more than `mtu` plus the link-level header (§5.1.4.2),
+/// VLAN tags counted in that header (a VLAN on top of the interface sends
+/// `mtu` + 18 bytes, a VLAN on a VLAN `mtu` + 22, as Linux does): the
+/// device's `max_frame` + two tags. A driver that did not negotiate it was
+/// told no MTU (Linux then allows an MTU up to 65,535) and may send up to
+/// an IP packet's 16-bit length behind a doubly tagged header. A frame
+/// within the bound that the wire's slots cannot carry is dropped and
+/// counted (`tx_oversize_drops`), never a driver error, as a NIC counts
+/// the giants it cannot forward; past it the chain is the driver's error.
 pub(crate) fn tx_max_frame(max_frame: usize, features: u64) -> usize {
     if features & 1 << feature::NET_MTU != 0 {
-        max_frame + net::VLAN_HLEN
+        max_frame + net::TAGS_HLEN
     } else {
-        max_frame.max(net::ETH_HLEN + net::VLAN_HLEN + usize::from(u16::MAX))
+        max_frame.max(net::ETH_HLEN + net::TAGS_HLEN + usize::from(u16::MAX))
     }
 }
 
@@ -695,8 +696,8 @@ fn transmit<S: DmaSide>(
         }
     };
     if frame_len > w.port.tx.max_frame() {
-        // Longer than a wire slot (a wire `spawn` would have refused):
-        // dropped, never copied past the slot nor cut.
+        // Longer than a wire slot (a driver told no MTU, or tags past
+        // the slot): dropped unread, never copied past the slot nor cut.
         bump(&w.counters.tx_oversize_drops, 1);
         return q.add_used(&w.ring, head, 0);
     }
@@ -713,8 +714,8 @@ fn transmit<S: DmaSide>(
         None => {
             // The wire's queue is full: the frame is read (a NIC fetches
             // before it learns the port is congested) and dropped. The
-            // scratch buffer holds the longest frame a driver may
-            // transmit, at least this one's (checked above).
+            // scratch buffer holds the longest slot, so this frame
+            // (checked above to fit one).
             let n = frame_len.min(w.scratch.len());
             gather_frame(&mut w.dma, &w.chain, &mut h, &mut w.scratch[..n])
                 .map_err(|e| dma_fault(queue, e))?;

@@ -42,7 +42,8 @@ impl Default for WireConfig {
         Self {
             capacity: 512,
             line_rate_bps: 0,
-            max_frame: 1514,
+            // A full Ethernet frame with two VLAN tags.
+            max_frame: crate::spec::net::ETH_HLEN + crate::spec::net::TAGS_HLEN + 1500,
         }
     }
 }
