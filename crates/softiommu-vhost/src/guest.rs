@@ -474,6 +474,19 @@ fn boot(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // QEMU dies with the thread that starts it (which kills and reaps it
+    // before it returns): a lab killed outright leaves no guest running.
+    // SAFETY: prctl(PR_SET_PDEATHSIG) between fork and exec is async-
+    // signal-safe and allocates nothing.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        qemu.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let started = Instant::now();
     let mut sched = RunSched {
         load_start: load_average(),

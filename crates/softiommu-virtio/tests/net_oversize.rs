@@ -121,6 +121,33 @@ fn a_frame_past_the_mtu_is_dropped_and_counted_and_the_next_one_arrives() {
     assert_dropped_then_next_arrives(&mut r, &bufs);
 }
 
+/// A VLAN on top of the interface receives full-size tagged frames:
+/// at MTU 1500 a 1,518-byte 802.1Q-tagged frame reaches a buffer of
+/// Linux's size (header + 1,518), the link-level header counting its tags
+/// (two at most: 1,522 bytes); a frame past that is dropped and counted.
+#[test]
+fn a_tagged_full_frame_reaches_the_driver_and_one_past_two_tags_is_dropped() {
+    let mut r = raw(1500);
+    let len = (HDR_LEN + 1518) as u32;
+    let bufs = post(&mut r, 2, len);
+    let tagged = frame(1518, 0x66);
+    r.inject(&tagged);
+    r.wait_used(RX, 1);
+    assert_eq!(used(&r, 0), (0, len));
+    let mut got = vec![0u8; len as usize];
+    r.mem.read(bufs[0], &mut got).unwrap();
+    assert_eq!(got[HDR_LEN..], tagged[..]);
+    // Past 1,500 + 14 + 8: dropped, the second buffer kept for the next.
+    r.inject(&frame(1523, 0xaa));
+    r.inject(&frame(60, 0x55));
+    r.wait_used(RX, 2);
+    assert_eq!(used(&r, 1), (1, (HDR_LEN + 60) as u32));
+    let st = r.host.device.stats();
+    assert_eq!((st.rx_oversize_drops, st.rx_frames), (1, 2));
+    assert_eq!(r.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
+    assert!(r.t.errors().drain().is_empty());
+}
+
 #[test]
 fn a_frame_longer_than_a_spec_sized_buffer_is_dropped_and_the_buffer_kept() {
     // MTU 9000, but the driver posted what §5.1.6.3.1 asks (1526 bytes):

@@ -555,10 +555,11 @@ impl<S: DmaSide> Worker<S> {
                 b.more = true;
                 break;
             }
-            if frame.len() > self.max_frame {
-                // §5.1.6.4.1: no packet past the MTU reaches the driver.
-                // The link partner's doing, not the driver's: dropped
-                // before any buffer is taken.
+            if frame.len() > self.max_frame + net::TAGS_HLEN {
+                // §5.1.6.4.1: no packet past the MTU (plus the link-level
+                // header, up to two VLAN tags counted in it, as on
+                // transmit) reaches the driver. The link partner's doing,
+                // not the driver's: dropped before any buffer is taken.
                 self.port.rx.consume();
                 dropped += 1;
                 continue;
