@@ -14,16 +14,18 @@
 //!
 //! So a measuring command (`run`, `lab`, `bench`) runs in a session of its
 //! own: when it is not a session leader already, it starts itself again
-//! (`/proc/self/exe`, the same arguments) as a child that calls
+//! (its own binary, the same arguments) as a child that calls
 //! `setsid(2)` — a new session is a new autogroup, weighed against the
 //! caller's session as two terminals are — and waits for it:
 //!
 //! - the signals a terminal or a supervisor sends (SIGINT, SIGTERM,
 //!   SIGHUP, SIGQUIT) are forwarded to the child's process group (the
-//!   child, and what it started, QEMU among them), except those the
-//!   caller ignored (`nohup`), which stay ignored; they are blocked from
-//!   before the child exists until the handlers are in place, so none is
-//!   lost or kills the parent alone;
+//!   child, and what it started, QEMU among them), which keeps the
+//!   dispositions it inherited from the caller (a signal the caller
+//!   ignored, as `nohup` or a background job does, stays ignored there
+//!   unless the child handles it itself, as `run` does SIGINT: as without
+//!   the child); they are blocked from before the child exists until the
+//!   handlers are in place, so none is lost or kills the parent alone;
 //! - the child dies with the parent (`PR_SET_PDEATHSIG`, set again by the
 //!   child itself, which checks that its parent is still the one that
 //!   started it);
@@ -239,7 +241,14 @@ fn spawn_and_wait() -> Option<ExitCode> {
     // SAFETY: getpid() only reads this process's id.
     let parent = unsafe { libc::getpid() };
     let mut args = std::env::args_os();
-    let mut cmd = std::process::Command::new("/proc/self/exe");
+    // This program by its path (so `ps` and `pgrep` name the child as
+    // they name the parent), or, if that file is gone (rebuilt meanwhile),
+    // through /proc/self/exe, which still names this very binary.
+    let exe = std::env::current_exe()
+        .ok()
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| "/proc/self/exe".into());
+    let mut cmd = std::process::Command::new(exe);
     if let Some(a0) = args.next() {
         cmd.arg0(a0);
     }
@@ -280,13 +289,13 @@ fn spawn_and_wait() -> Option<ExitCode> {
     let handler: extern "C" fn(libc::c_int) = forward;
     for sig in FORWARDED {
         // SAFETY: the handler only loads an atomic and calls kill(2),
-        // both async-signal-safe, and keeps errno. A signal the caller
-        // ignored (nohup) stays ignored, as the child inherited it.
+        // both async-signal-safe, and keeps errno. Installed after the
+        // fork: the child inherited the caller's dispositions, so a
+        // signal the caller ignored (`nohup`, a background job's SIGINT)
+        // is forwarded and stays ignored there unless the child handles
+        // it itself, as `run` does SIGINT — as without the child.
         unsafe {
-            let prev = libc::signal(sig, handler as libc::sighandler_t);
-            if prev == libc::SIG_IGN {
-                libc::signal(sig, libc::SIG_IGN);
-            }
+            libc::signal(sig, handler as libc::sighandler_t);
         }
     }
     // SAFETY: unblocks the forwarded signals: pending ones are delivered
