@@ -353,8 +353,8 @@ impl TxWorker {
     fn send_chain(&mut self, total: u64) -> Result<(), FrameFault<AccessError>> {
         let c = &self.counters;
         let max = self.tx.max_frame() as u64;
-        // The longest frame a driver told no MTU may send (none is offered).
-        let bound = (sn::ETH_HLEN + sn::TAGS_HLEN + usize::from(u16::MAX)) as u64;
+        // No MTU is offered: the longest frame a driver may send.
+        let bound = sn::NO_MTU_MAX_FRAME as u64;
         let frame_len = match total.checked_sub(HDR_LEN as u64) {
             Some(f) if f >= sn::ETH_HLEN as u64 && f <= max => f as usize,
             Some(f) if f >= sn::ETH_HLEN as u64 && f <= bound => {

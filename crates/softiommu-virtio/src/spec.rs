@@ -201,6 +201,10 @@ pub mod net {
     /// The tags a frame's link-level header may carry beyond `ETH_HLEN`:
     /// two (802.1ad outer, 802.1Q inner: a VLAN on a VLAN, or QinQ).
     pub const TAGS_HLEN: usize = 2 * VLAN_HLEN;
+    /// The longest frame a driver told no MTU (`VIRTIO_NET_F_MTU` not
+    /// negotiated) may send: an IP packet's 16-bit length behind a doubly
+    /// tagged header (Linux then allows an MTU up to 65,535).
+    pub const NO_MTU_MAX_FRAME: usize = ETH_HLEN + TAGS_HLEN + u16::MAX as usize;
     /// The smallest MTU a device may offer with `VIRTIO_NET_F_MTU`
     /// (§5.1.4.1: "at least 68").
     pub const MIN_MTU: u16 = 68;

@@ -36,6 +36,11 @@ fn frame(len: usize, tag: u8) -> Vec<u8> {
 
 /// A host at `mtu` on a wire whose slots hold jumbo frames.
 fn raw(mtu: u16) -> Raw {
+    raw_on(mtu, JUMBO)
+}
+
+/// A host at `mtu` on a wire whose slots hold `slot` bytes.
+fn raw_on(mtu: u16, slot: usize) -> Raw {
     Raw::with_wire(
         &HostConfig {
             policy: DmaPolicy::Strict,
@@ -50,7 +55,7 @@ fn raw(mtu: u16) -> Raw {
             ..HostConfig::default()
         },
         WireConfig {
-            max_frame: JUMBO,
+            max_frame: slot,
             ..WireConfig::default()
         },
     )
@@ -212,24 +217,7 @@ fn next_on_wire(r: &mut Raw) -> Vec<u8> {
 /// error.
 #[test]
 fn a_driver_told_no_mtu_sends_full_and_tagged_frames_and_giants_are_dropped() {
-    let mut r = Raw::with_wire(
-        &HostConfig {
-            policy: DmaPolicy::Strict,
-            mem_bytes: 64 << 20,
-            device: NetDeviceConfig {
-                net: NetConfig {
-                    mtu: 576,
-                    ..NetConfig::default()
-                },
-                ..NetDeviceConfig::default()
-            },
-            ..HostConfig::default()
-        },
-        WireConfig {
-            max_frame: 1518,
-            ..WireConfig::default()
-        },
-    );
+    let mut r = raw_on(576, 1518);
     transmit(&mut r, 0, 1514, 0x77);
     assert_eq!(next_on_wire(&mut r), frame(1514, 0x77));
     transmit(&mut r, 1, 1518, 0x78);

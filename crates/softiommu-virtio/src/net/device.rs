@@ -656,7 +656,7 @@ pub(crate) fn tx_max_frame(max_frame: usize, features: u64) -> usize {
     if features & 1 << feature::NET_MTU != 0 {
         max_frame + net::TAGS_HLEN
     } else {
-        max_frame.max(net::ETH_HLEN + net::TAGS_HLEN + usize::from(u16::MAX))
+        max_frame.max(net::NO_MTU_MAX_FRAME)
     }
 }
 
