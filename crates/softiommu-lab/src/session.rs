@@ -65,12 +65,11 @@ static CHILD: AtomicI32 = AtomicI32::new(0);
 /// The signals forwarded to the child.
 const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
-/// How the scheduling group was decided, for the host line.
-pub(crate) fn describe() -> String {
-    WHERE
-        .get()
-        .cloned()
-        .unwrap_or_else(|| "the caller's session".into())
+/// Where this process measures, for the host line: `None` in a command
+/// that measures nothing (`history`, `compare`, `report`), which never
+/// decides it.
+pub(crate) fn describe() -> Option<&'static str> {
+    WHERE.get().map(String::as_str)
 }
 
 /// Whether Linux's autogroups apply to this process, as far as it can

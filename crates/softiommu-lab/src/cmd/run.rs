@@ -394,7 +394,7 @@ fn run_with(
             "softiommu run {run_id}{} on {} (measured in {}): {} scenarios {} {}, report {}\n\n",
             if a.quick { " (quick)" } else { "" },
             host.line(),
-            crate::session::describe(),
+            crate::session::describe().unwrap_or("the caller's session"),
             done.len(),
             if stored {
                 "stored in"

@@ -104,10 +104,10 @@ pub fn render_report(r: &Report, host: &Host) -> String {
         s.push_str(&format!(" (seed {})", printable(seed)));
     }
     s.push_str(&format!(
-        "\n{}\nhost: {}; measured in {}\n",
+        "\n{}\nhost: {}{}\n",
         printable(&r.title),
         host.line(),
-        crate::session::describe()
+        crate::session::describe().map_or(String::new(), |w| format!("; measured in {w}"))
     ));
     if !r.params.is_empty() {
         let p: Vec<String> = r
