@@ -510,6 +510,13 @@ fn lab_fio_aging() {
     assert_eq!(v["slow_sizes"], "mix");
     // The aging part is paced: 400 fast requests a second per job.
     assert_eq!(v["rate_iops"], 400.0);
+    // Both arms' device threads run on one CPU: the last this process
+    // may use.
+    let allowed = softiommu_virtio::affinity::allowed_cpus();
+    match allowed.last() {
+        Some(&c) => assert_eq!(v["device_cpu"], c),
+        None => assert!(v["device_cpu"].is_null()),
+    }
     // The default tail is a rate: 1.5 low windows (128 MiB) over the hold
     // (0.8 s) at the mix's mean size (21.6 KiB), per job (2), but no more
     // than the slow depth (10,000) holds over the hold.

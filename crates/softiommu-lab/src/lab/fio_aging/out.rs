@@ -191,6 +191,11 @@ pub struct FioAgingReport {
     pub rate_iops: Option<f64>,
     /// Seconds per window.
     pub window_s: f64,
+    /// The CPU the aging part's device threads, the aged device's and
+    /// every fresh one's alike, are pinned to, so that both arms' devices
+    /// run where the other's runs (null: the kernel would not say which
+    /// CPUs the lab may use, and nothing is pinned).
+    pub device_cpu: Option<usize>,
     /// One entry per IOVA policy.
     pub policies: Vec<AgingPolicy>,
     /// One entry per DMA policy of the cost part.

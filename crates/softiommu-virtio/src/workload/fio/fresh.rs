@@ -358,7 +358,11 @@ mod tests {
             }),
             ..FioConfig::default()
         };
-        let s = FreshSpec::of(&BlkHostConfig::default(), &aged);
+        let mut host = BlkHostConfig::default();
+        host.device.cpu = Some(1);
+        let s = FreshSpec::of(&host, &aged);
+        // Its device threads run where the aged device's do.
+        assert_eq!(s.host.device.cpu, Some(1));
         assert_eq!(s.cfg.iodepth, 32 / FRESH_PACE_SHARE);
         assert_eq!(s.cfg.rate_iops, Some(400.0 / FRESH_PACE_SHARE as f64));
         assert_eq!(s.cfg.slow, None);
