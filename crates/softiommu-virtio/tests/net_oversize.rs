@@ -17,7 +17,7 @@ use softiommu_virtio::net::{
     plain_header, wire, NetConfig, NetDeviceConfig, NetDeviceError, NetDriverConfig, WireConfig,
     HDR_LEN,
 };
-use softiommu_virtio::spec::{desc, reg, status};
+use softiommu_virtio::spec::{desc, feature, reg, status};
 use softiommu_virtio::transport::DeviceError;
 
 /// What §5.1.6.3.1 asks a driver to post without mergeable buffers or
@@ -243,6 +243,40 @@ fn a_driver_told_no_mtu_sends_full_and_tagged_frames_and_giants_are_dropped() {
         ),
         "{errors:?}"
     );
+}
+
+/// A driver that negotiated `VIRTIO_NET_F_MTU` sends at most the MTU
+/// plus the link-level header, up to two VLAN tags counted in it
+/// (§5.1.4.2): at MTU 576 a 598-byte frame (a VLAN on a VLAN) goes onto
+/// the wire whole; one byte more is the driver's error, caught from the
+/// chain's length alone — the device asks for a reset and nothing of the
+/// frame reaches the wire.
+#[test]
+fn a_driver_that_negotiated_the_mtu_sends_two_tags_past_it_and_not_a_byte_more() {
+    let mut r = raw_on(576, 1518);
+    r.init_features(1 << feature::NET_MTU);
+    let longest = 576 + 14 + 8;
+    transmit(&mut r, 0, longest, 0x51);
+    assert_eq!(next_on_wire(&mut r), frame(longest, 0x51));
+    let mut pkt = plain_header(false).to_vec();
+    pkt.extend_from_slice(&frame(longest + 1, 0x52));
+    let (_, iova) = r.buffer(pkt.len() as u64, &pkt, DmaDirection::ToDevice);
+    r.desc(TX, 1, iova, pkt.len() as u32, 0, 0);
+    r.publish(TX, 1);
+    let errors = r.errors_after_reset_request();
+    assert!(
+        matches!(
+            errors[..],
+            [DeviceError::ChainLength { len, max, .. }]
+                if len == (HDR_LEN + longest + 1) as u64 && max == (HDR_LEN + longest) as u64
+        ),
+        "{errors:?}"
+    );
+    assert!(
+        r.peer.rx.peek().is_err(),
+        "a frame past the bound reached the wire"
+    );
+    assert_eq!(r.host.device.stats().tx_oversize_drops, 0);
 }
 
 #[test]

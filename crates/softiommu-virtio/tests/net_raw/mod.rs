@@ -26,6 +26,9 @@ pub struct Raw {
     /// Per queue: ring physical address, DMA address, next avail index.
     pub rings: [(PhysAddr, u64, u16); 2],
     pub layout: RingLayout,
+    /// Feature bits 0-31 the driver accepts at its next initialisation
+    /// (`VERSION_1` and `ACCESS_PLATFORM`, in the high word, always).
+    pub features_low: u32,
 }
 
 impl Raw {
@@ -58,6 +61,7 @@ impl Raw {
             mem,
             rings: [(0, 0, 0); 2],
             layout: RingLayout::new(SIZE),
+            features_low: 0,
         };
         r.init();
         r
@@ -66,6 +70,15 @@ impl Raw {
     pub fn init(&mut self) {
         self.init_with(|_, a| a);
         assert_eq!(self.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
+    }
+
+    /// Resets and initialises the device again, accepting feature bits
+    /// `low` (0-31) beside the two it always accepts; asserts the device
+    /// took them.
+    pub fn init_features(&mut self, low: u32) {
+        self.features_low = low;
+        self.init();
+        assert_ne!(self.t.read(reg::STATUS) & status::FEATURES_OK, 0);
     }
 
     /// Resets and initialises the device, programming queue `q`'s rings
@@ -77,6 +90,8 @@ impl Raw {
         t.write(reg::STATUS, 0);
         t.write(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
         let f = 1u64 << feature::VERSION_1 | 1 << feature::ACCESS_PLATFORM;
+        t.write(reg::DRIVER_FEATURES_SEL, 0);
+        t.write(reg::DRIVER_FEATURES, self.features_low);
         t.write(reg::DRIVER_FEATURES_SEL, 1);
         t.write(reg::DRIVER_FEATURES, (f >> 32) as u32);
         t.write(
