@@ -40,8 +40,14 @@
 //! the root, where the kernel does not use them) nothing is started. The
 //! outcome is on the host line of every table and in `run`'s JSON
 //! (`"session"`, from [`describe`]). `SOFTIOMMU_SESSION=caller` keeps the
-//! caller's session. Ctrl-Z stops the parent only (SIGTSTP is not
-//! forwarded).
+//! caller's session.
+//!
+//! Ctrl-Z (SIGTSTP from the terminal) stops both: the child's group is in
+//! another session, an orphaned process group where the kernel discards
+//! SIGTSTP, so the parent stops it with SIGSTOP and then stops itself as
+//! SIGTSTP would; the SIGCONT that resumes the parent (`fg`, `bg`)
+//! resumes the child's group. A caller that ignored SIGTSTP keeps it
+//! ignored.
 
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
@@ -161,8 +167,44 @@ extern "C" fn forward(sig: libc::c_int) {
     }
 }
 
-/// The forwarded signals as a set.
-fn forwarded_set() -> libc::sigset_t {
+/// SIGTSTP in the parent: stops the child's group, then this process as
+/// SIGTSTP's default action would (raised with that disposition; blocked
+/// while this handler runs, it stops the process as the handler returns).
+extern "C" fn stop(_: libc::c_int) {
+    // SAFETY: __errno_location() is this thread's errno; kill(2),
+    // signal(2) and raise(3) are async-signal-safe. The group is the
+    // child's, as in `forward`.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let child = CHILD.load(Ordering::SeqCst);
+        if child > 0 {
+            libc::kill(-child, libc::SIGSTOP);
+        }
+        libc::signal(libc::SIGTSTP, libc::SIG_DFL);
+        libc::raise(libc::SIGTSTP);
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// SIGCONT in the parent (resumed by `fg` or `bg`, or a stop that never
+/// came): arms [`stop`] again and resumes the child's group.
+extern "C" fn resume(_: libc::c_int) {
+    // SAFETY: as in `stop`.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let handler: extern "C" fn(libc::c_int) = stop;
+        libc::signal(libc::SIGTSTP, handler as libc::sighandler_t);
+        let child = CHILD.load(Ordering::SeqCst);
+        if child > 0 {
+            libc::kill(-child, libc::SIGCONT);
+        }
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// The signals the parent handles as a set: the forwarded ones, SIGTSTP
+/// and SIGCONT.
+fn handled_set() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset initialise and fill a local set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -170,7 +212,19 @@ fn forwarded_set() -> libc::sigset_t {
         for s in FORWARDED {
             libc::sigaddset(&mut set, s);
         }
+        libc::sigaddset(&mut set, libc::SIGTSTP);
+        libc::sigaddset(&mut set, libc::SIGCONT);
         set
+    }
+}
+
+/// Whether `sig`'s disposition in this process is the default one.
+fn default_disposition(sig: libc::c_int) -> bool {
+    // SAFETY: sigaction with a null new action only reads the current
+    // one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_DFL
     }
 }
 
@@ -227,7 +281,7 @@ fn die_with_parent() {
 /// started leaves the work to this process (`None`); one that was started
 /// is never run twice.
 fn spawn_and_wait() -> Option<ExitCode> {
-    let set = forwarded_set();
+    let set = handled_set();
     let mut old_mask: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: blocks the forwarded signals in this (the main) thread,
     // keeping the old mask to put back; no other thread exists yet.
@@ -297,8 +351,19 @@ fn spawn_and_wait() -> Option<ExitCode> {
             libc::signal(sig, handler as libc::sighandler_t);
         }
     }
-    // SAFETY: unblocks the forwarded signals: pending ones are delivered
-    // to the handler now, with `CHILD` set.
+    // Ctrl-Z, unless the caller ignored SIGTSTP (then it stays ignored).
+    if default_disposition(libc::SIGTSTP) {
+        let (stop_h, resume_h): (extern "C" fn(libc::c_int), extern "C" fn(libc::c_int)) =
+            (stop, resume);
+        // SAFETY: both handlers call only async-signal-safe functions
+        // and keep errno.
+        unsafe {
+            libc::signal(libc::SIGTSTP, stop_h as libc::sighandler_t);
+            libc::signal(libc::SIGCONT, resume_h as libc::sighandler_t);
+        }
+    }
+    // SAFETY: unblocks the handled signals: pending ones are delivered
+    // to the handlers now, with `CHILD` set.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut()) };
     let status = child.wait();
     // SAFETY: no forwarding once the child is reaped: its pid may be

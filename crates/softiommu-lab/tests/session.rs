@@ -1,6 +1,6 @@
 //! A measuring command runs in a session of its own (a new autogroup),
 //! says so on its host line, and a signal to the process started reaches
-//! the child doing the work.
+//! the child doing the work: a terminating one, and Ctrl-Z and `fg`.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -142,6 +142,86 @@ fn a_terminate_signal_to_the_command_ends_the_child_in_its_own_session() {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "the child outlived the command"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The state letter of process `pid` (`R`, `S`, `T` for stopped, …), from
+/// `/proc/PID/stat`.
+fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].chars().next()
+}
+
+/// Waits, within a bound, until `pid`'s state satisfies `want`.
+fn wait_state(pid: u32, what: &str, want: impl Fn(char) -> bool) {
+    let t0 = Instant::now();
+    while !state(pid).is_some_and(&want) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "process {pid} not {what} (state {:?})",
+            state(pid)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn ctrl_z_stops_the_child_in_its_own_session_and_fg_resumes_it() {
+    if !autogroups_on() {
+        eprintln!("skipped: autogroups are off here, so no child is started");
+        return;
+    }
+    let mut parent = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_softiommu"))
+            .args(["lab", "netperf-udp", "--seconds", "60", "--json"])
+            .env_remove("SOFTIOMMU_SESSION")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = parent.0.id();
+    let t0 = Instant::now();
+    let child = loop {
+        if let Some(&(c, sid)) = children_of(pid).first() {
+            if sid == c && catches(pid, libc::SIGTSTP) {
+                break c;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no child in a session of its own, or SIGTSTP not caught"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // What the terminal sends on Ctrl-Z, to the command's group (here the
+    // command alone: the child is in a session of its own, which the
+    // terminal does not reach).
+    // SAFETY: kill(2) on our own child process.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTSTP) }, 0);
+    wait_state(child, "stopped", |s| s == 'T');
+    wait_state(pid, "stopped", |s| s == 'T');
+    // What `fg` sends: both run again.
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    wait_state(pid, "running", |s| s != 'T');
+    wait_state(child, "running", |s| s != 'T');
+    // And a second Ctrl-Z stops them again (the handler is armed anew).
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTSTP) }, 0);
+    wait_state(child, "stopped again", |s| s == 'T');
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    wait_state(child, "running again", |s| s != 'T');
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    let t0 = Instant::now();
+    while parent.0.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the command did not end"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
