@@ -90,6 +90,8 @@ pub struct NetStats {
     pub tx_oversize: u64,
     /// Transmit frames dropped because the wire's queue was full.
     pub tx_wire_full: u64,
+    /// Transmit chains completed unread while the ring was disabled.
+    pub tx_discarded: u64,
     /// Transmit frames dropped because a buffer access failed.
     pub tx_faults: u64,
     /// Frames delivered into guest receive buffers.
@@ -113,6 +115,7 @@ struct NetCounters {
     tx_bad: AtomicU64,
     tx_oversize: AtomicU64,
     tx_wire_full: AtomicU64,
+    tx_discarded: AtomicU64,
     tx_faults: AtomicU64,
     rx_frames: AtomicU64,
     rx_bytes: AtomicU64,
@@ -135,6 +138,7 @@ impl NetCounters {
             tx_bad: l(&self.tx_bad),
             tx_oversize: l(&self.tx_oversize),
             tx_wire_full: l(&self.tx_wire_full),
+            tx_discarded: l(&self.tx_discarded),
             tx_faults: l(&self.tx_faults),
             rx_frames: l(&self.rx_frames),
             rx_bytes: l(&self.rx_bytes),
@@ -202,12 +206,44 @@ struct NetDevice {
     counters: Arc<NetCounters>,
 }
 
-fn take<T>(m: &Mutex<Option<T>>) -> Option<T> {
-    m.lock().unwrap_or_else(|p| p.into_inner()).take()
+/// A wire end lent to a queue worker: put back into its slot when the
+/// worker is dropped, however that happens — it returned, it panicked, or
+/// its thread could not be started — so the next ring start finds it.
+struct Lent<T> {
+    slot: Arc<Mutex<Option<T>>>,
+    item: std::mem::ManuallyDrop<T>,
 }
 
-fn put<T>(m: &Mutex<Option<T>>, v: T) {
-    *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+impl<T> Lent<T> {
+    /// Takes the end out of `slot`; `None` while another worker holds it.
+    fn take(slot: &Arc<Mutex<Option<T>>>) -> Option<Self> {
+        let item = slot.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+        Some(Self {
+            slot: slot.clone(),
+            item: std::mem::ManuallyDrop::new(item),
+        })
+    }
+}
+
+impl<T> std::ops::Deref for Lent<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.item
+    }
+}
+
+impl<T> std::ops::DerefMut for Lent<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.item
+    }
+}
+
+impl<T> Drop for Lent<T> {
+    fn drop(&mut self) {
+        // SAFETY: `item` is taken here only, once, and never used after.
+        let v = unsafe { std::mem::ManuallyDrop::take(&mut self.item) };
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+    }
 }
 
 impl VhostDevice for NetDevice {
@@ -217,6 +253,14 @@ impl VhostDevice for NetDevice {
 
     fn protocol_features(&self) -> u64 {
         PROTOCOL_FEATURES
+    }
+
+    /// `VERSION_1`: every frame carries the 12-byte header (§5.1.6); a
+    /// legacy driver's is 10 bytes without `MRG_RXBUF`, which this device
+    /// does not speak, so its rings are refused rather than served with
+    /// frames cut or prefixed by two bytes.
+    fn required_features(&self) -> u64 {
+        vf::VERSION_1
     }
 
     fn queues(&self) -> u32 {
@@ -230,9 +274,10 @@ impl VhostDevice for NetDevice {
     fn spawn(&self, index: u32, q: Queue) -> std::io::Result<JoinHandle<u16>> {
         let busy = || std::io::Error::other("the wire's end is held by another worker");
         let counters = self.counters.clone();
+        // The wire end goes back to its slot when the worker is dropped:
+        // as `run` returns, or with the closure if the thread cannot start.
         if index == u32::from(sn::RX_QUEUE) {
-            let slot = self.rx.clone();
-            let rx = take(&slot).ok_or_else(busy)?;
+            let rx = Lent::take(&self.rx).ok_or_else(busy)?;
             let w = RxWorker {
                 q,
                 rx,
@@ -241,14 +286,9 @@ impl VhostDevice for NetDevice {
             };
             std::thread::Builder::new()
                 .name("vhost-net-rx".into())
-                .spawn(move || {
-                    let (last, rx) = w.run();
-                    put(&slot, rx);
-                    last
-                })
+                .spawn(move || w.run())
         } else {
-            let slot = self.tx.clone();
-            let tx = take(&slot).ok_or_else(busy)?;
+            let tx = Lent::take(&self.tx).ok_or_else(busy)?;
             let w = TxWorker {
                 q,
                 tx,
@@ -257,32 +297,30 @@ impl VhostDevice for NetDevice {
             };
             std::thread::Builder::new()
                 .name("vhost-net-tx".into())
-                .spawn(move || {
-                    let (last, tx) = w.run();
-                    put(&slot, tx);
-                    last
-                })
+                .spawn(move || w.run())
         }
     }
 }
 
 struct TxWorker {
     q: Queue,
-    tx: WireTx,
+    tx: Lent<WireTx>,
     counters: Arc<NetCounters>,
     /// The chain in hand, as the shared frame code takes it.
     descs: Vec<ChainDesc>,
 }
 
 impl TxWorker {
-    fn run(mut self) -> (u16, WireTx) {
+    fn run(mut self) -> u16 {
         while !self.q.stopping() {
-            if self.q.enabled() {
-                if let Err(e) = self.drain() {
-                    if !is_abort(&e) {
-                        bump(&self.counters.ring_faults, 1);
-                        eprintln!("softiommu-vhost: net tx ring access failed: {e}");
-                    }
+            // A started but disabled ring still takes the driver's frames
+            // and discards them, unread (vhost-user, "Ring states": a
+            // disabled net ring "must process and discard any TX packets"),
+            // so the driver's transmit queue does not stall.
+            if let Err(e) = self.drain() {
+                if !is_abort(&e) {
+                    bump(&self.counters.ring_faults, 1);
+                    eprintln!("softiommu-vhost: net tx ring access failed: {e}");
                 }
             }
             self.q.wait_kick(KICK_POLL);
@@ -291,7 +329,7 @@ impl TxWorker {
         // A frame whose completion could not be published is given back
         // and sent once more after resuming (a duplicate the network
         // tolerates), so the base equals the used index.
-        (self.q.finish(), self.tx)
+        self.q.finish()
     }
 
     fn drain(&mut self) -> Result<(), DeviceError> {
@@ -300,6 +338,12 @@ impl TxWorker {
                 break Ok(());
             }
             match self.q.pop() {
+                Ok(Some(h)) if !self.q.enabled() => {
+                    bump(&self.counters.tx_discarded, 1);
+                    if let Err(e) = self.q.push_used(h, 0) {
+                        break Err(e);
+                    }
+                }
                 Ok(Some(h)) => {
                     if let Err(e) = self.send(h) {
                         // Refused only without the pop just above.
@@ -416,7 +460,7 @@ impl TxWorker {
 
 struct RxWorker {
     q: Queue,
-    rx: WireRx,
+    rx: Lent<WireRx>,
     counters: Arc<NetCounters>,
     /// The chain in hand, as the shared frame code takes it.
     descs: Vec<ChainDesc>,
@@ -437,7 +481,7 @@ enum Delivered {
 }
 
 impl RxWorker {
-    fn run(mut self) -> (u16, WireRx) {
+    fn run(mut self) -> u16 {
         while !self.q.stopping() {
             if !self.q.enabled() {
                 self.q.wait_kick(KICK_POLL);
@@ -453,6 +497,11 @@ impl RxWorker {
                     }
                 }
                 Err(e) => {
+                    // What was published before the failure is signalled
+                    // (a lost interrupt stalls the driver).
+                    if let Err(e2) = self.q.signal_if_wanted() {
+                        self.fault(e2);
+                    }
                     self.fault(e);
                     self.q.wait_kick(IDLE_WAIT);
                 }
@@ -462,7 +511,7 @@ impl RxWorker {
         // A buffer whose completion could not be published is given back
         // and filled again after resuming (its frame lost, as a drop), so
         // the base equals the used index.
-        (self.q.finish(), self.rx)
+        self.q.finish()
     }
 
     fn fault(&self, e: DeviceError) {
@@ -621,12 +670,14 @@ mod tests {
         let q = r.take_queue();
         let shared = q.worker_shared().clone();
         let counters = Arc::new(NetCounters::default());
+        let slot = Arc::new(Mutex::new(Some(dev.rx)));
         let w = RxWorker {
             q,
-            rx: dev.rx,
+            rx: Lent::take(&slot).unwrap(),
             counters: counters.clone(),
             descs: Vec::new(),
         };
+        assert!(Lent::take(&slot).is_none(), "lent to the worker");
         let h = std::thread::spawn(move || w.run());
         send(&mut peer.tx, 0xa1);
         wait("frame A in buffer 0", || r.peek(BUF + 12, 60) == [0xa1; 60]);
@@ -650,8 +701,33 @@ mod tests {
         assert_eq!(r.peek(BUF + 0x800 + 12, 60), [0xb2; 60]);
         shared.stop.store(true, Ordering::Release);
         space.cancel();
-        let (base, _rx) = h.join().unwrap();
+        let base = h.join().unwrap();
         assert_eq!(base, 2);
         assert_eq!(counters.snapshot().rx_frames, 2);
+        // The worker ended: its wire end is back for the next start.
+        assert!(slot.lock().unwrap().is_some());
+    }
+
+    /// A lent wire end goes back to its slot however its holder ends: a
+    /// worker that panics, or one whose thread never started (its closure
+    /// dropped unrun) — else every later start of the ring would find the
+    /// end held by a worker that no longer exists.
+    #[test]
+    fn a_lent_end_goes_back_when_its_holder_panics_or_never_runs() {
+        let slot = Arc::new(Mutex::new(Some(7u32)));
+        let lent = Lent::take(&slot).unwrap();
+        assert_eq!(*lent, 7);
+        assert!(Lent::take(&slot).is_none());
+        let r = std::thread::spawn(move || {
+            let _held = lent;
+            panic!("a worker that panics");
+        })
+        .join();
+        assert!(r.is_err());
+        assert_eq!(*slot.lock().unwrap_or_else(|p| p.into_inner()), Some(7));
+        let lent = Lent::take(&slot).unwrap();
+        let never_run = move || *lent;
+        drop(never_run);
+        assert_eq!(*slot.lock().unwrap(), Some(7));
     }
 }

@@ -38,6 +38,9 @@ pub(crate) struct FdFaults {
     pub(crate) call_dropped: AtomicU64,
     /// Kick descriptors dropped because they reported hang-up or an error.
     pub(crate) kick_hangups: AtomicU64,
+    /// Rings that stopped serving at an available entry whose head is past
+    /// the descriptor table.
+    pub(crate) bad_heads: AtomicU64,
 }
 
 /// Whether a ring error is the device's being stopped (a cancelled miss):
@@ -79,6 +82,9 @@ pub(crate) struct Queue {
     pending_used: Option<(u16, u32)>,
     /// The kick descriptor hung up and was dropped.
     kick_dead: bool,
+    /// The driver made a head past the descriptor table available: the
+    /// ring serves nothing more until it is started again.
+    bad_head: bool,
 }
 
 impl Queue {
@@ -105,6 +111,7 @@ impl Queue {
             pending_signal: 0,
             pending_used: None,
             kick_dead: false,
+            bad_head: false,
         })
     }
 
@@ -159,8 +166,28 @@ impl Queue {
     /// is published first; while that fails (its error returned), nothing
     /// more is taken, so the chain in hand stays the last one popped.
     pub(crate) fn pop(&mut self) -> Result<Option<u16>, DeviceError> {
+        if self.bad_head {
+            return Ok(None);
+        }
         self.publish_pending()?;
-        self.ring.pop(&self.rings)
+        match self.ring.pop(&self.rings) {
+            Err(e @ DeviceError::DescriptorIndexOutOfRange { .. }) => {
+                // The driver's error, and the ring cannot go past it: its
+                // chain could never be completed (no used entry returns a
+                // head past the table), and every chain after it waits
+                // behind it. As a device sets DEVICE_NEEDS_RESET, the ring
+                // is served no more, reported once and counted, until the
+                // front-end starts it again (after the driver's reset);
+                // its base stays on the entry.
+                self.bad_head = true;
+                self.shared.faults.bad_heads.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "softiommu-vhost: {e}: the ring is served no more until it is started again"
+                );
+                Ok(None)
+            }
+            r => r,
+        }
     }
 
     /// Gives back the head [`Queue::pop`] just took (its request was
@@ -501,6 +528,25 @@ pub(crate) mod tests {
             r.q.avail_idx(),
             Err(DeviceError::AvailIndexTooFar { .. })
         ));
+    }
+
+    /// A head past the descriptor table: the entry is not taken, the ring
+    /// serves nothing more (counted once; a used entry for it would be
+    /// refused, and every pop after it would fail on that entry), and it
+    /// stops at the entry with nothing published.
+    #[test]
+    fn a_head_past_the_table_stops_the_ring_at_its_entry_counted_once() {
+        let mut r = rig(0);
+        r.desc(1, 0x5000, 16, 0, 0);
+        r.offer(0, 0xffff, 1);
+        r.offer(1, 1, 2);
+        assert_eq!(r.q.pop(), Ok(None));
+        assert_eq!(r.q.pop(), Ok(None), "the chain after it is not served");
+        let faults = &r.q.worker_shared().faults;
+        assert_eq!(faults.bad_heads.load(Ordering::Relaxed), 1);
+        assert_eq!(r.q.last_avail(), 0);
+        assert_eq!(r.q.finish(), 0);
+        assert_eq!(r.peek(USED + 2, 2), 0u16.to_le_bytes());
     }
 
     #[test]

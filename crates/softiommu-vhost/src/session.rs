@@ -57,6 +57,11 @@ pub(crate) trait VhostDevice: Sync {
     fn protocol_features(&self) -> u64 {
         PROTOCOL_FEATURES
     }
+    /// Features a ring may not start without (the driver's layout of
+    /// what the rings carry depends on them).
+    fn required_features(&self) -> u64 {
+        0
+    }
     /// The number of queues.
     fn queues(&self) -> u32;
     /// The config space (at most [`CONFIG_MAX`] bytes; the rest reads 0).
@@ -161,6 +166,9 @@ pub struct FdStats {
     /// Kick descriptors dropped because they reported hang-up or an
     /// error (the ring then polled at the kick bound, never spun).
     pub kick_hangups: u64,
+    /// Rings that stopped serving because the driver made a head past the
+    /// descriptor table available (served again once started again).
+    pub bad_heads: u64,
     /// Queue threads that did not end within their bound when stopped,
     /// even interrupted: left behind, their ring never started again in
     /// the session.
@@ -297,6 +305,7 @@ fn serve_space(
         fds: FdStats {
             call_dropped: s.faults.call_dropped.load(Ordering::Relaxed),
             kick_hangups: s.faults.kick_hangups.load(Ordering::Relaxed),
+            bad_heads: s.faults.bad_heads.load(Ordering::Relaxed),
             wedged_rings: s.wedged,
         },
         timing: SessionTiming {
@@ -797,6 +806,13 @@ impl Session<'_> {
             return Err(MsgError::Invalid {
                 name,
                 what: "ring started before SET_MEM_TABLE".into(),
+            });
+        }
+        let missing = self.dev.required_features() & !self.acked;
+        if missing != 0 {
+            return Err(MsgError::Invalid {
+                name,
+                what: format!("ring started without required features {missing:#x}"),
             });
         }
         let layout = QueueLayout {

@@ -441,3 +441,96 @@ fn a_descriptor_table_wrapping_past_2_pow_64_is_refused_when_the_ring_starts_and
         r.last_rejection
     );
 }
+
+/// A driver without `VERSION_1` (a legacy one: a 10-byte header) cannot
+/// start a ring: its frames would be read two bytes short and delivered
+/// behind two stray bytes. Refused at `SET_VRING_KICK`, the exact reason
+/// kept; acknowledged again with it, the ring starts and serves.
+#[test]
+fn a_ring_without_version_1_is_refused_when_it_starts() {
+    let mut fe = Fe::start(Duration::from_millis(100));
+    let state = |i: u32, v: u32| (u64::from(i) | (u64::from(v) << 32)).to_le_bytes();
+    testing::send(&fe.sock, req::GET_VRING_BASE, &state(1, 0), &[], false).unwrap();
+    let (code, _, _) = testing::recv(&fe.sock).unwrap();
+    assert_eq!(code, req::GET_VRING_BASE);
+    let legacy = vf::ACCESS_PLATFORM | vf::PROTOCOL_FEATURES;
+    assert_eq!(fe.ack(req::SET_FEATURES, &legacy.to_le_bytes(), &[]), 0);
+    let idx = 1u64.to_le_bytes();
+    assert_eq!(
+        fe.ack(req::SET_VRING_KICK, &idx, &[fe.kick[1].as_raw_fd()]),
+        1
+    );
+    let modern = legacy | vf::VERSION_1;
+    assert_eq!(fe.ack(req::SET_FEATURES, &modern.to_le_bytes(), &[]), 0);
+    assert_eq!(
+        fe.ack(req::SET_VRING_KICK, &idx, &[fe.kick[1].as_raw_fd()]),
+        0
+    );
+    assert_eq!(fe.ack(req::SET_VRING_ENABLE, &state(1, 1), &[]), 0);
+    fe.iotlb(m::UPDATE, 0, MEM_BYTES as u64, UA);
+    let good = frame(64, 3);
+    fe.send_frame(&good);
+    assert_eq!(fe.peer_frames(), vec![good]);
+    let r = fe.finish();
+    assert_eq!(r.rejected_messages, 1);
+    assert!(
+        matches!(
+            &r.last_rejection,
+            Some(MsgError::Invalid { name: "SET_VRING_KICK", what })
+                if what == &format!("ring started without required features {:#x}", vf::VERSION_1)
+        ),
+        "{:?}",
+        r.last_rejection
+    );
+}
+
+/// A started but disabled transmit ring takes the driver's frames and
+/// discards them unread (vhost-user "Ring states"), so the driver's queue
+/// does not stall; enabled again, frames go onto the wire.
+#[test]
+fn a_disabled_transmit_ring_completes_frames_without_sending_them() {
+    let mut fe = Fe::start(Duration::from_millis(100));
+    let state = |i: u32, v: u32| (u64::from(i) | (u64::from(v) << 32)).to_le_bytes();
+    assert_eq!(fe.ack(req::SET_VRING_ENABLE, &state(1, 0), &[]), 0);
+    fe.send_frame(&frame(90, 1));
+    assert_eq!(fe.peer_frames(), Vec::<Vec<u8>>::new());
+    assert_eq!(fe.ack(req::SET_VRING_ENABLE, &state(1, 1), &[]), 0);
+    let good = frame(90, 2);
+    fe.send_frame(&good);
+    assert_eq!(fe.peer_frames(), vec![good]);
+    let r = fe.finish();
+    assert_eq!(
+        (r.net.tx_discarded, r.net.tx_frames, r.net.tx_bad),
+        (1, 1, 0),
+        "{:?}",
+        r.net
+    );
+}
+
+/// A head past the descriptor table: the transmit ring stops serving at
+/// its entry (a used entry could never return it), counted once; the
+/// session goes on and the other ring still serves.
+#[test]
+fn a_head_past_the_table_stops_its_ring_and_the_other_ring_serves() {
+    let mut fe = Fe::start(Duration::from_millis(100));
+    let slot = u64::from(fe.next_avail[1] % NUM);
+    fe.poke(RING[1] + 0x100 + 4 + 2 * slot, &0xffffu16.to_le_bytes());
+    fe.next_avail[1] = fe.next_avail[1].wrapping_add(1);
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    fe.poke(RING[1] + 0x100 + 2, &fe.next_avail[1].to_le_bytes());
+    let one = 1u64;
+    // SAFETY: 8 bytes to an eventfd.
+    unsafe { libc::write(fe.kick[1].as_raw_fd(), (&one as *const u64).cast(), 8) };
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(fe.peek(RING[1] + 0x200 + 2, 2), 0u16.to_le_bytes());
+    // Receive still works.
+    let f = frame(70, 4);
+    fe.poke(BUF, &[0u8; 256]);
+    fe.offer(0, &[desc(BUF, 256, 2, 0)]);
+    fe.peer_send(&f);
+    assert_eq!(fe.wait_used(0, 1), (HDR + f.len()) as u32);
+    assert_eq!(fe.peek(BUF + HDR as u64, f.len()), f);
+    let r = fe.finish();
+    assert_eq!(r.fds.bad_heads, 1, "{:?}", r.fds);
+    assert_eq!(r.net.tx_bad, 0);
+}

@@ -302,7 +302,8 @@ impl DeviceQueue {
 
     /// The next chain head the driver made available, if any (§2.7.13.3).
     /// Reads the available index only when the entries it last saw are
-    /// used up.
+    /// used up. A head past the descriptor table is
+    /// [`DeviceError::DescriptorIndexOutOfRange`], the entry left untaken.
     pub fn pop<M: RingMemory + ?Sized>(&mut self, mem: &M) -> Result<Option<u16>, DeviceError> {
         if self.stopped {
             return Ok(None);
@@ -316,6 +317,16 @@ impl DeviceQueue {
             }
         }
         let head = self.head_at(mem, next)?;
+        // A head past the descriptor table is the driver's error, and no
+        // used entry can return it (`add_used` refuses it): the entry is
+        // not taken, so the ring stays on it.
+        if head >= self.layout.size {
+            return Err(DeviceError::DescriptorIndexOutOfRange {
+                queue: self.layout.index,
+                index: head,
+                size: self.layout.size,
+            });
+        }
         self.next_avail = next.wrapping_add(1);
         self.last_popped = Some(next);
         Ok(Some(head))
