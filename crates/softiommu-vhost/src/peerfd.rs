@@ -25,6 +25,31 @@ pub(crate) fn check_eventfd(fd: &OwnedFd) -> Result<(), String> {
     }
 }
 
+/// Whether `fd` is an eventfd a kick may be: not in semaphore mode. A
+/// semaphore-mode eventfd reads as 1 and counts down by one per read, so
+/// one write of a huge count would wake the queue's worker 2^64 times, a
+/// busy loop the front-end set off with one message. The mode is fixed
+/// when the eventfd is made (`EFD_SEMAPHORE`); the kernel names it in
+/// `/proc/self/fdinfo` (Linux 6.4 on; an older kernel does not say, and
+/// the descriptor is taken as it is).
+pub(crate) fn check_kick_eventfd(fd: &OwnedFd) -> Result<(), String> {
+    check_eventfd(fd)?;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .unwrap_or_default();
+    let semaphore = info
+        .lines()
+        .filter_map(|l| l.strip_prefix("eventfd-semaphore:"))
+        .any(|v| v.trim() == "1");
+    if semaphore {
+        return Err(
+            "a semaphore-mode eventfd (each read takes one of a count the \
+                    front-end sets): not a kick"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// Whether `fd` is a connected-stream `AF_UNIX` socket (the back-end
 /// channel is one end of a `socketpair`).
 pub(crate) fn check_unix_stream(fd: &OwnedFd) -> Result<(), String> {
@@ -272,6 +297,22 @@ mod tests {
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let a = OwnedFd::from(a);
         assert_eq!(check_eventfd(&e), Ok(()));
+        assert_eq!(check_kick_eventfd(&e), Ok(()));
+        // A semaphore-mode eventfd is an eventfd, but no kick.
+        let sem = eventfd(libc::EFD_SEMAPHORE);
+        assert_eq!(check_eventfd(&sem), Ok(()));
+        let semaphore_named =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", sem.as_raw_fd()))
+                .unwrap()
+                .contains("eventfd-semaphore:");
+        if semaphore_named {
+            assert!(check_kick_eventfd(&sem)
+                .unwrap_err()
+                .starts_with("a semaphore-mode eventfd"));
+        }
+        assert!(check_kick_eventfd(&r)
+            .unwrap_err()
+            .contains("not an eventfd"));
         assert!(check_eventfd(&r).unwrap_err().contains("not an eventfd"));
         assert!(check_eventfd(&a).unwrap_err().contains("not an eventfd"));
         assert_eq!(check_unix_stream(&a), Ok(()));

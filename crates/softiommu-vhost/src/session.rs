@@ -686,8 +686,14 @@ impl Session<'_> {
                     });
                 }
                 let fd = fds.pop();
-                if let (Some(fd), req::SET_VRING_KICK | req::SET_VRING_CALL) = (&fd, request) {
-                    fd_kind(name, fd, crate::peerfd::check_eventfd)?;
+                match (&fd, request) {
+                    (Some(fd), req::SET_VRING_KICK) => {
+                        fd_kind(name, fd, crate::peerfd::check_kick_eventfd)?
+                    }
+                    (Some(fd), req::SET_VRING_CALL) => {
+                        fd_kind(name, fd, crate::peerfd::check_eventfd)?
+                    }
+                    _ => {}
                 }
                 match request {
                     req::SET_VRING_KICK => {

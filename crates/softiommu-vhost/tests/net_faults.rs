@@ -534,3 +534,35 @@ fn a_head_past_the_table_stops_its_ring_and_the_other_ring_serves() {
     assert_eq!(r.fds.bad_heads, 1, "{:?}", r.fds);
     assert_eq!(r.net.tx_bad, 0);
 }
+
+/// A semaphore-mode eventfd as a kick (each read takes one of a count
+/// the front-end sets: one write of 2^64 - 2 would wake the worker that
+/// many times) is refused, where the kernel names the mode.
+#[test]
+fn a_semaphore_mode_kick_is_refused() {
+    let fe = Fe::start(Duration::from_millis(100));
+    // SAFETY: plain syscall; the result is checked.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+    assert!(raw >= 0);
+    // SAFETY: a fresh descriptor we own.
+    let sem = unsafe { OwnedFd::from_raw_fd(raw) };
+    let named = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}"))
+        .unwrap()
+        .contains("eventfd-semaphore:");
+    if !named {
+        eprintln!("skipped: this kernel does not name an eventfd's mode");
+        return;
+    }
+    let idx = 1u64.to_le_bytes();
+    assert_eq!(fe.ack(req::SET_VRING_KICK, &idx, &[sem.as_raw_fd()]), 1);
+    let r = fe.finish();
+    assert!(
+        matches!(
+            &r.last_rejection,
+            Some(MsgError::BadFdKind { name: "SET_VRING_KICK", reason })
+                if reason.starts_with("a semaphore-mode eventfd")
+        ),
+        "{:?}",
+        r.last_rejection
+    );
+}
