@@ -89,13 +89,11 @@ fn children_of(parent: u32) -> Vec<(u32, u32)> {
         .collect()
 }
 
-#[test]
-fn a_terminate_signal_to_the_command_ends_the_child_in_its_own_session() {
-    if !autogroups_on() {
-        eprintln!("skipped: autogroups are off here, so no child is started");
-        return;
-    }
-    let mut parent = KillOnDrop(
+/// A long lab run started as a user would, and its child: returned once
+/// the child leads a session of its own (a new autogroup) and the command
+/// catches `sig`.
+fn started_with_child(sig: i32) -> (KillOnDrop, u32, u32) {
+    let parent = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_softiommu"))
             .args(["lab", "netperf-udp", "--seconds", "60", "--json"])
             .env_remove("SOFTIOMMU_SESSION")
@@ -105,21 +103,28 @@ fn a_terminate_signal_to_the_command_ends_the_child_in_its_own_session() {
             .unwrap(),
     );
     let pid = parent.0.id();
-    // Ready once the child leads a session of its own (a new autogroup)
-    // and the command forwards SIGTERM to it.
     let t0 = Instant::now();
-    let child = loop {
+    loop {
         if let Some(&(c, sid)) = children_of(pid).first() {
-            if sid == c && catches(pid, libc::SIGTERM) {
-                break c;
+            if sid == c && catches(pid, sig) {
+                return (parent, pid, c);
             }
         }
         assert!(
             t0.elapsed() < Duration::from_secs(30),
-            "no child in a session of its own, or SIGTERM not caught"
+            "no child in a session of its own, or signal {sig} not caught"
         );
         std::thread::sleep(Duration::from_millis(10));
-    };
+    }
+}
+
+#[test]
+fn a_terminate_signal_to_the_command_ends_the_child_in_its_own_session() {
+    if !autogroups_on() {
+        eprintln!("skipped: autogroups are off here, so no child is started");
+        return;
+    }
+    let (mut parent, pid, child) = started_with_child(libc::SIGTERM);
     // SAFETY: kill(2) on our own child process.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
     let t0 = Instant::now();
@@ -173,29 +178,7 @@ fn ctrl_z_stops_the_child_in_its_own_session_and_fg_resumes_it() {
         eprintln!("skipped: autogroups are off here, so no child is started");
         return;
     }
-    let mut parent = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_softiommu"))
-            .args(["lab", "netperf-udp", "--seconds", "60", "--json"])
-            .env_remove("SOFTIOMMU_SESSION")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let pid = parent.0.id();
-    let t0 = Instant::now();
-    let child = loop {
-        if let Some(&(c, sid)) = children_of(pid).first() {
-            if sid == c && catches(pid, libc::SIGTSTP) {
-                break c;
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no child in a session of its own, or SIGTSTP not caught"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let (mut parent, pid, child) = started_with_child(libc::SIGTSTP);
     // What the terminal sends on Ctrl-Z, to the command's group (here the
     // command alone: the child is in a session of its own, which the
     // terminal does not reach).

@@ -46,6 +46,11 @@ struct Fe {
 
 use testing::desc;
 
+/// A `vhost_vring_state` payload: ring `i`, value `v`.
+fn state(i: u32, v: u32) -> [u8; 8] {
+    (u64::from(i) | (u64::from(v) << 32)).to_le_bytes()
+}
+
 /// A frame of `len` bytes: broadcast destination, a source, IPv4 type, a pattern.
 fn frame(len: usize, seed: u8) -> Vec<u8> {
     let mut f = vec![0u8; len];
@@ -149,6 +154,25 @@ impl Fe {
             0
         );
         assert_eq!(self.ack(req::SET_VRING_ENABLE, &state(1), &[]), 0);
+    }
+
+    /// Stops ring `q` (`GET_VRING_BASE`, as QEMU does before changing it).
+    fn stop_ring(&self, q: u32) {
+        testing::send(&self.sock, req::GET_VRING_BASE, &state(q, 0), &[], false).unwrap();
+        let (code, _, _) = testing::recv(&self.sock).unwrap();
+        assert_eq!(code, req::GET_VRING_BASE);
+    }
+
+    /// Starts ring `q` again after [`Fe::stop_ring`] (its kick, enabled)
+    /// and maps the memory again (the stop dropped the IOTLB).
+    fn restart_ring(&self, q: usize) {
+        let idx = (q as u64).to_le_bytes();
+        assert_eq!(
+            self.ack(req::SET_VRING_KICK, &idx, &[self.kick[q].as_raw_fd()]),
+            0
+        );
+        assert_eq!(self.ack(req::SET_VRING_ENABLE, &state(q as u32, 1), &[]), 0);
+        self.iotlb(m::UPDATE, 0, MEM_BYTES as u64, UA);
     }
 
     fn poke(&self, off: u64, bytes: &[u8]) {
@@ -394,10 +418,7 @@ fn a_descriptor_table_wrapping_past_2_pow_64_is_refused_when_the_ring_starts_and
     let mut fe = Fe::start(Duration::from_millis(100));
     // Stop the transmit ring and move its descriptor table to the top of
     // the address space (16-byte aligned, so SET_VRING_ADDR takes it).
-    let state = |i: u32, v: u32| (u64::from(i) | (u64::from(v) << 32)).to_le_bytes();
-    testing::send(&fe.sock, req::GET_VRING_BASE, &state(1, 0), &[], false).unwrap();
-    let (code, _, _) = testing::recv(&fe.sock).unwrap();
-    assert_eq!(code, req::GET_VRING_BASE);
+    fe.stop_ring(1);
     let addr = |d: u64| {
         let mut a = Vec::new();
         a.extend_from_slice(&1u32.to_le_bytes());
@@ -417,13 +438,7 @@ fn a_descriptor_table_wrapping_past_2_pow_64_is_refused_when_the_ring_starts_and
     );
     // Corrected, the ring starts and serves.
     assert_eq!(fe.ack(req::SET_VRING_ADDR, &addr(RING[1]), &[]), 0);
-    assert_eq!(
-        fe.ack(req::SET_VRING_KICK, &idx, &[fe.kick[1].as_raw_fd()]),
-        0
-    );
-    assert_eq!(fe.ack(req::SET_VRING_ENABLE, &state(1, 1), &[]), 0);
-    // The ring's stop dropped the IOTLB: map the memory again.
-    fe.iotlb(m::UPDATE, 0, MEM_BYTES as u64, UA);
+    fe.restart_ring(1);
     let good = frame(64, 9);
     fe.send_frame(&good);
     assert_eq!(fe.peer_frames(), vec![good]);
@@ -449,10 +464,7 @@ fn a_descriptor_table_wrapping_past_2_pow_64_is_refused_when_the_ring_starts_and
 #[test]
 fn a_ring_without_version_1_is_refused_when_it_starts() {
     let mut fe = Fe::start(Duration::from_millis(100));
-    let state = |i: u32, v: u32| (u64::from(i) | (u64::from(v) << 32)).to_le_bytes();
-    testing::send(&fe.sock, req::GET_VRING_BASE, &state(1, 0), &[], false).unwrap();
-    let (code, _, _) = testing::recv(&fe.sock).unwrap();
-    assert_eq!(code, req::GET_VRING_BASE);
+    fe.stop_ring(1);
     let legacy = vf::ACCESS_PLATFORM | vf::PROTOCOL_FEATURES;
     assert_eq!(fe.ack(req::SET_FEATURES, &legacy.to_le_bytes(), &[]), 0);
     let idx = 1u64.to_le_bytes();
@@ -462,12 +474,7 @@ fn a_ring_without_version_1_is_refused_when_it_starts() {
     );
     let modern = legacy | vf::VERSION_1;
     assert_eq!(fe.ack(req::SET_FEATURES, &modern.to_le_bytes(), &[]), 0);
-    assert_eq!(
-        fe.ack(req::SET_VRING_KICK, &idx, &[fe.kick[1].as_raw_fd()]),
-        0
-    );
-    assert_eq!(fe.ack(req::SET_VRING_ENABLE, &state(1, 1), &[]), 0);
-    fe.iotlb(m::UPDATE, 0, MEM_BYTES as u64, UA);
+    fe.restart_ring(1);
     let good = frame(64, 3);
     fe.send_frame(&good);
     assert_eq!(fe.peer_frames(), vec![good]);
@@ -490,7 +497,6 @@ fn a_ring_without_version_1_is_refused_when_it_starts() {
 #[test]
 fn a_disabled_transmit_ring_completes_frames_without_sending_them() {
     let mut fe = Fe::start(Duration::from_millis(100));
-    let state = |i: u32, v: u32| (u64::from(i) | (u64::from(v) << 32)).to_le_bytes();
     assert_eq!(fe.ack(req::SET_VRING_ENABLE, &state(1, 0), &[]), 0);
     fe.send_frame(&frame(90, 1));
     assert_eq!(fe.peer_frames(), Vec::<Vec<u8>>::new());

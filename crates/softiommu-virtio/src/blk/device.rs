@@ -351,13 +351,9 @@ mod tests {
     use crate::dma_side::counting::Counting;
     use crate::host_platform::{HostPlatform, HostPlatformSpec};
 
-    /// The device spawned on a side other than a bare unit: a write and
-    /// its read-back complete whole, every ring and buffer access through
-    /// that side (its counters move).
-    #[test]
-    fn a_device_spawned_on_another_dma_side_reaches_memory_only_through_it() {
-        let sid = SourceId(0x0501);
-        let p = HostPlatform::build(HostPlatformSpec {
+    /// A 64 MiB platform whose device `sid` maps strictly.
+    fn strict_platform(sid: SourceId) -> HostPlatform {
+        HostPlatform::build(HostPlatformSpec {
             mem_bytes: 64 << 20,
             latency: LatencyModel::zero(),
             sid,
@@ -367,7 +363,16 @@ mod tests {
             },
             iopf: None,
         })
-        .unwrap();
+        .unwrap()
+    }
+
+    /// The device spawned on a side other than a bare unit: a write and
+    /// its read-back complete whole, every ring and buffer access through
+    /// that side (its counters move).
+    #[test]
+    fn a_device_spawned_on_another_dma_side_reaches_memory_only_through_it() {
+        let sid = SourceId(0x0501);
+        let p = strict_platform(sid);
         let cfg = BlkDeviceConfig {
             backend: BackendConfig::Memory { capacity: 1 << 20 },
             ..BlkDeviceConfig::default()
@@ -454,17 +459,7 @@ mod tests {
         let Some(&cpu) = allowed.last() else {
             return;
         };
-        let p = HostPlatform::build(HostPlatformSpec {
-            mem_bytes: 64 << 20,
-            latency: LatencyModel::zero(),
-            sid: SourceId(0x0300),
-            domain: DmaDomainConfig {
-                policy: DmaPolicy::Strict,
-                ..Default::default()
-            },
-            iopf: None,
-        })
-        .unwrap();
+        let p = strict_platform(SourceId(0x0300));
         let cfg = BlkDeviceConfig {
             backend: BackendConfig::Memory { capacity: 1 << 20 },
             blk: BlkConfig {
