@@ -26,9 +26,10 @@
 //!   unless the child handles it itself, as `run` does SIGINT: as without
 //!   the child); they are blocked from before the child exists until the
 //!   handlers are in place, so none is lost or kills the parent alone;
-//! - the child dies with the parent (`PR_SET_PDEATHSIG`, set again by the
-//!   child itself, which checks that its parent is still the one that
-//!   started it);
+//! - the child dies with the parent (`PR_SET_PDEATHSIG` with SIGKILL, set
+//!   again by the child itself, which checks that its parent is still the
+//!   one that started it: SIGKILL also ends a child stopped by Ctrl-Z, or
+//!   one whose caller ignored SIGTERM);
 //! - the parent exits as the child did: with its code, or, killed by a
 //!   signal, by the same signal (so a shell loop stops on Ctrl-C);
 //! - once the child is started the work is the child's: a failure to wait
@@ -45,9 +46,10 @@
 //! Ctrl-Z (SIGTSTP from the terminal) stops both: the child's group is in
 //! another session, an orphaned process group where the kernel discards
 //! SIGTSTP, so the parent stops it with SIGSTOP and then stops itself as
-//! SIGTSTP would; the SIGCONT that resumes the parent (`fg`, `bg`)
-//! resumes the child's group. A caller that ignored SIGTSTP keeps it
-//! ignored.
+//! SIGTSTP would; once the parent runs again (`fg`, `bg`) it resumes the
+//! child's group. Where the parent's own group is orphaned (a service, a
+//! CI runner) the kernel discards its stop too, and the child is resumed
+//! at once. A caller that ignored SIGTSTP keeps it ignored.
 
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
@@ -168,12 +170,17 @@ extern "C" fn forward(sig: libc::c_int) {
 }
 
 /// SIGTSTP in the parent: stops the child's group, then this process as
-/// SIGTSTP's default action would (raised with that disposition; blocked
-/// while this handler runs, it stops the process as the handler returns).
+/// SIGTSTP's default action would, and, once it runs again (continued by
+/// `fg` or `bg`), resumes the child's group and arms itself again. The
+/// stop is raised with SIGTSTP unblocked and at its default, so it takes
+/// effect inside the handler — or is discarded, as the kernel does in an
+/// orphaned process group (a parent started by a service or a CI
+/// runner): either way the handler goes on to resume the child, and the
+/// two are never left one stopped and one running.
 extern "C" fn stop(_: libc::c_int) {
     // SAFETY: __errno_location() is this thread's errno; kill(2),
-    // signal(2) and raise(3) are async-signal-safe. The group is the
-    // child's, as in `forward`.
+    // signal(2), sigemptyset/sigaddset, pthread_sigmask and raise(3) are
+    // async-signal-safe. The group is the child's, as in `forward`.
     unsafe {
         let errno = *libc::__errno_location();
         let child = CHILD.load(Ordering::SeqCst);
@@ -181,17 +188,13 @@ extern "C" fn stop(_: libc::c_int) {
             libc::kill(-child, libc::SIGSTOP);
         }
         libc::signal(libc::SIGTSTP, libc::SIG_DFL);
+        let mut one: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut one);
+        libc::sigaddset(&mut one, libc::SIGTSTP);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
         libc::raise(libc::SIGTSTP);
-        *libc::__errno_location() = errno;
-    }
-}
-
-/// SIGCONT in the parent (resumed by `fg` or `bg`, or a stop that never
-/// came): arms [`stop`] again and resumes the child's group.
-extern "C" fn resume(_: libc::c_int) {
-    // SAFETY: as in `stop`.
-    unsafe {
-        let errno = *libc::__errno_location();
+        // Running again (or never stopped): SIGTSTP is blocked again
+        // when the handler returns.
         let handler: extern "C" fn(libc::c_int) = stop;
         libc::signal(libc::SIGTSTP, handler as libc::sighandler_t);
         let child = CHILD.load(Ordering::SeqCst);
@@ -202,8 +205,8 @@ extern "C" fn resume(_: libc::c_int) {
     }
 }
 
-/// The signals the parent handles as a set: the forwarded ones, SIGTSTP
-/// and SIGCONT.
+/// The signals the parent handles as a set: the forwarded ones and
+/// SIGTSTP.
 fn handled_set() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset initialise and fill a local set.
     unsafe {
@@ -213,7 +216,6 @@ fn handled_set() -> libc::sigset_t {
             libc::sigaddset(&mut set, s);
         }
         libc::sigaddset(&mut set, libc::SIGTSTP);
-        libc::sigaddset(&mut set, libc::SIGCONT);
         set
     }
 }
@@ -268,9 +270,9 @@ fn die_with_parent() {
     // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid() touch only this
     // process's own state.
     unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
         if parent.is_some_and(|p| libc::getppid() != p) {
-            libc::_exit(128 + libc::SIGTERM);
+            libc::_exit(128 + libc::SIGKILL);
         }
     }
 }
@@ -316,7 +318,7 @@ fn spawn_and_wait() -> Option<ExitCode> {
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) < 0 {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             // The parent died before the prctl: no signal would come.
@@ -353,13 +355,11 @@ fn spawn_and_wait() -> Option<ExitCode> {
     }
     // Ctrl-Z, unless the caller ignored SIGTSTP (then it stays ignored).
     if default_disposition(libc::SIGTSTP) {
-        let (stop_h, resume_h): (extern "C" fn(libc::c_int), extern "C" fn(libc::c_int)) =
-            (stop, resume);
-        // SAFETY: both handlers call only async-signal-safe functions
-        // and keep errno.
+        let stop_h: extern "C" fn(libc::c_int) = stop;
+        // SAFETY: the handler calls only async-signal-safe functions and
+        // keeps errno.
         unsafe {
             libc::signal(libc::SIGTSTP, stop_h as libc::sighandler_t);
-            libc::signal(libc::SIGCONT, resume_h as libc::sighandler_t);
         }
     }
     // SAFETY: unblocks the handled signals: pending ones are delivered

@@ -93,9 +93,15 @@ fn children_of(parent: u32) -> Vec<(u32, u32)> {
 /// the child leads a session of its own (a new autogroup) and the command
 /// catches `sig`.
 fn started_with_child(sig: i32) -> (KillOnDrop, u32, u32) {
+    use std::os::unix::process::CommandExt;
     let parent = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_softiommu"))
             .args(["lab", "netperf-udp", "--seconds", "60", "--json"])
+            // A process group of its own, whose parent (this test) is in
+            // another group of the same session: not orphaned, so the
+            // kernel lets a stop signal stop it, as in a terminal's job
+            // (a test runner's own group may be orphaned).
+            .process_group(0)
             .env_remove("SOFTIOMMU_SESSION")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -195,6 +201,7 @@ fn ctrl_z_stops_the_child_in_its_own_session_and_fg_resumes_it() {
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTSTP) }, 0);
     wait_state(child, "stopped again", |s| s == 'T');
+    wait_state(pid, "stopped again", |s| s == 'T');
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
     wait_state(child, "running again", |s| s != 'T');
@@ -208,4 +215,67 @@ fn ctrl_z_stops_the_child_in_its_own_session_and_fg_resumes_it() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Where the command's own process group is orphaned (its leader's parent
+/// in another session: a service, a CI runner started with `setsid`), the
+/// kernel discards a stop signal to it, so Ctrl-Z cannot stop the command;
+/// then the child must not be left stopped either, with the command
+/// waiting on it forever.
+#[test]
+fn a_stop_the_kernel_discards_leaves_neither_process_stopped() {
+    if !autogroups_on() {
+        eprintln!("skipped: autogroups are off here, so no child is started");
+        return;
+    }
+    // `setsid sh -c '… & wait'`: the shell leads a new session, the
+    // command runs in the shell's group, whose only outside parent (this
+    // test) is in another session: an orphaned group.
+    let bin = env!("CARGO_BIN_EXE_softiommu");
+    let mut sh = KillOnDrop(
+        Command::new("setsid")
+            .args([
+                "sh",
+                "-c",
+                &format!("'{bin}' lab netperf-udp --seconds 60 --json >/dev/null 2>&1 & wait"),
+            ])
+            .env_remove("SOFTIOMMU_SESSION")
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = Instant::now();
+    let (pid, child) = loop {
+        let found = children_of(sh.0.id()).into_iter().find_map(|(cmd, _)| {
+            let (c, sid) = *children_of(cmd).first()?;
+            (sid == c && catches(cmd, libc::SIGTSTP)).then_some((cmd, c))
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no command with a child in a session of its own"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // SAFETY: kill(2) on a process this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTSTP) }, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_ne!(
+        state(pid),
+        Some('T'),
+        "the command stopped in an orphaned group"
+    );
+    assert_ne!(state(child), Some('T'), "the child was left stopped");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    let t0 = Instant::now();
+    while ppid_and_sid(child).is_some() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the child outlived the command"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = sh.0.wait();
 }

@@ -312,18 +312,23 @@ struct TxWorker {
 
 impl TxWorker {
     fn run(mut self) -> u16 {
+        // Started: a kick came (vhost-user, "Ring states": a ring starts
+        // upon a kick). Before it a disabled ring is left alone.
+        let mut started = false;
         while !self.q.stopping() {
             // A started but disabled ring still takes the driver's frames
-            // and discards them, unread (vhost-user, "Ring states": a
-            // disabled net ring "must process and discard any TX packets"),
-            // so the driver's transmit queue does not stall.
-            if let Err(e) = self.drain() {
-                if !is_abort(&e) {
-                    bump(&self.counters.ring_faults, 1);
-                    eprintln!("softiommu-vhost: net tx ring access failed: {e}");
+            // and discards them, unread ("Ring states": a disabled net
+            // ring "must process and discard any TX packets"), so the
+            // driver's transmit queue does not stall.
+            if started || self.q.enabled() {
+                if let Err(e) = self.drain() {
+                    if !is_abort(&e) {
+                        bump(&self.counters.ring_faults, 1);
+                        eprintln!("softiommu-vhost: net tx ring access failed: {e}");
+                    }
                 }
             }
-            self.q.wait_kick(KICK_POLL);
+            started |= self.q.wait_kick(KICK_POLL);
         }
         bump(&self.counters.worker_cpu_ns, thread_cpu_ns());
         // A frame whose completion could not be published is given back
@@ -498,10 +503,9 @@ impl RxWorker {
                 }
                 Err(e) => {
                     // What was published before the failure is signalled
-                    // (a lost interrupt stalls the driver).
-                    if let Err(e2) = self.q.signal_if_wanted() {
-                        self.fault(e2);
-                    }
+                    // (a lost interrupt stalls the driver; an unreadable
+                    // flag signals anyway), the one failure counted.
+                    let _ = self.q.signal_if_wanted();
                     self.fault(e);
                     self.q.wait_kick(IDLE_WAIT);
                 }
