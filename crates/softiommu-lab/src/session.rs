@@ -179,8 +179,9 @@ extern "C" fn forward(sig: libc::c_int) {
 /// two are never left one stopped and one running.
 extern "C" fn stop(_: libc::c_int) {
     // SAFETY: __errno_location() is this thread's errno; kill(2),
-    // signal(2), sigemptyset/sigaddset, pthread_sigmask and raise(3) are
-    // async-signal-safe. The group is the child's, as in `forward`.
+    // signal(2), sigemptyset/sigaddset (`set_of`), pthread_sigmask and
+    // raise(3) are async-signal-safe. The group is the child's, as in
+    // `forward`.
     unsafe {
         let errno = *libc::__errno_location();
         let child = CHILD.load(Ordering::SeqCst);
@@ -188,16 +189,13 @@ extern "C" fn stop(_: libc::c_int) {
             libc::kill(-child, libc::SIGSTOP);
         }
         libc::signal(libc::SIGTSTP, libc::SIG_DFL);
-        let mut one: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut one);
-        libc::sigaddset(&mut one, libc::SIGTSTP);
+        let one = set_of(&[libc::SIGTSTP]);
         libc::pthread_sigmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
         libc::raise(libc::SIGTSTP);
         // Running again (or never stopped): SIGTSTP is blocked again
         // when the handler returns.
         let handler: extern "C" fn(libc::c_int) = stop;
         libc::signal(libc::SIGTSTP, handler as libc::sighandler_t);
-        let child = CHILD.load(Ordering::SeqCst);
         if child > 0 {
             libc::kill(-child, libc::SIGCONT);
         }
@@ -205,19 +203,24 @@ extern "C" fn stop(_: libc::c_int) {
     }
 }
 
-/// The signals the parent handles as a set: the forwarded ones and
-/// SIGTSTP.
-fn handled_set() -> libc::sigset_t {
+/// `sigs` as a signal set (async-signal-safe: `stop` builds one).
+fn set_of(sigs: &[libc::c_int]) -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset initialise and fill a local set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for s in FORWARDED {
+        for &s in sigs {
             libc::sigaddset(&mut set, s);
         }
-        libc::sigaddset(&mut set, libc::SIGTSTP);
         set
     }
+}
+
+/// The signals the parent handles as a set: the forwarded ones and
+/// SIGTSTP.
+fn handled_set() -> libc::sigset_t {
+    let [a, b, c, d] = FORWARDED;
+    set_of(&[a, b, c, d, libc::SIGTSTP])
 }
 
 /// Whether `sig`'s disposition in this process is the default one.
@@ -392,9 +395,7 @@ fn spawn_and_wait() -> Option<ExitCode> {
                 };
                 libc::setrlimit(libc::RLIMIT_CORE, &zero);
                 libc::signal(s, libc::SIG_DFL);
-                let mut one: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut one);
-                libc::sigaddset(&mut one, s);
+                let one = set_of(&[s]);
                 libc::pthread_sigmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
                 libc::raise(s);
             }

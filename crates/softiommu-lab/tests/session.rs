@@ -89,6 +89,19 @@ fn children_of(parent: u32) -> Vec<(u32, u32)> {
         .collect()
 }
 
+/// Polls `f` every 10 ms until it gives a value, failing with `what`
+/// (and the detail `f`'s last call left in it) after `secs` seconds.
+fn wait_for<T>(secs: u64, what: impl Fn() -> String, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(secs), "{}", what());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A long lab run started as a user would, and its child: returned once
 /// the child leads a session of its own (a new autogroup) and the command
 /// catches `sig`.
@@ -109,19 +122,30 @@ fn started_with_child(sig: i32) -> (KillOnDrop, u32, u32) {
             .unwrap(),
     );
     let pid = parent.0.id();
-    let t0 = Instant::now();
-    loop {
-        if let Some(&(c, sid)) = children_of(pid).first() {
-            if sid == c && catches(pid, sig) {
-                return (parent, pid, c);
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no child in a session of its own, or signal {sig} not caught"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let what = || format!("no child in a session of its own, or signal {sig} not caught");
+    let child = wait_for(30, what, || {
+        let &(c, sid) = children_of(pid).first()?;
+        (sid == c && catches(pid, sig)).then_some(c)
+    });
+    (parent, pid, child)
+}
+
+/// Waits until the command `parent` has ended; its status.
+fn ended(parent: &mut KillOnDrop) -> std::process::ExitStatus {
+    wait_for(
+        20,
+        || "the command did not end".into(),
+        || parent.0.try_wait().unwrap(),
+    )
+}
+
+/// Waits, up to `secs` seconds, until process `pid` (the child) is gone.
+fn gone(pid: u32, secs: u64) {
+    wait_for(
+        secs,
+        || "the child outlived the command".into(),
+        || ppid_and_sid(pid).is_none().then_some(()),
+    );
 }
 
 #[test]
@@ -133,29 +157,12 @@ fn a_terminate_signal_to_the_command_ends_the_child_in_its_own_session() {
     let (mut parent, pid, child) = started_with_child(libc::SIGTERM);
     // SAFETY: kill(2) on our own child process.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = parent.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the command did not end"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = ended(&mut parent);
     // The child was ended by the forwarded SIGTERM, and the command dies
     // of it too, as it would have without a child.
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
-    let t0 = Instant::now();
-    while ppid_and_sid(child).is_some() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the child outlived the command"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    gone(child, 10);
 }
 
 /// The state letter of process `pid` (`R`, `S`, `T` for stopped, …), from
@@ -167,15 +174,8 @@ fn state(pid: u32) -> Option<char> {
 
 /// Waits, within a bound, until `pid`'s state satisfies `want`.
 fn wait_state(pid: u32, what: &str, want: impl Fn(char) -> bool) {
-    let t0 = Instant::now();
-    while !state(pid).is_some_and(&want) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "process {pid} not {what} (state {:?})",
-            state(pid)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let says = || format!("process {pid} not {what} (state {:?})", state(pid));
+    wait_for(20, says, || state(pid).is_some_and(&want).then_some(()));
 }
 
 #[test]
@@ -207,14 +207,7 @@ fn ctrl_z_stops_the_child_in_its_own_session_and_fg_resumes_it() {
     wait_state(child, "running again", |s| s != 'T');
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
-    let t0 = Instant::now();
-    while parent.0.try_wait().unwrap().is_none() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the command did not end"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    ended(&mut parent);
 }
 
 /// Where the command's own process group is orphaned (its leader's parent
@@ -243,21 +236,13 @@ fn a_stop_the_kernel_discards_leaves_neither_process_stopped() {
             .spawn()
             .unwrap(),
     );
-    let t0 = Instant::now();
-    let (pid, child) = loop {
-        let found = children_of(sh.0.id()).into_iter().find_map(|(cmd, _)| {
+    let what = || "no command with a child in a session of its own".to_string();
+    let (pid, child) = wait_for(30, what, || {
+        children_of(sh.0.id()).into_iter().find_map(|(cmd, _)| {
             let (c, sid) = *children_of(cmd).first()?;
             (sid == c && catches(cmd, libc::SIGTSTP)).then_some((cmd, c))
-        });
-        if let Some(f) = found {
-            break f;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no command with a child in a session of its own"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+        })
+    });
     // SAFETY: kill(2) on a process this test started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTSTP) }, 0);
     std::thread::sleep(Duration::from_millis(300));
@@ -269,13 +254,6 @@ fn a_stop_the_kernel_discards_leaves_neither_process_stopped() {
     assert_ne!(state(child), Some('T'), "the child was left stopped");
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
-    let t0 = Instant::now();
-    while ppid_and_sid(child).is_some() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the child outlived the command"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    gone(child, 20);
     let _ = sh.0.wait();
 }
