@@ -213,6 +213,15 @@ impl<E> Started<E> {
     }
 }
 
+/// Pins the calling thread to `cpu`, if one is named (a CPU the kernel
+/// refuses is ignored): a device's worker threads, where its
+/// configuration names one, and a workload's driver threads.
+pub(crate) fn pin(cpu: Option<usize>) {
+    if let Some(c) = cpu {
+        crate::affinity::pin_current(c);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -244,9 +244,7 @@ impl BlkDevice {
             let thread = format!("virtio-blk {name} w{w}");
             let cpu = cfg.cpu;
             let setup = move || {
-                if let Some(c) = cpu {
-                    crate::affinity::pin_current(c);
-                }
+                crate::device_thread::pin(cpu);
                 let a = side.attach()?;
                 let worker = Worker::<S>::new(WorkerParts {
                     ring: a.ring,

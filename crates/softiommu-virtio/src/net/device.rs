@@ -268,9 +268,7 @@ impl NetDevice {
         let counters2 = counters.clone();
         let idle_wait = cfg.idle_wait;
         let setup = move || {
-            if let Some(c) = cfg.cpu {
-                crate::affinity::pin_current(c);
-            }
+            crate::device_thread::pin(cfg.cpu);
             let worker = Worker::<S>::new(&cfg, &side, port, counters2)?;
             end.register_thread();
             worker.port.rx.register_receiver();

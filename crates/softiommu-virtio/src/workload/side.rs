@@ -170,13 +170,6 @@ pub struct Cpus {
     pub device_b: Option<usize>,
 }
 
-/// Pins the calling thread to `cpu`, if one is named.
-pub(crate) fn pin(cpu: Option<usize>) {
-    if let Some(c) = cpu {
-        crate::affinity::pin_current(c);
-    }
-}
-
 /// What both workloads' hosts are built from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Common {

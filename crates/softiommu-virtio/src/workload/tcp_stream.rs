@@ -29,11 +29,12 @@ use softiommu::pgtable::{IoPageTable, IotlbGather, Perm, TableStats, VtdConfig, 
 
 use super::hash::StreamHash;
 use super::side::{
-    charge_passes, cidr, pin, timers, wait_flowing, Common, Cpus, Meter, Phase, Window, A_IP, B_IP,
+    charge_passes, cidr, timers, wait_flowing, Common, Cpus, Meter, Phase, Window, A_IP, B_IP,
     MEASURE, STOP,
 };
 use super::WorkloadError;
 use crate::cpu_clock;
+use crate::device_thread::pin;
 use crate::host::{pair, Host};
 use crate::net::WireConfig;
 

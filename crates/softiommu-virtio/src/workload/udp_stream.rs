@@ -45,10 +45,11 @@ use softiommu::dma::DmaPolicy;
 use softiommu::hw::LatencyModel;
 
 use super::side::{
-    charge_passes, cidr, pin, timers, us_per, wait_flowing, Common, Cpus, Meter, Phase, Window,
-    A_IP, B_IP, MEASURE, STOP,
+    charge_passes, cidr, timers, us_per, wait_flowing, Common, Cpus, Meter, Phase, Window, A_IP,
+    B_IP, MEASURE, STOP,
 };
 use super::WorkloadError;
+use crate::device_thread::pin;
 use crate::host::{pair, Host, HostError, HostPair};
 use crate::net::{LaneStats, WireConfig};
 
