@@ -53,6 +53,30 @@ fn bench_iova_on(threads: &str) -> Value {
 }
 
 #[test]
+fn bench_iova_runs_the_floor_of_its_design_when_asked() {
+    let v = run(&[
+        "bench",
+        "iova",
+        "--json",
+        "--seconds",
+        "0.05",
+        "--rounds",
+        "1",
+        "--live",
+        "256",
+        "--impls",
+        "magazine-floor",
+    ]);
+    let results = v["results"].as_array().expect("results");
+    let floor = results
+        .iter()
+        .find(|r| r["impl"] == "magazine-floor")
+        .expect("a magazine-floor row");
+    assert!(number(floor, "ns_per_pair") > 0.0);
+    assert_eq!(floor["pairs_per_call"], 1);
+}
+
+#[test]
 fn bench_iova() {
     let v = bench_iova_on("1");
     assert_eq!(v["bench"], "iova");
@@ -780,8 +804,9 @@ fn bench_translate() {
             )
         })
         .collect();
-    assert_eq!(cases.len(), 3);
+    assert_eq!(cases.len(), 4);
     assert!(cases.contains(&("vm-memory".into(), "hit".into())));
+    assert!(cases.contains(&("seqlock-floor".into(), "hit".into())));
 }
 
 #[test]

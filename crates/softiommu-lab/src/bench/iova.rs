@@ -1,11 +1,13 @@
 //! `softiommu bench iova`: alloc+free pairs on a DMA-like size mix, ours
-//! beside `vm-allocator`, `range-alloc`, `offset-allocator` and our
-//! `linux-2016` baseline, in one run.
+//! beside `vm-allocator`, `range-alloc`, `offset-allocator`, our
+//! `linux-2016` baseline and `magazine-floor` (the floor of our design, a
+//! bare model: see `iova_floor`), in one run.
 //!
 //! Each thread holds `--live` allocations; each step frees the one in a
 //! random slot and allocates a new size into it, so frees come in a
 //! different order than allocations. Sizes and slots are drawn before the
-//! clock starts. Every figure is measured; nothing is modelled.
+//! clock starts. Every figure is measured, the floor row's too (its
+//! allocator is stripped down; its work is real); nothing is modelled.
 
 use std::num::NonZeroU64;
 use std::sync::{Arc, Barrier, Mutex};
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use softiommu::iova::IovaPolicy;
 
+use super::iova_floor::MagazineFloor;
 use super::iova_peers::{
     Harness, Iova, OffsetAlloc, Owned, PairAlloc, Peer, RangeAlloc, Shared, VmAllocator,
 };
@@ -87,6 +90,9 @@ pub enum Impl {
     RangeAlloc,
     /// The `vm-allocator` crate.
     VmAllocator,
+    /// The floor of our design: a bare magazine allocator whose free
+    /// claims the block with one compare-exchange (see `iova_floor`).
+    MagazineFloor,
 }
 
 impl Impl {
@@ -100,6 +106,7 @@ impl Impl {
             Impl::OffsetAllocator => "offset-allocator",
             Impl::RangeAlloc => "range-alloc",
             Impl::VmAllocator => "vm-allocator",
+            Impl::MagazineFloor => "magazine-floor",
         }
     }
 }
@@ -412,6 +419,19 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
                 Box::new(move |b| measure("harness@1", vec![Harness::default()], live, b)),
             ));
         }
+    }
+    if want("magazine-floor") {
+        runners.push((
+            "magazine-floor",
+            Box::new(move |b| {
+                measure(
+                    "magazine-floor",
+                    (0..threads).map(|_| MagazineFloor::default()).collect(),
+                    live,
+                    b,
+                )
+            }),
+        ));
     }
     if want("softiommu-batch16") {
         runners.push((

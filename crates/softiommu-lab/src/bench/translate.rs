@@ -3,11 +3,14 @@
 //!
 //! - `hit`: a working set that fits our IOTLB, warmed first; the same
 //!   mappings in `vm-memory`'s `Iotlb` (the rust-vmm IOTLB, a range map),
-//!   looked up with the same addresses;
+//!   looked up with the same addresses,
+//!   and in `seqlock-floor`, the floor of our IOTLB's design (a bare
+//!   model with the same concurrency protocol: see `translate_floor`);
 //! - `walk`: a working set far larger than the IOTLB, so that most lookups
 //!   miss and walk the page table's bytes (no latency modelled).
 //!
-//! Every figure is measured.
+//! Every figure is measured, the floor row's too (its IOTLB is stripped
+//! down; its work is real).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +22,7 @@ use softiommu::pgtable::{IoPageTable, Perm, VtdConfig, VtdPageTable};
 use vm_memory::iommu::Iotlb;
 use vm_memory::{GuestAddress, Permissions};
 
+use super::translate_floor::SeqlockFloor;
 use crate::args::{Ranged, Seconds};
 use crate::error::{LabError, LabResult};
 use crate::report::{contract, Cell, Column, Param, Report, Spread, Table, Unit};
@@ -95,6 +99,8 @@ const SEQ: usize = 1 << 16;
 
 struct Setup {
     iovas: Vec<u64>,
+    /// Each of `iovas`' physical page.
+    phys: Vec<u64>,
     lookups: Vec<u64>,
 }
 
@@ -104,6 +110,7 @@ fn scatter(table: &VtdPageTable, pages: u64, seed: u64, mut iotlb: Option<&mut I
     let mut rng = Rng::new(seed);
     let mut used = std::collections::HashSet::new();
     let mut iovas = Vec::with_capacity(pages as usize);
+    let mut frames = Vec::with_capacity(pages as usize);
     while iovas.len() < pages as usize {
         let pfn = (1 << 20) + rng.below(1 << 26);
         if !used.insert(pfn) {
@@ -124,11 +131,16 @@ fn scatter(table: &VtdPageTable, pages: u64, seed: u64, mut iotlb: Option<&mut I
             .expect("vm-memory mapping");
         }
         iovas.push(iova);
+        frames.push(phys);
     }
     let lookups = (0..SEQ)
         .map(|_| iovas[rng.below(pages) as usize] + 64 * rng.below(64))
         .collect();
-    Setup { iovas, lookups }
+    Setup {
+        iovas,
+        phys: frames,
+        lookups,
+    }
 }
 
 fn time_ours(tr: &mut Translator, s: &Setup, budget: Duration) -> f64 {
@@ -141,6 +153,23 @@ fn time_ours(tr: &mut Translator, s: &Setup, budget: Duration) -> f64 {
             let span = tr
                 .translate_page(SID, s.lookups[i & (SEQ - 1)], Access::Read)
                 .expect("mapped");
+            assert!(span.len >= 64);
+            sink = sink.wrapping_add(span.phys);
+            i += 1;
+        }
+        n += 1024;
+    }
+    std::hint::black_box(sink);
+    start.elapsed().as_nanos() as f64 / n as f64
+}
+
+/// [`time_ours`] for the floor model, warmed as ours is.
+fn time_floor(f: &mut SeqlockFloor, s: &Setup, budget: Duration) -> f64 {
+    let (mut n, mut i, mut sink) = (0u64, 0usize, 0u64);
+    let start = Instant::now();
+    while start.elapsed() < budget {
+        for _ in 0..1024 {
+            let span = f.translate(s.lookups[i & (SEQ - 1)]).expect("mapped");
             assert!(span.len >= 64);
             sink = sink.wrapping_add(span.phys);
             i += 1;
@@ -210,7 +239,18 @@ fn measure(args: &TranslateBenchArgs) -> LabResult<TranslateBenchReport> {
             },
         )
     };
+    let mut floor = SeqlockFloor::new(
+        hit.iovas
+            .iter()
+            .zip(&hit.phys)
+            .map(|(&iova, &phys)| (iova >> 12, phys))
+            .collect(),
+    );
+    for &iova in &hit.iovas {
+        let _ = floor.translate(iova);
+    }
     let (mut ours_hit, mut vm_hit, mut ours_walk) = (Vec::new(), Vec::new(), Vec::new());
+    let mut floor_hit = Vec::new();
     let mut rates = [0.0f64; 2];
     for _ in 0..rounds {
         attach(&hit_table, 1)?;
@@ -221,6 +261,7 @@ fn measure(args: &TranslateBenchArgs) -> LabResult<TranslateBenchReport> {
         ours_hit.push(time_ours(&mut tr, &hit, budget));
         rates[0] = hit_rate(before, tr.stats());
         vm_hit.push(time_vm(&iotlb, &hit, budget));
+        floor_hit.push(time_floor(&mut floor, &hit, budget));
         attach(&walk_table, 2)?;
         let before = tr.stats();
         ours_walk.push(time_ours(&mut tr, &walk, budget));
@@ -243,6 +284,12 @@ fn measure(args: &TranslateBenchArgs) -> LabResult<TranslateBenchReport> {
                 case: "hit".into(),
                 ns_per_lookup_spread: Spread::of_rounds(&vm_hit),
                 ns_per_lookup: median(vm_hit),
+            },
+            TranslateResult {
+                name: "seqlock-floor".into(),
+                case: "hit".into(),
+                ns_per_lookup_spread: Spread::of_rounds(&floor_hit),
+                ns_per_lookup: median(floor_hit),
             },
             TranslateResult {
                 name: "softiommu".into(),

@@ -1,0 +1,194 @@
+//! `bench iova`'s `magazine-floor` row: the least a magazine allocator
+//! whose free checks ownership can cost in the bench's loop, measured
+//! beside ours in the same run.
+//!
+//! The model keeps only what the design cannot drop: a magazine per
+//! order (pop on alloc, push on free), a 16-bit state word per frame set
+//! live on alloc, and one compare-exchange on free that takes the block
+//! from live to cached, so that of two frees of one block exactly one
+//! succeeds. It has none of our allocator's other work: no limit, no
+//! domain bounds, no flush epoch, no published counts, no tree (a bump
+//! pointer and a stack of spilled blocks stand in for it), no chunked
+//! state map (one flat array over the frames it hands out). So its figure
+//! is a floor for the design, not a usable allocator.
+
+use std::sync::atomic::{AtomicU16, Ordering::AcqRel, Ordering::Relaxed};
+
+use super::iova_peers::PairAlloc;
+
+/// Blocks a magazine holds, as our default magazines.
+const MAGAZINE: usize = 128;
+/// Orders served: blocks of 1 to 256 pages (the bench's mix).
+const ORDERS: usize = 9;
+/// Frames the model can hand out (its state array's length): room for
+/// the bench's 4,096 live blocks of at most 256 pages, with the
+/// magazines', many times over.
+const FRAMES: u64 = 1 << 22;
+/// State word of a live block (or'ed with its order).
+const LIVE: u16 = 0x40;
+/// State word of a block in a magazine or spilled (or'ed with its order).
+const CACHED: u16 = 0x80;
+
+/// One thread's model allocator; see the module documentation.
+#[derive(Debug)]
+pub struct MagazineFloor {
+    state: Box<[AtomicU16]>,
+    mags: [Magazine; ORDERS],
+    spilled: [Vec<u64>; ORDERS],
+    bump: u64,
+}
+
+#[derive(Debug)]
+struct Magazine {
+    slots: Box<[u64; MAGAZINE]>,
+    len: usize,
+}
+
+impl Default for MagazineFloor {
+    fn default() -> Self {
+        Self {
+            state: (0..FRAMES).map(|_| AtomicU16::new(0)).collect(),
+            mags: std::array::from_fn(|_| Magazine {
+                slots: Box::new([0; MAGAZINE]),
+                len: 0,
+            }),
+            spilled: std::array::from_fn(|_| Vec::new()),
+            // Frame 0 is never handed out: a handle is never zero.
+            bump: 1,
+        }
+    }
+}
+
+impl MagazineFloor {
+    /// The order of `pages` if the model serves it (a power of two up to
+    /// 256).
+    #[inline(always)]
+    fn order(pages: u64) -> Option<usize> {
+        let order = pages.trailing_zeros() as usize;
+        (pages.is_power_of_two() && order < ORDERS).then_some(order)
+    }
+
+    /// Allocates a size-aligned block of `pages`: its first frame.
+    #[inline(always)]
+    pub fn alloc_block(&mut self, pages: u64) -> Option<u64> {
+        let order = Self::order(pages)?;
+        let m = &mut self.mags[order];
+        let pfn = match m.len.checked_sub(1) {
+            Some(top) => {
+                m.len = top;
+                m.slots[top]
+            }
+            None => self.refill(order)?,
+        };
+        self.state
+            .get(pfn as usize)?
+            .store(LIVE | order as u16, Relaxed);
+        Some(pfn)
+    }
+
+    /// A block for an empty magazine: a spilled one, else a new one.
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self, order: usize) -> Option<u64> {
+        if let Some(pfn) = self.spilled[order].pop() {
+            return Some(pfn);
+        }
+        let span = 1u64 << order;
+        let pfn = self.bump.checked_add(span - 1)? & !(span - 1);
+        let end = pfn.checked_add(span)?;
+        if end > FRAMES {
+            return None;
+        }
+        self.bump = end;
+        Some(pfn)
+    }
+
+    /// Frees the block of `pages` at `pfn`; `false`, the block left as it
+    /// was, if it is not a live block of that size.
+    #[inline(always)]
+    pub fn free_block(&mut self, pfn: u64, pages: u64) -> bool {
+        let Some(order) = Self::order(pages) else {
+            return false;
+        };
+        let Some(word) = self.state.get(pfn as usize) else {
+            return false;
+        };
+        let m = &mut self.mags[order];
+        if m.len == MAGAZINE {
+            // Half the full magazine spills, as a depot would take it.
+            self.spilled[order].extend_from_slice(&m.slots[MAGAZINE / 2..]);
+            m.len = MAGAZINE / 2;
+        }
+        // AcqRel: as our free's claim.
+        if word
+            .compare_exchange(LIVE | order as u16, CACHED | order as u16, AcqRel, Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        m.slots[m.len] = pfn;
+        m.len += 1;
+        true
+    }
+}
+
+impl PairAlloc for MagazineFloor {
+    /// `pfn << 12 | pages`, as ours.
+    type Handle = std::num::NonZeroU64;
+    #[inline(always)]
+    fn alloc(&mut self, pages: u64) -> Option<Self::Handle> {
+        std::num::NonZeroU64::new(self.alloc_block(pages)? << 12 | pages)
+    }
+    #[inline(always)]
+    fn free(&mut self, h: Self::Handle) {
+        let ok = self.free_block(h.get() >> 12, h.get() & 0xfff);
+        assert!(ok, "freeing a live block");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_aligned_distinct_and_reused_and_a_second_free_is_refused() {
+        let mut a = MagazineFloor::default();
+        let mut seen = std::collections::HashSet::new();
+        let blocks: Vec<(u64, u64)> = [1u64, 4, 256, 1, 2]
+            .iter()
+            .map(|&p| (a.alloc_block(p).expect("room"), p))
+            .collect();
+        for &(pfn, pages) in &blocks {
+            assert_eq!(pfn % pages, 0, "{pfn} aligned to {pages}");
+            assert!(
+                (pfn..pfn + pages).all(|f| seen.insert(f)),
+                "overlap at {pfn}"
+            );
+        }
+        let (pfn, pages) = blocks[2];
+        assert!(a.free_block(pfn, pages));
+        assert!(!a.free_block(pfn, pages), "double free");
+        assert!(!a.free_block(blocks[0].0, 2), "wrong size");
+        assert!(!a.free_block(FRAMES + 1, 1), "past the frames");
+        assert!(!a.free_block(blocks[1].0, 3), "not a power of two");
+        assert_eq!(a.alloc_block(256), Some(pfn), "the freed block comes back");
+    }
+
+    #[test]
+    fn a_magazine_spills_when_full_and_its_blocks_come_back() {
+        let mut a = MagazineFloor::default();
+        let blocks: Vec<u64> = (0..MAGAZINE + 10)
+            .map(|_| a.alloc_block(1).expect("room"))
+            .collect();
+        for &pfn in &blocks {
+            assert!(a.free_block(pfn, 1));
+        }
+        let mut again: Vec<u64> = (0..blocks.len())
+            .map(|_| a.alloc_block(1).expect("room"))
+            .collect();
+        again.sort_unstable();
+        let mut want = blocks.clone();
+        want.sort_unstable();
+        assert_eq!(again, want, "every freed block, each once");
+    }
+}
