@@ -102,6 +102,9 @@ pub struct NetStats {
     pub rx_bad: u64,
     /// Received frames dropped: larger than the buffer, or a buffer access failed.
     pub rx_dropped: u64,
+    /// Frames from the wire shorter than an Ethernet header (14 bytes):
+    /// not frames, dropped before any buffer is taken.
+    pub rx_runts: u64,
     /// Ring accesses that failed, or an avail index past the ring.
     pub ring_faults: u64,
     /// CPU time of the queue threads, nanoseconds (summed over ring starts).
@@ -121,6 +124,7 @@ struct NetCounters {
     rx_bytes: AtomicU64,
     rx_bad: AtomicU64,
     rx_dropped: AtomicU64,
+    rx_runts: AtomicU64,
     ring_faults: AtomicU64,
     worker_cpu_ns: AtomicU64,
 }
@@ -144,6 +148,7 @@ impl NetCounters {
             rx_bytes: l(&self.rx_bytes),
             rx_bad: l(&self.rx_bad),
             rx_dropped: l(&self.rx_dropped),
+            rx_runts: l(&self.rx_runts),
             ring_faults: l(&self.ring_faults),
             worker_cpu_ns: l(&self.worker_cpu_ns),
         }
@@ -544,6 +549,13 @@ impl RxWorker {
                 Err(None) => return Ok(Some(IDLE_WAIT)),
                 Err(Some(d)) => return Ok(Some(d.min(IDLE_WAIT))),
             };
+            if frame.len() < sn::ETH_HLEN {
+                // Shorter than its own header: the peer's doing, dropped
+                // before any buffer is taken.
+                self.rx.consume();
+                bump(&self.counters.rx_runts, 1);
+                continue;
+            }
             match deliver(&mut self.q, &self.counters, &mut self.descs, frame)? {
                 Delivered::Consumed => {
                     self.rx.consume();

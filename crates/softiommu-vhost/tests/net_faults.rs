@@ -386,6 +386,25 @@ fn bad_and_small_receive_buffers_are_counted_and_the_next_buffer_gets_the_frame(
 }
 
 #[test]
+fn runts_from_the_peer_are_dropped_before_any_buffer_and_a_bare_header_arrives() {
+    let mut fe = Fe::start(Duration::from_millis(500));
+    fe.peer_send(&[]);
+    fe.peer_send(&[0x11]);
+    fe.peer_send(&[0x22; 13]);
+    let bare = frame(14, 7);
+    fe.peer_send(&bare);
+    fe.offer(0, &[desc(BUF, 1526, 2, 0)]);
+    assert_eq!(fe.wait_used(0, 1), (HDR + 14) as u32);
+    assert_eq!(fe.peek(BUF + HDR as u64, 14), bare);
+    let n = fe.finish().net;
+    assert_eq!(
+        (n.rx_runts, n.rx_bad, n.rx_dropped, n.rx_frames, n.rx_bytes),
+        (3, 0, 0, 1, 14),
+        "{n:?}"
+    );
+}
+
+#[test]
 fn a_frame_whose_buffer_invalidation_was_acknowledged_is_never_sent() {
     let mut fe = Fe::start(Duration::from_millis(100));
     let secret = frame(80, 0x42);

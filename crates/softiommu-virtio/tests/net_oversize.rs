@@ -126,6 +126,33 @@ fn a_frame_past_the_mtu_is_dropped_and_counted_and_the_next_one_arrives() {
     assert_dropped_then_next_arrives(&mut r, &bufs);
 }
 
+#[test]
+fn runts_from_the_wire_are_dropped_before_any_buffer_and_a_bare_header_arrives() {
+    let mut r = raw(1500);
+    let bufs = post(&mut r, 2, SPEC_BUFFER);
+    // Shorter than an Ethernet header: not frames. Then a bare header,
+    // the shortest frame there is.
+    r.inject(&[]);
+    r.inject(&[0x11]);
+    r.inject(&[0x22; 13]);
+    let bare = frame(14, 0x33);
+    r.inject(&bare);
+    r.wait_used(RX, 1);
+    assert_eq!(used(&r, 0), (0, (HDR_LEN + 14) as u32));
+    let mut got = vec![0u8; HDR_LEN + 14];
+    r.mem.read(bufs[0], &mut got).unwrap();
+    assert_eq!(got[HDR_LEN..], bare[..]);
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(r.used_idx(RX), 1, "the second buffer is still the driver's");
+    let st = r.host.device.stats();
+    assert_eq!(
+        (st.rx_runt_drops, st.rx_oversize_drops, st.rx_frames),
+        (3, 0, 1)
+    );
+    assert_eq!(r.t.read(reg::STATUS) & status::DEVICE_NEEDS_RESET, 0);
+    assert!(r.t.errors().drain().is_empty());
+}
+
 /// A VLAN on top of the interface receives full-size tagged frames:
 /// at MTU 1500 a 1,518-byte 802.1Q-tagged frame reaches a buffer of
 /// Linux's size (header + 1,518), the link-level header counting its tags

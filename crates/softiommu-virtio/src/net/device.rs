@@ -144,6 +144,7 @@ struct Counters {
     tx_dropped: AtomicU64,
     tx_oversize_drops: AtomicU64,
     rx_oversize_drops: AtomicU64,
+    rx_runt_drops: AtomicU64,
     batches: AtomicU64,
     sleeps: AtomicU64,
 }
@@ -173,6 +174,10 @@ pub struct NetDeviceStats {
     /// (any chain that holds at least the virtio-net header; the chain is
     /// given back unwritten for the next frame).
     pub rx_oversize_drops: u64,
+    /// Frames from the wire shorter than an Ethernet header (14 bytes):
+    /// not frames, dropped before any buffer is taken, as a NIC's MAC
+    /// drops runts; the queue goes on.
+    pub rx_runt_drops: u64,
     /// Turns of the loop that did work.
     pub batches: u64,
     /// Times the device parked for want of work.
@@ -305,6 +310,7 @@ impl NetDevice {
             tx_dropped: c.tx_dropped.load(Ordering::Relaxed),
             tx_oversize_drops: c.tx_oversize_drops.load(Ordering::Relaxed),
             rx_oversize_drops: c.rx_oversize_drops.load(Ordering::Relaxed),
+            rx_runt_drops: c.rx_runt_drops.load(Ordering::Relaxed),
             batches: c.batches.load(Ordering::Relaxed),
             sleeps: c.sleeps.load(Ordering::Relaxed),
         }
@@ -533,7 +539,7 @@ impl<S: DmaSide> Worker<S> {
 
     fn rx_batch(&mut self, end: &DeviceEnd) -> Batch {
         let mut b = Batch::default();
-        let mut dropped = 0u64;
+        let (mut dropped, mut runts) = (0u64, 0u64);
         let mut slot = end.queue(net::RX_QUEUE);
         let Some(q) = slot.as_mut().and_then(|s| s.as_mut()) else {
             // Not live: frames wait on the wire (and drop there when it
@@ -560,6 +566,13 @@ impl<S: DmaSide> Worker<S> {
                 // not the driver's: dropped before any buffer is taken.
                 self.port.rx.consume();
                 dropped += 1;
+                continue;
+            }
+            if frame.len() < net::ETH_HLEN {
+                // Shorter than its own header: the link partner's doing,
+                // dropped before any buffer is taken.
+                self.port.rx.consume();
+                runts += 1;
                 continue;
             }
             let head = match q.pop(&self.ring) {
@@ -595,6 +608,7 @@ impl<S: DmaSide> Worker<S> {
         }
         bump(&self.counters.rx_frames, b.used as u64);
         bump(&self.counters.rx_oversize_drops, dropped);
+        bump(&self.counters.rx_runt_drops, runts);
         interrupt(end, q, &self.ring, b.used);
         b
     }
