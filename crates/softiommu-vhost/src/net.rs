@@ -325,15 +325,20 @@ impl TxWorker {
             // and discards them, unread ("Ring states": a disabled net
             // ring "must process and discard any TX packets"), so the
             // driver's transmit queue does not stall.
+            let mut wait = KICK_POLL;
             if started || self.q.enabled() {
-                if let Err(e) = self.drain() {
-                    if !is_abort(&e) {
-                        bump(&self.counters.ring_faults, 1);
-                        eprintln!("softiommu-vhost: net tx ring access failed: {e}");
+                match self.drain() {
+                    Ok(Some(line)) => wait = line.min(KICK_POLL),
+                    Ok(None) => {}
+                    Err(e) => {
+                        if !is_abort(&e) {
+                            bump(&self.counters.ring_faults, 1);
+                            eprintln!("softiommu-vhost: net tx ring access failed: {e}");
+                        }
                     }
                 }
             }
-            started |= self.q.wait_kick(KICK_POLL);
+            started |= self.q.wait_kick(wait);
         }
         bump(&self.counters.worker_cpu_ns, thread_cpu_ns());
         // A frame whose completion could not be published is given back
@@ -342,10 +347,19 @@ impl TxWorker {
         self.q.finish()
     }
 
-    fn drain(&mut self) -> Result<(), DeviceError> {
+    /// Sends (or, the ring disabled, discards) what the driver offered;
+    /// `Some(wait)` when the wire's line is busy for `wait` more: the
+    /// rest stays in the ring until then, as a NIC stops fetching while
+    /// its port transmits, rather than being dropped at the wire.
+    fn drain(&mut self) -> Result<Option<Duration>, DeviceError> {
         let r = loop {
             if self.q.stopping() {
-                break Ok(());
+                break Ok(None);
+            }
+            if self.q.enabled() {
+                if let Some(line) = self.tx.busy_until() {
+                    break Ok(Some(line));
+                }
             }
             match self.q.pop() {
                 Ok(Some(h)) if !self.q.enabled() => {
@@ -364,10 +378,10 @@ impl TxWorker {
                         break Err(e);
                     }
                 }
-                Ok(None) => break Ok(()),
+                Ok(None) => break Ok(None),
                 Err(DeviceError::AvailIndexTooFar { .. }) => {
                     bump(&self.counters.ring_faults, 1);
-                    break Ok(());
+                    break Ok(None);
                 }
                 Err(e) => break Err(e),
             }

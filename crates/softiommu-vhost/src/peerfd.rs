@@ -130,9 +130,15 @@ pub(crate) fn wait_eventfd(fd: RawFd, max: Duration) -> Kick {
         events: libc::POLLIN,
         revents: 0,
     };
-    let ms = max.as_millis().clamp(0, 1000) as i32;
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    // To the nanosecond (a paced transmit waits microseconds for its
+    // line), at most a second.
+    let max = max.min(Duration::from_secs(1));
+    let ts = libc::timespec {
+        tv_sec: max.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(max.subsec_nanos() as i32),
+    };
+    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+    let n = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
     if n <= 0 {
         return Kick::Quiet;
     }
