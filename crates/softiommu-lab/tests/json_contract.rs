@@ -791,6 +791,8 @@ fn bench_translate() {
     assert_eq!(v["hit_pages"], 256);
     assert_eq!(v["walk_pages"], 1024);
     assert_eq!(v["softiommu_hit_rate"].as_array().map(Vec::len), Some(2));
+    let floor_rate = number(&v, "seqlock_floor_hit_rate");
+    assert!((0.9..=1.0).contains(&floor_rate), "{floor_rate}");
     let cases: Vec<(String, String)> = v["results"]
         .as_array()
         .expect("results")

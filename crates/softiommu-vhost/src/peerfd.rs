@@ -130,8 +130,9 @@ pub(crate) fn wait_eventfd(fd: RawFd, max: Duration) -> Kick {
         events: libc::POLLIN,
         revents: 0,
     };
-    // To the nanosecond (a paced transmit waits microseconds for its
-    // line), at most a second.
+    // In nanoseconds (a paced transmit waits microseconds for its line;
+    // the caller's timer slack decides how late it wakes), at most a
+    // second.
     let max = max.min(Duration::from_secs(1));
     let ts = libc::timespec {
         tv_sec: max.as_secs() as libc::time_t,

@@ -412,12 +412,14 @@ fn bad_and_small_receive_buffers_are_counted_and_the_next_buffer_gets_the_frame(
 
 #[test]
 fn a_paced_wire_keeps_the_drivers_frames_in_the_ring_and_drops_none() {
-    // 100 kbit/s: a 64-byte frame holds the line 5.12 ms; the wire
-    // queues two. Six frames offered at once must all go, in order, the
-    // back-end waiting for the line rather than dropping at the wire.
+    // 20 kbit/s: a 64-byte frame (88 bytes on the line with preamble,
+    // FCS and gap) holds it 35.2 ms; the wire queues two. Six frames
+    // offered at once must all go, in order, the back-end waiting for the
+    // line rather than dropping at the wire (the reader below has a whole
+    // frame time to take each).
     let cfg = WireConfig {
         capacity: 2,
-        line_rate_bps: 100_000,
+        line_rate_bps: 20_000,
         ..WireConfig::default()
     };
     let mut fe = Fe::start_on(Duration::from_millis(500), cfg);
@@ -438,7 +440,7 @@ fn a_paced_wire_keeps_the_drivers_frames_in_the_ring_and_drops_none() {
             got.push(f.to_vec());
             fe.peer.rx.consume();
         }
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_micros(200));
     }
     assert_eq!(got, frames);
     assert_eq!(fe.wait_used(1, 6), 0);

@@ -7,7 +7,7 @@
 //! random slot and allocates a new size into it, so frees come in a
 //! different order than allocations. Sizes and slots are drawn before the
 //! clock starts. Every figure is measured, the floor row's too (its
-//! allocator is stripped down; its work is real); nothing is modelled.
+//! allocator is stripped down; its work is real); no latency is modelled.
 
 use std::num::NonZeroU64;
 use std::sync::{Arc, Barrier, Mutex};
@@ -91,7 +91,8 @@ pub enum Impl {
     /// The `vm-allocator` crate.
     VmAllocator,
     /// The floor of our design: a bare magazine allocator whose free
-    /// claims the block with one compare-exchange (see `iova_floor`).
+    /// claims the block with one compare-exchange (see `iova_floor`); at
+    /// one thread only.
     MagazineFloor,
 }
 
@@ -420,7 +421,9 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
             ));
         }
     }
-    if want("magazine-floor") {
+    // The floor is a one-thread model (no state shared between threads):
+    // run at one thread only.
+    if threads == 1 && want("magazine-floor") {
         runners.push((
             "magazine-floor",
             Box::new(move |b| {

@@ -9,7 +9,8 @@
 //! succeeds. It has none of our allocator's other work: no limit, no
 //! domain bounds, no flush epoch, no published counts, no tree (a bump
 //! pointer and a stack of spilled blocks stand in for it), no chunked
-//! state map (one flat array over the frames it hands out). So its figure
+//! state map (one flat array over the frames it hands out), no sharing
+//! between threads (the bench runs it at one thread only). So its figure
 //! is a floor for the design, not a usable allocator.
 
 use std::sync::atomic::{AtomicU16, Ordering::AcqRel, Ordering::Relaxed};
@@ -20,10 +21,12 @@ use super::iova_peers::PairAlloc;
 const MAGAZINE: usize = 128;
 /// Orders served: blocks of 1 to 256 pages (the bench's mix).
 const ORDERS: usize = 9;
-/// Frames the model can hand out (its state array's length): room for
-/// the bench's 4,096 live blocks of at most 256 pages, with the
-/// magazines', many times over.
-const FRAMES: u64 = 1 << 22;
+/// Frames the model can hand out (its state array's length, 2 GiB of
+/// address space committed only where touched): a block is taken from
+/// the bump pointer only when none of its order is free, so the frames
+/// touched are the peak live and cached ones, far below this for any
+/// `--live` the bench takes (at most 10^6 blocks of at most 256 pages).
+const FRAMES: u64 = 1 << 30;
 /// State word of a live block (or'ed with its order).
 const LIVE: u16 = 0x40;
 /// State word of a block in a magazine or spilled (or'ed with its order).
@@ -47,7 +50,7 @@ struct Magazine {
 impl Default for MagazineFloor {
     fn default() -> Self {
         Self {
-            state: (0..FRAMES).map(|_| AtomicU16::new(0)).collect(),
+            state: zeroed_states(FRAMES as usize),
             mags: std::array::from_fn(|_| Magazine {
                 slots: Box::new([0; MAGAZINE]),
                 len: 0,
@@ -57,6 +60,14 @@ impl Default for MagazineFloor {
             bump: 1,
         }
     }
+}
+
+/// `n` state words, all 0 (never handed out): a zeroed allocation, whose
+/// pages the OS commits only when first touched.
+fn zeroed_states(n: usize) -> Box<[AtomicU16]> {
+    // SAFETY: `AtomicU16` has `u16`'s layout, and all-zero bytes are a
+    // valid `AtomicU16` (0).
+    unsafe { Box::<[AtomicU16]>::new_zeroed_slice(n).assume_init() }
 }
 
 impl MagazineFloor {

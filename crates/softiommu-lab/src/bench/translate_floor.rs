@@ -5,14 +5,16 @@
 //! The model keeps the protocol's parts: the translator's section around
 //! each lookup (an odd then an even store to its slot, with a compiler
 //! fence, as our translator with membarrier-backed drains), the domain's
-//! deadline and generation loads, the same shape (512 sets of 8 ways, the
-//! same hash and way fingerprints, one 16-byte compare on x86-64), and
-//! the per-entry sequence-lock read (sequence, tag, value, generation,
-//! acquire fence, sequence again). It drops everything else ours does: no
-//! context lookup by source id, no address-width or rights check, no
-//! large-page probes, no statistics, and a miss is refilled from a hash
-//! map rather than by a page walk. So its figure is a floor for the
-//! design, not a usable IOTLB.
+//! deadline and a generation load, the same shape (512 sets of 8 ways,
+//! the same hash and way fingerprints), and the per-entry sequence-lock
+//! read (sequence, tag, value, generation, acquire fence, sequence
+//! again). It drops everything else ours does: no context lookup by
+//! source id, no address-width or rights check, no large-page probes, no
+//! statistics, one generation (ours adds the unit's global one), one
+//! fingerprint word a set compared a byte a way (ours compares two, 16
+//! bytes, as it allows 16 ways), and a miss is refilled from a hash map
+//! rather than by a page walk (its hit rate is reported beside ours). So
+//! its figure is a floor for the design, not a usable IOTLB.
 
 use std::collections::HashMap;
 use std::sync::atomic::{compiler_fence, fence, AtomicU64, Ordering};
@@ -56,6 +58,7 @@ pub struct SeqlockFloor {
     state: u64,
     rnd: u64,
     pages: HashMap<u64, u64>,
+    misses: u64,
 }
 
 impl SeqlockFloor {
@@ -71,6 +74,7 @@ impl SeqlockFloor {
             state: 0,
             rnd: 0x2545_f491_4f6c_dd1d,
             pages,
+            misses: 0,
         }
     }
 
@@ -136,10 +140,16 @@ impl SeqlockFloor {
         None
     }
 
+    /// Lookups that missed so far (refilled or unmapped).
+    pub fn misses(&self) -> u64 {
+        self.misses
+    }
+
     /// A miss: the page from the map, cached in a free or random way.
     #[cold]
     #[inline(never)]
     fn refill(&mut self, iova: u64) -> Option<FloorSpan> {
+        self.misses += 1;
         let phys = *self.pages.get(&(iova >> 12))?;
         let key = VALID | iova >> 12;
         let (set, fp) = Self::place(key);

@@ -103,14 +103,7 @@ pub(crate) fn device_priority() -> bool {
     }
 }
 
-/// Sets the calling thread's timer slack to 1 ns
-/// (`prctl(PR_SET_TIMERSLACK)`), so its timed sleeps end when asked;
-/// returns whether the kernel took it.
-pub(crate) fn precise_timers() -> bool {
-    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and touches
-    // only the calling thread's scheduling attributes.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) == 0 }
-}
+pub(crate) use softiommu::affinity::precise_timers;
 
 /// A chain served but not yet returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

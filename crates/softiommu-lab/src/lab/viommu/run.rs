@@ -65,9 +65,7 @@ pub(super) fn measure_round(
 ) -> LabResult<Round> {
     // The driver's waits for interrupts end when the interrupt comes,
     // not up to 50 us (Linux's default timer slack) later.
-    // SAFETY: PR_SET_TIMERSLACK takes one integer and changes only the
-    // calling thread's timer slack.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    softiommu_virtio::affinity::precise_timers();
     let mut rigs = Mode::ALL
         .iter()
         .map(|&m| Rig::new(m, hold, depth, exit, bs))
