@@ -752,6 +752,14 @@ impl DmaDomain {
         }
     }
 
+    /// The expiry deadline words of this domain in the units of `units`
+    /// (see [`cover_unmap`](Self::cover_unmap)), in bit order.
+    pub(crate) fn deadline_words(&self, units: u64) -> Vec<&crate::sync::AtomicU64> {
+        self.units_in(units)
+            .map(|u| u.deadline_word(self.did))
+            .collect()
+    }
+
     /// Arms the expiry deadline in every unit where none no later is
     /// armed (the timer's rounds with work; never moves one later).
     pub(crate) fn arm_expiry(&self, units: u64) {

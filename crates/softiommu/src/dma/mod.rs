@@ -22,6 +22,7 @@
 
 mod bounce;
 mod bounce_alloc;
+mod cover;
 mod cpu;
 mod device;
 mod domain;

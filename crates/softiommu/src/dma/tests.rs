@@ -478,6 +478,52 @@ fn a_translator_expires_a_deferred_unmap_whose_deadline_passed() {
     r.cpu.flush_own().unwrap();
 }
 
+/// The deferred unmap's cover check finds the deadline word through the
+/// CPU's cover cache: a cleared deadline is armed again by the next
+/// unmap, and a unit that joins the domain later has its own armed by the
+/// next unmap too (the cache follows the domain's unit mask).
+#[test]
+fn deferred_unmaps_arm_a_cleared_deadline_and_one_in_a_unit_that_joined_later() {
+    let sid_b = SourceId(0x0200);
+    let p = crate::Platform::builder()
+        .policy(DmaPolicy::Deferred)
+        .unit(crate::hw::UnitConfig::default())
+        .unit(crate::hw::UnitConfig::default())
+        .device_spec(crate::DeviceSpec {
+            sid: SID,
+            unit: 0,
+            mask: u64::MAX,
+            untrusted: false,
+        })
+        .build()
+        .unwrap();
+    p.domain.set_timeout(Duration::from_secs(60)).unwrap();
+    let (u0, u1) = (p.unit(0).unwrap(), p.unit(1).unwrap());
+    let did = p.domain.did();
+    let dev = &p.devices[0];
+    let mut cpu = p.domain.cpu();
+    let buf = p.mem.alloc_zeroed_frames(0).unwrap();
+    let mut pair = || {
+        let a = cpu.map(dev, buf, 4096, DmaDirection::ToDevice).unwrap();
+        cpu.unmap(dev, a, 4096, DmaDirection::ToDevice).unwrap();
+    };
+    pair();
+    assert!(u0.expiry_armed(did), "the first unmap armed unit 0's");
+    assert!(!u1.expiry_armed(did), "unit 1 is not the domain's yet");
+    // Cleared (as the timer clears it once nothing is queued): the next
+    // unmap finds it unarmed through the cache and arms it.
+    u0.shared.iotlb.force_deadline(did, 0);
+    pair();
+    assert!(u0.expiry_armed(did));
+    // A device behind unit 1 joins: the domain spans both units now.
+    p.system.assign(sid_b, crate::hw::UnitId(1)).unwrap();
+    let _b = p.domain.attach(sid_b, u64::MAX, false).unwrap();
+    pair();
+    assert!(u1.expiry_armed(did), "the next unmap covered unit 1 too");
+    assert!(u0.expiry_armed(did));
+    cpu.flush_own().unwrap();
+}
+
 /// The deferred bound is the device's own: a device thread translates an
 /// IOVA (cached), the IOVA is deferred-unmapped, and the thread comes back
 /// after `flush_timeout + 1 ms` with no flush having run (the timer paused,

@@ -829,10 +829,25 @@ impl Iotlb {
     #[inline(always)]
     pub(crate) fn cover_unmap_with(&self, did: u16, arm: impl FnOnce() -> (u64, u64)) {
         let w = self.domain(did).deadline.load(Ordering::Relaxed);
-        if w != 0 && w & DEADLINE_CLEARING == 0 {
+        if Self::covers(w) {
             return;
         }
         self.cover_unmap_arm(did, arm);
+    }
+
+    /// Whether deadline word `w`, loaded by an unmap after it queued its
+    /// entry, covers it: armed and not being cleared (otherwise the unmap
+    /// arms one, see [`cover_unmap`](Self::cover_unmap)).
+    #[inline(always)]
+    pub(crate) fn covers(w: u64) -> bool {
+        w != 0 && w & DEADLINE_CLEARING == 0
+    }
+
+    /// Domain `did`'s deadline word itself, for a caller that keeps its
+    /// address and loads it as [`cover_unmap`](Self::cover_unmap) does
+    /// (a CPU's cover cache). It lives as long as this IOTLB.
+    pub(crate) fn deadline_word(&self, did: u16) -> &AtomicU64 {
+        &self.domain(did).deadline
     }
 
     /// [`cover_unmap_with`](Self::cover_unmap_with) when no deadline is

@@ -309,6 +309,12 @@ impl Unit {
         self.shared.iotlb.cover_unmap(did, period);
     }
 
+    /// Domain `did`'s expiry deadline word (see `Iotlb::deadline_word`):
+    /// it lives as long as this unit's shared state.
+    pub(crate) fn deadline_word(&self, did: u16) -> &crate::sync::AtomicU64 {
+        self.shared.iotlb.deadline_word(did)
+    }
+
     /// Arms domain `did`'s expiry deadline at `period` from now, unless
     /// one no later is armed (an armed deadline never moves later).
     pub(crate) fn arm_expiry(&self, did: u16, period: std::time::Duration) {

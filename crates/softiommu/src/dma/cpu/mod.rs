@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::bounce::BouncePool;
+use super::cover::CoverCache;
 use super::device::DmaDevice;
 use super::domain::{BounceRecord, DmaDomain};
 use super::error::DmaError;
@@ -46,6 +47,9 @@ struct Work {
     pushes: u32,
     /// The last leaf table this CPU mapped or unmapped in.
     hint: LeafHint,
+    /// Where `domain`'s expiry deadline is, for the deferred unmap's
+    /// cover check (used with `domain` only, which never changes).
+    cover: CoverCache,
 }
 
 /// A CPU checks its own queue's age (and frees what its finished flushes
@@ -91,6 +95,7 @@ impl DmaCpu {
                 gather: IotlbGather::new(),
                 pushes: 0,
                 hint: LeafHint::default(),
+                cover: CoverCache::default(),
             },
         }
     }
@@ -730,6 +735,7 @@ impl Work {
             gather,
             pushes,
             hint,
+            cover,
         } = self;
         if let Err(e) = d
             .table
@@ -763,7 +769,7 @@ impl Work {
             // After `on_push`'s light fence: the deadline that bounds this
             // unmap's stale window is armed before it returns (one load
             // per unit when one is).
-            d.cover_unmap(units);
+            cover.cover(d, units);
             if matches!(pushed, Pushed::Full) {
                 flush_full_queue(d, slot, cache);
             } else {
