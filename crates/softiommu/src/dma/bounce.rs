@@ -38,6 +38,7 @@
 
 #![deny(clippy::indexing_slicing)]
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock};
 
 use super::bounce_alloc::NextFit;
@@ -142,6 +143,12 @@ impl BouncePool {
         }
     }
 
+    /// The lanes' first IOVAs (tests).
+    #[cfg(test)]
+    pub(crate) fn lane_iovas(&self) -> [u64; 3] {
+        [self.lanes[0].iova, self.lanes[1].iova, self.lanes[2].iova]
+    }
+
     /// The last IOVA of the pool.
     pub(crate) fn last_iova(&self) -> u64 {
         self.span.1
@@ -240,6 +247,13 @@ pub(crate) struct BouncePools {
     pools: [OnceLock<BouncePool>; MAX_POOLS],
     /// Serialises the making of pools.
     grow: Mutex<()>,
+    /// The lowest and highest IOVA of every pool made (`u64::MAX` and 0
+    /// while there is none): most IOVAs an unmap asks about are told
+    /// apart from every pool in two comparisons. Only ever widened, before
+    /// the pool is published: a caller holding an IOVA of a pool (handed
+    /// out after the pool was made) sees a span that covers it.
+    lo: AtomicU64,
+    hi: AtomicU64,
 }
 
 impl Default for BouncePools {
@@ -247,6 +261,8 @@ impl Default for BouncePools {
         Self {
             pools: std::array::from_fn(|_| OnceLock::new()),
             grow: Mutex::new(()),
+            lo: AtomicU64::new(u64::MAX),
+            hi: AtomicU64::new(0),
         }
     }
 }
@@ -265,6 +281,12 @@ impl BouncePools {
     /// The pool holding `iova`, if one does.
     #[inline]
     pub(crate) fn find(&self, iova: u64) -> Option<&BouncePool> {
+        // Relaxed: see `lo`; an IOVA of a pool comes with a
+        // happens-before from the pool's making, and so from the span's
+        // widening.
+        if iova < self.lo.load(Relaxed) || iova > self.hi.load(Relaxed) {
+            return None;
+        }
         self.iter().find(|p| p.contains(iova))
     }
 
@@ -290,6 +312,9 @@ impl BouncePools {
             return Ok(None);
         };
         let pool = make()?;
+        // Widened before the pool is published (the set below, a release).
+        self.lo.fetch_min(pool.span.0, Relaxed);
+        self.hi.fetch_max(pool.span.1, Relaxed);
         Ok(self.pools.get(i).and_then(|p| p.set(pool).ok()).map(|_| i))
     }
 }

@@ -252,6 +252,14 @@ impl DmaDomain {
         let order = pages.ilog2();
         let limit = self.iova.limit_for_mask(mask);
         let pfn = self.iova.alloc(pages, limit)?;
+        // No mapping's tag: a streaming unmap of the lane's block (one that
+        // reached past the pool check, racing the pool's making) finds a
+        // tag no mapping has (every mapping's carries its valid bit) and is
+        // refused, never a tag a previous user of this IOVA left.
+        if self.iova.set_tag(pfn, 0).is_err() {
+            let _ = self.iova.free(pfn, pages);
+            return Err(DmaError::BounceUnavailable { mask });
+        }
         // Owned (bounce bits set) first, zeroed only after the drain
         // below: a write translated before the bits were set may land
         // until the drain ends, and must not be left in the pool.

@@ -478,6 +478,45 @@ fn a_translator_expires_a_deferred_unmap_whose_deadline_passed() {
     r.cpu.flush_own().unwrap();
 }
 
+/// A bounce lane's IOVA block carries no mapping's tag, whatever a
+/// previous user of that IOVA left: a streaming unmap that reached the
+/// block past the pool check (racing the pool's making) could not match
+/// it and retire the lane.
+#[test]
+fn a_bounce_lanes_block_carries_no_previous_users_tag() {
+    let p = crate::Platform::builder()
+        .policy(DmaPolicy::Deferred)
+        .build()
+        .unwrap();
+    let d = &p.domain;
+    let pages = d.bounce_bytes.div_ceil(PAGE_SIZE).next_power_of_two();
+    let limit = d.iova.limit_for_mask(u64::MAX);
+    // Where the first lane will go (the allocator hands the same block
+    // back), tagged as a mapping's would be, then freed.
+    let pfns: Vec<u64> = (0..3)
+        .map(|_| d.iova.alloc(pages, limit).unwrap())
+        .collect();
+    for &pfn in &pfns {
+        d.iova.set_tag(pfn, 0x8000_1234).unwrap();
+    }
+    for &pfn in pfns.iter().rev() {
+        d.iova.free(pfn, pages).unwrap();
+    }
+    p.system.assign(SID, crate::hw::UnitId(0)).unwrap();
+    let _dev = d.attach(SID, u64::MAX, true).unwrap();
+    let lanes = d.bounce.iter().next().expect("a pool").lane_iovas();
+    let mut reused = 0;
+    for iova in lanes {
+        let pfn = iova >> crate::mem::PAGE_SHIFT;
+        reused += usize::from(pfns.contains(&pfn));
+        assert_eq!(d.iova.tag(pfn), 0, "lane at {iova:#x}");
+    }
+    assert!(
+        reused > 0,
+        "no lane reused a tagged block: {lanes:x?} {pfns:x?}"
+    );
+}
+
 /// The deferred unmap's cover check finds the deadline word through the
 /// CPU's cover cache: a cleared deadline is armed again by the next
 /// unmap, and a unit that joins the domain later has its own armed by the
