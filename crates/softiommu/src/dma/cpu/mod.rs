@@ -458,11 +458,13 @@ impl Work {
         len: u64,
         perm: Perm,
     ) -> Result<u64, DmaError> {
-        let r = self.map_pages(slot, dev, phys, len, perm, BlockKind::Plain);
-        if r.is_ok() {
-            slot.stats.map();
+        match self.map_pages(slot, dev, phys, len, perm, BlockKind::Plain) {
+            Ok(a) => {
+                slot.stats.map();
+                Ok(a)
+            }
+            Err(e) => Err(e),
         }
-        r
     }
 
     /// A deferred unmap of an address no bounce pool holds. The error
