@@ -100,6 +100,19 @@ impl IotlbGather {
         self.freed.push(page);
     }
 
+    /// [`defer`](Self::defer) for the usual unmap, which unlinked no
+    /// table: clears the range and returns `true`. `false`, nothing
+    /// changed, when tables were unlinked (`defer` hands them over).
+    #[inline(always)]
+    pub(crate) fn defer_if_no_tables(&mut self) -> bool {
+        if self.freed.is_empty() {
+            self.range = None;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Hands the gathered table pages to someone who will free them after a
     /// later invalidation (a deferred flush queue), and empties the gather.
     /// The caller takes over the duty [`complete`](Self::complete) had.

@@ -754,13 +754,18 @@ impl Work {
         if deferred {
             // Until its flush the block is retired, not free: a second unmap
             // of it is refused, and only the flush frees it.
-            let tables = gather.defer();
             let entry = FqEntry { pfn, pages };
             // The barrier mode read once for both light fences (the
             // mask's after the clear, the arm's after the push).
             let barrier = d.barrier;
             let (units, high_water) = (d.units.mask_after_clear(barrier), d.tunables.high_water());
-            let pushed = slot.fq.push(entry, &tables, units, high_water);
+            // The usual unmap unlinked no table: a push with none, its
+            // check folded away; else the tables go with the entry.
+            let pushed = if gather.defer_if_no_tables() {
+                slot.fq.push(entry, &[], units, high_water)
+            } else {
+                slot.fq.push(entry, &gather.defer(), units, high_water)
+            };
             if matches!(pushed, Pushed::NoRoom) {
                 // Room was made above and only this CPU pushes.
                 return Err(DmaError::QueueFull {
