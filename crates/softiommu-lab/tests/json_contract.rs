@@ -35,6 +35,11 @@ fn number(v: &Value, key: &str) -> f64 {
 
 /// A short `bench iova` against offset-allocator on `threads` threads.
 fn bench_iova_on(threads: &str) -> Value {
+    bench_iova_with(threads, "offset-allocator")
+}
+
+/// A short `bench iova` beside `imp` on `threads` threads.
+fn bench_iova_with(threads: &str, imp: &str) -> Value {
     run(&[
         "bench",
         "iova",
@@ -48,25 +53,13 @@ fn bench_iova_on(threads: &str) -> Value {
         "--live",
         "256",
         "--impls",
-        "offset-allocator",
+        imp,
     ])
 }
 
 #[test]
 fn bench_iova_runs_the_floor_of_its_design_when_asked() {
-    let v = run(&[
-        "bench",
-        "iova",
-        "--json",
-        "--seconds",
-        "0.05",
-        "--rounds",
-        "1",
-        "--live",
-        "256",
-        "--impls",
-        "magazine-floor",
-    ]);
+    let v = bench_iova_with("1", "magazine-floor");
     let results = v["results"].as_array().expect("results");
     let floor = results
         .iter()
