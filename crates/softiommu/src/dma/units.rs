@@ -54,14 +54,18 @@ impl UnitList {
     /// context is installed (module doc).
     pub(crate) fn join(&self, unit: UnitId, barrier: Barrier) -> Result<usize, DmaError> {
         let bit = self.bit_of(unit)?;
-        self.mask.fetch_or(1 << bit, Ordering::Relaxed);
+        // Release: a reader that sees the bit (an Acquire load) sees the
+        // unit's id and the list's new length (`bit_of`'s stores), so it
+        // finds the unit of every bit it sees.
+        self.mask.fetch_or(1 << bit, Ordering::Release);
         barrier.heavy();
         Ok(bit)
     }
 
     /// The mask, for a caller with nothing to order against it.
     pub(crate) fn mask(&self) -> u64 {
-        self.mask.load(Ordering::Relaxed)
+        // Acquire: as in `mask_after_clear`.
+        self.mask.load(Ordering::Acquire)
     }
 
     /// The mask, read after the caller cleared entries: the light half of
@@ -69,7 +73,9 @@ impl UnitList {
     #[inline]
     pub(crate) fn mask_after_clear(&self, barrier: Barrier) -> u64 {
         barrier.light();
-        self.mask.load(Ordering::Relaxed)
+        // Acquire: pairs with `join`'s Release, so `in_mask` finds the
+        // unit of every bit seen (a plain load on x86).
+        self.mask.load(Ordering::Acquire)
     }
 
     /// The bit of `unit`, appending it if it is new.
