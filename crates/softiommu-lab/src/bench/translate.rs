@@ -146,68 +146,56 @@ fn scatter(table: &VtdPageTable, pages: u64, seed: u64, mut iotlb: Option<&mut I
     }
 }
 
-fn time_ours(tr: &mut Translator, s: &Setup, budget: Duration) -> f64 {
+/// The loop every row runs: `look` on each address of the lookup
+/// sequence in turn, its result summed into a sink the optimizer must
+/// keep, for `budget`. Inlined into each row with its lookup, so that
+/// every row pays the same loop. Nanoseconds per lookup, and lookups.
+#[inline(always)]
+fn time_lookups(s: &Setup, budget: Duration, mut look: impl FnMut(u64) -> u64) -> (f64, u64) {
     let (mut n, mut i, mut sink) = (0u64, 0usize, 0u64);
     let start = Instant::now();
     while start.elapsed() < budget {
         for _ in 0..1024 {
-            // A 64-byte access inside one page: the single-page call, and
-            // the check that the whole access fits in what it returns.
-            let span = tr
-                .translate_page(SID, s.lookups[i & (SEQ - 1)], Access::Read)
-                .expect("mapped");
-            assert!(span.len >= 64);
-            sink = sink.wrapping_add(span.phys);
+            sink = sink.wrapping_add(look(s.lookups[i & (SEQ - 1)]));
             i += 1;
         }
         n += 1024;
     }
     std::hint::black_box(sink);
-    start.elapsed().as_nanos() as f64 / n as f64
+    (start.elapsed().as_nanos() as f64 / n as f64, n)
+}
+
+fn time_ours(tr: &mut Translator, s: &Setup, budget: Duration) -> f64 {
+    time_lookups(s, budget, |iova| {
+        // A 64-byte access inside one page: the single-page call, and
+        // the check that the whole access fits in what it returns.
+        let span = tr.translate_page(SID, iova, Access::Read).expect("mapped");
+        assert!(span.len >= 64);
+        span.phys
+    })
+    .0
 }
 
 /// [`time_ours`] for the floor model, warmed as ours is; the time per
 /// lookup and the hit rate.
 fn time_floor(f: &mut SeqlockFloor, s: &Setup, budget: Duration) -> (f64, f64) {
-    let (mut n, mut i, mut sink) = (0u64, 0usize, 0u64);
     let before = f.misses();
-    let start = Instant::now();
-    while start.elapsed() < budget {
-        for _ in 0..1024 {
-            let span = f.translate(s.lookups[i & (SEQ - 1)]).expect("mapped");
-            assert!(span.len >= 64);
-            sink = sink.wrapping_add(span.phys);
-            i += 1;
-        }
-        n += 1024;
-    }
-    std::hint::black_box(sink);
-    let ns = start.elapsed().as_nanos() as f64 / n as f64;
+    let (ns, n) = time_lookups(s, budget, |iova| {
+        let span = f.translate(iova).expect("mapped");
+        assert!(span.len >= 64);
+        span.phys
+    });
     let misses = f.misses().saturating_sub(before) as f64;
     (ns, 1.0 - misses / n as f64)
 }
 
 fn time_vm(iotlb: &Iotlb, s: &Setup, budget: Duration) -> f64 {
-    let (mut n, mut i, mut sink) = (0u64, 0usize, 0u64);
-    let start = Instant::now();
-    while start.elapsed() < budget {
-        for _ in 0..1024 {
-            let it = Iotlb::lookup(
-                iotlb,
-                GuestAddress(s.lookups[i & (SEQ - 1)]),
-                64,
-                Permissions::Read,
-            )
-            .expect("mapped");
-            for m in it {
-                sink = sink.wrapping_add(m.base.0);
-            }
-            i += 1;
-        }
-        n += 1024;
-    }
-    std::hint::black_box(sink);
-    start.elapsed().as_nanos() as f64 / n as f64
+    time_lookups(s, budget, |iova| {
+        Iotlb::lookup(iotlb, GuestAddress(iova), 64, Permissions::Read)
+            .expect("mapped")
+            .fold(0u64, |sum, m| sum.wrapping_add(m.base.0))
+    })
+    .0
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

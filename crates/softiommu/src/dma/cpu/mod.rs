@@ -458,6 +458,10 @@ impl Work {
         len: u64,
         perm: Perm,
     ) -> Result<u64, DmaError> {
+        // Matched, not kept whole and returned: the `Ok` path then returns
+        // the address alone rather than copying an error-sized result
+        // through the stack (`bench dma --instructions`: deferred 10 a
+        // pair fewer, pass-through unchanged).
         match self.map_pages(slot, dev, phys, len, perm, BlockKind::Plain) {
             Ok(a) => {
                 slot.stats.map();
