@@ -252,21 +252,11 @@ impl DmaDomain {
         let order = pages.ilog2();
         let limit = self.iova.limit_for_mask(mask);
         let pfn = self.iova.alloc(pages, limit)?;
-        // No mapping's tag: a streaming unmap of the lane's block (one that
-        // reached past the pool check, racing the pool's making) finds,
-        // from here on, a tag no mapping has (every mapping's carries its
-        // valid bit) and is refused, never a tag a previous user of this
-        // IOVA left. (One racing the allocation itself, before this store,
-        // finds nothing mapped yet: its clear fails and the block is given
-        // back.) Only where a tag is set: a chunk never claimed reads 0,
-        // and storing into it could fail for want of memory. A failure is
-        // the allocator's, as no room for a pool is: no pool for this mask.
-        if self.iova.tag(pfn) != 0 {
-            if let Err(e) = self.iova.set_tag(pfn, 0) {
-                let _ = self.iova.free(pfn, pages);
-                return Err(DmaError::Iova(e));
-            }
-        }
+        // Untagged, as every block the allocator hands out: a streaming
+        // unmap of the lane's block (one that reached past the pool check,
+        // racing the pool's making) needs a mapping's tag (every one
+        // carries its valid bit) and is refused, never matching a tag a
+        // previous user of this IOVA left.
         // Owned (bounce bits set) first, zeroed only after the drain
         // below: a write translated before the bits were set may land
         // until the drain ends, and must not be left in the pool.

@@ -73,19 +73,24 @@ pub struct Batch {
     pub entries: Vec<FqEntry>,
     /// Page-table pages unlinked by those unmaps, to free after the flush.
     pub tables: Vec<PhysAddr>,
-    /// Bit `i` set: IOMMU unit `i` of the domain must be invalidated.
+    /// Bit `i` set: IOMMU unit `i` of the domain must be invalidated. A
+    /// queue does not record units per entry: a take leaves this 0, and
+    /// the flush sets every unit the domain spans when it issues the
+    /// batch (a domain's units only grow, so that covers every unit each
+    /// unmap saw).
     pub units: u64,
     /// When the oldest entry was queued.
     pub oldest: Option<Instant>,
 }
 
 /// One array slot: the entry's words, written by the owner before it
-/// publishes `tail`, read by a taker after it reads `tail`.
+/// publishes `tail`, read by a taker after it reads `tail`. Aligned to 32
+/// bytes: a slot's offset is a shift of its index.
 #[derive(Debug, Default)]
+#[repr(align(32))]
 struct Slot {
     pfn: AtomicU64,
     pages: AtomicU64,
-    units: AtomicU64,
     /// Nanoseconds since the queue's `base`, plus one; 0: not stamped.
     stamp: AtomicU64,
 }
@@ -184,20 +189,13 @@ impl FlushQueue {
         self.base + Duration::from_nanos(stamp.saturating_sub(1))
     }
 
-    /// Queues a deferred unmap of `entry` whose invalidation concerns the
-    /// units in `units` and which unlinked `tables`. `high_water` (clamped
+    /// Queues a deferred unmap of `entry` which unlinked `tables`. `high_water` (clamped
     /// to the capacity) is the fill level that asks for a flush. Only the
     /// queue's owner may push (one producer).
     // Always inlined into the deferred unmap, its one hot caller (an
     // outlined push cost ~20 instructions a pair of call and frame).
     #[inline(always)]
-    pub fn push(
-        &self,
-        entry: FqEntry,
-        tables: &[PhysAddr],
-        units: u64,
-        high_water: usize,
-    ) -> Pushed {
+    pub fn push(&self, entry: FqEntry, tables: &[PhysAddr], high_water: usize) -> Pushed {
         let t = self.tail.load(Ordering::Relaxed);
         let h = self.head.load(Ordering::Acquire);
         let len = t.wrapping_sub(h);
@@ -211,13 +209,13 @@ impl FlushQueue {
         let slot = self.slot(t);
         slot.pfn.store(entry.pfn, Ordering::Relaxed);
         slot.pages.store(entry.pages, Ordering::Relaxed);
-        slot.units.store(units, Ordering::Relaxed);
         let stamp = if was_empty { self.stamp_now() } else { 0 };
         slot.stamp.store(stamp, Ordering::Relaxed);
         self.tail.store(t.wrapping_add(1), Ordering::Release);
-        // `capacity >= 1` (`new`): `clamp(1, capacity)` without its check of
-        // the bounds' order.
-        if len + 1 >= high_water.max(1).min(self.capacity) {
+        // Full at `high_water.clamp(1, capacity)` entries: as two compares
+        // (`len + 1 >= 1` always holds, so a high water of 0 is 1's).
+        let queued = len + 1;
+        if queued >= high_water || queued >= self.capacity {
             Pushed::Full
         } else {
             Pushed::Queued { was_empty }
@@ -331,12 +329,16 @@ impl Taker<'_> {
             q.inflight.store(stamp.max(1), Ordering::Release);
             q.instant(stamp)
         });
-        let mut units = 0;
         let mut entries = Vec::with_capacity(n);
+        // The array and its mask in locals: read once, not per entry (the
+        // copy's stores could otherwise alias them).
+        let (slots, mask) = (&*q.slots, q.mask);
         // An exact-size copy: no capacity check per entry.
         entries.extend((0..n).map(|k| {
-            let s = q.slot(h.wrapping_add(k));
-            units |= s.units.load(Ordering::Relaxed);
+            let i = h.wrapping_add(k) & mask;
+            debug_assert!(i < slots.len());
+            // SAFETY: as in `slot`: `mask` is `slots.len() - 1`.
+            let s = unsafe { slots.get_unchecked(i) };
             FqEntry {
                 pfn: s.pfn.load(Ordering::Relaxed),
                 pages: s.pages.load(Ordering::Relaxed),
@@ -345,7 +347,7 @@ impl Taker<'_> {
         let batch = Batch {
             entries,
             tables,
-            units,
+            units: 0,
             oldest,
         };
         q.carry.store(now, Ordering::Relaxed);
@@ -525,7 +527,7 @@ mod tests {
     fn a_taken_batch_counts_as_queued_until_its_taker_is_dropped() {
         let q = FlushQueue::new(8);
         assert_eq!(q.oldest(), None);
-        q.push(e(1), &[], 1, 8);
+        q.push(e(1), &[], 8);
         let t0 = q.oldest().expect("queued");
         let mut taker = q.taker();
         let b = taker.take_all().expect("one entry");
@@ -543,19 +545,16 @@ mod tests {
     fn the_high_water_mark_asks_for_one_batch() {
         let q = FlushQueue::new(4);
         let t0 = Instant::now();
+        assert_eq!(q.push(e(1), &[], 3), Pushed::Queued { was_empty: true });
         assert_eq!(
-            q.push(e(1), &[], 0b01, 3),
-            Pushed::Queued { was_empty: true }
-        );
-        assert_eq!(
-            q.push(e(2), &[0x1000], 0b10, 3),
+            q.push(e(2), &[0x1000], 3),
             Pushed::Queued { was_empty: false }
         );
-        assert_eq!(q.push(e(3), &[], 0b01, 3), Pushed::Full);
+        assert_eq!(q.push(e(3), &[], 3), Pushed::Full);
         let b = q.taker().take_all().expect("three entries");
         assert_eq!(b.entries, vec![e(1), e(2), e(3)]);
         assert_eq!(b.tables, vec![0x1000]);
-        assert_eq!(b.units, 0b11, "every unit with work, once");
+        assert_eq!(b.units, 0, "the flush sets the units");
         assert!(b.oldest.is_some_and(|t| t >= t0 - Duration::from_micros(1)));
         assert!(q.is_empty() && q.oldest().is_none());
         assert_eq!(q.capacity(), 4);
@@ -564,12 +563,12 @@ mod tests {
     #[test]
     fn the_high_water_mark_is_clamped_to_the_array_and_a_full_array_refuses() {
         let q = FlushQueue::new(2);
-        assert!(matches!(q.push(e(1), &[], 1, 1000), Pushed::Queued { .. }));
-        assert_eq!(q.push(e(2), &[], 1, 1000), Pushed::Full);
-        assert_eq!(q.push(e(3), &[], 1, 1000), Pushed::NoRoom);
+        assert!(matches!(q.push(e(1), &[], 1000), Pushed::Queued { .. }));
+        assert_eq!(q.push(e(2), &[], 1000), Pushed::Full);
+        assert_eq!(q.push(e(3), &[], 1000), Pushed::NoRoom);
         assert_eq!(q.len(), 2, "a refused entry is not queued");
         assert_eq!(q.taker().take_all().unwrap().entries, vec![e(1), e(2)]);
-        assert!(matches!(q.push(e(3), &[], 1, 1000), Pushed::Queued { .. }));
+        assert!(matches!(q.push(e(3), &[], 1000), Pushed::Queued { .. }));
     }
 
     #[test]
@@ -578,7 +577,7 @@ mod tests {
         let mut next = 0;
         for round in 0..10 {
             for _ in 0..2 {
-                q.push(e(next), &[], 1, 3);
+                q.push(e(next), &[], 3);
                 next += 1;
             }
             let b = q.taker().take_all().unwrap();
@@ -589,7 +588,7 @@ mod tests {
     #[test]
     fn expiry_takes_only_old_queues() {
         let q = FlushQueue::new(8);
-        q.push(e(1), &[], 1, 8);
+        q.push(e(1), &[], 8);
         let t0 = q.oldest().unwrap();
         let ms = Duration::from_millis(1);
         assert!(q.taker().take_if_older(t0 + ms, 2 * ms).is_none());
@@ -601,7 +600,7 @@ mod tests {
     #[test]
     fn an_entry_pushed_while_a_batch_is_out_carries_the_takers_time() {
         let q = FlushQueue::new(8);
-        q.push(e(1), &[], 1, 8);
+        q.push(e(1), &[], 8);
         // The owner pushes again before the taker publishes `head`: from
         // the queue's point of view that is a push into a non-empty queue.
         // Simulate it: take, then push; the push sees an empty queue and
@@ -648,7 +647,7 @@ mod loom_tests {
             let owner = {
                 let (q, arm) = (q.clone(), arm.clone());
                 loom::thread::spawn(move || {
-                    q.push(FqEntry { pfn: 7, pages: 1 }, &[], 1, 4);
+                    q.push(FqEntry { pfn: 7, pages: 1 }, &[], 4);
                     arm.on_push();
                 })
             };
@@ -690,7 +689,7 @@ mod loom_tests {
             let owner = {
                 let (q, arm, tlb) = (q.clone(), arm.clone(), tlb.clone());
                 loom::thread::spawn(move || {
-                    q.push(FqEntry { pfn: 7, pages: 1 }, &[], 1, 4);
+                    q.push(FqEntry { pfn: 7, pages: 1 }, &[], 4);
                     arm.on_push();
                     tlb.cover_unmap(0, || period);
                 })
@@ -732,7 +731,6 @@ mod loom_tests {
                                 pages: next,
                             },
                             &[],
-                            1,
                             2,
                         ) {
                             Pushed::NoRoom => loom::thread::yield_now(),

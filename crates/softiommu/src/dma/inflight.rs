@@ -157,7 +157,12 @@ impl DmaDomain {
     /// [`complete_flushes`](Self::complete_flushes). If the calling thread
     /// holds a translation section, nothing is queued and the batch is
     /// kept for a retry.
-    pub(crate) fn issue_flush(&self, batch: Batch) -> Result<(), DmaError> {
+    pub(crate) fn issue_flush(&self, mut batch: Batch) -> Result<(), DmaError> {
+        // Every unit the domain spans (queues record none per entry): read
+        // after the take, which acquired each entry's push, so it holds
+        // every unit each unmap's own read of the mask saw (the mask only
+        // grows), and any unit attached since.
+        batch.units |= self.unit_mask();
         if let Err(e) = self.check_callers() {
             self.keep_pending(batch, &e);
             return Err(e);

@@ -3,14 +3,17 @@
 //! free's claim on the block's state word (of two threads freeing one
 //! block at once, exactly one may).
 
-use std::sync::atomic::Ordering::{AcqRel, Relaxed};
-use std::sync::atomic::{AtomicU16, AtomicU32};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
 use super::domain::{BlockKind, CacheShared, IovaDomain, COUNT_SLOTS};
-use super::live_map::{claim_for_free, state, Cursor, Word, CACHED, LIVE, RETIRED};
+use super::live_map::{
+    claim_for_free, move_state, put_tag, state, state_of, tag_of, tagged, ClaimWord, Cursor, Word,
+    CACHED, LIVE, RETIRED,
+};
 use super::magazine::Magazine;
 use super::policy::WhenFull;
 use super::IovaError;
@@ -78,11 +81,18 @@ pub struct IovaCpuCache {
     /// Ours: a low-first allocation takes the magazine's top block from
     /// either side of the low window (see `alloc_low_first`).
     recycle_any: bool,
-    /// This cache's windows on the domain's state and tag maps (used with
-    /// those maps only): an access near the last one skips the map's
-    /// lookup.
-    live_cur: Cursor<AtomicU16>,
-    tag_cur: Cursor<AtomicU32>,
+    /// This cache's window on the domain's state map (used with that map
+    /// only): an access near the last one skips the map's lookup.
+    live_cur: Cursor<AtomicU64>,
+}
+
+/// Why [`IovaCpuCache::retire_tagged`] refused a block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RetireRefused {
+    /// The block is live, of the kind and size asked, but carries this tag.
+    Tag(u32),
+    /// No such live block (the allocator's reason, as a free's refusal).
+    Block(IovaError),
 }
 
 impl IovaDomain {
@@ -119,72 +129,128 @@ impl IovaCpuCache {
             shared,
             recycle_any: !p.linear_tree,
             live_cur: Cursor::default(),
-            tag_cur: Cursor::default(),
         }
     }
 
     /// The state word of `pfn`, through this cache's cursor.
     #[inline(always)]
-    fn live_cell(&mut self, pfn: u64) -> Option<&AtomicU16> {
+    fn live_cell(&mut self, pfn: u64) -> Option<&AtomicU64> {
         // SAFETY: `live_cur` is only ever used with this domain's state map.
         unsafe { self.live_cur.cell(&self.domain.live, pfn) }
     }
 
-    /// Sets the state word of `pfn` (a no-op for an unclaimed chunk, as
-    /// `LiveMap::set`).
+    /// Sets the state of `pfn`, untagged (a no-op for an unclaimed chunk,
+    /// as `LiveMap::set_state`).
     #[inline(always)]
     fn set_state(&mut self, pfn: u64, v: u16) {
         if let Some(c) = self.live_cell(pfn) {
-            c.put(v);
+            c.put(v.into());
         }
     }
 
-    /// Replaces the state of `pfn` with `to` if it is `from` (as
+    /// Moves the state of `pfn` from `from` to `to` (as
     /// `LiveMap::compare_exchange`).
     #[inline(always)]
     fn move_state(&mut self, pfn: u64, from: u16, to: u16) -> Result<(), u16> {
         match self.live_cell(pfn) {
-            // AcqRel: as `LiveMap::compare_exchange`.
-            Some(c) => c.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ()),
+            Some(c) => move_state(c, from, to),
             None => Err(0),
         }
     }
 
     /// [`IovaDomain::retire_block_of`] through this cache's cursor: the
-    /// same compare-exchange, the same errors.
+    /// same errors; returns the tag the block held (the retire clears it;
+    /// [`IovaDomain::unretire_block`] puts it back).
     #[inline]
     pub(crate) fn retire_block_of(
         &mut self,
         pfn: u64,
         pages: u64,
         kind: BlockKind,
-    ) -> Result<(), IovaError> {
+    ) -> Result<u32, IovaError> {
         let order = super::order_of(pages)?;
-        if order >= 64
-            || self
-                .move_state(pfn, state(LIVE | kind.bits(), order), state(RETIRED, order))
-                .is_err()
-        {
-            return Err(self.domain.free_error(pfn, order));
+        if order < 64 {
+            let live = state(LIVE | kind.bits(), order);
+            if let Some(c) = self.live_cell(pfn) {
+                // The word read, then exchanged whole: a tag that changed
+                // between the two (only the holder tags) fails the
+                // exchange, as a state that changed does.
+                let w = c.get();
+                if state_of(w) == live && c.claim(w, state(RETIRED, order).into()).is_ok() {
+                    return Ok(tag_of(w));
+                }
+            }
         }
-        Ok(())
+        Err(self.domain.free_error(pfn, order))
     }
 
-    /// [`IovaDomain::tag`] through this cache's cursor.
-    #[inline]
-    pub(crate) fn tag(&mut self, pfn: u64) -> u32 {
-        // SAFETY: `tag_cur` is only ever used with this domain's tag map.
-        unsafe { self.tag_cur.cell(&self.domain.tags, pfn) }.map_or(0, |c| c.get())
+    /// Retires the live block of a streaming mapping (plain kind) of
+    /// `pages` at `pfn` if it carries exactly `tag`: the block, its size,
+    /// its kind and its tag checked and the block retired by one
+    /// compare-exchange (of two racing unmaps, one wins; one that names
+    /// another mapping's bytes changes nothing). The tag is cleared.
+    #[inline(always)]
+    pub(crate) fn retire_tagged(
+        &mut self,
+        pfn: u64,
+        pages: u64,
+        tag: u32,
+    ) -> Result<(), RetireRefused> {
+        let order = super::order_of(pages).map_err(RetireRefused::Block)?;
+        let (from, to) = (
+            tagged(state(LIVE, order), tag),
+            u64::from(state(RETIRED, order)),
+        );
+        match self.live_cell(pfn) {
+            Some(c) if order < 64 => match c.claim(from, to) {
+                Ok(()) => Ok(()),
+                Err(seen) => Err(self.retire_refused(pfn, order, seen)),
+            },
+            _ => Err(self.retire_refused(pfn, order, 0)),
+        }
+    }
+
+    /// Why [`retire_tagged`](Self::retire_tagged) was refused, the word at
+    /// `pfn` having been `seen`.
+    #[cold]
+    #[inline(never)]
+    fn retire_refused(&self, pfn: u64, order: u32, seen: u64) -> RetireRefused {
+        if order < 64 && state_of(seen) == state(LIVE, order) {
+            RetireRefused::Tag(tag_of(seen))
+        } else {
+            RetireRefused::Block(self.domain.free_error(pfn, order))
+        }
+    }
+
+    /// Tags the block of `pages` at `pfn` that this thread just allocated
+    /// and marked `kind` and has not handed out: one store of its whole
+    /// word (its state is known), where [`set_tag`](Self::set_tag) reads
+    /// the state to keep it.
+    #[inline(always)]
+    pub(crate) fn tag_fresh(
+        &mut self,
+        pfn: u64,
+        pages: u64,
+        kind: BlockKind,
+        tag: u32,
+    ) -> Result<(), IovaError> {
+        let order = super::order_of(pages)?;
+        match self.live_cell(pfn) {
+            Some(c) => {
+                c.put(tagged(state(LIVE | kind.bits(), order), tag));
+                Ok(())
+            }
+            None => self.domain.set_tag(pfn, tag),
+        }
     }
 
     /// [`IovaDomain::set_tag`] through this cache's cursor (a chunk not
     /// claimed yet is claimed by the domain's path).
     #[inline(always)]
     pub(crate) fn set_tag(&mut self, pfn: u64, tag: u32) -> Result<(), IovaError> {
-        // SAFETY: as in `tag`.
-        match unsafe { self.tag_cur.cell(&self.domain.tags, pfn) } {
+        match self.live_cell(pfn) {
             Some(c) => {
-                c.put(tag);
+                put_tag(c, tag);
                 Ok(())
             }
             None => self.domain.set_tag(pfn, tag),
@@ -739,35 +805,34 @@ impl IovaCpuCache {
         let Some(class) = classes.get_mut(order as usize) else {
             return 0;
         };
-        let room = class.loaded.room();
-        // Pages of a block of `order`: `(lo, 2 * lo]` (1 for order 0).
-        let (lo, span) = if order == 0 {
-            (0, 1)
-        } else {
-            (1u64 << (order - 1), 1u64 << (order - 1))
-        };
         let (retired, to) = (state(RETIRED, order), state(CACHED, order));
+        // The run written straight into the magazine's free slots (one
+        // bound for both), its length updated once.
+        let room = class.loaded.spare();
         let mut n = 0;
-        for b in run.iter().take(room) {
+        for (b, dst) in run.iter().zip(room.iter_mut()) {
             if flat {
                 if let Some(ahead) = run.get(n + PREFETCH_AHEAD) {
                     domain.live.prefetch(block(ahead).0);
                 }
             }
-            let (pfn, pages) = block(b);
-            if pages.wrapping_sub(lo + 1) >= span {
-                break;
-            }
+            // The block's size is checked by the exchange: its state word
+            // holds its order, which must be the run's (a block of another
+            // order ends the run, left to the general path).
+            let (pfn, _) = block(b);
             // SAFETY: `live_cur` is only ever used with this domain's
-            // state map. AcqRel: as `LiveMap::compare_exchange`.
+            // state map. AcqRel (`claim`): as `LiveMap::compare_exchange`.
+            // A retired block carries no tag: one exchange of the whole
+            // word (one that does not match is left to the general path).
             let moved = unsafe { live_cur.cell(&domain.live, pfn) }
-                .is_some_and(|c| c.compare_exchange(retired, to, AcqRel, Relaxed).is_ok());
+                .is_some_and(|c| c.claim(retired.into(), to.into()).is_ok());
             if !moved {
                 break;
             }
-            class.loaded.push(pfn);
+            *dst = pfn;
             n += 1;
         }
+        class.loaded.commit(n);
         n
     }
 

@@ -10,7 +10,7 @@ use crossbeam_utils::CachePadded;
 use super::depot::Depots;
 use super::gap_tree::GapTree;
 use super::linear_tree::{LinearTree, DMA_32BIT_PFN};
-use super::live_map::{free_error_seen, state, LiveMap, TagMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
+use super::live_map::{free_error_seen, state, tagged, LiveMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
 use super::magazine::Magazine;
 use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull, MAX_CACHED_ORDER};
 use super::{order_of, IovaError};
@@ -264,10 +264,8 @@ pub struct IovaDomain {
     low_window_end: u64,
     policy: Option<IovaPolicy>,
     params: CacheParams,
+    /// Each frame's state and tag ([`set_tag`](Self::set_tag)).
     pub(super) live: LiveMap,
-    /// A word per frame its users may tag a block's first page with
-    /// ([`set_tag`](Self::set_tag)).
-    pub(super) tags: TagMap,
     caches: Mutex<Vec<Weak<CacheShared>>>,
     pub(super) flush_epoch: CachePadded<AtomicU64>,
     tree: CachePadded<Mutex<TreeState>>,
@@ -385,7 +383,6 @@ impl IovaDomain {
             policy,
             params,
             live: LiveMap::new(end_pfn)?,
-            tags: TagMap::new(end_pfn)?,
             caches: Mutex::new(Vec::new()),
             tree: CachePadded::new(Mutex::new(TreeState {
                 tree,
@@ -539,7 +536,7 @@ impl IovaDomain {
 
     /// Marks a block the tree just handed out live, or gives it back.
     fn claim_from_tree(&self, pfn: u64, order: u32) -> Result<u64, IovaError> {
-        if let Err(e) = self.live.claim(pfn, state(LIVE, order)) {
+        if let Err(e) = self.live.claim_state(pfn, state(LIVE, order)) {
             lock(&self.tree).free(pfn, order);
             return Err(e.into());
         }
@@ -558,13 +555,14 @@ impl IovaDomain {
         let pfn = tree.alloc_split(order, chunk, limit)?;
         // The chunk is size aligned and smaller than a map chunk: one claim
         // covers every block in it.
-        if self.live.claim(pfn, state(CACHED, order)).is_err() {
+        if self.live.claim_state(pfn, state(CACHED, order)).is_err() {
             tree.free_run(pfn, 1 << (chunk - order), order);
             return None;
         }
         drop(tree);
         for i in 1..1u64 << (chunk - order) {
-            self.live.set(pfn + (i << order), state(CACHED, order));
+            self.live
+                .set_state(pfn + (i << order), state(CACHED, order));
         }
         Some(pfn)
     }
@@ -607,18 +605,21 @@ impl IovaDomain {
         self.retire_block_of(pfn, pages, BlockKind::Plain)
     }
 
-    /// Tags the block starting at `pfn` with `tag`, for its holder's own
-    /// checks (the DMA layer records the exact bytes a mapping covers). A
-    /// relaxed store; the tag is the holder's while it holds the block.
+    /// Tags the frame `pfn` of a live block its caller holds with `tag`,
+    /// for the holder's own checks (the DMA layer records the exact bytes a
+    /// mapping covers). The tag shares the block's state word: a retire
+    /// can require it ([`IovaCpuCache::retire_tagged`](super::IovaCpuCache::retire_tagged)), and
+    /// the retire or free of the block clears it, as every allocation
+    /// starts untagged.
     #[inline]
     pub(crate) fn set_tag(&self, pfn: u64, tag: u32) -> Result<(), IovaError> {
-        self.tags.set_or_claim(pfn, tag).map_err(IovaError::from)
+        self.live.set_tag(pfn, tag).map_err(IovaError::from)
     }
 
-    /// The tag last set at `pfn` (0 if none).
+    /// The tag of frame `pfn` (0 if none).
     #[inline]
     pub(crate) fn tag(&self, pfn: u64) -> u32 {
-        self.tags.get(pfn)
+        self.live.tag_at(pfn)
     }
 
     /// [`retire_block`](Self::retire_block) for a block held as `kind`: a
@@ -645,16 +646,19 @@ impl IovaDomain {
     }
 
     /// Undoes [`retire_block_of`](Self::retire_block_of) for an unmap that
-    /// could not proceed: the block is the user's again, as `kind`.
+    /// could not proceed: the block is the user's again, as `kind`, with
+    /// the `tag` it held (the retire cleared it).
     pub(crate) fn unretire_block(
         &self,
         pfn: u64,
         pages: u64,
         kind: BlockKind,
+        tag: u32,
     ) -> Result<(), IovaError> {
         let order = order_of(pages)?;
+        let to = tagged(state(LIVE | kind.bits(), order), tag);
         self.live
-            .compare_exchange(pfn, state(RETIRED, order), state(LIVE | kind.bits(), order))
+            .exchange_word(pfn, state(RETIRED, order).into(), to)
             .map_err(|_| IovaError::NotRetired { pfn })
     }
 
@@ -681,9 +685,9 @@ impl IovaDomain {
     /// Verifies that a block of `order` in state `flag` starts at `pfn`.
     #[inline]
     pub(super) fn check_state(&self, pfn: u64, order: u32, flag: u16) -> Result<(), IovaError> {
-        if order < 64 && self.live.get(pfn) == state(flag, order) {
+        if order < 64 && self.live.state_at(pfn) == state(flag, order) {
             Ok(())
-        } else if flag == RETIRED && order < 64 && self.live.get(pfn) == state(LIVE, order) {
+        } else if flag == RETIRED && order < 64 && self.live.state_at(pfn) == state(LIVE, order) {
             Err(IovaError::NotRetired { pfn })
         } else {
             Err(self.free_error(pfn, order))
@@ -708,12 +712,12 @@ impl IovaDomain {
         }
         // Free, cached, retired, or live as another kind with the size
         // asked: not a block the caller may free.
-        free_error_seen(pfn, order, self.live.get(pfn))
+        free_error_seen(pfn, order, self.live.state_at(pfn))
     }
 
     /// Returns a validated block to the tree, clearing its state.
     pub(super) fn free_to_tree(&self, pfn: u64, order: u32) {
-        self.live.set(pfn, 0);
+        self.live.set_state(pfn, 0);
         lock(&self.tree).free(pfn, order);
     }
 
@@ -724,7 +728,7 @@ impl IovaDomain {
         }
         let mut pfns: Vec<u64> = mag.drain().collect();
         for &pfn in &pfns {
-            self.live.set(pfn, 0);
+            self.live.set_state(pfn, 0);
         }
         let mut tree = lock(&self.tree);
         if matches!(tree.tree, Tree::Gap(_)) {

@@ -194,7 +194,7 @@ fn a_block_is_retired_only_as_the_kind_that_holds_it() {
         Err(IovaError::WrongSize { .. })
     ));
     d.retire_block_of(a, 4, BlockKind::ScatterList).unwrap();
-    d.unretire_block(a, 4, BlockKind::ScatterList).unwrap();
+    d.unretire_block(a, 4, BlockKind::ScatterList, 0).unwrap();
     assert_eq!(
         d.retire_block(a, 4),
         Err(IovaError::NotAllocated { pfn: a }),
@@ -207,6 +207,70 @@ fn a_block_is_retired_only_as_the_kind_that_holds_it() {
     assert_eq!(b, a);
     d.retire_block(b, 4).unwrap();
     c.free_retired(b, 4).unwrap();
+}
+
+#[test]
+fn a_tagged_retire_checks_block_size_and_tag_in_one_step_and_changes_nothing_when_refused() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut c = d.cpu_cache();
+    let a = c.alloc(4, END).unwrap();
+    // Every allocation starts untagged; a tag keeps the block's state.
+    assert_eq!(d.tag(a), 0);
+    c.set_tag(a, 0x8000_0123).unwrap();
+    assert_eq!(d.tag(a), 0x8000_0123);
+    assert_eq!(d.find(a).unwrap().state, BlockState::Live);
+    // Another tag: refused with the tag the block carries, nothing changed.
+    assert_eq!(
+        c.retire_tagged(a, 4, 0x8000_0124),
+        Err(RetireRefused::Tag(0x8000_0123))
+    );
+    // Another size, or no block there: the allocator's reason.
+    assert!(matches!(
+        c.retire_tagged(a, 2, 0x8000_0123),
+        Err(RetireRefused::Block(IovaError::WrongSize { .. }))
+    ));
+    assert_eq!(
+        c.retire_tagged(a + 1, 1, 0x8000_0123),
+        Err(RetireRefused::Block(IovaError::NotAllocated { pfn: a + 1 }))
+    );
+    assert_eq!(d.find(a).unwrap().state, BlockState::Live);
+    assert_eq!(d.tag(a), 0x8000_0123, "a refused retire keeps the tag");
+    // The exact tag retires it, and the tag goes with the retire.
+    c.retire_tagged(a, 4, 0x8000_0123).unwrap();
+    assert_eq!(d.find(a).unwrap().state, BlockState::Retired);
+    assert_eq!(d.tag(a), 0);
+    assert_eq!(
+        c.retire_tagged(a, 4, 0x8000_0123),
+        Err(RetireRefused::Block(IovaError::NotAllocated { pfn: a })),
+        "a second retire is refused"
+    );
+    // Undone with its tag (an unmap that could not go on), then retired
+    // again and freed: reused, the block is untagged.
+    d.unretire_block(a, 4, BlockKind::Plain, 0x8000_0123)
+        .unwrap();
+    assert_eq!(d.tag(a), 0x8000_0123);
+    c.retire_tagged(a, 4, 0x8000_0123).unwrap();
+    c.free_retired(a, 4).unwrap();
+    let b = c.alloc(4, END).unwrap();
+    assert_eq!((b, d.tag(b)), (a, 0));
+    // A tagged live block is still freed by its holder, untagged after.
+    c.set_tag(b, 0x8000_0555).unwrap();
+    c.free(b, 4).unwrap();
+    assert_eq!(d.find(b).unwrap().state, BlockState::Cached);
+    assert_eq!(d.tag(b), 0);
+    // The kind of a retire that reads the tag: returned, and restored by
+    // the undo.
+    let s = c.alloc(2, END).unwrap();
+    d.set_kind(s, 2, BlockKind::Plain, BlockKind::ScatterList)
+        .unwrap();
+    c.set_tag(s, 0x8000_0777).unwrap();
+    assert_eq!(
+        c.retire_block_of(s, 2, BlockKind::ScatterList),
+        Ok(0x8000_0777)
+    );
+    d.unretire_block(s, 2, BlockKind::ScatterList, 0x8000_0777)
+        .unwrap();
+    assert_eq!(d.tag(s), 0x8000_0777);
 }
 
 #[test]

@@ -1,8 +1,17 @@
-//! One state word (16 bits) per page frame of the domain: which block
-//! starts there, of what order, whether it is held by a user or by a
-//! cache, and for a held block, what kind of mapping holds it (a streaming
-//! mapping, a scatter list, a coherent buffer), so that an unmap of one
-//! kind cannot retire a block of another.
+//! One 64-bit word per page frame of the domain. Its low 16 bits are the
+//! frame's state: which block starts there, of what order, whether it is
+//! held by a user or by a cache, and for a held block, what kind of mapping
+//! holds it (a streaming mapping, a scatter list, a coherent buffer), so
+//! that an unmap of one kind cannot retire a block of another. Its high 32
+//! bits are the block holder's tag (the DMA layer's record of the exact
+//! bytes a mapping covers, its device and direction): in the same word, so
+//! that one compare-exchange checks an unmap's block, size, kind and tag
+//! together and retires it.
+//!
+//! Only a live block carries a tag: every allocation stores its state with
+//! tag 0, a retire and a free clear it, and [`set_tag`](WordMap::set_tag)
+//! keeps the state bits it finds. (A scatter list also tags the frames
+//! inside its block, whose state bits are 0; nothing compares those words.)
 //!
 //! This is what lets a free through the per-CPU cache, which never touches
 //! the tree, still refuse a double free, a free of something never
@@ -11,11 +20,11 @@
 //! found by checking the O(log) aligned candidates below it.
 //!
 //! The words live in one lazily committed `mmap` reservation when the
-//! process can have it (a 48-bit domain reserves 128 GiB of address space;
+//! process can have it (a 48-bit domain reserves 512 GiB of address space;
 //! only pages near live IOVAs are committed). Where it cannot (valgrind,
-//! which `bench dma --iters` is for, refuses 128 GiB; a VMM with very many
-//! domains runs out of address space), the map falls back to chunks of
-//! 4 MiB (2^21 frames, 8 GiB of IOVA space), each reserved the first time
+//! which `bench dma --iters` is for, refuses that much; a VMM with very
+//! many domains runs out of address space), the map falls back to chunks
+//! of 16 MiB (2^21 frames, 8 GiB of IOVA space), each reserved the first time
 //! the tree hands out a block there (a slow path, under the tree's lock),
 //! so the hot paths never allocate; an access then costs one more load
 //! (the chunk's base). A per-CPU cache reaches the words through a
@@ -33,7 +42,7 @@
 
 use std::ptr::null_mut;
 use std::sync::atomic::{
-    AtomicPtr, AtomicU16, AtomicU32,
+    AtomicPtr, AtomicU64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 use std::sync::Mutex;
@@ -54,6 +63,8 @@ const ORDER_MASK: u16 = 0x3f;
 pub(crate) const KIND_SHIFT: u32 = 8;
 /// The flags that say where a block is (live, cached, retired).
 const WHERE_MASK: u16 = LIVE | CACHED;
+/// Where a word's tag starts.
+const TAG_SHIFT: u32 = 32;
 
 /// Frames per chunk of the map, as a shift.
 const CHUNK_SHIFT: u32 = 21;
@@ -78,48 +89,25 @@ pub(crate) trait Word: Sized {
     fn put(&self, v: Self::V);
 }
 
-impl Word for AtomicU16 {
-    type V = u16;
-    const BYTES: u64 = 2;
+impl Word for AtomicU64 {
+    type V = u64;
+    const BYTES: u64 = 8;
     unsafe fn at<'a>(p: *mut u8) -> &'a Self {
         // SAFETY: the caller's contract.
-        unsafe { AtomicU16::from_ptr(p.cast()) }
+        unsafe { AtomicU64::from_ptr(p.cast()) }
     }
     #[inline(always)]
-    fn get(&self) -> u16 {
+    fn get(&self) -> u64 {
         self.load(Relaxed)
     }
     #[inline(always)]
-    fn put(&self, v: u16) {
+    fn put(&self, v: u64) {
         self.store(v, Relaxed)
     }
 }
 
-impl Word for AtomicU32 {
-    type V = u32;
-    const BYTES: u64 = 4;
-    unsafe fn at<'a>(p: *mut u8) -> &'a Self {
-        // SAFETY: the caller's contract.
-        unsafe { AtomicU32::from_ptr(p.cast()) }
-    }
-    #[inline(always)]
-    fn get(&self) -> u32 {
-        self.load(Relaxed)
-    }
-    #[inline(always)]
-    fn put(&self, v: u32) {
-        self.store(v, Relaxed)
-    }
-}
-
-/// The state map of one domain: a [`WordMap`] of 16-bit state words.
-pub(crate) type LiveMap = WordMap<AtomicU16>;
-
-/// The tag map of one domain: a 32-bit word per frame that the DMA layer
-/// writes at the first page of each translated mapping (the exact byte
-/// offset and end of what was mapped), so an unmap's length is checked to
-/// the byte, not just to the page.
-pub(crate) type TagMap = WordMap<AtomicU32>;
+/// The state map of one domain: a [`WordMap`] of state-and-tag words.
+pub(crate) type LiveMap = WordMap<AtomicU64>;
 
 /// One atomic word per page frame of a domain, lazily committed.
 #[derive(Debug)]
@@ -253,24 +241,18 @@ impl<W: Word> WordMap<W> {
         }
     }
 
-    /// Sets the word at `pfn`: one lookup when its chunk exists (always, for
-    /// a flat map), else [`claim`](Self::claim)s it.
-    #[inline]
-    pub(crate) fn set_or_claim(&self, pfn: u64, v: W::V) -> Result<(), MemError> {
-        match self.cell(pfn) {
-            Some(c) => {
-                c.put(v);
-                Ok(())
-            }
-            None => self.claim(pfn, v),
-        }
-    }
-
     /// Sets the word at `pfn`, reserving its chunk first if need be: the
     /// tree's paths call this when they hand out a block.
     pub(crate) fn claim(&self, pfn: u64, v: W::V) -> Result<(), MemError> {
+        self.claim_chunk(pfn)?;
+        self.set(pfn, v);
+        Ok(())
+    }
+
+    /// Reserves the chunk holding `pfn` if it is not yet (nothing to do
+    /// for a flat map, or for a frame out of range).
+    fn claim_chunk(&self, pfn: u64) -> Result<(), MemError> {
         if !self.flat_base.is_null() {
-            self.set(pfn, v);
             return Ok(());
         }
         if let Some(slot) = self.chunks.get((pfn >> CHUNK_SHIFT) as usize) {
@@ -284,7 +266,6 @@ impl<W: Word> WordMap<W> {
                 }
             }
         }
-        self.set(pfn, v);
         Ok(())
     }
 }
@@ -363,15 +344,64 @@ impl<W: Word> Cursor<W> {
 }
 
 impl LiveMap {
-    /// Replaces the state at `pfn` with `to` if it is `from`, atomically:
+    /// The state bits at `pfn` (0: no block starts there, or out of range).
+    #[inline]
+    pub(crate) fn state_at(&self, pfn: u64) -> u16 {
+        state_of(self.get(pfn))
+    }
+
+    /// The tag at `pfn` (0 if none).
+    #[inline]
+    pub(crate) fn tag_at(&self, pfn: u64) -> u32 {
+        tag_of(self.get(pfn))
+    }
+
+    /// Stores state `s`, with no tag, at `pfn` (as [`set`](WordMap::set)).
+    #[inline]
+    pub(crate) fn set_state(&self, pfn: u64, s: u16) {
+        self.set(pfn, u64::from(s));
+    }
+
+    /// Stores state `s`, with no tag, at `pfn`, reserving its chunk first
+    /// if need be (as [`claim`](WordMap::claim)).
+    pub(crate) fn claim_state(&self, pfn: u64, s: u16) -> Result<(), MemError> {
+        self.claim(pfn, u64::from(s))
+    }
+
+    /// Tags `pfn`, keeping its state bits, reserving its chunk first if
+    /// need be (a scatter list's frame past the chunk of its block's
+    /// first). Only the frame's holder calls this: the load and the store
+    /// are not one step.
+    pub(crate) fn set_tag(&self, pfn: u64, tag: u32) -> Result<(), MemError> {
+        if pfn >= self.len {
+            return Ok(());
+        }
+        self.claim_chunk(pfn)?;
+        if let Some(c) = self.cell(pfn) {
+            put_tag(c, tag);
+        }
+        Ok(())
+    }
+
+    /// Moves the block at `pfn` from state `from` to `to`, atomically,
+    /// whatever tag it carries (kept when `to` is live, cleared otherwise):
     /// of two threads racing to change one block, exactly one wins.
     /// Returns the state seen when it was not `from`.
     #[inline]
     pub(crate) fn compare_exchange(&self, pfn: u64, from: u16, to: u16) -> Result<(), u16> {
         match self.cell(pfn) {
-            // AcqRel: the winner sees everything the block's last owner did
-            // before its own state change.
-            Some(c) => c.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ()),
+            Some(c) => move_state(c, from, to),
+            None => Err(0),
+        }
+    }
+
+    /// Replaces the whole word at `pfn` (state and tag) with `to` if it is
+    /// `from`, atomically (AcqRel, as every state change); `Err` holds the
+    /// word seen (0 for a chunk never claimed).
+    #[inline]
+    pub(crate) fn exchange_word(&self, pfn: u64, from: u64, to: u64) -> Result<(), u64> {
+        match self.cell(pfn) {
+            Some(c) => c.claim(from, to),
             None => Err(0),
         }
     }
@@ -381,7 +411,7 @@ impl LiveMap {
     pub(crate) fn block_containing(&self, pfn: u64) -> Option<(u64, u32, u16)> {
         for k in 0..=ORDER_MASK as u32 {
             let start = pfn & !((1u64 << k) - 1);
-            let s = self.get(start);
+            let s = self.state_at(start);
             if s != 0 && (s & ORDER_MASK) as u32 == k {
                 return Some((start, k, s & WHERE_MASK));
             }
@@ -393,37 +423,100 @@ impl LiveMap {
     }
 }
 
-/// A 16-bit state word a free can claim: the map's own word, or (under
-/// loom) a model's.
-pub(crate) trait ClaimWord {
-    /// `compare_exchange(from, to)`, AcqRel on success (as
-    /// [`LiveMap::compare_exchange`]); `Err` holds the state seen.
-    fn claim(&self, from: u16, to: u16) -> Result<(), u16>;
+/// The state bits of a word.
+#[inline(always)]
+pub(crate) fn state_of(w: u64) -> u16 {
+    w as u16
 }
 
-impl ClaimWord for AtomicU16 {
+/// The tag of a word.
+#[inline(always)]
+pub(crate) fn tag_of(w: u64) -> u32 {
+    (w >> TAG_SHIFT) as u32
+}
+
+/// The word of a block in state `s` tagged `tag`.
+#[inline(always)]
+pub(crate) fn tagged(s: u16, tag: u32) -> u64 {
+    u64::from(tag) << TAG_SHIFT | u64::from(s)
+}
+
+/// Replaces the tag of word `c`, keeping its state bits (the holder's
+/// store: a load and a relaxed store, not one step).
+#[inline(always)]
+pub(crate) fn put_tag(c: &AtomicU64, tag: u32) {
+    c.put((c.get() & 0xffff_ffff) | u64::from(tag) << TAG_SHIFT);
+}
+
+/// A state word a free can claim: the map's own word, or (under loom) a
+/// model's.
+pub(crate) trait ClaimWord {
+    /// `compare_exchange(from, to)`, AcqRel on success (the winner sees
+    /// everything the block's last owner did before its own change);
+    /// `Err` holds the word seen.
+    fn claim(&self, from: u64, to: u64) -> Result<(), u64>;
+}
+
+impl ClaimWord for AtomicU64 {
     #[inline(always)]
-    fn claim(&self, from: u16, to: u16) -> Result<(), u16> {
+    fn claim(&self, from: u64, to: u64) -> Result<(), u64> {
         self.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ())
     }
 }
 
 #[cfg(loom)]
-impl ClaimWord for loom::sync::atomic::AtomicU16 {
-    fn claim(&self, from: u16, to: u16) -> Result<(), u16> {
+impl ClaimWord for loom::sync::atomic::AtomicU64 {
+    fn claim(&self, from: u64, to: u64) -> Result<(), u64> {
         self.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ())
     }
 }
 
-/// A free's claim on the block of `order` whose state word is `word`: one
-/// compare-exchange from live (plain kind) to cached, so that of two
-/// threads freeing one block at the same instant exactly one gets it (a
-/// load and a store would let both pass their check, and the block would
-/// sit in two caches). `Err` holds the state seen instead, from which
-/// [`free_error_seen`] names the refusal.
+/// Moves `word` from state `from` to `to` with one successful
+/// compare-exchange, whatever tag it carries: kept when `to` is live,
+/// cleared otherwise (cached, retired, free). The first try expects no
+/// tag (every block but a tagged live one), in line; a word whose state
+/// matched but whose tag did not is tried once more with the tag seen,
+/// out of line. `Err` holds the state seen (a tag that changed again
+/// meanwhile, which only the block's holder does, reads as the state
+/// `from` refused).
+#[inline(always)]
+pub(crate) fn move_state(word: &impl ClaimWord, from: u16, to: u16) -> Result<(), u16> {
+    match word.claim(u64::from(from), u64::from(to)) {
+        Ok(()) => Ok(()),
+        Err(seen) => move_tagged_state(word, from, to, seen),
+    }
+}
+
+/// [`move_state`] of a word `seen` with a tag (or in another state).
+#[cold]
+#[inline(never)]
+fn move_tagged_state(word: &impl ClaimWord, from: u16, to: u16, seen: u64) -> Result<(), u16> {
+    if state_of(seen) != from || seen == u64::from(from) {
+        return Err(state_of(seen));
+    }
+    let new = if to & WHERE_MASK == LIVE {
+        (seen & !0xffff) | u64::from(to)
+    } else {
+        u64::from(to)
+    };
+    word.claim(seen, new).map_err(state_of)
+}
+
+/// A free's claim on the block of `order` whose state word is `word`: live
+/// (plain kind) to cached, so that of two threads freeing one block at the
+/// same instant exactly one gets it (a load and a store would let both pass
+/// their check, and the block would sit in two caches). One
+/// compare-exchange for an untagged block. `Err` holds the state seen
+/// instead, from which [`free_error_seen`] names the refusal.
 #[inline(always)]
 pub(crate) fn claim_for_free(word: &impl ClaimWord, order: u32) -> Result<(), u16> {
-    word.claim(state(LIVE, order), state(CACHED, order))
+    // The untagged words built in 64 bits (no widening of a 16-bit state
+    // on the allocator's hot path).
+    let o = u64::from(order) & u64::from(ORDER_MASK);
+    match word.claim(u64::from(LIVE) | o, u64::from(CACHED) | o) {
+        Ok(()) => Ok(()),
+        Err(seen) => move_tagged_state(word, state(LIVE, order), state(CACHED, order), seen),
+    }
 }
 
 /// Why a free of a block of `order` at `pfn` (inside the domain) was
@@ -468,14 +561,14 @@ mod tests {
         );
         let far = (1 << 36) - 1;
         assert_eq!(m.get(far), 0);
-        m.set(far, 0); // a clear of an unclaimed frame is a no-op
-        m.claim(far, state(LIVE, 0)).unwrap();
-        assert_eq!(m.get(far), state(LIVE, 0));
+        m.set_state(far, 0); // a clear of an unclaimed frame is a no-op
+        m.claim_state(far, state(LIVE, 0)).unwrap();
+        assert_eq!(m.state_at(far), state(LIVE, 0));
         assert_eq!(m.get(far - 1), 0);
         // The neighbouring chunk is still unreserved.
         let below = (1 << 36) - 2 * (1 << CHUNK_SHIFT);
         assert_eq!(m.get(below), 0);
-        m.claim(below, state(CACHED, 3)).unwrap();
+        m.claim_state(below, state(CACHED, 3)).unwrap();
         assert_eq!(m.block_containing(below + 5), Some((below, 3, CACHED)));
         assert_eq!(m.owned.lock().unwrap().len(), 2);
         assert_eq!(m.get(1 << 36), 0, "out of range reads as free");
@@ -493,15 +586,53 @@ mod tests {
                 m.flat_base.is_null() == unsafe { c.cell(m, far) }.is_none(),
                 "an unclaimed chunk has no word"
             );
-            m.claim(7, state(LIVE, 0)).unwrap();
-            m.claim(far, state(LIVE, 2)).unwrap();
+            m.claim_state(7, state(LIVE, 0)).unwrap();
+            m.claim_state(far, state(LIVE, 2)).unwrap();
             for pfn in [7, far, 8, far + 1, (1 << 21) + 3, 7] {
                 let via = unsafe { c.cell(m, pfn) }.map(|w| w.get());
                 assert_eq!(via.unwrap_or(0), m.get(pfn), "pfn {pfn:#x}");
             }
-            unsafe { c.cell(m, far) }.unwrap().put(state(RETIRED, 2));
-            assert_eq!(m.get(far), state(RETIRED, 2));
+            unsafe { c.cell(m, far) }
+                .unwrap()
+                .put(state(RETIRED, 2).into());
+            assert_eq!(m.state_at(far), state(RETIRED, 2));
             assert!(unsafe { c.cell(m, 1 << 23) }.is_none(), "out of range");
+        }
+    }
+
+    #[test]
+    fn a_word_keeps_its_tag_only_while_its_block_is_live() {
+        for m in [
+            &LiveMap::new((1 << 23) - 1).unwrap(),
+            &LiveMap::chunked((1 << 23) - 1).unwrap(),
+        ] {
+            let far = (1 << 22) + 8;
+            m.claim_state(far, state(LIVE, 3)).unwrap();
+            m.set_tag(far, 0x8000_0042).unwrap();
+            assert_eq!(
+                (m.state_at(far), m.tag_at(far)),
+                (state(LIVE, 3), 0x8000_0042)
+            );
+            // A live-to-live move keeps the tag; a retire clears it.
+            m.compare_exchange(far, state(LIVE, 3), state(LIVE | 0x100, 3))
+                .unwrap();
+            assert_eq!(m.tag_at(far), 0x8000_0042);
+            assert_eq!(
+                m.compare_exchange(far, state(LIVE, 3), state(RETIRED, 3)),
+                Err(state(LIVE | 0x100, 3)),
+                "another state is refused, whatever the tag"
+            );
+            m.compare_exchange(far, state(LIVE | 0x100, 3), state(RETIRED, 3))
+                .unwrap();
+            assert_eq!(m.get(far), u64::from(state(RETIRED, 3)));
+            // A frame inside a block (no state of its own) keeps its zero
+            // state under a tag; a chunk never claimed is claimed for it.
+            let inside = (3 << 21) + 1;
+            m.set_tag(inside, 0x0000_7000).unwrap();
+            assert_eq!((m.state_at(inside), m.tag_at(inside)), (0, 0x7000));
+            assert_eq!(m.block_containing(inside), None);
+            m.set_tag(1 << 23, 1).unwrap(); // out of range: nothing
+            assert_eq!(m.get(1 << 23), 0);
         }
     }
 
@@ -522,9 +653,9 @@ mod tests {
         );
         let chunked = LiveMap::chunked((1 << 30) - 1).unwrap();
         for m in [&flat, &chunked] {
-            m.claim(0x12340, state(LIVE, 4)).unwrap();
-            m.set(0x12340, state(RETIRED, 4));
-            assert_eq!(m.get(0x12340), state(RETIRED, 4));
+            m.claim_state(0x12340, state(LIVE, 4)).unwrap();
+            m.set_state(0x12340, state(RETIRED, 4));
+            assert_eq!(m.state_at(0x12340), state(RETIRED, 4));
             assert_eq!(m.block_containing(0x1234f), Some((0x12340, 4, RETIRED)));
             assert_eq!(m.get(1 << 30), 0);
         }

@@ -15,11 +15,11 @@
 use std::sync::atomic::AtomicBool as StdBool;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
-use loom::sync::atomic::AtomicU16;
+use loom::sync::atomic::AtomicU64;
 use loom::sync::Arc;
 use loom::thread;
 
-use super::live_map::{claim_for_free, free_error_seen, state, CACHED, LIVE};
+use super::live_map::{claim_for_free, free_error_seen, state, state_of, tagged, CACHED, LIVE};
 use super::IovaError;
 
 const PFN: u64 = 0x1234;
@@ -38,27 +38,28 @@ fn explore(body: impl Fn() -> bool + Sync + Send + 'static) -> bool {
 
 /// The free the caches run: the claim, or the refusal named from the state
 /// seen.
-fn free_claiming(word: &AtomicU16, order: u32) -> Result<(), IovaError> {
+fn free_claiming(word: &AtomicU64, order: u32) -> Result<(), IovaError> {
     claim_for_free(word, order).map_err(|seen| free_error_seen(PFN, order, seen))
 }
 
 /// The check-then-store free (a load, a compare, a store).
-fn free_checking(word: &AtomicU16, order: u32) -> Result<(), IovaError> {
-    let seen = word.load(Relaxed);
+fn free_checking(word: &AtomicU64, order: u32) -> Result<(), IovaError> {
+    let seen = state_of(word.load(Relaxed));
     if seen != state(LIVE, order) {
         return Err(free_error_seen(PFN, order, seen));
     }
-    word.store(state(CACHED, order), Relaxed);
+    word.store(state(CACHED, order).into(), Relaxed);
     Ok(())
 }
 
-/// Two threads free one live block of `order` with `free`; returns the two
-/// results and the word's final state.
+/// Two threads free one live block of `order`, tagged `tag`, with `free`;
+/// returns the two results and the word's final value.
 fn race(
     order: u32,
-    free: fn(&AtomicU16, u32) -> Result<(), IovaError>,
-) -> (Result<(), IovaError>, Result<(), IovaError>, u16) {
-    let word = Arc::new(AtomicU16::new(state(LIVE, order)));
+    tag: u32,
+    free: fn(&AtomicU64, u32) -> Result<(), IovaError>,
+) -> (Result<(), IovaError>, Result<(), IovaError>, u64) {
+    let word = Arc::new(AtomicU64::new(tagged(state(LIVE, order), tag)));
     let w = word.clone();
     let other = thread::spawn(move || free(&w, order));
     let mine = free(&word, order);
@@ -68,16 +69,19 @@ fn race(
 
 #[test]
 fn of_two_frees_of_one_block_exactly_one_succeeds() {
-    for order in [0, 3] {
+    // Untagged (the first try's exchange), and tagged (a block its holder
+    // tagged: the second try, with the tag seen): the winner leaves the
+    // block cached with no tag.
+    for (order, tag) in [(0, 0), (3, 0), (1, 0x8000_0123)] {
         let bad = explore(move || {
-            let (a, b, end) = race(order, free_claiming);
+            let (a, b, end) = race(order, tag, free_claiming);
             let refused = Err(IovaError::NotAllocated { pfn: PFN });
             let one_won = (a.is_ok() && b == refused) || (b.is_ok() && a == refused);
-            !one_won || end != state(CACHED, order)
+            !one_won || end != u64::from(state(CACHED, order))
         });
         assert!(
             !bad,
-            "order {order}: both frees passed, or none, or a wrong error"
+            "order {order}, tag {tag:#x}: both frees passed, or none, or a wrong error"
         );
     }
 }
@@ -86,7 +90,7 @@ fn of_two_frees_of_one_block_exactly_one_succeeds() {
 fn the_check_then_store_free_lets_both_pass() {
     assert!(
         explore(|| {
-            let (a, b, _) = race(0, free_checking);
+            let (a, b, _) = race(0, 0, free_checking);
             a.is_ok() && b.is_ok()
         }),
         "the model must see the interleaving where both checks pass"
@@ -99,7 +103,7 @@ fn a_free_racing_one_of_another_size_is_refused_exactly() {
     // one: the wrong size is always refused, as `WrongSize` while the
     // block is live and `NotAllocated` once it is cached.
     let bad = explore(|| {
-        let word = Arc::new(AtomicU16::new(state(LIVE, 2)));
+        let word = Arc::new(AtomicU64::new(state(LIVE, 2).into()));
         let w = word.clone();
         let other = thread::spawn(move || free_claiming(&w, 1));
         let mine = free_claiming(&word, 2);

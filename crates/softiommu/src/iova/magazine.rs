@@ -48,12 +48,6 @@ impl Magazine {
         self.len == 0
     }
 
-    /// How many more entries fit.
-    #[inline]
-    pub(crate) fn room(&self) -> usize {
-        self.capacity() - self.len
-    }
-
     #[inline]
     pub(crate) fn is_full(&self) -> bool {
         self.len == self.capacity()
@@ -74,6 +68,23 @@ impl Magazine {
         unsafe { *self.slots.get_unchecked_mut(PAD + self.len) = pfn };
         self.len += 1;
         true
+    }
+
+    /// The free slots above the top, bottom first: a caller that fills the
+    /// first `n` of them then calls [`commit`](Self::commit)`(n)` (a run
+    /// of pushes with one bound and one length update).
+    #[inline]
+    pub(crate) fn spare(&mut self) -> &mut [u64] {
+        let (lo, hi) = (PAD + self.len, PAD + self.cap);
+        // `len <= cap` and `cap + 2 * PAD == slots.len()` (see `push`).
+        &mut self.slots[lo..hi]
+    }
+
+    /// Counts as pushed the first `n` slots of [`spare`](Self::spare)
+    /// (clamped to the room there is).
+    #[inline]
+    pub(crate) fn commit(&mut self, n: usize) {
+        self.len += n.min(self.cap - self.len);
     }
 
     /// The entry `k` places below the top (0: the top), if there is one:

@@ -42,6 +42,7 @@ mod magazine;
 mod policy;
 
 pub use cpu_cache::IovaCpuCache;
+pub(crate) use cpu_cache::RetireRefused;
 pub use domain::{BlockKind, BlockState, IovaBlock, IovaDomain, IovaStats};
 pub use policy::{
     CacheParams, DepotRule, IovaPolicy, LinearSearch, WhenFull, MAX_CACHED_ORDER, MAX_DEPOT,

@@ -17,7 +17,7 @@ use super::passthrough::{owner_key, take_any, PT_SG};
 use super::policy::{DmaDirection, DmaPolicy};
 use super::slot::CpuSlot;
 use crate::hw::SourceId;
-use crate::iova::{BlockKind, IovaCpuCache, IovaError};
+use crate::iova::{BlockKind, IovaCpuCache, IovaError, RetireRefused};
 use crate::mem::{PhysAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::pgtable::{IoPageTable, IotlbGather, LeafHint, Perm, PgtableError};
 use crate::sync::lock_std as lock;
@@ -353,10 +353,10 @@ impl Work {
             self.free_fresh(pfn, pages, kind)?;
             return Err(e.into());
         }
-        // Claimed with the block (the tag map shares the state map's
-        // chunks' layout): a store, the lock only on a chunk's first use.
+        // The tag shares the block's state word (claimed with the block):
+        // one store of the whole word, after the mapping exists.
         let tag = span_tag(phys, len) | owner_tag(dev.owner, perm_bits(perm));
-        if let Err(e) = self.cache.set_tag(pfn, tag) {
+        if let Err(e) = self.cache.tag_fresh(pfn, pages, kind, tag) {
             self.unmap_fresh(iova, pages, kind)?;
             return Err(e.into());
         }
@@ -704,32 +704,40 @@ impl Work {
         // A block another kind of mapping holds is refused (`NotMapped`):
         // a streaming unmap cannot take a scatter list's or a coherent
         // buffer's block, whose owner would later free a reused IOVA.
-        self.cache
-            .retire_block_of(pfn, pages, kind)
-            .map_err(|e| match e {
-                IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
-                _ => DmaError::NotMapped { addr },
-            })?;
-        // The exact bytes (the pages were checked by the retire), the
-        // device and the direction, as DMA-API debug checks an unmap
-        // against its map: another start in the page was never mapped,
-        // another end is the wrong length.
-        let (tag, want) = (self.cache.tag(pfn), span_tag(addr, len) | owner);
-        if kind == BlockKind::Plain && tag != want {
-            let _ = d.iova.unretire_block(pfn, pages, kind);
-            return Err(tag_mismatch(tag, want, addr, len, dev.sid));
-        }
+        // A streaming mapping's block must also carry the exact bytes, the
+        // device and the direction of this unmap (as DMA-API debug checks
+        // an unmap against its map: another start in the page was never
+        // mapped, another end is the wrong length), checked by the same
+        // compare-exchange: its tag shares the block's state word.
+        let block_error = |e| match e {
+            IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
+            _ => DmaError::NotMapped { addr },
+        };
+        let tag = if kind == BlockKind::Plain {
+            let want = span_tag(addr, len) | owner;
+            match self.cache.retire_tagged(pfn, pages, want) {
+                Ok(()) => want,
+                Err(RetireRefused::Tag(tag)) => {
+                    return Err(tag_mismatch(tag, want, addr, len, dev.sid))
+                }
+                Err(RetireRefused::Block(e)) => return Err(block_error(e)),
+            }
+        } else {
+            self.cache
+                .retire_block_of(pfn, pages, kind)
+                .map_err(block_error)?
+        };
         // A scatter list's block: its device and direction (a stale
         // `SgMapping` replayed over another device's list, or another
         // direction's, at the same IOVA).
         let sg_owner = tag & (SG_TAG | TAG_DIR | TAG_OWNER);
         if kind == BlockKind::ScatterList && sg_owner != SG_TAG | owner {
-            let _ = d.iova.unretire_block(pfn, pages, kind);
+            let _ = d.iova.unretire_block(pfn, pages, kind, tag);
             return Err(tag_mismatch(sg_owner, SG_TAG | owner, addr, len, dev.sid));
         }
         if let Err(e) = self.unmap_checks(slot, iova, pages, deferred) {
             // Nothing was changed: the block is the caller's again.
-            let _ = self.domain.iova.unretire_block(pfn, pages, kind);
+            let _ = self.domain.iova.unretire_block(pfn, pages, kind, tag);
             return Err(match e {
                 DmaError::WrongLength { .. } => DmaError::WrongLength { addr, len },
                 e => e,
@@ -749,7 +757,7 @@ impl Work {
         {
             // Nothing was cleared (a failed unmap changes nothing): the
             // block is the caller's again.
-            let _ = d.iova.unretire_block(pfn, pages, kind);
+            let _ = d.iova.unretire_block(pfn, pages, kind, tag);
             return Err(match e {
                 PgtableError::NotMapped { .. } => DmaError::NotMapped { addr },
                 e => e.into(),
@@ -766,9 +774,9 @@ impl Work {
             // The usual unmap unlinked no table: a push with none, its
             // check folded away; else the tables go with the entry.
             let pushed = if gather.defer_if_no_tables() {
-                slot.fq.push(entry, &[], units, high_water)
+                slot.fq.push(entry, &[], high_water)
             } else {
-                slot.fq.push(entry, &gather.defer(), units, high_water)
+                slot.fq.push(entry, &gather.defer(), high_water)
             };
             if matches!(pushed, Pushed::NoRoom) {
                 // Room was made above and only this CPU pushes.
@@ -784,9 +792,9 @@ impl Work {
             if matches!(pushed, Pushed::Full) {
                 flush_full_queue(d, slot, cache);
             } else {
-                // The owner enforces the age limit too, every few pushes,
-                // so the stale window holds while the timer thread waits
-                // for a core.
+                // The owner enforces the age limit too, every few pushes
+                // (counted by the queue's own cursor), so the stale window
+                // holds while the timer thread waits for a core.
                 *pushes = pushes.wrapping_add(1);
                 if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
                     owner_expiry_check(d, slot, cache);
