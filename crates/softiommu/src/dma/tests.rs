@@ -479,9 +479,9 @@ fn a_translator_expires_a_deferred_unmap_whose_deadline_passed() {
 }
 
 /// A bounce lane's IOVA block carries no mapping's tag, whatever a
-/// previous user of that IOVA left: a streaming unmap that reached the
-/// block past the pool check (racing the pool's making) could not match
-/// it and retire the lane.
+/// previous user of that IOVA left (every allocation starts untagged): a
+/// streaming unmap that reached the block past the pool check (racing the
+/// pool's making) could not match it and retire the lane.
 #[test]
 fn a_bounce_lanes_block_carries_no_previous_users_tag() {
     let p = crate::Platform::builder()

@@ -18,10 +18,10 @@ use super::magazine::Magazine;
 use super::policy::WhenFull;
 use super::IovaError;
 
-/// A refill takes one chunk of up to 2^7 = 128 pages, whose state bytes fill
-/// 128 bytes: the unit in which x86's adjacent-line prefetcher moves lines
-/// (why crossbeam pads to 128 bytes too), so refills of different threads
-/// never share one. Measured: 64-page chunks left `bench iova --threads 2`
+/// A refill takes one chunk of up to 2^7 = 128 pages, whose state words
+/// fill 1 KiB: at least the 128 bytes in which x86's adjacent-line
+/// prefetcher moves lines (why crossbeam pads to 128 bytes too), so
+/// refills of different threads never share one. Measured: 64-page chunks left `bench iova --threads 2`
 /// at about half the per-thread throughput of one thread.
 const REFILL_CHUNK_ORDER: u32 = 7;
 
@@ -244,8 +244,40 @@ impl IovaCpuCache {
         }
     }
 
+    /// Marks the plain, untagged live block of `pages` at `pfn` (just
+    /// allocated by this thread, not handed out) as `kind`, tagged `tag`:
+    /// one compare-exchange, so that an unmap of that kind never sees the
+    /// block marked and untagged. A block in any other state is refused
+    /// (the allocator's reason), nothing changed.
+    pub(crate) fn mark_tagged(
+        &mut self,
+        pfn: u64,
+        pages: u64,
+        kind: BlockKind,
+        tag: u32,
+    ) -> Result<(), IovaError> {
+        let order = super::order_of(pages)?;
+        let marked = order < 64
+            && self.live_cell(pfn).is_some_and(|c| {
+                c.claim(
+                    state(LIVE, order).into(),
+                    tagged(state(LIVE | kind.bits(), order), tag),
+                )
+                .is_ok()
+            });
+        if marked {
+            Ok(())
+        } else {
+            Err(self.domain.free_error(pfn, order))
+        }
+    }
+
     /// [`IovaDomain::set_tag`] through this cache's cursor (a chunk not
-    /// claimed yet is claimed by the domain's path).
+    /// claimed yet is claimed by the domain's path). A load and a store:
+    /// only for a word no other thread can change meanwhile (a frame
+    /// inside a block, or a block no unmap can retire yet); a block an
+    /// unmap could retire is tagged by [`mark_tagged`](Self::mark_tagged)
+    /// or, where no unmap can match it untagged, [`tag_fresh`](Self::tag_fresh).
     #[inline(always)]
     pub(crate) fn set_tag(&mut self, pfn: u64, tag: u32) -> Result<(), IovaError> {
         match self.live_cell(pfn) {
@@ -500,7 +532,7 @@ impl IovaCpuCache {
 
     /// Refills the empty magazines of `order` from one tree chunk (ours
     /// only) and returns the first block. One tree operation serves up to two
-    /// magazines, and a thread's IOVAs sit together, so their state bytes
+    /// magazines, and a thread's IOVAs sit together, so their state words
     /// share cache lines only with each other.
     fn refill(&mut self, order: u32, limit: u64) -> Option<u64> {
         let mag = self.domain.params().magazine_size as u64;

@@ -586,7 +586,7 @@ impl IovaDomain {
     }
 
     /// Whether a block of `pages` (as allocated) starting at `pfn` is held
-    /// by a user: one state-byte load. The DMA layer checks this before it
+    /// by a user: one state-word load. The DMA layer checks this before it
     /// unmaps anything, so a bad unmap changes nothing.
     pub fn check_live_block(&self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         self.check_live(pfn, order_of(pages)?)

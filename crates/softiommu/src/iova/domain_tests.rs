@@ -271,6 +271,28 @@ fn a_tagged_retire_checks_block_size_and_tag_in_one_step_and_changes_nothing_whe
     d.unretire_block(s, 2, BlockKind::ScatterList, 0x8000_0777)
         .unwrap();
     assert_eq!(d.tag(s), 0x8000_0777);
+    // Marked and tagged in one step, only from plain and untagged: a block
+    // retired meanwhile (or marked already) is refused, nothing changed.
+    let m = c.alloc(2, END).unwrap();
+    c.mark_tagged(m, 2, BlockKind::ScatterList, 0x8000_0888)
+        .unwrap();
+    assert_eq!(d.tag(m), 0x8000_0888);
+    assert_eq!(
+        c.mark_tagged(m, 2, BlockKind::ScatterList, 0x8000_0999),
+        Err(IovaError::NotAllocated { pfn: m })
+    );
+    assert_eq!(
+        c.retire_block_of(m, 2, BlockKind::ScatterList),
+        Ok(0x8000_0888)
+    );
+    assert_eq!(
+        c.mark_tagged(m, 2, BlockKind::ScatterList, 0x8000_0999),
+        Err(IovaError::NotAllocated { pfn: m })
+    );
+    assert_eq!(
+        (d.find(m).unwrap().state, d.tag(m)),
+        (BlockState::Retired, 0)
+    );
 }
 
 #[test]

@@ -8,10 +8,15 @@
 //! that one compare-exchange checks an unmap's block, size, kind and tag
 //! together and retires it.
 //!
-//! Only a live block carries a tag: every allocation stores its state with
-//! tag 0, a retire and a free clear it, and [`set_tag`](WordMap::set_tag)
-//! keeps the state bits it finds. (A scatter list also tags the frames
-//! inside its block, whose state bits are 0; nothing compares those words.)
+//! At a block's first frame only a live block carries a tag: every
+//! allocation stores its state with tag 0, a retire and a free clear it,
+//! and a tag store keeps the state bits it finds. A tag is stored by a
+//! load and a store only where no other thread can change the word
+//! meanwhile; a block some unmap could retire is tagged by one
+//! compare-exchange (the DMA layer's scatter lists). A scatter list also
+//! tags the frames inside its block, whose state bits are 0: those tags
+//! stay behind when the block is freed, and nothing compares them (a
+//! block that later starts there stores its word whole).
 //!
 //! This is what lets a free through the per-CPU cache, which never touches
 //! the tree, still refuse a double free, a free of something never
@@ -370,8 +375,9 @@ impl LiveMap {
 
     /// Tags `pfn`, keeping its state bits, reserving its chunk first if
     /// need be (a scatter list's frame past the chunk of its block's
-    /// first). Only the frame's holder calls this: the load and the store
-    /// are not one step.
+    /// first). The load and the store are not one step: only for a word
+    /// no other thread can change meanwhile (a frame inside a block its
+    /// caller holds, or a block nothing can retire yet).
     pub(crate) fn set_tag(&self, pfn: u64, tag: u32) -> Result<(), MemError> {
         if pfn >= self.len {
             return Ok(());
@@ -477,8 +483,8 @@ impl ClaimWord for loom::sync::atomic::AtomicU64 {
 /// tag (every block but a tagged live one), in line; a word whose state
 /// matched but whose tag did not is tried once more with the tag seen,
 /// out of line. `Err` holds the state seen (a tag that changed again
-/// meanwhile, which only the block's holder does, reads as the state
-/// `from` refused).
+/// meanwhile, which only the block's holder does before it hands the
+/// block out, reads as the state `from` refused).
 #[inline(always)]
 pub(crate) fn move_state(word: &impl ClaimWord, from: u16, to: u16) -> Result<(), u16> {
     match word.claim(u64::from(from), u64::from(to)) {

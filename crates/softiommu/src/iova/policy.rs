@@ -137,7 +137,7 @@ pub struct CacheParams {
     pub flush_on_low_miss: bool,
     /// A cache taking a magazine from the depot prefers one it put there
     /// itself. Magazines that wander between CPUs interleave their IOVAs'
-    /// state bytes in shared cache lines; measured on `bench iova --threads
+    /// state words in shared cache lines; measured on `bench iova --threads
     /// 2`, plain LIFO halves per-thread throughput.
     pub affine_depot: bool,
 }

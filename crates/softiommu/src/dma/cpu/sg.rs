@@ -277,9 +277,10 @@ impl Work {
         out: &mut [u64],
         pages: u64,
     ) -> Result<bool, DmaError> {
-        // Only `unmap_sg` may retire this block (a streaming unmap naming
-        // it is refused).
-        let pfn = self.alloc_iova_as(slot, dev, pages, BlockKind::ScatterList)?;
+        // Allocated plain and untagged: until it is marked below, neither a
+        // streaming unmap (which needs a mapping's tag) nor `unmap_sg`
+        // (which needs a scatter list's block) can retire it.
+        let pfn = self.alloc_iova_as(slot, dev, pages, BlockKind::Plain)?;
         // Every page's tag (see `sg_page_tag`): where entries start and
         // end, for a sync; on the block's first page also the list's
         // device and direction, as a streaming mapping's, which `unmap_sg`
@@ -287,20 +288,32 @@ impl Work {
         // (copyable, replayable) `SgMapping`. Written before anything is
         // mapped: a failure here changes nothing.
         let owner = owner_tag(dev.owner, dir_bits(dir));
-        let mut p = pfn;
+        let (mut p, mut first) = (pfn, 0);
         for e in sg {
             let n = pages_of(e.phys, e.len);
             for i in 0..n {
-                let mut tag = sg_page_tag(e, i, n);
+                let tag = sg_page_tag(e, i, n);
                 if p == pfn {
-                    tag = (tag & !(TAG_DIR | TAG_OWNER)) | owner;
-                }
-                if let Err(err) = self.cache.set_tag(p, tag) {
-                    self.free_fresh(pfn, pages, BlockKind::ScatterList)?;
+                    first = (tag & !(TAG_DIR | TAG_OWNER)) | owner;
+                } else if let Err(err) = self.cache.set_tag(p, tag) {
+                    // Frames inside the block: no state of their own, so
+                    // nothing but this thread writes their words.
+                    self.free_fresh(pfn, pages, BlockKind::Plain)?;
                     return Err(err.into());
                 }
                 p += 1;
             }
+        }
+        // The first frame: marked a scatter list's and tagged in one
+        // compare-exchange, so `unmap_sg` (of a replayed `SgMapping`, say)
+        // never finds the block marked but not yet tagged, and no store of
+        // the tag can land on a block another thread retired.
+        if let Err(err) = self
+            .cache
+            .mark_tagged(pfn, pages, BlockKind::ScatterList, first)
+        {
+            self.free_fresh(pfn, pages, BlockKind::Plain)?;
+            return Err(err.into());
         }
         let mut at = pfn << PAGE_SHIFT;
         for (e, o) in sg.iter().zip(out.iter_mut()) {
