@@ -222,6 +222,56 @@ fn a_stale_unmap_sg_never_tears_down_another_live_list() {
     }
 }
 
+/// A stale `SgMapping` replayed without pause over another device's live
+/// list at the same IOVA, on another CPU, while that list's owner unmaps
+/// it: the replay is refused before it takes anything, so the owner's
+/// `unmap_sg` always finds its block (it was refused `NotMapped` when the
+/// replay retired the block, compared its tag, and put it back).
+#[test]
+fn a_stale_unmap_sg_replayed_without_pause_never_refuses_the_owners_unmap() {
+    let p = platform(DmaPolicy::Strict);
+    let (nic, disk) = (&p.devices[0], &p.devices[1]);
+    let f = p.mem.alloc_zeroed_frames(0).unwrap();
+    let sg = [SgEntry { phys: f, len: 4096 }];
+    let mut cpu = p.domain.cpu();
+    for round in 0..200 {
+        let mut out1 = [0u64; 1];
+        let m1 = cpu
+            .map_sg(nic, &sg, DmaDirection::ToDevice, &mut out1)
+            .unwrap();
+        cpu.unmap_sg(nic, &m1, &sg, &out1, DmaDirection::ToDevice)
+            .unwrap();
+        // Strict: the block is back in this CPU's cache, the next list
+        // gets it.
+        let mut out2 = [0u64; 1];
+        let m2 = cpu
+            .map_sg(disk, &sg, DmaDirection::ToDevice, &mut out2)
+            .unwrap();
+        assert_eq!(out2, out1, "round {round}: the IOVA is reused");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut other = p.domain.cpu();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = other.unmap_sg(nic, &m1, &sg, &out1, DmaDirection::ToDevice);
+                    assert!(
+                        matches!(
+                            r,
+                            Err(DmaError::WrongDevice { .. }) | Err(DmaError::NotMapped { .. })
+                        ),
+                        "round {round}: {r:?}"
+                    );
+                }
+            });
+            std::thread::yield_now();
+            let r = cpu.unmap_sg(disk, &m2, &sg, &out2, DmaDirection::ToDevice);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(r, Ok(()), "round {round}");
+        });
+    }
+    assert_eq!(p.domain.stats().live(), 0);
+}
+
 #[test]
 fn unmap_in_another_direction_is_refused_and_changes_nothing() {
     for policy in DmaPolicy::ALL {

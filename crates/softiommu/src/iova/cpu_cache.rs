@@ -158,30 +158,39 @@ impl IovaCpuCache {
         }
     }
 
-    /// [`IovaDomain::retire_block_of`] through this cache's cursor: the
-    /// same errors; returns the tag the block held (the retire clears it;
-    /// [`IovaDomain::unretire_block`] puts it back).
+    /// [`IovaDomain::retire_block_of`] through this cache's cursor, for a
+    /// block whose tag must hold `want` in the bits of `mask` (0 and 0:
+    /// any tag): the state and those bits checked on one load, the block
+    /// retired by a compare-exchange of that exact word (a tag that changed
+    /// in between fails it, as a state that changed does). A refusal
+    /// changes nothing: [`RetireRefused::Tag`] with the tag seen, or the
+    /// allocator's reason. Returns the tag the block held (the retire
+    /// clears it; [`IovaDomain::unretire_block`] puts it back).
     #[inline]
     pub(crate) fn retire_block_of(
         &mut self,
         pfn: u64,
         pages: u64,
         kind: BlockKind,
-    ) -> Result<u32, IovaError> {
-        let order = super::order_of(pages)?;
+        mask: u32,
+        want: u32,
+    ) -> Result<u32, RetireRefused> {
+        let order = super::order_of(pages).map_err(RetireRefused::Block)?;
         if order < 64 {
             let live = state(LIVE | kind.bits(), order);
             if let Some(c) = self.live_cell(pfn) {
-                // The word read, then exchanged whole: a tag that changed
-                // between the two (only the holder tags) fails the
-                // exchange, as a state that changed does.
                 let w = c.get();
-                if state_of(w) == live && c.claim(w, state(RETIRED, order).into()).is_ok() {
-                    return Ok(tag_of(w));
+                if state_of(w) == live {
+                    if tag_of(w) & mask != want {
+                        return Err(RetireRefused::Tag(tag_of(w)));
+                    }
+                    if c.claim(w, state(RETIRED, order).into()).is_ok() {
+                        return Ok(tag_of(w));
+                    }
                 }
             }
         }
-        Err(self.domain.free_error(pfn, order))
+        Err(RetireRefused::Block(self.domain.free_error(pfn, order)))
     }
 
     /// Retires the live block of a streaming mapping (plain kind) of

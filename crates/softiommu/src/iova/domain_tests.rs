@@ -265,12 +265,27 @@ fn a_tagged_retire_checks_block_size_and_tag_in_one_step_and_changes_nothing_whe
         .unwrap();
     c.set_tag(s, 0x8000_0777).unwrap();
     assert_eq!(
-        c.retire_block_of(s, 2, BlockKind::ScatterList),
+        c.retire_block_of(s, 2, BlockKind::ScatterList, 0, 0),
         Ok(0x8000_0777)
     );
     d.unretire_block(s, 2, BlockKind::ScatterList, 0x8000_0777)
         .unwrap();
     assert_eq!(d.tag(s), 0x8000_0777);
+    // A tag that does not hold what is asked in the bits asked: refused
+    // before anything changes, with the tag seen.
+    assert_eq!(
+        c.retire_block_of(s, 2, BlockKind::ScatterList, 0xff00_0000, 0x8100_0000),
+        Err(RetireRefused::Tag(0x8000_0777))
+    );
+    assert_eq!(
+        (d.find(s).unwrap().state, d.tag(s)),
+        (BlockState::Live, 0x8000_0777)
+    );
+    // Taking the kind off (a block given back unused) clears the tag: a
+    // plain block never carries a scatter list's tag.
+    d.set_kind(s, 2, BlockKind::ScatterList, BlockKind::Plain)
+        .unwrap();
+    assert_eq!(d.tag(s), 0);
     // Marked and tagged in one step, only from plain and untagged: a block
     // retired meanwhile (or marked already) is refused, nothing changed.
     let m = c.alloc(2, END).unwrap();
@@ -282,7 +297,7 @@ fn a_tagged_retire_checks_block_size_and_tag_in_one_step_and_changes_nothing_whe
         Err(IovaError::NotAllocated { pfn: m })
     );
     assert_eq!(
-        c.retire_block_of(m, 2, BlockKind::ScatterList),
+        c.retire_block_of(m, 2, BlockKind::ScatterList, 0, 0),
         Ok(0x8000_0888)
     );
     assert_eq!(

@@ -9,8 +9,9 @@
 //! together and retires it.
 //!
 //! At a block's first frame only a live block carries a tag: every
-//! allocation stores its state with tag 0, a retire and a free clear it,
-//! and a tag store keeps the state bits it finds. A tag is stored by a
+//! allocation stores its state with tag 0, every change of state (a kind
+//! taken off, a retire, a free) clears it, and a tag store keeps the
+//! state bits it finds. A tag is stored by a
 //! load and a store only where no other thread can change the word
 //! meanwhile; a block some unmap could retire is tagged by one
 //! compare-exchange (the DMA layer's scatter lists). A scatter list also
@@ -390,8 +391,8 @@ impl LiveMap {
     }
 
     /// Moves the block at `pfn` from state `from` to `to`, atomically,
-    /// whatever tag it carries (kept when `to` is live, cleared otherwise):
-    /// of two threads racing to change one block, exactly one wins.
+    /// whatever tag it carries (cleared): of two threads racing to change
+    /// one block, exactly one wins.
     /// Returns the state seen when it was not `from`.
     #[inline]
     pub(crate) fn compare_exchange(&self, pfn: u64, from: u16, to: u16) -> Result<(), u16> {
@@ -478,13 +479,13 @@ impl ClaimWord for loom::sync::atomic::AtomicU64 {
 }
 
 /// Moves `word` from state `from` to `to` with one successful
-/// compare-exchange, whatever tag it carries: kept when `to` is live,
-/// cleared otherwise (cached, retired, free). The first try expects no
-/// tag (every block but a tagged live one), in line; a word whose state
-/// matched but whose tag did not is tried once more with the tag seen,
-/// out of line. `Err` holds the state seen (a tag that changed again
-/// meanwhile, which only the block's holder does before it hands the
-/// block out, reads as the state `from` refused).
+/// compare-exchange, whatever tag it carries; the tag is cleared (a
+/// block changing state is no longer its mapping's). The first try
+/// expects no tag (every block but a tagged live one), in line; a word
+/// whose state matched but whose tag did not is tried once more with the
+/// tag seen, out of line. `Err` holds the state seen (a tag that changed
+/// again meanwhile, which only the block's holder does before it hands
+/// the block out, reads as the state `from` refused).
 #[inline(always)]
 pub(crate) fn move_state(word: &impl ClaimWord, from: u16, to: u16) -> Result<(), u16> {
     match word.claim(u64::from(from), u64::from(to)) {
@@ -500,12 +501,7 @@ fn move_tagged_state(word: &impl ClaimWord, from: u16, to: u16, seen: u64) -> Re
     if state_of(seen) != from || seen == u64::from(from) {
         return Err(state_of(seen));
     }
-    let new = if to & WHERE_MASK == LIVE {
-        (seen & !0xffff) | u64::from(to)
-    } else {
-        u64::from(to)
-    };
-    word.claim(seen, new).map_err(state_of)
+    word.claim(seen, u64::from(to)).map_err(state_of)
 }
 
 /// A free's claim on the block of `order` whose state word is `word`: live
@@ -619,10 +615,11 @@ mod tests {
                 (m.state_at(far), m.tag_at(far)),
                 (state(LIVE, 3), 0x8000_0042)
             );
-            // A live-to-live move keeps the tag; a retire clears it.
+            // Any change of state clears the tag (a kind taken off too).
             m.compare_exchange(far, state(LIVE, 3), state(LIVE | 0x100, 3))
                 .unwrap();
-            assert_eq!(m.tag_at(far), 0x8000_0042);
+            assert_eq!(m.tag_at(far), 0);
+            m.set_tag(far, 0x8000_0043).unwrap();
             assert_eq!(
                 m.compare_exchange(far, state(LIVE, 3), state(RETIRED, 3)),
                 Err(state(LIVE | 0x100, 3)),

@@ -692,7 +692,6 @@ impl Work {
         dev: &DmaDevice,
         owner: u32,
     ) -> Result<(), DmaError> {
-        let d = &*self.domain;
         let iova = addr & !(PAGE_SIZE - 1);
         let pfn = iova >> PAGE_SHIFT;
         let pages = (addr & (PAGE_SIZE - 1))
@@ -713,6 +712,10 @@ impl Work {
             IovaError::WrongSize { .. } => DmaError::WrongLength { addr, len },
             _ => DmaError::NotMapped { addr },
         };
+        // A scatter list's block: its device and direction too (a stale
+        // `SgMapping` replayed over another device's list, or another
+        // direction's, at the same IOVA), checked before the block is
+        // retired, so a refused replay never holds the list's block.
         let tag = if kind == BlockKind::Plain {
             let want = span_tag(addr, len) | owner;
             match self.cache.retire_tagged(pfn, pages, want) {
@@ -723,18 +726,19 @@ impl Work {
                 Err(RetireRefused::Block(e)) => return Err(block_error(e)),
             }
         } else {
-            self.cache
-                .retire_block_of(pfn, pages, kind)
-                .map_err(block_error)?
+            let (mask, want) = if kind == BlockKind::ScatterList {
+                (SG_TAG | TAG_DIR | TAG_OWNER, SG_TAG | owner)
+            } else {
+                (0, 0)
+            };
+            match self.cache.retire_block_of(pfn, pages, kind, mask, want) {
+                Ok(tag) => tag,
+                Err(RetireRefused::Tag(tag)) => {
+                    return Err(tag_mismatch(tag & mask, want, addr, len, dev.sid))
+                }
+                Err(RetireRefused::Block(e)) => return Err(block_error(e)),
+            }
         };
-        // A scatter list's block: its device and direction (a stale
-        // `SgMapping` replayed over another device's list, or another
-        // direction's, at the same IOVA).
-        let sg_owner = tag & (SG_TAG | TAG_DIR | TAG_OWNER);
-        if kind == BlockKind::ScatterList && sg_owner != SG_TAG | owner {
-            let _ = d.iova.unretire_block(pfn, pages, kind, tag);
-            return Err(tag_mismatch(sg_owner, SG_TAG | owner, addr, len, dev.sid));
-        }
         if let Err(e) = self.unmap_checks(slot, iova, pages, deferred) {
             // Nothing was changed: the block is the caller's again.
             let _ = self.domain.iova.unretire_block(pfn, pages, kind, tag);
