@@ -248,25 +248,44 @@ fn a_stale_unmap_sg_replayed_without_pause_never_refuses_the_owners_unmap() {
             .map_sg(disk, &sg, DmaDirection::ToDevice, &mut out2)
             .unwrap();
         assert_eq!(out2, out1, "round {round}: the IOVA is reused");
-        let stop = std::sync::atomic::AtomicBool::new(false);
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        /// Stops the replaying thread however the owner's side ends (a
+        /// panic included), so the scope's join never waits forever.
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Relaxed);
+            }
+        }
+        let (stop, started) = (AtomicBool::new(false), AtomicBool::new(false));
         std::thread::scope(|s| {
-            s.spawn(|| {
+            let replays = s.spawn(|| {
                 let mut other = p.domain.cpu();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut refused_live = 0u32;
+                while !stop.load(Relaxed) {
                     let r = other.unmap_sg(nic, &m1, &sg, &out1, DmaDirection::ToDevice);
-                    assert!(
-                        matches!(
-                            r,
-                            Err(DmaError::WrongDevice { .. }) | Err(DmaError::NotMapped { .. })
-                        ),
-                        "round {round}: {r:?}"
-                    );
+                    match r {
+                        Err(DmaError::WrongDevice { .. }) => refused_live += 1,
+                        Err(DmaError::NotMapped { .. }) => {}
+                        r => panic!("round {round}: {r:?}"),
+                    }
+                    started.store(true, Relaxed);
                 }
+                refused_live
             });
-            std::thread::yield_now();
+            let _stop = Stop(&stop);
+            // The replays have begun against the live list before its
+            // owner unmaps it.
+            while !started.load(Relaxed) {
+                std::hint::spin_loop();
+            }
             let r = cpu.unmap_sg(disk, &m2, &sg, &out2, DmaDirection::ToDevice);
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            drop(_stop);
             assert_eq!(r, Ok(()), "round {round}");
+            assert!(
+                replays.join().unwrap() > 0,
+                "round {round}: a replay met the live list"
+            );
         });
     }
     assert_eq!(p.domain.stats().live(), 0);

@@ -517,6 +517,36 @@ fn a_bounce_lanes_block_carries_no_previous_users_tag() {
     );
 }
 
+/// A streaming unmap or sync naming a block no mapping tagged (live and
+/// untagged: a bounce lane's, or one a map is still filling) finds nothing
+/// mapped there, whatever the length, and changes nothing.
+#[test]
+fn an_unmap_or_sync_of_a_block_no_mapping_tagged_is_not_mapped() {
+    for policy in [DmaPolicy::Strict, DmaPolicy::Deferred] {
+        let mut r = rig(policy, false);
+        let limit = r.domain.iova.limit_for_mask(u64::MAX);
+        let pfn = r.domain.iova.alloc(1, limit).unwrap();
+        let addr = pfn << crate::mem::PAGE_SHIFT;
+        for len in [4096, 100] {
+            assert_eq!(
+                r.cpu.unmap(&r.dev, addr, len, DmaDirection::ToDevice),
+                Err(DmaError::NotMapped { addr }),
+                "{policy}, {len} bytes"
+            );
+        }
+        assert!(matches!(
+            r.cpu.sync_for_cpu(addr, 64),
+            Err(DmaError::NotMapped { .. })
+        ));
+        assert_eq!(
+            r.domain.iova.find(pfn).map(|b| b.state),
+            Some(crate::iova::BlockState::Live),
+            "{policy}: the block is untouched"
+        );
+        r.domain.iova.free(pfn, 1).unwrap();
+    }
+}
+
 /// The deferred unmap's cover check finds the deadline word through the
 /// CPU's cover cache: a cleared deadline is armed again by the next
 /// unmap, and a unit that joins the domain later has its own armed by the

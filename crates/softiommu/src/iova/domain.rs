@@ -10,7 +10,9 @@ use crossbeam_utils::CachePadded;
 use super::depot::Depots;
 use super::gap_tree::GapTree;
 use super::linear_tree::{LinearTree, DMA_32BIT_PFN};
-use super::live_map::{free_error_seen, state, tagged, LiveMap, CACHED, KIND_SHIFT, LIVE, RETIRED};
+use super::live_map::{
+    free_error_seen, state, state_of, tag_of, tagged, LiveMap, CACHED, KIND_SHIFT, LIVE, RETIRED,
+};
 use super::magazine::Magazine;
 use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull, MAX_CACHED_ORDER};
 use super::{order_of, IovaError};
@@ -592,12 +594,22 @@ impl IovaDomain {
         self.check_live(pfn, order_of(pages)?)
     }
 
+    /// The tag of the live block of `pages` (as allocated, plain kind)
+    /// starting at `pfn`, read on the same load that finds the block live;
+    /// `None` if no such block starts there.
+    pub(crate) fn live_tag(&self, pfn: u64, pages: u64) -> Option<u32> {
+        let order = order_of(pages).ok()?;
+        let w = self.live.get(pfn);
+        (order < 64 && state_of(w) == state(LIVE, order)).then_some(tag_of(w))
+    }
+
     /// Marks a live block as released by its user but not free yet: an
     /// IOVA an unmap is revoking, which only the invalidation that covers it
     /// may free (with [`IovaCpuCache::free_retired`](super::IovaCpuCache::free_retired)). Until then a second
     /// free or retire of it is refused (`NotAllocated`), as a double unmap
     /// must be, though the block is still allocated in the tree. One
-    /// compare-exchange: of two threads retiring one block at once, exactly
+    /// successful compare-exchange (a tagged block's word is tried again
+    /// with its tag): of two threads retiring one block at once, exactly
     /// one succeeds.
     /// A block of another [`BlockKind`] than [`BlockKind::Plain`] is refused
     /// (`NotAllocated`): see [`retire_block_of`](Self::retire_block_of).
@@ -609,8 +621,10 @@ impl IovaDomain {
     /// for the holder's own checks (the DMA layer records the exact bytes a
     /// mapping covers). The tag shares the block's state word: a retire
     /// can require it ([`IovaCpuCache::retire_tagged`](super::IovaCpuCache::retire_tagged)), and
-    /// the retire or free of the block clears it, as every allocation
-    /// starts untagged.
+    /// any change of the block's state clears it at the block's first frame,
+    /// as every allocation starts untagged (a frame inside a block keeps
+    /// its tag after the block goes: nothing compares it, and a block that
+    /// later starts there stores its word whole).
     #[inline]
     pub(crate) fn set_tag(&self, pfn: u64, tag: u32) -> Result<(), IovaError> {
         self.live.set_tag(pfn, tag).map_err(IovaError::from)
@@ -663,9 +677,11 @@ impl IovaDomain {
     }
 
     /// Changes the kind of a live block from `from` to `to` (one
-    /// compare-exchange): a caller that allocated a block for a scatter
-    /// list or a coherent buffer marks it before it hands the IOVA out,
-    /// and takes the mark off before it frees a block it could not use.
+    /// successful compare-exchange) and clears its tag: a caller that
+    /// allocated a block for a coherent buffer marks it before it hands
+    /// the IOVA out (a scatter list's block is marked with its tag in one
+    /// step, `IovaCpuCache::mark_tagged`), and takes the mark off before it
+    /// frees a block it could not use.
     pub(crate) fn set_kind(
         &self,
         pfn: u64,

@@ -37,7 +37,8 @@
 //! [`Cursor`] of its own (the flat map, or the chunk it last used): a
 //! subtraction and a compare per access, in either form. Access is relaxed
 //! atomic loads and stores (plain moves), but for the transitions two
-//! threads may race on, which are one compare-exchange each: a free's
+//! threads may race on, which are one successful compare-exchange each (a
+//! tagged word tried a second time with its tag): a free's
 //! claim (live to cached, [`claim_for_free`]), so that of two threads
 //! freeing the *same* IOVA at the same instant exactly one frees it and
 //! the other is refused as a double free; an unmap's retire

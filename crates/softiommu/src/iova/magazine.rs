@@ -101,9 +101,10 @@ impl Magazine {
     #[inline]
     pub(crate) fn pop_below(&mut self, limit: u64) -> Option<u64> {
         let top = self.len.checked_sub(1)?;
-        // SAFETY: `top < len <= capacity` (`len` only grows in `push`, which
-        // keeps it at most `capacity`, and `capacity == slots.len() - 2 *
-        // PAD`, as in `push`), so `PAD + top < slots.len()`.
+        // SAFETY: `top < len <= capacity` (`len` only grows in `push` and
+        // `commit`, which both keep it at most `capacity`, and `capacity ==
+        // slots.len() - 2 * PAD`, as in `push`), so `PAD + top <
+        // slots.len()`.
         let pfn = unsafe { *self.slots.get_unchecked(PAD + top) };
         if pfn <= limit {
             self.len = top;

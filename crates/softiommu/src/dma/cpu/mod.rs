@@ -796,9 +796,9 @@ impl Work {
             if matches!(pushed, Pushed::Full) {
                 flush_full_queue(d, slot, cache);
             } else {
-                // The owner enforces the age limit too, every few pushes
-                // (counted by the queue's own cursor), so the stale window
-                // holds while the timer thread waits for a core.
+                // The owner enforces the age limit too, every few pushes,
+                // so the stale window holds while the timer thread waits
+                // for a core.
                 *pushes = pushes.wrapping_add(1);
                 if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
                     owner_expiry_check(d, slot, cache);
@@ -973,11 +973,14 @@ fn check_bounce_owner(
 }
 
 /// The reason an unmap's tag `want` differs from its block's `tag`, in
-/// DMA-API debug's order: the start, the length, the device, the direction.
+/// DMA-API debug's order: the start, the length, the device, the direction
+/// (a block no mapping tagged: nothing mapped there).
 #[cold]
 fn tag_mismatch(tag: u32, want: u32, addr: u64, len: u64, sid: SourceId) -> DmaError {
     let diff = tag ^ want;
-    if diff & TAG_OFFSET != 0 {
+    // A block no mapping tagged (one being mapped, a bounce lane's):
+    // nothing mapped there for this unmap.
+    if tag & SPAN_TAG == 0 || diff & TAG_OFFSET != 0 {
         DmaError::NotMapped { addr }
     } else if diff & !(TAG_DIR | TAG_OWNER) != 0 {
         DmaError::WrongLength { addr, len }
@@ -1013,8 +1016,12 @@ fn span_tag(addr: u64, len: u64) -> u32 {
     const _: () = assert!(TAG_OFFSET == (PAGE_SIZE - 1) as u32);
     let off = addr & (PAGE_SIZE - 1);
     let end = off.wrapping_add(len) & (PAGE_SIZE - 1);
-    (1 << 31) | ((end as u32) << 12) | off as u32
+    SPAN_TAG | ((end as u32) << 12) | off as u32
 }
+
+/// The bit every streaming mapping's tag has: a block without it was
+/// tagged by no mapping (an allocation starts untagged).
+const SPAN_TAG: u32 = 1 << 31;
 
 /// The bits of a [`span_tag`] that hold the start's offset in its page.
 const TAG_OFFSET: u32 = 0xfff;

@@ -286,7 +286,9 @@ impl Work {
         // device and direction, as a streaming mapping's, which `unmap_sg`
         // checks against the block itself, not only against the caller's
         // (copyable, replayable) `SgMapping`. Written before anything is
-        // mapped: a failure here changes nothing.
+        // mapped: a failure here maps nothing and gives the block back
+        // (inner frames keep what was written; nothing reads them until a
+        // block holding them is tagged again).
         let owner = owner_tag(dev.owner, dir_bits(dir));
         let (mut p, mut first) = (pfn, 0);
         for e in sg {

@@ -2,7 +2,7 @@
 //! it (pass-through records, bounce slots, translated blocks and their
 //! tags), and a bounce slot's bytes copied in the direction it allows.
 
-use super::{lock, DmaCpu, Work, SG_FIRST, TAG_OFFSET};
+use super::{lock, DmaCpu, Work, SG_FIRST, SPAN_TAG, TAG_OFFSET};
 use crate::dma::error::DmaError;
 use crate::dma::policy::{DmaDirection, DmaPolicy};
 use crate::dma::slot::CpuSlot;
@@ -140,13 +140,19 @@ impl Work {
                 .map(|t| t.is_some())
         };
         let (first, last) = (addr >> PAGE_SHIFT, (end - 1) >> PAGE_SHIFT);
-        let block = (0..MAX_BLOCK_ORDER)
-            .map(|k| (first & !((1u64 << k) - 1), k))
-            .find(|&(start, k)| d.iova.check_live_block(start, 1 << k).is_ok());
-        let Some((start, k)) = block else {
+        // The block and its tag on one load: a tag read apart could be a
+        // racing unmap's cleared one.
+        let block = (0..MAX_BLOCK_ORDER).find_map(|k| {
+            let start = first & !((1u64 << k) - 1);
+            d.iova.live_tag(start, 1 << k).map(|tag| (start, k, tag))
+        });
+        let Some((start, k, tag)) = block else {
             return self.other_block_covers(addr, len, first, last);
         };
-        let tag = d.iova.tag(start);
+        // A block no mapping tagged yet (being mapped): nothing mapped.
+        if tag & SPAN_TAG == 0 {
+            return Err(DmaError::NotMapped { addr });
+        }
         let begin = (start << PAGE_SHIFT) | u64::from(tag & TAG_OFFSET);
         if addr < begin || !mapped(addr)? {
             return Err(DmaError::NotMapped { addr });
