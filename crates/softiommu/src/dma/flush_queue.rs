@@ -127,6 +127,9 @@ pub enum Pushed {
     Queued {
         /// The queue was empty before this push.
         was_empty: bool,
+        /// Entries pushed into this queue ever, this one included (wraps):
+        /// the owner's own count, for work it does every so many pushes.
+        pushed: usize,
     },
     /// Queued, and the queue reached its high-water mark: the caller must
     /// take a batch out and flush it.
@@ -211,14 +214,15 @@ impl FlushQueue {
         slot.pages.store(entry.pages, Ordering::Relaxed);
         let stamp = if was_empty { self.stamp_now() } else { 0 };
         slot.stamp.store(stamp, Ordering::Relaxed);
-        self.tail.store(t.wrapping_add(1), Ordering::Release);
+        let pushed = t.wrapping_add(1);
+        self.tail.store(pushed, Ordering::Release);
         // Full at `high_water.clamp(1, capacity)` entries: as two compares
         // (`len + 1 >= 1` always holds, so a high water of 0 is 1's).
         let queued = len + 1;
         if queued >= high_water || queued >= self.capacity {
             Pushed::Full
         } else {
-            Pushed::Queued { was_empty }
+            Pushed::Queued { was_empty, pushed }
         }
     }
 
@@ -545,10 +549,19 @@ mod tests {
     fn the_high_water_mark_asks_for_one_batch() {
         let q = FlushQueue::new(4);
         let t0 = Instant::now();
-        assert_eq!(q.push(e(1), &[], 3), Pushed::Queued { was_empty: true });
+        assert_eq!(
+            q.push(e(1), &[], 3),
+            Pushed::Queued {
+                was_empty: true,
+                pushed: 1
+            }
+        );
         assert_eq!(
             q.push(e(2), &[0x1000], 3),
-            Pushed::Queued { was_empty: false }
+            Pushed::Queued {
+                was_empty: false,
+                pushed: 2
+            }
         );
         assert_eq!(q.push(e(3), &[], 3), Pushed::Full);
         let b = q.taker().take_all().expect("three entries");

@@ -44,7 +44,6 @@ struct Work {
     domain: Arc<DmaDomain>,
     cache: IovaCpuCache,
     gather: IotlbGather,
-    pushes: u32,
     /// The last leaf table this CPU mapped or unmapped in.
     hint: LeafHint,
     /// Where `domain`'s expiry deadline is, for the deferred unmap's
@@ -59,7 +58,7 @@ struct Work {
 /// of microseconds at the rates where the check matters at all, against a
 /// 10 ms timeout. At 16 its clock read, taker lock and poll of the flushes
 /// in flight cost about 28 instructions a pair (callgrind).
-const OWNER_EXPIRY_EVERY: u32 = 64;
+const OWNER_EXPIRY_EVERY: usize = 64;
 
 /// A pass-through record's key for `dev` in `dir`: a scatter-list entry's
 /// if `sg` (a constant at every call but the scatter list's, so the single
@@ -93,7 +92,6 @@ impl DmaCpu {
                 domain,
                 cache,
                 gather: IotlbGather::new(),
-                pushes: 0,
                 hint: LeafHint::default(),
                 cover: CoverCache::default(),
             },
@@ -751,7 +749,6 @@ impl Work {
             domain: d,
             cache,
             gather,
-            pushes,
             hint,
             cover,
         } = self;
@@ -793,16 +790,15 @@ impl Work {
             // unmap's stale window is armed before it returns (one load
             // per unit when one is).
             cover.cover(d, units);
-            if matches!(pushed, Pushed::Full) {
-                flush_full_queue(d, slot, cache);
-            } else {
-                // The owner enforces the age limit too, every few pushes,
-                // so the stale window holds while the timer thread waits
-                // for a core.
-                *pushes = pushes.wrapping_add(1);
-                if pushes.is_multiple_of(OWNER_EXPIRY_EVERY) {
-                    owner_expiry_check(d, slot, cache);
+            match pushed {
+                Pushed::Full => flush_full_queue(d, slot, cache),
+                // The owner enforces the age limit too, every few pushes
+                // (the queue's count, in hand from the push), so the stale
+                // window holds while the timer thread waits for a core.
+                Pushed::Queued { pushed: n, .. } if n.is_multiple_of(OWNER_EXPIRY_EVERY) => {
+                    owner_expiry_check(d, slot, cache)
                 }
+                _ => {}
             }
         } else {
             // Every device of the domain can reach its mappings: every unit the
