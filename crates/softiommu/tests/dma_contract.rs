@@ -275,8 +275,9 @@ fn a_stale_unmap_sg_replayed_without_pause_never_refuses_the_owners_unmap() {
             });
             let _stop = Stop(&stop);
             // The replays have begun against the live list before its
-            // owner unmaps it.
-            while !started.load(Relaxed) {
+            // owner unmaps it (or the replaying thread ended: a panic there,
+            // reported by the join below, not a wait forever here).
+            while !started.load(Relaxed) && !replays.is_finished() {
                 std::hint::spin_loop();
             }
             let r = cpu.unmap_sg(disk, &m2, &sg, &out2, DmaDirection::ToDevice);

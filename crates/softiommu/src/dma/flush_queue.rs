@@ -123,7 +123,8 @@ pub struct FlushQueue {
 /// What a push did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pushed {
-    /// Queued; `was_empty` says the queue had nothing before.
+    /// Queued; `was_empty` says the queue had nothing before, `pushed`
+    /// how many entries the queue has taken ever.
     Queued {
         /// The queue was empty before this push.
         was_empty: bool,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::hw::{Access, SourceId, System, Translator};
 use crate::mem::{PhysMemory, PAGE_SIZE};
+use crate::pgtable::IoPageTable;
 
 const SID: SourceId = SourceId(0x0100);
 
@@ -534,10 +535,19 @@ fn an_unmap_or_sync_of_a_block_no_mapping_tagged_is_not_mapped() {
                 "{policy}, {len} bytes"
             );
         }
+        // Mapped in the table but not yet tagged (a map between its PTE
+        // write and its tag): a sync finds no mapping either.
+        let buf = r.mem.alloc_zeroed_frames(0).unwrap();
+        r.domain
+            .table
+            .map(addr, buf, 4096, DmaDirection::ToDevice.perm())
+            .unwrap();
         assert!(matches!(
             r.cpu.sync_for_cpu(addr, 64),
             Err(DmaError::NotMapped { .. })
         ));
+        let mut g = crate::pgtable::IotlbGather::new();
+        r.domain.table.unmap(addr, 4096, &mut g).unwrap();
         assert_eq!(
             r.domain.iova.find(pfn).map(|b| b.state),
             Some(crate::iova::BlockState::Live),

@@ -52,7 +52,10 @@ struct Work {
 }
 
 /// A CPU checks its own queue's age (and frees what its finished flushes
-/// released) every this many deferred unmaps. The check is a backstop: the
+/// released) at each deferred unmap whose push leaves the queue's count a
+/// multiple of this and does not fill it (a push that fills it flushes the
+/// whole queue instead), so about every this many unmaps. The check is a
+/// backstop: the
 /// bound on the stale window rests on the timer and, whatever the
 /// scheduling, on the expiry deadline every unmap arms; 64 unmaps are tens
 /// of microseconds at the rates where the check matters at all, against a
