@@ -516,7 +516,7 @@ impl DmaDomain {
     }
 
     /// Flushes a batch taken from a flush queue and waits for it: issues
-    /// it (one domain invalidation and one wait per unit with work; see
+    /// it (one domain invalidation and one wait per unit the domain spans; see
     /// `inflight`), then completes every flush issued so far, freeing the
     /// IOVAs and table pages into `cache` (recorded in `stats`: the
     /// counters of whoever flushed, the owner or the timer). If an

@@ -12,7 +12,7 @@
 //!   IOVA and the table pages.
 //! - `Deferred`: an unmap clears the PTEs and queues the IOVA on this CPU's
 //!   flush queue (an array); at the high-water mark or the timeout, one
-//!   invalidation per unit with work and one wait free the whole batch. The
+//!   invalidation per unit the domain spans and one wait free the whole batch. The
 //!   time an unmapped buffer stays reachable is measured
 //!   ([`DmaDomain::stale_window`]).
 //! - `Bounce`: data is copied through a pool that stays mapped.

@@ -13,7 +13,7 @@ pub enum DmaPolicy {
     /// are freed.
     Strict,
     /// Unmaps clear the PTEs and queue the IOVA on this CPU's flush queue;
-    /// a flush (high-water mark or timeout) invalidates each unit with work
+    /// a flush (high-water mark or timeout) invalidates each unit the domain spans
     /// once, waits once, then frees the batch. Linux's "lazy" (seed `000`).
     Deferred,
     /// For untrusted devices: data is copied through bounce slots of whole
