@@ -16,7 +16,9 @@
 //! wire's frame, lengths that overflow) or with an offload in its header is
 //! completed unsent; a receive chain of the wrong shape is completed with
 //! length 0 and the frame kept for the next buffer; a frame larger than the
-//! buffer is dropped. A full wire drops the frame (the wire counts it).
+//! buffer is dropped and the buffer given back, unused, for the next frame
+//! (as a NIC does: no used entry for a frame it did not deliver). A full
+//! wire drops the frame (the wire counts it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -100,7 +102,8 @@ pub struct NetStats {
     pub rx_bytes: u64,
     /// Receive chains of the wrong shape (completed with length 0).
     pub rx_bad: u64,
-    /// Received frames dropped: larger than the buffer, or a buffer access failed.
+    /// Received frames dropped: larger than the buffer (which is given back
+    /// unused), or a buffer access failed (completed with length 0).
     pub rx_dropped: u64,
     /// Frames from the wire shorter than an Ethernet header (14 bytes):
     /// not frames, dropped before any buffer is taken.
@@ -496,8 +499,12 @@ struct RxWorker {
 
 /// What delivering one frame did.
 enum Delivered {
-    /// The frame was used (delivered or dropped): take the next.
+    /// The frame was used (delivered, or dropped with its buffer
+    /// completed): take the next.
     Consumed,
+    /// The frame was dropped (larger than the buffer), the buffer given
+    /// back unused: take the next frame; the buffer waits for it.
+    Dropped,
     /// The buffer was bad: the frame waits for the next buffer.
     Kept,
     /// No buffer available.
@@ -581,6 +588,10 @@ impl RxWorker {
                     self.rx.consume();
                     n += 1;
                 }
+                Delivered::Dropped => {
+                    self.rx.consume();
+                    n += 1;
+                }
                 Delivered::Kept => {}
                 Delivered::NoBuffer => return Ok(Some(IDLE_WAIT)),
                 Delivered::ConsumedUnpublished(e) => {
@@ -633,7 +644,13 @@ fn deliver(
     };
     if total < need {
         bump(&c.rx_dropped, 1);
-        return Ok(published(q.push_used(head, 0)));
+        // The buffer is the driver's still: given back for the next frame
+        // (completed with 0 only if the give-back is refused, which it is
+        // not right after the pop).
+        return Ok(match q.unpop() {
+            Ok(()) => Delivered::Dropped,
+            Err(_) => published(q.push_used(head, 0)),
+        });
     }
     let mut space = &**q.space();
     match scatter_frame(&mut space, descs, &plain_header(true), frame) {
