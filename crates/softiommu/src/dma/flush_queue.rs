@@ -120,6 +120,29 @@ pub struct FlushQueue {
     base: Instant,
 }
 
+/// A queue's slot array and its mask (`slots.len() - 1`, a power-of-two
+/// length): made only by [`FlushQueue::ring`], which keeps that so.
+#[derive(Clone, Copy)]
+struct Ring<'a> {
+    slots: &'a [Slot],
+    mask: usize,
+}
+
+impl<'a> Ring<'a> {
+    /// The slot of entry `i` (a cursor: entries pushed or taken, ever).
+    #[inline(always)]
+    fn slot(self, i: usize) -> &'a Slot {
+        let k = i & self.mask;
+        debug_assert!(k < self.slots.len());
+        // SAFETY: `mask` is `slots.len() - 1` for a power-of-two length
+        // (`FlushQueue::new`; neither changes after, and `ring` copies
+        // both), so `k < slots.len()`. Unchecked: the push and the take's
+        // per-entry copy are hot (callgrind counted the bounds check at a
+        // few instructions a pair).
+        unsafe { self.slots.get_unchecked(k) }
+    }
+}
+
 /// What a push did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pushed {
@@ -171,13 +194,17 @@ impl FlushQueue {
     /// The slot of entry `i` (a cursor: entries pushed or taken, ever).
     #[inline(always)]
     fn slot(&self, i: usize) -> &Slot {
-        let k = i & self.mask;
-        debug_assert!(k < self.slots.len());
-        // SAFETY: `mask` is `slots.len() - 1` for a power-of-two length
-        // (`new`; neither changes after), so `k < slots.len()`. Unchecked:
-        // the push and the take's per-entry copy are hot (callgrind counted
-        // the bounds check at a few instructions a pair).
-        unsafe { self.slots.get_unchecked(k) }
+        self.ring().slot(i)
+    }
+
+    /// The array and its mask, for a caller that reads many slots (held
+    /// in locals, not read again through `self` for each).
+    #[inline(always)]
+    fn ring(&self) -> Ring<'_> {
+        Ring {
+            slots: &self.slots,
+            mask: self.mask,
+        }
     }
 
     /// The array's size: the most entries the queue can hold.
@@ -193,9 +220,9 @@ impl FlushQueue {
         self.base + Duration::from_nanos(stamp.saturating_sub(1))
     }
 
-    /// Queues a deferred unmap of `entry` which unlinked `tables`. `high_water` (clamped
-    /// to the capacity) is the fill level that asks for a flush. Only the
-    /// queue's owner may push (one producer).
+    /// Queues a deferred unmap of `entry` which unlinked `tables`.
+    /// `high_water` (clamped to the capacity) is the fill level that asks
+    /// for a flush. Only the queue's owner may push (one producer).
     // Always inlined into the deferred unmap, its one hot caller (an
     // outlined push cost ~20 instructions a pair of call and frame).
     #[inline(always)]
@@ -337,13 +364,10 @@ impl Taker<'_> {
         let mut entries = Vec::with_capacity(n);
         // The array and its mask in locals: read once, not per entry (the
         // copy's stores could otherwise alias them).
-        let (slots, mask) = (&*q.slots, q.mask);
+        let ring = q.ring();
         // An exact-size copy: no capacity check per entry.
         entries.extend((0..n).map(|k| {
-            let i = h.wrapping_add(k) & mask;
-            debug_assert!(i < slots.len());
-            // SAFETY: as in `slot`: `mask` is `slots.len() - 1`.
-            let s = unsafe { slots.get_unchecked(i) };
+            let s = ring.slot(h.wrapping_add(k));
             FqEntry {
                 pfn: s.pfn.load(Ordering::Relaxed),
                 pages: s.pages.load(Ordering::Relaxed),

@@ -55,12 +55,11 @@ struct Work {
 /// released) at each deferred unmap whose push leaves the queue's count a
 /// multiple of this and does not fill it (a push that fills it flushes the
 /// whole queue instead), so about every this many unmaps. The check is a
-/// backstop: the
-/// bound on the stale window rests on the timer and, whatever the
-/// scheduling, on the expiry deadline every unmap arms; 64 unmaps are tens
-/// of microseconds at the rates where the check matters at all, against a
-/// 10 ms timeout. At 16 its clock read, taker lock and poll of the flushes
-/// in flight cost about 28 instructions a pair (callgrind).
+/// backstop: the bound on the stale window rests on the timer and,
+/// whatever the scheduling, on the expiry deadline every unmap arms; 64
+/// unmaps are tens of microseconds at the rates where the check matters at
+/// all, against a 10 ms timeout. At 16 its clock read, taker lock and poll
+/// of the flushes in flight cost about 28 instructions a pair (callgrind).
 const OWNER_EXPIRY_EVERY: usize = 64;
 
 /// A pass-through record's key for `dev` in `dir`: a scatter-list entry's
