@@ -499,12 +499,10 @@ struct RxWorker {
 
 /// What delivering one frame did.
 enum Delivered {
-    /// The frame was used (delivered, or dropped with its buffer
-    /// completed): take the next.
+    /// The frame was used (delivered; or dropped, its buffer completed
+    /// or, too small for it, given back for the next frame): take the
+    /// next.
     Consumed,
-    /// The frame was dropped (larger than the buffer), the buffer given
-    /// back unused: take the next frame; the buffer waits for it.
-    Dropped,
     /// The buffer was bad: the frame waits for the next buffer.
     Kept,
     /// No buffer available.
@@ -588,10 +586,6 @@ impl RxWorker {
                     self.rx.consume();
                     n += 1;
                 }
-                Delivered::Dropped => {
-                    self.rx.consume();
-                    n += 1;
-                }
                 Delivered::Kept => {}
                 Delivered::NoBuffer => return Ok(Some(IDLE_WAIT)),
                 Delivered::ConsumedUnpublished(e) => {
@@ -648,7 +642,7 @@ fn deliver(
         // (completed with 0 only if the give-back is refused, which it is
         // not right after the pop).
         return Ok(match q.unpop() {
-            Ok(()) => Delivered::Dropped,
+            Ok(()) => Delivered::Consumed,
             Err(_) => published(q.push_used(head, 0)),
         });
     }
