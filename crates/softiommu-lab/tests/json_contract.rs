@@ -100,11 +100,61 @@ fn bench_dma() {
         .map(|r| {
             assert!(number(r, "map_ns") > 0.0 && number(r, "unmap_ns") > 0.0);
             assert!(r["valid"].is_boolean(), "{r}");
+            // Counted only with --instructions.
+            assert!(r["instructions_per_pair"].is_null(), "{r}");
             assert_eq!(r.get("why").is_some(), r["valid"] == false, "{r}");
             r["policy"].as_str().unwrap().to_string()
         })
         .collect();
     assert_eq!(policies, ["passthrough", "strict", "deferred", "bounce"]);
+    assert_eq!(v["instructions_source"], "none");
+}
+
+/// `bench dma --instructions`: `instructions_per_pair` for every policy
+/// asked, counted by callgrind, and each policy's figure over
+/// pass-through's beside it, pass-through's the lower (a policy cheaper
+/// than doing nothing would be a measurement bug). Needs valgrind: where
+/// `.ci/run` found or installed it (`SOFTIOMMU_VALGRIND_REQUIRED`), its
+/// absence fails the test.
+#[test]
+fn bench_dma_instructions() {
+    let have = Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        assert!(
+            std::env::var_os("SOFTIOMMU_VALGRIND_REQUIRED").is_none(),
+            "valgrind is required here and missing"
+        );
+        eprintln!("SKIPPED: bench dma --instructions needs valgrind");
+        return;
+    }
+    let v = run(&[
+        "bench",
+        "dma",
+        "--json",
+        "--instructions",
+        "--iters",
+        "2000",
+        "--policies",
+        "passthrough,deferred",
+    ]);
+    assert_eq!(v["instructions_source"], "callgrind");
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 2, "{v}");
+    let (pt, deferred) = (&rows[0], &rows[1]);
+    assert_eq!(
+        (&pt["policy"], &deferred["policy"]),
+        (&"passthrough".into(), &"deferred".into())
+    );
+    let (p, d) = (
+        number(pt, "instructions_per_pair"),
+        number(deferred, "instructions_per_pair"),
+    );
+    assert!(p > 0.0 && d > p, "pass-through {p}, deferred {d}");
+    assert_eq!(number(pt, "instructions_over_passthrough"), 0.0);
+    assert!((number(deferred, "instructions_over_passthrough") - (d - p)).abs() < 1e-9);
 }
 
 #[test]
