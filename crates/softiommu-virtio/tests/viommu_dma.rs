@@ -310,8 +310,9 @@ fn maps_take_their_iovas_from_the_per_thread_cache() {
 /// range page-selective (exactly its block), ranges scattered over a
 /// block many times their pages (8 MiB apart here: a block of 2,048
 /// pages for 2, within the unit's largest mask) domain-selective —
-/// the unit's page-selective invalidation visits every way of every
-/// page of the block, a domain-selective one is a generation bump — and
+/// the unit's page-selective invalidation visits the set of every page
+/// of the block (every entry past 256 pages), a domain-selective one is a
+/// generation bump — and
 /// either way the ranges are unreachable when the UNMAPs return.
 #[test]
 fn a_round_of_scattered_unmaps_is_one_domain_selective_invalidation() {

@@ -7,10 +7,11 @@
 //! (a lone UNMAP's range, or neighbours), and domain-selective otherwise,
 //! as Linux's VT-d driver flushes a lazy flush queue with one
 //! domain-selective invalidation (`intel_flush_iotlb_all`). The unit's
-//! page-selective invalidation visits every way of the set of every page
-//! of its block (a block of 2^am pages costs 8 * 2^am entry locks on the
-//! default 8-way IOTLB, more once a large leaf was cached, the whole
-//! IOTLB past 512 pages), while a
+//! page-selective invalidation visits the set of every page of its block
+//! (a block of 2^am pages costs 2^am reads of a set's two fingerprint
+//! words, a read-modify-write each, and an entry lock per way whose fingerprint
+//! matches; more once a large leaf was cached; every entry of the IOTLB
+//! locked past 256 pages, its default sets), while a
 //! domain-selective one is a generation bump whose price is a walk for
 //! each of the domain's translations still in use: scattered ranges of
 //! one round (one read's header, data and status IOVAs, from different

@@ -15,15 +15,18 @@
 //! x86-64, word-wide ALU operations elsewhere), and runs the sequence-lock
 //! read below on the marked ways only: 16 L1-resident bytes and one entry
 //! line per hit, where reading every way's key touched all of a 4-way
-//! set's two lines. The words are hints, written Relaxed by fills under the way's
-//! lock and never cleared: a stale byte costs a miss or a wasted
-//! validation, never a wrong hit (the full tag and the generation decide).
+//! set's two lines. To a probe the words are hints, written by fills
+//! under the way's lock and never cleared: a stale byte costs a miss or a
+//! wasted validation, never a wrong hit (the full tag and the generation
+//! decide). A page scan relies on them (see below), so fills write them,
+//! and scans read them, with read-modify-writes.
 //! A lookup probes the 4 KiB set first and, only if the unit has ever
 //! cached a large leaf, the 2 MiB and 1 GiB sets: an entry for a large
 //! leaf covers its whole range. A fill replaces, in order of preference, an
-//! entry with the same tag, an invalid or stale one, or a pseudo-random
-//! one (the caller's own generator, so the hit path writes nothing shared
-//! to keep recency).
+//! entry with the same tag, one never filled (both found by the
+//! fingerprints), an invalid or stale one (among a bounded number of
+//! ways), or a pseudo-random one (the caller's own generator, so the hit
+//! path writes nothing shared to keep recency).
 //!
 //! # Reading without locks: a sequence lock per entry
 //!
@@ -59,7 +62,11 @@
 //!   and 1 GiB sets only once such a leaf was cached, read with a
 //!   read-modify-write of the `large` bits that a large fill's own
 //!   read-modify-write is ordered against). The domain's
-//!   `psi` counter is bumped (Release); then each candidate entry gets one
+//!   `psi` counter is bumped (Release); the set's fingerprint words are
+//!   read with a read-modify-write each, which a fill's own write of its
+//!   way's byte (before its `psi` re-check) is ordered against, so only
+//!   the ways whose byte matches can hold the page or a fill of it (see
+//!   `claimed_matches`); then each of those gets one
 //!   `fetch_or(3)`: on a free entry that takes the lock (the scan then clears
 //!   the entry if its tag falls in the range); on an entry a fill holds it
 //!   sets the *kill* bit, and the fill's unlock (a compare-exchange from
@@ -86,7 +93,7 @@ use super::clock::DeadlineClock;
 use crate::mem::{PhysAddr, PAGE_SHIFT};
 use crate::pgtable::{PageSize, Perm, VTD_IOVA_BITS};
 use crate::sync::barrier::Barrier;
-use crate::sync::{fence, AtomicU64, Ordering};
+use crate::sync::{fence, lock, AtomicU64, Mutex, Ordering};
 
 /// Shape of an IOTLB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,18 +105,22 @@ pub struct IotlbConfig {
 }
 
 impl Default for IotlbConfig {
-    /// 512 sets of 8 ways: 4,096 entries (128 KiB), the order of the
+    /// 256 sets of 16 ways: 4,096 entries (128 KiB), the order of the
     /// IOTLB sizes reported for server VT-d units, and small enough that a
-    /// working set of a few thousand 4 KiB buffers shows misses. Eight
-    /// ways: at half occupancy under random addresses about 1 % of lookups
-    /// are conflict misses, against 4 % with four ways (`bench translate`'s
-    /// hit case: 98.9 % against 95.8 %). Sixteen cost a hit no more (one
-    /// fingerprint compare covers them) and miss about 0.1 %, but every
-    /// page-selective invalidation locks every way of the page's set:
-    /// strict's map+unmap pair cost 5.7 % more instructions
-    /// (`bench dma --instructions`: 3,217 against 3,401).
+    /// working set of a few thousand 4 KiB buffers shows misses. Sixteen
+    /// ways: at half occupancy under random addresses about 0.1 % of
+    /// lookups are conflict misses, against 1 % with eight and 4 % with
+    /// four (`bench translate`'s hit case: 99.9 %, 98.9 %, 95.8 %). A hit
+    /// costs no more (one fingerprint compare covers sixteen ways), and
+    /// neither does a page-selective invalidation, which locks only the
+    /// ways whose fingerprint matches (`bench dma --instructions`: strict's
+    /// pair 3,062 instructions with 8 ways locked a page, 2,920 with 16
+    /// ways filtered).
     fn default() -> Self {
-        Self { sets: 512, ways: 8 }
+        Self {
+            sets: 256,
+            ways: 16,
+        }
     }
 }
 
@@ -154,11 +165,12 @@ const BYTES_01: u64 = 0x0101_0101_0101_0101;
 ))]
 const BYTES_7F: u64 = 0x7f7f_7f7f_7f7f_7f7f;
 
-/// A tag's way fingerprint, from its hash `h`: seven bits the set index
-/// does not use, and bit 7 set so that it never equals an unused way's 0.
+/// A tag's way fingerprint, from its hash `h`: its top seven bits (the
+/// best mixed of a multiplicative hash; the set index takes at most bits
+/// 32 to 55), and bit 7 set so that it never equals an unused way's 0.
 #[inline(always)]
 fn fingerprint(h: u64) -> u64 {
-    (h >> 25) & 0x7f | 0x80
+    h >> 57 | 0x80
 }
 
 /// The ways of a set whose fingerprint bytes (`lo`: ways 0 to 7, `hi`:
@@ -171,18 +183,24 @@ fn fingerprint(h: u64) -> u64 {
 #[cfg(all(not(loom), target_arch = "x86_64", target_feature = "sse2"))]
 #[inline(always)]
 fn fp_matches(lo: u64, hi: u64, fp: u64) -> u32 {
-    use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_movemask_epi8, _mm_set1_epi8, _mm_set_epi64x};
+    use std::arch::x86_64::_mm_set_epi64x;
+    // SAFETY: SSE2 only, which this build enables (the `cfg` above);
+    // registers only. The casts keep the words' bits.
+    fp_matches_x86(unsafe { _mm_set_epi64x(hi as i64, lo as i64) }, fp)
+}
+
+/// [`fp_matches`] of a set's sixteen fingerprint bytes in one register.
+#[cfg(all(not(loom), target_arch = "x86_64", target_feature = "sse2"))]
+#[inline(always)]
+fn fp_matches_x86(bytes: std::arch::x86_64::__m128i, fp: u64) -> u32 {
+    use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_movemask_epi8, _mm_set1_epi32};
+    // The byte in all four of a 32-bit lane's bytes by one multiply, then
+    // in every lane: two instructions fewer than a byte broadcast in SSE2.
+    let lane = (fp as u32 & 0xff).wrapping_mul(0x0101_0101);
     // SAFETY: the intrinsics need SSE2 only, which this build enables
-    // (the `cfg` above; every x86-64 target does); they read and
-    // write registers only. The casts keep the bits: the words' bytes and
-    // a fingerprint byte, as the intrinsics' signed types take them.
-    let mask = unsafe {
-        let eq = _mm_cmpeq_epi8(
-            _mm_set_epi64x(hi as i64, lo as i64),
-            _mm_set1_epi8(fp as u8 as i8),
-        );
-        _mm_movemask_epi8(eq)
-    };
+    // (the `cfg` above; every x86-64 target does); they read and write
+    // registers only. The cast keeps the lane's bits.
+    let mask = unsafe { _mm_movemask_epi8(_mm_cmpeq_epi8(bytes, _mm_set1_epi32(lane as i32))) };
     mask as u32
 }
 
@@ -208,6 +226,27 @@ fn fp_matches_swar(word: u64, fp: u64) -> u32 {
     // distinct bits of the top byte.
     ((high >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
 }
+
+/// [`fp_matches`] for every build, loom's included (whose probe does not
+/// use the fingerprints, but whose page scans do).
+#[inline(always)]
+fn fp_matches_any(lo: u64, hi: u64, fp: u64) -> u32 {
+    #[cfg(not(loom))]
+    {
+        fp_matches(lo, hi, fp)
+    }
+    #[cfg(loom)]
+    {
+        (0..16).fold(0, |m, w| {
+            let word = if w < FP_WAYS { lo } else { hi };
+            m | u32::from((word >> (w % FP_WAYS * 8)) & 0xff == fp) << w
+        })
+    }
+}
+
+/// Ways a fill looks at for an invalid or stale one, when none is
+/// unfilled and none holds its tag: 8, a 16-way set's half.
+const DEAD_PROBES: usize = 8;
 
 /// `seq` bit 0: a writer holds the entry.
 const SEQ_LOCKED: u64 = 1;
@@ -270,7 +309,11 @@ fn perm_of(bits: u64) -> Perm {
 /// The physical address an entry's value word holds.
 #[inline(always)]
 pub(crate) fn val_phys(val: u64) -> PhysAddr {
-    val & VAL_ADDR_MASK
+    // Bits 63:52 are 0 in every value word (the only store, in `fill`,
+    // masks the address with `VAL_ADDR_MASK`), so clearing the low 12
+    // bits is the same mask, in one instruction with an immediate.
+    debug_assert_eq!(val & !VAL_ADDR_MASK & !((1 << PAGE_SHIFT) - 1), 0);
+    val & !((1 << PAGE_SHIFT) - 1)
 }
 
 /// The rights an entry's value word holds.
@@ -330,6 +373,12 @@ struct Entry {
     gen: AtomicU64,
 }
 
+/// A set's fingerprint words (see `Iotlb::fps`), 16-aligned so that a
+/// probe reads both with one aligned load that never crosses a line.
+#[derive(Debug, Default)]
+#[repr(C, align(16))]
+struct FpPair([AtomicU64; FP_WORDS]);
+
 /// A domain's invalidation counters, and its expiry deadline.
 #[derive(Debug, Default)]
 #[repr(C, align(32))]
@@ -370,13 +419,17 @@ fn new_domains(n: usize) -> Box<[DomainGen]> {
 pub(crate) struct Iotlb {
     entries: Box<[Entry]>,
     ways: usize,
+    /// `ways` entries' bytes: from one set's first entry to the next's.
+    set_bytes: usize,
     set_mask: usize,
     /// Each set's way fingerprints, `FP_WORDS` words a set: byte `w % 8`
     /// of word `w / 8` is a hash byte of the tag way `w` was last filled
     /// with (bit 7 set), 0 if never filled (or past the set's ways). A
-    /// hint only: a probe validates every way whose byte matches, and a
+    /// hint to a probe: it validates every way whose byte matches, and a
     /// stale byte costs a miss or a wasted validation, never a wrong hit.
-    fps: Box<[AtomicU64]>,
+    /// A page scan locks only the ways whose byte matches
+    /// (`claimed_matches`).
+    fps: Box<[FpPair]>,
     domains: Box<[DomainGen]>,
     dom_mask: usize,
     /// Bumped by each global invalidation. Read on every translation.
@@ -387,6 +440,12 @@ pub(crate) struct Iotlb {
     large: CachePadded<AtomicU64>,
     /// The clock the domains' deadlines are readings of.
     clock: DeadlineClock,
+    /// Held by each page scan for its whole run: two scans never meet on
+    /// one entry. (`clear_if` takes a held entry for a fill's and kills
+    /// it; a scan holding it would unlock over the kill bit and leave the
+    /// other scan's page cached.) Fills never take it, so a scan still
+    /// never waits for a fill.
+    scans: Mutex<()>,
 }
 
 /// A deadline word's mark: the flush timer is clearing it (it stays in
@@ -406,15 +465,15 @@ impl Iotlb {
         Self {
             entries: (0..cfg.capacity()).map(|_| Entry::default()).collect(),
             ways: cfg.ways,
+            set_bytes: cfg.ways * std::mem::size_of::<Entry>(),
             set_mask: cfg.sets - 1,
-            fps: (0..cfg.sets * FP_WORDS)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            fps: (0..cfg.sets).map(|_| FpPair::default()).collect(),
             domains: new_domains(domains),
             dom_mask: domains - 1,
             global: CachePadded::new(AtomicU64::new(0)),
             large: CachePadded::new(AtomicU64::new(0)),
             clock: DeadlineClock::get(),
+            scans: Mutex::new(()),
         }
     }
 
@@ -439,37 +498,73 @@ impl Iotlb {
     /// The ways of set `set` (at most `set_mask`).
     #[inline(always)]
     fn ways_of(&self, set: usize) -> &[Entry] {
-        let start = set * self.ways;
-        debug_assert!(start + self.ways <= self.entries.len());
+        debug_assert!(set * self.ways + self.ways <= self.entries.len());
+        debug_assert_eq!(self.set_bytes, self.ways * std::mem::size_of::<Entry>());
         // SAFETY: `entries` holds `(set_mask + 1) * ways` entries (`new`)
         // and every caller passes `set <= set_mask` (`place` masks it), so
-        // `start + ways <= entries.len()`; the checked `get` cost the hit
-        // path five instructions and two branches.
-        unsafe { self.entries.get_unchecked(start..start + self.ways) }
-    }
-
-    #[inline(always)]
-    fn set(&self, key: u64) -> &[Entry] {
-        self.ways_of(self.place(key).0)
+        // the set's `ways` entries, `set * set_bytes` bytes on, are in
+        // it; the checked `get` cost the hit path five instructions and
+        // two branches, and the multiply by `ways` then by the entry's
+        // size one more than the one by `set_bytes`.
+        unsafe {
+            let first = self.entries.as_ptr().byte_add(set * self.set_bytes);
+            std::slice::from_raw_parts(first, self.ways)
+        }
     }
 
     /// Fingerprint word `i` (below `FP_WORDS`) of set `set` (at most
     /// `set_mask`).
     #[inline(always)]
     fn fp_word(&self, set: usize, i: usize) -> &AtomicU64 {
-        let at = set * FP_WORDS + i;
-        debug_assert!(at < self.fps.len());
-        // SAFETY: `fps` holds `(set_mask + 1) * FP_WORDS` words (`new`),
-        // `set <= set_mask` and `i < FP_WORDS`.
-        unsafe { self.fps.get_unchecked(at) }
+        &self.fp_pair(set).0[i]
+    }
+
+    /// Set `set`'s fingerprint words (`set` at most `set_mask`).
+    #[inline(always)]
+    fn fp_pair(&self, set: usize) -> &FpPair {
+        debug_assert!(set < self.fps.len());
+        // SAFETY: `fps` holds `set_mask + 1` pairs (`new`) and
+        // `set <= set_mask`.
+        unsafe { self.fps.get_unchecked(set) }
+    }
+
+    /// Set `set`'s sixteen fingerprint bytes, for a probe: one 16-byte
+    /// load of the pair (two relaxed loads and three instructions to
+    /// join them, in the language's own atomics).
+    #[cfg(all(not(loom), target_arch = "x86_64", target_feature = "sse2"))]
+    #[inline(always)]
+    fn fp_bytes(&self, set: usize) -> std::arch::x86_64::__m128i {
+        let pair: *const FpPair = self.fp_pair(set);
+        let bytes;
+        // SAFETY: `pair` points at 16 readable bytes, 16-aligned
+        // (`FpPair`), which live as long as `self`. The words are atomics
+        // others write concurrently, which only an `asm!` load may read
+        // this way; it acts as relaxed loads of them: x86-64 reads every
+        // byte whole, so each byte read is one some fill wrote there (or
+        // 0), and a byte older than another costs, as any stale byte, a
+        // miss or a wasted validation, never a wrong hit (see `fps`); a
+        // byte past the set's ways is always 0, which `way_marked`'s
+        // unchecked index relies on. `readonly` without `pure`: the load
+        // is not hoisted out of a loop of probes. SSE2: the `cfg` above.
+        unsafe {
+            std::arch::asm!(
+                "movdqa {bytes}, xmmword ptr [{pair}]",
+                pair = in(reg) pair,
+                bytes = out(xmm_reg) bytes,
+                options(nostack, readonly, preserves_flags),
+            );
+        }
+        bytes
     }
 
     /// Records that way `w` of set `set` now holds a tag of fingerprint
-    /// `fp` (a fill, under the way's lock). Relaxed: a hint (see `fps`).
+    /// `fp` (a fill, under the way's lock, before its `psi` re-check).
     fn set_fp(&self, set: usize, w: usize, fp: u64) {
         let word = self.fp_word(set, w / FP_WAYS);
         let shift = (w % FP_WAYS) * 8;
-        let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+        // AcqRel: a page scan reads the word with a read-modify-write and
+        // skips the ways whose byte does not match (see `claimed_matches`).
+        let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
             Some(x & !(0xff << shift) | (fp & 0xff) << shift)
         });
     }
@@ -586,12 +681,16 @@ impl Iotlb {
             let _ = fp;
             ways.iter().find_map(|e| Self::validate(e, key, gen))
         }
-        // Which ways hold `key`: the set's two fingerprint words, two
-        // relaxed loads (of one adjacent pair of words) and one byte compare for up to 16 ways,
-        // instead of a load and compare per way's key (which spread over
-        // the set's lines); a hint only, each matching way is validated
-        // below.
-        #[cfg(not(loom))]
+        // Which ways hold `key`: the set's two fingerprint words, one
+        // 16-byte load and one byte compare for up to 16 ways, instead of
+        // a load and compare per way's key (which spread over the set's
+        // lines); a hint only, each matching way is validated below.
+        #[cfg(all(not(loom), target_arch = "x86_64", target_feature = "sse2"))]
+        {
+            let m = fp_matches_x86(self.fp_bytes(set), fp);
+            Self::validate_matches(ways, m, key, gen)
+        }
+        #[cfg(all(not(loom), not(all(target_arch = "x86_64", target_feature = "sse2"))))]
         {
             let m = fp_matches(
                 self.fp_word(set, 0).load(Ordering::Relaxed),
@@ -607,20 +706,38 @@ impl Iotlb {
     #[cfg(not(loom))]
     #[inline(always)]
     fn validate_matches(ways: &[Entry], mut matches: u32, key: u64, gen: u64) -> Option<u64> {
+        // The first candidate peeled off, in a straight line (a hit's
+        // usual case); the others, after a false fingerprint match, in the
+        // loop.
+        if matches == 0 {
+            return None;
+        }
+        let first = Self::validate(Self::way_marked(ways, matches), key, gen);
+        if first.is_some() {
+            return first;
+        }
+        matches &= matches - 1;
         while matches != 0 {
-            let w = matches.trailing_zeros() as usize;
-            matches &= matches - 1;
-            debug_assert!(w < ways.len());
-            // SAFETY: a byte past the set's ways is never written (`fill`
-            // sets only the byte of the way it filled); it stays 0, which
-            // no fingerprint equals (bit 7 is set in every one), so
-            // `fp_matches` never marks it and `w < ways.len()`.
-            let e = unsafe { ways.get_unchecked(w) };
-            if let Some(v) = Self::validate(e, key, gen) {
+            if let Some(v) = Self::validate(Self::way_marked(ways, matches), key, gen) {
                 return Some(v);
             }
+            matches &= matches - 1;
         }
         None
+    }
+
+    /// The way of `ways` the lowest bit of `matches` (nonzero, from
+    /// [`fp_matches`]) marks.
+    #[cfg(not(loom))]
+    #[inline(always)]
+    fn way_marked(ways: &[Entry], matches: u32) -> &Entry {
+        let w = matches.trailing_zeros() as usize;
+        debug_assert!(w < ways.len());
+        // SAFETY: a byte past the set's ways is never written (`fill`
+        // sets only the byte of the way it filled); it stays 0, which
+        // no fingerprint equals (bit 7 is set in every one), so
+        // `fp_matches` never marks it and `w < ways.len()`.
+        unsafe { ways.get_unchecked(w) }
     }
 
     /// The sequence-lock read of one way: its value word if it holds `key`
@@ -658,7 +775,7 @@ impl Iotlb {
         let key = make_key(did, iova, leaf.size);
         let (set, fp) = self.place(key);
         let ways = self.ways_of(set);
-        let Some((w, e)) = self.victim(ways, key, rnd) else {
+        let Some((w, e)) = self.victim(set, ways, key, fp, rnd) else {
             return FillOutcome::Busy;
         };
         let Some(s) = Self::try_lock(e) else {
@@ -727,30 +844,63 @@ impl Iotlb {
         Some(s)
     }
 
-    /// The way to overwrite, and its index: same tag, else invalid or
-    /// stale, else random.
-    fn victim<'a>(&self, ways: &'a [Entry], key: u64, rnd: u64) -> Option<(usize, &'a Entry)> {
-        let mut free = None;
-        for (w, e) in ways.iter().enumerate() {
-            // Relaxed: a heuristic; the fill's lock settles any race.
-            let k = e.key.load(Ordering::Relaxed);
-            if k == key {
-                return Some((w, e));
-            }
-            if free.is_none() {
-                let dead = match split_key(k) {
-                    None => true,
-                    Some((d, _, _)) => e.gen.load(Ordering::Relaxed) != self.gen(d),
-                };
-                if dead {
-                    free = Some((w, e));
+    /// The way to overwrite, and its index: one holding the same tag,
+    /// else one never filled, else an invalid or stale one among up to
+    /// `DEAD_PROBES` from a pseudo-random way on, else that way. The
+    /// fingerprints find the first two without reading the ways' lines (a
+    /// same tag's way carries its byte; a way never filled, 0); the probe
+    /// for a dead way is bounded so that a fill into a full set of 16 ways
+    /// reads the keys of 8 ways (4 or 5 of the set's 8 lines), as one of 8
+    /// ways did when it read them all.
+    fn victim<'a>(
+        &self,
+        set: usize,
+        ways: &'a [Entry],
+        key: u64,
+        fp: u64,
+        rnd: u64,
+    ) -> Option<(usize, &'a Entry)> {
+        // Relaxed, all: heuristics; the fill's lock settles any race.
+        let lo = self.fp_word(set, 0).load(Ordering::Relaxed);
+        let hi = if self.ways > FP_WAYS {
+            self.fp_word(set, 1).load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        let mut same = fp_matches_any(lo, hi, fp);
+        while same != 0 {
+            let w = same.trailing_zeros() as usize;
+            same &= same - 1;
+            if let Some(e) = ways.get(w) {
+                if e.key.load(Ordering::Relaxed) == key {
+                    return Some((w, e));
                 }
             }
         }
-        free.or_else(|| {
-            let w = (rnd % ways.len().max(1) as u64) as usize;
-            ways.get(w).map(|e| (w, e))
-        })
+        let n = ways.len();
+        // Bytes past the set's ways are 0 too: masked off.
+        let never = fp_matches_any(lo, hi, 0) & ((1u32 << n) - 1);
+        if never != 0 {
+            let w = never.trailing_zeros() as usize;
+            return ways.get(w).map(|e| (w, e));
+        }
+        let start = (rnd % n.max(1) as u64) as usize;
+        for i in 0..n.min(DEAD_PROBES) {
+            let w = if start + i >= n {
+                start + i - n
+            } else {
+                start + i
+            };
+            let Some(e) = ways.get(w) else { break };
+            let dead = match split_key(e.key.load(Ordering::Relaxed)) {
+                None => true,
+                Some((d, _, _)) => e.gen.load(Ordering::Relaxed) != self.gen(d),
+            };
+            if dead {
+                return Some((w, e));
+            }
+        }
+        ways.get(start).map(|e| (start, e))
     }
 
     /// The clock the domains' deadlines are read in.
@@ -947,6 +1097,7 @@ impl Iotlb {
     /// Page-selective invalidation of the 2^`am` pages at `addr` (aligned
     /// down to their size) in `did`; returns the entries cleared.
     pub(crate) fn invalidate_pages(&self, did: u16, addr: u64, am: u32) -> u64 {
+        let _one_scan = lock(&self.scans);
         // Release: pairs with the Acquire load in `ticket`, and reaches a
         // fill that locks an entry after we unlock it (see `clear_if`).
         self.domain(did).psi.fetch_add(1, Ordering::Release);
@@ -955,8 +1106,9 @@ impl Iotlb {
         let start = (addr & (top - 1)) >> span_shift << span_shift;
         let end = start + (1u64 << span_shift);
         // Which sizes to probe: 4 KiB always, a large size only once a
-        // leaf of it was cached (a domain mapped with 4 KiB pages pays
-        // `ways` entry locks a page, not three times that). An AcqRel
+        // leaf of it was cached (a domain mapped with 4 KiB pages pays one
+        // set's fingerprint reads and a lock per matching way a page, not
+        // three times that). An AcqRel
         // read-modify-write, after the Release `psi` bump above: if a
         // fill's `fetch_or` of a bit comes before it in `large`'s
         // modification order, we read the bit and probe that size; if
@@ -992,8 +1144,16 @@ impl Iotlb {
             let mut base = start >> size.shift() << size.shift();
             while base < end {
                 let key = make_key(did, base, size);
-                for e in self.set(key) {
-                    cleared += u64::from(Self::clear_if(e, |k| k == key));
+                let (set, fp) = self.place(key);
+                let ways = self.ways_of(set);
+                let mut m = self.claimed_matches(set, fp);
+                while m != 0 {
+                    let w = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    // A byte past the set's ways stays 0 and never matches.
+                    if let Some(e) = ways.get(w) {
+                        cleared += u64::from(Self::clear_if(e, |k| k == key));
+                    }
                 }
                 base += size.bytes();
             }
@@ -1001,8 +1161,33 @@ impl Iotlb {
         cleared
     }
 
+    /// A page scan's candidates in set `set` for a tag of fingerprint
+    /// `fp`: the ways whose byte matches, each fingerprint word the set
+    /// uses read with an AcqRel read-modify-write (after the scan's `psi`
+    /// bump). Every way that may hold the tag, or a fill of it in flight,
+    /// is among them: a fill writes its way's byte with an AcqRel
+    /// read-modify-write too, under the way's lock, before its `psi`
+    /// re-check. If the fill's write comes first in the word's
+    /// modification order, the scan reads the byte (or, if a later fill of
+    /// that way overwrote it, that later fill overwrites or withdraws the
+    /// tag under the same lock); if the scan's read comes first, the fill's
+    /// write reads it, synchronizes with it, and the fill's `psi` re-check
+    /// sees the bump: it withdraws. So a scan locks the few ways whose
+    /// byte matches rather than every way. (On x86-64 LLVM compiles the
+    /// read, an idempotent read-modify-write, to a full fence and a load;
+    /// the fill's side is a locked compare-exchange: ordered the same.)
+    /// Loom: `loom_a_page_scan_skips_only_ways_that_cannot_hold_the_page`
+    /// fails with a plain load here or a relaxed read-modify-write in
+    /// `set_fp`.
+    fn claimed_matches(&self, set: usize, fp: u64) -> u32 {
+        let word = |i: usize| self.fp_word(set, i).fetch_or(0, Ordering::AcqRel);
+        let hi = if self.ways > FP_WAYS { word(1) } else { 0 };
+        fp_matches_any(word(0), hi, fp)
+    }
+
     /// Clears `e` if its tag satisfies `hit`; kills a fill in progress
-    /// instead (it withdraws when it unlocks). Never waits.
+    /// instead (it withdraws when it unlocks): the caller holds `scans`,
+    /// so any other holder of the entry is a fill. Never waits.
     fn clear_if(e: &Entry, hit: impl Fn(u64) -> bool) -> bool {
         // One RMW: on a free entry it takes the lock (the kill bit it also
         // sets is ours and goes with our unlock); on a held one it sets
@@ -1084,6 +1269,71 @@ mod tests {
                     "way of page {p} in a {ways}-way set"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_page_scan_of_a_sixteen_way_set_clears_its_page_and_only_it() {
+        // Sixteen pages in one set of sixteen ways (ways 8 to 15 in the
+        // second fingerprint word), among them pages sharing a
+        // fingerprint byte: each page's scan clears it, and no other.
+        let t = Iotlb::new(IotlbConfig { sets: 1, ways: 16 }, 4);
+        let fp_of = |iova: u64| t.place(make_key(1, iova, PageSize::Size4K)).1;
+        let mut pages: Vec<u64> = (0..1u64 << 20)
+            .map(|p| p * K4)
+            .filter(|&iova| fp_of(iova) == fp_of(0))
+            .take(3)
+            .collect();
+        pages.extend(
+            (1..1000)
+                .map(|p| p * K4)
+                .filter(|&iova| fp_of(iova) != fp_of(0))
+                .take(13),
+        );
+        assert_eq!(pages.len(), 16);
+        for (i, &iova) in pages.iter().enumerate() {
+            let l = leaf(0x100_0000 + i as u64 * K4, PageSize::Size4K, Perm::RW);
+            assert_eq!(fill(&t, 1, iova, l), FillOutcome::Filled, "page {i}");
+        }
+        assert_eq!(t.occupancy(), 16, "every way filled, none replaced");
+        let phys = |iova: u64| t.lookup(1, iova, t.gen(1)).map(|l| l.phys);
+        for (i, &iova) in pages.iter().enumerate().rev() {
+            assert_eq!(t.invalidate_pages(1, iova, 0), 1, "page {i}: its entry");
+            assert_eq!(phys(iova), None, "page {i} after its scan");
+            for (j, &other) in pages.iter().enumerate().take(i) {
+                assert_eq!(
+                    phys(other),
+                    Some(0x100_0000 + j as u64 * K4),
+                    "page {j} after {i}'s scan"
+                );
+            }
+        }
+        // A refill of a page takes its old way (the same tag's, found by
+        // its byte) rather than another.
+        let t = Iotlb::new(IotlbConfig { sets: 1, ways: 16 }, 4);
+        for (i, &iova) in pages.iter().enumerate() {
+            fill(
+                &t,
+                1,
+                iova,
+                leaf(0x100_0000 + i as u64 * K4, PageSize::Size4K, Perm::RW),
+            );
+        }
+        assert_eq!(
+            fill(&t, 1, pages[2], leaf(0xa000, PageSize::Size4K, Perm::READ)),
+            FillOutcome::Filled
+        );
+        assert_eq!(t.occupancy(), 16);
+        assert_eq!(
+            t.lookup(1, pages[2], t.gen(1)).map(|l| l.phys),
+            Some(0xa000)
+        );
+        for (j, &other) in pages.iter().enumerate().filter(|&(j, _)| j != 2) {
+            assert_eq!(
+                t.lookup(1, other, t.gen(1)).map(|l| l.phys),
+                Some(0x100_0000 + j as u64 * K4),
+                "page {j} kept"
+            );
         }
     }
 

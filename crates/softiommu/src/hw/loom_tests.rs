@@ -298,6 +298,106 @@ fn a_drain_begun_by_one_pass_and_finished_by_another() {
     });
 }
 
+/// A page scan locks only the ways whose fingerprint byte matches the
+/// page's. A fill of the page from the old table (its ticket taken before
+/// the unmap) races the scan, into a way never filled, whose byte the fill
+/// writes: after the scan, and after the fill, no lookup finds the page.
+/// Fails if the scan reads the fingerprint words with plain loads (it may
+/// then skip the way while the fill, not seeing the scan's `psi` bump,
+/// publishes), or if the fill writes its byte with a plain store.
+#[test]
+fn loom_a_page_scan_skips_only_ways_that_cannot_hold_the_page() {
+    model("fill vs fingerprint-filtered page scan", || {
+        let t = Arc::new(Iotlb::new(IotlbConfig { sets: 1, ways: 2 }, 1));
+        // Way 0 holds another page, so the fill goes to way 1.
+        let tk = t.ticket(DID, t.gen(DID));
+        t.fill(DID, IOVA + 0x1000, leaf(PHYS + 0x1000), tk, 0);
+        let ticket = t.ticket(DID, t.gen(DID));
+        let dev = {
+            let t = t.clone();
+            spawn(move || {
+                t.fill(DID, IOVA, leaf(PHYS), ticket, 0);
+            })
+        };
+        t.invalidate_pages(DID, IOVA, 0);
+        assert_eq!(
+            t.lookup(DID, IOVA, t.gen(DID)),
+            None,
+            "a page filled from the old table seen after the scan"
+        );
+        dev.join().unwrap();
+        assert_eq!(
+            t.lookup(DID, IOVA, t.gen(DID)),
+            None,
+            "a page filled from the old table outlived the scan"
+        );
+        assert!(
+            t.lookup(DID, IOVA + 0x1000, t.gen(DID)).is_some(),
+            "the scan cleared another page"
+        );
+    });
+}
+
+/// The other side of the same scan: the page is cached, and a fill of
+/// another page replaces its way (the set's one), rewriting the way's
+/// byte, while the page's scan runs. The scan may skip the way on the new
+/// byte, but the page is gone either way.
+#[test]
+fn loom_a_page_scan_racing_a_replacement_of_its_way_leaves_nothing_stale() {
+    model("replacement vs fingerprint-filtered page scan", || {
+        let t = Arc::new(Iotlb::new(IotlbConfig { sets: 1, ways: 1 }, 1));
+        let tk = t.ticket(DID, t.gen(DID));
+        t.fill(DID, IOVA, leaf(PHYS), tk, 0);
+        let dev = {
+            let t = t.clone();
+            spawn(move || {
+                let tk = t.ticket(DID, t.gen(DID));
+                t.fill(DID, IOVA + 0x1000, leaf(PHYS + 0x1000), tk, 0);
+            })
+        };
+        t.invalidate_pages(DID, IOVA, 0);
+        assert_eq!(
+            t.lookup(DID, IOVA, t.gen(DID)),
+            None,
+            "the page seen after its scan"
+        );
+        dev.join().unwrap();
+        assert_eq!(
+            t.lookup(DID, IOVA, t.gen(DID)),
+            None,
+            "the page outlived its scan"
+        );
+    });
+}
+
+/// Two page scans meeting on an entry: one over a range that holds no
+/// cached page (on the whole-cache path, which locks every entry) and one
+/// of a cached page. After both, the page is gone. Fails without the
+/// IOTLB's scan mutex: the page's scan finds the entry held, takes the
+/// holder for a fill and kills it, and the other scan unlocks over the
+/// kill, leaving the page cached.
+#[test]
+fn loom_two_page_scans_meeting_on_an_entry_both_take_effect() {
+    model("page scan vs page scan", || {
+        let t = Arc::new(Iotlb::new(IotlbConfig { sets: 1, ways: 1 }, 1));
+        let tk = t.ticket(DID, t.gen(DID));
+        t.fill(DID, IOVA, leaf(PHYS), tk, 0);
+        let other = {
+            let t = t.clone();
+            // Two pages elsewhere: more sets than the IOTLB has, so the
+            // whole cache is scanned.
+            spawn(move || t.invalidate_pages(DID, IOVA + 0x10000, 1))
+        };
+        t.invalidate_pages(DID, IOVA, 0);
+        assert_eq!(
+            t.lookup(DID, IOVA, t.gen(DID)),
+            None,
+            "the page outlived its own scan"
+        );
+        assert_eq!(other.join().unwrap(), 0, "the other scan cleared the page");
+    });
+}
+
 /// A 2 MiB leaf filled for the first time (no large leaf cached yet, so
 /// a page-selective invalidation that reads no `large` bit skips the large
 /// sets) races the unmap and page-selective invalidation of a 4 KiB page

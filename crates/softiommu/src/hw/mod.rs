@@ -44,9 +44,13 @@
 //!    global invalidations bump a generation (O(1)); an entry is valid only
 //!    under the generation it was filled with, and a fill takes its
 //!    generation *before* its walk, so a walk that raced the invalidation
-//!    fills a dead entry. Page-selective invalidations bump a per-domain
-//!    counter, then visit each entry the range maps to with one
-//!    read-modify-write of its lock word: a finished entry in the range is
+//!    fills a dead entry. Page-selective invalidations (one at a time)
+//!    bump a per-domain counter, read the fingerprints of each set the
+//!    range maps to with a read-modify-write, then visit each entry whose
+//!    fingerprint matches with one read-modify-write of its lock word
+//!    (an entry whose fingerprint does not match cannot hold the page, nor
+//!    can a fill that writes its fingerprint later: it sees the counter
+//!    moved): a finished entry in the range is
 //!    cleared, a fill in progress is marked killed (it withdraws instead of
 //!    publishing), and a fill that starts later synchronizes with that
 //!    visit, sees the counter moved since before its walk, and withdraws.

@@ -389,7 +389,9 @@ impl Translator {
         // that begins past it is served from the cache, whatever became of
         // the flush timer.
         let (dl, gen) = sh.iotlb.deadline_then_gen_at(dom);
-        if dl != 0 && Self::expired(sh, &mut self.stats, self.ctx_did, dl) {
+        // The `Arc`, not `sh`: the cold call then costs the hit path no
+        // register kept for its argument.
+        if dl != 0 && Self::expired(&self.shared, &mut self.stats, self.ctx_did, dl) {
             return None;
         }
         let gen = gen();
@@ -435,7 +437,7 @@ impl Translator {
     /// and the caller's lookup misses.
     #[cold]
     #[inline(never)]
-    fn expired(sh: &Shared, stats: &mut TranslatorStats, did: u16, dl: u64) -> bool {
+    fn expired(sh: &Arc<Shared>, stats: &mut TranslatorStats, did: u16, dl: u64) -> bool {
         let tlb = &sh.iotlb;
         let now = tlb.clock().now();
         if !Iotlb::due(dl, now) {
