@@ -5,14 +5,15 @@
 //! The model keeps the protocol's parts: the translator's section around
 //! each lookup (an odd then an even store to its slot, with a compiler
 //! fence, as our translator with membarrier-backed drains), the domain's
-//! deadline and a generation load, the same shape (512 sets of 8 ways,
-//! the same hash and way fingerprints), and the per-entry sequence-lock
+//! deadline and a generation load, the same shape (256 sets of 16 ways,
+//! the same hash and way fingerprints, a set's sixteen fingerprint bytes
+//! read with one 16-byte load), and the per-entry sequence-lock
 //! read (sequence, tag, value, generation, acquire fence, sequence
 //! again). It drops everything else ours does: no context lookup by
 //! source id, no address-width or rights check, no large-page probes, no
-//! statistics, one generation (ours adds the unit's global one), one
-//! fingerprint word a set compared a byte a way (ours compares two, 16
-//! bytes, as it allows 16 ways), and a miss is refilled from a hash map
+//! statistics, one generation (ours adds the unit's global one), the
+//! shape in constants (ours reads it from the IOTLB), and a miss is
+//! refilled from a hash map
 //! rather than by a page walk (its hit rate is reported beside ours). So
 //! its figure is a floor for the design, not a usable IOTLB.
 
@@ -20,8 +21,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{compiler_fence, fence, AtomicU64, Ordering};
 
 /// Sets and ways: our IOTLB's default shape.
-const SETS: usize = 512;
-const WAYS: usize = 8;
+const SETS: usize = 256;
+const WAYS: usize = 16;
 /// Fibonacci hashing's multiplier, as ours.
 const HASH_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 /// A tag's valid bit.
@@ -51,7 +52,7 @@ pub struct FloorSpan {
 #[derive(Debug)]
 pub struct SeqlockFloor {
     entries: Box<[Entry]>,
-    fps: Box<[AtomicU64]>,
+    fps: Box<[FpPair]>,
     gen: AtomicU64,
     deadline: AtomicU64,
     slot: AtomicU64,
@@ -67,7 +68,7 @@ impl SeqlockFloor {
     pub fn new(pages: HashMap<u64, u64>) -> Self {
         Self {
             entries: (0..SETS * WAYS).map(|_| Entry::default()).collect(),
-            fps: (0..SETS).map(|_| AtomicU64::new(0)).collect(),
+            fps: (0..SETS).map(|_| FpPair::default()).collect(),
             gen: AtomicU64::new(0),
             deadline: AtomicU64::new(0),
             slot: AtomicU64::new(0),
@@ -82,7 +83,7 @@ impl SeqlockFloor {
     #[inline(always)]
     fn place(key: u64) -> (usize, u64) {
         let h = key.wrapping_mul(HASH_MUL);
-        ((h >> 32) as usize & (SETS - 1), (h >> 25) & 0x7f | 0x80)
+        ((h >> 32) as usize & (SETS - 1), h >> 57 | 0x80)
     }
 
     /// Drops every cached translation (a generation bump).
@@ -116,7 +117,7 @@ impl SeqlockFloor {
         let key = VALID | iova >> 12;
         let (set, fp) = Self::place(key);
         let ways = &self.entries[set * WAYS..set * WAYS + WAYS];
-        let mut m = matches(self.fps[set].load(Ordering::Relaxed), fp);
+        let mut m = matches(&self.fps[set], fp);
         while m != 0 {
             let w = m.trailing_zeros() as usize;
             m &= m - 1;
@@ -170,8 +171,8 @@ impl SeqlockFloor {
         e.val.store(phys, Ordering::Relaxed);
         e.gen.store(gen, Ordering::Relaxed);
         e.seq.store((s | LOCKED) + 1, Ordering::Release);
-        let word = &self.fps[set];
-        let shift = w * 8;
+        let word = &self.fps[set].0[w / 8];
+        let shift = w % 8 * 8;
         let bytes = word.load(Ordering::Relaxed) & !(0xff << shift) | fp << shift;
         word.store(bytes, Ordering::Relaxed);
         let off = iova & 0xfff;
@@ -182,26 +183,42 @@ impl SeqlockFloor {
     }
 }
 
-/// The ways whose fingerprint byte in `word` equals `fp`, as a bit mask.
+/// A set's sixteen fingerprint bytes, 16-aligned.
+#[derive(Debug, Default)]
+#[repr(C, align(16))]
+struct FpPair([AtomicU64; 2]);
+
+/// The ways whose fingerprint byte in `pair` equals `fp`, as a bit mask:
+/// one 16-byte load, as ours.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn matches(word: u64, fp: u64) -> u32 {
-    use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_cvtsi64_si128, _mm_movemask_epi8, _mm_set1_epi8};
-    // SAFETY: SSE2 only, part of the x86-64 baseline; registers only.
+fn matches(pair: &FpPair, fp: u64) -> u32 {
+    use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_movemask_epi8, _mm_set1_epi32};
+    let bytes: std::arch::x86_64::__m128i;
+    // SAFETY: `pair` is 16 readable, 16-aligned bytes; a plain load of
+    // atomics in `asm!`, as our IOTLB's probe does (the model is single
+    // threaded). SSE2: part of the x86-64 baseline; registers only.
     let m = unsafe {
-        _mm_movemask_epi8(_mm_cmpeq_epi8(
-            _mm_cvtsi64_si128(word as i64),
-            _mm_set1_epi8(fp as u8 as i8),
-        ))
+        std::arch::asm!(
+            "movdqa {b}, xmmword ptr [{p}]",
+            p = in(reg) pair as *const FpPair,
+            b = out(xmm_reg) bytes,
+            options(nostack, readonly, preserves_flags),
+        );
+        let lane = (fp as u32 & 0xff).wrapping_mul(0x0101_0101);
+        _mm_movemask_epi8(_mm_cmpeq_epi8(bytes, _mm_set1_epi32(lane as i32)))
     };
-    m as u32 & 0xff
+    m as u32
 }
 
 /// [`matches`] elsewhere, a byte at a time.
 #[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]
-fn matches(word: u64, fp: u64) -> u32 {
-    (0..8).fold(0, |m, i| m | u32::from((word >> (i * 8)) & 0xff == fp) << i)
+fn matches(pair: &FpPair, fp: u64) -> u32 {
+    (0..16).fold(0, |m, i| {
+        let word = pair.0[i / 8].load(Ordering::Relaxed);
+        m | u32::from((word >> (i % 8 * 8)) & 0xff == fp) << i
+    })
 }
 
 #[cfg(test)]
