@@ -31,7 +31,8 @@
 //! # Reading without locks: a sequence lock per entry
 //!
 //! `seq` is a multiple of 4 when the entry is stable. A writer (a fill or
-//! an invalidation) takes it with one `fetch_or(1)` (slow path), so at most
+//! an invalidation) takes it with one `fetch_or` (of bit 0 for a fill, of
+//! bits 0 and 1 for a page scan: see below; slow path), so at most
 //! one writes an entry at a time, and releases it by storing the next
 //! multiple of 4. A reader loads `seq` (Acquire), the fields (Relaxed), an
 //! Acquire fence, and `seq` again; it uses the fields only if both loads saw
@@ -57,7 +58,9 @@
 //!   bump), so the sum it stored is smaller than any sum read once F is
 //!   visible. A fill that races a domain flush therefore inserts an entry
 //!   that is already dead.
-//! - **Page-selective: a scan of the sets the range maps to** (or of the
+//! - **Page-selective: a scan of the sets the range maps to**, one scan at
+//!   a time (a mutex that fills never take: a scan that meets an entry
+//!   another holds takes the holder for a fill, below) (or of the
 //!   whole cache when the range spans more sets than there are; the 2 MiB
 //!   and 1 GiB sets only once such a leaf was cached, read with a
 //!   read-modify-write of the `large` bits that a large fill's own
@@ -114,8 +117,8 @@ impl Default for IotlbConfig {
     /// costs no more (one fingerprint compare covers sixteen ways), and
     /// neither does a page-selective invalidation, which locks only the
     /// ways whose fingerprint matches (`bench dma --instructions`: strict's
-    /// pair 3,062 instructions with 8 ways locked a page, 2,920 with 16
-    /// ways filtered).
+    /// pair 3,062 instructions with 8 ways locked a page, 2,950 with 16
+    /// ways filtered, the scans' mutex included).
     fn default() -> Self {
         Self {
             sets: 256,
@@ -763,7 +766,8 @@ impl Iotlb {
     }
 
     /// Caches `leaf`, which a walk of `did` found for `iova` after taking
-    /// `ticket`. `rnd` picks the victim when every way is live.
+    /// `ticket`. `rnd` picks where the search for a dead way starts, and
+    /// the way replaced if it finds none (see `victim`).
     pub(crate) fn fill(
         &self,
         did: u16,
@@ -846,12 +850,13 @@ impl Iotlb {
 
     /// The way to overwrite, and its index: one holding the same tag,
     /// else one never filled, else an invalid or stale one among up to
-    /// `DEAD_PROBES` from a pseudo-random way on, else that way. The
-    /// fingerprints find the first two without reading the ways' lines (a
-    /// same tag's way carries its byte; a way never filled, 0); the probe
+    /// `DEAD_PROBES` from a pseudo-random way on, else that way (so a
+    /// live way may go while a dead one sits outside those). The
+    /// fingerprints find the first two without reading other ways' lines
+    /// (a same tag's way carries its byte; a way never filled, 0); the probe
     /// for a dead way is bounded so that a fill into a full set of 16 ways
-    /// reads the keys of 8 ways (4 or 5 of the set's 8 lines), as one of 8
-    /// ways did when it read them all.
+    /// reads the keys of 8 ways (a quarter of a KiB), as one of 8 ways did
+    /// when it read them all.
     fn victim<'a>(
         &self,
         set: usize,
@@ -1312,12 +1317,8 @@ mod tests {
         // its byte) rather than another.
         let t = Iotlb::new(IotlbConfig { sets: 1, ways: 16 }, 4);
         for (i, &iova) in pages.iter().enumerate() {
-            fill(
-                &t,
-                1,
-                iova,
-                leaf(0x100_0000 + i as u64 * K4, PageSize::Size4K, Perm::RW),
-            );
+            let l = leaf(0x100_0000 + i as u64 * K4, PageSize::Size4K, Perm::RW);
+            assert_eq!(fill(&t, 1, iova, l), FillOutcome::Filled, "page {i}");
         }
         assert_eq!(
             fill(&t, 1, pages[2], leaf(0xa000, PageSize::Size4K, Perm::READ)),

@@ -388,13 +388,22 @@ fn loom_two_page_scans_meeting_on_an_entry_both_take_effect() {
             // whole cache is scanned.
             spawn(move || t.invalidate_pages(DID, IOVA + 0x10000, 1))
         };
-        t.invalidate_pages(DID, IOVA, 0);
+        assert_eq!(
+            t.invalidate_pages(DID, IOVA, 0),
+            1,
+            "the page's scan clears it"
+        );
         assert_eq!(
             t.lookup(DID, IOVA, t.gen(DID)),
             None,
             "the page outlived its own scan"
         );
         assert_eq!(other.join().unwrap(), 0, "the other scan cleared the page");
+        assert_eq!(
+            t.lookup(DID, IOVA, t.gen(DID)),
+            None,
+            "the page came back once the other scan was over"
+        );
     });
 }
 

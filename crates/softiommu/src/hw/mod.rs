@@ -48,7 +48,7 @@
 //!    bump a per-domain counter, read the fingerprints of each set the
 //!    range maps to with a read-modify-write, then visit each entry whose
 //!    fingerprint matches with one read-modify-write of its lock word
-//!    (an entry whose fingerprint does not match cannot hold the page, nor
+//!    (an unlocked entry whose fingerprint does not match cannot hold the page, nor
 //!    can a fill that writes its fingerprint later: it sees the counter
 //!    moved): a finished entry in the range is
 //!    cleared, a fill in progress is marked killed (it withdraws instead of
