@@ -59,14 +59,16 @@ fn bench_iova_with(threads: &str, imp: &str) -> Value {
 
 #[test]
 fn bench_iova_runs_the_floor_of_its_design_when_asked() {
-    let v = bench_iova_with("1", "magazine-floor");
-    let results = v["results"].as_array().expect("results");
-    let floor = results
-        .iter()
-        .find(|r| r["impl"] == "magazine-floor")
-        .expect("a magazine-floor row");
-    assert!(number(floor, "ns_per_pair") > 0.0);
-    assert_eq!(floor["pairs_per_call"], 1);
+    for imp in ["magazine-floor", "owner-store-floor"] {
+        let v = bench_iova_with("1", imp);
+        let results = v["results"].as_array().expect("results");
+        let floor = results
+            .iter()
+            .find(|r| r["impl"] == imp)
+            .unwrap_or_else(|| panic!("a {imp} row"));
+        assert!(number(floor, "ns_per_pair") > 0.0, "{imp}");
+        assert_eq!(floor["pairs_per_call"], 1, "{imp}");
+    }
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! `softiommu bench iova`: alloc+free pairs on a DMA-like size mix, ours
 //! beside `vm-allocator`, `range-alloc`, `offset-allocator`, our
-//! `linux-2016` baseline and `magazine-floor` (the floor of our design, a
-//! bare model: see `iova_floor`), in one run.
+//! `linux-2016` baseline, `magazine-floor` (the floor of our design, a
+//! bare model: see `iova_floor`) and `owner-store-floor` (the floor of a
+//! design whose owner frees without a locked instruction), in one run.
 //!
 //! Each thread holds `--live` allocations; each step frees the one in a
 //! random slot and allocates a new size into it, so frees come in a
@@ -94,6 +95,11 @@ pub enum Impl {
     /// claims the block with one compare-exchange (see `iova_floor`); at
     /// one thread only.
     MagazineFloor,
+    /// The floor of another design: the same model, its owner's free by
+    /// a load, a check and a plain store inside an asymmetric fence pair
+    /// instead of a compare-exchange (see `iova_floor`); at one thread
+    /// only.
+    OwnerStoreFloor,
 }
 
 impl Impl {
@@ -108,6 +114,7 @@ impl Impl {
             Impl::RangeAlloc => "range-alloc",
             Impl::VmAllocator => "vm-allocator",
             Impl::MagazineFloor => "magazine-floor",
+            Impl::OwnerStoreFloor => "owner-store-floor",
         }
     }
 }
@@ -429,7 +436,20 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
             Box::new(move |b| {
                 measure(
                     "magazine-floor",
-                    (0..threads).map(|_| MagazineFloor::default()).collect(),
+                    vec![MagazineFloor::<false>::default()],
+                    live,
+                    b,
+                )
+            }),
+        ));
+    }
+    if threads == 1 && want("owner-store-floor") {
+        runners.push((
+            "owner-store-floor",
+            Box::new(move |b| {
+                measure(
+                    "owner-store-floor",
+                    vec![MagazineFloor::<true>::default()],
                     live,
                     b,
                 )

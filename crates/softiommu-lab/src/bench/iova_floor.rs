@@ -12,8 +12,25 @@
 //! state map (one flat array over the frames it hands out), no sharing
 //! between threads (the bench runs it at one thread only). So its figure
 //! is a floor for the design, not a usable allocator.
+//!
+//! `owner-store-floor` (`MagazineFloor<true>`) is the same model with the
+//! free of another design, one without a locked instruction when the
+//! freeing thread is the block's owner: the owner's side of an asymmetric
+//! pair, as our policy gate's. The owner raises a flag of its own, issues
+//! a compiler fence (the light half; `membarrier(2)` is the heavy half),
+//! loads and checks the block's state word, stores the cached state and
+//! lowers its flag. Another thread's free (not modelled: the row runs at
+//! one thread) would take the block with a compare-exchange to a claimed
+//! mark, issue the heavy barrier, wait for the owner's flag to drop and
+//! read the word again: had the owner's store overwritten the claim, that
+//! free is the double one and fails, so of two frees exactly one succeeds,
+//! and both learn which before they return. Its figure prices the
+//! compare-exchange the owner's free would no longer take.
 
-use std::sync::atomic::{AtomicU16, Ordering::AcqRel, Ordering::Relaxed};
+use std::sync::atomic::{
+    compiler_fence, AtomicU16, AtomicU64, Ordering::AcqRel, Ordering::Relaxed, Ordering::Release,
+    Ordering::SeqCst,
+};
 
 use super::iova_peers::PairAlloc;
 
@@ -33,12 +50,17 @@ const LIVE: u16 = 0x40;
 const CACHED: u16 = 0x80;
 
 /// One thread's model allocator; see the module documentation.
+/// `OWNER_STORE`: the owner's free of the asymmetric design, in place of
+/// the compare-exchange.
 #[derive(Debug)]
-pub struct MagazineFloor {
+pub struct MagazineFloor<const OWNER_STORE: bool = false> {
     state: Box<[AtomicU16]>,
     mags: [Magazine; ORDERS],
     spilled: [Vec<u64>; ORDERS],
     bump: u64,
+    /// The owner's flag (the asymmetric design only): raised for the
+    /// length of a free.
+    freeing: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -47,7 +69,7 @@ struct Magazine {
     len: usize,
 }
 
-impl Default for MagazineFloor {
+impl<const OWNER_STORE: bool> Default for MagazineFloor<OWNER_STORE> {
     fn default() -> Self {
         Self {
             state: zeroed_states(FRAMES as usize),
@@ -58,6 +80,7 @@ impl Default for MagazineFloor {
             spilled: std::array::from_fn(|_| Vec::new()),
             // Frame 0 is never handed out: a handle is never zero.
             bump: 1,
+            freeing: AtomicU64::new(0),
         }
     }
 }
@@ -70,7 +93,7 @@ fn zeroed_states(n: usize) -> Box<[AtomicU16]> {
     unsafe { Box::<[AtomicU16]>::new_zeroed_slice(n).assume_init() }
 }
 
-impl MagazineFloor {
+impl<const OWNER_STORE: bool> MagazineFloor<OWNER_STORE> {
     /// The order of `pages` if the model serves it (a power of two up to
     /// 256).
     #[inline(always)]
@@ -130,8 +153,22 @@ impl MagazineFloor {
             self.spilled[order].extend_from_slice(&m.slots[MAGAZINE / 2..]);
             m.len = MAGAZINE / 2;
         }
-        // AcqRel: as our free's claim.
-        if word
+        if OWNER_STORE {
+            // The owner's side (see the module documentation): the flag
+            // raised before the state is read, lowered (Release) after it
+            // is written.
+            self.freeing.store(1, Relaxed);
+            compiler_fence(SeqCst);
+            let live = word.load(Relaxed) == LIVE | order as u16;
+            if live {
+                word.store(CACHED | order as u16, Relaxed);
+            }
+            self.freeing.store(0, Release);
+            if !live {
+                return false;
+            }
+        } else if word
+            // AcqRel: as our free's claim.
             .compare_exchange(LIVE | order as u16, CACHED | order as u16, AcqRel, Relaxed)
             .is_err()
         {
@@ -143,7 +180,7 @@ impl MagazineFloor {
     }
 }
 
-impl PairAlloc for MagazineFloor {
+impl<const OWNER_STORE: bool> PairAlloc for MagazineFloor<OWNER_STORE> {
     /// `pfn << 12 | pages`, as ours.
     type Handle = std::num::NonZeroU64;
     #[inline(always)]
@@ -163,7 +200,12 @@ mod tests {
 
     #[test]
     fn blocks_are_aligned_distinct_and_reused_and_a_second_free_is_refused() {
-        let mut a = MagazineFloor::default();
+        blocks_are_aligned_distinct_and_reused::<false>();
+        blocks_are_aligned_distinct_and_reused::<true>();
+    }
+
+    fn blocks_are_aligned_distinct_and_reused<const OWNER_STORE: bool>() {
+        let mut a = MagazineFloor::<OWNER_STORE>::default();
         let mut seen = std::collections::HashSet::new();
         let blocks: Vec<(u64, u64)> = [1u64, 4, 256, 1, 2]
             .iter()
@@ -187,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_magazine_spills_when_full_and_its_blocks_come_back() {
-        let mut a = MagazineFloor::default();
+        let mut a = MagazineFloor::<false>::default();
         let blocks: Vec<u64> = (0..MAGAZINE + 10)
             .map(|_| a.alloc_block(1).expect("room"))
             .collect();
