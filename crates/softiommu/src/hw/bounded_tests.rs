@@ -116,3 +116,84 @@ fn a_bounded_context_change_behind_an_open_section_is_in_force_but_reported() {
         std::mem::forget(table);
     });
 }
+
+/// A bounded call meets the submission lock held by a submitter without
+/// a bound, which waits for room in a ring that a wait stalled behind an
+/// open section keeps full: the bounded call ends within its bound,
+/// typed, in both queue modes (it used to wait for the lock until the
+/// device left its section).
+#[test]
+fn a_bounded_call_behind_a_submitter_waiting_for_room_times_out_within_its_bound() {
+    use super::InvDescriptor;
+    for mode in [QueueMode::Inline, QueueMode::Thread] {
+        let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
+        let cfg = UnitConfig {
+            queue_mode: mode,
+            ..UnitConfig::default()
+        };
+        let unit = Unit::new(mem.clone(), cfg).unwrap();
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let u = &unit;
+            let device = s.spawn(move || {
+                let mut tr = u.translator().unwrap();
+                tr.section(|_| {
+                    entered_tx.send(()).unwrap();
+                    let _ = release_rx.recv_timeout(Duration::from_secs(20));
+                });
+            });
+            entered_rx.recv().unwrap();
+            // A wait at the head, stalled on the open section (its waiter
+            // waits until the section ends).
+            let waiter = s.spawn(move || {
+                let mut b = u.batch();
+                b.domain(3);
+                b.wait()
+            });
+            let t0 = Instant::now();
+            while unit.queue_registers().tail == 0 {
+                assert!(t0.elapsed() < SLACK, "{mode:?}: the wait never queued");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let len = unit.queue_registers().len;
+            let filler = s.spawn(move || {
+                // More than the ring holds: the last ones wait for room,
+                // holding the submission lock, until the section ends.
+                for i in 0..len + 8 {
+                    if let Err(e) = u.submit(&[InvDescriptor::iotlb_domain(3)]) {
+                        panic!("submission {i}: {e:?}");
+                    }
+                }
+            });
+            // Until the ring is full.
+            let t0 = Instant::now();
+            loop {
+                let r = unit.queue_registers();
+                if (r.tail + 1) % r.len == r.head {
+                    break;
+                }
+                assert!(
+                    t0.elapsed() < SLACK,
+                    "{mode:?}: the ring never filled: {r:?}"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let t0 = Instant::now();
+            let mut b = unit.batch();
+            b.domain(3);
+            let e = b.wait_timeout(BOUND).unwrap_err();
+            let took = t0.elapsed();
+            assert!(
+                matches!(e, QiError::InvalidationTimeout { timeout } if timeout == BOUND),
+                "{mode:?}: {e:?}"
+            );
+            assert!(took >= BOUND && took < SLACK, "{mode:?}: took {took:?}");
+            release_tx.send(()).unwrap();
+            device.join().unwrap();
+            filler.join().unwrap();
+            waiter.join().unwrap().unwrap();
+            unit.wait().unwrap();
+        });
+    }
+}

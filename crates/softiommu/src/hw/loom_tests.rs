@@ -407,6 +407,50 @@ fn loom_two_page_scans_meeting_on_an_entry_both_take_effect() {
     });
 }
 
+/// A domain id that loses its last device and is bound again, to other
+/// tables, while a translator of the old device is between its context
+/// load and its generation load: the translator reads the context word
+/// again after the generation, as `Translator::hit_translated` and
+/// `stable_context` do, and never hits the new binding's entry (nor, by
+/// the same check, fills from the old tables under the new generation).
+/// The driver side is `Unit::set_context`'s order under its bindings lock:
+/// the old device's word changed, then the new binding's generation bump,
+/// then the new device's word; the new device's fill follows. Fails
+/// without the second context load.
+#[test]
+fn loom_a_translator_never_hits_its_domain_ids_next_binding() {
+    const OLD: u64 = 1;
+    const BLOCKED: u64 = 2;
+    const NEW_PHYS: u64 = 0xb000;
+    model("context change vs domain id rebinding", || {
+        let t = Arc::new(Iotlb::new(IotlbConfig { sets: 1, ways: 2 }, 1));
+        let ctx = Arc::new(AtomicU64::new(OLD));
+        let dev = {
+            let (t, ctx) = (t.clone(), ctx.clone());
+            spawn(move || {
+                let word = ctx.load(Ordering::Acquire);
+                let gen = t.gen(DID);
+                if word != OLD || ctx.load(Ordering::Acquire) != word {
+                    return;
+                }
+                if let Some(l) = t.lookup(DID, IOVA, gen) {
+                    assert_ne!(
+                        l.phys, NEW_PHYS,
+                        "the old device hit the new binding's entry"
+                    );
+                }
+            })
+        };
+        // The old device detached (its word changed), then the id bound
+        // again: the bump, the new device's word, its fill.
+        ctx.store(BLOCKED, Ordering::Release);
+        t.invalidate_domain(DID);
+        let tk = t.ticket(DID, t.gen(DID));
+        t.fill(DID, IOVA, leaf(NEW_PHYS), tk, 0);
+        dev.join().unwrap();
+    });
+}
+
 /// A 2 MiB leaf filled for the first time (no large leaf cached yet, so
 /// a page-selective invalidation that reads no `large` bit skips the large
 /// sets) races the unmap and page-selective invalidation of a 4 KiB page

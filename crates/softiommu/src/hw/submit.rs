@@ -32,8 +32,8 @@ use super::inv_queue::{QueueFault, QueueRecovery, QueueRegisters};
 use super::processor::TicketState;
 use super::unit::{QueueMode, Shared, Unit};
 use crate::hw::IqeReason;
-use crate::sync::lock_std as lock;
 use crate::sync::Backoff;
+use crate::sync::{lock_std as lock, try_lock_std};
 
 /// Descriptors collected to be queued together, usually ended by one wait.
 /// Made by [`Unit::batch`].
@@ -446,7 +446,20 @@ impl Unit {
         let sh = &*self.shared;
         sh.check_caller()?;
         let ticket = {
-            let _sub = lock(&sh.submit);
+            let _sub = match limit.as_deref_mut() {
+                None => lock(&sh.submit),
+                // With a limit, the lock too is waited for only within
+                // it: its holder may be a submitter without one, waiting
+                // in `make_room` for a ring a device's open section keeps
+                // full.
+                Some(l) => loop {
+                    if let Some(g) = try_lock_std(&sh.submit) {
+                        break g;
+                    }
+                    l.check()?;
+                    std::thread::sleep(Duration::from_micros(50));
+                },
+            };
             // Nothing is queued where no processor will ever run it.
             sh.check_queue()?;
             let len = sh.queue.len();

@@ -165,6 +165,10 @@ fn pass_through_span(mem: &PhysMemory, iova: u64) -> Option<PhysSpan> {
 /// (a `u16`) widens to it.
 const NO_SID: u32 = u32::MAX;
 
+/// Reads of a context word [`Translator::stable_context`] makes before it
+/// takes a word that keeps changing for blocked.
+const CONTEXT_READS: usize = 8;
+
 /// `ctx_word` of a translator that has served no translated context: no
 /// context word is all ones (`context::encode` leaves bits 58 and up 0).
 const NO_WORD: u64 = u64::MAX;
@@ -218,6 +222,9 @@ impl Translator {
     ) -> Self {
         let barrier = shared.barrier;
         let max_access = shared.config.max_access_bytes;
+        // Any domain's counters: the hit path reads the kept domain's
+        // before it knows whether the context is the kept one.
+        let ctx_dom = NonNull::from(shared.iotlb.domain_of(0));
         Self {
             shared,
             slot,
@@ -227,7 +234,7 @@ impl Translator {
             ctx_cell: NonNull::dangling(),
             ctx_word: NO_WORD,
             ctx_did: 0,
-            ctx_dom: NonNull::dangling(),
+            ctx_dom,
             ctx_key: 0,
             barrier,
             max_access,
@@ -343,6 +350,17 @@ impl Translator {
     /// pass-through, or translated and the IOTLB holds a valid entry that
     /// allows `access`; `None` for everything else (a miss, a fault). Small
     /// enough a result to stay in registers.
+    ///
+    /// A translated context's word is loaded again after its domain's
+    /// deadline and generation (`hit_translated`), and must be unchanged.
+    /// A domain id that loses its last device and is bound again (to other
+    /// tables) has its generation bumped after the old context's change,
+    /// both under the unit's bindings lock; so a generation read that sees
+    /// the bump is followed by a context load that sees the change. With
+    /// only the load before, a translator that loaded its device's old word
+    /// before a detach and the generation after the id's new binding would
+    /// hit the new tables' entries (and its walk would fill entries from
+    /// the old tables under the new generation: see `stable_context`).
     #[inline(always)]
     fn hit(&mut self, sid: SourceId, iova: u64, access: Access) -> Option<PhysSpan> {
         let word = self.context_word(sid);
@@ -372,13 +390,13 @@ impl Translator {
         self.hit_translated(iova, access)
     }
 
-    /// [`hit`](Self::hit) in the translated context `ctx_word`.
+    /// [`hit`](Self::hit) in the translated context `ctx_word`, the word
+    /// of the device `ctx_cell` holds.
     #[inline(always)]
     fn hit_translated(&mut self, iova: u64, access: Access) -> Option<PhysSpan> {
         if iova >> VTD_IOVA_BITS != 0 {
             return None;
         }
-        let sh = &*self.shared;
         // SAFETY: `ctx_dom` is set (with `ctx_word`, which is `NO_WORD`
         // until then, and no loaded word equals) to counters in
         // `shared.iotlb`, freed only with it; `self.shared` keeps it alive.
@@ -388,13 +406,23 @@ impl Translator {
         // branch. Armed, every hit compares the clock with it, so no access
         // that begins past it is served from the cache, whatever became of
         // the flush timer.
-        let (dl, gen) = sh.iotlb.deadline_then_gen_at(dom);
-        // The `Arc`, not `sh`: the cold call then costs the hit path no
-        // register kept for its argument.
+        let (dl, gen) = self.shared.iotlb.deadline_then_gen_at(dom);
+        let gen = gen();
+        // The context again, after the generation (see `hit`).
+        // SAFETY: as in `context_word`: `ctx_word` matched a word loaded
+        // from `ctx_cell`, which `shared.contexts` keeps. Acquire: as in
+        // `ContextTable::load`.
+        if unsafe { self.ctx_cell.as_ref() }.load(std::sync::atomic::Ordering::Acquire)
+            != self.ctx_word
+        {
+            return None;
+        }
+        // The `Arc`, not the IOTLB: the cold call then costs the hit path
+        // no register kept for its argument.
         if dl != 0 && Self::expired(&self.shared, &mut self.stats, self.ctx_did, dl) {
             return None;
         }
-        let gen = gen();
+        let sh = &*self.shared;
         // The 4 KiB probe inline, its rights and span computed from the
         // entry's value word with constants; the large sets out of line.
         if let Some(val) = sh.iotlb.lookup_4k_keyed(self.ctx_key, iova, gen) {
@@ -500,9 +528,9 @@ impl Translator {
         access: Access,
     ) -> Result<PhysSpan, TranslateError> {
         self.slow += 1;
-        let err = match context::decode(self.shared.contexts.load(sid)) {
+        let (word, gen) = self.stable_context(sid);
+        let err = match context::decode(word) {
             Some(ContextEntry::Translated { did, root }) if iova >> VTD_IOVA_BITS == 0 => {
-                let gen = self.shared.iotlb.gen(did);
                 return self.walk(sid, did, root, iova, access, gen);
             }
             Some(ContextEntry::Translated { .. }) => TranslateError::AddressTooWide {
@@ -527,6 +555,31 @@ impl Translator {
             None => TranslateError::NoContext { sid },
         };
         Err(self.fault(err, iova, access))
+    }
+
+    /// `sid`'s context word and, if it is translated, its domain's
+    /// generation, read so that the word was loaded again after the
+    /// generation and found unchanged (see [`hit`](Self::hit) on why a
+    /// generation read after the word can belong to the domain id's next
+    /// binding). A word that keeps changing (a driver rewriting the entry
+    /// faster than a translation reads it) is taken as blocked after
+    /// `CONTEXT_READS` reads: the translation faults, as it would if it had
+    /// met the entry cleared.
+    fn stable_context(&self, sid: SourceId) -> (u64, u64) {
+        let sh = &*self.shared;
+        let mut word = sh.contexts.load(sid);
+        for _ in 0..CONTEXT_READS {
+            let Some(did) = context::translated_did(word) else {
+                return (word, 0);
+            };
+            let gen = sh.iotlb.gen(did);
+            let again = sh.contexts.load(sid);
+            if again == word {
+                return (word, gen);
+            }
+            word = again;
+        }
+        (context::encode(Some(ContextEntry::Blocked)), 0)
     }
 
     /// The miss path: a page walk over the table's bytes, and a fill.
