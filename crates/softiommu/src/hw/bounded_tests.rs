@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{ContextEntry, HwError, QiError, QueueMode, SourceId, Unit, UnitConfig};
+use super::{ContextEntry, HwError, InvDescriptor, QiError, QueueMode, SourceId, Unit, UnitConfig};
 use crate::mem::PhysMemory;
 use crate::pgtable::{IoPageTable, VtdConfig, VtdPageTable};
 
@@ -15,8 +15,9 @@ const BOUND: Duration = Duration::from_millis(60);
 const SLACK: Duration = Duration::from_secs(5);
 
 /// Runs `body` on a unit of each queue mode while another thread holds a
-/// translation section of it open; the section ends after `body`.
-fn with_open_section(body: impl Fn(&Unit, &Arc<PhysMemory>, QueueMode)) {
+/// translation section of it open; the section ends after `body`, or
+/// when `body` calls the release it is given.
+fn with_open_section(body: impl Fn(&Unit, &Arc<PhysMemory>, QueueMode, &(dyn Fn() + Sync))) {
     for mode in [QueueMode::Inline, QueueMode::Thread] {
         let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
         let cfg = UnitConfig {
@@ -36,8 +37,12 @@ fn with_open_section(body: impl Fn(&Unit, &Arc<PhysMemory>, QueueMode)) {
                 });
             });
             entered_rx.recv().unwrap();
-            body(&unit, &mem, mode);
-            release_tx.send(()).unwrap();
+            let release = || {
+                // A second release finds the section over: nothing to do.
+                let _ = release_tx.send(());
+            };
+            body(&unit, &mem, mode, &release);
+            release();
             device.join().unwrap();
             // Once the section ends, the queue goes on: an unbounded wait
             // completes.
@@ -46,19 +51,25 @@ fn with_open_section(body: impl Fn(&Unit, &Arc<PhysMemory>, QueueMode)) {
     }
 }
 
+/// A domain invalidation's wait bounded by `BOUND` on `unit`: it fails
+/// with the bound's timeout, within it and not long after.
+fn a_bounded_domain_wait_times_out(unit: &Unit, mode: QueueMode) {
+    let t0 = Instant::now();
+    let mut b = unit.batch();
+    b.domain(3);
+    let e = b.wait_timeout(BOUND).unwrap_err();
+    let took = t0.elapsed();
+    assert!(
+        matches!(e, QiError::InvalidationTimeout { timeout } if timeout == BOUND),
+        "{mode:?}: {e:?}"
+    );
+    assert!(took >= BOUND && took < SLACK, "{mode:?}: {took:?}");
+}
+
 #[test]
 fn a_wait_behind_an_open_section_times_out_within_its_bound() {
-    with_open_section(|unit, _, mode| {
-        let t0 = Instant::now();
-        let mut b = unit.batch();
-        b.domain(3);
-        let e = b.wait_timeout(BOUND).unwrap_err();
-        let took = t0.elapsed();
-        assert!(
-            matches!(e, QiError::InvalidationTimeout { timeout } if timeout == BOUND),
-            "{mode:?}: {e:?}"
-        );
-        assert!(took >= BOUND && took < SLACK, "{mode:?}: {took:?}");
+    with_open_section(|unit, _, mode, _| {
+        a_bounded_domain_wait_times_out(unit, mode);
         // A second one queues behind the stalled wait: bounded too.
         let mut b = unit.batch();
         b.pages(5, 0x1000, 0, false);
@@ -69,7 +80,7 @@ fn a_wait_behind_an_open_section_times_out_within_its_bound() {
 
 #[test]
 fn a_bounded_wait_hears_its_caller_give_up() {
-    with_open_section(|unit, _, mode| {
+    with_open_section(|unit, _, mode, _| {
         let t0 = Instant::now();
         let mut asked = 0;
         let mut b = unit.batch();
@@ -87,7 +98,7 @@ fn a_bounded_wait_hears_its_caller_give_up() {
 
 #[test]
 fn a_bounded_context_change_behind_an_open_section_is_in_force_but_reported() {
-    with_open_section(|unit, mem, mode| {
+    with_open_section(|unit, mem, mode, _| {
         let table = VtdPageTable::new(mem.clone(), VtdConfig::default()).unwrap();
         let sid = SourceId(0x10);
         let ctx = ContextEntry::Translated {
@@ -124,30 +135,12 @@ fn a_bounded_context_change_behind_an_open_section_is_in_force_but_reported() {
 /// device left its section).
 #[test]
 fn a_bounded_call_behind_a_submitter_waiting_for_room_times_out_within_its_bound() {
-    use super::InvDescriptor;
-    for mode in [QueueMode::Inline, QueueMode::Thread] {
-        let mem = Arc::new(PhysMemory::new(64 << 20).unwrap());
-        let cfg = UnitConfig {
-            queue_mode: mode,
-            ..UnitConfig::default()
-        };
-        let unit = Unit::new(mem.clone(), cfg).unwrap();
-        let (entered_tx, entered_rx) = mpsc::channel();
-        let (release_tx, release_rx) = mpsc::channel::<()>();
+    with_open_section(|unit, _, mode, release| {
         std::thread::scope(|s| {
-            let u = &unit;
-            let device = s.spawn(move || {
-                let mut tr = u.translator().unwrap();
-                tr.section(|_| {
-                    entered_tx.send(()).unwrap();
-                    let _ = release_rx.recv_timeout(Duration::from_secs(20));
-                });
-            });
-            entered_rx.recv().unwrap();
             // A wait at the head, stalled on the open section (its waiter
             // waits until the section ends).
-            let waiter = s.spawn(move || {
-                let mut b = u.batch();
+            let waiter = s.spawn(|| {
+                let mut b = unit.batch();
                 b.domain(3);
                 b.wait()
             });
@@ -161,7 +154,7 @@ fn a_bounded_call_behind_a_submitter_waiting_for_room_times_out_within_its_bound
                 // More than the ring holds: the last ones wait for room,
                 // holding the submission lock, until the section ends.
                 for i in 0..len + 8 {
-                    if let Err(e) = u.submit(&[InvDescriptor::iotlb_domain(3)]) {
+                    if let Err(e) = unit.submit(&[InvDescriptor::iotlb_domain(3)]) {
                         panic!("submission {i}: {e:?}");
                     }
                 }
@@ -179,21 +172,10 @@ fn a_bounded_call_behind_a_submitter_waiting_for_room_times_out_within_its_bound
                 );
                 std::thread::sleep(Duration::from_millis(1));
             }
-            let t0 = Instant::now();
-            let mut b = unit.batch();
-            b.domain(3);
-            let e = b.wait_timeout(BOUND).unwrap_err();
-            let took = t0.elapsed();
-            assert!(
-                matches!(e, QiError::InvalidationTimeout { timeout } if timeout == BOUND),
-                "{mode:?}: {e:?}"
-            );
-            assert!(took >= BOUND && took < SLACK, "{mode:?}: took {took:?}");
-            release_tx.send(()).unwrap();
-            device.join().unwrap();
+            a_bounded_domain_wait_times_out(unit, mode);
+            release();
             filler.join().unwrap();
             waiter.join().unwrap().unwrap();
-            unit.wait().unwrap();
         });
-    }
+    });
 }
