@@ -17,7 +17,8 @@ pub enum IotlbError {
     /// `iova + size` runs past 2^64 (a range may end exactly at 2^64).
     #[error("IOTLB {op} [{iova:#x}, +{size:#x}) runs past 2^64")]
     IovaWraps {
-        /// `"update"` or `"invalidate"`.
+        /// `"update"` (an invalidation that runs past 2^64 is taken to the
+        /// top of the address space instead).
         op: &'static str,
         /// The message's iova.
         iova: u64,

@@ -166,15 +166,14 @@ impl DeviceIotlb {
     /// an invalidation's size as its address mask plus one, which wraps
     /// to 0 for a mask covering the whole address space — and removes
     /// every translation: refusing it would keep translations the guest
-    /// has unmapped, and invalidating more than asked is always safe.
+    /// has unmapped, and invalidating more than asked is always safe. For
+    /// the same reason a range that runs past 2^64 is taken to the top of
+    /// the address space rather than refused (QEMU logs a failed
+    /// invalidation and goes on as if it were done).
     pub fn invalidate(&mut self, iova: u64, size: u64) -> Result<IotlbOutcome, IotlbError> {
-        let op = "invalidate";
         let (iova, last) = match size {
             0 => (0, u64::MAX),
-            _ => (
-                iova,
-                last_of(iova, size).ok_or(IotlbError::IovaWraps { op, iova, size })?,
-            ),
+            _ => (iova, last_of(iova, size).unwrap_or(u64::MAX)),
         };
         let removed = self.punch(iova, last);
         // An invalidation inside one entry splits it in two: a run of them
@@ -287,13 +286,6 @@ mod tests {
             })
         ));
         assert!(matches!(
-            t.invalidate(0x1000, u64::MAX),
-            Err(IotlbError::IovaWraps {
-                op: "invalidate",
-                ..
-            })
-        ));
-        assert!(matches!(
             t.update(u64::MAX, 2, 0, RW),
             Err(IotlbError::IovaWraps { op: "update", .. })
         ));
@@ -310,6 +302,33 @@ mod tests {
         // The whole address space in one update ends at 2^64 - 1 inclusive.
         t.update(0, u64::MAX, 0, RW).unwrap();
         assert!(t.lookup(u64::MAX - 1).is_some());
+    }
+
+    #[test]
+    fn an_invalidation_running_past_the_top_is_taken_to_the_top() {
+        // Refused, it would leave the translations a front-end takes for
+        // gone; it removes everything from its start on instead.
+        let mut t = DeviceIotlb::new(16);
+        t.update(0x1000, 0x1000, 0x7000_0000, RW).unwrap();
+        t.update(0xffff_ffff_ffff_0000, 0x10000, 0x7100_0000, RW)
+            .unwrap();
+        assert_eq!(
+            t.invalidate(0xffff_ffff_ffff_f000, 0x2000).unwrap(),
+            IotlbOutcome::Invalidated {
+                removed: 1,
+                evicted: false
+            }
+        );
+        assert!(t.lookup(0xffff_ffff_ffff_f000).is_none());
+        assert!(t.lookup(u64::MAX).is_none());
+        assert_eq!(
+            t.lookup(0xffff_ffff_ffff_efff).map(|e| e.last),
+            Some(0xffff_ffff_ffff_efff),
+            "the part below the range stays"
+        );
+        t.invalidate(0x1800, u64::MAX).unwrap();
+        assert_eq!(t.lookup(0x17ff).map(|e| e.last), Some(0x17ff));
+        assert!(t.lookup(0x1800).is_none());
     }
 
     #[test]

@@ -527,12 +527,12 @@ impl DmaSpace {
         let mut t = self.lock();
         let out = t.invalidate(iova, size)?;
         let evicted = matches!(out, IotlbOutcome::Invalidated { evicted: true, .. });
-        // Accepted: size 0 is the whole space; otherwise size >= 1 and the
-        // range does not wrap.
+        // Accepted: size 0 is the whole space; otherwise size >= 1, and a
+        // range running past 2^64 is taken to the top, as the IOTLB took it.
         if evicted || size == 0 {
             self.cache.clear();
         } else {
-            self.cache.clear_range(iova, iova + (size - 1));
+            self.cache.clear_range(iova, iova.saturating_add(size - 1));
         }
         drop(t);
         self.readers.drain();
