@@ -593,21 +593,26 @@ impl Iotlb {
     /// The deadline word and then the generation entries must carry of
     /// the domain whose counters `d` are (from
     /// [`domain_of`](Self::domain_of)), as [`deadline`](Self::deadline)
-    /// and [`gen`](Self::gen) read them (same loads, same order): the hit
-    /// path's pair.
+    /// and [`gen`](Self::gen) read them (same loads, same order), and the
+    /// domain's own counter that went into it (for
+    /// [`domain_gen_at`](Self::domain_gen_at) to compare): the hit path's
+    /// reads.
     #[inline(always)]
-    pub(crate) fn deadline_then_gen_at<'a>(
-        &'a self,
-        d: &'a DomainGen,
-    ) -> (u64, impl Fn() -> u64 + 'a) {
+    pub(crate) fn deadline_then_gen_at(&self, d: &DomainGen) -> (u64, u64, u64) {
         // Acquire: as in `deadline`.
         let dl = d.deadline.load(Ordering::Acquire);
         // Acquire, both: as in `gen`.
-        (dl, move || {
-            self.global
-                .load(Ordering::Acquire)
-                .wrapping_add(d.gen.load(Ordering::Acquire))
-        })
+        let global = self.global.load(Ordering::Acquire);
+        let own = d.gen.load(Ordering::Acquire);
+        (dl, global.wrapping_add(own), own)
+    }
+
+    /// The domain's own generation counter of `d`, read again (Acquire, as
+    /// in `gen`): a translator's check that no binding of the domain id
+    /// came and went since it read the generation (see `Translator::hit`).
+    #[inline(always)]
+    pub(crate) fn domain_gen_at(&self, d: &DomainGen) -> u64 {
+        d.gen.load(Ordering::Acquire)
     }
 
     /// The ticket a fill needs: read before the walk.

@@ -409,34 +409,37 @@ fn loom_two_page_scans_meeting_on_an_entry_both_take_effect() {
 
 /// A domain id that loses its last device and is bound again, to other
 /// tables, while a translator of the old device is between its context
-/// load and its generation load: the translator reads the context word
-/// again after the generation, as `Translator::hit_translated` and
-/// `stable_context` do, and never hits the new binding's entry (nor, by
-/// the same check, fills from the old tables under the new generation).
-/// The driver side is `Unit::set_context`'s order under its bindings lock:
-/// the old device's word changed, then the new binding's generation bump,
-/// then the new device's word; the new device's fill follows. Fails
-/// without the second context load.
-#[test]
-fn loom_a_translator_never_hits_its_domain_ids_next_binding() {
+/// load and its generation load; then, with `ABA`, unbound again and the
+/// old device attached again with its old word. The translator reads the
+/// context word again after the generation, then the domain's own counter
+/// again, as `Translator::hit_translated` and `stable_context` do, and
+/// never hits the other binding's entry (nor, by the same checks, fills
+/// from the old tables under another binding's generation). The driver
+/// side is `Unit::set_context`'s order: a device's word changed, then a
+/// new binding's generation bump, then the new device's word; the new
+/// device's fill follows. Fails without the second context load, and
+/// (with `ABA`) without the second counter read.
+fn translator_never_hits_another_binding(aba: bool) {
     const OLD: u64 = 1;
     const BLOCKED: u64 = 2;
     const NEW_PHYS: u64 = 0xb000;
-    model("context change vs domain id rebinding", || {
+    model("context change vs domain id rebinding", move || {
         let t = Arc::new(Iotlb::new(IotlbConfig { sets: 1, ways: 2 }, 1));
         let ctx = Arc::new(AtomicU64::new(OLD));
         let dev = {
             let (t, ctx) = (t.clone(), ctx.clone());
             spawn(move || {
                 let word = ctx.load(Ordering::Acquire);
-                let gen = t.gen(DID);
-                if word != OLD || ctx.load(Ordering::Acquire) != word {
+                let dom = t.domain_of(DID);
+                let (_, gen, own) = t.deadline_then_gen_at(dom);
+                if word != OLD || ctx.load(Ordering::Acquire) != word || t.domain_gen_at(dom) != own
+                {
                     return;
                 }
                 if let Some(l) = t.lookup(DID, IOVA, gen) {
                     assert_ne!(
                         l.phys, NEW_PHYS,
-                        "the old device hit the new binding's entry"
+                        "the old device hit another binding's entry"
                     );
                 }
             })
@@ -447,8 +450,24 @@ fn loom_a_translator_never_hits_its_domain_ids_next_binding() {
         t.invalidate_domain(DID);
         let tk = t.ticket(DID, t.gen(DID));
         t.fill(DID, IOVA, leaf(NEW_PHYS), tk, 0);
+        if aba {
+            // The new device detached, the old one attached again: a new
+            // binding (the bump), then the old word.
+            t.invalidate_domain(DID);
+            ctx.store(OLD, Ordering::Release);
+        }
         dev.join().unwrap();
     });
+}
+
+#[test]
+fn loom_a_translator_never_hits_its_domain_ids_next_binding() {
+    translator_never_hits_another_binding(false);
+}
+
+#[test]
+fn loom_a_translator_never_hits_a_binding_that_came_and_went() {
+    translator_never_hits_another_binding(true);
 }
 
 /// A 2 MiB leaf filled for the first time (no large leaf cached yet, so

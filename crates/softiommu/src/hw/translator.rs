@@ -222,9 +222,6 @@ impl Translator {
     ) -> Self {
         let barrier = shared.barrier;
         let max_access = shared.config.max_access_bytes;
-        // Any domain's counters: the hit path reads the kept domain's
-        // before it knows whether the context is the kept one.
-        let ctx_dom = NonNull::from(shared.iotlb.domain_of(0));
         Self {
             shared,
             slot,
@@ -234,7 +231,7 @@ impl Translator {
             ctx_cell: NonNull::dangling(),
             ctx_word: NO_WORD,
             ctx_did: 0,
-            ctx_dom,
+            ctx_dom: NonNull::dangling(),
             ctx_key: 0,
             barrier,
             max_access,
@@ -352,15 +349,22 @@ impl Translator {
     /// enough a result to stay in registers.
     ///
     /// A translated context's word is loaded again after its domain's
-    /// deadline and generation (`hit_translated`), and must be unchanged.
-    /// A domain id that loses its last device and is bound again (to other
-    /// tables) has its generation bumped after the old context's change,
-    /// both under the unit's bindings lock; so a generation read that sees
-    /// the bump is followed by a context load that sees the change. With
-    /// only the load before, a translator that loaded its device's old word
-    /// before a detach and the generation after the id's new binding would
-    /// hit the new tables' entries (and its walk would fill entries from
-    /// the old tables under the new generation: see `stable_context`).
+    /// deadline and generation (`hit_translated`), and must be unchanged;
+    /// then the domain's own counter is read again, and must be unchanged
+    /// too. A domain id that loses its last device and is bound again (to
+    /// other tables) has its generation bumped after the old context's
+    /// change (a later call under the unit's bindings lock); so a
+    /// generation read that sees the bump is followed by a context load
+    /// that sees the change. With only the load before, a translator that
+    /// loaded its device's old word before a detach and the generation
+    /// after the id's new binding would hit the new tables' entries (and
+    /// its walk would fill entries from the old tables under the new
+    /// generation: see `stable_context`). The second counter read closes
+    /// the same window one binding cycle longer: the device detached, the
+    /// id bound to other tables (the generation read now), then unbound
+    /// and the device attached again with its old word (the word loaded
+    /// again now, unchanged); that re-attachment bumped the counter before
+    /// its word's store, so the second read sees a larger counter.
     #[inline(always)]
     fn hit(&mut self, sid: SourceId, iova: u64, access: Access) -> Option<PhysSpan> {
         let word = self.context_word(sid);
@@ -406,14 +410,15 @@ impl Translator {
         // branch. Armed, every hit compares the clock with it, so no access
         // that begins past it is served from the cache, whatever became of
         // the flush timer.
-        let (dl, gen) = self.shared.iotlb.deadline_then_gen_at(dom);
-        let gen = gen();
-        // The context again, after the generation (see `hit`).
+        let (dl, gen, own) = self.shared.iotlb.deadline_then_gen_at(dom);
+        // The context again, after the generation, then the domain's
+        // counter again (see `hit`).
         // SAFETY: as in `context_word`: `ctx_word` matched a word loaded
         // from `ctx_cell`, which `shared.contexts` keeps. Acquire: as in
         // `ContextTable::load`.
         if unsafe { self.ctx_cell.as_ref() }.load(std::sync::atomic::Ordering::Acquire)
             != self.ctx_word
+            || self.shared.iotlb.domain_gen_at(dom) != own
         {
             return None;
         }
@@ -559,9 +564,9 @@ impl Translator {
 
     /// `sid`'s context word and, if it is translated, its domain's
     /// generation, read so that the word was loaded again after the
-    /// generation and found unchanged (see [`hit`](Self::hit) on why a
-    /// generation read after the word can belong to the domain id's next
-    /// binding). A word that keeps changing (a driver rewriting the entry
+    /// generation and found unchanged, and the domain's counter after that
+    /// (see [`hit`](Self::hit) on why a generation read after the word can
+    /// belong to another binding of the domain id). A word that keeps changing (a driver rewriting the entry
     /// faster than a translation reads it) is taken as blocked after
     /// `CONTEXT_READS` reads: the translation faults, as it would if it had
     /// met the entry cleared.
@@ -572,14 +577,18 @@ impl Translator {
             let Some(did) = context::translated_did(word) else {
                 return (word, 0);
             };
-            let gen = sh.iotlb.gen(did);
+            let dom = sh.iotlb.domain_of(did);
+            let (_, gen, own) = sh.iotlb.deadline_then_gen_at(dom);
             let again = sh.contexts.load(sid);
-            if again == word {
+            if again == word && sh.iotlb.domain_gen_at(dom) == own {
                 return (word, gen);
             }
             word = again;
         }
-        (context::encode(Some(ContextEntry::Blocked)), 0)
+        match context::translated_did(word) {
+            None => (word, 0),
+            Some(_) => (context::encode(Some(ContextEntry::Blocked)), 0),
+        }
     }
 
     /// The miss path: a page walk over the table's bytes, and a fill.
