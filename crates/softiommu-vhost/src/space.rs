@@ -527,12 +527,12 @@ impl DmaSpace {
         let mut t = self.lock();
         let out = t.invalidate(iova, size)?;
         let evicted = matches!(out, IotlbOutcome::Invalidated { evicted: true, .. });
-        // Accepted: size 0 is the whole space; otherwise size >= 1, and a
-        // range running past 2^64 is taken to the top, as the IOTLB took it.
-        if evicted || size == 0 {
-            self.cache.clear();
-        } else {
-            self.cache.clear_range(iova, iova.saturating_add(size - 1));
+        // Accepted: size 0, or a range that wraps past 2^64, is the whole
+        // space, as the IOTLB took it; otherwise size >= 1 and the range
+        // ends at 2^64 at the latest.
+        match iova.checked_add(size.wrapping_sub(1)) {
+            Some(last) if !evicted && size != 0 => self.cache.clear_range(iova, last),
+            _ => self.cache.clear(),
         }
         drop(t);
         self.readers.drain();

@@ -173,8 +173,8 @@ fn evictions_are_bounded_counted_and_the_cache_follows_the_iotlb() {
 }
 
 /// Zero-length and wrapping ranges: as before the cache, typed and
-/// harmless, and an invalidation running past 2^64 taken to the top; the
-/// global flush's range ending at 2^64 clears the cache too.
+/// harmless, and an invalidation wrapping past 2^64 taken for the whole
+/// space; the global flush's range ending at 2^64 clears the cache too.
 #[test]
 fn zero_length_wrapping_and_2_pow_64_ranges_with_the_cache() {
     let (s, _) = space(64);
@@ -197,11 +197,16 @@ fn zero_length_wrapping_and_2_pow_64_ranges_with_the_cache() {
         s.read_bytes(AddrKind::Buffer, u64::MAX - 3, &mut b),
         Err(AccessError::Wraps { len: 8, .. })
     ));
-    // An invalidation running past 2^64 is taken to the top: the top
-    // page, cached by the read above, stops hitting; the other still hits.
+    // An invalidation wrapping past 2^64 is the whole space: both pages,
+    // cached by the reads above, stop hitting.
+    s.read_bytes(AddrKind::Buffer, IOVA, &mut b).unwrap();
     s.invalidate(top, 2 * PAGE).unwrap();
     let r = s.read_bytes(AddrKind::Buffer, u64::MAX - 7, &mut b);
     assert!(matches!(r, Err(AccessError::NoChannel { .. })), "{r:?}");
+    let r = s.read_bytes(AddrKind::Buffer, IOVA, &mut b);
+    assert!(matches!(r, Err(AccessError::NoChannel { .. })), "{r:?}");
+    s.update(top, PAGE, UA, RW).unwrap();
+    s.update(IOVA, PAGE, UA + PAGE, RW).unwrap();
     s.read_bytes(AddrKind::Buffer, IOVA, &mut b).unwrap();
     // QEMU's global flush, in two.
     s.invalidate(0, 0xfef0_0000).unwrap();

@@ -41,8 +41,9 @@ fn zero_length_wrapping_and_malformed_iotlb_messages_are_refused_and_serving_goe
     // An invalidation of size 0 is the whole space (QEMU's mask of all
     // ones plus one): accepted.
     assert_eq!(fe.iotlb(m::INVALIDATE, 0x1000, 0, 0, 0), 0);
-    // An invalidation running past 2^64: taken to the top, accepted
-    // (refused, it would leave translations the front-end takes for gone).
+    // An invalidation wrapping past 2^64: taken for the whole space,
+    // accepted (refused, it would leave translations the front-end takes
+    // for gone).
     assert_eq!(fe.iotlb(m::INVALIDATE, 2, u64::MAX, 0, 0), 0);
     // A zero-length update, a wrapping range, a bad perm, a type only a
     // back-end sends, a short payload: each acked with failure.

@@ -137,6 +137,9 @@ fn a_bounded_context_change_behind_an_open_section_is_in_force_but_reported() {
 fn a_bounded_call_behind_a_submitter_waiting_for_room_times_out_within_its_bound() {
     with_open_section(|unit, _, mode, release| {
         std::thread::scope(|s| {
+            // A failed assertion below still releases the section before
+            // the scope joins the threads that wait for it.
+            let _release_on_unwind = OnDrop(release);
             // A wait at the head, stalled on the open section (its waiter
             // waits until the section ends).
             let waiter = s.spawn(|| {
@@ -178,4 +181,13 @@ fn a_bounded_call_behind_a_submitter_waiting_for_room_times_out_within_its_bound
             waiter.join().unwrap().unwrap();
         });
     });
+}
+
+/// Runs its closure when dropped, unwinding included.
+struct OnDrop<'a>(&'a (dyn Fn() + Sync));
+
+impl Drop for OnDrop<'_> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
 }

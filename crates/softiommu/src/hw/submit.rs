@@ -118,8 +118,8 @@ impl InvBatch<'_> {
     /// As [`wait_timeout`](Self::wait_timeout), and gives up early, with
     /// [`QiError::WaitAbandoned`], once `give_up` returns `true` (a
     /// stopping caller's flag). `give_up` is called about every
-    /// millisecond while the wait is blocked, with a lock of the unit
-    /// held: it must be cheap and must not call into the unit.
+    /// millisecond while the wait is blocked, sometimes with a lock of the
+    /// unit held: it must be cheap and must not call into the unit.
     pub fn wait_bounded(
         self,
         timeout: Duration,
