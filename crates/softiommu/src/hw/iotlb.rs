@@ -451,6 +451,19 @@ pub(crate) struct Iotlb {
     scans: Mutex<()>,
 }
 
+/// What a new binding of a domain id adds to its generation counter:
+/// domain-selective invalidations add 1, so the counter's bits from 32 up
+/// count bindings (until 2^32 invalidations of one binding carry into
+/// them, which only makes translators re-read their context).
+pub(crate) const BINDING_STEP: u64 = 1 << 32;
+
+/// The binding part of a domain's own generation counter (see
+/// [`BINDING_STEP`]).
+#[inline(always)]
+pub(crate) fn binding_of(own: u64) -> u64 {
+    own >> 32
+}
+
 /// A deadline word's mark: the flush timer is clearing it (it stays in
 /// force until the clearing finishes, and an unmap that meets the mark
 /// cancels it). Clock readings stay far below it.
@@ -607,9 +620,11 @@ impl Iotlb {
         (dl, global.wrapping_add(own), own)
     }
 
-    /// The domain's own generation counter of `d`, read again (Acquire, as
-    /// in `gen`): a translator's check that no binding of the domain id
-    /// came and went since it read the generation (see `Translator::hit`).
+    /// The domain's own generation counter of `d` (Acquire, as in `gen`):
+    /// read again by a translator's slow path, to check that no binding of
+    /// the domain id came and went since it read the generation, and by a
+    /// translator keeping a context, for its binding part (see
+    /// `Translator::hit`).
     #[inline(always)]
     pub(crate) fn domain_gen_at(&self, d: &DomainGen) -> u64 {
         d.gen.load(Ordering::Acquire)
@@ -1096,6 +1111,18 @@ impl Iotlb {
     pub(crate) fn invalidate_global(&self) {
         // Release: pairs with the Acquire load in `gen`.
         self.global.fetch_add(1, Ordering::Release);
+    }
+
+    /// A new binding of domain id `did` (no device used it; one will):
+    /// every entry of its earlier life becomes stale, as with
+    /// [`invalidate_domain`](Self::invalidate_domain), and the counter's
+    /// binding part ([`binding_of`]) moves on, which a translator that kept
+    /// a context of the id's earlier binding sees on its next hit.
+    pub(crate) fn rebind_domain(&self, did: u16) {
+        // Release: pairs with the Acquire load in `gen`.
+        self.domain(did)
+            .gen
+            .fetch_add(BINDING_STEP, Ordering::Release);
     }
 
     /// Domain-selective invalidation.

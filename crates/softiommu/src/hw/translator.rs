@@ -30,7 +30,9 @@ use super::epoch::Slots;
 use super::error::HwError;
 use super::error::TranslateError;
 use super::fault::{Access, FaultRecord};
-use super::iotlb::{key_4k_base, val_perm, val_phys, DomainGen, FillOutcome, Iotlb, Leaf};
+use super::iotlb::{
+    binding_of, key_4k_base, val_perm, val_phys, DomainGen, FillOutcome, Iotlb, Leaf,
+};
 use super::latency::spin_ns;
 use super::prq::{Raised, ResponseCode};
 use super::ranges::{PhysRanges, PhysSpan};
@@ -96,6 +98,9 @@ pub struct Translator {
     ctx_did: u16,
     ctx_dom: NonNull<DomainGen>,
     ctx_key: u64,
+    /// The binding part (`iotlb::binding_of`) of that domain's generation
+    /// counter, read after `ctx_word`.
+    ctx_bind: u64,
     barrier: Barrier,
     /// The unit's longest access (its configuration, kept here).
     max_access: u64,
@@ -233,6 +238,7 @@ impl Translator {
             ctx_did: 0,
             ctx_dom: NonNull::dangling(),
             ctx_key: 0,
+            ctx_bind: 0,
             barrier,
             max_access,
             rng: 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(slot as u64 + 1) | 1,
@@ -348,23 +354,25 @@ impl Translator {
     /// allows `access`; `None` for everything else (a miss, a fault). Small
     /// enough a result to stay in registers.
     ///
-    /// A translated context's word is loaded again after its domain's
-    /// deadline and generation (`hit_translated`), and must be unchanged;
-    /// then the domain's own counter is read again, and must be unchanged
-    /// too. A domain id that loses its last device and is bound again (to
-    /// other tables) has its generation bumped after the old context's
-    /// change (a later call under the unit's bindings lock); so a
-    /// generation read that sees the bump is followed by a context load
-    /// that sees the change. With only the load before, a translator that
-    /// loaded its device's old word before a detach and the generation
-    /// after the id's new binding would hit the new tables' entries (and
-    /// its walk would fill entries from the old tables under the new
-    /// generation: see `stable_context`). The second counter read closes
-    /// the same window one binding cycle longer: the device detached, the
-    /// id bound to other tables (the generation read now), then unbound
-    /// and the device attached again with its old word (the word loaded
-    /// again now, unchanged); that re-attachment bumped the counter before
-    /// its word's store, so the second read sees a larger counter.
+    /// A domain id that loses its last device and is bound again (to
+    /// other tables) has its generation counter's binding part moved on
+    /// (`Iotlb::rebind_domain`) after the old context's change, in a later
+    /// call under the unit's bindings lock, and before the new context's
+    /// word is stored. A translator keeps, with a translated context, the
+    /// binding part it read *after* that context's word (`hit_other`); a
+    /// hit reads the word, then the generation, and serves only if the
+    /// generation's binding part is still the kept one
+    /// (`hit_translated`). Without that check, a translator that loaded
+    /// its device's old word before a detach and the generation after the
+    /// id's new binding would hit the new tables' entries; and after a
+    /// binding that came and went (the device attached again with its old
+    /// word), the same. With it: a generation read that sees a later
+    /// binding's bump has a larger binding part; one that does not is
+    /// older than every entry of that binding. And a kept binding part
+    /// newer than the word's own binding cannot match: the word would then
+    /// have been loaded after that binding's bump, so after the detach
+    /// that preceded it. The slow path checks the same by reading the
+    /// word again (`stable_context`).
     #[inline(always)]
     fn hit(&mut self, sid: SourceId, iova: u64, access: Access) -> Option<PhysSpan> {
         let word = self.context_word(sid);
@@ -391,7 +399,22 @@ impl Translator {
         self.ctx_did = did;
         self.ctx_key = key_4k_base(did);
         self.ctx_word = word;
+        // After `word` (see `hit`).
+        let own = self
+            .shared
+            .iotlb
+            .domain_gen_at(self.shared.iotlb.domain_of(did));
+        self.ctx_bind = binding_of(own);
         self.hit_translated(iova, access)
+    }
+
+    /// The hit path found the kept domain bound again since its context
+    /// was kept: the context is read afresh next time (this access
+    /// misses).
+    #[cold]
+    #[inline(never)]
+    fn forget_context(&mut self) {
+        self.ctx_word = NO_WORD;
     }
 
     /// [`hit`](Self::hit) in the translated context `ctx_word`, the word
@@ -411,15 +434,9 @@ impl Translator {
         // that begins past it is served from the cache, whatever became of
         // the flush timer.
         let (dl, gen, own) = self.shared.iotlb.deadline_then_gen_at(dom);
-        // The context again, after the generation, then the domain's
-        // counter again (see `hit`).
-        // SAFETY: as in `context_word`: `ctx_word` matched a word loaded
-        // from `ctx_cell`, which `shared.contexts` keeps. Acquire: as in
-        // `ContextTable::load`.
-        if unsafe { self.ctx_cell.as_ref() }.load(std::sync::atomic::Ordering::Acquire)
-            != self.ctx_word
-            || self.shared.iotlb.domain_gen_at(dom) != own
-        {
+        // The binding the kept context was read under (see `hit`).
+        if binding_of(own) != self.ctx_bind {
+            self.forget_context();
             return None;
         }
         // The `Arc`, not the IOTLB: the cold call then costs the hit path

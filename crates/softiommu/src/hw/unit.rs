@@ -566,7 +566,7 @@ impl Unit {
                     })
                 }
                 Some(_) => {}
-                None => sh.iotlb.invalidate_domain(did),
+                None => sh.iotlb.rebind_domain(did),
             }
         }
         let old = context::decode(sh.contexts.store(sid, context::encode(ctx)));
