@@ -386,7 +386,8 @@ struct FpPair([AtomicU64; FP_WORDS]);
 #[derive(Debug, Default)]
 #[repr(C, align(32))]
 pub(crate) struct DomainGen {
-    /// Bumped by each domain-selective invalidation.
+    /// Bumped by each domain-selective invalidation, and by
+    /// [`BINDING_STEP`] at each new binding of the domain id.
     gen: AtomicU64,
     /// Bumped by each page-selective invalidation.
     psi: AtomicU64,
@@ -452,16 +453,18 @@ pub(crate) struct Iotlb {
 }
 
 /// What a new binding of a domain id adds to its generation counter:
-/// domain-selective invalidations add 1, so the counter's bits from 32 up
-/// count bindings (until 2^32 invalidations of one binding carry into
-/// them, which only makes translators re-read their context).
-pub(crate) const BINDING_STEP: u64 = 1 << 32;
+/// domain-selective invalidations add 1, so the counter's bits from 16 up
+/// move at every binding (and once in 65,536 invalidations, a carry, which
+/// only makes translators read their context afresh). The counter only
+/// grows: 2^48 bindings before it could wrap.
+pub(crate) const BINDING_STEP: u64 = 1 << 16;
 
 /// The binding part of a domain's own generation counter (see
-/// [`BINDING_STEP`]).
+/// [`BINDING_STEP`]): equal parts read at two moments mean no binding came
+/// in between.
 #[inline(always)]
 pub(crate) fn binding_of(own: u64) -> u64 {
-    own >> 32
+    own >> 16
 }
 
 /// A deadline word's mark: the flush timer is clearing it (it stays in

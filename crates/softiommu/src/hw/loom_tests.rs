@@ -410,16 +410,18 @@ fn loom_two_page_scans_meeting_on_an_entry_both_take_effect() {
 /// A domain id that loses its last device and is bound again, to other
 /// tables, while a translator of the old device runs; with `aba`, unbound
 /// again and the old device attached again with its old word. The
-/// translator first keeps the context (its word, then the binding part of
-/// the domain's counter, as `Translator::hit_other`), then makes a hit
-/// (the word, the generation, served only if the generation's binding part
-/// is the kept one, as `hit_translated`), and never hits the other
-/// binding's entry. The driver side is `Unit::set_context`'s order: a
+/// translator first keeps the context (its word, the binding part of the
+/// domain's counter, the word again, as `Translator::hit_other`), makes
+/// the keep's own hit (the generation, served only if its binding part is
+/// the kept one, as `hit_translated`), then a later hit (the word, the
+/// generation, the same check), and never hits the other binding's entry.
+/// Fails without the keep's second word load (the first hit), or without
+/// the binding check. The driver side is `Unit::set_context`'s order: a
 /// device's word changed, then a new binding's `rebind_domain`, then the
-/// new device's word; the new device's fill follows. Fails without the
-/// binding check. (The slow path's check, the word and the counter read
-/// again, rests on the same ordering; a model of it written like this one
-/// never reached the race, so it is not kept as a test.)
+/// new device's word; the new device's fill follows. (The slow path's
+/// check, the word and the counter read again, rests on the same
+/// ordering; a model of it written like this one never reached the race,
+/// so it is not kept as a test.)
 fn translator_never_hits_another_binding(aba: bool) {
     const OLD: u64 = 1;
     const BLOCKED: u64 = 2;
@@ -431,21 +433,34 @@ fn translator_never_hits_another_binding(aba: bool) {
             let (t, ctx) = (t.clone(), ctx.clone());
             spawn(move || {
                 let dom = t.domain_of(DID);
-                // The keep.
+                let served = |gen: u64| {
+                    if let Some(l) = t.lookup(DID, IOVA, gen) {
+                        assert_ne!(
+                            l.phys, NEW_PHYS,
+                            "the old device hit another binding's entry"
+                        );
+                    }
+                };
+                // The keep (`hit_other`): the word, the binding part, the
+                // word again.
                 let kept = ctx.load(Ordering::Acquire);
                 let bind = binding_of(t.domain_gen_at(dom));
-                // The hit.
-                let word = ctx.load(Ordering::Acquire);
-                let (_, gen, own) = t.deadline_then_gen_at(dom);
-                if kept != OLD || word != kept || binding_of(own) != bind {
+                if kept != OLD || ctx.load(Ordering::Acquire) != kept {
                     return;
                 }
-                if let Some(l) = t.lookup(DID, IOVA, gen) {
-                    assert_ne!(
-                        l.phys, NEW_PHYS,
-                        "the old device hit another binding's entry"
-                    );
+                // Its first hit, with no word load of its own.
+                let (_, gen, own) = t.deadline_then_gen_at(dom);
+                if binding_of(own) != bind {
+                    return;
                 }
+                served(gen);
+                // A later hit: the word, the generation.
+                let word = ctx.load(Ordering::Acquire);
+                let (_, gen, own) = t.deadline_then_gen_at(dom);
+                if word != kept || binding_of(own) != bind {
+                    return;
+                }
+                served(gen);
             })
         };
         // The old device detached (its word changed), then the id bound

@@ -99,7 +99,7 @@ pub struct Translator {
     ctx_dom: NonNull<DomainGen>,
     ctx_key: u64,
     /// The binding part (`iotlb::binding_of`) of that domain's generation
-    /// counter, read after `ctx_word`.
+    /// counter, read between two loads of `ctx_word`.
     ctx_bind: u64,
     barrier: Barrier,
     /// The unit's longest access (its configuration, kept here).
@@ -359,19 +359,19 @@ impl Translator {
     /// (`Iotlb::rebind_domain`) after the old context's change, in a later
     /// call under the unit's bindings lock, and before the new context's
     /// word is stored. A translator keeps, with a translated context, the
-    /// binding part it read *after* that context's word (`hit_other`); a
-    /// hit reads the word, then the generation, and serves only if the
-    /// generation's binding part is still the kept one
-    /// (`hit_translated`). Without that check, a translator that loaded
-    /// its device's old word before a detach and the generation after the
-    /// id's new binding would hit the new tables' entries; and after a
-    /// binding that came and went (the device attached again with its old
-    /// word), the same. With it: a generation read that sees a later
-    /// binding's bump has a larger binding part; one that does not is
-    /// older than every entry of that binding. And a kept binding part
-    /// newer than the word's own binding cannot match: the word would then
-    /// have been loaded after that binding's bump, so after the detach
-    /// that preceded it. The slow path checks the same by reading the
+    /// binding part it read *between two loads* of that context's word
+    /// (`hit_other`): the word was the device's under that binding. A hit
+    /// reads the word, then the generation, and serves only if the
+    /// generation's binding part is still the kept one (`hit_translated`).
+    /// Without that check, a translator that loaded its device's old word
+    /// before a detach and the generation after the id's new binding would
+    /// hit the new tables' entries; and after a binding that came and went
+    /// (the device attached again with its old word), the same. With it: a
+    /// generation read that sees a later binding's bump has a larger
+    /// binding part; one that does not is older than every entry of that
+    /// binding; and a word loaded after the keep's counter read was stored
+    /// under the kept binding or a later one, so an equal binding part
+    /// means the kept one. The slow path checks the same by reading the
     /// word again (`stable_context`).
     #[inline(always)]
     fn hit(&mut self, sid: SourceId, iova: u64, access: Access) -> Option<PhysSpan> {
@@ -395,15 +395,20 @@ impl Translator {
     #[inline(never)]
     fn hit_other(&mut self, word: u64, iova: u64, access: Access) -> Option<PhysSpan> {
         let did = context::translated_did(word)?;
-        self.ctx_dom = NonNull::from(self.shared.iotlb.domain_of(did));
+        let dom = self.shared.iotlb.domain_of(did);
+        // The binding part between two loads of the word (see `hit`): the
+        // word was the device's under that binding.
+        let own = self.shared.iotlb.domain_gen_at(dom);
+        // SAFETY: as in `context_word`: `hit` loaded `word` from
+        // `ctx_cell`, which `shared.contexts` keeps. Acquire: as in
+        // `ContextTable::load`.
+        if unsafe { self.ctx_cell.as_ref() }.load(std::sync::atomic::Ordering::Acquire) != word {
+            return None;
+        }
+        self.ctx_dom = NonNull::from(dom);
         self.ctx_did = did;
         self.ctx_key = key_4k_base(did);
         self.ctx_word = word;
-        // After `word` (see `hit`).
-        let own = self
-            .shared
-            .iotlb
-            .domain_gen_at(self.shared.iotlb.domain_of(did));
         self.ctx_bind = binding_of(own);
         self.hit_translated(iova, access)
     }
@@ -597,7 +602,9 @@ impl Translator {
             let dom = sh.iotlb.domain_of(did);
             let (_, gen, own) = sh.iotlb.deadline_then_gen_at(dom);
             let again = sh.contexts.load(sid);
-            if again == word && sh.iotlb.domain_gen_at(dom) == own {
+            // The binding part only: an invalidation in between makes
+            // the walk's fill stale by itself.
+            if again == word && binding_of(sh.iotlb.domain_gen_at(dom)) == binding_of(own) {
                 return (word, gen);
             }
             word = again;
