@@ -456,7 +456,8 @@ pub(crate) struct Iotlb {
 /// domain-selective invalidations add 1, so the counter's bits from 16 up
 /// move at every binding (and once in 65,536 invalidations, a carry, which
 /// only makes translators read their context afresh). The counter only
-/// grows: 2^48 bindings before it could wrap.
+/// grows, and wraps only after 2^64 in all (a binding counting 2^16): 2^48
+/// bindings with no invalidation.
 pub(crate) const BINDING_STEP: u64 = 1 << 16;
 
 /// The binding part of a domain's own generation counter (see

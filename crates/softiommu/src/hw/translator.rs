@@ -360,7 +360,9 @@ impl Translator {
     /// call under the unit's bindings lock, and before the new context's
     /// word is stored. A translator keeps, with a translated context, the
     /// binding part it read *between two loads* of that context's word
-    /// (`hit_other`): the word was the device's under that binding. A hit
+    /// (`hit_other`): the first load's word was stored under the kept
+    /// binding or an earlier one, the second's under it or a later one (a
+    /// later one shows on the next generation read). A hit
     /// reads the word, then the generation, and serves only if the
     /// generation's binding part is still the kept one (`hit_translated`).
     /// Without that check, a translator that loaded its device's old word
@@ -397,7 +399,8 @@ impl Translator {
         let did = context::translated_did(word)?;
         let dom = self.shared.iotlb.domain_of(did);
         // The binding part between two loads of the word (see `hit`): the
-        // word was the device's under that binding.
+        // word was stored under that binding or an earlier one, and is
+        // still the device's after it.
         let own = self.shared.iotlb.domain_gen_at(dom);
         // SAFETY: as in `context_word`: `hit` loaded `word` from
         // `ctx_cell`, which `shared.contexts` keeps. Acquire: as in
