@@ -890,12 +890,7 @@ impl Iotlb {
         rnd: u64,
     ) -> Option<(usize, &'a Entry)> {
         // Relaxed, all: heuristics; the fill's lock settles any race.
-        let lo = self.fp_word(set, 0).load(Ordering::Relaxed);
-        let hi = if self.ways > FP_WAYS {
-            self.fp_word(set, 1).load(Ordering::Relaxed)
-        } else {
-            0
-        };
+        let (lo, hi) = self.fp_words(set, |w| w.load(Ordering::Relaxed));
         let mut same = fp_matches_any(lo, hi, fp);
         while same != 0 {
             let w = same.trailing_zeros() as usize;
@@ -1221,9 +1216,21 @@ impl Iotlb {
     /// fails with a plain load here or a relaxed read-modify-write in
     /// `set_fp`.
     fn claimed_matches(&self, set: usize, fp: u64) -> u32 {
-        let word = |i: usize| self.fp_word(set, i).fetch_or(0, Ordering::AcqRel);
-        let hi = if self.ways > FP_WAYS { word(1) } else { 0 };
-        fp_matches_any(word(0), hi, fp)
+        let (lo, hi) = self.fp_words(set, |w| w.fetch_or(0, Ordering::AcqRel));
+        fp_matches_any(lo, hi, fp)
+    }
+
+    /// Set `set`'s two fingerprint words, each read by `read`; the second
+    /// only if the set has more than `FP_WAYS` ways (else it is 0).
+    #[inline(always)]
+    fn fp_words(&self, set: usize, read: impl Fn(&AtomicU64) -> u64) -> (u64, u64) {
+        let lo = read(self.fp_word(set, 0));
+        let hi = if self.ways > FP_WAYS {
+            read(self.fp_word(set, 1))
+        } else {
+            0
+        };
+        (lo, hi)
     }
 
     /// Clears `e` if its tag satisfies `hit`; kills a fill in progress

@@ -325,13 +325,24 @@ impl Translator {
     #[inline(always)]
     fn context_word(&mut self, sid: SourceId) -> u64 {
         if u32::from(sid.0) == self.ctx_sid {
-            // SAFETY: `ctx_sid` is set only with `ctx_cell` pointing at a
-            // word of `shared.contexts`, whose buses are freed only with
-            // the table, which `self.shared` keeps alive. Acquire: as in
-            // `ContextTable::load`.
-            return unsafe { self.ctx_cell.as_ref() }.load(std::sync::atomic::Ordering::Acquire);
+            // SAFETY: `ctx_sid` is set (it matched `sid`).
+            return unsafe { self.kept_cell_word() };
         }
         self.context_word_cold(sid)
+    }
+
+    /// The word in `ctx_cell`, loaded as `ContextTable::load` does
+    /// (Acquire).
+    ///
+    /// # Safety
+    ///
+    /// `ctx_sid` must have been set (it is set only with `ctx_cell`
+    /// pointing at a word of `shared.contexts`, whose buses are freed only
+    /// with the table, which `self.shared` keeps alive).
+    #[inline(always)]
+    unsafe fn kept_cell_word(&self) -> u64 {
+        // SAFETY: the caller's contract.
+        unsafe { self.ctx_cell.as_ref() }.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// [`context_word`](Self::context_word) for a device other than the
@@ -402,10 +413,10 @@ impl Translator {
         // word was stored under that binding or an earlier one, and is
         // still the device's after it.
         let own = self.shared.iotlb.domain_gen_at(dom);
-        // SAFETY: as in `context_word`: `hit` loaded `word` from
-        // `ctx_cell`, which `shared.contexts` keeps. Acquire: as in
-        // `ContextTable::load`.
-        if unsafe { self.ctx_cell.as_ref() }.load(std::sync::atomic::Ordering::Acquire) != word {
+        // SAFETY: a translated `word` came from `context_word` through
+        // `ctx_cell` (its cold path returns 0 where it sets no cell), so
+        // `ctx_sid` is set.
+        if unsafe { self.kept_cell_word() } != word {
             return None;
         }
         self.ctx_dom = NonNull::from(dom);
@@ -591,8 +602,9 @@ impl Translator {
     /// generation, read so that the word was loaded again after the
     /// generation and found unchanged, and the domain's counter after that
     /// (see [`hit`](Self::hit) on why a generation read after the word can
-    /// belong to another binding of the domain id). A word that keeps changing (a driver rewriting the entry
-    /// faster than a translation reads it) is taken as blocked after
+    /// belong to another binding of the domain id). A word that keeps
+    /// changing (a driver rewriting the entry faster than a translation
+    /// reads it) is taken as blocked after
     /// `CONTEXT_READS` reads: the translation faults, as it would if it had
     /// met the entry cleared.
     fn stable_context(&self, sid: SourceId) -> (u64, u64) {
