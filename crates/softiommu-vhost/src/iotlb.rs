@@ -17,6 +17,16 @@ use std::collections::BTreeMap;
 use crate::error::IotlbError;
 use crate::proto::iotlb as m;
 
+/// The first and last IOVA an invalidation of `[iova, +size)` removes:
+/// the whole space for a size of 0 or a range that wraps past 2^64 (see
+/// [`DeviceIotlb::invalidate`]).
+pub(crate) fn invalidation_range(iova: u64, size: u64) -> (u64, u64) {
+    match (size, last_of(iova, size)) {
+        (0, _) | (_, None) => (0, u64::MAX),
+        (_, Some(last)) => (iova, last),
+    }
+}
+
 /// Access rights of a translation (`VHOST_ACCESS_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Perm {
@@ -175,10 +185,7 @@ impl DeviceIotlb {
     /// invalidation and goes on as if it were done; a front-end whose own
     /// sum wrapped meant both ends of the address space).
     pub fn invalidate(&mut self, iova: u64, size: u64) -> Result<IotlbOutcome, IotlbError> {
-        let (iova, last) = match (size, last_of(iova, size)) {
-            (0, _) | (_, None) => (0, u64::MAX),
-            (_, Some(last)) => (iova, last),
-        };
+        let (iova, last) = invalidation_range(iova, size);
         let removed = self.punch(iova, last);
         // An invalidation inside one entry splits it in two: a run of them
         // would grow the table one entry each. Past the capacity it is

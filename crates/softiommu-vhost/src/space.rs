@@ -49,7 +49,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{AccessError, IotlbError};
-use crate::iotlb::{DeviceIotlb, IotlbOutcome};
+use crate::iotlb::{invalidation_range, DeviceIotlb, IotlbOutcome};
 use crate::memtable::{MemTable, Space};
 use crate::pagecache::{PageCache, Piece, PAGE};
 use crate::proto::{backend_req, iotlb as m, VERSION};
@@ -527,11 +527,12 @@ impl DmaSpace {
         let mut t = self.lock();
         let out = t.invalidate(iova, size)?;
         let evicted = matches!(out, IotlbOutcome::Invalidated { evicted: true, .. });
-        // Accepted: size 0, or a range that wraps past 2^64, is the whole
-        // space, as the IOTLB took it; otherwise size >= 1 and the range
-        // ends at 2^64 at the latest.
-        match iova.checked_add(size.wrapping_sub(1)) {
-            Some(last) if !evicted && size != 0 => self.cache.clear_range(iova, last),
+        // The range the IOTLB took (the whole space for size 0 or a range
+        // that wraps past 2^64).
+        match invalidation_range(iova, size) {
+            (first, last) if !evicted && (first, last) != (0, u64::MAX) => {
+                self.cache.clear_range(first, last)
+            }
             _ => self.cache.clear(),
         }
         drop(t);
