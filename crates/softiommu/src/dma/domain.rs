@@ -281,7 +281,7 @@ impl DmaDomain {
             switch: Mutex::new(()),
             retired: Mutex::new(DmaStats::default()),
         });
-        *lock(&d.timer_cache) = Some(d.iova.cpu_cache());
+        *lock(&d.timer_cache) = Some(d.iova.cpu_cache_unbiased());
         let weak = Arc::downgrade(&d);
         let handle = std::thread::Builder::new()
             .name(format!("dma-fq-timer-{}", config.did))

@@ -1,7 +1,9 @@
 //! The per-CPU (per-thread) front of the allocator: two magazines per size
-//! class, touched without locks; the one atomic read-modify-write is a
-//! free's claim on the block's state word (of two threads freeing one
-//! block at once, exactly one may).
+//! class, touched without locks. A free of a block this cache handed out
+//! is a load and a store while the cache holds its owner slot
+//! (`owner.rs`); any other free claims the block's state word with a
+//! compare-exchange (of two threads freeing one block at once, exactly one
+//! may).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -15,6 +17,7 @@ use super::live_map::{
     CACHED, LIVE, RETIRED,
 };
 use super::magazine::Magazine;
+use super::owner::{OwnerRef, Owners, OWNER_MASK, OWNER_SHIFT};
 use super::policy::WhenFull;
 use super::IovaError;
 
@@ -84,6 +87,12 @@ pub struct IovaCpuCache {
     /// This cache's window on the domain's state map (used with that map
     /// only): an access near the last one skips the map's lookup.
     live_cur: Cursor<AtomicU64>,
+    /// The owner slot this cache holds, if any (`owner.rs`).
+    owner: OwnerRef,
+    /// Its number in a state word's owner bits (0: none).
+    owner_bits: u64,
+    /// The slot's number, to give it back (0: none).
+    owner_slot: u64,
 }
 
 /// Why [`IovaCpuCache::retire_tagged`] refused a block.
@@ -96,15 +105,29 @@ pub(crate) enum RetireRefused {
 }
 
 impl IovaDomain {
-    /// A per-CPU (per-thread) cache over this domain.
+    /// A per-CPU (per-thread) cache over this domain. It holds one of the
+    /// domain's owner slots while one is free (63 at most at a time), so
+    /// that it frees the blocks it handed out without a locked
+    /// instruction; another thread's first change of one of them revokes
+    /// that, once (see [`IovaStats::owner_revocations`]).
+    ///
+    /// [`IovaStats::owner_revocations`]: super::IovaStats::owner_revocations
     pub fn cpu_cache(self: &Arc<Self>) -> IovaCpuCache {
         let shared = self.register_cache();
-        IovaCpuCache::new(self.clone(), shared)
+        IovaCpuCache::new(self.clone(), shared, true)
+    }
+
+    /// A per-CPU cache that takes no owner slot: every free of it is a
+    /// compare-exchange (the DMA layer's, whose blocks are retired by
+    /// exchange, often from another CPU than the map's).
+    pub(crate) fn cpu_cache_unbiased(self: &Arc<Self>) -> IovaCpuCache {
+        let shared = self.register_cache();
+        IovaCpuCache::new(self.clone(), shared, false)
     }
 }
 
 impl IovaCpuCache {
-    pub(super) fn new(domain: Arc<IovaDomain>, shared: Arc<CacheShared>) -> Self {
+    pub(super) fn new(domain: Arc<IovaDomain>, shared: Arc<CacheShared>, biased: bool) -> Self {
         let p = domain.params();
         let classes = (0..=p.max_cached_order)
             .map(|order| {
@@ -118,6 +141,10 @@ impl IovaCpuCache {
         let epoch = domain.flush_epoch.load(Relaxed);
         let (start_pfn, end_pfn) = (domain.start_pfn(), domain.end_pfn());
         let max_order = (end_pfn - start_pfn + 1).ilog2();
+        let (owner_slot, owner) = match biased.then(|| domain.owners.take()).flatten() {
+            Some((s, r)) => (s, r),
+            None => (0, OwnerRef::NONE),
+        };
         Self {
             domain,
             classes,
@@ -129,6 +156,19 @@ impl IovaCpuCache {
             shared,
             recycle_any: !p.linear_tree,
             live_cur: Cursor::default(),
+            owner,
+            owner_bits: owner_slot << OWNER_SHIFT,
+            owner_slot,
+        }
+    }
+
+    /// Marks the cached block of `order` at `pfn` live, untagged, with
+    /// this cache's owner bits (a plain store: the block is this cache's).
+    #[inline(always)]
+    fn set_live(&mut self, pfn: u64, order: u32) {
+        let w = u64::from(state(LIVE, order)) | self.owner_bits;
+        if let Some(c) = self.live_cell(pfn) {
+            c.put(w);
         }
     }
 
@@ -152,8 +192,11 @@ impl IovaCpuCache {
     /// `LiveMap::compare_exchange`).
     #[inline(always)]
     fn move_state(&mut self, pfn: u64, from: u16, to: u16) -> Result<(), u16> {
-        match self.live_cell(pfn) {
-            Some(c) => move_state(c, from, to),
+        // SAFETY: as in `live_cell` (the fields borrowed apart).
+        match unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
+            // Only live words carry an owner: a move from another state
+            // (retired) is made with none.
+            Some(c) => move_state(c, from, to, &self.domain.owners, 0),
             None => Err(0),
         }
     }
@@ -178,12 +221,16 @@ impl IovaCpuCache {
         let order = super::order_of(pages).map_err(RetireRefused::Block)?;
         if order < 64 {
             let live = state(LIVE | kind.bits(), order);
-            if let Some(c) = self.live_cell(pfn) {
+            let me = self.owner_bits;
+            // SAFETY: as in `live_cell` (the fields borrowed apart, so that
+            // the owner slots can be reached with the word in hand).
+            if let Some(c) = unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
                 let w = c.get();
                 if state_of(w) == live {
                     if tag_of(w) & mask != want {
                         return Err(RetireRefused::Tag(tag_of(w)));
                     }
+                    self.domain.owners.before_claim(w, me);
                     if c.claim(w, state(RETIRED, order).into()).is_ok() {
                         return Ok(tag_of(w));
                     }
@@ -210,13 +257,36 @@ impl IovaCpuCache {
             tagged(state(LIVE, order), tag),
             u64::from(state(RETIRED, order)),
         );
-        match self.live_cell(pfn) {
+        // SAFETY: as in `live_cell` (the fields borrowed apart).
+        match unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
+            // The first try expects no owner (the DMA layer's blocks, whose
+            // caches hold no slot); a block with one is tried again.
             Some(c) if order < 64 => match c.claim(from, to) {
                 Ok(()) => Ok(()),
-                Err(seen) => Err(self.retire_refused(pfn, order, seen)),
+                Err(seen) => self.retire_seen(c, (pfn, order), (from, to), seen),
             },
             _ => Err(self.retire_refused(pfn, order, 0)),
         }
+    }
+
+    /// [`retire_tagged`](Self::retire_tagged) of a word `seen` that was not
+    /// `from`: tried again if only its owner bits differ (another slot
+    /// revoked first), else refused.
+    #[cold]
+    #[inline(never)]
+    fn retire_seen(
+        &self,
+        c: &AtomicU64,
+        (pfn, order): (u64, u32),
+        (from, to): (u64, u64),
+        seen: u64,
+    ) -> Result<(), RetireRefused> {
+        if seen & !OWNER_MASK != from {
+            return Err(self.retire_refused(pfn, order, seen));
+        }
+        self.domain.owners.before_claim(seen, self.owner_bits);
+        c.claim(seen, to)
+            .map_err(|seen| self.retire_refused(pfn, order, seen))
     }
 
     /// Why [`retire_tagged`](Self::retire_tagged) was refused, the word at
@@ -266,13 +336,17 @@ impl IovaCpuCache {
         tag: u32,
     ) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;
+        // This cache's block: from a magazine (its owner bits) or from the
+        // tree (none). The mark clears them (a marked block is freed by
+        // exchange).
+        let me = self.owner_bits;
         let marked = order < 64
             && self.live_cell(pfn).is_some_and(|c| {
-                c.claim(
-                    state(LIVE, order).into(),
-                    tagged(state(LIVE | kind.bits(), order), tag),
-                )
-                .is_ok()
+                let w = c.get();
+                let live = u64::from(state(LIVE, order));
+                (w == live || w == live | me)
+                    && c.claim(w, tagged(state(LIVE | kind.bits(), order), tag))
+                        .is_ok()
             });
         if marked {
             Ok(())
@@ -373,7 +447,7 @@ impl IovaCpuCache {
     pub fn alloc_low_first(&mut self, pages: u64, low: u64, limit: u64) -> Result<u64, IovaError> {
         let limit = limit.min(self.end_pfn);
         let low = if low < self.start_pfn { limit } else { low };
-        self.alloc_within(pages, low.min(limit), limit)
+        self.alloc_within_as::<true>(pages, low.min(limit), limit)
     }
 
     /// [`alloc_low_first`](Self::alloc_low_first) for limits already
@@ -391,6 +465,20 @@ impl IovaCpuCache {
         low: u64,
         limit: u64,
     ) -> Result<u64, IovaError> {
+        // The DMA layer's caches hold no owner slot: its blocks are
+        // stored without owner bits, two instructions a map fewer.
+        self.alloc_within_as::<false>(pages, low, limit)
+    }
+
+    /// [`alloc_within`](Self::alloc_within); a block from a magazine names
+    /// this cache as its owner if `OWNED` (see `owner.rs`).
+    #[inline(always)]
+    fn alloc_within_as<const OWNED: bool>(
+        &mut self,
+        pages: u64,
+        low: u64,
+        limit: u64,
+    ) -> Result<u64, IovaError> {
         let order = super::order_of(pages)?;
         if order > self.max_order || low < self.start_pfn {
             self.domain.check_request(pages, low)?;
@@ -403,7 +491,11 @@ impl IovaCpuCache {
             }
             if let Some(pfn) = got {
                 publish(&self.shared, order, class);
-                self.set_state(pfn, state(LIVE, order));
+                if OWNED {
+                    self.set_live(pfn, order);
+                } else {
+                    self.set_state(pfn, state(LIVE, order));
+                }
                 return Ok(pfn);
             }
         }
@@ -461,7 +553,7 @@ impl IovaCpuCache {
                 // the miss path checks it.)
                 if let Some(pfn) = class.pop_top_within(limit_pfn) {
                     publish(&self.shared, order, class);
-                    self.set_state(pfn, state(LIVE, order));
+                    self.set_live(pfn, order);
                     return Ok(pfn);
                 }
             }
@@ -523,7 +615,7 @@ impl IovaCpuCache {
         match pfn {
             Some(pfn) => {
                 self.publish(order);
-                self.set_state(pfn, state(LIVE, order));
+                self.set_live(pfn, order);
                 Ok(pfn)
             }
             None => {
@@ -568,7 +660,7 @@ impl IovaCpuCache {
         }
         self.publish(order);
         let top = start + ((n - 1) << order);
-        self.set_state(top, state(LIVE, order));
+        self.set_live(top, order);
         Some(top)
     }
 
@@ -591,10 +683,14 @@ impl IovaCpuCache {
     ///
     /// The common case inline: a live block of a cached order into a
     /// loaded magazine with room, its state word found once and claimed
-    /// (live to cached) with one compare-exchange, so that of two threads
-    /// freeing the same block at once exactly one frees it and the other
-    /// gets [`IovaError::NotAllocated`], as a double free one after the
-    /// other does; everything else out of line.
+    /// (live to cached): by a load and a store if this cache handed the
+    /// block out and still holds its owner slot, else by one
+    /// compare-exchange. Of two threads freeing the same block at once
+    /// exactly one frees it and the other gets
+    /// [`IovaError::NotAllocated`], as a double free one after the other
+    /// does (the first exchange that meets an owner's block revokes the
+    /// owner's slot: about 12 µs once, with other threads running; see
+    /// the module `owner`). Everything else out of line.
     #[inline(always)]
     pub fn free(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;
@@ -611,7 +707,9 @@ impl IovaCpuCache {
                 if let Some(c) = unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
                     // Room first, then the claim: a claimed block always
                     // finds its place, and a refused one changed nothing.
-                    if !class.loaded.is_full() && claim_for_free(c, order).is_ok() {
+                    if !class.loaded.is_full()
+                        && claim_own(self.owner, self.owner_bits, &self.domain.owners, c, order)
+                    {
                         class.loaded.push(pfn);
                         publish(&self.shared, order, class);
                         return Ok(());
@@ -628,10 +726,18 @@ impl IovaCpuCache {
     /// magazine, an uncached order or an unclaimed chunk.
     #[inline(never)]
     fn free_other(&mut self, pfn: u64, order: u32) -> Result<(), IovaError> {
+        if self.owner.is_revoked() {
+            // Another thread changed one of this cache's blocks: its frees
+            // take the exchange from now on (its blocks still carrying its
+            // number are claimed by the exchange's second try).
+            self.owner = OwnerRef::NONE;
+            self.owner_bits = 0;
+        }
+        let (owner, me) = (self.owner, self.owner_bits);
+        // SAFETY: as in `live_cell` (the fields borrowed apart).
         let claimed = order < 64
-            && self
-                .live_cell(pfn)
-                .is_some_and(|c| claim_for_free(c, order).is_ok());
+            && unsafe { self.live_cur.cell(&self.domain.live, pfn) }
+                .is_some_and(|c| claim_own(owner, me, &self.domain.owners, c, order));
         if !claimed {
             return Err(self.domain.free_error(pfn, order));
         }
@@ -690,7 +796,10 @@ impl IovaCpuCache {
         };
         // SAFETY: as in `free`.
         match unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
-            Some(c) if !class.loaded.is_full() && claim_for_free(c, order).is_ok() => {
+            Some(c)
+                if !class.loaded.is_full()
+                    && claim_own(self.owner, self.owner_bits, &self.domain.owners, c, order) =>
+            {
                 class.loaded.push(pfn);
                 true
             }
@@ -749,7 +858,7 @@ impl IovaCpuCache {
             .classes
             .get_mut(order as usize)?
             .pop_top_within(limit)?;
-        self.set_state(pfn, state(LIVE, order));
+        self.set_live(pfn, order);
         Some(pfn)
     }
 
@@ -961,6 +1070,23 @@ impl IovaCpuCache {
     }
 }
 
+/// A free's claim on the live block of `order` whose state word is `c`:
+/// the owner's plain free if the word carries `me` (the cache's owner bits,
+/// `owner` its slot), else the compare-exchange (`claim_for_free`). True:
+/// the block is the caller's, cached; false: nothing changed.
+#[inline(always)]
+pub(super) fn claim_own(
+    owner: OwnerRef,
+    me: u64,
+    owners: &Owners,
+    c: &impl ClaimWord,
+    order: u32,
+) -> bool {
+    let (live, cached) = (state(LIVE, order), state(CACHED, order));
+    owner.free(c, u64::from(live) | me, cached.into())
+        || claim_for_free(c, order, owners, me).is_ok()
+}
+
 /// The bit of a cached class in a batch's mask of classes to publish: a
 /// cached order is below `COUNT_SLOTS` (32), so the mask keeps it whole.
 #[inline(always)]
@@ -980,6 +1106,9 @@ fn last_start(limit: u64, order: u32) -> u64 {
 impl Drop for IovaCpuCache {
     fn drop(&mut self) {
         self.flush();
+        if self.owner_slot != 0 {
+            self.domain.owners.release(self.owner_slot);
+        }
         self.domain.cache_dropped();
     }
 }

@@ -14,6 +14,7 @@ use super::live_map::{
     free_error_seen, state, state_of, tag_of, tagged, LiveMap, CACHED, KIND_SHIFT, LIVE, RETIRED,
 };
 use super::magazine::Magazine;
+use super::owner::Owners;
 use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull, MAX_CACHED_ORDER};
 use super::{order_of, IovaError};
 
@@ -214,6 +215,9 @@ pub struct IovaStats {
     pub cache_flushes: u64,
     /// Per-CPU caches alive.
     pub cpu_caches: u64,
+    /// Caches whose owner slot was revoked (another thread changed one of
+    /// their live blocks), after which they free by compare-exchange.
+    pub owner_revocations: u64,
 }
 
 /// What a cache publishes for [`IovaDomain::stats`]: written only by its
@@ -268,6 +272,8 @@ pub struct IovaDomain {
     params: CacheParams,
     /// Each frame's state and tag ([`set_tag`](Self::set_tag)).
     pub(super) live: LiveMap,
+    /// The caches' owner slots (see `owner.rs`).
+    pub(super) owners: Owners,
     caches: Mutex<Vec<Weak<CacheShared>>>,
     pub(super) flush_epoch: CachePadded<AtomicU64>,
     tree: CachePadded<Mutex<TreeState>>,
@@ -385,6 +391,7 @@ impl IovaDomain {
             policy,
             params,
             live: LiveMap::new(end_pfn)?,
+            owners: Owners::new(),
             caches: Mutex::new(Vec::new()),
             tree: CachePadded::new(Mutex::new(TreeState {
                 tree,
@@ -578,7 +585,7 @@ impl IovaDomain {
         if order >= 64
             || self
                 .live
-                .compare_exchange(pfn, state(LIVE, order), state(CACHED, order))
+                .compare_exchange(pfn, state(LIVE, order), state(CACHED, order), &self.owners)
                 .is_err()
         {
             return Err(self.free_error(pfn, order));
@@ -655,7 +662,7 @@ impl IovaDomain {
             return Err(self.free_error(pfn, order));
         }
         self.live
-            .compare_exchange(pfn, state(from, order), state(to, order))
+            .compare_exchange(pfn, state(from, order), state(to, order), &self.owners)
             .map_err(|_| self.free_error(pfn, order))
     }
 
@@ -976,6 +983,7 @@ impl IovaDomain {
             scan_steps,
             magazines_freed: self.counters.magazines_freed.load(Relaxed),
             cache_flushes: self.counters.cache_flushes.load(Relaxed),
+            owner_revocations: self.owners.revocations(),
             cpu_caches: self.counters.cpu_caches.load(Relaxed) as u64,
         }
     }

@@ -951,3 +951,206 @@ fn a_batch_alloc_is_all_or_nothing_and_a_batch_publishes_exactly() {
         );
     }
 }
+
+/// The owner slot a block's word names (0: none).
+fn owner_of(d: &IovaDomain, pfn: u64) -> u64 {
+    (d.live.get(pfn) & owner::OWNER_MASK) >> owner::OWNER_SHIFT
+}
+
+/// Whether this process hands out owner slots (it has `membarrier`).
+fn biasing() -> bool {
+    crate::sync::barrier::Barrier::default_for_process()
+        == crate::sync::barrier::Barrier::Membarrier
+}
+
+#[test]
+fn a_cache_names_itself_in_its_blocks_and_frees_them_without_revoking() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut c = d.cpu_cache();
+    let blocks: Vec<u64> = (0..64).map(|_| c.alloc(2, END).unwrap()).collect();
+    let slot = owner_of(&d, blocks[1]);
+    assert_eq!(slot != 0, biasing(), "a magazine's block names its cache");
+    // A tagged block of its own is freed plainly too, and every free
+    // leaves the block cached with no owner and no tag.
+    c.set_tag(blocks[2], 0x8000_0042).unwrap();
+    for &b in &blocks {
+        c.free(b, 2).unwrap();
+        assert_eq!(
+            d.live.get(b),
+            u64::from(live_map::state(live_map::CACHED, 1))
+        );
+    }
+    // A double free by the owner, and a wrong size, are refused exactly.
+    assert_eq!(
+        c.free(blocks[0], 2),
+        Err(IovaError::NotAllocated { pfn: blocks[0] })
+    );
+    let a = c.alloc(4, END).unwrap();
+    assert_eq!(
+        c.free(a, 2),
+        Err(IovaError::WrongSize {
+            pfn: a,
+            pages: 2,
+            allocated_pages: 4
+        })
+    );
+    c.free(a, 4).unwrap();
+    assert_eq!(d.stats().owner_revocations, 0);
+}
+
+#[test]
+fn another_threads_free_or_retire_revokes_the_owner_once_and_both_stay_exact() {
+    if !biasing() {
+        return;
+    }
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut owner = d.cpu_cache();
+    let mut other = d.cpu_cache();
+    let blocks: Vec<u64> = (0..16).map(|_| owner.alloc(1, END).unwrap()).collect();
+    assert!(blocks.iter().all(|&b| owner_of(&d, b) != 0));
+    // Another cache frees one: the owner's slot is revoked, once.
+    other.free(blocks[0], 1).unwrap();
+    assert_eq!(d.stats().owner_revocations, 1);
+    assert_eq!(
+        owner.free(blocks[0], 1),
+        Err(IovaError::NotAllocated { pfn: blocks[0] })
+    );
+    // The domain's own calls (a retire, a free) on the owner's blocks.
+    d.retire_block(blocks[1], 1).unwrap();
+    other.free_retired(blocks[1], 1).unwrap();
+    d.free(blocks[2], 1).unwrap();
+    assert_eq!(
+        owner.free(blocks[2], 1),
+        Err(IovaError::NotAllocated { pfn: blocks[2] })
+    );
+    // The owner, revoked, still frees the rest, by exchange.
+    for &b in &blocks[3..] {
+        owner.free(b, 1).unwrap();
+        assert_eq!(other.free(b, 1), Err(IovaError::NotAllocated { pfn: b }));
+    }
+    assert_eq!(d.stats().owner_revocations, 1, "one revocation per slot");
+}
+
+/// A block and the two frees' results.
+type BothFrees = (u64, Result<(), IovaError>, Result<(), IovaError>);
+
+/// `owner` and `other` free every block of `blocks` (of `pages`) at the
+/// same time, `other` in the order `order` gives; returns each block's two
+/// results.
+fn free_together(
+    owner: &mut IovaCpuCache,
+    other: &mut IovaCpuCache,
+    blocks: &[u64],
+    pages: u64,
+    order: fn(&[u64]) -> Vec<u64>,
+) -> Vec<BothFrees> {
+    let go = std::sync::Barrier::new(2);
+    let (mine, theirs) = std::thread::scope(|s| {
+        let go = &go;
+        let theirs_order = order(blocks);
+        let h = s.spawn(move || {
+            go.wait();
+            theirs_order
+                .iter()
+                .map(|&b| (b, other.free(b, pages)))
+                .collect::<std::collections::HashMap<_, _>>()
+        });
+        go.wait();
+        let mine: Vec<_> = blocks.iter().map(|&b| owner.free(b, pages)).collect();
+        (mine, h.join().unwrap())
+    });
+    blocks
+        .iter()
+        .zip(mine)
+        .map(|(&b, x)| (b, x, theirs[&b].clone()))
+        .collect()
+}
+
+#[test]
+fn an_owner_and_another_thread_freeing_the_same_blocks_free_each_exactly_once() {
+    // The owner frees its own blocks (plainly, until the other thread's
+    // first free of one revokes its slot) while another cache frees the
+    // same blocks from the other end, so that they meet; then, revoked,
+    // another set in the same order, in step. Each block is freed by
+    // exactly one, the other refused as a double free, and no block is
+    // later handed out twice. A fresh domain each round, so that every
+    // round starts with the owner biased.
+    const BLOCKS: usize = 2048;
+    for round in 0..12 {
+        let pages = [1u64, 2, 8][round % 3];
+        let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+        let mut owner = d.cpu_cache();
+        let mut other = d.cpu_cache();
+        let mut results = Vec::new();
+        for order in [
+            (|b: &[u64]| b.iter().rev().copied().collect()) as fn(&[u64]) -> Vec<u64>,
+            |b: &[u64]| b.to_vec(),
+        ] {
+            let blocks: Vec<u64> = (0..BLOCKS)
+                .map(|_| owner.alloc(pages, END).unwrap())
+                .collect();
+            results.extend(free_together(&mut owner, &mut other, &blocks, pages, order));
+        }
+        for (b, x, y) in &results {
+            let refused = Err(IovaError::NotAllocated { pfn: *b });
+            assert!(
+                (x.is_ok() && *y == refused) || (y.is_ok() && *x == refused),
+                "round {round}: block {b:#x} freed as {x:?} and {y:?}"
+            );
+        }
+        assert!(d.stats().owner_revocations <= 1);
+        let mut seen = std::collections::HashSet::new();
+        for c in [&mut owner, &mut other] {
+            for _ in 0..2 * BLOCKS {
+                let b = c.alloc(pages, END).unwrap();
+                assert!(seen.insert(b), "round {round}: {b:#x} handed out twice");
+            }
+        }
+    }
+}
+
+#[test]
+fn owner_slots_are_bounded_given_back_and_never_reused_once_revoked() {
+    if !biasing() {
+        return;
+    }
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut caches: Vec<IovaCpuCache> = (0..owner::SLOTS).map(|_| d.cpu_cache()).collect();
+    let slot_of = |c: &mut IovaCpuCache| {
+        let b = c.alloc(1, END).unwrap();
+        let s = owner_of(&d, b);
+        c.free(b, 1).unwrap();
+        s
+    };
+    let slots: Vec<u64> = caches.iter_mut().map(slot_of).collect();
+    // Slots 1..SLOTS, each once; the cache past them holds none, and
+    // works by exchange.
+    let mut named: Vec<u64> = slots[..owner::SLOTS - 1].to_vec();
+    named.sort_unstable();
+    assert_eq!(named, (1..owner::SLOTS as u64).collect::<Vec<_>>());
+    assert_eq!(slots[owner::SLOTS - 1], 0);
+    // A dropped cache's slot goes to the next cache.
+    let gone = slots[5];
+    caches.remove(5);
+    let mut next = d.cpu_cache();
+    assert_eq!(slot_of(&mut next), gone);
+    // A revoked slot is spent: its cache dropped, no new cache takes it.
+    let b = next.alloc(1, END).unwrap();
+    caches[0].free(b, 1).unwrap();
+    drop(next);
+    let mut last = d.cpu_cache();
+    assert_eq!(slot_of(&mut last), 0);
+}
+
+#[test]
+fn the_dma_layers_caches_name_no_owner_and_revoke_nothing() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut c = d.cpu_cache_unbiased();
+    let mut other = d.cpu_cache();
+    let blocks: Vec<u64> = (0..8).map(|_| c.alloc(1, END).unwrap()).collect();
+    assert!(blocks.iter().all(|&b| owner_of(&d, b) == 0));
+    for &b in &blocks {
+        other.free(b, 1).unwrap();
+    }
+    assert_eq!(d.stats().owner_revocations, 0);
+}

@@ -2,7 +2,10 @@
 //! frame's state: which block starts there, of what order, whether it is
 //! held by a user or by a cache, and for a held block, what kind of mapping
 //! holds it (a streaming mapping, a scatter list, a coherent buffer), so
-//! that an unmap of one kind cannot retire a block of another. Its high 32
+//! that an unmap of one kind cannot retire a block of another. Bits 16..31
+//! of a live block name the cache that handed it out, if that cache holds
+//! an owner slot (`owner.rs`: it frees its own blocks without a
+//! read-modify-write); every other word has them 0. Its high 32
 //! bits are the block holder's tag (the DMA layer's record of the exact
 //! bytes a mapping covers, its device and direction): in the same word, so
 //! that one compare-exchange checks an unmap's block, size, kind and tag
@@ -54,6 +57,7 @@ use std::sync::atomic::{
 };
 use std::sync::Mutex;
 
+use super::owner::Owners;
 use crate::mem::{MemError, Reservation};
 
 /// The block starting here is held by a user (bits 0..6 = order).
@@ -392,13 +396,20 @@ impl LiveMap {
     }
 
     /// Moves the block at `pfn` from state `from` to `to`, atomically,
-    /// whatever tag it carries (cleared): of two threads racing to change
-    /// one block, exactly one wins.
+    /// whatever tag and owner it carries (cleared; another cache's slot
+    /// revoked first, see `owner.rs`): of two threads racing to change one
+    /// block, exactly one wins.
     /// Returns the state seen when it was not `from`.
     #[inline]
-    pub(crate) fn compare_exchange(&self, pfn: u64, from: u16, to: u16) -> Result<(), u16> {
+    pub(crate) fn compare_exchange(
+        &self,
+        pfn: u64,
+        from: u16,
+        to: u16,
+        owners: &Owners,
+    ) -> Result<(), u16> {
         match self.cell(pfn) {
-            Some(c) => move_state(c, from, to),
+            Some(c) => move_state(c, from, to, owners, 0),
             None => Err(0),
         }
     }
@@ -463,12 +474,24 @@ pub(crate) trait ClaimWord {
     /// everything the block's last owner did before its own change);
     /// `Err` holds the word seen.
     fn claim(&self, from: u64, to: u64) -> Result<(), u64>;
+    /// A relaxed load (an owner's free, `owner::OwnerRef::free`).
+    fn load_word(&self) -> u64;
+    /// A relaxed store (an owner's free).
+    fn store_word(&self, v: u64);
 }
 
 impl ClaimWord for AtomicU64 {
     #[inline(always)]
     fn claim(&self, from: u64, to: u64) -> Result<(), u64> {
         self.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ())
+    }
+    #[inline(always)]
+    fn load_word(&self) -> u64 {
+        self.load(Relaxed)
+    }
+    #[inline(always)]
+    fn store_word(&self, v: u64) {
+        self.store(v, Relaxed)
     }
 }
 
@@ -477,48 +500,89 @@ impl ClaimWord for loom::sync::atomic::AtomicU64 {
     fn claim(&self, from: u64, to: u64) -> Result<(), u64> {
         self.compare_exchange(from, to, AcqRel, Relaxed).map(|_| ())
     }
+    fn load_word(&self) -> u64 {
+        self.load(Relaxed)
+    }
+    fn store_word(&self, v: u64) {
+        self.store(v, Relaxed)
+    }
 }
 
 /// Moves `word` from state `from` to `to` with one successful
-/// compare-exchange, whatever tag it carries; the tag is cleared (a
-/// block changing state is no longer its mapping's). The first try
-/// expects no tag (every block but a tagged live one), in line; a word
-/// whose state matched but whose tag did not is tried once more with the
-/// tag seen, out of line. `Err` holds the state seen (a tag that changed
-/// again meanwhile, which only the block's holder does before it hands
-/// the block out, reads as the state `from` refused).
+/// compare-exchange, whatever tag and owner it carries; both are cleared
+/// (a block changing state is no longer its mapping's, nor its cache's).
+/// `me` is the caller's own owner bits (0 for none, and for a word that
+/// is not live: only live words carry an owner). The first try expects
+/// no tag and `me`'s owner (every block but a tagged or another cache's
+/// live one), in line; a word whose state matched but whose tag or owner
+/// did not is tried once more with the word seen, out of line, after
+/// another owner's slot is revoked ([`Owners::before_claim`]). `Err`
+/// holds the state seen (a tag that changed again meanwhile, which only
+/// the block's holder does before it hands the block out, reads as the
+/// state `from` refused).
 #[inline(always)]
-pub(crate) fn move_state(word: &impl ClaimWord, from: u16, to: u16) -> Result<(), u16> {
-    match word.claim(u64::from(from), u64::from(to)) {
+pub(crate) fn move_state(
+    word: &impl ClaimWord,
+    from: u16,
+    to: u16,
+    owners: &Owners,
+    me: u64,
+) -> Result<(), u16> {
+    let first = u64::from(from) | me;
+    match word.claim(first, u64::from(to)) {
         Ok(()) => Ok(()),
-        Err(seen) => move_tagged_state(word, from, to, seen),
+        Err(seen) => move_seen_state(word, (from, first), to, seen, owners, me),
     }
 }
 
-/// [`move_state`] of a word `seen` with a tag (or in another state).
+/// [`move_state`] of a word `seen` that was not `first` (the first try's
+/// word for state `from`): tagged, another cache's, or in another state.
 #[cold]
 #[inline(never)]
-fn move_tagged_state(word: &impl ClaimWord, from: u16, to: u16, seen: u64) -> Result<(), u16> {
-    if state_of(seen) != from || seen == u64::from(from) {
+fn move_seen_state(
+    word: &impl ClaimWord,
+    (from, first): (u16, u64),
+    to: u16,
+    seen: u64,
+    owners: &Owners,
+    me: u64,
+) -> Result<(), u16> {
+    if state_of(seen) != from || seen == first {
         return Err(state_of(seen));
     }
+    owners.before_claim(seen, me);
     word.claim(seen, u64::from(to)).map_err(state_of)
 }
 
 /// A free's claim on the block of `order` whose state word is `word`: live
 /// (plain kind) to cached, so that of two threads freeing one block at the
 /// same instant exactly one gets it (a load and a store would let both pass
-/// their check, and the block would sit in two caches). One
-/// compare-exchange for an untagged block. `Err` holds the state seen
-/// instead, from which [`free_error_seen`] names the refusal.
+/// their check, and the block would sit in two caches; an owner's plain
+/// free is the exception `owner.rs` makes safe). One compare-exchange for
+/// an untagged block of `me`'s (the caller's owner bits, 0 for none).
+/// `Err` holds the state seen instead, from which [`free_error_seen`]
+/// names the refusal.
 #[inline(always)]
-pub(crate) fn claim_for_free(word: &impl ClaimWord, order: u32) -> Result<(), u16> {
+pub(crate) fn claim_for_free(
+    word: &impl ClaimWord,
+    order: u32,
+    owners: &Owners,
+    me: u64,
+) -> Result<(), u16> {
     // The untagged words built in 64 bits (no widening of a 16-bit state
     // on the allocator's hot path).
     let o = u64::from(order) & u64::from(ORDER_MASK);
-    match word.claim(u64::from(LIVE) | o, u64::from(CACHED) | o) {
+    let first = u64::from(LIVE) | o | me;
+    match word.claim(first, u64::from(CACHED) | o) {
         Ok(()) => Ok(()),
-        Err(seen) => move_tagged_state(word, state(LIVE, order), state(CACHED, order), seen),
+        Err(seen) => move_seen_state(
+            word,
+            (state(LIVE, order), first),
+            state(CACHED, order),
+            seen,
+            owners,
+            me,
+        ),
     }
 }
 
@@ -605,6 +669,7 @@ mod tests {
 
     #[test]
     fn a_word_keeps_its_tag_only_while_its_block_is_live() {
+        let owners = Owners::with(false);
         for m in [
             &LiveMap::new((1 << 23) - 1).unwrap(),
             &LiveMap::chunked((1 << 23) - 1).unwrap(),
@@ -617,16 +682,16 @@ mod tests {
                 (state(LIVE, 3), 0x8000_0042)
             );
             // Any change of state clears the tag (a kind taken off too).
-            m.compare_exchange(far, state(LIVE, 3), state(LIVE | 0x100, 3))
+            m.compare_exchange(far, state(LIVE, 3), state(LIVE | 0x100, 3), &owners)
                 .unwrap();
             assert_eq!(m.tag_at(far), 0);
             m.set_tag(far, 0x8000_0043).unwrap();
             assert_eq!(
-                m.compare_exchange(far, state(LIVE, 3), state(RETIRED, 3)),
+                m.compare_exchange(far, state(LIVE, 3), state(RETIRED, 3), &owners),
                 Err(state(LIVE | 0x100, 3)),
                 "another state is refused, whatever the tag"
             );
-            m.compare_exchange(far, state(LIVE | 0x100, 3), state(RETIRED, 3))
+            m.compare_exchange(far, state(LIVE | 0x100, 3), state(RETIRED, 3), &owners)
                 .unwrap();
             assert_eq!(m.get(far), u64::from(state(RETIRED, 3)));
             // A frame inside a block (no state of its own) keeps its zero

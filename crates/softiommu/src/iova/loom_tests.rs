@@ -11,6 +11,12 @@
 //! `free_error_seen`). A check-then-store protocol (a load, then a store)
 //! is modelled beside it and must be *seen* to let both threads pass, so
 //! the model is known to explore the interleaving the claim exists for.
+//!
+//! The owner's plain free (`owner.rs`) is modelled the same way: the
+//! block's cache frees it with `claim_own` (its slot's flag, a load and a
+//! store) while another thread frees or retires it by exchange, revoking
+//! the slot (under loom, both halves of the fence pair are `SeqCst`
+//! fences). Exactly one may win, whichever path each takes.
 
 use std::sync::atomic::AtomicBool as StdBool;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
@@ -19,7 +25,11 @@ use loom::sync::atomic::AtomicU64;
 use loom::sync::Arc;
 use loom::thread;
 
-use super::live_map::{claim_for_free, free_error_seen, state, state_of, tagged, CACHED, LIVE};
+use super::cpu_cache::claim_own;
+use super::live_map::{
+    claim_for_free, free_error_seen, move_state, state, state_of, tagged, CACHED, LIVE, RETIRED,
+};
+use super::owner::{OwnerRef, Owners, OWNER_SHIFT};
 use super::IovaError;
 
 const PFN: u64 = 0x1234;
@@ -39,7 +49,8 @@ fn explore(body: impl Fn() -> bool + Sync + Send + 'static) -> bool {
 /// The free the caches run: the claim, or the refusal named from the state
 /// seen.
 fn free_claiming(word: &AtomicU64, order: u32) -> Result<(), IovaError> {
-    claim_for_free(word, order).map_err(|seen| free_error_seen(PFN, order, seen))
+    let owners = Owners::with(false);
+    claim_for_free(word, order, &owners, 0).map_err(|seen| free_error_seen(PFN, order, seen))
 }
 
 /// The check-then-store free (a load, a compare, a store).
@@ -115,6 +126,81 @@ fn a_free_racing_one_of_another_size_is_refused_exactly() {
         };
         mine.is_err()
             || !(theirs == Err(wrong) || theirs == Err(IovaError::NotAllocated { pfn: PFN }))
+    });
+    assert!(!bad);
+}
+
+/// A domain's slots with one taken: the slots, the holder's handle and its
+/// owner bits.
+fn one_owner() -> (Arc<Owners>, OwnerRef, u64) {
+    let owners = Arc::new(Owners::with(true));
+    let (s, owner) = owners.take().expect("a free slot");
+    (owners, owner, s << OWNER_SHIFT)
+}
+
+/// The holder of a block's slot frees it (`claim_own`: the plain free, or
+/// the exchange once the slot is revoked) while another thread changes the
+/// same live block by exchange with `other` (a free, or a retire), having
+/// no slot: exactly one of the two may win, and the word ends as the
+/// winner left it.
+fn owner_races(other: fn(&Owners, &AtomicU64) -> bool, other_end: u16) {
+    let bad = explore(move || {
+        let (owners, owner, me) = one_owner();
+        let word = Arc::new(AtomicU64::new(u64::from(state(LIVE, 0)) | me));
+        let (o, w) = (owners.clone(), word.clone());
+        let theirs = thread::spawn(move || other(&o, &w));
+        let mine = claim_own(owner, me, &owners, &*word, 0);
+        let theirs = theirs.join().unwrap();
+        let end = word.load(Relaxed);
+        let want = if mine {
+            u64::from(state(CACHED, 0))
+        } else {
+            u64::from(other_end)
+        };
+        mine == theirs || end != want
+    });
+    assert!(
+        !bad,
+        "both won, or neither, or the word is not the winner's"
+    );
+}
+
+#[test]
+fn loom_an_owners_plain_free_and_another_threads_free_never_both_win() {
+    owner_races(
+        |owners, w| claim_for_free(w, 0, owners, 0).is_ok(),
+        state(CACHED, 0),
+    );
+}
+
+#[test]
+fn loom_an_owners_plain_free_and_another_threads_retire_never_both_win() {
+    owner_races(
+        |owners, w| move_state(w, state(LIVE, 0), state(RETIRED, 0), owners, 0).is_ok(),
+        state(RETIRED, 0),
+    );
+}
+
+#[test]
+fn loom_after_a_revocation_the_owner_frees_by_exchange() {
+    // The other thread revokes the slot through a block of its own (one
+    // the holder handed it), then the holder frees its second block while
+    // the other thread frees that one too: still exactly one wins, and the
+    // holder, revoked, takes the exchange.
+    let bad = explore(|| {
+        let (owners, owner, me) = one_owner();
+        let live = u64::from(state(LIVE, 0)) | me;
+        let first = Arc::new(AtomicU64::new(live));
+        let second = Arc::new(AtomicU64::new(live));
+        let (o, f, s) = (owners.clone(), first.clone(), second.clone());
+        let theirs = thread::spawn(move || {
+            let a = claim_for_free(&*f, 0, &o, 0).is_ok();
+            let b = claim_for_free(&*s, 0, &o, 0).is_ok();
+            (a, b)
+        });
+        let mine = claim_own(owner, me, &owners, &*second, 0);
+        let (a, b) = theirs.join().unwrap();
+        !a || mine == b || second.load(Relaxed) != u64::from(state(CACHED, 0))
     });
     assert!(!bad);
 }

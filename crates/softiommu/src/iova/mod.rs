@@ -14,9 +14,11 @@
 //!   whatever the holes, and frees coalesce neighbours. Linux's holds
 //!   *allocated* ranges and is walked linearly from a cached node.
 //! - **The caches.** Each thread that allocates owns an [`IovaCpuCache`]: two
-//!   magazines per size class, touched with no lock; a free claims its
-//!   block's state word with one compare-exchange, the only atomic
-//!   read-modify-write of the fast path. "Per CPU" in user space is per thread: a thread is
+//!   magazines per size class, touched with no lock. A free of a block
+//!   the same cache handed out is a load and a store inside an asymmetric
+//!   fence pair (the cache's owner slot, `owner.rs`); any other free
+//!   claims the block's state word with one compare-exchange, so that of
+//!   two threads freeing one block exactly one may. "Per CPU" in user space is per thread: a thread is
 //!   the unit that runs without preemption by its peers on the cache's data,
 //!   so a thread-owned cache needs no lock, where a cache per core would need
 //!   one (threads migrate). Full magazines go to a per-class depot behind a
@@ -39,6 +41,7 @@ mod gap_tree;
 mod linear_tree;
 mod live_map;
 mod magazine;
+mod owner;
 mod policy;
 
 pub use cpu_cache::IovaCpuCache;

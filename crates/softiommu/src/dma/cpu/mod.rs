@@ -82,7 +82,7 @@ impl DmaDomain {
     pub fn cpu(self: &Arc<Self>) -> DmaCpu {
         let slot = Arc::new(CpuSlot::new(self.tunables.fq_size()));
         lock(&self.cpus).push(slot.clone());
-        DmaCpu::new(self.clone(), self.iova.cpu_cache(), slot)
+        DmaCpu::new(self.clone(), self.iova.cpu_cache_unbiased(), slot)
     }
 }
 

@@ -1,0 +1,243 @@
+//! Biased ownership of blocks: a cache frees the blocks it handed out
+//! itself with a load and a store, where any other free takes a
+//! compare-exchange.
+//!
+//! A free must refuse a double free even when two threads free one block
+//! at the same instant: of the two, exactly one may move the block's state
+//! word from live to cached. A compare-exchange on every free gives that,
+//! at the cost of a locked instruction (about 4 ns of a 10 ns pair on the
+//! lab's machine, `bench iova`'s `magazine-floor` and `owner-store-floor`
+//! rows). Most frees are made by the cache that allocated the block, so
+//! the cost is moved off that case, as the drain's fence pair moves it off
+//! the translator (`sync::barrier`):
+//!
+//! - A cache may hold one of the domain's owner slots (1..`SLOTS`; 0 is
+//!   "no owner"). Its allocations write the slot's number into bits 16..31
+//!   of the block's state word.
+//! - **The owner's free** ([`OwnerRef::free`]): raise the slot's `freeing`
+//!   flag; a compiler fence (the light half of the pair); if the slot is
+//!   not being revoked, load the word, and if it is this slot's live block,
+//!   store it cached; lower the flag (`Release`). No read-modify-write.
+//! - **Everyone else** (another cache, the domain's own calls) changes a
+//!   live word by compare-exchange, as before, but a word that carries
+//!   another slot's number is changed only once that slot is *revoked*
+//!   ([`Owners::before_claim`]): under the domain's slot lock, the revoker
+//!   stores "revoking", runs the heavy half (`membarrier(2)`, which makes
+//!   every running thread of the process pass a full barrier), waits for
+//!   the slot's `freeing` flag to be down, and publishes "revoked"
+//!   (`Release`). From then on the slot's holder frees by compare-exchange
+//!   too, for good: a slot is never biased again (a revoker that read
+//!   "revoked" and is about to exchange must never race a plain store).
+//!
+//! Why exactly one of an owner's free and another thread's change wins:
+//! `membarrier` gives a point in the owner's run before which its stores
+//! are visible to the revoker and after which its loads see the
+//! revoker's "revoking". An owner's free that loaded "not revoked" did so
+//! before that point, so its raised flag was visible too, and the revoker
+//! waits for it to drop, which is after the free's store: the revoker's
+//! exchange then sees the block cached and is refused. An owner's free
+//! past that point sees "revoking" and takes the compare-exchange. The
+//! loom model (`loom_tests.rs`) checks this with fences on both sides, as
+//! the drain's model does.
+//!
+//! The price is on the rare side: one revocation, a few microseconds to
+//! tens of microseconds with other threads running (one `membarrier`),
+//! once per slot for the slot's life; after it, the slot's holder frees as
+//! every free did before biasing. Where the kernel has no `membarrier`, no
+//! slot is handed out and every free takes the compare-exchange. The DMA
+//! layer's caches take no slot (their unmaps retire blocks by
+//! compare-exchange, often on another CPU than the map).
+
+use crossbeam_utils::CachePadded;
+
+use super::live_map::ClaimWord;
+use crate::sync::barrier::Barrier;
+use crate::sync::{lock, AtomicU64, Backoff, Mutex, Ordering};
+
+/// Where a word's owner slot starts (bits 16..31, between the state and
+/// the tag).
+pub(crate) const OWNER_SHIFT: u32 = 16;
+/// A word's owner bits.
+pub(crate) const OWNER_MASK: u64 = 0xffff << OWNER_SHIFT;
+/// Owner slots per domain, slot 0 ("no owner") included: up to 63 caches
+/// of a domain hold one at a time (later ones free by compare-exchange).
+pub(crate) const SLOTS: usize = 64;
+
+/// A slot's bias holds: its holder frees its own blocks plainly.
+const BIASED: u64 = 0;
+/// A revoker is waiting for the holder's free in flight.
+const REVOKING: u64 = 1;
+/// Revoked for good: every free of the slot's blocks is an exchange.
+const REVOKED: u64 = 2;
+
+/// One owner slot, on its own cache lines: written by its holder on each
+/// of its plain frees, by a revoker once.
+#[derive(Debug, Default)]
+pub(crate) struct OwnerSlot {
+    /// Up (1) for the length of the holder's plain free.
+    freeing: AtomicU64,
+    /// [`BIASED`], [`REVOKING`] or [`REVOKED`]; only ever moves forward.
+    revoked: AtomicU64,
+}
+
+/// The owner slots of one domain.
+#[derive(Debug)]
+pub(crate) struct Owners {
+    slots: Box<[CachePadded<OwnerSlot>]>,
+    /// Which slots a cache holds (bit `s`), and the lock under which slots
+    /// are taken, given back and revoked.
+    taken: Mutex<u64>,
+    /// Whether slots are handed out at all (the process has `membarrier`).
+    enabled: bool,
+    /// Slots revoked so far.
+    revocations: AtomicU64,
+}
+
+impl Owners {
+    /// The slots of a new domain: biasing on where the process can use
+    /// `membarrier(2)` (always under loom, whose fences model it).
+    pub(crate) fn new() -> Self {
+        let enabled = cfg!(loom) || Barrier::default_for_process() == Barrier::Membarrier;
+        Self::with(enabled)
+    }
+
+    /// Slots handed out only if `enabled`.
+    pub(crate) fn with(enabled: bool) -> Self {
+        Self {
+            slots: (0..SLOTS).map(|_| CachePadded::default()).collect(),
+            taken: Mutex::new(1),
+            enabled,
+            revocations: AtomicU64::new(0),
+        }
+    }
+
+    /// A free slot for a new cache, never revoked: its number (1..SLOTS)
+    /// and its handle; `None` if biasing is off or every slot is held or
+    /// spent.
+    pub(crate) fn take(&self) -> Option<(u64, OwnerRef)> {
+        if !self.enabled {
+            return None;
+        }
+        let mut taken = lock(&self.taken);
+        let s = (1..SLOTS).find(|&s| {
+            *taken & (1 << s) == 0 && self.slots[s].revoked.load(Ordering::Relaxed) == BIASED
+        })?;
+        *taken |= 1 << s;
+        Some((s as u64, OwnerRef(&*self.slots[s])))
+    }
+
+    /// Gives slot `s` back (its cache is gone). A revoked slot stays spent.
+    pub(crate) fn release(&self, s: u64) {
+        if let Some(bit) = 1u64.checked_shl(s as u32) {
+            *lock(&self.taken) &= !bit;
+        }
+    }
+
+    /// Slots revoked so far.
+    pub(crate) fn revocations(&self) -> u64 {
+        self.revocations.load(Ordering::Relaxed)
+    }
+
+    /// Called by a thread that is about to change the live word `seen` by
+    /// compare-exchange, `me` being its own owner bits (0 for none): if the
+    /// word carries another slot's number, that slot is revoked first (at
+    /// once if it already is), so that its holder's plain free cannot
+    /// overwrite the exchange.
+    #[inline]
+    pub(crate) fn before_claim(&self, seen: u64, me: u64) {
+        let owner = seen & OWNER_MASK;
+        if owner != 0 && owner != me {
+            self.revoke((owner >> OWNER_SHIFT) as usize);
+        }
+    }
+
+    /// Revokes slot `s` (see the module documentation); returns once its
+    /// holder frees by exchange only.
+    #[cold]
+    #[inline(never)]
+    fn revoke(&self, s: usize) {
+        let Some(slot) = self.slots.get(s) else {
+            return;
+        };
+        // Acquire: pairs with the revoker's Release below, so what the
+        // holder stored before the revocation is seen by this exchange.
+        if slot.revoked.load(Ordering::Acquire) == REVOKED {
+            return;
+        }
+        let _held = lock(&self.taken);
+        if slot.revoked.load(Ordering::Acquire) == REVOKED {
+            return;
+        }
+        slot.revoked.store(REVOKING, Ordering::Relaxed);
+        // The heavy half: the holder's plain free in flight has its flag
+        // visible now, or sees "revoking" (see the module documentation).
+        Barrier::Membarrier.heavy();
+        // The holder's free is a few instructions and waits on nothing:
+        // this wait is as long as one of them (or the holder's time off
+        // the CPU in the middle of one).
+        let mut backoff = Backoff::default();
+        // Acquire: pairs with the flag's Release drop, after the free's
+        // store to the word.
+        while slot.freeing.load(Ordering::Acquire) != 0 {
+            backoff.snooze();
+        }
+        slot.revoked.store(REVOKED, Ordering::Release);
+        self.revocations.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A cache's handle on the slot it holds (or on none): valid for as long
+/// as the domain that holds the slot, which the cache keeps alive.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OwnerRef(*const OwnerSlot);
+
+// SAFETY: the pointer is to a slot of a domain the holder keeps alive (an
+// `Arc`); the slot is atomics only.
+unsafe impl Send for OwnerRef {}
+// SAFETY: as above.
+unsafe impl Sync for OwnerRef {}
+
+impl OwnerRef {
+    /// No slot: every free takes the exchange.
+    pub(crate) const NONE: OwnerRef = OwnerRef(std::ptr::null());
+
+    /// The slot, if any.
+    #[inline(always)]
+    fn slot(&self) -> Option<&OwnerSlot> {
+        // SAFETY: null, or a slot of a domain its holder keeps alive (see
+        // the type's documentation).
+        unsafe { self.0.as_ref() }
+    }
+
+    /// Whether the slot was revoked (or is being): its holder should stop
+    /// trying plain frees.
+    pub(crate) fn is_revoked(&self) -> bool {
+        self.slot()
+            .is_some_and(|s| s.revoked.load(Ordering::Relaxed) != BIASED)
+    }
+
+    /// The owner's free: if the low half of `word` (state and owner) is
+    /// `live` and the slot is not being revoked, stores `cached` (the
+    /// tag cleared) and returns true; else changes nothing and returns
+    /// false (the caller takes the exchange). Only the slot's holder may
+    /// call this, and only with its own owner bits in `live`.
+    #[inline(always)]
+    pub(crate) fn free(&self, word: &impl ClaimWord, live: u64, cached: u64) -> bool {
+        let Some(slot) = self.slot() else {
+            return false;
+        };
+        slot.freeing.store(1, Ordering::Relaxed);
+        // The light half: the flag's store stays before the loads below
+        // in this thread's instructions; `membarrier` orders them in the
+        // hardware when a revoker needs it (`Barrier::light`).
+        Barrier::Membarrier.light();
+        let freed = slot.revoked.load(Ordering::Relaxed) == BIASED
+            && word.load_word() & 0xffff_ffff == live;
+        if freed {
+            word.store_word(cached);
+        }
+        // Release: a revoker that reads the flag down sees the store.
+        slot.freeing.store(0, Ordering::Release);
+        freed
+    }
+}
