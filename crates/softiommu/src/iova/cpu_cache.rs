@@ -14,7 +14,7 @@ use crossbeam_utils::CachePadded;
 use super::domain::{BlockKind, CacheShared, IovaDomain, COUNT_SLOTS};
 use super::live_map::{
     claim_for_free, move_state, put_tag, state, state_of, tag_of, tagged, ClaimWord, Cursor, Word,
-    CACHED, LIVE, RETIRED,
+    CACHED, LIVE, ORDER_MASK, RETIRED,
 };
 use super::magazine::Magazine;
 use super::owner::{OwnerRef, Owners, OWNER_MASK, OWNER_SHIFT};
@@ -39,6 +39,12 @@ struct Class {
     prev: Magazine,
     /// `2^order - 1`: a block starting at `pfn` ends at `pfn + span_m1`.
     span_m1: u64,
+    /// The state word of a block of this class as this cache hands it out:
+    /// live, untagged, with the cache's owner bits (kept here so that the
+    /// hot paths load it instead of building it).
+    live: u64,
+    /// The state word of a block of this class in a cache.
+    cached: u64,
 }
 
 impl Class {
@@ -49,6 +55,37 @@ impl Class {
     fn pop_top_within(&mut self, limit: u64) -> Option<u64> {
         self.loaded.pop_top_if(|pfn| pfn + self.span_m1 <= limit)
     }
+
+    /// The fast free of the block of this class at `pfn`, whose state word
+    /// is `c`, into the loaded magazine: room first, then the claim (the
+    /// owner's plain free with the cache's slot `owner`, else the
+    /// exchange, as `claim_own`), so that a claimed block always finds its
+    /// place and a refused one changed nothing. False: nothing done. (A
+    /// method of the class, so that the compiler knows the claim's stores
+    /// leave the magazine's length as it read it.)
+    #[inline(always)]
+    fn free_into(
+        &mut self,
+        owner: OwnerRef,
+        owners: &Owners,
+        c: &AtomicU64,
+        pfn: u64,
+        order: u32,
+    ) -> bool {
+        if self.loaded.is_full() {
+            return false;
+        }
+        let claimed = owner.free(c, self.live, self.cached)
+            || claim_for_free(c, order, owners, self.live & OWNER_MASK).is_ok();
+        claimed && self.loaded.push(pfn)
+    }
+}
+
+/// The state words of a block of `order` as a cache with owner bits `me`
+/// hands it out, and as cached.
+fn class_words(order: u32, me: u64) -> (u64, u64) {
+    let o = u64::from(order) & u64::from(ORDER_MASK);
+    (u64::from(LIVE) | o | me, u64::from(CACHED) | o)
 }
 
 /// Publishes what the loaded magazine of class `order` holds, for
@@ -129,22 +166,25 @@ impl IovaDomain {
 impl IovaCpuCache {
     pub(super) fn new(domain: Arc<IovaDomain>, shared: Arc<CacheShared>, biased: bool) -> Self {
         let p = domain.params();
+        let (owner_slot, owner) = match biased.then(|| domain.owners.take()).flatten() {
+            Some((s, r)) => (s, r),
+            None => (0, OwnerRef::NONE),
+        };
         let classes = (0..=p.max_cached_order)
             .map(|order| {
+                let (live, cached) = class_words(order, owner_slot << OWNER_SHIFT);
                 CachePadded::new(Class {
                     loaded: Magazine::new(p.magazine_size),
                     prev: Magazine::new(p.magazine_size),
                     span_m1: (1 << order) - 1,
+                    live,
+                    cached,
                 })
             })
             .collect();
         let epoch = domain.flush_epoch.load(Relaxed);
         let (start_pfn, end_pfn) = (domain.start_pfn(), domain.end_pfn());
         let max_order = (end_pfn - start_pfn + 1).ilog2();
-        let (owner_slot, owner) = match biased.then(|| domain.owners.take()).flatten() {
-            Some((s, r)) => (s, r),
-            None => (0, OwnerRef::NONE),
-        };
         Self {
             domain,
             classes,
@@ -166,7 +206,13 @@ impl IovaCpuCache {
     /// this cache's owner bits (a plain store: the block is this cache's).
     #[inline(always)]
     fn set_live(&mut self, pfn: u64, order: u32) {
-        let w = u64::from(state(LIVE, order)) | self.owner_bits;
+        let w = class_words(order, self.owner_bits).0;
+        self.put_word(pfn, w);
+    }
+
+    /// Stores the whole word `w` at `pfn` (a no-op for an unclaimed chunk).
+    #[inline(always)]
+    fn put_word(&mut self, pfn: u64, w: u64) {
         if let Some(c) = self.live_cell(pfn) {
             c.put(w);
         }
@@ -492,7 +538,8 @@ impl IovaCpuCache {
             if let Some(pfn) = got {
                 publish(&self.shared, order, class);
                 if OWNED {
-                    self.set_live(pfn, order);
+                    let live = class.live;
+                    self.put_word(pfn, live);
                 } else {
                     self.set_state(pfn, state(LIVE, order));
                 }
@@ -553,7 +600,8 @@ impl IovaCpuCache {
                 // the miss path checks it.)
                 if let Some(pfn) = class.pop_top_within(limit_pfn) {
                     publish(&self.shared, order, class);
-                    self.set_live(pfn, order);
+                    let live = class.live;
+                    self.put_word(pfn, live);
                     return Ok(pfn);
                 }
             }
@@ -707,10 +755,7 @@ impl IovaCpuCache {
                 if let Some(c) = unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
                     // Room first, then the claim: a claimed block always
                     // finds its place, and a refused one changed nothing.
-                    if !class.loaded.is_full()
-                        && claim_own(self.owner, self.owner_bits, &self.domain.owners, c, order)
-                    {
-                        class.loaded.push(pfn);
+                    if class.free_into(self.owner, &self.domain.owners, c, pfn, order) {
                         publish(&self.shared, order, class);
                         return Ok(());
                     }
@@ -732,6 +777,9 @@ impl IovaCpuCache {
             // number are claimed by the exchange's second try).
             self.owner = OwnerRef::NONE;
             self.owner_bits = 0;
+            for (order, class) in self.classes.iter_mut().enumerate() {
+                (class.live, class.cached) = class_words(order as u32, 0);
+            }
         }
         let (owner, me) = (self.owner, self.owner_bits);
         // SAFETY: as in `live_cell` (the fields borrowed apart).
@@ -795,16 +843,8 @@ impl IovaCpuCache {
             return false;
         };
         // SAFETY: as in `free`.
-        match unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
-            Some(c)
-                if !class.loaded.is_full()
-                    && claim_own(self.owner, self.owner_bits, &self.domain.owners, c, order) =>
-            {
-                class.loaded.push(pfn);
-                true
-            }
-            _ => false,
-        }
+        unsafe { self.live_cur.cell(&self.domain.live, pfn) }
+            .is_some_and(|c| class.free_into(self.owner, &self.domain.owners, c, pfn, order))
     }
 
     /// Allocates a block for every `(pfn, pages)` of `blocks` at or below
@@ -1082,8 +1122,10 @@ pub(super) fn claim_own(
     c: &impl ClaimWord,
     order: u32,
 ) -> bool {
-    let (live, cached) = (state(LIVE, order), state(CACHED, order));
-    owner.free(c, u64::from(live) | me, cached.into())
+    // The words built in 64 bits (no 16-bit state to widen on the hot
+    // path), as `claim_for_free` builds them.
+    let o = u64::from(order) & u64::from(ORDER_MASK);
+    owner.free(c, u64::from(LIVE) | o | me, u64::from(CACHED) | o)
         || claim_for_free(c, order, owners, me).is_ok()
 }
 

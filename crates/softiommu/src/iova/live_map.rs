@@ -67,7 +67,8 @@ pub(crate) const CACHED: u16 = 0x80;
 /// The block starting here was released by its user but is not free yet:
 /// a deferred unmap's IOVA, waiting for the flush that makes it reusable.
 pub(crate) const RETIRED: u16 = LIVE | CACHED;
-const ORDER_MASK: u16 = 0x3f;
+/// A state's order bits.
+pub(crate) const ORDER_MASK: u16 = 0x3f;
 /// Bits 8 and 9 of a live block: the kind of mapping that holds it (0: a
 /// streaming mapping, or a block the allocator's own callers hold; see
 /// `BlockKind`). Cached and retired blocks carry no kind.

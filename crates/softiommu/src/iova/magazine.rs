@@ -50,14 +50,18 @@ impl Magazine {
 
     #[inline]
     pub(crate) fn is_full(&self) -> bool {
-        self.len == self.capacity()
+        // `>=`, the test `push` makes, so that the two fold into one.
+        self.len >= self.capacity()
     }
 
     /// Pushes `pfn`; returns `false`, pushing nothing, if the magazine is
     /// full (callers check `is_full` first).
     #[inline]
     pub(crate) fn push(&mut self, pfn: u64) -> bool {
-        if self.len >= self.capacity() {
+        // The length read once: the entry's store cannot then make the
+        // compiler read it again for the increment.
+        let len = self.len;
+        if len >= self.capacity() {
             return false;
         }
         // SAFETY: `len < capacity` (checked above) and `capacity == cap ==
@@ -65,8 +69,8 @@ impl Magazine {
         // overflow, and never changed), so `PAD + len < slots.len()`. (The
         // compiler keeps this one comparison instead of a second bounds
         // check.)
-        unsafe { *self.slots.get_unchecked_mut(PAD + self.len) = pfn };
-        self.len += 1;
+        unsafe { *self.slots.get_unchecked_mut(PAD + len) = pfn };
+        self.len = len + 1;
         true
     }
 

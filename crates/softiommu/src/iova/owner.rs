@@ -232,7 +232,7 @@ impl OwnerRef {
         // hardware when a revoker needs it (`Barrier::light`).
         Barrier::Membarrier.light();
         let freed = slot.revoked.load(Ordering::Relaxed) == BIASED
-            && word.load_word() & 0xffff_ffff == live;
+            && word.load_word() as u32 == live as u32;
         if freed {
             word.store_word(cached);
         }
