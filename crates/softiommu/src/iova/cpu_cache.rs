@@ -218,6 +218,22 @@ impl IovaCpuCache {
         }
     }
 
+    /// If another thread revoked this cache's owner slot: its allocations
+    /// name no owner and its frees take the exchange from now on (its
+    /// blocks still carrying the slot's number are claimed by the
+    /// exchange's second try). Run on the slow paths (a free out of line,
+    /// a magazine refill or spill), so that a revoked cache stops stamping
+    /// within a magazine or two.
+    fn drop_bias_if_revoked(&mut self) {
+        if self.owner.is_revoked() {
+            self.owner = OwnerRef::NONE;
+            self.owner_bits = 0;
+            for (order, class) in self.classes.iter_mut().enumerate() {
+                (class.live, class.cached) = class_words(order as u32, 0);
+            }
+        }
+    }
+
     /// The state word of `pfn`, through this cache's cursor.
     #[inline(always)]
     fn live_cell(&mut self, pfn: u64) -> Option<&AtomicU64> {
@@ -643,6 +659,7 @@ impl IovaCpuCache {
         limit: u64,
         last_start: u64,
     ) -> Result<u64, IovaError> {
+        self.drop_bias_if_revoked();
         let class = &mut self.classes[order as usize];
         let mut pfn = class.loaded.pop_scan(last_start);
         let mut both_empty = false;
@@ -771,16 +788,7 @@ impl IovaCpuCache {
     /// magazine, an uncached order or an unclaimed chunk.
     #[inline(never)]
     fn free_other(&mut self, pfn: u64, order: u32) -> Result<(), IovaError> {
-        if self.owner.is_revoked() {
-            // Another thread changed one of this cache's blocks: its frees
-            // take the exchange from now on (its blocks still carrying its
-            // number are claimed by the exchange's second try).
-            self.owner = OwnerRef::NONE;
-            self.owner_bits = 0;
-            for (order, class) in self.classes.iter_mut().enumerate() {
-                (class.live, class.cached) = class_words(order as u32, 0);
-            }
-        }
+        self.drop_bias_if_revoked();
         let (owner, me) = (self.owner, self.owner_bits);
         // SAFETY: as in `live_cell` (the fields borrowed apart).
         let claimed = order < 64
@@ -793,8 +801,8 @@ impl IovaCpuCache {
     }
 
     /// Frees every `(pfn, pages)` of `blocks`, as [`free`](Self::free)
-    /// does one by one (each block claimed with its own compare-exchange,
-    /// each refusal the same error), with the state of the blocks a few
+    /// does one by one (each block claimed on its own, plainly or by
+    /// exchange as `free` claims it, each refusal the same error), with the state of the blocks a few
     /// places ahead already on its way into the cache (a flush queue's
     /// batch, a scatter list's unmap). The flush epoch is checked and what
     /// the cache holds published once for the batch, not per block. Every
@@ -1071,6 +1079,7 @@ impl IovaCpuCache {
 
     #[cold]
     fn free_slow(&mut self, pfn: u64, order: u32) {
+        self.drop_bias_if_revoked();
         let size = self.domain.params().magazine_size;
         let class = &mut self.classes[order as usize];
         if !class.prev.is_full() {

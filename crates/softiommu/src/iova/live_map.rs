@@ -3,9 +3,10 @@
 //! held by a user or by a cache, and for a held block, what kind of mapping
 //! holds it (a streaming mapping, a scatter list, a coherent buffer), so
 //! that an unmap of one kind cannot retire a block of another. Bits 16..31
-//! of a live block name the cache that handed it out, if that cache holds
-//! an owner slot (`owner.rs`: it frees its own blocks without a
-//! read-modify-write); every other word has them 0. Its high 32
+//! of a live block name the owner slot of the cache that handed it out,
+//! if it held one (`owner.rs`: the slot's holder, which may be a later
+//! cache, frees such blocks without a read-modify-write); every other word
+//! has them 0. Its high 32
 //! bits are the block holder's tag (the DMA layer's record of the exact
 //! bytes a mapping covers, its device and direction): in the same word, so
 //! that one compare-exchange checks an unmap's block, size, kind and tag

@@ -200,6 +200,7 @@ fn loom_after_a_revocation_the_owner_frees_by_exchange() {
         });
         let mine = claim_own(owner, me, &owners, &*second, 0);
         let (a, b) = theirs.join().unwrap();
+        // `first` is the other thread's alone: its free always wins.
         !a || mine == b || second.load(Relaxed) != u64::from(state(CACHED, 0))
     });
     assert!(!bad);

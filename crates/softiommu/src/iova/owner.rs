@@ -15,17 +15,20 @@
 //!   "no owner"). Its allocations write the slot's number into bits 16..31
 //!   of the block's state word.
 //! - **The owner's free** ([`OwnerRef::free`]): raise the slot's `freeing`
-//!   flag; a compiler fence (the light half of the pair); if the slot is
-//!   not being revoked, load the word, and if it is this slot's live block,
-//!   store it cached; lower the flag (`Release`). No read-modify-write.
+//!   flag (a count made odd); a compiler fence (the light half of the
+//!   pair); if the slot is not being revoked, load the word, and if it is
+//!   this slot's live block, store it cached; lower the flag (the count
+//!   made even, `Release`). No read-modify-write.
 //! - **Everyone else** (another cache, the domain's own calls) changes a
 //!   live word by compare-exchange, as before, but a word that carries
 //!   another slot's number is changed only once that slot is *revoked*
 //!   ([`Owners::before_claim`]): under the domain's slot lock, the revoker
 //!   stores "revoking", runs the heavy half (`membarrier(2)`, which makes
 //!   every running thread of the process pass a full barrier), waits for
-//!   the slot's `freeing` flag to be down, and publishes "revoked"
-//!   (`Release`). From then on the slot's holder frees by compare-exchange
+//!   the free in flight, if the flag is up, to end (the count to move on:
+//!   one free, not a gap between frees), and publishes "revoked"
+//!   (`Release`). A slot no cache holds is marked revoked at once (its
+//!   last holder gave it back under the lock, after its last free). From then on the slot's holder frees by compare-exchange
 //!   too, for good: a slot is never biased again (a revoker that read
 //!   "revoked" and is about to exchange must never race a plain store).
 //!
@@ -41,9 +44,15 @@
 //! the drain's model does.
 //!
 //! The price is on the rare side: one revocation, a few microseconds to
-//! tens of microseconds with other threads running (one `membarrier`),
-//! once per slot for the slot's life; after it, the slot's holder frees as
-//! every free did before biasing. Where the kernel has no `membarrier`, no
+//! tens of microseconds with other threads running (one `membarrier`,
+//! under the domain's slot lock, which cache creation also takes), once
+//! per slot for the slot's life; the holder notices at its next slow path
+//! (a free out of line, a magazine refill) and from then on stamps no
+//! owner and frees as every free did before biasing. A change that loses
+//! its race after revoking leaves the slot revoked (a cost, not a change
+//! of any block). A cache's own blocks are best retired and freed
+//! through the cache: the domain's calls hold no slot, so they revoke the
+//! block's slot even when the caller is its holder. Where the kernel has no `membarrier`, no
 //! slot is handed out and every free takes the compare-exchange. The DMA
 //! layer's caches take no slot (their unmaps retire blocks by
 //! compare-exchange, often on another CPU than the map).
@@ -74,7 +83,10 @@ const REVOKED: u64 = 2;
 /// of its plain frees, by a revoker once.
 #[derive(Debug, Default)]
 pub(crate) struct OwnerSlot {
-    /// Up (1) for the length of the holder's plain free.
+    /// The holder's free count, doubled: odd for the length of a plain
+    /// free (raised to the next odd value, dropped to the next even one),
+    /// so that a revoker waits for one free to end, not for a moment
+    /// between frees. Only the holder writes it.
     freeing: AtomicU64,
     /// [`BIASED`], [`REVOKING`] or [`REVOKED`]; only ever moves forward.
     revoked: AtomicU64,
@@ -164,23 +176,34 @@ impl Owners {
         if slot.revoked.load(Ordering::Acquire) == REVOKED {
             return;
         }
-        let _held = lock(&self.taken);
+        let taken = lock(&self.taken);
         if slot.revoked.load(Ordering::Acquire) == REVOKED {
             return;
         }
-        slot.revoked.store(REVOKING, Ordering::Relaxed);
-        // The heavy half: the holder's plain free in flight has its flag
-        // visible now, or sees "revoking" (see the module documentation).
-        Barrier::Membarrier.heavy();
-        // The holder's free is a few instructions and waits on nothing:
-        // this wait is as long as one of them (or the holder's time off
-        // the CPU in the middle of one).
-        let mut backoff = Backoff::default();
-        // Acquire: pairs with the flag's Release drop, after the free's
-        // store to the word.
-        while slot.freeing.load(Ordering::Acquire) != 0 {
-            backoff.snooze();
+        if *taken & (1 << s) != 0 {
+            slot.revoked.store(REVOKING, Ordering::Relaxed);
+            // The heavy half: the holder's plain free in flight has its
+            // flag visible now, or sees "revoking" (see the module
+            // documentation).
+            Barrier::Membarrier.heavy();
+            // Acquire: pairs with the flag's Release drop, after the
+            // free's store to the word. A free in flight (an odd count)
+            // ends at its next change; a later free sees "revoking" and
+            // stores nothing. So this waits for at most one free of a few
+            // instructions that wait on nothing (or the holder's time off
+            // the CPU in the middle of it).
+            let seen = slot.freeing.load(Ordering::Acquire);
+            if seen & 1 == 1 {
+                let mut backoff = Backoff::default();
+                while slot.freeing.load(Ordering::Acquire) == seen {
+                    backoff.snooze();
+                }
+            }
         }
+        // No holder: the last one gave the slot back under this lock after
+        // its last free, so its stores are seen; spent all the same, so
+        // that no cache takes it while another thread exchanges a word
+        // that still names it.
         slot.revoked.store(REVOKED, Ordering::Release);
         self.revocations.fetch_add(1, Ordering::Relaxed);
     }
@@ -226,7 +249,10 @@ impl OwnerRef {
         let Some(slot) = self.slot() else {
             return false;
         };
-        slot.freeing.store(1, Ordering::Relaxed);
+        // Only this thread writes the count: the load reads its own last
+        // store (an even value).
+        let count = slot.freeing.load(Ordering::Relaxed);
+        slot.freeing.store(count.wrapping_add(1), Ordering::Relaxed);
         // The light half: the flag's store stays before the loads below
         // in this thread's instructions; `membarrier` orders them in the
         // hardware when a revoker needs it (`Barrier::light`).
@@ -236,8 +262,8 @@ impl OwnerRef {
         if freed {
             word.store_word(cached);
         }
-        // Release: a revoker that reads the flag down sees the store.
-        slot.freeing.store(0, Ordering::Release);
+        // Release: a revoker that reads the count move on sees the store.
+        slot.freeing.store(count.wrapping_add(2), Ordering::Release);
         freed
     }
 }
