@@ -49,8 +49,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?
         .unwrap_or(1 << 20);
     let live: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(4096);
-    if live == 0 {
-        return Err("LIVE must be at least 1".into());
+    if !(1..=1_000_000).contains(&live) {
+        return Err("usage: iova_pair [PAIRS] [LIVE]; LIVE is 1..=1000000".into());
     }
     let d = IovaDomain::new(1, SPACE_PAGES - 1, IovaPolicy::Softiommu)?;
     let mut c = d.cpu_cache();
@@ -65,7 +65,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let slots: Vec<u32> = (0..SEQ).map(|_| rng.below(live as u64) as u32).collect();
     let mut held: Vec<(u64, u64)> = (0..live)
-        .map(|i| Ok((c.alloc(sizes[i], SPACE_PAGES - 1)?, sizes[i])))
+        .map(|i| {
+            let pages = sizes[i & (SEQ - 1)];
+            Ok((c.alloc(pages, SPACE_PAGES - 1)?, pages))
+        })
         .collect::<Result<_, softiommu::iova::IovaError>>()?;
     pairs(&mut c, &mut held, &sizes, &slots, n);
     println!("{} pairs, {} live", n, live);

@@ -60,9 +60,11 @@ impl Class {
     /// is `c`, into the loaded magazine: room first, then the claim (the
     /// owner's plain free with the cache's slot `owner`, else the
     /// exchange, as `claim_own`), so that a claimed block always finds its
-    /// place and a refused one changed nothing. False: nothing done. (A
-    /// method of the class, so that the compiler knows the claim's stores
-    /// leave the magazine's length as it read it.)
+    /// place and a refused one changed nothing. `None`: nothing done;
+    /// `Some(revoked)`: freed, and whether the cache's slot was found
+    /// revoked on the way (the caller then drops the bias, out of line).
+    /// (A method of the class, so that the compiler knows the claim's
+    /// stores leave the magazine's length as it read it.)
     #[inline(always)]
     fn free_into(
         &mut self,
@@ -71,13 +73,18 @@ impl Class {
         c: &AtomicU64,
         pfn: u64,
         order: u32,
-    ) -> bool {
+    ) -> Option<bool> {
         if self.loaded.is_full() {
-            return false;
+            return None;
         }
-        let claimed = owner.free(c, self.live, self.cached)
-            || claim_for_free(c, order, owners, self.live & OWNER_MASK).is_ok();
-        claimed && self.loaded.push(pfn)
+        let revoked = if owner.free(c, self.live, self.cached) {
+            false
+        } else if claim_for_free(c, order, owners, self.live & OWNER_MASK).is_ok() {
+            owner.is_revoked()
+        } else {
+            return None;
+        };
+        self.loaded.push(pfn).then_some(revoked)
     }
 }
 
@@ -221,9 +228,9 @@ impl IovaCpuCache {
     /// If another thread revoked this cache's owner slot: its allocations
     /// name no owner and its frees take the exchange from now on (its
     /// blocks still carrying the slot's number are claimed by the
-    /// exchange's second try). Run on the slow paths (a free out of line,
-    /// a magazine refill or spill), so that a revoked cache stops stamping
-    /// within a magazine or two.
+    /// exchange's second try). Run when a free of its own took the
+    /// exchange and found the slot revoked, and on the slow paths (a free
+    /// out of line, a magazine refill or spill).
     fn drop_bias_if_revoked(&mut self) {
         if self.owner.is_revoked() {
             self.owner = OwnerRef::NONE;
@@ -401,7 +408,9 @@ impl IovaCpuCache {
         // This cache's block: from a magazine (its owner bits) or from the
         // tree (none). The mark clears them (a marked block is freed by
         // exchange).
-        let me = self.owner_bits;
+        // Its own slot's number even after a revocation dropped the bias
+        // (blocks stamped before it), which the exchange may then take.
+        let me = self.owner_slot << OWNER_SHIFT;
         let marked = order < 64
             && self.live_cell(pfn).is_some_and(|c| {
                 let w = c.get();
@@ -772,8 +781,13 @@ impl IovaCpuCache {
                 if let Some(c) = unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
                     // Room first, then the claim: a claimed block always
                     // finds its place, and a refused one changed nothing.
-                    if class.free_into(self.owner, &self.domain.owners, c, pfn, order) {
+                    if let Some(revoked) =
+                        class.free_into(self.owner, &self.domain.owners, c, pfn, order)
+                    {
                         publish(&self.shared, order, class);
+                        if revoked {
+                            self.drop_bias_if_revoked();
+                        }
                         return Ok(());
                     }
                 }
@@ -802,7 +816,8 @@ impl IovaCpuCache {
 
     /// Frees every `(pfn, pages)` of `blocks`, as [`free`](Self::free)
     /// does one by one (each block claimed on its own, plainly or by
-    /// exchange as `free` claims it, each refusal the same error), with the state of the blocks a few
+    /// exchange as `free` claims it, each refusal the same error), with
+    /// the state of the blocks a few
     /// places ahead already on its way into the cache (a flush queue's
     /// batch, a scatter list's unmap). The flush epoch is checked and what
     /// the cache holds published once for the batch, not per block. Every
@@ -851,8 +866,12 @@ impl IovaCpuCache {
             return false;
         };
         // SAFETY: as in `free`.
-        unsafe { self.live_cur.cell(&self.domain.live, pfn) }
-            .is_some_and(|c| class.free_into(self.owner, &self.domain.owners, c, pfn, order))
+        let freed = unsafe { self.live_cur.cell(&self.domain.live, pfn) }
+            .and_then(|c| class.free_into(self.owner, &self.domain.owners, c, pfn, order));
+        if freed == Some(true) {
+            self.drop_bias_if_revoked();
+        }
+        freed.is_some()
     }
 
     /// Allocates a block for every `(pfn, pages)` of `blocks` at or below

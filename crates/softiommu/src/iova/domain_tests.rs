@@ -1179,6 +1179,25 @@ fn a_revoked_cache_stops_naming_itself_within_a_refill() {
 }
 
 #[test]
+fn a_revoked_cache_stops_naming_itself_at_its_next_own_free() {
+    if !biasing() {
+        return;
+    }
+    // A cache whose frees and allocations balance never reaches a slow
+    // path: its first free after the revocation drops the bias.
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut owner = d.cpu_cache();
+    let mut other = d.cpu_cache();
+    let (a, b) = (owner.alloc(1, END).unwrap(), owner.alloc(1, END).unwrap());
+    other.free(a, 1).unwrap();
+    owner.free(b, 1).unwrap();
+    let c = owner.alloc(1, END).unwrap();
+    assert_eq!(owner_of(&d, c), 0);
+    other.free(c, 1).unwrap();
+    assert_eq!(d.stats().owner_revocations, 1);
+}
+
+#[test]
 fn a_block_whose_cache_is_gone_is_freed_and_its_slot_spent() {
     if !biasing() {
         return;

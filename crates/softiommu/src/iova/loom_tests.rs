@@ -205,3 +205,24 @@ fn loom_after_a_revocation_the_owner_frees_by_exchange() {
     });
     assert!(!bad);
 }
+
+#[test]
+fn loom_a_revoker_that_meets_a_later_free_still_sees_the_earlier_ones_store() {
+    // The holder frees two blocks, one after the other, while another
+    // thread frees the first: the revoker may read the flag raised by the
+    // holder's second free; the first free's store must still come before
+    // the revoker's exchange.
+    let bad = explore(|| {
+        let (owners, owner, me) = one_owner();
+        let live = u64::from(state(LIVE, 0)) | me;
+        let first = Arc::new(AtomicU64::new(live));
+        let second = Arc::new(AtomicU64::new(live));
+        let (o, f) = (owners.clone(), first.clone());
+        let theirs = thread::spawn(move || claim_for_free(&*f, 0, &o, 0).is_ok());
+        let mine = claim_own(owner, me, &owners, &*first, 0);
+        let mine_second = claim_own(owner, me, &owners, &*second, 0);
+        let theirs = theirs.join().unwrap();
+        mine == theirs || !mine_second || first.load(Relaxed) != u64::from(state(CACHED, 0))
+    });
+    assert!(!bad);
+}

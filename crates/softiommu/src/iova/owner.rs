@@ -28,9 +28,10 @@
 //!   the free in flight, if the flag is up, to end (the count to move on:
 //!   one free, not a gap between frees), and publishes "revoked"
 //!   (`Release`). A slot no cache holds is marked revoked at once (its
-//!   last holder gave it back under the lock, after its last free). From then on the slot's holder frees by compare-exchange
-//!   too, for good: a slot is never biased again (a revoker that read
-//!   "revoked" and is about to exchange must never race a plain store).
+//!   last holder gave it back under the lock, after its last free). From
+//!   then on the slot's holder frees by compare-exchange too, for good: a
+//!   slot is never biased again (a revoker that read "revoked" and is
+//!   about to exchange must never race a plain store).
 //!
 //! Why exactly one of an owner's free and another thread's change wins:
 //! `membarrier` gives a point in the owner's run before which its stores
@@ -46,8 +47,9 @@
 //! The price is on the rare side: one revocation, a few microseconds to
 //! tens of microseconds with other threads running (one `membarrier`,
 //! under the domain's slot lock, which cache creation also takes), once
-//! per slot for the slot's life; the holder notices at its next slow path
-//! (a free out of line, a magazine refill) and from then on stamps no
+//! per slot for the slot's life; the holder notices at its next free
+//! that takes the exchange, or its next slow path (a free out of line, a
+//! magazine refill or spill), and from then on stamps no
 //! owner and frees as every free did before biasing. A change that loses
 //! its race after revoking leaves the slot revoked (a cost, not a change
 //! of any block). A cache's own blocks are best retired and freed
@@ -234,6 +236,7 @@ impl OwnerRef {
 
     /// Whether the slot was revoked (or is being): its holder should stop
     /// trying plain frees.
+    #[inline(always)]
     pub(crate) fn is_revoked(&self) -> bool {
         self.slot()
             .is_some_and(|s| s.revoked.load(Ordering::Relaxed) != BIASED)
@@ -252,7 +255,11 @@ impl OwnerRef {
         // Only this thread writes the count: the load reads its own last
         // store (an even value).
         let count = slot.freeing.load(Ordering::Relaxed);
-        slot.freeing.store(count.wrapping_add(1), Ordering::Relaxed);
+        // Release too (a plain move on x86): a revoker that reads this
+        // raise, a later free's, then sees the previous free's store to
+        // its word (a Release store's later plain stores do not extend
+        // its release sequence).
+        slot.freeing.store(count.wrapping_add(1), Ordering::Release);
         // The light half: the flag's store stays before the loads below
         // in this thread's instructions; `membarrier` orders them in the
         // hardware when a revoker needs it (`Barrier::light`).
