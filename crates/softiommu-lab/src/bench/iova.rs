@@ -91,14 +91,14 @@ pub enum Impl {
     RangeAlloc,
     /// The `vm-allocator` crate.
     VmAllocator,
-    /// The floor of our design: a bare magazine allocator whose free
-    /// claims the block with one compare-exchange (see `iova_floor`); at
-    /// one thread only.
+    /// The floor of our earlier design: a bare magazine allocator whose
+    /// free claims the block with one compare-exchange (see
+    /// `iova_floor`); at one thread only.
     MagazineFloor,
-    /// The floor of another design: the same model, its owner's free by
-    /// a load, a check and a plain store inside an asymmetric fence pair
-    /// instead of a compare-exchange (see `iova_floor`); at one thread
-    /// only.
+    /// The floor of the design we ship: the same model, its owner's free
+    /// by a load, a check and a plain store inside an asymmetric fence
+    /// pair instead of a compare-exchange (see `iova_floor`); at one
+    /// thread only.
     OwnerStoreFloor,
 }
 

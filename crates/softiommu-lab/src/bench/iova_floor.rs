@@ -14,18 +14,17 @@
 //! is a floor for the design, not a usable allocator.
 //!
 //! `owner-store-floor` (`MagazineFloor<true>`) is the same model with the
-//! free of another design, one without a locked instruction when the
-//! freeing thread is the block's owner: the owner's side of an asymmetric
-//! pair, as our policy gate's. The owner raises a flag of its own, issues
-//! a compiler fence (the light half; `membarrier(2)` is the heavy half),
-//! loads and checks the block's state word, stores the cached state and
-//! lowers its flag. Another thread's free (not modelled: the row runs at
-//! one thread) would take the block with a compare-exchange to a claimed
-//! mark, issue the heavy barrier, wait for the owner's flag to drop and
-//! read the word again: had the owner's store overwritten the claim, that
-//! free is the double one and fails, so of two frees exactly one succeeds,
-//! and both learn which before they return. Its figure prices the
-//! compare-exchange the owner's free would no longer take.
+//! free of the design we ship (`softiommu::iova`'s owner slots), one
+//! without a locked instruction when the freeing thread is the block's
+//! owner: the owner's side of an asymmetric pair, as our policy gate's.
+//! The owner raises a flag of its own, issues a compiler fence (the light
+//! half; `membarrier(2)` is the heavy half), loads and checks the block's
+//! state word, stores the cached state and lowers its flag. Another
+//! thread's free (not modelled: the row runs at one thread) first revokes
+//! the owner's slot, once (the heavy barrier, then a wait for the owner's
+//! free in flight), and then claims by compare-exchange, so of two frees
+//! exactly one succeeds. The pair of rows prices the compare-exchange the
+//! owner's free no longer takes.
 
 use std::sync::atomic::{
     compiler_fence, AtomicU16, AtomicU64, Ordering::AcqRel, Ordering::Relaxed, Ordering::Release,
