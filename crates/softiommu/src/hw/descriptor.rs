@@ -200,6 +200,21 @@ pub enum IqeReason {
         /// Descriptors in the queue.
         len: u32,
     },
+    /// A tail written that does not move the queue forward within its
+    /// free space (IQEI 1, as a tail the queue cannot take): behind the
+    /// tail it would drop descriptors queued and not yet run (the unit's
+    /// own waits among them); past the head it would run old slots again.
+    #[error(
+        "tail {tail} is not a forward move from {current} within the free slots (head {head})"
+    )]
+    TailNotForward {
+        /// The tail written.
+        tail: u32,
+        /// The tail before the write.
+        current: u32,
+        /// The head when it was checked.
+        head: u32,
+    },
     /// The descriptor could not be read from memory (IQEI 2).
     #[error("descriptor fetch failed")]
     Fetch,
@@ -210,7 +225,7 @@ impl IqeReason {
     /// information).
     pub fn iqei(&self) -> u8 {
         match self {
-            IqeReason::TailOutOfRange { .. } => 1,
+            IqeReason::TailOutOfRange { .. } | IqeReason::TailNotForward { .. } => 1,
             IqeReason::Fetch => 2,
             IqeReason::InvalidType { .. } => 3,
             IqeReason::ReservedBits { .. }

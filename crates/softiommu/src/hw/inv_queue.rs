@@ -263,14 +263,29 @@ impl InvQueue {
         ])
     }
 
-    /// Writes the tail register (the doorbell). A tail past the ring is an
+    /// Writes the tail register (the doorbell); call with the submission
+    /// lock held. A tail past the ring, or one that is not a forward move
+    /// within the free slots (behind the tail: queued descriptors would be
+    /// dropped; past the head: old slots would run again), is an
     /// invalidation-queue error (IQEI 1) and is not taken.
     pub(crate) fn ring(&self, tail: u32) -> Result<(), IqeReason> {
-        if tail >= self.len {
-            let reason = IqeReason::TailOutOfRange {
+        let reason = if tail >= self.len {
+            Some(IqeReason::TailOutOfRange {
                 tail,
                 len: self.len,
-            };
+            })
+        } else {
+            // The head only moves on, so the free slots only grow: a move
+            // within them now stays within them.
+            let current = self.tail.load(Ordering::Acquire);
+            let moved = (tail + self.len - current) % self.len;
+            (moved > self.free(current)).then(|| IqeReason::TailNotForward {
+                tail,
+                current,
+                head: self.head(),
+            })
+        };
+        if let Some(reason) = reason {
             self.stop(QueueFault {
                 head: self.head(),
                 raw: [0, 0],
@@ -395,7 +410,10 @@ impl InvQueue {
         match how {
             QueueRecovery::Retry => {}
             QueueRecovery::Skip => {
-                if !matches!(f.reason, IqeReason::TailOutOfRange { .. }) {
+                if !matches!(
+                    f.reason,
+                    IqeReason::TailOutOfRange { .. } | IqeReason::TailNotForward { .. }
+                ) {
                     let nop = InvDescriptor::Wait(WaitDescriptor::default()).encode();
                     self.write(self.head(), nop, None)?;
                 }
@@ -582,6 +600,39 @@ mod tests {
         q.recover(QueueRecovery::Discard).unwrap();
         assert_eq!(q.head(), 1);
         assert_eq!(q.process(&L, |_, _| Ok(Step::Done)), Pass::default());
+    }
+
+    #[test]
+    fn a_tail_that_moves_back_or_past_the_head_is_refused_and_drops_nothing() {
+        let q = queue();
+        for i in 0..4 {
+            q.write(i, [0x7f, 0], None).unwrap();
+        }
+        q.ring(4).unwrap();
+        // Behind the tail: the four queued slots would be dropped.
+        assert_eq!(
+            q.ring(2),
+            Err(IqeReason::TailNotForward {
+                tail: 2,
+                current: 4,
+                head: 0
+            })
+        );
+        assert!(q.stopped());
+        assert_eq!(q.tail(), 4, "not taken");
+        q.recover(QueueRecovery::Retry).unwrap();
+        // Onto the head (the whole ring: past the free slots).
+        assert!(matches!(
+            q.ring(0),
+            Err(IqeReason::TailNotForward { tail: 0, .. })
+        ));
+        q.recover(QueueRecovery::Skip).unwrap();
+        assert_eq!(q.tail(), 4);
+        // The same tail again, and a forward move, are taken.
+        q.ring(4).unwrap();
+        q.ring(6).unwrap();
+        assert_eq!(q.tail(), 6);
+        assert!(!q.stopped());
     }
 
     #[test]
