@@ -452,13 +452,22 @@ impl Unit {
                 // it: its holder may be a submitter without one, waiting
                 // in `make_room` for a ring a device's open section keeps
                 // full.
-                Some(l) => loop {
-                    if let Some(g) = try_lock_std(&sh.submit) {
-                        break g;
+                Some(l) => {
+                    // A quick holder (another submitter) is waited for by
+                    // spinning first; a slow one by naps of 50 µs.
+                    let mut backoff = Backoff::default();
+                    loop {
+                        if let Some(g) = try_lock_std(&sh.submit) {
+                            break g;
+                        }
+                        l.check()?;
+                        if backoff.is_spinning() {
+                            backoff.snooze();
+                        } else {
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
                     }
-                    l.check()?;
-                    std::thread::sleep(Duration::from_micros(50));
-                },
+                }
             };
             // Nothing is queued where no processor will ever run it.
             sh.check_queue()?;
