@@ -140,6 +140,7 @@ pub enum InvDescriptor {
 /// Why the queue stopped: the invalidation-queue error (`FSTS.IQE`) and,
 /// where VT-d defines one, its `IQERCD_REG.IQEI` code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
 pub enum IqeReason {
     /// A type this unit does not implement (IQEI 3).
     #[error("descriptor type {ty:#x} is not supported")]
@@ -200,10 +201,12 @@ pub enum IqeReason {
         /// Descriptors in the queue.
         len: u32,
     },
-    /// A tail written that does not move the queue forward within its
-    /// free space (IQEI 1, as a tail the queue cannot take): behind the
-    /// tail it would drop descriptors queued and not yet run (the unit's
-    /// own waits among them); past the head it would run old slots again.
+    /// A tail written in `[head, current)`, where a move from the current
+    /// tail would cross the head (IQEI 1, "invalid tail pointer"; which
+    /// tails are invalid VT-d leaves to the hardware, and this is the
+    /// emulator's choice): it would drop descriptors queued and not yet
+    /// run (the unit's own waits among them), or run old slots again. A
+    /// tail anywhere else in the ring is a forward move over free slots.
     #[error(
         "tail {tail} is not a forward move from {current} within the free slots (head {head})"
     )]

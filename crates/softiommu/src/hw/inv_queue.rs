@@ -264,10 +264,10 @@ impl InvQueue {
     }
 
     /// Writes the tail register (the doorbell); call with the submission
-    /// lock held. A tail past the ring, or one that is not a forward move
-    /// within the free slots (behind the tail: queued descriptors would be
-    /// dropped; past the head: old slots would run again), is an
-    /// invalidation-queue error (IQEI 1) and is not taken.
+    /// lock held. A tail past the ring, or one in `[head, current tail)`
+    /// (a move that would cross the head: queued descriptors would be
+    /// dropped, or old slots run again), is an invalidation-queue error
+    /// (IQEI 1) and is not taken.
     pub(crate) fn ring(&self, tail: u32) -> Result<(), IqeReason> {
         let reason = if tail >= self.len {
             Some(IqeReason::TailOutOfRange {
@@ -276,18 +276,25 @@ impl InvQueue {
             })
         } else {
             // The head only moves on, so the free slots only grow: a move
-            // within them now stays within them.
+            // within them now stays within them. (One read of the head
+            // decides and is reported.)
             let current = self.tail.load(Ordering::Acquire);
+            let head = self.head();
             let moved = (tail + self.len - current) % self.len;
-            (moved > self.free(current)).then(|| IqeReason::TailNotForward {
+            let free = self.len - 1 - (current + self.len - head) % self.len;
+            (moved > free).then_some(IqeReason::TailNotForward {
                 tail,
                 current,
-                head: self.head(),
+                head,
             })
         };
         if let Some(reason) = reason {
+            let head = match reason {
+                IqeReason::TailNotForward { head, .. } => head,
+                _ => self.head(),
+            };
             self.stop(QueueFault {
-                head: self.head(),
+                head,
                 raw: [0, 0],
                 reason,
             });

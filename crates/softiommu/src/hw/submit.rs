@@ -362,8 +362,9 @@ impl Unit {
     }
 
     /// Writes the tail register: the doorbell for descriptors a driver
-    /// wrote into the ring itself. A tail past the ring raises a queue
-    /// error and is not taken.
+    /// wrote into the ring itself. A tail past the ring, or one in
+    /// `[head, current tail)` (a move that would cross the head), raises a
+    /// queue error and is not taken.
     pub fn write_tail(&self, tail: u32) -> Result<(), QiError> {
         let sh = &*self.shared;
         sh.check_caller()?;
@@ -504,6 +505,8 @@ impl Unit {
         let sh = &*self.shared;
         sh.queue.ring(tail).map_err(|_| {
             sh.note_stop();
+            // Waiters learn of the stop, as `write_tail`'s do.
+            sh.notify_done();
             sh.stopped_error()
         })
     }
