@@ -263,18 +263,30 @@ impl InvQueue {
         ])
     }
 
-    /// Writes the tail register (the doorbell); call with the submission
-    /// lock held. A tail past the ring, or one in `[head, current tail)`
-    /// (a move that would cross the head: queued descriptors would be
-    /// dropped, or old slots run again), is an invalidation-queue error
-    /// (IQEI 1) and is not taken.
+    /// Writes the tail register (the doorbell) for the unit's own
+    /// submissions, which move it forward over the slots they filled
+    /// (`make_room` keeps them within the free ones); call with the
+    /// submission lock held. A tail past the ring is an invalidation-queue
+    /// error (IQEI 1) and is not taken.
     pub(crate) fn ring(&self, tail: u32) -> Result<(), IqeReason> {
-        let reason = if tail >= self.len {
-            Some(IqeReason::TailOutOfRange {
+        if tail >= self.len {
+            return Err(self.refuse_tail(IqeReason::TailOutOfRange {
                 tail,
                 len: self.len,
-            })
-        } else {
+            }));
+        }
+        // Release: publishes the descriptors written before it.
+        self.tail.store(tail, Ordering::Release);
+        Ok(())
+    }
+
+    /// The tail register written by a driver (`Unit::write_tail`); call
+    /// with the submission lock held. Besides a tail past the ring, one in
+    /// `[head, current tail)` (a move that would cross the head: queued
+    /// descriptors would be dropped, or old slots run again) is an
+    /// invalidation-queue error (IQEI 1) and is not taken.
+    pub(crate) fn ring_from_driver(&self, tail: u32) -> Result<(), IqeReason> {
+        if tail < self.len {
             // The head only moves on, so the free slots only grow: a move
             // within them now stays within them. (One read of the head
             // decides and is reported.)
@@ -282,27 +294,30 @@ impl InvQueue {
             let head = self.head();
             let moved = (tail + self.len - current) % self.len;
             let free = self.len - 1 - (current + self.len - head) % self.len;
-            (moved > free).then_some(IqeReason::TailNotForward {
-                tail,
-                current,
-                head,
-            })
-        };
-        if let Some(reason) = reason {
-            let head = match reason {
-                IqeReason::TailNotForward { head, .. } => head,
-                _ => self.head(),
-            };
-            self.stop(QueueFault {
-                head,
-                raw: [0, 0],
-                reason,
-            });
-            return Err(reason);
+            if moved > free {
+                return Err(self.refuse_tail(IqeReason::TailNotForward {
+                    tail,
+                    current,
+                    head,
+                }));
+            }
         }
-        // Release: publishes the descriptors written before it.
-        self.tail.store(tail, Ordering::Release);
-        Ok(())
+        self.ring(tail)
+    }
+
+    /// Stops the queue on a tail write it does not take (the head as it
+    /// was, no descriptor at fault); returns `reason`.
+    fn refuse_tail(&self, reason: IqeReason) -> IqeReason {
+        let head = match reason {
+            IqeReason::TailNotForward { head, .. } => head,
+            _ => self.head(),
+        };
+        self.stop(QueueFault {
+            head,
+            raw: [0, 0],
+            reason,
+        });
+        reason
     }
 
     /// Whether the queue is stopped on an error.
@@ -615,10 +630,10 @@ mod tests {
         for i in 0..4 {
             q.write(i, [0x7f, 0], None).unwrap();
         }
-        q.ring(4).unwrap();
+        q.ring_from_driver(4).unwrap();
         // Behind the tail: the four queued slots would be dropped.
         assert_eq!(
-            q.ring(2),
+            q.ring_from_driver(2),
             Err(IqeReason::TailNotForward {
                 tail: 2,
                 current: 4,
@@ -630,14 +645,14 @@ mod tests {
         q.recover(QueueRecovery::Retry).unwrap();
         // Onto the head (the whole ring: past the free slots).
         assert!(matches!(
-            q.ring(0),
+            q.ring_from_driver(0),
             Err(IqeReason::TailNotForward { tail: 0, .. })
         ));
         q.recover(QueueRecovery::Skip).unwrap();
         assert_eq!(q.tail(), 4);
         // The same tail again, and a forward move, are taken.
-        q.ring(4).unwrap();
-        q.ring(6).unwrap();
+        q.ring_from_driver(4).unwrap();
+        q.ring_from_driver(6).unwrap();
         assert_eq!(q.tail(), 6);
         assert!(!q.stopped());
     }

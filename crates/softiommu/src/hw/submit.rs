@@ -370,7 +370,7 @@ impl Unit {
         sh.check_caller()?;
         {
             let _sub = lock(&sh.submit);
-            if sh.queue.ring(tail).is_err() {
+            if sh.queue.ring_from_driver(tail).is_err() {
                 sh.note_stop();
                 sh.notify_done();
                 return Err(sh.stopped_error());
