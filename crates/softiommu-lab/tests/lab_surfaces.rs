@@ -295,14 +295,17 @@ fn standard_output_that_cannot_be_written_is_one_line_or_quiet() {
         1,
         "cannot write to standard output: No space left on device",
     );
-    let mut child = bin()
+    // The reader closed before the child starts, so its first write meets
+    // a closed pipe whatever the timing (closing it after the spawn raced
+    // a child that had written everything into the pipe's buffer first).
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = bin()
         .args([os("history"), os("--db"), db.as_os_str()])
-        .stdout(Stdio::piped())
+        .stdout(writer)
         .stderr(Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
         out.stderr.is_empty(),
