@@ -210,3 +210,48 @@ fn a_pass_through_single_unmap_is_judged_against_single_mappings_only() {
         .unwrap();
     cpu.unmap(d1, f, 1, DmaDirection::Bidirectional).unwrap();
 }
+
+/// `dma_api_model`, `crash-8a221371…` (pass-through): both devices mapped
+/// the same 257 bytes to the device, then device 0 unmapped device 1's
+/// mapping as bidirectional. The answer depended on which record was
+/// searched first: `WrongDirection` from device 0's own mapping, where the
+/// model expected `WrongDevice`. The asking device's own mapping now
+/// decides (it names the direction it should have asked), whichever
+/// device mapped first; only when it has none is the device the reason.
+#[test]
+fn a_devices_own_mapping_of_the_same_bytes_names_the_direction() {
+    for d1_first in [true, false] {
+        let p = platform(DmaPolicy::Passthrough);
+        let mut cpu = p.domain.cpu();
+        let (d0, d1) = (&p.devices[0], &p.devices[1]);
+        let f = p.mem.alloc_zeroed_frames(0).unwrap() + 257;
+        let order = if d1_first { [d1, d0] } else { [d0, d1] };
+        for d in order {
+            cpu.map(d, f, 257, DmaDirection::ToDevice).unwrap();
+        }
+        let r = cpu.unmap(d0, f, 257, DmaDirection::Bidirectional);
+        assert!(
+            matches!(
+                r,
+                Err(DmaError::WrongDirection {
+                    mapped: DmaDirection::ToDevice,
+                    asked: DmaDirection::Bidirectional,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert_eq!(p.domain.stats().live(), 2);
+        // Device 1 alone mapped it as bidirectional nowhere: its own
+        // mapping, too, names the direction.
+        let r = cpu.unmap(d1, f, 257, DmaDirection::FromDevice);
+        assert!(matches!(r, Err(DmaError::WrongDirection { .. })), "{r:?}");
+        cpu.unmap(d0, f, 257, DmaDirection::ToDevice).unwrap();
+        // Device 0's mapping gone, device 1's remains: device 0 asking is
+        // now refused for the device.
+        let r = cpu.unmap(d0, f, 257, DmaDirection::ToDevice);
+        assert!(matches!(r, Err(DmaError::WrongDevice { .. })), "{r:?}");
+        cpu.unmap(d1, f, 257, DmaDirection::ToDevice).unwrap();
+        assert_eq!(p.domain.stats().live(), 0);
+    }
+}

@@ -259,11 +259,12 @@ impl PtRecord {
     /// The owner of some mapping of exactly `len` bytes at `addr` whose
     /// [`PT_SG`] bit is `sg`'s (whichever device and direction: to tell a
     /// wrong device or direction).
-    fn owner_of(&self, addr: u64, len: u64, sg: u32) -> Option<u32> {
+    fn owner_of(&self, addr: u64, len: u64, sg: u32, device: Option<u32>) -> Option<u32> {
         self.live.with(|t| {
             t.iter()
                 .filter(|s| s.addr == addr && s.len & LEN_MASK == len)
                 .map(|s| (s.len >> LEN_BITS) as u32)
+                .filter(|o| device.is_none_or(|d| o & OWNER_DEVICE == d))
                 .find(|o| o & PT_SG == sg)
         })
     }
@@ -315,8 +316,9 @@ impl PtRecord {
 /// Removes one mapping of `len` bytes at `addr` made by device `sid` in
 /// direction `dir` (a scatter-list entry's if `sg`) from the first record
 /// of `records` (`own` first) that has it. If none does, nothing changes
-/// and the reason is given: `WrongDevice` or `WrongDirection` (the exact
-/// mapping of that kind is another device's or direction's), `NotMapped`
+/// and the reason is given: `WrongDirection` (the device has the exact
+/// mapping of that kind in another direction), `WrongDevice` (only other
+/// devices have it), `NotMapped`
 /// (only one of the other kind is), `WrongLength` (one of another length
 /// starts there), else `NotMapped`.
 pub(crate) fn take_any<'a>(
@@ -333,24 +335,29 @@ pub(crate) fn take_any<'a>(
     if own.take(addr, len, owner) || others.clone().any(|r| r.take(addr, len, owner)) {
         return Ok(());
     }
-    let of = |kind| {
-        own.owner_of(addr, len, kind)
-            .or_else(|| others.clone().find_map(|r| r.owner_of(addr, len, kind)))
+    let of = |kind, device| {
+        own.owner_of(addr, len, kind, device).or_else(|| {
+            others
+                .clone()
+                .find_map(|r| r.owner_of(addr, len, kind, device))
+        })
     };
-    if let Some(o) = of(kind) {
-        return Err(if o & OWNER_DEVICE != owner & OWNER_DEVICE {
-            DmaError::WrongDevice {
-                sid: sid.to_string(),
-            }
-        } else {
-            DmaError::WrongDirection {
-                addr,
-                mapped: dir_of(o),
-                asked: dir,
-            }
+    // The asking device's own mapping there names the direction; only if
+    // none is its own is the device the reason (two devices may hold the
+    // same bytes in pass-through, where the address is the physical one).
+    if let Some(o) = of(kind, Some(owner & OWNER_DEVICE)) {
+        return Err(DmaError::WrongDirection {
+            addr,
+            mapped: dir_of(o),
+            asked: dir,
         });
     }
-    if of(kind ^ PT_SG).is_some() {
+    if of(kind, None).is_some() {
+        return Err(DmaError::WrongDevice {
+            sid: sid.to_string(),
+        });
+    }
+    if of(kind ^ PT_SG, None).is_some() {
         return Err(DmaError::NotMapped { addr });
     }
     if own.has_addr(addr) || others.into_iter().any(|r| r.has_addr(addr)) {
@@ -425,6 +432,38 @@ mod tests {
         assert_eq!(r.covers(0x1010, 0x1065), Some(false));
         assert_eq!(r.covers(0x2000, 0x2001), None);
         assert!(r.take(0x1000, 100, O));
+    }
+
+    /// Two devices may map the same bytes in pass-through; an unmap by one
+    /// of them in the wrong direction names the direction, whichever
+    /// device's mapping the record holds first.
+    #[test]
+    fn a_devices_own_mapping_decides_the_reason_over_anothers() {
+        let other = (2 << 2) | 1;
+        for first_is_other in [true, false] {
+            let r = PtRecord::default();
+            if first_is_other {
+                r.add(0x1000, 100, other);
+                r.add(0x1000, 100, O);
+            } else {
+                r.add(0x1000, 100, O);
+                r.add(0x1000, 100, other);
+            }
+            let asked = DmaDirection::Bidirectional;
+            assert_eq!(
+                take_any(&r, std::iter::empty(), 0x1000, 100, S, asked, false),
+                Err(DmaError::WrongDirection {
+                    addr: 0x1000,
+                    mapped: D,
+                    asked
+                })
+            );
+            assert!(matches!(
+                take_any(&r, std::iter::empty(), 0x1000, 100, SourceId(3), D, false),
+                Err(DmaError::WrongDevice { .. })
+            ));
+            assert_eq!(r.len(), 2, "a refused unmap takes nothing");
+        }
     }
 
     /// The table against a model (a multiset), through growth and many
