@@ -225,6 +225,16 @@ pub enum SessionError {
     /// read on.
     #[error("unreadable message: {0}")]
     Framing(String),
+    /// The front-end began a message and did not send the rest of it, or
+    /// did not take a reply, within the session's bound (10 s; see
+    /// `session::MESSAGE_BOUND`): it cannot hold the session's thread.
+    #[error("the front-end stalled on {what}: not done within {bound_ms} ms")]
+    Stalled {
+        /// What was waited for: "a header", "a payload" or "a reply".
+        what: &'static str,
+        /// The bound, in milliseconds.
+        bound_ms: u64,
+    },
     /// The socket failed.
     #[error("socket: {0}")]
     Io(#[from] io::Error),

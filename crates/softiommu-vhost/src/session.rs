@@ -253,6 +253,13 @@ impl VhostDevice for BlkDevice {
     }
 }
 
+/// How long a front-end may take to finish a message it began, or to take
+/// a reply (one socket buffer's worth), before the session ends with
+/// [`SessionError::Stalled`]. A policy bound, not a model of anything:
+/// QEMU writes a message whole and reads each reply it asked for at once,
+/// so only a stuck or hostile front-end comes near it.
+pub(crate) const MESSAGE_BOUND: Duration = Duration::from_secs(10);
+
 /// Serves one front-end session for `dev` until it goes away; the device
 /// counters are the caller's to add.
 pub(crate) fn serve_device(
@@ -262,16 +269,19 @@ pub(crate) fn serve_device(
     miss_timeout: Duration,
 ) -> SessionReport {
     let space = Arc::new(DmaSpace::new(iotlb_capacity, miss_timeout));
-    serve_space(dev, sock, space, miss_timeout)
+    serve_space(dev, sock, space, miss_timeout, MESSAGE_BOUND)
 }
 
-/// [`serve_device`] over a given space.
+/// [`serve_device`] over a given space, with a message bound (see
+/// [`MESSAGE_BOUND`]).
 fn serve_space(
     dev: &dyn VhostDevice,
     sock: UnixStream,
     space: Arc<DmaSpace>,
     miss_timeout: Duration,
+    message_bound: Duration,
 ) -> SessionReport {
+    let message_bound = message_bound.max(Duration::from_millis(1));
     let cpu0 = crate::blk::thread_cpu_ns();
     let sched0 = Sched::this_thread();
     let mut s = Session {
@@ -290,8 +300,14 @@ fn serve_space(
         join_bound: miss_timeout + Duration::from_secs(1),
         timing: SessionTiming::default(),
         acked_iotlb_at: None,
+        message_bound,
     };
-    let end = s.run();
+    // A reply the front-end does not take within the bound ends the
+    // session (see `Session::run`), as a message it does not finish does.
+    let end = match sock.set_write_timeout(Some(message_bound)) {
+        Ok(()) => s.run(),
+        Err(e) => SessionEnd::Failed(SessionError::Io(e)),
+    };
     s.stop_all();
     SessionReport {
         end,
@@ -351,6 +367,8 @@ struct Session<'a> {
     timing: SessionTiming,
     /// When the last IOTLB message was acked while misses were outstanding.
     acked_iotlb_at: Option<Instant>,
+    /// The bound on a begun message's rest and on a reply's write.
+    message_bound: Duration,
 }
 
 /// Checks that a front-end's descriptor is of the kind `name` needs.
@@ -417,7 +435,7 @@ impl Session<'_> {
 
     fn run(&mut self) -> SessionEnd {
         loop {
-            let msg = match wire::recv(self.sock) {
+            let msg = match wire::recv(self.sock, self.message_bound) {
                 Ok(Some(m)) => m,
                 Ok(None) => return SessionEnd::Disconnected,
                 Err(SessionError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -467,7 +485,14 @@ impl Session<'_> {
                 self.last_rejection = Some(e);
             }
             if let Err(e) = sent {
-                return SessionEnd::Failed(SessionError::Io(e));
+                return SessionEnd::Failed(if wire::is_timeout(&e) {
+                    SessionError::Stalled {
+                        what: "a reply",
+                        bound_ms: self.message_bound.as_millis() as u64,
+                    }
+                } else {
+                    SessionError::Io(e)
+                });
             }
             if iotlb {
                 let now = Instant::now();
@@ -1365,7 +1390,8 @@ mod tests {
         let long = Some(Duration::from_secs(5));
         std::thread::scope(|s| {
             let sp = space.clone();
-            let session = s.spawn(|| serve_space(&dev, be, sp, Duration::from_millis(100)));
+            let session =
+                s.spawn(|| serve_space(&dev, be, sp, Duration::from_millis(100), MESSAGE_BOUND));
             // An update while the table is held: no ack until it is taken.
             let held = space.hold_table();
             fe.set_read_timeout(quiet).unwrap();
@@ -1395,6 +1421,96 @@ mod tests {
             let r = session.join().unwrap();
             assert_eq!(r.rejected_messages, 2);
             assert_eq!((r.iotlb.updates, r.iotlb.invalidations), (1, 1));
+        });
+    }
+
+    fn quiet_device() -> Flaky {
+        Flaky {
+            fail_next: AtomicBool::new(false),
+            had_call: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A front-end that stops partway through a header, or after a header
+    /// that announces a payload, ends its session within the message bound
+    /// (before: the session's thread waited until the front-end went
+    /// away). An idle front-end between messages is not bounded.
+    #[test]
+    fn a_front_end_that_stops_mid_message_ends_its_session_within_the_bound() {
+        let bound = Duration::from_millis(200);
+        let mut header = wire::encode(req::GET_FEATURES, crate::proto::VERSION, &[0; 8]);
+        header.truncate(crate::proto::HEADER_LEN);
+        for (sent, what) in [
+            (5usize, "a header"),
+            (crate::proto::HEADER_LEN, "a payload"),
+        ] {
+            let dev = quiet_device();
+            let space = Arc::new(DmaSpace::new(64, Duration::from_millis(100)));
+            let (fe, be) = UnixStream::pair().unwrap();
+            // First a whole message, after an idle gap longer than the
+            // bound: it is served.
+            std::thread::scope(|s| {
+                let session = s.spawn(|| serve_space(&dev, be, space, bound, bound));
+                std::thread::sleep(bound * 2);
+                testing::send(&fe, req::GET_FEATURES, &[], &[], true).unwrap();
+                fe.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let (code, _, _) = testing::recv(&fe).unwrap();
+                assert_eq!(code, req::GET_FEATURES);
+                testing::send_raw(&fe, &header[..sent]).unwrap();
+                let t = Instant::now();
+                let r = session.join().unwrap();
+                let took = t.elapsed();
+                assert!(
+                    matches!(
+                        r.end,
+                        SessionEnd::Failed(SessionError::Stalled { what: w, bound_ms: 200 }) if w == what
+                    ),
+                    "{:?}",
+                    r.end
+                );
+                assert!(took < Duration::from_secs(5), "{took:?}");
+                drop(fe);
+            });
+        }
+    }
+
+    /// A front-end that asks for replies and never reads them ends its
+    /// session once a reply cannot be written within the bound (before:
+    /// the session's thread blocked in the write for good).
+    #[test]
+    fn a_front_end_that_takes_no_replies_ends_its_session_within_the_bound() {
+        let bound = Duration::from_millis(200);
+        let dev = quiet_device();
+        let space = Arc::new(DmaSpace::new(64, Duration::from_millis(100)));
+        let (fe, be) = UnixStream::pair().unwrap();
+        let ask = wire::encode(
+            req::GET_FEATURES,
+            crate::proto::VERSION | crate::proto::FLAG_NEED_REPLY,
+            &[],
+        );
+        std::thread::scope(|s| {
+            let session = s.spawn(|| serve_space(&dev, be, space, bound, bound));
+            // Ask until the session stops reading (its replies fill the
+            // socket's buffer and it blocks in a write); the asking side's
+            // own write then times out.
+            fe.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+            let mut asked = 0u64;
+            while testing::send_raw(&fe, &ask).is_ok() {
+                asked += 1;
+                assert!(asked < 10_000_000, "the session never stopped reading");
+            }
+            let r = session.join().unwrap();
+            assert!(
+                matches!(
+                    r.end,
+                    SessionEnd::Failed(SessionError::Stalled {
+                        what: "a reply",
+                        bound_ms: 200
+                    })
+                ),
+                "{:?} after {asked} requests",
+                r.end
+            );
         });
     }
 }

@@ -88,11 +88,22 @@ impl Barrier {
         match self {
             #[cfg(not(loom))]
             Barrier::Membarrier => {
-                if membarrier(cmd::PRIVATE_EXPEDITED) != 0 {
-                    // Registered at `get`, so this cannot fail; if it did,
-                    // a fence keeps this side correct only with the
-                    // access's fence too, so abort rather than race.
-                    std::process::abort();
+                // Registered at `get`, so the one failure left is ENOMEM
+                // (a CPU mask the kernel allocates per call where masks
+                // live off the stack): backed off and retried for up to
+                // 10 s. Past that, or on any other error, a fence keeps
+                // this side correct only with the access's fence too, so
+                // abort rather than race.
+                let start = std::time::Instant::now();
+                let mut nap = std::time::Duration::from_micros(50);
+                while membarrier(cmd::PRIVATE_EXPEDITED) != 0 {
+                    let out_of_memory =
+                        std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM);
+                    if !out_of_memory || start.elapsed() >= std::time::Duration::from_secs(10) {
+                        std::process::abort();
+                    }
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(std::time::Duration::from_millis(50));
                 }
             }
             _ => fence(Ordering::SeqCst),

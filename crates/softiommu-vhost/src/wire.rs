@@ -6,6 +6,7 @@ use std::io::{self, Read, Write};
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use crate::error::SessionError;
 use crate::proto::{FLAG_REPLY, HEADER_LEN, MAX_FDS, MAX_PAYLOAD, VERSION, VERSION_MASK};
@@ -20,14 +21,20 @@ pub(crate) struct Msg {
 }
 
 /// Reads one message; `Ok(None)` at end of stream before a header.
-pub(crate) fn recv(sock: &UnixStream) -> Result<Option<Msg>, SessionError> {
+///
+/// Between messages the wait is the front-end's (an idle front-end is
+/// legitimate); once a message has begun, its rest must arrive within
+/// `bound`, else [`SessionError::Stalled`]: a front-end that stops
+/// mid-message cannot hold the session's thread.
+pub(crate) fn recv(sock: &UnixStream, bound: Duration) -> Result<Option<Msg>, SessionError> {
     let mut hdr = [0u8; HEADER_LEN];
     let (got, fds) = recv_with_fds(sock, &mut hdr)?;
     if got == 0 {
         return Ok(None);
     }
+    let rest = Rest::begin(sock, bound);
     if got < HEADER_LEN {
-        (&*sock).read_exact(&mut hdr[got..])?;
+        rest.read(&mut hdr[got..], "a header")?;
     }
     let le = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
     let (request, flags, size) = (le(0), le(4), le(8) as usize);
@@ -43,13 +50,110 @@ pub(crate) fn recv(sock: &UnixStream) -> Result<Option<Msg>, SessionError> {
         )));
     }
     let mut payload = vec![0u8; size];
-    (&*sock).read_exact(&mut payload)?;
+    rest.read(&mut payload, "a payload")?;
+    drop(rest);
     Ok(Some(Msg {
         request,
         flags,
         payload,
         fds,
     }))
+}
+
+/// The rest of a message begun on `sock`, read against one deadline; the
+/// socket's blocking reads are given back their unbounded wait on drop.
+/// What has already arrived (a front-end writes a message whole, as QEMU
+/// does) is taken without waiting and without touching the socket's
+/// timeout: no system call beyond the read itself.
+struct Rest<'a> {
+    sock: &'a UnixStream,
+    bound: Duration,
+    deadline: Instant,
+    /// The socket's read timeout was set (and must be cleared on drop).
+    timed: std::cell::Cell<bool>,
+}
+
+impl<'a> Rest<'a> {
+    fn begin(sock: &'a UnixStream, bound: Duration) -> Self {
+        // A zero timeout means "none" to the socket: at least 1 ms.
+        let bound = bound.max(Duration::from_millis(1));
+        Self {
+            sock,
+            bound,
+            deadline: Instant::now() + bound,
+            timed: std::cell::Cell::new(false),
+        }
+    }
+
+    /// One `recv` of what is already there, without waiting.
+    fn read_ready(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: `buf` is a live buffer of the stated length.
+        let n = unsafe {
+            libc::recv(
+                self.sock.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    /// Fills `buf`, or fails: `Stalled` past the deadline, the socket's
+    /// error, or `UnexpectedEof` if the stream ends first.
+    fn read(&self, mut buf: &mut [u8], what: &'static str) -> Result<(), SessionError> {
+        while !buf.is_empty() {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(self.stalled(what));
+            }
+            let got = match self.read_ready(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.sock.set_read_timeout(Some(left))?;
+                    self.timed.set(true);
+                    (&*self.sock).read(buf)
+                }
+                r => r,
+            };
+            match got {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+                Ok(n) => buf = &mut buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) => return Err(self.stalled(what)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn stalled(&self, what: &'static str) -> SessionError {
+        SessionError::Stalled {
+            what,
+            bound_ms: self.bound.as_millis() as u64,
+        }
+    }
+}
+
+impl Drop for Rest<'_> {
+    fn drop(&mut self) {
+        if self.timed.get() {
+            // Best effort: a socket that cannot take it fails its next read.
+            let _ = self.sock.set_read_timeout(None);
+        }
+    }
+}
+
+/// Whether a socket error is its timeout passing (`SO_RCVTIMEO` or
+/// `SO_SNDTIMEO`: `EAGAIN` on Linux).
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 /// A message header: request, flags, payload size, little-endian.
