@@ -91,6 +91,34 @@ fn membarrier_registered() -> bool {
     })
 }
 
+/// How long a draining wait retries `membarrier(2)` failing with ENOMEM
+/// before it gives up (the kernel allocates a CPU mask per call where
+/// masks live off the stack; memory pressure passes, so a wait backs off
+/// and tries again rather than stopping the process at once).
+#[cfg(all(target_os = "linux", not(loom)))]
+const MEMBARRIER_RETRY_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Calls `call` until it succeeds, retrying a failure with ENOMEM after a
+/// nap that doubles from 50 µs to 50 ms, for at most `bound` in all;
+/// another error, or ENOMEM past the bound, is returned.
+#[cfg_attr(not(all(target_os = "linux", not(loom))), allow(dead_code))]
+fn retry_while_out_of_memory(
+    bound: std::time::Duration,
+    mut call: impl FnMut() -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let start = std::time::Instant::now();
+    let mut nap = std::time::Duration::from_micros(50);
+    loop {
+        match call() {
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && start.elapsed() < bound => {
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(std::time::Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
+}
+
 impl Barrier {
     /// Resolves a configuration; `None` if `Membarrier` was asked for and the
     /// kernel does not offer it.
@@ -139,16 +167,22 @@ impl Barrier {
         #[cfg(all(target_os = "linux", not(loom)))]
         {
             if self == Barrier::Membarrier {
-                let r = membarrier(cmd::PRIVATE_EXPEDITED);
-                // Cannot fail once registered (the only errors are an
-                // unknown command and a missing registration). If it ever
-                // did, translators running with compiler fences alone could
-                // read stale entries after a wait: stop rather than break
-                // the isolation the unit exists for.
+                let r = retry_while_out_of_memory(MEMBARRIER_RETRY_BOUND, || {
+                    if membarrier(cmd::PRIVATE_EXPEDITED) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+                // Once registered, the one error left is ENOMEM (a
+                // temporary CPU mask on kernels built with
+                // `CPUMASK_OFFSTACK`), retried above. If it persists or
+                // another appears, translators running with compiler
+                // fences alone could read stale entries after a wait:
+                // stop rather than break the isolation the unit exists for.
                 assert!(
-                    r == 0,
-                    "membarrier(PRIVATE_EXPEDITED) failed after registration: {}",
-                    std::io::Error::last_os_error()
+                    r.is_ok(),
+                    "membarrier(PRIVATE_EXPEDITED) failed after registration: {r:?}"
                 );
             }
         }
@@ -166,6 +200,42 @@ impl Barrier {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn out_of_memory_is_retried_within_the_bound_and_other_errors_are_not() {
+        let enomem = || std::io::Error::from_raw_os_error(libc::ENOMEM);
+        let long = std::time::Duration::from_secs(10);
+        // Three ENOMEMs, then success.
+        let mut calls = 0;
+        let r = retry_while_out_of_memory(long, || {
+            calls += 1;
+            if calls <= 3 {
+                Err(enomem())
+            } else {
+                Ok(())
+            }
+        });
+        assert!(r.is_ok() && calls == 4, "{r:?} after {calls}");
+        // Another error: returned at once.
+        let mut calls = 0;
+        let r = retry_while_out_of_memory(long, || {
+            calls += 1;
+            Err(std::io::Error::from_raw_os_error(libc::EINVAL))
+        });
+        assert!(
+            matches!(&r, Err(e) if e.raw_os_error() == Some(libc::EINVAL)) && calls == 1,
+            "{r:?} after {calls}"
+        );
+        // ENOMEM for ever: returned once the bound passed.
+        let short = std::time::Duration::from_millis(20);
+        let t = std::time::Instant::now();
+        let r = retry_while_out_of_memory(short, || Err(enomem()));
+        assert!(
+            matches!(&r, Err(e) if e.raw_os_error() == Some(libc::ENOMEM)),
+            "{r:?}"
+        );
+        assert!(t.elapsed() >= short, "{:?}", t.elapsed());
+    }
 
     #[test]
     fn fence_always_resolves_and_auto_agrees_with_the_kernel() {
