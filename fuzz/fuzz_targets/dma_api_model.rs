@@ -344,8 +344,19 @@ fuzz_target!(|input: Input| {
                         );
                     }
                     None => {
+                        // The direction named is one the asking device
+                        // holds those bytes in (either, if it holds two).
+                        let holds = |d: DmaDirection| {
+                            m.live.iter().any(|o| {
+                                matches!(o.kind, Kind::Single)
+                                    && o.pieces[0] == (a, n)
+                                    && o.dev == dev
+                                    && o.dir.api() == d
+                            })
+                        };
                         assert!(
-                            matches!(res, Err(DmaError::WrongDirection { .. })),
+                            matches!(res, Err(DmaError::WrongDirection { addr, mapped, asked })
+                                if addr == a && asked == dir.api() && holds(mapped)),
                             "unmap of {l:?} as {dir:?}: {res:?}"
                         );
                     }

@@ -2,7 +2,7 @@
 //! at most [`MAX_PAYLOAD`] bytes, and file descriptors passed as
 //! `SCM_RIGHTS` ancillary data with the header.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -51,7 +51,6 @@ pub(crate) fn recv(sock: &UnixStream, bound: Duration) -> Result<Option<Msg>, Se
     }
     let mut payload = vec![0u8; size];
     rest.read(&mut payload, "a payload")?;
-    drop(rest);
     Ok(Some(Msg {
         request,
         flags,
@@ -60,28 +59,24 @@ pub(crate) fn recv(sock: &UnixStream, bound: Duration) -> Result<Option<Msg>, Se
     }))
 }
 
-/// The rest of a message begun on `sock`, read against one deadline; the
-/// socket's blocking reads are given back their unbounded wait on drop.
+/// The rest of a message begun on `sock`, read against one deadline.
 /// What has already arrived (a front-end writes a message whole, as QEMU
-/// does) is taken without waiting and without touching the socket's
-/// timeout: no system call beyond the read itself.
+/// does) is taken at once, whatever the time: the deadline bounds only
+/// waiting for bytes not there, with `poll(2)`, so a back-end that was
+/// itself held up (stopped, starved) never blames the front-end, and the
+/// socket keeps no timeout of its own between messages.
 struct Rest<'a> {
     sock: &'a UnixStream,
     bound: Duration,
     deadline: Instant,
-    /// The socket's read timeout was set (and must be cleared on drop).
-    timed: std::cell::Cell<bool>,
 }
 
 impl<'a> Rest<'a> {
     fn begin(sock: &'a UnixStream, bound: Duration) -> Self {
-        // A zero timeout means "none" to the socket: at least 1 ms.
-        let bound = bound.max(Duration::from_millis(1));
         Self {
             sock,
             bound,
             deadline: Instant::now() + bound,
-            timed: std::cell::Cell::new(false),
         }
     }
 
@@ -103,52 +98,61 @@ impl<'a> Rest<'a> {
         }
     }
 
-    /// Fills `buf`, or fails: `Stalled` past the deadline, the socket's
-    /// error, or `UnexpectedEof` if the stream ends first.
-    fn read(&self, mut buf: &mut [u8], what: &'static str) -> Result<(), SessionError> {
-        while !buf.is_empty() {
+    /// Waits until the socket has bytes (or an end or error to report),
+    /// at most until the deadline: `false` if the deadline passed.
+    fn wait_readable(&self) -> io::Result<bool> {
+        loop {
             let left = self.deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(self.stalled(what));
+                return Ok(false);
             }
-            let got = match self.read_ready(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.sock.set_read_timeout(Some(left))?;
-                    self.timed.set(true);
-                    (&*self.sock).read(buf)
-                }
-                r => r,
+            // Rounded up, so that a wait never ends before the deadline.
+            let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+            let mut p = libc::pollfd {
+                fd: self.sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
             };
-            match got {
+            // SAFETY: one live pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, ms) };
+            if n > 0 {
+                return Ok(true);
+            }
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Fills `buf`, or fails: `Stalled` once the deadline passed with
+    /// bytes still missing, the socket's error, or `UnexpectedEof` if the
+    /// stream ends first.
+    fn read(&self, mut buf: &mut [u8], what: &'static str) -> Result<(), SessionError> {
+        while !buf.is_empty() {
+            match self.read_ready(buf) {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
                 Ok(n) => buf = &mut buf[n..],
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if is_timeout(&e) => return Err(self.stalled(what)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if !self.wait_readable()? {
+                        return Err(SessionError::Stalled {
+                            what,
+                            bound_ms: self.bound.as_millis() as u64,
+                        });
+                    }
+                }
                 Err(e) => return Err(e.into()),
             }
         }
         Ok(())
     }
-
-    fn stalled(&self, what: &'static str) -> SessionError {
-        SessionError::Stalled {
-            what,
-            bound_ms: self.bound.as_millis() as u64,
-        }
-    }
 }
 
-impl Drop for Rest<'_> {
-    fn drop(&mut self) {
-        if self.timed.get() {
-            // Best effort: a socket that cannot take it fails its next read.
-            let _ = self.sock.set_read_timeout(None);
-        }
-    }
-}
-
-/// Whether a socket error is its timeout passing (`SO_RCVTIMEO` or
-/// `SO_SNDTIMEO`: `EAGAIN` on Linux).
+/// Whether a socket error is its send timeout passing (`SO_SNDTIMEO`:
+/// `EAGAIN` on Linux).
 pub(crate) fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
@@ -274,4 +278,54 @@ pub(crate) fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[i32]) -> io:
         (&*sock).write_all(&bytes[n..])?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes already in the socket are taken even past the deadline (a
+    /// back-end held up between a header and its payload does not blame
+    /// the front-end); only bytes still missing at the deadline stall.
+    #[test]
+    fn the_deadline_bounds_waiting_only_not_bytes_already_there() {
+        let (fe, be) = UnixStream::pair().unwrap();
+        (&fe).write_all(&[7; 8]).unwrap();
+        let rest = Rest::begin(&be, Duration::ZERO);
+        let mut buf = [0u8; 8];
+        assert!(matches!(rest.read(&mut buf, "a payload"), Ok(())));
+        assert_eq!(buf, [7; 8]);
+        // Half of the next 8 bytes: the rest stalls once the bound passed.
+        (&fe).write_all(&[9; 4]).unwrap();
+        let rest = Rest::begin(&be, Duration::from_millis(50));
+        let t = Instant::now();
+        let r = rest.read(&mut buf, "a payload");
+        assert!(
+            matches!(
+                r,
+                Err(SessionError::Stalled {
+                    what: "a payload",
+                    bound_ms: 50
+                })
+            ),
+            "{r:?}"
+        );
+        assert!(
+            t.elapsed() >= Duration::from_millis(50),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(buf[..4], [9; 4]);
+        // The socket kept no timeout: a blocking read waits for the next
+        // bytes as before.
+        assert_eq!(be.read_timeout().unwrap(), None);
+        // The stream's end before the rest: not a stall.
+        drop(fe);
+        let rest = Rest::begin(&be, Duration::from_secs(5));
+        let r = rest.read(&mut buf, "a payload");
+        assert!(
+            matches!(&r, Err(SessionError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof),
+            "{r:?}"
+        );
+    }
 }

@@ -242,15 +242,28 @@ fn a_devices_own_mapping_of_the_same_bytes_names_the_direction() {
             "{r:?}"
         );
         assert_eq!(p.domain.stats().live(), 2);
-        // Device 1 alone mapped it as bidirectional nowhere: its own
+        // Device 1 asking in a direction neither device mapped: its own
         // mapping, too, names the direction.
         let r = cpu.unmap(d1, f, 257, DmaDirection::FromDevice);
-        assert!(matches!(r, Err(DmaError::WrongDirection { .. })), "{r:?}");
+        assert!(
+            matches!(
+                r,
+                Err(DmaError::WrongDirection {
+                    mapped: DmaDirection::ToDevice,
+                    asked: DmaDirection::FromDevice,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
         cpu.unmap(d0, f, 257, DmaDirection::ToDevice).unwrap();
         // Device 0's mapping gone, device 1's remains: device 0 asking is
         // now refused for the device.
         let r = cpu.unmap(d0, f, 257, DmaDirection::ToDevice);
-        assert!(matches!(r, Err(DmaError::WrongDevice { .. })), "{r:?}");
+        assert!(
+            matches!(&r, Err(DmaError::WrongDevice { sid }) if *sid == d0.source_id().to_string()),
+            "{r:?}"
+        );
         cpu.unmap(d1, f, 257, DmaDirection::ToDevice).unwrap();
         assert_eq!(p.domain.stats().live(), 0);
     }

@@ -458,10 +458,12 @@ mod tests {
                     asked
                 })
             );
-            assert!(matches!(
+            assert_eq!(
                 take_any(&r, std::iter::empty(), 0x1000, 100, SourceId(3), D, false),
-                Err(DmaError::WrongDevice { .. })
-            ));
+                Err(DmaError::WrongDevice {
+                    sid: SourceId(3).to_string()
+                })
+            );
             assert_eq!(r.len(), 2, "a refused unmap takes nothing");
         }
     }
