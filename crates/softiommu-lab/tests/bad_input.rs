@@ -360,7 +360,7 @@ fn sizes_and_counts_out_of_range_are_refused() {
 fn unknown_names_in_lists_are_refused_with_the_valid_ones() {
     refused(
         &["bench", "iova", "--impls", "offset-allocator,nope"],
-        "[possible values: softiommu, harness, softiommu-batch16, linux-2016, offset-allocator, range-alloc, vm-allocator, magazine-floor, owner-store-floor]",
+        "[possible values: softiommu, harness, softiommu-batch16, linux-2016, offset-allocator, range-alloc, vm-allocator, magazine-floor, owner-store-floor, contract-floor]",
     );
     refused(
         &["lab", "iopf", "--placement", "nowhere"],

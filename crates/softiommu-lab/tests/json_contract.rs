@@ -59,7 +59,7 @@ fn bench_iova_with(threads: &str, imp: &str) -> Value {
 
 #[test]
 fn bench_iova_runs_the_floor_of_its_design_when_asked() {
-    for imp in ["magazine-floor", "owner-store-floor"] {
+    for imp in ["magazine-floor", "owner-store-floor", "contract-floor"] {
         let v = bench_iova_with("1", imp);
         let results = v["results"].as_array().expect("results");
         let floor = results

@@ -1,8 +1,10 @@
 //! `softiommu bench iova`: alloc+free pairs on a DMA-like size mix, ours
 //! beside `vm-allocator`, `range-alloc`, `offset-allocator`, our
 //! `linux-2016` baseline, `magazine-floor` (the floor of our design, a
-//! bare model: see `iova_floor`) and `owner-store-floor` (the floor of a
-//! design whose owner frees without a locked instruction), in one run.
+//! bare model: see `iova_floor`), `owner-store-floor` (the floor of a
+//! design whose owner frees without a locked instruction) and
+//! `contract-floor` (that floor with the checks our contract makes on
+//! every pair: see `iova_contract_floor`), in one run.
 //!
 //! Each thread holds `--live` allocations; each step frees the one in a
 //! random slot and allocates a new size into it, so frees come in a
@@ -17,6 +19,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use softiommu::iova::IovaPolicy;
 
+use super::iova_contract_floor::ContractFloor;
 use super::iova_floor::MagazineFloor;
 use super::iova_peers::{
     Harness, Iova, OffsetAlloc, Owned, PairAlloc, Peer, RangeAlloc, Shared, VmAllocator,
@@ -100,6 +103,11 @@ pub enum Impl {
     /// pair instead of a compare-exchange (see `iova_floor`); at one
     /// thread only.
     OwnerStoreFloor,
+    /// `owner-store-floor` with the checks the allocator's contract makes
+    /// on every pair, each in its least form: the caller's limit, the
+    /// flush epoch, the slot's revocation, 64-bit words in a two-level
+    /// state map (see `iova_contract_floor`); at one thread only.
+    ContractFloor,
 }
 
 impl Impl {
@@ -115,6 +123,7 @@ impl Impl {
             Impl::VmAllocator => "vm-allocator",
             Impl::MagazineFloor => "magazine-floor",
             Impl::OwnerStoreFloor => "owner-store-floor",
+            Impl::ContractFloor => "contract-floor",
         }
     }
 }
@@ -454,6 +463,12 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
                     b,
                 )
             }),
+        ));
+    }
+    if threads == 1 && want("contract-floor") {
+        runners.push((
+            "contract-floor",
+            Box::new(move |b| measure("contract-floor", vec![ContractFloor::default()], live, b)),
         ));
     }
     if want("softiommu-batch16") {

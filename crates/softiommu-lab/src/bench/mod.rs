@@ -4,6 +4,7 @@ pub mod access;
 pub mod dma;
 pub mod dma_instructions;
 pub mod iova;
+pub mod iova_contract_floor;
 pub mod iova_floor;
 pub mod iova_peers;
 pub mod packet;

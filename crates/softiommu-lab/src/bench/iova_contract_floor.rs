@@ -1,0 +1,305 @@
+//! `bench iova`'s `contract-floor` row: `owner-store-floor` (see
+//! `iova_floor`) with the checks our allocator's contract makes on every
+//! pair and the bare model leaves out, each in its least form. It prices
+//! what the contract costs, apart from how our code does it: the gap from
+//! `owner-store-floor` to this row is the contract's, the gap from this
+//! row to ours is our code's.
+//!
+//! What it adds to the bare model, and why each is the contract's:
+//! - **The caller's limit** (a device's DMA mask): a popped block must end
+//!   at or below it; a block above it is left where it is.
+//! - **The flush epoch** on alloc and free: another thread may ask every
+//!   cache to give its blocks back (Linux's `flush_rcache` when the tree
+//!   has no room), and each cache must see that at its next call.
+//! - **The owner slot's revocation** on the owner's free: after another
+//!   thread revoked the slot, the owner must take the exchange (the bare
+//!   model's free has no such check, so it is not a correct free).
+//! - **A 64-bit state word** (state, owner and the DMA layer's tag): the
+//!   free compares the low 32 bits, as ours does.
+//! - **A two-level state map**: a 48-bit IOVA space has 2^36 frames, too
+//!   many for one flat array per domain, so a frame's word is found
+//!   through a table of chunks (a load, a check, an index); the bare
+//!   model's flat array covers only the 2^30 frames it hands out.
+//!
+//! It leaves out what the contract does not need on every pair: the
+//! published counts (statistics), the domain's tree, sharing between
+//! threads (the row runs at one thread), and the slot's revocation itself.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{compiler_fence, AtomicU64, Ordering::Relaxed, Ordering::Release};
+use std::sync::Arc;
+
+use super::iova_peers::PairAlloc;
+
+/// Blocks a magazine holds, as our default magazines.
+const MAGAZINE: usize = 128;
+/// Orders served: blocks of 1 to 256 pages (the bench's mix).
+const ORDERS: usize = 9;
+/// Frames per chunk of the state map (2^16 words, 512 KiB).
+const CHUNK_SHIFT: u32 = 16;
+/// Frames the model hands out: as `iova_floor`'s.
+const FRAMES: u64 = 1 << 30;
+/// State of a live block (or'ed with its order and owner bits).
+const LIVE: u64 = 0x40;
+/// State of a cached block (or'ed with its order).
+const CACHED: u64 = 0x80;
+/// This cache's owner number in a word's bits 16..31.
+const OWNER: u64 = 1 << 16;
+/// A slot's revocation state while its holder may free by store.
+const BIASED: u64 = 0;
+
+/// What the domain shares with its caches: the flush epoch and the owner
+/// slot (its revocation state and its holder's count).
+#[derive(Debug, Default)]
+struct Shared {
+    flush_epoch: AtomicU64,
+    revoked: AtomicU64,
+    freeing: AtomicU64,
+}
+
+/// One thread's model allocator; see the module documentation.
+#[derive(Debug)]
+pub struct ContractFloor {
+    shared: Arc<Shared>,
+    epoch: u64,
+    limit: u64,
+    chunks: Box<[Option<Box<[AtomicU64]>>]>,
+    mags: [Magazine; ORDERS],
+    spilled: [Vec<u64>; ORDERS],
+    bump: u64,
+}
+
+#[derive(Debug)]
+struct Magazine {
+    slots: Box<[u64; MAGAZINE]>,
+    len: usize,
+}
+
+impl Default for ContractFloor {
+    fn default() -> Self {
+        Self {
+            shared: Arc::default(),
+            epoch: 0,
+            limit: FRAMES - 1,
+            chunks: (0..FRAMES >> CHUNK_SHIFT).map(|_| None).collect(),
+            mags: std::array::from_fn(|_| Magazine {
+                slots: Box::new([0; MAGAZINE]),
+                len: 0,
+            }),
+            spilled: std::array::from_fn(|_| Vec::new()),
+            // Frame 0 is never handed out: a handle is never zero.
+            bump: 1,
+        }
+    }
+}
+
+impl ContractFloor {
+    /// The state word of `pfn`, if its chunk exists.
+    #[inline(always)]
+    fn word(&self, pfn: u64) -> Option<&AtomicU64> {
+        let chunk = self.chunks.get((pfn >> CHUNK_SHIFT) as usize)?.as_deref()?;
+        chunk.get((pfn & ((1 << CHUNK_SHIFT) - 1)) as usize)
+    }
+
+    /// Allocates a size-aligned block of `pages` ending at or below the
+    /// limit: its first frame.
+    #[inline(always)]
+    pub fn alloc_block(&mut self, pages: u64) -> Option<u64> {
+        let order = pages.trailing_zeros() as usize;
+        if !pages.is_power_of_two() || order >= ORDERS {
+            return None;
+        }
+        let span_m1 = pages - 1;
+        let mut pfn = None;
+        if self.shared.flush_epoch.load(Relaxed) == self.epoch {
+            let m = &mut self.mags[order];
+            if let Some(top) = m.len.checked_sub(1) {
+                let p = m.slots[top];
+                if p + span_m1 <= self.limit {
+                    m.len = top;
+                    pfn = Some(p);
+                }
+            }
+        }
+        let pfn = match pfn {
+            Some(p) => p,
+            None => self.refill(order)?,
+        };
+        self.word(pfn)?.store(LIVE | order as u64 | OWNER, Relaxed);
+        Some(pfn)
+    }
+
+    /// A block for an empty magazine (or a flush asked for, or a top
+    /// above the limit): a spilled one, else a new one.
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self, order: usize) -> Option<u64> {
+        self.epoch = self.shared.flush_epoch.load(Relaxed);
+        if let Some(pfn) = self.spilled[order].pop() {
+            return Some(pfn);
+        }
+        let span = 1u64 << order;
+        let pfn = self.bump.checked_add(span - 1)? & !(span - 1);
+        let end = pfn.checked_add(span)?;
+        if end > FRAMES || end - 1 > self.limit {
+            return None;
+        }
+        self.bump = end;
+        let (first, last) = (pfn >> CHUNK_SHIFT, (end - 1) >> CHUNK_SHIFT);
+        for c in first..=last {
+            let slot = self.chunks.get_mut(c as usize)?;
+            if slot.is_none() {
+                *slot = Some((0..1 << CHUNK_SHIFT).map(|_| AtomicU64::new(0)).collect());
+            }
+        }
+        Some(pfn)
+    }
+
+    /// Frees the block of `pages` at `pfn`; `false`, the block left as it
+    /// was, if it is not a live block of that size.
+    #[inline(always)]
+    pub fn free_block(&mut self, pfn: u64, pages: u64) -> bool {
+        let order = pages.trailing_zeros() as usize;
+        if !pages.is_power_of_two() || order >= ORDERS {
+            return false;
+        }
+        if self.shared.flush_epoch.load(Relaxed) != self.epoch {
+            return self.free_slow(pfn, order);
+        }
+        let Some(word) = self.word(pfn) else {
+            return false;
+        };
+        let live = LIVE | order as u64 | OWNER;
+        let m = &self.mags[order];
+        if m.len == MAGAZINE {
+            return self.free_slow(pfn, order);
+        }
+        // The owner's free, as ours (`softiommu::iova`'s owner slots):
+        // the count raised, the light fence, the revocation checked, the
+        // word compared (tag ignored) and stored, the count dropped.
+        let s = &self.shared;
+        let count = s.freeing.load(Relaxed);
+        s.freeing.store(count.wrapping_add(1), Release);
+        compiler_fence(SeqCst);
+        let freed = s.revoked.load(Relaxed) == BIASED && word.load(Relaxed) as u32 == live as u32;
+        if freed {
+            word.store(CACHED | order as u64, Relaxed);
+        }
+        s.freeing.store(count.wrapping_add(2), Release);
+        if !freed {
+            return false;
+        }
+        let m = &mut self.mags[order];
+        m.slots[m.len] = pfn;
+        m.len += 1;
+        true
+    }
+
+    /// A free past a full magazine or a flush asked for: half the
+    /// magazine spilled (a flush would give all back; the row never
+    /// flushes), then the free.
+    #[cold]
+    #[inline(never)]
+    fn free_slow(&mut self, pfn: u64, order: usize) -> bool {
+        self.epoch = self.shared.flush_epoch.load(Relaxed);
+        let m = &mut self.mags[order];
+        if m.len == MAGAZINE {
+            self.spilled[order].extend_from_slice(&m.slots[MAGAZINE / 2..]);
+            m.len = MAGAZINE / 2;
+        }
+        let live = LIVE | order as u64 | OWNER;
+        let Some(word) = self.word(pfn) else {
+            return false;
+        };
+        if word
+            .compare_exchange(live, CACHED | order as u64, SeqCst, Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        let m = &mut self.mags[order];
+        m.slots[m.len] = pfn;
+        m.len += 1;
+        true
+    }
+}
+
+impl PairAlloc for ContractFloor {
+    /// `pfn << 12 | pages`, as ours.
+    type Handle = std::num::NonZeroU64;
+    #[inline(always)]
+    fn alloc(&mut self, pages: u64) -> Option<Self::Handle> {
+        std::num::NonZeroU64::new(self.alloc_block(pages)? << 12 | pages)
+    }
+    #[inline(always)]
+    fn free(&mut self, h: Self::Handle) {
+        let ok = self.free_block(h.get() >> 12, h.get() & 0xfff);
+        assert!(ok, "freeing a live block");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_aligned_distinct_reused_and_checked() {
+        let mut a = ContractFloor::default();
+        let mut seen = std::collections::HashSet::new();
+        let blocks: Vec<(u64, u64)> = [1u64, 4, 256, 1, 2]
+            .iter()
+            .map(|&p| (a.alloc_block(p).expect("room"), p))
+            .collect();
+        for &(pfn, pages) in &blocks {
+            assert_eq!(pfn % pages, 0, "{pfn} aligned to {pages}");
+            assert!(
+                (pfn..pfn + pages).all(|f| seen.insert(f)),
+                "overlap at {pfn}"
+            );
+        }
+        let (pfn, pages) = blocks[2];
+        assert!(a.free_block(pfn, pages));
+        assert!(!a.free_block(pfn, pages), "double free");
+        assert!(!a.free_block(blocks[0].0, 2), "wrong size");
+        assert!(!a.free_block(FRAMES + 1, 1), "past the frames");
+        assert!(!a.free_block(blocks[1].0, 3), "not a power of two");
+        assert_eq!(a.alloc_block(256), Some(pfn), "the freed block comes back");
+    }
+
+    #[test]
+    fn a_revoked_slot_and_a_flush_take_the_checked_paths() {
+        let mut a = ContractFloor::default();
+        let x = a.alloc_block(1).expect("room");
+        a.shared.revoked.store(1, Relaxed);
+        // The owner's store refused: the caller would take the exchange.
+        assert!(!a.free_block(x, 1));
+        a.shared.revoked.store(BIASED, Relaxed);
+        a.shared.flush_epoch.store(1, Relaxed);
+        assert!(a.free_block(x, 1), "a flush sends the free the slow way");
+        assert_eq!(a.epoch, 1);
+        // A limit below the magazine's top (and every new block): no
+        // block, and the top stays for a caller it fits.
+        a.limit = x - 1;
+        assert_eq!(a.alloc_block(1), None);
+        a.limit = FRAMES - 1;
+        assert_eq!(a.alloc_block(1), Some(x));
+    }
+
+    #[test]
+    fn a_magazine_spills_when_full_and_its_blocks_come_back() {
+        let mut a = ContractFloor::default();
+        let blocks: Vec<u64> = (0..MAGAZINE + 10)
+            .map(|_| a.alloc_block(1).expect("room"))
+            .collect();
+        for &pfn in &blocks {
+            assert!(a.free_block(pfn, 1));
+        }
+        let mut again: Vec<u64> = (0..blocks.len())
+            .map(|_| a.alloc_block(1).expect("room"))
+            .collect();
+        again.sort_unstable();
+        let mut want = blocks.clone();
+        want.sort_unstable();
+        assert_eq!(again, want, "every freed block, each once");
+    }
+}
