@@ -105,8 +105,8 @@ pub enum Impl {
     OwnerStoreFloor,
     /// `owner-store-floor` with the checks the allocator's contract makes
     /// on every pair, each in its least form: the caller's limit, the
-    /// flush epoch, the slot's revocation, 64-bit words in a two-level
-    /// state map (see `iova_contract_floor`); at one thread only.
+    /// flush epoch, the slot's revocation, 64-bit state words (see
+    /// `iova_contract_floor`); at one thread only.
     ContractFloor,
 }
 
