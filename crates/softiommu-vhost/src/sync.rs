@@ -94,12 +94,14 @@ impl Barrier {
                 // 10 s. Past that, or on any other error, a fence keeps
                 // this side correct only with the access's fence too, so
                 // abort rather than race.
-                let start = std::time::Instant::now();
+                // The clock is read only once a call failed.
+                let mut start = None;
                 let mut nap = std::time::Duration::from_micros(50);
                 while membarrier(cmd::PRIVATE_EXPEDITED) != 0 {
                     let out_of_memory =
                         std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM);
-                    if !out_of_memory || start.elapsed() >= std::time::Duration::from_secs(10) {
+                    let since = *start.get_or_insert_with(std::time::Instant::now);
+                    if !out_of_memory || since.elapsed() >= std::time::Duration::from_secs(10) {
                         std::process::abort();
                     }
                     std::thread::sleep(nap);

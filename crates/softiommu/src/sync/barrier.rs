@@ -106,17 +106,45 @@ fn retry_while_out_of_memory(
     bound: std::time::Duration,
     mut call: impl FnMut() -> std::io::Result<()>,
 ) -> std::io::Result<()> {
-    let start = std::time::Instant::now();
+    // The clock is read only once a call failed.
+    let mut start = None;
     let mut nap = std::time::Duration::from_micros(50);
     loop {
         match call() {
-            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && start.elapsed() < bound => {
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                let since = *start.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= bound {
+                    return Err(e);
+                }
                 std::thread::sleep(nap);
                 nap = (nap * 2).min(std::time::Duration::from_millis(50));
             }
             r => return r,
         }
     }
+}
+
+/// A draining wait's `membarrier(2)` failed: retried while it fails with
+/// ENOMEM (within [`MEMBARRIER_RETRY_BOUND`]). Once registered, ENOMEM is
+/// the one error left (a temporary CPU mask on kernels built with
+/// `CPUMASK_OFFSTACK`). If it persists or another appears, translators
+/// running with compiler fences alone could read stale entries after a
+/// wait: stop rather than break the isolation the unit exists for.
+#[cfg(all(target_os = "linux", not(loom)))]
+#[cold]
+#[inline(never)]
+fn membarrier_failed() {
+    let r = retry_while_out_of_memory(MEMBARRIER_RETRY_BOUND, || {
+        if membarrier(cmd::PRIVATE_EXPEDITED) == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    });
+    assert!(
+        r.is_ok(),
+        "membarrier(PRIVATE_EXPEDITED) failed after registration: {r:?}"
+    );
 }
 
 impl Barrier {
@@ -166,24 +194,8 @@ impl Barrier {
         fence(Ordering::SeqCst);
         #[cfg(all(target_os = "linux", not(loom)))]
         {
-            if self == Barrier::Membarrier {
-                let r = retry_while_out_of_memory(MEMBARRIER_RETRY_BOUND, || {
-                    if membarrier(cmd::PRIVATE_EXPEDITED) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
-                // Once registered, the one error left is ENOMEM (a
-                // temporary CPU mask on kernels built with
-                // `CPUMASK_OFFSTACK`), retried above. If it persists or
-                // another appears, translators running with compiler
-                // fences alone could read stale entries after a wait:
-                // stop rather than break the isolation the unit exists for.
-                assert!(
-                    r.is_ok(),
-                    "membarrier(PRIVATE_EXPEDITED) failed after registration: {r:?}"
-                );
+            if self == Barrier::Membarrier && membarrier(cmd::PRIVATE_EXPEDITED) != 0 {
+                membarrier_failed();
             }
         }
     }
