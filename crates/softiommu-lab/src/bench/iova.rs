@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use softiommu::iova::IovaPolicy;
 
 use super::iova_contract_floor::ContractFloor;
-use super::iova_floor::MagazineFloor;
+use super::iova_floor::{BlockModel, Blocks, MagazineFloor};
 use super::iova_peers::{
     Harness, Iova, OffsetAlloc, Owned, PairAlloc, Peer, RangeAlloc, Shared, VmAllocator,
 };
@@ -384,6 +384,17 @@ pub fn run(args: &IovaBenchArgs) -> LabResult<Report> {
     Ok(report(&measure_all(args), args))
 }
 
+/// A floor model's row (`iova_floor`, `iova_contract_floor`).
+fn floor_row<A: BlockModel + Send + 'static>(
+    name: &'static str,
+    live: usize,
+) -> (&'static str, Runner) {
+    (
+        name,
+        Box::new(move |b| measure(name, vec![Blocks(A::default())], live, b)),
+    )
+}
+
 fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
     let threads = args.threads.us();
     let live = args.live.us();
@@ -439,37 +450,16 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
     }
     // The floor is a one-thread model (no state shared between threads):
     // run at one thread only.
-    if threads == 1 && want("magazine-floor") {
-        runners.push((
-            "magazine-floor",
-            Box::new(move |b| {
-                measure(
-                    "magazine-floor",
-                    vec![MagazineFloor::<false>::default()],
-                    live,
-                    b,
-                )
-            }),
-        ));
-    }
-    if threads == 1 && want("owner-store-floor") {
-        runners.push((
-            "owner-store-floor",
-            Box::new(move |b| {
-                measure(
-                    "owner-store-floor",
-                    vec![MagazineFloor::<true>::default()],
-                    live,
-                    b,
-                )
-            }),
-        ));
-    }
-    if threads == 1 && want("contract-floor") {
-        runners.push((
-            "contract-floor",
-            Box::new(move |b| measure("contract-floor", vec![ContractFloor::default()], live, b)),
-        ));
+    if threads == 1 {
+        if want("magazine-floor") {
+            runners.push(floor_row::<MagazineFloor<false>>("magazine-floor", live));
+        }
+        if want("owner-store-floor") {
+            runners.push(floor_row::<MagazineFloor<true>>("owner-store-floor", live));
+        }
+        if want("contract-floor") {
+            runners.push(floor_row::<ContractFloor>("contract-floor", live));
+        }
     }
     if want("softiommu-batch16") {
         runners.push((

@@ -29,7 +29,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{compiler_fence, AtomicU64, Ordering::Relaxed, Ordering::Release};
 use std::sync::Arc;
 
-use super::iova_peers::PairAlloc;
+use super::iova_floor::BlockModel;
 
 /// Blocks a magazine holds, as our default magazines.
 const MAGAZINE: usize = 128;
@@ -108,10 +108,59 @@ impl ContractFloor {
         self.words.get(pfn as usize)
     }
 
+    /// A block for an empty magazine (or a flush asked for, or a top
+    /// above the limit): a spilled one, else a new one.
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self, order: usize) -> Option<u64> {
+        self.epoch = self.shared.flush_epoch.load(Relaxed);
+        if let Some(pfn) = self.spilled[order].pop() {
+            return Some(pfn);
+        }
+        let span = 1u64 << order;
+        let pfn = self.bump.checked_add(span - 1)? & !(span - 1);
+        let end = pfn.checked_add(span)?;
+        if end > FRAMES || end - 1 > self.limit {
+            return None;
+        }
+        self.bump = end;
+        Some(pfn)
+    }
+
+    /// A free past a full magazine or a flush asked for: half the
+    /// magazine spilled (a flush would give all back; the row never
+    /// flushes), then the free.
+    #[cold]
+    #[inline(never)]
+    fn free_slow(&mut self, pfn: u64, order: usize) -> bool {
+        self.epoch = self.shared.flush_epoch.load(Relaxed);
+        let m = &mut self.mags[order];
+        if m.len == MAGAZINE {
+            self.spilled[order].extend_from_slice(&m.slots[MAGAZINE / 2..]);
+            m.len = MAGAZINE / 2;
+        }
+        let live = LIVE | order as u64 | OWNER;
+        let Some(word) = self.word(pfn) else {
+            return false;
+        };
+        if word
+            .compare_exchange(live, CACHED | order as u64, SeqCst, Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        let m = &mut self.mags[order];
+        m.slots[m.len] = pfn;
+        m.len += 1;
+        true
+    }
+}
+
+impl BlockModel for ContractFloor {
     /// Allocates a size-aligned block of `pages` ending at or below the
     /// limit: its first frame.
     #[inline(always)]
-    pub fn alloc_block(&mut self, pages: u64) -> Option<u64> {
+    fn alloc_block(&mut self, pages: u64) -> Option<u64> {
         let order = pages.trailing_zeros() as usize;
         if !pages.is_power_of_two() || order >= ORDERS {
             return None;
@@ -136,29 +185,10 @@ impl ContractFloor {
         Some(pfn)
     }
 
-    /// A block for an empty magazine (or a flush asked for, or a top
-    /// above the limit): a spilled one, else a new one.
-    #[cold]
-    #[inline(never)]
-    fn refill(&mut self, order: usize) -> Option<u64> {
-        self.epoch = self.shared.flush_epoch.load(Relaxed);
-        if let Some(pfn) = self.spilled[order].pop() {
-            return Some(pfn);
-        }
-        let span = 1u64 << order;
-        let pfn = self.bump.checked_add(span - 1)? & !(span - 1);
-        let end = pfn.checked_add(span)?;
-        if end > FRAMES || end - 1 > self.limit {
-            return None;
-        }
-        self.bump = end;
-        Some(pfn)
-    }
-
     /// Frees the block of `pages` at `pfn`; `false`, the block left as it
     /// was, if it is not a live block of that size.
     #[inline(always)]
-    pub fn free_block(&mut self, pfn: u64, pages: u64) -> bool {
+    fn free_block(&mut self, pfn: u64, pages: u64) -> bool {
         let order = pages.trailing_zeros() as usize;
         if !pages.is_power_of_two() || order >= ORDERS {
             return false;
@@ -194,48 +224,6 @@ impl ContractFloor {
         m.len += 1;
         true
     }
-
-    /// A free past a full magazine or a flush asked for: half the
-    /// magazine spilled (a flush would give all back; the row never
-    /// flushes), then the free.
-    #[cold]
-    #[inline(never)]
-    fn free_slow(&mut self, pfn: u64, order: usize) -> bool {
-        self.epoch = self.shared.flush_epoch.load(Relaxed);
-        let m = &mut self.mags[order];
-        if m.len == MAGAZINE {
-            self.spilled[order].extend_from_slice(&m.slots[MAGAZINE / 2..]);
-            m.len = MAGAZINE / 2;
-        }
-        let live = LIVE | order as u64 | OWNER;
-        let Some(word) = self.word(pfn) else {
-            return false;
-        };
-        if word
-            .compare_exchange(live, CACHED | order as u64, SeqCst, Relaxed)
-            .is_err()
-        {
-            return false;
-        }
-        let m = &mut self.mags[order];
-        m.slots[m.len] = pfn;
-        m.len += 1;
-        true
-    }
-}
-
-impl PairAlloc for ContractFloor {
-    /// `pfn << 12 | pages`, as ours.
-    type Handle = std::num::NonZeroU64;
-    #[inline(always)]
-    fn alloc(&mut self, pages: u64) -> Option<Self::Handle> {
-        std::num::NonZeroU64::new(self.alloc_block(pages)? << 12 | pages)
-    }
-    #[inline(always)]
-    fn free(&mut self, h: Self::Handle) {
-        let ok = self.free_block(h.get() >> 12, h.get() & 0xfff);
-        assert!(ok, "freeing a live block");
-    }
 }
 
 #[cfg(test)]
@@ -243,27 +231,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn blocks_are_aligned_distinct_reused_and_checked() {
-        let mut a = ContractFloor::default();
-        let mut seen = std::collections::HashSet::new();
-        let blocks: Vec<(u64, u64)> = [1u64, 4, 256, 1, 2]
-            .iter()
-            .map(|&p| (a.alloc_block(p).expect("room"), p))
-            .collect();
-        for &(pfn, pages) in &blocks {
-            assert_eq!(pfn % pages, 0, "{pfn} aligned to {pages}");
-            assert!(
-                (pfn..pfn + pages).all(|f| seen.insert(f)),
-                "overlap at {pfn}"
-            );
-        }
-        let (pfn, pages) = blocks[2];
-        assert!(a.free_block(pfn, pages));
-        assert!(!a.free_block(pfn, pages), "double free");
-        assert!(!a.free_block(blocks[0].0, 2), "wrong size");
-        assert!(!a.free_block(FRAMES + 1, 1), "past the frames");
-        assert!(!a.free_block(blocks[1].0, 3), "not a power of two");
-        assert_eq!(a.alloc_block(256), Some(pfn), "the freed block comes back");
+    fn the_model_keeps_the_block_contract() {
+        super::super::iova_floor::check_model::<ContractFloor>(MAGAZINE, FRAMES);
     }
 
     #[test]
@@ -283,23 +252,5 @@ mod tests {
         assert_eq!(a.alloc_block(1), None);
         a.limit = FRAMES - 1;
         assert_eq!(a.alloc_block(1), Some(x));
-    }
-
-    #[test]
-    fn a_magazine_spills_when_full_and_its_blocks_come_back() {
-        let mut a = ContractFloor::default();
-        let blocks: Vec<u64> = (0..MAGAZINE + 10)
-            .map(|_| a.alloc_block(1).expect("room"))
-            .collect();
-        for &pfn in &blocks {
-            assert!(a.free_block(pfn, 1));
-        }
-        let mut again: Vec<u64> = (0..blocks.len())
-            .map(|_| a.alloc_block(1).expect("room"))
-            .collect();
-        again.sort_unstable();
-        let mut want = blocks.clone();
-        want.sort_unstable();
-        assert_eq!(again, want, "every freed block, each once");
     }
 }

@@ -101,24 +101,6 @@ impl<const OWNER_STORE: bool> MagazineFloor<OWNER_STORE> {
         (pages.is_power_of_two() && order < ORDERS).then_some(order)
     }
 
-    /// Allocates a size-aligned block of `pages`: its first frame.
-    #[inline(always)]
-    pub fn alloc_block(&mut self, pages: u64) -> Option<u64> {
-        let order = Self::order(pages)?;
-        let m = &mut self.mags[order];
-        let pfn = match m.len.checked_sub(1) {
-            Some(top) => {
-                m.len = top;
-                m.slots[top]
-            }
-            None => self.refill(order)?,
-        };
-        self.state
-            .get(pfn as usize)?
-            .store(LIVE | order as u16, Relaxed);
-        Some(pfn)
-    }
-
     /// A block for an empty magazine: a spilled one, else a new one.
     #[cold]
     #[inline(never)]
@@ -135,11 +117,31 @@ impl<const OWNER_STORE: bool> MagazineFloor<OWNER_STORE> {
         self.bump = end;
         Some(pfn)
     }
+}
+
+impl<const OWNER_STORE: bool> BlockModel for MagazineFloor<OWNER_STORE> {
+    /// Allocates a size-aligned block of `pages`: its first frame.
+    #[inline(always)]
+    fn alloc_block(&mut self, pages: u64) -> Option<u64> {
+        let order = Self::order(pages)?;
+        let m = &mut self.mags[order];
+        let pfn = match m.len.checked_sub(1) {
+            Some(top) => {
+                m.len = top;
+                m.slots[top]
+            }
+            None => self.refill(order)?,
+        };
+        self.state
+            .get(pfn as usize)?
+            .store(LIVE | order as u16, Relaxed);
+        Some(pfn)
+    }
 
     /// Frees the block of `pages` at `pfn`; `false`, the block left as it
     /// was, if it is not a live block of that size.
     #[inline(always)]
-    pub fn free_block(&mut self, pfn: u64, pages: u64) -> bool {
+    fn free_block(&mut self, pfn: u64, pages: u64) -> bool {
         let Some(order) = Self::order(pages) else {
             return false;
         };
@@ -179,18 +181,75 @@ impl<const OWNER_STORE: bool> MagazineFloor<OWNER_STORE> {
     }
 }
 
-impl<const OWNER_STORE: bool> PairAlloc for MagazineFloor<OWNER_STORE> {
-    /// `pfn << 12 | pages`, as ours.
+/// A model allocator's block calls, which [`Blocks`] runs in the bench.
+pub trait BlockModel: Default {
+    /// Allocates a block of `pages` (a power of two) aligned to its size:
+    /// its first frame.
+    fn alloc_block(&mut self, pages: u64) -> Option<u64>;
+    /// Frees the block of `pages` at `pfn`; `false`, the block left as it
+    /// was, if it is not a live block of that size.
+    fn free_block(&mut self, pfn: u64, pages: u64) -> bool;
+}
+
+/// A floor model as the bench runs it: handles `pfn << 12 | pages`, as
+/// ours.
+#[derive(Debug, Default)]
+pub struct Blocks<A>(pub A);
+
+impl<A: BlockModel + Send> PairAlloc for Blocks<A> {
     type Handle = std::num::NonZeroU64;
     #[inline(always)]
     fn alloc(&mut self, pages: u64) -> Option<Self::Handle> {
-        std::num::NonZeroU64::new(self.alloc_block(pages)? << 12 | pages)
+        std::num::NonZeroU64::new(self.0.alloc_block(pages)? << 12 | pages)
     }
     #[inline(always)]
     fn free(&mut self, h: Self::Handle) {
-        let ok = self.free_block(h.get() >> 12, h.get() & 0xfff);
+        let ok = self.0.free_block(h.get() >> 12, h.get() & 0xfff);
         assert!(ok, "freeing a live block");
     }
+}
+
+/// Checks every floor model makes good: blocks aligned, distinct and
+/// reused; a double free, a wrong size, a frame past the model's and a
+/// size not a power of two refused; a full magazine spilled and every
+/// block of it coming back once.
+#[cfg(test)]
+pub(crate) fn check_model<A: BlockModel>(magazine: usize, frames: u64) {
+    let mut a = A::default();
+    let mut seen = std::collections::HashSet::new();
+    let blocks: Vec<(u64, u64)> = [1u64, 4, 256, 1, 2]
+        .iter()
+        .map(|&p| (a.alloc_block(p).expect("room"), p))
+        .collect();
+    for &(pfn, pages) in &blocks {
+        assert_eq!(pfn % pages, 0, "{pfn} aligned to {pages}");
+        assert!(
+            (pfn..pfn + pages).all(|f| seen.insert(f)),
+            "overlap at {pfn}"
+        );
+    }
+    let (pfn, pages) = blocks[2];
+    assert!(a.free_block(pfn, pages));
+    assert!(!a.free_block(pfn, pages), "double free");
+    assert!(!a.free_block(blocks[0].0, 2), "wrong size");
+    assert!(!a.free_block(frames + 1, 1), "past the frames");
+    assert!(!a.free_block(blocks[1].0, 3), "not a power of two");
+    assert_eq!(a.alloc_block(256), Some(pfn), "the freed block comes back");
+
+    let mut a = A::default();
+    let blocks: Vec<u64> = (0..magazine + 10)
+        .map(|_| a.alloc_block(1).expect("room"))
+        .collect();
+    for &pfn in &blocks {
+        assert!(a.free_block(pfn, 1));
+    }
+    let mut again: Vec<u64> = (0..blocks.len())
+        .map(|_| a.alloc_block(1).expect("room"))
+        .collect();
+    again.sort_unstable();
+    let mut want = blocks.clone();
+    want.sort_unstable();
+    assert_eq!(again, want, "every freed block, each once");
 }
 
 #[cfg(test)]
@@ -198,49 +257,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn blocks_are_aligned_distinct_and_reused_and_a_second_free_is_refused() {
-        blocks_are_aligned_distinct_and_reused::<false>();
-        blocks_are_aligned_distinct_and_reused::<true>();
-    }
-
-    fn blocks_are_aligned_distinct_and_reused<const OWNER_STORE: bool>() {
-        let mut a = MagazineFloor::<OWNER_STORE>::default();
-        let mut seen = std::collections::HashSet::new();
-        let blocks: Vec<(u64, u64)> = [1u64, 4, 256, 1, 2]
-            .iter()
-            .map(|&p| (a.alloc_block(p).expect("room"), p))
-            .collect();
-        for &(pfn, pages) in &blocks {
-            assert_eq!(pfn % pages, 0, "{pfn} aligned to {pages}");
-            assert!(
-                (pfn..pfn + pages).all(|f| seen.insert(f)),
-                "overlap at {pfn}"
-            );
-        }
-        let (pfn, pages) = blocks[2];
-        assert!(a.free_block(pfn, pages));
-        assert!(!a.free_block(pfn, pages), "double free");
-        assert!(!a.free_block(blocks[0].0, 2), "wrong size");
-        assert!(!a.free_block(FRAMES + 1, 1), "past the frames");
-        assert!(!a.free_block(blocks[1].0, 3), "not a power of two");
-        assert_eq!(a.alloc_block(256), Some(pfn), "the freed block comes back");
-    }
-
-    #[test]
-    fn a_magazine_spills_when_full_and_its_blocks_come_back() {
-        let mut a = MagazineFloor::<false>::default();
-        let blocks: Vec<u64> = (0..MAGAZINE + 10)
-            .map(|_| a.alloc_block(1).expect("room"))
-            .collect();
-        for &pfn in &blocks {
-            assert!(a.free_block(pfn, 1));
-        }
-        let mut again: Vec<u64> = (0..blocks.len())
-            .map(|_| a.alloc_block(1).expect("room"))
-            .collect();
-        again.sort_unstable();
-        let mut want = blocks.clone();
-        want.sort_unstable();
-        assert_eq!(again, want, "every freed block, each once");
+    fn both_floor_models_keep_the_block_contract() {
+        check_model::<MagazineFloor<false>>(MAGAZINE, FRAMES);
+        check_model::<MagazineFloor<true>>(MAGAZINE, FRAMES);
     }
 }
