@@ -21,6 +21,12 @@
 //!   fallback, measured about 2 ns a pair more in this row: the chunk's
 //!   pointer is one more dependent load).
 //!
+//! It is written as tightly as ours: magazine slots indexed without bounds
+//! checks, the order rounded up with one leading-zero count, the state
+//! words on transparent huge pages, the magazine's length read before the
+//! claim's fence, and the owner's count kept in the model (only the holder
+//! writes it).
+//!
 //! It leaves out what the contract does not need on every pair: the
 //! published counts (statistics), the domain's tree, sharing between
 //! threads (the row runs at one thread), and the slot's revocation itself.
@@ -29,9 +35,10 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{compiler_fence, AtomicU64, Ordering::Relaxed, Ordering::Release};
 use std::sync::Arc;
 
-use super::iova_floor::BlockModel;
+use super::iova_floor::{order_of, prefer_huge_pages, BlockModel, Magazine};
 
-/// Blocks a magazine holds, as our default magazines.
+/// Blocks a magazine holds: as `iova_floor`'s.
+#[cfg(test)]
 const MAGAZINE: usize = 128;
 /// Orders served: blocks of 1 to 256 pages (the bench's mix).
 const ORDERS: usize = 9;
@@ -65,28 +72,24 @@ pub struct ContractFloor {
     mags: [Magazine; ORDERS],
     spilled: [Vec<u64>; ORDERS],
     bump: u64,
-}
-
-#[derive(Debug)]
-struct Magazine {
-    slots: Box<[u64; MAGAZINE]>,
-    len: usize,
+    /// The owner's count, as last stored (only this model writes it).
+    count: u64,
 }
 
 impl Default for ContractFloor {
     fn default() -> Self {
+        let words = zeroed_words(FRAMES as usize);
+        prefer_huge_pages(&words);
         Self {
             shared: Arc::default(),
             epoch: 0,
             limit: FRAMES - 1,
-            words: zeroed_words(FRAMES as usize),
-            mags: std::array::from_fn(|_| Magazine {
-                slots: Box::new([0; MAGAZINE]),
-                len: 0,
-            }),
+            words,
+            mags: std::array::from_fn(|_| Magazine::default()),
             spilled: std::array::from_fn(|_| Vec::new()),
             // Frame 0 is never handed out: a handle is never zero.
             bump: 1,
+            count: 0,
         }
     }
 }
@@ -102,12 +105,6 @@ fn zeroed_words(n: usize) -> Box<[AtomicU64]> {
 }
 
 impl ContractFloor {
-    /// The state word of `pfn`, if the map covers it.
-    #[inline(always)]
-    fn word(&self, pfn: u64) -> Option<&AtomicU64> {
-        self.words.get(pfn as usize)
-    }
-
     /// A block for an empty magazine (or a flush asked for, or a top
     /// above the limit): a spilled one, else a new one.
     #[cold]
@@ -135,12 +132,15 @@ impl ContractFloor {
     fn free_slow(&mut self, pfn: u64, order: usize) -> bool {
         self.epoch = self.shared.flush_epoch.load(Relaxed);
         let m = &mut self.mags[order];
-        if m.len == MAGAZINE {
-            self.spilled[order].extend_from_slice(&m.slots[MAGAZINE / 2..]);
-            m.len = MAGAZINE / 2;
-        }
+        let len = match m.room() {
+            Some(len) => len,
+            None => {
+                m.spill_half(&mut self.spilled[order]);
+                m.room().unwrap_or(0)
+            }
+        };
         let live = LIVE | order as u64 | OWNER;
-        let Some(word) = self.word(pfn) else {
+        let Some(word) = self.words.get(pfn as usize) else {
             return false;
         };
         if word
@@ -149,9 +149,7 @@ impl ContractFloor {
         {
             return false;
         }
-        let m = &mut self.mags[order];
-        m.slots[m.len] = pfn;
-        m.len += 1;
+        m.push_at(len, pfn);
         true
     }
 }
@@ -161,27 +159,20 @@ impl BlockModel for ContractFloor {
     /// limit: its first frame.
     #[inline(always)]
     fn alloc_block(&mut self, pages: u64) -> Option<u64> {
-        let order = pages.trailing_zeros() as usize;
-        if !pages.is_power_of_two() || order >= ORDERS {
-            return None;
-        }
-        let span_m1 = pages - 1;
+        let order = order_of(pages)?;
+        let span_m1 = (1u64 << order) - 1;
+        let limit = self.limit;
         let mut pfn = None;
         if self.shared.flush_epoch.load(Relaxed) == self.epoch {
-            let m = &mut self.mags[order];
-            if let Some(top) = m.len.checked_sub(1) {
-                let p = m.slots[top];
-                if p + span_m1 <= self.limit {
-                    m.len = top;
-                    pfn = Some(p);
-                }
-            }
+            pfn = self.mags[order].pop_if(|p| p + span_m1 <= limit);
         }
         let pfn = match pfn {
             Some(p) => p,
             None => self.refill(order)?,
         };
-        self.word(pfn)?.store(LIVE | order as u64 | OWNER, Relaxed);
+        self.words
+            .get(pfn as usize)?
+            .store(LIVE | order as u64 | OWNER, Relaxed);
         Some(pfn)
     }
 
@@ -189,39 +180,38 @@ impl BlockModel for ContractFloor {
     /// was, if it is not a live block of that size.
     #[inline(always)]
     fn free_block(&mut self, pfn: u64, pages: u64) -> bool {
-        let order = pages.trailing_zeros() as usize;
-        if !pages.is_power_of_two() || order >= ORDERS {
+        let Some(order) = order_of(pages) else {
             return false;
-        }
+        };
         if self.shared.flush_epoch.load(Relaxed) != self.epoch {
             return self.free_slow(pfn, order);
         }
-        let Some(word) = self.word(pfn) else {
+        let Some(word) = self.words.get(pfn as usize) else {
             return false;
         };
         let live = LIVE | order as u64 | OWNER;
-        let m = &self.mags[order];
-        if m.len == MAGAZINE {
+        let m = &mut self.mags[order];
+        let Some(len) = m.room() else {
             return self.free_slow(pfn, order);
-        }
+        };
         // The owner's free, as ours (`softiommu::iova`'s owner slots):
         // the count raised, the light fence, the revocation checked, the
-        // word compared (tag ignored) and stored, the count dropped.
+        // word compared (tag ignored) and stored, the count dropped. The
+        // count is this model's own copy (only the holder writes it).
         let s = &self.shared;
-        let count = s.freeing.load(Relaxed);
+        let count = self.count;
         s.freeing.store(count.wrapping_add(1), Release);
         compiler_fence(SeqCst);
         let freed = s.revoked.load(Relaxed) == BIASED && word.load(Relaxed) as u32 == live as u32;
         if freed {
             word.store(CACHED | order as u64, Relaxed);
         }
-        s.freeing.store(count.wrapping_add(2), Release);
+        self.count = count.wrapping_add(2);
+        s.freeing.store(self.count, Release);
         if !freed {
             return false;
         }
-        let m = &mut self.mags[order];
-        m.slots[m.len] = pfn;
-        m.len += 1;
+        m.push_at(len, pfn);
         true
     }
 }

@@ -11,7 +11,10 @@
 //! pointer and a stack of spilled blocks stand in for it), no chunked
 //! state map (one flat array over the frames it hands out), no sharing
 //! between threads (the bench runs it at one thread only). So its figure
-//! is a floor for the design, not a usable allocator.
+//! is a floor for the design, not a usable allocator. What it does is
+//! written as tightly as ours: magazine slots indexed without bounds
+//! checks, the order rounded up with one leading-zero count, the state
+//! array on transparent huge pages (as our state map).
 //!
 //! `owner-store-floor` (`MagazineFloor<true>`) is the same model with the
 //! free of the design we ship (`softiommu::iova`'s owner slots), one
@@ -62,20 +65,98 @@ pub struct MagazineFloor<const OWNER_STORE: bool = false> {
     freeing: AtomicU64,
 }
 
+/// A magazine of the models: a stack of up to [`MAGAZINE`] blocks,
+/// indexed without bounds checks (as ours: its length is the bound).
 #[derive(Debug)]
-struct Magazine {
+pub(crate) struct Magazine {
     slots: Box<[u64; MAGAZINE]>,
     len: usize,
 }
 
-impl<const OWNER_STORE: bool> Default for MagazineFloor<OWNER_STORE> {
+impl Default for Magazine {
     fn default() -> Self {
         Self {
-            state: zeroed_states(FRAMES as usize),
-            mags: std::array::from_fn(|_| Magazine {
-                slots: Box::new([0; MAGAZINE]),
-                len: 0,
-            }),
+            slots: Box::new([0; MAGAZINE]),
+            len: 0,
+        }
+    }
+}
+
+impl Magazine {
+    /// Takes the top block if `fits` it.
+    #[inline(always)]
+    pub(crate) fn pop_if(&mut self, fits: impl Fn(u64) -> bool) -> Option<u64> {
+        let top = self.len.checked_sub(1)?;
+        // SAFETY: `top < len <= MAGAZINE`.
+        let pfn = unsafe { *self.slots.get_unchecked(top) };
+        if !fits(pfn) {
+            return None;
+        }
+        self.len = top;
+        Some(pfn)
+    }
+
+    /// The length, if there is room for one more block.
+    #[inline(always)]
+    pub(crate) fn room(&self) -> Option<usize> {
+        (self.len < MAGAZINE).then_some(self.len)
+    }
+
+    /// Puts `pfn` at `len`, the length [`room`](Self::room) gave (read
+    /// before a claim, so that the claim's fence does not make the
+    /// compiler read it again).
+    #[inline(always)]
+    pub(crate) fn push_at(&mut self, len: usize, pfn: u64) {
+        // Masked: in bounds whatever `len` is (a no-op on `room`'s).
+        // SAFETY: `len & (MAGAZINE - 1) < MAGAZINE`.
+        unsafe { *self.slots.get_unchecked_mut(len & (MAGAZINE - 1)) = pfn };
+        self.len = len + 1;
+    }
+
+    /// Spills the top half into `to` (a full magazine, as a depot takes
+    /// one).
+    pub(crate) fn spill_half(&mut self, to: &mut Vec<u64>) {
+        to.extend_from_slice(&self.slots[MAGAZINE / 2..self.len.max(MAGAZINE / 2)]);
+        self.len = self.len.min(MAGAZINE / 2);
+    }
+}
+
+/// The order of a block of `pages`, rounded up to a power of two as ours
+/// (`softiommu::iova`'s `order_of`: one leading-zero count), if the models
+/// serve it (up to 256 pages).
+#[inline(always)]
+pub(crate) fn order_of(pages: u64) -> Option<usize> {
+    if pages == 0 {
+        return None;
+    }
+    let order = (64 - (pages - 1).leading_zeros()) as usize;
+    (order < ORDERS).then_some(order)
+}
+
+/// Asks for transparent huge pages over `words`, as ours does for its
+/// state map (`Reservation::prefer_huge_pages`): frees touch words at
+/// random, and 4 KiB pages would cost a TLB miss where ours pays none.
+pub(crate) fn prefer_huge_pages<T>(words: &[T]) {
+    const HUGE: usize = 2 << 20;
+    let start = words.as_ptr() as usize;
+    let end = start + std::mem::size_of_val(words);
+    let (lo, hi) = (start.next_multiple_of(HUGE), end & !(HUGE - 1));
+    if lo < hi {
+        // SAFETY: `[lo, hi)` lies within `words`' allocation, which the
+        // caller owns; MADV_HUGEPAGE changes no contents.
+        unsafe {
+            libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
+impl<const OWNER_STORE: bool> Default for MagazineFloor<OWNER_STORE> {
+    fn default() -> Self {
+        let state = zeroed_states(FRAMES as usize);
+        prefer_huge_pages(&state);
+        Self {
+            state,
+            mags: std::array::from_fn(|_| Magazine::default()),
             spilled: std::array::from_fn(|_| Vec::new()),
             // Frame 0 is never handed out: a handle is never zero.
             bump: 1,
@@ -93,14 +174,6 @@ fn zeroed_states(n: usize) -> Box<[AtomicU16]> {
 }
 
 impl<const OWNER_STORE: bool> MagazineFloor<OWNER_STORE> {
-    /// The order of `pages` if the model serves it (a power of two up to
-    /// 256).
-    #[inline(always)]
-    fn order(pages: u64) -> Option<usize> {
-        let order = pages.trailing_zeros() as usize;
-        (pages.is_power_of_two() && order < ORDERS).then_some(order)
-    }
-
     /// A block for an empty magazine: a spilled one, else a new one.
     #[cold]
     #[inline(never)]
@@ -123,13 +196,9 @@ impl<const OWNER_STORE: bool> BlockModel for MagazineFloor<OWNER_STORE> {
     /// Allocates a size-aligned block of `pages`: its first frame.
     #[inline(always)]
     fn alloc_block(&mut self, pages: u64) -> Option<u64> {
-        let order = Self::order(pages)?;
-        let m = &mut self.mags[order];
-        let pfn = match m.len.checked_sub(1) {
-            Some(top) => {
-                m.len = top;
-                m.slots[top]
-            }
+        let order = order_of(pages)?;
+        let pfn = match self.mags[order].pop_if(|_| true) {
+            Some(pfn) => pfn,
             None => self.refill(order)?,
         };
         self.state
@@ -142,18 +211,21 @@ impl<const OWNER_STORE: bool> BlockModel for MagazineFloor<OWNER_STORE> {
     /// was, if it is not a live block of that size.
     #[inline(always)]
     fn free_block(&mut self, pfn: u64, pages: u64) -> bool {
-        let Some(order) = Self::order(pages) else {
+        let Some(order) = order_of(pages) else {
             return false;
         };
         let Some(word) = self.state.get(pfn as usize) else {
             return false;
         };
         let m = &mut self.mags[order];
-        if m.len == MAGAZINE {
-            // Half the full magazine spills, as a depot would take it.
-            self.spilled[order].extend_from_slice(&m.slots[MAGAZINE / 2..]);
-            m.len = MAGAZINE / 2;
-        }
+        let len = match m.room() {
+            Some(len) => len,
+            None => {
+                // Half the full magazine spills, as a depot would take it.
+                m.spill_half(&mut self.spilled[order]);
+                MAGAZINE / 2
+            }
+        };
         if OWNER_STORE {
             // The owner's side (see the module documentation): the flag
             // raised before the state is read, lowered (Release) after it
@@ -175,8 +247,7 @@ impl<const OWNER_STORE: bool> BlockModel for MagazineFloor<OWNER_STORE> {
         {
             return false;
         }
-        m.slots[m.len] = pfn;
-        m.len += 1;
+        m.push_at(len, pfn);
         true
     }
 }
@@ -233,7 +304,12 @@ pub(crate) fn check_model<A: BlockModel>(magazine: usize, frames: u64) {
     assert!(!a.free_block(pfn, pages), "double free");
     assert!(!a.free_block(blocks[0].0, 2), "wrong size");
     assert!(!a.free_block(frames + 1, 1), "past the frames");
-    assert!(!a.free_block(blocks[1].0, 3), "not a power of two");
+    assert!(!a.free_block(blocks[1].0, 0), "zero pages");
+    // 3 pages round up to the 4-page block's order, as ours.
+    assert!(
+        a.free_block(blocks[1].0, 3),
+        "3 pages name the 4-page block"
+    );
     assert_eq!(a.alloc_block(256), Some(pfn), "the freed block comes back");
 
     let mut a = A::default();
