@@ -13,8 +13,8 @@ use crossbeam_utils::CachePadded;
 
 use super::domain::{BlockKind, CacheShared, IovaDomain, COUNT_SLOTS};
 use super::live_map::{
-    claim_for_free, move_state, put_tag, state, state_of, tag_of, tagged, ClaimWord, Cursor, Word,
-    CACHED, LIVE, ORDER_MASK, RETIRED,
+    claim_for_free, free_words, move_state, put_tag, state, state_of, tag_of, tagged, ClaimWord,
+    Cursor, Word, CACHED, LIVE, RETIRED,
 };
 use super::magazine::Magazine;
 use super::owner::{OwnerRef, Owners, OWNER_MASK, OWNER_SHIFT};
@@ -88,13 +88,6 @@ impl Class {
     }
 }
 
-/// The state words of a block of `order` as a cache with owner bits `me`
-/// hands it out, and as cached.
-fn class_words(order: u32, me: u64) -> (u64, u64) {
-    let o = u64::from(order) & u64::from(ORDER_MASK);
-    (u64::from(LIVE) | o | me, u64::from(CACHED) | o)
-}
-
 /// Publishes what the loaded magazine of class `order` holds, for
 /// [`IovaDomain::stats`]: one relaxed store (a plain move) of its length,
 /// which the call has in hand; no read-modify-write. (What `prev` holds
@@ -131,11 +124,11 @@ pub struct IovaCpuCache {
     /// This cache's window on the domain's state map (used with that map
     /// only): an access near the last one skips the map's lookup.
     live_cur: Cursor<AtomicU64>,
-    /// The owner slot this cache holds, if any (`owner.rs`).
+    /// The owner slot this cache holds, if any (`owner.rs`): none once
+    /// revoked.
     owner: OwnerRef,
-    /// Its number in a state word's owner bits (0: none).
-    owner_bits: u64,
-    /// The slot's number, to give it back (0: none).
+    /// The slot's number, to give it back (0: none), kept after a
+    /// revocation.
     owner_slot: u64,
 }
 
@@ -179,7 +172,7 @@ impl IovaCpuCache {
         };
         let classes = (0..=p.max_cached_order)
             .map(|order| {
-                let (live, cached) = class_words(order, owner_slot << OWNER_SHIFT);
+                let (live, cached) = free_words(order, owner_slot << OWNER_SHIFT);
                 CachePadded::new(Class {
                     loaded: Magazine::new(p.magazine_size),
                     prev: Magazine::new(p.magazine_size),
@@ -204,8 +197,18 @@ impl IovaCpuCache {
             recycle_any: !p.linear_tree,
             live_cur: Cursor::default(),
             owner,
-            owner_bits: owner_slot << OWNER_SHIFT,
             owner_slot,
+        }
+    }
+
+    /// The owner bits this cache stamps into its blocks: its slot's
+    /// number while it holds the slot unrevoked, else 0.
+    #[inline(always)]
+    fn owner_bits(&self) -> u64 {
+        if self.owner.is_none() {
+            0
+        } else {
+            self.owner_slot << OWNER_SHIFT
         }
     }
 
@@ -213,7 +216,7 @@ impl IovaCpuCache {
     /// this cache's owner bits (a plain store: the block is this cache's).
     #[inline(always)]
     fn set_live(&mut self, pfn: u64, order: u32) {
-        let w = class_words(order, self.owner_bits).0;
+        let w = free_words(order, self.owner_bits()).0;
         self.put_word(pfn, w);
     }
 
@@ -234,9 +237,8 @@ impl IovaCpuCache {
     fn drop_bias_if_revoked(&mut self) {
         if self.owner.is_revoked() {
             self.owner = OwnerRef::NONE;
-            self.owner_bits = 0;
             for (order, class) in self.classes.iter_mut().enumerate() {
-                (class.live, class.cached) = class_words(order as u32, 0);
+                (class.live, class.cached) = free_words(order as u32, 0);
             }
         }
     }
@@ -290,7 +292,7 @@ impl IovaCpuCache {
         let order = super::order_of(pages).map_err(RetireRefused::Block)?;
         if order < 64 {
             let live = state(LIVE | kind.bits(), order);
-            let me = self.owner_bits;
+            let me = self.owner_bits();
             // SAFETY: as in `live_cell` (the fields borrowed apart, so that
             // the owner slots can be reached with the word in hand).
             if let Some(c) = unsafe { self.live_cur.cell(&self.domain.live, pfn) } {
@@ -353,7 +355,7 @@ impl IovaCpuCache {
         if seen & !OWNER_MASK != from {
             return Err(self.retire_refused(pfn, order, seen));
         }
-        self.domain.owners.before_claim(seen, self.owner_bits);
+        self.domain.owners.before_claim(seen, self.owner_bits());
         c.claim(seen, to)
             .map_err(|seen| self.retire_refused(pfn, order, seen))
     }
@@ -406,10 +408,9 @@ impl IovaCpuCache {
     ) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;
         // This cache's block: from a magazine (its owner bits) or from the
-        // tree (none). The mark clears them (a marked block is freed by
-        // exchange).
-        // Its own slot's number even after a revocation dropped the bias
-        // (blocks stamped before it), which the exchange may then take.
+        // tree (none). Its slot's number is accepted even after a
+        // revocation dropped the bias (blocks stamped before it). The mark
+        // clears them (a marked block is freed by exchange).
         let me = self.owner_slot << OWNER_SHIFT;
         let marked = order < 64
             && self.live_cell(pfn).is_some_and(|c| {
@@ -803,7 +804,7 @@ impl IovaCpuCache {
     #[inline(never)]
     fn free_other(&mut self, pfn: u64, order: u32) -> Result<(), IovaError> {
         self.drop_bias_if_revoked();
-        let (owner, me) = (self.owner, self.owner_bits);
+        let (owner, me) = (self.owner, self.owner_bits());
         // SAFETY: as in `live_cell` (the fields borrowed apart).
         let claimed = order < 64
             && unsafe { self.live_cur.cell(&self.domain.live, pfn) }
@@ -817,9 +818,8 @@ impl IovaCpuCache {
     /// Frees every `(pfn, pages)` of `blocks`, as [`free`](Self::free)
     /// does one by one (each block claimed on its own, plainly or by
     /// exchange as `free` claims it, each refusal the same error), with
-    /// the state of the blocks a few
-    /// places ahead already on its way into the cache (a flush queue's
-    /// batch, a scatter list's unmap). The flush epoch is checked and what
+    /// the state of the blocks a few places ahead already on its way into
+    /// the cache (a flush queue's batch, a scatter list's unmap). The flush epoch is checked and what
     /// the cache holds published once for the batch, not per block. Every
     /// block is tried; the first error is returned.
     pub fn free_all(&mut self, blocks: &[(u64, u64)]) -> Result<(), IovaError> {
@@ -1150,11 +1150,8 @@ pub(super) fn claim_own(
     c: &impl ClaimWord,
     order: u32,
 ) -> bool {
-    // The words built in 64 bits (no 16-bit state to widen on the hot
-    // path), as `claim_for_free` builds them.
-    let o = u64::from(order) & u64::from(ORDER_MASK);
-    owner.free(c, u64::from(LIVE) | o | me, u64::from(CACHED) | o)
-        || claim_for_free(c, order, owners, me).is_ok()
+    let (live, cached) = free_words(order, me);
+    owner.free(c, live, cached) || claim_for_free(c, order, owners, me).is_ok()
 }
 
 /// The bit of a cached class in a batch's mask of classes to publish: a

@@ -6,8 +6,7 @@
 //! of a live block name the owner slot of the cache that handed it out,
 //! if it held one (`owner.rs`: the slot's holder, which may be a later
 //! cache, frees such blocks without a read-modify-write); every other word
-//! has them 0. Its high 32
-//! bits are the block holder's tag (the DMA layer's record of the exact
+//! has them 0. Its high 32 bits are the block holder's tag (the DMA layer's record of the exact
 //! bytes a mapping covers, its device and direction): in the same word, so
 //! that one compare-exchange checks an unmap's block, size, kind and tag
 //! together and retires it.
@@ -556,6 +555,15 @@ fn move_seen_state(
     word.claim(seen, u64::from(to)).map_err(state_of)
 }
 
+/// The state words a free moves a block of `order` between: live,
+/// untagged, with owner bits `me` (0 for none), and cached. Built in 64
+/// bits (no widening of a 16-bit state on the allocator's hot path).
+#[inline(always)]
+pub(crate) fn free_words(order: u32, me: u64) -> (u64, u64) {
+    let o = u64::from(order) & u64::from(ORDER_MASK);
+    (u64::from(LIVE) | o | me, u64::from(CACHED) | o)
+}
+
 /// A free's claim on the block of `order` whose state word is `word`: live
 /// (plain kind) to cached, so that of two threads freeing one block at the
 /// same instant exactly one gets it (a load and a store would let both pass
@@ -571,11 +579,8 @@ pub(crate) fn claim_for_free(
     owners: &Owners,
     me: u64,
 ) -> Result<(), u16> {
-    // The untagged words built in 64 bits (no widening of a 16-bit state
-    // on the allocator's hot path).
-    let o = u64::from(order) & u64::from(ORDER_MASK);
-    let first = u64::from(LIVE) | o | me;
-    match word.claim(first, u64::from(CACHED) | o) {
+    let (first, cached) = free_words(order, me);
+    match word.claim(first, cached) {
         Ok(()) => Ok(()),
         Err(seen) => move_seen_state(
             word,

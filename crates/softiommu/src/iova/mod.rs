@@ -18,7 +18,8 @@
 //!   the same cache handed out is a load and a store inside an asymmetric
 //!   fence pair (the cache's owner slot, `owner.rs`); any other free
 //!   claims the block's state word with one compare-exchange, so that of
-//!   two threads freeing one block exactly one may. "Per CPU" in user space is per thread: a thread is
+//!   two threads freeing one block exactly one may. "Per CPU" in user
+//!   space is per thread: a thread is
 //!   the unit that runs without preemption by its peers on the cache's data,
 //!   so a thread-owned cache needs no lock, where a cache per core would need
 //!   one (threads migrate). Full magazines go to a per-class depot behind a

@@ -54,8 +54,9 @@
 //! its race after revoking leaves the slot revoked (a cost, not a change
 //! of any block). A cache's own blocks are best retired and freed
 //! through the cache: the domain's calls hold no slot, so they revoke the
-//! block's slot even when the caller is its holder. Where the kernel has no `membarrier`, no
-//! slot is handed out and every free takes the compare-exchange. The DMA
+//! block's slot even when the caller is its holder. Where the kernel has
+//! no `membarrier`, no slot is handed out and every free takes the
+//! compare-exchange. The DMA
 //! layer's caches take no slot (their unmaps retire blocks by
 //! compare-exchange, often on another CPU than the map).
 
@@ -225,6 +226,12 @@ unsafe impl Sync for OwnerRef {}
 impl OwnerRef {
     /// No slot: every free takes the exchange.
     pub(crate) const NONE: OwnerRef = OwnerRef(std::ptr::null());
+
+    /// Whether this is no slot.
+    #[inline(always)]
+    pub(crate) fn is_none(&self) -> bool {
+        self.0.is_null()
+    }
 
     /// The slot, if any.
     #[inline(always)]
