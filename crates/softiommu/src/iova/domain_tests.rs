@@ -963,6 +963,12 @@ fn biasing() -> bool {
         == crate::sync::barrier::Barrier::Membarrier
 }
 
+/// A domain whose caches take owner slots; `None` where this process
+/// hands none out (the tests of biasing then have nothing to check).
+fn biased_domain() -> Option<std::sync::Arc<IovaDomain>> {
+    biasing().then(|| IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap())
+}
+
 #[test]
 fn a_cache_names_itself_in_its_blocks_and_frees_them_without_revoking() {
     let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
@@ -1000,10 +1006,9 @@ fn a_cache_names_itself_in_its_blocks_and_frees_them_without_revoking() {
 
 #[test]
 fn another_threads_free_or_retire_revokes_the_owner_once_and_both_stay_exact() {
-    if !biasing() {
+    let Some(d) = biased_domain() else {
         return;
-    }
-    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    };
     let mut owner = d.cpu_cache();
     let mut other = d.cpu_cache();
     let blocks: Vec<u64> = (0..16).map(|_| owner.alloc(1, END).unwrap()).collect();
@@ -1112,10 +1117,9 @@ fn an_owner_and_another_thread_freeing_the_same_blocks_free_each_exactly_once() 
 
 #[test]
 fn owner_slots_are_bounded_given_back_and_never_reused_once_revoked() {
-    if !biasing() {
+    let Some(d) = biased_domain() else {
         return;
-    }
-    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    };
     let mut caches: Vec<IovaCpuCache> = (0..owner::SLOTS).map(|_| d.cpu_cache()).collect();
     let slot_of = |c: &mut IovaCpuCache| {
         let b = c.alloc(1, END).unwrap();
@@ -1158,10 +1162,9 @@ fn the_dma_layers_caches_name_no_owner_and_revoke_nothing() {
 
 #[test]
 fn a_revoked_cache_stops_naming_itself_within_a_refill() {
-    if !biasing() {
+    let Some(d) = biased_domain() else {
         return;
-    }
-    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    };
     let mut owner = d.cpu_cache();
     let mut other = d.cpu_cache();
     let b = owner.alloc(1, END).unwrap();
@@ -1180,12 +1183,11 @@ fn a_revoked_cache_stops_naming_itself_within_a_refill() {
 
 #[test]
 fn a_revoked_cache_stops_naming_itself_at_its_next_own_free() {
-    if !biasing() {
-        return;
-    }
     // A cache whose frees and allocations balance never reaches a slow
     // path: its first free after the revocation drops the bias.
-    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let Some(d) = biased_domain() else {
+        return;
+    };
     let mut owner = d.cpu_cache();
     let mut other = d.cpu_cache();
     let (a, b) = (owner.alloc(1, END).unwrap(), owner.alloc(1, END).unwrap());
@@ -1199,10 +1201,9 @@ fn a_revoked_cache_stops_naming_itself_at_its_next_own_free() {
 
 #[test]
 fn a_block_whose_cache_is_gone_is_freed_and_its_slot_spent() {
-    if !biasing() {
+    let Some(d) = biased_domain() else {
         return;
-    }
-    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    };
     let mut gone = d.cpu_cache();
     let b = gone.alloc(2, END).unwrap();
     let slot = owner_of(&d, b);
