@@ -18,18 +18,9 @@ const SID: SourceId = SourceId(0x0400);
 const SEQ: usize = 1 << 16;
 const PAGES: u64 = 2048;
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x % n
-    }
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// The measured loop: `n` single-page reads through `tr`.
 #[inline(never)]

@@ -14,18 +14,9 @@ use softiommu::iova::{IovaCpuCache, IovaDomain, IovaPolicy};
 const SEQ: usize = 1 << 16;
 const SPACE_PAGES: u64 = 1 << 32;
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x % n
-    }
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// The measured loop: `n` pairs, each freeing the block in a random slot
 /// of `held` and allocating the next size in its place.
