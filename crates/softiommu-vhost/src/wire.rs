@@ -65,10 +65,14 @@ pub(crate) fn recv(sock: &UnixStream, bound: Duration) -> Result<Option<Msg>, Se
 /// waiting for bytes not there, with `poll(2)`, so a back-end that was
 /// itself held up (stopped, starved) never blames the front-end, and the
 /// socket keeps no timeout of its own between messages.
+///
+/// The clock is read only when a wait begins (a message already whole, as
+/// every IOTLB message QEMU sends, reads none), so the bound runs from the
+/// first byte found missing.
 struct Rest<'a> {
     sock: &'a UnixStream,
     bound: Duration,
-    deadline: Instant,
+    deadline: std::cell::Cell<Option<Instant>>,
 }
 
 impl<'a> Rest<'a> {
@@ -76,7 +80,7 @@ impl<'a> Rest<'a> {
         Self {
             sock,
             bound,
-            deadline: Instant::now() + bound,
+            deadline: std::cell::Cell::new(None),
         }
     }
 
@@ -101,8 +105,16 @@ impl<'a> Rest<'a> {
     /// Waits until the socket has bytes (or an end or error to report),
     /// at most until the deadline: `false` if the deadline passed.
     fn wait_readable(&self) -> io::Result<bool> {
+        let deadline = match self.deadline.get() {
+            Some(d) => d,
+            None => {
+                let d = Instant::now() + self.bound;
+                self.deadline.set(Some(d));
+                d
+            }
+        };
         loop {
-            let left = self.deadline.saturating_duration_since(Instant::now());
+            let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(false);
             }
