@@ -74,9 +74,9 @@ impl Class {
         pfn: u64,
         order: u32,
     ) -> Option<bool> {
-        if self.loaded.is_full() {
-            return None;
-        }
+        // The length read before the claim: its fences would otherwise
+        // make the compiler read it again for the push.
+        let len = self.loaded.room()?;
         let revoked = if owner.free(c, self.live, self.cached) {
             false
         } else if claim_for_free(c, order, owners, self.live & OWNER_MASK).is_ok() {
@@ -84,7 +84,11 @@ impl Class {
         } else {
             return None;
         };
-        self.loaded.push(pfn).then_some(revoked)
+        // SAFETY: `len` is `room`'s, and the magazine was not touched
+        // since (`&mut self` is held; the claim reaches only the word and
+        // the owner slots).
+        unsafe { self.loaded.push_at(len, pfn) };
+        Some(revoked)
     }
 }
 
@@ -551,7 +555,9 @@ impl IovaCpuCache {
         low: u64,
         limit: u64,
     ) -> Result<u64, IovaError> {
-        let order = super::order_of(pages)?;
+        // A zero (or absurd) count is order 64: past `max_order`, so
+        // `check_request` refuses it with its exact error.
+        let order = super::order_hint(pages);
         if order > self.max_order || low < self.start_pfn {
             self.domain.check_request(pages, low)?;
         }
@@ -613,7 +619,9 @@ impl IovaCpuCache {
         pages: u64,
         limit_pfn: u64,
     ) -> Result<u64, IovaError> {
-        let order = super::order_of(pages)?;
+        // A zero (or absurd) count is order 64, which no class serves: the
+        // miss path refuses it (`check_request`) with its exact error.
+        let order = super::order_hint(pages);
         // A flush the epoch asks for is left to the miss path (after the
         // request's checks: a refused call changes nothing).
         if self.domain.flush_epoch.load(Relaxed) == self.epoch {
@@ -768,7 +776,9 @@ impl IovaCpuCache {
     /// the module `owner`). Everything else out of line.
     #[inline(always)]
     pub fn free(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
-        let order = super::order_of(pages)?;
+        // A zero (or absurd) count is order 64, which no class serves: the
+        // path out of line refuses it with `order_of`'s exact error.
+        let order = super::order_hint(pages);
         // A flush the epoch asks for is left to the out-of-line path (after
         // its checks, as before: a refused free changes nothing). A cached
         // order is at most `MAX_CACHED_ORDER`, so the state word below
@@ -794,6 +804,14 @@ impl IovaCpuCache {
                 }
             }
         }
+        self.free_pages_other(pfn, pages)
+    }
+
+    /// [`free`](Self::free) out of line: the count checked (`order_of`'s
+    /// error), then [`free_other`](Self::free_other).
+    #[inline(never)]
+    fn free_pages_other(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
+        let order = super::order_of(pages)?;
         self.free_other(pfn, order)
     }
 

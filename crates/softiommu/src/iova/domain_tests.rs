@@ -1217,3 +1217,54 @@ fn a_block_whose_cache_is_gone_is_freed_and_its_slot_spent() {
     assert_ne!(owner_of(&d, c), slot);
     assert_ne!(owner_of(&d, c), 0);
 }
+
+/// The fast paths take a block's order without the zero check (a count
+/// of 0, or past 2^63, maps to an order no class serves): every such
+/// count must still reach the slow path and its exact error, with
+/// nothing changed.
+#[test]
+fn counts_no_class_serves_get_their_exact_error_through_every_call() {
+    for policy in IovaPolicy::ALL {
+        let d = IovaDomain::new(1, END, policy).unwrap();
+        let mut c = d.cpu_cache();
+        let a = c.alloc(1, END).unwrap();
+        // A block of each cached order in the magazines, so that a wrong
+        // order taken as a cached one would find something to hand out.
+        for pages in [1, 2, 4] {
+            let b = c.alloc(pages, END).unwrap();
+            c.free(b, pages).unwrap();
+        }
+        let before = snapshot(&d);
+        for pages in [0, (1 << 63) + 1, u64::MAX] {
+            let want_alloc = if pages == 0 {
+                IovaError::ZeroSize
+            } else {
+                IovaError::TooLarge {
+                    pages,
+                    domain_pages: END,
+                }
+            };
+            assert_eq!(c.alloc(pages, END), Err(want_alloc.clone()), "{policy}");
+            assert_eq!(c.try_alloc(pages, END), Err(want_alloc.clone()));
+            assert_eq!(c.alloc_low_first(pages, END / 2, END), Err(want_alloc));
+            let freed = c.free(a, pages);
+            if pages == 0 {
+                assert_eq!(freed, Err(IovaError::ZeroSize), "{policy}");
+            } else {
+                assert_eq!(freed, d.free(a, pages), "{policy}: as the domain's");
+                // A count past 2^63 rounds to 2^64 pages, which the
+                // error names as 0 (it fits no `u64`).
+                assert!(
+                    matches!(freed, Err(IovaError::WrongSize { pfn, pages: 0, allocated_pages: 1 }) if pfn == a),
+                    "{policy}: {freed:?}"
+                );
+            }
+        }
+        assert_eq!(
+            snapshot(&d),
+            before,
+            "{policy}: a refused call changed state"
+        );
+        c.free(a, 1).unwrap();
+    }
+}

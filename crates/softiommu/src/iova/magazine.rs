@@ -74,6 +74,31 @@ impl Magazine {
         true
     }
 
+    /// The length, if the magazine has room for one more entry: what
+    /// [`push_at`](Self::push_at) takes, read before work that must not
+    /// make the compiler read it again (a claim's fences).
+    #[inline(always)]
+    pub(crate) fn room(&self) -> Option<usize> {
+        let len = self.len;
+        (len < self.capacity()).then_some(len)
+    }
+
+    /// Pushes `pfn` on top of the `len` entries [`room`](Self::room)
+    /// returned.
+    ///
+    /// # Safety
+    /// `len` is what `room` returned on this magazine, with no change to
+    /// the magazine since (the caller's `&mut` borrow held between the
+    /// two calls gives that), so `len < capacity`.
+    #[inline(always)]
+    pub(crate) unsafe fn push_at(&mut self, len: usize, pfn: u64) {
+        debug_assert!(len == self.len && len < self.capacity());
+        // SAFETY: `len < capacity` (the contract) and `capacity == slots.len()
+        // - 2 * PAD`, as in `push`.
+        unsafe { *self.slots.get_unchecked_mut(PAD + len) = pfn };
+        self.len = len + 1;
+    }
+
     /// The free slots above the top, bottom first: a caller that fills the
     /// first `n` of them then calls [`commit`](Self::commit)`(n)` (a run
     /// of pushes with one bound and one length update).
