@@ -780,6 +780,28 @@ fn bench_iova_on_two_threads_with_the_harness_reports_its_own_ratio() {
         ["softiommu", "harness"],
         "the 1-thread runs are not rows"
     );
+    assert!(
+        s.get("contract_floor_cpu_cost_ratio").is_none(),
+        "no contract floor run, no floor ratio: {s}"
+    );
+}
+
+#[test]
+fn bench_iova_on_two_threads_with_the_contract_floor_reports_its_ratio() {
+    let v = bench_iova_with("2", "contract-floor");
+    let s = &v["softiommu_scaling"];
+    assert!(number(s, "contract_floor_cpu_cost_ratio") > 0.0, "{s}");
+    let names: Vec<_> = v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["impl"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["softiommu", "contract-floor"],
+        "the floor runs at N threads, and its 1-thread run is not a row"
+    );
 }
 
 #[test]

@@ -106,7 +106,8 @@ pub enum Impl {
     /// `owner-store-floor` with the checks the allocator's contract makes
     /// on every pair, each in its least form: the caller's limit, the
     /// flush epoch, the slot's revocation, 64-bit state words (see
-    /// `iova_contract_floor`); at one thread only.
+    /// `iova_contract_floor`); at N threads, one model each, sharing
+    /// nothing (its own cost ratio then goes beside ours).
     ContractFloor,
 }
 
@@ -195,6 +196,12 @@ pub struct Scaling {
     /// remove.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub harness_cpu_cost_ratio: Option<f64>,
+    /// The same ratio for the `contract-floor` model (when it runs), one
+    /// model per thread sharing nothing: what threads doing the
+    /// contract's per-pair work on a footprint like ours cost each other
+    /// through the machine alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contract_floor_cpu_cost_ratio: Option<f64>,
 }
 
 const SEQ: usize = 1 << 16;
@@ -384,14 +391,19 @@ pub fn run(args: &IovaBenchArgs) -> LabResult<Report> {
     Ok(report(&measure_all(args), args))
 }
 
-/// A floor model's row (`iova_floor`, `iova_contract_floor`).
+/// A floor model's row (`iova_floor`, `iova_contract_floor`) at
+/// `threads`, one model per thread (nothing shared between them).
 fn floor_row<A: BlockModel + Send + 'static>(
     name: &'static str,
+    threads: usize,
     live: usize,
 ) -> (&'static str, Runner) {
     (
         name,
-        Box::new(move |b| measure(name, vec![Blocks(A::default())], live, b)),
+        Box::new(move |b| {
+            let models = (0..threads).map(|_| Blocks(A::default())).collect();
+            measure(name, models, live, b)
+        }),
     )
 }
 
@@ -448,17 +460,27 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
             ));
         }
     }
-    // The floor is a one-thread model (no state shared between threads):
-    // run at one thread only.
+    // The bare floors are one-thread models: run at one thread only.
     if threads == 1 {
         if want("magazine-floor") {
-            runners.push(floor_row::<MagazineFloor<false>>("magazine-floor", live));
+            runners.push(floor_row::<MagazineFloor<false>>("magazine-floor", 1, live));
         }
         if want("owner-store-floor") {
-            runners.push(floor_row::<MagazineFloor<true>>("owner-store-floor", live));
+            runners.push(floor_row::<MagazineFloor<true>>(
+                "owner-store-floor",
+                1,
+                live,
+            ));
         }
-        if want("contract-floor") {
-            runners.push(floor_row::<ContractFloor>("contract-floor", live));
+    }
+    // The contract floor at N threads too, one model each, sharing
+    // nothing: its cost ratio is what N threads doing the contract's work
+    // on a footprint like ours cost each other through the machine alone
+    // (shared caches, memory, a host core), beyond the empty harness's.
+    if want("contract-floor") {
+        runners.push(floor_row::<ContractFloor>("contract-floor", threads, live));
+        if threads > 1 {
+            runners.push(floor_row::<ContractFloor>("contract-floor@1", 1, live));
         }
     }
     if want("softiommu-batch16") {
@@ -536,11 +558,19 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
         .iter()
         .position(|r| r.name == "harness@1")
         .map(|i| results.remove(i));
+    let floor_one = results
+        .iter()
+        .position(|r| r.name == "contract-floor@1")
+        .map(|i| results.remove(i));
     let softiommu_scaling = (threads > 1).then(|| {
         let one = results.remove(1);
         let harness_cpu_cost_ratio = harness_one.as_ref().and_then(|h1| {
             let hn = results.iter().find(|r| r.name == "harness")?;
             Some(hn.cpu_ns_per_pair / h1.cpu_ns_per_pair)
+        });
+        let contract_floor_cpu_cost_ratio = floor_one.as_ref().and_then(|f1| {
+            let fnn = results.iter().find(|r| r.name == "contract-floor")?;
+            Some(fnn.cpu_ns_per_pair / f1.cpu_ns_per_pair)
         });
         Scaling {
             ns_per_pair_1_thread: one.ns_per_pair,
@@ -550,6 +580,7 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
             cpu_ns_per_pair_n_threads: results[0].cpu_ns_per_pair,
             cpu_cost_ratio: results[0].cpu_ns_per_pair / one.cpu_ns_per_pair,
             harness_cpu_cost_ratio,
+            contract_floor_cpu_cost_ratio,
         }
     });
     IovaBenchReport {
@@ -621,6 +652,12 @@ fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
                 Column::metric("cpu_ns_per_pair_n_threads", "CPU, N threads", Unit::Ns, 1),
                 Column::metric("cpu_cost_ratio", "CPU cost N/1", Unit::Ratio, 2),
                 Column::metric("harness_cpu_cost_ratio", "harness CPU N/1", Unit::Ratio, 2),
+                Column::metric(
+                    "contract_floor_cpu_cost_ratio",
+                    "contract floor CPU N/1",
+                    Unit::Ratio,
+                    2,
+                ),
             ],
         );
         s.row(vec![
@@ -632,6 +669,8 @@ fn report(r: &IovaBenchReport, args: &IovaBenchArgs) -> Report {
             sc.cpu_ns_per_pair_n_threads.into(),
             sc.cpu_cost_ratio.into(),
             sc.harness_cpu_cost_ratio.map_or(Cell::Missing, Cell::from),
+            sc.contract_floor_cpu_cost_ratio
+                .map_or(Cell::Missing, Cell::from),
         ]);
         rep.tables.push(s);
     }

@@ -29,7 +29,8 @@
 //!
 //! It leaves out what the contract does not need on every pair: the
 //! published counts (statistics), the domain's tree, sharing between
-//! threads (the row runs at one thread), and the slot's revocation itself.
+//! threads (at N threads each runs its own model), and the slot's
+//! revocation itself.
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{compiler_fence, AtomicU64, Ordering::Relaxed, Ordering::Release};
