@@ -5,7 +5,7 @@
 //! compare-exchange (of two threads freeing one block at once, exactly one
 //! may).
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -45,9 +45,34 @@ struct Class {
     live: u64,
     /// The state word of a block of this class in a cache.
     cached: u64,
+    /// This class's entry of the cache's published counts
+    /// (`CacheShared::cached`), which the cache keeps alive (it holds the
+    /// `Arc`): found from the class in hand with one load, where going
+    /// through the cache's `Arc` took the pointer, a mask and the index.
+    count: *const AtomicU32,
 }
 
+// SAFETY: `count` points at an atomic in the `CacheShared` that the cache
+// owning this class keeps alive (an `Arc`, dropped after its classes); the
+// rest is plain data.
+unsafe impl Send for Class {}
+// SAFETY: as above; through `&Class` the pointer is only used for atomic
+// stores, which any thread may make.
+unsafe impl Sync for Class {}
+
 impl Class {
+    /// Publishes what the loaded magazine holds, for
+    /// [`IovaDomain::stats`]: one relaxed store (a plain move) of its
+    /// length, which the call has in hand; no read-modify-write. (What
+    /// `prev` holds changes only on slow paths, which publish it:
+    /// `IovaCpuCache::publish`.)
+    #[inline(always)]
+    fn publish(&self) {
+        // At most MAX_MAGAZINE_SIZE: fits.
+        // SAFETY: `count` is valid while this class is (see the field).
+        unsafe { (*self.count).store(self.loaded.len() as u32, Relaxed) };
+    }
+
     /// Pops the loaded magazine's top block if it ends at or below
     /// `limit`. (`pfn + span_m1` cannot overflow: a cached block lies in
     /// its domain, whose frames a state map covers, below 2^41.)
@@ -90,18 +115,6 @@ impl Class {
         unsafe { self.loaded.push_at(len, pfn) };
         Some(revoked)
     }
-}
-
-/// Publishes what the loaded magazine of class `order` holds, for
-/// [`IovaDomain::stats`]: one relaxed store (a plain move) of its length,
-/// which the call has in hand; no read-modify-write. (What `prev` holds
-/// changes only on slow paths, which publish it: `IovaCpuCache::publish`.)
-#[inline(always)]
-fn publish(shared: &CacheShared, order: u32, class: &Class) {
-    // A cached order is below `COUNT_SLOTS`, so the mask keeps it as it
-    // is (and costs one instruction where a bounds check cost two). At
-    // most MAX_MAGAZINE_SIZE: fits.
-    shared.cached[order as usize & (COUNT_SLOTS - 1)].store(class.loaded.len() as u32, Relaxed);
 }
 
 /// A thread's cache over an [`IovaDomain`]. Create one per allocating
@@ -183,6 +196,9 @@ impl IovaCpuCache {
                     span_m1: (1 << order) - 1,
                     live,
                     cached,
+                    // A cached order is below `COUNT_SLOTS` (a const
+                    // assertion by `CacheShared`'s definition).
+                    count: &shared.cached[order as usize],
                 })
             })
             .collect();
@@ -470,7 +486,7 @@ impl IovaCpuCache {
     #[inline]
     fn publish(&self, order: u32) {
         if let Some(class) = self.classes.get(order as usize) {
-            publish(&self.shared, order, class);
+            class.publish();
             if let Some(c) = self.shared.cached_prev.get(order as usize) {
                 c.store(class.prev.len() as u32, Relaxed);
             }
@@ -568,7 +584,7 @@ impl IovaCpuCache {
                 got = class.pop_top_within(limit);
             }
             if let Some(pfn) = got {
-                publish(&self.shared, order, class);
+                class.publish();
                 if OWNED {
                     let live = class.live;
                     self.put_word(pfn, live);
@@ -633,7 +649,7 @@ impl IovaCpuCache {
                 // finds a block only for a request `check_request` passes;
                 // the miss path checks it.)
                 if let Some(pfn) = class.pop_top_within(limit_pfn) {
-                    publish(&self.shared, order, class);
+                    class.publish();
                     let live = class.live;
                     self.put_word(pfn, live);
                     return Ok(pfn);
@@ -795,7 +811,7 @@ impl IovaCpuCache {
                     if let Some(revoked) =
                         class.free_into(self.owner, &self.domain.owners, c, pfn, order)
                     {
-                        publish(&self.shared, order, class);
+                        class.publish();
                         if revoked {
                             self.drop_bias_if_revoked();
                         }
@@ -966,7 +982,7 @@ impl IovaCpuCache {
         match self.classes.get_mut(order as usize) {
             Some(class) if !class.loaded.is_full() => {
                 class.loaded.push(pfn);
-                publish(&self.shared, order, class);
+                class.publish();
             }
             Some(_) => self.free_slow(pfn, order),
             None => self.domain.free_to_tree(pfn, order),
@@ -1100,7 +1116,7 @@ impl IovaCpuCache {
         match self.classes.get_mut(order as usize) {
             Some(class) if !class.loaded.is_full() => {
                 class.loaded.push(pfn);
-                publish(&self.shared, order, class);
+                class.publish();
                 Ok(())
             }
             Some(_) => {
