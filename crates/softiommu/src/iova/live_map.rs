@@ -219,6 +219,20 @@ impl<W: Word> WordMap<W> {
         Some(unsafe { W::at(base.add(off * W::BYTES as usize)) })
     }
 
+    /// The flat reservation's first word and its length in words, or
+    /// null and 0 for a chunked map: a caller that keeps both reaches the
+    /// word of any `pfn < len` as `base + pfn` (see [`FlatWords`]).
+    pub(crate) fn flat_words(&self) -> FlatWords<W> {
+        FlatWords {
+            base: self.flat_base.cast(),
+            len: if self.flat_base.is_null() {
+                0
+            } else {
+                self.len
+            },
+        }
+    }
+
     /// Whether the map is one flat reservation (where
     /// [`prefetch`](Self::prefetch) does anything).
     #[inline(always)]
@@ -279,6 +293,38 @@ impl<W: Word> WordMap<W> {
             }
         }
         Ok(())
+    }
+}
+
+/// A flat [`WordMap`]'s words, kept by a caller beside the map: a word
+/// found with one compare and one scaled add (no window to subtract, as a
+/// [`Cursor`] does). Empty (0 words) for a chunked map.
+#[derive(Debug)]
+pub(crate) struct FlatWords<W> {
+    base: *const W,
+    len: u64,
+}
+
+// SAFETY: plain data; the pointer is only dereferenced through `get`, whose
+// contract keeps the map alive, and the words are atomics.
+unsafe impl<W> Send for FlatWords<W> {}
+// SAFETY: as above.
+unsafe impl<W> Sync for FlatWords<W> {}
+
+impl<W: Word> FlatWords<W> {
+    /// The word of `pfn`, if the map is flat and holds it.
+    ///
+    /// # Safety
+    /// `self` came from [`WordMap::flat_words`] of a map that is still
+    /// alive, and the word lives no longer than it (`'m`).
+    #[inline(always)]
+    pub(crate) unsafe fn get<'m>(&self, pfn: u64) -> Option<&'m W> {
+        if pfn < self.len {
+            // SAFETY: `pfn < len`, the flat reservation's length in words
+            // (`WordMap::cell`'s flat case), of a live map (the contract).
+            return Some(unsafe { &*self.base.add(pfn as usize) });
+        }
+        None
     }
 }
 
