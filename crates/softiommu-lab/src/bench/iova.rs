@@ -236,9 +236,11 @@ fn thread_loop<A: PairAlloc>(
     let (sizes, slots) = sequences(seed, live);
     let mut held: Vec<Option<A::Handle>> = (0..live).map(|i| a.alloc(sizes[i % SEQ])).collect();
     go.wait();
-    // Everything the loop reads was built by this thread (no line shared
-    // with another thread's loop); the barrier and the clocks sit outside
-    // the timed region.
+    // The loop's own sequences and handles were built by this thread (no
+    // line shared with another thread's loop); what an allocator shares
+    // between threads is its own design (ours: one domain; the floor
+    // models: nothing, their state padded). The barrier and the clocks
+    // sit outside the timed region.
     let cpu_start = softiommu::cpu_clock::thread();
     let start = Instant::now();
     let (mut i, mut pairs) = (0usize, 0u64);
@@ -460,7 +462,8 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
             ));
         }
     }
-    // The bare floors are one-thread models: run at one thread only.
+    // The bare floors price one thread's work: run at one thread only
+    // (the contract floor, below, is the one run at N threads too).
     if threads == 1 {
         if want("magazine-floor") {
             runners.push(floor_row::<MagazineFloor<false>>("magazine-floor", 1, live));

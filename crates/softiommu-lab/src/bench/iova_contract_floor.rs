@@ -36,6 +36,8 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{compiler_fence, AtomicU64, Ordering::Relaxed, Ordering::Release};
 use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
+
 use super::iova_floor::{order_of, prefer_huge_pages, BlockModel, Magazine};
 
 /// Blocks a magazine holds: as `iova_floor`'s.
@@ -66,7 +68,10 @@ struct Shared {
 /// One thread's model allocator; see the module documentation.
 #[derive(Debug)]
 pub struct ContractFloor {
-    shared: Arc<Shared>,
+    /// Padded to its own lines: the models of a multi-thread row are
+    /// built side by side on one thread, and the holder writes `freeing`
+    /// on every free (as ours, whose owner slots are padded).
+    shared: Arc<CachePadded<Shared>>,
     epoch: u64,
     limit: u64,
     words: Box<[AtomicU64]>,

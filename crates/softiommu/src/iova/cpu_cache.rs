@@ -45,8 +45,8 @@ unsafe fn word_of<'m>(
     map: &'m LiveMap,
     pfn: u64,
 ) -> Option<&'m AtomicU64> {
-    // SAFETY: the contract (`map` lives for `'m`).
-    match unsafe { flat.get(pfn) } {
+    // SAFETY: the contract.
+    match unsafe { flat.get(map, pfn) } {
         Some(c) => Some(c),
         // SAFETY: the contract.
         None => unsafe { cur.cell(map, pfn) },
@@ -520,7 +520,7 @@ impl IovaCpuCache {
     }
 
     /// Publishes what class `order` holds, both magazines (see
-    /// [`publish`]).
+    /// [`Class::publish`]).
     #[inline]
     fn publish(&self, order: u32) {
         if let Some(class) = self.classes.get(order as usize) {
@@ -771,8 +771,9 @@ impl IovaCpuCache {
     }
 
     /// Refills the empty magazines of `order` from one tree chunk (ours
-    /// only) and returns the first block. One tree operation serves up to two
-    /// magazines, and a thread's IOVAs sit together, so their state words
+    /// only) and returns the first block. One tree operation serves a
+    /// whole magazine (two, for magazines smaller than half a chunk's
+    /// blocks), and a thread's IOVAs sit together, so their state words
     /// share cache lines only with each other.
     fn refill(&mut self, order: u32, limit: u64) -> Option<u64> {
         let mag = self.domain.params().magazine_size as u64;
@@ -780,7 +781,9 @@ impl IovaCpuCache {
         if !class.loaded.is_empty() || !class.prev.is_empty() {
             return None;
         }
-        // As many blocks as both magazines hold, from at most one chunk.
+        // As many blocks as both magazines hold, from at most one chunk
+        // (with ours, magazines of 128 and chunks of up to 128 pages: one
+        // magazine's worth for order 0, fewer above).
         let fit = (2 * mag).max(1).ilog2();
         let chunk = REFILL_CHUNK_ORDER.min(order + fit).max(order);
         let start = self.domain.alloc_chunk(order, chunk, limit)?;
@@ -833,7 +836,8 @@ impl IovaCpuCache {
     #[inline(always)]
     pub fn free(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         // A zero (or absurd) count is order 64, which no class serves: the
-        // path out of line refuses it with `order_of`'s exact error.
+        // path out of line refuses it with the exact error (`ZeroSize` from
+        // `order_of`, else the domain's reason for that block).
         let order = super::order_hint(pages);
         // A flush the epoch asks for is left to the out-of-line path (after
         // its checks, as before: a refused free changes nothing). A cached
@@ -863,8 +867,8 @@ impl IovaCpuCache {
         self.free_pages_other(pfn, pages)
     }
 
-    /// [`free`](Self::free) out of line: the count checked (`order_of`'s
-    /// error), then [`free_other`](Self::free_other).
+    /// [`free`](Self::free) out of line: a count of 0 refused
+    /// (`order_of`), then [`free_other`](Self::free_other).
     #[inline(never)]
     fn free_pages_other(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;

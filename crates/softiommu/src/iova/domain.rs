@@ -231,9 +231,10 @@ pub(super) struct CacheShared {
     /// with one store of a value it has in hand (a single running total
     /// would be a load, an add and a store on every call: a dependency
     /// chain through memory from each call to the next).
-    /// (`COUNT_SLOTS` entries, a power of two above every cached order,
-    /// so that a class's entry is found with a mask, not a bounds check:
-    /// the entries past `MAX_CACHED_ORDER` stay 0.)
+    /// (`COUNT_SLOTS` entries, a power of two above every cached order:
+    /// each class of the cache keeps a pointer to its own entry, and a
+    /// batch's set of touched classes fits one `u32` mask; the entries
+    /// past `MAX_CACHED_ORDER` stay 0.)
     pub(super) cached: CachePadded<[AtomicU32; COUNT_SLOTS]>,
     /// IOVAs in its other magazine, per size class (which only slow paths
     /// change).

@@ -1234,8 +1234,12 @@ fn counts_no_class_serves_get_their_exact_error_through_every_call() {
             let b = c.alloc(pages, END).unwrap();
             c.free(b, pages).unwrap();
         }
+        // A flush asked for and not yet seen: a refused call must not
+        // run it (it changes nothing), so the snapshot below holds.
+        d.flush_caches();
+        let mut dma = d.cpu_cache_unbiased();
         let before = snapshot(&d);
-        for pages in [0, (1 << 63) + 1, u64::MAX] {
+        for pages in [0, 1 << 63, (1 << 63) + 1, u64::MAX] {
             let want_alloc = if pages == 0 {
                 IovaError::ZeroSize
             } else {
@@ -1246,16 +1250,23 @@ fn counts_no_class_serves_get_their_exact_error_through_every_call() {
             };
             assert_eq!(c.alloc(pages, END), Err(want_alloc.clone()), "{policy}");
             assert_eq!(c.try_alloc(pages, END), Err(want_alloc.clone()));
-            assert_eq!(c.alloc_low_first(pages, END / 2, END), Err(want_alloc));
+            assert_eq!(
+                c.alloc_low_first(pages, END / 2, END),
+                Err(want_alloc.clone())
+            );
+            // The DMA layer's path (limits already clamped, no owner bits).
+            assert_eq!(dma.alloc_within(pages, END / 2, END), Err(want_alloc));
             let freed = c.free(a, pages);
             if pages == 0 {
                 assert_eq!(freed, Err(IovaError::ZeroSize), "{policy}");
             } else {
                 assert_eq!(freed, d.free(a, pages), "{policy}: as the domain's");
-                // A count past 2^63 rounds to 2^64 pages, which the
-                // error names as 0 (it fits no `u64`).
+                // The count rounded up to a power of two: 2^63 as it is,
+                // past it 2^64 pages, which the error names as 0 (it fits
+                // no `u64`).
+                let rounded = if pages == 1 << 63 { pages } else { 0 };
                 assert!(
-                    matches!(freed, Err(IovaError::WrongSize { pfn, pages: 0, allocated_pages: 1 }) if pfn == a),
+                    matches!(freed, Err(IovaError::WrongSize { pfn, pages: p, allocated_pages: 1 }) if pfn == a && p == rounded),
                     "{policy}: {freed:?}"
                 );
             }
@@ -1266,5 +1277,6 @@ fn counts_no_class_serves_get_their_exact_error_through_every_call() {
             "{policy}: a refused call changed state"
         );
         c.free(a, 1).unwrap();
+        drop(dma);
     }
 }

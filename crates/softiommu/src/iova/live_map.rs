@@ -305,23 +305,24 @@ pub(crate) struct FlatWords<W> {
     len: u64,
 }
 
-// SAFETY: plain data; the pointer is only dereferenced through `get`, whose
-// contract keeps the map alive, and the words are atomics.
+// SAFETY: plain data; the pointer is only dereferenced through `get`, which
+// borrows the map it came from, and the words are atomics.
 unsafe impl<W> Send for FlatWords<W> {}
 // SAFETY: as above.
 unsafe impl<W> Sync for FlatWords<W> {}
 
 impl<W: Word> FlatWords<W> {
-    /// The word of `pfn`, if the map is flat and holds it.
+    /// The word of `pfn` in `map`, if `map` is flat and holds it.
     ///
     /// # Safety
-    /// `self` came from [`WordMap::flat_words`] of a map that is still
-    /// alive, and the word lives no longer than it (`'m`).
+    /// `self` came from `map`'s [`WordMap::flat_words`].
     #[inline(always)]
-    pub(crate) unsafe fn get<'m>(&self, pfn: u64) -> Option<&'m W> {
+    pub(crate) unsafe fn get<'m>(&self, map: &'m WordMap<W>, pfn: u64) -> Option<&'m W> {
+        debug_assert!(self.len == 0 || std::ptr::eq(self.base.cast(), map.flat_base));
         if pfn < self.len {
             // SAFETY: `pfn < len`, the flat reservation's length in words
-            // (`WordMap::cell`'s flat case), of a live map (the contract).
+            // (`WordMap::cell`'s flat case), of `map` (the contract), which
+            // lives for `'m`.
             return Some(unsafe { &*self.base.add(pfn as usize) });
         }
         None
