@@ -752,31 +752,11 @@ fn bench_iova_on_two_threads_reports_scaling() {
 
 #[test]
 fn bench_iova_on_two_threads_with_the_harness_reports_its_own_ratio() {
-    let v = run(&[
-        "bench",
-        "iova",
-        "--json",
-        "--threads",
-        "2",
-        "--seconds",
-        "0.05",
-        "--rounds",
-        "1",
-        "--live",
-        "256",
-        "--impls",
-        "harness",
-    ]);
+    let v = bench_iova_with("2", "harness");
     let s = &v["softiommu_scaling"];
     assert!(number(s, "harness_cpu_cost_ratio") > 0.0, "{s}");
-    let names: Vec<_> = v["results"]
-        .as_array()
-        .expect("results")
-        .iter()
-        .map(|r| r["impl"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        names,
+        row_names(&v),
         ["softiommu", "harness"],
         "the 1-thread runs are not rows"
     );
@@ -791,17 +771,21 @@ fn bench_iova_on_two_threads_with_the_contract_floor_reports_its_ratio() {
     let v = bench_iova_with("2", "contract-floor");
     let s = &v["softiommu_scaling"];
     assert!(number(s, "contract_floor_cpu_cost_ratio") > 0.0, "{s}");
-    let names: Vec<_> = v["results"]
-        .as_array()
-        .expect("results")
-        .iter()
-        .map(|r| r["impl"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        names,
+        row_names(&v),
         ["softiommu", "contract-floor"],
         "the floor runs at N threads, and its 1-thread run is not a row"
     );
+}
+
+/// The `impl` of each row of a `bench iova` report, in order.
+fn row_names(v: &Value) -> Vec<&str> {
+    v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["impl"].as_str().expect("an impl name"))
+        .collect()
 }
 
 #[test]

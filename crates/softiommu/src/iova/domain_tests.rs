@@ -409,7 +409,8 @@ fn softiommu_bounds_its_depot_and_gives_idle_magazines_back() {
     let mut p = IovaPolicy::Softiommu.params();
     p.idle_trim = Some(Duration::from_millis(50));
     let d = IovaDomain::with_params(1, END, p).unwrap();
-    churn_frees(&d, 64 * 30);
+    // Far more full magazines than the depot's bound of 8.
+    churn_frees(&d, p.magazine_size * 30);
     let s = d.stats();
     assert_eq!(s.depot_magazines, 8);
     assert!(s.magazines_freed > 0);
