@@ -393,6 +393,17 @@ pub fn run(args: &IovaBenchArgs) -> LabResult<Report> {
     Ok(report(&measure_all(args), args))
 }
 
+/// Removes the row `NAME@1` (a row's one-thread run, made beside its run
+/// at N threads) and returns the per-thread CPU cost of `name`'s row at N
+/// threads over it, if both ran.
+fn take_cost_ratio(results: &mut Vec<ImplResult>, name: &str) -> Option<f64> {
+    let one_name = format!("{name}@1");
+    let i = results.iter().position(|r| r.name == one_name)?;
+    let one = results.remove(i);
+    let n = results.iter().find(|r| r.name == name)?;
+    Some(n.cpu_ns_per_pair / one.cpu_ns_per_pair)
+}
+
 /// A floor model's row (`iova_floor`, `iova_contract_floor`) at
 /// `threads`, one model per thread (nothing shared between them).
 fn floor_row<A: BlockModel + Send + 'static>(
@@ -557,24 +568,11 @@ fn measure_all(args: &IovaBenchArgs) -> IovaBenchReport {
             }
         })
         .collect();
-    let harness_one = results
-        .iter()
-        .position(|r| r.name == "harness@1")
-        .map(|i| results.remove(i));
-    let floor_one = results
-        .iter()
-        .position(|r| r.name == "contract-floor@1")
-        .map(|i| results.remove(i));
+    // The one-thread runs of the harness and the floor are not rows.
+    let harness_cpu_cost_ratio = take_cost_ratio(&mut results, "harness");
+    let contract_floor_cpu_cost_ratio = take_cost_ratio(&mut results, "contract-floor");
     let softiommu_scaling = (threads > 1).then(|| {
         let one = results.remove(1);
-        let harness_cpu_cost_ratio = harness_one.as_ref().and_then(|h1| {
-            let hn = results.iter().find(|r| r.name == "harness")?;
-            Some(hn.cpu_ns_per_pair / h1.cpu_ns_per_pair)
-        });
-        let contract_floor_cpu_cost_ratio = floor_one.as_ref().and_then(|f1| {
-            let fnn = results.iter().find(|r| r.name == "contract-floor")?;
-            Some(fnn.cpu_ns_per_pair / f1.cpu_ns_per_pair)
-        });
         Scaling {
             ns_per_pair_1_thread: one.ns_per_pair,
             ns_per_pair_n_threads: results[0].ns_per_pair,

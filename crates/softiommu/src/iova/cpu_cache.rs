@@ -897,9 +897,10 @@ impl IovaCpuCache {
     /// does one by one (each block claimed on its own, plainly or by
     /// exchange as `free` claims it, each refusal the same error), with
     /// the state of the blocks a few places ahead already on its way into
-    /// the cache (a flush queue's batch, a scatter list's unmap). The flush epoch is checked and what
-    /// the cache holds published once for the batch, not per block. Every
-    /// block is tried; the first error is returned.
+    /// the cache (a flush queue's batch, a scatter list's unmap). The flush
+    /// epoch is checked and what the cache holds published once for the
+    /// batch, not per block. Every block is tried; the first error is
+    /// returned.
     pub fn free_all(&mut self, blocks: &[(u64, u64)]) -> Result<(), IovaError> {
         self.check_epoch();
         let mut result = Ok(());

@@ -2,8 +2,9 @@
 //! depot per size class, each split into per-core shards for ours.
 //!
 //! Why shards: with magazines of 64 (before they took Linux's 128), every
-//! 64th allocation and every 64th free of a cache traded a magazine with its class's depot, i.e. ~3 M depot operations per second
-//! in `lab iova-aging` (~100 M IOVA operations per second on 2 cores). With
+//! 64th allocation and every 64th free of a cache traded a magazine with
+//! its class's depot, i.e. ~3 M depot operations per second in `lab
+//! iova-aging` (~100 M IOVA operations per second on 2 cores). With
 //! one depot per class, each operation moved the depot's lock, its vector
 //! and a shared IOVA counter between the cores: three line transfers. Where
 //! the two cores share a last-level cache these are cheap; on a shared VM

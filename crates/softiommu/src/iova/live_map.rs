@@ -6,8 +6,9 @@
 //! of a live block name the owner slot of the cache that handed it out,
 //! if it held one (`owner.rs`: the slot's holder, which may be a later
 //! cache, frees such blocks without a read-modify-write); every other word
-//! has them 0. Its high 32 bits are the block holder's tag (the DMA layer's record of the exact
-//! bytes a mapping covers, its device and direction): in the same word, so
+//! has them 0. Its high 32 bits are the block holder's tag (the DMA
+//! layer's record of the exact bytes a mapping covers, its device and
+//! direction): in the same word, so
 //! that one compare-exchange checks an unmap's block, size, kind and tag
 //! together and retires it.
 //!

@@ -19,10 +19,10 @@
 //!   fence pair (the cache's owner slot, `owner.rs`); any other free
 //!   claims the block's state word with one compare-exchange, so that of
 //!   two threads freeing one block exactly one may. "Per CPU" in user
-//!   space is per thread: a thread is
-//!   the unit that runs without preemption by its peers on the cache's data,
-//!   so a thread-owned cache needs no lock, where a cache per core would need
-//!   one (threads migrate). Full magazines go to a per-class depot behind a
+//!   space is per thread: a thread is the unit that runs without
+//!   preemption by its peers on the cache's data, so a thread-owned cache
+//!   needs no lock, where a cache per core would need one (threads
+//!   migrate). Full magazines go to a per-class depot behind a
 //!   lock, which is bounded, and whose idle magazines go back to the tree.
 //! - **Baselines.** [`IovaPolicy`] selects ours or the Linux designs of 2016,
 //!   2020 and 2023, written from their descriptions, for side-by-side runs.

@@ -56,9 +56,8 @@
 //! through the cache: the domain's calls hold no slot, so they revoke the
 //! block's slot even when the caller is its holder. Where the kernel has
 //! no `membarrier`, no slot is handed out and every free takes the
-//! compare-exchange. The DMA
-//! layer's caches take no slot (their unmaps retire blocks by
-//! compare-exchange, often on another CPU than the map).
+//! compare-exchange. The DMA layer's caches take no slot (their unmaps
+//! retire blocks by compare-exchange, often on another CPU than the map).
 
 use crossbeam_utils::CachePadded;
 
