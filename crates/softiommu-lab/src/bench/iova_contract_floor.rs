@@ -8,12 +8,17 @@
 //! What it adds to the bare model, and why each is the contract's:
 //! - **The caller's limit** (a device's DMA mask): a popped block must end
 //!   at or below it; a block above it is left where it is.
-//! - **The flush epoch** on alloc and free: another thread may ask every
+//! - **A flush asked for**, seen on free: another thread may ask every
 //!   cache to give its blocks back (Linux's `flush_rcache` when the tree
-//!   has no room), and each cache must see that at its next call.
+//!   has no room), and each cache must see that at its next free (an
+//!   allocation its loaded magazine serves does not look). As ours, the
+//!   flusher rings the owner slot, whose state word the owner's free
+//!   reads anyway; a rung slot sends the free down the checking path,
+//!   which reads the epoch.
 //! - **The owner slot's revocation** on the owner's free: after another
 //!   thread revoked the slot, the owner must take the exchange (the bare
-//!   model's free has no such check, so it is not a correct free).
+//!   model's free has no such check, so it is not a correct free). The
+//!   same load as the ring's.
 //! - **A 64-bit state word** (state, owner and the DMA layer's tag): the
 //!   free compares the low 32 bits, as ours does. Its words sit in one
 //!   flat array committed on touch, as ours do where the process can
@@ -33,7 +38,9 @@
 //! revocation itself.
 
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::atomic::{compiler_fence, AtomicU64, Ordering::Relaxed, Ordering::Release};
+use std::sync::atomic::{
+    compiler_fence, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
@@ -55,9 +62,13 @@ const CACHED: u64 = 0x80;
 const OWNER: u64 = 1 << 16;
 /// A slot's revocation state while its holder may free by store.
 const BIASED: u64 = 0;
+/// A slot rung by a flush (as ours): its holder's next free takes the
+/// checking path.
+const RUNG: u64 = 3;
 
 /// What the domain shares with its caches: the flush epoch and the owner
-/// slot (its revocation state and its holder's count).
+/// slot (its revocation state, which a flush rings, and its holder's
+/// count).
 #[derive(Debug, Default)]
 struct Shared {
     flush_epoch: AtomicU64,
@@ -111,8 +122,8 @@ fn zeroed_words(n: usize) -> Box<[AtomicU64]> {
 }
 
 impl ContractFloor {
-    /// A block for an empty magazine (or a flush asked for, or a top
-    /// above the limit): a spilled one, else a new one.
+    /// A block for an empty magazine (or a top above the limit): a
+    /// spilled one, else a new one. (A miss looks at the epoch, as ours.)
     #[cold]
     #[inline(never)]
     fn refill(&mut self, order: usize) -> Option<u64> {
@@ -130,12 +141,17 @@ impl ContractFloor {
         Some(pfn)
     }
 
-    /// A free past a full magazine or a flush asked for: half the
-    /// magazine spilled (a flush would give all back; the row never
-    /// flushes), then the free.
+    /// A free past a full magazine, a rung slot or a revoked one: the
+    /// ring lowered and the epoch read (a flush would give all back; the
+    /// row never flushes), half the magazine spilled if it is full, then
+    /// the free by exchange.
     #[cold]
     #[inline(never)]
     fn free_slow(&mut self, pfn: u64, order: usize) -> bool {
+        let _ = self
+            .shared
+            .revoked
+            .compare_exchange(RUNG, BIASED, Acquire, Relaxed);
         self.epoch = self.shared.flush_epoch.load(Relaxed);
         let m = &mut self.mags[order];
         let len = match m.room() {
@@ -168,11 +184,7 @@ impl BlockModel for ContractFloor {
         let order = order_of(pages)?;
         let span_m1 = (1u64 << order) - 1;
         let limit = self.limit;
-        let mut pfn = None;
-        if self.shared.flush_epoch.load(Relaxed) == self.epoch {
-            pfn = self.mags[order].pop_if(|p| p + span_m1 <= limit);
-        }
-        let pfn = match pfn {
+        let pfn = match self.mags[order].pop_if(|p| p + span_m1 <= limit) {
             Some(p) => p,
             None => self.refill(order)?,
         };
@@ -189,9 +201,6 @@ impl BlockModel for ContractFloor {
         let Some(order) = order_of(pages) else {
             return false;
         };
-        if self.shared.flush_epoch.load(Relaxed) != self.epoch {
-            return self.free_slow(pfn, order);
-        }
         let Some(word) = self.words.get(pfn as usize) else {
             return false;
         };
@@ -201,24 +210,30 @@ impl BlockModel for ContractFloor {
             return self.free_slow(pfn, order);
         };
         // The owner's free, as ours (`softiommu::iova`'s owner slots):
-        // the count raised, the light fence, the revocation checked, the
-        // word compared (tag ignored) and stored, the count dropped. The
-        // count is this model's own copy (only the holder writes it).
+        // the count raised, the light fence, the slot's state checked (a
+        // ring or a revocation), the word compared (tag ignored) and
+        // stored, the count dropped. The count is this model's own copy
+        // (only the holder writes it).
         let s = &self.shared;
         let count = self.count;
         s.freeing.store(count.wrapping_add(1), Release);
         compiler_fence(SeqCst);
-        let freed = s.revoked.load(Relaxed) == BIASED && word.load(Relaxed) as u32 == live as u32;
+        let biased = s.revoked.load(Relaxed) == BIASED;
+        let freed = biased && word.load(Relaxed) as u32 == live as u32;
         if freed {
             word.store(CACHED | order as u64, Relaxed);
         }
         self.count = count.wrapping_add(2);
         s.freeing.store(self.count, Release);
-        if !freed {
+        if freed {
+            m.push_at(len, pfn);
+            return true;
+        }
+        if biased {
+            // Not a live block of this size: refused.
             return false;
         }
-        m.push_at(len, pfn);
-        true
+        self.free_slow(pfn, order)
     }
 }
 
@@ -235,18 +250,24 @@ mod tests {
     fn a_revoked_slot_and_a_flush_take_the_checked_paths() {
         let mut a = ContractFloor::default();
         let x = a.alloc_block(1).expect("room");
+        let y = a.alloc_block(1).expect("room");
         a.shared.revoked.store(1, Relaxed);
-        // The owner's store refused: the caller would take the exchange.
-        assert!(!a.free_block(x, 1));
+        // The owner's store refused: the free takes the exchange, which
+        // frees it once and refuses it the second time.
+        assert!(a.free_block(x, 1), "revoked: freed by exchange");
+        assert!(!a.free_block(x, 1), "a double free refused");
         a.shared.revoked.store(BIASED, Relaxed);
+        // A flush: the epoch raised, the slot rung.
         a.shared.flush_epoch.store(1, Relaxed);
-        assert!(a.free_block(x, 1), "a flush sends the free the slow way");
+        a.shared.revoked.store(RUNG, Relaxed);
+        assert!(a.free_block(y, 1), "a ring sends the free the slow way");
         assert_eq!(a.epoch, 1);
+        assert_eq!(a.shared.revoked.load(Relaxed), BIASED, "ring lowered");
         // A limit below the magazine's top (and every new block): no
         // block, and the top stays for a caller it fits.
-        a.limit = x - 1;
+        a.limit = y - 1;
         assert_eq!(a.alloc_block(1), None);
         a.limit = FRAMES - 1;
-        assert_eq!(a.alloc_block(1), Some(x));
+        assert_eq!(a.alloc_block(1), Some(y));
     }
 }

@@ -5,13 +5,12 @@
 //! compare-exchange (of two threads freeing one block at once, exactly one
 //! may).
 
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Arc;
 
-use crossbeam_utils::CachePadded;
-
-use super::domain::{BlockKind, CacheShared, IovaDomain, COUNT_SLOTS};
+use super::class::{ClassMut, ClassTable};
+use super::domain::{BlockKind, CacheShared, IovaDomain};
 use super::live_map::{
     claim_for_free, free_words, move_state, put_tag, state, state_of, tag_of, tagged, ClaimWord,
     Cursor, FlatWords, LiveMap, Word, CACHED, LIVE, RETIRED,
@@ -53,90 +52,6 @@ unsafe fn word_of<'m>(
     }
 }
 
-#[derive(Debug)]
-struct Class {
-    loaded: Magazine,
-    prev: Magazine,
-    /// `2^order - 1`: a block starting at `pfn` ends at `pfn + span_m1`.
-    span_m1: u64,
-    /// The state word of a block of this class as this cache hands it out:
-    /// live, untagged, with the cache's owner bits (kept here so that the
-    /// hot paths load it instead of building it).
-    live: u64,
-    /// The state word of a block of this class in a cache.
-    cached: u64,
-    /// This class's entry of the cache's published counts
-    /// (`CacheShared::cached`), which the cache keeps alive (it holds the
-    /// `Arc`): found from the class in hand with one load, where going
-    /// through the cache's `Arc` took the pointer, a mask and the index.
-    count: *const AtomicU32,
-}
-
-// SAFETY: `count` points at an atomic in the `CacheShared` that the cache
-// owning this class keeps alive (an `Arc`, dropped after its classes); the
-// rest is plain data.
-unsafe impl Send for Class {}
-// SAFETY: as above; through `&Class` the pointer is only used for atomic
-// stores, which any thread may make.
-unsafe impl Sync for Class {}
-
-impl Class {
-    /// Publishes what the loaded magazine holds, for
-    /// [`IovaDomain::stats`]: one relaxed store (a plain move) of its
-    /// length, which the call has in hand; no read-modify-write. (What
-    /// `prev` holds changes only on slow paths, which publish it:
-    /// `IovaCpuCache::publish`.)
-    #[inline(always)]
-    fn publish(&self) {
-        // At most MAX_MAGAZINE_SIZE: fits.
-        // SAFETY: `count` is valid while this class is (see the field).
-        unsafe { (*self.count).store(self.loaded.len() as u32, Relaxed) };
-    }
-
-    /// Pops the loaded magazine's top block if it ends at or below
-    /// `limit`. (`pfn + span_m1` cannot overflow: a cached block lies in
-    /// its domain, whose frames a state map covers, below 2^41.)
-    #[inline(always)]
-    fn pop_top_within(&mut self, limit: u64) -> Option<u64> {
-        self.loaded.pop_top_if(|pfn| pfn + self.span_m1 <= limit)
-    }
-
-    /// The fast free of the block of this class at `pfn`, whose state word
-    /// is `c`, into the loaded magazine: room first, then the claim (the
-    /// owner's plain free with the cache's slot `owner`, else the
-    /// exchange, as `claim_own`), so that a claimed block always finds its
-    /// place and a refused one changed nothing. `None`: nothing done;
-    /// `Some(revoked)`: freed, and whether the cache's slot was found
-    /// revoked on the way (the caller then drops the bias, out of line).
-    /// (A method of the class, so that the compiler knows the claim's
-    /// stores leave the magazine's length as it read it.)
-    #[inline(always)]
-    fn free_into(
-        &mut self,
-        owner: OwnerRef,
-        owners: &Owners,
-        c: &AtomicU64,
-        pfn: u64,
-        order: u32,
-    ) -> Option<bool> {
-        // The length read before the claim: its fences would otherwise
-        // make the compiler read it again for the push.
-        let len = self.loaded.room()?;
-        let revoked = if owner.free(c, self.live, self.cached) {
-            false
-        } else if claim_for_free(c, order, owners, self.live & OWNER_MASK).is_ok() {
-            owner.is_revoked()
-        } else {
-            return None;
-        };
-        // SAFETY: `len` is `room`'s, and the magazine was not touched
-        // since (`&mut self` is held; the claim reaches only the word and
-        // the owner slots).
-        unsafe { self.loaded.push_at(len, pfn) };
-        Some(revoked)
-    }
-}
-
 /// A thread's cache over an [`IovaDomain`]. Create one per allocating
 /// thread with [`IovaDomain::cpu_cache`]; it is `Send` (it may move with its
 /// thread's work) but not shared. Dropping it gives its IOVAs back.
@@ -146,7 +61,7 @@ impl Class {
 #[derive(Debug)]
 pub struct IovaCpuCache {
     domain: Arc<IovaDomain>,
-    classes: Box<[CachePadded<Class>]>,
+    classes: ClassTable,
     epoch: u64,
     misses: u64,
     /// The domain's bounds, kept here so that a hit reads no domain field
@@ -191,41 +106,35 @@ impl IovaDomain {
     ///
     /// [`IovaStats::owner_revocations`]: super::IovaStats::owner_revocations
     pub fn cpu_cache(self: &Arc<Self>) -> IovaCpuCache {
-        let shared = self.register_cache();
-        IovaCpuCache::new(self.clone(), shared, true)
+        IovaCpuCache::new(self.clone(), true)
     }
 
     /// A per-CPU cache that takes no owner slot: every free of it is a
     /// compare-exchange (the DMA layer's, whose blocks are retired by
     /// exchange, often from another CPU than the map's).
     pub(crate) fn cpu_cache_unbiased(self: &Arc<Self>) -> IovaCpuCache {
-        let shared = self.register_cache();
-        IovaCpuCache::new(self.clone(), shared, false)
+        IovaCpuCache::new(self.clone(), false)
     }
 }
 
 impl IovaCpuCache {
-    pub(super) fn new(domain: Arc<IovaDomain>, shared: Arc<CacheShared>, biased: bool) -> Self {
+    pub(super) fn new(domain: Arc<IovaDomain>, biased: bool) -> Self {
         let p = domain.params();
         let (owner_slot, owner) = match biased.then(|| domain.owners.take()).flatten() {
             Some((s, r)) => (s, r),
             None => (0, OwnerRef::NONE),
         };
-        let classes = (0..=p.max_cached_order)
-            .map(|order| {
-                let (live, cached) = free_words(order, owner_slot << OWNER_SHIFT);
-                CachePadded::new(Class {
-                    loaded: Magazine::new(p.magazine_size),
-                    prev: Magazine::new(p.magazine_size),
-                    span_m1: (1 << order) - 1,
-                    live,
-                    cached,
-                    // A cached order is below `COUNT_SLOTS` (a const
-                    // assertion by `CacheShared`'s definition).
-                    count: &shared.cached[order as usize],
-                })
-            })
-            .collect();
+        let classes = ClassTable::new((0..=p.max_cached_order).map(|order| {
+            let (live, cached) = free_words(order, owner_slot << OWNER_SHIFT);
+            ClassMut {
+                loaded: Magazine::new(p.magazine_size),
+                prev: Magazine::new(p.magazine_size),
+                span_m1: (1 << order) - 1,
+                live,
+                cached,
+            }
+        }));
+        let shared = domain.register_cache(classes.readers());
         let epoch = domain.flush_epoch.load(Relaxed);
         let flat = domain.live.flat_words();
         let (start_pfn, end_pfn) = (domain.start_pfn(), domain.end_pfn());
@@ -283,8 +192,9 @@ impl IovaCpuCache {
     fn drop_bias_if_revoked(&mut self) {
         if self.owner.is_revoked() {
             self.owner = OwnerRef::NONE;
-            for (order, class) in self.classes.iter_mut().enumerate() {
-                (class.live, class.cached) = free_words(order as u32, 0);
+            for order in 0..self.classes.len() as u32 {
+                let mut class = self.classes.at(order);
+                (class.live, class.cached) = free_words(order, 0);
             }
         }
     }
@@ -514,27 +424,11 @@ impl IovaCpuCache {
 
     #[inline]
     fn check_epoch(&mut self) {
+        // The ring first: lowering it (an acquire) makes the epoch the
+        // ringer raised visible to the load below.
+        self.owner.take_ring();
         if self.domain.flush_epoch.load(Relaxed) != self.epoch {
             self.flush();
-        }
-    }
-
-    /// Publishes what class `order` holds, both magazines (see
-    /// [`Class::publish`]).
-    #[inline]
-    fn publish(&self, order: u32) {
-        if let Some(class) = self.classes.get(order as usize) {
-            class.publish();
-            if let Some(c) = self.shared.cached_prev.get(order as usize) {
-                c.store(class.prev.len() as u32, Relaxed);
-            }
-        }
-    }
-
-    /// Publishes every class.
-    fn publish_all(&self) {
-        for order in 0..self.classes.len() {
-            self.publish(order as u32);
         }
     }
 
@@ -616,15 +510,14 @@ impl IovaCpuCache {
             self.domain.check_request(pages, low)?;
         }
         self.check_epoch();
-        if let Some(class) = self.classes.get_mut(order as usize) {
+        if let Some(mut class) = self.classes.hot(order) {
             let mut got = class.pop_top_within(low);
             if got.is_none() && self.recycle_any && low < limit {
                 got = class.pop_top_within(limit);
             }
             if let Some(pfn) = got {
-                class.publish();
                 if OWNED {
-                    let live = class.live;
+                    let live = class.live();
                     self.put_word(pfn, live);
                 } else {
                     self.set_state(pfn, state(LIVE, order));
@@ -676,24 +569,23 @@ impl IovaCpuCache {
         // A zero (or absurd) count is order 64, which no class serves: the
         // miss path refuses it (`check_request`) with its exact error.
         let order = super::order_hint(pages);
-        // A flush the epoch asks for is left to the miss path (after the
-        // request's checks: a refused call changes nothing).
-        if self.domain.flush_epoch.load(Relaxed) == self.epoch {
-            if let Some(class) = self.classes.get_mut(order as usize) {
-                // The whole block must end at or below the limit, not only
-                // start there: cached blocks are checked by their start
-                // against this. (No block of an order past the domain's,
-                // nor one below its first frame, is ever cached, so a pop
-                // finds a block only for a request `check_request` passes;
-                // the miss path checks it.)
-                if let Some(pfn) = class.pop_top_within(limit_pfn) {
-                    class.publish();
-                    let live = class.live;
-                    if let Some(c) = self.pair_cell(pfn) {
-                        c.put(live);
-                    }
-                    return Ok(pfn);
+        // No look at the flush epoch: a block the loaded magazine hands
+        // out serves the space as well as one given back would. A flush
+        // asked for is seen at the next free or miss (after the request's
+        // checks: a refused call changes nothing).
+        if let Some(mut class) = self.classes.hot(order) {
+            // The whole block must end at or below the limit, not only
+            // start there: cached blocks are checked by their start
+            // against this. (No block of an order past the domain's, nor
+            // one below its first frame, is ever cached, so a pop finds a
+            // block only for a request `check_request` passes; the miss
+            // path checks it.)
+            if let Some(pfn) = class.pop_top_within(limit_pfn) {
+                let live = class.live();
+                if let Some(c) = self.pair_cell(pfn) {
+                    c.put(live);
                 }
+                return Ok(pfn);
             }
         }
         self.alloc_miss::<GIVE_BACK>(order, pages, limit_pfn)
@@ -734,26 +626,26 @@ impl IovaCpuCache {
         last_start: u64,
     ) -> Result<u64, IovaError> {
         self.drop_bias_if_revoked();
-        let class = &mut self.classes[order as usize];
+        let mut class = self.classes.at(order);
         let mut pfn = class.loaded.pop_scan(last_start);
         let mut both_empty = false;
         if pfn.is_none() && class.loaded.is_empty() {
             if !class.prev.is_empty() {
-                let Class { loaded, prev, .. } = &mut **class;
+                let ClassMut { loaded, prev, .. } = &mut *class;
                 std::mem::swap(loaded, prev);
                 pfn = class.loaded.pop_below(last_start);
             } else if let Some(full) = self.domain.depot_pop(order, self.shared.id) {
                 // The empty loaded magazine is dropped, as Linux frees it.
-                let class = &mut self.classes[order as usize];
                 class.loaded = full;
                 pfn = class.loaded.pop_below(last_start);
             } else {
                 both_empty = true;
             }
         }
+        // Published (the guard), before the paths below look again.
+        drop(class);
         match pfn {
             Some(pfn) => {
-                self.publish(order);
                 self.set_live(pfn, order);
                 Ok(pfn)
             }
@@ -764,7 +656,6 @@ impl IovaCpuCache {
                         return Ok(pfn);
                     }
                 }
-                self.publish(order);
                 self.tree_alloc::<GIVE_BACK>(order, limit)
             }
         }
@@ -777,7 +668,7 @@ impl IovaCpuCache {
     /// share cache lines only with each other.
     fn refill(&mut self, order: u32, limit: u64) -> Option<u64> {
         let mag = self.domain.params().magazine_size as u64;
-        let class = &mut self.classes[order as usize];
+        let mut class = self.classes.at(order);
         if !class.loaded.is_empty() || !class.prev.is_empty() {
             return None;
         }
@@ -800,7 +691,7 @@ impl IovaCpuCache {
                 class.loaded.push(pfn);
             }
         }
-        self.publish(order);
+        drop(class);
         let top = start + ((n - 1) << order);
         self.set_live(top, order);
         Some(top)
@@ -839,32 +730,37 @@ impl IovaCpuCache {
         // path out of line refuses it with the exact error (`ZeroSize` from
         // `order_of`, else the domain's reason for that block).
         let order = super::order_hint(pages);
-        // A flush the epoch asks for is left to the out-of-line path (after
-        // its checks, as before: a refused free changes nothing). A cached
-        // order is at most `MAX_CACHED_ORDER`, so the state word below
-        // holds the order whole.
-        if let Some(class) = self.classes.get_mut(order as usize) {
-            if self.domain.flush_epoch.load(Relaxed) == self.epoch {
-                // SAFETY: as in `pair_cell` (the fields are borrowed apart
-                // so that the word stays in hand for the store below).
-                if let Some(c) =
-                    unsafe { word_of(&self.flat, &mut self.live_cur, &self.domain.live, pfn) }
-                {
-                    // Room first, then the claim: a claimed block always
-                    // finds its place, and a refused one changed nothing.
-                    if let Some(revoked) =
-                        class.free_into(self.owner, &self.domain.owners, c, pfn, order)
-                    {
-                        class.publish();
-                        if revoked {
-                            self.drop_bias_if_revoked();
-                        }
-                        return Ok(());
-                    }
+        // A flush asked for reaches this path through the owner slot's
+        // ring (`owner.rs`), which the plain free reads anyway: the free
+        // then takes the exchange and the checking path below, which
+        // flushes before placing the block. Without a slot, every free
+        // takes that path. A cached order is at most `MAX_CACHED_ORDER`,
+        // so the state word below holds the order whole.
+        if let Some(mut class) = self.classes.hot(order) {
+            // SAFETY: as in `pair_cell` (the fields are borrowed apart so
+            // that the word stays in hand for the store below).
+            if let Some(c) =
+                unsafe { word_of(&self.flat, &mut self.live_cur, &self.domain.live, pfn) }
+            {
+                // Room first, then the claim: a claimed block always finds
+                // its place, and a refused one changed nothing.
+                match class.free_into(self.owner, &self.domain.owners, c, pfn, order) {
+                    Some(true) => return Ok(()),
+                    Some(false) => return self.free_claimed(pfn, order),
+                    None => {}
                 }
             }
         }
         self.free_pages_other(pfn, pages)
+    }
+
+    /// [`free`](Self::free) of a block its exchange claimed: a revoked
+    /// slot given up, a flush asked for run (`check_epoch`), then the
+    /// block placed.
+    #[inline(never)]
+    fn free_claimed(&mut self, pfn: u64, order: u32) -> Result<(), IovaError> {
+        self.drop_bias_if_revoked();
+        self.free_checked(pfn, order)
     }
 
     /// [`free`](Self::free) out of line: a count of 0 refused
@@ -898,22 +794,17 @@ impl IovaCpuCache {
     /// exchange as `free` claims it, each refusal the same error), with
     /// the state of the blocks a few places ahead already on its way into
     /// the cache (a flush queue's batch, a scatter list's unmap). The flush
-    /// epoch is checked and what the cache holds published once for the
-    /// batch, not per block. Every block is tried; the first error is
-    /// returned.
+    /// epoch is checked once for the batch, not per block. Every block is
+    /// tried; the first error is returned.
     pub fn free_all(&mut self, blocks: &[(u64, u64)]) -> Result<(), IovaError> {
         self.check_epoch();
         let mut result = Ok(());
-        let mut touched = 0u32;
         for (i, &(pfn, pages)) in blocks.iter().enumerate() {
             if let Some(&(ahead, _)) = blocks.get(i + PREFETCH_AHEAD) {
                 self.domain.live.prefetch(ahead);
             }
             let r = match super::order_of(pages) {
-                Ok(order) if self.free_quiet(pfn, order) => {
-                    touched |= class_bit(order);
-                    Ok(())
-                }
+                Ok(order) if self.free_quiet(pfn, order) => Ok(()),
                 Ok(order) => self.free_other(pfn, order),
                 Err(e) => Err(e),
             };
@@ -921,43 +812,35 @@ impl IovaCpuCache {
                 result = result.and(Err(e));
             }
         }
-        self.publish_touched(touched);
         result
     }
 
-    /// Publishes the classes whose bits `touched` holds (see
-    /// [`class_bit`]).
-    #[inline]
-    fn publish_touched(&self, mut touched: u32) {
-        while touched != 0 {
-            self.publish(touched.trailing_zeros());
-            touched &= touched - 1;
-        }
-    }
-
-    /// The common case of a free, with no epoch check and no publish (the
-    /// batch does both): a live block of a cached order claimed into a
-    /// loaded magazine with room. `false`: nothing done, the general path
-    /// must take it.
+    /// The common case of a free, with no epoch check (the batch makes
+    /// it): a live block of a cached order claimed into a loaded magazine
+    /// with room (a block the exchange claimed goes the checking way,
+    /// `free_claimed`). `false`: nothing done, the general path must take
+    /// it.
     #[inline(always)]
     fn free_quiet(&mut self, pfn: u64, order: u32) -> bool {
-        let Some(class) = self.classes.get_mut(order as usize) else {
+        let Some(mut class) = self.classes.hot(order) else {
             return false;
         };
         // SAFETY: as in `free`.
         let freed = unsafe { self.live_cur.cell(&self.domain.live, pfn) }
             .and_then(|c| class.free_into(self.owner, &self.domain.owners, c, pfn, order));
-        if freed == Some(true) {
-            self.drop_bias_if_revoked();
+        match freed {
+            Some(true) => true,
+            // Claimed: placed now (it cannot fail: the block is ours).
+            Some(false) => self.free_claimed(pfn, order).is_ok(),
+            None => false,
         }
-        freed.is_some()
     }
 
     /// Allocates a block for every `(pfn, pages)` of `blocks` at or below
     /// `limit_pfn`, writing each block's first frame into its `pfn`, as
     /// [`alloc`](Self::alloc) does one by one (a scatter list's map). The
-    /// flush epoch is checked and what the cache holds published once for
-    /// the batch, not per block. All or nothing: on an error, the blocks
+    /// flush epoch is checked once for the batch, not per block. All or
+    /// nothing: on an error, the blocks
     /// this call allocated are freed again (the `pfn`s written are then
     /// meaningless) and the first error is returned.
     pub fn alloc_all(
@@ -966,15 +849,11 @@ impl IovaCpuCache {
         limit_pfn: u64,
     ) -> Result<(), IovaError> {
         self.check_epoch();
-        let mut touched = 0u32;
         for i in 0..blocks.len() {
             let pages = blocks[i].1;
             let got = match super::order_of(pages) {
                 Ok(order) => match self.pop_quiet(order, limit_pfn) {
-                    Some(pfn) => {
-                        touched |= class_bit(order);
-                        Ok(pfn)
-                    }
+                    Some(pfn) => Ok(pfn),
                     None => self.alloc_miss::<true>(order, pages, limit_pfn),
                 },
                 Err(e) => Err(e),
@@ -986,24 +865,19 @@ impl IovaCpuCache {
                         // Live and ours (allocated just above): cannot fail.
                         let _ = self.free(pfn, pages);
                     }
-                    self.publish_touched(touched);
                     return Err(e);
                 }
             }
         }
-        self.publish_touched(touched);
         Ok(())
     }
 
-    /// The common case of an alloc, with no epoch check and no publish
-    /// (the batch does both): the loaded magazine's top, if it ends at or
+    /// The common case of an alloc, with no epoch check (the batch makes
+    /// it): the loaded magazine's top, if it ends at or
     /// below `limit`, marked live.
     #[inline(always)]
     fn pop_quiet(&mut self, order: u32, limit: u64) -> Option<u64> {
-        let pfn = self
-            .classes
-            .get_mut(order as usize)?
-            .pop_top_within(limit)?;
+        let pfn = self.classes.hot(order)?.pop_top_within(limit)?;
         self.set_live(pfn, order);
         Some(pfn)
     }
@@ -1024,22 +898,15 @@ impl IovaCpuCache {
             return Err(self.domain.retired_error(pfn, order));
         }
         self.check_epoch();
-        match self.classes.get_mut(order as usize) {
-            Some(class) if !class.loaded.is_full() => {
-                class.loaded.push(pfn);
-                class.publish();
-            }
-            Some(_) => self.free_slow(pfn, order),
-            None => self.domain.free_to_tree(pfn, order),
-        }
+        self.place(pfn, order);
         Ok(())
     }
 
     /// [`free_retired`](Self::free_retired) of every `(pfn, pages)` that
     /// `block` reads from `blocks`, as a flush frees its batch (the state
     /// of the blocks a few places ahead already on its way into the
-    /// cache): the epoch is checked and the count published once for the
-    /// batch, not per block, and a run of blocks of one cached order goes
+    /// cache): the epoch is checked once for the batch, not per block, and
+    /// a run of blocks of one cached order goes
     /// straight into the loaded magazine's free room (one class lookup and
     /// one room check per run; each block still moves from retired to
     /// cached with its own compare-exchange, so a block in any other state
@@ -1076,7 +943,6 @@ impl IovaCpuCache {
                 i += n;
             }
         }
-        self.publish_all();
         result
     }
 
@@ -1098,7 +964,7 @@ impl IovaCpuCache {
             live_cur,
             ..
         } = self;
-        let Some(class) = classes.get_mut(order as usize) else {
+        let Some(mut class) = classes.guard(order) else {
             return 0;
         };
         let (retired, to) = (state(RETIRED, order), state(CACHED, order));
@@ -1132,7 +998,7 @@ impl IovaCpuCache {
         n
     }
 
-    /// One block of `free_retired_all` (no epoch check, no publish).
+    /// One block of `free_retired_all` (no epoch check).
     #[inline]
     fn free_retired_one(&mut self, pfn: u64, pages: u64) -> Result<(), IovaError> {
         let order = super::order_of(pages)?;
@@ -1143,13 +1009,7 @@ impl IovaCpuCache {
         {
             return Err(self.domain.retired_error(pfn, order));
         }
-        match self.classes.get_mut(order as usize) {
-            Some(class) if !class.loaded.is_full() => {
-                class.loaded.push(pfn);
-            }
-            Some(_) => self.free_slow(pfn, order),
-            None => self.domain.free_to_tree(pfn, order),
-        }
+        self.place(pfn, order);
         Ok(())
     }
 
@@ -1158,20 +1018,19 @@ impl IovaCpuCache {
     #[inline]
     fn free_checked(&mut self, pfn: u64, order: u32) -> Result<(), IovaError> {
         self.check_epoch();
-        match self.classes.get_mut(order as usize) {
-            Some(class) if !class.loaded.is_full() => {
-                class.loaded.push(pfn);
-                class.publish();
-                Ok(())
-            }
-            Some(_) => {
-                self.free_slow(pfn, order);
-                Ok(())
-            }
-            None => {
-                self.domain.free_to_tree(pfn, order);
-                Ok(())
-            }
+        self.place(pfn, order);
+        Ok(())
+    }
+
+    /// Places a block this thread claimed (cached in its state word): on
+    /// the loaded magazine of its class, else the slow way (a full
+    /// magazine), else the tree (an order no class serves).
+    #[inline]
+    fn place(&mut self, pfn: u64, order: u32) {
+        match self.classes.hot(order).map(|mut c| c.push(pfn)) {
+            Some(true) => {}
+            Some(false) => self.free_slow(pfn, order),
+            None => self.domain.free_to_tree(pfn, order),
         }
     }
 
@@ -1179,9 +1038,9 @@ impl IovaCpuCache {
     fn free_slow(&mut self, pfn: u64, order: u32) {
         self.drop_bias_if_revoked();
         let size = self.domain.params().magazine_size;
-        let class = &mut self.classes[order as usize];
+        let mut class = self.classes.at(order);
         if !class.prev.is_full() {
-            let Class { loaded, prev, .. } = &mut **class;
+            let ClassMut { loaded, prev, .. } = &mut *class;
             std::mem::swap(loaded, prev);
         } else {
             let full = std::mem::replace(&mut class.loaded, Magazine::new(size));
@@ -1193,7 +1052,8 @@ impl IovaCpuCache {
                 Err((full, WhenFull::FlushAllCaches)) => {
                     // Put the magazine back, send this IOVA to the tree and
                     // have every CPU cache flushed (seed 004's fix).
-                    self.classes[order as usize].loaded = full;
+                    class.loaded = full;
+                    drop(class);
                     self.domain.free_to_tree(pfn, order);
                     self.domain.request_cpu_flush();
                     self.flush();
@@ -1201,19 +1061,21 @@ impl IovaCpuCache {
                 }
             }
         }
-        self.classes[order as usize].loaded.push(pfn);
+        class.loaded.push(pfn);
+        drop(class);
         self.set_state(pfn, state(CACHED, order));
-        self.publish(order);
     }
 
     /// Gives every IOVA this cache holds back to the tree.
     pub fn flush(&mut self) {
-        for (order, class) in self.classes.iter_mut().enumerate() {
-            self.domain.free_magazine(&mut class.loaded, order as u32);
-            self.domain.free_magazine(&mut class.prev, order as u32);
+        // A ring now answered (the epoch is read below, after it).
+        self.owner.take_ring();
+        for order in 0..self.classes.len() as u32 {
+            let mut class = self.classes.at(order);
+            self.domain.free_magazine(&mut class.loaded, order);
+            self.domain.free_magazine(&mut class.prev, order);
         }
         self.epoch = self.domain.flush_epoch.load(Relaxed);
-        self.publish_all();
     }
 }
 
@@ -1231,13 +1093,6 @@ pub(super) fn claim_own(
 ) -> bool {
     let (live, cached) = free_words(order, me);
     owner.free(c, live, cached) || claim_for_free(c, order, owners, me).is_ok()
-}
-
-/// The bit of a cached class in a batch's mask of classes to publish: a
-/// cached order is below `COUNT_SLOTS` (32), so the mask keeps it whole.
-#[inline(always)]
-fn class_bit(order: u32) -> u32 {
-    1 << (order & (COUNT_SLOTS as u32 - 1))
 }
 
 /// The highest start a cached block of `order` may have to end at or below

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
+use super::class::Class;
 use super::depot::Depots;
 use super::gap_tree::GapTree;
 use super::linear_tree::{LinearTree, DMA_32BIT_PFN};
@@ -15,7 +16,7 @@ use super::live_map::{
 };
 use super::magazine::Magazine;
 use super::owner::Owners;
-use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull, MAX_CACHED_ORDER};
+use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull};
 use super::{order_of, IovaError};
 
 /// The range allocator behind the caches.
@@ -220,39 +221,20 @@ pub struct IovaStats {
     pub owner_revocations: u64,
 }
 
-/// What a cache publishes for [`IovaDomain::stats`]: written only by its
-/// owner (plain stores), read by whoever takes statistics.
-#[derive(Debug, Default)]
+/// What a cache shares for [`IovaDomain::stats`]: its id and its classes,
+/// whose counts it keeps (see `class.rs`).
+#[derive(Debug)]
 pub(super) struct CacheShared {
     /// The cache's id, tagging the magazines it puts in the depot.
     pub(super) id: u32,
-    /// IOVAs in the cache's loaded magazine, per size class: stored whole
-    /// from the magazine's length, so that a fast-path call publishes
-    /// with one store of a value it has in hand (a single running total
-    /// would be a load, an add and a store on every call: a dependency
-    /// chain through memory from each call to the next).
-    /// (`COUNT_SLOTS` entries, a power of two above every cached order:
-    /// each class of the cache keeps a pointer to its own entry, and a
-    /// batch's set of touched classes fits one `u32` mask; the entries
-    /// past `MAX_CACHED_ORDER` stay 0.)
-    pub(super) cached: CachePadded<[AtomicU32; COUNT_SLOTS]>,
-    /// IOVAs in its other magazine, per size class (which only slow paths
-    /// change).
-    pub(super) cached_prev: [AtomicU32; MAX_CACHED_ORDER as usize + 1],
+    /// The cache's classes, read here only for their counts.
+    classes: Arc<[CachePadded<Class>]>,
 }
-
-/// Entries of [`CacheShared::cached`].
-pub(super) const COUNT_SLOTS: usize = 32;
-const _: () = assert!((MAX_CACHED_ORDER as usize) < COUNT_SLOTS && COUNT_SLOTS.is_power_of_two());
 
 impl CacheShared {
     /// The IOVAs the cache holds, all classes.
     fn cached_total(&self) -> u64 {
-        self.cached
-            .iter()
-            .chain(self.cached_prev.iter())
-            .map(|c| u64::from(c.load(Relaxed)))
-            .sum()
+        self.classes.iter().map(|c| c.held()).sum()
     }
 }
 
@@ -452,13 +434,11 @@ impl IovaDomain {
         (mask >> crate::mem::PAGE_SHIFT).min(self.end_pfn)
     }
 
-    /// Registers a new per-CPU cache: its id and published state.
-    pub(super) fn register_cache(&self) -> Arc<CacheShared> {
+    /// Registers a new per-CPU cache, whose counts `classes` keep: its
+    /// id and shared state.
+    pub(super) fn register_cache(&self, classes: Arc<[CachePadded<Class>]>) -> Arc<CacheShared> {
         let id = self.counters.next_cache_id.fetch_add(1, Relaxed);
-        let shared = Arc::new(CacheShared {
-            id,
-            ..CacheShared::default()
-        });
+        let shared = Arc::new(CacheShared { id, classes });
         let mut list = lock(&self.caches);
         list.retain(|w| w.strong_count() > 0);
         list.push(Arc::downgrade(&shared));
@@ -875,10 +855,13 @@ impl IovaDomain {
     }
 
     /// Gives every depot magazine back to the tree and asks every per-CPU
-    /// cache to do the same at its owner's next call.
+    /// cache to do the same at its owner's next free, next call past the
+    /// fast path, or drop (an allocation its loaded magazine serves does
+    /// not look: see the module documentation).
     pub fn flush_caches(&self) {
         self.counters.cache_flushes.fetch_add(1, Relaxed);
         self.flush_epoch.fetch_add(1, Relaxed);
+        self.owners.ring();
         for order in 0..self.depots.classes() as u32 {
             for mut m in self.depots.take_all(order) {
                 self.free_magazine(&mut m, order);
@@ -886,11 +869,13 @@ impl IovaDomain {
         }
     }
 
-    /// Asks every per-CPU cache to flush at its next call, leaving the depots
-    /// (what `linux-2020` does when a depot fills).
+    /// Asks every per-CPU cache to flush (as
+    /// [`flush_caches`](Self::flush_caches) does), leaving the depots (what
+    /// `linux-2020` does when a depot fills).
     pub(super) fn request_cpu_flush(&self) {
         self.counters.cache_flushes.fetch_add(1, Relaxed);
         self.flush_epoch.fetch_add(1, Relaxed);
+        self.owners.ring();
     }
 
     /// Marks `[lo_pfn, hi_pfn]` as never to be handed out. The range must be

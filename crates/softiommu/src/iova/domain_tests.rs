@@ -420,7 +420,7 @@ fn softiommu_bounds_its_depot_and_gives_idle_magazines_back() {
 }
 
 #[test]
-fn flush_requests_reach_other_caches_at_their_next_call() {
+fn flush_requests_reach_other_caches_at_their_next_free() {
     let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
     let mut a = d.cpu_cache();
     let q = d.alloc(4, END).unwrap();
@@ -434,8 +434,40 @@ fn flush_requests_reach_other_caches_at_their_next_call() {
         128,
         "not before the owner's next call"
     );
+    // An allocation the loaded magazine serves does not look.
+    let r = a.alloc(1, END).unwrap();
+    assert_eq!(d.stats().cached_iovas, 127, "served, not flushed");
     a.free(q, 4).unwrap();
     assert_eq!(d.stats().cached_iovas, 1, "flushed, then q cached");
+    a.free(r, 1).unwrap();
+    assert_eq!(d.stats().cached_iovas, 2);
+    assert_eq!(d.stats().owner_revocations, 0, "a ring is no revocation");
+}
+
+/// A flush reaches a cache's own plain free (through its owner slot's
+/// ring), and a cache that holds no slot (whose every free is an
+/// exchange), each before the freed block is placed.
+#[test]
+fn a_flush_reaches_a_plain_free_and_an_unbiased_caches_free() {
+    let d = IovaDomain::new(1, END, IovaPolicy::Softiommu).unwrap();
+    let mut a = d.cpu_cache();
+    let mut b = d.cpu_cache_unbiased();
+    let pa = a.alloc(1, END).unwrap();
+    let pb = b.alloc(1, END).unwrap();
+    let before = d.stats().cached_iovas;
+    assert_eq!(before, 2 * 127, "each cache refilled one chunk");
+    d.flush_caches();
+    a.free(pa, 1).unwrap();
+    assert_eq!(d.stats().cached_iovas, 127 + 1, "a's flushed, then pa");
+    b.free(pb, 1).unwrap();
+    assert_eq!(d.stats().cached_iovas, 2, "b's flushed, then pb");
+    // The ring was lowered: a second flush rings again, and is seen again.
+    let pa2 = a.alloc(1, END).unwrap();
+    d.flush_caches();
+    a.free(pa2, 1).unwrap();
+    assert_eq!(d.stats().cached_iovas, 1 + 1, "a flushed again, then pa2");
+    assert_eq!(d.stats().owner_revocations, 0);
+    assert_eq!(d.stats().cache_flushes, 2);
 }
 
 #[test]

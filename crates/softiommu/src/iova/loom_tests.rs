@@ -226,3 +226,65 @@ fn loom_a_revoker_that_meets_a_later_free_still_sees_the_earlier_ones_store() {
     });
     assert!(!bad);
 }
+
+#[test]
+fn loom_a_flush_ring_then_another_threads_free_never_lets_both_win() {
+    // The other thread asks for a flush (rings the holder's slot) and then
+    // frees the holder's block by exchange (revoking the slot): the ring
+    // must neither let both frees pass nor undo the revocation.
+    owner_races(
+        |owners, w| {
+            owners.ring();
+            claim_for_free(w, 0, owners, 0).is_ok()
+        },
+        state(CACHED, 0),
+    );
+}
+
+#[test]
+fn loom_a_ring_lowered_by_the_holder_never_undoes_a_revocation() {
+    // The other thread rings, then revokes through a block the holder
+    // handed it; the holder frees a block of its own and lowers any ring
+    // it finds. However they interleave, a revocation that happened stays.
+    let bad = explore(|| {
+        let (owners, owner, me) = one_owner();
+        let live = u64::from(state(LIVE, 0)) | me;
+        let theirs_word = Arc::new(AtomicU64::new(live));
+        let (o, t) = (owners.clone(), theirs_word.clone());
+        let other = thread::spawn(move || {
+            o.ring();
+            claim_for_free(&*t, 0, &o, 0).is_ok()
+        });
+        let mine_word = AtomicU64::new(live);
+        let mine = claim_own(owner, me, &owners, &mine_word, 0);
+        owner.take_ring();
+        let revoked_theirs = other.join().unwrap();
+        // The other thread's block was the holder's: its exchange revoked
+        // the slot, which must read revoked from then on.
+        !mine || (revoked_theirs && !owner.is_revoked())
+    });
+    assert!(!bad);
+}
+
+#[test]
+fn loom_a_holder_that_lowers_a_ring_sees_the_flush_epoch() {
+    // A flusher raises the epoch (relaxed) and rings; a holder whose free
+    // finds the ring lowers it and must then read the raised epoch (the
+    // ring's release, the lowering's acquire).
+    let bad = explore(|| {
+        let (owners, owner, me) = one_owner();
+        let epoch = Arc::new(AtomicU64::new(0));
+        let (o, e) = (owners.clone(), epoch.clone());
+        let flusher = thread::spawn(move || {
+            e.fetch_add(1, Relaxed);
+            o.ring();
+        });
+        let word = AtomicU64::new(u64::from(state(LIVE, 0)) | me);
+        let freed = claim_own(owner, me, &owners, &word, 0);
+        let lowered = owner.take_ring();
+        let seen = epoch.load(Relaxed);
+        flusher.join().unwrap();
+        !freed || (lowered && seen != 1)
+    });
+    assert!(!bad);
+}

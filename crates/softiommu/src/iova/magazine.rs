@@ -33,9 +33,42 @@ impl Magazine {
         }
     }
 
-    #[inline]
-    fn capacity(&self) -> usize {
+    /// The most entries it holds.
+    #[inline(always)]
+    pub(crate) fn capacity(&self) -> usize {
         self.cap
+    }
+
+    /// Sets the length to `n` (clamped to the capacity): for a holder
+    /// that keeps the length elsewhere while it works through
+    /// [`get_unchecked`](Self::get_unchecked) and
+    /// [`set_unchecked`](Self::set_unchecked) (`class.rs`).
+    #[inline]
+    pub(crate) fn set_len(&mut self, n: usize) {
+        self.len = n.min(self.cap);
+    }
+
+    /// Entry `i` (0: the bottom).
+    ///
+    /// # Safety
+    /// `i < capacity`.
+    #[inline(always)]
+    pub(crate) unsafe fn get_unchecked(&self, i: usize) -> u64 {
+        debug_assert!(i < self.cap);
+        // SAFETY: `i < capacity` (the contract) and `capacity ==
+        // slots.len() - 2 * PAD`, as in `push`.
+        unsafe { *self.slots.get_unchecked(PAD + i) }
+    }
+
+    /// Writes entry `i` (0: the bottom); the length is the caller's.
+    ///
+    /// # Safety
+    /// `i < capacity`.
+    #[inline(always)]
+    pub(crate) unsafe fn set_unchecked(&mut self, i: usize, pfn: u64) {
+        debug_assert!(i < self.cap);
+        // SAFETY: as in `get_unchecked`.
+        unsafe { *self.slots.get_unchecked_mut(PAD + i) = pfn };
     }
 
     #[inline]
@@ -72,31 +105,6 @@ impl Magazine {
         unsafe { *self.slots.get_unchecked_mut(PAD + len) = pfn };
         self.len = len + 1;
         true
-    }
-
-    /// The length, if the magazine has room for one more entry: what
-    /// [`push_at`](Self::push_at) takes, read before work that must not
-    /// make the compiler read it again (a claim's fences).
-    #[inline(always)]
-    pub(crate) fn room(&self) -> Option<usize> {
-        let len = self.len;
-        (len < self.capacity()).then_some(len)
-    }
-
-    /// Pushes `pfn` on top of the `len` entries [`room`](Self::room)
-    /// returned.
-    ///
-    /// # Safety
-    /// `len` is what `room` returned on this magazine, with no change to
-    /// the magazine since (the caller's `&mut` borrow held between the
-    /// two calls gives that), so `len < capacity`.
-    #[inline(always)]
-    pub(crate) unsafe fn push_at(&mut self, len: usize, pfn: u64) {
-        debug_assert!(len == self.len && len < self.capacity());
-        // SAFETY: `len < capacity` (the contract) and `capacity == slots.len()
-        // - 2 * PAD`, as in `push`.
-        unsafe { *self.slots.get_unchecked_mut(PAD + len) = pfn };
-        self.len = len + 1;
     }
 
     /// The free slots above the top, bottom first: a caller that fills the
@@ -140,19 +148,6 @@ impl Magazine {
             return Some(pfn);
         }
         self.pop_scan(limit)
-    }
-
-    /// Pops the top entry if `fits` accepts it.
-    #[inline(always)]
-    pub(crate) fn pop_top_if(&mut self, fits: impl FnOnce(u64) -> bool) -> Option<u64> {
-        let top = self.len.checked_sub(1)?;
-        // SAFETY: as in `pop_below`.
-        let pfn = unsafe { *self.slots.get_unchecked(PAD + top) };
-        if fits(pfn) {
-            self.len = top;
-            return Some(pfn);
-        }
-        None
     }
 
     /// Pops the first entry at or below `limit`, wherever it is.

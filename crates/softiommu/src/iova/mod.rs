@@ -32,9 +32,15 @@
 //! A thread's cache is flushed by that thread: when another thread asks for
 //! all caches to be flushed (a full depot under `linux-2020`, an exhausted
 //! space, [`IovaDomain::flush_caches`]), each cache gives its IOVAs back at
-//! its owner's next call or when it is dropped. An idle thread's cache keeps
-//! at most two magazines per size class.
+//! its owner's next free, its next call that leaves the fast path (a miss,
+//! a full magazine, a batch), or when it is dropped. An allocation its
+//! loaded magazine serves does not look: the block it hands out serves the
+//! space as well as one given back would, and a cache that only allocates
+//! empties that magazine and then misses. (A free sees the flush through
+//! its owner slot's ring, a word it reads anyway; see `owner.rs`.) An idle
+//! thread's cache keeps at most two magazines per size class.
 
+mod class;
 mod cpu_cache;
 mod depot;
 mod domain;

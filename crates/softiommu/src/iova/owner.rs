@@ -33,6 +33,16 @@
 //!   slot is never biased again (a revoker that read "revoked" and is
 //!   about to exchange must never race a plain store).
 //!
+//! - **A flush's doorbell** ([`Owners::ring`]): a thread that asks every
+//!   cache to flush raises the domain's flush epoch, then marks each held,
+//!   unrevoked slot "rung". The holder's plain free, which reads the slot's
+//!   state anyway, refuses on a rung slot; the free then takes the exchange,
+//!   whose path lowers the ring and checks the epoch
+//!   ([`OwnerRef::take_ring`]). So a holder's fast free sees a flush
+//!   without loading the epoch. A ring is not a revocation: the holder's
+//!   exchange finds its own owner bits, revokes nothing, and its next free
+//!   is plain again.
+//!
 //! Why exactly one of an owner's free and another thread's change wins:
 //! `membarrier` gives a point in the owner's run before which its stores
 //! are visible to the revoker and after which its loads see the
@@ -80,6 +90,13 @@ const BIASED: u64 = 0;
 const REVOKING: u64 = 1;
 /// Revoked for good: every free of the slot's blocks is an exchange.
 const REVOKED: u64 = 2;
+/// The bias holds, and a flush was asked of the holder since it last
+/// looked ([`Owners::ring`]): its plain free refuses, so that its next
+/// free takes the path that checks the flush epoch, which lowers this
+/// back to [`BIASED`] ([`OwnerRef::take_ring`]). The doorbell through
+/// which a flush reaches a holder's frees without their loading the
+/// epoch: the plain free reads this word already.
+const RUNG: u64 = 3;
 
 /// One owner slot, on its own cache lines: written by its holder on each
 /// of its plain frees, by a revoker once.
@@ -90,7 +107,10 @@ pub(crate) struct OwnerSlot {
     /// so that a revoker waits for one free to end, not for a moment
     /// between frees. Only the holder writes it.
     freeing: AtomicU64,
-    /// [`BIASED`], [`REVOKING`] or [`REVOKED`]; only ever moves forward.
+    /// [`BIASED`], [`RUNG`], [`REVOKING`] or [`REVOKED`]. Between the
+    /// first two it moves both ways (a flusher rings under the slot lock,
+    /// the holder lowers the ring); from either it only moves forward, to
+    /// [`REVOKING`] and then [`REVOKED`], and never back.
     revoked: AtomicU64,
 }
 
@@ -134,10 +154,39 @@ impl Owners {
         }
         let mut taken = lock(&self.taken);
         let s = (1..SLOTS).find(|&s| {
-            *taken & (1 << s) == 0 && self.slots[s].revoked.load(Ordering::Relaxed) == BIASED
+            *taken & (1 << s) == 0
+                && matches!(self.slots[s].revoked.load(Ordering::Relaxed), BIASED | RUNG)
         })?;
         *taken |= 1 << s;
+        // A ring left by a flush its last holder never looked at is not
+        // this cache's (it holds nothing yet).
+        self.slots[s].revoked.store(BIASED, Ordering::Relaxed);
         Some((s as u64, OwnerRef(&*self.slots[s])))
+    }
+
+    /// Rings every held, unrevoked slot ([`RUNG`]): its holder's next
+    /// free refuses the plain store and takes the path that checks the
+    /// flush epoch. The caller raised the epoch first; the ring is a
+    /// release, so a holder that lowers it (an acquire) sees that epoch.
+    pub(crate) fn ring(&self) {
+        if !self.enabled {
+            return;
+        }
+        // Under the slot lock: a revoker, which stores under it, never
+        // meets a ring half made, and no slot is taken meanwhile.
+        let taken = lock(&self.taken);
+        for s in 1..SLOTS {
+            if *taken & (1 << s) != 0 {
+                // Only a biased slot: a revoked one already sends every
+                // free of its holder down the checking path.
+                let _ = self.slots[s].revoked.compare_exchange(
+                    BIASED,
+                    RUNG,
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                );
+            }
+        }
     }
 
     /// Gives slot `s` back (its cache is gone). A revoked slot stays spent.
@@ -183,7 +232,12 @@ impl Owners {
             return;
         }
         if *taken & (1 << s) != 0 {
-            slot.revoked.store(REVOKING, Ordering::Relaxed);
+            // A swap, not a store: every change of a slot's state is a
+            // read-modify-write, so that the holder's lowering of a ring
+            // (a compare-exchange) is ordered whole before or after it
+            // (the C11 model gives that against a plain store too; loom,
+            // which checks this protocol, does not: tokio-rs/loom#254).
+            slot.revoked.swap(REVOKING, Ordering::Relaxed);
             // The heavy half: the holder's plain free in flight has its
             // flag visible now, or sees "revoking" (see the module
             // documentation).
@@ -206,7 +260,7 @@ impl Owners {
         // its last free, so its stores are seen; spent all the same, so
         // that no cache takes it while another thread exchanges a word
         // that still names it.
-        slot.revoked.store(REVOKED, Ordering::Release);
+        slot.revoked.swap(REVOKED, Ordering::Release);
         self.revocations.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -245,13 +299,28 @@ impl OwnerRef {
     #[inline(always)]
     pub(crate) fn is_revoked(&self) -> bool {
         self.slot()
-            .is_some_and(|s| s.revoked.load(Ordering::Relaxed) != BIASED)
+            .is_some_and(|s| matches!(s.revoked.load(Ordering::Relaxed), REVOKING | REVOKED))
+    }
+
+    /// Lowers a ring ([`Owners::ring`]) if there is one, and says whether
+    /// there was: the caller then checks the flush epoch, which this
+    /// acquire makes it see as the ringer raised it. A revocation that
+    /// came first wins (the ring is then gone, and the slot's frees take
+    /// the checking path for good).
+    #[inline]
+    pub(crate) fn take_ring(&self) -> bool {
+        self.slot().is_some_and(|s| {
+            s.revoked.load(Ordering::Relaxed) == RUNG
+                && s.revoked
+                    .compare_exchange(RUNG, BIASED, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+        })
     }
 
     /// The owner's free: if the low half of `word` (state and owner) is
-    /// `live` and the slot is not being revoked, stores `cached` (the
-    /// tag cleared) and returns true; else changes nothing and returns
-    /// false (the caller takes the exchange). Only the slot's holder may
+    /// `live` and the slot is neither rung nor being revoked, stores
+    /// `cached` (the tag cleared) and returns true; else changes nothing
+    /// and returns false (the caller takes the exchange). Only the slot's holder may
     /// call this, and only with its own owner bits in `live`.
     #[inline(always)]
     pub(crate) fn free(&self, word: &impl ClaimWord, live: u64, cached: u64) -> bool {
