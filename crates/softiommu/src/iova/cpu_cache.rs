@@ -509,7 +509,8 @@ impl IovaCpuCache {
         if order > self.max_order || low < self.start_pfn {
             self.domain.check_request(pages, low)?;
         }
-        self.check_epoch();
+        // No look at the flush epoch here, as in `alloc_in`: the slow path
+        // below looks.
         if let Some(mut class) = self.classes.hot(order) {
             let mut got = class.pop_top_within(low);
             if got.is_none() && self.recycle_any && low < limit {
@@ -536,6 +537,7 @@ impl IovaCpuCache {
         low: u64,
         limit: u64,
     ) -> Result<u64, IovaError> {
+        self.check_epoch();
         let limit = limit.min(self.end_pfn);
         let low = low.min(limit);
         // One try only (no preference, or none left: the window is known
