@@ -89,22 +89,45 @@ impl Class {
 #[derive(Debug)]
 pub(super) struct ClassTable {
     classes: Arc<[CachePadded<Class>]>,
+    /// `classes`' first class and count, kept apart so that a lookup is
+    /// a compare and a scaled add (the `Arc`'s data sits past its
+    /// counts, an add more through the `Arc`).
+    first: *const CachePadded<Class>,
+    len: usize,
 }
+
+// SAFETY: `first` points into `classes`, which the table owns (an `Arc`
+// of `Sync` classes); the table is otherwise an `Arc`.
+unsafe impl Send for ClassTable {}
+// SAFETY: as above; through `&ClassTable` only `&Class` is reached.
+unsafe impl Sync for ClassTable {}
 
 impl ClassTable {
     /// A table of `classes`, each with an empty loaded magazine.
     pub(super) fn new(classes: impl Iterator<Item = ClassMut>) -> Self {
-        Self {
-            classes: classes
-                .map(|m| {
-                    CachePadded::new(Class {
-                        loaded_len: AtomicU32::new(m.loaded.len() as u32),
-                        prev_len: AtomicU32::new(m.prev.len() as u32),
-                        cell: UnsafeCell::new(m),
-                    })
+        let classes: Arc<[CachePadded<Class>]> = classes
+            .map(|m| {
+                CachePadded::new(Class {
+                    loaded_len: AtomicU32::new(m.loaded.len() as u32),
+                    prev_len: AtomicU32::new(m.prev.len() as u32),
+                    cell: UnsafeCell::new(m),
                 })
-                .collect(),
+            })
+            .collect();
+        Self {
+            first: classes.as_ptr(),
+            len: classes.len(),
+            classes,
         }
+    }
+
+    /// Class `order`, if it is cached.
+    #[inline(always)]
+    fn get(&self, order: u32) -> Option<&Class> {
+        let i = order as usize;
+        // SAFETY: `i < len`, the count of the classes `first` points at,
+        // which `classes` keeps alive for as long as `self`.
+        (i < self.len).then(|| unsafe { &**self.first.add(i) })
     }
 
     /// The classes for readers of their counts ([`Class::held`]).
@@ -115,13 +138,13 @@ impl ClassTable {
     /// The number of classes (cached orders `0..len`).
     #[inline(always)]
     pub(super) fn len(&self) -> usize {
-        self.classes.len()
+        self.len
     }
 
     /// The fast paths' view of class `order`, if it is cached.
     #[inline(always)]
     pub(super) fn hot(&mut self, order: u32) -> Option<Hot<'_>> {
-        let c = self.classes.get(order as usize)?;
+        let c = self.get(order)?;
         // SAFETY: `&mut self` is the only way to the cell (see `Class`),
         // and the returned borrow holds it for as long as the view lives.
         let m = unsafe { &mut *c.cell.get() };
@@ -136,9 +159,7 @@ impl ClassTable {
     #[inline]
     pub(super) fn guard(&mut self, order: u32) -> Option<ClassGuard<'_>> {
         // SAFETY: `&mut self` is held for the guard's life.
-        self.classes
-            .get(order as usize)
-            .map(|c| unsafe { Self::guard_of(c) })
+        self.get(order).map(|c| unsafe { Self::guard_of(c) })
     }
 
     /// [`guard`](Self::guard) for a path that knows `order` is cached.

@@ -80,9 +80,12 @@ pub struct IovaCpuCache {
     /// chunked): the pair's paths find a word with a compare and a scaled
     /// add, before trying the cursor.
     flat: FlatWords<AtomicU64>,
-    /// The owner slot this cache holds, if any (`owner.rs`): none once
-    /// revoked.
+    /// The owner slot this cache holds (`owner.rs`), else (none to be
+    /// had, or revoked) the spare, spent slot in `shared`.
     owner: OwnerRef,
+    /// The owner bits the cache stamps: its slot's number while it holds
+    /// the slot unrevoked, else 0.
+    me: u64,
     /// The slot's number, to give it back (0: none), kept after a
     /// revocation.
     owner_slot: u64,
@@ -120,10 +123,8 @@ impl IovaDomain {
 impl IovaCpuCache {
     pub(super) fn new(domain: Arc<IovaDomain>, biased: bool) -> Self {
         let p = domain.params();
-        let (owner_slot, owner) = match biased.then(|| domain.owners.take()).flatten() {
-            Some((s, r)) => (s, r),
-            None => (0, OwnerRef::NONE),
-        };
+        let held = biased.then(|| domain.owners.take()).flatten();
+        let owner_slot = held.map_or(0, |(s, _)| s);
         let classes = ClassTable::new((0..=p.max_cached_order).map(|order| {
             let (live, cached) = free_words(order, owner_slot << OWNER_SHIFT);
             ClassMut {
@@ -135,6 +136,12 @@ impl IovaCpuCache {
             }
         }));
         let shared = domain.register_cache(classes.readers());
+        let owner = match held {
+            Some((_, r)) => r,
+            // SAFETY: the spare slot lives in `shared`, which the cache
+            // keeps for as long as it keeps the handle.
+            None => unsafe { OwnerRef::to(&shared.spare) },
+        };
         let epoch = domain.flush_epoch.load(Relaxed);
         let flat = domain.live.flat_words();
         let (start_pfn, end_pfn) = (domain.start_pfn(), domain.end_pfn());
@@ -152,6 +159,7 @@ impl IovaCpuCache {
             live_cur: Cursor::default(),
             flat,
             owner,
+            me: owner_slot << OWNER_SHIFT,
             owner_slot,
         }
     }
@@ -160,11 +168,7 @@ impl IovaCpuCache {
     /// number while it holds the slot unrevoked, else 0.
     #[inline(always)]
     fn owner_bits(&self) -> u64 {
-        if self.owner.is_none() {
-            0
-        } else {
-            self.owner_slot << OWNER_SHIFT
-        }
+        self.me
     }
 
     /// Marks the cached block of `order` at `pfn` live, untagged, with
@@ -190,8 +194,10 @@ impl IovaCpuCache {
     /// exchange and found the slot revoked, and on the slow paths (a free
     /// out of line, a magazine refill or spill).
     fn drop_bias_if_revoked(&mut self) {
-        if self.owner.is_revoked() {
-            self.owner = OwnerRef::NONE;
+        if self.me != 0 && self.owner.is_revoked() {
+            self.me = 0;
+            // SAFETY: as in `new`.
+            self.owner = unsafe { OwnerRef::to(&self.shared.spare) };
             for order in 0..self.classes.len() as u32 {
                 let mut class = self.classes.at(order);
                 (class.live, class.cached) = free_words(order, 0);

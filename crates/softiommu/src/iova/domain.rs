@@ -15,7 +15,7 @@ use super::live_map::{
     free_error_seen, state, state_of, tag_of, tagged, LiveMap, CACHED, KIND_SHIFT, LIVE, RETIRED,
 };
 use super::magazine::Magazine;
-use super::owner::Owners;
+use super::owner::{OwnerSlot, Owners};
 use super::policy::{CacheParams, DepotRule, IovaPolicy, WhenFull};
 use super::{order_of, IovaError};
 
@@ -229,6 +229,10 @@ pub(super) struct CacheShared {
     pub(super) id: u32,
     /// The cache's classes, read here only for their counts.
     classes: Arc<[CachePadded<Class>]>,
+    /// The owner slot the cache's handle names while it holds none of the
+    /// domain's (spent: its frees take the exchange); only the cache
+    /// touches it.
+    pub(super) spare: CachePadded<OwnerSlot>,
 }
 
 impl CacheShared {
@@ -438,7 +442,11 @@ impl IovaDomain {
     /// id and shared state.
     pub(super) fn register_cache(&self, classes: Arc<[CachePadded<Class>]>) -> Arc<CacheShared> {
         let id = self.counters.next_cache_id.fetch_add(1, Relaxed);
-        let shared = Arc::new(CacheShared { id, classes });
+        let shared = Arc::new(CacheShared {
+            id,
+            classes,
+            spare: CachePadded::new(OwnerSlot::spent()),
+        });
         let mut list = lock(&self.caches);
         list.retain(|w| w.strong_count() > 0);
         list.push(Arc::downgrade(&shared));

@@ -265,41 +265,57 @@ impl Owners {
     }
 }
 
-/// A cache's handle on the slot it holds (or on none): valid for as long
-/// as the domain that holds the slot, which the cache keeps alive.
+impl OwnerSlot {
+    /// A slot no domain hands out, revoked from the start: the handle of
+    /// a cache that holds none (every free of it refuses the plain store
+    /// and takes the exchange), so that a cache's handle is never null
+    /// and the owner's free tests nothing before its count.
+    pub(crate) fn spent() -> Self {
+        Self {
+            freeing: AtomicU64::new(0),
+            revoked: AtomicU64::new(REVOKED),
+        }
+    }
+}
+
+/// A cache's handle on the slot it holds (or on a [spent](OwnerSlot::spent)
+/// one of its own): valid for as long as the slot, which the cache keeps
+/// alive.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OwnerRef(*const OwnerSlot);
 
-// SAFETY: the pointer is to a slot of a domain the holder keeps alive (an
-// `Arc`); the slot is atomics only.
+// SAFETY: the pointer is to a slot its holder keeps alive (in an `Arc`);
+// the slot is atomics only.
 unsafe impl Send for OwnerRef {}
 // SAFETY: as above.
 unsafe impl Sync for OwnerRef {}
 
 impl OwnerRef {
-    /// No slot: every free takes the exchange.
-    pub(crate) const NONE: OwnerRef = OwnerRef(std::ptr::null());
-
-    /// Whether this is no slot.
-    #[inline(always)]
-    pub(crate) fn is_none(&self) -> bool {
-        self.0.is_null()
+    /// A handle on `slot`.
+    ///
+    /// # Safety
+    /// `slot` outlives every use of the handle (and of its copies).
+    pub(crate) unsafe fn to(slot: &OwnerSlot) -> Self {
+        Self(slot)
     }
 
-    /// The slot, if any.
+    /// The slot.
     #[inline(always)]
-    fn slot(&self) -> Option<&OwnerSlot> {
-        // SAFETY: null, or a slot of a domain its holder keeps alive (see
-        // the type's documentation).
-        unsafe { self.0.as_ref() }
+    fn slot(&self) -> &OwnerSlot {
+        // SAFETY: a slot its holder keeps alive (see `to`, and
+        // `Owners::take`, whose slots live as long as their domain, which
+        // the holder keeps).
+        unsafe { &*self.0 }
     }
 
     /// Whether the slot was revoked (or is being): its holder should stop
     /// trying plain frees.
     #[inline(always)]
     pub(crate) fn is_revoked(&self) -> bool {
-        self.slot()
-            .is_some_and(|s| matches!(s.revoked.load(Ordering::Relaxed), REVOKING | REVOKED))
+        matches!(
+            self.slot().revoked.load(Ordering::Relaxed),
+            REVOKING | REVOKED
+        )
     }
 
     /// Lowers a ring ([`Owners::ring`]) if there is one, and says whether
@@ -309,12 +325,11 @@ impl OwnerRef {
     /// the checking path for good).
     #[inline]
     pub(crate) fn take_ring(&self) -> bool {
-        self.slot().is_some_and(|s| {
-            s.revoked.load(Ordering::Relaxed) == RUNG
-                && s.revoked
-                    .compare_exchange(RUNG, BIASED, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-        })
+        let s = self.slot();
+        s.revoked.load(Ordering::Relaxed) == RUNG
+            && s.revoked
+                .compare_exchange(RUNG, BIASED, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// The owner's free: if the low half of `word` (state and owner) is
@@ -324,9 +339,7 @@ impl OwnerRef {
     /// call this, and only with its own owner bits in `live`.
     #[inline(always)]
     pub(crate) fn free(&self, word: &impl ClaimWord, live: u64, cached: u64) -> bool {
-        let Some(slot) = self.slot() else {
-            return false;
-        };
+        let slot = self.slot();
         // Only this thread writes the count: the load reads its own last
         // store (an even value).
         let count = slot.freeing.load(Ordering::Relaxed);
