@@ -64,8 +64,8 @@ pub struct IovaCpuCache {
     classes: ClassTable,
     epoch: u64,
     misses: u64,
-    /// The domain's bounds, kept here so that a hit reads no domain field
-    /// but the flush epoch.
+    /// The domain's bounds, kept here so that a hit reads no domain
+    /// field.
     start_pfn: u64,
     end_pfn: u64,
     max_order: u32,
@@ -440,8 +440,11 @@ impl IovaCpuCache {
 
     /// Allocates a block of `pages` (rounded up to a power of two, aligned to
     /// its size) at or below `limit_pfn`. If the tree has no room, every
-    /// cache of the domain is given back to it and the tree is tried once
-    /// more (Linux's `alloc_iova_fast` with `flush_rcache`).
+    /// cache of the domain is asked to flush, the depots and this cache
+    /// are given back to it, and the tree is tried once more (Linux's
+    /// `alloc_iova_fast` with `flush_rcache`, except that another thread's
+    /// cache gives its blocks back at its own next free or miss, not
+    /// before the retry).
     #[inline(always)]
     pub fn alloc(&mut self, pages: u64, limit_pfn: u64) -> Result<u64, IovaError> {
         self.alloc_in::<true>(pages, limit_pfn)
@@ -802,8 +805,9 @@ impl IovaCpuCache {
     /// exchange as `free` claims it, each refusal the same error), with
     /// the state of the blocks a few places ahead already on its way into
     /// the cache (a flush queue's batch, a scatter list's unmap). The flush
-    /// epoch is checked once for the batch, not per block. Every block is
-    /// tried; the first error is returned.
+    /// epoch is checked at the start of the batch, and again only where a
+    /// block's free finds a flush asked for meanwhile (as `free` does).
+    /// Every block is tried; the first error is returned.
     pub fn free_all(&mut self, blocks: &[(u64, u64)]) -> Result<(), IovaError> {
         self.check_epoch();
         let mut result = Ok(());

@@ -504,10 +504,12 @@ impl IovaDomain {
         let pfn = match first {
             Some(p) => p,
             None => {
+                // The request first, then the caller's own flush, which
+                // answers its own ring (so its next free stays plain).
+                self.flush_caches();
                 if let Some(flush) = flush_own {
                     flush();
                 }
-                self.flush_caches();
                 lock(&self.tree)
                     .alloc(order, limit)
                     .ok_or(IovaError::NoSpace {

@@ -288,3 +288,30 @@ fn loom_a_holder_that_lowers_a_ring_sees_the_flush_epoch() {
     });
     assert!(!bad);
 }
+
+#[test]
+fn loom_a_second_flush_while_the_ring_is_up_reaches_the_holder() {
+    // A first flush (epoch 1) rang the slot, and the holder already has
+    // that epoch (it flushed at a miss). A second flusher raises the epoch
+    // to 2 and rings while the first ring is still up; the holder lowers
+    // the ring. If the second ring came before the lowering, the holder
+    // must read epoch 2 (the second ring's release, on a slot already
+    // rung, is what carries it); if after, the slot stays rung for the
+    // holder's next free.
+    let bad = explore(|| {
+        let (owners, owner, _me) = one_owner();
+        let epoch = Arc::new(AtomicU64::new(1));
+        owners.ring();
+        let (o, e) = (owners.clone(), epoch.clone());
+        let flusher = thread::spawn(move || {
+            e.fetch_add(1, Relaxed);
+            o.ring();
+        });
+        let lowered = owner.take_ring();
+        let seen = epoch.load(Relaxed);
+        flusher.join().unwrap();
+        let rung_again = owner.take_ring();
+        !lowered || (!rung_again && seen != 2)
+    });
+    assert!(!bad);
+}

@@ -98,8 +98,9 @@ const REVOKED: u64 = 2;
 /// epoch: the plain free reads this word already.
 const RUNG: u64 = 3;
 
-/// One owner slot, on its own cache lines: written by its holder on each
-/// of its plain frees, by a revoker once.
+/// One owner slot, on its own cache lines. Its count is written by its
+/// holder on each of its plain frees; its state by a revoker (once), a
+/// flusher (a ring), the holder (lowering a ring) and a new holder's take.
 #[derive(Debug, Default)]
 pub(crate) struct OwnerSlot {
     /// The holder's free count, doubled: odd for the length of a plain
@@ -108,9 +109,10 @@ pub(crate) struct OwnerSlot {
     /// between frees. Only the holder writes it.
     freeing: AtomicU64,
     /// [`BIASED`], [`RUNG`], [`REVOKING`] or [`REVOKED`]. Between the
-    /// first two it moves both ways (a flusher rings under the slot lock,
-    /// the holder lowers the ring); from either it only moves forward, to
-    /// [`REVOKING`] and then [`REVOKED`], and never back.
+    /// first two it moves both ways (a flusher rings, the holder lowers
+    /// the ring); from either it only moves forward, to [`REVOKING`] and
+    /// then [`REVOKED`], and never back. Every change is a
+    /// read-modify-write.
     revoked: AtomicU64,
 }
 
@@ -121,6 +123,10 @@ pub(crate) struct Owners {
     /// Which slots a cache holds (bit `s`), and the lock under which slots
     /// are taken, given back and revoked.
     taken: Mutex<u64>,
+    /// A copy of `taken`, written under its lock, read without it by a
+    /// ringer ([`Owners::ring`]): a domain whose caches hold no slot (the
+    /// baselines', the DMA layer's) rings nothing and takes no lock.
+    held: AtomicU64,
     /// Whether slots are handed out at all (the process has `membarrier`).
     enabled: bool,
     /// Slots revoked so far.
@@ -140,6 +146,7 @@ impl Owners {
         Self {
             slots: (0..SLOTS).map(|_| CachePadded::default()).collect(),
             taken: Mutex::new(1),
+            held: AtomicU64::new(0),
             enabled,
             revocations: AtomicU64::new(0),
         }
@@ -158,33 +165,41 @@ impl Owners {
                 && matches!(self.slots[s].revoked.load(Ordering::Relaxed), BIASED | RUNG)
         })?;
         *taken |= 1 << s;
+        self.held.store(*taken & !1, Ordering::Relaxed);
         // A ring left by a flush its last holder never looked at is not
-        // this cache's (it holds nothing yet).
-        self.slots[s].revoked.store(BIASED, Ordering::Relaxed);
+        // this cache's (it holds nothing yet). A swap: every change of a
+        // slot's state is a read-modify-write (see `revoke`).
+        self.slots[s].revoked.swap(BIASED, Ordering::Relaxed);
         Some((s as u64, OwnerRef(&*self.slots[s])))
     }
 
-    /// Rings every held, unrevoked slot ([`RUNG`]): its holder's next
-    /// free refuses the plain store and takes the path that checks the
-    /// flush epoch. The caller raised the epoch first; the ring is a
-    /// release, so a holder that lowers it (an acquire) sees that epoch.
+    /// Rings every held slot: a biased one becomes [`RUNG`], so that its
+    /// holder's next free refuses the plain store and takes the path that
+    /// checks the flush epoch. The caller raised the epoch first. Every
+    /// held slot, whatever its state, gets a release read-modify-write
+    /// (a rung slot stays rung, a revoked one revoked): the holder's
+    /// acquire on the slot's state (lowering the ring, or finding the
+    /// slot revoked) then reads this write or a later one in its release
+    /// sequence (every change of the state is a read-modify-write), and
+    /// so sees this epoch, even where an earlier flush's ring was still
+    /// up. Without the lock: a slot taken meanwhile belongs to a cache
+    /// that holds nothing yet and reads the epoch after its take; a ring
+    /// on a slot given back meanwhile is cleared by its next take.
     pub(crate) fn ring(&self) {
-        if !self.enabled {
-            return;
-        }
-        // Under the slot lock: a revoker, which stores under it, never
-        // meets a ring half made, and no slot is taken meanwhile.
-        let taken = lock(&self.taken);
-        for s in 1..SLOTS {
-            if *taken & (1 << s) != 0 {
-                // Only a biased slot: a revoked one already sends every
-                // free of its holder down the checking path.
-                let _ = self.slots[s].revoked.compare_exchange(
-                    BIASED,
-                    RUNG,
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                );
+        // A read-modify-write reads the copy's last value: a slot taken
+        // before this flush is rung.
+        let mut held = self.held.fetch_or(0, Ordering::Relaxed);
+        while held != 0 {
+            let s = held.trailing_zeros() as usize;
+            held &= held - 1;
+            let state = &self.slots[s].revoked;
+            let mut seen = state.load(Ordering::Relaxed);
+            loop {
+                let to = if seen == BIASED { RUNG } else { seen };
+                match state.compare_exchange(seen, to, Ordering::Release, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(now) => seen = now,
+                }
             }
         }
     }
@@ -192,7 +207,9 @@ impl Owners {
     /// Gives slot `s` back (its cache is gone). A revoked slot stays spent.
     pub(crate) fn release(&self, s: u64) {
         if let Some(bit) = 1u64.checked_shl(s as u32) {
-            *lock(&self.taken) &= !bit;
+            let mut taken = lock(&self.taken);
+            *taken &= !bit;
+            self.held.store(*taken & !1, Ordering::Relaxed);
         }
     }
 
@@ -313,7 +330,9 @@ impl OwnerRef {
     #[inline(always)]
     pub(crate) fn is_revoked(&self) -> bool {
         matches!(
-            self.slot().revoked.load(Ordering::Relaxed),
+            // Acquire: a revoked slot's holder then sees the flush epoch
+            // of every ring before (see `Owners::ring`).
+            self.slot().revoked.load(Ordering::Acquire),
             REVOKING | REVOKED
         )
     }
