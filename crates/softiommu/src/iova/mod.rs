@@ -114,7 +114,8 @@ pub enum IovaError {
     WrongSize {
         /// The pfn freed.
         pfn: u64,
-        /// Pages given to the free (rounded up to a power of two).
+        /// Pages given to the free, rounded up to a power of two: 0 for a
+        /// count past 2^63, whose rounding (2^64) no `u64` holds.
         pages: u64,
         /// Pages it was allocated with.
         allocated_pages: u64,
