@@ -69,10 +69,10 @@ pub(super) struct Class {
 }
 
 // SAFETY: `cell` is reached only through `ClassTable::hot`,
-// `ClassTable::guard` and `ClassTable::at`, which take the table `&mut`; the one table that
-// reaches a class mutably is its cache's (`ClassTable` is not `Clone`,
-// and `ClassTable::readers` hands out only `&Class`, through which
-// nothing reaches the cell). Other threads read `loaded_len` and
+// `ClassTable::guard` and `ClassTable::at`, which take the table `&mut`;
+// the one table that reaches a class mutably is its cache's
+// (`ClassTable` is not `Clone`, and `ClassTable::readers` hands out only
+// `&Class`, through which nothing reaches the cell). Other threads read `loaded_len` and
 // `prev_len`, atomics.
 unsafe impl Sync for Class {}
 

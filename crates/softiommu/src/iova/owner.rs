@@ -120,13 +120,13 @@ pub(crate) struct OwnerSlot {
 #[derive(Debug)]
 pub(crate) struct Owners {
     slots: Box<[CachePadded<OwnerSlot>]>,
-    /// Which slots a cache holds (bit `s`), and the lock under which slots
-    /// are taken, given back and revoked.
-    taken: Mutex<u64>,
-    /// A copy of `taken`, written under its lock, read without it by a
-    /// ringer ([`Owners::ring`]): a domain whose caches hold no slot (the
-    /// baselines', the DMA layer's) rings nothing and takes no lock.
-    held: AtomicU64,
+    /// The lock under which slots are taken, given back and revoked.
+    slot_lock: Mutex<()>,
+    /// Which slots a cache holds (bit `s`): changed only under
+    /// `slot_lock`, read without it by a ringer ([`Owners::ring`]), so
+    /// that a domain whose caches hold no slot (the baselines', the DMA
+    /// layer's) rings nothing and takes no lock.
+    taken: AtomicU64,
     /// Whether slots are handed out at all (the process has `membarrier`).
     enabled: bool,
     /// Slots revoked so far.
@@ -145,8 +145,8 @@ impl Owners {
     pub(crate) fn with(enabled: bool) -> Self {
         Self {
             slots: (0..SLOTS).map(|_| CachePadded::default()).collect(),
-            taken: Mutex::new(1),
-            held: AtomicU64::new(0),
+            slot_lock: Mutex::new(()),
+            taken: AtomicU64::new(0),
             enabled,
             revocations: AtomicU64::new(0),
         }
@@ -159,13 +159,13 @@ impl Owners {
         if !self.enabled {
             return None;
         }
-        let mut taken = lock(&self.taken);
+        let _guard = lock(&self.slot_lock);
+        let taken = self.taken.load(Ordering::Relaxed);
         let s = (1..SLOTS).find(|&s| {
-            *taken & (1 << s) == 0
+            taken & (1 << s) == 0
                 && matches!(self.slots[s].revoked.load(Ordering::Relaxed), BIASED | RUNG)
         })?;
-        *taken |= 1 << s;
-        self.held.store(*taken & !1, Ordering::Relaxed);
+        self.taken.store(taken | 1 << s, Ordering::Relaxed);
         // A ring left by a flush its last holder never looked at is not
         // this cache's (it holds nothing yet). A swap: every change of a
         // slot's state is a read-modify-write (see `revoke`).
@@ -186,30 +186,25 @@ impl Owners {
     /// that holds nothing yet and reads the epoch after its take; a ring
     /// on a slot given back meanwhile is cleared by its next take.
     pub(crate) fn ring(&self) {
-        // A read-modify-write reads the copy's last value: a slot taken
+        // A read-modify-write reads the mask's last value: a slot taken
         // before this flush is rung.
-        let mut held = self.held.fetch_or(0, Ordering::Relaxed);
+        let mut held = self.taken.fetch_or(0, Ordering::Relaxed);
         while held != 0 {
             let s = held.trailing_zeros() as usize;
             held &= held - 1;
-            let state = &self.slots[s].revoked;
-            let mut seen = state.load(Ordering::Relaxed);
-            loop {
-                let to = if seen == BIASED { RUNG } else { seen };
-                match state.compare_exchange(seen, to, Ordering::Release, Ordering::Relaxed) {
-                    Ok(_) => break,
-                    Err(now) => seen = now,
-                }
-            }
+            let ring = |state| Some(if state == BIASED { RUNG } else { state });
+            let _ = self.slots[s]
+                .revoked
+                .fetch_update(Ordering::Release, Ordering::Relaxed, ring);
         }
     }
 
     /// Gives slot `s` back (its cache is gone). A revoked slot stays spent.
     pub(crate) fn release(&self, s: u64) {
         if let Some(bit) = 1u64.checked_shl(s as u32) {
-            let mut taken = lock(&self.taken);
-            *taken &= !bit;
-            self.held.store(*taken & !1, Ordering::Relaxed);
+            let _guard = lock(&self.slot_lock);
+            let taken = self.taken.load(Ordering::Relaxed);
+            self.taken.store(taken & !bit, Ordering::Relaxed);
         }
     }
 
@@ -244,11 +239,11 @@ impl Owners {
         if slot.revoked.load(Ordering::Acquire) == REVOKED {
             return;
         }
-        let taken = lock(&self.taken);
+        let _guard = lock(&self.slot_lock);
         if slot.revoked.load(Ordering::Acquire) == REVOKED {
             return;
         }
-        if *taken & (1 << s) != 0 {
+        if self.taken.load(Ordering::Relaxed) & (1 << s) != 0 {
             // A swap, not a store: every change of a slot's state is a
             // read-modify-write, so that the holder's lowering of a ring
             // (a compare-exchange) is ordered whole before or after it
